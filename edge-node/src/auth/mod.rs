@@ -1,0 +1,90 @@
+//! Who a client is and what it may do: the password file, the topic ACL, and the identity a
+//! connection ends up with. Owns no sockets; the front asks it at CONNECT, SUBSCRIBE and
+//! PUBLISH. Both files are reloaded as a unit on SIGHUP.
+
+mod acl;
+mod passwd;
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+pub use acl::{Acl, Rules};
+pub use passwd::{PasswordFile, hash_password};
+
+use crate::config::AuthConfig;
+
+#[derive(Debug, thiserror::Error)]
+pub enum AuthError {
+    #[error("cannot read {path}: {source}")]
+    Read {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("cannot write {path}: {source}")]
+    Write {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("{path}, line {line}: {reason}")]
+    PasswordLine { path: PathBuf, line: usize, reason: String },
+    #[error("{path}: {reason}")]
+    AclFile { path: PathBuf, reason: String },
+    #[error("user name {0:?} must be non-empty and hold no ':' or whitespace")]
+    BadUserName(String),
+    #[error("cannot hash password: {0}")]
+    Hash(String),
+}
+
+/// How a connection authenticated.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Identity {
+    /// No credentials, on a listener that allows it (loopback only).
+    Anonymous,
+    /// A user from the password file.
+    User(String),
+    /// A verified client certificate; the name is its first DNS SAN, or CN.
+    Certificate(String),
+    /// The node's own SLO probe; bypasses the ACL.
+    Internal,
+}
+
+impl Identity {
+    /// The name used for ACL lookup and in the internal broker CONNECT.
+    pub fn name(&self) -> &str {
+        match self {
+            Identity::Anonymous => "anonymous",
+            Identity::User(n) | Identity::Certificate(n) => n,
+            Identity::Internal => "_internal",
+        }
+    }
+}
+
+/// The current password file and ACL, swapped whole on reload.
+#[derive(Debug, Default)]
+pub struct AuthState {
+    pub passwords: Option<PasswordFile>,
+    pub acl: Option<Acl>,
+}
+
+impl AuthState {
+    pub fn load(config: &AuthConfig) -> Result<Self, AuthError> {
+        let passwords = config.password_file.as_deref().map(PasswordFile::load).transpose()?;
+        let acl = config.acl_file.as_deref().map(Acl::load).transpose()?;
+        Ok(Self { passwords, acl })
+    }
+
+    /// The rules for one connection, with `%u` and `%c` substituted.
+    pub fn rules_for(&self, identity: &Identity, client_id: &str) -> Arc<Rules> {
+        match (identity, &self.acl) {
+            (Identity::Internal, _) | (_, None) => Arc::new(Rules::allow_all()),
+            (identity, Some(acl)) => Arc::new(acl.rules_for(identity, client_id)),
+        }
+    }
+}
+
+/// Checks `path` is a usable password file, for `check-config`.
+pub fn check_password_file(path: &Path) -> Result<usize, AuthError> {
+    PasswordFile::load(path).map(|p| p.len())
+}

@@ -1,0 +1,277 @@
+//! Loading and validating [`EdgeConfig`](super::EdgeConfig).
+
+use std::fmt;
+use std::path::{Path, PathBuf};
+
+use super::{ClientCertMode, EdgeConfig};
+
+/// One thing wrong with a config file, with the key it is about.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Problem {
+    pub key: String,
+    pub reason: String,
+}
+
+impl fmt::Display for Problem {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}: {}", self.key, self.reason)
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("cannot read config file {path}: {source}")]
+    Read {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("config file {path}: {message}")]
+    Parse { path: PathBuf, message: String },
+    #[error("config file {path}: {}", .problems.iter().map(ToString::to_string).collect::<Vec<_>>().join("; "))]
+    Invalid { path: PathBuf, problems: Vec<Problem> },
+}
+
+impl EdgeConfig {
+    /// Reads, parses and validates the file at `path`, resolving relative paths against its
+    /// directory.
+    pub fn load(path: &Path) -> Result<Self, ConfigError> {
+        let text =
+            std::fs::read_to_string(path).map_err(|source| ConfigError::Read { path: path.to_owned(), source })?;
+        let base = path.parent().unwrap_or(Path::new("."));
+        Self::from_toml(&text, base).map_err(|e| match e {
+            ConfigError::Parse { message, .. } => ConfigError::Parse { path: path.to_owned(), message },
+            ConfigError::Invalid { problems, .. } => ConfigError::Invalid { path: path.to_owned(), problems },
+            other => other,
+        })
+    }
+
+    /// Parses and validates TOML text; relative paths are resolved against `base`.
+    pub fn from_toml(text: &str, base: &Path) -> Result<Self, ConfigError> {
+        let mut config: EdgeConfig = toml::from_str(text)
+            .map_err(|e| ConfigError::Parse { path: PathBuf::from("<text>"), message: one_line(&e) })?;
+        config.resolve_paths(base);
+        let problems = config.problems();
+        if problems.is_empty() {
+            Ok(config)
+        } else {
+            Err(ConfigError::Invalid { path: PathBuf::from("<text>"), problems })
+        }
+    }
+
+    /// The built-in defaults, as `print-default-config` shows them.
+    pub fn default_toml() -> String {
+        let config: EdgeConfig = toml::from_str("").unwrap_or_else(|_| unreachable!("empty config is valid"));
+        toml::to_string_pretty(&config).unwrap_or_else(|e| format!("# cannot render defaults: {e}\n"))
+    }
+
+    fn resolve_paths(&mut self, base: &Path) {
+        let resolve = |p: &mut PathBuf| {
+            if p.is_relative() {
+                *p = base.join(&*p);
+            }
+        };
+        for listener in &mut self.listeners {
+            if let Some(tls) = &mut listener.tls {
+                resolve(&mut tls.cert);
+                resolve(&mut tls.key);
+                if let Some(ca) = &mut tls.client_ca {
+                    resolve(ca);
+                }
+            }
+        }
+        if let Some(p) = &mut self.auth.password_file {
+            resolve(p);
+        }
+        if let Some(p) = &mut self.auth.acl_file {
+            resolve(p);
+        }
+    }
+
+    /// Every semantic problem in the config; empty when it is usable.
+    pub fn problems(&self) -> Vec<Problem> {
+        let mut out = Vec::new();
+        let mut bad = |key: String, reason: String| out.push(Problem { key, reason });
+
+        if self.node_id.is_empty() || self.node_id.contains(['/', '+', '#', ' ']) {
+            bad("node_id".into(), format!("{:?} must be non-empty without '/', '+', '#' or spaces", self.node_id));
+        }
+        if let Err(e) = tracing_subscriber::EnvFilter::try_new(&self.log.level) {
+            bad("log.level".into(), format!("{:?} is not a valid filter: {e}", self.log.level));
+        }
+
+        let b = &self.broker;
+        if b.max_connections == 0 {
+            bad("broker.max_connections".into(), "must be at least 1".into());
+        }
+        if b.max_packet_size.bytes() < 64 || b.max_packet_size.bytes() > 256 * 1024 * 1024 {
+            bad(
+                "broker.max_packet_size".into(),
+                format!("{} is outside 64 B ..= 256 MiB (MQTT's limit)", b.max_packet_size),
+            );
+        }
+        if b.max_inflight == 0 {
+            bad("broker.max_inflight".into(), "must be at least 1".into());
+        }
+        // rumqttd panics on segments under 1 KiB; a segment must also hold the largest packet.
+        if b.segment_size.bytes() < 1024 || b.segment_size < b.max_packet_size {
+            bad(
+                "broker.segment_size".into(),
+                format!(
+                    "{} must be at least 1 KiB and at least broker.max_packet_size ({})",
+                    b.segment_size, b.max_packet_size
+                ),
+            );
+        }
+        if b.segment_count == 0 {
+            bad("broker.segment_count".into(), "must be at least 1".into());
+        }
+        if b.connect_timeout.0.is_zero() {
+            bad("broker.connect_timeout".into(), "must be more than 0s".into());
+        }
+        if b.slow_client_timeout.0.is_zero() {
+            bad("broker.slow_client_timeout".into(), "must be more than 0s".into());
+        }
+
+        if self.listeners.is_empty() {
+            bad("listener".into(), "at least one [[listener]] is needed".into());
+        }
+        for (i, l) in self.listeners.iter().enumerate() {
+            let key = format!("listener[{i}]");
+            if self.listeners[..i].iter().any(|o| o.name == l.name) {
+                bad(format!("{key}.name"), format!("{:?} is used by another listener", l.name));
+            }
+            if self.listeners[..i].iter().any(|o| o.bind == l.bind && l.bind.port() != 0) {
+                bad(format!("{key}.bind"), format!("{} is used by another listener", l.bind));
+            }
+            if l.anonymous && !l.bind.ip().is_loopback() {
+                bad(
+                    format!("{key}.anonymous"),
+                    format!(
+                        "anonymous clients are only served on loopback addresses, and {} is not one; use a password file or client certificates",
+                        l.bind
+                    ),
+                );
+            }
+            let has_client_certs = l.tls.as_ref().is_some_and(|t| t.client_certs != ClientCertMode::Off);
+            if !l.anonymous && self.auth.password_file.is_none() && !has_client_certs {
+                bad(
+                    key.clone(),
+                    "no client could log in: it is not anonymous, auth.password_file is not set and it takes no client certificates".into(),
+                );
+            }
+            if let Some(tls) = &l.tls {
+                check_file(&mut bad, format!("{key}.tls.cert"), &tls.cert);
+                check_file(&mut bad, format!("{key}.tls.key"), &tls.key);
+                match (&tls.client_ca, tls.client_certs) {
+                    (Some(ca), _) => check_file(&mut bad, format!("{key}.tls.client_ca"), ca),
+                    (None, ClientCertMode::Off) => {}
+                    (None, mode) => bad(
+                        format!("{key}.tls.client_ca"),
+                        format!("required when client_certs = {mode:?}").to_lowercase(),
+                    ),
+                }
+            }
+        }
+        if let Some(p) = &self.auth.password_file {
+            check_file(&mut bad, "auth.password_file".into(), p);
+        }
+        if let Some(p) = &self.auth.acl_file {
+            check_file(&mut bad, "auth.acl_file".into(), p);
+        }
+
+        if self.probe.enabled {
+            if self.probe.interval.0.is_zero() {
+                bad("probe.interval".into(), "must be more than 0s".into());
+            }
+            if let Err(e) = shared::topic::validate_name(&self.probe.topic) {
+                bad("probe.topic".into(), e.to_string());
+            } else if self.probe.topic.starts_with('$') {
+                bad("probe.topic".into(), "rumqttd never delivers topics starting with '$'".into());
+            }
+        }
+        out
+    }
+}
+
+fn check_file(bad: &mut impl FnMut(String, String), key: String, path: &Path) {
+    match std::fs::metadata(path) {
+        Ok(m) if m.is_file() => {}
+        Ok(_) => bad(key, format!("{} is not a file", path.display())),
+        Err(e) => bad(key, format!("{}: {e}", path.display())),
+    }
+}
+
+/// toml's errors span several lines with a source excerpt; keep the first line plus the message.
+fn one_line(e: &toml::de::Error) -> String {
+    let msg = e.message().trim();
+    match e.span() {
+        Some(span) => format!("{msg} (at byte {})", span.start),
+        None => msg.to_owned(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(text: &str) -> Result<EdgeConfig, ConfigError> {
+        EdgeConfig::from_toml(text, Path::new("/nonexistent"))
+    }
+
+    #[test]
+    fn empty_file_is_the_default() {
+        let c = parse("").unwrap();
+        assert_eq!(c.listeners.len(), 1);
+        assert!(c.listeners[0].anonymous);
+        assert!(c.listeners[0].bind.ip().is_loopback());
+    }
+
+    #[test]
+    fn default_toml_round_trips() {
+        let text = EdgeConfig::default_toml();
+        let c = parse(&text).unwrap();
+        assert_eq!(c.broker.max_inflight, 100);
+    }
+
+    #[test]
+    fn unknown_key_names_the_key() {
+        let err = parse("[broker]\nmax_conections = 3\n").unwrap_err().to_string();
+        assert!(err.contains("max_conections"), "{err}");
+    }
+
+    #[test]
+    fn anonymous_on_network_is_refused() {
+        let err =
+            parse("[[listener]]\nname = \"lan\"\nbind = \"0.0.0.0:1883\"\nanonymous = true\n").unwrap_err().to_string();
+        assert!(err.contains("listener[0].anonymous"), "{err}");
+    }
+
+    #[test]
+    fn missing_cert_names_key_and_path() {
+        let text = "[[listener]]\nname = \"tls\"\nbind = \"127.0.0.1:0\"\nanonymous = true\n[listener.tls]\ncert = \"nope.pem\"\nkey = \"nope.key\"\n";
+        let err = parse(text).unwrap_err().to_string();
+        assert!(err.contains("listener[0].tls.cert: /nonexistent/nope.pem"), "{err}");
+        assert!(err.contains("listener[0].tls.key"), "{err}");
+    }
+
+    #[test]
+    fn bad_units_and_addresses_are_reported() {
+        let err = parse("[broker]\nconnect_timeout = \"10\"\n").unwrap_err().to_string();
+        assert!(err.contains("with a unit"), "{err}");
+        let err = parse("[[listener]]\nname = \"x\"\nbind = \"localhost\"\n").unwrap_err().to_string();
+        assert!(err.contains("invalid socket address"), "{err}");
+    }
+
+    #[test]
+    fn every_problem_is_listed() {
+        let text = "[broker]\nmax_connections = 0\nmax_inflight = 0\n";
+        match parse(text).unwrap_err() {
+            ConfigError::Invalid { problems, .. } => {
+                let keys: Vec<_> = problems.iter().map(|p| p.key.as_str()).collect();
+                assert_eq!(keys, ["broker.max_connections", "broker.max_inflight"]);
+            }
+            other => panic!("unexpected {other}"),
+        }
+    }
+}

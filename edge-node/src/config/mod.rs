@@ -1,0 +1,258 @@
+//! The edge gateway's configuration: a TOML file, parsed into typed values and validated once
+//! at load, so a bad file fails at start with the key and the reason.
+//!
+//! Relative paths in the file are resolved against the file's own directory, so a config and its
+//! certificates can be moved together.
+
+mod load;
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+
+use serde::{Deserialize, Serialize};
+use shared::units::{ByteSize, HumanDuration};
+
+pub use load::{ConfigError, Problem};
+
+/// The whole edge gateway configuration.
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct EdgeConfig {
+    /// Name of this node, used in logs, metrics and the SLO probe's client id. Default: the
+    /// host name, or `edge` if it cannot be read.
+    #[serde(default = "default_node_id")]
+    pub node_id: String,
+    /// Logging.
+    #[serde(default)]
+    pub log: LogConfig,
+    /// Limits of the embedded MQTT broker.
+    #[serde(default)]
+    pub broker: BrokerConfig,
+    /// MQTT listeners. Default: one anonymous listener on `127.0.0.1:1883`.
+    #[serde(default = "default_listeners", rename = "listener")]
+    pub listeners: Vec<ListenerConfig>,
+    /// Password file and topic ACLs.
+    #[serde(default)]
+    pub auth: AuthConfig,
+    /// The HTTP endpoint serving `/metrics` and `/healthz`.
+    #[serde(default)]
+    pub http: HttpConfig,
+    /// The built-in SLO probe.
+    #[serde(default)]
+    pub probe: ProbeConfig,
+}
+
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct LogConfig {
+    /// Level filter in `tracing` syntax (`info`, `edge_node=debug,info`). `RUST_LOG`, when set,
+    /// takes precedence. Default: `info`.
+    #[serde(default = "default_log_level")]
+    pub level: String,
+    /// `text` or `json`. Default: `text`.
+    #[serde(default)]
+    pub format: LogFormat,
+}
+
+impl Default for LogConfig {
+    fn default() -> Self {
+        Self { level: default_log_level(), format: LogFormat::Text }
+    }
+}
+
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum LogFormat {
+    #[default]
+    Text,
+    Json,
+}
+
+/// Broker limits. Every one bounds memory or work per client; exceeding one disconnects the
+/// client with a stated reason or drops and counts, never grows without bound.
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct BrokerConfig {
+    /// Most client connections at once, over all listeners. Further clients are refused at
+    /// CONNECT (CONNACK "server unavailable" / MQTT 5 0x97 quota exceeded). Default: 1000.
+    #[serde(default = "default_max_connections")]
+    pub max_connections: usize,
+    /// Largest MQTT packet accepted from a client, header included. Larger ones disconnect the
+    /// client (MQTT 5 reason 0x95 packet too large). Default: 1 MiB.
+    #[serde(default = "default_max_packet_size")]
+    pub max_packet_size: ByteSize,
+    /// QoS1 messages in flight to one subscriber before the broker waits for its PUBACKs.
+    /// Default: 100.
+    #[serde(default = "default_max_inflight")]
+    pub max_inflight: u16,
+    /// Size of one in-memory log segment per subscribed filter. Default: 1 MiB.
+    #[serde(default = "default_segment_size")]
+    pub segment_size: ByteSize,
+    /// Segments kept per subscribed filter; with `segment_size` this bounds the memory a filter's
+    /// backlog can take (a subscriber that falls further behind skips the oldest). Default: 4.
+    #[serde(default = "default_segment_count")]
+    pub segment_count: usize,
+    /// Time a new connection has to send its CONNECT (and finish TLS). Default: 10s.
+    #[serde(default = "default_connect_timeout")]
+    pub connect_timeout: HumanDuration,
+    /// A client that accepts no bytes for this long while the broker has data for it is
+    /// disconnected and counted as a slow client. Default: 30s.
+    #[serde(default = "default_slow_client_timeout")]
+    pub slow_client_timeout: HumanDuration,
+}
+
+impl Default for BrokerConfig {
+    fn default() -> Self {
+        Self {
+            max_connections: default_max_connections(),
+            max_packet_size: default_max_packet_size(),
+            max_inflight: default_max_inflight(),
+            segment_size: default_segment_size(),
+            segment_count: default_segment_count(),
+            connect_timeout: default_connect_timeout(),
+            slow_client_timeout: default_slow_client_timeout(),
+        }
+    }
+}
+
+/// One MQTT listener (plain TCP or TLS; MQTT 3.1.1 and 5 on the same port).
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct ListenerConfig {
+    /// Name used in logs and metrics labels. Required.
+    pub name: String,
+    /// Address to bind, e.g. `127.0.0.1:1883`; port 0 picks a free port. Required.
+    pub bind: SocketAddr,
+    /// Serve clients that send no credentials. Only allowed on a loopback `bind`, as in
+    /// Mosquitto 2. Default: false.
+    #[serde(default)]
+    pub anonymous: bool,
+    /// TLS for this listener. Absent: plain TCP.
+    pub tls: Option<TlsConfig>,
+}
+
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct TlsConfig {
+    /// PEM file with the server certificate chain, leaf first. Required.
+    pub cert: PathBuf,
+    /// PEM file with the server private key (PKCS#8, PKCS#1 or SEC1). Required.
+    pub key: PathBuf,
+    /// PEM file with the CA certificates client certificates are checked against. Required when
+    /// `client_certs` is not `off`.
+    pub client_ca: Option<PathBuf>,
+    /// `off`: no client certificates; `optional`: verified when sent, and a verified certificate
+    /// authenticates the client as its first DNS name (or CN); `required`: clients without a
+    /// valid certificate fail the handshake. Default: `off`.
+    #[serde(default)]
+    pub client_certs: ClientCertMode,
+}
+
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ClientCertMode {
+    #[default]
+    Off,
+    Optional,
+    Required,
+}
+
+#[derive(Debug, Clone, Default, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct AuthConfig {
+    /// Password file written by `edge-node passwd`: one `user:argon2-hash` per line. Absent: no
+    /// username/password logins (anonymous loopback clients and client certificates only).
+    pub password_file: Option<PathBuf>,
+    /// ACL file (TOML, see `config/acl.toml`). Absent: every authenticated client may publish
+    /// and subscribe to every topic.
+    pub acl_file: Option<PathBuf>,
+}
+
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct HttpConfig {
+    /// Address for `/metrics` and `/healthz`; absent disables the endpoint.
+    /// Default: `127.0.0.1:9464`.
+    #[serde(default = "default_http_bind")]
+    pub bind: Option<SocketAddr>,
+}
+
+impl Default for HttpConfig {
+    fn default() -> Self {
+        Self { bind: default_http_bind() }
+    }
+}
+
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct ProbeConfig {
+    /// Run the probe. Default: true.
+    #[serde(default = "default_true")]
+    pub enabled: bool,
+    /// Time between probe messages. Default: 100ms (10 msg/s).
+    #[serde(default = "default_probe_interval")]
+    pub interval: HumanDuration,
+    /// Topic the probe publishes on and subscribes to (QoS1). rumqttd never delivers `$`
+    /// topics, so this is an ordinary topic: a `#` subscriber sees the probe's messages.
+    /// Default: `_edge/probe`.
+    #[serde(default = "default_probe_topic")]
+    pub topic: String,
+}
+
+impl Default for ProbeConfig {
+    fn default() -> Self {
+        Self { enabled: true, interval: default_probe_interval(), topic: default_probe_topic() }
+    }
+}
+
+fn default_node_id() -> String {
+    std::fs::read_to_string("/etc/hostname")
+        .ok()
+        .map(|s| s.trim().to_owned())
+        .filter(|s| !s.is_empty())
+        .unwrap_or_else(|| "edge".to_owned())
+}
+fn default_log_level() -> String {
+    "info".to_owned()
+}
+fn default_listeners() -> Vec<ListenerConfig> {
+    vec![ListenerConfig {
+        name: "local".to_owned(),
+        bind: SocketAddr::from(([127, 0, 0, 1], 1883)),
+        anonymous: true,
+        tls: None,
+    }]
+}
+fn default_max_connections() -> usize {
+    1000
+}
+fn default_max_packet_size() -> ByteSize {
+    ByteSize::mib(1)
+}
+fn default_max_inflight() -> u16 {
+    100
+}
+fn default_segment_size() -> ByteSize {
+    ByteSize::mib(1)
+}
+fn default_segment_count() -> usize {
+    4
+}
+fn default_connect_timeout() -> HumanDuration {
+    HumanDuration::from_secs(10)
+}
+fn default_slow_client_timeout() -> HumanDuration {
+    HumanDuration::from_secs(30)
+}
+fn default_http_bind() -> Option<SocketAddr> {
+    Some(SocketAddr::from(([127, 0, 0, 1], 9464)))
+}
+fn default_true() -> bool {
+    true
+}
+fn default_probe_interval() -> HumanDuration {
+    HumanDuration::from_millis(100)
+}
+fn default_probe_topic() -> String {
+    "_edge/probe".to_owned()
+}

@@ -1,0 +1,132 @@
+//! The front: our own MQTT-aware connection layer between clients and the embedded broker.
+//!
+//! It accepts TCP and TLS (TCP_NODELAY on every socket, TLS handshakes in the connection's own
+//! task), authenticates at CONNECT, checks every PUBLISH and SUBSCRIBE against the ACL, enforces
+//! the packet-size and connection limits, and relays everything else byte for byte to rumqttd
+//! on loopback. It owns client connections; it does not touch the router's state.
+//!
+//! How the ACL is enforced: a refused PUBLISH is never forwarded (QoS1 gets a PUBACK, with
+//! reason 0x87 on MQTT 5; QoS2 a PUBREC and, on MQTT 3.1.1, a PUBCOMP for its PUBREL); a
+//! SUBSCRIBE is forwarded with the refused filters removed and rumqttd's SUBACK is rebuilt with
+//! a failure code at their positions. Topic aliases are resolved here, so a refused topic cannot
+//! be reached through an alias.
+
+mod connect;
+pub mod packet;
+mod relay;
+mod session;
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::AtomicU64;
+use std::time::Duration;
+
+use arc_swap::ArcSwap;
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::Semaphore;
+use tokio_rustls::TlsAcceptor;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+use crate::auth::{AuthState, Identity};
+use crate::metrics::{self, Metrics};
+
+pub use session::serve_internal;
+
+/// Everything connections share.
+#[derive(Debug)]
+pub struct FrontContext {
+    pub max_packet_size: usize,
+    pub connect_timeout: Duration,
+    pub slow_client_timeout: Duration,
+    pub broker_v4: SocketAddr,
+    pub broker_v5: SocketAddr,
+    pub broker_secret: Arc<str>,
+    pub auth: ArcSwap<AuthState>,
+    /// Bumped on every reload, so connections re-resolve their ACL rules.
+    pub auth_generation: AtomicU64,
+    pub metrics: Arc<Metrics>,
+    pub permits: Arc<Semaphore>,
+    pub probe_topic: String,
+    pub shutdown: CancellationToken,
+    pub tracker: TaskTracker,
+}
+
+/// One bound listener.
+pub struct Listener {
+    pub name: String,
+    pub anonymous: bool,
+    /// Present for TLS listeners; swapped on reload.
+    pub tls: Option<ArcSwap<TlsAcceptor>>,
+}
+
+impl std::fmt::Debug for Listener {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Listener").field("name", &self.name).field("tls", &self.tls.is_some()).finish()
+    }
+}
+
+/// Accepts connections on `socket` until shutdown.
+pub async fn accept_loop(socket: TcpListener, listener: Arc<Listener>, ctx: Arc<FrontContext>) {
+    loop {
+        let accepted = tokio::select! {
+            _ = ctx.shutdown.cancelled() => break,
+            accepted = socket.accept() => accepted,
+        };
+        match accepted {
+            Ok((stream, peer)) => {
+                let listener = listener.clone();
+                let ctx2 = ctx.clone();
+                ctx.tracker.spawn(async move { handle(stream, peer, listener, ctx2).await });
+            }
+            Err(e) => {
+                // Out of file descriptors or similar: back off instead of spinning.
+                tracing::warn!(listener = %listener.name, error = %e, "accept failed");
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        }
+    }
+}
+
+async fn handle(stream: TcpStream, peer: SocketAddr, listener: Arc<Listener>, ctx: Arc<FrontContext>) {
+    if let Err(e) = stream.set_nodelay(true) {
+        tracing::debug!(%peer, error = %e, "cannot set TCP_NODELAY");
+    }
+    // Half-open clients with keep-alive 0 would otherwise hold a connection slot forever.
+    let keepalive =
+        socket2::TcpKeepalive::new().with_time(Duration::from_secs(60)).with_interval(Duration::from_secs(10));
+    let _ = socket2::SockRef::from(&stream).set_tcp_keepalive(&keepalive);
+
+    let refused = |reason: &'static str| {
+        ctx.metrics
+            .connects_refused
+            .get_or_create(&metrics::RefusedLabels { listener: listener.name.clone(), reason })
+            .inc();
+    };
+    match &listener.tls {
+        None => session::run(stream, peer, None, &listener, &ctx).await,
+        Some(acceptor) => {
+            let acceptor = acceptor.load_full();
+            match tokio::time::timeout(ctx.connect_timeout, acceptor.accept(stream)).await {
+                Ok(Ok(tls)) => {
+                    let identity = tls
+                        .get_ref()
+                        .1
+                        .peer_certificates()
+                        .and_then(|chain| chain.first())
+                        .and_then(crate::tls::certificate_identity)
+                        .map(Identity::Certificate);
+                    session::run(tls, peer, identity, &listener, &ctx).await
+                }
+                Ok(Err(e)) => {
+                    tracing::info!(listener = %listener.name, %peer, error = %e, "TLS handshake failed");
+                    refused("tls");
+                }
+                Err(_) => {
+                    tracing::info!(listener = %listener.name, %peer, "TLS handshake timed out");
+                    refused("timeout");
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,513 @@
+//! The two relays of an admitted connection. Upstream (client to broker) parses every packet
+//! and decides on PUBLISH and SUBSCRIBE; downstream (broker to client) only frames, counts, and
+//! rebuilds trimmed SUBACKs. Both run in the connection's task; a packet the front answers
+//! itself (a refused PUBLISH's PUBACK, a SUBACK) goes to the client through the downstream side,
+//! so writes to the client never interleave mid-packet.
+
+use std::collections::{HashMap, HashSet};
+use std::sync::atomic::{AtomicI64, Ordering};
+use std::sync::{Arc, Mutex};
+
+use bytes::{Bytes, BytesMut};
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::gauge::Gauge;
+use rumqttd::protocol::{Packet, Protocol, v4::V4, v5::V5};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use tokio::sync::mpsc;
+
+use super::FrontContext;
+use super::connect::Admitted;
+use super::packet::{self, PacketError, Version, reason};
+use crate::auth::{Identity, Rules};
+use crate::metrics;
+
+/// rumqttd's limit for client topic aliases (it advertises it in CONNACK).
+const TOPIC_ALIAS_MAX: u16 = 4096;
+
+/// Why a relay ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum End {
+    ClientClosed,
+    BrokerClosed,
+    Shutdown,
+    SlowClient,
+    /// The client broke a rule; the label is the metric reason, the code the MQTT 5 reason.
+    Violation(&'static str, u8),
+}
+
+/// Read-only state both relays use.
+pub(super) struct Shared<'a> {
+    version: Version,
+    ctx: &'a FrontContext,
+    counters: Counters,
+    inflight: Inflight,
+    /// SUBACKs to rebuild, by packet id: `None` where the filter was forwarded.
+    suback_merges: Mutex<HashMap<u16, Vec<Option<u8>>>>,
+}
+
+/// Metric handles resolved once per connection.
+struct Counters {
+    publish_in: Counter,
+    publish_in_probe: Counter,
+    publish_out: Counter,
+    publish_out_probe: Counter,
+    refused_acl: Counter,
+    refused_invalid: Counter,
+    sub_refused_acl: Counter,
+    sub_refused_invalid: Counter,
+    bytes_in: Counter,
+    bytes_out: Counter,
+}
+
+/// QoS1 messages this connection has in flight, so the shared gauge is corrected when it ends.
+struct Inflight {
+    gauge: Gauge,
+    mine: AtomicI64,
+}
+
+impl Inflight {
+    fn add(&self, n: i64) {
+        self.gauge.inc_by(n);
+        self.mine.fetch_add(n, Ordering::Relaxed);
+    }
+}
+
+impl Drop for Inflight {
+    fn drop(&mut self) {
+        self.gauge.dec_by(self.mine.load(Ordering::Relaxed));
+    }
+}
+
+impl<'a> Shared<'a> {
+    pub(super) fn new(version: Version, ctx: &'a FrontContext) -> Self {
+        let m = &ctx.metrics;
+        let class = metrics::class_label;
+        let counters = Counters {
+            publish_in: metrics::handle(&m.publish_in, &class("default")),
+            publish_in_probe: metrics::handle(&m.publish_in, &class("probe")),
+            publish_out: metrics::handle(&m.publish_out, &class("default")),
+            publish_out_probe: metrics::handle(&m.publish_out, &class("probe")),
+            refused_acl: metrics::handle(&m.publish_refused, &metrics::reason("acl")),
+            refused_invalid: metrics::handle(&m.publish_refused, &metrics::reason("invalid_topic")),
+            sub_refused_acl: metrics::handle(&m.subscribe_refused, &metrics::reason("acl")),
+            sub_refused_invalid: metrics::handle(&m.subscribe_refused, &metrics::reason("invalid_filter")),
+            bytes_in: m.bytes_in.clone(),
+            bytes_out: m.bytes_out.clone(),
+        };
+        Self {
+            version,
+            ctx,
+            counters,
+            inflight: Inflight { gauge: m.qos1_inflight.clone(), mine: AtomicI64::new(0) },
+            suback_merges: Mutex::new(HashMap::new()),
+        }
+    }
+
+    fn is_probe(&self, topic: &[u8]) -> bool {
+        topic == self.ctx.probe_topic.as_bytes()
+    }
+}
+
+/// State only the upstream relay touches.
+pub(super) struct Upstream {
+    identity: Identity,
+    pub(super) client_id: String,
+    rules: Arc<Rules>,
+    rules_generation: u64,
+    /// Topic aliases the client set: the topic, and whether rumqttd holds the same mapping
+    /// (it does not when the publish that set it was refused).
+    aliases: HashMap<u16, (Bytes, bool)>,
+    /// QoS2 publishes refused on MQTT 3.1.1, whose PUBREL the front answers.
+    refused_qos2: HashSet<u16>,
+}
+
+impl Upstream {
+    pub(super) fn new(admitted: Admitted, ctx: &FrontContext) -> Self {
+        Self {
+            identity: admitted.identity,
+            client_id: admitted.client_id,
+            rules: admitted.rules,
+            rules_generation: ctx.auth_generation.load(Ordering::Acquire),
+            aliases: HashMap::new(),
+            refused_qos2: HashSet::new(),
+        }
+    }
+}
+
+/// Relays until either side closes, a rule is broken, or the node shuts down.
+pub(super) async fn relay<R, W, BR, BW>(
+    sh: &Shared<'_>,
+    up: &mut Upstream,
+    rd: &mut R,
+    wr: &mut W,
+    mut brd: BR,
+    mut bwr: BW,
+    leftover: BytesMut,
+) -> End
+where
+    R: AsyncRead + Unpin,
+    W: AsyncWrite + Unpin,
+    BR: AsyncRead + Unpin,
+    BW: AsyncWrite + Unpin,
+{
+    let (inject_tx, mut inject_rx) = mpsc::channel::<Bytes>(64);
+    let end = {
+        let upstream = upstream(sh, up, rd, &mut bwr, leftover, inject_tx);
+        let downstream = downstream(sh, &mut brd, wr, &mut inject_rx);
+        tokio::select! {
+            biased;
+            _ = sh.ctx.shutdown.cancelled() => End::Shutdown,
+            end = upstream => end,
+            end = downstream => end,
+        }
+    };
+    // rumqttd sees the client leave (and fires its will unless it sent DISCONNECT).
+    let _ = bwr.shutdown().await;
+    end
+}
+
+async fn upstream<R, BW>(
+    sh: &Shared<'_>,
+    st: &mut Upstream,
+    rd: &mut R,
+    bwr: &mut BW,
+    mut buf: BytesMut,
+    inject: mpsc::Sender<Bytes>,
+) -> End
+where
+    R: AsyncRead + Unpin,
+    BW: AsyncWrite + Unpin,
+{
+    let mut out = BytesMut::with_capacity(16 * 1024);
+    loop {
+        loop {
+            let len = match packet::frame_len(&buf, sh.ctx.max_packet_size) {
+                Ok(Some(len)) => len,
+                Ok(None) => break,
+                Err(PacketError::TooLarge { size, max }) => {
+                    tracing::info!(client_id = %st.client_id, size, max, "packet over broker.max_packet_size");
+                    return End::Violation("packet_too_large", reason::PACKET_TOO_LARGE);
+                }
+                Err(_) => return End::Violation("malformed", reason::MALFORMED),
+            };
+            let frame = buf.split_to(len);
+            if let Err(end) = st.on_frame(sh, &frame, &mut out, &inject).await {
+                return end;
+            }
+        }
+        if !out.is_empty() {
+            if bwr.write_all(&out).await.is_err() {
+                return End::BrokerClosed;
+            }
+            out.clear();
+        }
+        match rd.read_buf(&mut buf).await {
+            Ok(0) | Err(_) => return End::ClientClosed,
+            Ok(n) => {
+                sh.counters.bytes_in.inc_by(n as u64);
+            }
+        }
+    }
+}
+
+impl Upstream {
+    async fn on_frame(
+        &mut self,
+        sh: &Shared<'_>,
+        frame: &[u8],
+        out: &mut BytesMut,
+        inject: &mpsc::Sender<Bytes>,
+    ) -> Result<(), End> {
+        match packet::packet_type(frame) {
+            packet::PUBLISH => self.on_publish(sh, frame, out, inject).await,
+            packet::SUBSCRIBE => self.on_subscribe(sh, frame, out, inject).await,
+            packet::PUBREL => {
+                match packet::ack_pkid(frame) {
+                    Some(pkid) if self.refused_qos2.remove(&pkid) => {
+                        send(inject, ack(packet::PUBCOMP, pkid, 0, sh.version)).await?;
+                    }
+                    _ => out.extend_from_slice(frame),
+                }
+                Ok(())
+            }
+            packet::PUBACK => {
+                sh.inflight.add(-1);
+                out.extend_from_slice(frame);
+                Ok(())
+            }
+            packet::CONNECT => Err(End::Violation("protocol_error", reason::PROTOCOL_ERROR)),
+            _ => {
+                out.extend_from_slice(frame);
+                Ok(())
+            }
+        }
+    }
+
+    /// Picks up ACL changes from a reload.
+    fn refresh_rules(&mut self, ctx: &FrontContext) {
+        let generation = ctx.auth_generation.load(Ordering::Acquire);
+        if generation != self.rules_generation {
+            self.rules = ctx.auth.load().rules_for(&self.identity, &self.client_id);
+            self.rules_generation = generation;
+        }
+    }
+
+    async fn on_publish(
+        &mut self,
+        sh: &Shared<'_>,
+        frame: &[u8],
+        out: &mut BytesMut,
+        inject: &mpsc::Sender<Bytes>,
+    ) -> Result<(), End> {
+        let view =
+            packet::parse_publish(frame, sh.version).map_err(|_| End::Violation("malformed", reason::MALFORMED))?;
+        if view.topic_alias.is_some_and(|a| a > TOPIC_ALIAS_MAX) {
+            return Err(End::Violation("topic_alias_invalid", reason::TOPIC_ALIAS_INVALID));
+        }
+        let topic: Bytes = if view.topic.is_empty() {
+            let alias = view.topic_alias.ok_or(End::Violation("invalid_topic", reason::TOPIC_NAME_INVALID))?;
+            match self.aliases.get(&alias) {
+                Some((topic, _)) => topic.clone(),
+                None => return Err(End::Violation("topic_alias_invalid", reason::TOPIC_ALIAS_INVALID)),
+            }
+        } else {
+            Bytes::copy_from_slice(view.topic)
+        };
+        let Some(topic_str) = std::str::from_utf8(&topic).ok().filter(|t| shared::topic::validate_name(t).is_ok())
+        else {
+            sh.counters.refused_invalid.inc();
+            return Err(End::Violation("invalid_topic", reason::TOPIC_NAME_INVALID));
+        };
+        self.refresh_rules(sh.ctx);
+        let allowed = self.rules.may_publish(topic_str);
+
+        if !allowed {
+            if let (Some(alias), false) = (view.topic_alias, view.topic.is_empty()) {
+                self.aliases.insert(alias, (topic.clone(), false));
+            }
+            sh.counters.refused_acl.inc();
+            tracing::debug!(user = self.identity.name(), client_id = %self.client_id, topic = topic_str, "publish refused by ACL");
+            match view.qos {
+                1 => send(inject, ack(packet::PUBACK, view.pkid, reason::NOT_AUTHORIZED, sh.version)).await?,
+                2 => {
+                    send(inject, ack(packet::PUBREC, view.pkid, reason::NOT_AUTHORIZED, sh.version)).await?;
+                    if sh.version == Version::V311 {
+                        self.refused_qos2.insert(view.pkid);
+                    }
+                }
+                _ => {}
+            }
+            return Ok(());
+        }
+
+        match view.topic_alias {
+            Some(alias) if !view.topic.is_empty() => {
+                self.aliases.insert(alias, (topic.clone(), true));
+                out.extend_from_slice(frame);
+            }
+            Some(alias) if !self.aliases.get(&alias).is_some_and(|(_, known)| *known) => {
+                // rumqttd maps this alias to an older topic: send the topic in full once.
+                rewrite_with_topic(frame, topic.clone(), out)?;
+                self.aliases.insert(alias, (topic.clone(), true));
+            }
+            _ => out.extend_from_slice(frame),
+        }
+        if sh.is_probe(&topic) {
+            sh.counters.publish_in_probe.inc();
+        } else {
+            sh.counters.publish_in.inc();
+        }
+        if view.qos == 1 {
+            sh.inflight.add(1);
+        }
+        Ok(())
+    }
+
+    async fn on_subscribe(
+        &mut self,
+        sh: &Shared<'_>,
+        frame: &[u8],
+        out: &mut BytesMut,
+        inject: &mpsc::Sender<Bytes>,
+    ) -> Result<(), End> {
+        let mut copy = BytesMut::from(frame);
+        let decoded = match sh.version {
+            Version::V311 => V4.read_mut(&mut copy, usize::MAX),
+            Version::V5 => V5.read_mut(&mut copy, usize::MAX),
+        };
+        let Ok(Packet::Subscribe(mut subscribe, props)) = decoded else {
+            return Err(End::Violation("malformed", reason::MALFORMED));
+        };
+        self.refresh_rules(sh.ctx);
+        let (acl_code, invalid_code) = match sh.version {
+            Version::V311 => (reason::V4_SUBACK_FAILURE, reason::V4_SUBACK_FAILURE),
+            Version::V5 => (reason::NOT_AUTHORIZED, reason::TOPIC_FILTER_INVALID),
+        };
+        let refusals: Vec<Option<u8>> = subscribe
+            .filters
+            .iter()
+            .map(|f| {
+                if shared::topic::validate_filter(&f.path).is_err() {
+                    sh.counters.sub_refused_invalid.inc();
+                    Some(invalid_code)
+                } else if !self.rules.may_subscribe(&f.path) {
+                    sh.counters.sub_refused_acl.inc();
+                    tracing::debug!(user = self.identity.name(), client_id = %self.client_id, filter = %f.path, "subscription refused by ACL");
+                    Some(acl_code)
+                } else {
+                    None
+                }
+            })
+            .collect();
+
+        if refusals.iter().all(Option::is_none) {
+            out.extend_from_slice(frame);
+            return Ok(());
+        }
+        if refusals.iter().all(Option::is_some) {
+            let codes: Vec<u8> = refusals.iter().flatten().copied().collect();
+            let mut suback = BytesMut::new();
+            packet::write_suback(&mut suback, subscribe.pkid, &codes, sh.version);
+            return send(inject, suback.freeze()).await;
+        }
+        let mut kept = refusals.iter();
+        subscribe.filters.retain(|_| kept.next().is_some_and(Option::is_none));
+        let pkid = subscribe.pkid;
+        if let Ok(mut merges) = sh.suback_merges.lock() {
+            merges.insert(pkid, refusals);
+        }
+        let written = match sh.version {
+            Version::V311 => V4.write(Packet::Subscribe(subscribe, None), out),
+            Version::V5 => V5.write(Packet::Subscribe(subscribe, props), out),
+        };
+        written.map(|_| ()).map_err(|_| End::Violation("malformed", reason::MALFORMED))
+    }
+}
+
+fn rewrite_with_topic(frame: &[u8], topic: Bytes, out: &mut BytesMut) -> Result<(), End> {
+    let mut copy = BytesMut::from(frame);
+    match V5.read_mut(&mut copy, usize::MAX) {
+        Ok(Packet::Publish(mut publish, props)) => {
+            publish.topic = topic;
+            V5.write(Packet::Publish(publish, props), out)
+                .map(|_| ())
+                .map_err(|_| End::Violation("malformed", reason::MALFORMED))
+        }
+        _ => Err(End::Violation("malformed", reason::MALFORMED)),
+    }
+}
+
+fn ack(kind: u8, pkid: u16, code: u8, version: Version) -> Bytes {
+    let mut b = BytesMut::with_capacity(4);
+    packet::write_ack(&mut b, kind, pkid, code, version);
+    b.freeze()
+}
+
+async fn send(inject: &mpsc::Sender<Bytes>, bytes: Bytes) -> Result<(), End> {
+    inject.send(bytes).await.map_err(|_| End::ClientClosed)
+}
+
+async fn downstream<BR, W>(sh: &Shared<'_>, brd: &mut BR, wr: &mut W, inject: &mut mpsc::Receiver<Bytes>) -> End
+where
+    BR: AsyncRead + Unpin,
+    W: AsyncWrite + Unpin,
+{
+    let mut buf = BytesMut::with_capacity(16 * 1024);
+    loop {
+        tokio::select! {
+            biased;
+            Some(bytes) = inject.recv() => {
+                if let Err(end) = write_client(sh, wr, &bytes).await {
+                    return end;
+                }
+                continue;
+            }
+            read = brd.read_buf(&mut buf) => match read {
+                Ok(0) | Err(_) => return End::BrokerClosed,
+                Ok(_) => {}
+            },
+        }
+        let mut complete = 0;
+        let mut rewrite = false;
+        while let Ok(Some(len)) = packet::frame_len(&buf[complete..], usize::MAX) {
+            let frame = &buf[complete..complete + len];
+            match packet::packet_type(frame) {
+                packet::PUBLISH => sh.count_out(frame),
+                packet::PUBACK => sh.inflight.add(-1),
+                packet::SUBACK => rewrite |= sh.has_merge(frame),
+                _ => {}
+            }
+            complete += len;
+        }
+        if complete == 0 {
+            continue;
+        }
+        let frames = buf.split_to(complete);
+        let result = if rewrite {
+            write_client(sh, wr, &sh.merge_subacks(&frames)).await
+        } else {
+            write_client(sh, wr, &frames).await
+        };
+        if let Err(end) = result {
+            return end;
+        }
+    }
+}
+
+impl Shared<'_> {
+    fn count_out(&self, frame: &[u8]) {
+        // Only the topic is needed for the class; its length sits right after the fixed header.
+        let qos = (frame[0] >> 1) & 0b11;
+        let is_probe = packet::parse_publish(frame, Version::V311).is_ok_and(|p| self.is_probe(p.topic));
+        if is_probe {
+            self.counters.publish_out_probe.inc();
+        } else {
+            self.counters.publish_out.inc();
+        }
+        if qos == 1 {
+            self.inflight.add(1);
+        }
+    }
+
+    fn has_merge(&self, frame: &[u8]) -> bool {
+        let Some(pkid) = packet::ack_pkid(frame) else {
+            return false;
+        };
+        self.suback_merges.lock().is_ok_and(|m| m.contains_key(&pkid))
+    }
+
+    fn merge_subacks(&self, frames: &[u8]) -> BytesMut {
+        let mut out = BytesMut::with_capacity(frames.len() + 16);
+        let mut at = 0;
+        while let Ok(Some(len)) = packet::frame_len(&frames[at..], usize::MAX) {
+            let frame = &frames[at..at + len];
+            let merged = (packet::packet_type(frame) == packet::SUBACK)
+                .then(|| packet::ack_pkid(frame))
+                .flatten()
+                .and_then(|pkid| self.suback_merges.lock().ok()?.remove(&pkid))
+                .and_then(|refusals| packet::merge_suback(frame, self.version, &refusals));
+            match merged {
+                Some(m) => out.extend_from_slice(&m),
+                None => out.extend_from_slice(frame),
+            }
+            at += len;
+        }
+        out
+    }
+}
+
+async fn write_client<W: AsyncWrite + Unpin>(sh: &Shared<'_>, wr: &mut W, bytes: &[u8]) -> Result<(), End> {
+    // TLS streams buffer records until flushed; for TCP the flush is free.
+    let write = async {
+        wr.write_all(bytes).await?;
+        wr.flush().await
+    };
+    match tokio::time::timeout(sh.ctx.slow_client_timeout, write).await {
+        Ok(Ok(())) => {
+            sh.counters.bytes_out.inc_by(bytes.len() as u64);
+            Ok(())
+        }
+        Ok(Err(_)) => Err(End::ClientClosed),
+        Err(_) => Err(End::SlowClient),
+    }
+}

@@ -1,0 +1,224 @@
+//! The edge gateway: an embedded MQTT broker with our own connection layer in front of it.
+//!
+//! [`Node::start`] binds everything and returns the bound addresses; [`run`] is the same with a
+//! shutdown future, for `main` and for tests that only need a running node.
+
+pub mod auth;
+pub mod broker;
+pub mod config;
+pub mod front;
+pub mod metrics;
+pub mod probe;
+pub mod tls;
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use arc_swap::ArcSwap;
+use tokio::net::TcpListener;
+use tokio::sync::Semaphore;
+use tokio_rustls::TlsAcceptor;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+use crate::auth::{AuthError, AuthState};
+use crate::broker::{BrokerError, InternalBroker};
+use crate::config::EdgeConfig;
+use crate::front::{FrontContext, Listener};
+use crate::metrics::{HealthState, Metrics};
+use crate::tls::TlsError;
+
+#[derive(Debug, thiserror::Error)]
+pub enum StartError {
+    #[error("listener {name:?} cannot bind {addr}: {source}")]
+    Bind {
+        name: String,
+        addr: SocketAddr,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("listener {name:?}: {source}")]
+    Tls {
+        name: String,
+        #[source]
+        source: TlsError,
+    },
+    #[error(transparent)]
+    Auth(#[from] AuthError),
+    #[error(transparent)]
+    Broker(#[from] BrokerError),
+    #[error("http endpoint cannot bind {addr}: {source}")]
+    HttpBind {
+        addr: SocketAddr,
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ReloadError {
+    #[error(transparent)]
+    Auth(#[from] AuthError),
+    #[error("listener {name:?}: {source}")]
+    Tls {
+        name: String,
+        #[source]
+        source: TlsError,
+    },
+}
+
+/// A running edge gateway.
+#[derive(Debug)]
+pub struct Node {
+    config: EdgeConfig,
+    mqtt_addrs: Vec<(String, SocketAddr)>,
+    http_addr: Option<SocketAddr>,
+    listeners: Vec<Arc<Listener>>,
+    ctx: Arc<FrontContext>,
+    _broker: InternalBroker,
+}
+
+impl Node {
+    /// Binds every listener and starts serving. Fails with the listener and address that could
+    /// not be bound, or the file that could not be loaded.
+    pub async fn start(config: EdgeConfig) -> Result<Node, StartError> {
+        let auth = AuthState::load(&config.auth)?;
+        let broker = InternalBroker::start(&config.broker).await?;
+        let metrics = Arc::new(Metrics::new());
+        let shutdown = CancellationToken::new();
+        let tracker = TaskTracker::new();
+
+        let mut listeners = Vec::new();
+        let mut sockets = Vec::new();
+        for l in &config.listeners {
+            let tls = match &l.tls {
+                Some(t) => {
+                    let server =
+                        tls::server_config(t).map_err(|source| StartError::Tls { name: l.name.clone(), source })?;
+                    Some(ArcSwap::from_pointee(TlsAcceptor::from(server)))
+                }
+                None => None,
+            };
+            let socket = TcpListener::bind(l.bind).await.map_err(|source| StartError::Bind {
+                name: l.name.clone(),
+                addr: l.bind,
+                source,
+            })?;
+            listeners.push(Arc::new(Listener { name: l.name.clone(), anonymous: l.anonymous, tls }));
+            sockets.push(socket);
+        }
+        let http = match config.http.bind {
+            Some(addr) => Some(TcpListener::bind(addr).await.map_err(|source| StartError::HttpBind { addr, source })?),
+            None => None,
+        };
+
+        let ctx = Arc::new(FrontContext {
+            max_packet_size: config.broker.max_packet_size.as_usize(),
+            connect_timeout: config.broker.connect_timeout.0,
+            slow_client_timeout: config.broker.slow_client_timeout.0,
+            broker_v4: broker.v4,
+            broker_v5: broker.v5,
+            broker_secret: broker.secret.clone(),
+            auth: ArcSwap::from_pointee(auth),
+            auth_generation: AtomicU64::new(0),
+            metrics: metrics.clone(),
+            permits: Arc::new(Semaphore::new(config.broker.max_connections)),
+            probe_topic: config.probe.topic.clone(),
+            shutdown: shutdown.clone(),
+            tracker: tracker.clone(),
+        });
+
+        let mut mqtt_addrs = Vec::new();
+        for (listener, socket) in listeners.iter().zip(sockets) {
+            let addr = socket.local_addr().map_err(|source| StartError::Bind {
+                name: listener.name.clone(),
+                addr: SocketAddr::from(([0, 0, 0, 0], 0)),
+                source,
+            })?;
+            tracing::info!(listener = %listener.name, %addr, tls = listener.tls.is_some(), "MQTT listener ready");
+            mqtt_addrs.push((listener.name.clone(), addr));
+            tracker.spawn(front::accept_loop(socket, listener.clone(), ctx.clone()));
+        }
+        let http_addr = match http {
+            Some(socket) => {
+                let addr = socket.local_addr().ok();
+                let health = HealthState {
+                    metrics: metrics.clone(),
+                    probe_interval: config.probe.enabled.then_some(config.probe.interval.0),
+                };
+                tracker.spawn(metrics::serve(socket, health, shutdown.clone()));
+                tracing::info!(addr = ?addr, "metrics endpoint ready");
+                addr
+            }
+            None => None,
+        };
+        if config.probe.enabled {
+            tracker.spawn(probe::run(ctx.clone(), config.probe.clone(), config.node_id.clone(), shutdown.clone()));
+        }
+        Ok(Node { config, mqtt_addrs, http_addr, listeners, ctx, _broker: broker })
+    }
+
+    /// Bound MQTT listeners, by name, in config order.
+    pub fn mqtt_addrs(&self) -> &[(String, SocketAddr)] {
+        &self.mqtt_addrs
+    }
+
+    /// The bound address of the listener called `name`.
+    pub fn mqtt_addr(&self, name: &str) -> Option<SocketAddr> {
+        self.mqtt_addrs.iter().find(|(n, _)| n == name).map(|(_, a)| *a)
+    }
+
+    pub fn http_addr(&self) -> Option<SocketAddr> {
+        self.http_addr
+    }
+
+    pub fn metrics(&self) -> &Arc<Metrics> {
+        &self.ctx.metrics
+    }
+
+    pub fn config(&self) -> &EdgeConfig {
+        &self.config
+    }
+
+    /// Re-reads the password file, the ACL and every listener's certificates. All or nothing:
+    /// on any error the running state is kept and the error returned. Connected clients stay;
+    /// their ACL rules are re-resolved at their next PUBLISH or SUBSCRIBE.
+    pub fn reload(&self) -> Result<(), ReloadError> {
+        let auth = AuthState::load(&self.config.auth)?;
+        let mut acceptors = Vec::new();
+        for (listener, lc) in self.listeners.iter().zip(&self.config.listeners) {
+            if let (Some(slot), Some(tc)) = (&listener.tls, &lc.tls) {
+                let server =
+                    tls::server_config(tc).map_err(|source| ReloadError::Tls { name: lc.name.clone(), source })?;
+                acceptors.push((slot, TlsAcceptor::from(server)));
+            }
+        }
+        self.ctx.auth.store(Arc::new(auth));
+        self.ctx.auth_generation.fetch_add(1, Ordering::AcqRel);
+        for (slot, acceptor) in acceptors {
+            slot.store(Arc::new(acceptor));
+        }
+        tracing::info!("reloaded credentials, ACL and certificates");
+        Ok(())
+    }
+
+    /// Stops accepting, disconnects clients (MQTT 5 clients get reason 0x8B) and waits up to
+    /// `deadline` for every task to finish.
+    pub async fn shutdown(self, deadline: Duration) {
+        self.ctx.shutdown.cancel();
+        self.ctx.tracker.close();
+        if tokio::time::timeout(deadline, self.ctx.tracker.wait()).await.is_err() {
+            tracing::warn!(remaining = self.ctx.tracker.len(), "shutdown deadline passed with tasks still running");
+        }
+    }
+}
+
+/// Runs a node until `shutdown` is cancelled.
+pub async fn run(config: EdgeConfig, shutdown: CancellationToken) -> Result<(), StartError> {
+    let node = Node::start(config).await?;
+    shutdown.cancelled().await;
+    node.shutdown(Duration::from_secs(5)).await;
+    Ok(())
+}

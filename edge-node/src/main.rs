@@ -1,0 +1,204 @@
+use std::io::{IsTerminal, Read};
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::time::Duration;
+
+use anyhow::Context;
+use clap::{Parser, Subcommand};
+use edge_node::config::{ConfigError, EdgeConfig, LogFormat};
+use tokio::signal::unix::{SignalKind, signal};
+
+/// Edge gateway: embedded MQTT broker, store-and-forward and cloud uplink.
+#[derive(Debug, Parser)]
+#[command(version, about)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Run the gateway until SIGINT or SIGTERM; SIGHUP reloads credentials, ACL and certificates.
+    Run {
+        #[arg(long, short)]
+        config: PathBuf,
+        /// Write the bound addresses as JSON to this file once serving (for scripts and tests).
+        #[arg(long)]
+        ready_file: Option<PathBuf>,
+    },
+    /// Load and check a config (and the files it names); print it resolved, or every problem.
+    CheckConfig {
+        #[arg(long, short)]
+        config: PathBuf,
+    },
+    /// Print the built-in defaults as a config file.
+    PrintDefaultConfig,
+    /// Add a user to a password file, or change their password (stored as an argon2 hash).
+    Passwd {
+        /// The password file (auth.password_file); created if missing.
+        #[arg(long)]
+        file: PathBuf,
+        user: String,
+        /// Read the password from standard input instead of prompting.
+        #[arg(long)]
+        password_stdin: bool,
+    },
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Command::Run { config, ready_file } => run(&config, ready_file.as_deref()),
+        Command::CheckConfig { config } => return check_config(&config),
+        Command::PrintDefaultConfig => {
+            print!("{}", EdgeConfig::default_toml());
+            Ok(())
+        }
+        Command::Passwd { file, user, password_stdin } => passwd(&file, &user, password_stdin),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("edge-node: {}", error_chain(&e));
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// The error and its causes on one line, skipping a cause whose text the message already holds
+/// (our error types name their cause in their own message).
+fn error_chain(e: &anyhow::Error) -> String {
+    let mut out = e.to_string();
+    for cause in e.chain().skip(1) {
+        let text = cause.to_string();
+        if !out.contains(&text) {
+            out.push_str(": ");
+            out.push_str(&text);
+        }
+    }
+    out
+}
+
+fn load(path: &Path) -> anyhow::Result<EdgeConfig> {
+    EdgeConfig::load(path).map_err(|e| match e {
+        ConfigError::Invalid { path, problems } => anyhow::anyhow!(
+            "config file {} has {} problem(s):\n  {}",
+            path.display(),
+            problems.len(),
+            problems.iter().map(ToString::to_string).collect::<Vec<_>>().join("\n  ")
+        ),
+        other => other.into(),
+    })
+}
+
+fn init_tracing(config: &EdgeConfig) {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(&config.log.level));
+    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
+    match config.log.format {
+        LogFormat::Json => builder.json().init(),
+        LogFormat::Text => builder.init(),
+    }
+}
+
+fn run(path: &Path, ready_file: Option<&Path>) -> anyhow::Result<()> {
+    let config = load(path)?;
+    init_tracing(&config);
+    let runtime =
+        tokio::runtime::Builder::new_multi_thread().enable_all().build().context("cannot start the async runtime")?;
+    runtime.block_on(async {
+        let mut term = signal(SignalKind::terminate()).context("cannot handle SIGTERM")?;
+        let mut int = signal(SignalKind::interrupt()).context("cannot handle SIGINT")?;
+        let mut hup = signal(SignalKind::hangup()).context("cannot handle SIGHUP")?;
+        let node = edge_node::Node::start(config).await?;
+        if let Some(path) = ready_file {
+            write_ready_file(path, &node).with_context(|| format!("cannot write {}", path.display()))?;
+        }
+        tracing::info!(node_id = %node.config().node_id, "edge-node running");
+        loop {
+            tokio::select! {
+                _ = term.recv() => break,
+                _ = int.recv() => break,
+                _ = hup.recv() => {
+                    if let Err(e) = node.reload() {
+                        tracing::error!(error = %e, "reload failed; keeping the running credentials, ACL and certificates");
+                    }
+                }
+            }
+        }
+        tracing::info!("shutting down");
+        node.shutdown(Duration::from_secs(5)).await;
+        Ok(())
+    })
+}
+
+fn write_ready_file(path: &Path, node: &edge_node::Node) -> std::io::Result<()> {
+    let mqtt: serde_json::Map<String, serde_json::Value> =
+        node.mqtt_addrs().iter().map(|(n, a)| (n.clone(), a.to_string().into())).collect();
+    let doc = serde_json::json!({
+        "pid": std::process::id(),
+        "mqtt": mqtt,
+        "http": node.http_addr().map(|a| a.to_string()),
+    });
+    let tmp = path.with_extension("tmp");
+    std::fs::write(&tmp, doc.to_string())?;
+    std::fs::rename(tmp, path)
+}
+
+fn check_config(path: &Path) -> ExitCode {
+    let config = match load(path) {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("edge-node: {}", error_chain(&e));
+            return ExitCode::from(2);
+        }
+    };
+    // Beyond the file's own checks: can the named files actually be used?
+    let mut problems = Vec::new();
+    for (i, l) in config.listeners.iter().enumerate() {
+        if let Some(t) = &l.tls {
+            if let Err(e) = edge_node::tls::server_config(t) {
+                problems.push(format!("listener[{i}].tls: {e}"));
+            }
+        }
+    }
+    if let Err(e) = edge_node::auth::AuthState::load(&config.auth) {
+        problems.push(format!("auth: {e}"));
+    }
+    if !problems.is_empty() {
+        eprintln!(
+            "edge-node: config file {} has {} problem(s):\n  {}",
+            path.display(),
+            problems.len(),
+            problems.join("\n  ")
+        );
+        return ExitCode::from(2);
+    }
+    match toml::to_string_pretty(&config) {
+        Ok(text) => {
+            print!("{text}");
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("edge-node: cannot print config: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn passwd(file: &Path, user: &str, from_stdin: bool) -> anyhow::Result<()> {
+    let password = if from_stdin || !std::io::stdin().is_terminal() {
+        let mut s = String::new();
+        std::io::stdin().read_to_string(&mut s).context("cannot read the password from stdin")?;
+        s.trim_end_matches(['\n', '\r']).to_owned()
+    } else {
+        let first = rpassword::prompt_password(format!("password for {user}: "))?;
+        let second = rpassword::prompt_password("again: ")?;
+        anyhow::ensure!(first == second, "the passwords differ");
+        first
+    };
+    anyhow::ensure!(!password.is_empty(), "the password is empty");
+    edge_node::auth::PasswordFile::set_password(file, user, password.as_bytes())?;
+    println!("{user} set in {}", file.display());
+    Ok(())
+}
