@@ -1,0 +1,122 @@
+//! A small wrapper over rumqttc (MQTT 3.1.1) for tests: connect and see the CONNACK, subscribe
+//! and see the SUBACK codes, receive publishes with a timeout.
+
+use std::collections::VecDeque;
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use rumqttc::{AsyncClient, ConnectReturnCode, Event, MqttOptions, Packet, Publish, QoS, SubscribeReasonCode};
+use tokio::sync::mpsc;
+use tokio::task::JoinHandle;
+
+pub struct Client {
+    pub client: AsyncClient,
+    rx: mpsc::UnboundedReceiver<Result<Packet, String>>,
+    task: JoinHandle<()>,
+    pending: VecDeque<Publish>,
+}
+
+/// Options for a client id against `addr`; adjust before `connect`.
+pub fn options(addr: SocketAddr, id: &str) -> MqttOptions {
+    let mut o = MqttOptions::new(id, addr.ip().to_string(), addr.port());
+    o.set_keep_alive(Duration::from_secs(5));
+    o.set_max_packet_size(4 * 1024 * 1024, 4 * 1024 * 1024);
+    o
+}
+
+impl Client {
+    /// Connects and waits for the CONNACK; `Err` carries the refusal or the connection error.
+    pub async fn connect(options: MqttOptions) -> Result<Client, String> {
+        let (client, mut eventloop) = AsyncClient::new(options, 1000);
+        let (tx, mut rx) = mpsc::unbounded_channel();
+        let task = tokio::spawn(async move {
+            loop {
+                match eventloop.poll().await {
+                    Ok(Event::Incoming(p)) => {
+                        if tx.send(Ok(p)).is_err() {
+                            return;
+                        }
+                    }
+                    Ok(Event::Outgoing(_)) => {}
+                    Err(e) => {
+                        let _ = tx.send(Err(e.to_string()));
+                        return;
+                    }
+                }
+            }
+        });
+        let first = tokio::time::timeout(Duration::from_secs(10), rx.recv()).await;
+        match first {
+            Ok(Some(Ok(Packet::ConnAck(ack)))) if ack.code == ConnectReturnCode::Success => {
+                Ok(Client { client, rx, task, pending: VecDeque::new() })
+            }
+            Ok(Some(Ok(other))) => Err(format!("unexpected first packet {other:?}")),
+            Ok(Some(Err(e))) => Err(e),
+            Ok(None) => Err("event loop ended".into()),
+            Err(_) => Err("no CONNACK in 10 s".into()),
+        }
+    }
+
+    pub async fn anonymous(addr: SocketAddr, id: &str) -> Client {
+        Client::connect(options(addr, id)).await.unwrap_or_else(|e| panic!("connect {id}: {e}"))
+    }
+
+    /// Subscribes and returns the SUBACK codes.
+    pub async fn subscribe(&mut self, filter: &str, qos: QoS) -> Vec<SubscribeReasonCode> {
+        self.client.subscribe(filter, qos).await.expect("queue subscribe");
+        loop {
+            match self.next(Duration::from_secs(10)).await {
+                Some(Ok(Packet::SubAck(ack))) => return ack.return_codes,
+                Some(Ok(Packet::Publish(p))) => self.pending.push_back(p),
+                Some(Ok(_)) => {}
+                other => panic!("no SUBACK: {other:?}"),
+            }
+        }
+    }
+
+    pub async fn publish(&self, topic: &str, qos: QoS, retain: bool, payload: impl Into<Vec<u8>>) {
+        self.client.publish(topic, qos, retain, payload).await.expect("queue publish");
+    }
+
+    /// The next PUBLISH received within `timeout`.
+    pub async fn recv(&mut self, timeout: Duration) -> Option<Publish> {
+        if let Some(p) = self.pending.pop_front() {
+            return Some(p);
+        }
+        let deadline = tokio::time::Instant::now() + timeout;
+        loop {
+            let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+            match self.next(left).await {
+                Some(Ok(Packet::Publish(p))) => return Some(p),
+                Some(Ok(_)) => {}
+                _ => return None,
+            }
+        }
+    }
+
+    /// Waits for the connection to end; returns its error text, or `None` if still up.
+    pub async fn closed(&mut self, timeout: Duration) -> Option<String> {
+        let deadline = tokio::time::Instant::now() + timeout;
+        loop {
+            let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+            match self.next(left).await {
+                Some(Err(e)) => return Some(e),
+                Some(Ok(Packet::Publish(p))) => self.pending.push_back(p),
+                Some(Ok(Packet::Disconnect)) => return Some("DISCONNECT".into()),
+                Some(Ok(_)) => {}
+                None if tokio::time::Instant::now() >= deadline => return None,
+                None => return Some("event loop ended".into()),
+            }
+        }
+    }
+
+    async fn next(&mut self, timeout: Duration) -> Option<Result<Packet, String>> {
+        tokio::time::timeout(timeout, self.rx.recv()).await.ok().flatten()
+    }
+}
+
+impl Drop for Client {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}

@@ -1,0 +1,143 @@
+//! Edge nodes for tests: in-process (`TestNode`) or as a real `edge-node` process
+//! (`EdgeProcess`), each with its own temporary directory and loopback ports.
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use edge_node::Node;
+use edge_node::config::EdgeConfig;
+use tempfile::TempDir;
+
+/// The base config of test nodes: one anonymous loopback listener on a free port, metrics on a
+/// free port, a fast probe. `extra` is appended (more listeners, auth, ...).
+pub fn config_text(extra: &str) -> String {
+    format!(
+        "node_id = \"test-edge\"\n\
+         [http]\nbind = \"127.0.0.1:0\"\n\
+         [probe]\ninterval = \"50ms\"\n\
+         [[listener]]\nname = \"local\"\nbind = \"127.0.0.1:0\"\nanonymous = true\n\
+         {extra}\n"
+    )
+}
+
+pub struct TestNode {
+    pub node: Node,
+    pub dir: TempDir,
+}
+
+impl TestNode {
+    /// Starts a node from `config_text(extra)`, with relative paths resolved in `dir`.
+    pub async fn start_in(dir: TempDir, extra: &str) -> TestNode {
+        crate::init_tracing();
+        let path = dir.path().join("edge.toml");
+        std::fs::write(&path, config_text(extra)).expect("write config");
+        let config = EdgeConfig::load(&path).unwrap_or_else(|e| panic!("test config: {e}"));
+        let node = Node::start(config).await.unwrap_or_else(|e| panic!("node start: {e}"));
+        TestNode { node, dir }
+    }
+
+    pub async fn start(extra: &str) -> TestNode {
+        Self::start_in(tempfile::tempdir().expect("tempdir"), extra).await
+    }
+
+    pub fn local(&self) -> SocketAddr {
+        self.node.mqtt_addr("local").expect("local listener")
+    }
+
+    pub fn addr(&self, listener: &str) -> SocketAddr {
+        self.node.mqtt_addr(listener).unwrap_or_else(|| panic!("no listener {listener}"))
+    }
+
+    pub fn metrics(&self) -> String {
+        self.node.metrics().encode()
+    }
+
+    pub fn metric(&self, name_and_labels: &str) -> f64 {
+        crate::metric(&self.metrics(), name_and_labels).unwrap_or(0.0)
+    }
+}
+
+/// A real `edge-node run` process, stopped (SIGKILL) on drop if still running.
+pub struct EdgeProcess {
+    pub child: Child,
+    pub dir: PathBuf,
+    pub mqtt: Vec<(String, SocketAddr)>,
+    pub http: Option<SocketAddr>,
+    pub stderr_path: PathBuf,
+}
+
+impl EdgeProcess {
+    /// Starts `edge-node run --config <dir>/edge.toml` and waits for its ready file.
+    pub fn start(dir: &Path, config: &str) -> EdgeProcess {
+        let config_path = dir.join("edge.toml");
+        std::fs::write(&config_path, config).expect("write config");
+        let ready = dir.join("ready.json");
+        let _ = std::fs::remove_file(&ready);
+        let stderr_path = dir.join("edge.stderr");
+        let stderr = std::fs::File::create(&stderr_path).expect("stderr file");
+        let child = Command::new(crate::workspace_bin("edge-node"))
+            .args(["run", "--config"])
+            .arg(&config_path)
+            .arg("--ready-file")
+            .arg(&ready)
+            .env("RUST_LOG", std::env::var("RUST_LOG").unwrap_or_else(|_| "info".into()))
+            .stdout(Stdio::null())
+            .stderr(stderr)
+            .spawn()
+            .expect("spawn edge-node");
+        let mut proc = EdgeProcess { child, dir: dir.to_owned(), mqtt: Vec::new(), http: None, stderr_path };
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            if let Ok(text) = std::fs::read_to_string(&ready) {
+                let doc: serde_json::Value = serde_json::from_str(&text).expect("ready json");
+                if let Some(map) = doc["mqtt"].as_object() {
+                    proc.mqtt = map.iter().map(|(k, v)| (k.clone(), v.as_str().unwrap().parse().unwrap())).collect();
+                }
+                proc.http = doc["http"].as_str().and_then(|s| s.parse().ok());
+                return proc;
+            }
+            if let Ok(Some(status)) = proc.child.try_wait() {
+                panic!("edge-node exited with {status} before ready:\n{}", proc.stderr());
+            }
+            assert!(Instant::now() < deadline, "edge-node not ready in 20 s:\n{}", proc.stderr());
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    pub fn addr(&self, listener: &str) -> SocketAddr {
+        self.mqtt.iter().find(|(n, _)| n == listener).map(|(_, a)| *a).expect("listener")
+    }
+
+    pub fn stderr(&self) -> String {
+        std::fs::read_to_string(&self.stderr_path).unwrap_or_default()
+    }
+
+    pub fn signal(&self, signal: &str) {
+        let status =
+            Command::new("kill").arg(format!("-{signal}")).arg(self.child.id().to_string()).status().expect("kill");
+        assert!(status.success(), "kill -{signal} failed");
+    }
+
+    /// Waits for the process to exit; `None` if it is still running after `timeout`.
+    pub fn wait_exit(&mut self, timeout: Duration) -> Option<std::process::ExitStatus> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            if let Ok(Some(status)) = self.child.try_wait() {
+                return Some(status);
+            }
+            if Instant::now() > deadline {
+                return None;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+impl Drop for EdgeProcess {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
