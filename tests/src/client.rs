@@ -63,7 +63,13 @@ impl Client {
 
     /// Subscribes and returns the SUBACK codes.
     pub async fn subscribe(&mut self, filter: &str, qos: QoS) -> Vec<SubscribeReasonCode> {
-        self.client.subscribe(filter, qos).await.expect("queue subscribe");
+        self.subscribe_many(&[(filter, qos)]).await
+    }
+
+    /// Subscribes to several filters in one SUBSCRIBE and returns the SUBACK codes.
+    pub async fn subscribe_many(&mut self, filters: &[(&str, QoS)]) -> Vec<SubscribeReasonCode> {
+        let filters = filters.iter().map(|(f, q)| rumqttc::SubscribeFilter::new((*f).to_owned(), *q));
+        self.client.subscribe_many(filters).await.expect("queue subscribe");
         loop {
             match self.next(Duration::from_secs(10)).await {
                 Some(Ok(Packet::SubAck(ack))) => return ack.return_codes,

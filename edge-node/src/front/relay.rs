@@ -38,6 +38,9 @@ pub(super) enum End {
 /// Read-only state both relays use.
 pub(super) struct Shared<'a> {
     version: Version,
+    /// The connection is the node's own SLO probe. Every other connection has probe messages
+    /// filtered out, so a `#` subscriber does not see them.
+    internal: bool,
     ctx: &'a FrontContext,
     counters: Counters,
     inflight: Inflight,
@@ -79,7 +82,7 @@ impl Drop for Inflight {
 }
 
 impl<'a> Shared<'a> {
-    pub(super) fn new(version: Version, ctx: &'a FrontContext) -> Self {
+    pub(super) fn new(version: Version, internal: bool, ctx: &'a FrontContext) -> Self {
         let m = &ctx.metrics;
         let class = metrics::class_label;
         let counters = Counters {
@@ -96,6 +99,7 @@ impl<'a> Shared<'a> {
         };
         Self {
             version,
+            internal,
             ctx,
             counters,
             inflight: Inflight { gauge: m.qos1_inflight.clone(), mine: AtomicI64::new(0) },
@@ -151,9 +155,10 @@ where
     BW: AsyncWrite + Unpin,
 {
     let (inject_tx, mut inject_rx) = mpsc::channel::<Bytes>(64);
+    let (to_broker_tx, mut to_broker_rx) = mpsc::channel::<Bytes>(64);
     let end = {
-        let upstream = upstream(sh, up, rd, &mut bwr, leftover, inject_tx);
-        let downstream = downstream(sh, &mut brd, wr, &mut inject_rx);
+        let upstream = upstream(sh, up, rd, &mut bwr, leftover, inject_tx, &mut to_broker_rx);
+        let downstream = downstream(sh, &mut brd, wr, &mut inject_rx, to_broker_tx);
         tokio::select! {
             biased;
             _ = sh.ctx.shutdown.cancelled() => End::Shutdown,
@@ -173,6 +178,7 @@ async fn upstream<R, BW>(
     bwr: &mut BW,
     mut buf: BytesMut,
     inject: mpsc::Sender<Bytes>,
+    to_broker: &mut mpsc::Receiver<Bytes>,
 ) -> End
 where
     R: AsyncRead + Unpin,
@@ -201,10 +207,18 @@ where
             }
             out.clear();
         }
-        match rd.read_buf(&mut buf).await {
-            Ok(0) | Err(_) => return End::ClientClosed,
-            Ok(n) => {
-                sh.counters.bytes_in.inc_by(n as u64);
+        tokio::select! {
+            read = rd.read_buf(&mut buf) => match read {
+                Ok(0) | Err(_) => return End::ClientClosed,
+                Ok(n) => {
+                    sh.counters.bytes_in.inc_by(n as u64);
+                }
+            },
+            // Acks for probe messages the downstream relay filtered out.
+            Some(ack) = to_broker.recv() => {
+                if bwr.write_all(&ack).await.is_err() {
+                    return End::BrokerClosed;
+                }
             }
         }
     }
@@ -407,7 +421,13 @@ async fn send(inject: &mpsc::Sender<Bytes>, bytes: Bytes) -> Result<(), End> {
     inject.send(bytes).await.map_err(|_| End::ClientClosed)
 }
 
-async fn downstream<BR, W>(sh: &Shared<'_>, brd: &mut BR, wr: &mut W, inject: &mut mpsc::Receiver<Bytes>) -> End
+async fn downstream<BR, W>(
+    sh: &Shared<'_>,
+    brd: &mut BR,
+    wr: &mut W,
+    inject: &mut mpsc::Receiver<Bytes>,
+    to_broker: mpsc::Sender<Bytes>,
+) -> End
 where
     BR: AsyncRead + Unpin,
     W: AsyncWrite + Unpin,
@@ -432,7 +452,17 @@ where
         while let Ok(Some(len)) = packet::frame_len(&buf[complete..], usize::MAX) {
             let frame = &buf[complete..complete + len];
             match packet::packet_type(frame) {
-                packet::PUBLISH => sh.count_out(frame),
+                packet::PUBLISH => match sh.count_out(frame) {
+                    Delivery::Forward => {}
+                    Delivery::Filter { ack } => {
+                        rewrite = true;
+                        if let Some(ack) = ack {
+                            if to_broker.send(ack).await.is_err() {
+                                return End::BrokerClosed;
+                            }
+                        }
+                    }
+                },
                 packet::PUBACK => sh.inflight.add(-1),
                 packet::SUBACK => rewrite |= sh.has_merge(frame),
                 _ => {}
@@ -444,7 +474,7 @@ where
         }
         let frames = buf.split_to(complete);
         let result = if rewrite {
-            write_client(sh, wr, &sh.merge_subacks(&frames)).await
+            write_client(sh, wr, &sh.rebuild(&frames)).await
         } else {
             write_client(sh, wr, &frames).await
         };
@@ -454,19 +484,40 @@ where
     }
 }
 
+/// What happens to a PUBLISH on its way to the client.
+enum Delivery {
+    Forward,
+    /// Dropped (a probe message for a client); a QoS1 one is acknowledged to the broker here.
+    Filter {
+        ack: Option<Bytes>,
+    },
+}
+
 impl Shared<'_> {
-    fn count_out(&self, frame: &[u8]) {
-        // Only the topic is needed for the class; its length sits right after the fixed header.
-        let qos = (frame[0] >> 1) & 0b11;
-        let is_probe = packet::parse_publish(frame, Version::V311).is_ok_and(|p| self.is_probe(p.topic));
-        if is_probe {
+    /// Counts a PUBLISH going to the client and decides whether it goes.
+    fn count_out(&self, frame: &[u8]) -> Delivery {
+        // The topic and packet id sit at the same place in MQTT 3.1.1 and 5 frames.
+        let Ok(view) = packet::parse_publish(frame, Version::V311) else {
+            self.counters.publish_out.inc();
+            return Delivery::Forward;
+        };
+        if self.is_probe(view.topic) {
             self.counters.publish_out_probe.inc();
+            if !self.internal {
+                let ack = (view.qos == 1).then(|| ack(packet::PUBACK, view.pkid, 0, self.version));
+                return Delivery::Filter { ack };
+            }
         } else {
             self.counters.publish_out.inc();
         }
-        if qos == 1 {
+        if view.qos == 1 {
             self.inflight.add(1);
         }
+        Delivery::Forward
+    }
+
+    fn is_filtered_probe(&self, frame: &[u8]) -> bool {
+        !self.internal && packet::parse_publish(frame, Version::V311).is_ok_and(|p| self.is_probe(p.topic))
     }
 
     fn has_merge(&self, frame: &[u8]) -> bool {
@@ -476,11 +527,16 @@ impl Shared<'_> {
         self.suback_merges.lock().is_ok_and(|m| m.contains_key(&pkid))
     }
 
-    fn merge_subacks(&self, frames: &[u8]) -> BytesMut {
+    /// The frames as the client gets them: trimmed SUBACKs rebuilt, filtered publishes left out.
+    fn rebuild(&self, frames: &[u8]) -> BytesMut {
         let mut out = BytesMut::with_capacity(frames.len() + 16);
         let mut at = 0;
         while let Ok(Some(len)) = packet::frame_len(&frames[at..], usize::MAX) {
             let frame = &frames[at..at + len];
+            at += len;
+            if packet::packet_type(frame) == packet::PUBLISH && self.is_filtered_probe(frame) {
+                continue;
+            }
             let merged = (packet::packet_type(frame) == packet::SUBACK)
                 .then(|| packet::ack_pkid(frame))
                 .flatten()
@@ -490,7 +546,6 @@ impl Shared<'_> {
                 Some(m) => out.extend_from_slice(&m),
                 None => out.extend_from_slice(frame),
             }
-            at += len;
         }
         out
     }

@@ -152,7 +152,8 @@ where
     let open = ctx.metrics.connections.get_or_create(&label).clone();
     open.inc();
 
-    let shared = Shared::new(version, ctx);
+    let internal = entry.cert_identity == Some(Identity::Internal);
+    let shared = Shared::new(version, internal, ctx);
     let mut up = Upstream::new(admitted, ctx);
     let end = relay(&shared, &mut up, &mut rd, &mut wr, brd, bwr, buf).await;
     match end {
