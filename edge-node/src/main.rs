@@ -104,6 +104,12 @@ fn init_tracing(config: &EdgeConfig) {
 fn run(path: &Path, ready_file: Option<&Path>) -> anyhow::Result<()> {
     let config = load(path)?;
     init_tracing(&config);
+    // Each client costs about three descriptors (client socket, relay socket, rumqttd's end);
+    // a default soft limit of 1024 would cap the broker near 300 clients.
+    match rlimit::increase_nofile_limit(u64::MAX) {
+        Ok(limit) => tracing::debug!(limit, "open file limit"),
+        Err(e) => tracing::warn!(error = %e, "cannot raise the open file limit"),
+    }
     let runtime =
         tokio::runtime::Builder::new_multi_thread().enable_all().build().context("cannot start the async runtime")?;
     runtime.block_on(async {

@@ -62,7 +62,7 @@ where
             .inc();
     };
 
-    let first = tokio::time::timeout(ctx.connect_timeout, read_frame(&mut rd, &mut buf, ctx.max_packet_size)).await;
+    let first = tokio::time::timeout(ctx.connect_timeout, read_connect(&mut rd, &mut buf, ctx.max_packet_size)).await;
     let frame = match first {
         Ok(Ok(Some(frame))) => frame,
         Ok(Ok(None)) => return refused("closed_before_connect"),
@@ -72,10 +72,6 @@ where
         }
         Err(_) => return refused("timeout"),
     };
-    if packet::packet_type(&frame) != packet::CONNECT {
-        tracing::info!(listener = entry.listener, peer = ?entry.peer, "first packet is not CONNECT");
-        return refused("protocol");
-    }
     let version = match packet::connect_version(&frame) {
         Ok(v) => v,
         Err(e) => {
@@ -181,13 +177,17 @@ where
     drop(permit);
 }
 
-/// Reads until `buf` holds one whole frame and splits it off. `Ok(None)` on a clean EOF.
-async fn read_frame<R: AsyncRead + Unpin>(
+/// Reads until `buf` holds the first frame and splits it off; `Ok(None)` on EOF. Anything
+/// that does not start like a CONNECT is refused at its first byte, not after a timeout.
+async fn read_connect<R: AsyncRead + Unpin>(
     rd: &mut R,
     buf: &mut BytesMut,
     max: usize,
 ) -> Result<Option<Bytes>, PacketError> {
     loop {
+        if buf.first().is_some_and(|&b| b != packet::CONNECT << 4) {
+            return Err(PacketError::Malformed("first packet: not a CONNECT"));
+        }
         if let Some(len) = packet::frame_len(buf, max)? {
             return Ok(Some(buf.split_to(len).freeze()));
         }

@@ -1,0 +1,157 @@
+//! Bad input and load at the edges of the limits: the broker stays up, refuses or disconnects
+//! with a counted reason, and serves the next good client.
+
+use std::time::Duration;
+
+use e2e_tests::client::{self, Client};
+use e2e_tests::node::TestNode;
+use rumqttc::QoS;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+
+const WAIT: Duration = Duration::from_secs(5);
+
+/// An MQTT 3.1.1 CONNECT, clean session, no credentials.
+fn connect_packet(client_id: &str, keep_alive: u16) -> Vec<u8> {
+    let mut body = vec![0, 4, b'M', b'Q', b'T', b'T', 4, 0x02];
+    body.extend(keep_alive.to_be_bytes());
+    body.extend((client_id.len() as u16).to_be_bytes());
+    body.extend(client_id.as_bytes());
+    let mut packet = vec![0x10, body.len() as u8];
+    packet.extend(body);
+    packet
+}
+
+/// Reads until EOF or `timeout`; returns the bytes and whether the peer closed.
+async fn read_until_closed(stream: &mut TcpStream, timeout: Duration) -> (Vec<u8>, bool) {
+    let mut all = Vec::new();
+    let mut buf = [0u8; 1024];
+    let deadline = tokio::time::Instant::now() + timeout;
+    loop {
+        match tokio::time::timeout_at(deadline, stream.read(&mut buf)).await {
+            Ok(Ok(0)) | Ok(Err(_)) => return (all, true),
+            Ok(Ok(n)) => all.extend(&buf[..n]),
+            Err(_) => return (all, false),
+        }
+    }
+}
+
+async fn good_client_works(t: &TestNode, id: &str) {
+    let mut c = Client::anonymous(t.local(), id).await;
+    c.subscribe("ok/#", QoS::AtLeastOnce).await;
+    c.publish("ok/1", QoS::AtLeastOnce, false, "fine").await;
+    assert_eq!(c.recv(WAIT).await.expect("round trip after bad input").topic, "ok/1");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn garbage_before_and_after_connect_is_dropped() {
+    let t = TestNode::start("").await;
+    // Not MQTT at all.
+    let mut raw = TcpStream::connect(t.local()).await.unwrap();
+    raw.write_all(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n").await.unwrap();
+    let (_, closed) = read_until_closed(&mut raw, WAIT).await;
+    assert!(closed, "garbage connection left open");
+
+    // A valid CONNECT, then a reserved packet type and junk.
+    let mut raw = TcpStream::connect(t.local()).await.unwrap();
+    raw.write_all(&connect_packet("junk", 30)).await.unwrap();
+    let mut connack = [0u8; 4];
+    raw.read_exact(&mut connack).await.unwrap();
+    assert_eq!(connack, [0x20, 2, 0, 0]);
+    raw.write_all(&[0xF0, 0x03, 1, 2, 3, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF]).await.unwrap();
+    let (_, closed) = read_until_closed(&mut raw, WAIT).await;
+    assert!(closed, "connection sending junk after CONNECT left open");
+
+    // A PUBLISH whose topic length runs past the packet.
+    let mut raw = TcpStream::connect(t.local()).await.unwrap();
+    raw.write_all(&connect_packet("short", 30)).await.unwrap();
+    raw.write_all(&[0x32, 0x04, 0x00, 0x40, b'a', b'b']).await.unwrap();
+    let (_, closed) = read_until_closed(&mut raw, WAIT).await;
+    assert!(closed);
+    assert!(t.metric("edge_mqtt_disconnects_total{reason=\"malformed\"}") >= 1.0);
+    assert!(t.metric("edge_mqtt_connects_refused_total{listener=\"local\",reason=\"malformed\"}") >= 1.0);
+    good_client_works(&t, "after-garbage").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn oversized_packet_disconnects_and_is_not_delivered() {
+    let t = TestNode::start("[broker]\nmax_packet_size = \"4 KiB\"\n").await;
+    let mut watcher = Client::anonymous(t.local(), "watcher").await;
+    watcher.subscribe("big/#", QoS::AtLeastOnce).await;
+    let mut big = Client::anonymous(t.local(), "big").await;
+    big.publish("big/1", QoS::AtLeastOnce, false, vec![7u8; 8 * 1024]).await;
+    assert!(big.closed(WAIT).await.is_some(), "client with an oversized packet not disconnected");
+    assert!(watcher.recv(Duration::from_millis(300)).await.is_none(), "oversized packet delivered");
+    assert_eq!(t.metric("edge_mqtt_disconnects_total{reason=\"packet_too_large\"}"), 1.0);
+
+    // A declared length over the limit is refused from the header, before the body arrives.
+    let mut raw = TcpStream::connect(t.local()).await.unwrap();
+    raw.write_all(&connect_packet("liar", 30)).await.unwrap();
+    raw.write_all(&[0x30, 0xFF, 0xFF, 0xFF, 0x7F]).await.unwrap();
+    let (_, closed) = read_until_closed(&mut raw, WAIT).await;
+    assert!(closed, "256 MiB declared packet not refused");
+    assert_eq!(t.metric("edge_mqtt_disconnects_total{reason=\"packet_too_large\"}"), 2.0);
+    good_client_works(&t, "after-big").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn half_open_connections_are_closed() {
+    let t = TestNode::start("[broker]\nconnect_timeout = \"300ms\"\n").await;
+    // Connects and never sends CONNECT.
+    let mut silent = TcpStream::connect(t.local()).await.unwrap();
+    let (_, closed) = read_until_closed(&mut silent, WAIT).await;
+    assert!(closed, "silent connection not closed after connect_timeout");
+    assert_eq!(t.metric("edge_mqtt_connects_refused_total{listener=\"local\",reason=\"timeout\"}"), 1.0);
+
+    // Connects with keep-alive 1 s, then goes quiet: the broker drops it after 1.5 keep-alives.
+    let mut quiet = TcpStream::connect(t.local()).await.unwrap();
+    quiet.write_all(&connect_packet("quiet", 1)).await.unwrap();
+    let (bytes, closed) = read_until_closed(&mut quiet, WAIT).await;
+    assert_eq!(bytes.first(), Some(&0x20), "no CONNACK");
+    assert!(closed, "client past its keep-alive not disconnected");
+    assert!(e2e_tests::eventually(WAIT, || t.metric("edge_mqtt_connections_open{listener=\"local\"}") == 0.0).await);
+    good_client_works(&t, "after-half-open").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_thousand_connections_at_once() {
+    let t = TestNode::start("[broker]\nmax_connections = 1100\n").await;
+    let addr = t.local();
+    let mut tasks = Vec::new();
+    for i in 0..1000 {
+        tasks.push(tokio::spawn(async move {
+            let mut s = TcpStream::connect(addr).await.ok()?;
+            s.write_all(&connect_packet(&format!("c{i}"), 60)).await.ok()?;
+            let mut ack = [0u8; 4];
+            s.read_exact(&mut ack).await.ok()?;
+            (ack == [0x20, 2, 0, 0]).then_some(s)
+        }));
+    }
+    let mut open = Vec::new();
+    for task in tasks {
+        if let Some(s) = task.await.unwrap() {
+            open.push(s);
+        }
+    }
+    assert_eq!(open.len(), 1000, "not every connection got a CONNACK");
+    assert_eq!(t.metric("edge_mqtt_connections_open{listener=\"local\"}"), 1000.0);
+    good_client_works(&t, "the-1001st").await;
+    drop(open);
+    assert!(e2e_tests::eventually(WAIT, || t.metric("edge_mqtt_connections_open{listener=\"local\"}") == 0.0).await);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn connections_over_the_limit_are_refused_with_a_reason() {
+    let t = TestNode::start("[broker]\nmax_connections = 20\n").await;
+    let mut held = Vec::new();
+    for i in 0..20 {
+        held.push(Client::anonymous(t.local(), &format!("h{i}")).await);
+    }
+    let err = Client::connect(client::options(t.local(), "one-too-many")).await.err().expect("21st client accepted");
+    assert!(err.contains("ServiceUnavailable"), "{err}");
+    assert_eq!(t.metric("edge_mqtt_connects_refused_total{listener=\"local\",reason=\"max_connections\"}"), 1.0);
+    held.pop();
+    // A slot frees up once the broker saw the close.
+    assert!(e2e_tests::eventually(WAIT, || t.metric("edge_mqtt_connections_open{listener=\"local\"}") == 19.0).await);
+    good_client_works(&t, "after-limit").await;
+}
