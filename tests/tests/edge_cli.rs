@@ -1,0 +1,228 @@
+//! The `edge-node` binary: example configs, `check-config` errors, `passwd`, start-up failures,
+//! SIGHUP reload and SIGTERM shutdown, as a user runs them.
+
+use std::path::Path;
+use std::process::{Command, Output, Stdio};
+use std::time::Duration;
+
+use e2e_tests::client::{self, Client};
+use e2e_tests::node::{EdgeProcess, config_text};
+use e2e_tests::workspace_bin;
+use edge_node::config::EdgeConfig;
+use rumqttc::QoS;
+
+const WAIT: Duration = Duration::from_secs(5);
+
+fn edge_node(args: &[&str]) -> Output {
+    Command::new(workspace_bin("edge-node")).args(args).output().expect("run edge-node")
+}
+
+fn config_dir() -> &'static Path {
+    Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/../config"))
+}
+
+#[test]
+fn every_example_config_loads() {
+    let mut edge_configs = 0;
+    for entry in std::fs::read_dir(config_dir()).unwrap() {
+        let path = entry.unwrap().path();
+        let name = path.file_name().unwrap().to_string_lossy().into_owned();
+        match name.as_str() {
+            "acl.toml" => {
+                edge_node::auth::Acl::load(&path).unwrap_or_else(|e| panic!("{name}: {e}"));
+            }
+            n if n.starts_with("edge") && n.ends_with(".toml") => {
+                EdgeConfig::load(&path).unwrap_or_else(|e| panic!("{name}: {e}"));
+                let out = edge_node(&["check-config", "--config", path.to_str().unwrap()]);
+                assert!(out.status.success(), "check-config {name}: {}", String::from_utf8_lossy(&out.stderr));
+                edge_configs += 1;
+            }
+            _ => {}
+        }
+    }
+    assert!(edge_configs >= 1, "no edge config found in config/");
+}
+
+#[test]
+fn default_config_prints_and_loads() {
+    let out = edge_node(&["print-default-config"]);
+    assert!(out.status.success());
+    let text = String::from_utf8(out.stdout).unwrap();
+    let config = EdgeConfig::from_toml(&text, Path::new(".")).expect("printed defaults load");
+    assert_eq!(config.listeners[0].bind.to_string(), "127.0.0.1:1883");
+}
+
+/// Each kind of bad config fails `check-config` with exit code 2 and a line naming the key.
+#[test]
+fn bad_configs_name_the_problem() {
+    let dir = tempfile::tempdir().unwrap();
+    let cases = [
+        ("[broker]\nmax_conections = 10\n", "unknown field `max_conections`"),
+        ("[broker]\nconnect_timeout = \"ten\"\n", "invalid duration"),
+        ("[broker]\nmax_packet_size = \"huge\"\n", "invalid byte size"),
+        ("[[listener]]\nname = \"x\"\nbind = \"1.2.3.4\"\n", "invalid socket address"),
+        ("[[listener]]\nname = \"lan\"\nbind = \"0.0.0.0:1883\"\nanonymous = true\n", "listener[0].anonymous"),
+        (
+            "[[listener]]\nname = \"t\"\nbind = \"127.0.0.1:0\"\nanonymous = true\n[listener.tls]\ncert = \"missing.pem\"\nkey = \"missing.key\"\n",
+            "listener[0].tls.cert",
+        ),
+        ("[auth]\npassword_file = \"nope\"\n", "auth.password_file"),
+        ("[log]\nlevel = \"[[[\"\n", "log.level"),
+        ("node_id = \"a/b\"\n", "node_id"),
+    ];
+    for (i, (text, expected)) in cases.iter().enumerate() {
+        let path = dir.path().join(format!("bad{i}.toml"));
+        std::fs::write(&path, text).unwrap();
+        let out = edge_node(&["check-config", "--config", path.to_str().unwrap()]);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "case {i} should fail: {stderr}");
+        assert!(stderr.contains(expected), "case {i}: expected {expected:?} in:\n{stderr}");
+    }
+    // A file that is not there.
+    let out = edge_node(&["check-config", "--config", "/nonexistent/edge.toml"]);
+    assert!(String::from_utf8_lossy(&out.stderr).contains("cannot read config file /nonexistent/edge.toml"));
+}
+
+#[test]
+fn unusable_tls_files_are_reported_by_check_config() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("cert.pem"), "not a certificate").unwrap();
+    std::fs::write(dir.path().join("key.pem"), "not a key").unwrap();
+    let path = dir.path().join("edge.toml");
+    std::fs::write(&path, "[[listener]]\nname = \"t\"\nbind = \"127.0.0.1:0\"\nanonymous = true\n[listener.tls]\ncert = \"cert.pem\"\nkey = \"key.pem\"\n").unwrap();
+    let out = edge_node(&["check-config", "--config", path.to_str().unwrap()]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(stderr.contains("listener[0].tls") && stderr.contains("cert.pem"), "{stderr}");
+}
+
+#[test]
+fn port_in_use_fails_start_with_one_clear_line() {
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = taken.local_addr().unwrap().port();
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("edge.toml");
+    std::fs::write(
+        &path,
+        format!("[http]\n[[listener]]\nname = \"local\"\nbind = \"127.0.0.1:{port}\"\nanonymous = true\n"),
+    )
+    .unwrap();
+    let out = Command::new(workspace_bin("edge-node"))
+        .args(["run", "--config", path.to_str().unwrap()])
+        .env("RUST_LOG", "off")
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(
+        stderr.trim().ends_with(&format!(
+            "listener \"local\" cannot bind 127.0.0.1:{port}: Address already in use (os error 98)"
+        )),
+        "{stderr}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn passwd_then_login() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("passwd");
+    for password in ["first", "second"] {
+        let mut child = Command::new(workspace_bin("edge-node"))
+            .args(["passwd", "--file", file.to_str().unwrap(), "ops", "--password-stdin"])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .spawn()
+            .unwrap();
+        use std::io::Write;
+        child.stdin.take().unwrap().write_all(format!("{password}\n").as_bytes()).unwrap();
+        assert!(child.wait().unwrap().success());
+    }
+    let text = std::fs::read_to_string(&file).unwrap();
+    assert!(text.contains("ops:$argon2id$") && !text.contains("second"), "{text}");
+    use std::os::unix::fs::PermissionsExt;
+    assert_eq!(std::fs::metadata(&file).unwrap().permissions().mode() & 0o777, 0o600);
+
+    let edge = EdgeProcess::start(
+        dir.path(),
+        &config_text("[auth]\npassword_file = \"passwd\"\n[[listener]]\nname = \"net\"\nbind = \"127.0.0.1:0\"\n"),
+    );
+    let mut opts = client::options(edge.addr("net"), "ops");
+    opts.set_credentials("ops", "second");
+    Client::connect(opts).await.expect("changed password accepted");
+    let mut opts = client::options(edge.addr("net"), "ops-old");
+    opts.set_credentials("ops", "first");
+    assert!(Client::connect(opts).await.is_err(), "old password still accepted");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sighup_reloads_acl_without_dropping_clients() {
+    let dir = tempfile::tempdir().unwrap();
+    let acl = dir.path().join("acl.toml");
+    std::fs::write(&acl, "[anonymous]\npublish = [\"#\"]\nsubscribe = [\"#\"]\n").unwrap();
+    let edge = EdgeProcess::start(dir.path(), &config_text("[auth]\nacl_file = \"acl.toml\"\n"));
+    let local = edge.addr("local");
+    let mut watcher = Client::anonymous(local, "watcher").await;
+    watcher.subscribe("plant/#", QoS::AtLeastOnce).await;
+    let mut publisher = Client::anonymous(local, "publisher").await;
+    publisher.publish("plant/a", QoS::AtLeastOnce, false, "before").await;
+    assert_eq!(watcher.recv(WAIT).await.expect("allowed before reload").payload, "before");
+
+    // Anonymous clients lose publish rights; a broken file must not replace the running ACL.
+    std::fs::write(&acl, "[anonymous\n").unwrap();
+    edge.signal("HUP");
+    publisher.publish("plant/b", QoS::AtLeastOnce, false, "broken file ignored").await;
+    assert_eq!(watcher.recv(WAIT).await.expect("old ACL kept").payload, "broken file ignored");
+    assert!(e2e_tests::eventually(WAIT, || edge.stderr().contains("reload failed")).await, "{}", edge.stderr());
+
+    std::fs::write(&acl, "[anonymous]\nsubscribe = [\"#\"]\n").unwrap();
+    edge.signal("HUP");
+    assert!(e2e_tests::eventually(WAIT, || edge.stderr().contains("reloaded credentials")).await);
+    publisher.publish("plant/c", QoS::AtLeastOnce, false, "after").await;
+    assert!(watcher.recv(Duration::from_millis(500)).await.is_none(), "publish allowed after the ACL removed it");
+    assert!(publisher.closed(Duration::from_millis(200)).await.is_none(), "publisher dropped by reload");
+    assert!(watcher.closed(Duration::from_millis(200)).await.is_none(), "watcher dropped by reload");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sighup_reloads_tls_certificates() {
+    let dir = tempfile::tempdir().unwrap();
+    let ca = e2e_tests::certs::Ca::new(dir.path(), "one");
+    ca.server(dir.path(), "server");
+    let extra = "[[listener]]\nname = \"tls\"\nbind = \"127.0.0.1:0\"\nanonymous = true\n[listener.tls]\ncert = \"server.pem\"\nkey = \"server.key\"\n";
+    // A TLS listener on loopback may be anonymous.
+    let edge = EdgeProcess::start(dir.path(), &config_text(extra));
+    let port = edge.addr("tls").port().to_string();
+    let pub_with = |cafile: std::path::PathBuf| {
+        let port = port.clone();
+        async move {
+            tokio::process::Command::new("mosquitto_pub")
+                .args(["-h", "localhost", "-p", &port, "-q", "1", "-t", "t", "-m", "x", "--cafile"])
+                .arg(cafile)
+                .status()
+                .await
+                .unwrap()
+                .success()
+        }
+    };
+    assert!(pub_with(ca.cert_path.clone()).await);
+    // Replace the server certificate with one from a new CA and reload.
+    let two = e2e_tests::certs::Ca::new(dir.path(), "two");
+    two.server(dir.path(), "server");
+    edge.signal("HUP");
+    assert!(e2e_tests::eventually(WAIT, || edge.stderr().contains("reloaded credentials")).await);
+    assert!(pub_with(two.cert_path.clone()).await, "new certificate not served after SIGHUP");
+    assert!(!pub_with(ca.cert_path.clone()).await, "old certificate still served");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_shuts_down_cleanly_with_clients_connected() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut edge = EdgeProcess::start(dir.path(), &config_text(""));
+    let mut c = Client::anonymous(edge.addr("local"), "stay").await;
+    c.subscribe("x", QoS::AtLeastOnce).await;
+    edge.signal("TERM");
+    let status = edge.wait_exit(Duration::from_secs(10)).expect("edge-node still running 10 s after SIGTERM");
+    assert!(status.success(), "exit {status}: {}", edge.stderr());
+    assert!(c.closed(WAIT).await.is_some(), "client not disconnected");
+    assert!(edge.stderr().contains("shutting down"));
+}
