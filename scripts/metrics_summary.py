@@ -1,0 +1,33 @@
+"""Summarises an edge-node /metrics page (Prometheus text on stdin) for the demo."""
+import sys
+
+lines = [l for l in sys.stdin if l.strip() and not l.startswith("#")]
+
+
+def total(prefix):
+    return sum(float(l.split()[-1]) for l in lines if l.startswith(prefix))
+
+
+def quantile(name, q):
+    buckets = []
+    for l in lines:
+        if l.startswith(name + "_bucket"):
+            le = l.split('le="')[1].split('"')[0]
+            buckets.append((float("inf") if le == "+Inf" else float(le), float(l.split()[-1])))
+    count = total(name + "_count")
+    for le, c in sorted(buckets):
+        if count and c >= q * count:
+            return le * 1000
+    return float("nan")
+
+
+clients = total("edge_mqtt_connections_total") - total('edge_mqtt_connections_total{listener="_internal"}')
+print(f"   client connections accepted: {clients:.0f} (plus the built-in SLO probe)")
+pub_in = total('edge_mqtt_publish_in_total{class="default"}')
+pub_out = total('edge_mqtt_publish_out_total{class="default"}')
+print(f"   client publishes in: {pub_in:.0f}, deliveries out: {pub_out:.0f}, refused: {total('edge_mqtt_publish_refused_total'):.0f}")
+probes = total("edge_probe_latency_seconds_count")
+p50 = quantile("edge_probe_latency_seconds", 0.5)
+p99 = quantile("edge_probe_latency_seconds", 0.99)
+lost = total("edge_probe_lost_total")
+print(f"   SLO probe: {probes:.0f} QoS1 round trips, p50 <= {p50:.2f} ms, p99 <= {p99:.2f} ms (bucket bounds), lost {lost:.0f}")

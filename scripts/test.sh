@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# Runs every check and test from a clean checkout, installing what they need when missing:
+# formatting, clippy, the advisory check, then all tests (unit, integration, cross-process) with
+# real MQTT clients and servers on loopback.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+started=$SECONDS
+
+tools_path="$(scripts/install-test-deps.sh)"
+export PATH="$tools_path:$PATH"
+
+echo "== cargo fmt --check"
+cargo fmt --all --check
+echo "== clippy"
+cargo clippy --workspace --all-targets --locked -- -D warnings
+echo "== advisories"
+scripts/audit.sh
+echo "== build"
+# The cross-process tests run the binaries, so build them before the test binaries.
+cargo build --workspace --bins --locked
+echo "== tests"
+if cargo nextest --version >/dev/null 2>&1; then
+  cargo nextest run --workspace --locked --no-fail-fast
+  # nextest does not run doctests
+  cargo test --workspace --locked --doc
+else
+  cargo test --workspace --locked --no-fail-fast
+fi
+echo "== all checks passed in $((SECONDS - started)) s"
