@@ -162,10 +162,10 @@ fn check_config(path: &Path) -> ExitCode {
     // Beyond the file's own checks: can the named files actually be used?
     let mut problems = Vec::new();
     for (i, l) in config.listeners.iter().enumerate() {
-        if let Some(t) = &l.tls {
-            if let Err(e) = edge_node::tls::server_config(t) {
-                problems.push(format!("listener[{i}].tls: {e}"));
-            }
+        if let Some(t) = &l.tls
+            && let Err(e) = edge_node::tls::server_config(t)
+        {
+            problems.push(format!("listener[{i}].tls: {e}"));
         }
     }
     if let Err(e) = edge_node::auth::AuthState::load(&config.auth) {

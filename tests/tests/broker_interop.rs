@@ -177,7 +177,7 @@ async fn paho_clients_v311_and_v5() {
     let t = TestNode::start("").await;
     let script = concat!(env!("CARGO_MANIFEST_DIR"), "/python/paho_roundtrip.py");
     for version in ["3", "5"] {
-        let out = tokio::process::Command::new("python3")
+        let out = Command::new("python3")
             .arg(script)
             .args(["127.0.0.1", &t.local().port().to_string(), version])
             .output()

@@ -63,17 +63,15 @@ impl PasswordFile {
             return false;
         };
         let digest = login_digest(stored, password);
-        if let Ok(verified) = self.verified.lock() {
-            if verified.get(user) == Some(&digest) {
-                return true;
-            }
+        if let Ok(verified) = self.verified.lock()
+            && verified.get(user) == Some(&digest)
+        {
+            return true;
         }
         let ok =
             PasswordHash::new(stored).map(|h| Argon2::default().verify_password(password, &h).is_ok()).unwrap_or(false);
-        if ok {
-            if let Ok(mut verified) = self.verified.lock() {
-                verified.insert(user.to_owned(), digest);
-            }
+        if ok && let Ok(mut verified) = self.verified.lock() {
+            verified.insert(user.to_owned(), digest);
         }
         ok
     }

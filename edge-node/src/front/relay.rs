@@ -456,10 +456,10 @@ where
                     Delivery::Forward => {}
                     Delivery::Filter { ack } => {
                         rewrite = true;
-                        if let Some(ack) = ack {
-                            if to_broker.send(ack).await.is_err() {
-                                return End::BrokerClosed;
-                            }
+                        if let Some(ack) = ack
+                            && to_broker.send(ack).await.is_err()
+                        {
+                            return End::BrokerClosed;
                         }
                     }
                 },
