@@ -328,6 +328,75 @@ mod tests {
         assert!(parse_publish(&[0x30, 5, 0, 0, 2, 0x77, 0], Version::V5).is_err());
     }
 
+    proptest::proptest! {
+        // The front parses bytes from the network before anything else sees them: no input
+        // may panic it, nor rumqttd's codecs it hands CONNECT and SUBSCRIBE to.
+        #[test]
+        fn arbitrary_bytes_never_panic(bytes in proptest::collection::vec(proptest::num::u8::ANY, 0..512), first in 0u8..=255) {
+            use rumqttd::protocol::{Protocol, v4::V4, v5::V5};
+            let mut frame = bytes.clone();
+            frame.insert(0, first);
+            let _ = frame_len(&frame, 1 << 20);
+            if let Ok(Some(len)) = frame_len(&frame, 1 << 20) {
+                let frame = &frame[..len];
+                let _ = parse_publish(frame, Version::V311);
+                let _ = parse_publish(frame, Version::V5);
+                let _ = connect_version(frame);
+                let _ = ack_pkid(frame);
+                let _ = suback_codes(frame, Version::V5);
+                let _ = merge_suback(frame, Version::V5, &[None, Some(0x87), None]);
+                match packet_type(frame) {
+                    CONNECT | SUBSCRIBE | PUBLISH => {
+                        let _ = V4.read_mut(&mut BytesMut::from(frame), 1 << 20);
+                        let _ = V5.read_mut(&mut BytesMut::from(frame), 1 << 20);
+                    }
+                    _ => {}
+                }
+            }
+        }
+    }
+
+    /// Valid packets whose bodies the mutation test corrupts, to reach past the first checks.
+    fn seeds() -> Vec<(u8, Vec<u8>)> {
+        let mut connect5 = vec![0, 4, b'M', b'Q', b'T', b'T', 5, 0b1100_0110, 0, 60, 5, 0x11, 0, 0, 0, 10];
+        connect5.extend([0, 2, b'c', b'1', 0, 0, 1, b'w', 0, 1, b'x', 0, 1, b'u', 0, 1, b'p']);
+        let mut connect4 = vec![0, 4, b'M', b'Q', b'T', b'T', 4, 0b1100_0110, 0, 60];
+        connect4.extend([0, 2, b'c', b'1', 0, 1, b'w', 0, 1, b'x', 0, 1, b'u', 0, 1, b'p']);
+        vec![
+            (0x10, connect5),
+            (0x10, connect4),
+            (0x82, vec![0, 1, 0, 0, 3, b'a', b'/', b'b', 0x01]),
+            (0x82, vec![0, 1, 0, 3, b'a', b'/', b'#', 0x01, 0, 1, b'+', 0]),
+            (0x32, vec![0, 3, b'a', b'/', b'b', 0, 1, 3, 0x23, 0, 5, b'h', b'i']),
+        ]
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn mutated_packets_never_panic(
+            seed in 0usize..5,
+            edits in proptest::collection::vec((0usize..64, proptest::num::u8::ANY), 1..5),
+            cut in 0usize..64,
+        ) {
+            use rumqttd::protocol::{Protocol, v4::V4, v5::V5};
+            let (header, mut body) = seeds().swap_remove(seed);
+            for (at, value) in edits {
+                let i = at % body.len();
+                body[i] = value;
+            }
+            body.truncate(body.len().saturating_sub(cut % 8));
+            let mut frame = BytesMut::new();
+            frame.put_u8(header);
+            put_varint(&mut frame, body.len());
+            frame.extend_from_slice(&body);
+            let _ = parse_publish(&frame, Version::V5);
+            let _ = parse_publish(&frame, Version::V311);
+            let _ = connect_version(&frame);
+            let _ = V4.read_mut(&mut frame.clone(), 1 << 20);
+            let _ = V5.read_mut(&mut frame.clone(), 1 << 20);
+        }
+    }
+
     #[test]
     fn merges_suback_codes() {
         let mut broker = BytesMut::new();

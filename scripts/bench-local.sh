@@ -1,0 +1,69 @@
+#!/usr/bin/env bash
+# Local QoS1 path: edge-node vs Mosquitto (persistence off, set_tcp_nodelay true) vs rumqttd
+# without our front (what the front adds), all measured in one run by the same load generator:
+# 1 publisher, 1 subscriber, QoS1, 1 KiB payloads, at 1,000 and 5,000 msg/s and unthrottled
+# (max sustained throughput), plus edge-node RSS idle and under load.
+# Usage: scripts/bench-local.sh [REPEATS=3] [SECONDS=8]. Prints a Markdown table of medians.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+export PATH="$(scripts/install-test-deps.sh):$PATH"
+repeats=${1:-3}
+seconds=${2:-8}
+
+cargo build --release --locked --quiet -p edge-node -p e2e-tests --bin edge-node --bin mqtt-bench --bin rumqttd-direct
+bin=target/release
+mosquitto_bin=$(command -v mosquitto || echo /usr/sbin/mosquitto)
+
+work=$(mktemp -d)
+pids=()
+cleanup() {
+  for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
+  rm -rf "$work"
+}
+trap cleanup EXIT
+free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+rss_kb() { awk '/^VmRSS/{print $2}' "/proc/$1/status"; }
+
+# edge-node with the example config (probe on, as in production) on free ports.
+sed -e 's/^bind = "127.0.0.1:1883"/bind = "127.0.0.1:0"/' -e 's/^bind = "127.0.0.1:9464"/bind = "127.0.0.1:0"/' \
+  -e 's/^level = "info"/level = "warn"/' config/edge.toml > "$work/edge.toml"
+"$bin/edge-node" run --config "$work/edge.toml" --ready-file "$work/ready.json" 2> "$work/edge.log" &
+edge_pid=$!; pids+=("$edge_pid")
+
+mport=$(free_port)
+cat > "$work/mosquitto.conf" <<EOC
+listener $mport 127.0.0.1
+allow_anonymous true
+persistence false
+set_tcp_nodelay true
+max_inflight_messages 100
+max_queued_messages 10000
+log_dest none
+EOC
+"$mosquitto_bin" -c "$work/mosquitto.conf" &
+pids+=("$!")
+
+dport=$(free_port)
+RUST_LOG=off "$bin/rumqttd-direct" "$dport" &
+pids+=("$!")
+
+for _ in $(seq 100); do [ -s "$work/ready.json" ] && break; sleep 0.1; done
+eport=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["mqtt"]["local"].rsplit(":",1)[1])' "$work/ready.json")
+sleep 3
+idle_rss=$(rss_kb "$edge_pid")
+
+( while kill -0 "$edge_pid" 2>/dev/null; do rss_kb "$edge_pid" >> "$work/rss"; sleep 0.2; done ) &
+pids+=("$!")
+
+brokers=("mosquitto:$mport" "edge-node:$eport" "rumqttd-direct:$dport")
+for r in $(seq "$repeats"); do
+  for rate in 1000 5000 0; do
+    # Rotate the order each repeat so no broker always runs first.
+    for i in 0 1 2; do
+      entry=${brokers[$(( (i + r) % 3 ))]}
+      "$bin/mqtt-bench" --label "${entry%%:*}" --port "${entry##*:}" --rate "$rate" --seconds "$seconds" >> "$work/results.jsonl"
+    done
+  done
+done
+loaded_rss=$(sort -n "$work/rss" | tail -1)
+python3 scripts/bench_summary.py "$work/results.jsonl" "$idle_rss" "$loaded_rss" "$repeats" "$seconds"
