@@ -191,3 +191,27 @@ async fn paho_clients_v311_and_v5() {
         );
     }
 }
+
+/// Regression: rumqttd's MQTT 3.1.1 encoder panics on a publish carrying MQTT 5 properties, which
+/// killed v3.1.1 subscribers whenever a v5 client published with a trace id. The front now
+/// relays 3.1.1 clients through rumqttd's MQTT 5 server and translates.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mqtt311_subscriber_receives_mqtt5_publishes_with_properties() {
+    let t = TestNode::start("").await;
+    let mut v311 = Client::anonymous(t.local(), "old-app").await;
+    v311.subscribe("inference/#", QoS::AtLeastOnce).await;
+    let port = t.local().port().to_string();
+    for i in 0..3 {
+        let status = Command::new("mosquitto_pub")
+            .args(["-h", "127.0.0.1", "-p", &port, "-V", "mqttv5", "-q", "1", "-t", "inference/m/v1/cam-1"])
+            .args(["-D", "publish", "user-property", "trace-id", &format!("t-{i}")])
+            .args(["-D", "publish", "content-type", "application/json", "-m", &format!("{i}")])
+            .status()
+            .await
+            .unwrap();
+        assert!(status.success());
+        let p = v311.recv(WAIT).await.unwrap_or_else(|| panic!("message {i} not delivered to the 3.1.1 subscriber"));
+        assert_eq!(p.payload, i.to_string());
+    }
+    assert!(v311.closed(Duration::from_millis(200)).await.is_none(), "3.1.1 subscriber disconnected");
+}

@@ -189,3 +189,67 @@ async fn will_topic_outside_the_acl_is_refused_at_connect() {
     let err = Client::connect(opts).await.err().expect("forbidden will accepted");
     assert!(err.contains("NotAuthorized"), "{err}");
 }
+
+/// An MQTT 5 PUBLISH, QoS1, with a topic alias property; `topic` may be empty.
+fn publish_v5_with_alias(topic: &str, pkid: u16, alias: u16, payload: &[u8]) -> Vec<u8> {
+    let mut body = (topic.len() as u16).to_be_bytes().to_vec();
+    body.extend(topic.as_bytes());
+    body.extend(pkid.to_be_bytes());
+    body.extend([3, 0x23]);
+    body.extend(alias.to_be_bytes());
+    body.extend(payload);
+    let mut frame = vec![0x32, body.len() as u8];
+    frame.extend(body);
+    frame
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn topic_aliases_cannot_bypass_the_acl() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    let (t, _ca) = secured_node().await;
+    let mut everything = Client::anonymous(t.local(), "everything").await;
+    everything.subscribe("#", QoS::AtLeastOnce).await;
+
+    // A raw MQTT 5 client, so every PUBACK reason is read in order.
+    let mut alice = tokio::net::TcpStream::connect(t.addr("password")).await.unwrap();
+    let mut connect = vec![0, 4, b'M', b'Q', b'T', b'T', 5, 0xC2, 0, 60, 0];
+    for field in ["alice-v5", "alice", "wonderland"] {
+        connect.extend((field.len() as u16).to_be_bytes());
+        connect.extend(field.as_bytes());
+    }
+    let mut frame = vec![0x10, connect.len() as u8];
+    frame.extend(connect);
+    alice.write_all(&frame).await.unwrap();
+    let mut header = [0u8; 2];
+    alice.read_exact(&mut header).await.unwrap();
+    let mut connack = vec![0u8; header[1] as usize];
+    alice.read_exact(&mut connack).await.unwrap();
+    assert_eq!((header[0], connack[1]), (0x20, 0), "CONNACK refused");
+
+    // Alias 1 -> alice/a (allowed), re-pointed at secret/x (refused), used bare (still
+    // secret/x: refused), re-pointed at alice/b and used bare (delivered as alice/b).
+    let steps =
+        [("alice/a", "1", 0x00), ("secret/x", "2", 0x87), ("", "3", 0x87), ("alice/b", "4", 0x00), ("", "5", 0x00)];
+    for (pkid, (topic, payload, reason)) in steps.iter().enumerate() {
+        let pkid = pkid as u16 + 1;
+        alice.write_all(&publish_v5_with_alias(topic, pkid, 1, payload.as_bytes())).await.unwrap();
+        let mut head = [0u8; 2];
+        tokio::time::timeout(WAIT, alice.read_exact(&mut head)).await.expect("PUBACK").unwrap();
+        let mut ack = vec![0u8; head[1] as usize];
+        alice.read_exact(&mut ack).await.unwrap();
+        assert_eq!(head[0], 0x40, "step {pkid}: not a PUBACK");
+        assert_eq!(u16::from_be_bytes([ack[0], ack[1]]), pkid);
+        assert_eq!(ack.get(2).copied().unwrap_or(0), *reason, "step {pkid} ({topic:?}): reason code");
+    }
+
+    let mut got = Vec::new();
+    while let Some(p) = everything.recv(Duration::from_millis(700)).await {
+        got.push((p.topic.clone(), String::from_utf8_lossy(&p.payload).into_owned()));
+    }
+    let want: Vec<(String, String)> = [("alice/a", "1"), ("alice/b", "4"), ("alice/b", "5")]
+        .iter()
+        .map(|(a, b)| (a.to_string(), b.to_string()))
+        .collect();
+    assert_eq!(got, want);
+}

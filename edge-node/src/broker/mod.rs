@@ -1,4 +1,5 @@
-//! The embedded rumqttd router and its two internal listeners (MQTT 3.1.1 and 5) on loopback.
+//! The embedded rumqttd router and its internal MQTT 5 listener on loopback. MQTT 3.1.1 clients
+//! reach it too, translated by the front (see `front::compat` for why not rumqttd's v4 server).
 //!
 //! rumqttd's `Broker::start` blocks forever and binds by itself; instead this module spawns the
 //! router thread and runs rumqttd's public `Server` on our own runtime. The internal listeners
@@ -14,7 +15,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use rand::RngCore;
-use rumqttd::protocol::{v4::V4, v5::V5};
+use rumqttd::protocol::v5::V5;
 use rumqttd::{ConnectionSettings, LinkType, RouterConfig, Server, ServerSettings};
 use tokio::task::JoinHandle;
 
@@ -31,10 +32,9 @@ const INTERNAL_CONNECTIONS: usize = 16;
 
 #[derive(Debug)]
 pub struct InternalBroker {
-    pub v4: SocketAddr,
-    pub v5: SocketAddr,
+    pub addr: SocketAddr,
     pub secret: Arc<str>,
-    servers: Vec<JoinHandle<()>>,
+    server: JoinHandle<()>,
 }
 
 impl InternalBroker {
@@ -73,18 +73,7 @@ impl InternalBroker {
             async move { ok }
         });
 
-        let mut servers = Vec::new();
-        let (v4, h4) = listen("internal-v4", &connections, |settings| {
-            let mut server = Server::new(settings, router_tx.clone(), V4);
-            tokio::spawn(async move {
-                if let Err(e) = server.start(LinkType::Remote).await {
-                    tracing::error!(error = %e, "internal MQTT 3.1.1 listener stopped");
-                }
-            })
-        })
-        .await?;
-        servers.push(h4);
-        let (v5, h5) = listen("internal-v5", &connections, |settings| {
+        let (addr, server) = listen("internal-v5", &connections, |settings| {
             let mut server = Server::new(settings, router_tx.clone(), V5);
             tokio::spawn(async move {
                 if let Err(e) = server.start(LinkType::Remote).await {
@@ -93,16 +82,13 @@ impl InternalBroker {
             })
         })
         .await?;
-        servers.push(h5);
-        Ok(Self { v4, v5, secret, servers })
+        Ok(Self { addr, secret, server })
     }
 }
 
 impl Drop for InternalBroker {
     fn drop(&mut self) {
-        for s in &self.servers {
-            s.abort();
-        }
+        self.server.abort();
     }
 }
 

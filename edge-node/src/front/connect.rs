@@ -77,10 +77,8 @@ pub(super) async fn admit(
     let client_id = connect.client_id.clone();
     let login = Some(Login { username: identity.name().to_owned(), password: ctx.broker_secret.to_string() });
     let mut broker_connect = BytesMut::with_capacity(frame.len() + 64);
-    let written = match version {
-        Version::V311 => V4.write(Packet::Connect(connect, None, will, None, login), &mut broker_connect),
-        Version::V5 => V5.write(Packet::Connect(connect, props, will, will_props, login), &mut broker_connect),
-    };
+    // Always MQTT 5 towards the broker (see `compat`); a 3.1.1 CONNECT has no properties.
+    let written = V5.write(Packet::Connect(connect, props, will, will_props, login), &mut broker_connect);
     written.map_err(|_| MALFORMED)?;
     Ok(Admitted { identity, client_id, rules, broker_connect })
 }

@@ -11,6 +11,7 @@
 //! a failure code at their positions. Topic aliases are resolved here, so a refused topic cannot
 //! be reached through an alias.
 
+mod compat;
 mod connect;
 pub mod packet;
 mod relay;
@@ -39,8 +40,8 @@ pub struct FrontContext {
     pub max_packet_size: usize,
     pub connect_timeout: Duration,
     pub slow_client_timeout: Duration,
-    pub broker_v4: SocketAddr,
-    pub broker_v5: SocketAddr,
+    /// rumqttd's internal MQTT 5 listener.
+    pub broker_addr: SocketAddr,
     pub broker_secret: Arc<str>,
     pub auth: ArcSwap<AuthState>,
     /// Bumped on every reload, so connections re-resolve their ACL rules.

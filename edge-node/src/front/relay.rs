@@ -16,6 +16,7 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::sync::mpsc;
 
 use super::FrontContext;
+use super::compat;
 use super::connect::Admitted;
 use super::packet::{self, PacketError, Version, reason};
 use crate::auth::{Identity, Rules};
@@ -240,18 +241,18 @@ impl Upstream {
                     Some(pkid) if self.refused_qos2.remove(&pkid) => {
                         send(inject, ack(packet::PUBCOMP, pkid, 0, sh.version)).await?;
                     }
-                    _ => out.extend_from_slice(frame),
+                    _ => sh.forward(frame, out)?,
                 }
                 Ok(())
             }
             packet::PUBACK => {
                 sh.inflight.add(-1);
-                out.extend_from_slice(frame);
+                sh.forward(frame, out)?;
                 Ok(())
             }
             packet::CONNECT => Err(End::Violation("protocol_error", reason::PROTOCOL_ERROR)),
             _ => {
-                out.extend_from_slice(frame);
+                sh.forward(frame, out)?;
                 Ok(())
             }
         }
@@ -278,16 +279,21 @@ impl Upstream {
         if view.topic_alias.is_some_and(|a| a > TOPIC_ALIAS_MAX) {
             return Err(End::Violation("topic_alias_invalid", reason::TOPIC_ALIAS_INVALID));
         }
-        let topic: Bytes = if view.topic.is_empty() {
+        // Borrowed from the frame on the common path; only alias use and alias setting copy.
+        let aliased: Bytes;
+        let topic: &[u8] = if view.topic.is_empty() {
             let alias = view.topic_alias.ok_or(End::Violation("invalid_topic", reason::TOPIC_NAME_INVALID))?;
             match self.aliases.get(&alias) {
-                Some((topic, _)) => topic.clone(),
+                Some((t, _)) => {
+                    aliased = t.clone();
+                    &aliased
+                }
                 None => return Err(End::Violation("topic_alias_invalid", reason::TOPIC_ALIAS_INVALID)),
             }
         } else {
-            Bytes::copy_from_slice(view.topic)
+            view.topic
         };
-        let Some(topic_str) = std::str::from_utf8(&topic).ok().filter(|t| shared::topic::validate_name(t).is_ok())
+        let Some(topic_str) = std::str::from_utf8(topic).ok().filter(|t| shared::topic::validate_name(t).is_ok())
         else {
             sh.counters.refused_invalid.inc();
             return Err(End::Violation("invalid_topic", reason::TOPIC_NAME_INVALID));
@@ -297,7 +303,7 @@ impl Upstream {
 
         if !allowed {
             if let (Some(alias), false) = (view.topic_alias, view.topic.is_empty()) {
-                self.aliases.insert(alias, (topic.clone(), false));
+                self.aliases.insert(alias, (Bytes::copy_from_slice(topic), false));
             }
             sh.counters.refused_acl.inc();
             tracing::debug!(user = self.identity.name(), client_id = %self.client_id, topic = topic_str, "publish refused by ACL");
@@ -316,17 +322,18 @@ impl Upstream {
 
         match view.topic_alias {
             Some(alias) if !view.topic.is_empty() => {
-                self.aliases.insert(alias, (topic.clone(), true));
-                out.extend_from_slice(frame);
+                self.aliases.insert(alias, (Bytes::copy_from_slice(topic), true));
+                sh.forward(frame, out)?;
             }
             Some(alias) if !self.aliases.get(&alias).is_some_and(|(_, known)| *known) => {
                 // rumqttd maps this alias to an older topic: send the topic in full once.
+                let topic = Bytes::copy_from_slice(topic);
                 rewrite_with_topic(frame, topic.clone(), out)?;
-                self.aliases.insert(alias, (topic.clone(), true));
+                self.aliases.insert(alias, (topic, true));
             }
-            _ => out.extend_from_slice(frame),
+            _ => sh.forward(frame, out)?,
         }
-        if sh.is_probe(&topic) {
+        if sh.is_probe(topic) {
             sh.counters.publish_in_probe.inc();
         } else {
             sh.counters.publish_in.inc();
@@ -375,7 +382,7 @@ impl Upstream {
             .collect();
 
         if refusals.iter().all(Option::is_none) {
-            out.extend_from_slice(frame);
+            sh.forward(frame, out)?;
             return Ok(());
         }
         if refusals.iter().all(Option::is_some) {
@@ -390,10 +397,8 @@ impl Upstream {
         if let Ok(mut merges) = sh.suback_merges.lock() {
             merges.insert(pkid, refusals);
         }
-        let written = match sh.version {
-            Version::V311 => V4.write(Packet::Subscribe(subscribe, None), out),
-            Version::V5 => V5.write(Packet::Subscribe(subscribe, props), out),
-        };
+        // MQTT 5 towards the broker either way (a 3.1.1 SUBSCRIBE has no properties).
+        let written = V5.write(Packet::Subscribe(subscribe, props), out);
         written.map(|_| ()).map_err(|_| End::Violation("malformed", reason::MALFORMED))
     }
 }
@@ -473,7 +478,8 @@ where
             continue;
         }
         let frames = buf.split_to(complete);
-        let result = if rewrite {
+        // MQTT 3.1.1 clients always get rebuilt (translated) frames.
+        let result = if rewrite || sh.version == Version::V311 {
             write_client(sh, wr, &sh.rebuild(&frames)).await
         } else {
             write_client(sh, wr, &frames).await
@@ -527,7 +533,19 @@ impl Shared<'_> {
         self.suback_merges.lock().is_ok_and(|m| m.contains_key(&pkid))
     }
 
-    /// The frames as the client gets them: trimmed SUBACKs rebuilt, filtered publishes left out.
+    /// Forwards a client packet to the broker, translated for MQTT 3.1.1 clients.
+    fn forward(&self, frame: &[u8], out: &mut BytesMut) -> Result<(), End> {
+        match self.version {
+            Version::V5 => {
+                out.extend_from_slice(frame);
+                Ok(())
+            }
+            Version::V311 => compat::upstream(frame, out).map_err(|_| End::Violation("malformed", reason::MALFORMED)),
+        }
+    }
+
+    /// The broker's frames as the client gets them: trimmed SUBACKs rebuilt, filtered publishes
+    /// left out, translated for MQTT 3.1.1 clients.
     fn rebuild(&self, frames: &[u8]) -> BytesMut {
         let mut out = BytesMut::with_capacity(frames.len() + 16);
         let mut at = 0;
@@ -541,10 +559,15 @@ impl Shared<'_> {
                 .then(|| packet::ack_pkid(frame))
                 .flatten()
                 .and_then(|pkid| self.suback_merges.lock().ok()?.remove(&pkid))
-                .and_then(|refusals| packet::merge_suback(frame, self.version, &refusals));
-            match merged {
-                Some(m) => out.extend_from_slice(&m),
-                None => out.extend_from_slice(frame),
+                .and_then(|refusals| packet::merge_suback(frame, Version::V5, &refusals));
+            let frame = merged.as_deref().unwrap_or(frame);
+            match self.version {
+                Version::V5 => out.extend_from_slice(frame),
+                Version::V311 => {
+                    if let Err(e) = compat::downstream(frame, &mut out) {
+                        tracing::warn!(error = %e, "broker packet not translatable for an MQTT 3.1.1 client; dropped");
+                    }
+                }
             }
         }
         out

@@ -116,11 +116,7 @@ where
         }
     };
 
-    let broker_addr = match version {
-        Version::V311 => ctx.broker_v4,
-        Version::V5 => ctx.broker_v5,
-    };
-    let broker = match TcpStream::connect(broker_addr).await {
+    let broker = match TcpStream::connect(ctx.broker_addr).await {
         Ok(b) => b,
         Err(e) => {
             tracing::error!(error = %e, "internal broker unreachable");
