@@ -5,6 +5,7 @@
 
 pub mod auth;
 pub mod broker;
+pub mod broker_log;
 pub mod config;
 pub mod front;
 pub mod metrics;
@@ -85,8 +86,8 @@ impl Node {
     /// not be bound, or the file that could not be loaded.
     pub async fn start(config: EdgeConfig) -> Result<Node, StartError> {
         let auth = AuthState::load(&config.auth)?;
-        let broker = InternalBroker::start(&config.broker).await?;
         let metrics = Arc::new(Metrics::new());
+        let broker = InternalBroker::start(&config.broker).await?;
         let shutdown = CancellationToken::new();
         let tracker = TaskTracker::new();
 

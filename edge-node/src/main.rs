@@ -92,13 +92,15 @@ fn load(path: &Path) -> anyhow::Result<EdgeConfig> {
 }
 
 fn init_tracing(config: &EdgeConfig) {
+    use tracing_subscriber::prelude::*;
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(&config.log.level));
-    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
-    match config.log.format {
-        LogFormat::Json => builder.json().init(),
-        LogFormat::Text => builder.init(),
-    }
+    let fmt = tracing_subscriber::fmt::layer().with_writer(std::io::stderr);
+    let fmt = match config.log.format {
+        LogFormat::Json => fmt.json().boxed(),
+        LogFormat::Text => fmt.boxed(),
+    };
+    tracing_subscriber::registry().with(fmt.with_filter(filter)).with(edge_node::broker_log::layer()).init();
 }
 
 fn run(path: &Path, ready_file: Option<&Path>) -> anyhow::Result<()> {

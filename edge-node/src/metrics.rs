@@ -52,6 +52,9 @@ pub struct Metrics {
     pub publish_refused: Family<ReasonLabel, Counter>,
     pub subscribe_refused: Family<ReasonLabel, Counter>,
     pub qos1_inflight: Gauge,
+    pub slow_subscriber_skips: Counter,
+    /// Process-wide jumps already added to `slow_subscriber_skips`.
+    skips_seen: AtomicU64,
     pub bytes_in: Counter,
     pub bytes_out: Counter,
     pub probe_latency: Histogram,
@@ -76,6 +79,8 @@ impl Metrics {
             publish_refused: Family::default(),
             subscribe_refused: Family::default(),
             qos1_inflight: Gauge::default(),
+            slow_subscriber_skips: Counter::default(),
+            skips_seen: AtomicU64::new(crate::broker_log::cursor_jumps()),
             bytes_in: Counter::default(),
             bytes_out: Counter::default(),
             // 50 µs .. ~1.6 s
@@ -117,6 +122,11 @@ impl Metrics {
             "QoS1 publishes sent and not yet acknowledged, both directions",
             m.qos1_inflight.clone(),
         );
+        r.register(
+            "mqtt_slow_subscriber_skips",
+            "Times a subscriber fell further behind than the broker's bounded backlog (segment_size x segment_count) and skipped messages; each skip loses one or more messages for that subscriber",
+            m.slow_subscriber_skips.clone(),
+        );
         r.register("mqtt_received_bytes", "Bytes read from MQTT clients", m.bytes_in.clone());
         r.register("mqtt_sent_bytes", "Bytes written to MQTT clients", m.bytes_out.clone());
         r.register_with_unit(
@@ -132,6 +142,9 @@ impl Metrics {
     }
 
     pub fn encode(&self) -> String {
+        let jumps = crate::broker_log::cursor_jumps();
+        let before = self.skips_seen.swap(jumps, Ordering::Relaxed);
+        self.slow_subscriber_skips.inc_by(jumps.saturating_sub(before));
         let mut out = String::new();
         if let Err(e) = prometheus_client::encoding::text::encode(&mut out, &self.registry) {
             out = format!("# encoding failed: {e}\n");

@@ -42,9 +42,13 @@ pub fn metric(text: &str, name_and_labels: &str) -> Option<f64> {
 }
 
 /// Sets up tracing once for a test binary; `RUST_LOG` controls it.
+/// Sets up tracing once for a test binary as `edge-node run` does (with the layer that counts
+/// rumqttd's slow-subscriber skips); `RUST_LOG` controls the output.
 pub fn init_tracing() {
-    let _ = tracing_subscriber::fmt()
-        .with_env_filter(tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "warn".into()))
-        .with_test_writer()
+    use tracing_subscriber::prelude::*;
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "warn".into());
+    let _ = tracing_subscriber::registry()
+        .with(tracing_subscriber::fmt::layer().with_test_writer().with_filter(filter))
+        .with(edge_node::broker_log::layer())
         .try_init();
 }

@@ -155,3 +155,38 @@ async fn connections_over_the_limit_are_refused_with_a_reason() {
     assert!(e2e_tests::eventually(WAIT, || t.metric("edge_mqtt_connections_open{listener=\"local\"}") == 19.0).await);
     good_client_works(&t, "after-limit").await;
 }
+
+/// A subscriber that stops reading: the messages it skips in the bounded backlog are
+/// counted, it is disconnected after `slow_client_timeout`, and other clients are unaffected.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_subscriber_that_stops_reading_has_its_skips_counted_and_is_dropped() {
+    let t = TestNode::start(
+        "[broker]\nmax_packet_size = \"2 KiB\"\nsegment_size = \"16 KiB\"\nsegment_count = 2\nslow_client_timeout = \"2s\"\n",
+    )
+    .await;
+    let mut stalled = TcpStream::connect(t.local()).await.unwrap();
+    stalled.write_all(&connect_packet("stalled", 60)).await.unwrap();
+    // SUBSCRIBE pkid 1, "flood/#", QoS0; then never read again.
+    stalled.write_all(&[0x82, 12, 0, 1, 0, 7, b'f', b'l', b'o', b'o', b'd', b'/', b'#', 0]).await.unwrap();
+    let mut acks = [0u8; 9];
+    stalled.read_exact(&mut acks).await.unwrap();
+    assert_eq!((acks[0], acks[4]), (0x20, 0x90), "CONNACK then SUBACK expected");
+
+    // Keep publishing until the front's writes to the stalled client block for
+    // slow_client_timeout (the socket buffers first absorb a few MB).
+    let publisher = Client::anonymous(t.local(), "flooder").await;
+    let started = std::time::Instant::now();
+    let mut i = 0u32;
+    while t.metric("edge_mqtt_disconnects_total{reason=\"slow_client\"}") == 0.0 {
+        assert!(started.elapsed() < Duration::from_secs(30), "stalled subscriber not disconnected in 30 s");
+        for _ in 0..2000 {
+            let mut payload = vec![0u8; 1000];
+            payload[..4].copy_from_slice(&i.to_be_bytes());
+            publisher.publish("flood/x", QoS::AtMostOnce, false, payload).await;
+            i += 1;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(t.metric("edge_mqtt_slow_subscriber_skips_total") >= 1.0, "no skip counted for the stalled subscriber");
+    good_client_works(&t, "after-flood").await;
+}
