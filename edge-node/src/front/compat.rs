@@ -9,7 +9,7 @@
 
 use bytes::{BufMut, BytesMut};
 
-use super::packet::{self, PacketError, put_varint};
+use super::packet::{self, PacketError, put_varint, read_varint};
 
 const UNSUBSCRIBE: u8 = 10;
 const UNSUBACK: u8 = 11;
@@ -17,23 +17,12 @@ const AUTH: u8 = 15;
 
 /// Where the variable header starts, and the remaining length.
 fn split(frame: &[u8]) -> (usize, usize) {
-    let start = frame.iter().skip(1).position(|b| b & 0x80 == 0).map_or(frame.len(), |i| i + 2);
+    let start = packet::body_start(frame);
     (start, frame.len() - start)
 }
 
-fn read_varint(buf: &[u8]) -> Option<(usize, usize)> {
-    let mut value = 0usize;
-    for (i, &b) in buf.iter().take(4).enumerate() {
-        value |= usize::from(b & 0x7f) << (7 * i);
-        if b & 0x80 == 0 {
-            return Some((value, i + 1));
-        }
-    }
-    None
-}
-
 fn read_u16(buf: &[u8], at: usize) -> Option<usize> {
-    Some(usize::from(u16::from_be_bytes([*buf.get(at)?, *buf.get(at + 1)?])))
+    packet::read_u16(buf, at).map(usize::from)
 }
 
 /// Writes `frame` with an empty MQTT 5 property block inserted `at` bytes into its body.

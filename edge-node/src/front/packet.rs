@@ -58,7 +58,7 @@ pub fn frame_len(buf: &[u8], max: usize) -> Result<Option<usize>, PacketError> {
 }
 
 /// Offset of the variable header in a complete frame.
-fn body_start(frame: &[u8]) -> usize {
+pub(super) fn body_start(frame: &[u8]) -> usize {
     frame.iter().skip(1).position(|b| b & 0x80 == 0).map_or(frame.len(), |i| i + 2)
 }
 
@@ -154,11 +154,12 @@ pub fn ack_pkid(frame: &[u8]) -> Option<u16> {
     read_u16(frame, body_start(frame))
 }
 
-fn read_u16(buf: &[u8], at: usize) -> Option<u16> {
+pub(super) fn read_u16(buf: &[u8], at: usize) -> Option<u16> {
     Some(u16::from_be_bytes([*buf.get(at)?, *buf.get(at + 1)?]))
 }
 
-fn read_varint(buf: &[u8]) -> Option<(usize, usize)> {
+/// A variable byte integer at the start of `buf`: its value and its length in bytes.
+pub(super) fn read_varint(buf: &[u8]) -> Option<(usize, usize)> {
     let mut value = 0usize;
     for (i, &b) in buf.iter().take(4).enumerate() {
         value |= usize::from(b & 0x7f) << (7 * i);
