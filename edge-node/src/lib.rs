@@ -10,6 +10,7 @@ pub mod config;
 pub mod front;
 pub mod metrics;
 pub mod probe;
+pub mod spool;
 pub mod tls;
 
 use std::net::SocketAddr;

@@ -1,0 +1,250 @@
+//! The SQLite storage of the spool. See the module essay in `spool/mod.rs`.
+
+use std::path::{Path, PathBuf};
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use bytes::Bytes;
+use rand::RngCore;
+use rusqlite::{Connection, params};
+
+use super::{Durability, Lane, Message, Opened, Properties, Record, Seq, SpoolError, Storage};
+
+const SCHEMA_VERSION: i64 = 1;
+
+const SCHEMA: &str = "
+CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL) WITHOUT ROWID;
+CREATE TABLE lanes (lane INTEGER PRIMARY KEY, next_seq INTEGER NOT NULL, acked INTEGER NOT NULL);
+CREATE TABLE records (
+    lane INTEGER NOT NULL,
+    seq INTEGER NOT NULL,
+    kind INTEGER NOT NULL,
+    class TEXT NOT NULL,
+    topic TEXT NOT NULL,
+    payload BLOB NOT NULL,
+    qos INTEGER NOT NULL,
+    enqueued_ms INTEGER NOT NULL,
+    expires_ms INTEGER,
+    user_properties TEXT,
+    correlation_data BLOB,
+    content_type TEXT,
+    PRIMARY KEY (lane, seq)
+) WITHOUT ROWID;
+";
+
+/// Record kinds; gap records (evictions, expiries) arrive with the byte budget.
+const KIND_MESSAGE: i64 = 0;
+
+#[derive(Debug)]
+pub struct SqliteStorage {
+    conn: Connection,
+    path: PathBuf,
+    opened: Opened,
+    synchronous_full: bool,
+}
+
+fn now_ms() -> u64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
+}
+
+impl SqliteStorage {
+    /// Opens or creates the spool database at `path`, moving a corrupt one aside.
+    pub fn open(path: &Path) -> Result<Self, SpoolError> {
+        if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+            std::fs::create_dir_all(dir).map_err(|source| SpoolError::Io { path: dir.to_owned(), source })?;
+        }
+        match Self::open_checked(path) {
+            Ok(storage) => Ok(storage),
+            Err(SpoolError::NewerSchema { path, found, known }) => Err(SpoolError::NewerSchema { path, found, known }),
+            Err(e) => {
+                let aside = move_aside(path)?;
+                tracing::error!(error = %e, moved_to = %aside.display(), "spool database unusable; moved aside, starting a new epoch");
+                let mut storage = Self::open_checked(path)?;
+                storage.opened.moved_aside = Some(aside);
+                Ok(storage)
+            }
+        }
+    }
+
+    fn open_checked(path: &Path) -> Result<Self, SpoolError> {
+        let err = |source| SpoolError::Sqlite { path: path.to_owned(), source };
+        let conn = Connection::open(path).map_err(err)?;
+        let check: String = conn.query_row("PRAGMA quick_check", [], |r| r.get(0)).map_err(err)?;
+        if check != "ok" {
+            return Err(SpoolError::Sqlite {
+                path: path.to_owned(),
+                source: rusqlite::Error::SqliteFailure(
+                    rusqlite::ffi::Error::new(rusqlite::ffi::SQLITE_CORRUPT),
+                    Some(format!("quick_check: {check}")),
+                ),
+            });
+        }
+        // auto_vacuum must be chosen before the first table exists; harmless afterwards.
+        conn.execute_batch("PRAGMA auto_vacuum = INCREMENTAL; PRAGMA journal_mode = WAL; PRAGMA synchronous = NORMAL;")
+            .map_err(err)?;
+        let has_meta: bool = conn
+            .query_row("SELECT count(*) FROM sqlite_master WHERE type = 'table' AND name = 'meta'", [], |r| {
+                r.get::<_, i64>(0)
+            })
+            .map_err(err)?
+            > 0;
+        if !has_meta {
+            let mut epoch = [0u8; 16];
+            rand::thread_rng().fill_bytes(&mut epoch);
+            let epoch: String = epoch.iter().map(|b| format!("{b:02x}")).collect();
+            let tx = conn.unchecked_transaction().map_err(err)?;
+            tx.execute_batch(SCHEMA).map_err(err)?;
+            tx.execute("INSERT INTO meta VALUES ('schema_version', ?1)", [SCHEMA_VERSION.to_string()]).map_err(err)?;
+            tx.execute("INSERT INTO meta VALUES ('epoch', ?1)", [&epoch]).map_err(err)?;
+            tx.execute("INSERT INTO meta VALUES ('created_ms', ?1)", [now_ms().to_string()]).map_err(err)?;
+            tx.commit().map_err(err)?;
+        }
+        let version: i64 = conn
+            .query_row("SELECT value FROM meta WHERE key = 'schema_version'", [], |r| r.get::<_, String>(0))
+            .map_err(err)?
+            .parse()
+            .unwrap_or(0);
+        if version > SCHEMA_VERSION {
+            return Err(SpoolError::NewerSchema { path: path.to_owned(), found: version, known: SCHEMA_VERSION });
+        }
+        // Migrations from older versions go here, each in its own transaction.
+        let epoch: String =
+            conn.query_row("SELECT value FROM meta WHERE key = 'epoch'", [], |r| r.get(0)).map_err(err)?;
+        let lanes = {
+            let mut stmt = conn.prepare("SELECT lane, next_seq, acked FROM lanes ORDER BY lane").map_err(err)?;
+            stmt.query_map([], |r| Ok((Lane(r.get(0)?), Seq(r.get(1)?), Seq(r.get(2)?))))
+                .map_err(err)?
+                .collect::<Result<Vec<_>, _>>()
+                .map_err(err)?
+        };
+        let opened = Opened { epoch, lanes, moved_aside: None };
+        Ok(Self { conn, path: path.to_owned(), opened, synchronous_full: false })
+    }
+
+    fn err(&self, source: rusqlite::Error) -> SpoolError {
+        SpoolError::Sqlite { path: self.path.clone(), source }
+    }
+}
+
+/// Renames the database and its WAL and shared-memory files to `<name>.corrupt-<ms>`.
+fn move_aside(path: &Path) -> Result<PathBuf, SpoolError> {
+    let suffix = format!(".corrupt-{}", now_ms());
+    let mut target = path.as_os_str().to_owned();
+    target.push(&suffix);
+    let target = PathBuf::from(target);
+    for extra in ["", "-wal", "-shm"] {
+        let mut from = path.as_os_str().to_owned();
+        from.push(extra);
+        let mut to = target.as_os_str().to_owned();
+        to.push(extra);
+        match std::fs::rename(&from, &to) {
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(source) => return Err(SpoolError::Io { path: PathBuf::from(from), source }),
+        }
+    }
+    Ok(target)
+}
+
+impl Storage for SqliteStorage {
+    fn opened(&self) -> &Opened {
+        &self.opened
+    }
+
+    fn commit(
+        &mut self,
+        records: &[Record],
+        next_seqs: &[(Lane, Seq)],
+        durability: Durability,
+    ) -> Result<(), SpoolError> {
+        let full = durability == Durability::Full;
+        if full != self.synchronous_full {
+            let mode = if full { "FULL" } else { "NORMAL" };
+            self.conn.pragma_update(None, "synchronous", mode).map_err(|e| self.err(e))?;
+            self.synchronous_full = full;
+        }
+        let tx = self.conn.unchecked_transaction().map_err(|e| self.err(e))?;
+        {
+            let mut insert = tx
+                .prepare_cached(
+                    "INSERT INTO records (lane, seq, kind, class, topic, payload, qos, enqueued_ms, expires_ms, \
+                     user_properties, correlation_data, content_type) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12)",
+                )
+                .map_err(|e| self.err(e))?;
+            for r in records {
+                let m = &r.message;
+                let user = (!m.properties.user.is_empty())
+                    .then(|| serde_json::to_string(&m.properties.user).unwrap_or_default());
+                insert
+                    .execute(params![
+                        r.lane.0,
+                        r.seq.0,
+                        KIND_MESSAGE,
+                        m.class,
+                        m.topic,
+                        &m.payload[..],
+                        m.qos,
+                        m.enqueued_ms,
+                        m.expires_ms,
+                        user,
+                        m.properties.correlation_data.as_deref(),
+                        m.properties.content_type,
+                    ])
+                    .map_err(|e| self.err(e))?;
+            }
+            let mut lane = tx
+                .prepare_cached(
+                    "INSERT INTO lanes (lane, next_seq, acked) VALUES (?1, ?2, 0) \
+                     ON CONFLICT (lane) DO UPDATE SET next_seq = max(next_seq, excluded.next_seq)",
+                )
+                .map_err(|e| self.err(e))?;
+            for (l, next) in next_seqs {
+                lane.execute(params![l.0, next.0]).map_err(|e| self.err(e))?;
+            }
+        }
+        tx.commit().map_err(|e| self.err(e))
+    }
+
+    fn read(&mut self, lane: Lane, after: Seq, limit: usize) -> Result<Vec<Record>, SpoolError> {
+        let mut stmt = self
+            .conn
+            .prepare_cached(
+                "SELECT seq, class, topic, payload, qos, enqueued_ms, expires_ms, user_properties, correlation_data, \
+                 content_type FROM records WHERE lane = ?1 AND seq > ?2 ORDER BY seq LIMIT ?3",
+            )
+            .map_err(|e| self.err(e))?;
+        let rows = stmt
+            .query_map(params![lane.0, after.0, limit as i64], |r| {
+                let user: Option<String> = r.get(7)?;
+                Ok(Record {
+                    lane,
+                    seq: Seq(r.get(0)?),
+                    message: Message {
+                        class: r.get(1)?,
+                        topic: r.get(2)?,
+                        payload: Bytes::from(r.get::<_, Vec<u8>>(3)?),
+                        qos: r.get(4)?,
+                        enqueued_ms: r.get(5)?,
+                        expires_ms: r.get(6)?,
+                        properties: Properties {
+                            user: user.and_then(|u| serde_json::from_str(&u).ok()).unwrap_or_default(),
+                            correlation_data: r.get::<_, Option<Vec<u8>>>(8)?.map(Bytes::from),
+                            content_type: r.get(9)?,
+                        },
+                    },
+                })
+            })
+            .map_err(|e| self.err(e))?;
+        rows.collect::<Result<Vec<_>, _>>().map_err(|e| self.err(e))
+    }
+
+    fn ack(&mut self, lane: Lane, up_to: Seq) -> Result<u64, SpoolError> {
+        let tx = self.conn.unchecked_transaction().map_err(|e| self.err(e))?;
+        let deleted = tx
+            .execute("DELETE FROM records WHERE lane = ?1 AND seq <= ?2", params![lane.0, up_to.0])
+            .map_err(|e| self.err(e))?;
+        tx.execute("UPDATE lanes SET acked = max(acked, ?2) WHERE lane = ?1", params![lane.0, up_to.0])
+            .map_err(|e| self.err(e))?;
+        tx.commit().map_err(|e| self.err(e))?;
+        Ok(deleted as u64)
+    }
+}
