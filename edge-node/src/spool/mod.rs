@@ -19,9 +19,19 @@
 //!
 //! - `meta(key, value)`: `schema_version`, `epoch` (16 random bytes, hex), `created_ms`.
 //! - `lanes(lane, next_seq, acked)`: per lane, the next seq to hand out and the highest acked.
-//! - `records(lane, seq, kind, class, topic, payload, qos, enqueued_ms, expires_ms,
+//! - `records(lane, seq, kind, durability, class, topic, payload, qos, enqueued_ms, expires_ms,
 //!   user_properties, correlation_data, content_type)`, primary key `(lane, seq)`, without rowid,
-//!   so a lane is read in seq order straight from the key.
+//!   so a lane is read in seq order straight from the key. `kind` is a message or a gap record.
+//!
+//! # The byte budget
+//!
+//! Counted as SQLite pages in use (tables and index) plus the WAL file. Over budget, the spool
+//! first checkpoints the WAL, then evicts `normal` messages: the lowest priority lane (highest
+//! number) first, oldest first, and commits the deletion in the same transaction as a gap
+//! record (its own seq in the lane, listing the dropped seq ranges), so loss is never silent.
+//! `full` messages are never evicted: a `full` append that finds no room after lower-priority
+//! lanes were evicted is refused and handed back. Gap records are never evicted either. Freed
+//! pages go back to the file system (`auto_vacuum = INCREMENTAL`), bounding the file as well.
 //!
 //! # Recovery
 //!
@@ -80,11 +90,62 @@ pub struct Message {
     pub properties: Properties,
 }
 
-/// A spooled message with its place.
+/// Why records were dropped before the cloud acknowledged them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum GapReason {
+    /// Removed to keep the spool inside its byte budget.
+    Evicted,
+    /// Older than its class's TTL.
+    Expired,
+}
+
+/// A record that stands for records that are gone, so loss is visible at the other end.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct Gap {
+    pub class: String,
+    pub reason: GapReason,
+    /// Inclusive seq ranges of the dropped records, ascending.
+    pub ranges: Vec<(u64, u64)>,
+    pub count: u64,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Body {
+    Message(Message),
+    Gap(Gap),
+}
+
+/// A spooled record with its place.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Record {
     pub lane: Lane,
     pub seq: Seq,
+    /// `Full` records are never evicted: their PUBACK promised they are on disk.
+    pub durability: Durability,
+    pub body: Body,
+}
+
+impl Record {
+    pub fn message(&self) -> Option<&Message> {
+        match &self.body {
+            Body::Message(m) => Some(m),
+            Body::Gap(_) => None,
+        }
+    }
+}
+
+/// Records dropped from one lane and class, before they become a gap record.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Lost {
+    pub lane: Lane,
+    pub class: String,
+    pub seqs: Vec<u64>,
+}
+
+/// A `full` message the spool could not make room for: handed back, never acknowledged.
+#[derive(Debug)]
+pub struct Refused {
     pub message: Message,
 }
 
@@ -119,17 +180,31 @@ pub struct Opened {
 /// Where records live. SQLite in production; tests add fault-injecting wrappers.
 pub trait Storage {
     fn opened(&self) -> &Opened;
-    /// Writes `records` and the lanes' next seqs in one transaction.
+    /// In one transaction: writes `records` and the lanes' next seqs, and deletes the message
+    /// records listed in `delete` (dropped records go in the same transaction as the gap record
+    /// that accounts for them).
     fn commit(
         &mut self,
         records: &[Record],
         next_seqs: &[(Lane, Seq)],
+        delete: &[Lost],
         durability: Durability,
     ) -> Result<(), SpoolError>;
     /// Up to `limit` records of `lane` with seq above `after`, in seq order.
     fn read(&mut self, lane: Lane, after: Seq, limit: usize) -> Result<Vec<Record>, SpoolError>;
     /// Deletes `lane`'s records at or below `up_to` and records the ack; returns how many.
     fn ack(&mut self, lane: Lane, up_to: Seq) -> Result<u64, SpoolError>;
+    /// Bytes the spool takes on disk: pages in use, index included, plus the WAL.
+    fn used_bytes(&mut self) -> Result<u64, SpoolError>;
+    /// The oldest `Normal` message records of `lane` (never gap or `Full` records) that add up
+    /// to about `bytes`.
+    fn oldest(&mut self, lane: Lane, bytes: u64) -> Result<Vec<Lost>, SpoolError>;
+    /// Message records that expired at or before `now_ms`.
+    fn expired(&mut self, now_ms: u64) -> Result<Vec<Lost>, SpoolError>;
+    /// Lanes holding records eviction may take (`Normal` messages), any order.
+    fn lanes_with_evictable(&mut self) -> Result<Vec<Lane>, SpoolError>;
+    /// Checkpoints the WAL and returns free pages to the file system.
+    fn compact(&mut self) -> Result<(), SpoolError>;
 }
 
 #[derive(Debug, Clone, Copy, Default)]
@@ -145,6 +220,8 @@ struct LaneState {
 #[derive(Debug)]
 pub struct Spool<S> {
     storage: S,
+    /// Bytes on disk the spool may take; `None` for no limit.
+    budget: Option<u64>,
     lanes: BTreeMap<Lane, LaneState>,
     pending: Vec<Record>,
     pending_durability: Durability,
@@ -158,7 +235,13 @@ impl<S: Storage> Spool<S> {
             .iter()
             .map(|(lane, next, acked)| (*lane, LaneState { next: next.0, committed: next.0, acked: acked.0 }))
             .collect();
-        Self { storage, lanes, pending: Vec::new(), pending_durability: Durability::Normal }
+        Self { storage, budget: None, lanes, pending: Vec::new(), pending_durability: Durability::Normal }
+    }
+
+    /// Keeps the spool within `bytes` on disk (database, index and WAL).
+    pub fn with_budget(mut self, bytes: u64) -> Self {
+        self.budget = Some(bytes);
+        self
     }
 
     pub fn epoch(&self) -> &str {
@@ -176,8 +259,22 @@ impl<S: Storage> Spool<S> {
         let seq = Seq(state.next);
         state.next += 1;
         self.pending_durability = self.pending_durability.max(durability);
-        self.pending.push(Record { lane, seq, message });
+        self.pending.push(Record { lane, seq, durability, body: Body::Message(message) });
         seq
+    }
+
+    /// Appends a `full` message only if the budget has room for it after evicting lanes of lower
+    /// priority than `lane`; otherwise hands it back. Flushes what is pending first, so the room
+    /// is measured on disk.
+    pub fn append_full(&mut self, lane: Lane, message: Message) -> Result<Seq, Box<Refused>> {
+        if let Some(budget) = self.budget {
+            let size = estimated_size(&message);
+            let fits = self.flush().is_ok() && self.make_room(budget.saturating_sub(size), Some(lane)).unwrap_or(false);
+            if !fits {
+                return Err(Box::new(Refused { message }));
+            }
+        }
+        Ok(self.append(lane, message, Durability::Full))
     }
 
     /// Records appended and not yet committed.
@@ -190,6 +287,93 @@ impl<S: Storage> Spool<S> {
         if self.pending.is_empty() {
             return Ok(());
         }
+        self.commit_pending()?;
+        if let Some(budget) = self.budget {
+            self.make_room(budget, None)?;
+        }
+        Ok(())
+    }
+
+    /// Evicts until the spool uses at most `target` bytes, lowest priority lane first (the
+    /// highest lane number), oldest first, never lanes at or above `protect` in priority.
+    /// Each eviction is committed with its gap record. Returns whether the target was reached.
+    fn make_room(&mut self, target: u64, protect: Option<Lane>) -> Result<bool, SpoolError> {
+        let mut used = self.storage.used_bytes()?;
+        if used > target {
+            // The WAL counts too: checkpoint before dropping anything.
+            self.storage.compact()?;
+            used = self.storage.used_bytes()?;
+        }
+        let mut exhausted: Vec<Lane> = Vec::new();
+        let mut factor = 1;
+        while used > target {
+            let candidate = self
+                .storage
+                .lanes_with_evictable()?
+                .into_iter()
+                .filter(|l| protect.is_none_or(|p| *l > p) && !exhausted.contains(l))
+                .max();
+            let Some(lane) = candidate else {
+                return Ok(false);
+            };
+            // Aim a little under the target so the next commits do not evict again at once.
+            let need = (used - target + target / 10) * factor;
+            let lost = self.storage.oldest(lane, need)?;
+            if lost.is_empty() {
+                exhausted.push(lane);
+                continue;
+            }
+            self.record_gaps(lost, GapReason::Evicted)?;
+            self.storage.compact()?;
+            let now = self.storage.used_bytes()?;
+            // Deleted rows do not always free whole pages: take more from the same lane next
+            // time rather than moving on to a higher priority. Each round deletes at least one
+            // record, so this ends.
+            factor = if now >= used { factor * 2 } else { 1 };
+            used = now;
+        }
+        Ok(true)
+    }
+
+    /// Drops messages whose TTL passed, recording them as gaps.
+    pub fn expire(&mut self, now_ms: u64) -> Result<u64, SpoolError> {
+        let lost = self.storage.expired(now_ms)?;
+        let count = lost.iter().map(|l| l.seqs.len() as u64).sum();
+        if count > 0 {
+            self.record_gaps(lost, GapReason::Expired)?;
+        }
+        Ok(count)
+    }
+
+    /// Appends and commits one gap record per lane and class.
+    fn record_gaps(&mut self, lost: Vec<Lost>, reason: GapReason) -> Result<(), SpoolError> {
+        let mut gaps = Vec::new();
+        for Lost { lane, class, seqs } in &lost {
+            let mut seqs = seqs.clone();
+            seqs.sort_unstable();
+            let count = seqs.len() as u64;
+            let (lane, class) = (*lane, class.clone());
+            let gap = Gap { class, reason, ranges: ranges(&seqs), count };
+            let state = self.lanes.entry(lane).or_default();
+            state.next = state.next.max(1);
+            let seq = Seq(state.next);
+            state.next += 1;
+            tracing::warn!(lane = lane.0, class = %gap.class, ?reason, count, "spool dropped records; gap record written");
+            gaps.push(Record { lane, seq, durability: Durability::Normal, body: Body::Gap(gap) });
+        }
+        // What is pending holds lower seqs: it must be committed before (or with) the gap
+        // records, or a crash would leave a hole no gap record accounts for.
+        self.pending.extend(gaps);
+        self.commit_pending_deleting(&lost)
+    }
+
+    /// Commits everything pending in one transaction. On error the batch stays pending: the
+    /// caller may retry, and nothing it was told is lost yet.
+    fn commit_pending(&mut self) -> Result<(), SpoolError> {
+        self.commit_pending_deleting(&[])
+    }
+
+    fn commit_pending_deleting(&mut self, delete: &[Lost]) -> Result<(), SpoolError> {
         let mut next: Vec<(Lane, Seq)> = Vec::new();
         for r in &self.pending {
             match next.iter_mut().find(|(l, _)| *l == r.lane) {
@@ -197,22 +381,20 @@ impl<S: Storage> Spool<S> {
                 None => next.push((r.lane, Seq(r.seq.0 + 1))),
             }
         }
-        match self.storage.commit(&self.pending, &next, self.pending_durability) {
-            Ok(()) => {
-                for (lane, seq) in next {
-                    if let Some(state) = self.lanes.get_mut(&lane) {
-                        state.committed = state.committed.max(seq.0);
-                    }
-                }
-                self.pending.clear();
-                self.pending_durability = Durability::Normal;
-                Ok(())
-            }
-            Err(e) => {
-                // Keep the batch: the caller may retry, and nothing it was told is lost yet.
-                Err(e)
+        self.storage.commit(&self.pending, &next, delete, self.pending_durability)?;
+        for (lane, seq) in next {
+            if let Some(state) = self.lanes.get_mut(&lane) {
+                state.committed = state.committed.max(seq.0);
             }
         }
+        self.pending.clear();
+        self.pending_durability = Durability::Normal;
+        Ok(())
+    }
+
+    /// Bytes the spool takes on disk now.
+    pub fn used_bytes(&mut self) -> Result<u64, SpoolError> {
+        self.storage.used_bytes()
     }
 
     /// Committed records of `lane` after `after`, in seq order.
@@ -239,6 +421,23 @@ impl<S: Storage> Spool<S> {
     pub fn acked(&self, lane: Lane) -> Seq {
         Seq(self.lanes.get(&lane).map_or(0, |s| s.acked))
     }
+}
+
+/// Bytes a message takes in a record, roughly: what eviction counts.
+fn estimated_size(m: &Message) -> u64 {
+    (m.payload.len() + m.topic.len() + m.class.len() + 64) as u64
+}
+
+/// Sorted seqs as inclusive ranges: `[1, 2, 3, 7]` is `[(1, 3), (7, 7)]`.
+fn ranges(seqs: &[u64]) -> Vec<(u64, u64)> {
+    let mut out: Vec<(u64, u64)> = Vec::new();
+    for &s in seqs {
+        match out.last_mut() {
+            Some((_, end)) if *end + 1 == s => *end = s,
+            _ => out.push((s, s)),
+        }
+    }
+    out
 }
 
 #[cfg(test)]

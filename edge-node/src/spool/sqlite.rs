@@ -7,7 +7,7 @@ use bytes::Bytes;
 use rand::RngCore;
 use rusqlite::{Connection, params};
 
-use super::{Durability, Lane, Message, Opened, Properties, Record, Seq, SpoolError, Storage};
+use super::{Body, Durability, Gap, Lane, Lost, Message, Opened, Properties, Record, Seq, SpoolError, Storage};
 
 const SCHEMA_VERSION: i64 = 1;
 
@@ -18,6 +18,7 @@ CREATE TABLE records (
     lane INTEGER NOT NULL,
     seq INTEGER NOT NULL,
     kind INTEGER NOT NULL,
+    durability INTEGER NOT NULL,
     class TEXT NOT NULL,
     topic TEXT NOT NULL,
     payload BLOB NOT NULL,
@@ -31,8 +32,12 @@ CREATE TABLE records (
 ) WITHOUT ROWID;
 ";
 
-/// Record kinds; gap records (evictions, expiries) arrive with the byte budget.
+/// Record kinds.
 const KIND_MESSAGE: i64 = 0;
+const KIND_GAP: i64 = 1;
+
+/// Per-record bytes beyond payload, topic and properties that eviction counts (key, header).
+const RECORD_OVERHEAD: i64 = 64;
 
 #[derive(Debug)]
 pub struct SqliteStorage {
@@ -154,6 +159,7 @@ impl Storage for SqliteStorage {
         &mut self,
         records: &[Record],
         next_seqs: &[(Lane, Seq)],
+        delete: &[Lost],
         durability: Durability,
     ) -> Result<(), SpoolError> {
         let full = durability == Durability::Full;
@@ -167,29 +173,59 @@ impl Storage for SqliteStorage {
             let mut insert = tx
                 .prepare_cached(
                     "INSERT INTO records (lane, seq, kind, class, topic, payload, qos, enqueued_ms, expires_ms, \
-                     user_properties, correlation_data, content_type) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12)",
+                     user_properties, correlation_data, content_type, durability) \
+                     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13)",
                 )
                 .map_err(|e| self.err(e))?;
             for r in records {
-                let m = &r.message;
-                let user = (!m.properties.user.is_empty())
-                    .then(|| serde_json::to_string(&m.properties.user).unwrap_or_default());
-                insert
-                    .execute(params![
-                        r.lane.0,
-                        r.seq.0,
-                        KIND_MESSAGE,
-                        m.class,
-                        m.topic,
-                        &m.payload[..],
-                        m.qos,
-                        m.enqueued_ms,
-                        m.expires_ms,
-                        user,
-                        m.properties.correlation_data.as_deref(),
-                        m.properties.content_type,
-                    ])
-                    .map_err(|e| self.err(e))?;
+                let result = match &r.body {
+                    Body::Message(m) => {
+                        let user = (!m.properties.user.is_empty())
+                            .then(|| serde_json::to_string(&m.properties.user).unwrap_or_default());
+                        insert.execute(params![
+                            r.lane.0,
+                            r.seq.0,
+                            KIND_MESSAGE,
+                            m.class,
+                            m.topic,
+                            &m.payload[..],
+                            m.qos,
+                            m.enqueued_ms,
+                            m.expires_ms,
+                            user,
+                            m.properties.correlation_data.as_deref(),
+                            m.properties.content_type,
+                            i64::from(r.durability == Durability::Full),
+                        ])
+                    }
+                    Body::Gap(g) => {
+                        let body = serde_json::to_vec(g).unwrap_or_default();
+                        insert.execute(params![
+                            r.lane.0,
+                            r.seq.0,
+                            KIND_GAP,
+                            g.class,
+                            "",
+                            body,
+                            0,
+                            now_ms(),
+                            None::<u64>,
+                            None::<String>,
+                            None::<Vec<u8>>,
+                            None::<String>,
+                            0
+                        ])
+                    }
+                };
+                result.map_err(|e| self.err(e))?;
+            }
+            let mut remove = tx
+                .prepare_cached("DELETE FROM records WHERE lane = ?1 AND seq = ?2 AND kind = 0")
+                .map_err(|e| self.err(e))?;
+            for lost in delete {
+                for seq in &lost.seqs {
+                    remove.execute(params![lost.lane.0, seq]).map_err(|e| self.err(e))?;
+                }
             }
             let mut lane = tx
                 .prepare_cached(
@@ -209,16 +245,26 @@ impl Storage for SqliteStorage {
             .conn
             .prepare_cached(
                 "SELECT seq, class, topic, payload, qos, enqueued_ms, expires_ms, user_properties, correlation_data, \
-                 content_type FROM records WHERE lane = ?1 AND seq > ?2 ORDER BY seq LIMIT ?3",
+                 content_type, kind, durability FROM records WHERE lane = ?1 AND seq > ?2 ORDER BY seq LIMIT ?3",
             )
             .map_err(|e| self.err(e))?;
         let rows = stmt
             .query_map(params![lane.0, after.0, limit as i64], |r| {
+                let seq = Seq(r.get(0)?);
+                if r.get::<_, i64>(10)? == KIND_GAP {
+                    let body: Vec<u8> = r.get(3)?;
+                    let gap: Gap = serde_json::from_slice(&body).map_err(|e| {
+                        rusqlite::Error::FromSqlConversionFailure(3, rusqlite::types::Type::Blob, Box::new(e))
+                    })?;
+                    return Ok(Record { lane, seq, durability: Durability::Normal, body: Body::Gap(gap) });
+                }
                 let user: Option<String> = r.get(7)?;
+                let durability = if r.get::<_, i64>(11)? == 1 { Durability::Full } else { Durability::Normal };
                 Ok(Record {
                     lane,
-                    seq: Seq(r.get(0)?),
-                    message: Message {
+                    seq,
+                    durability,
+                    body: Body::Message(Message {
                         class: r.get(1)?,
                         topic: r.get(2)?,
                         payload: Bytes::from(r.get::<_, Vec<u8>>(3)?),
@@ -230,7 +276,7 @@ impl Storage for SqliteStorage {
                             correlation_data: r.get::<_, Option<Vec<u8>>>(8)?.map(Bytes::from),
                             content_type: r.get(9)?,
                         },
-                    },
+                    }),
                 })
             })
             .map_err(|e| self.err(e))?;
@@ -246,5 +292,77 @@ impl Storage for SqliteStorage {
             .map_err(|e| self.err(e))?;
         tx.commit().map_err(|e| self.err(e))?;
         Ok(deleted as u64)
+    }
+
+    fn used_bytes(&mut self) -> Result<u64, SpoolError> {
+        let pragma = |name: &str| self.conn.query_row(&format!("PRAGMA {name}"), [], |r| r.get::<_, i64>(0));
+        let pages = pragma("page_count").map_err(|e| self.err(e))?;
+        let free = pragma("freelist_count").map_err(|e| self.err(e))?;
+        let size = pragma("page_size").map_err(|e| self.err(e))?;
+        let mut wal = self.path.as_os_str().to_owned();
+        wal.push("-wal");
+        let wal = std::fs::metadata(PathBuf::from(wal)).map_or(0, |m| m.len());
+        Ok(((pages - free).max(0) * size) as u64 + wal)
+    }
+
+    fn oldest(&mut self, lane: Lane, bytes: u64) -> Result<Vec<Lost>, SpoolError> {
+        let mut stmt = self
+            .conn
+            .prepare_cached(
+                "SELECT seq, class, length(payload) + length(topic) + coalesce(length(user_properties), 0) + ?3 \
+                 FROM records WHERE lane = ?1 AND kind = 0 AND durability = 0 ORDER BY seq LIMIT ?2",
+            )
+            .map_err(|e| self.err(e))?;
+        let mut rows = stmt.query(params![lane.0, 4096, RECORD_OVERHEAD]).map_err(|e| self.err(e))?;
+        let mut lost: Vec<Lost> = Vec::new();
+        let mut freed = 0u64;
+        while freed < bytes {
+            let Some(row) = rows.next().map_err(|e| self.err(e))? else { break };
+            let seq: u64 = row.get(0).map_err(|e| self.err(e))?;
+            let class: String = row.get(1).map_err(|e| self.err(e))?;
+            freed += row.get::<_, i64>(2).map_err(|e| self.err(e))? as u64;
+            match lost.iter_mut().find(|l| l.class == class) {
+                Some(l) => l.seqs.push(seq),
+                None => lost.push(Lost { lane, class, seqs: vec![seq] }),
+            }
+        }
+        Ok(lost)
+    }
+
+    fn expired(&mut self, now_ms: u64) -> Result<Vec<Lost>, SpoolError> {
+        let mut stmt = self
+            .conn
+            .prepare_cached(
+                "SELECT lane, seq, class FROM records WHERE kind = 0 AND expires_ms IS NOT NULL AND expires_ms <= ?1 \
+                 ORDER BY lane, seq",
+            )
+            .map_err(|e| self.err(e))?;
+        let rows = stmt
+            .query_map(params![now_ms], |r| Ok((Lane(r.get(0)?), r.get::<_, u64>(1)?, r.get::<_, String>(2)?)))
+            .map_err(|e| self.err(e))?;
+        let mut lost: Vec<Lost> = Vec::new();
+        for row in rows {
+            let (lane, seq, class) = row.map_err(|e| self.err(e))?;
+            match lost.iter_mut().find(|l| l.lane == lane && l.class == class) {
+                Some(l) => l.seqs.push(seq),
+                None => lost.push(Lost { lane, class, seqs: vec![seq] }),
+            }
+        }
+        Ok(lost)
+    }
+
+    fn lanes_with_evictable(&mut self) -> Result<Vec<Lane>, SpoolError> {
+        let mut stmt = self
+            .conn
+            .prepare_cached("SELECT DISTINCT lane FROM records WHERE kind = 0 AND durability = 0")
+            .map_err(|e| self.err(e))?;
+        let rows = stmt.query_map([], |r| Ok(Lane(r.get(0)?))).map_err(|e| self.err(e))?;
+        rows.collect::<Result<Vec<_>, _>>().map_err(|e| self.err(e))
+    }
+
+    fn compact(&mut self) -> Result<(), SpoolError> {
+        // Checkpoint first so the WAL is empty, then give free pages back to the file system.
+        self.conn.query_row("PRAGMA wal_checkpoint(TRUNCATE)", [], |_| Ok(())).map_err(|e| self.err(e))?;
+        self.conn.execute_batch("PRAGMA incremental_vacuum;").map_err(|e| self.err(e))
     }
 }
