@@ -10,6 +10,7 @@ pub mod config;
 pub mod front;
 pub mod metrics;
 pub mod probe;
+pub mod route;
 pub mod spool;
 pub mod tls;
 
@@ -51,6 +52,13 @@ pub enum StartError {
     Auth(#[from] AuthError),
     #[error(transparent)]
     Broker(#[from] BrokerError),
+    #[error(transparent)]
+    Spool(#[from] spool::SpoolError),
+    #[error("cannot start the spool thread: {source}")]
+    SpoolThread {
+        #[source]
+        source: std::io::Error,
+    },
     #[error("http endpoint cannot bind {addr}: {source}")]
     HttpBind {
         addr: SocketAddr,
@@ -116,6 +124,38 @@ impl Node {
             None => None,
         };
 
+        let classes = Arc::new(route::Classes::new(
+            config
+                .classes
+                .iter()
+                .map(|c| {
+                    route::Class::new(
+                        c.name.clone(),
+                        c.filters.clone(),
+                        c.route,
+                        c.governance,
+                        spool::Lane(c.priority),
+                        c.durability(),
+                        c.ttl.map(|t| t.0.as_millis() as u64),
+                    )
+                })
+                .collect(),
+        ));
+        let spool = if classes.is_empty() {
+            None
+        } else {
+            let storage = spool::SqliteStorage::open(&config.spool.path)?;
+            let spool = spool::Spool::new(storage).with_budget(config.spool.budget.bytes());
+            tracing::info!(path = %config.spool.path.display(), epoch = spool.epoch(), "spool open");
+            let writer = spool::SpoolWriter::start(
+                spool,
+                config.spool.commit_interval.0,
+                config.spool.commit_batch,
+                metrics.spool.clone(),
+            )
+            .map_err(|source| StartError::SpoolThread { source })?;
+            Some(writer)
+        };
         let ctx = Arc::new(FrontContext {
             max_packet_size: config.broker.max_packet_size.as_usize(),
             connect_timeout: config.broker.connect_timeout.0,
@@ -127,6 +167,8 @@ impl Node {
             metrics: metrics.clone(),
             permits: Arc::new(Semaphore::new(config.broker.max_connections)),
             probe_topic: config.probe.topic.clone(),
+            classes,
+            spool,
             shutdown: shutdown.clone(),
             tracker: tracker.clone(),
         });
@@ -212,6 +254,10 @@ impl Node {
         self.ctx.tracker.close();
         if tokio::time::timeout(deadline, self.ctx.tracker.wait()).await.is_err() {
             tracing::warn!(remaining = self.ctx.tracker.len(), "shutdown deadline passed with tasks still running");
+        }
+        // Every connection is gone: commit what the spool still holds before exiting.
+        if let Some(spool) = &self.ctx.spool {
+            spool.shutdown().await;
         }
     }
 }

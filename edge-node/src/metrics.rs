@@ -61,6 +61,7 @@ pub struct Metrics {
     pub probe_sent: Counter,
     pub probe_received: Counter,
     pub probe_lost: Counter,
+    pub spool: Arc<crate::spool::WriterMetrics>,
     /// Milliseconds after `started` of the last probe delivery; 0 before the first.
     probe_last_ok_ms: AtomicU64,
     started: Instant,
@@ -88,6 +89,13 @@ impl Metrics {
             probe_sent: Counter::default(),
             probe_received: Counter::default(),
             probe_lost: Counter::default(),
+            spool: Arc::new(crate::spool::WriterMetrics {
+                appended: Counter::default(),
+                refused: Counter::default(),
+                commit_errors: Counter::default(),
+                // 50 µs .. ~1.6 s
+                commit_seconds: Histogram::new(exponential_buckets(0.000_05, 2.0, 16)),
+            }),
             probe_last_ok_ms: AtomicU64::new(0),
             started: Instant::now(),
             registry: Registry::default(),
@@ -138,6 +146,15 @@ impl Metrics {
         r.register("probe_sent", "SLO probe messages published", m.probe_sent.clone());
         r.register("probe_received", "SLO probe messages delivered back", m.probe_received.clone());
         r.register("probe_lost", "SLO probe messages not delivered within 5 s", m.probe_lost.clone());
+        r.register("spool_appended", "Messages appended to the store-and-forward spool", m.spool.appended.clone());
+        r.register("spool_refused", "Full-durability messages refused for lack of spool room", m.spool.refused.clone());
+        r.register("spool_commit_errors", "Spool group commits that failed (retried)", m.spool.commit_errors.clone());
+        r.register_with_unit(
+            "spool_commit",
+            "Spool group commit duration",
+            prometheus_client::registry::Unit::Seconds,
+            m.spool.commit_seconds.clone(),
+        );
         Self { registry, ..m }
     }
 

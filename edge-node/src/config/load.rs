@@ -86,6 +86,7 @@ impl EdgeConfig {
         if let Some(p) = &mut self.auth.acl_file {
             resolve(p);
         }
+        resolve(&mut self.spool.path);
     }
 
     /// Every semantic problem in the config; empty when it is usable.
@@ -180,6 +181,27 @@ impl EdgeConfig {
             check_file(&mut bad, "auth.acl_file".into(), p);
         }
 
+        if self.spool.budget.bytes() < 64 * 1024 {
+            bad("spool.budget".into(), format!("{} is under the 64 KiB minimum", self.spool.budget));
+        }
+        if self.spool.commit_batch == 0 {
+            bad("spool.commit_batch".into(), "must be at least 1".into());
+        }
+        for (i, c) in self.classes.iter().enumerate() {
+            let key = format!("class[{i}]");
+            if c.name.is_empty() || self.classes[..i].iter().any(|o| o.name == c.name) {
+                bad(format!("{key}.name"), format!("{:?} must be non-empty and unique", c.name));
+            }
+            if c.filters.is_empty() {
+                bad(format!("{key}.filters"), "needs at least one topic filter".into());
+            }
+            if c.priority > 7 {
+                bad(format!("{key}.priority"), format!("{} is outside 0 ..= 7", c.priority));
+            }
+            if !c.governance.allows(c.route) {
+                bad(format!("{key}.route"), format!("{:?} is not allowed for governance {:?}", c.route, c.governance));
+            }
+        }
         if self.probe.enabled {
             if self.probe.interval.0.is_zero() {
                 bad("probe.interval".into(), "must be more than 0s".into());
@@ -261,6 +283,20 @@ mod tests {
         assert!(err.contains("with a unit"), "{err}");
         let err = parse("[[listener]]\nname = \"x\"\nbind = \"localhost\"\n").unwrap_err().to_string();
         assert!(err.contains("invalid socket address"), "{err}");
+    }
+
+    #[test]
+    fn classes_are_checked() {
+        let text = "[[class]]\nname = \"a\"\nfilters = [\"x/#\"]\nroute = \"edge-direct\"\ngovernance = \"central-only\"\npriority = 9\n";
+        let err = parse(text).unwrap_err().to_string();
+        assert!(err.contains("class[0].priority") && err.contains("class[0].route"), "{err}");
+        let err =
+            parse("[[class]]\nname = \"a\"\nfilters = [\"x/#/y\"]\nroute = \"central\"\n").unwrap_err().to_string();
+        assert!(err.contains("'#' must be the last level"), "{err}");
+        let c =
+            parse("[[class]]\nname = \"a\"\nfilters = [\"x\"]\nroute = \"central\"\ngovernance = \"central-only\"\n")
+                .unwrap();
+        assert_eq!(c.classes[0].durability(), crate::spool::Durability::Full);
     }
 
     #[test]

@@ -40,6 +40,81 @@ pub struct EdgeConfig {
     /// The built-in SLO probe.
     #[serde(default)]
     pub probe: ProbeConfig,
+    /// The store-and-forward spool.
+    #[serde(default)]
+    pub spool: SpoolConfig,
+    /// Topic classes and their routes; first match wins, unmatched topics stay edge-direct.
+    #[serde(default, rename = "class")]
+    pub classes: Vec<ClassConfig>,
+}
+
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct SpoolConfig {
+    /// The SQLite database. Default: `spool/spool.db` beside the config file.
+    #[serde(default = "default_spool_path")]
+    pub path: PathBuf,
+    /// Bytes on disk the spool may take (database, index and WAL). Default: 256 MiB.
+    #[serde(default = "default_spool_budget")]
+    pub budget: ByteSize,
+    /// Longest a `normal` message waits for its group commit. Default: 5ms.
+    #[serde(default = "default_commit_interval")]
+    pub commit_interval: HumanDuration,
+    /// Most records in one commit. Default: 1024.
+    #[serde(default = "default_commit_batch")]
+    pub commit_batch: usize,
+}
+
+impl Default for SpoolConfig {
+    fn default() -> Self {
+        Self {
+            path: default_spool_path(),
+            budget: default_spool_budget(),
+            commit_interval: default_commit_interval(),
+            commit_batch: default_commit_batch(),
+        }
+    }
+}
+
+/// One topic class.
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct ClassConfig {
+    /// Name in metrics, logs and gap records. Required.
+    pub name: String,
+    /// MQTT topic filters. Required, at least one.
+    pub filters: Vec<shared::topic::TopicFilter>,
+    /// `edge-direct`, `central` or `both`. Required.
+    pub route: crate::route::Route,
+    /// `none`, `audit-copy` or `central-only`; limits the routes allowed. Default: `none`.
+    #[serde(default)]
+    pub governance: crate::route::Governance,
+    /// Spool lane, 0 (drains first) to 7. Default: 4.
+    #[serde(default = "default_priority")]
+    pub priority: u8,
+    /// `normal` (survives a crash; PUBACK before the group commit) or `full` (survives a power
+    /// cut; PUBACK after the commit). Default: `full` for `central-only`, else `normal`.
+    pub durability: Option<DurabilityConfig>,
+    /// Messages older than this are dropped from the spool as an expiry gap. Default: none.
+    pub ttl: Option<HumanDuration>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum DurabilityConfig {
+    Normal,
+    Full,
+}
+
+impl ClassConfig {
+    pub fn durability(&self) -> crate::spool::Durability {
+        match (self.durability, self.governance) {
+            (Some(DurabilityConfig::Full), _) | (None, crate::route::Governance::CentralOnly) => {
+                crate::spool::Durability::Full
+            }
+            _ => crate::spool::Durability::Normal,
+        }
+    }
 }
 
 #[derive(Debug, Clone, Deserialize, Serialize)]
@@ -205,6 +280,21 @@ impl Default for ProbeConfig {
     }
 }
 
+fn default_spool_path() -> PathBuf {
+    PathBuf::from("spool/spool.db")
+}
+fn default_spool_budget() -> ByteSize {
+    ByteSize::mib(256)
+}
+fn default_commit_interval() -> HumanDuration {
+    HumanDuration::from_millis(5)
+}
+fn default_commit_batch() -> usize {
+    1024
+}
+fn default_priority() -> u8 {
+    4
+}
 fn default_node_id() -> String {
     std::fs::read_to_string("/etc/hostname")
         .ok()

@@ -49,6 +49,10 @@ pub struct FrontContext {
     pub metrics: Arc<Metrics>,
     pub permits: Arc<Semaphore>,
     pub probe_topic: String,
+    /// Topic classes and routes.
+    pub classes: Arc<crate::route::Classes>,
+    /// The spool's writer, when any class is configured.
+    pub spool: Option<crate::spool::SpoolWriter>,
     pub shutdown: CancellationToken,
     pub tracker: TaskTracker,
 }

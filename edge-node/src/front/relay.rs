@@ -21,6 +21,8 @@ use super::connect::Admitted;
 use super::packet::{self, PacketError, Version, reason};
 use crate::auth::{Identity, Rules};
 use crate::metrics;
+use crate::route::{Class, Route};
+use crate::spool::{AppendError, Message, Properties};
 
 /// rumqttd's limit for client topic aliases (it advertises it in CONNACK).
 const TOPIC_ALIAS_MAX: u16 = 4096;
@@ -122,8 +124,9 @@ pub(super) struct Upstream {
     /// Topic aliases the client set: the topic, and whether rumqttd holds the same mapping
     /// (it does not when the publish that set it was refused).
     aliases: HashMap<u16, (Bytes, bool)>,
-    /// QoS2 publishes refused on MQTT 3.1.1, whose PUBREL the front answers.
-    refused_qos2: HashSet<u16>,
+    /// QoS2 publishes the front answered itself (refused on MQTT 3.1.1, or spooled for the
+    /// cloud only), whose PUBREL it also answers.
+    answered_qos2: HashSet<u16>,
 }
 
 impl Upstream {
@@ -134,7 +137,7 @@ impl Upstream {
             rules: admitted.rules,
             rules_generation: ctx.auth_generation.load(Ordering::Acquire),
             aliases: HashMap::new(),
-            refused_qos2: HashSet::new(),
+            answered_qos2: HashSet::new(),
         }
     }
 }
@@ -238,7 +241,7 @@ impl Upstream {
             packet::SUBSCRIBE => self.on_subscribe(sh, frame, out, inject).await,
             packet::PUBREL => {
                 match packet::ack_pkid(frame) {
-                    Some(pkid) if self.refused_qos2.remove(&pkid) => {
+                    Some(pkid) if self.answered_qos2.remove(&pkid) => {
                         send(inject, ack(packet::PUBCOMP, pkid, 0, sh.version)).await?;
                     }
                     _ => sh.forward(frame, out)?,
@@ -312,12 +315,52 @@ impl Upstream {
                 2 => {
                     send(inject, ack(packet::PUBREC, view.pkid, reason::NOT_AUTHORIZED, sh.version)).await?;
                     if sh.version == Version::V311 {
-                        self.refused_qos2.insert(view.pkid);
+                        self.answered_qos2.insert(view.pkid);
                     }
                 }
                 _ => {}
             }
             return Ok(());
+        }
+
+        let class = sh.ctx.classes.classify(topic_str);
+        let route = class.map_or(Route::EdgeDirect, Class::route);
+        if let (Some(class), Some(spool), Route::Central | Route::Both) = (class, &sh.ctx.spool, route) {
+            let message = spooled_message(frame, sh.version, topic_str, class, view.qos)?;
+            let committed = match spool.append(class.lane, message, class.durability).await {
+                Ok(Some(waiter)) => waiter.await.unwrap_or(Err(AppendError::Stopped)).map(|_| ()),
+                Ok(None) => Ok(()),
+                Err(e) => Err(e),
+            };
+            if let Err(e) = committed {
+                // A `full` message the spool could not take: never acknowledged, never
+                // delivered. MQTT 5 gets PUBACK 0x97; MQTT 3.1.1 has no such code, so the
+                // connection closes without a PUBACK and the client will resend.
+                tracing::warn!(class = %class.name, topic = topic_str, error = %e, "publish refused by the spool");
+                return match (view.qos, sh.version) {
+                    (0, _) => Ok(()),
+                    (_, Version::V5) => {
+                        send(inject, ack(packet::PUBACK, view.pkid, reason::QUOTA_EXCEEDED, sh.version)).await
+                    }
+                    (_, Version::V311) => Err(End::Violation("spool_refused", reason::QUOTA_EXCEEDED)),
+                };
+            }
+            if route == Route::Central {
+                // Not for local subscribers: the front answers for the broker.
+                if let (Some(alias), false) = (view.topic_alias, view.topic.is_empty()) {
+                    self.aliases.insert(alias, (Bytes::copy_from_slice(topic), false));
+                }
+                sh.counters.publish_in.inc();
+                return match view.qos {
+                    1 => send(inject, ack(packet::PUBACK, view.pkid, 0, sh.version)).await,
+                    2 => {
+                        send(inject, ack(packet::PUBREC, view.pkid, 0, sh.version)).await?;
+                        self.answered_qos2.insert(view.pkid);
+                        Ok(())
+                    }
+                    _ => Ok(()),
+                };
+            }
         }
 
         match view.topic_alias {
@@ -401,6 +444,46 @@ impl Upstream {
         let written = V5.write(Packet::Subscribe(subscribe, props), out);
         written.map(|_| ()).map_err(|_| End::Violation("malformed", reason::MALFORMED))
     }
+}
+
+/// The spool record for an allowed publish: payload and MQTT 5 properties from the frame, the
+/// expiry from the class TTL or the message expiry interval, whichever is sooner.
+fn spooled_message(frame: &[u8], version: Version, topic: &str, class: &Class, qos: u8) -> Result<Message, End> {
+    const MALFORMED: End = End::Violation("malformed", reason::MALFORMED);
+    let mut copy = BytesMut::from(frame);
+    let (payload, props) = match version {
+        Version::V311 => match V4.read_mut(&mut copy, usize::MAX) {
+            Ok(Packet::Publish(p, _)) => (p.payload, None),
+            _ => return Err(MALFORMED),
+        },
+        Version::V5 => match V5.read_mut(&mut copy, usize::MAX) {
+            Ok(Packet::Publish(p, props)) => (p.payload, props),
+            _ => return Err(MALFORMED),
+        },
+    };
+    let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64);
+    let from_message = props.as_ref().and_then(|p| p.message_expiry_interval).map(|s| now + u64::from(s) * 1000);
+    let from_class = class.ttl_ms.map(|t| now + t);
+    let expires_ms = match (from_message, from_class) {
+        (Some(a), Some(b)) => Some(a.min(b)),
+        (a, b) => a.or(b),
+    };
+    let properties = props
+        .map(|p| Properties {
+            user: p.user_properties,
+            correlation_data: p.correlation_data,
+            content_type: p.content_type,
+        })
+        .unwrap_or_default();
+    Ok(Message {
+        class: class.name.clone(),
+        topic: topic.to_owned(),
+        payload,
+        qos,
+        enqueued_ms: now,
+        expires_ms,
+        properties,
+    })
 }
 
 fn rewrite_with_topic(frame: &[u8], topic: Bytes, out: &mut BytesMut) -> Result<(), End> {

@@ -44,6 +44,7 @@
 //! which call it through [`Spool`].
 
 mod sqlite;
+mod writer;
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -51,6 +52,7 @@ use std::path::PathBuf;
 use bytes::Bytes;
 
 pub use sqlite::SqliteStorage;
+pub use writer::{AppendError, SpoolWriter, WriterMetrics};
 
 /// A priority lane. Lower numbers drain first.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]

@@ -1,0 +1,149 @@
+//! Topic classes and their routes: which MQTT topics stay local, go to the cloud, or both.
+//!
+//! A class is a list of filters with a route, a governance need, a priority (its spool lane), a
+//! durability and an optional TTL. The first class whose filter matches a topic wins; topics no
+//! class matches are `edge-direct`. Routes are read through [`Classes::route`], which later
+//! issues (the TCO model) change at run time without touching the front.
+
+use std::sync::RwLock;
+
+use serde::{Deserialize, Serialize};
+use shared::topic::TopicFilter;
+
+use crate::spool::{Durability, Lane};
+
+/// Where a class's messages go.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Route {
+    /// Local subscribers only.
+    EdgeDirect,
+    /// The cloud only, through the spool; local subscribers do not get it.
+    Central,
+    /// Local subscribers and the cloud.
+    Both,
+}
+
+/// What the class's data must do for governance.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Governance {
+    #[default]
+    None,
+    /// A copy must reach the central cluster.
+    AuditCopy,
+    /// Only the central cluster may serve it.
+    CentralOnly,
+}
+
+impl Governance {
+    /// Whether `route` satisfies this governance need (the table in DESIGN.md).
+    pub fn allows(self, route: Route) -> bool {
+        match self {
+            Governance::None => true,
+            Governance::AuditCopy => route != Route::EdgeDirect,
+            Governance::CentralOnly => route == Route::Central,
+        }
+    }
+}
+
+/// One class, ready to match.
+#[derive(Debug)]
+pub struct Class {
+    pub name: String,
+    pub filters: Vec<TopicFilter>,
+    pub governance: Governance,
+    pub lane: Lane,
+    pub durability: Durability,
+    pub ttl_ms: Option<u64>,
+    route: RwLock<Route>,
+}
+
+impl Class {
+    pub fn new(
+        name: String,
+        filters: Vec<TopicFilter>,
+        route: Route,
+        governance: Governance,
+        lane: Lane,
+        durability: Durability,
+        ttl_ms: Option<u64>,
+    ) -> Self {
+        Self { name, filters, governance, lane, durability, ttl_ms, route: RwLock::new(route) }
+    }
+
+    pub fn route(&self) -> Route {
+        self.route.read().map_or(Route::EdgeDirect, |r| *r)
+    }
+
+    /// Changes the route at run time; refused when governance does not allow it.
+    pub fn set_route(&self, route: Route) -> Result<(), String> {
+        if !self.governance.allows(route) {
+            return Err(format!(
+                "class {}: governance {:?} does not allow route {:?}",
+                self.name, self.governance, route
+            ));
+        }
+        if let Ok(mut r) = self.route.write() {
+            *r = route;
+        }
+        Ok(())
+    }
+}
+
+/// All classes, in config order.
+#[derive(Debug, Default)]
+pub struct Classes {
+    classes: Vec<Class>,
+}
+
+impl Classes {
+    pub fn new(classes: Vec<Class>) -> Self {
+        Self { classes }
+    }
+
+    /// The first class matching `topic`, if any.
+    pub fn classify(&self, topic: &str) -> Option<&Class> {
+        self.classes.iter().find(|c| c.filters.iter().any(|f| f.matches(topic)))
+    }
+
+    pub fn iter(&self) -> impl Iterator<Item = &Class> {
+        self.classes.iter()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.classes.is_empty()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn class(name: &str, filters: &[&str], route: Route, governance: Governance) -> Class {
+        let filters = filters.iter().map(|f| TopicFilter::new(*f).unwrap()).collect();
+        Class::new(name.into(), filters, route, governance, Lane(1), Durability::Normal, None)
+    }
+
+    #[test]
+    fn first_matching_class_wins() {
+        let classes = Classes::new(vec![
+            class("audit", &["telemetry/+/alarms"], Route::Both, Governance::AuditCopy),
+            class("telemetry", &["telemetry/#"], Route::Central, Governance::None),
+        ]);
+        assert_eq!(classes.classify("telemetry/cam-1/alarms").unwrap().name, "audit");
+        assert_eq!(classes.classify("telemetry/cam-1/metrics").unwrap().name, "telemetry");
+        assert!(classes.classify("inference/a/b/c").is_none());
+    }
+
+    #[test]
+    fn governance_limits_routes() {
+        let c = class("x", &["x"], Route::Central, Governance::CentralOnly);
+        assert!(c.set_route(Route::Both).is_err());
+        assert!(c.set_route(Route::EdgeDirect).is_err());
+        let c = class("y", &["y"], Route::Both, Governance::AuditCopy);
+        assert!(c.set_route(Route::EdgeDirect).is_err());
+        assert!(c.set_route(Route::Central).is_ok());
+        assert_eq!(c.route(), Route::Central);
+    }
+}
