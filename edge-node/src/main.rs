@@ -33,6 +33,11 @@ enum Command {
     },
     /// Print the built-in defaults as a config file.
     PrintDefaultConfig,
+    /// Inspect the store-and-forward spool (read-only; works while the node runs).
+    Spool {
+        #[command(subcommand)]
+        command: SpoolCommand,
+    },
     /// Add a user to a password file, or change their password (stored as an argon2 hash).
     Passwd {
         /// The password file (auth.password_file); created if missing.
@@ -42,6 +47,20 @@ enum Command {
         /// Read the password from standard input instead of prompting.
         #[arg(long)]
         password_stdin: bool,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+enum SpoolCommand {
+    /// Records, bytes and seqs per lane and class, as JSON.
+    Stats {
+        #[arg(long, short)]
+        config: PathBuf,
+    },
+    /// Every unacked record as JSON lines on stdout, for recovering data by hand.
+    Export {
+        #[arg(long, short)]
+        config: PathBuf,
     },
 }
 
@@ -55,6 +74,7 @@ fn main() -> ExitCode {
             Ok(())
         }
         Command::Passwd { file, user, password_stdin } => passwd(&file, &user, password_stdin),
+        Command::Spool { command } => spool(command),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
@@ -192,6 +212,25 @@ fn check_config(path: &Path) -> ExitCode {
             ExitCode::FAILURE
         }
     }
+}
+
+fn spool(command: SpoolCommand) -> anyhow::Result<()> {
+    match command {
+        SpoolCommand::Stats { config } => {
+            let config = load(&config)?;
+            let stats = edge_node::spool::inspect::stats(&config.spool.path)?;
+            println!("{}", serde_json::to_string_pretty(&stats)?);
+        }
+        SpoolCommand::Export { config } => {
+            let config = load(&config)?;
+            let stdout = std::io::stdout();
+            let mut out = std::io::BufWriter::new(stdout.lock());
+            let n = edge_node::spool::inspect::export(&config.spool.path, &mut out)?;
+            std::io::Write::flush(&mut out)?;
+            eprintln!("exported {n} records");
+        }
+    }
+    Ok(())
 }
 
 fn passwd(file: &Path, user: &str, from_stdin: bool) -> anyhow::Result<()> {

@@ -43,6 +43,7 @@
 //! This module owns the spool's files; it does not know about MQTT connections or the uplink,
 //! which call it through [`Spool`].
 
+pub mod inspect;
 mod sqlite;
 mod writer;
 
