@@ -262,3 +262,24 @@ async fn sigkill_at_random_points_loses_nothing_committed() {
         }
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn corrupt_spool_at_startup_is_moved_aside_and_local_traffic_flows() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("spool.db"), b"definitely not SQLite, a torn write perhaps").unwrap();
+    let edge = EdgeProcess::start(dir.path(), &config_text(CLASSES));
+    assert!(edge.stderr().contains("spool database unusable; moved aside"), "{}", edge.stderr());
+    let aside: Vec<_> = std::fs::read_dir(dir.path())
+        .unwrap()
+        .filter_map(|e| e.ok()?.file_name().into_string().ok())
+        .filter(|n| n.starts_with("spool.db.corrupt-"))
+        .collect();
+    assert_eq!(aside.len(), 1, "the corrupt file is kept, not deleted");
+    let mut c = Client::anonymous(edge.addr("local"), "local").await;
+    c.subscribe("inference/#", QoS::AtLeastOnce).await;
+    c.publish("inference/m/v1/cam", QoS::AtLeastOnce, false, "ok").await;
+    assert!(c.recv(WAIT).await.is_some(), "local delivery after a spool recovery");
+    c.publish("telemetry/cam/metrics", QoS::AtLeastOnce, false, "spooled").await;
+    let db = dir.path().join("spool.db");
+    assert!(e2e_tests::eventually(WAIT, || topics(&spooled(&db)) == ["telemetry/cam/metrics"]).await);
+}
