@@ -45,6 +45,14 @@ done
 wait "$sub_pid"
 sed 's/^/   received: /' "$work/received"
 
+echo "== telemetry (class 'telemetry', route central): spooled for the cloud, not delivered locally"
+for i in 1 2 3 4 5; do
+  mosquitto_pub -h 127.0.0.1 -p "$port" -V mqttv5 -q 1 -t "telemetry/cam-0$i/metrics" \
+    -D publish user-property trace-id "demo-$i" -m "{\"cpu\":0.$i,\"temp_c\":4$i}"
+done
+sleep 0.2
+"$bin" spool stats --config "$work/edge.toml" | python3 scripts/spool_summary.py
+
 sleep 1
 echo "== what the node measured"
 curl -s "http://$http/metrics" | python3 scripts/metrics_summary.py

@@ -1,7 +1,8 @@
 //! The SLO probe: an in-process MQTT client that publishes timestamped QoS1 messages on a
 //! reserved topic, through the same front and broker as every client, and records how long each
 //! takes to come back. Its histogram is the node's local publish-to-deliver latency as users see
-//! it, minus only the client's own socket.
+//! it, minus only the client's own socket. The first message of each probe session is a
+//! warm-up (rumqttd creates the filter's log when it arrives) and is not recorded.
 
 use std::collections::VecDeque;
 use std::sync::Arc;
@@ -108,7 +109,9 @@ async fn session(
                         let got = u64::from_be_bytes(tail.try_into().unwrap_or_default());
                         if let Some(i) = outstanding.iter().position(|(s, _)| *s == got) {
                             let (_, sent) = outstanding.remove(i).unwrap_or((got, received));
-                            metrics.probe_delivered(received - sent);
+                            if got > 1 {
+                                metrics.probe_delivered(received - sent);
+                            }
                         }
                     }
                     packet::PUBACK | packet::PINGRESP => {}
