@@ -283,3 +283,34 @@ async fn corrupt_spool_at_startup_is_moved_aside_and_local_traffic_flows() {
     let db = dir.path().join("spool.db");
     assert!(e2e_tests::eventually(WAIT, || topics(&spooled(&db)) == ["telemetry/cam/metrics"]).await);
 }
+
+/// MQTT 3.1.1 section 4.6: PUBACKs come back in the order the publishes were received, also when
+/// the broker answers some (edge-direct) and the front others (central, refused).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pubacks_keep_publish_order_across_routes() {
+    let t = TestNode::start(CLASSES).await;
+    let mut c = tokio::net::TcpStream::connect(t.local()).await.unwrap();
+    c.write_all(&[0x10, 14, 0, 4, b'M', b'Q', b'T', b'T', 4, 0x02, 0, 60, 0, 2, b'o', b'k']).await.unwrap();
+    let mut connack = [0u8; 4];
+    c.read_exact(&mut connack).await.unwrap();
+    let mut burst = Vec::new();
+    for i in 1..=200u16 {
+        let topic: &[u8] = if i % 2 == 0 { b"telemetry/c/m" } else { b"inference/m/v/c" };
+        let mut body = (topic.len() as u16).to_be_bytes().to_vec();
+        body.extend(topic);
+        body.extend(i.to_be_bytes());
+        body.extend(b"x");
+        burst.extend([0x32, body.len() as u8]);
+        burst.extend(body);
+    }
+    // One write: the front sees the publishes back to back.
+    c.write_all(&burst).await.unwrap();
+    let mut order = Vec::new();
+    for _ in 0..200 {
+        let mut ack = [0u8; 4];
+        tokio::time::timeout(WAIT, c.read_exact(&mut ack)).await.expect("PUBACK").unwrap();
+        assert_eq!(ack[0], 0x40);
+        order.push(u16::from_be_bytes([ack[2], ack[3]]));
+    }
+    assert_eq!(order, (1..=200).collect::<Vec<u16>>(), "PUBACKs out of publish order");
+}

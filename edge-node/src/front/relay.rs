@@ -4,7 +4,7 @@
 //! itself (a refused PUBLISH's PUBACK, a SUBACK) goes to the client through the downstream side,
 //! so writes to the client never interleave mid-packet.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::atomic::{AtomicI64, Ordering};
 use std::sync::{Arc, Mutex};
 
@@ -38,6 +38,38 @@ pub(super) enum End {
     Violation(&'static str, u8),
 }
 
+/// The QoS1 PUBACKs a client is owed, in the order its publishes arrived. The broker answers the
+/// publishes it was given, the front the others (refused, spooled for the cloud only); MQTT 3.1.1
+/// (section 4.6) wants them back in publish order, so each waits for those before it.
+#[derive(Debug, Default)]
+struct AckOrder {
+    queue: VecDeque<(u16, Option<Bytes>)>,
+}
+
+impl AckOrder {
+    /// A publish went to the broker; its PUBACK will come from there.
+    fn expect(&mut self, pkid: u16) {
+        self.queue.push_back((pkid, None));
+    }
+
+    /// A PUBACK is ready: fills the oldest slot waiting for `pkid`, or queues it at the end.
+    fn ready(&mut self, pkid: u16, frame: Bytes) {
+        match self.queue.iter_mut().find(|(p, f)| *p == pkid && f.is_none()) {
+            Some(slot) => slot.1 = Some(frame),
+            None => self.queue.push_back((pkid, Some(frame))),
+        }
+    }
+
+    /// The PUBACKs that may go now, in order.
+    fn drain(&mut self, out: &mut BytesMut) {
+        while let Some((_, Some(_))) = self.queue.front() {
+            if let Some((_, Some(frame))) = self.queue.pop_front() {
+                out.extend_from_slice(&frame);
+            }
+        }
+    }
+}
+
 /// Read-only state both relays use.
 pub(super) struct Shared<'a> {
     version: Version,
@@ -49,6 +81,7 @@ pub(super) struct Shared<'a> {
     inflight: Inflight,
     /// SUBACKs to rebuild, by packet id: `None` where the filter was forwarded.
     suback_merges: Mutex<HashMap<u16, Vec<Option<u8>>>>,
+    acks: Mutex<AckOrder>,
 }
 
 /// Metric handles resolved once per connection.
@@ -107,7 +140,25 @@ impl<'a> Shared<'a> {
             counters,
             inflight: Inflight { gauge: m.qos1_inflight.clone(), mine: AtomicI64::new(0) },
             suback_merges: Mutex::new(HashMap::new()),
+            acks: Mutex::new(AckOrder::default()),
         }
+    }
+
+    /// A PUBACK the front gives itself, queued in publish order; the downstream relay is woken
+    /// (an empty injection) to send whatever is ready.
+    async fn front_puback(&self, pkid: u16, code: u8, inject: &mpsc::Sender<Bytes>) -> Result<(), End> {
+        if let Ok(mut acks) = self.acks.lock() {
+            acks.ready(pkid, ack(packet::PUBACK, pkid, code, self.version));
+        }
+        send(inject, Bytes::new()).await
+    }
+
+    fn drain_acks(&self) -> BytesMut {
+        let mut out = BytesMut::new();
+        if let Ok(mut acks) = self.acks.lock() {
+            acks.drain(&mut out);
+        }
+        out
     }
 
     fn is_probe(&self, topic: &[u8]) -> bool {
@@ -311,7 +362,7 @@ impl Upstream {
             sh.counters.refused_acl.inc();
             tracing::debug!(user = self.identity.name(), client_id = %self.client_id, topic = topic_str, "publish refused by ACL");
             match view.qos {
-                1 => send(inject, ack(packet::PUBACK, view.pkid, reason::NOT_AUTHORIZED, sh.version)).await?,
+                1 => sh.front_puback(view.pkid, reason::NOT_AUTHORIZED, inject).await?,
                 2 => {
                     send(inject, ack(packet::PUBREC, view.pkid, reason::NOT_AUTHORIZED, sh.version)).await?;
                     if sh.version == Version::V311 {
@@ -339,9 +390,7 @@ impl Upstream {
                 tracing::warn!(class = %class.name, topic = topic_str, error = %e, "publish refused by the spool");
                 return match (view.qos, sh.version) {
                     (0, _) => Ok(()),
-                    (_, Version::V5) => {
-                        send(inject, ack(packet::PUBACK, view.pkid, reason::QUOTA_EXCEEDED, sh.version)).await
-                    }
+                    (_, Version::V5) => sh.front_puback(view.pkid, reason::QUOTA_EXCEEDED, inject).await,
                     (_, Version::V311) => Err(End::Violation("spool_refused", reason::QUOTA_EXCEEDED)),
                 };
             }
@@ -352,7 +401,7 @@ impl Upstream {
                 }
                 sh.counters.publish_in.inc();
                 return match view.qos {
-                    1 => send(inject, ack(packet::PUBACK, view.pkid, 0, sh.version)).await,
+                    1 => sh.front_puback(view.pkid, 0, inject).await,
                     2 => {
                         send(inject, ack(packet::PUBREC, view.pkid, 0, sh.version)).await?;
                         self.answered_qos2.insert(view.pkid);
@@ -383,6 +432,9 @@ impl Upstream {
         }
         if view.qos == 1 {
             sh.inflight.add(1);
+            if let Ok(mut acks) = sh.acks.lock() {
+                acks.expect(view.pkid);
+            }
         }
         Ok(())
     }
@@ -525,7 +577,11 @@ where
         tokio::select! {
             biased;
             Some(bytes) = inject.recv() => {
-                if let Err(end) = write_client(sh, wr, &bytes).await {
+                let mut out = BytesMut::from(&bytes[..]);
+                out.extend_from_slice(&sh.drain_acks());
+                if !out.is_empty()
+                    && let Err(end) = write_client(sh, wr, &out).await
+                {
                     return end;
                 }
                 continue;
@@ -551,7 +607,12 @@ where
                         }
                     }
                 },
-                packet::PUBACK => sh.inflight.add(-1),
+                packet::PUBACK => {
+                    // Goes out through the ack order, translated for MQTT 3.1.1 clients.
+                    sh.inflight.add(-1);
+                    sh.hold_puback(frame);
+                    rewrite = true;
+                }
                 packet::SUBACK => rewrite |= sh.has_merge(frame),
                 _ => {}
             }
@@ -563,7 +624,9 @@ where
         let frames = buf.split_to(complete);
         // MQTT 3.1.1 clients always get rebuilt (translated) frames.
         let result = if rewrite || sh.version == Version::V311 {
-            write_client(sh, wr, &sh.rebuild(&frames)).await
+            let mut out = sh.rebuild(&frames);
+            out.extend_from_slice(&sh.drain_acks());
+            write_client(sh, wr, &out).await
         } else {
             write_client(sh, wr, &frames).await
         };
@@ -605,6 +668,24 @@ impl Shared<'_> {
         Delivery::Forward
     }
 
+    /// Queues a broker PUBACK in the ack order, in the client's protocol version.
+    fn hold_puback(&self, frame: &[u8]) {
+        let Some(pkid) = packet::ack_pkid(frame) else { return };
+        let client_frame = match self.version {
+            Version::V5 => Bytes::copy_from_slice(frame),
+            Version::V311 => {
+                let mut out = BytesMut::with_capacity(4);
+                if compat::downstream(frame, &mut out).is_err() {
+                    return;
+                }
+                out.freeze()
+            }
+        };
+        if let Ok(mut acks) = self.acks.lock() {
+            acks.ready(pkid, client_frame);
+        }
+    }
+
     fn is_filtered_probe(&self, frame: &[u8]) -> bool {
         !self.internal && packet::parse_publish(frame, Version::V311).is_ok_and(|p| self.is_probe(p.topic))
     }
@@ -635,7 +716,9 @@ impl Shared<'_> {
         while let Ok(Some(len)) = packet::frame_len(&frames[at..], usize::MAX) {
             let frame = &frames[at..at + len];
             at += len;
-            if packet::packet_type(frame) == packet::PUBLISH && self.is_filtered_probe(frame) {
+            let kind = packet::packet_type(frame);
+            // PUBACKs were handed to the ack order when the batch was scanned.
+            if kind == packet::PUBACK || (kind == packet::PUBLISH && self.is_filtered_probe(frame)) {
                 continue;
             }
             let merged = (packet::packet_type(frame) == packet::SUBACK)
