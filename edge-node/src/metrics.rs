@@ -90,7 +90,8 @@ impl Metrics {
             probe_received: Counter::default(),
             probe_lost: Counter::default(),
             spool: Arc::new(crate::spool::WriterMetrics {
-                appended: Counter::default(),
+                appended: Family::default(),
+                dropped: Family::default(),
                 refused: Counter::default(),
                 commit_errors: Counter::default(),
                 // 50 µs .. ~1.6 s
@@ -146,7 +147,16 @@ impl Metrics {
         r.register("probe_sent", "SLO probe messages published", m.probe_sent.clone());
         r.register("probe_received", "SLO probe messages delivered back", m.probe_received.clone());
         r.register("probe_lost", "SLO probe messages not delivered within 5 s", m.probe_lost.clone());
-        r.register("spool_appended", "Messages appended to the store-and-forward spool", m.spool.appended.clone());
+        r.register(
+            "spool_appended",
+            "Messages appended to the store-and-forward spool, by class",
+            m.spool.appended.clone(),
+        );
+        r.register(
+            "spool_dropped",
+            "Spooled messages dropped before the cloud acked them, by class and reason (evicted, expired); each drop is also a gap record sent to the cloud",
+            m.spool.dropped.clone(),
+        );
         r.register("spool_refused", "Full-durability messages refused for lack of spool room", m.spool.refused.clone());
         r.register("spool_commit_errors", "Spool group commits that failed (retried)", m.spool.commit_errors.clone());
         r.register_with_unit(

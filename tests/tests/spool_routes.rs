@@ -78,7 +78,8 @@ async fn routes_decide_local_delivery_and_spooling() {
     let records = spooled(&db);
     let telemetry = records.iter().find(|r| r.message().is_some_and(|m| m.class == "telemetry")).unwrap();
     assert_eq!(telemetry.lane, Lane(2));
-    assert_eq!(t.metric("edge_spool_appended_total"), 2.0);
+    assert_eq!(t.metric("edge_spool_appended_total{class=\"telemetry\"}"), 1.0);
+    assert_eq!(t.metric("edge_spool_appended_total{class=\"feedback\"}"), 1.0);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

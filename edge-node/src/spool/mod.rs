@@ -228,6 +228,8 @@ pub struct Spool<S> {
     lanes: BTreeMap<Lane, LaneState>,
     pending: Vec<Record>,
     pending_durability: Durability,
+    /// Records dropped (class, reason, count) since the last `take_dropped`, for metrics.
+    dropped: Vec<(String, GapReason, u64)>,
 }
 
 impl<S: Storage> Spool<S> {
@@ -238,7 +240,14 @@ impl<S: Storage> Spool<S> {
             .iter()
             .map(|(lane, next, acked)| (*lane, LaneState { next: next.0, committed: next.0, acked: acked.0 }))
             .collect();
-        Self { storage, budget: None, lanes, pending: Vec::new(), pending_durability: Durability::Normal }
+        Self {
+            storage,
+            budget: None,
+            lanes,
+            pending: Vec::new(),
+            pending_durability: Durability::Normal,
+            dropped: Vec::new(),
+        }
     }
 
     /// Keeps the spool within `bytes` on disk (database, index and WAL).
@@ -366,8 +375,22 @@ impl<S: Storage> Spool<S> {
         }
         // What is pending holds lower seqs: it must be committed before (or with) the gap
         // records, or a crash would leave a hole no gap record accounts for.
+        let counts: Vec<(String, GapReason, u64)> = gaps
+            .iter()
+            .filter_map(|r| match &r.body {
+                Body::Gap(g) => Some((g.class.clone(), g.reason, g.count)),
+                Body::Message(_) => None,
+            })
+            .collect();
         self.pending.extend(gaps);
-        self.commit_pending_deleting(&lost)
+        self.commit_pending_deleting(&lost)?;
+        self.dropped.extend(counts);
+        Ok(())
+    }
+
+    /// Records dropped by eviction or expiry since the last call: class, reason, count.
+    pub fn take_dropped(&mut self) -> Vec<(String, GapReason, u64)> {
+        std::mem::take(&mut self.dropped)
     }
 
     /// Commits everything pending in one transaction. On error the batch stays pending: the

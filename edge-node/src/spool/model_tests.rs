@@ -351,6 +351,9 @@ fn full_message_is_refused_when_only_higher_priorities_could_make_room() {
     assert_eq!(refused.message.payload.len(), 1600, "the refused message is handed back whole");
     assert!(accepted > 10);
     assert!(view(&mut spool, 2).messages.is_empty(), "lower priority evicted before refusing");
+    let dropped = spool.take_dropped();
+    assert_eq!(dropped.iter().map(|(_, _, n)| n).sum::<u64>(), 20, "every evicted record is counted for metrics");
+    assert!(dropped.iter().all(|(c, r, _)| c == "telemetry" && *r == GapReason::Evicted));
     let lane0 = view(&mut spool, 0);
     assert!(lane0.evicted.is_empty(), "a full class never evicts its own lane to fit");
     assert_eq!(lane0.messages.len(), accepted);
@@ -371,4 +374,5 @@ fn expired_messages_become_a_gap_record() {
     assert_eq!(v.expired, [1, 3]);
     assert_eq!(v.messages, [2, 4, 5, 6]);
     assert_eq!(v.gap_records, [7]);
+    assert_eq!(spool.take_dropped(), [("telemetry".to_owned(), GapReason::Expired, 2)]);
 }

@@ -7,7 +7,9 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
+use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::histogram::Histogram;
 use tokio::sync::oneshot;
 
@@ -32,10 +34,17 @@ enum Request {
     Shutdown(oneshot::Sender<()>),
 }
 
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct DropLabels {
+    pub class: String,
+    pub reason: &'static str,
+}
+
 /// Metric handles the writer updates.
 #[derive(Debug, Clone)]
 pub struct WriterMetrics {
-    pub appended: Counter,
+    pub appended: Family<crate::metrics::ClassLabel, Counter>,
+    pub dropped: Family<DropLabels, Counter>,
     pub refused: Counter,
     pub commit_errors: Counter,
     pub commit_seconds: Histogram,
@@ -96,6 +105,16 @@ fn now_ms() -> u64 {
     SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
 }
 
+fn count_dropped(spool: &mut Spool<SqliteStorage>, metrics: &WriterMetrics) {
+    for (class, reason, count) in spool.take_dropped() {
+        let reason = match reason {
+            super::GapReason::Evicted => "evicted",
+            super::GapReason::Expired => "expired",
+        };
+        crate::metrics::handle(&metrics.dropped, &DropLabels { class, reason }).inc_by(count);
+    }
+}
+
 fn run(
     mut spool: Spool<SqliteStorage>,
     rx: flume::Receiver<Request>,
@@ -111,6 +130,7 @@ fn run(
             if let Err(e) = spool.expire(now_ms()) {
                 tracing::error!(error = %e, "spool expiry failed");
             }
+            count_dropped(&mut spool, metrics);
         }
         let first = match rx.recv_timeout(EXPIRY_TICK) {
             Ok(r) => r,
@@ -136,19 +156,20 @@ fn run(
         for request in batch {
             match request {
                 Request::Append { lane, message, durability: Durability::Full, done } => {
+                    let class = crate::metrics::class_label(&message.class);
                     let result = spool.append_full(lane, *message).map_err(|_| AppendError::Refused);
                     if result.is_err() {
                         metrics.refused.inc();
                     } else {
-                        metrics.appended.inc();
+                        crate::metrics::handle(&metrics.appended, &class).inc();
                     }
                     if let Some(done) = done {
                         waiters.push((done, result));
                     }
                 }
                 Request::Append { lane, message, durability, .. } => {
+                    crate::metrics::handle(&metrics.appended, &crate::metrics::class_label(&message.class)).inc();
                     spool.append(lane, *message, durability);
-                    metrics.appended.inc();
                 }
                 Request::Shutdown(done) => shutdown = Some(done),
             }
@@ -160,6 +181,7 @@ fn run(
             metrics.commit_errors.inc();
             tracing::error!(error = %e, pending = spool.pending(), "spool commit failed; retrying with the next batch");
         }
+        count_dropped(&mut spool, metrics);
         for (done, result) in waiters {
             let result = match (&committed, result) {
                 (Ok(()), r) => r,
