@@ -376,3 +376,84 @@ fn expired_messages_become_a_gap_record() {
     assert_eq!(v.gap_records, [7]);
     assert_eq!(spool.take_dropped(), [("telemetry".to_owned(), GapReason::Expired, 2)]);
 }
+
+/// Wraps a storage and fails its commits on demand, as a full disk (SQLITE_FULL) or a failed
+/// fsync would.
+#[derive(Debug)]
+struct Faulty<S> {
+    inner: S,
+    fail_commits: usize,
+}
+
+impl<S: Storage> Storage for Faulty<S> {
+    fn opened(&self) -> &Opened {
+        self.inner.opened()
+    }
+    fn commit(
+        &mut self,
+        records: &[Record],
+        next: &[(Lane, Seq)],
+        delete: &[Lost],
+        d: Durability,
+    ) -> Result<(), SpoolError> {
+        if self.fail_commits > 0 {
+            self.fail_commits -= 1;
+            return Err(SpoolError::Sqlite {
+                path: "faulty".into(),
+                source: rusqlite::Error::SqliteFailure(rusqlite::ffi::Error::new(rusqlite::ffi::SQLITE_FULL), None),
+            });
+        }
+        self.inner.commit(records, next, delete, d)
+    }
+    fn read(&mut self, lane: Lane, after: Seq, limit: usize) -> Result<Vec<Record>, SpoolError> {
+        self.inner.read(lane, after, limit)
+    }
+    fn ack(&mut self, lane: Lane, up_to: Seq) -> Result<u64, SpoolError> {
+        if self.fail_commits > 0 {
+            self.fail_commits -= 1;
+            return Err(SpoolError::Io { path: "faulty".into(), source: std::io::Error::other("fsync failed") });
+        }
+        self.inner.ack(lane, up_to)
+    }
+    fn used_bytes(&mut self) -> Result<u64, SpoolError> {
+        self.inner.used_bytes()
+    }
+    fn oldest(&mut self, lane: Lane, bytes: u64) -> Result<Vec<Lost>, SpoolError> {
+        self.inner.oldest(lane, bytes)
+    }
+    fn expired(&mut self, now_ms: u64) -> Result<Vec<Lost>, SpoolError> {
+        self.inner.expired(now_ms)
+    }
+    fn lanes_with_evictable(&mut self) -> Result<Vec<Lane>, SpoolError> {
+        self.inner.lanes_with_evictable()
+    }
+    fn compact(&mut self) -> Result<(), SpoolError> {
+        self.inner.compact()
+    }
+}
+
+#[test]
+fn a_failed_commit_keeps_the_batch_and_a_retry_loses_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let storage = Faulty { inner: SqliteStorage::open(&dir.path().join("spool.db")).unwrap(), fail_commits: 2 };
+    let mut spool = Spool::new(storage);
+    for i in 0..10u8 {
+        spool.append(Lane(0), message(&[i]), Durability::Normal);
+    }
+    let err = spool.flush().unwrap_err().to_string();
+    assert!(err.contains("faulty") && err.contains("full"), "the error names the problem: {err}");
+    assert_eq!(spool.pending(), 10, "nothing dropped on a failed commit");
+    // More arrives while the disk is full; the second failure keeps it all too.
+    spool.append(Lane(0), message(&[10]), Durability::Normal);
+    assert!(spool.flush().is_err());
+    spool.flush().unwrap();
+    let got: Vec<u8> =
+        spool.read(Lane(0), Seq(0), 100).unwrap().iter().map(|r| r.message().unwrap().payload[0]).collect();
+    assert_eq!(got, (0..=10).collect::<Vec<u8>>());
+    // A failed ack deletes nothing and can be repeated.
+    spool.storage.fail_commits = 1;
+    assert!(spool.ack(Lane(0), Seq(5)).is_err());
+    assert_eq!(spool.acked(Lane(0)), Seq(0));
+    assert_eq!(spool.ack(Lane(0), Seq(5)).unwrap(), 5);
+    assert_eq!(spool.read(Lane(0), Seq(0), 100).unwrap().len(), 6);
+}
