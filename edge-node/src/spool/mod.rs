@@ -101,6 +101,9 @@ pub enum GapReason {
     Evicted,
     /// Older than its class's TTL.
     Expired,
+    /// Never committed: a `full` message whose commit failed (its client got no PUBACK and will
+    /// resend), or a `normal` one dropped while commits kept failing and the pending cap was hit.
+    Refused,
 }
 
 /// A record that stands for records that are gone, so loss is visible at the other end.
@@ -230,6 +233,10 @@ pub struct Spool<S> {
     pending_durability: Durability,
     /// Records dropped (class, reason, count) since the last `take_dropped`, for metrics.
     dropped: Vec<(String, GapReason, u64)>,
+    /// Seqs handed out but dropped before any commit; the next commit writes their gap records.
+    uncommitted_drops: Vec<Lost>,
+    /// Most records kept pending while commits fail; beyond it the oldest `normal` ones go.
+    max_pending: usize,
 }
 
 impl<S: Storage> Spool<S> {
@@ -247,6 +254,8 @@ impl<S: Storage> Spool<S> {
             pending: Vec::new(),
             pending_durability: Durability::Normal,
             dropped: Vec::new(),
+            uncommitted_drops: Vec::new(),
+            max_pending: 65_536,
         }
     }
 
@@ -264,8 +273,22 @@ impl<S: Storage> Spool<S> {
         &self.storage
     }
 
+    /// Caps the records kept pending while commits fail (default 65,536).
+    pub fn with_max_pending(mut self, records: usize) -> Self {
+        self.max_pending = records.max(1);
+        self
+    }
+
     /// Queues a message for the next commit and returns its seq. Seqs start at 1.
     pub fn append(&mut self, lane: Lane, message: Message, durability: Durability) -> Seq {
+        if self.pending.len() >= self.max_pending {
+            // Commits keep failing: memory must stay bounded. The oldest `normal` record goes,
+            // accounted for by a gap record once the disk takes writes again.
+            if let Some(i) = self.pending.iter().position(|r| r.durability == Durability::Normal) {
+                let r = self.pending.remove(i);
+                self.note_uncommitted_drop(&r);
+            }
+        }
         let state = self.lanes.entry(lane).or_default();
         state.next = state.next.max(1);
         let seq = Seq(state.next);
@@ -294,12 +317,22 @@ impl<S: Storage> Spool<S> {
         self.pending.len()
     }
 
-    /// Commits everything appended so far in one transaction.
+    /// Commits everything appended so far in one transaction. On failure `normal` records stay
+    /// pending for the next try; `full` ones leave the batch (their clients get no PUBACK and
+    /// resend) and are accounted for by a `refused` gap record at the next successful commit.
     pub fn flush(&mut self) -> Result<(), SpoolError> {
-        if self.pending.is_empty() {
+        if self.pending.is_empty() && self.uncommitted_drops.is_empty() {
             return Ok(());
         }
-        self.commit_pending()?;
+        if let Err(e) = self.commit_pending() {
+            let (full, normal): (Vec<Record>, Vec<Record>) =
+                std::mem::take(&mut self.pending).into_iter().partition(|r| r.durability == Durability::Full);
+            self.pending = normal;
+            for r in &full {
+                self.note_uncommitted_drop(r);
+            }
+            return Err(e);
+        }
         if let Some(budget) = self.budget {
             self.make_room(budget, None)?;
         }
@@ -359,6 +392,10 @@ impl<S: Storage> Spool<S> {
 
     /// Appends and commits one gap record per lane and class.
     fn record_gaps(&mut self, lost: Vec<Lost>, reason: GapReason) -> Result<(), SpoolError> {
+        self.record_gaps_for(lost, reason, true)
+    }
+
+    fn record_gaps_for(&mut self, lost: Vec<Lost>, reason: GapReason, delete: bool) -> Result<(), SpoolError> {
         let mut gaps = Vec::new();
         for Lost { lane, class, seqs } in &lost {
             let mut seqs = seqs.clone();
@@ -382,8 +419,21 @@ impl<S: Storage> Spool<S> {
                 Body::Message(_) => None,
             })
             .collect();
+        let gap_count = gaps.len();
         self.pending.extend(gaps);
-        self.commit_pending_deleting(&lost)?;
+        let result = self.commit_pending_deleting(if delete { &lost } else { &[] });
+        if result.is_err() && delete {
+            // The rows were not deleted, so their gap records must not be written later: take
+            // them back out and return their seqs, the lanes' latest, newest first.
+            let keep = self.pending.len() - gap_count;
+            for gap in self.pending.split_off(keep).into_iter().rev() {
+                if let Some(state) = self.lanes.get_mut(&gap.lane) {
+                    state.next -= 1;
+                }
+            }
+        }
+        // Gap records for never-committed seqs simply stay pending on failure.
+        result?;
         self.dropped.extend(counts);
         Ok(())
     }
@@ -393,9 +443,26 @@ impl<S: Storage> Spool<S> {
         std::mem::take(&mut self.dropped)
     }
 
-    /// Commits everything pending in one transaction. On error the batch stays pending: the
-    /// caller may retry, and nothing it was told is lost yet.
+    fn note_uncommitted_drop(&mut self, r: &Record) {
+        let class = match &r.body {
+            Body::Message(m) => m.class.clone(),
+            Body::Gap(g) => g.class.clone(),
+        };
+        match self.uncommitted_drops.iter_mut().find(|l| l.lane == r.lane && l.class == class) {
+            Some(l) => l.seqs.push(r.seq.0),
+            None => self.uncommitted_drops.push(Lost { lane: r.lane, class, seqs: vec![r.seq.0] }),
+        }
+    }
+
+    /// Commits everything pending in one transaction, with gap records for seqs dropped before
+    /// any commit. On error the batch stays pending: the caller may retry.
     fn commit_pending(&mut self) -> Result<(), SpoolError> {
+        if !self.uncommitted_drops.is_empty() {
+            // Nothing of theirs is on disk, so nothing to delete: only the gap records, which
+            // stay pending (with everything else) if this commit fails too.
+            let drops = std::mem::take(&mut self.uncommitted_drops);
+            return self.record_gaps_for(drops, GapReason::Refused, false);
+        }
         self.commit_pending_deleting(&[])
     }
 

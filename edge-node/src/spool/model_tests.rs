@@ -248,9 +248,10 @@ struct LaneView {
     gap_records: Vec<u64>,
     evicted: Vec<u64>,
     expired: Vec<u64>,
+    refused: Vec<u64>,
 }
 
-fn view(spool: &mut Spool<SqliteStorage>, lane: u8) -> LaneView {
+fn view<S: Storage>(spool: &mut Spool<S>, lane: u8) -> LaneView {
     let mut v = LaneView::default();
     for r in spool.read(Lane(lane), Seq(0), usize::MAX >> 1).unwrap() {
         match r.body {
@@ -262,6 +263,7 @@ fn view(spool: &mut Spool<SqliteStorage>, lane: u8) -> LaneView {
                 match g.reason {
                     GapReason::Evicted => v.evicted.extend(seqs),
                     GapReason::Expired => v.expired.extend(seqs),
+                    GapReason::Refused => v.refused.extend(seqs),
                 }
             }
         }
@@ -456,4 +458,51 @@ fn a_failed_commit_keeps_the_batch_and_a_retry_loses_nothing() {
     assert_eq!(spool.acked(Lane(0)), Seq(0));
     assert_eq!(spool.ack(Lane(0), Seq(5)).unwrap(), 5);
     assert_eq!(spool.read(Lane(0), Seq(0), 100).unwrap().len(), 6);
+}
+
+#[test]
+fn a_full_record_whose_commit_failed_becomes_a_refused_gap_not_a_late_duplicate() {
+    let dir = tempfile::tempdir().unwrap();
+    let storage = Faulty { inner: SqliteStorage::open(&dir.path().join("spool.db")).unwrap(), fail_commits: 1 };
+    let mut spool = Spool::new(storage);
+    spool.append(Lane(0), message(b"n1"), Durability::Normal);
+    spool.append(Lane(0), message(b"f2"), Durability::Full);
+    spool.append(Lane(0), message(b"n3"), Durability::Normal);
+    assert!(spool.flush().is_err());
+    // The client of f2 got no PUBACK and resends it as a new message.
+    spool.append(Lane(0), message(b"f2-resent"), Durability::Full);
+    spool.flush().unwrap();
+    let v = view(&mut spool, 0);
+    assert_eq!(v.messages, [1, 3, 4], "f2 is not committed late behind its client's back");
+    let gaps: Vec<Gap> = spool
+        .read(Lane(0), Seq(0), 10)
+        .unwrap()
+        .into_iter()
+        .filter_map(|r| match r.body {
+            Body::Gap(g) => Some(g),
+            Body::Message(_) => None,
+        })
+        .collect();
+    assert_eq!(gaps.len(), 1);
+    assert_eq!((gaps[0].reason, gaps[0].ranges.clone()), (GapReason::Refused, vec![(2, 2)]));
+}
+
+#[test]
+fn pending_is_capped_while_commits_fail_and_the_loss_is_recorded() {
+    let dir = tempfile::tempdir().unwrap();
+    let storage = Faulty { inner: SqliteStorage::open(&dir.path().join("spool.db")).unwrap(), fail_commits: 8 };
+    let mut spool = Spool::new(storage).with_max_pending(4);
+    for i in 0..10u8 {
+        spool.append(Lane(1), message(&[i]), Durability::Normal);
+        let _ = spool.flush();
+    }
+    assert!(spool.pending() <= 4 + 1, "pending stays bounded: {}", spool.pending());
+    spool.flush().unwrap();
+    spool.flush().unwrap();
+    let last = spool.read(Lane(1), Seq(0), 100).unwrap().last().unwrap().seq.0;
+    let v = view(&mut spool, 1);
+    assert!(!v.refused.is_empty(), "the cap dropped records");
+    let mut accounted: Vec<u64> = v.messages.iter().chain(&v.gap_records).chain(&v.refused).copied().collect();
+    accounted.sort_unstable();
+    assert_eq!(accounted, (1..=last).collect::<Vec<u64>>(), "every seq is a message, a gap, or in a gap");
 }

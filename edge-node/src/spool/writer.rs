@@ -110,6 +110,7 @@ fn count_dropped(spool: &mut Spool<SqliteStorage>, metrics: &WriterMetrics) {
         let reason = match reason {
             super::GapReason::Evicted => "evicted",
             super::GapReason::Expired => "expired",
+            super::GapReason::Refused => "refused",
         };
         crate::metrics::handle(&metrics.dropped, &DropLabels { class, reason }).inc_by(count);
     }
