@@ -11,6 +11,7 @@
 //! a failure code at their positions. Topic aliases are resolved here, so a refused topic cannot
 //! be reached through an alias.
 
+mod acks;
 mod compat;
 mod connect;
 pub mod packet;

@@ -4,7 +4,7 @@
 //! itself (a refused PUBLISH's PUBACK, a SUBACK) goes to the client through the downstream side,
 //! so writes to the client never interleave mid-packet.
 
-use std::collections::{HashMap, HashSet, VecDeque};
+use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicI64, Ordering};
 use std::sync::{Arc, Mutex};
 
@@ -16,6 +16,7 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::sync::mpsc;
 
 use super::FrontContext;
+use super::acks::AckOrder;
 use super::compat;
 use super::connect::Admitted;
 use super::packet::{self, PacketError, Version, reason};
@@ -36,38 +37,6 @@ pub(super) enum End {
     SlowClient,
     /// The client broke a rule; the label is the metric reason, the code the MQTT 5 reason.
     Violation(&'static str, u8),
-}
-
-/// The QoS1 PUBACKs a client is owed, in the order its publishes arrived. The broker answers the
-/// publishes it was given, the front the others (refused, spooled for the cloud only); MQTT 3.1.1
-/// (section 4.6) wants them back in publish order, so each waits for those before it.
-#[derive(Debug, Default)]
-struct AckOrder {
-    queue: VecDeque<(u16, Option<Bytes>)>,
-}
-
-impl AckOrder {
-    /// A publish went to the broker; its PUBACK will come from there.
-    fn expect(&mut self, pkid: u16) {
-        self.queue.push_back((pkid, None));
-    }
-
-    /// A PUBACK is ready: fills the oldest slot waiting for `pkid`, or queues it at the end.
-    fn ready(&mut self, pkid: u16, frame: Bytes) {
-        match self.queue.iter_mut().find(|(p, f)| *p == pkid && f.is_none()) {
-            Some(slot) => slot.1 = Some(frame),
-            None => self.queue.push_back((pkid, Some(frame))),
-        }
-    }
-
-    /// The PUBACKs that may go now, in order.
-    fn drain(&mut self, out: &mut BytesMut) {
-        while let Some((_, Some(_))) = self.queue.front() {
-            if let Some((_, Some(frame))) = self.queue.pop_front() {
-                out.extend_from_slice(&frame);
-            }
-        }
-    }
 }
 
 /// Read-only state both relays use.
