@@ -20,8 +20,10 @@
 //! - `meta(key, value)`: `schema_version`, `epoch` (16 random bytes, hex), `created_ms`.
 //! - `lanes(lane, next_seq, acked)`: per lane, the next seq to hand out and the highest acked.
 //! - `records(lane, seq, kind, durability, class, topic, payload, qos, enqueued_ms, expires_ms,
-//!   user_properties, correlation_data, content_type)`, primary key `(lane, seq)`, without rowid,
-//!   so a lane is read in seq order straight from the key. `kind` is a message or a gap record.
+//!   user_properties, correlation_data, content_type)`, primary key `(lane, seq)`, so a lane is
+//!   read in seq order from the key's index. `kind` is a message or a gap record. An ordinary
+//!   rowid table on purpose: records of a few KiB do not fit inline in a WITHOUT ROWID b-tree
+//!   page and would each spill onto an overflow page, quadrupling their size on disk.
 //!
 //! # The byte budget
 //!

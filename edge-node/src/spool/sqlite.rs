@@ -29,7 +29,7 @@ CREATE TABLE records (
     correlation_data BLOB,
     content_type TEXT,
     PRIMARY KEY (lane, seq)
-) WITHOUT ROWID;
+);
 ";
 
 /// Record kinds.
@@ -361,8 +361,14 @@ impl Storage for SqliteStorage {
     }
 
     fn compact(&mut self) -> Result<(), SpoolError> {
-        // Checkpoint first so the WAL is empty, then give free pages back to the file system.
-        self.conn.query_row("PRAGMA wal_checkpoint(TRUNCATE)", [], |_| Ok(())).map_err(|e| self.err(e))?;
-        self.conn.execute_batch("PRAGMA incremental_vacuum;").map_err(|e| self.err(e))
+        // Free pages go back first (that is a write, into the WAL); the checkpoint then moves
+        // everything into the main file, which shrinks, and truncates the WAL to nothing.
+        // The pragma frees one page per step: run it to the end.
+        {
+            let mut stmt = self.conn.prepare_cached("PRAGMA incremental_vacuum").map_err(|e| self.err(e))?;
+            let mut rows = stmt.query([]).map_err(|e| self.err(e))?;
+            while rows.next().map_err(|e| self.err(e))?.is_some() {}
+        }
+        self.conn.query_row("PRAGMA wal_checkpoint(TRUNCATE)", [], |_| Ok(())).map_err(|e| self.err(e))
     }
 }
