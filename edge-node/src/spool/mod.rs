@@ -33,7 +33,9 @@
 //! record (its own seq in the lane, listing the dropped seq ranges), so loss is never silent.
 //! `full` messages are never evicted: a `full` append that finds no room after lower-priority
 //! lanes were evicted is refused and handed back. Gap records are never evicted either. Freed
-//! pages go back to the file system (`auto_vacuum = INCREMENTAL`), bounding the file as well.
+//! pages go back to the file system (`auto_vacuum = INCREMENTAL`), bounding the file as well,
+//! and the WAL is truncated to at most 4 MiB after each of SQLite's automatic checkpoints
+//! (`journal_size_limit`), so flash sees neither an ever-growing WAL nor constant truncation.
 //!
 //! # Recovery
 //!

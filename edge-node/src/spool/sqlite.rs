@@ -84,8 +84,13 @@ impl SqliteStorage {
             });
         }
         // auto_vacuum must be chosen before the first table exists; harmless afterwards.
-        conn.execute_batch("PRAGMA auto_vacuum = INCREMENTAL; PRAGMA journal_mode = WAL; PRAGMA synchronous = NORMAL;")
-            .map_err(err)?;
+        // SQLite checkpoints the WAL every 1000 pages but never shrinks the file; the size limit
+        // truncates it back after each checkpoint, so the WAL stays near 4 MiB at most.
+        conn.execute_batch(
+            "PRAGMA auto_vacuum = INCREMENTAL; PRAGMA journal_mode = WAL; PRAGMA synchronous = NORMAL; \
+             PRAGMA journal_size_limit = 4194304;",
+        )
+        .map_err(err)?;
         let has_meta: bool = conn
             .query_row("SELECT count(*) FROM sqlite_master WHERE type = 'table' AND name = 'meta'", [], |r| {
                 r.get::<_, i64>(0)
