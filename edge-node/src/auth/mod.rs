@@ -5,7 +5,7 @@
 mod acl;
 mod passwd;
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::Arc;
 
 pub use acl::{Acl, Rules};
@@ -82,9 +82,4 @@ impl AuthState {
             (identity, Some(acl)) => Arc::new(acl.rules_for(identity, client_id)),
         }
     }
-}
-
-/// Checks `path` is a usable password file, for `check-config`.
-pub fn check_password_file(path: &Path) -> Result<usize, AuthError> {
-    PasswordFile::load(path).map(|p| p.len())
 }

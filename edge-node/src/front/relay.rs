@@ -542,6 +542,9 @@ where
     W: AsyncWrite + Unpin,
 {
     let mut buf = BytesMut::with_capacity(16 * 1024);
+    // Offsets of the frames in a batch that do not go to the client as they are (held PUBACKs,
+    // filtered probe messages); reused across batches.
+    let mut dropped: Vec<usize> = Vec::new();
     loop {
         tokio::select! {
             biased;
@@ -562,6 +565,7 @@ where
         }
         let mut complete = 0;
         let mut rewrite = false;
+        dropped.clear();
         while let Ok(Some(len)) = packet::frame_len(&buf[complete..], usize::MAX) {
             let frame = &buf[complete..complete + len];
             match packet::packet_type(frame) {
@@ -569,6 +573,7 @@ where
                     Delivery::Forward => {}
                     Delivery::Filter { ack } => {
                         rewrite = true;
+                        dropped.push(complete);
                         if let Some(ack) = ack
                             && to_broker.send(ack).await.is_err()
                         {
@@ -581,6 +586,7 @@ where
                     sh.inflight.add(-1);
                     sh.hold_puback(frame);
                     rewrite = true;
+                    dropped.push(complete);
                 }
                 packet::SUBACK => rewrite |= sh.has_merge(frame),
                 _ => {}
@@ -593,7 +599,7 @@ where
         let frames = buf.split_to(complete);
         // MQTT 3.1.1 clients always get rebuilt (translated) frames.
         let result = if rewrite || sh.version == Version::V311 {
-            let mut out = sh.rebuild(&frames);
+            let mut out = sh.rebuild(&frames, &dropped);
             out.extend_from_slice(&sh.drain_acks());
             write_client(sh, wr, &out).await
         } else {
@@ -655,10 +661,6 @@ impl Shared<'_> {
         }
     }
 
-    fn is_filtered_probe(&self, frame: &[u8]) -> bool {
-        !self.internal && packet::parse_publish(frame, Version::V311).is_ok_and(|p| self.is_probe(p.topic))
-    }
-
     fn has_merge(&self, frame: &[u8]) -> bool {
         let Some(pkid) = packet::ack_pkid(frame) else {
             return false;
@@ -677,17 +679,18 @@ impl Shared<'_> {
         }
     }
 
-    /// The broker's frames as the client gets them: trimmed SUBACKs rebuilt, filtered publishes
-    /// left out, translated for MQTT 3.1.1 clients.
-    fn rebuild(&self, frames: &[u8]) -> BytesMut {
+    /// The broker's frames as the client gets them: the frames starting at `dropped` (sorted
+    /// offsets the scan decided on) left out, trimmed SUBACKs rebuilt, and everything translated
+    /// for MQTT 3.1.1 clients.
+    fn rebuild(&self, frames: &[u8], dropped: &[usize]) -> BytesMut {
         let mut out = BytesMut::with_capacity(frames.len() + 16);
         let mut at = 0;
+        let mut dropped = dropped.iter().peekable();
         while let Ok(Some(len)) = packet::frame_len(&frames[at..], usize::MAX) {
             let frame = &frames[at..at + len];
+            let start = at;
             at += len;
-            let kind = packet::packet_type(frame);
-            // PUBACKs were handed to the ack order when the batch was scanned.
-            if kind == packet::PUBACK || (kind == packet::PUBLISH && self.is_filtered_probe(frame)) {
+            if dropped.next_if(|d| **d == start).is_some() {
                 continue;
             }
             let merged = (packet::packet_type(frame) == packet::SUBACK)

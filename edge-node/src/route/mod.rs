@@ -107,10 +107,6 @@ impl Classes {
         self.classes.iter().find(|c| c.filters.iter().any(|f| f.matches(topic)))
     }
 
-    pub fn iter(&self) -> impl Iterator<Item = &Class> {
-        self.classes.iter()
-    }
-
     pub fn is_empty(&self) -> bool {
         self.classes.is_empty()
     }

@@ -273,10 +273,6 @@ impl<S: Storage> Spool<S> {
         &self.storage.opened().epoch
     }
 
-    pub fn storage(&self) -> &S {
-        &self.storage
-    }
-
     /// Caps the records kept pending while commits fail (default 65,536).
     pub fn with_max_pending(mut self, records: usize) -> Self {
         self.max_pending = records.max(1);
