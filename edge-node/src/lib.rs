@@ -79,6 +79,13 @@ pub enum ReloadError {
     },
 }
 
+/// How to start a node beyond its config; tests use it to inject faults.
+#[derive(Debug, Default, Clone)]
+pub struct NodeOptions {
+    /// Runs the spool over a storage whose writes fail while these faults say so.
+    pub spool_faults: Option<spool::fault::Faults>,
+}
+
 /// A running edge gateway.
 #[derive(Debug)]
 pub struct Node {
@@ -94,6 +101,11 @@ impl Node {
     /// Binds every listener and starts serving. Fails with the listener and address that could
     /// not be bound, or the file that could not be loaded.
     pub async fn start(config: EdgeConfig) -> Result<Node, StartError> {
+        Self::start_with(config, NodeOptions::default()).await
+    }
+
+    /// [`Node::start`] with options.
+    pub async fn start_with(config: EdgeConfig, options: NodeOptions) -> Result<Node, StartError> {
         let auth = AuthState::load(&config.auth)?;
         let metrics = Arc::new(Metrics::new());
         let broker = InternalBroker::start(&config.broker).await?;
@@ -144,8 +156,20 @@ impl Node {
         let spool = if classes.is_empty() {
             None
         } else {
-            let storage = spool::SqliteStorage::open(&config.spool.path)?;
-            let spool = spool::Spool::new(storage).with_budget(config.spool.budget.bytes());
+            let sqlite = spool::SqliteStorage::open(&config.spool.path)?;
+            if spool::Storage::opened(&sqlite).moved_aside.is_some() {
+                metrics.spool.moved_aside.inc();
+            }
+            let storage: Box<dyn spool::Storage + Send> = match options.spool_faults {
+                Some(faults) => Box::new(spool::fault::FaultyStorage {
+                    inner: sqlite,
+                    faults,
+                    path: config.spool.path.display().to_string(),
+                }),
+                None => Box::new(sqlite),
+            };
+            let quotas = config.classes.iter().filter_map(|c| Some((c.name.clone(), c.quota?.bytes())));
+            let spool = spool::Spool::new(storage).with_budget(config.spool.budget.bytes()).with_quotas(quotas);
             tracing::info!(path = %config.spool.path.display(), epoch = spool.epoch(), "spool open");
             let writer = spool::SpoolWriter::start(
                 spool,

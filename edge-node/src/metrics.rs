@@ -93,9 +93,15 @@ impl Metrics {
                 appended: Family::default(),
                 dropped: Family::default(),
                 refused: Counter::default(),
-                commit_errors: Counter::default(),
+                commit_errors: Family::default(),
                 // 50 µs .. ~1.6 s
                 commit_seconds: Histogram::new(exponential_buckets(0.000_05, 2.0, 16)),
+                window_seconds: Histogram::new(exponential_buckets(0.000_05, 2.0, 16)),
+                class_records: Family::default(),
+                class_bytes: Family::default(),
+                oldest_unacked_seconds: Gauge::default(),
+                healthy: Gauge::default(),
+                moved_aside: Counter::default(),
             }),
             probe_last_ok_ms: AtomicU64::new(0),
             started: Instant::now(),
@@ -158,7 +164,38 @@ impl Metrics {
             m.spool.dropped.clone(),
         );
         r.register("spool_refused", "Full-durability messages refused for lack of spool room", m.spool.refused.clone());
-        r.register("spool_commit_errors", "Spool group commits that failed (retried)", m.spool.commit_errors.clone());
+        r.register(
+            "spool_commit_errors",
+            "Spool group commits that failed (retried), by kind (disk_full, io, corrupt, other)",
+            m.spool.commit_errors.clone(),
+        );
+        r.register_with_unit(
+            "spool_puback_to_commit",
+            "For normal-durability messages: from the append (the PUBACK follows it) to the end of the group commit that made it durable; the window in which a crash loses an acknowledged message",
+            prometheus_client::registry::Unit::Seconds,
+            m.spool.window_seconds.clone(),
+        );
+        r.register("spool_class_records", "Message records held in the spool, by class", m.spool.class_records.clone());
+        r.register(
+            "spool_class_bytes",
+            "Payload and topic bytes held in the spool, by class (what class quotas count)",
+            m.spool.class_bytes.clone(),
+        );
+        r.register(
+            "spool_oldest_unacked_seconds",
+            "Age of the oldest message the cloud has not acknowledged; 0 when the spool is empty",
+            m.spool.oldest_unacked_seconds.clone(),
+        );
+        r.register(
+            "spool_moved_aside",
+            "Spool databases found unusable (corrupt, not a database) at startup and moved aside; their data is kept in <path>.corrupt-<ms> for recovery",
+            m.spool.moved_aside.clone(),
+        );
+        r.register(
+            "spool_healthy",
+            "1 while the spool's last commit succeeded, 0 while commits fail (disk full, I/O errors)",
+            m.spool.healthy.clone(),
+        );
         r.register_with_unit(
             "spool_commit",
             "Spool group commit duration",

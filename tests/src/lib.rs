@@ -35,20 +35,57 @@ pub async fn eventually(timeout: Duration, mut check: impl FnMut() -> bool) -> b
 }
 
 /// The value of one metric line (exact name and labels) in Prometheus text.
+/// `GET path` over plain HTTP/1.0; the body, or an empty string if the endpoint is down.
+pub fn http_get(addr: std::net::SocketAddr, path: &str) -> String {
+    use std::io::{Read, Write};
+    let Ok(mut s) = std::net::TcpStream::connect_timeout(&addr, Duration::from_secs(2)) else {
+        return String::new();
+    };
+    let _ = s.set_read_timeout(Some(Duration::from_secs(5)));
+    let _ = write!(s, "GET {path} HTTP/1.0\r\nHost: test\r\n\r\n");
+    let mut out = String::new();
+    let _ = s.read_to_string(&mut out);
+    out.split_once("\r\n\r\n").map(|(_, body)| body.to_owned()).unwrap_or_default()
+}
+
 pub fn metric(text: &str, name_and_labels: &str) -> Option<f64> {
     text.lines()
         .filter(|l| !l.starts_with('#'))
         .find_map(|l| l.strip_prefix(name_and_labels)?.strip_prefix(' ')?.trim().parse().ok())
 }
 
-/// Sets up tracing once for a test binary; `RUST_LOG` controls it.
 /// Sets up tracing once for a test binary as `edge-node run` does (with the layer that counts
 /// rumqttd's slow-subscriber skips); `RUST_LOG` controls the output.
 pub fn init_tracing() {
     use tracing_subscriber::prelude::*;
     let filter = tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "warn".into());
+    let captured = tracing_subscriber::fmt::layer()
+        .with_ansi(false)
+        .with_writer(|| CapturedLogs)
+        .with_filter(tracing_subscriber::filter::LevelFilter::WARN);
     let _ = tracing_subscriber::registry()
         .with(tracing_subscriber::fmt::layer().with_test_writer().with_filter(filter))
+        .with(captured)
         .with(edge_node::broker_log::layer())
         .try_init();
+}
+
+static LOGS: std::sync::Mutex<Vec<u8>> = std::sync::Mutex::new(Vec::new());
+
+/// Warnings and errors logged by in-process nodes so far (each test runs in its own process
+/// under nextest, so these are this test's).
+pub fn captured_logs() -> String {
+    String::from_utf8_lossy(&LOGS.lock().unwrap_or_else(|e| e.into_inner())).into_owned()
+}
+
+struct CapturedLogs;
+
+impl std::io::Write for CapturedLogs {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        LOGS.lock().unwrap_or_else(|e| e.into_inner()).extend_from_slice(buf);
+        Ok(buf.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
 }

@@ -6,8 +6,8 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use edge_node::Node;
 use edge_node::config::EdgeConfig;
+use edge_node::{Node, NodeOptions};
 use tempfile::TempDir;
 
 /// The base config of test nodes: one anonymous loopback listener on a free port, metrics on a
@@ -30,11 +30,16 @@ pub struct TestNode {
 impl TestNode {
     /// Starts a node from `config_text(extra)`, with relative paths resolved in `dir`.
     pub async fn start_in(dir: TempDir, extra: &str) -> TestNode {
+        Self::start_with(dir, extra, NodeOptions::default()).await
+    }
+
+    /// [`TestNode::start_in`] with options (fault injection).
+    pub async fn start_with(dir: TempDir, extra: &str, options: NodeOptions) -> TestNode {
         crate::init_tracing();
         let path = dir.path().join("edge.toml");
         std::fs::write(&path, config_text(extra)).expect("write config");
         let config = EdgeConfig::load(&path).unwrap_or_else(|e| panic!("test config: {e}"));
-        let node = Node::start(config).await.unwrap_or_else(|e| panic!("node start: {e}"));
+        let node = Node::start_with(config, options).await.unwrap_or_else(|e| panic!("node start: {e}"));
         TestNode { node, dir }
     }
 
@@ -108,6 +113,12 @@ impl EdgeProcess {
 
     pub fn addr(&self, listener: &str) -> SocketAddr {
         self.mqtt.iter().find(|(n, _)| n == listener).map(|(_, a)| *a).expect("listener")
+    }
+
+    /// The value of a metric from the process's `/metrics`, 0 when absent.
+    pub fn metric(&self, name_and_labels: &str) -> f64 {
+        let text = crate::http_get(self.http.expect("http endpoint"), "/metrics");
+        crate::metric(&text, name_and_labels).unwrap_or(0.0)
     }
 
     pub fn stderr(&self) -> String {

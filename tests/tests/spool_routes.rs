@@ -276,6 +276,7 @@ async fn corrupt_spool_at_startup_is_moved_aside_and_local_traffic_flows() {
         .filter(|n| n.starts_with("spool.db.corrupt-"))
         .collect();
     assert_eq!(aside.len(), 1, "the corrupt file is kept, not deleted");
+    assert_eq!(edge.metric("edge_spool_moved_aside_total"), 1.0);
     let mut c = Client::anonymous(edge.addr("local"), "local").await;
     c.subscribe("inference/#", QoS::AtLeastOnce).await;
     c.publish("inference/m/v1/cam", QoS::AtLeastOnce, false, "ok").await;

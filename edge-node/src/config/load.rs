@@ -198,6 +198,11 @@ impl EdgeConfig {
             if c.priority > 7 {
                 bad(format!("{key}.priority"), format!("{} is outside 0 ..= 7", c.priority));
             }
+            if let Some(quota) = c.quota
+                && (quota.bytes() == 0 || quota.bytes() > self.spool.budget.bytes())
+            {
+                bad(format!("{key}.quota"), format!("{quota} must be above 0 and at most the spool budget"));
+            }
             if !c.governance.allows(c.route) {
                 bad(format!("{key}.route"), format!("{:?} is not allowed for governance {:?}", c.route, c.governance));
             }
@@ -287,9 +292,10 @@ mod tests {
 
     #[test]
     fn classes_are_checked() {
-        let text = "[[class]]\nname = \"a\"\nfilters = [\"x/#\"]\nroute = \"edge-direct\"\ngovernance = \"central-only\"\npriority = 9\n";
+        let text = "[[class]]\nname = \"a\"\nfilters = [\"x/#\"]\nroute = \"edge-direct\"\ngovernance = \"central-only\"\npriority = 9\nquota = \"0 B\"\n";
         let err = parse(text).unwrap_err().to_string();
         assert!(err.contains("class[0].priority") && err.contains("class[0].route"), "{err}");
+        assert!(err.contains("class[0].quota"), "{err}");
         let err =
             parse("[[class]]\nname = \"a\"\nfilters = [\"x/#/y\"]\nroute = \"central\"\n").unwrap_err().to_string();
         assert!(err.contains("'#' must be the last level"), "{err}");

@@ -97,6 +97,10 @@ pub struct ClassConfig {
     pub durability: Option<DurabilityConfig>,
     /// Messages older than this are dropped from the spool as an expiry gap. Default: none.
     pub ttl: Option<HumanDuration>,
+    /// Most payload and topic bytes the class may hold in the spool. Over it, a `normal` class
+    /// loses its oldest records (as eviction gaps); a `full` class is refused (no PUBACK).
+    /// Default: none, only the spool's `budget` applies.
+    pub quota: Option<ByteSize>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize)]

@@ -354,13 +354,15 @@ impl Upstream {
             };
             if let Err(e) = committed {
                 // A `full` message the spool could not take: never acknowledged, never
-                // delivered. MQTT 5 gets PUBACK 0x97; MQTT 3.1.1 has no such code, so the
-                // connection closes without a PUBACK and the client will resend.
+                // delivered. MQTT 5 gets PUBACK 0x97 (no room) or 0x80 (the commit failed);
+                // MQTT 3.1.1 has no such codes, so the connection closes without a PUBACK and
+                // the client will resend.
                 tracing::warn!(class = %class.name, topic = topic_str, error = %e, "publish refused by the spool");
+                let code = if e == AppendError::Refused { reason::QUOTA_EXCEEDED } else { reason::UNSPECIFIED };
                 return match (view.qos, sh.version) {
                     (0, _) => Ok(()),
-                    (_, Version::V5) => sh.front_puback(view.pkid, reason::QUOTA_EXCEEDED, inject).await,
-                    (_, Version::V311) => Err(End::Violation("spool_refused", reason::QUOTA_EXCEEDED)),
+                    (_, Version::V5) => sh.front_puback(view.pkid, code, inject).await,
+                    (_, Version::V311) => Err(End::Violation("spool_refused", code)),
                 };
             }
             if route == Route::Central {

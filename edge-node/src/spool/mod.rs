@@ -47,6 +47,7 @@
 //! This module owns the spool's files; it does not know about MQTT connections or the uplink,
 //! which call it through [`Spool`].
 
+pub mod fault;
 pub mod inspect;
 mod sqlite;
 mod writer;
@@ -151,6 +152,16 @@ pub struct Lost {
     pub lane: Lane,
     pub class: String,
     pub seqs: Vec<u64>,
+    /// Their [`message_size`] summed, for the class usage.
+    pub bytes: u64,
+}
+
+/// Message records a class holds and their bytes (payload and topic, see [`message_size`]).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ClassUsage {
+    pub class: String,
+    pub records: u64,
+    pub bytes: u64,
 }
 
 /// A `full` message the spool could not make room for: handed back, never acknowledged.
@@ -177,12 +188,34 @@ pub enum SpoolError {
     },
 }
 
+impl SpoolError {
+    /// A short name for what went wrong, for metrics and alerts: `disk_full`, `io` (a read,
+    /// write or fsync failed), `corrupt`, `schema` or `other`.
+    pub fn kind(&self) -> &'static str {
+        use rusqlite::ffi::ErrorCode;
+        match self {
+            SpoolError::Sqlite { source: rusqlite::Error::SqliteFailure(e, _), .. } => match e.code {
+                ErrorCode::DiskFull => "disk_full",
+                ErrorCode::SystemIoFailure => "io",
+                ErrorCode::DatabaseCorrupt | ErrorCode::NotADatabase => "corrupt",
+                _ => "other",
+            },
+            SpoolError::Sqlite { .. } => "other",
+            SpoolError::NewerSchema { .. } => "schema",
+            SpoolError::Io { source, .. } if source.kind() == std::io::ErrorKind::StorageFull => "disk_full",
+            SpoolError::Io { .. } => "io",
+        }
+    }
+}
+
 /// What a storage holds after opening.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Opened {
     pub epoch: String,
     /// Per lane: next seq to hand out, highest acked seq.
     pub lanes: Vec<(Lane, Seq, Seq)>,
+    /// Message records held per class.
+    pub usage: Vec<ClassUsage>,
     /// Set when a corrupt database was moved aside to this path.
     pub moved_aside: Option<PathBuf>,
 }
@@ -202,19 +235,62 @@ pub trait Storage {
     ) -> Result<(), SpoolError>;
     /// Up to `limit` records of `lane` with seq above `after`, in seq order.
     fn read(&mut self, lane: Lane, after: Seq, limit: usize) -> Result<Vec<Record>, SpoolError>;
-    /// Deletes `lane`'s records at or below `up_to` and records the ack; returns how many.
-    fn ack(&mut self, lane: Lane, up_to: Seq) -> Result<u64, SpoolError>;
+    /// Deletes `lane`'s records at or below `up_to` and records the ack; returns the message
+    /// records deleted per class.
+    fn ack(&mut self, lane: Lane, up_to: Seq) -> Result<Vec<ClassUsage>, SpoolError>;
     /// Bytes the spool takes on disk: pages in use, index included, plus the WAL.
     fn used_bytes(&mut self) -> Result<u64, SpoolError>;
-    /// The oldest `Normal` message records of `lane` (never gap or `Full` records) that add up
-    /// to about `bytes`.
-    fn oldest(&mut self, lane: Lane, bytes: u64) -> Result<Vec<Lost>, SpoolError>;
+    /// The oldest `Normal` message records of `lane` (never gap or `Full` records), of `class`
+    /// only if given, that take about `bytes` on disk.
+    fn oldest(&mut self, lane: Lane, class: Option<&str>, bytes: u64) -> Result<Vec<Lost>, SpoolError>;
     /// Message records that expired at or before `now_ms`.
     fn expired(&mut self, now_ms: u64) -> Result<Vec<Lost>, SpoolError>;
     /// Lanes holding records eviction may take (`Normal` messages), any order.
     fn lanes_with_evictable(&mut self) -> Result<Vec<Lane>, SpoolError>;
+    /// When the first message record still in `lane` was enqueued.
+    fn oldest_enqueued_ms(&mut self, lane: Lane) -> Result<Option<u64>, SpoolError>;
     /// Checkpoints the WAL and returns free pages to the file system.
     fn compact(&mut self) -> Result<(), SpoolError>;
+}
+
+/// A boxed storage is a storage, so the node can run over a fault-injecting wrapper in tests.
+impl Storage for Box<dyn Storage + Send> {
+    fn opened(&self) -> &Opened {
+        (**self).opened()
+    }
+    fn commit(
+        &mut self,
+        records: &[Record],
+        next: &[(Lane, Seq)],
+        delete: &[Lost],
+        d: Durability,
+    ) -> Result<(), SpoolError> {
+        (**self).commit(records, next, delete, d)
+    }
+    fn read(&mut self, lane: Lane, after: Seq, limit: usize) -> Result<Vec<Record>, SpoolError> {
+        (**self).read(lane, after, limit)
+    }
+    fn ack(&mut self, lane: Lane, up_to: Seq) -> Result<Vec<ClassUsage>, SpoolError> {
+        (**self).ack(lane, up_to)
+    }
+    fn used_bytes(&mut self) -> Result<u64, SpoolError> {
+        (**self).used_bytes()
+    }
+    fn oldest(&mut self, lane: Lane, class: Option<&str>, bytes: u64) -> Result<Vec<Lost>, SpoolError> {
+        (**self).oldest(lane, class, bytes)
+    }
+    fn expired(&mut self, now_ms: u64) -> Result<Vec<Lost>, SpoolError> {
+        (**self).expired(now_ms)
+    }
+    fn lanes_with_evictable(&mut self) -> Result<Vec<Lane>, SpoolError> {
+        (**self).lanes_with_evictable()
+    }
+    fn oldest_enqueued_ms(&mut self, lane: Lane) -> Result<Option<u64>, SpoolError> {
+        (**self).oldest_enqueued_ms(lane)
+    }
+    fn compact(&mut self) -> Result<(), SpoolError> {
+        (**self).compact()
+    }
 }
 
 #[derive(Debug, Clone, Copy, Default)]
@@ -241,6 +317,12 @@ pub struct Spool<S> {
     uncommitted_drops: Vec<Lost>,
     /// Most records kept pending while commits fail; beyond it the oldest `normal` ones go.
     max_pending: usize,
+    /// Committed message records per class, kept in step with every commit, ack and drop.
+    usage: BTreeMap<String, ClassUsage>,
+    /// Byte quota per class ([`message_size`] summed).
+    quotas: BTreeMap<String, u64>,
+    /// The lane each class was last appended to, where its quota evicts.
+    class_lanes: BTreeMap<String, Lane>,
 }
 
 impl<S: Storage> Spool<S> {
@@ -251,6 +333,7 @@ impl<S: Storage> Spool<S> {
             .iter()
             .map(|(lane, next, acked)| (*lane, LaneState { next: next.0, committed: next.0, acked: acked.0 }))
             .collect();
+        let usage = storage.opened().usage.iter().map(|u| (u.class.clone(), u.clone())).collect();
         Self {
             storage,
             budget: None,
@@ -260,7 +343,34 @@ impl<S: Storage> Spool<S> {
             dropped: Vec::new(),
             uncommitted_drops: Vec::new(),
             max_pending: 65_536,
+            usage,
+            quotas: BTreeMap::new(),
+            class_lanes: BTreeMap::new(),
         }
+    }
+
+    /// Caps the bytes each named class may hold; over it a `normal` class loses its oldest
+    /// records (as gaps) and a `full` class is refused.
+    pub fn with_quotas(mut self, quotas: impl IntoIterator<Item = (String, u64)>) -> Self {
+        self.quotas = quotas.into_iter().collect();
+        self
+    }
+
+    /// Committed message records and bytes per class.
+    pub fn usage(&self) -> impl Iterator<Item = &ClassUsage> {
+        self.usage.values()
+    }
+
+    /// When the oldest message not yet acked was enqueued, over all lanes.
+    pub fn oldest_unacked_ms(&mut self) -> Result<Option<u64>, SpoolError> {
+        let lanes: Vec<Lane> = self.lanes.keys().copied().collect();
+        let mut oldest = None;
+        for lane in lanes {
+            if let Some(ms) = self.storage.oldest_enqueued_ms(lane)? {
+                oldest = Some(oldest.map_or(ms, |o: u64| o.min(ms)));
+            }
+        }
+        Ok(oldest)
     }
 
     /// Keeps the spool within `bytes` on disk (database, index and WAL).
@@ -289,6 +399,9 @@ impl<S: Storage> Spool<S> {
                 self.note_uncommitted_drop(&r);
             }
         }
+        if self.class_lanes.get(&message.class) != Some(&lane) {
+            self.class_lanes.insert(message.class.clone(), lane);
+        }
         let state = self.lanes.entry(lane).or_default();
         state.next = state.next.max(1);
         let seq = Seq(state.next);
@@ -302,6 +415,17 @@ impl<S: Storage> Spool<S> {
     /// priority than `lane`; otherwise hands it back. Flushes what is pending first, so the room
     /// is measured on disk.
     pub fn append_full(&mut self, lane: Lane, message: Message) -> Result<Seq, Box<Refused>> {
+        if let Some(quota) = self.quotas.get(&message.class) {
+            let pending: u64 = self
+                .pending
+                .iter()
+                .filter_map(|r| r.message().filter(|m| m.class == message.class).map(message_size))
+                .sum();
+            let held = self.usage.get(&message.class).map_or(0, |u| u.bytes);
+            if held + pending + message_size(&message) > *quota {
+                return Err(Box::new(Refused { message }));
+            }
+        }
         if let Some(budget) = self.budget {
             let size = estimated_size(&message);
             let fits = self.flush().is_ok() && self.make_room(budget.saturating_sub(size), Some(lane)).unwrap_or(false);
@@ -336,6 +460,29 @@ impl<S: Storage> Spool<S> {
         if let Some(budget) = self.budget {
             self.make_room(budget, None)?;
         }
+        self.enforce_quotas()
+    }
+
+    /// Evicts the oldest `normal` records of each class over its quota.
+    fn enforce_quotas(&mut self) -> Result<(), SpoolError> {
+        let over: Vec<(String, Lane, u64)> = self
+            .quotas
+            .iter()
+            .filter_map(|(class, quota)| {
+                let held = self.usage.get(class).map_or(0, |u| u.bytes);
+                let lane = self.class_lanes.get(class)?;
+                // Aim a little under the quota so the next commits do not evict again at once.
+                (held > *quota).then(|| (class.clone(), *lane, held - quota + quota / 10))
+            })
+            .collect();
+        for (class, lane, need) in over {
+            // `oldest` counts on-disk bytes, a little more than the quota's: ask for what the
+            // quota needs and let the overhead make it round up.
+            let lost = self.storage.oldest(lane, Some(&class), need)?;
+            if !lost.is_empty() {
+                self.record_gaps(lost, GapReason::Evicted)?;
+            }
+        }
         Ok(())
     }
 
@@ -363,7 +510,7 @@ impl<S: Storage> Spool<S> {
             };
             // Aim a little under the target so the next commits do not evict again at once.
             let need = (used - target + target / 10) * factor;
-            let lost = self.storage.oldest(lane, need)?;
+            let lost = self.storage.oldest(lane, None, need)?;
             if lost.is_empty() {
                 exhausted.push(lane);
                 continue;
@@ -397,7 +544,7 @@ impl<S: Storage> Spool<S> {
 
     fn record_gaps_for(&mut self, lost: Vec<Lost>, reason: GapReason, delete: bool) -> Result<(), SpoolError> {
         let mut gaps = Vec::new();
-        for Lost { lane, class, seqs } in &lost {
+        for Lost { lane, class, seqs, .. } in &lost {
             let mut seqs = seqs.clone();
             seqs.sort_unstable();
             let count = seqs.len() as u64;
@@ -450,7 +597,8 @@ impl<S: Storage> Spool<S> {
         };
         match self.uncommitted_drops.iter_mut().find(|l| l.lane == r.lane && l.class == class) {
             Some(l) => l.seqs.push(r.seq.0),
-            None => self.uncommitted_drops.push(Lost { lane: r.lane, class, seqs: vec![r.seq.0] }),
+            // Never committed, so never in the usage: no bytes to take back.
+            None => self.uncommitted_drops.push(Lost { lane: r.lane, class, seqs: vec![r.seq.0], bytes: 0 }),
         }
     }
 
@@ -475,6 +623,17 @@ impl<S: Storage> Spool<S> {
             }
         }
         self.storage.commit(&self.pending, &next, delete, self.pending_durability)?;
+        for m in self.pending.iter().filter_map(Record::message) {
+            let u = self
+                .usage
+                .entry(m.class.clone())
+                .or_insert_with(|| ClassUsage { class: m.class.clone(), ..Default::default() });
+            u.records += 1;
+            u.bytes += message_size(m);
+        }
+        for lost in delete {
+            self.take_usage(&lost.class, lost.seqs.len() as u64, lost.bytes);
+        }
         for (lane, seq) in next {
             if let Some(state) = self.lanes.get_mut(&lane) {
                 state.committed = state.committed.max(seq.0);
@@ -507,13 +666,31 @@ impl<S: Storage> Spool<S> {
         }
         let deleted = self.storage.ack(lane, Seq(up_to))?;
         state.acked = up_to;
-        Ok(deleted)
+        let mut records = 0;
+        for d in &deleted {
+            records += d.records;
+            self.take_usage(&d.class, d.records, d.bytes);
+        }
+        Ok(records)
+    }
+
+    fn take_usage(&mut self, class: &str, records: u64, bytes: u64) {
+        if let Some(u) = self.usage.get_mut(class) {
+            u.records = u.records.saturating_sub(records);
+            u.bytes = u.bytes.saturating_sub(bytes);
+        }
     }
 
     /// Highest acked seq per lane.
     pub fn acked(&self, lane: Lane) -> Seq {
         Seq(self.lanes.get(&lane).map_or(0, |s| s.acked))
     }
+}
+
+/// A message's bytes as class quotas and usage count them: payload and topic. The storage's
+/// own overhead counts against the spool's budget, not the class's quota.
+pub fn message_size(m: &Message) -> u64 {
+    (m.payload.len() + m.topic.len()) as u64
 }
 
 /// Bytes a message takes in a record, roughly: what eviction counts.

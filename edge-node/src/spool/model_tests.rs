@@ -7,6 +7,7 @@ use std::path::Path;
 use bytes::Bytes;
 use proptest::prelude::*;
 
+use super::fault::{Fault, Faults, FaultyStorage};
 use super::*;
 
 fn message(payload: &[u8]) -> Message {
@@ -162,6 +163,12 @@ proptest! {
                 prop_assert_eq!(seqs, want, "lane {} has holes or extras", lane);
                 prop_assert_eq!(spool.acked(Lane(lane)), Seq(acked));
             }
+            // The usage kept in memory matches what is on disk (counted afresh at each open).
+            let held: Vec<&Vec<u8>> = model.committed.values().flat_map(|c| c.values()).collect();
+            let bytes: u64 = held.iter().map(|p| (p.len() + message(&[]).topic.len()) as u64).sum();
+            let usage: Vec<(u64, u64)> = spool.usage().map(|u| (u.records, u.bytes)).filter(|u| u.0 > 0).collect();
+            let want = if held.is_empty() { vec![] } else { vec![(held.len() as u64, bytes)] };
+            prop_assert_eq!(usage, want);
         }
     }
 }
@@ -379,65 +386,16 @@ fn expired_messages_become_a_gap_record() {
     assert_eq!(spool.take_dropped(), [("telemetry".to_owned(), GapReason::Expired, 2)]);
 }
 
-/// Wraps a storage and fails its commits on demand, as a full disk (SQLITE_FULL) or a failed
-/// fsync would.
-#[derive(Debug)]
-struct Faulty<S> {
-    inner: S,
-    fail_commits: usize,
-}
-
-impl<S: Storage> Storage for Faulty<S> {
-    fn opened(&self) -> &Opened {
-        self.inner.opened()
-    }
-    fn commit(
-        &mut self,
-        records: &[Record],
-        next: &[(Lane, Seq)],
-        delete: &[Lost],
-        d: Durability,
-    ) -> Result<(), SpoolError> {
-        if self.fail_commits > 0 {
-            self.fail_commits -= 1;
-            return Err(SpoolError::Sqlite {
-                path: "faulty".into(),
-                source: rusqlite::Error::SqliteFailure(rusqlite::ffi::Error::new(rusqlite::ffi::SQLITE_FULL), None),
-            });
-        }
-        self.inner.commit(records, next, delete, d)
-    }
-    fn read(&mut self, lane: Lane, after: Seq, limit: usize) -> Result<Vec<Record>, SpoolError> {
-        self.inner.read(lane, after, limit)
-    }
-    fn ack(&mut self, lane: Lane, up_to: Seq) -> Result<u64, SpoolError> {
-        if self.fail_commits > 0 {
-            self.fail_commits -= 1;
-            return Err(SpoolError::Io { path: "faulty".into(), source: std::io::Error::other("fsync failed") });
-        }
-        self.inner.ack(lane, up_to)
-    }
-    fn used_bytes(&mut self) -> Result<u64, SpoolError> {
-        self.inner.used_bytes()
-    }
-    fn oldest(&mut self, lane: Lane, bytes: u64) -> Result<Vec<Lost>, SpoolError> {
-        self.inner.oldest(lane, bytes)
-    }
-    fn expired(&mut self, now_ms: u64) -> Result<Vec<Lost>, SpoolError> {
-        self.inner.expired(now_ms)
-    }
-    fn lanes_with_evictable(&mut self) -> Result<Vec<Lane>, SpoolError> {
-        self.inner.lanes_with_evictable()
-    }
-    fn compact(&mut self) -> Result<(), SpoolError> {
-        self.inner.compact()
-    }
+fn faulty(dir: &tempfile::TempDir, fail: u32) -> FaultyStorage<SqliteStorage> {
+    let faults = Faults::default();
+    faults.fail(Fault::DiskFull, fail);
+    FaultyStorage { inner: SqliteStorage::open(&dir.path().join("spool.db")).unwrap(), faults, path: "faulty".into() }
 }
 
 #[test]
 fn a_failed_commit_keeps_the_batch_and_a_retry_loses_nothing() {
     let dir = tempfile::tempdir().unwrap();
-    let storage = Faulty { inner: SqliteStorage::open(&dir.path().join("spool.db")).unwrap(), fail_commits: 2 };
+    let storage = faulty(&dir, 2);
     let mut spool = Spool::new(storage);
     for i in 0..10u8 {
         spool.append(Lane(0), message(&[i]), Durability::Normal);
@@ -453,7 +411,7 @@ fn a_failed_commit_keeps_the_batch_and_a_retry_loses_nothing() {
         spool.read(Lane(0), Seq(0), 100).unwrap().iter().map(|r| r.message().unwrap().payload[0]).collect();
     assert_eq!(got, (0..=10).collect::<Vec<u8>>());
     // A failed ack deletes nothing and can be repeated.
-    spool.storage.fail_commits = 1;
+    spool.storage.faults.fail(Fault::FsyncFailed, 1);
     assert!(spool.ack(Lane(0), Seq(5)).is_err());
     assert_eq!(spool.acked(Lane(0)), Seq(0));
     assert_eq!(spool.ack(Lane(0), Seq(5)).unwrap(), 5);
@@ -463,7 +421,7 @@ fn a_failed_commit_keeps_the_batch_and_a_retry_loses_nothing() {
 #[test]
 fn a_full_record_whose_commit_failed_becomes_a_refused_gap_not_a_late_duplicate() {
     let dir = tempfile::tempdir().unwrap();
-    let storage = Faulty { inner: SqliteStorage::open(&dir.path().join("spool.db")).unwrap(), fail_commits: 1 };
+    let storage = faulty(&dir, 1);
     let mut spool = Spool::new(storage);
     spool.append(Lane(0), message(b"n1"), Durability::Normal);
     spool.append(Lane(0), message(b"f2"), Durability::Full);
@@ -490,7 +448,7 @@ fn a_full_record_whose_commit_failed_becomes_a_refused_gap_not_a_late_duplicate(
 #[test]
 fn pending_is_capped_while_commits_fail_and_the_loss_is_recorded() {
     let dir = tempfile::tempdir().unwrap();
-    let storage = Faulty { inner: SqliteStorage::open(&dir.path().join("spool.db")).unwrap(), fail_commits: 8 };
+    let storage = faulty(&dir, 8);
     let mut spool = Spool::new(storage).with_max_pending(4);
     for i in 0..10u8 {
         spool.append(Lane(1), message(&[i]), Durability::Normal);
@@ -505,4 +463,48 @@ fn pending_is_capped_while_commits_fail_and_the_loss_is_recorded() {
     let mut accounted: Vec<u64> = v.messages.iter().chain(&v.gap_records).chain(&v.refused).copied().collect();
     accounted.sort_unstable();
     assert_eq!(accounted, (1..=last).collect::<Vec<u64>>(), "every seq is a message, a gap, or in a gap");
+}
+
+#[test]
+fn a_class_over_its_quota_loses_its_own_oldest_records_and_a_full_class_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut spool =
+        open(&dir.path().join("spool.db")).with_quotas([("telemetry".to_owned(), 10_000), ("audit".to_owned(), 3_000)]);
+    let size = message(&[0; 1000]).topic.len() as u64 + 1000;
+    let mut other = message(&[7; 1000]);
+    other.class = "other".into();
+    for i in 0..30u8 {
+        spool.append(Lane(1), message(&[i; 1000]), Durability::Normal);
+        spool.append(Lane(1), other.clone(), Durability::Normal);
+        spool.flush().unwrap();
+    }
+    let usage: BTreeMap<String, (u64, u64)> = spool.usage().map(|u| (u.class.clone(), (u.records, u.bytes))).collect();
+    let (records, bytes) = usage["telemetry"];
+    assert!(bytes <= 10_000, "telemetry holds {bytes} bytes over its 10,000 quota");
+    assert_eq!(bytes, records * size);
+    assert_eq!(usage["other"], (30, 30 * size), "a class without a quota keeps everything");
+    let v = view(&mut spool, 1);
+    let kept: Vec<u8> = spool
+        .read(Lane(1), Seq(0), 1000)
+        .unwrap()
+        .iter()
+        .filter_map(|r| r.message().filter(|m| m.class == "telemetry").map(|m| m.payload[0]))
+        .collect();
+    assert_eq!(kept.last(), Some(&29), "the newest records stay");
+    assert!(kept.windows(2).all(|w| w[0] + 1 == w[1]), "the oldest went first: {kept:?}");
+    assert_eq!(v.evicted.len() as u64, 30 - records, "every eviction is in a gap record");
+    // The usage survives a restart: counted afresh from disk.
+    drop(spool);
+    let spool = open(&dir.path().join("spool.db"));
+    let after: BTreeMap<String, (u64, u64)> = spool.usage().map(|u| (u.class.clone(), (u.records, u.bytes))).collect();
+    assert_eq!(after, usage);
+
+    let mut spool = spool.with_quotas([("audit".to_owned(), 3_000)]);
+    let mut audit = message(&[1; 1000]);
+    audit.class = "audit".into();
+    assert!(spool.append_full(Lane(0), audit.clone()).is_ok());
+    assert!(spool.append_full(Lane(0), audit.clone()).is_ok());
+    assert!(spool.append_full(Lane(0), audit.clone()).is_err(), "a third would pass the quota");
+    spool.flush().unwrap();
+    assert!(spool.append_full(Lane(0), audit).is_err(), "full records are never evicted to make room");
 }

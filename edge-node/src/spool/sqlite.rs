@@ -7,7 +7,9 @@ use bytes::Bytes;
 use rand::RngCore;
 use rusqlite::{Connection, params};
 
-use super::{Body, Durability, Gap, Lane, Lost, Message, Opened, Properties, Record, Seq, SpoolError, Storage};
+use super::{
+    Body, ClassUsage, Durability, Gap, Lane, Lost, Message, Opened, Properties, Record, Seq, SpoolError, Storage,
+};
 
 const SCHEMA_VERSION: i64 = 1;
 
@@ -38,6 +40,10 @@ const KIND_GAP: i64 = 1;
 
 /// Per-record bytes beyond payload, topic and properties that eviction counts (key, header).
 const RECORD_OVERHEAD: i64 = 64;
+
+/// A message's bytes as class quotas and usage count them: payload and topic, as
+/// [`super::message_size`] computes them before the record is written.
+const MESSAGE_SIZE: &str = "(length(payload) + octet_length(topic))";
 
 #[derive(Debug)]
 pub struct SqliteStorage {
@@ -126,7 +132,19 @@ impl SqliteStorage {
                 .collect::<Result<Vec<_>, _>>()
                 .map_err(err)?
         };
-        let opened = Opened { epoch, lanes, moved_aside: None };
+        let usage = {
+            let mut stmt = conn
+                .prepare(&format!(
+                    "SELECT class, count(*), coalesce(sum({MESSAGE_SIZE}), 0) FROM records WHERE kind = 0 \
+                     GROUP BY class ORDER BY class"
+                ))
+                .map_err(err)?;
+            stmt.query_map([], |r| Ok(ClassUsage { class: r.get(0)?, records: r.get(1)?, bytes: r.get(2)? }))
+                .map_err(err)?
+                .collect::<Result<Vec<_>, _>>()
+                .map_err(err)?
+        };
+        let opened = Opened { epoch, lanes, usage, moved_aside: None };
         Ok(Self { conn, path: path.to_owned(), opened, synchronous_full: false })
     }
 
@@ -288,15 +306,28 @@ impl Storage for SqliteStorage {
         rows.collect::<Result<Vec<_>, _>>().map_err(|e| self.err(e))
     }
 
-    fn ack(&mut self, lane: Lane, up_to: Seq) -> Result<u64, SpoolError> {
+    fn ack(&mut self, lane: Lane, up_to: Seq) -> Result<Vec<ClassUsage>, SpoolError> {
         let tx = self.conn.unchecked_transaction().map_err(|e| self.err(e))?;
-        let deleted = tx
-            .execute("DELETE FROM records WHERE lane = ?1 AND seq <= ?2", params![lane.0, up_to.0])
+        let deleted = {
+            let mut stmt = tx
+                .prepare_cached(&format!(
+                    "SELECT class, count(*), coalesce(sum({MESSAGE_SIZE}), 0) FROM records \
+                     WHERE lane = ?1 AND seq <= ?2 AND kind = 0 GROUP BY class"
+                ))
+                .map_err(|e| self.err(e))?;
+            stmt.query_map(params![lane.0, up_to.0], |r| {
+                Ok(ClassUsage { class: r.get(0)?, records: r.get(1)?, bytes: r.get(2)? })
+            })
+            .map_err(|e| self.err(e))?
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(|e| self.err(e))?
+        };
+        tx.execute("DELETE FROM records WHERE lane = ?1 AND seq <= ?2", params![lane.0, up_to.0])
             .map_err(|e| self.err(e))?;
         tx.execute("UPDATE lanes SET acked = max(acked, ?2) WHERE lane = ?1", params![lane.0, up_to.0])
             .map_err(|e| self.err(e))?;
         tx.commit().map_err(|e| self.err(e))?;
-        Ok(deleted as u64)
+        Ok(deleted)
     }
 
     fn used_bytes(&mut self) -> Result<u64, SpoolError> {
@@ -310,15 +341,24 @@ impl Storage for SqliteStorage {
         Ok(((pages - free).max(0) * size) as u64 + wal)
     }
 
-    fn oldest(&mut self, lane: Lane, bytes: u64) -> Result<Vec<Lost>, SpoolError> {
-        let mut stmt = self
-            .conn
-            .prepare_cached(
-                "SELECT seq, class, length(payload) + length(topic) + coalesce(length(user_properties), 0) + ?3 \
-                 FROM records WHERE lane = ?1 AND kind = 0 AND durability = 0 ORDER BY seq LIMIT ?2",
+    fn oldest(&mut self, lane: Lane, class: Option<&str>, bytes: u64) -> Result<Vec<Lost>, SpoolError> {
+        // Two statements rather than `(?2 IS NULL OR class = ?2)`, which would hide the
+        // `(lane, seq)` key from the planner.
+        let sql = if class.is_some() {
+            format!(
+                "SELECT seq, class, length(payload) + length(topic) + coalesce(length(user_properties), 0) + ?3, \
+                 {MESSAGE_SIZE} FROM records WHERE lane = ?1 AND kind = 0 AND durability = 0 AND class = ?4 \
+                 ORDER BY seq LIMIT ?2"
             )
-            .map_err(|e| self.err(e))?;
-        let mut rows = stmt.query(params![lane.0, 4096, RECORD_OVERHEAD]).map_err(|e| self.err(e))?;
+        } else {
+            format!(
+                "SELECT seq, class, length(payload) + length(topic) + coalesce(length(user_properties), 0) + ?3, \
+                 {MESSAGE_SIZE} FROM records WHERE lane = ?1 AND kind = 0 AND durability = 0 AND ?4 IS NULL \
+                 ORDER BY seq LIMIT ?2"
+            )
+        };
+        let mut stmt = self.conn.prepare_cached(&sql).map_err(|e| self.err(e))?;
+        let mut rows = stmt.query(params![lane.0, 4096, RECORD_OVERHEAD, class]).map_err(|e| self.err(e))?;
         let mut lost: Vec<Lost> = Vec::new();
         let mut freed = 0u64;
         while freed < bytes {
@@ -326,10 +366,8 @@ impl Storage for SqliteStorage {
             let seq: u64 = row.get(0).map_err(|e| self.err(e))?;
             let class: String = row.get(1).map_err(|e| self.err(e))?;
             freed += row.get::<_, i64>(2).map_err(|e| self.err(e))? as u64;
-            match lost.iter_mut().find(|l| l.class == class) {
-                Some(l) => l.seqs.push(seq),
-                None => lost.push(Lost { lane, class, seqs: vec![seq] }),
-            }
+            let size = row.get::<_, i64>(3).map_err(|e| self.err(e))? as u64;
+            add_lost(&mut lost, lane, class, seq, size);
         }
         Ok(lost)
     }
@@ -337,21 +375,20 @@ impl Storage for SqliteStorage {
     fn expired(&mut self, now_ms: u64) -> Result<Vec<Lost>, SpoolError> {
         let mut stmt = self
             .conn
-            .prepare_cached(
-                "SELECT lane, seq, class FROM records WHERE kind = 0 AND expires_ms IS NOT NULL AND expires_ms <= ?1 \
-                 ORDER BY lane, seq",
-            )
+            .prepare_cached(&format!(
+                "SELECT lane, seq, class, {MESSAGE_SIZE} FROM records \
+                     WHERE kind = 0 AND expires_ms IS NOT NULL AND expires_ms <= ?1 ORDER BY lane, seq"
+            ))
             .map_err(|e| self.err(e))?;
         let rows = stmt
-            .query_map(params![now_ms], |r| Ok((Lane(r.get(0)?), r.get::<_, u64>(1)?, r.get::<_, String>(2)?)))
+            .query_map(params![now_ms], |r| {
+                Ok((Lane(r.get(0)?), r.get::<_, u64>(1)?, r.get::<_, String>(2)?, r.get::<_, u64>(3)?))
+            })
             .map_err(|e| self.err(e))?;
         let mut lost: Vec<Lost> = Vec::new();
         for row in rows {
-            let (lane, seq, class) = row.map_err(|e| self.err(e))?;
-            match lost.iter_mut().find(|l| l.lane == lane && l.class == class) {
-                Some(l) => l.seqs.push(seq),
-                None => lost.push(Lost { lane, class, seqs: vec![seq] }),
-            }
+            let (lane, seq, class, size) = row.map_err(|e| self.err(e))?;
+            add_lost(&mut lost, lane, class, seq, size);
         }
         Ok(lost)
     }
@@ -365,6 +402,18 @@ impl Storage for SqliteStorage {
         rows.collect::<Result<Vec<_>, _>>().map_err(|e| self.err(e))
     }
 
+    fn oldest_enqueued_ms(&mut self, lane: Lane) -> Result<Option<u64>, SpoolError> {
+        let mut stmt = self
+            .conn
+            .prepare_cached("SELECT enqueued_ms FROM records WHERE lane = ?1 AND kind = 0 ORDER BY seq LIMIT 1")
+            .map_err(|e| self.err(e))?;
+        let mut rows = stmt.query(params![lane.0]).map_err(|e| self.err(e))?;
+        match rows.next().map_err(|e| self.err(e))? {
+            Some(row) => Ok(Some(row.get(0).map_err(|e| self.err(e))?)),
+            None => Ok(None),
+        }
+    }
+
     fn compact(&mut self) -> Result<(), SpoolError> {
         // Free pages go back first (that is a write, into the WAL); the checkpoint then moves
         // everything into the main file, which shrinks, and truncates the WAL to nothing.
@@ -375,5 +424,16 @@ impl Storage for SqliteStorage {
             while rows.next().map_err(|e| self.err(e))?.is_some() {}
         }
         self.conn.query_row("PRAGMA wal_checkpoint(TRUNCATE)", [], |_| Ok(())).map_err(|e| self.err(e))
+    }
+}
+
+/// Adds `seq` to the entry of `lane` and `class`, keeping one entry per pair.
+fn add_lost(lost: &mut Vec<Lost>, lane: Lane, class: String, seq: u64, size: u64) {
+    match lost.iter_mut().find(|l| l.lane == lane && l.class == class) {
+        Some(l) => {
+            l.seqs.push(seq);
+            l.bytes += size;
+        }
+        None => lost.push(Lost { lane, class, seqs: vec![seq], bytes: size }),
     }
 }

@@ -10,10 +10,14 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::Histogram;
 use tokio::sync::oneshot;
 
-use super::{Durability, Lane, Message, Seq, Spool, SqliteStorage};
+use super::{Durability, Lane, Message, Seq, Spool, SpoolError, Storage};
+
+/// The spool the writer thread owns: SQLite in production, a fault-injecting wrapper in tests.
+pub type DynSpool = Spool<Box<dyn Storage + Send>>;
 
 /// Why a `full` append got no PUBACK.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
@@ -30,8 +34,13 @@ pub enum AppendError {
 type Done = oneshot::Sender<Result<Seq, AppendError>>;
 
 enum Request {
-    Append { lane: Lane, message: Box<Message>, durability: Durability, done: Option<Done> },
+    Append { lane: Lane, message: Box<Message>, durability: Durability, done: Option<Done>, queued: Instant },
     Shutdown(oneshot::Sender<()>),
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct KindLabel {
+    pub kind: &'static str,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -46,8 +55,17 @@ pub struct WriterMetrics {
     pub appended: Family<crate::metrics::ClassLabel, Counter>,
     pub dropped: Family<DropLabels, Counter>,
     pub refused: Counter,
-    pub commit_errors: Counter,
+    pub commit_errors: Family<KindLabel, Counter>,
     pub commit_seconds: Histogram,
+    /// From a `normal` append to the end of its commit: the PUBACK-to-commit window, a little
+    /// over-stated (the PUBACK leaves after the append).
+    pub window_seconds: Histogram,
+    pub class_records: Family<crate::metrics::ClassLabel, Gauge>,
+    pub class_bytes: Family<crate::metrics::ClassLabel, Gauge>,
+    pub oldest_unacked_seconds: Gauge,
+    pub healthy: Gauge,
+    /// Unusable databases moved aside at startup.
+    pub moved_aside: Counter,
 }
 
 /// A handle to the spool thread.
@@ -59,7 +77,7 @@ pub struct SpoolWriter {
 impl SpoolWriter {
     /// Starts the spool thread over `spool`.
     pub fn start(
-        spool: Spool<SqliteStorage>,
+        spool: DynSpool,
         commit_interval: Duration,
         commit_batch: usize,
         metrics: Arc<WriterMetrics>,
@@ -86,7 +104,7 @@ impl SpoolWriter {
             (None, None)
         };
         self.tx
-            .send_async(Request::Append { lane, message: Box::new(message), durability, done })
+            .send_async(Request::Append { lane, message: Box::new(message), durability, done, queued: Instant::now() })
             .await
             .map_err(|_| AppendError::Stopped)?;
         Ok(rx)
@@ -105,7 +123,7 @@ fn now_ms() -> u64 {
     SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
 }
 
-fn count_dropped(spool: &mut Spool<SqliteStorage>, metrics: &WriterMetrics) {
+fn count_dropped(spool: &mut DynSpool, metrics: &WriterMetrics) {
     for (class, reason, count) in spool.take_dropped() {
         let reason = match reason {
             super::GapReason::Evicted => "evicted",
@@ -116,8 +134,64 @@ fn count_dropped(spool: &mut Spool<SqliteStorage>, metrics: &WriterMetrics) {
     }
 }
 
+/// Gauges read from the spool: usage per class after every commit, the oldest unacked age on
+/// the expiry tick (it costs a query per lane).
+fn update_gauges(spool: &mut DynSpool, metrics: &WriterMetrics, with_age: bool) {
+    for u in spool.usage() {
+        let class = crate::metrics::class_label(&u.class);
+        crate::metrics::handle(&metrics.class_records, &class).set(u.records as i64);
+        crate::metrics::handle(&metrics.class_bytes, &class).set(u.bytes as i64);
+    }
+    if with_age {
+        match spool.oldest_unacked_ms() {
+            Ok(oldest) => {
+                let age = oldest.map_or(0, |ms| now_ms().saturating_sub(ms) / 1000);
+                metrics.oldest_unacked_seconds.set(age as i64);
+            }
+            Err(e) => tracing::warn!(error = %e, "spool: cannot read the oldest unacked record"),
+        }
+    }
+}
+
+/// Logs commit failures without flooding: the first of a run, then one line every
+/// `REPEAT` with the count, and the recovery.
+#[derive(Debug, Default)]
+struct FailureLog {
+    failing_since: Option<Instant>,
+    last_line: Option<Instant>,
+    failures: u64,
+}
+
+impl FailureLog {
+    const REPEAT: Duration = Duration::from_secs(10);
+
+    fn failed(&mut self, e: &SpoolError, pending: usize) {
+        self.failures += 1;
+        let now = Instant::now();
+        if self.last_line.is_none_or(|t| now - t >= Self::REPEAT) {
+            self.last_line = Some(now);
+            self.failing_since.get_or_insert(now);
+            tracing::error!(
+                kind = e.kind(),
+                error = %e,
+                pending,
+                failures = self.failures,
+                "spool commit failed; normal messages stay in memory and are retried, full ones get no PUBACK; local delivery is not affected"
+            );
+        }
+    }
+
+    fn succeeded(&mut self) {
+        if let Some(since) = self.failing_since.take() {
+            tracing::warn!(failures = self.failures, after = ?since.elapsed(), "spool commits succeed again");
+        }
+        self.failures = 0;
+        self.last_line = None;
+    }
+}
+
 fn run(
-    mut spool: Spool<SqliteStorage>,
+    mut spool: DynSpool,
     rx: flume::Receiver<Request>,
     commit_interval: Duration,
     commit_batch: usize,
@@ -125,23 +199,31 @@ fn run(
 ) {
     const EXPIRY_TICK: Duration = Duration::from_secs(1);
     let mut last_expiry = Instant::now();
+    let mut failures = FailureLog::default();
+    // Appends of `normal` messages not yet committed, for the window histogram.
+    let mut uncommitted: Vec<Instant> = Vec::new();
+    metrics.healthy.set(1);
+    update_gauges(&mut spool, metrics, true);
     loop {
         if last_expiry.elapsed() >= EXPIRY_TICK {
             last_expiry = Instant::now();
             if let Err(e) = spool.expire(now_ms()) {
-                tracing::error!(error = %e, "spool expiry failed");
+                tracing::error!(kind = e.kind(), error = %e, "spool expiry failed");
             }
             count_dropped(&mut spool, metrics);
+            update_gauges(&mut spool, metrics, true);
         }
-        let first = match rx.recv_timeout(EXPIRY_TICK) {
-            Ok(r) => r,
+        // While commits fail, retry on a short tick even when nothing new arrives.
+        let wait = if spool.pending() > 0 { commit_interval.max(Duration::from_millis(50)) } else { EXPIRY_TICK };
+        let mut batch = match rx.recv_timeout(wait) {
+            Ok(r) => vec![r],
+            Err(flume::RecvTimeoutError::Timeout) if spool.pending() > 0 => Vec::new(),
             Err(flume::RecvTimeoutError::Timeout) => continue,
             Err(flume::RecvTimeoutError::Disconnected) => {
                 let _ = spool.flush();
                 return;
             }
         };
-        let mut batch = vec![first];
         let deadline = Instant::now() + commit_interval;
         while batch.len() < commit_batch {
             let urgent = batch.iter().any(|r| !matches!(r, Request::Append { done: None, .. }));
@@ -156,7 +238,7 @@ fn run(
         let mut shutdown = None;
         for request in batch {
             match request {
-                Request::Append { lane, message, durability: Durability::Full, done } => {
+                Request::Append { lane, message, durability: Durability::Full, done, .. } => {
                     let class = crate::metrics::class_label(&message.class);
                     let result = spool.append_full(lane, *message).map_err(|_| AppendError::Refused);
                     if result.is_err() {
@@ -168,7 +250,10 @@ fn run(
                         waiters.push((done, result));
                     }
                 }
-                Request::Append { lane, message, durability, .. } => {
+                Request::Append { lane, message, durability, queued, .. } => {
+                    if uncommitted.len() < 65_536 {
+                        uncommitted.push(queued);
+                    }
                     crate::metrics::handle(&metrics.appended, &crate::metrics::class_label(&message.class)).inc();
                     spool.append(lane, *message, durability);
                 }
@@ -178,11 +263,22 @@ fn run(
         let started = Instant::now();
         let committed = spool.flush();
         metrics.commit_seconds.observe(started.elapsed().as_secs_f64());
-        if let Err(e) = &committed {
-            metrics.commit_errors.inc();
-            tracing::error!(error = %e, pending = spool.pending(), "spool commit failed; retrying with the next batch");
+        match &committed {
+            Ok(()) => {
+                failures.succeeded();
+                metrics.healthy.set(1);
+                for queued in uncommitted.drain(..) {
+                    metrics.window_seconds.observe(queued.elapsed().as_secs_f64());
+                }
+            }
+            Err(e) => {
+                crate::metrics::handle(&metrics.commit_errors, &KindLabel { kind: e.kind() }).inc();
+                metrics.healthy.set(0);
+                failures.failed(e, spool.pending());
+            }
         }
         count_dropped(&mut spool, metrics);
+        update_gauges(&mut spool, metrics, false);
         for (done, result) in waiters {
             let result = match (&committed, result) {
                 (Ok(()), r) => r,
