@@ -96,7 +96,12 @@ impl Metrics {
                 commit_errors: Family::default(),
                 // 50 µs .. ~1.6 s
                 commit_seconds: Histogram::new(exponential_buckets(0.000_05, 2.0, 16)),
-                window_seconds: Histogram::new(exponential_buckets(0.000_05, 2.0, 16)),
+                // Linear where the 10 ms target is judged, then coarse.
+                window_seconds: Histogram::new(
+                    [0.5, 1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0, 9.0, 10.0, 12.0, 15.0, 20.0, 50.0, 100.0, 1000.0]
+                        .into_iter()
+                        .map(|ms| ms / 1000.0),
+                ),
                 class_records: Family::default(),
                 class_bytes: Family::default(),
                 oldest_unacked_seconds: Gauge::default(),

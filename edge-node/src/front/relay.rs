@@ -4,7 +4,7 @@
 //! itself (a refused PUBLISH's PUBACK, a SUBACK) goes to the client through the downstream side,
 //! so writes to the client never interleave mid-packet.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::atomic::{AtomicI64, Ordering};
 use std::sync::{Arc, Mutex};
 
@@ -13,7 +13,7 @@ use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::gauge::Gauge;
 use rumqttd::protocol::{Packet, Protocol, v4::V4, v5::V5};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, oneshot};
 
 use super::FrontContext;
 use super::acks::AckOrder;
@@ -23,7 +23,7 @@ use super::packet::{self, PacketError, Version, reason};
 use crate::auth::{Identity, Rules};
 use crate::metrics;
 use crate::route::{Class, Route};
-use crate::spool::{AppendError, Message, Properties};
+use crate::spool::{AppendError, Message, Properties, Seq};
 
 /// rumqttd's limit for client topic aliases (it advertises it in CONNACK).
 const TOPIC_ALIAS_MAX: u16 = 4096;
@@ -122,6 +122,16 @@ impl<'a> Shared<'a> {
         send(inject, Bytes::new()).await
     }
 
+    /// A `full` message the spool could not take is never acknowledged and never delivered.
+    /// MQTT 5 gets a PUBACK with this code: 0x97 (no room) or 0x80 (the commit failed).
+    /// MQTT 3.1.1 has no such codes (`None`): the connection closes without a PUBACK and the
+    /// client will resend.
+    fn spool_refusal(&self, class: &str, e: AppendError) -> Option<u8> {
+        tracing::warn!(class, error = %e, "publish refused by the spool");
+        let code = if e == AppendError::Refused { reason::QUOTA_EXCEEDED } else { reason::UNSPECIFIED };
+        (self.version == Version::V5).then_some(code)
+    }
+
     fn drain_acks(&self) -> BytesMut {
         let mut out = BytesMut::new();
         if let Ok(mut acks) = self.acks.lock() {
@@ -147,7 +157,20 @@ pub(super) struct Upstream {
     /// QoS2 publishes the front answered itself (refused on MQTT 3.1.1, or spooled for the
     /// cloud only), whose PUBREL it also answers.
     answered_qos2: HashSet<u16>,
+    /// `full` QoS1 publishes for the cloud only whose PUBACK waits for their commit, oldest
+    /// first (the spool commits in order). The client's next publishes are read meanwhile, so
+    /// one connection's publishes share group commits instead of taking one commit each.
+    commits: VecDeque<PendingCommit>,
 }
+
+struct PendingCommit {
+    pkid: u16,
+    class: String,
+    done: oneshot::Receiver<Result<Seq, AppendError>>,
+}
+
+/// Most commits one connection may wait for before the front stops reading it.
+const MAX_PENDING_COMMITS: usize = 4096;
 
 impl Upstream {
     pub(super) fn new(admitted: Admitted, ctx: &FrontContext) -> Self {
@@ -158,6 +181,7 @@ impl Upstream {
             rules_generation: ctx.auth_generation.load(Ordering::Acquire),
             aliases: HashMap::new(),
             answered_qos2: HashSet::new(),
+            commits: VecDeque::new(),
         }
     }
 }
@@ -231,8 +255,28 @@ where
             }
             out.clear();
         }
+        let reading = st.commits.len() < MAX_PENDING_COMMITS;
+        let next_commit = async {
+            match st.commits.front_mut() {
+                Some(c) => (&mut c.done).await.unwrap_or(Err(AppendError::Stopped)),
+                None => std::future::pending().await,
+            }
+        };
         tokio::select! {
-            read = rd.read_buf(&mut buf) => match read {
+            committed = next_commit => {
+                let Some(c) = st.commits.pop_front() else { continue };
+                let code = match committed {
+                    Ok(_) => 0,
+                    Err(e) => match sh.spool_refusal(&c.class, e) {
+                        Some(code) => code,
+                        None => return End::Violation("spool_refused", reason::UNSPECIFIED),
+                    },
+                };
+                if let Err(end) = sh.front_puback(c.pkid, code, &inject).await {
+                    return end;
+                }
+            }
+            read = rd.read_buf(&mut buf), if reading => match read {
                 Ok(0) | Err(_) => return End::ClientClosed,
                 Ok(n) => {
                     sh.counters.bytes_in.inc_by(n as u64);
@@ -347,22 +391,30 @@ impl Upstream {
         let route = class.map_or(Route::EdgeDirect, Class::route);
         if let (Some(class), Some(spool), Route::Central | Route::Both) = (class, &sh.ctx.spool, route) {
             let message = spooled_message(frame, sh.version, topic_str, class, view.qos)?;
-            let committed = match spool.append(class.lane, message, class.durability).await {
-                Ok(Some(waiter)) => waiter.await.unwrap_or(Err(AppendError::Stopped)).map(|_| ()),
+            let appended = spool.append(class.lane, message, class.durability).await;
+            let committed = match appended {
+                // Not for local subscribers and QoS1: the PUBACK waits for the commit, in
+                // publish order, while the publishes behind it are read.
+                Ok(Some(done)) if route == Route::Central && view.qos == 1 => {
+                    if let Ok(mut acks) = sh.acks.lock() {
+                        acks.expect(view.pkid);
+                    }
+                    self.commits.push_back(PendingCommit { pkid: view.pkid, class: class.name.clone(), done });
+                    if let (Some(alias), false) = (view.topic_alias, view.topic.is_empty()) {
+                        self.aliases.insert(alias, (Bytes::copy_from_slice(topic), false));
+                    }
+                    sh.counters.publish_in.inc();
+                    return Ok(());
+                }
+                Ok(Some(done)) => done.await.unwrap_or(Err(AppendError::Stopped)).map(|_| ()),
                 Ok(None) => Ok(()),
                 Err(e) => Err(e),
             };
             if let Err(e) = committed {
-                // A `full` message the spool could not take: never acknowledged, never
-                // delivered. MQTT 5 gets PUBACK 0x97 (no room) or 0x80 (the commit failed);
-                // MQTT 3.1.1 has no such codes, so the connection closes without a PUBACK and
-                // the client will resend.
-                tracing::warn!(class = %class.name, topic = topic_str, error = %e, "publish refused by the spool");
-                let code = if e == AppendError::Refused { reason::QUOTA_EXCEEDED } else { reason::UNSPECIFIED };
-                return match (view.qos, sh.version) {
+                return match (view.qos, sh.spool_refusal(&class.name, e)) {
                     (0, _) => Ok(()),
-                    (_, Version::V5) => sh.front_puback(view.pkid, code, inject).await,
-                    (_, Version::V311) => Err(End::Violation("spool_refused", code)),
+                    (_, Some(code)) => sh.front_puback(view.pkid, code, inject).await,
+                    (_, None) => Err(End::Violation("spool_refused", reason::UNSPECIFIED)),
                 };
             }
             if route == Route::Central {

@@ -508,3 +508,31 @@ fn a_class_over_its_quota_loses_its_own_oldest_records_and_a_full_class_is_refus
     spool.flush().unwrap();
     assert!(spool.append_full(Lane(0), audit).is_err(), "full records are never evicted to make room");
 }
+
+#[test]
+fn the_wal_is_checkpointed_off_the_commit_path_within_a_few_seconds() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("spool.db");
+    let mut spool = open(&path);
+    let file_size = |suffix: &str| std::fs::metadata(format!("{}{suffix}", path.display())).map_or(0, |m| m.len());
+    for i in 0..6_000u32 {
+        spool.append(Lane(1), message(&i.to_be_bytes().repeat(256)), Durability::Normal);
+        if i % 500 == 499 {
+            spool.flush().unwrap();
+        }
+    }
+    // Written through the spool's own connection, which never checkpoints: the records are in
+    // the WAL until the checkpoint thread copies them into the database file. Once it copied
+    // them all, the next commit restarts the WAL and truncates it to journal_size_limit.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    loop {
+        std::thread::sleep(std::time::Duration::from_millis(100));
+        spool.append(Lane(1), message(b"tick"), Durability::Normal);
+        spool.flush().unwrap();
+        let done = file_size("") >= 6_000 * 1024 && file_size("-wal") <= 4 << 20;
+        if done || std::time::Instant::now() > deadline {
+            assert!(done, "database {} bytes, WAL {}", file_size(""), file_size("-wal"));
+            break;
+        }
+    }
+}

@@ -51,6 +51,7 @@ pub struct SqliteStorage {
     path: PathBuf,
     opened: Opened,
     synchronous_full: bool,
+    _checkpointer: super::checkpoint::Checkpointer,
 }
 
 fn now_ms() -> u64 {
@@ -94,7 +95,7 @@ impl SqliteStorage {
         // truncates it back after each checkpoint, so the WAL stays near 4 MiB at most.
         conn.execute_batch(
             "PRAGMA auto_vacuum = INCREMENTAL; PRAGMA journal_mode = WAL; PRAGMA synchronous = NORMAL; \
-             PRAGMA journal_size_limit = 4194304;",
+             PRAGMA journal_size_limit = 4194304; PRAGMA wal_autocheckpoint = 0;",
         )
         .map_err(err)?;
         let has_meta: bool = conn
@@ -145,7 +146,9 @@ impl SqliteStorage {
                 .map_err(err)?
         };
         let opened = Opened { epoch, lanes, usage, moved_aside: None };
-        Ok(Self { conn, path: path.to_owned(), opened, synchronous_full: false })
+        let checkpointer = super::checkpoint::Checkpointer::start(path)
+            .map_err(|source| SpoolError::Io { path: path.to_owned(), source })?;
+        Ok(Self { conn, path: path.to_owned(), opened, synchronous_full: false, _checkpointer: checkpointer })
     }
 
     fn err(&self, source: rusqlite::Error) -> SpoolError {

@@ -72,6 +72,8 @@ pub struct WriterMetrics {
 #[derive(Debug, Clone)]
 pub struct SpoolWriter {
     tx: flume::Sender<Request>,
+    /// The spool thread, woken for what must not wait out the commit interval.
+    thread: std::thread::Thread,
 }
 
 impl SpoolWriter {
@@ -83,10 +85,11 @@ impl SpoolWriter {
         metrics: Arc<WriterMetrics>,
     ) -> std::io::Result<Self> {
         let (tx, rx) = flume::bounded(commit_batch.max(1) * 8);
-        std::thread::Builder::new()
-            .name("spool-writer".into())
-            .spawn(move || run(spool, rx, commit_interval, commit_batch.max(1), &metrics))?;
-        Ok(Self { tx })
+        let handle = std::thread::Builder::new().name("spool-writer".into()).spawn(move || {
+            super::background_priority();
+            run(spool, rx, commit_interval, commit_batch.max(1), &metrics);
+        })?;
+        Ok(Self { tx, thread: handle.thread().clone() })
     }
 
     /// Queues `message`. For `full` durability the returned receiver resolves once it is
@@ -107,6 +110,9 @@ impl SpoolWriter {
             .send_async(Request::Append { lane, message: Box::new(message), durability, done, queued: Instant::now() })
             .await
             .map_err(|_| AppendError::Stopped)?;
+        if rx.is_some() {
+            self.thread.unpark();
+        }
         Ok(rx)
     }
 
@@ -114,6 +120,7 @@ impl SpoolWriter {
     pub async fn shutdown(&self) {
         let (tx, rx) = oneshot::channel();
         if self.tx.send_async(Request::Shutdown(tx)).await.is_ok() {
+            self.thread.unpark();
             let _ = rx.await;
         }
     }
@@ -224,14 +231,23 @@ fn run(
                 return;
             }
         };
+        // Gather until the batch is full, the interval is up, or something waits for the
+        // commit (a `full` append or shutdown, which unpark this thread). Parking rather than
+        // waking for every message keeps this thread off a busy CPU between commits.
         let deadline = Instant::now() + commit_interval;
-        while batch.len() < commit_batch {
-            let urgent = batch.iter().any(|r| !matches!(r, Request::Append { done: None, .. }));
-            let next = if urgent { rx.try_recv().ok() } else { rx.recv_deadline(deadline).ok() };
-            match next {
-                Some(r) => batch.push(r),
-                None => break,
+        let is_urgent = |r: &Request| !matches!(r, Request::Append { done: None, .. });
+        let mut urgent = batch.iter().any(is_urgent);
+        loop {
+            while batch.len() < commit_batch {
+                let Ok(r) = rx.try_recv() else { break };
+                urgent |= is_urgent(&r);
+                batch.push(r);
             }
+            let now = Instant::now();
+            if urgent || batch.len() >= commit_batch || now >= deadline {
+                break;
+            }
+            std::thread::park_timeout(deadline - now);
         }
 
         let mut waiters: Vec<(Done, Result<Seq, AppendError>)> = Vec::new();
