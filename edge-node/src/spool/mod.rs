@@ -39,6 +39,12 @@
 //! at most 4 MiB when it restarts (`journal_size_limit`), so flash sees neither an
 //! ever-growing WAL nor constant truncation.
 //!
+//! # Draining
+//!
+//! The uplink reads each lane in seq order, a window at a time ([`Spool::read`]), choosing the
+//! lane with [`drain::DrainOrder`]: lane 0 first, with a guaranteed share of the windows for
+//! the lower lanes so a backlog up high never starves them. Acks are cumulative per lane.
+//!
 //! # Recovery
 //!
 //! Opening runs `PRAGMA quick_check`. A database that fails it, or that SQLite cannot open as a
@@ -50,6 +56,7 @@
 //! which call it through [`Spool`].
 
 mod checkpoint;
+pub mod drain;
 pub mod fault;
 pub mod inspect;
 mod sqlite;
