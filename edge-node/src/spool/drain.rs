@@ -27,7 +27,7 @@ impl DrainOrder {
     pub fn next(&mut self, ready: &[Lane]) -> Option<Lane> {
         let top = *ready.iter().min()?;
         self.picks = self.picks.wrapping_add(1);
-        if self.picks % self.every != 0 {
+        if !self.picks.is_multiple_of(self.every) {
             return Some(top);
         }
         let mut lower: Vec<Lane> = ready.iter().copied().filter(|l| *l != top).collect();
