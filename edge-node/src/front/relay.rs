@@ -5,7 +5,7 @@
 //! so writes to the client never interleave mid-packet.
 
 use std::collections::{HashMap, HashSet, VecDeque};
-use std::sync::atomic::{AtomicI64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use bytes::{Bytes, BytesMut};
@@ -51,6 +51,8 @@ pub(super) struct Shared<'a> {
     /// SUBACKs to rebuild, by packet id: `None` where the filter was forwarded.
     suback_merges: Mutex<HashMap<u16, Vec<Option<u8>>>>,
     acks: Mutex<AckOrder>,
+    /// PUBACKs were queued by the front since the downstream relay was last woken.
+    acks_queued: AtomicBool,
 }
 
 /// Metric handles resolved once per connection.
@@ -110,16 +112,26 @@ impl<'a> Shared<'a> {
             inflight: Inflight { gauge: m.qos1_inflight.clone(), mine: AtomicI64::new(0) },
             suback_merges: Mutex::new(HashMap::new()),
             acks: Mutex::new(AckOrder::default()),
+            acks_queued: AtomicBool::new(false),
         }
     }
 
-    /// A PUBACK the front gives itself, queued in publish order; the downstream relay is woken
-    /// (an empty injection) to send whatever is ready.
-    async fn front_puback(&self, pkid: u16, code: u8, inject: &mpsc::Sender<Bytes>) -> Result<(), End> {
+    /// A PUBACK the front gives itself, queued in publish order. The downstream relay sends it
+    /// when [`Shared::wake_for_acks`] wakes it, once per read buffer rather than once per
+    /// PUBACK: a burst of publishes answered by the front costs one wake-up and one write.
+    fn front_puback(&self, pkid: u16, code: u8) {
         if let Ok(mut acks) = self.acks.lock() {
             acks.ready(pkid, ack(packet::PUBACK, pkid, code, self.version));
         }
-        send(inject, Bytes::new()).await
+        self.acks_queued.store(true, Ordering::Release);
+    }
+
+    /// Wakes the downstream relay (an empty injection) if the front queued PUBACKs.
+    async fn wake_for_acks(&self, inject: &mpsc::Sender<Bytes>) -> Result<(), End> {
+        if self.acks_queued.swap(false, Ordering::AcqRel) {
+            send(inject, Bytes::new()).await?;
+        }
+        Ok(())
     }
 
     /// A `full` message the spool could not take is never acknowledged and never delivered.
@@ -249,6 +261,9 @@ where
                 return end;
             }
         }
+        if let Err(end) = sh.wake_for_acks(&inject).await {
+            return end;
+        }
         if !out.is_empty() {
             if bwr.write_all(&out).await.is_err() {
                 return End::BrokerClosed;
@@ -264,16 +279,23 @@ where
         };
         tokio::select! {
             committed = next_commit => {
-                let Some(c) = st.commits.pop_front() else { continue };
-                let code = match committed {
-                    Ok(_) => 0,
-                    Err(e) => match sh.spool_refusal(&c.class, e) {
-                        Some(code) => code,
-                        None => return End::Violation("spool_refused", reason::UNSPECIFIED),
-                    },
-                };
-                if let Err(end) = sh.front_puback(c.pkid, code, &inject).await {
-                    return end;
+                // This commit and any after it that finished too (a group commit answers many).
+                let mut committed = Some(committed);
+                while let Some(result) = committed.take() {
+                    let Some(c) = st.commits.pop_front() else { break };
+                    let code = match result {
+                        Ok(_) => 0,
+                        Err(e) => match sh.spool_refusal(&c.class, e) {
+                            Some(code) => code,
+                            None => return End::Violation("spool_refused", reason::UNSPECIFIED),
+                        },
+                    };
+                    sh.front_puback(c.pkid, code);
+                    committed = st.commits.front_mut().and_then(|c| match c.done.try_recv() {
+                        Ok(r) => Some(r),
+                        Err(oneshot::error::TryRecvError::Empty) => None,
+                        Err(oneshot::error::TryRecvError::Closed) => Some(Err(AppendError::Stopped)),
+                    });
                 }
             }
             read = rd.read_buf(&mut buf), if reading => match read {
@@ -375,7 +397,7 @@ impl Upstream {
             sh.counters.refused_acl.inc();
             tracing::debug!(user = self.identity.name(), client_id = %self.client_id, topic = topic_str, "publish refused by ACL");
             match view.qos {
-                1 => sh.front_puback(view.pkid, reason::NOT_AUTHORIZED, inject).await?,
+                1 => sh.front_puback(view.pkid, reason::NOT_AUTHORIZED),
                 2 => {
                     send(inject, ack(packet::PUBREC, view.pkid, reason::NOT_AUTHORIZED, sh.version)).await?;
                     if sh.version == Version::V311 {
@@ -413,7 +435,10 @@ impl Upstream {
             if let Err(e) = committed {
                 return match (view.qos, sh.spool_refusal(&class.name, e)) {
                     (0, _) => Ok(()),
-                    (_, Some(code)) => sh.front_puback(view.pkid, code, inject).await,
+                    (_, Some(code)) => {
+                        sh.front_puback(view.pkid, code);
+                        Ok(())
+                    }
                     (_, None) => Err(End::Violation("spool_refused", reason::UNSPECIFIED)),
                 };
             }
@@ -424,7 +449,10 @@ impl Upstream {
                 }
                 sh.counters.publish_in.inc();
                 return match view.qos {
-                    1 => sh.front_puback(view.pkid, 0, inject).await,
+                    1 => {
+                        sh.front_puback(view.pkid, 0);
+                        Ok(())
+                    }
                     2 => {
                         send(inject, ack(packet::PUBREC, view.pkid, 0, sh.version)).await?;
                         self.answered_qos2.insert(view.pkid);
