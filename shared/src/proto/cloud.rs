@@ -1,0 +1,233 @@
+//! The cloud's side of a bridge session, without I/O. The driver (a connection task in
+//! `cloud-bridge`) hands it control frames and batches; it answers what to write to the sink,
+//! in which order, and what to send back.
+//!
+//! Rules it keeps:
+//! - Nothing but a `Hello` before the `Welcome`; a hello without a common version is answered
+//!   with `Refused` naming both version lists.
+//! - Per lane, batches are released to the sink in seq order over a contiguous prefix: a batch
+//!   that arrives ahead of a missing one (streams overtake each other) is held, up to a bound.
+//!   Records at or below what was already released are skipped, so a resend after a reconnect
+//!   never reaches the sink twice.
+//! - An ack goes out only for what the driver reports committed, and acks are cumulative.
+
+use std::collections::{BTreeMap, HashMap, VecDeque};
+
+use super::edge::{SessionError, name};
+use super::{Ack, Batch, Control, LaneSeq, VERSIONS, Welcome, negotiate};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CloudPhase {
+    AwaitHello,
+    /// Hello received; the driver looks up the committed seqs and calls `welcome`.
+    LookingUp,
+    Ready,
+    Refused,
+}
+
+/// The edge said hello: look up what is committed for (edge, epoch) and call
+/// [`CloudSession::welcome`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HelloReceived {
+    pub epoch: String,
+    pub version: u16,
+    pub lanes: Vec<LaneSeq>,
+    pub models: Vec<String>,
+}
+
+/// A batch the sink may take now: write its records with seq above `skip_through`, in order,
+/// then report [`CloudSession::committed`] with `batch.last_seq`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Release {
+    pub skip_through: u64,
+    pub batch: Batch,
+}
+
+#[derive(Debug, Default)]
+struct CloudLane {
+    committed: u64,
+    released: u64,
+    /// Batches that arrived ahead of a missing one, by first seq.
+    held: BTreeMap<u64, Batch>,
+}
+
+#[derive(Debug)]
+pub struct CloudSession {
+    versions: Vec<u16>,
+    phase: CloudPhase,
+    epoch: Option<String>,
+    version: u16,
+    lanes: BTreeMap<u8, CloudLane>,
+    held: usize,
+    max_held: usize,
+    dicts: HashMap<String, Vec<u8>>,
+    out: VecDeque<Control>,
+}
+
+impl CloudSession {
+    /// A session that holds at most `max_held` out-of-order batches.
+    pub fn new(max_held: usize) -> Self {
+        Self {
+            versions: VERSIONS.to_vec(),
+            phase: CloudPhase::AwaitHello,
+            epoch: None,
+            version: 0,
+            lanes: BTreeMap::new(),
+            held: 0,
+            max_held,
+            dicts: HashMap::new(),
+            out: VecDeque::new(),
+        }
+    }
+
+    /// Speaks these versions instead of this build's (for tests of mixed fleets).
+    pub fn with_versions(mut self, versions: Vec<u16>) -> Self {
+        self.versions = versions;
+        self
+    }
+
+    pub fn phase(&self) -> CloudPhase {
+        self.phase
+    }
+
+    pub fn epoch(&self) -> Option<&str> {
+        self.epoch.as_deref()
+    }
+
+    pub fn version(&self) -> u16 {
+        self.version
+    }
+
+    /// Dictionaries the edge announced on this connection (and any the driver added).
+    pub fn dicts(&self) -> &HashMap<String, Vec<u8>> {
+        &self.dicts
+    }
+
+    /// Adds a dictionary the driver found in shared storage.
+    pub fn add_dict(&mut self, id: String, bytes: Vec<u8>) {
+        self.dicts.insert(id, bytes);
+    }
+
+    /// Handles a control frame. Returns the hello when the driver must look up committed seqs.
+    pub fn handle(&mut self, frame: Control) -> Result<Option<HelloReceived>, SessionError> {
+        match frame {
+            Control::Hello(h) if self.phase == CloudPhase::AwaitHello => {
+                let Some(version) = negotiate(&self.versions, &h.versions) else {
+                    let error = SessionError::NoCommonVersion { ours: self.versions.clone(), theirs: h.versions };
+                    self.out.push_back(Control::Refused { reason: error.to_string() });
+                    self.phase = CloudPhase::Refused;
+                    return Err(error);
+                };
+                if h.epoch.is_empty() || h.epoch.len() > 64 {
+                    return Err(SessionError::Protocol(format!("hello with an unusable epoch {:?}", h.epoch)));
+                }
+                self.version = version;
+                self.epoch = Some(h.epoch.clone());
+                self.phase = CloudPhase::LookingUp;
+                Ok(Some(HelloReceived { epoch: h.epoch, version, lanes: h.lanes, models: h.models }))
+            }
+            Control::Ping { nonce } => {
+                self.out.push_back(Control::Pong { nonce });
+                Ok(None)
+            }
+            Control::Pong { .. } | Control::Unknown => Ok(None),
+            Control::Dict(d) if self.phase == CloudPhase::Ready => {
+                if super::compress::dict_id(&d.bytes) != d.id {
+                    return Err(SessionError::Protocol(format!("dictionary {} does not hash to its id", d.id)));
+                }
+                self.dicts.insert(d.id, d.bytes);
+                Ok(None)
+            }
+            other => Err(SessionError::Protocol(format!(
+                "unexpected {} from the edge in phase {:?}",
+                name(&other),
+                self.phase
+            ))),
+        }
+    }
+
+    /// Answers the hello: `committed` holds, per lane, the highest seq of this edge and epoch
+    /// the sink has; `dicts` the dictionary ids it knows.
+    pub fn welcome(&mut self, committed: Vec<LaneSeq>, dicts: Vec<String>) {
+        for LaneSeq { lane, seq } in &committed {
+            let l = self.lanes.entry(*lane).or_default();
+            l.committed = *seq;
+            l.released = *seq;
+        }
+        self.out.push_back(Control::Welcome(Welcome { version: self.version, committed, dicts }));
+        self.phase = CloudPhase::Ready;
+    }
+
+    /// Handles a batch from a unidirectional stream; returns the batches the sink may take now,
+    /// in order.
+    pub fn handle_batch(&mut self, batch: Batch) -> Result<Vec<Release>, SessionError> {
+        if self.phase != CloudPhase::Ready {
+            return Err(SessionError::Protocol(format!("batch in phase {:?}", self.phase)));
+        }
+        if Some(batch.epoch.as_str()) != self.epoch.as_deref() {
+            return Err(SessionError::Protocol(format!(
+                "batch of epoch {} on a session of epoch {}",
+                batch.epoch,
+                self.epoch.as_deref().unwrap_or("")
+            )));
+        }
+        if batch.last_seq < batch.first_seq || batch.first_seq == 0 {
+            return Err(SessionError::Protocol(format!("batch seqs {}..={}", batch.first_seq, batch.last_seq)));
+        }
+        let lane_id = batch.lane;
+        let lane = self.lanes.entry(lane_id).or_default();
+        if batch.last_seq <= lane.released {
+            // A resend of what the sink has or is taking: re-ack what is committed.
+            if lane.committed > 0 {
+                self.out.push_back(Control::Ack(Ack { lane: lane_id, up_to: lane.committed }));
+            }
+            return Ok(Vec::new());
+        }
+        if batch.first_seq > lane.released + 1 {
+            if self.held >= self.max_held {
+                return Err(SessionError::Protocol(format!(
+                    "more than {} batches ahead of a missing one (lane {lane_id} waits for seq {})",
+                    self.max_held,
+                    lane.released + 1
+                )));
+            }
+            if lane.held.insert(batch.first_seq, batch).is_none() {
+                self.held += 1;
+            }
+            return Ok(Vec::new());
+        }
+        let mut released = vec![Release { skip_through: lane.released, batch }];
+        lane.released = released[0].batch.last_seq;
+        while let Some(entry) = lane.held.first_entry() {
+            if *entry.key() > lane.released + 1 {
+                break;
+            }
+            let next = entry.remove();
+            self.held -= 1;
+            if next.last_seq > lane.released {
+                let skip_through = lane.released;
+                lane.released = next.last_seq;
+                released.push(Release { skip_through, batch: next });
+            }
+        }
+        Ok(released)
+    }
+
+    /// The sink committed `lane` through `up_to`: the edge gets a cumulative ack.
+    pub fn committed(&mut self, lane: u8, up_to: u64) {
+        let l = self.lanes.entry(lane).or_default();
+        if up_to > l.committed {
+            l.committed = up_to;
+            self.out.push_back(Control::Ack(Ack { lane, up_to }));
+        }
+    }
+
+    pub fn committed_seq(&self, lane: u8) -> u64 {
+        self.lanes.get(&lane).map_or(0, |l| l.committed)
+    }
+
+    /// The next control frame to send.
+    pub fn poll_control(&mut self) -> Option<Control> {
+        self.out.pop_front()
+    }
+}

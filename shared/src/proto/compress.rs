@@ -1,0 +1,221 @@
+//! Batch bodies: the records in CBOR, zstd-compressed when that pays, optionally with a
+//! dictionary trained on the class's own recent traffic (small telemetry messages share most of
+//! their bytes with each other, which plain zstd cannot see within one short message).
+//! Decompression reads at most a fixed number of output bytes, so a small malicious body cannot
+//! expand into gigabytes.
+
+use std::collections::HashMap;
+use std::io::Read;
+
+use super::{Batch, Codec, ProtoError, WireRecord, codec};
+
+/// Bodies shorter than this are sent as plain CBOR: zstd's frame header would eat the gain.
+const MIN_COMPRESS: usize = 128;
+
+/// A zstd dictionary, named by the hash of its bytes so any bridge can tell whether it has it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Dict {
+    pub id: String,
+    pub class: String,
+    pub bytes: Vec<u8>,
+}
+
+impl Dict {
+    pub fn new(class: impl Into<String>, bytes: Vec<u8>) -> Self {
+        Self { id: dict_id(&bytes), class: class.into(), bytes }
+    }
+}
+
+/// The first 16 hex digits of the SHA-256 of a dictionary.
+pub fn dict_id(bytes: &[u8]) -> String {
+    let digest = ring::digest::digest(&ring::digest::SHA256, bytes);
+    digest.as_ref()[..8].iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// Trains a dictionary of at most `max_size` bytes on sample payloads of one class.
+pub fn train(class: &str, samples: &[Vec<u8>], max_size: usize) -> Result<Dict, ProtoError> {
+    let bytes = zstd::dict::from_samples(samples, max_size).map_err(|e| ProtoError::Encode(e.to_string()))?;
+    Ok(Dict::new(class, bytes))
+}
+
+/// Builds a batch of `records`, which must be consecutive seqs of one lane.
+pub fn pack(
+    epoch: &str,
+    lane: u8,
+    records: &[WireRecord],
+    dict: Option<&Dict>,
+    level: i32,
+) -> Result<Batch, ProtoError> {
+    let (Some(first), Some(last)) = (records.first(), records.last()) else {
+        return Err(ProtoError::Encode("an empty batch".into()));
+    };
+    check_consecutive(first.seq, last.seq, records)?;
+    let mut raw = Vec::new();
+    ciborium::into_writer(&records, &mut raw).map_err(|e| ProtoError::Encode(e.to_string()))?;
+    let mut batch = Batch {
+        epoch: epoch.to_owned(),
+        lane,
+        first_seq: first.seq,
+        last_seq: last.seq,
+        codec: Codec::Cbor,
+        dict: None,
+        raw_len: raw.len() as u64,
+        body: Vec::new(),
+    };
+    if raw.len() >= MIN_COMPRESS {
+        let mut compressor = match dict {
+            Some(d) => zstd::bulk::Compressor::with_dictionary(level, &d.bytes),
+            None => zstd::bulk::Compressor::new(level),
+        }
+        .map_err(|e| ProtoError::Encode(e.to_string()))?;
+        let packed = compressor.compress(&raw).map_err(|e| ProtoError::Encode(e.to_string()))?;
+        if packed.len() < raw.len() {
+            batch.codec = Codec::Zstd;
+            batch.dict = dict.map(|d| d.id.clone());
+            batch.body = packed;
+            return Ok(batch);
+        }
+    }
+    batch.body = raw;
+    Ok(batch)
+}
+
+/// The records of a batch, decompressed with at most `max_raw` bytes of output, and checked to
+/// be exactly the seqs the batch claims.
+pub fn unpack(batch: &Batch, dicts: &HashMap<String, Vec<u8>>, max_raw: usize) -> Result<Vec<WireRecord>, ProtoError> {
+    if batch.raw_len > max_raw as u64 {
+        return Err(ProtoError::TooLargeDecompressed { max: max_raw });
+    }
+    let records: Vec<WireRecord> = match batch.codec {
+        Codec::Cbor => codec::decode(&batch.body)?,
+        Codec::Zstd => {
+            let empty = Vec::new();
+            let dict = match &batch.dict {
+                Some(id) => dicts.get(id).ok_or_else(|| ProtoError::UnknownDict(id.clone()))?,
+                None => &empty,
+            };
+            let decoder = zstd::stream::read::Decoder::with_dictionary(&batch.body[..], dict)
+                .map_err(|e| ProtoError::Decompress(e.to_string()))?;
+            let mut raw = Vec::with_capacity((batch.raw_len as usize).min(1 << 20));
+            decoder
+                .take(max_raw as u64 + 1)
+                .read_to_end(&mut raw)
+                .map_err(|e| ProtoError::Decompress(e.to_string()))?;
+            if raw.len() > max_raw {
+                return Err(ProtoError::TooLargeDecompressed { max: max_raw });
+            }
+            codec::decode(&raw)?
+        }
+    };
+    check_consecutive(batch.first_seq, batch.last_seq, &records)?;
+    Ok(records)
+}
+
+fn check_consecutive(first: u64, last: u64, records: &[WireRecord]) -> Result<(), ProtoError> {
+    let mismatch = |detail: String| ProtoError::BatchMismatch { first, last, records: records.len(), detail };
+    if last < first || (last - first + 1) != records.len() as u64 {
+        return Err(mismatch("count".into()));
+    }
+    for (i, r) in records.iter().enumerate() {
+        if r.seq != first + i as u64 {
+            return Err(mismatch(format!("record {i} has seq {}", r.seq)));
+        }
+        if r.message.is_some() == r.gap.is_some() {
+            return Err(mismatch(format!("record {} must be a message or a gap", r.seq)));
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::proto::{WireGap, WireMessage};
+
+    fn telemetry(seq: u64) -> WireRecord {
+        WireRecord {
+            seq,
+            message: Some(WireMessage {
+                class: "telemetry".into(),
+                topic: format!("telemetry/cam-{}/metrics", seq % 4),
+                payload: format!(
+                    "{{\"cpu\":0.{seq},\"temp_c\":41.{},\"fps\":29.97,\"model\":\"yolo-edge\"}}",
+                    seq % 10
+                )
+                .into_bytes(),
+                qos: 1,
+                enqueued_ms: 1_700_000_000_000 + seq,
+                expires_ms: None,
+                user_properties: vec![],
+                correlation_data: None,
+                content_type: None,
+            }),
+            gap: None,
+        }
+    }
+
+    #[test]
+    fn batches_round_trip_with_and_without_a_dictionary() {
+        let records: Vec<WireRecord> = (1..=200).map(telemetry).collect();
+        let plain = pack("e", 3, &records, None, 3).unwrap();
+        assert_eq!(plain.codec, Codec::Zstd);
+        assert_eq!(unpack(&plain, &HashMap::new(), 1 << 20).unwrap(), records);
+
+        let samples: Vec<Vec<u8>> = (1000..1400).map(|s| codec::encode(&telemetry(s)).unwrap()).collect();
+        let dict = train("telemetry", &samples, 4096).unwrap();
+        let small: Vec<WireRecord> = (1..=4).map(telemetry).collect();
+        let with = pack("e", 3, &small, Some(&dict), 3).unwrap();
+        let without = pack("e", 3, &small, None, 3).unwrap();
+        assert!(with.body.len() < without.body.len(), "{} vs {}", with.body.len(), without.body.len());
+        let dicts = HashMap::from([(dict.id.clone(), dict.bytes.clone())]);
+        assert_eq!(unpack(&with, &dicts, 1 << 20).unwrap(), small);
+        assert_eq!(unpack(&with, &HashMap::new(), 1 << 20), Err(ProtoError::UnknownDict(dict.id.clone())));
+    }
+
+    #[test]
+    fn a_decompression_bomb_is_stopped_at_the_cap() {
+        let huge = vec![0u8; 32 << 20];
+        let body = zstd::bulk::compress(&huge, 19).unwrap();
+        assert!(body.len() < 64 << 10);
+        let batch = Batch {
+            epoch: "e".into(),
+            lane: 0,
+            first_seq: 1,
+            last_seq: 1,
+            codec: Codec::Zstd,
+            dict: None,
+            raw_len: 100, // lies
+            body,
+        };
+        assert_eq!(unpack(&batch, &HashMap::new(), 1 << 20), Err(ProtoError::TooLargeDecompressed { max: 1 << 20 }));
+    }
+
+    #[test]
+    fn batches_must_hold_exactly_the_seqs_they_claim() {
+        let mut records: Vec<WireRecord> = (5..=7).map(telemetry).collect();
+        let mut batch = pack("e", 0, &records, None, 1).unwrap();
+        batch.last_seq = 8;
+        assert!(matches!(unpack(&batch, &HashMap::new(), 1 << 20), Err(ProtoError::BatchMismatch { .. })));
+        records[1].seq = 9;
+        assert!(pack("e", 0, &records, None, 1).is_err());
+        records[1].seq = 6;
+        records[1].gap =
+            Some(WireGap { class: "telemetry".into(), reason: "evicted".into(), ranges: vec![(1, 2)], count: 2 });
+        assert!(pack("e", 0, &records, None, 1).is_err(), "both a message and a gap");
+    }
+
+    #[test]
+    fn garbage_bodies_are_errors() {
+        let batch = Batch {
+            epoch: "e".into(),
+            lane: 0,
+            first_seq: 1,
+            last_seq: 1,
+            codec: Codec::Zstd,
+            dict: None,
+            raw_len: 10,
+            body: b"not zstd at all".to_vec(),
+        };
+        assert!(matches!(unpack(&batch, &HashMap::new(), 1 << 20), Err(ProtoError::Decompress(_))));
+    }
+}

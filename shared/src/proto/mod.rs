@@ -1,0 +1,206 @@
+//! The ehb/1 bridge protocol between an edge and the cloud, without I/O.
+//!
+//! - One QUIC connection per edge (ALPN [`ALPN`], mutual TLS). The edge's identity is its client
+//!   certificate, never a field of a frame.
+//! - The first bidirectional stream carries [`Control`] frames: `Hello` / `Welcome` (version
+//!   negotiation, the cloud's committed seq per lane), then `Ack`, `Ping` / `Pong`, `Dict`.
+//! - Each [`Batch`] of spooled records travels on its own unidirectional stream.
+//! - Every frame is a 4-byte big-endian length and a CBOR body ([`codec`]); lengths are checked
+//!   against a hard limit before anything is allocated. Batch bodies may be zstd-compressed,
+//!   with a dictionary announced by id ([`compress`]), and are decompressed under an output cap.
+//! - Unknown fields are ignored and unknown control frames decode as [`Control::Unknown`], so
+//!   adjacent versions can add to a frame; versions without a common one are refused.
+//!
+//! The session logic of both ends is in [`edge`] and [`cloud`]: state machines fed with decoded
+//! frames and the current time, which say what to send and what to do, so tests drive them with
+//! a virtual clock and no network.
+
+pub mod cloud;
+pub mod codec;
+pub mod compress;
+pub mod edge;
+#[cfg(test)]
+mod session_tests;
+
+use serde::{Deserialize, Serialize};
+
+/// The QUIC ALPN of the protocol family; the version inside is negotiated in `Hello`.
+pub const ALPN: &[u8] = b"ehb/1";
+
+/// Protocol versions this build speaks.
+pub const VERSIONS: &[u16] = &[1];
+
+/// Largest control frame body accepted.
+pub const MAX_CONTROL_FRAME: usize = 1 << 20;
+/// Largest batch frame body accepted (compressed).
+pub const MAX_BATCH_FRAME: usize = 16 << 20;
+/// Largest decompressed batch accepted: the output cap against decompression bombs.
+pub const MAX_BATCH_RAW: usize = 64 << 20;
+
+/// The highest version both sides speak.
+pub fn negotiate(ours: &[u16], theirs: &[u16]) -> Option<u16> {
+    ours.iter().filter(|v| theirs.contains(v)).max().copied()
+}
+
+/// Frames of the control stream.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum Control {
+    Hello(Hello),
+    Welcome(Welcome),
+    /// The cloud will not serve this edge; the connection closes after it.
+    Refused {
+        reason: String,
+    },
+    /// The cloud committed `lane` up to and including `up_to` (cumulative).
+    Ack(Ack),
+    Ping {
+        nonce: u64,
+    },
+    Pong {
+        nonce: u64,
+    },
+    /// A zstd dictionary, sent once before the first batch that uses it.
+    Dict(DictAnnounce),
+    /// A frame of a newer version this build does not know; ignored.
+    #[serde(other)]
+    Unknown,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Hello {
+    /// Versions the edge speaks.
+    pub versions: Vec<u16>,
+    /// The spool's epoch: seqs are only comparable within one epoch.
+    pub epoch: String,
+    /// Per lane, the lowest seq the edge still holds (the one after its last ack).
+    #[serde(default)]
+    pub lanes: Vec<LaneSeq>,
+    /// Model names the edge follows.
+    #[serde(default)]
+    pub models: Vec<String>,
+    /// Dictionary ids the edge may use.
+    #[serde(default)]
+    pub dicts: Vec<String>,
+    /// Optional features the edge supports.
+    #[serde(default)]
+    pub caps: Vec<String>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Welcome {
+    /// The version chosen.
+    pub version: u16,
+    /// Per lane, the highest seq of this edge and epoch the cloud has committed.
+    #[serde(default)]
+    pub committed: Vec<LaneSeq>,
+    /// Dictionary ids the cloud already holds.
+    #[serde(default)]
+    pub dicts: Vec<String>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LaneSeq {
+    pub lane: u8,
+    pub seq: u64,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Ack {
+    pub lane: u8,
+    pub up_to: u64,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DictAnnounce {
+    pub id: String,
+    pub class: String,
+    #[serde(with = "serde_bytes")]
+    pub bytes: Vec<u8>,
+}
+
+/// How a batch body is encoded.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Codec {
+    /// CBOR of the records.
+    Cbor,
+    /// zstd of the CBOR, with the dictionary named in the batch if any.
+    Zstd,
+}
+
+/// Consecutive records of one lane, `first_seq ..= last_seq` with no seq missing.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Batch {
+    pub epoch: String,
+    pub lane: u8,
+    pub first_seq: u64,
+    pub last_seq: u64,
+    pub codec: Codec,
+    #[serde(default)]
+    pub dict: Option<String>,
+    /// Length of the CBOR before compression.
+    pub raw_len: u64,
+    #[serde(with = "serde_bytes")]
+    pub body: Vec<u8>,
+}
+
+/// One spooled record on the wire: a message or a gap record.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct WireRecord {
+    pub seq: u64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub message: Option<WireMessage>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gap: Option<WireGap>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct WireMessage {
+    pub class: String,
+    pub topic: String,
+    #[serde(with = "serde_bytes")]
+    pub payload: Vec<u8>,
+    pub qos: u8,
+    pub enqueued_ms: u64,
+    #[serde(default)]
+    pub expires_ms: Option<u64>,
+    #[serde(default)]
+    pub user_properties: Vec<(String, String)>,
+    #[serde(default, with = "serde_bytes")]
+    pub correlation_data: Option<Vec<u8>>,
+    #[serde(default)]
+    pub content_type: Option<String>,
+}
+
+/// Records the edge dropped before the cloud had them, so loss is visible here.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct WireGap {
+    pub class: String,
+    /// `evicted`, `expired` or `refused`.
+    pub reason: String,
+    /// Inclusive seq ranges.
+    pub ranges: Vec<(u64, u64)>,
+    pub count: u64,
+}
+
+/// Protocol errors, each naming what was wrong.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum ProtoError {
+    #[error("frame of {len} bytes is over the {max} byte limit")]
+    FrameTooLarge { len: usize, max: usize },
+    #[error("frame ends after {got} of {want} bytes")]
+    Truncated { got: usize, want: usize },
+    #[error("malformed CBOR frame: {0}")]
+    Decode(String),
+    #[error("cannot encode frame: {0}")]
+    Encode(String),
+    #[error("batch decompresses past the {max} byte limit")]
+    TooLargeDecompressed { max: usize },
+    #[error("batch body is not valid zstd: {0}")]
+    Decompress(String),
+    #[error("batch uses dictionary {0}, which was never announced")]
+    UnknownDict(String),
+    #[error("batch claims seqs {first}..={last} but holds {records} records ({detail})")]
+    BatchMismatch { first: u64, last: u64, records: usize, detail: String },
+}

@@ -1,0 +1,319 @@
+//! Both session ends driven together over a simulated link with a virtual clock: batches can be
+//! reordered, lost with the connection, or resent; the sink must end up with every seq exactly
+//! once, in order, and the edge must delete only what the sink committed.
+
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+
+use proptest::prelude::*;
+
+use super::cloud::{CloudPhase, CloudSession};
+use super::edge::{EdgeEvent, EdgeSession, EdgeSessionConfig, Phase, SessionError};
+use super::{Batch, Codec, Control, LaneSeq};
+
+const EPOCH: &str = "0123456789abcdef";
+
+fn batch(lane: u8, first: u64, last: u64) -> Batch {
+    Batch {
+        epoch: EPOCH.into(),
+        lane,
+        first_seq: first,
+        last_seq: last,
+        codec: Codec::Cbor,
+        dict: None,
+        raw_len: 0,
+        body: vec![],
+    }
+}
+
+/// The cloud end with its sink: committed seqs per lane (the durable state a new bridge reads).
+struct Cloud {
+    session: CloudSession,
+    sink: BTreeMap<u8, Vec<u64>>,
+}
+
+impl Cloud {
+    fn connect(sink: BTreeMap<u8, Vec<u64>>) -> Self {
+        Self { session: CloudSession::new(64), sink }
+    }
+
+    fn control(&mut self, frame: Control) -> Result<(), SessionError> {
+        if let Some(hello) = self.session.handle(frame)? {
+            assert_eq!(hello.epoch, EPOCH);
+            let committed = self
+                .sink
+                .iter()
+                .map(|(lane, seqs)| LaneSeq { lane: *lane, seq: seqs.last().copied().unwrap_or(0) })
+                .collect();
+            self.session.welcome(committed, vec![]);
+        }
+        Ok(())
+    }
+
+    /// Delivers a batch; the sink commits what is released at once.
+    fn batch(&mut self, b: Batch) {
+        for release in self.session.handle_batch(b).unwrap() {
+            let seqs = self.sink.entry(release.batch.lane).or_default();
+            for seq in release.batch.first_seq..=release.batch.last_seq {
+                if seq > release.skip_through {
+                    seqs.push(seq);
+                }
+            }
+            self.session.committed(release.batch.lane, release.batch.last_seq);
+        }
+    }
+}
+
+/// Moves control frames both ways until neither side has any; returns the edge's events.
+fn pump(edge: &mut EdgeSession, cloud: &mut Cloud, now: Instant) -> Vec<EdgeEvent> {
+    let mut events = Vec::new();
+    loop {
+        let mut moved = false;
+        while let Some(f) = edge.poll_control() {
+            cloud.control(f).unwrap();
+            moved = true;
+        }
+        while let Some(f) = cloud.session.poll_control() {
+            events.extend(edge.handle(f, now).unwrap());
+            moved = true;
+        }
+        if !moved {
+            return events;
+        }
+    }
+}
+
+#[test]
+fn handshake_batches_and_cumulative_acks() {
+    let t0 = Instant::now();
+    let mut edge = EdgeSession::new(EdgeSessionConfig::default(), EPOCH, [(0, 0)]);
+    let mut cloud = Cloud::connect(BTreeMap::new());
+    edge.connected(t0);
+    assert!(!edge.can_send(), "nothing before the welcome");
+    let events = pump(&mut edge, &mut cloud, t0);
+    assert_eq!(events, [EdgeEvent::Ready { version: 1 }]);
+    assert_eq!(edge.next_seq(0), 1);
+    edge.sent(0, 1, 10, t0).unwrap();
+    edge.sent(0, 11, 20, t0).unwrap();
+    assert_eq!(edge.in_flight(), 2);
+    cloud.batch(batch(0, 1, 10));
+    cloud.batch(batch(0, 11, 20));
+    let events = pump(&mut edge, &mut cloud, t0);
+    assert_eq!(events, [EdgeEvent::Acked { lane: 0, up_to: 10 }, EdgeEvent::Acked { lane: 0, up_to: 20 }]);
+    assert_eq!(edge.in_flight(), 0);
+    assert_eq!(cloud.sink[&0], (1..=20).collect::<Vec<u64>>());
+}
+
+#[test]
+fn a_reconnect_resends_only_what_the_cloud_does_not_have() {
+    let t0 = Instant::now();
+    let mut edge = EdgeSession::new(EdgeSessionConfig::default(), EPOCH, [(2, 0)]);
+    let mut cloud = Cloud::connect(BTreeMap::new());
+    edge.connected(t0);
+    pump(&mut edge, &mut cloud, t0);
+    edge.sent(2, 1, 5, t0).unwrap();
+    edge.sent(2, 6, 9, t0).unwrap();
+    cloud.batch(batch(2, 1, 5));
+    // The link dies before the ack of 1..=5 reaches the edge and before 6..=9 arrives.
+    edge.disconnected();
+    let sink = cloud.sink;
+    // Another bridge instance, same sink.
+    let mut cloud = Cloud::connect(sink);
+    edge.connected(t0);
+    let events = pump(&mut edge, &mut cloud, t0);
+    assert_eq!(events, [EdgeEvent::Acked { lane: 2, up_to: 5 }, EdgeEvent::Ready { version: 1 }]);
+    assert_eq!(edge.next_seq(2), 6, "resume after what the cloud committed");
+    edge.sent(2, 6, 9, t0).unwrap();
+    cloud.batch(batch(2, 6, 9));
+    pump(&mut edge, &mut cloud, t0);
+    assert_eq!(cloud.sink[&2], (1..=9).collect::<Vec<u64>>());
+    assert_eq!(edge.acked(2), 9);
+}
+
+#[test]
+fn batches_overtaking_each_other_are_held_and_released_in_order() {
+    let mut cloud = Cloud::connect(BTreeMap::new());
+    cloud
+        .control(Control::Hello(super::Hello {
+            versions: vec![1],
+            epoch: EPOCH.into(),
+            lanes: vec![],
+            models: vec![],
+            dicts: vec![],
+            caps: vec![],
+        }))
+        .unwrap();
+    cloud.batch(batch(1, 11, 20));
+    cloud.batch(batch(1, 21, 30));
+    assert!(!cloud.sink.contains_key(&1), "held until 1..=10 arrives");
+    cloud.batch(batch(1, 1, 10));
+    assert_eq!(cloud.sink[&1], (1..=30).collect::<Vec<u64>>());
+    // A resend overlapping what was committed adds only the new part.
+    cloud.batch(batch(1, 25, 35));
+    assert_eq!(cloud.sink[&1], (1..=35).collect::<Vec<u64>>());
+}
+
+#[test]
+fn versions_are_negotiated_and_a_mismatch_is_refused_clearly() {
+    let t0 = Instant::now();
+    // An edge of the next version against a bridge of this one: they meet at 1.
+    let mut edge = EdgeSession::new(EdgeSessionConfig::default(), EPOCH, []).with_versions(vec![1, 2]);
+    let mut cloud = Cloud::connect(BTreeMap::new());
+    edge.connected(t0);
+    assert_eq!(pump(&mut edge, &mut cloud, t0), [EdgeEvent::Ready { version: 1 }]);
+
+    let mut edge = EdgeSession::new(EdgeSessionConfig::default(), EPOCH, []).with_versions(vec![3]);
+    let mut cloud = Cloud::connect(BTreeMap::new());
+    edge.connected(t0);
+    let err = cloud.control(edge.poll_control().unwrap()).unwrap_err();
+    assert_eq!(err.to_string(), "no common protocol version: this side speaks [1], the peer [3]");
+    assert_eq!(cloud.session.phase(), CloudPhase::Refused);
+    let refused = cloud.session.poll_control().unwrap();
+    let err = edge.handle(refused, t0).unwrap_err();
+    assert!(err.to_string().contains("the cloud refused this edge: no common protocol version"), "{err}");
+    assert_eq!(edge.phase(), Phase::Refused);
+}
+
+#[test]
+fn keepalive_rtt_and_degraded_on_a_virtual_clock() {
+    let t0 = Instant::now();
+    let config =
+        EdgeSessionConfig { window: 2, keepalive: Duration::from_secs(5), ack_timeout: Duration::from_secs(10) };
+    let mut edge = EdgeSession::new(config, EPOCH, [(0, 0)]);
+    let mut cloud = Cloud::connect(BTreeMap::new());
+    edge.connected(t0);
+    pump(&mut edge, &mut cloud, t0);
+    assert_eq!(edge.poll_timeout(), Some(t0 + Duration::from_secs(5)));
+    let t5 = t0 + Duration::from_secs(5);
+    assert!(edge.handle_timeout(t5).is_empty());
+    let ping = edge.poll_control().unwrap();
+    assert!(matches!(ping, Control::Ping { .. }));
+    cloud.control(ping).unwrap();
+    let pong = cloud.session.poll_control().unwrap();
+    assert_eq!(edge.handle(pong, t5 + Duration::from_millis(40)).unwrap(), [EdgeEvent::Rtt(Duration::from_millis(40))]);
+
+    // Batches go out, the window fills, no ack comes: degraded after ack_timeout, not before.
+    edge.sent(0, 1, 10, t5).unwrap();
+    edge.sent(0, 11, 20, t5).unwrap();
+    assert!(!edge.can_send(), "window of 2 is full");
+    assert!(edge.handle_timeout(t5 + Duration::from_secs(9)).is_empty());
+    assert_eq!(edge.handle_timeout(t5 + Duration::from_secs(10)), [EdgeEvent::Degraded(true)]);
+    let ack = Control::Ack(super::Ack { lane: 0, up_to: 20 });
+    let events = edge.handle(ack, t5 + Duration::from_secs(11)).unwrap();
+    assert_eq!(events, [EdgeEvent::Acked { lane: 0, up_to: 20 }, EdgeEvent::Degraded(false)]);
+    assert!(edge.can_send());
+}
+
+#[test]
+fn protocol_violations_name_the_problem() {
+    let t0 = Instant::now();
+    let mut edge = EdgeSession::new(EdgeSessionConfig::default(), EPOCH, [(0, 0)]);
+    let mut cloud = Cloud::connect(BTreeMap::new());
+    edge.connected(t0);
+    pump(&mut edge, &mut cloud, t0);
+    edge.sent(0, 1, 3, t0).unwrap();
+    let err = edge.handle(Control::Ack(super::Ack { lane: 0, up_to: 9 }), t0).unwrap_err();
+    assert_eq!(err.to_string(), "protocol violation: ack of lane 0 up to 9 but only 3 was sent");
+    assert!(edge.sent(0, 2, 5, t0).unwrap_err().to_string().contains("does not follow 3"));
+    let mut wrong = batch(0, 1, 1);
+    wrong.epoch = "other".into();
+    let err = cloud.session.handle_batch(wrong).unwrap_err();
+    assert!(err.to_string().contains("batch of epoch other on a session of epoch"), "{err}");
+    let mut fresh = CloudSession::new(4);
+    let err = fresh.handle_batch(batch(0, 1, 1)).unwrap_err();
+    assert!(err.to_string().contains("batch in phase AwaitHello"), "{err}");
+}
+
+#[derive(Debug, Clone)]
+enum Step {
+    /// The edge sends a batch of this many records from this lane, if it may.
+    Send { lane: u8, records: u64 },
+    /// The link delivers the in-transit batch at this index (wrapping), out of order.
+    Deliver(usize),
+    /// The link drops and comes back; what is in transit is lost.
+    Reconnect,
+    /// The edge appends records (they become sendable).
+    Append { lane: u8, records: u64 },
+}
+
+fn step() -> impl Strategy<Value = Step> {
+    prop_oneof![
+        4 => (0..3u8, 1..6u64).prop_map(|(lane, records)| Step::Send { lane, records }),
+        4 => (0..8usize).prop_map(Step::Deliver),
+        1 => Just(Step::Reconnect),
+        3 => (0..3u8, 1..20u64).prop_map(|(lane, records)| Step::Append { lane, records }),
+    ]
+}
+
+/// One step of the property test; asserts that every ack the edge applies is in the sink.
+fn run(
+    step: &Step,
+    appended: &mut BTreeMap<u8, u64>,
+    edge: &mut EdgeSession,
+    cloud: &mut Cloud,
+    transit: &mut Vec<Batch>,
+) {
+    let t0 = Instant::now();
+    match *step {
+        Step::Append { lane, records } => *appended.entry(lane).or_default() += records,
+        Step::Send { lane, records } => {
+            let first = edge.next_seq(lane);
+            let last = (first + records - 1).min(appended.get(&lane).copied().unwrap_or(0));
+            if edge.can_send() && last >= first {
+                edge.sent(lane, first, last, t0).unwrap();
+                transit.push(batch(lane, first, last));
+            }
+        }
+        Step::Deliver(i) if !transit.is_empty() => {
+            let b = transit.remove(i % transit.len());
+            cloud.batch(b);
+        }
+        Step::Deliver(_) => {}
+        Step::Reconnect => {
+            transit.clear();
+            edge.disconnected();
+            *cloud = Cloud::connect(std::mem::take(&mut cloud.sink));
+            edge.connected(t0);
+        }
+    }
+    for event in pump(edge, cloud, t0) {
+        if let EdgeEvent::Acked { lane, up_to } = event {
+            let have = cloud.sink.get(&lane).and_then(|s| s.last()).copied().unwrap_or(0);
+            assert!(up_to <= have, "edge deletes {up_to} of lane {lane}, sink has {have}");
+        }
+    }
+}
+
+proptest! {
+    /// Whatever the link does, the sink holds each appended seq at most once and in order,
+    /// the edge deletes only what the sink has, and once the link behaves everything arrives.
+    #[test]
+    fn exactly_once_over_a_misbehaving_link(steps in proptest::collection::vec(step(), 1..200)) {
+        let t0 = Instant::now();
+        let mut appended: BTreeMap<u8, u64> = BTreeMap::new();
+        let mut edge = EdgeSession::new(EdgeSessionConfig { window: 4, ..Default::default() }, EPOCH, []);
+        let mut cloud = Cloud::connect(BTreeMap::new());
+        let mut transit: Vec<Batch> = Vec::new();
+        edge.connected(t0);
+        pump(&mut edge, &mut cloud, t0);
+        for s in &steps {
+            run(s, &mut appended, &mut edge, &mut cloud, &mut transit);
+        }
+        // Then a good link: deliver everything in order until all is acked.
+        for _ in 0..1000 {
+            if appended.iter().all(|(l, n)| edge.acked(*l) == *n) {
+                break;
+            }
+            for lane in 0..3u8 {
+                run(&Step::Send { lane, records: 5 }, &mut appended, &mut edge, &mut cloud, &mut transit);
+            }
+            while !transit.is_empty() {
+                run(&Step::Deliver(0), &mut appended, &mut edge, &mut cloud, &mut transit);
+            }
+        }
+        for (lane, n) in &appended {
+            prop_assert_eq!(cloud.sink.get(lane).cloned().unwrap_or_default(), (1..=*n).collect::<Vec<u64>>());
+            prop_assert_eq!(edge.acked(*lane), *n);
+        }
+    }
+}
