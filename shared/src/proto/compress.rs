@@ -38,24 +38,27 @@ pub fn train(class: &str, samples: &[Vec<u8>], max_size: usize) -> Result<Dict, 
     Ok(Dict::new(class, bytes))
 }
 
-/// Builds a batch of `records`, which must be consecutive seqs of one lane.
+/// Builds the batch of `lane` covering seqs `first ..= ` the last record's: `records` in seq
+/// order, seqs missing in between only where the spool dropped records (a gap record with a
+/// later seq accounts for them).
 pub fn pack(
     epoch: &str,
     lane: u8,
+    first: u64,
     records: &[WireRecord],
     dict: Option<&Dict>,
     level: i32,
 ) -> Result<Batch, ProtoError> {
-    let (Some(first), Some(last)) = (records.first(), records.last()) else {
+    let Some(last) = records.last() else {
         return Err(ProtoError::Encode("an empty batch".into()));
     };
-    check_consecutive(first.seq, last.seq, records)?;
+    check_range(first, last.seq, records)?;
     let mut raw = Vec::new();
     ciborium::into_writer(&records, &mut raw).map_err(|e| ProtoError::Encode(e.to_string()))?;
     let mut batch = Batch {
         epoch: epoch.to_owned(),
         lane,
-        first_seq: first.seq,
+        first_seq: first,
         last_seq: last.seq,
         codec: Codec::Cbor,
         dict: None,
@@ -81,7 +84,7 @@ pub fn pack(
 }
 
 /// The records of a batch, decompressed with at most `max_raw` bytes of output, and checked to
-/// be exactly the seqs the batch claims.
+/// lie in the range the batch claims, in order, ending at its last seq.
 pub fn unpack(batch: &Batch, dicts: &HashMap<String, Vec<u8>>, max_raw: usize) -> Result<Vec<WireRecord>, ProtoError> {
     if batch.raw_len > max_raw as u64 {
         return Err(ProtoError::TooLargeDecompressed { max: max_raw });
@@ -107,19 +110,24 @@ pub fn unpack(batch: &Batch, dicts: &HashMap<String, Vec<u8>>, max_raw: usize) -
             codec::decode(&raw)?
         }
     };
-    check_consecutive(batch.first_seq, batch.last_seq, &records)?;
+    check_range(batch.first_seq, batch.last_seq, &records)?;
     Ok(records)
 }
 
-fn check_consecutive(first: u64, last: u64, records: &[WireRecord]) -> Result<(), ProtoError> {
+fn check_range(first: u64, last: u64, records: &[WireRecord]) -> Result<(), ProtoError> {
     let mismatch = |detail: String| ProtoError::BatchMismatch { first, last, records: records.len(), detail };
-    if last < first || (last - first + 1) != records.len() as u64 {
+    if first == 0 || last < first || records.is_empty() || records.len() as u64 > last - first + 1 {
         return Err(mismatch("count".into()));
     }
+    if records.last().map(|r| r.seq) != Some(last) {
+        return Err(mismatch("the last record is not the batch's last seq".into()));
+    }
+    let mut previous = first - 1;
     for (i, r) in records.iter().enumerate() {
-        if r.seq != first + i as u64 {
+        if r.seq <= previous {
             return Err(mismatch(format!("record {i} has seq {}", r.seq)));
         }
+        previous = r.seq;
         if r.message.is_some() == r.gap.is_some() {
             return Err(mismatch(format!("record {} must be a message or a gap", r.seq)));
         }
@@ -157,15 +165,15 @@ mod tests {
     #[test]
     fn batches_round_trip_with_and_without_a_dictionary() {
         let records: Vec<WireRecord> = (1..=200).map(telemetry).collect();
-        let plain = pack("e", 3, &records, None, 3).unwrap();
+        let plain = pack("e", 3, 1, &records, None, 3).unwrap();
         assert_eq!(plain.codec, Codec::Zstd);
         assert_eq!(unpack(&plain, &HashMap::new(), 1 << 20).unwrap(), records);
 
         let samples: Vec<Vec<u8>> = (1000..1400).map(|s| codec::encode(&telemetry(s)).unwrap()).collect();
         let dict = train("telemetry", &samples, 4096).unwrap();
         let small: Vec<WireRecord> = (1..=4).map(telemetry).collect();
-        let with = pack("e", 3, &small, Some(&dict), 3).unwrap();
-        let without = pack("e", 3, &small, None, 3).unwrap();
+        let with = pack("e", 3, 1, &small, Some(&dict), 3).unwrap();
+        let without = pack("e", 3, 1, &small, None, 3).unwrap();
         assert!(with.body.len() < without.body.len(), "{} vs {}", with.body.len(), without.body.len());
         let dicts = HashMap::from([(dict.id.clone(), dict.bytes.clone())]);
         assert_eq!(unpack(&with, &dicts, 1 << 20).unwrap(), small);
@@ -193,15 +201,21 @@ mod tests {
     #[test]
     fn batches_must_hold_exactly_the_seqs_they_claim() {
         let mut records: Vec<WireRecord> = (5..=7).map(telemetry).collect();
-        let mut batch = pack("e", 0, &records, None, 1).unwrap();
+        let mut batch = pack("e", 0, 5, &records, None, 1).unwrap();
         batch.last_seq = 8;
         assert!(matches!(unpack(&batch, &HashMap::new(), 1 << 20), Err(ProtoError::BatchMismatch { .. })));
+        // Seqs the spool dropped leave holes: allowed, in order, inside the range.
+        let holes = vec![telemetry(3), telemetry(6), telemetry(7)];
+        let batch = pack("e", 0, 2, &holes, None, 1).unwrap();
+        assert_eq!((batch.first_seq, batch.last_seq), (2, 7));
+        assert_eq!(unpack(&batch, &HashMap::new(), 1 << 20).unwrap(), holes);
+        assert!(pack("e", 0, 4, &holes, None, 1).is_err(), "a record before the range");
         records[1].seq = 9;
-        assert!(pack("e", 0, &records, None, 1).is_err());
+        assert!(pack("e", 0, 5, &records, None, 1).is_err(), "out of order");
         records[1].seq = 6;
         records[1].gap =
             Some(WireGap { class: "telemetry".into(), reason: "evicted".into(), ranges: vec![(1, 2)], count: 2 });
-        assert!(pack("e", 0, &records, None, 1).is_err(), "both a message and a gap");
+        assert!(pack("e", 0, 5, &records, None, 1).is_err(), "both a message and a gap");
     }
 
     #[test]

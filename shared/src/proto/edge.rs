@@ -6,7 +6,8 @@
 //! Rules it keeps:
 //! - After (re)connecting, nothing is sent before the cloud's `Welcome`; the committed seqs in
 //!   it count as acks, so what the cloud already has is deleted and never resent.
-//! - Batches of a lane are sent in seq order, each starting right after the previous one; on a
+//! - Batches of a lane are sent in seq order, each covering the seqs right after the previous
+//!   one (with holes where the spool dropped records, which gap records account for); on a
 //!   new connection sending resumes after the last ack (unacked batches are resent: the cloud
 //!   drops what it already committed).
 //! - At most `window` batches are unacked at a time (backpressure).
@@ -253,9 +254,9 @@ impl EdgeSession {
             return Err(SessionError::Protocol("batch sent while the session cannot send".into()));
         }
         let p = self.lanes.entry(lane).or_default();
-        // Records may have been deleted (acked, evicted) since: a batch may start later, never
-        // earlier, than the lane's next seq.
-        if first <= p.sent || last < first {
+        // Batches tile the seq space: each starts right after the previous one (records the
+        // spool dropped leave holes inside a batch, accounted for by gap records).
+        if first != p.sent + 1 || last < first {
             return Err(SessionError::Protocol(format!(
                 "batch {first}..={last} of lane {lane} does not follow {}",
                 p.sent

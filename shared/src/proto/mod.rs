@@ -129,7 +129,9 @@ pub enum Codec {
     Zstd,
 }
 
-/// Consecutive records of one lane, `first_seq ..= last_seq` with no seq missing.
+/// Records of one lane covering `first_seq ..= last_seq`, in seq order, the last one at
+/// `last_seq`. Seqs may be missing only where the edge dropped records; its gap records
+/// (later in the lane) account for them.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Batch {
     pub epoch: String,
