@@ -5,5 +5,7 @@
 //! tests build on it.
 
 pub mod proto;
+#[cfg(feature = "tls")]
+pub mod tls;
 pub mod topic;
 pub mod units;

@@ -1,0 +1,83 @@
+//! Reading and writing frames on async streams (QUIC streams on both ends). The only part of
+//! the protocol that touches I/O, behind the `io` feature.
+
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+
+use super::ProtoError;
+use super::codec::{self, HEADER};
+
+#[derive(Debug, thiserror::Error)]
+pub enum FrameIoError {
+    #[error(transparent)]
+    Proto(#[from] ProtoError),
+    #[error("stream: {0}")]
+    Io(#[from] std::io::Error),
+}
+
+/// Reads one frame and decodes it; `None` at a clean end of stream before a frame starts.
+/// The length is checked against `max` before the body is read or allocated.
+pub async fn read_frame<R, T>(r: &mut R, max: usize) -> Result<Option<T>, FrameIoError>
+where
+    R: AsyncRead + Unpin,
+    T: DeserializeOwned,
+{
+    let mut header = [0u8; HEADER];
+    let mut got = 0;
+    while got < HEADER {
+        let n = r.read(&mut header[got..]).await?;
+        if n == 0 {
+            if got == 0 {
+                return Ok(None);
+            }
+            return Err(ProtoError::Truncated { got, want: HEADER }.into());
+        }
+        got += n;
+    }
+    let len = codec::body_len(header, max)?;
+    let mut body = vec![0u8; len];
+    if let Err(e) = r.read_exact(&mut body).await {
+        if e.kind() == std::io::ErrorKind::UnexpectedEof {
+            return Err(ProtoError::Truncated { got: 0, want: len }.into());
+        }
+        return Err(e.into());
+    }
+    Ok(Some(codec::decode(&body)?))
+}
+
+/// Encodes `value` and writes it as one frame.
+pub async fn write_frame<W, T>(w: &mut W, value: &T) -> Result<(), FrameIoError>
+where
+    W: AsyncWrite + Unpin,
+    T: Serialize,
+{
+    let frame = codec::encode(value)?;
+    w.write_all(&frame).await?;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::proto::{Control, MAX_CONTROL_FRAME};
+
+    #[tokio::test]
+    async fn frames_cross_a_pipe_and_limits_hold() {
+        let (mut a, mut b) = tokio::io::duplex(64);
+        let writer = tokio::spawn(async move {
+            write_frame(&mut a, &Control::Ping { nonce: 7 }).await.unwrap();
+            a.write_all(&(u32::MAX).to_be_bytes()).await.unwrap();
+        });
+        assert_eq!(
+            read_frame::<_, Control>(&mut b, MAX_CONTROL_FRAME).await.unwrap(),
+            Some(Control::Ping { nonce: 7 })
+        );
+        let err = read_frame::<_, Control>(&mut b, MAX_CONTROL_FRAME).await.unwrap_err();
+        assert!(err.to_string().contains("over the 1048576 byte limit"), "{err}");
+        writer.await.unwrap();
+        let (a, mut b) = tokio::io::duplex(64);
+        drop(a);
+        assert_eq!(read_frame::<_, Control>(&mut b, MAX_CONTROL_FRAME).await.unwrap(), None);
+    }
+}
