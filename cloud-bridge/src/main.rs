@@ -1,7 +1,142 @@
 //! cloud-bridge: terminates the edges' QUIC bridges and writes into the central cluster.
-//! Not built yet: this binary only says so, until the QUIC bridge issue lands.
 
-fn main() -> std::process::ExitCode {
-    eprintln!("cloud-bridge: not yet (the QUIC bridge and its sinks are the next issues)");
-    std::process::ExitCode::FAILURE
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+use cloud_bridge::Bridge;
+use cloud_bridge::config::CloudConfig;
+
+#[derive(Parser)]
+#[command(version, about = "Cloud side of the edge-to-cloud bridge (QUIC ehb/1, exactly once into the sink)")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Serve edges until SIGINT or SIGTERM.
+    Run {
+        #[arg(long, default_value = "config/cloud.toml")]
+        config: PathBuf,
+        /// Write {"quic": addr, "http": addr} here once listening (for scripts and tests).
+        #[arg(long)]
+        ready_file: Option<PathBuf>,
+    },
+    /// Load and check a config, print the first problem found.
+    CheckConfig {
+        #[arg(long, default_value = "config/cloud.toml")]
+        config: PathBuf,
+    },
+    /// Development certificates.
+    Certs {
+        #[command(subcommand)]
+        command: CertsCommand,
+    },
+}
+
+#[derive(Subcommand)]
+enum CertsCommand {
+    /// Write a fleet CA, the bridge's server certificate and one client certificate per edge.
+    Init {
+        #[arg(long)]
+        dir: PathBuf,
+        /// Edge ids (each becomes its certificate's DNS name). Repeatable.
+        #[arg(long = "edge")]
+        edges: Vec<String>,
+        /// Names the bridge is reached by (localhost and 127.0.0.1 are always included).
+        #[arg(long = "server-name")]
+        server_names: Vec<String>,
+        /// Replace an existing PKI in `dir`.
+        #[arg(long)]
+        force: bool,
+    },
+}
+
+fn main() -> ExitCode {
+    match Cli::parse().command {
+        Command::Run { config, ready_file } => run(&config, ready_file),
+        Command::CheckConfig { config } => match CloudConfig::load(&config) {
+            Ok(_) => {
+                println!("{}: ok", config.display());
+                ExitCode::SUCCESS
+            }
+            Err(e) => {
+                eprintln!("cloud-bridge: {e}");
+                ExitCode::from(2)
+            }
+        },
+        Command::Certs { command: CertsCommand::Init { dir, edges, server_names, force } } => {
+            match cloud_bridge::certs::init(&dir, &server_names, &edges, force) {
+                Ok(pki) => {
+                    println!("fleet CA: {}", pki.ca.display());
+                    println!("bridge:   {} {}", pki.server_cert.display(), pki.server_key.display());
+                    for (id, cert, key) in pki.edges {
+                        println!("edge {id}: {} {}", cert.display(), key.display());
+                    }
+                    ExitCode::SUCCESS
+                }
+                Err(e) => {
+                    eprintln!("cloud-bridge: {e}");
+                    ExitCode::from(2)
+                }
+            }
+        }
+    }
+}
+
+fn run(path: &std::path::Path, ready_file: Option<PathBuf>) -> ExitCode {
+    let config = match CloudConfig::load(path) {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("cloud-bridge: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(&config.log.level));
+    tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).init();
+    let runtime = match tokio::runtime::Runtime::new() {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("cloud-bridge: cannot start the runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    runtime.block_on(async move {
+        let bridge = match Bridge::start(config).await {
+            Ok(b) => b,
+            Err(e) => {
+                eprintln!("cloud-bridge: {e}");
+                return ExitCode::FAILURE;
+            }
+        };
+        if let Some(file) = ready_file {
+            let ready = serde_json::json!({
+                "quic": bridge.quic_addr().to_string(),
+                "http": bridge.http_addr().map(|a| a.to_string()),
+            });
+            if let Err(e) = std::fs::write(&file, ready.to_string()) {
+                eprintln!("cloud-bridge: cannot write {}: {e}", file.display());
+                return ExitCode::FAILURE;
+            }
+        }
+        let mut term = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(s) => s,
+            Err(e) => {
+                eprintln!("cloud-bridge: cannot watch SIGTERM: {e}");
+                return ExitCode::FAILURE;
+            }
+        };
+        tokio::select! {
+            _ = tokio::signal::ctrl_c() => {}
+            _ = term.recv() => {}
+        }
+        tracing::info!("shutting down");
+        bridge.shutdown();
+        // Sessions close their connections; give them a moment to say so.
+        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+        ExitCode::SUCCESS
+    })
 }

@@ -1,0 +1,150 @@
+//! The cloud bridge's configuration (`config/cloud.toml`). Relative paths are resolved against
+//! the config file's directory; every problem is reported with its key.
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct CloudConfig {
+    pub server: ServerConfig,
+    #[serde(default)]
+    pub http: HttpConfig,
+    pub sink: SinkConfig,
+    #[serde(default)]
+    pub log: LogConfig,
+}
+
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct ServerConfig {
+    /// UDP address of the QUIC listener.
+    pub bind: SocketAddr,
+    /// The bridge's certificate chain and key (PEM).
+    pub cert: PathBuf,
+    pub key: PathBuf,
+    /// The fleet CA: edges must present a client certificate it signed.
+    pub client_ca: PathBuf,
+    /// Serial numbers (hex) of edge certificates refused even though the CA signed them.
+    #[serde(default)]
+    pub deny_serials: Vec<String>,
+    /// Batches one connection may send ahead of a missing one. Default: 64.
+    #[serde(default = "default_max_held")]
+    pub max_held: usize,
+}
+
+fn default_max_held() -> usize {
+    64
+}
+
+#[derive(Debug, Clone, Default, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct HttpConfig {
+    /// `/metrics` and `/healthz`. Default: off.
+    pub bind: Option<SocketAddr>,
+}
+
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(tag = "kind", rename_all = "lowercase", deny_unknown_fields)]
+pub enum SinkConfig {
+    /// An embedded SQLite file: zero setup, one machine.
+    Sqlite { path: PathBuf },
+}
+
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct LogConfig {
+    #[serde(default = "default_level")]
+    pub level: String,
+}
+
+impl Default for LogConfig {
+    fn default() -> Self {
+        Self { level: default_level() }
+    }
+}
+
+fn default_level() -> String {
+    "info".into()
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("cannot read {path}: {source}")]
+    Read {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("{path}: {message}")]
+    Parse { path: PathBuf, message: String },
+    #[error("{path}: {key}: {problem}")]
+    Invalid { path: PathBuf, key: String, problem: String },
+}
+
+impl CloudConfig {
+    pub fn load(path: &Path) -> Result<Self, ConfigError> {
+        let text =
+            std::fs::read_to_string(path).map_err(|source| ConfigError::Read { path: path.to_owned(), source })?;
+        let mut config: CloudConfig =
+            toml::from_str(&text).map_err(|e| ConfigError::Parse { path: path.to_owned(), message: e.to_string() })?;
+        let base = path.parent().unwrap_or(Path::new("."));
+        let resolve = |p: &mut PathBuf| {
+            if p.is_relative() {
+                *p = base.join(&*p);
+            }
+        };
+        resolve(&mut config.server.cert);
+        resolve(&mut config.server.key);
+        resolve(&mut config.server.client_ca);
+        match &mut config.sink {
+            SinkConfig::Sqlite { path } => resolve(path),
+        }
+        for (i, serial) in config.server.deny_serials.iter_mut().enumerate() {
+            let clean: String = serial.chars().filter(|c| *c != ':').collect::<String>().to_lowercase();
+            if clean.is_empty() || !clean.chars().all(|c| c.is_ascii_hexdigit()) {
+                return Err(ConfigError::Invalid {
+                    path: path.to_owned(),
+                    key: format!("server.deny_serials[{i}]"),
+                    problem: format!("{serial:?} is not a hex serial number"),
+                });
+            }
+            *serial = clean;
+        }
+        if config.server.max_held == 0 {
+            return Err(ConfigError::Invalid {
+                path: path.to_owned(),
+                key: "server.max_held".into(),
+                problem: "must be at least 1".into(),
+            });
+        }
+        Ok(config)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn example_config_loads_and_bad_keys_are_named() {
+        let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../config/cloud.toml");
+        let config = CloudConfig::load(&path).unwrap();
+        assert!(config.server.cert.is_absolute() || config.server.cert.starts_with(".."));
+        let dir = tempfile::tempdir().unwrap();
+        let bad = dir.path().join("cloud.toml");
+        std::fs::write(
+            &bad,
+            "[server]\nbind = \"127.0.0.1:0\"\ncert = \"c\"\nkey = \"k\"\nclient_ca = \"ca\"\ndeny_serials = [\"zz\"]\n\
+             [sink]\nkind = \"sqlite\"\npath = \"x.db\"\n",
+        )
+        .unwrap();
+        let err = CloudConfig::load(&bad).unwrap_err().to_string();
+        assert!(err.contains("server.deny_serials[0]") && err.contains("not a hex serial"), "{err}");
+        std::fs::write(&bad, "[server]\nbind = \"nowhere\"\n").unwrap();
+        let err = CloudConfig::load(&bad).unwrap_err().to_string();
+        assert!(err.contains("bind"), "{err}");
+    }
+}

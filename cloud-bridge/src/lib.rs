@@ -1,0 +1,94 @@
+//! cloud-bridge: terminates the edges' QUIC bridges (ehb/1) and writes what they send into the
+//! central cluster exactly once. Stateless: everything an edge's session needs to resume is in
+//! the sink, so any instance can serve any edge, one after another.
+
+pub mod certs;
+pub mod config;
+pub mod metrics;
+pub mod names;
+pub mod server;
+pub mod sink;
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use tokio_util::sync::CancellationToken;
+
+use crate::config::{CloudConfig, SinkConfig};
+use crate::metrics::Metrics;
+
+#[derive(Debug, thiserror::Error)]
+pub enum StartError {
+    #[error(transparent)]
+    Server(#[from] server::ServerError),
+    #[error(transparent)]
+    Sink(#[from] sink::SinkError),
+    #[error("http endpoint cannot bind {addr}: {source}")]
+    HttpBind {
+        addr: SocketAddr,
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+/// A running bridge.
+#[derive(Debug)]
+pub struct Bridge {
+    quic_addr: SocketAddr,
+    http_addr: Option<SocketAddr>,
+    metrics: Arc<Metrics>,
+    shutdown: CancellationToken,
+}
+
+impl Bridge {
+    pub async fn start(config: CloudConfig) -> Result<Bridge, StartError> {
+        let metrics = Arc::new(Metrics::new());
+        let shutdown = CancellationToken::new();
+        let endpoint = server::endpoint(&config.server)?;
+        let quic_addr =
+            endpoint.local_addr().map_err(|source| server::ServerError::Bind { addr: config.server.bind, source })?;
+        let http_addr = match config.http.bind {
+            Some(addr) => {
+                let listener = tokio::net::TcpListener::bind(addr)
+                    .await
+                    .map_err(|source| StartError::HttpBind { addr, source })?;
+                let bound = listener.local_addr().ok();
+                tokio::spawn(metrics::serve(listener, metrics.clone(), shutdown.clone()));
+                bound
+            }
+            None => None,
+        };
+        let server_config = Arc::new(config.server.clone());
+        match &config.sink {
+            SinkConfig::Sqlite { path } => {
+                let sink = Arc::new(sink::sqlite::SqliteSink::open(path)?);
+                tracing::info!(path = %path.display(), "sink: sqlite");
+                tokio::spawn(server::accept_loop(endpoint, server_config, sink, metrics.clone(), shutdown.clone()));
+            }
+        }
+        tracing::info!(%quic_addr, "QUIC listener ready");
+        Ok(Bridge { quic_addr, http_addr, metrics, shutdown })
+    }
+
+    pub fn quic_addr(&self) -> SocketAddr {
+        self.quic_addr
+    }
+
+    pub fn http_addr(&self) -> Option<SocketAddr> {
+        self.http_addr
+    }
+
+    pub fn metrics(&self) -> &Metrics {
+        &self.metrics
+    }
+
+    pub fn shutdown(&self) {
+        self.shutdown.cancel();
+    }
+}
+
+impl Drop for Bridge {
+    fn drop(&mut self) {
+        self.shutdown.cancel();
+    }
+}

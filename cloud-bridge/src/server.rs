@@ -1,0 +1,295 @@
+//! The QUIC side: accepts edges with verified client certificates, runs one session per
+//! connection, writes released batches to the sink in order and acks what it committed.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use quinn::crypto::rustls::QuicServerConfig;
+use rustls::server::WebPkiClientVerifier;
+use rustls_pki_types::CertificateDer;
+use shared::proto::cloud::CloudSession;
+use shared::proto::io::{FrameIoError, read_frame, write_frame};
+use shared::proto::{ALPN, Batch, Control, MAX_BATCH_FRAME, MAX_BATCH_RAW, MAX_CONTROL_FRAME, compress};
+use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
+
+use crate::config::ServerConfig;
+use crate::metrics::{EdgeLabel, LaneLabels, Metrics, ReasonLabel};
+use crate::sink::Sink;
+
+#[derive(Debug, thiserror::Error)]
+pub enum ServerError {
+    #[error(transparent)]
+    Tls(#[from] shared::tls::TlsError),
+    #[error("QUIC TLS setup: {0}")]
+    Quic(String),
+    #[error("cannot bind UDP {addr}: {source}")]
+    Bind {
+        addr: std::net::SocketAddr,
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+/// Why a session ended, for the log and the `sessions_closed` metric.
+#[derive(Debug, thiserror::Error)]
+enum SessionEnd {
+    #[error("the edge closed the session")]
+    Closed,
+    #[error("connection lost: {0}")]
+    Connection(#[from] quinn::ConnectionError),
+    #[error("control stream: {0}")]
+    Frame(#[from] FrameIoError),
+    #[error(transparent)]
+    Session(#[from] shared::proto::edge::SessionError),
+    #[error("bad batch: {0}")]
+    Batch(#[from] shared::proto::ProtoError),
+    #[error(transparent)]
+    Sink(#[from] crate::sink::SinkError),
+    #[error("bridge shutting down")]
+    Shutdown,
+}
+
+impl SessionEnd {
+    fn reason(&self) -> &'static str {
+        match self {
+            SessionEnd::Closed => "closed",
+            SessionEnd::Connection(_) => "connection",
+            SessionEnd::Frame(_) | SessionEnd::Session(_) | SessionEnd::Batch(_) => "protocol",
+            SessionEnd::Sink(_) => "sink",
+            SessionEnd::Shutdown => "shutdown",
+        }
+    }
+}
+
+/// The QUIC endpoint for edges: TLS 1.3, ALPN ehb/1, client certificates from the fleet CA.
+pub fn endpoint(config: &ServerConfig) -> Result<quinn::Endpoint, ServerError> {
+    let provider = shared::tls::provider();
+    let roots = Arc::new(shared::tls::load_roots(&config.client_ca)?);
+    let verifier = WebPkiClientVerifier::builder_with_provider(roots, provider.clone())
+        .build()
+        .map_err(|e| ServerError::Quic(format!("fleet CA {}: {e}", config.client_ca.display())))?;
+    let mut tls = rustls::ServerConfig::builder_with_provider(provider)
+        .with_protocol_versions(&[&rustls::version::TLS13])
+        .map_err(|e| ServerError::Quic(e.to_string()))?
+        .with_client_cert_verifier(verifier)
+        .with_single_cert(shared::tls::load_certs(&config.cert)?, shared::tls::load_key(&config.key)?)
+        .map_err(|e| {
+            ServerError::Quic(format!("{} does not fit {}: {e}", config.key.display(), config.cert.display()))
+        })?;
+    tls.alpn_protocols = vec![ALPN.to_vec()];
+    let crypto = QuicServerConfig::try_from(tls).map_err(|e| ServerError::Quic(e.to_string()))?;
+    let mut server = quinn::ServerConfig::with_crypto(Arc::new(crypto));
+    let mut transport = quinn::TransportConfig::default();
+    transport.max_idle_timeout(Some(Duration::from_secs(30).try_into().map_err(|_| ServerError::Quic("idle".into()))?));
+    transport.max_concurrent_uni_streams(256u32.into());
+    server.transport_config(Arc::new(transport));
+    quinn::Endpoint::server(server, config.bind).map_err(|source| ServerError::Bind { addr: config.bind, source })
+}
+
+/// Accepts edges until `shutdown`.
+pub async fn accept_loop<S: Sink>(
+    endpoint: quinn::Endpoint,
+    config: Arc<ServerConfig>,
+    sink: Arc<S>,
+    metrics: Arc<Metrics>,
+    shutdown: CancellationToken,
+) {
+    loop {
+        let incoming = tokio::select! {
+            _ = shutdown.cancelled() => break,
+            incoming = endpoint.accept() => match incoming {
+                Some(i) => i,
+                None => break,
+            },
+        };
+        let (config, sink, metrics, shutdown) = (config.clone(), sink.clone(), metrics.clone(), shutdown.clone());
+        tokio::spawn(async move {
+            let remote = incoming.remote_address();
+            let conn = match incoming.await {
+                Ok(c) => c,
+                Err(e) => {
+                    refuse(&metrics, "handshake");
+                    tracing::warn!(%remote, error = %e, "edge handshake failed");
+                    return;
+                }
+            };
+            let Some(cert) = peer_cert(&conn) else {
+                refuse(&metrics, "no_identity");
+                conn.close(1u32.into(), b"no client certificate");
+                return;
+            };
+            let Some(edge) = shared::tls::certificate_identity(&cert) else {
+                refuse(&metrics, "no_identity");
+                tracing::warn!(%remote, "edge certificate names no edge (no DNS name, no CN)");
+                conn.close(1u32.into(), b"certificate names no edge");
+                return;
+            };
+            let serial = shared::tls::certificate_serial(&cert).unwrap_or_default();
+            if config.deny_serials.contains(&serial) {
+                refuse(&metrics, "denied_serial");
+                tracing::warn!(%remote, edge, serial, "edge certificate is on the deny list");
+                conn.close(2u32.into(), b"certificate denied");
+                return;
+            }
+            serve_edge(conn, edge, config.max_held, sink, metrics, shutdown).await;
+        });
+    }
+    endpoint.close(0u32.into(), b"bridge shutting down");
+}
+
+fn refuse(metrics: &Metrics, reason: &'static str) {
+    metrics.refused.get_or_create(&ReasonLabel { reason }).inc();
+}
+
+fn peer_cert(conn: &quinn::Connection) -> Option<CertificateDer<'static>> {
+    let certs = conn.peer_identity()?.downcast::<Vec<CertificateDer<'static>>>().ok()?;
+    certs.first().cloned()
+}
+
+async fn serve_edge<S: Sink>(
+    conn: quinn::Connection,
+    edge: String,
+    max_held: usize,
+    sink: Arc<S>,
+    metrics: Arc<Metrics>,
+    shutdown: CancellationToken,
+) {
+    let label = EdgeLabel { edge: edge.clone() };
+    let connected = metrics.connected.get_or_create(&label).clone();
+    connected.set(1);
+    tracing::info!(edge, remote = %conn.remote_address(), "edge connected");
+    let end = tokio::select! {
+        end = session(&conn, &edge, max_held, &*sink, &metrics) => end,
+        _ = shutdown.cancelled() => SessionEnd::Shutdown,
+    };
+    connected.set(0);
+    metrics.closed.get_or_create(&ReasonLabel { reason: end.reason() }).inc();
+    match &end {
+        SessionEnd::Closed | SessionEnd::Shutdown => tracing::info!(edge, "edge session ended: {end}"),
+        _ => tracing::warn!(edge, "edge session ended: {end}"),
+    }
+    conn.close(0u32.into(), end.to_string().as_bytes());
+}
+
+async fn session<S: Sink>(
+    conn: &quinn::Connection,
+    edge: &str,
+    max_held: usize,
+    sink: &S,
+    metrics: &Metrics,
+) -> SessionEnd {
+    match run_session(conn, edge, max_held, sink, metrics).await {
+        Ok(()) => SessionEnd::Closed,
+        Err(e) => e,
+    }
+}
+
+async fn run_session<S: Sink>(
+    conn: &quinn::Connection,
+    edge: &str,
+    max_held: usize,
+    sink: &S,
+    metrics: &Metrics,
+) -> Result<(), SessionEnd> {
+    let (mut send, mut recv) = conn.accept_bi().await?;
+    let mut session = CloudSession::new(max_held);
+    // Control frames and batches are read by their own tasks: a read cut short by `select!`
+    // would lose the bytes it had taken.
+    let (control_tx, mut control_rx) = mpsc::channel::<Result<Option<Control>, FrameIoError>>(16);
+    tokio::spawn(async move {
+        loop {
+            let frame = read_frame::<_, Control>(&mut recv, MAX_CONTROL_FRAME).await;
+            let end = !matches!(frame, Ok(Some(_)));
+            if control_tx.send(frame).await.is_err() || end {
+                return;
+            }
+        }
+    });
+    let (batch_tx, mut batch_rx) = mpsc::channel::<Result<Batch, FrameIoError>>(max_held.max(1));
+    let uni_conn = conn.clone();
+    let acceptor = tokio::spawn(async move {
+        while let Ok(mut stream) = uni_conn.accept_uni().await {
+            let tx = batch_tx.clone();
+            tokio::spawn(async move {
+                match read_frame::<_, Batch>(&mut stream, MAX_BATCH_FRAME).await {
+                    Ok(Some(b)) => {
+                        let _ = tx.send(Ok(b)).await;
+                    }
+                    Ok(None) => {}
+                    Err(e) => {
+                        let _ = tx.send(Err(e)).await;
+                    }
+                }
+            });
+        }
+    });
+    let _stop_acceptor = AbortOnDrop(acceptor);
+    let edge_label = EdgeLabel { edge: edge.to_owned() };
+    let records_counter = metrics.records.get_or_create(&edge_label).clone();
+    let batches_counter = metrics.batches.get_or_create(&edge_label).clone();
+    let bytes_counter = metrics.bytes.get_or_create(&edge_label).clone();
+    loop {
+        tokio::select! {
+            frame = control_rx.recv() => {
+                let Some(frame) = frame.transpose()?.flatten() else { return Ok(()) };
+                let hello = match session.handle(frame) {
+                    Ok(h) => h,
+                    Err(e) => {
+                        // A refusal is sent before the connection closes.
+                        flush(&mut session, &mut send).await?;
+                        let _ = send.finish();
+                        tokio::time::sleep(Duration::from_millis(100)).await;
+                        return Err(e.into());
+                    }
+                };
+                if let Some(hello) = hello {
+                    let committed = sink.committed(edge, &hello.epoch).await?;
+                    tracing::info!(edge, epoch = hello.epoch, version = hello.version, ?committed, "edge hello");
+                    session.welcome(committed, Vec::new());
+                }
+            }
+            Some(batch) = batch_rx.recv() => {
+                let batch = batch?;
+                batches_counter.inc();
+                bytes_counter.inc_by(batch.body.len() as u64);
+                for release in session.handle_batch(batch)? {
+                    let lane = release.batch.lane;
+                    let records: Vec<_> = compress::unpack(&release.batch, session.dicts(), MAX_BATCH_RAW)?
+                        .into_iter()
+                        .filter(|r| r.seq > release.skip_through)
+                        .collect();
+                    let count = records.len() as u64;
+                    let epoch = release.batch.epoch.clone();
+                    let started = Instant::now();
+                    let written = sink.write(edge, &epoch, lane, records, release.batch.last_seq).await;
+                    metrics.sink_seconds.observe(started.elapsed().as_secs_f64());
+                    metrics.sink_ok.store(written.is_ok(), std::sync::atomic::Ordering::Relaxed);
+                    written?;
+                    records_counter.inc_by(count);
+                    session.committed(lane, release.batch.last_seq);
+                    metrics
+                        .committed
+                        .get_or_create(&LaneLabels { edge: edge.to_owned(), lane })
+                        .set(release.batch.last_seq as i64);
+                }
+            }
+        }
+        flush(&mut session, &mut send).await?;
+    }
+}
+
+async fn flush(session: &mut CloudSession, send: &mut quinn::SendStream) -> Result<(), FrameIoError> {
+    while let Some(frame) = session.poll_control() {
+        write_frame(send, &frame).await?;
+    }
+    Ok(())
+}
+
+struct AbortOnDrop(tokio::task::JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}

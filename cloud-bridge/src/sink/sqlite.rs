@@ -1,0 +1,201 @@
+//! The embedded sink: one SQLite file, records unique by (edge, epoch, lane, seq), the marks in
+//! the same transaction, `synchronous=FULL` so an ack means on disk.
+
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+
+use rusqlite::{Connection, params};
+use shared::proto::{LaneSeq, WireRecord};
+
+use super::{Sink, SinkError};
+
+const SCHEMA: &str = "
+CREATE TABLE IF NOT EXISTS records (
+    edge_id TEXT NOT NULL,
+    epoch TEXT NOT NULL,
+    lane INTEGER NOT NULL,
+    seq INTEGER NOT NULL,
+    kind TEXT NOT NULL,
+    class TEXT NOT NULL,
+    topic TEXT,
+    payload BLOB NOT NULL,
+    qos INTEGER,
+    enqueued_ms INTEGER,
+    headers TEXT,
+    received_ms INTEGER NOT NULL,
+    PRIMARY KEY (edge_id, epoch, lane, seq)
+);
+CREATE TABLE IF NOT EXISTS marks (
+    edge_id TEXT NOT NULL,
+    epoch TEXT NOT NULL,
+    lane INTEGER NOT NULL,
+    committed INTEGER NOT NULL,
+    PRIMARY KEY (edge_id, epoch, lane)
+);
+";
+
+#[derive(Debug, Clone)]
+pub struct SqliteSink {
+    conn: Arc<Mutex<Connection>>,
+    path: PathBuf,
+}
+
+fn failed(what: &'static str, e: impl std::fmt::Display) -> SinkError {
+    SinkError::Failed { what, reason: e.to_string() }
+}
+
+impl SqliteSink {
+    pub fn open(path: &Path) -> Result<Self, SinkError> {
+        if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+            std::fs::create_dir_all(dir).map_err(|e| failed("directory", format!("{}: {e}", dir.display())))?;
+        }
+        let conn = Connection::open(path).map_err(|e| failed("open", format!("{}: {e}", path.display())))?;
+        conn.execute_batch("PRAGMA journal_mode = WAL; PRAGMA synchronous = FULL;")
+            .and_then(|_| conn.execute_batch(SCHEMA))
+            .map_err(|e| failed("schema", format!("{}: {e}", path.display())))?;
+        Ok(Self { conn: Arc::new(Mutex::new(conn)), path: path.to_owned() })
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    async fn blocking<T: Send + 'static>(
+        &self,
+        f: impl FnOnce(&mut Connection) -> Result<T, SinkError> + Send + 'static,
+    ) -> Result<T, SinkError> {
+        let conn = self.conn.clone();
+        tokio::task::spawn_blocking(move || {
+            let mut conn = conn.lock().map_err(|_| failed("lock", "poisoned"))?;
+            f(&mut conn)
+        })
+        .await
+        .map_err(|e| failed("task", e))?
+    }
+}
+
+fn now_ms() -> u64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
+}
+
+impl Sink for SqliteSink {
+    async fn committed(&self, edge: &str, epoch: &str) -> Result<Vec<LaneSeq>, SinkError> {
+        let (edge, epoch) = (edge.to_owned(), epoch.to_owned());
+        self.blocking(move |conn| {
+            let mut stmt = conn
+                .prepare_cached("SELECT lane, committed FROM marks WHERE edge_id = ?1 AND epoch = ?2 ORDER BY lane")
+                .map_err(|e| failed("read marks", e))?;
+            let rows = stmt
+                .query_map(params![edge, epoch], |r| Ok(LaneSeq { lane: r.get(0)?, seq: r.get(1)? }))
+                .map_err(|e| failed("read marks", e))?;
+            rows.collect::<Result<Vec<_>, _>>().map_err(|e| failed("read marks", e))
+        })
+        .await
+    }
+
+    async fn write(
+        &self,
+        edge: &str,
+        epoch: &str,
+        lane: u8,
+        records: Vec<WireRecord>,
+        up_to: u64,
+    ) -> Result<(), SinkError> {
+        let (edge, epoch) = (edge.to_owned(), epoch.to_owned());
+        self.blocking(move |conn| {
+            let tx = conn.transaction().map_err(|e| failed("begin", e))?;
+            {
+                let mut insert = tx
+                    .prepare_cached(
+                        "INSERT OR IGNORE INTO records (edge_id, epoch, lane, seq, kind, class, topic, payload, qos, \
+                         enqueued_ms, headers, received_ms) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12)",
+                    )
+                    .map_err(|e| failed("insert", e))?;
+                let received = now_ms();
+                for r in &records {
+                    let result = match (&r.message, &r.gap) {
+                        (Some(m), _) => {
+                            let headers = crate::names::headers(m);
+                            insert.execute(params![
+                                edge,
+                                epoch,
+                                lane,
+                                r.seq,
+                                "message",
+                                m.class,
+                                m.topic,
+                                m.payload,
+                                m.qos,
+                                m.enqueued_ms,
+                                serde_json::to_string(&headers).unwrap_or_default(),
+                                received
+                            ])
+                        }
+                        (None, Some(g)) => insert.execute(params![
+                            edge,
+                            epoch,
+                            lane,
+                            r.seq,
+                            "gap",
+                            g.class,
+                            None::<String>,
+                            serde_json::to_vec(g).unwrap_or_default(),
+                            None::<u8>,
+                            None::<u64>,
+                            None::<String>,
+                            received
+                        ]),
+                        (None, None) => continue,
+                    };
+                    result.map_err(|e| failed("insert", e))?;
+                }
+            }
+            tx.execute(
+                "INSERT INTO marks (edge_id, epoch, lane, committed) VALUES (?1, ?2, ?3, ?4) \
+                 ON CONFLICT (edge_id, epoch, lane) DO UPDATE SET committed = max(committed, excluded.committed)",
+                params![edge, epoch, lane, up_to],
+            )
+            .map_err(|e| failed("mark", e))?;
+            tx.commit().map_err(|e| failed("commit", e))
+        })
+        .await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use shared::proto::WireMessage;
+
+    fn record(seq: u64) -> WireRecord {
+        WireRecord {
+            seq,
+            message: Some(WireMessage {
+                class: "telemetry".into(),
+                topic: "inference/yolo-edge/v3.2.1/cam-03".into(),
+                payload: vec![seq as u8],
+                qos: 1,
+                enqueued_ms: 1,
+                expires_ms: None,
+                user_properties: vec![("trace-id".into(), "t".into())],
+                correlation_data: None,
+                content_type: None,
+            }),
+            gap: None,
+        }
+    }
+
+    #[tokio::test]
+    async fn writes_are_idempotent_and_marks_only_advance() {
+        let dir = tempfile::tempdir().unwrap();
+        let sink = SqliteSink::open(&dir.path().join("central.db")).unwrap();
+        sink.write("e1", "ep", 2, (1..=3).map(record).collect(), 3).await.unwrap();
+        sink.write("e1", "ep", 2, (2..=5).map(record).collect(), 5).await.unwrap();
+        sink.write("e1", "ep", 2, vec![record(4)], 4).await.unwrap();
+        assert_eq!(sink.committed("e1", "ep").await.unwrap(), vec![LaneSeq { lane: 2, seq: 5 }]);
+        assert!(sink.committed("e1", "other").await.unwrap().is_empty());
+        let conn = Connection::open(sink.path()).unwrap();
+        let n: i64 = conn.query_row("SELECT count(*) FROM records", [], |r| r.get(0)).unwrap();
+        assert_eq!(n, 5);
+    }
+}
