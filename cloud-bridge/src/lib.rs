@@ -38,12 +38,14 @@ pub struct Bridge {
     http_addr: Option<SocketAddr>,
     metrics: Arc<Metrics>,
     shutdown: CancellationToken,
+    tasks: tokio_util::task::TaskTracker,
 }
 
 impl Bridge {
     pub async fn start(config: CloudConfig) -> Result<Bridge, StartError> {
         let metrics = Arc::new(Metrics::new());
         let shutdown = CancellationToken::new();
+        let tasks = tokio_util::task::TaskTracker::new();
         let endpoint = server::endpoint(&config.server)?;
         let quic_addr =
             endpoint.local_addr().map_err(|source| server::ServerError::Bind { addr: config.server.bind, source })?;
@@ -63,11 +65,19 @@ impl Bridge {
             SinkConfig::Sqlite { path } => {
                 let sink = Arc::new(sink::sqlite::SqliteSink::open(path)?);
                 tracing::info!(path = %path.display(), "sink: sqlite");
-                tokio::spawn(server::accept_loop(endpoint, server_config, sink, metrics.clone(), shutdown.clone()));
+                let accept = server::accept_loop(
+                    endpoint,
+                    server_config,
+                    sink,
+                    metrics.clone(),
+                    shutdown.clone(),
+                    tasks.clone(),
+                );
+                tasks.spawn(accept);
             }
         }
         tracing::info!(%quic_addr, "QUIC listener ready");
-        Ok(Bridge { quic_addr, http_addr, metrics, shutdown })
+        Ok(Bridge { quic_addr, http_addr, metrics, shutdown, tasks })
     }
 
     pub fn quic_addr(&self) -> SocketAddr {
@@ -82,8 +92,11 @@ impl Bridge {
         &self.metrics
     }
 
-    pub fn shutdown(&self) {
+    /// Closes every session and the endpoint, and waits until the UDP port is free again.
+    pub async fn stop(&self) {
         self.shutdown.cancel();
+        self.tasks.close();
+        self.tasks.wait().await;
     }
 }
 

@@ -134,9 +134,9 @@ fn run(path: &std::path::Path, ready_file: Option<PathBuf>) -> ExitCode {
             _ = term.recv() => {}
         }
         tracing::info!("shutting down");
-        bridge.shutdown();
-        // Sessions close their connections; give them a moment to say so.
-        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+        if tokio::time::timeout(std::time::Duration::from_secs(5), bridge.stop()).await.is_err() {
+            tracing::warn!("sessions still open after 5 s; exiting anyway");
+        }
         ExitCode::SUCCESS
     })
 }

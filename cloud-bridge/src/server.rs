@@ -94,6 +94,7 @@ pub async fn accept_loop<S: Sink>(
     sink: Arc<S>,
     metrics: Arc<Metrics>,
     shutdown: CancellationToken,
+    tasks: tokio_util::task::TaskTracker,
 ) {
     loop {
         let incoming = tokio::select! {
@@ -104,7 +105,7 @@ pub async fn accept_loop<S: Sink>(
             },
         };
         let (config, sink, metrics, shutdown) = (config.clone(), sink.clone(), metrics.clone(), shutdown.clone());
-        tokio::spawn(async move {
+        tasks.spawn(async move {
             let remote = incoming.remote_address();
             let conn = match incoming.await {
                 Ok(c) => c,
@@ -136,6 +137,8 @@ pub async fn accept_loop<S: Sink>(
         });
     }
     endpoint.close(0u32.into(), b"bridge shutting down");
+    // The socket is released once every connection is gone.
+    endpoint.wait_idle().await;
 }
 
 fn refuse(metrics: &Metrics, reason: &'static str) {

@@ -13,6 +13,7 @@ pub mod probe;
 pub mod route;
 pub mod spool;
 pub mod tls;
+pub mod uplink;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -54,6 +55,8 @@ pub enum StartError {
     Broker(#[from] BrokerError),
     #[error(transparent)]
     Spool(#[from] spool::SpoolError),
+    #[error(transparent)]
+    Uplink(#[from] uplink::quic::UplinkSetupError),
     #[error("cannot start the spool thread: {source}")]
     SpoolThread {
         #[source]
@@ -223,6 +226,21 @@ impl Node {
         };
         if config.probe.enabled {
             tracker.spawn(probe::run(ctx.clone(), config.probe.clone(), config.node_id.clone(), shutdown.clone()));
+        }
+        if let Some(uplink) = &config.uplink {
+            match &ctx.spool {
+                Some(spool) => {
+                    let task = uplink::Uplink {
+                        client: uplink::quic::client_config(uplink)?,
+                        config: uplink.clone(),
+                        spool: spool.clone(),
+                        metrics: metrics.uplink.clone(),
+                        models: Vec::new(),
+                    };
+                    tracker.spawn(task.run(shutdown.clone()));
+                }
+                None => tracing::warn!("[uplink] is configured but no class routes to the cloud: nothing to send"),
+            }
         }
         Ok(Node { config, mqtt_addrs, http_addr, listeners, ctx, _broker: broker })
     }

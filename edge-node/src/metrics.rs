@@ -62,6 +62,7 @@ pub struct Metrics {
     pub probe_received: Counter,
     pub probe_lost: Counter,
     pub spool: Arc<crate::spool::WriterMetrics>,
+    pub uplink: Arc<crate::uplink::UplinkMetrics>,
     /// Milliseconds after `started` of the last probe delivery; 0 before the first.
     probe_last_ok_ms: AtomicU64,
     started: Instant,
@@ -108,6 +109,7 @@ impl Metrics {
                 healthy: Gauge::default(),
                 moved_aside: Counter::default(),
             }),
+            uplink: Arc::default(),
             probe_last_ok_ms: AtomicU64::new(0),
             started: Instant::now(),
             registry: Registry::default(),
@@ -207,6 +209,7 @@ impl Metrics {
             prometheus_client::registry::Unit::Seconds,
             m.spool.commit_seconds.clone(),
         );
+        m.uplink.register(r);
         Self { registry, ..m }
     }
 

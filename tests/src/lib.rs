@@ -4,6 +4,7 @@
 
 pub mod certs;
 pub mod client;
+pub mod cloud;
 pub mod node;
 
 use std::path::PathBuf;

@@ -87,6 +87,11 @@ impl EdgeConfig {
             resolve(p);
         }
         resolve(&mut self.spool.path);
+        if let Some(u) = &mut self.uplink {
+            resolve(&mut u.ca);
+            resolve(&mut u.cert);
+            resolve(&mut u.key);
+        }
     }
 
     /// Every semantic problem in the config; empty when it is usable.
@@ -205,6 +210,23 @@ impl EdgeConfig {
             }
             if !c.governance.allows(c.route) {
                 bad(format!("{key}.route"), format!("{:?} is not allowed for governance {:?}", c.route, c.governance));
+            }
+        }
+        if let Some(u) = &self.uplink {
+            if u.server.rsplit_once(':').is_none_or(|(host, port)| host.is_empty() || port.parse::<u16>().is_err()) {
+                bad("uplink.server".into(), format!("{:?} is not host:port", u.server));
+            }
+            if u.window == 0 || u.batch_records == 0 {
+                bad("uplink.window".into(), "window and batch_records must be at least 1".into());
+            }
+            if !(1..=19).contains(&u.zstd_level) {
+                bad("uplink.zstd_level".into(), format!("{} is outside 1 ..= 19", u.zstd_level));
+            }
+            if !(u.lower_lane_share > 0.0 && u.lower_lane_share <= 0.5) {
+                bad("uplink.lower_lane_share".into(), format!("{} is outside (0, 0.5]", u.lower_lane_share));
+            }
+            if u.backoff_min.0 > u.backoff_max.0 {
+                bad("uplink.backoff_min".into(), "is above backoff_max".into());
             }
         }
         if self.probe.enabled {

@@ -8,6 +8,7 @@ mod load;
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
+use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 use shared::units::{ByteSize, HumanDuration};
@@ -46,6 +47,72 @@ pub struct EdgeConfig {
     /// Topic classes and their routes; first match wins, unmatched topics stay edge-direct.
     #[serde(default, rename = "class")]
     pub classes: Vec<ClassConfig>,
+    /// The QUIC bridge to the cloud. Default: none (the spool fills and evicts by its budget).
+    pub uplink: Option<UplinkConfig>,
+}
+
+/// The QUIC uplink to a cloud bridge (ehb/1, mutual TLS).
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct UplinkConfig {
+    /// The bridge's UDP address, `host:port`.
+    pub server: String,
+    /// The name the bridge's certificate must carry. Default: the host part of `server`.
+    pub server_name: Option<String>,
+    /// The CA that signed the bridge's certificate (PEM).
+    pub ca: PathBuf,
+    /// This edge's client certificate and key (PEM); the cloud knows the edge by the
+    /// certificate's first DNS name.
+    pub cert: PathBuf,
+    pub key: PathBuf,
+    /// Batches sent and not yet acked at most. Default: 8.
+    #[serde(default = "default_window")]
+    pub window: usize,
+    /// Records per batch at most. Default: 512.
+    #[serde(default = "default_batch_records")]
+    pub batch_records: usize,
+    /// zstd level for batches (1 fast .. 19 small). Default: 3.
+    #[serde(default = "default_zstd_level")]
+    pub zstd_level: i32,
+    /// Share of batches reserved for lower-priority lanes while they have records. Default: 0.1.
+    #[serde(default = "default_lower_share")]
+    pub lower_lane_share: f64,
+    /// Ping interval. Default: 5s.
+    #[serde(default = "default_keepalive")]
+    pub keepalive: HumanDuration,
+    /// Connected but no ack or pong for this long: the link is reported degraded. Default: 10s.
+    #[serde(default = "default_ack_timeout")]
+    pub ack_timeout: HumanDuration,
+    /// Reconnect backoff, doubled per failure with jitter, between these bounds.
+    #[serde(default = "default_backoff_min")]
+    pub backoff_min: HumanDuration,
+    #[serde(default = "default_backoff_max")]
+    pub backoff_max: HumanDuration,
+}
+
+fn default_window() -> usize {
+    8
+}
+fn default_batch_records() -> usize {
+    512
+}
+fn default_zstd_level() -> i32 {
+    3
+}
+fn default_lower_share() -> f64 {
+    0.1
+}
+fn default_keepalive() -> HumanDuration {
+    HumanDuration(Duration::from_secs(5))
+}
+fn default_ack_timeout() -> HumanDuration {
+    HumanDuration(Duration::from_secs(10))
+}
+fn default_backoff_min() -> HumanDuration {
+    HumanDuration(Duration::from_millis(200))
+}
+fn default_backoff_max() -> HumanDuration {
+    HumanDuration(Duration::from_secs(30))
 }
 
 #[derive(Debug, Clone, Deserialize, Serialize)]

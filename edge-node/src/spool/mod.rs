@@ -68,7 +68,7 @@ use std::path::PathBuf;
 use bytes::Bytes;
 
 pub use sqlite::SqliteStorage;
-pub use writer::{AppendError, SpoolWriter, WriterMetrics};
+pub use writer::{AppendError, Heads, ReadError, SpoolWriter, WriterMetrics};
 
 /// Lowers the calling thread's CPU priority (nice 10). The spool's threads are background work:
 /// on a busy two-core gateway a commit burst at the same priority as the runtime's workers
@@ -711,6 +711,11 @@ impl<S: Storage> Spool<S> {
             u.records = u.records.saturating_sub(records);
             u.bytes = u.bytes.saturating_sub(bytes);
         }
+    }
+
+    /// Per lane: the highest acked seq and the last committed one.
+    pub fn heads(&self) -> Vec<(Lane, Seq, Seq)> {
+        self.lanes.iter().map(|(l, s)| (*l, Seq(s.acked), Seq(s.committed.saturating_sub(1)))).collect()
     }
 
     /// Highest acked seq per lane.

@@ -14,10 +14,19 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::Histogram;
 use tokio::sync::oneshot;
 
-use super::{Durability, Lane, Message, Seq, Spool, SpoolError, Storage};
+use super::{Durability, Lane, Message, Record, Seq, Spool, SpoolError, Storage};
 
 /// The spool the writer thread owns: SQLite in production, a fault-injecting wrapper in tests.
 pub type DynSpool = Spool<Box<dyn Storage + Send>>;
+
+/// Why a read or an ack of the spool failed.
+#[derive(Debug, thiserror::Error)]
+pub enum ReadError {
+    #[error(transparent)]
+    Stopped(#[from] AppendError),
+    #[error(transparent)]
+    Spool(#[from] SpoolError),
+}
 
 /// Why a `full` append got no PUBACK.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
@@ -35,7 +44,23 @@ type Done = oneshot::Sender<Result<Seq, AppendError>>;
 
 enum Request {
     Append { lane: Lane, message: Box<Message>, durability: Durability, done: Option<Done>, queued: Instant },
+    Query(Query),
     Shutdown(oneshot::Sender<()>),
+}
+
+/// The uplink's requests, answered after the batch they arrive in is committed.
+enum Query {
+    Read { lane: Lane, after: Seq, limit: usize, done: oneshot::Sender<Result<Vec<Record>, SpoolError>> },
+    Ack { lane: Lane, up_to: Seq, done: oneshot::Sender<Result<u64, SpoolError>> },
+    Heads(oneshot::Sender<Heads>),
+}
+
+/// What the uplink needs to know of the spool: its epoch and, per lane, the acked and the last
+/// committed seq.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Heads {
+    pub epoch: String,
+    pub lanes: Vec<(Lane, Seq, Seq)>,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -74,6 +99,8 @@ pub struct SpoolWriter {
     tx: flume::Sender<Request>,
     /// The spool thread, woken for what must not wait out the commit interval.
     thread: std::thread::Thread,
+    /// Signalled after each commit that added records, for the uplink.
+    committed: Arc<tokio::sync::Notify>,
 }
 
 impl SpoolWriter {
@@ -85,11 +112,13 @@ impl SpoolWriter {
         metrics: Arc<WriterMetrics>,
     ) -> std::io::Result<Self> {
         let (tx, rx) = flume::bounded(commit_batch.max(1) * 8);
+        let committed = Arc::new(tokio::sync::Notify::new());
+        let notify = committed.clone();
         let handle = std::thread::Builder::new().name("spool-writer".into()).spawn(move || {
             super::background_priority();
-            run(spool, rx, commit_interval, commit_batch.max(1), &metrics);
+            run(spool, rx, commit_interval, commit_batch.max(1), &metrics, &notify);
         })?;
-        Ok(Self { tx, thread: handle.thread().clone() })
+        Ok(Self { tx, thread: handle.thread().clone(), committed })
     }
 
     /// Queues `message`. For `full` durability the returned receiver resolves once it is
@@ -114,6 +143,33 @@ impl SpoolWriter {
             self.thread.unpark();
         }
         Ok(rx)
+    }
+
+    async fn query<T>(&self, make: impl FnOnce(oneshot::Sender<T>) -> Query) -> Result<T, AppendError> {
+        let (tx, rx) = oneshot::channel();
+        self.tx.send_async(Request::Query(make(tx))).await.map_err(|_| AppendError::Stopped)?;
+        self.thread.unpark();
+        rx.await.map_err(|_| AppendError::Stopped)
+    }
+
+    /// Committed records of `lane` after `after`, in seq order.
+    pub async fn read(&self, lane: Lane, after: Seq, limit: usize) -> Result<Vec<Record>, ReadError> {
+        Ok(self.query(|done| Query::Read { lane, after, limit, done }).await??)
+    }
+
+    /// Deletes `lane`'s records through `up_to`: the cloud committed them.
+    pub async fn ack(&self, lane: Lane, up_to: Seq) -> Result<u64, ReadError> {
+        Ok(self.query(|done| Query::Ack { lane, up_to, done }).await??)
+    }
+
+    /// The spool's epoch and lane positions.
+    pub async fn heads(&self) -> Result<Heads, AppendError> {
+        self.query(Query::Heads).await
+    }
+
+    /// Signalled after each commit that added records.
+    pub fn committed_notify(&self) -> Arc<tokio::sync::Notify> {
+        self.committed.clone()
     }
 
     /// Commits what is queued and stops the thread.
@@ -203,6 +259,7 @@ fn run(
     commit_interval: Duration,
     commit_batch: usize,
     metrics: &WriterMetrics,
+    notify: &tokio::sync::Notify,
 ) {
     const EXPIRY_TICK: Duration = Duration::from_secs(1);
     let mut last_expiry = Instant::now();
@@ -251,6 +308,7 @@ fn run(
         }
 
         let mut waiters: Vec<(Done, Result<Seq, AppendError>)> = Vec::new();
+        let mut queries: Vec<Query> = Vec::new();
         let mut shutdown = None;
         for request in batch {
             match request {
@@ -273,11 +331,16 @@ fn run(
                     crate::metrics::handle(&metrics.appended, &crate::metrics::class_label(&message.class)).inc();
                     spool.append(lane, *message, durability);
                 }
+                Request::Query(q) => queries.push(q),
                 Request::Shutdown(done) => shutdown = Some(done),
             }
         }
         let started = Instant::now();
+        let had = spool.pending();
         let committed = spool.flush();
+        if committed.is_ok() && had > 0 {
+            notify.notify_one();
+        }
         metrics.commit_seconds.observe(started.elapsed().as_secs_f64());
         match &committed {
             Ok(()) => {
@@ -303,9 +366,30 @@ fn run(
             };
             let _ = done.send(result);
         }
+        for q in queries {
+            answer(&mut spool, q, metrics);
+        }
         if let Some(done) = shutdown {
             let _ = done.send(());
             return;
+        }
+    }
+}
+
+fn answer(spool: &mut DynSpool, query: Query, metrics: &WriterMetrics) {
+    match query {
+        Query::Read { lane, after, limit, done } => {
+            let _ = done.send(spool.read(lane, after, limit));
+        }
+        Query::Ack { lane, up_to, done } => {
+            let result = spool.ack(lane, up_to);
+            if result.is_ok() {
+                update_gauges(spool, metrics, false);
+            }
+            let _ = done.send(result);
+        }
+        Query::Heads(done) => {
+            let _ = done.send(Heads { epoch: spool.epoch().to_owned(), lanes: spool.heads() });
         }
     }
 }

@@ -1,0 +1,348 @@
+//! The uplink: drains the spool to a cloud bridge over QUIC (ehb/1) and deletes what the cloud
+//! acknowledged. The protocol rules live in `shared::proto::edge::EdgeSession`; this module
+//! does the I/O around it: connecting with jittered exponential backoff, reading windows from
+//! the spool lane by lane ([`DrainOrder`]), sending each batch on its own unidirectional stream,
+//! and applying acks to the spool.
+
+pub mod quic;
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use rand::Rng;
+use shared::proto::edge::{EdgeEvent, EdgeSession, EdgeSessionConfig, SessionError};
+use shared::proto::io::{FrameIoError, read_frame, write_frame};
+use shared::proto::{Control, MAX_CONTROL_FRAME, ProtoError, WireGap, WireMessage, WireRecord, compress};
+use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
+
+use crate::config::UplinkConfig;
+use crate::spool::drain::DrainOrder;
+use crate::spool::{Body, Lane, ReadError, Record, Seq, SpoolWriter};
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct LaneLabel {
+    pub lane: u8,
+}
+
+/// The uplink's metrics.
+#[derive(Debug, Default)]
+pub struct UplinkMetrics {
+    pub connected: Gauge,
+    pub degraded: Gauge,
+    pub rtt_micros: Gauge,
+    pub in_flight: Gauge,
+    pub batches: Counter,
+    pub records: Counter,
+    /// Batch bytes before compression (CBOR) and as sent.
+    pub bytes_raw: Counter,
+    pub bytes_sent: Counter,
+    pub acked: Family<LaneLabel, Gauge>,
+    pub reconnects: Counter,
+}
+
+impl UplinkMetrics {
+    pub fn register(&self, r: &mut prometheus_client::registry::Registry) {
+        r.register("uplink_connected", "1 while a session with the cloud bridge is up", self.connected.clone());
+        r.register(
+            "uplink_degraded",
+            "1 while connected but a batch or ping waits longer than ack_timeout for its answer",
+            self.degraded.clone(),
+        );
+        r.register("uplink_rtt_microseconds", "Last ping round trip to the cloud bridge", self.rtt_micros.clone());
+        r.register("uplink_batches_in_flight", "Batches sent and not yet acked", self.in_flight.clone());
+        r.register("uplink_batches", "Batches sent", self.batches.clone());
+        r.register("uplink_records", "Records sent (resends included)", self.records.clone());
+        r.register("uplink_raw_bytes", "Batch bytes before compression", self.bytes_raw.clone());
+        r.register("uplink_sent_bytes", "Batch bytes sent, after compression", self.bytes_sent.clone());
+        r.register("uplink_acked_seq", "Highest seq the cloud acked, by lane", self.acked.clone());
+        r.register("uplink_reconnects", "Connection attempts after the first, failed or lost", self.reconnects.clone());
+    }
+}
+
+/// Why a connection ended.
+#[derive(Debug, thiserror::Error)]
+enum ConnEnd {
+    #[error("connect: {0}")]
+    Connect(String),
+    #[error("connection lost: {0}")]
+    Connection(#[from] quinn::ConnectionError),
+    #[error("stream: {0}")]
+    Write(#[from] quinn::WriteError),
+    #[error("stream closed: {0}")]
+    Closed(#[from] quinn::ClosedStream),
+    #[error(transparent)]
+    Frame(#[from] FrameIoError),
+    #[error(transparent)]
+    Session(#[from] SessionError),
+    #[error("batch: {0}")]
+    Batch(#[from] ProtoError),
+    #[error("spool: {0}")]
+    Spool(#[from] ReadError),
+    #[error("the bridge closed the control stream")]
+    ControlClosed,
+    #[error("shutting down")]
+    Shutdown,
+}
+
+#[derive(Debug)]
+pub struct Uplink {
+    pub config: UplinkConfig,
+    pub client: quinn::ClientConfig,
+    pub spool: SpoolWriter,
+    pub metrics: Arc<UplinkMetrics>,
+    pub models: Vec<String>,
+}
+
+impl Uplink {
+    /// Runs until `shutdown`: connects, drains, reconnects.
+    pub async fn run(self, shutdown: CancellationToken) {
+        let heads = match self.spool.heads().await {
+            Ok(h) => h,
+            Err(e) => {
+                tracing::error!(error = %e, "uplink cannot read the spool; not starting");
+                return;
+            }
+        };
+        let session_config = EdgeSessionConfig {
+            window: self.config.window,
+            keepalive: self.config.keepalive.0,
+            ack_timeout: self.config.ack_timeout.0,
+        };
+        let acked = heads.lanes.iter().map(|(l, a, _)| (l.0, a.0));
+        let mut session = EdgeSession::new(session_config, heads.epoch.clone(), acked).with_models(self.models.clone());
+        let mut endpoint = match quinn::Endpoint::client(std::net::SocketAddr::from(([0, 0, 0, 0], 0))) {
+            Ok(e) => e,
+            Err(e) => {
+                tracing::error!(error = %e, "uplink cannot open a UDP socket; not starting");
+                return;
+            }
+        };
+        endpoint.set_default_client_config(self.client.clone());
+        let server_name = quic::server_name(&self.config);
+        let mut backoff = self.config.backoff_min.0;
+        let mut first = true;
+        loop {
+            if !first {
+                self.metrics.reconnects.inc();
+            }
+            first = false;
+            let end = match self.connect(&endpoint, &server_name).await {
+                Ok(conn) => {
+                    backoff = self.config.backoff_min.0;
+                    self.metrics.connected.set(1);
+                    tracing::info!(server = %self.config.server, "uplink connected");
+                    let end = self.connection(&conn, &mut session, &heads.epoch, &shutdown).await;
+                    session.disconnected();
+                    self.metrics.connected.set(0);
+                    self.metrics.in_flight.set(0);
+                    self.metrics.degraded.set(0);
+                    conn.close(0u32.into(), end.to_string().as_bytes());
+                    end
+                }
+                Err(end) => end,
+            };
+            if matches!(end, ConnEnd::Shutdown) || shutdown.is_cancelled() {
+                endpoint.wait_idle().await;
+                return;
+            }
+            if let ConnEnd::Session(SessionError::Refused(_)) = &end {
+                tracing::error!(error = %end, "uplink refused by the cloud bridge; retrying slowly");
+                backoff = self.config.backoff_max.0;
+            } else {
+                tracing::warn!(error = %end, retry_in = ?backoff, "uplink down");
+            }
+            // Full jitter: fleets that lost the same bridge do not come back in step.
+            let wait = backoff.mul_f64(rand::thread_rng().gen_range(0.5..1.0));
+            tokio::select! {
+                _ = tokio::time::sleep(wait) => {}
+                _ = shutdown.cancelled() => return,
+            }
+            backoff = (backoff * 2).min(self.config.backoff_max.0);
+        }
+    }
+
+    async fn connect(&self, endpoint: &quinn::Endpoint, server_name: &str) -> Result<quinn::Connection, ConnEnd> {
+        let addr = tokio::net::lookup_host(&self.config.server)
+            .await
+            .map_err(|e| ConnEnd::Connect(format!("{}: {e}", self.config.server)))?
+            .next()
+            .ok_or_else(|| ConnEnd::Connect(format!("{}: no address", self.config.server)))?;
+        let connecting = endpoint.connect(addr, server_name).map_err(|e| ConnEnd::Connect(e.to_string()))?;
+        tokio::time::timeout(Duration::from_secs(10), connecting)
+            .await
+            .map_err(|_| ConnEnd::Connect(format!("{addr}: handshake timed out")))?
+            .map_err(|e| ConnEnd::Connect(format!("{addr}: {e}")))
+    }
+
+    async fn connection(
+        &self,
+        conn: &quinn::Connection,
+        session: &mut EdgeSession,
+        epoch: &str,
+        shutdown: &CancellationToken,
+    ) -> ConnEnd {
+        match self.drive(conn, session, epoch, shutdown).await {
+            Ok(()) => ConnEnd::Shutdown,
+            Err(e) => e,
+        }
+    }
+
+    async fn drive(
+        &self,
+        conn: &quinn::Connection,
+        session: &mut EdgeSession,
+        epoch: &str,
+        shutdown: &CancellationToken,
+    ) -> Result<(), ConnEnd> {
+        let (mut send, mut recv) = conn.open_bi().await?;
+        session.connected(Instant::now());
+        // The control stream is read by its own task: a read cut short by `select!` would
+        // lose the bytes it had taken.
+        let (control_tx, mut control_rx) = mpsc::channel::<Result<Option<Control>, FrameIoError>>(16);
+        let reader = tokio::spawn(async move {
+            loop {
+                let frame = read_frame::<_, Control>(&mut recv, MAX_CONTROL_FRAME).await;
+                let end = !matches!(frame, Ok(Some(_)));
+                if control_tx.send(frame).await.is_err() || end {
+                    return;
+                }
+            }
+        });
+        let _reader = AbortOnDrop(reader);
+        let notify = self.spool.committed_notify();
+        let mut order = DrainOrder::new(self.config.lower_lane_share);
+        // Per lane, the last committed seq known; refreshed on each commit signal.
+        let mut heads: BTreeMap<u8, u64> = BTreeMap::new();
+        loop {
+            while let Some(frame) = session.poll_control() {
+                write_frame(&mut send, &frame).await?;
+            }
+            while session.can_send() {
+                let ready: Vec<Lane> =
+                    heads.iter().filter(|(l, last)| **last >= session.next_seq(**l)).map(|(l, _)| Lane(*l)).collect();
+                let Some(lane) = order.next(&ready) else { break };
+                let after = session.next_seq(lane.0) - 1;
+                let records = self.spool.read(lane, Seq(after), self.config.batch_records).await?;
+                if records.is_empty() {
+                    heads.insert(lane.0, after);
+                    continue;
+                }
+                let wire: Vec<WireRecord> = records.iter().map(to_wire).collect();
+                let batch = compress::pack(epoch, lane.0, after + 1, &wire, None, self.config.zstd_level)?;
+                let mut stream = conn.open_uni().await?;
+                write_frame(&mut stream, &batch).await?;
+                stream.finish()?;
+                session.sent(lane.0, batch.first_seq, batch.last_seq, Instant::now())?;
+                self.metrics.batches.inc();
+                self.metrics.records.inc_by(wire.len() as u64);
+                self.metrics.bytes_raw.inc_by(batch.raw_len);
+                self.metrics.bytes_sent.inc_by(batch.body.len() as u64);
+                self.metrics.in_flight.set(session.in_flight() as i64);
+            }
+            while let Some(frame) = session.poll_control() {
+                write_frame(&mut send, &frame).await?;
+            }
+            let timeout = session.poll_timeout().map(tokio::time::Instant::from_std);
+            let events = tokio::select! {
+                frame = control_rx.recv() => {
+                    let Some(frame) = frame.transpose()?.flatten() else { return Err(ConnEnd::ControlClosed) };
+                    session.handle(frame, Instant::now())?
+                }
+                _ = notify.notified() => {
+                    self.refresh(&mut heads).await?;
+                    Vec::new()
+                }
+                _ = sleep_until(timeout) => session.handle_timeout(Instant::now()),
+                e = conn.closed() => return Err(e.into()),
+                _ = shutdown.cancelled() => return Ok(()),
+            };
+            for event in events {
+                match event {
+                    EdgeEvent::Acked { lane, up_to } => {
+                        self.spool.ack(Lane(lane), Seq(up_to)).await?;
+                        self.metrics.acked.get_or_create(&LaneLabel { lane }).set(up_to as i64);
+                    }
+                    EdgeEvent::Ready { version } => {
+                        tracing::info!(version, "uplink session ready");
+                        self.refresh(&mut heads).await?;
+                    }
+                    EdgeEvent::Rtt(rtt) => {
+                        self.metrics.rtt_micros.set(rtt.as_micros() as i64);
+                    }
+                    EdgeEvent::Degraded(degraded) => {
+                        self.metrics.degraded.set(i64::from(degraded));
+                        if degraded {
+                            tracing::warn!("uplink degraded: connected, but the bridge does not ack");
+                        } else {
+                            tracing::info!("uplink acks flow again");
+                        }
+                    }
+                }
+            }
+            self.metrics.in_flight.set(session.in_flight() as i64);
+        }
+    }
+
+    async fn refresh(&self, heads: &mut BTreeMap<u8, u64>) -> Result<(), ConnEnd> {
+        let h = self.spool.heads().await.map_err(ReadError::from)?;
+        for (lane, _, last) in h.lanes {
+            heads.insert(lane.0, last.0);
+        }
+        Ok(())
+    }
+}
+
+async fn sleep_until(deadline: Option<tokio::time::Instant>) {
+    match deadline {
+        Some(d) => tokio::time::sleep_until(d).await,
+        None => std::future::pending().await,
+    }
+}
+
+/// A spool record as it travels.
+pub fn to_wire(r: &Record) -> WireRecord {
+    match &r.body {
+        Body::Message(m) => WireRecord {
+            seq: r.seq.0,
+            message: Some(WireMessage {
+                class: m.class.clone(),
+                topic: m.topic.clone(),
+                payload: m.payload.to_vec(),
+                qos: m.qos,
+                enqueued_ms: m.enqueued_ms,
+                expires_ms: m.expires_ms,
+                user_properties: m.properties.user.clone(),
+                correlation_data: m.properties.correlation_data.as_ref().map(|c| c.to_vec()),
+                content_type: m.properties.content_type.clone(),
+            }),
+            gap: None,
+        },
+        Body::Gap(g) => WireRecord {
+            seq: r.seq.0,
+            message: None,
+            gap: Some(WireGap {
+                class: g.class.clone(),
+                reason: serde_json::to_value(g.reason)
+                    .ok()
+                    .and_then(|v| v.as_str().map(str::to_owned))
+                    .unwrap_or_default(),
+                ranges: g.ranges.clone(),
+                count: g.count,
+            }),
+        },
+    }
+}
+
+struct AbortOnDrop(tokio::task::JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}

@@ -1,0 +1,55 @@
+//! The uplink's QUIC client: TLS 1.3, ALPN ehb/1, the edge's client certificate, the bridge
+//! verified against the configured CA. Built at start, so a bad file stops the node with the
+//! file's name instead of failing every reconnect.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use quinn::crypto::rustls::QuicClientConfig;
+use shared::proto::ALPN;
+use shared::tls::TlsError;
+
+use crate::config::UplinkConfig;
+
+#[derive(Debug, thiserror::Error)]
+pub enum UplinkSetupError {
+    #[error("uplink: {0}")]
+    Tls(#[from] TlsError),
+    #[error("uplink: client certificate {cert}: {reason}")]
+    ClientCert { cert: String, reason: String },
+    #[error("uplink: QUIC setup: {0}")]
+    Quic(String),
+}
+
+pub fn client_config(config: &UplinkConfig) -> Result<quinn::ClientConfig, UplinkSetupError> {
+    let provider = shared::tls::provider();
+    let roots = shared::tls::load_roots(&config.ca)?;
+    let certs = shared::tls::load_certs(&config.cert)?;
+    let key = shared::tls::load_key(&config.key)?;
+    let mut tls = rustls::ClientConfig::builder_with_provider(provider)
+        .with_protocol_versions(&[&rustls::version::TLS13])
+        .map_err(|e| UplinkSetupError::Quic(e.to_string()))?
+        .with_root_certificates(roots)
+        .with_client_auth_cert(certs, key)
+        .map_err(|e| UplinkSetupError::ClientCert { cert: config.cert.display().to_string(), reason: e.to_string() })?;
+    tls.alpn_protocols = vec![ALPN.to_vec()];
+    let crypto = QuicClientConfig::try_from(tls).map_err(|e| UplinkSetupError::Quic(e.to_string()))?;
+    let mut client = quinn::ClientConfig::new(Arc::new(crypto));
+    let mut transport = quinn::TransportConfig::default();
+    // QUIC keepalives keep NAT bindings open between pings of the session; the idle timeout
+    // notices a dead path well before TCP would.
+    transport.keep_alive_interval(Some(Duration::from_secs(2)));
+    transport.max_idle_timeout(Some(
+        Duration::from_secs(15).try_into().map_err(|_| UplinkSetupError::Quic("idle timeout".into()))?,
+    ));
+    client.transport_config(Arc::new(transport));
+    Ok(client)
+}
+
+/// The name to verify the bridge's certificate against.
+pub fn server_name(config: &UplinkConfig) -> String {
+    config.server_name.clone().unwrap_or_else(|| {
+        let host = config.server.rsplit_once(':').map_or(config.server.as_str(), |(h, _)| h);
+        host.trim_start_matches('[').trim_end_matches(']').to_owned()
+    })
+}
