@@ -51,6 +51,46 @@ pub struct HttpConfig {
 pub enum SinkConfig {
     /// An embedded SQLite file: zero setup, one machine.
     Sqlite { path: PathBuf },
+    /// NATS JetStream (2.10 or newer): the stream and the marks bucket are created if missing.
+    Jetstream {
+        /// Default: `nats://127.0.0.1:4222`.
+        #[serde(default = "default_nats_url")]
+        url: String,
+        /// Default: `EDGE`.
+        #[serde(default = "default_stream")]
+        stream: String,
+        /// Subjects are `<prefix>.<edge>.<topic levels>`. Default: `edge`.
+        #[serde(default = "default_prefix")]
+        subject_prefix: String,
+        /// KV bucket of the committed marks per (edge, epoch). Default: `edge-marks`.
+        #[serde(default = "default_bucket")]
+        marks_bucket: String,
+        /// JetStream's Nats-Msg-Id dedup window. Default: 2m.
+        #[serde(default = "default_dup_window")]
+        duplicate_window: shared::units::HumanDuration,
+        /// Default: 1.
+        #[serde(default = "default_replicas")]
+        replicas: usize,
+    },
+}
+
+fn default_nats_url() -> String {
+    "nats://127.0.0.1:4222".into()
+}
+fn default_stream() -> String {
+    "EDGE".into()
+}
+fn default_prefix() -> String {
+    "edge".into()
+}
+fn default_bucket() -> String {
+    "edge-marks".into()
+}
+fn default_dup_window() -> shared::units::HumanDuration {
+    shared::units::HumanDuration(std::time::Duration::from_secs(120))
+}
+fn default_replicas() -> usize {
+    1
 }
 
 #[derive(Debug, Clone, Deserialize, Serialize)]
@@ -99,8 +139,8 @@ impl CloudConfig {
         resolve(&mut config.server.cert);
         resolve(&mut config.server.key);
         resolve(&mut config.server.client_ca);
-        match &mut config.sink {
-            SinkConfig::Sqlite { path } => resolve(path),
+        if let SinkConfig::Sqlite { path } = &mut config.sink {
+            resolve(path);
         }
         for (i, serial) in config.server.deny_serials.iter_mut().enumerate() {
             let clean: String = serial.chars().filter(|c| *c != ':').collect::<String>().to_lowercase();

@@ -61,19 +61,25 @@ impl Bridge {
             None => None,
         };
         let server_config = Arc::new(config.server.clone());
+        let (m, stop, t) = (metrics.clone(), shutdown.clone(), tasks.clone());
         match &config.sink {
             SinkConfig::Sqlite { path } => {
                 let sink = Arc::new(sink::sqlite::SqliteSink::open(path)?);
                 tracing::info!(path = %path.display(), "sink: sqlite");
-                let accept = server::accept_loop(
-                    endpoint,
-                    server_config,
-                    sink,
-                    metrics.clone(),
-                    shutdown.clone(),
-                    tasks.clone(),
-                );
-                tasks.spawn(accept);
+                tasks.spawn(server::accept_loop(endpoint, server_config, sink, m, stop, t));
+            }
+            SinkConfig::Jetstream { url, stream, subject_prefix, marks_bucket, duplicate_window, replicas } => {
+                let settings = sink::jetstream::JetStreamSettings {
+                    url: url.clone(),
+                    stream: stream.clone(),
+                    subject_prefix: subject_prefix.clone(),
+                    marks_bucket: marks_bucket.clone(),
+                    duplicate_window: duplicate_window.0,
+                    replicas: *replicas,
+                };
+                let sink = Arc::new(sink::jetstream::JetStreamSink::connect(&settings).await?);
+                tracing::info!(url, stream, marks_bucket, "sink: jetstream");
+                tasks.spawn(server::accept_loop(endpoint, server_config, sink, m, stop, t));
             }
         }
         tracing::info!(%quic_addr, "QUIC listener ready");

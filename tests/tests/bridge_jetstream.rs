@@ -1,0 +1,130 @@
+//! The JetStream sink against a real nats-server: subjects and headers as the design names
+//! them, a `Nats-Msg-Id` per record, the committed marks in KV, and two bridge instances
+//! serving one edge one after the other with nothing lost or duplicated.
+
+use std::collections::BTreeSet;
+use std::time::Duration;
+
+use e2e_tests::client::Client;
+use e2e_tests::cloud::{TestCloud, pki};
+use e2e_tests::nats::NatsServer;
+use e2e_tests::node::TestNode;
+use rumqttc::QoS;
+
+const WAIT: Duration = Duration::from_secs(20);
+
+const CLASSES: &str = r##"
+[spool]
+path = "spool.db"
+
+[[class]]
+name = "inference"
+filters = ["inference/#"]
+route = "both"
+priority = 1
+"##;
+
+async fn stream_messages(url: &str) -> Vec<async_nats::jetstream::message::StreamMessage> {
+    let client = async_nats::connect(url).await.unwrap();
+    let js = async_nats::jetstream::new(client);
+    let mut stream = js.get_stream("EDGE").await.unwrap();
+    let count = stream.info().await.unwrap().state.messages;
+    let mut out = Vec::new();
+    for seq in 1..=count {
+        out.push(stream.get_raw_message(seq).await.unwrap());
+    }
+    out
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_bridges_on_one_jetstream_serve_an_edge_exactly_once() {
+    let nats = NatsServer::start();
+    let dir = tempfile::tempdir().unwrap();
+    let keys = pki(dir.path(), &[]);
+    let section = format!("kind = \"jetstream\"\nurl = \"{}\"\n", nats.url());
+    let none = dir.path().join("unused");
+    let cloud = TestCloud::start_with_sink(
+        dir.path(),
+        keys.clone(),
+        "127.0.0.1:0".parse().unwrap(),
+        "",
+        &section,
+        none.clone(),
+    )
+    .await;
+    let addr = cloud.bridge.quic_addr();
+    let extra = format!("{CLASSES}\n{}", cloud.uplink_section("edge-1"));
+    let edge = TestNode::start(&extra).await;
+    let publisher = Client::anonymous(edge.local(), "pub").await;
+    for i in 0..150 {
+        publisher
+            .publish(&format!("inference/yolo-edge/v3.2.1/cam-{i}"), QoS::AtLeastOnce, false, format!("a{i}"))
+            .await;
+    }
+    let committed = "bridge_committed_seq{edge=\"edge-1\",lane=\"1\"}";
+    assert!(e2e_tests::eventually(WAIT, || cloud.metric(committed) >= 50.0).await);
+    cloud.bridge.stop().await;
+    drop(cloud);
+    for i in 0..150 {
+        publisher
+            .publish(&format!("inference/yolo-edge/v3.2.1/cam-{i}"), QoS::AtLeastOnce, false, format!("b{i}"))
+            .await;
+    }
+    let cloud = TestCloud::start_with_sink(dir.path(), keys, addr, "", &section, none).await;
+    assert!(
+        e2e_tests::eventually(WAIT, || cloud.metric(committed) == 300.0).await,
+        "{}",
+        cloud.bridge.metrics().encode()
+    );
+
+    let messages = stream_messages(&nats.url()).await;
+    assert_eq!(messages.len(), 300, "each record once in the stream");
+    let ids: BTreeSet<String> = messages
+        .iter()
+        .map(|m| m.headers.get("Nats-Msg-Id").map(|v| v.as_str().to_owned()).unwrap_or_default())
+        .collect();
+    assert_eq!(ids.len(), 300);
+    assert!(ids.iter().all(|id| id.starts_with("edge-1:") && id.ends_with(|c: char| c.is_ascii_digit())), "{ids:?}");
+    let first = &messages[0];
+    assert_eq!(first.subject.as_str(), "edge.edge-1.inference.yolo-edge.v3%2E2%2E1.cam-0");
+    assert_eq!(first.headers.get("Mqtt-Topic").map(|v| v.as_str()), Some("inference/yolo-edge/v3.2.1/cam-0"));
+    assert_eq!(&first.payload[..], b"a0");
+    // The marks bucket holds the committed seq for this edge and epoch.
+    let client = async_nats::connect(nats.url()).await.unwrap();
+    let kv = async_nats::jetstream::new(client).get_key_value("edge-marks").await.unwrap();
+    let epoch = ids.iter().next().unwrap().split(':').nth(1).unwrap().to_owned();
+    let mark = kv.get(format!("edge-1.{epoch}")).await.unwrap().unwrap();
+    assert_eq!(&mark[..], br#"{"1":300}"#);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_existing_stream_with_other_subjects_is_refused_by_name() {
+    let nats = NatsServer::start();
+    let client = async_nats::connect(nats.url()).await.unwrap();
+    async_nats::jetstream::new(client)
+        .create_stream(async_nats::jetstream::stream::Config {
+            name: "EDGE".into(),
+            subjects: vec!["elsewhere.>".into()],
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let keys = pki(dir.path(), &[]);
+    let path = dir.path().join("cloud.toml");
+    std::fs::write(
+        &path,
+        format!(
+            "[server]\nbind = \"127.0.0.1:0\"\ncert = \"{}\"\nkey = \"{}\"\nclient_ca = \"{}\"\n\
+             [sink]\nkind = \"jetstream\"\nurl = \"{}\"\n",
+            keys.server_cert.display(),
+            keys.server_key.display(),
+            keys.ca.display(),
+            nats.url()
+        ),
+    )
+    .unwrap();
+    let config = cloud_bridge::config::CloudConfig::load(&path).unwrap();
+    let err = cloud_bridge::Bridge::start(config).await.unwrap_err().to_string();
+    assert!(err.contains("EDGE") && err.contains("elsewhere.>"), "{err}");
+}
