@@ -1,27 +1,52 @@
 #!/usr/bin/env bash
-# The main job end to end on the embedded defaults. For now (the edge gateway is what exists):
-# start edge-node with the example config on free loopback ports, exchange messages with real
-# MQTT clients over MQTT 3.1.1 and 5, and print what the node measured. Later issues extend it
-# with the cloud bridge and synthetic inference traffic.
+# The main job end to end on the embedded defaults: a cloud-bridge with its SQLite sink and a
+# development PKI, an edge-node with the example config bridged to it over QUIC (mutual TLS),
+# real MQTT clients (3.1.1 and 5) publishing inference results (delivered locally) and
+# telemetry (spooled, then sent to the cloud exactly once), and what both ends measured.
+# Everything on free loopback ports and in a temporary directory.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export PATH="$(scripts/install-test-deps.sh):$PATH"
 
-echo "== building edge-node"
-cargo build --locked --quiet -p edge-node
+echo "== building edge-node and cloud-bridge"
+cargo build --locked --quiet -p edge-node -p cloud-bridge
 bin=target/debug/edge-node
+cloud=target/debug/cloud-bridge
 
 work=$(mktemp -d)
 edge_pid=""
+cloud_pid=""
 cleanup() {
   [ -n "$edge_pid" ] && kill "$edge_pid" 2>/dev/null || true
+  [ -n "$cloud_pid" ] && kill "$cloud_pid" 2>/dev/null || true
   rm -rf "$work"
 }
 trap cleanup EXIT
 
+echo "== cloud-bridge: a development fleet CA, certificates, the SQLite sink"
+"$cloud" certs init --dir "$work/certs" --edge edge-1 | sed 's/^/   /'
+sed -e 's/^bind = "127.0.0.1:4433"/bind = "127.0.0.1:0"/' -e 's/^bind = "127.0.0.1:9465"/bind = "127.0.0.1:0"/' \
+  -e "s|\"certs/|\"$work/certs/|" -e "s|^path = \"central.db\"|path = \"$work/central.db\"|" \
+  -e 's/^level = "info"/level = "warn"/' config/cloud.toml > "$work/cloud.toml"
+"$cloud" run --config "$work/cloud.toml" --ready-file "$work/cloud-ready.json" 2> "$work/cloud.log" &
+cloud_pid=$!
+for _ in $(seq 100); do [ -s "$work/cloud-ready.json" ] && break; sleep 0.1; done
+[ -s "$work/cloud-ready.json" ] || { echo "cloud-bridge did not start:"; cat "$work/cloud.log"; exit 1; }
+read -r quic chttp < <(python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); print(d["quic"], d["http"])' "$work/cloud-ready.json")
+echo "   cloud-bridge running: QUIC on udp/$quic, metrics on http://$chttp/metrics"
+
 # The example config, on free ports so the demo never collides with a running broker.
 sed -e 's/^bind = "127.0.0.1:1883"/bind = "127.0.0.1:0"/' -e 's/^bind = "127.0.0.1:9464"/bind = "127.0.0.1:0"/' \
-  config/edge.toml > "$work/edge.toml"
+  -e "s|^path = \"spool/spool.db\"|path = \"$work/spool/spool.db\"|" config/edge.toml > "$work/edge.toml"
+cat >> "$work/edge.toml" <<EOC
+
+[uplink]
+server = "$quic"
+server_name = "localhost"
+ca = "$work/certs/fleet-ca.pem"
+cert = "$work/certs/edge-edge-1.pem"
+key = "$work/certs/edge-edge-1.key"
+EOC
 "$bin" check-config --config "$work/edge.toml" > /dev/null
 
 RUST_LOG=warn "$bin" run --config "$work/edge.toml" --ready-file "$work/ready.json" 2> "$work/edge.log" &
@@ -45,18 +70,27 @@ done
 wait "$sub_pid"
 sed 's/^/   received: /' "$work/received"
 
-echo "== telemetry (class 'telemetry', route central): spooled for the cloud, not delivered locally"
+echo "== telemetry (class 'telemetry', route central): spooled, sent to the cloud over QUIC, not delivered locally"
 for i in 1 2 3 4 5; do
   mosquitto_pub -h 127.0.0.1 -p "$port" -V mqttv5 -q 1 -t "telemetry/cam-0$i/metrics" \
     -D publish user-property trace-id "demo-$i" -m "{\"cpu\":0.$i,\"temp_c\":4$i}"
 done
-sleep 0.2
+for _ in $(seq 100); do
+  n=$(python3 -c 'import sqlite3,sys; print(sqlite3.connect(sys.argv[1]).execute("select count(*) from records where topic like \"telemetry/%\"").fetchone()[0])' "$work/central.db" 2>/dev/null || echo 0)
+  [ "$n" -ge 5 ] && break; sleep 0.1
+done
+python3 scripts/sink_summary.py "$work/central.db"
+sleep 0.3
 "$bin" spool stats --config "$work/edge.toml" | python3 scripts/spool_summary.py
 
 sleep 1
 echo "== what the node measured"
 curl -s "http://$http/metrics" | python3 scripts/metrics_summary.py
 echo "   /healthz: $(curl -s "http://$http/healthz")"
+curl -s "http://$chttp/metrics" | python3 scripts/metrics_summary.py --cloud
 kill -TERM "$edge_pid"
 wait "$edge_pid" && echo "== edge-node stopped cleanly on SIGTERM"
 edge_pid=""
+kill -TERM "$cloud_pid"
+wait "$cloud_pid" && echo "== cloud-bridge stopped cleanly on SIGTERM"
+cloud_pid=""

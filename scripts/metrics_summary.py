@@ -1,6 +1,8 @@
-"""Summarises an edge-node /metrics page (Prometheus text on stdin) for the demo."""
+"""Summarises an edge-node (or, with --cloud, a cloud-bridge) /metrics page (Prometheus text on
+stdin) for the demo."""
 import sys
 
+cloud = "--cloud" in sys.argv
 lines = [l for l in sys.stdin if l.strip() and not l.startswith("#")]
 
 
@@ -21,6 +23,11 @@ def quantile(name, q):
     return float("nan")
 
 
+if cloud:
+    print(f"   cloud-bridge: {total('bridge_batches_total'):.0f} batches, {total('bridge_records_total'):.0f} records written to the sink, "
+          f"{total('bridge_received_bytes_total'):.0f} bytes received; sessions refused: {total('bridge_connections_refused_total'):.0f}")
+    sys.exit(0)
+
 clients = total("edge_mqtt_connections_total") - total('edge_mqtt_connections_total{listener="_internal"}')
 print(f"   client connections accepted: {clients:.0f} (plus the built-in SLO probe)")
 pub_in = total('edge_mqtt_publish_in_total{class="default"}')
@@ -31,3 +38,10 @@ p50 = quantile("edge_probe_latency_seconds", 0.5)
 p99 = quantile("edge_probe_latency_seconds", 0.99)
 lost = total("edge_probe_lost_total")
 print(f"   SLO probe: {probes:.0f} QoS1 round trips, p50 <= {p50:.2f} ms, p99 <= {p99:.2f} ms (bucket bounds), lost {lost:.0f}")
+up = total("edge_uplink_connected")
+raw = total("edge_uplink_raw_bytes_total")
+sent = total("edge_uplink_sent_bytes_total")
+rtt = total("edge_uplink_rtt_microseconds") / 1000
+print(f"   uplink: {'connected' if up else 'down'}, {total('edge_uplink_batches_total'):.0f} batches, "
+      f"{total('edge_uplink_records_total'):.0f} records, {raw:.0f} bytes before zstd, {sent:.0f} after, "
+      + (f"rtt {rtt:.2f} ms" if rtt else "no ping yet"))
