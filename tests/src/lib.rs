@@ -7,6 +7,7 @@ pub mod client;
 pub mod cloud;
 pub mod nats;
 pub mod node;
+pub mod quic;
 
 use std::path::PathBuf;
 use std::time::{Duration, Instant};

@@ -1,0 +1,139 @@
+//! The bridge against hostile or broken peers: a certificate from another CA, frames over the
+//! size limit, malformed CBOR, a zstd bomb, an unknown protocol version. Each closes that one
+//! connection with a reason naming the problem; the bridge keeps serving the real edge, and
+//! nothing it already acked is lost. An edge's id is its certificate's, whatever it sends.
+
+use std::time::Duration;
+
+use e2e_tests::certs::Ca;
+use e2e_tests::client::Client;
+use e2e_tests::cloud::{TestCloud, pki, sink_rows};
+use e2e_tests::node::TestNode;
+use e2e_tests::quic;
+use rumqttc::QoS;
+use shared::proto::{Batch, Codec, Control, Hello, codec};
+
+const WAIT: Duration = Duration::from_secs(20);
+
+const CLASSES: &str = r##"
+[spool]
+path = "spool.db"
+
+[[class]]
+name = "telemetry"
+filters = ["telemetry/#"]
+route = "central"
+"##;
+
+fn hello(versions: Vec<u16>) -> Control {
+    Control::Hello(Hello {
+        versions,
+        epoch: "00112233445566778899aabbccddeeff".into(),
+        lanes: vec![],
+        models: vec![],
+        dicts: vec![],
+        caps: vec![],
+    })
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hostile_peers_are_cut_off_one_by_one_while_the_real_edge_flows() {
+    let dir = tempfile::tempdir().unwrap();
+    let keys = pki(dir.path(), &["edge-2"]);
+    let cloud = TestCloud::start(dir.path(), keys.clone(), "127.0.0.1:0".parse().unwrap(), "").await;
+    let addr = cloud.bridge.quic_addr();
+    let edge = TestNode::start(&format!("{CLASSES}\n{}", cloud.uplink_section("edge-1"))).await;
+    let publisher = Client::anonymous(edge.local(), "pub").await;
+    for i in 0..50 {
+        publisher.publish(&format!("telemetry/a/{i}"), QoS::AtLeastOnce, false, "before").await;
+    }
+    assert!(e2e_tests::eventually(WAIT, || sink_rows(&cloud.sink).len() == 50).await);
+    let (_, cert2, key2) = keys.edges.iter().find(|(id, _, _)| id == "edge-2").unwrap().clone();
+
+    // A client certificate from another CA never gets a session.
+    let other = Ca::new(dir.path(), "rogue");
+    let rogue = other.client(dir.path(), "edge-1");
+    let refused = quic::connect(addr, &keys.ca, &rogue.cert, &rogue.key).await;
+    assert!(refused.is_err(), "a certificate from another CA was accepted");
+    let handshake = "bridge_connections_refused_total{reason=\"handshake\"}";
+    assert!(
+        e2e_tests::eventually(WAIT, || cloud.metric(handshake) >= 1.0).await,
+        "{}",
+        cloud.bridge.metrics().encode()
+    );
+
+    // A frame announcing more than the limit: refused on the length alone.
+    let conn = quic::connect(addr, &keys.ca, &cert2, &key2).await.unwrap();
+    let reason = quic::send_control_and_wait_close(&conn, &u32::MAX.to_be_bytes()).await;
+    assert!(reason.contains("over the 1048576 byte limit"), "{reason}");
+
+    // Malformed CBOR.
+    let conn = quic::connect(addr, &keys.ca, &cert2, &key2).await.unwrap();
+    let reason = quic::send_control_and_wait_close(&conn, &[0, 0, 0, 3, 0xff, 0x00, 0x13]).await;
+    assert!(reason.contains("malformed CBOR frame"), "{reason}");
+
+    // A version this bridge does not speak: refused with both lists named.
+    let conn = quic::connect(addr, &keys.ca, &cert2, &key2).await.unwrap();
+    let reason = quic::send_control_and_wait_close(&conn, &codec::encode(&hello(vec![7])).unwrap()).await;
+    assert!(reason.contains("no common protocol version: this side speaks [1], the peer [7]"), "{reason}");
+
+    // A zstd bomb in a batch, after a proper hello.
+    let conn = quic::connect(addr, &keys.ca, &cert2, &key2).await.unwrap();
+    let (mut send, mut recv) = conn.open_bi().await.unwrap();
+    send.write_all(&codec::encode(&hello(vec![1])).unwrap()).await.unwrap();
+    let welcome: Control =
+        shared::proto::io::read_frame(&mut recv, shared::proto::MAX_CONTROL_FRAME).await.unwrap().unwrap();
+    assert!(matches!(welcome, Control::Welcome(_)), "{welcome:?}");
+    let bomb = Batch {
+        epoch: "00112233445566778899aabbccddeeff".into(),
+        lane: 0,
+        first_seq: 1,
+        last_seq: 1,
+        codec: Codec::Zstd,
+        dict: None,
+        raw_len: 10,
+        body: zstd::bulk::compress(&vec![0u8; 96 << 20], 19).unwrap(),
+    };
+    let mut uni = conn.open_uni().await.unwrap();
+    uni.write_all(&codec::encode(&bomb).unwrap()).await.unwrap();
+    uni.finish().unwrap();
+    let reason = tokio::time::timeout(WAIT, conn.closed()).await.unwrap().to_string();
+    assert!(reason.contains("decompresses past the 67108864 byte limit"), "{reason}");
+
+    // The real edge was never disturbed, and nothing acked is lost.
+    for i in 0..50 {
+        publisher.publish(&format!("telemetry/b/{i}"), QoS::AtLeastOnce, false, "after").await;
+    }
+    assert!(e2e_tests::eventually(WAIT, || sink_rows(&cloud.sink).len() == 100).await);
+    let rows = sink_rows(&cloud.sink);
+    assert!(rows.iter().all(|r| r.edge == "edge-1"), "nothing written by the hostile peers");
+    assert_eq!(cloud.metric("bridge_edge_connected{edge=\"edge-1\"}"), 1.0);
+    assert!(cloud.metric("bridge_sessions_closed_total{reason=\"protocol\"}") >= 4.0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_edge_writes_only_under_its_own_certificate_id() {
+    let dir = tempfile::tempdir().unwrap();
+    let keys = pki(dir.path(), &["edge-2"]);
+    let cloud = TestCloud::start(dir.path(), keys, "127.0.0.1:0".parse().unwrap(), "").await;
+    // Two edges with the same node_id in their configs: the protocol carries no id at all, the
+    // bridge takes it from each certificate.
+    let one = TestNode::start(&format!("{CLASSES}\n{}", cloud.uplink_section("edge-1"))).await;
+    let two = TestNode::start(&format!("{CLASSES}\n{}", cloud.uplink_section("edge-2"))).await;
+    let mut clients = Vec::new();
+    for (node, tag) in [(&one, "one"), (&two, "two")] {
+        let c = Client::anonymous(node.local(), tag).await;
+        for i in 0..20 {
+            c.publish(&format!("telemetry/{tag}/{i}"), QoS::AtLeastOnce, false, tag).await;
+        }
+        // Kept: dropping a client drops what it has not yet written.
+        clients.push(c);
+    }
+    let all = e2e_tests::eventually(WAIT, || sink_rows(&cloud.sink).len() == 40).await;
+    let rows: Vec<_> = sink_rows(&cloud.sink).into_iter().map(|r| (r.edge, r.topic)).collect();
+    assert!(all, "{rows:?}\n{}\n{}", one.metrics(), two.metrics());
+    for r in sink_rows(&cloud.sink) {
+        let want = if r.payload == b"one" { "edge-1" } else { "edge-2" };
+        assert_eq!(r.edge, want, "{:?}", r.topic);
+    }
+}
