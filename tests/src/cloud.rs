@@ -56,11 +56,16 @@ impl TestCloud {
 
     /// The `[uplink]` section for `edge` (its certificate from this PKI).
     pub fn uplink_section(&self, edge: &str) -> String {
+        self.uplink_section_via(edge, self.bridge.quic_addr())
+    }
+
+    /// The `[uplink]` section for `edge`, reaching the bridge at `server` (a relay).
+    pub fn uplink_section_via(&self, edge: &str, server: SocketAddr) -> String {
         let (_, cert, key) = self.pki.edges.iter().find(|(id, _, _)| id == edge).expect("edge in the PKI");
         format!(
             "[uplink]\nserver = \"{}\"\nserver_name = \"localhost\"\nca = \"{}\"\ncert = \"{}\"\nkey = \"{}\"\n\
              keepalive = \"500ms\"\nack_timeout = \"2s\"\nbackoff_min = \"50ms\"\nbackoff_max = \"500ms\"\n",
-            self.bridge.quic_addr(),
+            server,
             self.pki.ca.display(),
             cert.display(),
             key.display()

@@ -8,6 +8,7 @@ pub mod cloud;
 pub mod nats;
 pub mod node;
 pub mod quic;
+pub mod relay;
 
 use std::path::PathBuf;
 use std::time::{Duration, Instant};

@@ -1,0 +1,120 @@
+//! A UDP impairment relay for QUIC links (this kernel has no netem): the edge talks to the
+//! relay, the relay to the bridge. Loss, delay with jitter (which reorders) and a blackhole can
+//! be changed while it runs. One client at a time, which is what an edge is.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::time::Duration;
+
+use rand::Rng;
+use tokio::net::UdpSocket;
+
+#[derive(Debug, Default)]
+pub struct Impairment {
+    /// Drop everything, both ways.
+    pub blackhole: AtomicBool,
+    /// Per-mille of datagrams dropped, each way.
+    pub loss_permille: AtomicU32,
+    /// One-way delay and its jitter (uniform, ±), in microseconds.
+    pub delay_us: AtomicU64,
+    pub jitter_us: AtomicU64,
+    /// Datagrams forwarded and dropped, for the test's own checks.
+    pub forwarded: AtomicU64,
+    pub dropped: AtomicU64,
+}
+
+impl Impairment {
+    pub fn set_loss(&self, permille: u32) {
+        self.loss_permille.store(permille, Ordering::Relaxed);
+    }
+    pub fn set_delay(&self, delay: Duration, jitter: Duration) {
+        self.delay_us.store(delay.as_micros() as u64, Ordering::Relaxed);
+        self.jitter_us.store(jitter.as_micros() as u64, Ordering::Relaxed);
+    }
+    pub fn set_blackhole(&self, on: bool) {
+        self.blackhole.store(on, Ordering::Relaxed);
+    }
+
+    /// The delay for the next datagram, or `None` to drop it.
+    fn verdict(&self) -> Option<Duration> {
+        if self.blackhole.load(Ordering::Relaxed) {
+            return None;
+        }
+        let mut rng = rand::thread_rng();
+        if rng.gen_range(0..1000) < self.loss_permille.load(Ordering::Relaxed) {
+            return None;
+        }
+        let delay = self.delay_us.load(Ordering::Relaxed) as i64;
+        let jitter = self.jitter_us.load(Ordering::Relaxed) as i64;
+        let d = if jitter > 0 { delay + rng.gen_range(-jitter..=jitter) } else { delay };
+        Some(Duration::from_micros(d.max(0) as u64))
+    }
+}
+
+pub struct UdpRelay {
+    pub addr: SocketAddr,
+    pub impairment: Arc<Impairment>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl UdpRelay {
+    /// A relay on a free loopback port forwarding to `target`.
+    pub async fn start(target: SocketAddr) -> UdpRelay {
+        let front = Arc::new(UdpSocket::bind("127.0.0.1:0").await.expect("relay socket"));
+        let back = Arc::new(UdpSocket::bind("127.0.0.1:0").await.expect("relay upstream socket"));
+        back.connect(target).await.expect("relay target");
+        let addr = front.local_addr().expect("relay addr");
+        let impairment = Arc::new(Impairment::default());
+        let imp = impairment.clone();
+        let task = tokio::spawn(async move {
+            let mut client: Option<SocketAddr> = None;
+            let mut up = vec![0u8; 65_536];
+            let mut down = vec![0u8; 65_536];
+            loop {
+                tokio::select! {
+                    r = front.recv_from(&mut up) => {
+                        let Ok((n, from)) = r else { return };
+                        client = Some(from);
+                        forward(&imp, up[..n].to_vec(), back.clone(), None);
+                    }
+                    r = back.recv(&mut down) => {
+                        let Ok(n) = r else { continue };
+                        if let Some(to) = client {
+                            forward(&imp, down[..n].to_vec(), front.clone(), Some(to));
+                        }
+                    }
+                }
+            }
+        });
+        UdpRelay { addr, impairment, task }
+    }
+}
+
+fn forward(imp: &Arc<Impairment>, datagram: Vec<u8>, socket: Arc<UdpSocket>, to: Option<SocketAddr>) {
+    let Some(delay) = imp.verdict() else {
+        imp.dropped.fetch_add(1, Ordering::Relaxed);
+        return;
+    };
+    imp.forwarded.fetch_add(1, Ordering::Relaxed);
+    let send = async move {
+        let _ = match to {
+            Some(to) => socket.send_to(&datagram, to).await,
+            None => socket.send(&datagram).await,
+        };
+    };
+    if delay.is_zero() {
+        tokio::spawn(send);
+    } else {
+        tokio::spawn(async move {
+            tokio::time::sleep(delay).await;
+            send.await;
+        });
+    }
+}
+
+impl Drop for UdpRelay {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
