@@ -77,6 +77,7 @@ async fn spooled_messages_arrive_exactly_once_and_the_spool_empties() {
     assert_eq!(edge.metric("edge_uplink_connected"), 1.0);
     assert!(edge.metric("edge_uplink_sent_bytes_total") < edge.metric("edge_uplink_raw_bytes_total"), "compressed");
     assert_eq!(cloud.metric("bridge_committed_seq{edge=\"edge-1\",lane=\"3\"}"), 300.0);
+    assert!(edge.metric("edge_uplink_commit_latency_seconds_count") >= 1.0, "commit latency measured per batch");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -31,7 +31,7 @@ pub struct LaneLabel {
 }
 
 /// The uplink's metrics.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct UplinkMetrics {
     pub connected: Gauge,
     pub degraded: Gauge,
@@ -44,6 +44,29 @@ pub struct UplinkMetrics {
     pub bytes_sent: Counter,
     pub acked: Family<LaneLabel, Gauge>,
     pub reconnects: Counter,
+    /// From sending a batch to its ack: how long until the central cluster has it.
+    pub commit_latency: prometheus_client::metrics::histogram::Histogram,
+}
+
+impl Default for UplinkMetrics {
+    fn default() -> Self {
+        Self {
+            connected: Gauge::default(),
+            degraded: Gauge::default(),
+            rtt_micros: Gauge::default(),
+            in_flight: Gauge::default(),
+            batches: Counter::default(),
+            records: Counter::default(),
+            bytes_raw: Counter::default(),
+            bytes_sent: Counter::default(),
+            acked: Family::default(),
+            reconnects: Counter::default(),
+            // 1 ms .. ~33 s
+            commit_latency: prometheus_client::metrics::histogram::Histogram::new(
+                prometheus_client::metrics::histogram::exponential_buckets(0.001, 2.0, 16),
+            ),
+        }
+    }
 }
 
 impl UplinkMetrics {
@@ -62,6 +85,12 @@ impl UplinkMetrics {
         r.register("uplink_sent_bytes", "Batch bytes sent, after compression", self.bytes_sent.clone());
         r.register("uplink_acked_seq", "Highest seq the cloud acked, by lane", self.acked.clone());
         r.register("uplink_reconnects", "Connection attempts after the first, failed or lost", self.reconnects.clone());
+        r.register_with_unit(
+            "uplink_commit_latency",
+            "From sending a batch to the bridge's ack, which follows the sink's commit: edge-to-central commit latency",
+            prometheus_client::registry::Unit::Seconds,
+            self.commit_latency.clone(),
+        );
     }
 }
 
@@ -272,6 +301,7 @@ impl Uplink {
                         tracing::info!(version, "uplink session ready");
                         self.refresh(&mut heads).await?;
                     }
+                    EdgeEvent::Committed { latency, .. } => self.metrics.commit_latency.observe(latency.as_secs_f64()),
                     EdgeEvent::Rtt(rtt) => {
                         self.metrics.rtt_micros.set(rtt.as_micros() as i64);
                     }

@@ -50,6 +50,8 @@ pub enum EdgeEvent {
     Ready { version: u16 },
     /// A ping's round trip.
     Rtt(Duration),
+    /// A batch was acked this long after it was sent: edge-to-central commit latency.
+    Committed { lane: u8, latency: Duration },
     /// The link became degraded (connected but not acking) or recovered.
     Degraded(bool),
 }
@@ -205,7 +207,16 @@ impl EdgeSession {
                     p.acked = a.up_to;
                     events.push(EdgeEvent::Acked { lane: a.lane, up_to: a.up_to });
                 }
-                self.inflight.retain(|f| !(f.lane == a.lane && f.last <= a.up_to));
+                self.inflight.retain(|f| {
+                    let done = f.lane == a.lane && f.last <= a.up_to;
+                    if done {
+                        events.push(EdgeEvent::Committed {
+                            lane: f.lane,
+                            latency: now.saturating_duration_since(f.sent),
+                        });
+                    }
+                    !done
+                });
                 self.update_degraded(now, &mut events);
             }
             Control::Ping { nonce } => self.out.push_back(Control::Pong { nonce }),

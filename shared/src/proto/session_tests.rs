@@ -99,7 +99,16 @@ fn handshake_batches_and_cumulative_acks() {
     cloud.batch(batch(0, 1, 10));
     cloud.batch(batch(0, 11, 20));
     let events = pump(&mut edge, &mut cloud, t0);
-    assert_eq!(events, [EdgeEvent::Acked { lane: 0, up_to: 10 }, EdgeEvent::Acked { lane: 0, up_to: 20 }]);
+    let committed = EdgeEvent::Committed { lane: 0, latency: Duration::ZERO };
+    assert_eq!(
+        events,
+        [
+            EdgeEvent::Acked { lane: 0, up_to: 10 },
+            committed.clone(),
+            EdgeEvent::Acked { lane: 0, up_to: 20 },
+            committed
+        ]
+    );
     assert_eq!(edge.in_flight(), 0);
     assert_eq!(cloud.sink[&0], (1..=20).collect::<Vec<u64>>());
 }
@@ -200,7 +209,16 @@ fn keepalive_rtt_and_degraded_on_a_virtual_clock() {
     assert_eq!(edge.handle_timeout(t5 + Duration::from_secs(10)), [EdgeEvent::Degraded(true)]);
     let ack = Control::Ack(super::Ack { lane: 0, up_to: 20 });
     let events = edge.handle(ack, t5 + Duration::from_secs(11)).unwrap();
-    assert_eq!(events, [EdgeEvent::Acked { lane: 0, up_to: 20 }, EdgeEvent::Degraded(false)]);
+    let latency = Duration::from_secs(11);
+    assert_eq!(
+        events,
+        [
+            EdgeEvent::Acked { lane: 0, up_to: 20 },
+            EdgeEvent::Committed { lane: 0, latency },
+            EdgeEvent::Committed { lane: 0, latency },
+            EdgeEvent::Degraded(false)
+        ]
+    );
     assert!(edge.can_send());
 }
 
