@@ -1,0 +1,103 @@
+#!/usr/bin/env bash
+# Drain rate of a spool backlog (COUNT 1 KiB telemetry messages) from a release edge-node over
+# QUIC into JetStream through a release cloud-bridge, against raw async-nats pipelined
+# publishing of the same messages into the same nats-server, in the same run. Loopback, no
+# impairment. Usage: scripts/bench-drain.sh [COUNT=200000] [REPEATS=3]. Prints a Markdown row.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+export PATH="$(scripts/install-test-deps.sh):$PATH"
+count=${1:-200000}
+repeats=${2:-3}
+cargo build --release --locked --quiet -p edge-node -p cloud-bridge -p e2e-tests --bin edge-node --bin cloud-bridge --bin drain-bench
+bin=target/release
+
+work=$(mktemp -d)
+pids=()
+cleanup() {
+  for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
+  rm -rf "$work"
+}
+trap cleanup EXIT
+free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+wait_file() { for _ in $(seq 200); do [ -s "$1" ] && return 0; sleep 0.1; done; echo "no $1" >&2; return 1; }
+
+"$bin/cloud-bridge" certs init --dir "$work/certs" --edge edge-1 > /dev/null
+for r in $(seq "$repeats"); do
+  nport=$(free_port)
+  mkdir -p "$work/nats-$r"
+  nats-server -js -a 127.0.0.1 -p "$nport" -sd "$work/nats-$r" > /dev/null 2>&1 &
+  nats_pid=$!; pids+=("$nats_pid")
+  for _ in $(seq 100); do (echo > "/dev/tcp/127.0.0.1/$nport") 2>/dev/null && break; sleep 0.1; done
+
+  raw=$("$bin/drain-bench" raw "nats://127.0.0.1:$nport" "$count")
+
+  "$bin/drain-bench" fill "$work/spool-$r.db" "$count" > /dev/null
+  cat > "$work/cloud-$r.toml" <<EOC
+[server]
+bind = "127.0.0.1:0"
+cert = "$work/certs/cloud.pem"
+key = "$work/certs/cloud.key"
+client_ca = "$work/certs/fleet-ca.pem"
+[http]
+bind = "127.0.0.1:0"
+[sink]
+kind = "jetstream"
+url = "nats://127.0.0.1:$nport"
+[log]
+level = "warn"
+EOC
+  "$bin/cloud-bridge" run --config "$work/cloud-$r.toml" --ready-file "$work/cloud-$r.json" 2> "$work/cloud-$r.log" &
+  cloud_pid=$!; pids+=("$cloud_pid")
+  wait_file "$work/cloud-$r.json"
+  read -r quic chttp < <(python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); print(d["quic"], d["http"])' "$work/cloud-$r.json")
+  cat > "$work/edge-$r.toml" <<EOC
+node_id = "bench-edge"
+[log]
+level = "warn"
+[http]
+bind = "127.0.0.1:0"
+[[listener]]
+name = "local"
+bind = "127.0.0.1:0"
+anonymous = true
+[spool]
+path = "$work/spool-$r.db"
+budget = "4 GiB"
+[[class]]
+name = "telemetry"
+filters = ["telemetry/#"]
+route = "central"
+priority = 3
+[uplink]
+server = "$quic"
+server_name = "localhost"
+ca = "$work/certs/fleet-ca.pem"
+cert = "$work/certs/edge-edge-1.pem"
+key = "$work/certs/edge-edge-1.key"
+batch_records = ${BATCH_RECORDS:-512}
+window = ${WINDOW:-8}
+EOC
+  start=$(date +%s.%N)
+  "$bin/edge-node" run --config "$work/edge-$r.toml" --ready-file "$work/edge-$r.json" 2> "$work/edge-$r.log" &
+  edge_pid=$!; pids+=("$edge_pid")
+  while :; do
+    done_n=$(curl -s "http://$chttp/metrics" | awk -F' ' '/^bridge_committed_seq/{print $2}' | head -1)
+    [ "${done_n:-0}" = "$count" ] && break
+    sleep 0.05
+  done
+  end=$(date +%s.%N)
+  python3 - "$raw" "$start" "$end" "$count" <<'EOP'
+import json, sys
+raw = json.loads(sys.argv[1]); start, end, count = float(sys.argv[2]), float(sys.argv[3]), int(sys.argv[4])
+rate = count / (end - start)
+print(json.dumps({"bridge_msg_per_s": round(rate), "raw_msg_per_s": raw["raw_msg_per_s"], "ratio": round(rate / raw["raw_msg_per_s"], 3)}))
+EOP
+  kill "$edge_pid" "$cloud_pid" "$nats_pid" 2>/dev/null || true
+  wait "$edge_pid" "$cloud_pid" "$nats_pid" 2>/dev/null || true
+done | tee "$work/runs.jsonl" >&2
+python3 - "$work/runs.jsonl" "$count" <<'EOP'
+import json, statistics, sys
+runs = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]
+med = statistics.median
+print(f"| {int(sys.argv[2]):,} x 1 KiB | {med(r['bridge_msg_per_s'] for r in runs):,.0f} | {med(r['raw_msg_per_s'] for r in runs):,.0f} | {med(r['ratio'] for r in runs):.2f} ({', '.join(str(r['ratio']) for r in runs)}) |")
+EOP

@@ -1,0 +1,75 @@
+//! Helpers for the drain benchmark (scripts/bench-drain.sh):
+//! - `fill DB COUNT`: a spool database holding COUNT 1 KiB telemetry messages (lane 3), the
+//!   backlog an edge builds while its uplink is down;
+//! - `raw URL COUNT`: the peer: COUNT 1 KiB messages published with async-nats straight into a
+//!   JetStream stream on the same server, pipelined (4,096 acks outstanding). Prints JSON.
+
+use std::collections::VecDeque;
+use std::time::Instant;
+
+use anyhow::Context;
+use bytes::Bytes;
+use edge_node::spool::{Durability, Lane, Message, Properties, Spool, SqliteStorage};
+
+#[tokio::main(flavor = "multi_thread", worker_threads = 2)]
+async fn main() -> anyhow::Result<()> {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    match args.first().map(String::as_str) {
+        Some("fill") => {
+            let path = args.get(1).context("fill DB COUNT")?;
+            let count: u64 = args.get(2).context("fill DB COUNT")?.parse()?;
+            let mut spool = Spool::new(SqliteStorage::open(std::path::Path::new(path))?);
+            let payload = Bytes::from(vec![b'x'; 1024]);
+            for i in 0..count {
+                let message = Message {
+                    class: "telemetry".into(),
+                    topic: format!("telemetry/cam-{:02}/metrics", i % 16),
+                    payload: payload.clone(),
+                    qos: 1,
+                    enqueued_ms: i,
+                    expires_ms: None,
+                    properties: Properties::default(),
+                };
+                spool.append(Lane(3), message, Durability::Normal);
+                if i % 4096 == 4095 {
+                    spool.flush()?;
+                }
+            }
+            spool.flush()?;
+            println!("{{\"filled\": {count}}}");
+        }
+        Some("raw") => {
+            let url = args.get(1).context("raw URL COUNT")?;
+            let count: u64 = args.get(2).context("raw URL COUNT")?.parse()?;
+            let client = async_nats::connect(url).await?;
+            let js = async_nats::jetstream::new(client);
+            js.get_or_create_stream(async_nats::jetstream::stream::Config {
+                name: "RAW".into(),
+                subjects: vec!["raw.>".into()],
+                ..Default::default()
+            })
+            .await?;
+            let payload = Bytes::from(vec![b'x'; 1024]);
+            let started = Instant::now();
+            let mut pending = VecDeque::new();
+            for i in 0..count {
+                let mut headers = async_nats::HeaderMap::new();
+                headers.insert("Nats-Msg-Id", format!("raw:{i}").as_str());
+                let subject = format!("raw.edge-1.telemetry.cam-{:02}.metrics", i % 16);
+                pending.push_back(js.publish_with_headers(subject, headers, payload.clone()).await?);
+                if pending.len() >= 4096
+                    && let Some(ack) = pending.pop_front()
+                {
+                    ack.await?;
+                }
+            }
+            for ack in pending {
+                ack.await?;
+            }
+            let secs = started.elapsed().as_secs_f64();
+            println!("{{\"raw_msg_per_s\": {:.0}, \"count\": {count}, \"seconds\": {secs:.2}}}", count as f64 / secs);
+        }
+        _ => anyhow::bail!("usage: drain-bench fill DB COUNT | raw URL COUNT"),
+    }
+    Ok(())
+}
