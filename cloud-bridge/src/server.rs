@@ -1,9 +1,14 @@
 //! The QUIC side: accepts edges with verified client certificates, runs one session per
 //! connection, writes released batches to the sink in order and acks what it committed.
 
+use std::collections::BTreeMap;
 use std::sync::Arc;
+use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
+use futures_util::FutureExt;
+use futures_util::StreamExt;
+use futures_util::stream::FuturesOrdered;
 use quinn::crypto::rustls::QuicServerConfig;
 use rustls::server::WebPkiClientVerifier;
 use rustls_pki_types::CertificateDer;
@@ -16,6 +21,9 @@ use tokio_util::sync::CancellationToken;
 use crate::config::ServerConfig;
 use crate::metrics::{EdgeLabel, LaneLabels, Metrics, ReasonLabel};
 use crate::sink::Sink;
+
+/// Batches one connection may have publishing at once.
+const PIPELINE: usize = 8;
 
 #[derive(Debug, thiserror::Error)]
 pub enum ServerError {
@@ -232,6 +240,9 @@ async fn run_session<S: Sink>(
     let records_counter = metrics.records.get_or_create(&edge_label).clone();
     let batches_counter = metrics.batches.get_or_create(&edge_label).clone();
     let bytes_counter = metrics.bytes.get_or_create(&edge_label).clone();
+    // Batches being published, in order: publishing overlaps across batches, marks and acks
+    // follow in order once everything before them is in the sink.
+    let mut writes = FuturesOrdered::new();
     loop {
         tokio::select! {
             frame = control_rx.recv() => {
@@ -252,29 +263,39 @@ async fn run_session<S: Sink>(
                     session.welcome(committed, Vec::new());
                 }
             }
-            Some(batch) = batch_rx.recv() => {
+            Some(batch) = batch_rx.recv(), if writes.len() < PIPELINE => {
                 let batch = batch?;
                 batches_counter.inc();
                 bytes_counter.inc_by(batch.body.len() as u64);
                 for release in session.handle_batch(batch)? {
-                    let lane = release.batch.lane;
+                    let (lane, up_to) = (release.batch.lane, release.batch.last_seq);
                     let records: Vec<_> = compress::unpack(&release.batch, session.dicts(), MAX_BATCH_RAW)?
                         .into_iter()
                         .filter(|r| r.seq > release.skip_through)
                         .collect();
                     let count = records.len() as u64;
-                    let epoch = release.batch.epoch.clone();
+                    let publish = sink.publish(edge.to_owned(), release.batch.epoch, lane, records);
                     let started = Instant::now();
-                    let written = sink.write(edge, &epoch, lane, records, release.batch.last_seq).await;
+                    writes.push_back(async move { (lane, up_to, count, started, publish.await) });
+                }
+            }
+            Some(done) = writes.next(), if !writes.is_empty() => {
+                // This batch and any after it already published: one mark per lane for all.
+                let mut marks: BTreeMap<u8, u64> = BTreeMap::new();
+                let mut next = Some(done);
+                while let Some((lane, up_to, count, started, result)) = next.take() {
                     metrics.sink_seconds.observe(started.elapsed().as_secs_f64());
-                    metrics.sink_ok.store(written.is_ok(), std::sync::atomic::Ordering::Relaxed);
-                    written?;
+                    metrics.sink_ok.store(result.is_ok(), Ordering::Relaxed);
+                    result?;
                     records_counter.inc_by(count);
-                    session.committed(lane, release.batch.last_seq);
-                    metrics
-                        .committed
-                        .get_or_create(&LaneLabels { edge: edge.to_owned(), lane })
-                        .set(release.batch.last_seq as i64);
+                    marks.insert(lane, up_to);
+                    next = writes.next().now_or_never().flatten();
+                }
+                let epoch = session.epoch().unwrap_or_default().to_owned();
+                for (lane, up_to) in marks {
+                    sink.mark(edge, &epoch, lane, up_to).await?;
+                    session.committed(lane, up_to);
+                    metrics.committed.get_or_create(&LaneLabels { edge: edge.to_owned(), lane }).set(up_to as i64);
                 }
             }
         }

@@ -130,41 +130,46 @@ impl Sink for JetStreamSink {
         Ok(marks.into_iter().map(|(lane, seq)| LaneSeq { lane, seq }).collect())
     }
 
-    async fn write(
+    fn publish(
         &self,
-        edge: &str,
-        epoch: &str,
+        edge: String,
+        epoch: String,
         lane: u8,
         records: Vec<WireRecord>,
-        up_to: u64,
-    ) -> Result<(), SinkError> {
-        let mut acks = Vec::with_capacity(records.len());
-        for r in &records {
-            let mut headers = HeaderMap::new();
-            headers.insert("Nats-Msg-Id", format!("{edge}:{epoch}:{lane}:{}", r.seq).as_str());
-            headers.insert("Edge-Id", edge);
-            headers.insert("Edge-Seq", format!("{epoch}:{lane}:{}", r.seq).as_str());
-            let (subject, payload) = match (&r.message, &r.gap) {
-                (Some(m), _) => {
-                    for (name, value) in crate::names::headers(m) {
-                        headers.append(header_safe(&name, true).as_str(), header_safe(&value, false).as_str());
+    ) -> impl Future<Output = Result<(), SinkError>> + Send + 'static {
+        let (js, prefix) = (self.js.clone(), self.prefix.clone());
+        async move {
+            let mut acks = Vec::with_capacity(records.len());
+            for r in &records {
+                let mut headers = HeaderMap::new();
+                headers.insert("Nats-Msg-Id", format!("{edge}:{epoch}:{lane}:{}", r.seq).as_str());
+                headers.insert("Edge-Id", edge.as_str());
+                headers.insert("Edge-Seq", format!("{epoch}:{lane}:{}", r.seq).as_str());
+                let (subject, payload) = match (&r.message, &r.gap) {
+                    (Some(m), _) => {
+                        for (name, value) in crate::names::headers(m) {
+                            headers.append(header_safe(&name, true).as_str(), header_safe(&value, false).as_str());
+                        }
+                        (crate::names::subject(&prefix, &edge, &m.topic), Bytes::from(m.payload.clone()))
                     }
-                    (crate::names::subject(&self.prefix, edge, &m.topic), Bytes::from(m.payload.clone()))
-                }
-                (None, Some(g)) => {
-                    let body = serde_json::to_vec(g).map_err(|e| failed("gap record", e))?;
-                    (format!("{}.{}.%gap", self.prefix, crate::names::token(edge)), Bytes::from(body))
-                }
-                (None, None) => continue,
-            };
-            let ack =
-                self.js.publish_with_headers(subject, headers, payload).await.map_err(|e| failed("publish", e))?;
-            acks.push(ack);
+                    (None, Some(g)) => {
+                        let body = serde_json::to_vec(g).map_err(|e| failed("gap record", e))?;
+                        (format!("{prefix}.{}.%gap", crate::names::token(&edge)), Bytes::from(body))
+                    }
+                    (None, None) => continue,
+                };
+                let ack = js.publish_with_headers(subject, headers, payload).await.map_err(|e| failed("publish", e))?;
+                acks.push(ack);
+            }
+            for ack in acks {
+                ack.await.map_err(|e| failed("publish ack", e))?;
+            }
+            Ok(())
         }
-        for ack in acks {
-            ack.await.map_err(|e| failed("publish ack", e))?;
-        }
-        // Raise the mark with compare-and-set; a concurrent bridge's higher mark wins.
+    }
+
+    async fn mark(&self, edge: &str, epoch: &str, lane: u8, up_to: u64) -> Result<(), SinkError> {
+        // Compare-and-set; a concurrent bridge's higher mark wins.
         let key = mark_key(edge, epoch);
         for _ in 0..16 {
             let (mut marks, revision) = self.read_marks(&key).await?;

@@ -20,7 +20,22 @@ pub trait Sink: Send + Sync + 'static {
     /// Per lane, the highest seq of `edge` and `epoch` committed.
     fn committed(&self, edge: &str, epoch: &str) -> impl Future<Output = Result<Vec<LaneSeq>, SinkError>> + Send;
 
-    /// Writes `records` (seqs above the lane's mark, in order) and sets the mark to `up_to`.
+    /// Writes `records` durably and idempotently (a record written twice is kept once); the
+    /// mark does not move. The future owns what it needs, so several can run at once.
+    fn publish(
+        &self,
+        edge: String,
+        epoch: String,
+        lane: u8,
+        records: Vec<WireRecord>,
+    ) -> impl Future<Output = Result<(), SinkError>> + Send + 'static;
+
+    /// Raises the committed mark of (edge, epoch, lane) to `up_to`, never lowers it. Called only
+    /// once every record up to `up_to` was published.
+    fn mark(&self, edge: &str, epoch: &str, lane: u8, up_to: u64)
+    -> impl Future<Output = Result<(), SinkError>> + Send;
+
+    /// [`Sink::publish`], then [`Sink::mark`].
     fn write(
         &self,
         edge: &str,
@@ -28,5 +43,10 @@ pub trait Sink: Send + Sync + 'static {
         lane: u8,
         records: Vec<WireRecord>,
         up_to: u64,
-    ) -> impl Future<Output = Result<(), SinkError>> + Send;
+    ) -> impl Future<Output = Result<(), SinkError>> + Send {
+        async move {
+            self.publish(edge.to_owned(), epoch.to_owned(), lane, records).await?;
+            self.mark(edge, epoch, lane, up_to).await
+        }
+    }
 }

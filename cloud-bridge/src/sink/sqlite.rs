@@ -93,70 +93,79 @@ impl Sink for SqliteSink {
         .await
     }
 
-    async fn write(
+    fn publish(
         &self,
-        edge: &str,
-        epoch: &str,
+        edge: String,
+        epoch: String,
         lane: u8,
         records: Vec<WireRecord>,
-        up_to: u64,
-    ) -> Result<(), SinkError> {
-        let (edge, epoch) = (edge.to_owned(), epoch.to_owned());
-        self.blocking(move |conn| {
-            let tx = conn.transaction().map_err(|e| failed("begin", e))?;
-            {
-                let mut insert = tx
+    ) -> impl Future<Output = Result<(), SinkError>> + Send + 'static {
+        let sink = self.clone();
+        async move {
+            sink.blocking(move |conn| {
+                let tx = conn.transaction().map_err(|e| failed("begin", e))?;
+                {
+                    let mut insert = tx
                     .prepare_cached(
                         "INSERT OR IGNORE INTO records (edge_id, epoch, lane, seq, kind, class, topic, payload, qos, \
                          enqueued_ms, headers, received_ms) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12)",
                     )
                     .map_err(|e| failed("insert", e))?;
-                let received = now_ms();
-                for r in &records {
-                    let result = match (&r.message, &r.gap) {
-                        (Some(m), _) => {
-                            let headers = crate::names::headers(m);
-                            insert.execute(params![
+                    let received = now_ms();
+                    for r in &records {
+                        let result = match (&r.message, &r.gap) {
+                            (Some(m), _) => {
+                                let headers = crate::names::headers(m);
+                                insert.execute(params![
+                                    edge,
+                                    epoch,
+                                    lane,
+                                    r.seq,
+                                    "message",
+                                    m.class,
+                                    m.topic,
+                                    m.payload,
+                                    m.qos,
+                                    m.enqueued_ms,
+                                    serde_json::to_string(&headers).unwrap_or_default(),
+                                    received
+                                ])
+                            }
+                            (None, Some(g)) => insert.execute(params![
                                 edge,
                                 epoch,
                                 lane,
                                 r.seq,
-                                "message",
-                                m.class,
-                                m.topic,
-                                m.payload,
-                                m.qos,
-                                m.enqueued_ms,
-                                serde_json::to_string(&headers).unwrap_or_default(),
+                                "gap",
+                                g.class,
+                                None::<String>,
+                                serde_json::to_vec(g).unwrap_or_default(),
+                                None::<u8>,
+                                None::<u64>,
+                                None::<String>,
                                 received
-                            ])
-                        }
-                        (None, Some(g)) => insert.execute(params![
-                            edge,
-                            epoch,
-                            lane,
-                            r.seq,
-                            "gap",
-                            g.class,
-                            None::<String>,
-                            serde_json::to_vec(g).unwrap_or_default(),
-                            None::<u8>,
-                            None::<u64>,
-                            None::<String>,
-                            received
-                        ]),
-                        (None, None) => continue,
-                    };
-                    result.map_err(|e| failed("insert", e))?;
+                            ]),
+                            (None, None) => continue,
+                        };
+                        result.map_err(|e| failed("insert", e))?;
+                    }
                 }
-            }
-            tx.execute(
+                tx.commit().map_err(|e| failed("commit", e))
+            })
+            .await
+        }
+    }
+
+    async fn mark(&self, edge: &str, epoch: &str, lane: u8, up_to: u64) -> Result<(), SinkError> {
+        let (edge, epoch) = (edge.to_owned(), epoch.to_owned());
+        self.blocking(move |conn| {
+            conn.execute(
                 "INSERT INTO marks (edge_id, epoch, lane, committed) VALUES (?1, ?2, ?3, ?4) \
                  ON CONFLICT (edge_id, epoch, lane) DO UPDATE SET committed = max(committed, excluded.committed)",
                 params![edge, epoch, lane, up_to],
             )
-            .map_err(|e| failed("mark", e))?;
-            tx.commit().map_err(|e| failed("commit", e))
+            .map(|_| ())
+            .map_err(|e| failed("mark", e))
         })
         .await
     }
