@@ -6,6 +6,7 @@ use std::net::SocketAddr;
 use std::time::Duration;
 
 use rumqttc::{AsyncClient, ConnectReturnCode, Event, MqttOptions, Packet, Publish, QoS, SubscribeReasonCode};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 
@@ -125,4 +126,43 @@ impl Drop for Client {
     fn drop(&mut self) {
         self.task.abort();
     }
+}
+
+/// A raw MQTT 3.1.1 publisher: sends QoS1 publishes on `topic` one after another, payloads
+/// `r<round>-<i>`, and returns those whose PUBACK arrived before the connection died.
+pub async fn publish_until_killed(addr: SocketAddr, round: u32, topic: &str) -> Vec<String> {
+    let mut acked = Vec::new();
+    let Ok(mut c) = tokio::net::TcpStream::connect(addr).await else { return acked };
+    let id = format!("crash-{round}");
+    let mut connect = vec![0, 4, b'M', b'Q', b'T', b'T', 4, 0x02, 0, 60];
+    connect.extend((id.len() as u16).to_be_bytes());
+    connect.extend(id.as_bytes());
+    let mut frame = vec![0x10, connect.len() as u8];
+    frame.extend(connect);
+    if c.write_all(&frame).await.is_err() {
+        return acked;
+    }
+    let mut connack = [0u8; 4];
+    if c.read_exact(&mut connack).await.is_err() {
+        return acked;
+    }
+    let topic = topic.as_bytes();
+    for i in 1..=u16::MAX {
+        let payload = format!("r{round}-{i}");
+        let mut body = (topic.len() as u16).to_be_bytes().to_vec();
+        body.extend(topic);
+        body.extend(i.to_be_bytes());
+        body.extend(payload.as_bytes());
+        let mut frame = vec![0x32, body.len() as u8];
+        frame.extend(body);
+        if c.write_all(&frame).await.is_err() {
+            return acked;
+        }
+        let mut ack = [0u8; 4];
+        match tokio::time::timeout(Duration::from_secs(5), c.read_exact(&mut ack)).await {
+            Ok(Ok(_)) if ack[0] == 0x40 && u16::from_be_bytes([ack[2], ack[3]]) == i => acked.push(payload),
+            _ => return acked,
+        }
+    }
+    acked
 }

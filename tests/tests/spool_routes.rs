@@ -165,45 +165,6 @@ async fn sigterm_loses_nothing_that_was_acknowledged() {
     assert_eq!(payloads, (0..2000).collect::<Vec<_>>(), "every acknowledged message is in the spool, in order");
 }
 
-/// A raw MQTT 3.1.1 publisher: sends QoS1 publishes one after another and returns the payloads
-/// whose PUBACK arrived before the connection died.
-async fn publish_until_killed(addr: std::net::SocketAddr, round: u32) -> Vec<String> {
-    let mut acked = Vec::new();
-    let Ok(mut c) = tokio::net::TcpStream::connect(addr).await else { return acked };
-    let id = format!("crash-{round}");
-    let mut connect = vec![0, 4, b'M', b'Q', b'T', b'T', 4, 0x02, 0, 60];
-    connect.extend((id.len() as u16).to_be_bytes());
-    connect.extend(id.as_bytes());
-    let mut frame = vec![0x10, connect.len() as u8];
-    frame.extend(connect);
-    if c.write_all(&frame).await.is_err() {
-        return acked;
-    }
-    let mut connack = [0u8; 4];
-    if c.read_exact(&mut connack).await.is_err() {
-        return acked;
-    }
-    let topic = b"audit/crash";
-    for i in 1..=u16::MAX {
-        let payload = format!("r{round}-{i}");
-        let mut body = (topic.len() as u16).to_be_bytes().to_vec();
-        body.extend(topic);
-        body.extend(i.to_be_bytes());
-        body.extend(payload.as_bytes());
-        let mut frame = vec![0x32, body.len() as u8];
-        frame.extend(body);
-        if c.write_all(&frame).await.is_err() {
-            return acked;
-        }
-        let mut ack = [0u8; 4];
-        match tokio::time::timeout(WAIT, c.read_exact(&mut ack)).await {
-            Ok(Ok(_)) if ack[0] == 0x40 && u16::from_be_bytes([ack[2], ack[3]]) == i => acked.push(payload),
-            _ => return acked,
-        }
-    }
-    acked
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigkill_at_random_points_loses_nothing_committed() {
     let dir = tempfile::tempdir().unwrap();
@@ -213,7 +174,7 @@ async fn sigkill_at_random_points_loses_nothing_committed() {
     for round in 0..3u32 {
         let mut edge = EdgeProcess::start(dir.path(), &config_text(CLASSES));
         let addr = edge.addr("local");
-        let publisher = tokio::spawn(publish_until_killed(addr, round));
+        let publisher = tokio::spawn(e2e_tests::client::publish_until_killed(addr, round, "audit/crash"));
         // A random moment under load, from the clock's low bits.
         let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().subsec_nanos();
         tokio::time::sleep(Duration::from_millis(150 + u64::from(nanos % 400))).await;
