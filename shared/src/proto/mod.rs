@@ -22,6 +22,8 @@ pub mod edge;
 #[cfg(feature = "io")]
 pub mod io;
 #[cfg(test)]
+mod robustness_tests;
+#[cfg(test)]
 mod session_tests;
 
 use serde::{Deserialize, Serialize};
