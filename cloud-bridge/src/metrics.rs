@@ -36,6 +36,7 @@ pub struct Metrics {
     registry: Registry,
     pub connected: Family<EdgeLabel, Gauge>,
     pub committed: Family<LaneLabels, Gauge>,
+    pub lag: Family<LaneLabels, Gauge>,
     pub records: Family<EdgeLabel, Counter>,
     pub batches: Family<EdgeLabel, Counter>,
     pub bytes: Family<EdgeLabel, Counter>,
@@ -52,6 +53,7 @@ impl Metrics {
             registry: Registry::default(),
             connected: Family::default(),
             committed: Family::default(),
+            lag: Family::default(),
             records: Family::default(),
             batches: Family::default(),
             bytes: Family::default(),
@@ -63,6 +65,11 @@ impl Metrics {
         let r = &mut registry;
         r.register("edge_connected", "1 while the edge has a session on this bridge", m.connected.clone());
         r.register("committed_seq", "Highest seq committed per edge and lane (this epoch)", m.committed.clone());
+        r.register(
+            "lag_records",
+            "Seqs an edge holds beyond what the sink committed, per lane, as of its last ping",
+            m.lag.clone(),
+        );
         r.register("records", "Records written to the sink, by edge", m.records.clone());
         r.register("batches", "Batches received, by edge", m.batches.clone());
         r.register("received_bytes", "Batch bytes received (compressed), by edge", m.bytes.clone());

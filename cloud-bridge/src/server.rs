@@ -299,6 +299,9 @@ async fn run_session<S: Sink>(
                 }
             }
         }
+        for (lane, lag) in session.lags() {
+            metrics.lag.get_or_create(&LaneLabels { edge: edge.to_owned(), lane }).set(lag as i64);
+        }
         flush(&mut session, &mut send).await?;
     }
 }

@@ -78,6 +78,13 @@ async fn spooled_messages_arrive_exactly_once_and_the_spool_empties() {
     assert!(edge.metric("edge_uplink_sent_bytes_total") < edge.metric("edge_uplink_raw_bytes_total"), "compressed");
     assert_eq!(cloud.metric("bridge_committed_seq{edge=\"edge-1\",lane=\"3\"}"), 300.0);
     assert!(edge.metric("edge_uplink_commit_latency_seconds_count") >= 1.0, "commit latency measured per batch");
+    // The edge reports its spool heads with each ping; once drained, it lags by nothing.
+    let lag = "bridge_lag_records{edge=\"edge-1\",lane=\"3\"} 0";
+    assert!(
+        e2e_tests::eventually(WAIT, || cloud.bridge.metrics().encode().contains(lag)).await,
+        "{}",
+        cloud.bridge.metrics().encode()
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -284,7 +284,7 @@ impl Uplink {
                     session.handle(frame, Instant::now())?
                 }
                 _ = notify.notified() => {
-                    self.refresh(&mut heads).await?;
+                    self.refresh(session, &mut heads).await?;
                     Vec::new()
                 }
                 _ = sleep_until(timeout) => session.handle_timeout(Instant::now()),
@@ -299,7 +299,7 @@ impl Uplink {
                     }
                     EdgeEvent::Ready { version } => {
                         tracing::info!(version, "uplink session ready");
-                        self.refresh(&mut heads).await?;
+                        self.refresh(session, &mut heads).await?;
                     }
                     EdgeEvent::Committed { latency, .. } => self.metrics.commit_latency.observe(latency.as_secs_f64()),
                     EdgeEvent::Rtt(rtt) => {
@@ -319,10 +319,11 @@ impl Uplink {
         }
     }
 
-    async fn refresh(&self, heads: &mut BTreeMap<u8, u64>) -> Result<(), ConnEnd> {
+    async fn refresh(&self, session: &mut EdgeSession, heads: &mut BTreeMap<u8, u64>) -> Result<(), ConnEnd> {
         let h = self.spool.heads().await.map_err(ReadError::from)?;
         for (lane, _, last) in h.lanes {
             heads.insert(lane.0, last.0);
+            session.set_head(lane.0, last.0);
         }
         Ok(())
     }

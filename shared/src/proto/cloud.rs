@@ -62,6 +62,8 @@ pub struct CloudSession {
     max_held: usize,
     dicts: HashMap<String, Vec<u8>>,
     out: VecDeque<Control>,
+    /// The edge's last committed seq per lane, from its `Heads`.
+    heads: BTreeMap<u8, u64>,
 }
 
 impl CloudSession {
@@ -77,6 +79,7 @@ impl CloudSession {
             max_held,
             dicts: HashMap::new(),
             out: VecDeque::new(),
+            heads: BTreeMap::new(),
         }
     }
 
@@ -131,6 +134,12 @@ impl CloudSession {
                 Ok(None)
             }
             Control::Pong { .. } | Control::Unknown => Ok(None),
+            Control::Heads { lanes } => {
+                for LaneSeq { lane, seq } in lanes {
+                    self.heads.insert(lane, seq);
+                }
+                Ok(None)
+            }
             Control::Dict(d) if self.phase == CloudPhase::Ready => {
                 if super::compress::dict_id(&d.bytes) != d.id {
                     return Err(SessionError::Protocol(format!("dictionary {} does not hash to its id", d.id)));
@@ -220,6 +229,11 @@ impl CloudSession {
             l.committed = up_to;
             self.out.push_back(Control::Ack(Ack { lane, up_to }));
         }
+    }
+
+    /// Per lane the edge reported, how many seqs it holds beyond what the sink committed.
+    pub fn lags(&self) -> Vec<(u8, u64)> {
+        self.heads.iter().map(|(lane, head)| (*lane, head.saturating_sub(self.committed_seq(*lane)))).collect()
     }
 
     pub fn committed_seq(&self, lane: u8) -> u64 {

@@ -94,6 +94,8 @@ pub struct EdgeSession {
     nonce: u64,
     degraded: bool,
     rtt: Option<Duration>,
+    /// The spool's last committed seq per lane, as the driver last reported it.
+    heads: BTreeMap<u8, u64>,
 }
 
 impl EdgeSession {
@@ -117,6 +119,7 @@ impl EdgeSession {
             nonce: 0,
             degraded: false,
             rtt: None,
+            heads: BTreeMap::new(),
         }
     }
 
@@ -295,6 +298,10 @@ impl EdgeSession {
                 self.nonce += 1;
                 self.ping = Some((self.nonce, now));
                 self.out.push_back(Control::Ping { nonce: self.nonce });
+                if !self.heads.is_empty() {
+                    let lanes = self.heads.iter().map(|(l, s)| LaneSeq { lane: *l, seq: *s }).collect();
+                    self.out.push_back(Control::Heads { lanes });
+                }
             }
             self.next_ping = Some(now + self.config.keepalive);
         }
@@ -309,6 +316,11 @@ impl EdgeSession {
             self.degraded = degraded;
             events.push(EdgeEvent::Degraded(degraded));
         }
+    }
+
+    /// The spool's last committed seq of `lane`, reported to the cloud with each ping.
+    pub fn set_head(&mut self, lane: u8, seq: u64) {
+        self.heads.insert(lane, seq);
     }
 
     pub fn is_degraded(&self) -> bool {
@@ -338,6 +350,7 @@ pub(crate) fn name(frame: &Control) -> &'static str {
         Control::Ping { .. } => "ping",
         Control::Pong { .. } => "pong",
         Control::Dict(_) => "dict",
+        Control::Heads { .. } => "heads",
         Control::Unknown => "unknown frame",
     }
 }

@@ -66,6 +66,11 @@ pub enum Control {
     },
     /// A zstd dictionary, sent once before the first batch that uses it.
     Dict(DictAnnounce),
+    /// The edge's last committed seq per lane, sent with each ping, so the cloud can report
+    /// how far behind each edge is. A bridge that does not know it ignores it.
+    Heads {
+        lanes: Vec<LaneSeq>,
+    },
     /// A frame of a newer version this build does not know; ignored.
     #[serde(other)]
     Unknown,

@@ -194,9 +194,15 @@ fn keepalive_rtt_and_degraded_on_a_virtual_clock() {
     pump(&mut edge, &mut cloud, t0);
     assert_eq!(edge.poll_timeout(), Some(t0 + Duration::from_secs(5)));
     let t5 = t0 + Duration::from_secs(5);
+    // The spool's head goes out with each ping, for the cloud's lag figure.
+    edge.set_head(0, 42);
     assert!(edge.handle_timeout(t5).is_empty());
     let ping = edge.poll_control().unwrap();
     assert!(matches!(ping, Control::Ping { .. }));
+    let heads = edge.poll_control().unwrap();
+    assert_eq!(heads, Control::Heads { lanes: vec![LaneSeq { lane: 0, seq: 42 }] });
+    cloud.control(heads).unwrap();
+    assert_eq!(cloud.session.lags(), [(0, 42)], "the cloud has committed nothing of lane 0 yet");
     cloud.control(ping).unwrap();
     let pong = cloud.session.poll_control().unwrap();
     assert_eq!(edge.handle(pong, t5 + Duration::from_millis(40)).unwrap(), [EdgeEvent::Rtt(Duration::from_millis(40))]);
