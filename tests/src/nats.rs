@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 pub struct NatsServer {
     child: Child,
     pub port: u16,
-    _store: tempfile::TempDir,
+    store: tempfile::TempDir,
 }
 
 fn binary() -> PathBuf {
@@ -21,25 +21,37 @@ fn binary() -> PathBuf {
     PathBuf::from("nats-server")
 }
 
+fn spawn(port: u16, store: &std::path::Path) -> Child {
+    let child = Command::new(binary())
+        .args(["-js", "-a", "127.0.0.1", "-p", &port.to_string(), "-sd"])
+        .arg(store)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap_or_else(|e| {
+            panic!("cannot start nats-server ({}): {e}; run scripts/install-test-deps.sh", binary().display())
+        });
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+        assert!(Instant::now() < deadline, "nats-server did not listen on {port}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    child
+}
+
 impl NatsServer {
     pub fn start() -> NatsServer {
         let store = tempfile::tempdir().expect("nats store dir");
         let port = TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).expect("free port").port();
-        let child = Command::new(binary())
-            .args(["-js", "-a", "127.0.0.1", "-p", &port.to_string(), "-sd"])
-            .arg(store.path())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap_or_else(|e| {
-                panic!("cannot start nats-server ({}): {e}; run scripts/install-test-deps.sh", binary().display())
-            });
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
-            assert!(Instant::now() < deadline, "nats-server did not listen on {port}");
-            std::thread::sleep(Duration::from_millis(50));
-        }
-        NatsServer { child, port, _store: store }
+        let child = spawn(port, store.path());
+        NatsServer { child, port, store }
+    }
+
+    /// Kills the server (SIGKILL) and starts it again on the same port and store.
+    pub fn restart(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        self.child = spawn(self.port, self.store.path());
     }
 
     pub fn url(&self) -> String {

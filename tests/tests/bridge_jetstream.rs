@@ -128,3 +128,39 @@ async fn an_existing_stream_with_other_subjects_is_refused_by_name() {
     let err = cloud_bridge::Bridge::start(config).await.unwrap_err().to_string();
     assert!(err.contains("EDGE") && err.contains("elsewhere.>"), "{err}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_nats_server_killed_and_restarted_mid_stream_loses_and_duplicates_nothing() {
+    let mut nats = NatsServer::start();
+    let dir = tempfile::tempdir().unwrap();
+    let section = format!("kind = \"jetstream\"\nurl = \"{}\"\n", nats.url());
+    let none = dir.path().join("unused");
+    let cloud = TestCloud::start_with_sink(
+        dir.path(),
+        pki(dir.path(), &[]),
+        "127.0.0.1:0".parse().unwrap(),
+        "",
+        &section,
+        none,
+    )
+    .await;
+    let edge = TestNode::start(&format!("{CLASSES}\n{}", cloud.uplink_section("edge-1"))).await;
+    let publisher = Client::anonymous(edge.local(), "pub").await;
+    for i in 0..200 {
+        publisher.publish(&format!("inference/m/v1/cam-{i}"), QoS::AtLeastOnce, false, format!("a{i}")).await;
+    }
+    let committed = "bridge_committed_seq{edge=\"edge-1\",lane=\"1\"}";
+    assert!(e2e_tests::eventually(WAIT, || cloud.metric(committed) >= 1.0).await);
+    nats.restart();
+    for i in 0..200 {
+        publisher.publish(&format!("inference/m/v1/cam-{i}"), QoS::AtLeastOnce, false, format!("b{i}")).await;
+    }
+    assert!(
+        e2e_tests::eventually(WAIT, || cloud.metric(committed) == 400.0).await,
+        "{}",
+        cloud.bridge.metrics().encode()
+    );
+    let messages = stream_messages(&nats.url()).await;
+    let payloads: BTreeSet<Vec<u8>> = messages.iter().map(|m| m.payload.to_vec()).collect();
+    assert_eq!((messages.len(), payloads.len()), (400, 400), "each record once across the restart");
+}
