@@ -50,7 +50,18 @@ impl TestCloud {
         let path = dir.join("cloud.toml");
         std::fs::write(&path, text).expect("write cloud config");
         let config = CloudConfig::load(&path).unwrap_or_else(|e| panic!("cloud config: {e}"));
-        let bridge = Bridge::start(config).await.unwrap_or_else(|e| panic!("bridge start: {e}"));
+        // A bridge restarted in the same process on the same port: quinn's endpoint driver lets
+        // go of the old socket a moment after the endpoint is dropped.
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(15);
+        let bridge = loop {
+            match Bridge::start(config.clone()).await {
+                Ok(b) => break b,
+                Err(e) if e.to_string().contains("in use") && std::time::Instant::now() < deadline => {
+                    tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+                }
+                Err(e) => panic!("bridge start: {e}"),
+            }
+        };
         TestCloud { bridge, pki, sink }
     }
 
