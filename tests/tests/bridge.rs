@@ -137,3 +137,20 @@ async fn a_denied_certificate_is_refused_and_its_data_stays_spooled() {
     tokio::time::sleep(Duration::from_millis(500)).await;
     assert_eq!(edge.metric("edge_spool_class_records{class=\"telemetry\"}"), 10.0, "and never acked");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn records_linger_to_fill_batches() {
+    let dir = tempfile::tempdir().unwrap();
+    let cloud = TestCloud::start(dir.path(), pki(dir.path(), &[]), "127.0.0.1:0".parse().unwrap(), "").await;
+    let extra = format!("{CLASSES}\n{}linger = \"1s\"\n", cloud.uplink_section("edge-1"));
+    let edge = TestNode::start(&extra).await;
+    let publisher = Client::anonymous(edge.local(), "pub").await;
+    // Thirty messages 10 ms apart: each lands in its own group commit.
+    for i in 0..30 {
+        publish(&publisher, "telemetry/slow", i..i + 1).await;
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert!(e2e_tests::eventually(WAIT, || sink_rows(&cloud.sink).len() == 30).await);
+    let batches = edge.metric("edge_uplink_batches_total");
+    assert!((1.0..=3.0).contains(&batches), "{batches} batches for 30 records");
+}

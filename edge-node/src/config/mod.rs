@@ -71,6 +71,11 @@ pub struct UplinkConfig {
     /// Records per batch at most. Default: 512.
     #[serde(default = "default_batch_records")]
     pub batch_records: usize,
+    /// How long records may wait for a batch to fill before it is sent anyway. Longer makes
+    /// fuller batches (better compression, fewer streams) at the cost of that much latency to
+    /// the cloud. Default: 100ms.
+    #[serde(default = "default_linger")]
+    pub linger: HumanDuration,
     /// zstd level for batches (1 fast .. 19 small). Default: 3.
     #[serde(default = "default_zstd_level")]
     pub zstd_level: i32,
@@ -95,6 +100,9 @@ fn default_window() -> usize {
 }
 fn default_batch_records() -> usize {
     512
+}
+fn default_linger() -> HumanDuration {
+    HumanDuration(Duration::from_millis(100))
 }
 fn default_zstd_level() -> i32 {
     3

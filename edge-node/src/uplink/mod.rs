@@ -248,14 +248,35 @@ impl Uplink {
         let mut order = DrainOrder::new(self.config.lower_lane_share);
         // Per lane, the last committed seq known; refreshed on each commit signal.
         let mut heads: BTreeMap<u8, u64> = BTreeMap::new();
+        // Per lane, since when records have waited to be sent.
+        let mut waiting_since: BTreeMap<u8, Instant> = BTreeMap::new();
         loop {
             while let Some(frame) = session.poll_control() {
                 write_frame(&mut send, &frame).await?;
             }
+            let mut linger_until: Option<Instant> = None;
             while session.can_send() {
-                let ready: Vec<Lane> =
-                    heads.iter().filter(|(l, last)| **last >= session.next_seq(**l)).map(|(l, _)| Lane(*l)).collect();
-                let Some(lane) = order.next(&ready) else { break };
+                // A lane is due when a full batch is waiting or its first waiting record has
+                // lingered long enough: fuller batches compress better and cost fewer streams.
+                let now = Instant::now();
+                let linger = self.config.linger.0;
+                let mut due = Vec::new();
+                linger_until = None;
+                for (lane, last) in &heads {
+                    let next = session.next_seq(*lane);
+                    if *last < next {
+                        waiting_since.remove(lane);
+                        continue;
+                    }
+                    let since = *waiting_since.entry(*lane).or_insert(now);
+                    if *last - next + 1 >= self.config.batch_records as u64 || now >= since + linger {
+                        due.push(Lane(*lane));
+                    } else {
+                        linger_until = Some(linger_until.map_or(since + linger, |t: Instant| t.min(since + linger)));
+                    }
+                }
+                let Some(lane) = order.next(&due) else { break };
+                waiting_since.remove(&lane.0);
                 let after = session.next_seq(lane.0) - 1;
                 let records = self.spool.read(lane, Seq(after), self.config.batch_records).await?;
                 if records.is_empty() {
@@ -288,6 +309,7 @@ impl Uplink {
                     Vec::new()
                 }
                 _ = sleep_until(timeout) => session.handle_timeout(Instant::now()),
+                _ = sleep_until(linger_until.map(tokio::time::Instant::from_std)) => Vec::new(),
                 e = conn.closed() => return Err(e.into()),
                 _ = shutdown.cancelled() => return Ok(()),
             };
