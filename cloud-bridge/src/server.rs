@@ -13,10 +13,11 @@ use quinn::crypto::rustls::QuicServerConfig;
 use rustls::server::WebPkiClientVerifier;
 use rustls_pki_types::CertificateDer;
 use shared::proto::cloud::CloudSession;
-use shared::proto::io::{FrameIoError, read_frame, write_frame};
+use shared::proto::io::{FrameIoError, read_frame, spawn_reader, write_frame};
 use shared::proto::{ALPN, Batch, Control, MAX_BATCH_FRAME, MAX_BATCH_RAW, MAX_CONTROL_FRAME, compress};
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
+use tokio_util::task::AbortOnDropHandle;
 
 use crate::config::ServerConfig;
 use crate::metrics::{EdgeLabel, LaneLabels, Metrics, ReasonLabel};
@@ -203,20 +204,12 @@ async fn run_session<S: Sink>(
     sink: &S,
     metrics: &Metrics,
 ) -> Result<(), SessionEnd> {
-    let (mut send, mut recv) = conn.accept_bi().await?;
+    let (mut send, recv) = conn.accept_bi().await?;
     let mut session = CloudSession::new(max_held);
     // Control frames and batches are read by their own tasks: a read cut short by `select!`
     // would lose the bytes it had taken.
-    let (control_tx, mut control_rx) = mpsc::channel::<Result<Option<Control>, FrameIoError>>(16);
-    tokio::spawn(async move {
-        loop {
-            let frame = read_frame::<_, Control>(&mut recv, MAX_CONTROL_FRAME).await;
-            let end = !matches!(frame, Ok(Some(_)));
-            if control_tx.send(frame).await.is_err() || end {
-                return;
-            }
-        }
-    });
+    let (mut control_rx, reader) = spawn_reader::<_, Control>(recv, MAX_CONTROL_FRAME);
+    let _reader = AbortOnDropHandle::new(reader);
     let (batch_tx, mut batch_rx) = mpsc::channel::<Result<Batch, FrameIoError>>(max_held.max(1));
     let uni_conn = conn.clone();
     let acceptor = tokio::spawn(async move {
@@ -235,7 +228,7 @@ async fn run_session<S: Sink>(
             });
         }
     });
-    let _stop_acceptor = AbortOnDrop(acceptor);
+    let _stop_acceptor = AbortOnDropHandle::new(acceptor);
     let edge_label = EdgeLabel { edge: edge.to_owned() };
     let records_counter = metrics.records.get_or_create(&edge_label).clone();
     let batches_counter = metrics.batches.get_or_create(&edge_label).clone();
@@ -253,7 +246,8 @@ async fn run_session<S: Sink>(
                         // A refusal is sent before the connection closes.
                         flush(&mut session, &mut send).await?;
                         let _ = send.finish();
-                        tokio::time::sleep(Duration::from_millis(100)).await;
+                        // Closing now would discard the frame; the edge closes once it read it.
+                        let _ = tokio::time::timeout(Duration::from_secs(1), conn.closed()).await;
                         return Err(e.into());
                     }
                 };
@@ -311,12 +305,4 @@ async fn flush(session: &mut CloudSession, send: &mut quinn::SendStream) -> Resu
         write_frame(send, &frame).await?;
     }
     Ok(())
-}
-
-struct AbortOnDrop(tokio::task::JoinHandle<()>);
-
-impl Drop for AbortOnDrop {
-    fn drop(&mut self) {
-        self.0.abort();
-    }
 }

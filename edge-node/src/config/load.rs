@@ -216,8 +216,11 @@ impl EdgeConfig {
             if u.server.rsplit_once(':').is_none_or(|(host, port)| host.is_empty() || port.parse::<u16>().is_err()) {
                 bad("uplink.server".into(), format!("{:?} is not host:port", u.server));
             }
-            if u.window == 0 || u.batch_records == 0 {
-                bad("uplink.window".into(), "window and batch_records must be at least 1".into());
+            if u.window == 0 {
+                bad("uplink.window".into(), "must be at least 1".into());
+            }
+            if u.batch_records == 0 {
+                bad("uplink.batch_records".into(), "must be at least 1".into());
             }
             if !(1..=19).contains(&u.zstd_level) {
                 bad("uplink.zstd_level".into(), format!("{} is outside 1 ..= 19", u.zstd_level));
@@ -325,6 +328,23 @@ mod tests {
             parse("[[class]]\nname = \"a\"\nfilters = [\"x\"]\nroute = \"central\"\ngovernance = \"central-only\"\n")
                 .unwrap();
         assert_eq!(c.classes[0].durability(), crate::spool::Durability::Full);
+    }
+
+    #[test]
+    fn uplink_settings_are_checked_by_key() {
+        let text = "[uplink]\nserver = \"cloud\"\nca = \"ca.pem\"\ncert = \"c.pem\"\nkey = \"k.pem\"\nwindow = 0\n\
+                    batch_records = 0\nzstd_level = 30\nlower_lane_share = 0.9\nbackoff_min = \"1m\"\nbackoff_max = \"1s\"\n";
+        let err = parse(text).unwrap_err().to_string();
+        for key in [
+            "uplink.server",
+            "uplink.window",
+            "uplink.batch_records",
+            "uplink.zstd_level",
+            "uplink.lower_lane_share",
+            "uplink.backoff_min",
+        ] {
+            assert!(err.contains(key), "{key} missing from: {err}");
+        }
     }
 
     #[test]

@@ -54,7 +54,7 @@ pub struct SqliteStorage {
     _checkpointer: super::checkpoint::Checkpointer,
 }
 
-fn now_ms() -> u64 {
+pub(super) fn now_ms() -> u64 {
     SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
 }
 

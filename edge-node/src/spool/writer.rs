@@ -5,7 +5,7 @@
 //! never waits on disk except for a `full` PUBACK.
 
 use std::sync::Arc;
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
 
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
@@ -14,6 +14,7 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::Histogram;
 use tokio::sync::oneshot;
 
+use super::sqlite::now_ms;
 use super::{Durability, Lane, Message, Record, Seq, Spool, SpoolError, Storage};
 
 /// The spool the writer thread owns: SQLite in production, a fault-injecting wrapper in tests.
@@ -180,10 +181,6 @@ impl SpoolWriter {
             let _ = rx.await;
         }
     }
-}
-
-fn now_ms() -> u64 {
-    SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
 }
 
 fn count_dropped(spool: &mut DynSpool, metrics: &WriterMetrics) {

@@ -16,10 +16,10 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use rand::Rng;
 use shared::proto::edge::{EdgeEvent, EdgeSession, EdgeSessionConfig, SessionError};
-use shared::proto::io::{FrameIoError, read_frame, write_frame};
+use shared::proto::io::{FrameIoError, spawn_reader, write_frame};
 use shared::proto::{Control, MAX_CONTROL_FRAME, ProtoError, WireGap, WireMessage, WireRecord, compress};
-use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
+use tokio_util::task::AbortOnDropHandle;
 
 use crate::config::UplinkConfig;
 use crate::spool::drain::DrainOrder;
@@ -229,21 +229,10 @@ impl Uplink {
         epoch: &str,
         shutdown: &CancellationToken,
     ) -> Result<(), ConnEnd> {
-        let (mut send, mut recv) = conn.open_bi().await?;
+        let (mut send, recv) = conn.open_bi().await?;
         session.connected(Instant::now());
-        // The control stream is read by its own task: a read cut short by `select!` would
-        // lose the bytes it had taken.
-        let (control_tx, mut control_rx) = mpsc::channel::<Result<Option<Control>, FrameIoError>>(16);
-        let reader = tokio::spawn(async move {
-            loop {
-                let frame = read_frame::<_, Control>(&mut recv, MAX_CONTROL_FRAME).await;
-                let end = !matches!(frame, Ok(Some(_)));
-                if control_tx.send(frame).await.is_err() || end {
-                    return;
-                }
-            }
-        });
-        let _reader = AbortOnDrop(reader);
+        let (mut control_rx, reader) = spawn_reader::<_, Control>(recv, MAX_CONTROL_FRAME);
+        let _reader = AbortOnDropHandle::new(reader);
         let notify = self.spool.committed_notify();
         let mut order = DrainOrder::new(self.config.lower_lane_share);
         // Per lane, the last committed seq known; refreshed on each commit signal.
@@ -389,13 +378,5 @@ pub fn to_wire(r: &Record) -> WireRecord {
                 count: g.count,
             }),
         },
-    }
-}
-
-struct AbortOnDrop(tokio::task::JoinHandle<()>);
-
-impl Drop for AbortOnDrop {
-    fn drop(&mut self) {
-        self.0.abort();
     }
 }

@@ -46,6 +46,31 @@ where
     Ok(Some(codec::decode(&body)?))
 }
 
+/// Reads frames on a task of its own and hands them over a channel, ending with the first
+/// `None` (end of stream) or error. Callers that wait on several things at once select on the
+/// channel: a read cut short by `select!` would lose the bytes it had taken. Abort the handle
+/// to stop reading.
+pub fn spawn_reader<R, T>(
+    mut r: R,
+    max: usize,
+) -> (tokio::sync::mpsc::Receiver<Result<Option<T>, FrameIoError>>, tokio::task::JoinHandle<()>)
+where
+    R: AsyncRead + Unpin + Send + 'static,
+    T: DeserializeOwned + Send + 'static,
+{
+    let (tx, rx) = tokio::sync::mpsc::channel(16);
+    let task = tokio::spawn(async move {
+        loop {
+            let frame = read_frame::<_, T>(&mut r, max).await;
+            let end = !matches!(frame, Ok(Some(_)));
+            if tx.send(frame).await.is_err() || end {
+                return;
+            }
+        }
+    });
+    (rx, task)
+}
+
 /// Encodes `value` and writes it as one frame.
 pub async fn write_frame<W, T>(w: &mut W, value: &T) -> Result<(), FrameIoError>
 where
