@@ -18,7 +18,7 @@ scripts/audit.sh
 echo "== build"
 # The cross-process tests run the binaries, so build them before the test binaries.
 cargo build --workspace --bins --locked
-echo "== tests (checks and build took $((SECONDS - started)) s)"
+echo "== tests (checks and build took $((SECONDS - started)) s; target dir $(du -sh target | cut -f1), $(df -h --output=avail . | tail -1 | tr -d ' ') free)"
 # The test runner's summary stays the last line of the output.
 if cargo nextest --version >/dev/null 2>&1; then
   cargo nextest run --workspace --locked --no-fail-fast

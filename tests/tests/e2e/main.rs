@@ -1,0 +1,15 @@
+//! All cross-process tests in one test binary: each integration-test file would otherwise link
+//! its own copy of the whole dependency tree (about 280 MB each with debug info), which is
+//! most of the disk a CI build needs. nextest still runs every test in its own process.
+
+mod bridge;
+mod bridge_crash;
+mod bridge_impaired;
+mod bridge_jetstream;
+mod bridge_security;
+mod broker_interop;
+mod broker_robustness;
+mod broker_security;
+mod edge_cli;
+mod spool_faults;
+mod spool_routes;
