@@ -65,6 +65,10 @@ pub enum SinkConfig {
         /// KV bucket of the committed marks per (edge, epoch). Default: `edge-marks`.
         #[serde(default = "default_bucket")]
         marks_bucket: String,
+        /// KV bucket of the zstd dictionaries edges announced, so any bridge can decode their
+        /// batches. Default: `edge-dicts`.
+        #[serde(default = "default_dicts_bucket")]
+        dicts_bucket: String,
         /// JetStream's Nats-Msg-Id dedup window. Default: 2m.
         #[serde(default = "default_dup_window")]
         duplicate_window: shared::units::HumanDuration,
@@ -85,6 +89,9 @@ fn default_prefix() -> String {
 }
 fn default_bucket() -> String {
     "edge-marks".into()
+}
+fn default_dicts_bucket() -> String {
+    "edge-dicts".into()
 }
 fn default_dup_window() -> shared::units::HumanDuration {
     shared::units::HumanDuration(std::time::Duration::from_secs(120))

@@ -68,12 +68,21 @@ impl Bridge {
                 tracing::info!(path = %path.display(), "sink: sqlite");
                 tasks.spawn(server::accept_loop(endpoint, server_config, sink, m, stop, t));
             }
-            SinkConfig::Jetstream { url, stream, subject_prefix, marks_bucket, duplicate_window, replicas } => {
+            SinkConfig::Jetstream {
+                url,
+                stream,
+                subject_prefix,
+                marks_bucket,
+                dicts_bucket,
+                duplicate_window,
+                replicas,
+            } => {
                 let settings = sink::jetstream::JetStreamSettings {
                     url: url.clone(),
                     stream: stream.clone(),
                     subject_prefix: subject_prefix.clone(),
                     marks_bucket: marks_bucket.clone(),
+                    dicts_bucket: dicts_bucket.clone(),
                     duplicate_window: duplicate_window.0,
                     replicas: *replicas,
                 };

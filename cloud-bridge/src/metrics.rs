@@ -41,6 +41,7 @@ pub struct Metrics {
     pub batches: Family<EdgeLabel, Counter>,
     pub bytes: Family<EdgeLabel, Counter>,
     pub sink_seconds: Histogram,
+    pub dicts_stored: Counter,
     pub refused: Family<ReasonLabel, Counter>,
     pub closed: Family<ReasonLabel, Counter>,
     pub sink_ok: AtomicBool,
@@ -58,6 +59,7 @@ impl Metrics {
             batches: Family::default(),
             bytes: Family::default(),
             sink_seconds: Histogram::new(exponential_buckets(0.000_1, 2.0, 16)),
+            dicts_stored: Counter::default(),
             refused: Family::default(),
             closed: Family::default(),
             sink_ok: AtomicBool::new(true),
@@ -74,6 +76,7 @@ impl Metrics {
         r.register("batches", "Batches received, by edge", m.batches.clone());
         r.register("received_bytes", "Batch bytes received (compressed), by edge", m.bytes.clone());
         r.register_with_unit("sink_write", "Sink write latency per batch", Unit::Seconds, m.sink_seconds.clone());
+        r.register("dicts_stored", "zstd dictionaries edges announced and this bridge stored", m.dicts_stored.clone());
         r.register(
             "connections_refused",
             "Edge connections refused, by reason (handshake, no_identity, denied_serial, version)",

@@ -12,7 +12,7 @@ use futures_util::stream::FuturesOrdered;
 use quinn::crypto::rustls::QuicServerConfig;
 use rustls::server::WebPkiClientVerifier;
 use rustls_pki_types::CertificateDer;
-use shared::proto::cloud::CloudSession;
+use shared::proto::cloud::{CloudSession, Request};
 use shared::proto::io::{FrameIoError, read_frame, spawn_reader, write_frame};
 use shared::proto::{ALPN, Batch, Control, MAX_BATCH_FRAME, MAX_BATCH_RAW, MAX_CONTROL_FRAME, compress};
 use tokio::sync::mpsc;
@@ -240,8 +240,8 @@ async fn run_session<S: Sink>(
         tokio::select! {
             frame = control_rx.recv() => {
                 let Some(frame) = frame.transpose()?.flatten() else { return Ok(()) };
-                let hello = match session.handle(frame) {
-                    Ok(h) => h,
+                let request = match session.handle(frame) {
+                    Ok(r) => r,
                     Err(e) => {
                         // A refusal is sent before the connection closes.
                         flush(&mut session, &mut send).await?;
@@ -251,10 +251,27 @@ async fn run_session<S: Sink>(
                         return Err(e.into());
                     }
                 };
-                if let Some(hello) = hello {
-                    let committed = sink.committed(edge, &hello.epoch).await?;
-                    tracing::info!(edge, epoch = hello.epoch, version = hello.version, ?committed, "edge hello");
-                    session.welcome(committed, Vec::new());
+                match request {
+                    Some(Request::Hello(hello)) => {
+                        let committed = sink.committed(edge, &hello.epoch).await?;
+                        let mut known = Vec::new();
+                        for (id, bytes) in sink.load_dicts(&hello.dicts).await? {
+                            // Shared storage is trusted no more than the edge: the id is the hash.
+                            if compress::dict_id(&bytes) == id {
+                                session.add_dict(id.clone(), bytes);
+                                known.push(id);
+                            }
+                        }
+                        tracing::info!(edge, epoch = hello.epoch, version = hello.version, ?committed, dicts = known.len(), "edge hello");
+                        session.welcome(committed, known);
+                    }
+                    Some(Request::StoreDict(dict)) => {
+                        sink.store_dict(&dict).await?;
+                        tracing::info!(edge, id = dict.id, class = dict.class, bytes = dict.bytes.len(), "dictionary stored");
+                        metrics.dicts_stored.inc();
+                        session.dict_stored(dict.id);
+                    }
+                    None => {}
                 }
             }
             Some(batch) = batch_rx.recv(), if writes.len() < PIPELINE => {

@@ -20,12 +20,39 @@ use std::time::Duration;
 use async_nats::HeaderMap;
 use async_nats::jetstream::{self, kv, stream};
 use bytes::Bytes;
-use shared::proto::{LaneSeq, WireRecord};
+use shared::proto::{DictAnnounce, LaneSeq, WireRecord};
 
 use super::{Sink, SinkError};
 
 fn failed(what: &'static str, e: impl std::fmt::Display) -> SinkError {
     SinkError::Failed { what, reason: e.to_string() }
+}
+
+/// Dictionaries not stored again for this long expire. An edge names the ones it uses in every
+/// hello and announces again any the bridge no longer has, so expiry only bounds the bucket.
+const DICT_MAX_AGE: Duration = Duration::from_secs(30 * 24 * 3600);
+
+/// The KV bucket `name`, created if missing (`max_age` zero: entries never expire).
+async fn bucket(
+    js: &jetstream::Context,
+    what: &'static str,
+    name: &str,
+    replicas: usize,
+    max_age: Duration,
+) -> Result<kv::Store, SinkError> {
+    match js.get_key_value(name).await {
+        Ok(kv) => Ok(kv),
+        Err(_) => js
+            .create_key_value(kv::Config {
+                bucket: name.to_owned(),
+                history: 1,
+                num_replicas: replicas,
+                max_age,
+                ..Default::default()
+            })
+            .await
+            .map_err(|e| failed(what, format!("{name}: {e}"))),
+    }
 }
 
 #[derive(Debug, Clone)]
@@ -34,6 +61,7 @@ pub struct JetStreamSettings {
     pub stream: String,
     pub subject_prefix: String,
     pub marks_bucket: String,
+    pub dicts_bucket: String,
     pub duplicate_window: Duration,
     pub replicas: usize,
 }
@@ -42,6 +70,7 @@ pub struct JetStreamSettings {
 pub struct JetStreamSink {
     js: jetstream::Context,
     marks: kv::Store,
+    dicts: kv::Store,
     prefix: String,
 }
 
@@ -67,19 +96,9 @@ impl JetStreamSink {
                 format!("{} exists with subjects {:?}, not {subjects:?}", s.stream, info.config.subjects),
             ));
         }
-        let marks = match js.get_key_value(&s.marks_bucket).await {
-            Ok(kv) => kv,
-            Err(_) => js
-                .create_key_value(kv::Config {
-                    bucket: s.marks_bucket.clone(),
-                    history: 1,
-                    num_replicas: s.replicas,
-                    ..Default::default()
-                })
-                .await
-                .map_err(|e| failed("marks bucket", format!("{}: {e}", s.marks_bucket)))?,
-        };
-        Ok(Self { js, marks, prefix: s.subject_prefix.clone() })
+        let marks = bucket(&js, "marks bucket", &s.marks_bucket, s.replicas, Duration::ZERO).await?;
+        let dicts = bucket(&js, "dictionary bucket", &s.dicts_bucket, s.replicas, DICT_MAX_AGE).await?;
+        Ok(Self { js, marks, dicts, prefix: s.subject_prefix.clone() })
     }
 
     async fn read_marks(&self, key: &str) -> Result<(BTreeMap<u8, u64>, Option<u64>), SinkError> {
@@ -93,6 +112,12 @@ impl JetStreamSink {
             None => Ok((BTreeMap::new(), None)),
         }
     }
+}
+
+/// Dictionary ids are hex digests, which are valid KV keys; anything else an edge names is not
+/// looked up.
+fn is_dict_key(id: &str) -> bool {
+    !id.is_empty() && id.len() <= 64 && id.bytes().all(|b| b.is_ascii_hexdigit())
 }
 
 /// A KV key for (edge, epoch): KV keys allow `[-/_=.a-zA-Z0-9]`, so other edge ids go as hex.
@@ -166,6 +191,28 @@ impl Sink for JetStreamSink {
             }
             Ok(())
         }
+    }
+
+    async fn load_dicts(&self, ids: &[String]) -> Result<Vec<(String, Vec<u8>)>, SinkError> {
+        let mut found = Vec::new();
+        for id in ids.iter().filter(|id| is_dict_key(id)) {
+            if let Some(bytes) = self.dicts.get(id).await.map_err(|e| failed("read dict", format!("{id}: {e}")))? {
+                found.push((id.clone(), bytes.to_vec()));
+            }
+        }
+        Ok(found)
+    }
+
+    async fn store_dict(&self, dict: &DictAnnounce) -> Result<(), SinkError> {
+        if !is_dict_key(&dict.id) {
+            return Err(failed("store dict", format!("{:?} is not a dictionary id", dict.id)));
+        }
+        // A put refreshes the entry's age, so a dictionary in use does not expire.
+        self.dicts
+            .put(&dict.id, Bytes::from(dict.bytes.clone()))
+            .await
+            .map(|_| ())
+            .map_err(|e| failed("store dict", format!("{}: {e}", dict.id)))
     }
 
     async fn mark(&self, edge: &str, epoch: &str, lane: u8, up_to: u64) -> Result<(), SinkError> {

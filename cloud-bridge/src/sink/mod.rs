@@ -8,7 +8,7 @@ pub mod sqlite;
 
 use std::future::Future;
 
-use shared::proto::{LaneSeq, WireRecord};
+use shared::proto::{DictAnnounce, LaneSeq, WireRecord};
 
 #[derive(Debug, thiserror::Error)]
 pub enum SinkError {
@@ -34,6 +34,13 @@ pub trait Sink: Send + Sync + 'static {
     /// once every record up to `up_to` was published.
     fn mark(&self, edge: &str, epoch: &str, lane: u8, up_to: u64)
     -> impl Future<Output = Result<(), SinkError>> + Send;
+
+    /// Of the dictionaries `ids`, those stored, with their bytes.
+    fn load_dicts(&self, ids: &[String]) -> impl Future<Output = Result<Vec<(String, Vec<u8>)>, SinkError>> + Send;
+
+    /// Stores a dictionary (content-addressed: storing one twice changes nothing) where every
+    /// bridge on this sink finds it.
+    fn store_dict(&self, dict: &DictAnnounce) -> impl Future<Output = Result<(), SinkError>> + Send;
 
     /// [`Sink::publish`], then [`Sink::mark`].
     fn write(

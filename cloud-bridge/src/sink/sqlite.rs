@@ -4,8 +4,8 @@
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
-use rusqlite::{Connection, params};
-use shared::proto::{LaneSeq, WireRecord};
+use rusqlite::{Connection, OptionalExtension, params};
+use shared::proto::{DictAnnounce, LaneSeq, WireRecord};
 
 use super::{Sink, SinkError};
 
@@ -31,6 +31,12 @@ CREATE TABLE IF NOT EXISTS marks (
     lane INTEGER NOT NULL,
     committed INTEGER NOT NULL,
     PRIMARY KEY (edge_id, epoch, lane)
+);
+CREATE TABLE IF NOT EXISTS dicts (
+    id TEXT PRIMARY KEY,
+    class TEXT NOT NULL,
+    bytes BLOB NOT NULL,
+    stored_ms INTEGER NOT NULL
 );
 ";
 
@@ -154,6 +160,37 @@ impl Sink for SqliteSink {
             })
             .await
         }
+    }
+
+    async fn load_dicts(&self, ids: &[String]) -> Result<Vec<(String, Vec<u8>)>, SinkError> {
+        let ids = ids.to_vec();
+        self.blocking(move |conn| {
+            let mut stmt =
+                conn.prepare_cached("SELECT bytes FROM dicts WHERE id = ?1").map_err(|e| failed("read dict", e))?;
+            let mut found = Vec::new();
+            for id in ids {
+                let bytes: Option<Vec<u8>> =
+                    stmt.query_row([&id], |r| r.get(0)).optional().map_err(|e| failed("read dict", e))?;
+                if let Some(bytes) = bytes {
+                    found.push((id, bytes));
+                }
+            }
+            Ok(found)
+        })
+        .await
+    }
+
+    async fn store_dict(&self, dict: &DictAnnounce) -> Result<(), SinkError> {
+        let dict = dict.clone();
+        self.blocking(move |conn| {
+            conn.execute(
+                "INSERT OR IGNORE INTO dicts (id, class, bytes, stored_ms) VALUES (?1, ?2, ?3, ?4)",
+                params![dict.id, dict.class, dict.bytes, now_ms()],
+            )
+            .map(|_| ())
+            .map_err(|e| failed("store dict", e))
+        })
+        .await
     }
 
     async fn mark(&self, edge: &str, epoch: &str, lane: u8, up_to: u64) -> Result<(), SinkError> {

@@ -225,6 +225,23 @@ impl EdgeConfig {
             if !(1..=19).contains(&u.zstd_level) {
                 bad("uplink.zstd_level".into(), format!("{} is outside 1 ..= 19", u.zstd_level));
             }
+            let dict = u.dict_size.bytes();
+            if dict != 0 && !(1024..=shared::proto::MAX_DICT_BYTES as u64).contains(&dict) {
+                bad(
+                    "uplink.dict_size".into(),
+                    format!(
+                        "{} is outside 1KiB ..= {}KiB (or 0 for none)",
+                        u.dict_size,
+                        shared::proto::MAX_DICT_BYTES >> 10
+                    ),
+                );
+            }
+            if dict != 0 && u.dict_samples.bytes() < 4 * dict {
+                bad("uplink.dict_samples".into(), format!("{} is below 4 times dict_size", u.dict_samples));
+            }
+            if u.dict_retrain.0.is_zero() {
+                bad("uplink.dict_retrain".into(), "must be more than 0s".into());
+            }
             if !(u.lower_lane_share > 0.0 && u.lower_lane_share <= 0.5) {
                 bad("uplink.lower_lane_share".into(), format!("{} is outside (0, 0.5]", u.lower_lane_share));
             }
@@ -333,7 +350,8 @@ mod tests {
     #[test]
     fn uplink_settings_are_checked_by_key() {
         let text = "[uplink]\nserver = \"cloud\"\nca = \"ca.pem\"\ncert = \"c.pem\"\nkey = \"k.pem\"\nwindow = 0\n\
-                    batch_records = 0\nzstd_level = 30\nlower_lane_share = 0.9\nbackoff_min = \"1m\"\nbackoff_max = \"1s\"\n";
+                    batch_records = 0\nzstd_level = 30\nlower_lane_share = 0.9\nbackoff_min = \"1m\"\nbackoff_max = \"1s\"\n\
+                    dict_size = 100\ndict_samples = 1\ndict_retrain = \"0s\"\n";
         let err = parse(text).unwrap_err().to_string();
         for key in [
             "uplink.server",
@@ -342,6 +360,9 @@ mod tests {
             "uplink.zstd_level",
             "uplink.lower_lane_share",
             "uplink.backoff_min",
+            "uplink.dict_size",
+            "uplink.dict_samples",
+            "uplink.dict_retrain",
         ] {
             assert!(err.contains(key), "{key} missing from: {err}");
         }

@@ -79,6 +79,16 @@ pub struct UplinkConfig {
     /// zstd level for batches (1 fast .. 19 small). Default: 3.
     #[serde(default = "default_zstd_level")]
     pub zstd_level: i32,
+    /// zstd dictionary per class, trained on the edge's own traffic; 0 turns dictionaries off.
+    /// Default: 16KiB.
+    #[serde(default = "default_dict_size")]
+    pub dict_size: ByteSize,
+    /// Sample bytes per class a dictionary is trained on. Default: 512KiB.
+    #[serde(default = "default_dict_samples")]
+    pub dict_samples: ByteSize,
+    /// Age after which a class's dictionary is trained again on fresh traffic. Default: 1h.
+    #[serde(default = "default_dict_retrain")]
+    pub dict_retrain: HumanDuration,
     /// Share of batches reserved for lower-priority lanes while they have records. Default: 0.1.
     #[serde(default = "default_lower_share")]
     pub lower_lane_share: f64,
@@ -106,6 +116,15 @@ fn default_linger() -> HumanDuration {
 }
 fn default_zstd_level() -> i32 {
     3
+}
+fn default_dict_size() -> ByteSize {
+    ByteSize::kib(16)
+}
+fn default_dict_samples() -> ByteSize {
+    ByteSize::kib(512)
+}
+fn default_dict_retrain() -> HumanDuration {
+    HumanDuration(Duration::from_secs(3600))
 }
 fn default_lower_share() -> f64 {
     0.1

@@ -4,6 +4,7 @@
 //! the spool lane by lane ([`DrainOrder`]), sending each batch on its own unidirectional stream,
 //! and applying acks to the spool.
 
+pub mod dict;
 pub mod quic;
 
 use std::collections::BTreeMap;
@@ -21,6 +22,7 @@ use shared::proto::{Control, MAX_CONTROL_FRAME, ProtoError, WireGap, WireMessage
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::AbortOnDropHandle;
 
+use self::dict::{DictBook, DictSettings};
 use crate::config::UplinkConfig;
 use crate::spool::drain::DrainOrder;
 use crate::spool::{Body, Lane, ReadError, Record, Seq, SpoolWriter};
@@ -44,6 +46,9 @@ pub struct UplinkMetrics {
     pub bytes_sent: Counter,
     pub acked: Family<LaneLabel, Gauge>,
     pub reconnects: Counter,
+    pub dicts_trained: Counter,
+    pub dicts_announced: Counter,
+    pub dict_batches: Counter,
     /// From sending a batch to its ack: how long until the central cluster has it.
     pub commit_latency: prometheus_client::metrics::histogram::Histogram,
 }
@@ -61,6 +66,9 @@ impl Default for UplinkMetrics {
             bytes_sent: Counter::default(),
             acked: Family::default(),
             reconnects: Counter::default(),
+            dicts_trained: Counter::default(),
+            dicts_announced: Counter::default(),
+            dict_batches: Counter::default(),
             // 1 ms .. ~33 s
             commit_latency: prometheus_client::metrics::histogram::Histogram::new(
                 prometheus_client::metrics::histogram::exponential_buckets(0.001, 2.0, 16),
@@ -85,6 +93,17 @@ impl UplinkMetrics {
         r.register("uplink_sent_bytes", "Batch bytes sent, after compression", self.bytes_sent.clone());
         r.register("uplink_acked_seq", "Highest seq the cloud acked, by lane", self.acked.clone());
         r.register("uplink_reconnects", "Connection attempts after the first, failed or lost", self.reconnects.clone());
+        r.register(
+            "uplink_dicts_trained",
+            "zstd dictionaries trained from this edge's traffic",
+            self.dicts_trained.clone(),
+        );
+        r.register(
+            "uplink_dicts_announced",
+            "Dictionaries sent to a bridge that did not hold them yet",
+            self.dicts_announced.clone(),
+        );
+        r.register("uplink_dict_batches", "Batches compressed with a dictionary", self.dict_batches.clone());
         r.register_with_unit(
             "uplink_commit_latency",
             "From sending a batch to the bridge's ack, which follows the sink's commit: edge-to-central commit latency",
@@ -154,6 +173,11 @@ impl Uplink {
         };
         endpoint.set_default_client_config(self.client.clone());
         let server_name = quic::server_name(&self.config);
+        let mut dicts = DictBook::new(DictSettings {
+            size: self.config.dict_size.as_usize(),
+            samples: self.config.dict_samples.as_usize(),
+            retrain: self.config.dict_retrain.0,
+        });
         let mut backoff = self.config.backoff_min.0;
         let mut first = true;
         loop {
@@ -161,12 +185,13 @@ impl Uplink {
                 self.metrics.reconnects.inc();
             }
             first = false;
+            session.set_dicts(dicts.ids());
             let end = match self.connect(&endpoint, &server_name).await {
                 Ok(conn) => {
                     backoff = self.config.backoff_min.0;
                     self.metrics.connected.set(1);
                     tracing::info!(server = %self.config.server, "uplink connected");
-                    let end = self.connection(&conn, &mut session, &heads.epoch, &shutdown).await;
+                    let end = self.connection(&conn, &mut session, &mut dicts, &heads.epoch, &shutdown).await;
                     session.disconnected();
                     self.metrics.connected.set(0);
                     self.metrics.in_flight.set(0);
@@ -213,10 +238,11 @@ impl Uplink {
         &self,
         conn: &quinn::Connection,
         session: &mut EdgeSession,
+        dicts: &mut DictBook,
         epoch: &str,
         shutdown: &CancellationToken,
     ) -> ConnEnd {
-        match self.drive(conn, session, epoch, shutdown).await {
+        match self.drive(conn, session, dicts, epoch, shutdown).await {
             Ok(()) => ConnEnd::Shutdown,
             Err(e) => e,
         }
@@ -226,6 +252,7 @@ impl Uplink {
         &self,
         conn: &quinn::Connection,
         session: &mut EdgeSession,
+        dicts: &mut DictBook,
         epoch: &str,
         shutdown: &CancellationToken,
     ) -> Result<(), ConnEnd> {
@@ -273,7 +300,20 @@ impl Uplink {
                     continue;
                 }
                 let wire: Vec<WireRecord> = records.iter().map(to_wire).collect();
-                let batch = compress::pack(epoch, lane.0, after + 1, &wire, None, self.config.zstd_level)?;
+                dicts.observe(&wire, now);
+                if let Some(d) = dicts.poll_training(now).await {
+                    tracing::info!(class = d.class, id = d.id, bytes = d.bytes.len(), "uplink dictionary trained");
+                    self.metrics.dicts_trained.inc();
+                }
+                let choice = dicts.choose(&wire);
+                if let Some(announce) = choice.announce {
+                    session.announce_dict(announce);
+                    self.metrics.dicts_announced.inc();
+                }
+                let batch = compress::pack(epoch, lane.0, after + 1, &wire, choice.dict, self.config.zstd_level)?;
+                if batch.dict.is_some() {
+                    self.metrics.dict_batches.inc();
+                }
                 let mut stream = conn.open_uni().await?;
                 write_frame(&mut stream, &batch).await?;
                 stream.finish()?;
@@ -308,10 +348,12 @@ impl Uplink {
                         self.spool.ack(Lane(lane), Seq(up_to)).await?;
                         self.metrics.acked.get_or_create(&LaneLabel { lane }).set(up_to as i64);
                     }
-                    EdgeEvent::Ready { version } => {
-                        tracing::info!(version, "uplink session ready");
+                    EdgeEvent::Ready { version, dicts: known } => {
+                        tracing::info!(version, dicts = known.len(), "uplink session ready");
+                        dicts.connected(&known);
                         self.refresh(session, &mut heads).await?;
                     }
+                    EdgeEvent::DictStored(id) => dicts.stored(id),
                     EdgeEvent::Committed { latency, .. } => self.metrics.commit_latency.observe(latency.as_secs_f64()),
                     EdgeEvent::Rtt(rtt) => {
                         self.metrics.rtt_micros.set(rtt.as_micros() as i64);

@@ -10,11 +10,13 @@
 //!   Records at or below what was already released are skipped, so a resend after a reconnect
 //!   never reaches the sink twice.
 //! - An ack goes out only for what the driver reports committed, and acks are cumulative.
+//! - A dictionary is checked against its id (a hash of its bytes) and size, and confirmed to
+//!   the edge only after the driver stored it where every bridge finds it.
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
 
 use super::edge::{SessionError, name};
-use super::{Ack, Batch, Control, LaneSeq, VERSIONS, Welcome, negotiate};
+use super::{Ack, Batch, Control, DictAnnounce, LaneSeq, MAX_DICT_BYTES, MAX_DICTS, VERSIONS, Welcome, negotiate};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum CloudPhase {
@@ -33,6 +35,17 @@ pub struct HelloReceived {
     pub version: u16,
     pub lanes: Vec<LaneSeq>,
     pub models: Vec<String>,
+    /// Dictionaries the edge may use: load those the cloud holds before the welcome.
+    pub dicts: Vec<String>,
+}
+
+/// What the driver must do for a control frame.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Request {
+    Hello(HelloReceived),
+    /// Store this dictionary where every bridge finds it, then call
+    /// [`CloudSession::dict_stored`].
+    StoreDict(DictAnnounce),
 }
 
 /// A batch the sink may take now: write its records with seq above `skip_through`, in order,
@@ -111,8 +124,8 @@ impl CloudSession {
         self.dicts.insert(id, bytes);
     }
 
-    /// Handles a control frame. Returns the hello when the driver must look up committed seqs.
-    pub fn handle(&mut self, frame: Control) -> Result<Option<HelloReceived>, SessionError> {
+    /// Handles a control frame. Returns what the driver must look up or store, if anything.
+    pub fn handle(&mut self, frame: Control) -> Result<Option<Request>, SessionError> {
         match frame {
             Control::Hello(h) if self.phase == CloudPhase::AwaitHello => {
                 let Some(version) = negotiate(&self.versions, &h.versions) else {
@@ -127,7 +140,19 @@ impl CloudSession {
                 self.version = version;
                 self.epoch = Some(h.epoch.clone());
                 self.phase = CloudPhase::LookingUp;
-                Ok(Some(HelloReceived { epoch: h.epoch, version, lanes: h.lanes, models: h.models }))
+                if h.dicts.len() > MAX_DICTS {
+                    return Err(SessionError::Protocol(format!(
+                        "hello names {} dictionaries, more than {MAX_DICTS}",
+                        h.dicts.len()
+                    )));
+                }
+                Ok(Some(Request::Hello(HelloReceived {
+                    epoch: h.epoch,
+                    version,
+                    lanes: h.lanes,
+                    models: h.models,
+                    dicts: h.dicts,
+                })))
             }
             Control::Ping { nonce } => {
                 self.out.push_back(Control::Pong { nonce });
@@ -144,8 +169,20 @@ impl CloudSession {
                 if super::compress::dict_id(&d.bytes) != d.id {
                     return Err(SessionError::Protocol(format!("dictionary {} does not hash to its id", d.id)));
                 }
-                self.dicts.insert(d.id, d.bytes);
-                Ok(None)
+                if d.bytes.len() > MAX_DICT_BYTES {
+                    return Err(SessionError::Protocol(format!(
+                        "dictionary {} of {} bytes, more than {MAX_DICT_BYTES}",
+                        d.id,
+                        d.bytes.len()
+                    )));
+                }
+                if !self.dicts.contains_key(&d.id) && self.dicts.len() >= MAX_DICTS {
+                    return Err(SessionError::Protocol(format!(
+                        "more than {MAX_DICTS} dictionaries on one connection"
+                    )));
+                }
+                self.dicts.insert(d.id.clone(), d.bytes.clone());
+                Ok(Some(Request::StoreDict(d)))
             }
             other => Err(SessionError::Protocol(format!(
                 "unexpected {} from the edge in phase {:?}",
@@ -153,6 +190,11 @@ impl CloudSession {
                 self.phase
             ))),
         }
+    }
+
+    /// The dictionary `id` is stored: the edge may use it.
+    pub fn dict_stored(&mut self, id: String) {
+        self.out.push_back(Control::DictStored { id });
     }
 
     /// Answers the hello: `committed` holds, per lane, the highest seq of this edge and epoch

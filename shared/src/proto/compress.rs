@@ -32,6 +32,14 @@ pub fn dict_id(bytes: &[u8]) -> String {
     digest.as_ref()[..8].iter().map(|b| format!("{b:02x}")).collect()
 }
 
+/// A training sample: one record as it appears inside a batch body (a CBOR array of records).
+pub fn sample(record: &WireRecord) -> Vec<u8> {
+    let mut cbor = Vec::new();
+    // Writing into a Vec fails only for types serde cannot express; a record is not one.
+    let _ = ciborium::into_writer(record, &mut cbor);
+    cbor
+}
+
 /// Trains a dictionary of at most `max_size` bytes on sample payloads of one class.
 pub fn train(class: &str, samples: &[Vec<u8>], max_size: usize) -> Result<Dict, ProtoError> {
     let bytes = zstd::dict::from_samples(samples, max_size).map_err(|e| ProtoError::Encode(e.to_string()))?;

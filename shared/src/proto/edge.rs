@@ -46,8 +46,11 @@ pub enum Phase {
 pub enum EdgeEvent {
     /// The cloud committed `lane` through `up_to`: delete those records from the spool.
     Acked { lane: u8, up_to: u64 },
-    /// The session is ready to send batches, in this protocol version.
-    Ready { version: u16 },
+    /// The session is ready to send batches, in this protocol version; the cloud holds the
+    /// dictionaries `dicts`.
+    Ready { version: u16, dicts: Vec<String> },
+    /// The cloud stored a dictionary this edge announced.
+    DictStored(String),
     /// A ping's round trip.
     Rtt(Duration),
     /// A batch was acked this long after it was sent: edge-to-central commit latency.
@@ -85,6 +88,7 @@ pub struct EdgeSession {
     versions: Vec<u16>,
     epoch: String,
     models: Vec<String>,
+    dicts: Vec<String>,
     phase: Phase,
     lanes: BTreeMap<u8, LaneProgress>,
     inflight: VecDeque<InFlight>,
@@ -110,6 +114,7 @@ impl EdgeSession {
             versions: VERSIONS.to_vec(),
             epoch: epoch.into(),
             models: Vec::new(),
+            dicts: Vec::new(),
             phase: Phase::Disconnected,
             lanes: acked.into_iter().map(|(l, a)| (l, LaneProgress { acked: a, sent: a })).collect(),
             inflight: VecDeque::new(),
@@ -135,6 +140,11 @@ impl EdgeSession {
         self
     }
 
+    /// Dictionary ids to offer in the next hello.
+    pub fn set_dicts(&mut self, ids: Vec<String>) {
+        self.dicts = ids;
+    }
+
     /// A connection is up: the hello goes first.
     pub fn connected(&mut self, now: Instant) {
         self.reset();
@@ -144,7 +154,7 @@ impl EdgeSession {
             epoch: self.epoch.clone(),
             lanes: self.lanes.iter().map(|(l, p)| LaneSeq { lane: *l, seq: p.acked + 1 }).collect(),
             models: self.models.clone(),
-            dicts: Vec::new(),
+            dicts: self.dicts.clone(),
             caps: vec!["zstd".into(), "zstd-dict".into()],
         }));
         self.next_ping = Some(now + self.config.keepalive);
@@ -192,7 +202,7 @@ impl EdgeSession {
                     }
                 }
                 self.phase = Phase::Ready;
-                events.push(EdgeEvent::Ready { version: w.version });
+                events.push(EdgeEvent::Ready { version: w.version, dicts: w.dicts });
             }
             Control::Refused { reason } => {
                 self.phase = Phase::Refused;
@@ -222,6 +232,7 @@ impl EdgeSession {
                 });
                 self.update_degraded(now, &mut events);
             }
+            Control::DictStored { id } if self.phase == Phase::Ready => events.push(EdgeEvent::DictStored(id)),
             Control::Ping { nonce } => self.out.push_back(Control::Pong { nonce }),
             Control::Pong { nonce } => {
                 if let Some((sent_nonce, sent)) = self.ping
@@ -350,6 +361,7 @@ pub(crate) fn name(frame: &Control) -> &'static str {
         Control::Ping { .. } => "ping",
         Control::Pong { .. } => "pong",
         Control::Dict(_) => "dict",
+        Control::DictStored { .. } => "dict stored",
         Control::Heads { .. } => "heads",
         Control::Unknown => "unknown frame",
     }

@@ -40,6 +40,11 @@ pub const MAX_CONTROL_FRAME: usize = 1 << 20;
 pub const MAX_BATCH_FRAME: usize = 16 << 20;
 /// Largest decompressed batch accepted: the output cap against decompression bombs.
 pub const MAX_BATCH_RAW: usize = 64 << 20;
+/// Largest dictionary a bridge accepts.
+pub const MAX_DICT_BYTES: usize = 256 << 10;
+/// Most dictionaries one edge may name in a hello or announce on one connection: each costs
+/// the bridge memory and shared storage.
+pub const MAX_DICTS: usize = 64;
 
 /// The highest version both sides speak.
 pub fn negotiate(ours: &[u16], theirs: &[u16]) -> Option<u16> {
@@ -66,6 +71,10 @@ pub enum Control {
     },
     /// A zstd dictionary, sent once before the first batch that uses it.
     Dict(DictAnnounce),
+    /// The cloud holds dictionary `id` where any bridge finds it: batches may use it now.
+    DictStored {
+        id: String,
+    },
     /// The edge's last committed seq per lane, sent with each ping, so the cloud can report
     /// how far behind each edge is. A bridge that does not know it ignores it.
     Heads {

@@ -7,7 +7,7 @@ use std::collections::HashMap;
 
 use proptest::prelude::*;
 
-use super::cloud::CloudSession;
+use super::cloud::{CloudSession, Request};
 use super::codec::{FrameBuffer, decode, encode};
 use super::*;
 
@@ -88,7 +88,7 @@ proptest! {
                     models: vec![],
                     dicts: vec![],
                     caps: vec![],
-                })).map(|h| if h.is_some() { session.welcome(vec![LaneSeq { lane, seq: b % 10 }], vec![]) }),
+                })).map(|h| if matches!(h, Some(Request::Hello(_))) { session.welcome(vec![LaneSeq { lane, seq: b % 10 }], vec![]) }),
                 1 => session.handle(Control::Ack(Ack { lane, up_to: a })).map(|_| ()),
                 2 => session.handle(Control::Ping { nonce: a }).map(|_| ()),
                 3 => session

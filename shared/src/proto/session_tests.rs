@@ -7,9 +7,9 @@ use std::time::{Duration, Instant};
 
 use proptest::prelude::*;
 
-use super::cloud::{CloudPhase, CloudSession};
+use super::cloud::{CloudPhase, CloudSession, Request};
 use super::edge::{EdgeEvent, EdgeSession, EdgeSessionConfig, Phase, SessionError};
-use super::{Batch, Codec, Control, LaneSeq};
+use super::{Batch, Codec, Control, DictAnnounce, LaneSeq};
 
 const EPOCH: &str = "0123456789abcdef";
 
@@ -26,26 +26,47 @@ fn batch(lane: u8, first: u64, last: u64) -> Batch {
     }
 }
 
-/// The cloud end with its sink: committed seqs per lane (the durable state a new bridge reads).
+/// The cloud end with its sink: committed seqs per lane and stored dictionaries (the durable
+/// state a new bridge reads).
 struct Cloud {
     session: CloudSession,
     sink: BTreeMap<u8, Vec<u64>>,
+    dicts: BTreeMap<String, Vec<u8>>,
 }
 
 impl Cloud {
     fn connect(sink: BTreeMap<u8, Vec<u64>>) -> Self {
-        Self { session: CloudSession::new(64), sink }
+        Self { session: CloudSession::new(64), sink, dicts: BTreeMap::new() }
+    }
+
+    /// A new bridge on the same shared state.
+    fn reconnect(self) -> Self {
+        Self { session: CloudSession::new(64), ..self }
     }
 
     fn control(&mut self, frame: Control) -> Result<(), SessionError> {
-        if let Some(hello) = self.session.handle(frame)? {
-            assert_eq!(hello.epoch, EPOCH);
-            let committed = self
-                .sink
-                .iter()
-                .map(|(lane, seqs)| LaneSeq { lane: *lane, seq: seqs.last().copied().unwrap_or(0) })
-                .collect();
-            self.session.welcome(committed, vec![]);
+        match self.session.handle(frame)? {
+            Some(Request::Hello(hello)) => {
+                assert_eq!(hello.epoch, EPOCH);
+                let committed = self
+                    .sink
+                    .iter()
+                    .map(|(lane, seqs)| LaneSeq { lane: *lane, seq: seqs.last().copied().unwrap_or(0) })
+                    .collect();
+                let mut known = Vec::new();
+                for id in hello.dicts {
+                    if let Some(bytes) = self.dicts.get(&id) {
+                        self.session.add_dict(id.clone(), bytes.clone());
+                        known.push(id);
+                    }
+                }
+                self.session.welcome(committed, known);
+            }
+            Some(Request::StoreDict(d)) => {
+                self.dicts.insert(d.id.clone(), d.bytes);
+                self.session.dict_stored(d.id);
+            }
+            None => {}
         }
         Ok(())
     }
@@ -91,7 +112,7 @@ fn handshake_batches_and_cumulative_acks() {
     edge.connected(t0);
     assert!(!edge.can_send(), "nothing before the welcome");
     let events = pump(&mut edge, &mut cloud, t0);
-    assert_eq!(events, [EdgeEvent::Ready { version: 1 }]);
+    assert_eq!(events, [EdgeEvent::Ready { version: 1, dicts: vec![] }]);
     assert_eq!(edge.next_seq(0), 1);
     edge.sent(0, 1, 10, t0).unwrap();
     edge.sent(0, 11, 20, t0).unwrap();
@@ -130,7 +151,7 @@ fn a_reconnect_resends_only_what_the_cloud_does_not_have() {
     let mut cloud = Cloud::connect(sink);
     edge.connected(t0);
     let events = pump(&mut edge, &mut cloud, t0);
-    assert_eq!(events, [EdgeEvent::Acked { lane: 2, up_to: 5 }, EdgeEvent::Ready { version: 1 }]);
+    assert_eq!(events, [EdgeEvent::Acked { lane: 2, up_to: 5 }, EdgeEvent::Ready { version: 1, dicts: vec![] }]);
     assert_eq!(edge.next_seq(2), 6, "resume after what the cloud committed");
     edge.sent(2, 6, 9, t0).unwrap();
     cloud.batch(batch(2, 6, 9));
@@ -169,7 +190,7 @@ fn versions_are_negotiated_and_a_mismatch_is_refused_clearly() {
     let mut edge = EdgeSession::new(EdgeSessionConfig::default(), EPOCH, []).with_versions(vec![1, 2]);
     let mut cloud = Cloud::connect(BTreeMap::new());
     edge.connected(t0);
-    assert_eq!(pump(&mut edge, &mut cloud, t0), [EdgeEvent::Ready { version: 1 }]);
+    assert_eq!(pump(&mut edge, &mut cloud, t0), [EdgeEvent::Ready { version: 1, dicts: vec![] }]);
 
     let mut edge = EdgeSession::new(EdgeSessionConfig::default(), EPOCH, []).with_versions(vec![3]);
     let mut cloud = Cloud::connect(BTreeMap::new());
@@ -340,4 +361,44 @@ proptest! {
             prop_assert_eq!(edge.acked(*lane), *n);
         }
     }
+}
+
+#[test]
+fn dictionaries_are_confirmed_once_stored_and_known_to_the_next_bridge() {
+    let t0 = Instant::now();
+    let mut edge = EdgeSession::new(EdgeSessionConfig::default(), EPOCH, [(0, 0)]);
+    let mut cloud = Cloud::connect(BTreeMap::new());
+    edge.connected(t0);
+    pump(&mut edge, &mut cloud, t0);
+    let bytes = b"a dictionary's bytes".to_vec();
+    let id = super::compress::dict_id(&bytes);
+    edge.announce_dict(DictAnnounce { id: id.clone(), class: "telemetry".into(), bytes: bytes.clone() });
+    assert_eq!(pump(&mut edge, &mut cloud, t0), [EdgeEvent::DictStored(id.clone())]);
+    assert_eq!(cloud.session.dicts().get(&id), Some(&bytes));
+
+    // Another bridge: the edge names the dictionary in its hello, the welcome says it is held,
+    // and the new session can decode with it without a second announcement.
+    edge.disconnected();
+    let mut cloud = cloud.reconnect();
+    edge.set_dicts(vec![id.clone(), "0000000000000000".into()]);
+    edge.connected(t0);
+    assert_eq!(pump(&mut edge, &mut cloud, t0), [EdgeEvent::Ready { version: 1, dicts: vec![id.clone()] }]);
+    assert_eq!(cloud.session.dicts().get(&id), Some(&bytes));
+}
+
+#[test]
+fn a_dictionary_that_does_not_hash_to_its_id_or_is_too_large_is_refused() {
+    let t0 = Instant::now();
+    let mut edge = EdgeSession::new(EdgeSessionConfig::default(), EPOCH, [(0, 0)]);
+    let mut cloud = Cloud::connect(BTreeMap::new());
+    edge.connected(t0);
+    pump(&mut edge, &mut cloud, t0);
+    let forged = DictAnnounce { id: "0123456789abcdef".into(), class: "c".into(), bytes: b"other".to_vec() };
+    let err = cloud.control(Control::Dict(forged)).unwrap_err();
+    assert!(err.to_string().contains("does not hash to its id"), "{err}");
+    let big = vec![7u8; super::MAX_DICT_BYTES + 1];
+    let huge = DictAnnounce { id: super::compress::dict_id(&big), class: "c".into(), bytes: big };
+    let err = cloud.control(Control::Dict(huge)).unwrap_err();
+    assert!(err.to_string().contains("more than"), "{err}");
+    assert!(cloud.dicts.is_empty(), "nothing refused was stored");
 }

@@ -154,3 +154,69 @@ async fn records_linger_to_fill_batches() {
     let batches = edge.metric("edge_uplink_batches_total");
     assert!((1.0..=3.0).contains(&batches), "{batches} batches for 30 records");
 }
+
+/// A telemetry message such as a camera's metrics: keys and units repeat, values vary.
+fn metrics_payload(i: u32) -> String {
+    format!(
+        r#"{{"camera":"cam-{}","temp_c":{}.{},"fps":{},"dropped_frames":{},"gpu_util":0.{},"status":"ok"}}"#,
+        i % 5,
+        40 + i % 13,
+        i % 10,
+        25 + i % 6,
+        i % 4,
+        i % 97
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dictionaries_are_trained_announced_once_and_found_by_the_next_bridge() {
+    let dir = tempfile::tempdir().unwrap();
+    let keys = pki(dir.path(), &[]);
+    let cloud = TestCloud::start(dir.path(), keys.clone(), "127.0.0.1:0".parse().unwrap(), "").await;
+    let addr: SocketAddr = cloud.bridge.quic_addr();
+    let extra = format!(
+        "{CLASSES}\n{}linger = \"20ms\"\ndict_size = \"2KiB\"\ndict_samples = \"16KiB\"\n",
+        cloud.uplink_section("edge-1")
+    );
+    let edge = TestNode::start(&extra).await;
+    let publisher = Client::anonymous(edge.local(), "pub").await;
+    let mut sent = 0u32;
+    // Enough traffic to train on, then until batches go out with the dictionary.
+    let deadline = tokio::time::Instant::now() + WAIT;
+    while edge.metric("edge_uplink_dict_batches_total") < 3.0 {
+        assert!(tokio::time::Instant::now() < deadline, "no batch used a dictionary: {}", edge.metrics());
+        for i in sent..sent + 50 {
+            publisher.publish(&format!("telemetry/cam-{}", i % 5), QoS::AtLeastOnce, false, metrics_payload(i)).await;
+        }
+        sent += 50;
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(edge.metric("edge_uplink_dicts_trained_total"), 1.0);
+    assert_eq!(edge.metric("edge_uplink_dicts_announced_total"), 1.0);
+    assert_eq!(cloud.metric("bridge_dicts_stored_total"), 1.0);
+    let n = sent as usize;
+    assert!(e2e_tests::eventually(WAIT, || sink_rows(&cloud.sink).len() == n).await);
+
+    // Another bridge on the same sink: it finds the dictionary there, so the edge neither
+    // announces it again nor stops using it.
+    cloud.bridge.stop().await;
+    drop(cloud);
+    let cloud = TestCloud::start(dir.path(), keys, addr, "").await;
+    let before = edge.metric("edge_uplink_dict_batches_total");
+    for i in sent..sent + 300 {
+        publisher.publish(&format!("telemetry/cam-{}", i % 5), QoS::AtLeastOnce, false, metrics_payload(i)).await;
+    }
+    sent += 300;
+    let n = sent as usize;
+    let ok = e2e_tests::eventually(WAIT, || sink_rows(&cloud.sink).len() == n).await;
+    let rows = sink_rows(&cloud.sink);
+    assert!(ok, "{} of {sent} records", rows.len());
+    let mut got = payloads(&rows);
+    got.sort();
+    got.dedup();
+    assert_eq!(got.len(), sent as usize, "each message exactly once, decoded");
+    assert!(got.iter().any(|p| p.contains(&metrics_payload(sent - 1))), "payloads intact");
+    assert!(edge.metric("edge_uplink_dict_batches_total") > before, "{}", edge.metrics());
+    assert_eq!(edge.metric("edge_uplink_dicts_announced_total"), 1.0, "found, not announced again");
+    assert_eq!(cloud.metric("bridge_dicts_stored_total"), 0.0);
+}

@@ -1,6 +1,7 @@
 //! The JetStream sink against a real nats-server: subjects and headers as the design names
 //! them, a `Nats-Msg-Id` per record, the committed marks in KV, and two bridge instances
-//! serving one edge one after the other with nothing lost or duplicated.
+//! serving one edge one after the other with nothing lost or duplicated, the second decoding
+//! with the zstd dictionary the first stored in KV.
 
 use std::collections::BTreeSet;
 use std::time::Duration;
@@ -53,48 +54,79 @@ async fn two_bridges_on_one_jetstream_serve_an_edge_exactly_once() {
     )
     .await;
     let addr = cloud.bridge.quic_addr();
-    let extra = format!("{CLASSES}\n{}", cloud.uplink_section("edge-1"));
+    let extra = format!(
+        "{CLASSES}\n{}linger = \"20ms\"\ndict_size = \"1KiB\"\ndict_samples = \"4KiB\"\n",
+        cloud.uplink_section("edge-1")
+    );
     let edge = TestNode::start(&extra).await;
     let publisher = Client::anonymous(edge.local(), "pub").await;
-    for i in 0..150 {
-        publisher
-            .publish(&format!("inference/yolo-edge/v3.2.1/cam-{i}"), QoS::AtLeastOnce, false, format!("a{i}"))
-            .await;
+    let payload =
+        |tag: &str, i: u32| format!(r#"{{"tag":"{tag}","i":{i},"boxes":[{{"label":"person","score":0.{}}}]}}"#, i % 97);
+    // Until batches go out compressed with a dictionary the bridge stored.
+    let mut sent = 0u32;
+    let deadline = tokio::time::Instant::now() + WAIT;
+    while edge.metric("edge_uplink_dict_batches_total") < 1.0 {
+        assert!(tokio::time::Instant::now() < deadline, "no dictionary used: {}", edge.metrics());
+        for i in sent..sent + 30 {
+            publisher
+                .publish(&format!("inference/yolo-edge/v3.2.1/cam-{i}"), QoS::AtLeastOnce, false, payload("a", i))
+                .await;
+        }
+        sent += 30;
+        tokio::time::sleep(Duration::from_millis(100)).await;
     }
     let committed = "bridge_committed_seq{edge=\"edge-1\",lane=\"1\"}";
     assert!(e2e_tests::eventually(WAIT, || cloud.metric(committed) >= 50.0).await);
     cloud.bridge.stop().await;
     drop(cloud);
+    // The dictionary is in KV, under the hash of its bytes.
+    let client = async_nats::connect(nats.url()).await.unwrap();
+    let dicts = async_nats::jetstream::new(client).get_key_value("edge-dicts").await.unwrap();
+    let mut keys_in_kv = Vec::new();
+    let mut listing = dicts.keys().await.unwrap();
+    while let Some(k) = futures_util::StreamExt::next(&mut listing).await {
+        keys_in_kv.push(k.unwrap());
+    }
+    assert_eq!(keys_in_kv.len(), 1, "{keys_in_kv:?}");
+    let bytes = dicts.get(&keys_in_kv[0]).await.unwrap().unwrap();
+    assert_eq!(shared::proto::compress::dict_id(&bytes), keys_in_kv[0]);
+
+    let first_round = sent;
     for i in 0..150 {
         publisher
-            .publish(&format!("inference/yolo-edge/v3.2.1/cam-{i}"), QoS::AtLeastOnce, false, format!("b{i}"))
+            .publish(&format!("inference/yolo-edge/v3.2.1/cam-{i}"), QoS::AtLeastOnce, false, payload("b", i))
             .await;
     }
+    sent += 150;
+    let dict_batches = edge.metric("edge_uplink_dict_batches_total");
     let cloud = TestCloud::start_with_sink(dir.path(), keys, addr, "", &section, none).await;
     assert!(
-        e2e_tests::eventually(WAIT, || cloud.metric(committed) == 300.0).await,
+        e2e_tests::eventually(WAIT, || cloud.metric(committed) == f64::from(sent)).await,
         "{}",
         cloud.bridge.metrics().encode()
     );
+    assert!(edge.metric("edge_uplink_dict_batches_total") > dict_batches, "the second bridge decodes with it");
+    assert_eq!(edge.metric("edge_uplink_dicts_announced_total"), 1.0, "found in KV, not announced again");
 
     let messages = stream_messages(&nats.url()).await;
-    assert_eq!(messages.len(), 300, "each record once in the stream");
+    assert_eq!(messages.len(), sent as usize, "each record once in the stream");
     let ids: BTreeSet<String> = messages
         .iter()
         .map(|m| m.headers.get("Nats-Msg-Id").map(|v| v.as_str().to_owned()).unwrap_or_default())
         .collect();
-    assert_eq!(ids.len(), 300);
+    assert_eq!(ids.len(), sent as usize);
     assert!(ids.iter().all(|id| id.starts_with("edge-1:") && id.ends_with(|c: char| c.is_ascii_digit())), "{ids:?}");
     let first = &messages[0];
     assert_eq!(first.subject.as_str(), "edge.edge-1.inference.yolo-edge.v3%2E2%2E1.cam-0");
     assert_eq!(first.headers.get("Mqtt-Topic").map(|v| v.as_str()), Some("inference/yolo-edge/v3.2.1/cam-0"));
-    assert_eq!(&first.payload[..], b"a0");
+    assert_eq!(&first.payload[..], payload("a", 0).as_bytes());
+    assert_eq!(&messages[first_round as usize].payload[..], payload("b", 0).as_bytes());
     // The marks bucket holds the committed seq for this edge and epoch.
     let client = async_nats::connect(nats.url()).await.unwrap();
     let kv = async_nats::jetstream::new(client).get_key_value("edge-marks").await.unwrap();
     let epoch = ids.iter().next().unwrap().split(':').nth(1).unwrap().to_owned();
     let mark = kv.get(format!("edge-1.{epoch}")).await.unwrap().unwrap();
-    assert_eq!(&mark[..], br#"{"1":300}"#);
+    assert_eq!(String::from_utf8_lossy(&mark), format!(r#"{{"1":{sent}}}"#));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
