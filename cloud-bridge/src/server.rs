@@ -215,14 +215,20 @@ async fn run_session<S: Sink>(
     let acceptor = tokio::spawn(async move {
         while let Ok(mut stream) = uni_conn.accept_uni().await {
             let tx = batch_tx.clone();
+            // A stream carries one batch, or several small ones that went out together.
             tokio::spawn(async move {
-                match read_frame::<_, Batch>(&mut stream, MAX_BATCH_FRAME).await {
-                    Ok(Some(b)) => {
-                        let _ = tx.send(Ok(b)).await;
-                    }
-                    Ok(None) => {}
-                    Err(e) => {
-                        let _ = tx.send(Err(e)).await;
+                loop {
+                    match read_frame::<_, Batch>(&mut stream, MAX_BATCH_FRAME).await {
+                        Ok(Some(b)) => {
+                            if tx.send(Ok(b)).await.is_err() {
+                                return;
+                            }
+                        }
+                        Ok(None) => return,
+                        Err(e) => {
+                            let _ = tx.send(Err(e)).await;
+                            return;
+                        }
                     }
                 }
             });

@@ -22,6 +22,10 @@ pub struct Impairment {
     /// Datagrams forwarded and dropped, for the test's own checks.
     pub forwarded: AtomicU64,
     pub dropped: AtomicU64,
+    /// UDP payload bytes forwarded from the edge to the bridge, and back.
+    pub bytes_up: AtomicU64,
+    pub bytes_down: AtomicU64,
+    pub datagrams_up: AtomicU64,
 }
 
 impl Impairment {
@@ -97,6 +101,11 @@ fn forward(imp: &Arc<Impairment>, datagram: Vec<u8>, socket: Arc<UdpSocket>, to:
         return;
     };
     imp.forwarded.fetch_add(1, Ordering::Relaxed);
+    if to.is_none() {
+        imp.datagrams_up.fetch_add(1, Ordering::Relaxed);
+    }
+    let bytes = if to.is_none() { &imp.bytes_up } else { &imp.bytes_down };
+    bytes.fetch_add(datagram.len() as u64, Ordering::Relaxed);
     let send = async move {
         let _ = match to {
             Some(to) => socket.send_to(&datagram, to).await,

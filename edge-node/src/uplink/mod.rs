@@ -18,7 +18,7 @@ use prometheus_client::metrics::gauge::Gauge;
 use rand::Rng;
 use shared::proto::edge::{EdgeEvent, EdgeSession, EdgeSessionConfig, SessionError};
 use shared::proto::io::{FrameIoError, spawn_reader, write_frame};
-use shared::proto::{Control, MAX_CONTROL_FRAME, ProtoError, WireGap, WireMessage, WireRecord, compress};
+use shared::proto::{Control, MAX_CONTROL_FRAME, ProtoError, WireGap, WireMessage, WireRecord, codec, compress};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::AbortOnDropHandle;
 
@@ -191,7 +191,7 @@ impl Uplink {
                     backoff = self.config.backoff_min.0;
                     self.metrics.connected.set(1);
                     tracing::info!(server = %self.config.server, "uplink connected");
-                    let end = self.connection(&conn, &mut session, &mut dicts, &heads.epoch, &shutdown).await;
+                    let end = self.connection(&conn, &mut session, &mut dicts, &shutdown).await;
                     session.disconnected();
                     self.metrics.connected.set(0);
                     self.metrics.in_flight.set(0);
@@ -239,10 +239,9 @@ impl Uplink {
         conn: &quinn::Connection,
         session: &mut EdgeSession,
         dicts: &mut DictBook,
-        epoch: &str,
         shutdown: &CancellationToken,
     ) -> ConnEnd {
-        match self.drive(conn, session, dicts, epoch, shutdown).await {
+        match self.drive(conn, session, dicts, shutdown).await {
             Ok(()) => ConnEnd::Shutdown,
             Err(e) => e,
         }
@@ -253,7 +252,6 @@ impl Uplink {
         conn: &quinn::Connection,
         session: &mut EdgeSession,
         dicts: &mut DictBook,
-        epoch: &str,
         shutdown: &CancellationToken,
     ) -> Result<(), ConnEnd> {
         let (mut send, recv) = conn.open_bi().await?;
@@ -271,6 +269,14 @@ impl Uplink {
                 write_frame(&mut send, &frame).await?;
             }
             let mut linger_until: Option<Instant> = None;
+            // Once one lane's linger is over, every lane with records goes with it: batches
+            // written together share UDP datagrams and acks, which at low rates cost more than
+            // the records themselves.
+            let mut flushing = false;
+            // Partial batches of this pass, written together on one stream: one STREAM frame
+            // and one datagram instead of one per lane. Full batches keep a stream each, so a
+            // lost packet holds up only its own batch when the link is busy.
+            let mut small: Vec<u8> = Vec::new();
             while session.can_send() {
                 // A lane is due when a full batch is waiting or its first waiting record has
                 // lingered long enough: fuller batches compress better and cost fewer streams.
@@ -278,6 +284,7 @@ impl Uplink {
                 let linger = self.config.linger.0;
                 let mut due = Vec::new();
                 linger_until = None;
+                let mut waiting = Vec::new();
                 for (lane, last) in &heads {
                     let next = session.next_seq(*lane);
                     if *last < next {
@@ -285,10 +292,14 @@ impl Uplink {
                         continue;
                     }
                     let since = *waiting_since.entry(*lane).or_insert(now);
-                    if *last - next + 1 >= self.config.batch_records as u64 || now >= since + linger {
-                        due.push(Lane(*lane));
+                    flushing |= now >= since + linger;
+                    waiting.push((Lane(*lane), *last - next + 1 >= self.config.batch_records as u64, since + linger));
+                }
+                for (lane, full, until) in waiting {
+                    if full || flushing {
+                        due.push(lane);
                     } else {
-                        linger_until = Some(linger_until.map_or(since + linger, |t: Instant| t.min(since + linger)));
+                        linger_until = Some(linger_until.map_or(until, |t: Instant| t.min(until)));
                     }
                 }
                 let Some(lane) = order.next(&due) else { break };
@@ -310,19 +321,29 @@ impl Uplink {
                     session.announce_dict(announce);
                     self.metrics.dicts_announced.inc();
                 }
-                let batch = compress::pack(epoch, lane.0, after + 1, &wire, choice.dict, self.config.zstd_level)?;
+                // The bridge knows the epoch from the hello; an empty one on the wire means that.
+                let batch = compress::pack("", lane.0, after + 1, &wire, choice.dict, self.config.zstd_level)?;
                 if batch.dict.is_some() {
                     self.metrics.dict_batches.inc();
                 }
-                let mut stream = conn.open_uni().await?;
-                write_frame(&mut stream, &batch).await?;
-                stream.finish()?;
+                if wire.len() >= self.config.batch_records {
+                    let mut stream = conn.open_uni().await?;
+                    write_frame(&mut stream, &batch).await?;
+                    stream.finish()?;
+                } else {
+                    small.extend(codec::encode(&batch)?);
+                }
                 session.sent(lane.0, batch.first_seq, batch.last_seq, Instant::now())?;
                 self.metrics.batches.inc();
                 self.metrics.records.inc_by(wire.len() as u64);
                 self.metrics.bytes_raw.inc_by(batch.raw_len);
                 self.metrics.bytes_sent.inc_by(batch.body.len() as u64);
                 self.metrics.in_flight.set(session.in_flight() as i64);
+            }
+            if !small.is_empty() {
+                let mut stream = conn.open_uni().await?;
+                stream.write_all(&small).await?;
+                stream.finish()?;
             }
             while let Some(frame) = session.poll_control() {
                 write_frame(&mut send, &frame).await?;

@@ -211,9 +211,12 @@ impl CloudSession {
 
     /// Handles a batch from a unidirectional stream; returns the batches the sink may take now,
     /// in order.
-    pub fn handle_batch(&mut self, batch: Batch) -> Result<Vec<Release>, SessionError> {
+    pub fn handle_batch(&mut self, mut batch: Batch) -> Result<Vec<Release>, SessionError> {
         if self.phase != CloudPhase::Ready {
             return Err(SessionError::Protocol(format!("batch in phase {:?}", self.phase)));
+        }
+        if batch.epoch.is_empty() {
+            batch.epoch = self.epoch.clone().unwrap_or_default();
         }
         if Some(batch.epoch.as_str()) != self.epoch.as_deref() {
             return Err(SessionError::Protocol(format!(

@@ -150,14 +150,18 @@ pub enum Codec {
 /// Records of one lane covering `first_seq ..= last_seq`, in seq order, the last one at
 /// `last_seq`. Seqs may be missing only where the edge dropped records; its gap records
 /// (later in the lane) account for them.
+///
+/// Small batches are most of the traffic at low rates, so what is implied is left out: an
+/// empty `epoch` means the session's (from the hello), no `dict` means none.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Batch {
+    #[serde(default, skip_serializing_if = "String::is_empty")]
     pub epoch: String,
     pub lane: u8,
     pub first_seq: u64,
     pub last_seq: u64,
     pub codec: Codec,
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub dict: Option<String>,
     /// Length of the CBOR before compression.
     pub raw_len: u64,
@@ -183,13 +187,14 @@ pub struct WireMessage {
     pub payload: Vec<u8>,
     pub qos: u8,
     pub enqueued_ms: u64,
-    #[serde(default)]
+    // Absent fields cost nothing on the wire: most messages carry no properties.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub expires_ms: Option<u64>,
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub user_properties: Vec<(String, String)>,
-    #[serde(default, with = "serde_bytes")]
+    #[serde(default, with = "serde_bytes", skip_serializing_if = "Option::is_none")]
     pub correlation_data: Option<Vec<u8>>,
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub content_type: Option<String>,
 }
 
