@@ -23,9 +23,6 @@ use crate::config::ServerConfig;
 use crate::metrics::{EdgeLabel, LaneLabels, Metrics, ReasonLabel};
 use crate::sink::Sink;
 
-/// Batches one connection may have publishing at once.
-const PIPELINE: usize = 8;
-
 #[derive(Debug, thiserror::Error)]
 pub enum ServerError {
     #[error(transparent)]
@@ -241,7 +238,13 @@ async fn run_session<S: Sink>(
     let bytes_counter = metrics.bytes.get_or_create(&edge_label).clone();
     // Batches being published, in order: publishing overlaps across batches, marks and acks
     // follow in order once everything before them is in the sink.
-    let mut writes = FuturesOrdered::new();
+    type Written = (u8, u64, u64, Instant, Result<(), crate::sink::SinkError>);
+    let mut writes: FuturesOrdered<std::pin::Pin<Box<dyn Future<Output = Written> + Send + '_>>> =
+        FuturesOrdered::new();
+    // Released batches not yet publishing: one batch can release several held ones, and only
+    // `sink.pipeline()` of them may publish at once.
+    let mut queued = std::collections::VecDeque::new();
+    let pipeline = sink.pipeline().max(1);
     loop {
         tokio::select! {
             frame = control_rx.recv() => {
@@ -280,7 +283,8 @@ async fn run_session<S: Sink>(
                     None => {}
                 }
             }
-            Some(batch) = batch_rx.recv(), if writes.len() < PIPELINE => {
+            // One batch is read and decompressed ahead while the others publish.
+            Some(batch) = batch_rx.recv(), if writes.len() + queued.len() <= pipeline => {
                 let batch = batch?;
                 batches_counter.inc();
                 bytes_counter.inc_by(batch.body.len() as u64);
@@ -291,9 +295,7 @@ async fn run_session<S: Sink>(
                         .filter(|r| r.seq > release.skip_through)
                         .collect();
                     let count = records.len() as u64;
-                    let publish = sink.publish(edge.to_owned(), release.batch.epoch, lane, records);
-                    let started = Instant::now();
-                    writes.push_back(async move { (lane, up_to, count, started, publish.await) });
+                    queued.push_back((lane, up_to, count, sink.publish(edge.to_owned(), release.batch.epoch, lane, records)));
                 }
             }
             Some(done) = writes.next(), if !writes.is_empty() => {
@@ -315,6 +317,13 @@ async fn run_session<S: Sink>(
                     metrics.committed.get_or_create(&LaneLabels { edge: edge.to_owned(), lane }).set(up_to as i64);
                 }
             }
+        }
+        while writes.len() < pipeline {
+            let Some((lane, up_to, count, publish)) = queued.pop_front() else { break };
+            writes.push_back(Box::pin(async move {
+                let started = Instant::now();
+                (lane, up_to, count, started, publish.await)
+            }));
         }
         for (lane, lag) in session.lags() {
             metrics.lag.get_or_create(&LaneLabels { edge: edge.to_owned(), lane }).set(lag as i64);

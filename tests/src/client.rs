@@ -131,27 +131,43 @@ impl Drop for Client {
 /// A raw MQTT 3.1.1 publisher: sends QoS1 publishes on `topic` one after another, payloads
 /// `r<round>-<i>`, and returns those whose PUBACK arrived before the connection died.
 pub async fn publish_until_killed(addr: SocketAddr, round: u32, topic: &str) -> Vec<String> {
+    let progress = std::sync::atomic::AtomicU64::new(0);
+    let tag = format!("r{round}");
+    publish_range(addr, &format!("crash-{round}"), topic, &tag, 1..u32::MAX, &progress)
+        .await
+        .into_iter()
+        .map(|i| format!("{tag}-{i}"))
+        .collect()
+}
+
+/// A raw MQTT 3.1.1 publisher on `topic`: QoS1 publishes with payloads `<tag>-<i>` for `i` in
+/// `range`, each after the last one's PUBACK. Counts PUBACKs in `progress`; returns the indices
+/// acknowledged, ending early when the connection dies.
+pub async fn publish_range(
+    addr: SocketAddr,
+    client_id: &str,
+    topic: &str,
+    tag: &str,
+    range: std::ops::Range<u32>,
+    progress: &std::sync::atomic::AtomicU64,
+) -> Vec<u32> {
     let mut acked = Vec::new();
     let Ok(mut c) = tokio::net::TcpStream::connect(addr).await else { return acked };
-    let id = format!("crash-{round}");
     let mut connect = vec![0, 4, b'M', b'Q', b'T', b'T', 4, 0x02, 0, 60];
-    connect.extend((id.len() as u16).to_be_bytes());
-    connect.extend(id.as_bytes());
+    connect.extend((client_id.len() as u16).to_be_bytes());
+    connect.extend(client_id.as_bytes());
     let mut frame = vec![0x10, connect.len() as u8];
     frame.extend(connect);
-    if c.write_all(&frame).await.is_err() {
-        return acked;
-    }
     let mut connack = [0u8; 4];
-    if c.read_exact(&mut connack).await.is_err() {
+    if c.write_all(&frame).await.is_err() || c.read_exact(&mut connack).await.is_err() || connack[3] != 0 {
         return acked;
     }
-    let topic = topic.as_bytes();
-    for i in 1..=u16::MAX {
-        let payload = format!("r{round}-{i}");
+    for i in range {
+        let pkid = (i % u32::from(u16::MAX)) as u16 + 1;
+        let payload = format!("{tag}-{i}");
         let mut body = (topic.len() as u16).to_be_bytes().to_vec();
-        body.extend(topic);
-        body.extend(i.to_be_bytes());
+        body.extend(topic.as_bytes());
+        body.extend(pkid.to_be_bytes());
         body.extend(payload.as_bytes());
         let mut frame = vec![0x32, body.len() as u8];
         frame.extend(body);
@@ -159,8 +175,11 @@ pub async fn publish_until_killed(addr: SocketAddr, round: u32, topic: &str) -> 
             return acked;
         }
         let mut ack = [0u8; 4];
-        match tokio::time::timeout(Duration::from_secs(5), c.read_exact(&mut ack)).await {
-            Ok(Ok(_)) if ack[0] == 0x40 && u16::from_be_bytes([ack[2], ack[3]]) == i => acked.push(payload),
+        match tokio::time::timeout(Duration::from_secs(10), c.read_exact(&mut ack)).await {
+            Ok(Ok(_)) if ack[0] == 0x40 && u16::from_be_bytes([ack[2], ack[3]]) == pkid => {
+                acked.push(i);
+                progress.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            }
             _ => return acked,
         }
     }

@@ -65,3 +65,30 @@ impl Drop for NatsServer {
         let _ = self.child.wait();
     }
 }
+
+/// Every message of stream `name`, in stream order, through an ordered consumer (one request
+/// per message would take minutes for a large stream).
+pub async fn read_stream(url: &str, name: &str) -> Vec<async_nats::Message> {
+    use futures_util::StreamExt;
+    let client = async_nats::connect(url).await.expect("connect to nats-server");
+    let js = async_nats::jetstream::new(client);
+    let mut stream = js.get_stream(name).await.expect("stream");
+    let count = stream.info().await.expect("stream info").state.messages;
+    let consumer = stream
+        .create_consumer(async_nats::jetstream::consumer::pull::OrderedConfig::default())
+        .await
+        .expect("ordered consumer");
+    let mut messages = consumer.messages().await.expect("consumer messages");
+    let mut out = Vec::with_capacity(count as usize);
+    while (out.len() as u64) < count {
+        match tokio::time::timeout(Duration::from_secs(10), messages.next()).await {
+            Ok(Some(Ok(m))) => out.push(m.message),
+            other => panic!(
+                "reading {name}: {} of {count} messages, then {:?}",
+                out.len(),
+                other.map(|o| o.map(|r| r.err()))
+            ),
+        }
+    }
+    out
+}

@@ -20,6 +20,8 @@ use std::time::Duration;
 use async_nats::HeaderMap;
 use async_nats::jetstream::{self, kv, stream};
 use bytes::Bytes;
+use futures_util::StreamExt;
+use futures_util::stream::FuturesUnordered;
 use shared::proto::{DictAnnounce, LaneSeq, WireRecord};
 
 use super::{Sink, SinkError};
@@ -164,7 +166,11 @@ impl Sink for JetStreamSink {
     ) -> impl Future<Output = Result<(), SinkError>> + Send + 'static {
         let (js, prefix) = (self.js.clone(), self.prefix.clone());
         async move {
-            let mut acks = Vec::with_capacity(records.len());
+            // Per subject, one publish in flight at a time, the next sent after the last one's
+            // ack: a failure then leaves a subject's stored records a prefix of what was sent,
+            // and the edge's resend continues it in order. Subjects run side by side.
+            let mut chains: Vec<(String, Vec<(HeaderMap, Bytes)>)> = Vec::new();
+            let mut chain_of: std::collections::HashMap<String, usize> = std::collections::HashMap::new();
             for r in &records {
                 let mut headers = HeaderMap::new();
                 headers.insert("Nats-Msg-Id", format!("{edge}:{epoch}:{lane}:{}", r.seq).as_str());
@@ -183,11 +189,30 @@ impl Sink for JetStreamSink {
                     }
                     (None, None) => continue,
                 };
-                let ack = js.publish_with_headers(subject, headers, payload).await.map_err(|e| failed("publish", e))?;
-                acks.push(ack);
+                let i = *chain_of.entry(subject.clone()).or_insert_with(|| {
+                    chains.push((subject, Vec::new()));
+                    chains.len() - 1
+                });
+                chains[i].1.push((headers, payload));
             }
-            for ack in acks {
-                ack.await.map_err(|e| failed("publish ack", e))?;
+            let mut running: FuturesUnordered<_> = chains
+                .into_iter()
+                .map(|(subject, messages)| {
+                    let js = js.clone();
+                    async move {
+                        for (headers, payload) in messages {
+                            let ack = js
+                                .publish_with_headers(subject.clone(), headers, payload)
+                                .await
+                                .map_err(|e| failed("publish", e))?;
+                            ack.await.map_err(|e| failed("publish ack", e))?;
+                        }
+                        Ok::<(), SinkError>(())
+                    }
+                })
+                .collect();
+            while let Some(result) = running.next().await {
+                result?;
             }
             Ok(())
         }

@@ -17,6 +17,13 @@ pub enum SinkError {
 }
 
 pub trait Sink: Send + Sync + 'static {
+    /// Batches of one edge this sink may publish at once. Only a sink that keeps order by seq
+    /// itself can take more than one: otherwise a failure between two overlapping batches would
+    /// land the later one's records first and the earlier one's on the edge's resend.
+    fn pipeline(&self) -> usize {
+        1
+    }
+
     /// Per lane, the highest seq of `edge` and `epoch` committed.
     fn committed(&self, edge: &str, epoch: &str) -> impl Future<Output = Result<Vec<LaneSeq>, SinkError>> + Send;
 

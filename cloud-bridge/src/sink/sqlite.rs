@@ -85,6 +85,11 @@ fn now_ms() -> u64 {
 }
 
 impl Sink for SqliteSink {
+    /// Rows are keyed and read by seq, so the order batches commit in does not matter.
+    fn pipeline(&self) -> usize {
+        8
+    }
+
     async fn committed(&self, edge: &str, epoch: &str) -> Result<Vec<LaneSeq>, SinkError> {
         let (edge, epoch) = (edge.to_owned(), epoch.to_owned());
         self.blocking(move |conn| {
