@@ -16,4 +16,7 @@ rm -rf "$work"
 mkdir -p target
 cp -r "$db" "$work"
 chmod -R u+w "$work"
-cargo audit --db "$work" --no-fetch --stale --deny warnings
+for lock in Cargo.lock shared/fuzz/Cargo.lock; do
+  echo "$lock"
+  cargo audit --db "$work" --no-fetch --stale --deny warnings --file "$lock"
+done

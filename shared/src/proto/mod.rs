@@ -19,6 +19,8 @@ pub mod cloud;
 pub mod codec;
 pub mod compress;
 pub mod edge;
+#[doc(hidden)]
+pub mod fuzzing;
 #[cfg(feature = "io")]
 pub mod io;
 #[cfg(test)]

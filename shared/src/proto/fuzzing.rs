@@ -1,0 +1,202 @@
+//! What the fuzz targets in `shared/fuzz` run (cargo fuzz, libFuzzer; `scripts/fuzz.sh`), kept
+//! in the library so the stable test suite replays the committed corpus through exactly the
+//! same code. Neither function may panic, hang or allocate past the frame limits, whatever the
+//! bytes.
+
+use std::collections::{BTreeMap, HashMap};
+use std::time::{Duration, Instant};
+
+use super::cloud::{CloudSession, Request};
+use super::codec::{self, FrameBuffer};
+use super::edge::{EdgeSession, EdgeSessionConfig};
+use super::{Batch, Control, LaneSeq, MAX_BATCH_FRAME, compress};
+
+/// Output cap for unpacking in the fuzz targets: small, so a bomb is found fast.
+const MAX_RAW: usize = 1 << 20;
+
+/// `data` as a byte stream of frames, each decoded as a control frame and as a batch, and each
+/// batch unpacked (decompressed with the output cap, checked against its seq range).
+pub fn frames(data: &[u8]) {
+    let mut buf = FrameBuffer::new(MAX_BATCH_FRAME);
+    buf.extend(data);
+    while let Ok(Some(body)) = buf.next_body() {
+        let _ = codec::decode::<Control>(&body);
+        if let Ok(batch) = codec::decode::<Batch>(&body) {
+            let _ = compress::unpack(&batch, &HashMap::new(), MAX_RAW);
+        }
+    }
+}
+
+/// `data` as a conversation: each frame's first body byte says who gets it (even: the cloud
+/// session, as a control frame or else a batch; odd: the edge session, as a control frame).
+/// The cloud's driver is simulated: hellos are welcomed with committed seqs, dictionaries
+/// stored, released batches unpacked and committed; the edge's sends follow its windows.
+pub fn session(data: &[u8]) {
+    let mut buf = FrameBuffer::new(MAX_BATCH_FRAME);
+    buf.extend(data);
+    let now = Instant::now();
+    let mut cloud = CloudSession::new(8);
+    let mut edge = EdgeSession::new(EdgeSessionConfig::default(), "e", [(0, 0), (3, 5)]);
+    edge.connected(now);
+    let mut clock = Duration::ZERO;
+    let mut dicts: BTreeMap<String, Vec<u8>> = BTreeMap::new();
+    while let Ok(Some(body)) = buf.next_body() {
+        let Some((&selector, rest)) = body.split_first() else { continue };
+        clock += Duration::from_millis(u64::from(selector));
+        let at = now + clock;
+        if selector % 2 == 0 {
+            if let Ok(frame) = codec::decode::<Control>(rest) {
+                match cloud.handle(frame) {
+                    Ok(Some(Request::Hello(h))) => {
+                        let committed = h.lanes.iter().map(|l| LaneSeq { lane: l.lane, seq: l.seq / 2 }).collect();
+                        let known: Vec<String> = h.dicts.into_iter().filter(|d| dicts.contains_key(d)).collect();
+                        cloud.welcome(committed, known);
+                    }
+                    Ok(Some(Request::StoreDict(d))) => {
+                        cloud.dict_stored(d.id.clone());
+                        dicts.insert(d.id, d.bytes);
+                    }
+                    Ok(None) | Err(_) => {}
+                }
+            } else if let Ok(batch) = codec::decode::<Batch>(rest)
+                && let Ok(releases) = cloud.handle_batch(batch)
+            {
+                for r in releases {
+                    if compress::unpack(&r.batch, cloud.dicts(), MAX_RAW).is_ok() {
+                        cloud.committed(r.batch.lane, r.batch.last_seq);
+                    }
+                }
+            }
+            let _ = cloud.lags();
+            while cloud.poll_control().is_some() {}
+        } else {
+            if let Ok(frame) = codec::decode::<Control>(rest) {
+                let _ = edge.handle(frame, at);
+            }
+            let _ = edge.handle_timeout(at);
+            for lane in [0u8, 3] {
+                if edge.can_send() {
+                    let first = edge.next_seq(lane);
+                    let _ = edge.sent(lane, first, first + u64::from(selector % 16), at);
+                }
+            }
+            while edge.poll_control().is_some() {}
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::path::PathBuf;
+
+    use super::*;
+    use crate::proto::{Codec, DictAnnounce, Hello, WireMessage, WireRecord};
+
+    fn corpus(target: &str) -> Vec<(PathBuf, Vec<u8>)> {
+        let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("fuzz/corpus").join(target);
+        let mut files: Vec<_> = std::fs::read_dir(&dir)
+            .unwrap_or_else(|e| panic!("{}: {e}", dir.display()))
+            .map(|e| e.unwrap().path())
+            .collect();
+        files.sort();
+        files.into_iter().map(|p| (p.clone(), std::fs::read(&p).unwrap())).collect()
+    }
+
+    /// The committed corpus (seeds plus what fuzzing runs found interesting) goes through both
+    /// targets without a panic: a regression test for every input the fuzzer ever kept.
+    #[test]
+    fn the_fuzz_corpus_replays_without_a_panic() {
+        let (frames_corpus, session_corpus) = (corpus("frames"), corpus("session"));
+        assert!(frames_corpus.len() >= 100 && session_corpus.len() >= 100, "corpus missing");
+        let seeds = seeds().into_iter().map(|(name, bytes)| (PathBuf::from(name), bytes));
+        for (path, data) in frames_corpus.into_iter().chain(session_corpus).chain(seeds) {
+            let result = std::panic::catch_unwind(|| {
+                frames(&data);
+                session(&data);
+            });
+            assert!(result.is_ok(), "{} panicked", path.display());
+        }
+    }
+
+    fn frame(selector: Option<u8>, value: &impl serde::Serialize) -> Vec<u8> {
+        let mut body: Vec<u8> = selector.into_iter().collect();
+        body.extend(&codec::encode(value).unwrap()[codec::HEADER..]);
+        let mut out = (body.len() as u32).to_be_bytes().to_vec();
+        out.extend(body);
+        out
+    }
+
+    /// Valid frames and conversations (the fuzzer's starting points): they must pass too.
+    fn seeds() -> Vec<(&'static str, Vec<u8>)> {
+        let hello = Control::Hello(Hello {
+            versions: vec![1],
+            epoch: "e".into(),
+            lanes: vec![LaneSeq { lane: 3, seq: 6 }],
+            models: vec!["yolo".into()],
+            dicts: vec![],
+            caps: vec!["zstd".into()],
+        });
+        let records: Vec<WireRecord> = (1..=40)
+            .map(|seq| WireRecord {
+                seq,
+                message: Some(WireMessage {
+                    class: "telemetry".into(),
+                    topic: format!("telemetry/cam-{}/metrics", seq % 4),
+                    payload: format!("{{\"temp_c\":{}}}", 40 + seq % 7).into_bytes(),
+                    qos: 1,
+                    enqueued_ms: 1_700_000_000_000 + seq,
+                    expires_ms: None,
+                    user_properties: vec![("trace-id".into(), format!("t{seq}"))],
+                    correlation_data: None,
+                    content_type: None,
+                }),
+                gap: None,
+            })
+            .collect();
+        let samples: Vec<Vec<u8>> = records.iter().map(compress::sample).collect();
+        let dict = compress::train("telemetry", &samples, 1024).unwrap();
+        let plain = compress::pack("e", 3, 1, &records[..3], None, 3).unwrap();
+        let zstd = compress::pack("", 3, 1, &records, None, 3).unwrap();
+        let with_dict = compress::pack("", 3, 1, &records, Some(&dict), 3).unwrap();
+        let announce =
+            Control::Dict(DictAnnounce { id: dict.id.clone(), class: dict.class.clone(), bytes: dict.bytes });
+        let bomb = Batch {
+            epoch: String::new(),
+            lane: 0,
+            first_seq: 1,
+            last_seq: 1,
+            codec: Codec::Zstd,
+            dict: None,
+            raw_len: 10,
+            body: zstd::bulk::compress(&vec![0u8; 4 << 20], 19).unwrap(),
+        };
+        let ack = Control::Ack(crate::proto::Ack { lane: 3, up_to: 40 });
+        let seeds: Vec<(&'static str, Vec<u8>)> = vec![
+            ("hello", frame(None, &hello)),
+            ("ping", frame(None, &Control::Ping { nonce: 7 })),
+            ("ack", frame(None, &ack)),
+            ("dict", frame(None, &announce)),
+            ("batch-cbor", frame(None, &plain)),
+            ("batch-zstd", frame(None, &zstd)),
+            ("batch-dict", frame(None, &with_dict)),
+            ("batch-bomb", frame(None, &bomb)),
+            (
+                "conversation",
+                [
+                    frame(Some(0), &hello),
+                    frame(Some(0), &announce),
+                    frame(Some(2), &with_dict),
+                    frame(Some(2), &zstd),
+                    frame(
+                        Some(1),
+                        &Control::Welcome(crate::proto::Welcome { version: 1, committed: vec![], dicts: vec![] }),
+                    ),
+                    frame(Some(3), &ack),
+                    frame(Some(0), &Control::Ping { nonce: 1 }),
+                ]
+                .concat(),
+            ),
+        ];
+        seeds
+    }
+}
