@@ -91,6 +91,12 @@ pub struct UplinkConfig {
     /// Age after which a class's dictionary is trained again on fresh traffic. Default: 1h.
     #[serde(default = "default_dict_retrain")]
     pub dict_retrain: HumanDuration,
+    /// QUIC congestion controller: `bbr` (default), `cubic` or `new-reno`. Loss-based
+    /// controllers halve their rate at every random loss: at 50 ms RTT and 1 % loss, cubic
+    /// drained 513 msg/s where bbr drains thousands (docs/BENCHMARKS.md), and radio links lose
+    /// packets at random.
+    #[serde(default)]
+    pub congestion: Congestion,
     /// Share of batches reserved for lower-priority lanes while they have records. Default: 0.1.
     #[serde(default = "default_lower_share")]
     pub lower_lane_share: f64,
@@ -105,6 +111,15 @@ pub struct UplinkConfig {
     pub backoff_min: HumanDuration,
     #[serde(default = "default_backoff_max")]
     pub backoff_max: HumanDuration,
+}
+
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Congestion {
+    #[default]
+    Bbr,
+    Cubic,
+    NewReno,
 }
 
 fn default_window() -> usize {

@@ -1,6 +1,7 @@
 //! Helpers for the drain benchmark (scripts/bench-drain.sh):
-//! - `fill DB COUNT`: a spool database holding COUNT 1 KiB telemetry messages (lane 3), the
-//!   backlog an edge builds while its uplink is down;
+//! - `fill DB COUNT [random]`: a spool database holding COUNT 1 KiB telemetry messages (lane 3),
+//!   the backlog an edge builds while its uplink is down; `random` makes each payload 1,024
+//!   random letters (which zstd cannot shrink much) instead of 1,024 `x`;
 //! - `raw URL COUNT`: the peer: COUNT 1 KiB messages published with async-nats straight into a
 //!   JetStream stream on the same server, pipelined (4,096 acks outstanding). Prints JSON.
 
@@ -10,6 +11,7 @@ use std::time::Instant;
 use anyhow::Context;
 use bytes::Bytes;
 use edge_node::spool::{Durability, Lane, Message, Properties, Spool, SqliteStorage};
+use rand::Rng;
 
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
 async fn main() -> anyhow::Result<()> {
@@ -18,9 +20,14 @@ async fn main() -> anyhow::Result<()> {
         Some("fill") => {
             let path = args.get(1).context("fill DB COUNT")?;
             let count: u64 = args.get(2).context("fill DB COUNT")?.parse()?;
+            let random = args.get(3).is_some_and(|a| a == "random");
             let mut spool = Spool::new(SqliteStorage::open(std::path::Path::new(path))?);
-            let payload = Bytes::from(vec![b'x'; 1024]);
+            let mut payload = Bytes::from(vec![b'x'; 1024]);
+            let mut rng = rand::thread_rng();
             for i in 0..count {
+                if random {
+                    payload = (0..1024).map(|_| rng.gen_range(b'a'..=b'z')).collect::<Vec<u8>>().into();
+                }
                 let message = Message {
                     class: "telemetry".into(),
                     topic: format!("telemetry/cam-{:02}/metrics", i % 16),
