@@ -7,6 +7,7 @@
 #  - local QoS1 p99 on an edge-direct topic at 1,000 msg/s while 5,000 msg/s go to a `central`
 #    class, against the same run with that class routed edge-direct (no spool).
 # Usage: scripts/bench-spool-e2e.sh [REPEATS=3] [SECONDS=6]. Prints Markdown tables of medians.
+# ONLY=local runs only the local p99 comparison.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 repeats=${1:-3}
@@ -63,6 +64,7 @@ metrics() { curl -s "http://$http/metrics"; }
 {
   for r in $(seq "$repeats"); do
     for d in normal full; do
+      [ "${ONLY:-}" = local ] && continue
       start_edge central
       topic=telemetry/bench; class=telemetry
       [ "$d" = full ] && { topic=audit/bench; class=audit; }
@@ -72,11 +74,13 @@ metrics() { curl -s "http://$http/metrics"; }
       stop_edge
     done
 
-    start_edge central
-    "$bin/spool-load" --port "$port" --topic telemetry/bench --rate 5000 --clients 2 --seconds "$seconds" --label window > "$work/load.json"
-    sleep 1
-    metrics | python3 scripts/bench_spool_e2e_summary.py --load "$work/load.json" --class telemetry --kind window
-    stop_edge
+    if [ "${ONLY:-}" != local ]; then
+      start_edge central
+      "$bin/spool-load" --port "$port" --topic telemetry/bench --rate 5000 --clients 2 --seconds "$seconds" --label window > "$work/load.json"
+      sleep 1
+      metrics | python3 scripts/bench_spool_e2e_summary.py --load "$work/load.json" --class telemetry --kind window
+      stop_edge
+    fi
 
     for route in edge-direct central; do
       start_edge "$route"

@@ -48,19 +48,21 @@ def collect(args):
 def report():
     runs = [json.loads(l) for l in sys.stdin if l.strip().startswith("{")]
     med = statistics.median
-    print("| durability | PUBACKed msg/s | all PUBACKed held in spool | PUBACK p50 ms | PUBACK p99 ms |")
-    print("|---|---|---|---|---|")
-    for d in ("normal", "full"):
-        r = [x for x in runs if x.get("kind") == "commit" and x["durability"] == d]
-        ok = all(x["held"] == x["acked"] for x in r)
-        print(f"| {d} | {med(x['acked_rate'] for x in r):.0f} | {'yes' if ok else 'NO'} "
-              f"| {med(x['p50_us'] for x in r) / 1000:.2f} | {med(x['p99_us'] for x in r) / 1000:.2f} |")
+    if any(x.get("kind") == "commit" for x in runs):
+        print("| durability | PUBACKed msg/s | all PUBACKed held in spool | PUBACK p50 ms | PUBACK p99 ms |")
+        print("|---|---|---|---|---|")
+        for d in ("normal", "full"):
+            r = [x for x in runs if x.get("kind") == "commit" and x["durability"] == d]
+            ok = all(x["held"] == x["acked"] for x in r)
+            print(f"| {d} | {med(x['acked_rate'] for x in r):.0f} | {'yes' if ok else 'NO'} "
+                  f"| {med(x['p50_us'] for x in r) / 1000:.2f} | {med(x['p99_us'] for x in r) / 1000:.2f} |")
+        print()
     w = [x for x in runs if x.get("kind") == "window"]
-    print()
-    print("| PUBACK-to-commit window at 5,000 msg/s | p50 ms (bucket bound) | p99 ms (bucket bound) |")
-    print("|---|---|---|")
-    print(f"| normal | {med(x['p50_ms'] for x in w):.2f} | {med(x['p99_ms'] for x in w):.2f} |")
-    print()
+    if w:
+        print("| PUBACK-to-commit window at 5,000 msg/s | p50 ms (bucket bound) | p99 ms (bucket bound) |")
+        print("|---|---|---|")
+        print(f"| normal | {med(x['p50_ms'] for x in w):.2f} | {med(x['p99_ms'] for x in w):.2f} |")
+        print()
     base = [x for x in runs if x.get("label") == "local-edge-direct"]
     spooled = [x for x in runs if x.get("label") == "local-central"]
     b99 = med(x["p99_us"] for x in base) / 1000
