@@ -5,6 +5,7 @@
 # impairment. Usage: scripts/bench-drain.sh [COUNT=200000] [REPEATS=3]. Prints a Markdown row.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+source scripts/drain-configs.sh
 export PATH="$(scripts/install-test-deps.sh):$PATH"
 count=${1:-200000}
 repeats=${2:-3}
@@ -32,51 +33,12 @@ for r in $(seq "$repeats"); do
   raw=$("$bin/drain-bench" raw "nats://127.0.0.1:$nport" "$count")
 
   "$bin/drain-bench" fill "$work/spool-$r.db" "$count" > /dev/null
-  cat > "$work/cloud-$r.toml" <<EOC
-[server]
-bind = "127.0.0.1:0"
-cert = "$work/certs/cloud.pem"
-key = "$work/certs/cloud.key"
-client_ca = "$work/certs/fleet-ca.pem"
-[http]
-bind = "127.0.0.1:0"
-[sink]
-kind = "jetstream"
-url = "nats://127.0.0.1:$nport"
-[log]
-level = "warn"
-EOC
+  cloud_config "$work/cloud-$r.toml" 127.0.0.1:0 127.0.0.1:0 "nats://127.0.0.1:$nport" "$work/certs"
   "$bin/cloud-bridge" run --config "$work/cloud-$r.toml" --ready-file "$work/cloud-$r.json" 2> "$work/cloud-$r.log" &
   cloud_pid=$!; pids+=("$cloud_pid")
   wait_file "$work/cloud-$r.json"
   read -r quic chttp < <(python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); print(d["quic"], d["http"])' "$work/cloud-$r.json")
-  cat > "$work/edge-$r.toml" <<EOC
-node_id = "bench-edge"
-[log]
-level = "warn"
-[http]
-bind = "127.0.0.1:0"
-[[listener]]
-name = "local"
-bind = "127.0.0.1:0"
-anonymous = true
-[spool]
-path = "$work/spool-$r.db"
-budget = "4 GiB"
-[[class]]
-name = "telemetry"
-filters = ["telemetry/#"]
-route = "central"
-priority = 3
-[uplink]
-server = "$quic"
-server_name = "localhost"
-ca = "$work/certs/fleet-ca.pem"
-cert = "$work/certs/edge-edge-1.pem"
-key = "$work/certs/edge-edge-1.key"
-batch_records = ${BATCH_RECORDS:-512}
-window = ${WINDOW:-8}
-EOC
+  edge_config "$work/edge-$r.toml" "$work/spool-$r.db" "$quic" "$work/certs"
   start=$(date +%s.%N)
   "$bin/edge-node" run --config "$work/edge-$r.toml" --ready-file "$work/edge-$r.json" 2> "$work/edge-$r.log" &
   edge_pid=$!; pids+=("$edge_pid")

@@ -15,6 +15,7 @@
 # zstd shrinks to about 0.6). Prints a Markdown row. Root (network namespaces, TUN).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+source scripts/drain-configs.sh
 export PATH="$(scripts/install-test-deps.sh):$PATH"
 count=${1:-20000}
 loss=${2:-0.01}
@@ -53,50 +54,13 @@ for r in $(seq "$repeats"); do
   pids+=("$nats_pid")
   for _ in $(seq 100); do inB bash -c 'echo > /dev/tcp/10.99.0.2/4222' 2> /dev/null && break; sleep 0.1; done
   "$bin/drain-bench" fill "$work/spool-$r.db" "$count" "$payload" > /dev/null
-  cat > "$work/cloud.toml" << EOC
-[server]
-bind = "10.99.0.2:4433"
-cert = "$work/certs/cloud.pem"
-key = "$work/certs/cloud.key"
-client_ca = "$work/certs/fleet-ca.pem"
-[http]
-bind = "127.0.0.1:9464"
-[sink]
-kind = "jetstream"
-url = "nats://10.99.0.2:4222"
-[log]
-level = "warn"
-EOC
+  cloud_config "$work/cloud.toml" 10.99.0.2:4433 127.0.0.1:9464 nats://10.99.0.2:4222 "$work/certs"
   rm -f "$work/cloud.json"
   ip netns exec "$B" "$bin/cloud-bridge" run --config "$work/cloud.toml" --ready-file "$work/cloud.json" 2> "$work/cloud-$r.log" &
   cloud_pid=$!
   pids+=("$cloud_pid")
   wait_file "$work/cloud.json"
-  cat > "$work/edge.toml" << EOC
-node_id = "bench-edge"
-[log]
-level = "warn"
-[http]
-bind = "127.0.0.1:0"
-[[listener]]
-name = "local"
-bind = "127.0.0.1:0"
-anonymous = true
-[spool]
-path = "$work/spool-$r.db"
-budget = "4 GiB"
-[[class]]
-name = "telemetry"
-filters = ["telemetry/#"]
-route = "central"
-priority = 3
-[uplink]
-server = "10.99.0.2:4433"
-server_name = "localhost"
-ca = "$work/certs/fleet-ca.pem"
-cert = "$work/certs/edge-edge-1.pem"
-key = "$work/certs/edge-edge-1.key"
-EOC
+  edge_config "$work/edge.toml" "$work/spool-$r.db" 10.99.0.2:4433 "$work/certs"
   start=$(now)
   ip netns exec "$A" "$bin/edge-node" run --config "$work/edge.toml" --ready-file "$work/edge-$r.json" 2> "$work/edge-$r.log" &
   edge_pid=$!

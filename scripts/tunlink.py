@@ -52,6 +52,15 @@ def main():
     args = p.parse_args()
 
     made = []
+    try:
+        link(args, made)
+    finally:
+        # Also when setting up failed half way: no namespace of ours is left behind.
+        for ns in made:
+            subprocess.run(["ip", "netns", "del", ns])
+
+
+def link(args, made):
     existing = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
     fds = {}
     for side, ns in (("a", args.a), ("b", args.b)):
@@ -116,8 +125,6 @@ def main():
                 d = delay + (random.uniform(-jitter, jitter) if jitter else 0.0)
                 n += 1
                 heapq.heappush(queue, (now + max(0.0, d), n, dst, pkt))
-    for ns in made:
-        subprocess.run(["ip", "netns", "del", ns])
     print(f"tunlink: {stats['forwarded']} packets forwarded, {stats['dropped']} dropped", file=sys.stderr)
 
 

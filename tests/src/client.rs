@@ -156,8 +156,7 @@ pub async fn publish_range(
     let mut connect = vec![0, 4, b'M', b'Q', b'T', b'T', 4, 0x02, 0, 60];
     connect.extend((client_id.len() as u16).to_be_bytes());
     connect.extend(client_id.as_bytes());
-    let mut frame = vec![0x10, connect.len() as u8];
-    frame.extend(connect);
+    let frame = packet(0x10, &connect);
     let mut connack = [0u8; 4];
     if c.write_all(&frame).await.is_err() || c.read_exact(&mut connack).await.is_err() || connack[3] != 0 {
         return acked;
@@ -169,8 +168,7 @@ pub async fn publish_range(
         body.extend(topic.as_bytes());
         body.extend(pkid.to_be_bytes());
         body.extend(payload.as_bytes());
-        let mut frame = vec![0x32, body.len() as u8];
-        frame.extend(body);
+        let frame = packet(0x32, &body);
         if c.write_all(&frame).await.is_err() {
             return acked;
         }
@@ -184,4 +182,21 @@ pub async fn publish_range(
         }
     }
     acked
+}
+
+/// An MQTT packet: the fixed header byte, the remaining length as a variable byte integer, then
+/// `body`.
+fn packet(header: u8, body: &[u8]) -> Vec<u8> {
+    let mut out = vec![header];
+    let mut len = body.len();
+    loop {
+        let byte = (len % 128) as u8;
+        len /= 128;
+        out.push(if len > 0 { byte | 0x80 } else { byte });
+        if len == 0 {
+            break;
+        }
+    }
+    out.extend_from_slice(body);
+    out
 }

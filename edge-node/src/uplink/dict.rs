@@ -103,7 +103,11 @@ impl DictBook {
             if self.training.as_ref().is_some_and(|(class, _)| *class == m.class) {
                 continue;
             }
-            let state = self.classes.entry(m.class.clone()).or_default();
+            // Looked up before inserting: a class name is cloned once, not once per record.
+            if !self.classes.contains_key(&m.class) {
+                self.classes.insert(m.class.clone(), ClassState::default());
+            }
+            let Some(state) = self.classes.get_mut(&m.class) else { continue };
             let stale = state.trained_at.is_none_or(|t| now.saturating_duration_since(t) >= self.settings.retrain);
             if !stale || state.sample_bytes >= goal * state.goal_factor.max(1) {
                 continue;

@@ -134,7 +134,8 @@ async fn a_denied_certificate_is_refused_and_its_data_stays_spooled() {
     let kept =
         e2e_tests::eventually(WAIT, || edge.metric("edge_spool_class_records{class=\"telemetry\"}") == 10.0).await;
     assert!(kept, "kept for a later bridge: {}", edge.metrics());
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    // The edge tries again and is refused again; still nothing acked.
+    assert!(e2e_tests::eventually(WAIT, || cloud.metric(refused) >= 2.0).await, "{}", cloud.bridge.metrics().encode());
     assert_eq!(edge.metric("edge_spool_class_records{class=\"telemetry\"}"), 10.0, "and never acked");
 }
 
