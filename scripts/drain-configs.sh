@@ -12,11 +12,13 @@ key = "$5/cloud.key"
 client_ca = "$5/fleet-ca.pem"
 [http]
 bind = "$3"
-[sink]
-kind = "jetstream"
-url = "$4"
+$(if [ "${SINK:-jetstream}" = sqlite ]; then
+  printf '[sink]\nkind = "sqlite"\npath = "%s"\n' "$1.db"
+else
+  printf '[sink]\nkind = "jetstream"\nurl = "%s"\natomic_batches = %s\n' "$4" "${ATOMIC:-true}"
+fi)
 [log]
-level = "warn"
+level = "${LOGLEVEL:-warn}"
 EOC
 }
 
@@ -25,7 +27,7 @@ edge_config() {
   cat > "$1" << EOC
 node_id = "bench-edge"
 [log]
-level = "warn"
+level = "${LOGLEVEL:-warn}"
 [http]
 bind = "127.0.0.1:0"
 [[listener]]

@@ -75,6 +75,11 @@ pub enum SinkConfig {
         /// Default: 1.
         #[serde(default = "default_replicas")]
         replicas: usize,
+        /// Publish each batch as a JetStream atomic batch where the server has them (2.12 or
+        /// newer; the stream is set to allow them): one ack per batch instead of one per
+        /// message, order per topic kept across failures. Default: true.
+        #[serde(default = "default_true")]
+        atomic_batches: bool,
     },
 }
 
@@ -95,6 +100,9 @@ fn default_dicts_bucket() -> String {
 }
 fn default_dup_window() -> shared::units::HumanDuration {
     shared::units::HumanDuration(std::time::Duration::from_secs(120))
+}
+fn default_true() -> bool {
+    true
 }
 fn default_replicas() -> usize {
     1

@@ -76,6 +76,7 @@ impl Bridge {
                 dicts_bucket,
                 duplicate_window,
                 replicas,
+                atomic_batches,
             } => {
                 let settings = sink::jetstream::JetStreamSettings {
                     url: url.clone(),
@@ -85,6 +86,7 @@ impl Bridge {
                     dicts_bucket: dicts_bucket.clone(),
                     duplicate_window: duplicate_window.0,
                     replicas: *replicas,
+                    atomic_batches: *atomic_batches,
                 };
                 let sink = Arc::new(sink::jetstream::JetStreamSink::connect(&settings).await?);
                 tracing::info!(url, stream, marks_bucket, "sink: jetstream");

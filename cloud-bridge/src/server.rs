@@ -237,14 +237,16 @@ async fn run_session<S: Sink>(
     let batches_counter = metrics.batches.get_or_create(&edge_label).clone();
     let bytes_counter = metrics.bytes.get_or_create(&edge_label).clone();
     // Batches being published, in order: publishing overlaps across batches, marks and acks
-    // follow in order once everything before them is in the sink.
-    type Written = (u8, u64, u64, Instant, Result<(), crate::sink::SinkError>);
-    let mut writes: FuturesOrdered<std::pin::Pin<Box<dyn Future<Output = Written> + Send + '_>>> =
-        FuturesOrdered::new();
+    // follow in order once everything before them is in the sink. Each publish is a task of its
+    // own, so it goes on while this loop awaits a mark or reads the next batch, on the other
+    // core if there is one; the tasks end with the connection.
+    let mut writes: FuturesOrdered<Writing> = FuturesOrdered::new();
     // Released batches not yet publishing: one batch can release several held ones, and only
     // `sink.pipeline()` of them may publish at once.
     let mut queued = std::collections::VecDeque::new();
     let pipeline = sink.pipeline().max(1);
+    // What the next batch's publish waits for: the one before it in the sink.
+    let mut turn = crate::sink::first_turn();
     loop {
         tokio::select! {
             frame = control_rx.recv() => {
@@ -295,7 +297,10 @@ async fn run_session<S: Sink>(
                         .filter(|r| r.seq > release.skip_through)
                         .collect();
                     let count = records.len() as u64;
-                    queued.push_back((lane, up_to, count, sink.publish(edge.to_owned(), release.batch.epoch, lane, records)));
+                    let (done, next_turn) = tokio::sync::oneshot::channel();
+                    let turn = std::mem::replace(&mut turn, Box::pin(async move { next_turn.await.unwrap_or(false) }));
+                    let publish = sink.publish(edge.to_owned(), release.batch.epoch, lane, records, turn);
+                    queued.push_back((lane, up_to, count, publish, done));
                 }
             }
             Some(done) = writes.next(), if !writes.is_empty() => {
@@ -310,6 +315,8 @@ async fn run_session<S: Sink>(
                     marks.insert(lane, up_to);
                     next = writes.next().now_or_never().flatten();
                 }
+                // The next batches publish while the marks are written.
+                start_writes(&mut writes, &mut queued, pipeline);
                 let epoch = session.epoch().unwrap_or_default().to_owned();
                 for (lane, up_to) in marks {
                     sink.mark(edge, &epoch, lane, up_to).await?;
@@ -318,17 +325,43 @@ async fn run_session<S: Sink>(
                 }
             }
         }
-        while writes.len() < pipeline {
-            let Some((lane, up_to, count, publish)) = queued.pop_front() else { break };
-            writes.push_back(Box::pin(async move {
-                let started = Instant::now();
-                (lane, up_to, count, started, publish.await)
-            }));
-        }
+        start_writes(&mut writes, &mut queued, pipeline);
         for (lane, lag) in session.lags() {
             metrics.lag.get_or_create(&LaneLabels { edge: edge.to_owned(), lane }).set(lag as i64);
         }
         flush(&mut session, &mut send).await?;
+    }
+}
+
+/// A batch's publish, its task's result, then (lane, last seq, records, started, result).
+type Written = (u8, u64, u64, Instant, Result<(), crate::sink::SinkError>);
+type Writing = std::pin::Pin<Box<dyn Future<Output = Written> + Send>>;
+/// A released batch waiting to publish: (lane, last seq, records, the publish, where it tells
+/// the next one its turn came).
+type Queued<F> = (u8, u64, u64, F, tokio::sync::oneshot::Sender<bool>);
+
+/// Starts queued publishes, in order, up to `pipeline` at once.
+fn start_writes<F>(
+    writes: &mut FuturesOrdered<Writing>,
+    queued: &mut std::collections::VecDeque<Queued<F>>,
+    pipeline: usize,
+) where
+    F: Future<Output = Result<(), crate::sink::SinkError>> + Send + 'static,
+{
+    while writes.len() < pipeline {
+        let Some((lane, up_to, count, publish, done)) = queued.pop_front() else { break };
+        let started = Instant::now();
+        let task = AbortOnDropHandle::new(tokio::spawn(async move {
+            let result = publish.await;
+            let _ = done.send(result.is_ok());
+            result
+        }));
+        writes.push_back(Box::pin(async move {
+            let result = task.await.unwrap_or_else(|e| {
+                Err(crate::sink::SinkError::Failed { what: "publish task", reason: e.to_string() })
+            });
+            (lane, up_to, count, started, result)
+        }));
     }
 }
 

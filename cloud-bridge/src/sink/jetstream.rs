@@ -4,7 +4,14 @@
 //!   `Nats-Msg-Id = <edge>:<epoch>:<lane>:<seq>`, so a resend inside the stream's duplicate
 //!   window is dropped by JetStream itself. Gap records go to `<prefix>.<edge>.%gap` (a token no
 //!   topic can produce: a `%` in a level is always encoded) with their body as JSON.
-//! - A batch's publishes are pipelined and all their acks awaited; only then is the mark of
+//! - On nats-server 2.12 or newer a batch goes as JetStream atomic batches (ADR-50) of up to
+//!   1,000 messages: stored all together or not at all, in the order sent, with one ack for the
+//!   batch instead of one per message. A batch that overlaps records already stored (a resend
+//!   after a bridge died between publish and mark) is refused whole by JetStream's dedup; that
+//!   batch is then published the older way, where dedup drops just the duplicates. The older
+//!   way, and the only one on 2.10 and 2.11: per subject one publish in flight, the next after
+//!   its ack, subjects side by side, so a failure leaves each subject a prefix of what was sent.
+//! - A batch's publishes all acked, and only then, the mark of
 //!   (edge, epoch) raised in a KV bucket, with compare-and-set so two bridges racing for one
 //!   edge never lower it. A bridge answers a hello from that mark, which is what makes bridges
 //!   stateless and exactly-once independent of the duplicate window: what an edge resends after
@@ -24,7 +31,7 @@ use futures_util::StreamExt;
 use futures_util::stream::FuturesUnordered;
 use shared::proto::{DictAnnounce, LaneSeq, WireRecord};
 
-use super::{Sink, SinkError};
+use super::{Sink, SinkError, Turn};
 
 fn failed(what: &'static str, e: impl std::fmt::Display) -> SinkError {
     SinkError::Failed { what, reason: e.to_string() }
@@ -66,12 +73,23 @@ pub struct JetStreamSettings {
     pub dicts_bucket: String,
     pub duplicate_window: Duration,
     pub replicas: usize,
+    /// Atomic batch publishing where the server has it (2.12 or newer).
+    pub atomic_batches: bool,
 }
+
+/// Marks per lane of one (edge, epoch), and the KV revision they were written at.
+type MarksAt = (BTreeMap<u8, u64>, u64);
 
 #[derive(Debug, Clone)]
 pub struct JetStreamSink {
+    client: async_nats::Client,
     js: jetstream::Context,
+    /// Publish batches atomically: the server has it and the stream allows it.
+    atomic: bool,
     marks: kv::Store,
+    /// Per mark key, the marks and revision this bridge last wrote: the next mark tries a
+    /// compare-and-set on that revision first, one round trip instead of a read and a write.
+    last_marks: std::sync::Arc<std::sync::Mutex<std::collections::HashMap<String, MarksAt>>>,
     dicts: kv::Store,
     prefix: String,
 }
@@ -79,14 +97,20 @@ pub struct JetStreamSink {
 impl JetStreamSink {
     pub async fn connect(s: &JetStreamSettings) -> Result<Self, SinkError> {
         let client = async_nats::connect(&s.url).await.map_err(|e| failed("connect", format!("{}: {e}", s.url)))?;
-        let js = jetstream::new(client);
+        let version = client.server_info().version;
+        let js = jetstream::new(client.clone());
         let subjects = format!("{}.>", s.subject_prefix);
+        let atomic = s.atomic_batches && supports_atomic(&version);
+        if s.atomic_batches && !atomic {
+            tracing::warn!(version, "nats-server before 2.12 has no atomic batches: publishing message by message");
+        }
         let mut stream = js
             .get_or_create_stream(stream::Config {
                 name: s.stream.clone(),
                 subjects: vec![subjects.clone()],
                 duplicate_window: s.duplicate_window,
                 num_replicas: s.replicas,
+                allow_atomic_publish: atomic,
                 ..Default::default()
             })
             .await
@@ -98,9 +122,15 @@ impl JetStreamSink {
                 format!("{} exists with subjects {:?}, not {subjects:?}", s.stream, info.config.subjects),
             ));
         }
+        if atomic && !info.config.allow_atomic_publish {
+            // Allowing atomic batches changes nothing for the stream's other publishers.
+            let config = stream::Config { allow_atomic_publish: true, ..info.config.clone() };
+            js.update_stream(config).await.map_err(|e| failed("stream", format!("{}: allow_atomic: {e}", s.stream)))?;
+            tracing::info!(stream = s.stream, "stream now allows atomic batches");
+        }
         let marks = bucket(&js, "marks bucket", &s.marks_bucket, s.replicas, Duration::ZERO).await?;
         let dicts = bucket(&js, "dictionary bucket", &s.dicts_bucket, s.replicas, DICT_MAX_AGE).await?;
-        Ok(Self { js, marks, dicts, prefix: s.subject_prefix.clone() })
+        Ok(Self { client, js, atomic, marks, last_marks: Default::default(), dicts, prefix: s.subject_prefix.clone() })
     }
 
     async fn read_marks(&self, key: &str) -> Result<(BTreeMap<u8, u64>, Option<u64>), SinkError> {
@@ -114,6 +144,165 @@ impl JetStreamSink {
             None => Ok((BTreeMap::new(), None)),
         }
     }
+}
+
+/// Messages in one atomic batch, the server's default `max_msgs`.
+const MAX_ATOMIC: usize = 1000;
+
+/// JetStream's error code for an atomic batch holding a `Nats-Msg-Id` it already stored.
+const ERR_BATCH_DUPLICATE: u64 = 10201;
+
+/// Atomic batches came with nats-server 2.12.
+fn supports_atomic(version: &str) -> bool {
+    let mut parts = version.split(['.', '-']).map(|p| p.parse::<u64>().unwrap_or(0));
+    let (major, minor) = (parts.next().unwrap_or(0), parts.next().unwrap_or(0));
+    (major, minor) >= (2, 12)
+}
+
+#[derive(Debug, Clone)]
+struct Outgoing {
+    subject: String,
+    headers: HeaderMap,
+    payload: Bytes,
+}
+
+#[derive(Debug)]
+enum Atomic {
+    Stored,
+    /// Refused whole: some of its messages were stored before.
+    Duplicate,
+}
+
+/// The JetStream messages of `records`: subject, headers, payload.
+fn outgoing(
+    prefix: &str,
+    edge: &str,
+    epoch: &str,
+    lane: u8,
+    records: &[WireRecord],
+) -> Result<Vec<Outgoing>, SinkError> {
+    let mut messages = Vec::with_capacity(records.len());
+    for r in records {
+        let mut headers = HeaderMap::new();
+        headers.insert("Nats-Msg-Id", format!("{edge}:{epoch}:{lane}:{}", r.seq).as_str());
+        headers.insert("Edge-Id", edge);
+        headers.insert("Edge-Seq", format!("{epoch}:{lane}:{}", r.seq).as_str());
+        let (subject, payload) = match (&r.message, &r.gap) {
+            (Some(m), _) => {
+                for (name, value) in crate::names::headers(m) {
+                    headers.append(header_safe(&name, true).as_str(), header_safe(&value, false).as_str());
+                }
+                (crate::names::subject(prefix, edge, &m.topic), Bytes::from(m.payload.clone()))
+            }
+            (None, Some(g)) => {
+                let body = serde_json::to_vec(g).map_err(|e| failed("gap record", e))?;
+                (format!("{prefix}.{}.%gap", crate::names::token(edge)), Bytes::from(body))
+            }
+            (None, None) => continue,
+        };
+        messages.push(Outgoing { subject, headers, payload });
+    }
+    Ok(messages)
+}
+
+/// A fresh batch id: at most 64 characters, unique among the batches in flight on the server.
+fn batch_id() -> String {
+    use rand::Rng;
+    format!("{:032x}", rand::thread_rng().r#gen::<u128>())
+}
+
+fn turn_failed() -> SinkError {
+    failed("publish", "the batch before this one failed")
+}
+
+/// Publishes `messages` as one atomic batch: every message but the last goes at once without a
+/// reply, staged by the server; the last, sent once `turn` came, commits and waits for the
+/// batch's ack. So a batch is on its way while the one before it is still committing, and
+/// still lands after it or not at all: if the one before failed, this one is never committed
+/// and the server drops it.
+async fn publish_atomic(
+    client: &async_nats::Client,
+    messages: &[Outgoing],
+    turn: Option<Turn>,
+) -> Result<Atomic, SinkError> {
+    let id = batch_id();
+    let n = messages.len();
+    let Some((last, staged)) = messages.split_last() else { return Ok(Atomic::Stored) };
+    let with_batch = |m: &Outgoing, seq: usize| {
+        let mut headers = m.headers.clone();
+        headers.insert("Nats-Batch-Id", id.as_str());
+        headers.insert("Nats-Batch-Sequence", seq.to_string().as_str());
+        headers
+    };
+    for (i, m) in staged.iter().enumerate() {
+        client
+            .publish_with_headers(m.subject.clone(), with_batch(m, i + 1), m.payload.clone())
+            .await
+            .map_err(|e| failed("publish", e))?;
+    }
+    if let Some(turn) = turn
+        && !turn.await
+    {
+        return Err(turn_failed());
+    }
+    let mut headers = with_batch(last, n);
+    headers.insert("Nats-Batch-Commit", "1");
+    let reply = client
+        .request_with_headers(last.subject.clone(), headers, last.payload.clone())
+        .await
+        .map_err(|e| failed("publish batch", e))?;
+    batch_ack(&reply.payload, n)
+}
+
+/// Reads a batch commit's reply: `{"stream":..,"seq":..,"batch":..,"count":N}` or an error.
+fn batch_ack(reply: &[u8], sent: usize) -> Result<Atomic, SinkError> {
+    let v: serde_json::Value = serde_json::from_slice(reply)
+        .map_err(|e| failed("publish batch", format!("unreadable ack {:?}: {e}", String::from_utf8_lossy(reply))))?;
+    if let Some(err) = v.get("error") {
+        if err.get("err_code").and_then(serde_json::Value::as_u64) == Some(ERR_BATCH_DUPLICATE) {
+            return Ok(Atomic::Duplicate);
+        }
+        return Err(failed("publish batch", err));
+    }
+    match v.get("count").and_then(serde_json::Value::as_u64) {
+        Some(count) if count == sent as u64 => Ok(Atomic::Stored),
+        _ => Err(failed("publish batch", format!("ack {v} does not count the {sent} messages sent"))),
+    }
+}
+
+/// Per subject, one publish in flight at a time, the next sent after the last one's ack: a
+/// failure then leaves a subject's stored records a prefix of what was sent, and the edge's
+/// resend continues it in order. Subjects run side by side.
+async fn publish_chains(js: &jetstream::Context, messages: Vec<Outgoing>) -> Result<(), SinkError> {
+    let mut chains: Vec<(String, Vec<(HeaderMap, Bytes)>)> = Vec::new();
+    let mut chain_of: std::collections::HashMap<String, usize> = std::collections::HashMap::new();
+    for m in messages {
+        let i = *chain_of.entry(m.subject.clone()).or_insert_with(|| {
+            chains.push((m.subject, Vec::new()));
+            chains.len() - 1
+        });
+        chains[i].1.push((m.headers, m.payload));
+    }
+    let mut running: FuturesUnordered<_> = chains
+        .into_iter()
+        .map(|(subject, messages)| {
+            let js = js.clone();
+            async move {
+                for (headers, payload) in messages {
+                    let ack = js
+                        .publish_with_headers(subject.clone(), headers, payload)
+                        .await
+                        .map_err(|e| failed("publish", e))?;
+                    ack.await.map_err(|e| failed("publish ack", e))?;
+                }
+                Ok::<(), SinkError>(())
+            }
+        })
+        .collect();
+    while let Some(result) = running.next().await {
+        result?;
+    }
+    Ok(())
 }
 
 /// Dictionary ids are hex digests, which are valid KV keys; anything else an edge names is not
@@ -152,6 +341,12 @@ fn header_safe(s: &str, name: bool) -> String {
 }
 
 impl Sink for JetStreamSink {
+    fn pipeline(&self) -> usize {
+        // Atomic batches stage while the ones before commit; message by message, only the
+        // building of the next batch's messages overlaps.
+        if self.atomic { 4 } else { 2 }
+    }
+
     async fn committed(&self, edge: &str, epoch: &str) -> Result<Vec<LaneSeq>, SinkError> {
         let (marks, _) = self.read_marks(&mark_key(edge, epoch)).await?;
         Ok(marks.into_iter().map(|(lane, seq)| LaneSeq { lane, seq }).collect())
@@ -163,56 +358,29 @@ impl Sink for JetStreamSink {
         epoch: String,
         lane: u8,
         records: Vec<WireRecord>,
+        turn: Turn,
     ) -> impl Future<Output = Result<(), SinkError>> + Send + 'static {
-        let (js, prefix) = (self.js.clone(), self.prefix.clone());
+        let (client, js, atomic) = (self.client.clone(), self.js.clone(), self.atomic);
+        // Built now, where the batch is received, not when its turn to publish comes: the
+        // publish before it is still waiting for JetStream meanwhile.
+        let messages = outgoing(&self.prefix, &edge, &epoch, lane, &records);
         async move {
-            // Per subject, one publish in flight at a time, the next sent after the last one's
-            // ack: a failure then leaves a subject's stored records a prefix of what was sent,
-            // and the edge's resend continues it in order. Subjects run side by side.
-            let mut chains: Vec<(String, Vec<(HeaderMap, Bytes)>)> = Vec::new();
-            let mut chain_of: std::collections::HashMap<String, usize> = std::collections::HashMap::new();
-            for r in &records {
-                let mut headers = HeaderMap::new();
-                headers.insert("Nats-Msg-Id", format!("{edge}:{epoch}:{lane}:{}", r.seq).as_str());
-                headers.insert("Edge-Id", edge.as_str());
-                headers.insert("Edge-Seq", format!("{epoch}:{lane}:{}", r.seq).as_str());
-                let (subject, payload) = match (&r.message, &r.gap) {
-                    (Some(m), _) => {
-                        for (name, value) in crate::names::headers(m) {
-                            headers.append(header_safe(&name, true).as_str(), header_safe(&value, false).as_str());
-                        }
-                        (crate::names::subject(&prefix, &edge, &m.topic), Bytes::from(m.payload.clone()))
-                    }
-                    (None, Some(g)) => {
-                        let body = serde_json::to_vec(g).map_err(|e| failed("gap record", e))?;
-                        (format!("{prefix}.{}.%gap", crate::names::token(&edge)), Bytes::from(body))
-                    }
-                    (None, None) => continue,
-                };
-                let i = *chain_of.entry(subject.clone()).or_insert_with(|| {
-                    chains.push((subject, Vec::new()));
-                    chains.len() - 1
-                });
-                chains[i].1.push((headers, payload));
+            let messages = messages?;
+            if !atomic {
+                if !turn.await {
+                    return Err(turn_failed());
+                }
+                return publish_chains(&js, messages).await;
             }
-            let mut running: FuturesUnordered<_> = chains
-                .into_iter()
-                .map(|(subject, messages)| {
-                    let js = js.clone();
-                    async move {
-                        for (headers, payload) in messages {
-                            let ack = js
-                                .publish_with_headers(subject.clone(), headers, payload)
-                                .await
-                                .map_err(|e| failed("publish", e))?;
-                            ack.await.map_err(|e| failed("publish ack", e))?;
-                        }
-                        Ok::<(), SinkError>(())
-                    }
-                })
-                .collect();
-            while let Some(result) = running.next().await {
-                result?;
+            let mut turn = Some(turn);
+            let mut rest = messages.as_slice();
+            while !rest.is_empty() {
+                let (chunk, after) = rest.split_at(rest.len().min(MAX_ATOMIC));
+                rest = after;
+                match publish_atomic(&client, chunk, turn.take()).await? {
+                    Atomic::Stored => {}
+                    Atomic::Duplicate => publish_chains(&js, chunk.to_vec()).await?,
+                }
             }
             Ok(())
         }
@@ -243,23 +411,50 @@ impl Sink for JetStreamSink {
     async fn mark(&self, edge: &str, epoch: &str, lane: u8, up_to: u64) -> Result<(), SinkError> {
         // Compare-and-set; a concurrent bridge's higher mark wins.
         let key = mark_key(edge, epoch);
+        let cached = self.last_marks.lock().unwrap_or_else(|e| e.into_inner()).get(&key).cloned();
+        if let Some((mut marks, revision)) = cached {
+            marks.insert(lane, up_to.max(marks.get(&lane).copied().unwrap_or(0)));
+            let value = Bytes::from(serde_json::to_vec(&marks).map_err(|e| failed("mark", e))?);
+            if let Ok(revision) = self.marks.update(&key, value, revision).await {
+                self.remember(key, marks, revision);
+                return Ok(());
+            }
+            // Another bridge wrote since: read, then compare-and-set as below.
+        }
         for _ in 0..16 {
             let (mut marks, revision) = self.read_marks(&key).await?;
             if marks.get(&lane).is_some_and(|m| *m >= up_to) {
+                if let Some(revision) = revision {
+                    self.remember(key, marks, revision);
+                }
                 return Ok(());
             }
             marks.insert(lane, up_to);
             let value = Bytes::from(serde_json::to_vec(&marks).map_err(|e| failed("mark", e))?);
             let result = match revision {
-                Some(rev) => self.marks.update(&key, value, rev).await.map(|_| ()).map_err(|e| e.to_string()),
-                None => self.marks.create(&key, value).await.map(|_| ()).map_err(|e| e.to_string()),
+                Some(rev) => self.marks.update(&key, value, rev).await.map_err(|e| e.to_string()),
+                None => self.marks.create(&key, value).await.map_err(|e| e.to_string()),
             };
             match result {
-                Ok(()) => return Ok(()),
+                Ok(revision) => {
+                    self.remember(key, marks, revision);
+                    return Ok(());
+                }
                 Err(e) => tracing::debug!(key, error = %e, "mark changed under us; retrying"),
             }
         }
         Err(failed("mark", format!("{key}: could not update after 16 attempts")))
+    }
+}
+
+impl JetStreamSink {
+    fn remember(&self, key: String, marks: BTreeMap<u8, u64>, revision: u64) {
+        let mut last = self.last_marks.lock().unwrap_or_else(|e| e.into_inner());
+        // Bounded by the edges this bridge serves; an edge's old epochs are not worth keeping.
+        if last.len() > 10_000 {
+            last.clear();
+        }
+        last.insert(key, (marks, revision));
     }
 }
 
@@ -273,5 +468,26 @@ mod tests {
         assert_eq!(mark_key("a.b", "e"), "x612e62.e");
         assert_eq!(header_safe("trace id:x", true), "trace%20id%3Ax");
         assert_eq!(header_safe("line\r\nbreak 100%", false), "line%0D%0Abreak 100%25");
+    }
+
+    #[test]
+    fn atomic_batches_need_2_12() {
+        assert!(supports_atomic("2.12.0"));
+        assert!(supports_atomic("2.15.1"));
+        assert!(supports_atomic("3.0.0-beta"));
+        assert!(!supports_atomic("2.11.9"));
+        assert!(!supports_atomic("2.10.22"));
+        assert!(!supports_atomic("garbage"));
+    }
+
+    #[test]
+    fn batch_acks_are_checked() {
+        assert!(matches!(batch_ack(br#"{"stream":"T","seq":5,"batch":"b","count":5}"#, 5), Ok(Atomic::Stored)));
+        assert!(batch_ack(br#"{"stream":"T","seq":5,"batch":"b","count":4}"#, 5).is_err());
+        let dup = br#"{"error":{"code":400,"err_code":10201,"description":"atomic publish batch contains duplicate message id"}}"#;
+        assert!(matches!(batch_ack(dup, 5), Ok(Atomic::Duplicate)));
+        let e = batch_ack(br#"{"error":{"code":400,"err_code":10174,"description":"atomic publish is disabled"}}"#, 5);
+        assert!(e.unwrap_err().to_string().contains("atomic publish is disabled"));
+        assert!(batch_ack(b"", 1).is_err());
     }
 }

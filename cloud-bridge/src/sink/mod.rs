@@ -16,10 +16,22 @@ pub enum SinkError {
     Failed { what: &'static str, reason: String },
 }
 
+/// Resolves once the batch published before this one is in the sink: `true`, or `false` if
+/// it failed. A sink makes no record of a batch visible before its turn came with `true`;
+/// otherwise a failure of the batch before would land this one's records first and the
+/// earlier one's after the edge's resend, out of order. A sink that keeps order by seq itself
+/// may ignore it.
+pub type Turn = std::pin::Pin<Box<dyn Future<Output = bool> + Send>>;
+
+/// A turn that has come: the first batch of a connection.
+pub fn first_turn() -> Turn {
+    Box::pin(std::future::ready(true))
+}
+
 pub trait Sink: Send + Sync + 'static {
-    /// Batches of one edge this sink may publish at once. Only a sink that keeps order by seq
-    /// itself can take more than one: otherwise a failure between two overlapping batches would
-    /// land the later one's records first and the earlier one's on the edge's resend.
+    /// Batches of one edge this sink may publish at once. Each waits for its [`Turn`] before
+    /// anything it writes becomes visible, so more than one helps only a sink with work to do
+    /// before that (staging a batch, preparing messages).
     fn pipeline(&self) -> usize {
         1
     }
@@ -27,14 +39,16 @@ pub trait Sink: Send + Sync + 'static {
     /// Per lane, the highest seq of `edge` and `epoch` committed.
     fn committed(&self, edge: &str, epoch: &str) -> impl Future<Output = Result<Vec<LaneSeq>, SinkError>> + Send;
 
-    /// Writes `records` durably and idempotently (a record written twice is kept once); the
-    /// mark does not move. The future owns what it needs, so several can run at once.
+    /// Writes `records` durably and idempotently (a record written twice is kept once), once
+    /// `turn` came; the mark does not move. The future owns what it needs, so several can run
+    /// at once.
     fn publish(
         &self,
         edge: String,
         epoch: String,
         lane: u8,
         records: Vec<WireRecord>,
+        turn: Turn,
     ) -> impl Future<Output = Result<(), SinkError>> + Send + 'static;
 
     /// Raises the committed mark of (edge, epoch, lane) to `up_to`, never lowers it. Called only
@@ -59,7 +73,7 @@ pub trait Sink: Send + Sync + 'static {
         up_to: u64,
     ) -> impl Future<Output = Result<(), SinkError>> + Send {
         async move {
-            self.publish(edge.to_owned(), epoch.to_owned(), lane, records).await?;
+            self.publish(edge.to_owned(), epoch.to_owned(), lane, records, first_turn()).await?;
             self.mark(edge, epoch, lane, up_to).await
         }
     }

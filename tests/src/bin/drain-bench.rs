@@ -1,7 +1,8 @@
 //! Helpers for the drain benchmark (scripts/bench-drain.sh):
-//! - `fill DB COUNT [random]`: a spool database holding COUNT 1 KiB telemetry messages (lane 3),
-//!   the backlog an edge builds while its uplink is down; `random` makes each payload 1,024
-//!   random letters (which zstd cannot shrink much) instead of 1,024 `x`;
+//! - `fill DB COUNT [x|random] [TOPICS]`: a spool database holding COUNT 1 KiB telemetry messages
+//!   (lane 3) on TOPICS topics in turn (default 16), the backlog an edge builds while its uplink
+//!   is down; `random` makes each payload 1,024 random letters (which zstd cannot shrink much)
+//!   instead of 1,024 `x`;
 //! - `raw URL COUNT`: the peer: COUNT 1 KiB messages published with async-nats straight into a
 //!   JetStream stream on the same server, pipelined (4,096 acks outstanding). Prints JSON.
 
@@ -21,6 +22,7 @@ async fn main() -> anyhow::Result<()> {
             let path = args.get(1).context("fill DB COUNT")?;
             let count: u64 = args.get(2).context("fill DB COUNT")?.parse()?;
             let random = args.get(3).is_some_and(|a| a == "random");
+            let topics: u64 = args.get(4).map_or(Ok(16), |t| t.parse())?;
             let mut spool = Spool::new(SqliteStorage::open(std::path::Path::new(path))?);
             let mut payload = Bytes::from(vec![b'x'; 1024]);
             let mut rng = rand::thread_rng();
@@ -30,7 +32,7 @@ async fn main() -> anyhow::Result<()> {
                 }
                 let message = Message {
                     class: "telemetry".into(),
-                    topic: format!("telemetry/cam-{:02}/metrics", i % 16),
+                    topic: format!("telemetry/cam-{:02}/metrics", i % topics.max(1)),
                     payload: payload.clone(),
                     qos: 1,
                     enqueued_ms: i,

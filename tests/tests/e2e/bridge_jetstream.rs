@@ -196,3 +196,74 @@ async fn a_nats_server_killed_and_restarted_mid_stream_loses_and_duplicates_noth
     let payloads: BTreeSet<Vec<u8>> = messages.iter().map(|m| m.payload.to_vec()).collect();
     assert_eq!((messages.len(), payloads.len()), (400, 400), "each record once across the restart");
 }
+
+fn telemetry(seq: u64) -> shared::proto::WireRecord {
+    shared::proto::WireRecord {
+        seq,
+        message: Some(shared::proto::WireMessage {
+            class: "telemetry".into(),
+            topic: "telemetry/one".into(),
+            payload: format!("m{seq}").into_bytes(),
+            qos: 1,
+            enqueued_ms: seq,
+            expires_ms: None,
+            user_properties: Vec::new(),
+            correlation_data: None,
+            content_type: None,
+        }),
+        gap: None,
+    }
+}
+
+fn settings(url: String, atomic: bool) -> cloud_bridge::sink::jetstream::JetStreamSettings {
+    cloud_bridge::sink::jetstream::JetStreamSettings {
+        url,
+        stream: "EDGE".into(),
+        subject_prefix: "edge".into(),
+        marks_bucket: "edge-marks".into(),
+        dicts_bucket: "edge-dicts".into(),
+        duplicate_window: Duration::from_secs(120),
+        replicas: 1,
+        atomic_batches: atomic,
+    }
+}
+
+/// The resend after a bridge died between publish and mark overlaps records already stored:
+/// JetStream refuses that atomic batch whole, and the sink publishes it message by message so
+/// only the new records land, in order. A batch whose turn fails lands nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_atomic_batch_overlapping_stored_records_lands_only_the_new_ones_in_order() {
+    use cloud_bridge::sink::{Sink, first_turn};
+    let nats = NatsServer::start();
+    let sink = cloud_bridge::sink::jetstream::JetStreamSink::connect(&settings(nats.url(), true)).await.unwrap();
+    let batch = |seqs: std::ops::RangeInclusive<u64>| seqs.map(telemetry).collect::<Vec<_>>();
+    sink.publish("edge-1".into(), "ep".into(), 3, batch(1..=10), first_turn()).await.unwrap();
+    // Another bridge instance, as after a restart, gets the overlapping resend.
+    let second = cloud_bridge::sink::jetstream::JetStreamSink::connect(&settings(nats.url(), true)).await.unwrap();
+    second.publish("edge-1".into(), "ep".into(), 3, batch(6..=15), first_turn()).await.unwrap();
+    let failed_before: cloud_bridge::sink::Turn = Box::pin(async { false });
+    let refused = second.publish("edge-1".into(), "ep".into(), 3, batch(16..=20), failed_before).await;
+    assert!(refused.unwrap_err().to_string().contains("the batch before this one failed"));
+    second.publish("edge-1".into(), "ep".into(), 3, batch(16..=20), first_turn()).await.unwrap();
+    let payloads: Vec<String> =
+        stream_messages(&nats.url()).await.iter().map(|m| String::from_utf8_lossy(&m.payload).into_owned()).collect();
+    let expected: Vec<String> = (1..=20).map(|s| format!("m{s}")).collect();
+    assert_eq!(payloads, expected);
+}
+
+/// A stream made before the bridge, without atomic batches allowed, is set to allow them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_existing_stream_is_set_to_allow_atomic_batches() {
+    let nats = NatsServer::start();
+    let js = async_nats::jetstream::new(async_nats::connect(nats.url()).await.unwrap());
+    js.create_stream(async_nats::jetstream::stream::Config {
+        name: "EDGE".into(),
+        subjects: vec!["edge.>".into()],
+        ..Default::default()
+    })
+    .await
+    .unwrap();
+    let _sink = cloud_bridge::sink::jetstream::JetStreamSink::connect(&settings(nats.url(), true)).await.unwrap();
+    let info = js.get_stream("EDGE").await.unwrap().info().await.unwrap().config.clone();
+    assert!(info.allow_atomic_publish);
+}
