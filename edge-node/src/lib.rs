@@ -12,6 +12,7 @@ pub mod metrics;
 pub mod probe;
 pub mod route;
 pub mod spool;
+pub mod tco;
 pub mod tls;
 pub mod uplink;
 
@@ -241,6 +242,17 @@ impl Node {
                 }
                 None => tracing::warn!("[uplink] is configured but no class routes to the cloud: nothing to send"),
             }
+        }
+        if config.tco.is_some() {
+            let task = tco::run(
+                Arc::new(config.clone()),
+                ctx.classes.clone(),
+                metrics.uplink.clone(),
+                metrics.tco.clone(),
+                metrics.tco_latest.clone(),
+                shutdown.clone(),
+            );
+            tracker.spawn(task);
         }
         Ok(Node { config, mqtt_addrs, http_addr, listeners, ctx, _broker: broker })
     }

@@ -38,6 +38,11 @@ enum Command {
         #[command(subcommand)]
         command: SpoolCommand,
     },
+    /// The TCO model's view of the topic classes.
+    Tco {
+        #[command(subcommand)]
+        command: TcoCommand,
+    },
     /// Add a user to a password file, or change their password (stored as an argon2 hash).
     Passwd {
         /// The password file (auth.password_file); created if missing.
@@ -47,6 +52,23 @@ enum Command {
         /// Read the password from standard input instead of prompting.
         #[arg(long)]
         password_stdin: bool,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+enum TcoCommand {
+    /// Per class: rate, GB a month, each route's monthly cost, the choice and why; then both
+    /// architectures' totals. From the running node (its `/tco`) when the config's HTTP
+    /// endpoint answers, else from the config's declared traffic.
+    Report {
+        #[arg(long, short)]
+        config: PathBuf,
+        /// JSON instead of the table.
+        #[arg(long)]
+        json: bool,
+        /// Also draw the monthly cost per class and route as an SVG chart.
+        #[arg(long)]
+        svg: Option<PathBuf>,
     },
 }
 
@@ -75,6 +97,7 @@ fn main() -> ExitCode {
         }
         Command::Passwd { file, user, password_stdin } => passwd(&file, &user, password_stdin),
         Command::Spool { command } => spool(command),
+        Command::Tco { command: TcoCommand::Report { config, json, svg } } => tco_report(&config, json, svg.as_deref()),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
@@ -208,7 +231,7 @@ fn check_config(path: &Path) -> ExitCode {
             ExitCode::SUCCESS
         }
         Err(e) => {
-            eprintln!("edge-node: cannot print config: {e}");
+            eprintln!("edge-node: {e:#}");
             ExitCode::FAILURE
         }
     }
@@ -231,6 +254,47 @@ fn spool(command: SpoolCommand) -> anyhow::Result<()> {
         }
     }
     Ok(())
+}
+
+fn tco_report(path: &Path, json: bool, svg: Option<&Path>) -> anyhow::Result<()> {
+    let config = load(path)?;
+    let tco = config.tco.clone().with_context(|| format!("{} has no [tco] section", path.display()))?;
+    let (snapshot, source) = match config.http.bind.and_then(live_tco) {
+        Some(s) => (s, "live, from the running node"),
+        None => {
+            use edge_node::tco;
+            let inputs = tco::inputs(&config, &tco, &Default::default(), None);
+            let routes = config.classes.iter().map(|c| (c.name.clone(), (c.route, 0))).collect();
+            let link = shared::tco::Link { rtt_ms: tco.link.rtt_ms, commit_ms: tco.link.commit_ms };
+            (tco::snapshot(&tco, link, &inputs, &routes), "declared traffic from the config")
+        }
+    };
+    if json {
+        println!("{}", serde_json::to_string_pretty(&snapshot)?);
+    } else {
+        println!("TCO report ({source})");
+        print!("{}", edge_node::tco::report::table(&snapshot));
+    }
+    if let Some(file) = svg {
+        std::fs::write(file, edge_node::tco::report::svg(&snapshot))
+            .with_context(|| format!("cannot write {}", file.display()))?;
+    }
+    Ok(())
+}
+
+/// `/tco` of a node serving on `addr`, if one answers within a second.
+fn live_tco(addr: std::net::SocketAddr) -> Option<edge_node::tco::Snapshot> {
+    use std::io::Write;
+    let addr =
+        if addr.ip().is_unspecified() { std::net::SocketAddr::from(([127, 0, 0, 1], addr.port())) } else { addr };
+    let mut stream = std::net::TcpStream::connect_timeout(&addr, Duration::from_secs(1)).ok()?;
+    stream.set_read_timeout(Some(Duration::from_secs(2))).ok()?;
+    write!(stream, "GET /tco HTTP/1.0\r\nHost: {addr}\r\n\r\n").ok()?;
+    let mut response = String::new();
+    stream.read_to_string(&mut response).ok()?;
+    let (head, body) = response.split_once("\r\n\r\n")?;
+    let status = head.lines().next()?.split_whitespace().nth(1)?;
+    (status == "200").then(|| serde_json::from_str(body).ok())?
 }
 
 fn passwd(file: &Path, user: &str, from_stdin: bool) -> anyhow::Result<()> {

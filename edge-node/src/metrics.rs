@@ -63,6 +63,9 @@ pub struct Metrics {
     pub probe_lost: Counter,
     pub spool: Arc<crate::spool::WriterMetrics>,
     pub uplink: Arc<crate::uplink::UplinkMetrics>,
+    pub tco: Arc<crate::tco::TcoMetrics>,
+    /// The TCO model's last answer, served on `/tco`.
+    pub tco_latest: Arc<std::sync::Mutex<crate::tco::Snapshot>>,
     /// Milliseconds after `started` of the last probe delivery; 0 before the first.
     probe_last_ok_ms: AtomicU64,
     started: Instant,
@@ -110,6 +113,8 @@ impl Metrics {
                 moved_aside: Counter::default(),
             }),
             uplink: Arc::default(),
+            tco: Arc::default(),
+            tco_latest: Arc::default(),
             probe_last_ok_ms: AtomicU64::new(0),
             started: Instant::now(),
             registry: Registry::default(),
@@ -210,6 +215,7 @@ impl Metrics {
             m.spool.commit_seconds.clone(),
         );
         m.uplink.register(r);
+        m.tco.register(r);
         Self { registry, ..m }
     }
 
@@ -279,6 +285,7 @@ pub async fn serve(listener: tokio::net::TcpListener, state: HealthState, shutdo
     let app = axum::Router::new()
         .route("/metrics", axum::routing::get(metrics_handler))
         .route("/healthz", axum::routing::get(health_handler))
+        .route("/tco", axum::routing::get(tco_handler))
         .with_state(state);
     if let Err(e) = axum::serve(listener, app).with_graceful_shutdown(shutdown.cancelled_owned()).await {
         tracing::error!(error = %e, "metrics endpoint failed");
@@ -287,6 +294,15 @@ pub async fn serve(listener: tokio::net::TcpListener, state: HealthState, shutdo
 
 async fn metrics_handler(State(state): State<HealthState>) -> impl IntoResponse {
     ([(header::CONTENT_TYPE, "application/openmetrics-text; version=1.0.0; charset=utf-8")], state.metrics.encode())
+}
+
+async fn tco_handler(State(state): State<HealthState>) -> impl IntoResponse {
+    let snapshot = state.metrics.tco_latest.lock().map(|s| s.clone()).unwrap_or_default();
+    if snapshot.classes.is_empty() {
+        return (StatusCode::NOT_FOUND, [(header::CONTENT_TYPE, "text/plain")], "no [tco] section\n".to_owned());
+    }
+    let body = serde_json::to_string_pretty(&snapshot).unwrap_or_default();
+    (StatusCode::OK, [(header::CONTENT_TYPE, "application/json")], body)
 }
 
 async fn health_handler(State(state): State<HealthState>) -> impl IntoResponse {

@@ -1,10 +1,11 @@
 //! Types and pure logic shared by `edge-node` and `cloud-bridge`.
 //!
 //! Nothing here does I/O: config value types, MQTT topic and filter rules, the ehb/1 wire
-//! protocol with its session state machines, and (later) the TCO model. Both binaries and the
+//! protocol with its session state machines, and the TCO model. Both binaries and the
 //! tests build on it.
 
 pub mod proto;
+pub mod tco;
 #[cfg(feature = "tls")]
 pub mod tls;
 pub mod topic;

@@ -259,6 +259,11 @@ impl EdgeConfig {
                 bad("probe.topic".into(), "rumqttd never delivers topics starting with '$'".into());
             }
         }
+        if let Some(tco) = &self.tco {
+            for (key, reason) in tco.problems(&self.classes) {
+                bad(key, reason);
+            }
+        }
         out
     }
 }

@@ -49,6 +49,8 @@ pub struct EdgeConfig {
     pub classes: Vec<ClassConfig>,
     /// The QUIC bridge to the cloud. Default: none (the spool fills and evicts by its budget).
     pub uplink: Option<UplinkConfig>,
+    /// The TCO model: prices, per-class SLA and pins, live routing. Default: none.
+    pub tco: Option<crate::tco::TcoConfig>,
 }
 
 /// The QUIC uplink to a cloud bridge (ehb/1, mutual TLS).

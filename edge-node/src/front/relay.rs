@@ -410,6 +410,9 @@ impl Upstream {
         }
 
         let class = sh.ctx.classes.classify(topic_str);
+        if let Some(class) = class {
+            class.count(frame.len());
+        }
         let route = class.map_or(Route::EdgeDirect, Class::route);
         if let (Some(class), Some(spool), Route::Central | Route::Both) = (class, &sh.ctx.spool, route) {
             let message = spooled_message(frame, sh.version, topic_str, class, view.qos)?;

@@ -6,46 +6,13 @@
 //! issues (the TCO model) change at run time without touching the front.
 
 use std::sync::RwLock;
+use std::sync::atomic::{AtomicU64, Ordering};
 
-use serde::{Deserialize, Serialize};
 use shared::topic::TopicFilter;
 
 use crate::spool::{Durability, Lane};
 
-/// Where a class's messages go.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "kebab-case")]
-pub enum Route {
-    /// Local subscribers only.
-    EdgeDirect,
-    /// The cloud only, through the spool; local subscribers do not get it.
-    Central,
-    /// Local subscribers and the cloud.
-    Both,
-}
-
-/// What the class's data must do for governance.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
-#[serde(rename_all = "kebab-case")]
-pub enum Governance {
-    #[default]
-    None,
-    /// A copy must reach the central cluster.
-    AuditCopy,
-    /// Only the central cluster may serve it.
-    CentralOnly,
-}
-
-impl Governance {
-    /// Whether `route` satisfies this governance need (the table in DESIGN.md).
-    pub fn allows(self, route: Route) -> bool {
-        match self {
-            Governance::None => true,
-            Governance::AuditCopy => route != Route::EdgeDirect,
-            Governance::CentralOnly => route == Route::Central,
-        }
-    }
-}
+pub use shared::tco::{Governance, Route};
 
 /// One class, ready to match.
 #[derive(Debug)]
@@ -57,6 +24,9 @@ pub struct Class {
     pub durability: Durability,
     pub ttl_ms: Option<u64>,
     route: RwLock<Route>,
+    /// Publishes and their bytes since start: the TCO model's traffic.
+    messages: AtomicU64,
+    bytes: AtomicU64,
 }
 
 impl Class {
@@ -69,11 +39,33 @@ impl Class {
         durability: Durability,
         ttl_ms: Option<u64>,
     ) -> Self {
-        Self { name, filters, governance, lane, durability, ttl_ms, route: RwLock::new(route) }
+        Self {
+            name,
+            filters,
+            governance,
+            lane,
+            durability,
+            ttl_ms,
+            route: RwLock::new(route),
+            messages: AtomicU64::new(0),
+            bytes: AtomicU64::new(0),
+        }
     }
 
     pub fn route(&self) -> Route {
         self.route.read().map_or(Route::EdgeDirect, |r| *r)
+    }
+
+    /// Counts one publish of `bytes` (the whole PUBLISH packet: topic, payload and a few bytes
+    /// of header, which the model prices as payload).
+    pub fn count(&self, bytes: usize) {
+        self.messages.fetch_add(1, Ordering::Relaxed);
+        self.bytes.fetch_add(bytes as u64, Ordering::Relaxed);
+    }
+
+    /// Publishes and bytes counted so far.
+    pub fn traffic(&self) -> (u64, u64) {
+        (self.messages.load(Ordering::Relaxed), self.bytes.load(Ordering::Relaxed))
     }
 
     /// Changes the route at run time; refused when governance does not allow it.
@@ -109,6 +101,10 @@ impl Classes {
 
     pub fn is_empty(&self) -> bool {
         self.classes.is_empty()
+    }
+
+    pub fn iter(&self) -> impl Iterator<Item = &Class> {
+        self.classes.iter()
     }
 }
 

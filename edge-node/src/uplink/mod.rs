@@ -51,6 +51,8 @@ pub struct UplinkMetrics {
     pub dict_batches: Counter,
     /// From sending a batch to its ack: how long until the central cluster has it.
     pub commit_latency: prometheus_client::metrics::histogram::Histogram,
+    /// The last commit latency, microseconds, for the TCO model.
+    pub commit_micros: Gauge,
 }
 
 impl Default for UplinkMetrics {
@@ -73,6 +75,7 @@ impl Default for UplinkMetrics {
             commit_latency: prometheus_client::metrics::histogram::Histogram::new(
                 prometheus_client::metrics::histogram::exponential_buckets(0.001, 2.0, 16),
             ),
+            commit_micros: Gauge::default(),
         }
     }
 }
@@ -110,6 +113,18 @@ impl UplinkMetrics {
             prometheus_client::registry::Unit::Seconds,
             self.commit_latency.clone(),
         );
+    }
+}
+
+impl crate::tco::LinkSource for UplinkMetrics {
+    fn link(&self) -> Option<shared::tco::Link> {
+        let (rtt, commit) = (self.rtt_micros.get(), self.commit_micros.get());
+        (rtt > 0).then(|| shared::tco::Link { rtt_ms: rtt as f64 / 1000.0, commit_ms: commit as f64 / 1000.0 })
+    }
+
+    fn compression(&self) -> Option<f64> {
+        let (raw, sent) = (self.bytes_raw.get(), self.bytes_sent.get());
+        (raw > 0).then(|| sent as f64 / raw as f64)
     }
 }
 
@@ -375,7 +390,10 @@ impl Uplink {
                         self.refresh(session, &mut heads).await?;
                     }
                     EdgeEvent::DictStored(id) => dicts.stored(id),
-                    EdgeEvent::Committed { latency, .. } => self.metrics.commit_latency.observe(latency.as_secs_f64()),
+                    EdgeEvent::Committed { latency, .. } => {
+                        self.metrics.commit_latency.observe(latency.as_secs_f64());
+                        self.metrics.commit_micros.set(latency.as_micros() as i64);
+                    }
                     EdgeEvent::Rtt(rtt) => {
                         self.metrics.rtt_micros.set(rtt.as_micros() as i64);
                     }

@@ -31,7 +31,7 @@ fn every_example_config_loads() {
             "acl.toml" => {
                 edge_node::auth::Acl::load(&path).unwrap_or_else(|e| panic!("{name}: {e}"));
             }
-            n if n.starts_with("edge") && n.ends_with(".toml") => {
+            n if (n.starts_with("edge") || n.starts_with("tco-")) && n.ends_with(".toml") => {
                 EdgeConfig::load(&path).unwrap_or_else(|e| panic!("{name}: {e}"));
                 let out = edge_node(&["check-config", "--config", path.to_str().unwrap()]);
                 assert!(out.status.success(), "check-config {name}: {}", String::from_utf8_lossy(&out.stderr));
@@ -69,6 +69,18 @@ fn bad_configs_name_the_problem() {
         ("[auth]\npassword_file = \"nope\"\n", "auth.password_file"),
         ("[log]\nlevel = \"[[[\"\n", "log.level"),
         ("node_id = \"a/b\"\n", "node_id"),
+        (
+            "[[class]]\nname = \"c\"\nfilters = [\"c/#\"]\nroute = \"central\"\ngovernance = \"central-only\"\n\
+             [tco.prices]\nmonths = 0\nuplink_per_gb = -1\nfte_month = 1\n[tco.prices.edge_direct]\nhardware = 1\nfte = 0\n\
+             [tco.prices.central]\nhardware = 1\nfte = 0\n[tco.class.c]\npin = \"edge-direct\"\n",
+            "tco.class.c.pin: governance central-only does not allow edge-direct",
+        ),
+        (
+            "[tco]\nthreshold = 1.5\n[tco.prices]\nmonths = 36\nuplink_per_gb = 1\nfte_month = 1\n\
+             [tco.prices.edge_direct]\nhardware = 1\nfte = 0\n[tco.prices.central]\nhardware = 1\nfte = 0\n\
+             [tco.class.sync]\nsla_ms = 10\n",
+            "tco.class.sync.msg_per_s: a class not in [[class]] needs msg_per_s and bytes_per_msg",
+        ),
     ];
     for (i, (text, expected)) in cases.iter().enumerate() {
         let path = dir.path().join(format!("bad{i}.toml"));

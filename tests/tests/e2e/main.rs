@@ -14,3 +14,4 @@ mod broker_security;
 mod edge_cli;
 mod spool_faults;
 mod spool_routes;
+mod tco;

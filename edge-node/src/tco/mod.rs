@@ -1,0 +1,376 @@
+//! The TCO model at work on the edge: `[tco]` in the config (prices, per-class SLA, pins and
+//! declared traffic), live routing that feeds the model the classes' measured traffic and the
+//! uplink's RTT and compression on a schedule and moves routes with hysteresis, and the
+//! report (`edge-node tco report`, `/tco`).
+
+pub mod report;
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use serde::{Deserialize, Serialize};
+use shared::tco::{ClassInput, Decision, Governance, Hysteresis, Link, Prices, Route, architecture_totals, evaluate};
+use shared::units::HumanDuration;
+use tokio_util::sync::CancellationToken;
+
+use crate::config::EdgeConfig;
+use crate::route::Classes;
+
+/// `[tco]`: prices, the schedule and per-class figures.
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct TcoConfig {
+    pub prices: Prices,
+    /// Move routes at run time by the model. Off: the model only reports. Default: on.
+    #[serde(default = "yes")]
+    pub live: bool,
+    /// How often the model runs; traffic rates are measured over this span. Default: 1min.
+    #[serde(default = "default_interval")]
+    pub interval: HumanDuration,
+    /// How long the model must want a route before a class moves. Default: 15min.
+    #[serde(default = "default_hold")]
+    pub hold: HumanDuration,
+    /// Smallest saving, as a share of the current route's cost, worth a move. Default: 0.1.
+    #[serde(default = "default_threshold")]
+    pub threshold: f64,
+    /// The link to the central cluster until the uplink has measured it.
+    #[serde(default)]
+    pub link: LinkConfig,
+    /// Per class: SLA, pin, declared traffic. Classes not in `[[class]]` (for example model
+    /// parameter sync, which the edge does not route) are priced for the report only.
+    #[serde(default, rename = "class")]
+    pub classes: BTreeMap<String, TcoClass>,
+}
+
+fn yes() -> bool {
+    true
+}
+fn default_interval() -> HumanDuration {
+    HumanDuration(Duration::from_secs(60))
+}
+fn default_hold() -> HumanDuration {
+    HumanDuration(Duration::from_secs(15 * 60))
+}
+fn default_threshold() -> f64 {
+    0.1
+}
+
+#[derive(Debug, Clone, Copy, Default, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct LinkConfig {
+    #[serde(default)]
+    pub rtt_ms: f64,
+    #[serde(default)]
+    pub commit_ms: f64,
+}
+
+#[derive(Debug, Clone, Default, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct TcoClass {
+    /// Latency its consumers need, ms.
+    pub sla_ms: Option<f64>,
+    /// The operator's route: the model reports, never overrides.
+    pub pin: Option<Route>,
+    /// Only for classes not in `[[class]]`; those take theirs from there.
+    pub governance: Option<Governance>,
+    /// Declared traffic, used until measured (and always for report-only classes).
+    pub msg_per_s: Option<f64>,
+    pub bytes_per_msg: Option<f64>,
+    /// Wire bytes per byte; default: what the uplink measured, else 1.
+    pub compression: Option<f64>,
+}
+
+impl TcoConfig {
+    /// Semantic problems, as `(key, reason)`.
+    pub fn problems(&self, classes: &[crate::config::ClassConfig]) -> Vec<(String, String)> {
+        let mut out = Vec::new();
+        let p = &self.prices;
+        if p.months.is_nan() || p.months <= 0.0 {
+            out.push(("tco.prices.months".into(), format!("{} must be more than 0", p.months)));
+        }
+        let prices = [
+            ("uplink_per_gb", p.uplink_per_gb),
+            ("central_ingest_per_gb", p.central_ingest_per_gb),
+            ("central_storage_per_gb_month", p.central_storage_per_gb_month),
+            ("retention_months", p.retention_months),
+            ("edge_per_gb", p.edge_per_gb),
+            ("fte_month", p.fte_month),
+            ("edge_direct.hardware", p.edge_direct.hardware),
+            ("edge_direct.fte", p.edge_direct.fte),
+            ("central.hardware", p.central.hardware),
+            ("central.fte", p.central.fte),
+        ];
+        for (key, v) in prices {
+            if !v.is_finite() || v < 0.0 {
+                out.push((format!("tco.prices.{key}"), format!("{v} must be a number of at least 0")));
+            }
+        }
+        if !(0.0..1.0).contains(&self.threshold) {
+            out.push(("tco.threshold".into(), format!("{} must be at least 0 and below 1", self.threshold)));
+        }
+        if self.interval.0.is_zero() {
+            out.push(("tco.interval".into(), "must be more than 0s".into()));
+        }
+        for (name, c) in &self.classes {
+            let key = |k: &str| format!("tco.class.{name}.{k}");
+            let edge_class = classes.iter().find(|e| &e.name == name);
+            let governance = match (edge_class, c.governance) {
+                (Some(_), Some(_)) => {
+                    out.push((key("governance"), "set in [[class]] for classes the edge routes".into()));
+                    continue;
+                }
+                (Some(e), None) => e.governance,
+                (None, g) => {
+                    if c.msg_per_s.is_none() || c.bytes_per_msg.is_none() {
+                        out.push((
+                            key("msg_per_s"),
+                            "a class not in [[class]] needs msg_per_s and bytes_per_msg".into(),
+                        ));
+                    }
+                    g.unwrap_or_default()
+                }
+            };
+            if let Some(pin) = c.pin
+                && !governance.allows(pin)
+            {
+                out.push((key("pin"), format!("governance {} does not allow {pin}", governance.as_str())));
+            }
+            for (k, v) in [("sla_ms", c.sla_ms), ("msg_per_s", c.msg_per_s), ("bytes_per_msg", c.bytes_per_msg)] {
+                if v.is_some_and(|v| !v.is_finite() || v < 0.0) {
+                    out.push((key(k), "must be a number of at least 0".into()));
+                }
+            }
+            if c.compression.is_some_and(|v| !v.is_finite() || v <= 0.0) {
+                out.push((key("compression"), "must be more than 0".into()));
+            }
+        }
+        out
+    }
+}
+
+/// Measured traffic of one class over the last interval.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Measured {
+    pub msg_per_s: f64,
+    pub bytes_per_msg: f64,
+}
+
+/// The model's inputs for every class: `[[class]]` in order, then report-only classes. A
+/// class's measured traffic wins over its declared traffic once it has any.
+pub fn inputs(
+    config: &EdgeConfig,
+    tco: &TcoConfig,
+    measured: &BTreeMap<String, Measured>,
+    compression: Option<f64>,
+) -> Vec<ClassInput> {
+    let declared = |name: &str| tco.classes.get(name).cloned().unwrap_or_default();
+    let mut out: Vec<ClassInput> = config
+        .classes
+        .iter()
+        .map(|c| {
+            let d = declared(&c.name);
+            let m = measured.get(&c.name).filter(|m| m.msg_per_s > 0.0);
+            ClassInput {
+                name: c.name.clone(),
+                msg_per_s: m.map_or(d.msg_per_s.unwrap_or(0.0), |m| m.msg_per_s),
+                bytes_per_msg: m.map_or(d.bytes_per_msg.unwrap_or(0.0), |m| m.bytes_per_msg),
+                compression: d.compression.or(compression).unwrap_or(1.0),
+                sla_ms: d.sla_ms,
+                governance: c.governance,
+                pinned: d.pin,
+            }
+        })
+        .collect();
+    for (name, d) in &tco.classes {
+        if config.classes.iter().any(|c| &c.name == name) {
+            continue;
+        }
+        out.push(ClassInput {
+            name: name.clone(),
+            msg_per_s: d.msg_per_s.unwrap_or(0.0),
+            bytes_per_msg: d.bytes_per_msg.unwrap_or(0.0),
+            compression: d.compression.or(compression).unwrap_or(1.0),
+            sla_ms: d.sla_ms,
+            governance: d.governance.unwrap_or_default(),
+            pinned: d.pin,
+        });
+    }
+    out
+}
+
+/// What the model said last, and about what: served on `/tco` and by `tco report`.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct Snapshot {
+    pub currency: String,
+    pub months: f64,
+    pub link: Option<Link>,
+    pub classes: Vec<ClassReport>,
+    pub architectures: Vec<shared::tco::ArchitectureTotal>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct ClassReport {
+    #[serde(flatten)]
+    pub decision: Decision,
+    /// The route the class has now; `None` for classes the edge does not route.
+    pub route: Option<Route>,
+    pub switches: u64,
+}
+
+/// Prices `inputs` and puts the result in a snapshot; `routes` are the classes' current routes.
+pub fn snapshot(
+    tco: &TcoConfig,
+    link: Link,
+    inputs: &[ClassInput],
+    routes: &BTreeMap<String, (Route, u64)>,
+) -> Snapshot {
+    let decisions = evaluate(&tco.prices, &link, inputs);
+    Snapshot {
+        currency: tco.prices.currency.clone(),
+        months: tco.prices.months,
+        link: Some(link),
+        classes: decisions
+            .into_iter()
+            .map(|decision| {
+                let (route, switches) = routes.get(&decision.class).map_or((None, 0), |(r, n)| (Some(*r), *n));
+                ClassReport { decision, route, switches }
+            })
+            .collect(),
+        architectures: architecture_totals(&tco.prices),
+    }
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ClassRouteLabels {
+    pub class: String,
+    pub route: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ClassOnly {
+    pub class: String,
+}
+
+/// `edge_tco_*` metrics.
+#[derive(Debug, Default)]
+pub struct TcoMetrics {
+    /// 1 for the route a class has, 0 for the others.
+    pub route: Family<ClassRouteLabels, Gauge>,
+    /// Monthly cost of each route per class, in the config's currency, rounded.
+    pub monthly_cost: Family<ClassRouteLabels, Gauge>,
+    pub switches: Family<ClassOnly, Counter>,
+}
+
+impl TcoMetrics {
+    pub fn register(&self, r: &mut prometheus_client::registry::Registry) {
+        r.register("tco_route", "Route each topic class has (1) and has not (0)", self.route.clone());
+        r.register(
+            "tco_monthly_cost",
+            "Monthly cost of each route per class, by the TCO model",
+            self.monthly_cost.clone(),
+        );
+        r.register("tco_route_switches", "Route changes the TCO model made, by class", self.switches.clone());
+    }
+}
+
+/// What the live task reads from the uplink: RTT, commit latency and compression so far.
+pub trait LinkSource: Send + Sync + 'static {
+    fn link(&self) -> Option<Link>;
+    fn compression(&self) -> Option<f64>;
+}
+
+/// Runs the model every `interval` on the classes' measured traffic and moves routes.
+pub async fn run(
+    config: Arc<EdgeConfig>,
+    classes: Arc<Classes>,
+    link_source: Arc<dyn LinkSource>,
+    metrics: Arc<TcoMetrics>,
+    latest: Arc<Mutex<Snapshot>>,
+    shutdown: CancellationToken,
+) {
+    let Some(tco) = config.tco.clone() else { return };
+    let started = Instant::now();
+    let mut holds: BTreeMap<String, Hysteresis> =
+        classes.iter().map(|c| (c.name.clone(), Hysteresis::new(c.route(), tco.threshold, tco.hold.0))).collect();
+    let mut switches: BTreeMap<String, u64> = BTreeMap::new();
+    let mut last: BTreeMap<String, (u64, u64)> = classes.iter().map(|c| (c.name.clone(), c.traffic())).collect();
+    let mut last_at = Instant::now();
+    let mut tick = tokio::time::interval_at(tokio::time::Instant::now() + tco.interval.0, tco.interval.0);
+    publish(&tco, &config, &classes, &link_source, &BTreeMap::new(), &switches, &metrics, &latest);
+    loop {
+        tokio::select! {
+            _ = tick.tick() => {}
+            _ = shutdown.cancelled() => return,
+        }
+        let now = Instant::now();
+        let span = now.duration_since(last_at).as_secs_f64().max(1e-3);
+        last_at = now;
+        let mut measured = BTreeMap::new();
+        for c in classes.iter() {
+            let (messages, bytes) = c.traffic();
+            let (m0, b0) = last.insert(c.name.clone(), (messages, bytes)).unwrap_or((0, 0));
+            let (dm, db) = (messages.saturating_sub(m0), bytes.saturating_sub(b0));
+            let bytes_per_msg = if dm > 0 { db as f64 / dm as f64 } else { 0.0 };
+            measured.insert(c.name.clone(), Measured { msg_per_s: dm as f64 / span, bytes_per_msg });
+        }
+        let snap = publish(&tco, &config, &classes, &link_source, &measured, &switches, &metrics, &latest);
+        if !tco.live {
+            continue;
+        }
+        for report in &snap.classes {
+            let (Some(class), Some(hold)) =
+                (classes.iter().find(|c| c.name == report.decision.class), holds.get_mut(&report.decision.class))
+            else {
+                continue;
+            };
+            let Some(to) = hold.update(started.elapsed(), &report.decision) else { continue };
+            let from = class.route();
+            match class.set_route(to) {
+                Ok(()) => {
+                    *switches.entry(class.name.clone()).or_default() += 1;
+                    crate::metrics::handle(&metrics.switches, &ClassOnly { class: class.name.clone() }).inc();
+                    tracing::info!(class = class.name, %from, %to, reason = report.decision.reason, "TCO route change");
+                }
+                Err(e) => tracing::warn!(error = e, "TCO route change refused"),
+            }
+        }
+        publish(&tco, &config, &classes, &link_source, &measured, &switches, &metrics, &latest);
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
+fn publish(
+    tco: &TcoConfig,
+    config: &EdgeConfig,
+    classes: &Classes,
+    link_source: &Arc<dyn LinkSource>,
+    measured: &BTreeMap<String, Measured>,
+    switches: &BTreeMap<String, u64>,
+    metrics: &TcoMetrics,
+    latest: &Mutex<Snapshot>,
+) -> Snapshot {
+    let link = link_source.link().unwrap_or(Link { rtt_ms: tco.link.rtt_ms, commit_ms: tco.link.commit_ms });
+    let inputs = inputs(config, tco, measured, link_source.compression());
+    let routes: BTreeMap<String, (Route, u64)> =
+        classes.iter().map(|c| (c.name.clone(), (c.route(), switches.get(&c.name).copied().unwrap_or(0)))).collect();
+    let snap = snapshot(tco, link, &inputs, &routes);
+    for report in &snap.classes {
+        let class = report.decision.class.clone();
+        for cost in &report.decision.costs {
+            let labels = ClassRouteLabels { class: class.clone(), route: cost.route.as_str() };
+            crate::metrics::handle(&metrics.monthly_cost, &labels).set(cost.monthly.round() as i64);
+            if let Some(route) = report.route {
+                crate::metrics::handle(&metrics.route, &labels).set(i64::from(route == cost.route));
+            }
+        }
+    }
+    if let Ok(mut l) = latest.lock() {
+        *l = snap.clone();
+    }
+    snap
+}

@@ -1,0 +1,197 @@
+//! The TCO model as an operator meets it: the brief's example through `edge-node tco report`,
+//! and a running gateway moving a class when its traffic grows tenfold, with the move in the
+//! metrics, in the report and in where the messages go.
+
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use e2e_tests::client::Client;
+use e2e_tests::node::EdgeProcess;
+use e2e_tests::workspace_bin;
+use rumqttc::QoS;
+use serde_json::Value;
+
+fn report(config: &std::path::Path, extra: &[&str]) -> (String, String) {
+    let out = Command::new(workspace_bin("edge-node"))
+        .args(["tco", "report", "--config"])
+        .arg(config)
+        .args(extra)
+        .output()
+        .expect("run edge-node tco report");
+    let (stdout, stderr) =
+        (String::from_utf8_lossy(&out.stdout).into_owned(), String::from_utf8_lossy(&out.stderr).into_owned());
+    assert!(out.status.success(), "tco report failed: {stderr}");
+    (stdout, stderr)
+}
+
+fn class<'a>(report: &'a Value, name: &str) -> &'a Value {
+    report["classes"].as_array().unwrap().iter().find(|c| c["class"] == name).unwrap_or_else(|| panic!("no {name}"))
+}
+
+#[test]
+fn the_brief_example_comes_out_of_the_model() {
+    let config = std::path::Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/../config/tco-brief.toml"));
+    let dir = tempfile::tempdir().unwrap();
+    let svg = dir.path().join("chart.svg");
+    let (json, _) = report(config, &["--json", "--svg", svg.to_str().unwrap()]);
+    let r: Value = serde_json::from_str(&json).unwrap();
+    // The brief's decisions: inference results (50 ms SLA) edge-direct, parameter sync central.
+    let inference = class(&r, "inference");
+    assert_eq!(inference["chosen"], "edge-direct");
+    let central = inference["costs"].as_array().unwrap().iter().find(|c| c["route"] == "central").unwrap();
+    assert_eq!(central["infeasible"], "SLA 50 ms < central latency 180 ms");
+    assert_eq!(class(&r, "parameter-sync")["chosen"], "central");
+    assert_ne!(class(&r, "feedback")["chosen"], "edge-direct");
+    // Both architectures' 3-year totals from the brief's table and the file's prices.
+    let totals: Vec<(String, f64)> = r["architectures"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|a| (a["name"].as_str().unwrap().to_owned(), a["total"].as_f64().unwrap()))
+        .collect();
+    let edge = 12_800.0 + 2.1 * 36.0 * 2.0 + 0.3 * 36.0 * 11_090.0;
+    let central = 41_500.0 + 87.0 * 36.0 * 2.0 + 1.7 * 36.0 * 11_090.0;
+    assert_eq!(totals.len(), 2);
+    assert_eq!(totals[0].0, "edge-direct");
+    assert!((totals[0].1 - edge).abs() < 0.01, "{totals:?}");
+    assert!((totals[1].1 - central).abs() < 0.01, "{totals:?}");
+    let chart = std::fs::read_to_string(&svg).unwrap();
+    assert!(chart.starts_with("<svg") && chart.contains("parameter-sync"));
+    // The table says the same, with the reason.
+    let (table, _) = report(config, &[]);
+    assert!(table.contains("declared traffic from the config"), "{table}");
+    let line = table.lines().find(|l| l.starts_with("inference")).unwrap();
+    assert!(line.contains("edge-direct") && line.contains("SLA 50 ms < central latency 180 ms"), "{line}");
+    assert!(table.contains("total    132,723") && table.contains("total    726,472"), "{table}");
+}
+
+#[test]
+fn a_report_without_a_tco_section_names_the_problem() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("edge.toml");
+    std::fs::write(&path, "node_id = \"x\"\n").unwrap();
+    let out = Command::new(workspace_bin("edge-node")).args(["tco", "report", "--config"]).arg(&path).output().unwrap();
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("has no [tco] section"));
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+}
+
+/// Prices where a class of about 100-byte messages is cheaper central below about 50 msg/s and
+/// edge-direct above: the central cluster is already paid for, the uplink costs 3 a GB, the
+/// edge's share of its hardware is 50 a month per class.
+fn live_config(http: u16) -> String {
+    format!(
+        r#"node_id = "tco-edge"
+[http]
+bind = "127.0.0.1:{http}"
+[probe]
+enabled = false
+[[listener]]
+name = "local"
+bind = "127.0.0.1:0"
+anonymous = true
+[spool]
+path = "spool.db"
+
+[[class]]
+name = "counters"
+filters = ["counters/#"]
+route = "central"
+priority = 2
+
+[[class]]
+name = "audit"
+filters = ["audit/#"]
+route = "both"
+governance = "audit-copy"
+priority = 1
+
+[tco]
+interval = "200ms"
+hold = "600ms"
+threshold = 0.1
+[tco.prices]
+months = 36
+uplink_per_gb = 3.0
+fte_month = 10000
+[tco.prices.edge_direct]
+hardware = 3600
+fte = 0
+[tco.prices.central]
+hardware = 0
+fte = 0
+[tco.link]
+rtt_ms = 20
+commit_ms = 40
+[tco.class.counters]
+compression = 1.0
+[tco.class.audit]
+compression = 1.0
+"#
+    )
+}
+
+async fn publish_for(publisher: &Client, per_s: u32, span: Duration, payload: &[u8]) {
+    let start = Instant::now();
+    let mut sent = 0u32;
+    while start.elapsed() < span {
+        for topic in ["counters/cam-1", "audit/cam-1"] {
+            publisher.publish(topic, QoS::AtMostOnce, false, payload.to_vec()).await;
+        }
+        sent += 1;
+        let next = start + Duration::from_secs_f64(f64::from(sent) / f64::from(per_s));
+        tokio::time::sleep_until(next.into()).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_class_growing_tenfold_moves_by_the_model_and_audit_stays_off_edge_direct() {
+    let dir = tempfile::tempdir().unwrap();
+    let edge = EdgeProcess::start(dir.path(), &live_config(free_port()));
+    let mut local = Client::anonymous(edge.addr("local"), "local-app").await;
+    local.subscribe("counters/#", QoS::AtMostOnce).await;
+    let publisher = Client::anonymous(edge.addr("local"), "counter").await;
+    let payload = [b'c'; 80];
+    let switched = "edge_tco_route_switches_total{class=\"counters\"}";
+    let audit_edge = "edge_tco_route{class=\"audit\",route=\"edge-direct\"}";
+
+    // 20 msg/s for 3 s: central is cheaper; the class stays, local subscribers get nothing.
+    publish_for(&publisher, 20, Duration::from_secs(3), &payload).await;
+    assert_eq!(edge.metric(switched), 0.0, "{}", edge.stderr());
+    assert_eq!(edge.metric("edge_tco_route{class=\"counters\",route=\"central\"}"), 1.0);
+    assert!(local.recv(Duration::from_millis(100)).await.is_none(), "central: no local delivery");
+
+    // Ten times that: after the hold time the model moves it edge-direct, once.
+    let start = Instant::now();
+    while edge.metric(switched) == 0.0 && start.elapsed() < Duration::from_secs(15) {
+        publish_for(&publisher, 200, Duration::from_millis(500), &payload).await;
+        assert_eq!(edge.metric(audit_edge), 0.0);
+    }
+    assert_eq!(edge.metric(switched), 1.0, "{}", edge.stderr());
+    publish_for(&publisher, 200, Duration::from_secs(2), &payload).await;
+    assert_eq!(edge.metric(switched), 1.0, "one move, no flapping");
+    assert_eq!(edge.metric("edge_tco_route{class=\"counters\",route=\"edge-direct\"}"), 1.0);
+    assert_eq!(edge.metric(audit_edge), 0.0, "audit-copy never goes edge-direct");
+    assert!(edge.metric("edge_tco_monthly_cost{class=\"counters\",route=\"central\"}") > 50.0);
+    assert!(local.recv(Duration::from_secs(2)).await.is_some(), "edge-direct: local subscribers get it");
+    assert!(edge.stderr().contains("TCO route change"), "{}", edge.stderr());
+
+    // The report, from the running node while the traffic goes on, shows the move and why.
+    let traffic = tokio::spawn(async move {
+        publish_for(&publisher, 200, Duration::from_secs(60), &payload).await;
+    });
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let (json, _) = report(&dir.path().join("edge.toml"), &["--json"]);
+    let r: Value = serde_json::from_str(&json).unwrap();
+    let counters = class(&r, "counters");
+    assert_eq!(counters["route"], "edge-direct");
+    assert_eq!(counters["switches"], 1);
+    assert!(counters["msg_per_s"].as_f64().unwrap() > 100.0, "{counters}");
+    assert_ne!(class(&r, "audit")["route"], "edge-direct");
+    let (table, _) = report(&dir.path().join("edge.toml"), &[]);
+    assert!(table.contains("live, from the running node"), "{table}");
+    traffic.abort();
+}
