@@ -69,6 +69,10 @@ pub enum SinkConfig {
         /// batches. Default: `edge-dicts`.
         #[serde(default = "default_dicts_bucket")]
         dicts_bucket: String,
+        /// KV bucket of each edge's latest TCO classes report, for `cloud-bridge tco report`.
+        /// Default: `edge-tco`.
+        #[serde(default = "default_tco_bucket")]
+        tco_bucket: String,
         /// JetStream's Nats-Msg-Id dedup window. Default: 2m.
         #[serde(default = "default_dup_window")]
         duplicate_window: shared::units::HumanDuration,
@@ -97,6 +101,9 @@ fn default_bucket() -> String {
 }
 fn default_dicts_bucket() -> String {
     "edge-dicts".into()
+}
+fn default_tco_bucket() -> String {
+    "edge-tco".into()
 }
 fn default_dup_window() -> shared::units::HumanDuration {
     shared::units::HumanDuration(std::time::Duration::from_secs(120))

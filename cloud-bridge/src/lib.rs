@@ -8,6 +8,7 @@ pub mod metrics;
 pub mod names;
 pub mod server;
 pub mod sink;
+pub mod tco;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -74,6 +75,7 @@ impl Bridge {
                 subject_prefix,
                 marks_bucket,
                 dicts_bucket,
+                tco_bucket,
                 duplicate_window,
                 replicas,
                 atomic_batches,
@@ -84,6 +86,7 @@ impl Bridge {
                     subject_prefix: subject_prefix.clone(),
                     marks_bucket: marks_bucket.clone(),
                     dicts_bucket: dicts_bucket.clone(),
+                    tco_bucket: tco_bucket.clone(),
                     duplicate_window: duplicate_window.0,
                     replicas: *replicas,
                     atomic_batches: *atomic_batches,

@@ -34,6 +34,24 @@ enum Command {
         #[command(subcommand)]
         command: CertsCommand,
     },
+    /// The fleet's TCO view: every edge's latest classes report, summed per class.
+    Tco {
+        #[command(subcommand)]
+        command: TcoCommand,
+    },
+}
+
+#[derive(Subcommand)]
+enum TcoCommand {
+    /// Per class across the fleet: edges, traffic, each route's monthly cost, the routes the
+    /// edges have now and the ones their models chose.
+    Report {
+        #[arg(long, default_value = "config/cloud.toml")]
+        config: PathBuf,
+        /// JSON instead of the table.
+        #[arg(long)]
+        json: bool,
+    },
 }
 
 #[derive(Subcommand)]
@@ -64,6 +82,13 @@ fn main() -> ExitCode {
             }
             Err(e) => {
                 eprintln!("cloud-bridge: {e}");
+                ExitCode::from(2)
+            }
+        },
+        Command::Tco { command: TcoCommand::Report { config, json } } => match tco_report(&config, json) {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => {
+                eprintln!("cloud-bridge: {e:#}");
                 ExitCode::from(2)
             }
         },
@@ -139,4 +164,17 @@ fn run(path: &std::path::Path, ready_file: Option<PathBuf>) -> ExitCode {
         }
         ExitCode::SUCCESS
     })
+}
+
+fn tco_report(path: &std::path::Path, json: bool) -> anyhow::Result<()> {
+    let config = CloudConfig::load(path)?;
+    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+    let reports = runtime.block_on(cloud_bridge::tco::load(&config.sink))?;
+    let fleet = cloud_bridge::tco::fleet(&reports);
+    if json {
+        println!("{}", serde_json::to_string_pretty(&fleet)?);
+    } else {
+        print!("{}", cloud_bridge::tco::table(&fleet));
+    }
+    Ok(())
 }

@@ -237,6 +237,7 @@ impl Node {
                         spool: spool.clone(),
                         metrics: metrics.uplink.clone(),
                         models: Vec::new(),
+                        tco: config.tco.as_ref().map(|t| (metrics.tco_latest.clone(), t.interval.0)),
                     };
                     tracker.spawn(task.run(shutdown.clone()));
                 }

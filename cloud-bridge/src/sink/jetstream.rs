@@ -31,7 +31,7 @@ use futures_util::StreamExt;
 use futures_util::stream::FuturesUnordered;
 use shared::proto::{DictAnnounce, LaneSeq, WireRecord};
 
-use super::{Sink, SinkError, Turn};
+use super::{Sink, SinkError, StoredReport, Turn};
 
 fn failed(what: &'static str, e: impl std::fmt::Display) -> SinkError {
     SinkError::Failed { what, reason: e.to_string() }
@@ -71,6 +71,7 @@ pub struct JetStreamSettings {
     pub subject_prefix: String,
     pub marks_bucket: String,
     pub dicts_bucket: String,
+    pub tco_bucket: String,
     pub duplicate_window: Duration,
     pub replicas: usize,
     /// Atomic batch publishing where the server has it (2.12 or newer).
@@ -91,6 +92,7 @@ pub struct JetStreamSink {
     /// compare-and-set on that revision first, one round trip instead of a read and a write.
     last_marks: std::sync::Arc<std::sync::Mutex<std::collections::HashMap<String, MarksAt>>>,
     dicts: kv::Store,
+    reports: kv::Store,
     prefix: String,
 }
 
@@ -130,7 +132,17 @@ impl JetStreamSink {
         }
         let marks = bucket(&js, "marks bucket", &s.marks_bucket, s.replicas, Duration::ZERO).await?;
         let dicts = bucket(&js, "dictionary bucket", &s.dicts_bucket, s.replicas, DICT_MAX_AGE).await?;
-        Ok(Self { client, js, atomic, marks, last_marks: Default::default(), dicts, prefix: s.subject_prefix.clone() })
+        let reports = bucket(&js, "TCO report bucket", &s.tco_bucket, s.replicas, Duration::ZERO).await?;
+        Ok(Self {
+            client,
+            js,
+            atomic,
+            marks,
+            last_marks: Default::default(),
+            dicts,
+            reports,
+            prefix: s.subject_prefix.clone(),
+        })
     }
 
     async fn read_marks(&self, key: &str) -> Result<(BTreeMap<u8, u64>, Option<u64>), SinkError> {
@@ -305,6 +317,31 @@ async fn publish_chains(js: &jetstream::Context, messages: Vec<Outgoing>) -> Res
     Ok(())
 }
 
+async fn read_reports(kv: &kv::Store) -> Result<Vec<StoredReport>, SinkError> {
+    let mut keys = kv.keys().await.map_err(|e| failed("read reports", e))?;
+    let mut out = Vec::new();
+    while let Some(key) = keys.next().await {
+        let key = key.map_err(|e| failed("read reports", e))?;
+        if let Some(value) = kv.get(&key).await.map_err(|e| failed("read reports", format!("{key}: {e}")))? {
+            out.push(serde_json::from_slice(&value).map_err(|e| failed("read reports", format!("{key}: {e}")))?);
+        }
+    }
+    out.sort_by(|a: &StoredReport, b| a.edge.cmp(&b.edge));
+    Ok(out)
+}
+
+/// Every edge's latest TCO report in `bucket` on the server at `url`, without touching the
+/// stream or the other buckets (for `cloud-bridge tco report`).
+pub async fn load_reports_from(url: &str, bucket: &str) -> Result<Vec<StoredReport>, SinkError> {
+    let client = async_nats::connect(url).await.map_err(|e| failed("connect", format!("{url}: {e}")))?;
+    let js = jetstream::new(client);
+    match js.get_key_value(bucket).await {
+        Ok(kv) => read_reports(&kv).await,
+        // No bucket: no edge has reported yet.
+        Err(_) => Ok(Vec::new()),
+    }
+}
+
 /// Dictionary ids are hex digests, which are valid KV keys; anything else an edge names is not
 /// looked up.
 fn is_dict_key(id: &str) -> bool {
@@ -394,6 +431,16 @@ impl Sink for JetStreamSink {
             }
         }
         Ok(found)
+    }
+
+    async fn store_report(&self, report: &StoredReport) -> Result<(), SinkError> {
+        let value = Bytes::from(serde_json::to_vec(report).map_err(|e| failed("store report", e))?);
+        let key = mark_key(&report.edge, "tco");
+        self.reports.put(&key, value).await.map(|_| ()).map_err(|e| failed("store report", format!("{key}: {e}")))
+    }
+
+    async fn load_reports(&self) -> Result<Vec<StoredReport>, SinkError> {
+        read_reports(&self.reports).await
     }
 
     async fn store_dict(&self, dict: &DictAnnounce) -> Result<(), SinkError> {

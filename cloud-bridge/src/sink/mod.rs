@@ -8,7 +8,17 @@ pub mod sqlite;
 
 use std::future::Future;
 
-use shared::proto::{DictAnnounce, LaneSeq, WireRecord};
+use serde::{Deserialize, Serialize};
+use shared::proto::{ClassesReport, DictAnnounce, LaneSeq, WireRecord};
+
+/// An edge's latest TCO classes report as a sink keeps it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct StoredReport {
+    pub edge: String,
+    /// When it arrived, ms since the Unix epoch.
+    pub received_ms: u64,
+    pub report: ClassesReport,
+}
 
 #[derive(Debug, thiserror::Error)]
 pub enum SinkError {
@@ -62,6 +72,12 @@ pub trait Sink: Send + Sync + 'static {
     /// Stores a dictionary (content-addressed: storing one twice changes nothing) where every
     /// bridge on this sink finds it.
     fn store_dict(&self, dict: &DictAnnounce) -> impl Future<Output = Result<(), SinkError>> + Send;
+
+    /// Keeps `report` as `edge`'s latest TCO classes, replacing the one before.
+    fn store_report(&self, report: &StoredReport) -> impl Future<Output = Result<(), SinkError>> + Send;
+
+    /// Every edge's latest TCO classes report.
+    fn load_reports(&self) -> impl Future<Output = Result<Vec<StoredReport>, SinkError>> + Send;
 
     /// [`Sink::publish`], then [`Sink::mark`].
     fn write(

@@ -7,7 +7,7 @@ use std::sync::{Arc, Mutex};
 use rusqlite::{Connection, OptionalExtension, params};
 use shared::proto::{DictAnnounce, LaneSeq, WireRecord};
 
-use super::{Sink, SinkError, Turn};
+use super::{Sink, SinkError, StoredReport, Turn};
 
 const SCHEMA: &str = "
 CREATE TABLE IF NOT EXISTS records (
@@ -31,6 +31,11 @@ CREATE TABLE IF NOT EXISTS marks (
     lane INTEGER NOT NULL,
     committed INTEGER NOT NULL,
     PRIMARY KEY (edge_id, epoch, lane)
+);
+CREATE TABLE IF NOT EXISTS tco_reports (
+    edge_id TEXT PRIMARY KEY,
+    received_ms INTEGER NOT NULL,
+    report TEXT NOT NULL
 );
 CREATE TABLE IF NOT EXISTS dicts (
     id TEXT PRIMARY KEY,
@@ -184,6 +189,39 @@ impl Sink for SqliteSink {
                 }
             }
             Ok(found)
+        })
+        .await
+    }
+
+    async fn store_report(&self, report: &StoredReport) -> Result<(), SinkError> {
+        let json = serde_json::to_string(&report.report).map_err(|e| failed("store report", e))?;
+        let (edge, at) = (report.edge.clone(), report.received_ms);
+        self.blocking(move |conn| {
+            conn.execute(
+                "INSERT OR REPLACE INTO tco_reports (edge_id, received_ms, report) VALUES (?1, ?2, ?3)",
+                params![edge, at, json],
+            )
+            .map(|_| ())
+            .map_err(|e| failed("store report", e))
+        })
+        .await
+    }
+
+    async fn load_reports(&self) -> Result<Vec<StoredReport>, SinkError> {
+        self.blocking(move |conn| {
+            let mut stmt = conn
+                .prepare_cached("SELECT edge_id, received_ms, report FROM tco_reports ORDER BY edge_id")
+                .map_err(|e| failed("read reports", e))?;
+            let rows = stmt
+                .query_map([], |r| Ok((r.get::<_, String>(0)?, r.get::<_, u64>(1)?, r.get::<_, String>(2)?)))
+                .map_err(|e| failed("read reports", e))?;
+            let mut out = Vec::new();
+            for row in rows {
+                let (edge, received_ms, json) = row.map_err(|e| failed("read reports", e))?;
+                let report = serde_json::from_str(&json).map_err(|e| failed("read reports", format!("{edge}: {e}")))?;
+                out.push(StoredReport { edge, received_ms, report });
+            }
+            Ok(out)
         })
         .await
     }

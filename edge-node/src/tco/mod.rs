@@ -14,7 +14,7 @@ use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use serde::{Deserialize, Serialize};
-use shared::tco::{ClassInput, Decision, Governance, Hysteresis, Link, Prices, Route, architecture_totals, evaluate};
+use shared::tco::{ClassInput, Governance, Hysteresis, Link, Prices, Route, architecture_totals, evaluate};
 use shared::units::HumanDuration;
 use tokio_util::sync::CancellationToken;
 
@@ -213,14 +213,7 @@ pub struct Snapshot {
     pub architectures: Vec<shared::tco::ArchitectureTotal>,
 }
 
-#[derive(Debug, Clone, Serialize, Deserialize)]
-pub struct ClassReport {
-    #[serde(flatten)]
-    pub decision: Decision,
-    /// The route the class has now; `None` for classes the edge does not route.
-    pub route: Option<Route>,
-    pub switches: u64,
-}
+pub use shared::proto::ClassReport;
 
 /// Prices `inputs` and puts the result in a snapshot; `routes` are the classes' current routes.
 pub fn snapshot(

@@ -160,6 +160,8 @@ pub struct Uplink {
     pub spool: SpoolWriter,
     pub metrics: Arc<UplinkMetrics>,
     pub models: Vec<String>,
+    /// The TCO model's latest classes and how often to send them to the bridge's fleet report.
+    pub tco: Option<(Arc<std::sync::Mutex<crate::tco::Snapshot>>, Duration)>,
 }
 
 impl Uplink {
@@ -279,6 +281,9 @@ impl Uplink {
         let mut heads: BTreeMap<u8, u64> = BTreeMap::new();
         // Per lane, since when records have waited to be sent.
         let mut waiting_since: BTreeMap<u8, Instant> = BTreeMap::new();
+        let report_every = self.tco.as_ref().map_or(Duration::from_secs(3600), |(_, every)| *every);
+        let mut report_tick = tokio::time::interval(report_every);
+        report_tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             while let Some(frame) = session.poll_control() {
                 write_frame(&mut send, &frame).await?;
@@ -375,6 +380,10 @@ impl Uplink {
                 }
                 _ = sleep_until(timeout) => session.handle_timeout(Instant::now()),
                 _ = sleep_until(linger_until.map(tokio::time::Instant::from_std)) => Vec::new(),
+                _ = report_tick.tick(), if self.tco.is_some() => {
+                    self.report_classes(session);
+                    Vec::new()
+                }
                 e = conn.closed() => return Err(e.into()),
                 _ = shutdown.cancelled() => return Ok(()),
             };
@@ -387,6 +396,7 @@ impl Uplink {
                     EdgeEvent::Ready { version, dicts: known } => {
                         tracing::info!(version, dicts = known.len(), "uplink session ready");
                         dicts.connected(&known);
+                        self.report_classes(session);
                         self.refresh(session, &mut heads).await?;
                     }
                     EdgeEvent::DictStored(id) => dicts.stored(id),
@@ -408,6 +418,17 @@ impl Uplink {
                 }
             }
             self.metrics.in_flight.set(session.in_flight() as i64);
+        }
+    }
+
+    fn report_classes(&self, session: &mut EdgeSession) {
+        let Some((latest, _)) = &self.tco else { return };
+        let Ok(snapshot) = latest.lock().map(|s| s.clone()) else { return };
+        if !snapshot.classes.is_empty() {
+            session.report_classes(shared::proto::ClassesReport {
+                currency: snapshot.currency,
+                classes: snapshot.classes,
+            });
         }
     }
 

@@ -40,12 +40,14 @@ pub struct HelloReceived {
 }
 
 /// What the driver must do for a control frame.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq)]
 pub enum Request {
     Hello(HelloReceived),
     /// Store this dictionary where every bridge finds it, then call
     /// [`CloudSession::dict_stored`].
     StoreDict(DictAnnounce),
+    /// Keep this edge's TCO classes for the fleet report (the latest replaces the last).
+    Classes(super::ClassesReport),
 }
 
 /// A batch the sink may take now: write its records with seq above `skip_through`, in order,
@@ -164,6 +166,16 @@ impl CloudSession {
                     self.heads.insert(lane, seq);
                 }
                 Ok(None)
+            }
+            Control::Classes(report) if self.phase == CloudPhase::Ready => {
+                if report.classes.len() > super::MAX_REPORT_CLASSES {
+                    return Err(SessionError::Protocol(format!(
+                        "a classes report of {} classes, more than {}",
+                        report.classes.len(),
+                        super::MAX_REPORT_CLASSES
+                    )));
+                }
+                Ok(Some(Request::Classes(report)))
             }
             Control::Dict(d) if self.phase == CloudPhase::Ready => {
                 if super::compress::dict_id(&d.bytes) != d.id {

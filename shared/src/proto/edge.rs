@@ -258,6 +258,13 @@ impl EdgeSession {
         self.out.pop_front()
     }
 
+    /// Queues the TCO model's classes for the bridge's fleet report; dropped unless connected.
+    pub fn report_classes(&mut self, report: super::ClassesReport) {
+        if self.phase == Phase::Ready {
+            self.out.push_back(Control::Classes(report));
+        }
+    }
+
     /// Queues a dictionary announcement; send it before the first batch that uses it.
     pub fn announce_dict(&mut self, dict: DictAnnounce) {
         self.out.push_back(Control::Dict(dict));
@@ -363,6 +370,7 @@ pub(crate) fn name(frame: &Control) -> &'static str {
         Control::Dict(_) => "dict",
         Control::DictStored { .. } => "dict stored",
         Control::Heads { .. } => "heads",
+        Control::Classes(_) => "classes",
         Control::Unknown => "unknown frame",
     }
 }

@@ -56,7 +56,7 @@ pub fn session(data: &[u8]) {
                         cloud.dict_stored(d.id.clone());
                         dicts.insert(d.id, d.bytes);
                     }
-                    Ok(None) | Err(_) => {}
+                    Ok(Some(Request::Classes(_))) | Ok(None) | Err(_) => {}
                 }
             } else if let Ok(batch) = codec::decode::<Batch>(rest)
                 && let Ok(releases) = cloud.handle_batch(batch)

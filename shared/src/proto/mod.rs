@@ -54,7 +54,7 @@ pub fn negotiate(ours: &[u16], theirs: &[u16]) -> Option<u16> {
 }
 
 /// Frames of the control stream.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "type", rename_all = "snake_case")]
 pub enum Control {
     Hello(Hello),
@@ -82,9 +82,33 @@ pub enum Control {
     Heads {
         lanes: Vec<LaneSeq>,
     },
+    /// The edge's TCO model per class (its last decisions), for the fleet report. A bridge
+    /// that does not know it ignores it.
+    Classes(ClassesReport),
     /// A frame of a newer version this build does not know; ignored.
     #[serde(other)]
     Unknown,
+}
+
+/// Classes per report, at most: more is refused as a protocol error.
+pub const MAX_REPORT_CLASSES: usize = 256;
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ClassesReport {
+    pub currency: String,
+    pub classes: Vec<ClassReport>,
+}
+
+/// One class as the edge's TCO model saw it last.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ClassReport {
+    #[serde(flatten)]
+    pub decision: crate::tco::Decision,
+    /// The route it has now; absent for classes the edge prices but does not route.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub route: Option<crate::tco::Route>,
+    #[serde(default)]
+    pub switches: u64,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

@@ -32,11 +32,12 @@ struct Cloud {
     session: CloudSession,
     sink: BTreeMap<u8, Vec<u64>>,
     dicts: BTreeMap<String, Vec<u8>>,
+    reports: Vec<super::ClassesReport>,
 }
 
 impl Cloud {
     fn connect(sink: BTreeMap<u8, Vec<u64>>) -> Self {
-        Self { session: CloudSession::new(64), sink, dicts: BTreeMap::new() }
+        Self { session: CloudSession::new(64), sink, dicts: BTreeMap::new(), reports: Vec::new() }
     }
 
     /// A new bridge on the same shared state.
@@ -66,6 +67,7 @@ impl Cloud {
                 self.dicts.insert(d.id.clone(), d.bytes);
                 self.session.dict_stored(d.id);
             }
+            Some(Request::Classes(r)) => self.reports.push(r),
             None => {}
         }
         Ok(())
@@ -401,4 +403,51 @@ fn a_dictionary_that_does_not_hash_to_its_id_or_is_too_large_is_refused() {
     let err = cloud.control(Control::Dict(huge)).unwrap_err();
     assert!(err.to_string().contains("more than"), "{err}");
     assert!(cloud.dicts.is_empty(), "nothing refused was stored");
+}
+
+#[test]
+fn classes_reports_reach_the_bridge_only_when_connected_and_bounded() {
+    use crate::tco::{Architecture, ClassInput, Link, Prices, evaluate};
+    let prices = Prices {
+        currency: "EUR".into(),
+        months: 36.0,
+        uplink_per_gb: 1.0,
+        central_ingest_per_gb: 0.0,
+        central_storage_per_gb_month: 0.0,
+        retention_months: 0.0,
+        edge_per_gb: 0.0,
+        fte_month: 1.0,
+        edge_direct: Architecture { hardware: 36.0, uplink_gb_month: 0.0, fte: 0.0 },
+        central: Architecture { hardware: 0.0, uplink_gb_month: 0.0, fte: 0.0 },
+    };
+    let input = ClassInput {
+        name: "counters".into(),
+        msg_per_s: 1.0,
+        bytes_per_msg: 100.0,
+        compression: 1.0,
+        sla_ms: None,
+        governance: Default::default(),
+        pinned: None,
+    };
+    let decision = evaluate(&prices, &Link { rtt_ms: 1.0, commit_ms: 1.0 }, &[input])[0].clone();
+    let report = |n: usize| super::ClassesReport {
+        currency: "EUR".into(),
+        classes: vec![super::ClassReport { decision: decision.clone(), route: None, switches: 0 }; n],
+    };
+    let t0 = Instant::now();
+    let mut edge = EdgeSession::new(EdgeSessionConfig::default(), EPOCH, [(0, 0)]);
+    let mut cloud = Cloud::connect(BTreeMap::new());
+    edge.report_classes(report(1));
+    assert_eq!(edge.poll_control(), None, "not connected: nothing queued");
+    edge.connected(t0);
+    pump(&mut edge, &mut cloud, t0);
+    edge.report_classes(report(1));
+    pump(&mut edge, &mut cloud, t0);
+    assert_eq!(cloud.reports, vec![report(1)]);
+    // Through the codec, as bytes, and back.
+    let frame = Control::Classes(report(2));
+    let bytes = super::codec::encode(&frame).unwrap();
+    assert_eq!(super::codec::decode_frame::<Control>(&bytes, super::MAX_CONTROL_FRAME).unwrap(), frame);
+    let err = cloud.control(Control::Classes(report(super::MAX_REPORT_CLASSES + 1))).unwrap_err();
+    assert!(err.to_string().contains("more than 256"), "{err}");
 }

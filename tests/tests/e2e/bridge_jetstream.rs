@@ -222,6 +222,7 @@ fn settings(url: String, atomic: bool) -> cloud_bridge::sink::jetstream::JetStre
         subject_prefix: "edge".into(),
         marks_bucket: "edge-marks".into(),
         dicts_bucket: "edge-dicts".into(),
+        tco_bucket: "edge-tco".into(),
         duplicate_window: Duration::from_secs(120),
         replicas: 1,
         atomic_batches: atomic,
@@ -266,4 +267,23 @@ async fn an_existing_stream_is_set_to_allow_atomic_batches() {
     let _sink = cloud_bridge::sink::jetstream::JetStreamSink::connect(&settings(nats.url(), true)).await.unwrap();
     let info = js.get_stream("EDGE").await.unwrap().info().await.unwrap().config.clone();
     assert!(info.allow_atomic_publish);
+}
+
+/// TCO classes reports live in a KV bucket: the latest per edge, readable without the stream.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tco_reports_are_kept_per_edge_in_kv() {
+    use cloud_bridge::sink::{Sink, StoredReport};
+    let nats = NatsServer::start();
+    assert!(cloud_bridge::sink::jetstream::load_reports_from(&nats.url(), "edge-tco").await.unwrap().is_empty());
+    let sink = cloud_bridge::sink::jetstream::JetStreamSink::connect(&settings(nats.url(), true)).await.unwrap();
+    let report = |edge: &str, currency: &str| StoredReport {
+        edge: edge.into(),
+        received_ms: 1,
+        report: shared::proto::ClassesReport { currency: currency.into(), classes: Vec::new() },
+    };
+    sink.store_report(&report("edge.b", "USD")).await.unwrap();
+    sink.store_report(&report("edge-a", "USD")).await.unwrap();
+    sink.store_report(&report("edge-a", "EUR")).await.unwrap();
+    let stored = cloud_bridge::sink::jetstream::load_reports_from(&nats.url(), "edge-tco").await.unwrap();
+    assert_eq!(stored, vec![report("edge-a", "EUR"), report("edge.b", "USD")]);
 }

@@ -195,3 +195,47 @@ async fn a_class_growing_tenfold_moves_by_the_model_and_audit_stays_off_edge_dir
     assert!(table.contains("live, from the running node"), "{table}");
     traffic.abort();
 }
+
+/// Edges send their classes to the bridge, which keeps each edge's latest in its sink;
+/// `cloud-bridge tco report` sums them per class across the fleet.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_bridge_keeps_each_edges_classes_for_the_fleet_report() {
+    use e2e_tests::cloud::{TestCloud, pki};
+    let dir = tempfile::tempdir().unwrap();
+    let cloud = TestCloud::start(dir.path(), pki(dir.path(), &[]), "127.0.0.1:0".parse().unwrap(), "").await;
+    let brief = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../config/tco-brief.toml")).unwrap();
+    // The brief's classes and prices on a test node, reporting every 200 ms.
+    let (tco_at, classes_at) = (brief.find("\n[tco]\n").unwrap(), brief.find("\n[[class]]").unwrap());
+    let tco = &brief[tco_at..].replace("interval = \"1min\"", "interval = \"200ms\"");
+    let classes = &brief[classes_at..tco_at];
+    let extra = format!("[spool]\npath = \"spool.db\"\n{classes}\n{}\n{tco}", cloud.uplink_section("edge-1"));
+    let edge = e2e_tests::node::TestNode::start(&extra).await;
+    let publisher = Client::anonymous(edge.local(), "pub").await;
+    publisher.publish("telemetry/cam-1", QoS::AtLeastOnce, false, vec![b't'; 500]).await;
+
+    let cloud_config = dir.path().join("cloud.toml");
+    let bridge = workspace_bin("cloud-bridge");
+    let fleet_json = || {
+        let out =
+            Command::new(&bridge).args(["tco", "report", "--json", "--config"]).arg(&cloud_config).output().unwrap();
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        serde_json::from_slice::<Value>(&out.stdout).unwrap()
+    };
+    let start = Instant::now();
+    let mut fleet = fleet_json();
+    while fleet["edges"].as_array().unwrap().is_empty() && start.elapsed() < Duration::from_secs(20) {
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        fleet = fleet_json();
+    }
+    assert_eq!(fleet["edges"][0]["edge"], "edge-1", "{fleet}");
+    assert_eq!(fleet["edges"][0]["classes"], 4);
+    let class = |name: &str| fleet["classes"].as_array().unwrap().iter().find(|c| c["class"] == name).unwrap().clone();
+    assert_eq!(class("inference")["model_choice"]["edge-direct"], 1, "{fleet}");
+    assert_eq!(class("parameter-sync")["model_choice"]["central"], 1);
+    assert_eq!(class("telemetry")["routes_now"]["central"], 1);
+    let out = Command::new(&bridge).args(["tco", "report", "--config"]).arg(&cloud_config).output().unwrap();
+    let table = String::from_utf8_lossy(&out.stdout);
+    assert!(table.contains("edges reporting: 1") && table.contains("edge-1"), "{table}");
+    assert!(table.lines().any(|l| l.starts_with("inference") && l.contains("edge-direct x1")), "{table}");
+    drop(edge);
+}
