@@ -5,8 +5,12 @@
 //! bridge on the SQLite sink. Prints one JSON line: cloud-bound messages, their topic plus
 //! payload bytes, UDP payload bytes each way, and the ratio.
 //!
-//! `trace-replay TRACE [--speed X] [--uplink KEY=VALUE]...`: each `--uplink` sets a key of the
-//! edge's `[uplink]` section (a TOML value, e.g. `--uplink 'linger="250ms"'`).
+//! `trace-replay TRACE [--speed X] [--uplink KEY=VALUE]... [--tco CONFIG]`: each `--uplink`
+//! sets a key of the edge's `[uplink]` section (a TOML value, e.g. `--uplink 'linger="250ms"'`).
+//! `--tco` takes the `[tco]` section of an edge config (prices, SLAs) and prints the TCO report
+//! for the trace's classes after the JSON line: each class's rate and size from the trace, the
+//! compression as the uplink measured it in this run (UDP bytes up per topic plus payload byte),
+//! the link as the priced config states it.
 
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
@@ -80,10 +84,12 @@ async fn main() -> anyhow::Result<()> {
     let trace = args.first().context("usage: trace-replay TRACE [--speed X] [--uplink KEY=VALUE]...")?;
     let mut speed = 1.0f64;
     let mut uplink_extra = String::new();
+    let mut tco_config = None;
     for pair in args[1..].chunks(2) {
         match pair {
             [flag, v] if flag == "--speed" => speed = v.parse().context("--speed")?,
             [flag, v] if flag == "--uplink" => uplink_extra.push_str(&format!("{v}\n")),
+            [flag, v] if flag == "--tco" => tco_config = Some(v.clone()),
             other => anyhow::bail!("unexpected arguments {other:?}"),
         }
     }
@@ -135,5 +141,36 @@ async fn main() -> anyhow::Result<()> {
         edge.metric("edge_uplink_sent_bytes_total"),
         replayed.as_secs_f64(),
     );
+    if let Some(path) = tco_config {
+        let ratio = up as f64 / bytes as f64;
+        print!("{}", tco_report(&path, &edge, &entries, ratio)?);
+    }
     Ok(())
+}
+
+/// The TCO report of the trace's classes under the prices of the edge config at `path`.
+fn tco_report(path: &str, edge: &TestNode, entries: &[Entry], ratio: f64) -> anyhow::Result<String> {
+    use edge_node::tco::Measured;
+    let priced = edge_node::config::EdgeConfig::load(std::path::Path::new(path))?;
+    let tco = priced.tco.context("no [tco] section")?;
+    let mut config = edge.node.config().clone();
+    config.tco = Some(tco.clone());
+    let span = entries.last().map_or(1.0, |e| e.at.as_secs_f64()).max(1e-3);
+    let mut totals: std::collections::BTreeMap<String, (u64, u64)> = Default::default();
+    for e in entries {
+        let class = e.topic.split('/').next().unwrap_or_default().to_owned();
+        let t = totals.entry(class).or_default();
+        t.0 += 1;
+        t.1 += (e.topic.len() + e.payload.len()) as u64;
+    }
+    let measured = totals
+        .into_iter()
+        .map(|(class, (n, b))| (class, Measured { msg_per_s: n as f64 / span, bytes_per_msg: b as f64 / n as f64 }))
+        .collect();
+    let inputs = edge_node::tco::inputs(&config, &tco, &measured, Some(ratio));
+    // The link of the priced config, not this run's loopback one, which no deployment has.
+    let link = shared::tco::Link { rtt_ms: tco.link.rtt_ms, commit_ms: tco.link.commit_ms };
+    let routes = config.classes.iter().map(|c| (c.name.clone(), (c.route, 0))).collect();
+    let snapshot = edge_node::tco::snapshot(&tco, link, &inputs, &routes);
+    Ok(edge_node::tco::report::table(&snapshot))
 }
