@@ -263,7 +263,7 @@ fn tco_report(path: &Path, json: bool, svg: Option<&Path>) -> anyhow::Result<()>
         Some(s) => (s, "live, from the running node"),
         None => {
             use edge_node::tco;
-            let inputs = tco::inputs(&config, &tco, &Default::default(), None);
+            let inputs = tco::inputs(&config, &tco, &Default::default(), &|_| None);
             let routes = config.classes.iter().map(|c| (c.name.clone(), (c.route, 0))).collect();
             let link = shared::tco::Link { rtt_ms: tco.link.rtt_ms, commit_ms: tco.link.commit_ms };
             (tco::snapshot(&tco, link, &inputs, &routes), "declared traffic from the config")

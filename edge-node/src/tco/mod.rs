@@ -161,12 +161,14 @@ pub struct Measured {
 }
 
 /// The model's inputs for every class: `[[class]]` in order, then report-only classes. A
-/// class's measured traffic wins over its declared traffic once it has any.
+/// class's measured traffic wins over its declared traffic once it has any; its compression is
+/// the declared one, else its lane's as measured (`compression(Some(lane))`), else all lanes'
+/// (`compression(None)`: the edge-direct classes never went up), else 1.
 pub fn inputs(
     config: &EdgeConfig,
     tco: &TcoConfig,
     measured: &BTreeMap<String, Measured>,
-    compression: Option<f64>,
+    compression: &dyn Fn(Option<u8>) -> Option<f64>,
 ) -> Vec<ClassInput> {
     let declared = |name: &str| tco.classes.get(name).cloned().unwrap_or_default();
     let mut out: Vec<ClassInput> = config
@@ -179,7 +181,11 @@ pub fn inputs(
                 name: c.name.clone(),
                 msg_per_s: m.map_or(d.msg_per_s.unwrap_or(0.0), |m| m.msg_per_s),
                 bytes_per_msg: m.map_or(d.bytes_per_msg.unwrap_or(0.0), |m| m.bytes_per_msg),
-                compression: d.compression.or(compression).unwrap_or(1.0),
+                compression: d
+                    .compression
+                    .or_else(|| compression(Some(c.priority)))
+                    .or_else(|| compression(None))
+                    .unwrap_or(1.0),
                 sla_ms: d.sla_ms,
                 governance: c.governance,
                 pinned: d.pin,
@@ -194,7 +200,7 @@ pub fn inputs(
             name: name.clone(),
             msg_per_s: d.msg_per_s.unwrap_or(0.0),
             bytes_per_msg: d.bytes_per_msg.unwrap_or(0.0),
-            compression: d.compression.or(compression).unwrap_or(1.0),
+            compression: d.compression.or_else(|| compression(None)).unwrap_or(1.0),
             sla_ms: d.sla_ms,
             governance: d.governance.unwrap_or_default(),
             pinned: d.pin,
@@ -274,7 +280,8 @@ impl TcoMetrics {
 /// What the live task reads from the uplink: RTT, commit latency and compression so far.
 pub trait LinkSource: Send + Sync + 'static {
     fn link(&self) -> Option<Link>;
-    fn compression(&self) -> Option<f64>;
+    /// Bytes sent per batch byte so far, on `lane` (a class's priority) or over all lanes.
+    fn compression(&self, lane: Option<u8>) -> Option<f64>;
 }
 
 /// Runs the model every `interval` on the classes' measured traffic and moves routes.
@@ -348,7 +355,7 @@ fn publish(
     latest: &Mutex<Snapshot>,
 ) -> Snapshot {
     let link = link_source.link().unwrap_or(Link { rtt_ms: tco.link.rtt_ms, commit_ms: tco.link.commit_ms });
-    let inputs = inputs(config, tco, measured, link_source.compression());
+    let inputs = inputs(config, tco, measured, &|lane| link_source.compression(lane));
     let routes: BTreeMap<String, (Route, u64)> =
         classes.iter().map(|c| (c.name.clone(), (c.route(), switches.get(&c.name).copied().unwrap_or(0)))).collect();
     let snap = snapshot(tco, link, &inputs, &routes);
@@ -366,4 +373,62 @@ fn publish(
         *l = snap.clone();
     }
     snap
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn measured_traffic_and_lane_compression_win_over_defaults() {
+        let config: EdgeConfig = toml::from_str(
+            r#"
+[[class]]
+name = "a"
+filters = ["a/#"]
+route = "central"
+priority = 3
+[[class]]
+name = "b"
+filters = ["b/#"]
+route = "central"
+priority = 4
+[tco.prices]
+months = 36
+uplink_per_gb = 1
+fte_month = 1
+[tco.prices.edge_direct]
+hardware = 1
+fte = 0
+[tco.prices.central]
+hardware = 1
+fte = 0
+[tco.class.a]
+msg_per_s = 5
+bytes_per_msg = 10
+[tco.class.b]
+compression = 0.9
+[tco.class.sync]
+governance = "central-only"
+msg_per_s = 1
+bytes_per_msg = 1
+"#,
+        )
+        .unwrap();
+        let tco = config.tco.clone().unwrap();
+        assert!(tco.problems(&config.classes).is_empty(), "{:?}", tco.problems(&config.classes));
+        let lanes = |lane: Option<u8>| match lane {
+            Some(3) => Some(0.25),
+            Some(_) => None,
+            None => Some(0.5),
+        };
+        let declared = inputs(&config, &tco, &BTreeMap::new(), &lanes);
+        assert_eq!(declared.iter().map(|c| c.name.as_str()).collect::<Vec<_>>(), ["a", "b", "sync"]);
+        assert_eq!((declared[0].msg_per_s, declared[0].compression), (5.0, 0.25), "declared rate, lane 3's ratio");
+        assert_eq!(declared[1].compression, 0.9, "declared compression wins");
+        assert_eq!((declared[2].compression, declared[2].governance), (0.5, Governance::CentralOnly));
+        let measured = BTreeMap::from([("a".to_owned(), Measured { msg_per_s: 50.0, bytes_per_msg: 100.0 })]);
+        let live = inputs(&config, &tco, &measured, &|_| None);
+        assert_eq!((live[0].msg_per_s, live[0].bytes_per_msg, live[0].compression), (50.0, 100.0, 1.0));
+    }
 }

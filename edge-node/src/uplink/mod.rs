@@ -44,6 +44,9 @@ pub struct UplinkMetrics {
     /// Batch bytes before compression (CBOR) and as sent.
     pub bytes_raw: Counter,
     pub bytes_sent: Counter,
+    /// The same per lane, for the TCO model's compression per class.
+    pub lane_raw: Family<LaneLabel, Counter>,
+    pub lane_sent: Family<LaneLabel, Counter>,
     pub acked: Family<LaneLabel, Gauge>,
     pub reconnects: Counter,
     pub dicts_trained: Counter,
@@ -66,6 +69,8 @@ impl Default for UplinkMetrics {
             records: Counter::default(),
             bytes_raw: Counter::default(),
             bytes_sent: Counter::default(),
+            lane_raw: Family::default(),
+            lane_sent: Family::default(),
             acked: Family::default(),
             reconnects: Counter::default(),
             dicts_trained: Counter::default(),
@@ -94,6 +99,8 @@ impl UplinkMetrics {
         r.register("uplink_records", "Records sent (resends included)", self.records.clone());
         r.register("uplink_raw_bytes", "Batch bytes before compression", self.bytes_raw.clone());
         r.register("uplink_sent_bytes", "Batch bytes sent, after compression", self.bytes_sent.clone());
+        r.register("uplink_lane_raw_bytes", "Batch bytes before compression, by lane", self.lane_raw.clone());
+        r.register("uplink_lane_sent_bytes", "Batch bytes sent, after compression, by lane", self.lane_sent.clone());
         r.register("uplink_acked_seq", "Highest seq the cloud acked, by lane", self.acked.clone());
         r.register("uplink_reconnects", "Connection attempts after the first, failed or lost", self.reconnects.clone());
         r.register(
@@ -122,8 +129,17 @@ impl crate::tco::LinkSource for UplinkMetrics {
         (rtt > 0).then(|| shared::tco::Link { rtt_ms: rtt as f64 / 1000.0, commit_ms: commit as f64 / 1000.0 })
     }
 
-    fn compression(&self) -> Option<f64> {
-        let (raw, sent) = (self.bytes_raw.get(), self.bytes_sent.get());
+    fn compression(&self, lane: Option<u8>) -> Option<f64> {
+        let (raw, sent) = match lane {
+            Some(lane) => {
+                let label = LaneLabel { lane };
+                (
+                    crate::metrics::handle(&self.lane_raw, &label).get(),
+                    crate::metrics::handle(&self.lane_sent, &label).get(),
+                )
+            }
+            None => (self.bytes_raw.get(), self.bytes_sent.get()),
+        };
         (raw > 0).then(|| sent as f64 / raw as f64)
     }
 }
@@ -358,6 +374,9 @@ impl Uplink {
                 self.metrics.records.inc_by(wire.len() as u64);
                 self.metrics.bytes_raw.inc_by(batch.raw_len);
                 self.metrics.bytes_sent.inc_by(batch.body.len() as u64);
+                let label = LaneLabel { lane: lane.0 };
+                crate::metrics::handle(&self.metrics.lane_raw, &label).inc_by(batch.raw_len);
+                crate::metrics::handle(&self.metrics.lane_sent, &label).inc_by(batch.body.len() as u64);
                 self.metrics.in_flight.set(session.in_flight() as i64);
             }
             if !small.is_empty() {

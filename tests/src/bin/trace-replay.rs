@@ -167,7 +167,7 @@ fn tco_report(path: &str, edge: &TestNode, entries: &[Entry], ratio: f64) -> any
         .into_iter()
         .map(|(class, (n, b))| (class, Measured { msg_per_s: n as f64 / span, bytes_per_msg: b as f64 / n as f64 }))
         .collect();
-    let inputs = edge_node::tco::inputs(&config, &tco, &measured, Some(ratio));
+    let inputs = edge_node::tco::inputs(&config, &tco, &measured, &|_| Some(ratio));
     // The link of the priced config, not this run's loopback one, which no deployment has.
     let link = shared::tco::Link { rtt_ms: tco.link.rtt_ms, commit_ms: tco.link.commit_ms };
     let routes = config.classes.iter().map(|c| (c.name.clone(), (c.route, 0))).collect();

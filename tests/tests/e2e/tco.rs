@@ -109,6 +109,13 @@ route = "both"
 governance = "audit-copy"
 priority = 1
 
+[[class]]
+name = "secure"
+filters = ["secure/#"]
+route = "central"
+governance = "central-only"
+priority = 1
+
 [tco]
 interval = "200ms"
 hold = "600ms"
@@ -130,6 +137,8 @@ commit_ms = 40
 compression = 1.0
 [tco.class.audit]
 compression = 1.0
+[tco.class.secure]
+compression = 1.0
 "#
     )
 }
@@ -138,7 +147,7 @@ async fn publish_for(publisher: &Client, per_s: u32, span: Duration, payload: &[
     let start = Instant::now();
     let mut sent = 0u32;
     while start.elapsed() < span {
-        for topic in ["counters/cam-1", "audit/cam-1"] {
+        for topic in ["counters/cam-1", "audit/cam-1", "secure/cam-1"] {
             publisher.publish(topic, QoS::AtMostOnce, false, payload.to_vec()).await;
         }
         sent += 1;
@@ -148,7 +157,7 @@ async fn publish_for(publisher: &Client, per_s: u32, span: Duration, payload: &[
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_class_growing_tenfold_moves_by_the_model_and_audit_stays_off_edge_direct() {
+async fn a_class_growing_tenfold_moves_by_the_model_and_governed_classes_stay_off_edge_direct() {
     let dir = tempfile::tempdir().unwrap();
     let edge = EdgeProcess::start(dir.path(), &live_config(free_port()));
     let mut local = Client::anonymous(edge.addr("local"), "local-app").await;
@@ -157,6 +166,7 @@ async fn a_class_growing_tenfold_moves_by_the_model_and_audit_stays_off_edge_dir
     let payload = [b'c'; 80];
     let switched = "edge_tco_route_switches_total{class=\"counters\"}";
     let audit_edge = "edge_tco_route{class=\"audit\",route=\"edge-direct\"}";
+    let secure_central = "edge_tco_route{class=\"secure\",route=\"central\"}";
 
     // 20 msg/s for 3 s: central is cheaper; the class stays, local subscribers get nothing.
     publish_for(&publisher, 20, Duration::from_secs(3), &payload).await;
@@ -169,12 +179,14 @@ async fn a_class_growing_tenfold_moves_by_the_model_and_audit_stays_off_edge_dir
     while edge.metric(switched) == 0.0 && start.elapsed() < Duration::from_secs(15) {
         publish_for(&publisher, 200, Duration::from_millis(500), &payload).await;
         assert_eq!(edge.metric(audit_edge), 0.0);
+        assert_eq!(edge.metric(secure_central), 1.0);
     }
     assert_eq!(edge.metric(switched), 1.0, "{}", edge.stderr());
     publish_for(&publisher, 200, Duration::from_secs(2), &payload).await;
     assert_eq!(edge.metric(switched), 1.0, "one move, no flapping");
     assert_eq!(edge.metric("edge_tco_route{class=\"counters\",route=\"edge-direct\"}"), 1.0);
     assert_eq!(edge.metric(audit_edge), 0.0, "audit-copy never goes edge-direct");
+    assert_eq!(edge.metric(secure_central), 1.0, "central-only stays central");
     assert!(edge.metric("edge_tco_monthly_cost{class=\"counters\",route=\"central\"}") > 50.0);
     assert!(local.recv(Duration::from_secs(2)).await.is_some(), "edge-direct: local subscribers get it");
     assert!(edge.stderr().contains("TCO route change"), "{}", edge.stderr());
