@@ -76,7 +76,8 @@ pub fn svg(s: &Snapshot) -> String {
         [(Route::EdgeDirect, "#2b8a3e"), (Route::Central, "#1864ab"), (Route::Both, "#e67700")];
     let (bar, gap, left, top, height) = (26.0, 30.0, 90.0, 50.0, 260.0);
     let group = bar * 3.0 + gap;
-    let width = left + group * s.classes.len().max(1) as f64 + 40.0;
+    // Wide enough for the legend too.
+    let width = (left + group * s.classes.len().max(1) as f64 + 40.0).max(left + 640.0);
     let max = s.classes.iter().flat_map(|c| c.decision.costs.iter().map(|r| r.monthly)).fold(0.0f64, f64::max).max(1.0);
     let y = |v: f64| top + height - v / max * height;
     let mut out = String::new();
@@ -148,6 +149,14 @@ pub fn svg(s: &Snapshot) -> String {
             ty = top + height + 60.0
         );
     }
+    let _ = writeln!(
+        out,
+        r##"<rect x="{x:.0}" y="{ly:.0}" width="12" height="12" fill="url(#no)" stroke="#888"/><text x="{tx:.0}" y="{ty:.0}">not allowed (SLA or governance)</text>"##,
+        x = left + 390.0,
+        ly = top + height + 50.0,
+        tx = left + 406.0,
+        ty = top + height + 60.0
+    );
     out.push_str("</svg>\n");
     out
 }
@@ -194,7 +203,7 @@ mod tests {
         assert!(svg.starts_with("<svg") && svg.trim_end().ends_with("</svg>"));
         assert!(svg.contains("a&lt;b") && !svg.contains("a<b"));
         assert_eq!(svg.matches(r#"stroke-width="3""#).count(), 2, "one chosen bar per class");
-        assert_eq!(svg.matches("url(#no)").count(), 2, "central-only: edge-direct and both not allowed");
+        assert_eq!(svg.matches("url(#no)").count(), 3, "central-only: edge-direct and both not allowed, and the legend");
         assert!(table(&s).contains("central-only forbids edge-direct"));
     }
 }
