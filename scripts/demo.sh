@@ -94,3 +94,6 @@ edge_pid=""
 kill -TERM "$cloud_pid"
 wait "$cloud_pid" && echo "== cloud-bridge stopped cleanly on SIGTERM"
 cloud_pid=""
+chart=${TMPDIR:-/tmp}/edge-hybrid-tco.svg
+echo "== the TCO model on the product brief's example (config/tco-brief.toml; chart: $chart)"
+"$bin" tco report --config config/tco-brief.toml --svg "$chart" | sed 's/^/   /'
