@@ -203,7 +203,11 @@ mod tests {
         assert!(svg.starts_with("<svg") && svg.trim_end().ends_with("</svg>"));
         assert!(svg.contains("a&lt;b") && !svg.contains("a<b"));
         assert_eq!(svg.matches(r#"stroke-width="3""#).count(), 2, "one chosen bar per class");
-        assert_eq!(svg.matches("url(#no)").count(), 3, "central-only: edge-direct and both not allowed, and the legend");
+        assert_eq!(
+            svg.matches("url(#no)").count(),
+            3,
+            "central-only: edge-direct and both not allowed, and the legend"
+        );
         assert!(table(&s).contains("central-only forbids edge-direct"));
     }
 }
