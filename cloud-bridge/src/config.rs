@@ -15,6 +15,19 @@ pub struct CloudConfig {
     pub sink: SinkConfig,
     #[serde(default)]
     pub log: LogConfig,
+    /// Model parameters the bridge serves to edges. Default: none.
+    pub models: Option<ModelsConfig>,
+}
+
+/// `[models]`: where model versions are kept and the key that signs their manifests.
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct ModelsConfig {
+    /// A directory of content-addressed chunks and signed manifests.
+    pub dir: PathBuf,
+    /// The fleet's ed25519 model signing key, PKCS#8 (`cloud-bridge model keygen`). Edges hold
+    /// its public half.
+    pub signing_key: PathBuf,
 }
 
 #[derive(Debug, Clone, Deserialize, Serialize)]
@@ -163,6 +176,10 @@ impl CloudConfig {
         resolve(&mut config.server.client_ca);
         if let SinkConfig::Sqlite { path } = &mut config.sink {
             resolve(path);
+        }
+        if let Some(models) = &mut config.models {
+            resolve(&mut models.dir);
+            resolve(&mut models.signing_key);
         }
         for (i, serial) in config.server.deny_serials.iter_mut().enumerate() {
             let clean: String = serial.chars().filter(|c| *c != ':').collect::<String>().to_lowercase();

@@ -5,6 +5,7 @@
 pub mod certs;
 pub mod config;
 pub mod metrics;
+pub mod models;
 pub mod names;
 pub mod server;
 pub mod sink;

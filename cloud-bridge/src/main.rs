@@ -34,10 +34,51 @@ enum Command {
         #[command(subcommand)]
         command: CertsCommand,
     },
+    /// Model versions for the edges: publish, list, remove; the signing key.
+    Model {
+        #[command(subcommand)]
+        command: ModelCommand,
+    },
     /// The fleet's TCO view: every edge's latest classes report, summed per class.
     Tco {
         #[command(subcommand)]
         command: TcoCommand,
+    },
+}
+
+#[derive(Subcommand)]
+enum ModelCommand {
+    /// Chunk FILE, store the chunks the store lacks, sign the manifest and store it.
+    Publish {
+        #[arg(long, default_value = "config/cloud.toml")]
+        config: PathBuf,
+        #[arg(long)]
+        name: String,
+        #[arg(long)]
+        version: String,
+        file: PathBuf,
+    },
+    /// Every published version.
+    List {
+        #[arg(long, default_value = "config/cloud.toml")]
+        config: PathBuf,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Remove a version, and the chunks no other version uses.
+    Rm {
+        #[arg(long, default_value = "config/cloud.toml")]
+        config: PathBuf,
+        #[arg(long)]
+        name: String,
+        #[arg(long)]
+        version: String,
+    },
+    /// Write a new ed25519 model signing key (model-signing.pk8) and its public half
+    /// (model-signing.pub, for the edges) into DIR.
+    Keygen {
+        #[arg(long)]
+        dir: PathBuf,
     },
 }
 
@@ -82,6 +123,13 @@ fn main() -> ExitCode {
             }
             Err(e) => {
                 eprintln!("cloud-bridge: {e}");
+                ExitCode::from(2)
+            }
+        },
+        Command::Model { command } => match model(command) {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => {
+                eprintln!("cloud-bridge: {e:#}");
                 ExitCode::from(2)
             }
         },
@@ -175,6 +223,78 @@ fn tco_report(path: &std::path::Path, json: bool) -> anyhow::Result<()> {
         println!("{}", serde_json::to_string_pretty(&fleet)?);
     } else {
         print!("{}", cloud_bridge::tco::table(&fleet));
+    }
+    Ok(())
+}
+
+fn model(command: ModelCommand) -> anyhow::Result<()> {
+    use cloud_bridge::models::{ModelStore, dir::DirStore};
+    use std::io::IsTerminal;
+    let open = |config: &std::path::Path| -> anyhow::Result<(DirStore, cloud_bridge::config::ModelsConfig)> {
+        let config = CloudConfig::load(config)?;
+        let models = config.models.ok_or_else(|| anyhow::anyhow!("the config has no [models] section"))?;
+        Ok((DirStore::open(&models.dir)?, models))
+    };
+    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+    match command {
+        ModelCommand::Keygen { dir } => {
+            let (private, public, id) = cloud_bridge::models::keygen(&dir)?;
+            println!(
+                "signing key {id}: {} (keep it secret), public key for the edges: {}",
+                private.display(),
+                public.display()
+            );
+        }
+        ModelCommand::Publish { config, name, version, file } => {
+            let (store, models) = open(&config)?;
+            let key = cloud_bridge::models::signing_key(&models.signing_key)?;
+            let total = std::fs::metadata(&file).map(|m| m.len()).unwrap_or(0).max(1);
+            let tty = std::io::stderr().is_terminal();
+            let started = std::time::Instant::now();
+            let p = runtime.block_on(cloud_bridge::models::publish(&store, &key, &name, &version, &file, |done| {
+                if tty {
+                    let width = 30 * done / total;
+                    eprint!(
+                        "\r{name} {version} [{}{}] {:.1}/{:.1} MiB",
+                        "#".repeat(width as usize),
+                        " ".repeat(30 - width as usize),
+                        done as f64 / 1048576.0,
+                        total as f64 / 1048576.0
+                    );
+                }
+            }))?;
+            if tty {
+                eprintln!();
+            }
+            println!(
+                "published {} {}: {} bytes in {} chunks, {} new ({} bytes), signed by {}, in {:.1} s",
+                p.name,
+                p.version,
+                p.size,
+                p.chunks,
+                p.new_chunks,
+                p.new_bytes,
+                p.key_id,
+                started.elapsed().as_secs_f64()
+            );
+        }
+        ModelCommand::List { config, json } => {
+            let (store, _) = open(&config)?;
+            let list = runtime.block_on(store.list())?;
+            if json {
+                println!("{}", serde_json::to_string_pretty(&list)?);
+            } else {
+                println!("{:<24} {:<16} {:>14} {:>7}", "name", "version", "bytes", "chunks");
+                for m in list {
+                    println!("{:<24} {:<16} {:>14} {:>7}", m.name, m.version, m.size, m.chunks);
+                }
+            }
+        }
+        ModelCommand::Rm { config, name, version } => {
+            let (store, _) = open(&config)?;
+            let removed = runtime.block_on(store.remove(&name, &version))?;
+            println!("removed {name} {version} and {removed} chunks no other version uses");
+        }
     }
     Ok(())
 }

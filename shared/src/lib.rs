@@ -4,6 +4,7 @@
 //! protocol with its session state machines, and the TCO model. Both binaries and the
 //! tests build on it.
 
+pub mod model;
 pub mod proto;
 pub mod tco;
 #[cfg(feature = "tls")]

@@ -1,0 +1,124 @@
+//! Model publishing as an operator runs it: `cloud-bridge model keygen`, `publish`, `list`,
+//! `rm`, on the directory store; manifests that verify against the public key only, chunks
+//! shared between versions, files that come back byte for byte.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+use cloud_bridge::models::ModelStore;
+use cloud_bridge::models::dir::DirStore;
+use e2e_tests::cloud::pki;
+use e2e_tests::workspace_bin;
+use shared::model::SignedManifest;
+
+fn bridge(args: &[&str]) -> Output {
+    Command::new(workspace_bin("cloud-bridge")).args(args).output().expect("run cloud-bridge")
+}
+
+fn ok(out: Output) -> String {
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// Bytes that neither compress nor repeat.
+fn noise(len: usize, seed: u64) -> Vec<u8> {
+    let mut x = seed | 1;
+    let mut out = Vec::with_capacity(len + 8);
+    while out.len() < len {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        out.extend_from_slice(&x.to_le_bytes());
+    }
+    out.truncate(len);
+    out
+}
+
+fn setup(dir: &Path) -> (PathBuf, PathBuf) {
+    let keys = pki(dir, &[]);
+    ok(bridge(&["model", "keygen", "--dir", dir.join("keys").to_str().unwrap()]));
+    let config = dir.join("cloud.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "[server]\nbind = \"127.0.0.1:0\"\ncert = \"{}\"\nkey = \"{}\"\nclient_ca = \"{}\"\n\
+             [sink]\nkind = \"sqlite\"\npath = \"central.db\"\n\
+             [models]\ndir = \"models\"\nsigning_key = \"keys/model-signing.pk8\"\n",
+            keys.server_cert.display(),
+            keys.server_key.display(),
+            keys.ca.display()
+        ),
+    )
+    .unwrap();
+    (config, dir.join("keys/model-signing.pub"))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn published_versions_verify_share_chunks_and_come_back_byte_for_byte() {
+    let dir = tempfile::tempdir().unwrap();
+    let (config, public) = setup(dir.path());
+    let cfg = config.to_str().unwrap();
+    let v1 = noise(64 << 20, 21);
+    let mut v2 = v1.clone();
+    let region = v1.len() / 60;
+    for (k, start) in [v1.len() / 8, v1.len() / 2, v1.len() * 7 / 8].into_iter().enumerate() {
+        v2[start..start + region].copy_from_slice(&noise(region, 300 + k as u64));
+    }
+    std::fs::write(dir.path().join("v1.bin"), &v1).unwrap();
+    std::fs::write(dir.path().join("v2.bin"), &v2).unwrap();
+    let file = |n: &str| dir.path().join(n).to_str().unwrap().to_owned();
+
+    let out =
+        ok(bridge(&["model", "publish", "--config", cfg, "--name", "yolo-edge", "--version", "1", &file("v1.bin")]));
+    assert!(out.contains("published yolo-edge 1: 67108864 bytes"), "{out}");
+    let out =
+        ok(bridge(&["model", "publish", "--config", cfg, "--name", "yolo-edge", "--version", "2", &file("v2.bin")]));
+    // "... N new (B bytes) ...": the 5 % change costs at most 15 % of the file.
+    let new_bytes: u64 = out.split(" new (").nth(1).unwrap().split(' ').next().unwrap().parse().unwrap();
+    assert!(new_bytes as f64 <= 0.15 * v2.len() as f64, "{out}");
+    assert!(new_bytes as f64 >= 0.05 * v2.len() as f64, "{out}");
+
+    let again =
+        bridge(&["model", "publish", "--config", cfg, "--name", "yolo-edge", "--version", "2", &file("v2.bin")]);
+    assert_eq!(again.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&again.stderr).contains("yolo-edge 2 is already published"));
+    let bad = bridge(&["model", "publish", "--config", cfg, "--name", "../x", "--version", "1", &file("v1.bin")]);
+    assert!(String::from_utf8_lossy(&bad.stderr).contains("name \"../x\""));
+
+    let list: serde_json::Value =
+        serde_json::from_str(&ok(bridge(&["model", "list", "--json", "--config", cfg]))).unwrap();
+    assert_eq!(list.as_array().unwrap().len(), 2);
+
+    // Each manifest verifies against the public key, and the file comes back whole.
+    let store = DirStore::open(&dir.path().join("models")).unwrap();
+    let public = std::fs::read(public).unwrap();
+    for (version, data) in [("1", &v1), ("2", &v2)] {
+        let signed: SignedManifest = store.get_manifest("yolo-edge", version).await.unwrap().unwrap();
+        let manifest = signed.verify(&public).unwrap();
+        let mut back = Vec::new();
+        cloud_bridge::models::assemble(&store, &manifest, &mut back).await.unwrap();
+        assert!(back == *data, "version {version} differs");
+    }
+
+    // Removing version 1 drops only the chunks version 2 does not use.
+    let out = ok(bridge(&["model", "rm", "--config", cfg, "--name", "yolo-edge", "--version", "1"]));
+    assert!(out.starts_with("removed yolo-edge 1 and "), "{out}");
+    let m2 = store.get_manifest("yolo-edge", "2").await.unwrap().unwrap().verify(&public).unwrap();
+    let mut back = Vec::new();
+    cloud_bridge::models::assemble(&store, &m2, &mut back).await.unwrap();
+    assert!(back == v2);
+    assert!(store.get_manifest("yolo-edge", "1").await.unwrap().is_none());
+
+    // A chunk damaged in the store is caught on the way out, by index and hash.
+    let victim = &m2.chunks[3].hash;
+    let path = dir.path().join("models/chunks").join(&victim[..2]).join(victim);
+    let mut bytes = std::fs::read(&path).unwrap();
+    bytes[100] ^= 0xff;
+    std::fs::write(&path, bytes).unwrap();
+    let err = cloud_bridge::models::assemble(&store, &m2, &mut Vec::new()).await.unwrap_err();
+    assert!(err.to_string().contains("chunk 3 should hash to"), "{err}");
+
+    // A second keygen into the same place refuses to replace the key.
+    let again = bridge(&["model", "keygen", "--dir", dir.path().join("keys").to_str().unwrap()]);
+    assert_eq!(again.status.code(), Some(2));
+}
