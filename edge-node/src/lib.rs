@@ -9,6 +9,7 @@ pub mod broker_log;
 pub mod config;
 pub mod front;
 pub mod metrics;
+pub mod models;
 pub mod probe;
 pub mod route;
 pub mod spool;
