@@ -237,7 +237,7 @@ impl Node {
                         config: uplink.clone(),
                         spool: spool.clone(),
                         metrics: metrics.uplink.clone(),
-                        models: Vec::new(),
+                        models: config.models.as_ref().map(|m| m.follow.clone()).unwrap_or_default(),
                         tco: config.tco.as_ref().map(|t| (metrics.tco_latest.clone(), t.interval.0)),
                     };
                     tracker.spawn(task.run(shutdown.clone()));

@@ -38,6 +38,11 @@ enum Command {
         #[command(subcommand)]
         command: SpoolCommand,
     },
+    /// Model versions staged on this edge.
+    Models {
+        #[command(subcommand)]
+        command: ModelsCommand,
+    },
     /// The TCO model's view of the topic classes.
     Tco {
         #[command(subcommand)]
@@ -52,6 +57,21 @@ enum Command {
         /// Read the password from standard input instead of prompting.
         #[arg(long)]
         password_stdin: bool,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+enum ModelsCommand {
+    /// Each model: its current version (path, SHA-256) and the versions kept, as JSON.
+    List {
+        #[arg(long, short)]
+        config: PathBuf,
+    },
+    /// Make the version before the current one of NAME current again.
+    Rollback {
+        #[arg(long, short)]
+        config: PathBuf,
+        name: String,
     },
 }
 
@@ -97,6 +117,7 @@ fn main() -> ExitCode {
         }
         Command::Passwd { file, user, password_stdin } => passwd(&file, &user, password_stdin),
         Command::Spool { command } => spool(command),
+        Command::Models { command } => models(command),
         Command::Tco { command: TcoCommand::Report { config, json, svg } } => tco_report(&config, json, svg.as_deref()),
     };
     match result {
@@ -251,6 +272,32 @@ fn spool(command: SpoolCommand) -> anyhow::Result<()> {
             let n = edge_node::spool::inspect::export(&config.spool.path, &mut out)?;
             std::io::Write::flush(&mut out)?;
             eprintln!("exported {n} records");
+        }
+    }
+    Ok(())
+}
+
+fn models(command: ModelsCommand) -> anyhow::Result<()> {
+    let open = |path: &Path| -> anyhow::Result<edge_node::models::Models> {
+        let config = load(path)?;
+        let m = config.models.with_context(|| format!("{} has no [models] section", path.display()))?;
+        let key = std::fs::read(&m.public_key).with_context(|| m.public_key.display().to_string())?;
+        Ok(edge_node::models::Models::open(&m.dir, key, m.keep)?)
+    };
+    match command {
+        ModelsCommand::List { config } => {
+            let models = open(&config)?;
+            let mut out = Vec::new();
+            for name in models.names() {
+                let current = models.current(&name)?;
+                let versions: Vec<String> = models.versions(&name).into_iter().map(|m| m.version).collect();
+                out.push(serde_json::json!({ "name": name, "current": current, "versions": versions }));
+            }
+            println!("{}", serde_json::to_string_pretty(&out)?);
+        }
+        ModelsCommand::Rollback { config, name } => {
+            let current = open(&config)?.rollback(&name)?;
+            println!("{name}: {} is current ({}, sha256 {})", current.version, current.path.display(), current.sha256);
         }
     }
     Ok(())

@@ -92,6 +92,10 @@ impl EdgeConfig {
             resolve(&mut u.cert);
             resolve(&mut u.key);
         }
+        if let Some(m) = &mut self.models {
+            resolve(&mut m.dir);
+            resolve(&mut m.public_key);
+        }
     }
 
     /// Every semantic problem in the config; empty when it is usable.
@@ -257,6 +261,27 @@ impl EdgeConfig {
                 bad("probe.topic".into(), e.to_string());
             } else if self.probe.topic.starts_with('$') {
                 bad("probe.topic".into(), "rumqttd never delivers topics starting with '$'".into());
+            }
+        }
+        if let Some(m) = &self.models {
+            match std::fs::read(&m.public_key) {
+                Ok(k) if k.len() == 32 => {}
+                Ok(k) => bad(
+                    "models.public_key".into(),
+                    format!("{}: {} bytes, an ed25519 public key has 32", m.public_key.display(), k.len()),
+                ),
+                Err(e) => bad("models.public_key".into(), format!("{}: {e}", m.public_key.display())),
+            }
+            if m.keep == 0 {
+                bad("models.keep".into(), "must be at least 1".into());
+            }
+            for (i, name) in m.follow.iter().enumerate() {
+                if let Err(e) = shared::model::valid_name("name", name) {
+                    bad(format!("models.follow[{i}]"), e.to_string());
+                }
+            }
+            if let Err(e) = shared::topic::validate_name(&m.topic_prefix) {
+                bad("models.topic_prefix".into(), e.to_string());
             }
         }
         if let Some(tco) = &self.tco {

@@ -51,6 +51,46 @@ pub struct EdgeConfig {
     pub uplink: Option<UplinkConfig>,
     /// The TCO model: prices, per-class SLA and pins, live routing. Default: none.
     pub tco: Option<crate::tco::TcoConfig>,
+    /// Model parameters this edge follows. Default: none.
+    pub models: Option<ModelsConfig>,
+}
+
+/// `[models]`: which models to follow, where to stage them, and the key their manifests must
+/// be signed with.
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct ModelsConfig {
+    /// Staged versions, `current` links and the chunk cache. Default: `models`.
+    #[serde(default = "default_models_dir")]
+    pub dir: PathBuf,
+    /// The fleet's model signing public key (`cloud-bridge model keygen` writes it).
+    pub public_key: PathBuf,
+    /// Model names to follow; sent to the bridge in the hello.
+    #[serde(default)]
+    pub follow: Vec<String>,
+    /// Versions kept per model, the current one included. Default: 3.
+    #[serde(default = "default_keep")]
+    pub keep: usize,
+    /// Chunk cache bound. Default: 2 GiB.
+    #[serde(default = "default_cache_budget")]
+    pub cache_budget: ByteSize,
+    /// Local apps learn a model's current version from the retained message on
+    /// `<topic_prefix>/<name>/current`. Default: `models`.
+    #[serde(default = "default_models_topic")]
+    pub topic_prefix: String,
+}
+
+fn default_models_dir() -> PathBuf {
+    PathBuf::from("models")
+}
+fn default_keep() -> usize {
+    3
+}
+fn default_cache_budget() -> ByteSize {
+    ByteSize::mib(2048)
+}
+fn default_models_topic() -> String {
+    "models".into()
 }
 
 /// The QUIC uplink to a cloud bridge (ehb/1, mutual TLS).

@@ -81,6 +81,8 @@ fn bad_configs_name_the_problem() {
              [tco.class.sync]\nsla_ms = 10\n",
             "tco.class.sync.msg_per_s: a class not in [[class]] needs msg_per_s and bytes_per_msg",
         ),
+        ("[models]\npublic_key = \"missing.pub\"\nfollow = [\"a/b\"]\n", "models.public_key"),
+        ("[models]\npublic_key = \"/dev/null\"\nfollow = [\"a/b\"]\n", "models.follow[0]"),
     ];
     for (i, (text, expected)) in cases.iter().enumerate() {
         let path = dir.path().join(format!("bad{i}.toml"));

@@ -122,3 +122,57 @@ async fn published_versions_verify_share_chunks_and_come_back_byte_for_byte() {
     let again = bridge(&["model", "keygen", "--dir", dir.path().join("keys").to_str().unwrap()]);
     assert_eq!(again.status.code(), Some(2));
 }
+
+/// Versions published by the cloud, staged on an edge from its chunk cache (the transfer
+/// between them is the next step of this issue), listed and rolled back with `edge-node models`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_edge_stages_published_versions_lists_them_and_rolls_back() {
+    let dir = tempfile::tempdir().unwrap();
+    let (config, public) = setup(dir.path());
+    let cfg = config.to_str().unwrap();
+    for v in 1..=2u64 {
+        let path = dir.path().join(format!("v{v}.bin"));
+        std::fs::write(&path, noise(3 << 20, 40 + 2 * v)).unwrap();
+        ok(bridge(&[
+            "model",
+            "publish",
+            "--config",
+            cfg,
+            "--name",
+            "yolo-edge",
+            "--version",
+            &v.to_string(),
+            path.to_str().unwrap(),
+        ]));
+    }
+    let edge_config = dir.path().join("edge.toml");
+    std::fs::write(
+        &edge_config,
+        format!("[models]\ndir = \"edge-models\"\npublic_key = \"{}\"\nfollow = [\"yolo-edge\"]\n", public.display()),
+    )
+    .unwrap();
+    let store = DirStore::open(&dir.path().join("models")).unwrap();
+    let models =
+        edge_node::models::Models::open(&dir.path().join("edge-models"), std::fs::read(&public).unwrap(), 3).unwrap();
+    let cache = models.cache().unwrap();
+    for v in ["1", "2"] {
+        let signed = store.get_manifest("yolo-edge", v).await.unwrap().unwrap();
+        let manifest = models.verify(&signed).unwrap();
+        for (i, c) in cache.missing(&manifest) {
+            cache.put(i, c, &store.get_chunk(&c.hash).await.unwrap().unwrap()).unwrap();
+        }
+        models.stage(&signed, &cache).unwrap();
+    }
+    let edge = |args: &[&str]| Command::new(workspace_bin("edge-node")).args(args).output().unwrap();
+    let list: serde_json::Value =
+        serde_json::from_str(&ok(edge(&["models", "list", "--config", edge_config.to_str().unwrap()]))).unwrap();
+    assert_eq!(list[0]["name"], "yolo-edge");
+    assert_eq!(list[0]["current"]["version"], "2");
+    assert_eq!(list[0]["current"]["sha256"], shared::model::chunk_hash(&noise(3 << 20, 44)));
+    assert_eq!(list[0]["versions"], serde_json::json!(["1", "2"]));
+    let out = ok(edge(&["models", "rollback", "--config", edge_config.to_str().unwrap(), "yolo-edge"]));
+    assert!(out.starts_with("yolo-edge: 1 is current"), "{out}");
+    let again = edge(&["models", "rollback", "--config", edge_config.to_str().unwrap(), "yolo-edge"]);
+    assert!(!again.status.success());
+    assert!(String::from_utf8_lossy(&again.stderr).contains("no version before the current one"));
+}
