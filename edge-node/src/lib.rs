@@ -64,6 +64,8 @@ pub enum StartError {
         #[source]
         source: std::io::Error,
     },
+    #[error("models {path}: {reason}")]
+    Models { path: std::path::PathBuf, reason: String },
     #[error("http endpoint cannot bind {addr}: {source}")]
     HttpBind {
         addr: SocketAddr,
@@ -244,6 +246,21 @@ impl Node {
                 }
                 None => tracing::warn!("[uplink] is configured but no class routes to the cloud: nothing to send"),
             }
+        }
+        if let Some(m) = &config.models {
+            // The broker forgets retained messages on restart: tell local apps again which
+            // versions are current.
+            let key = std::fs::read(&m.public_key)
+                .map_err(|source| StartError::Models { path: m.public_key.clone(), reason: source.to_string() })?;
+            let models = models::Models::open(&m.dir, key, m.keep)
+                .map_err(|e| StartError::Models { path: m.dir.clone(), reason: e.to_string() })?;
+            let (ctx, prefix, node_id) = (ctx.clone(), m.topic_prefix.clone(), config.node_id.clone());
+            tracker.spawn(async move {
+                let currents = models.currents();
+                if let Err(e) = models::announce::announce(&ctx, &prefix, &node_id, &currents).await {
+                    tracing::warn!(error = %e, "models not announced");
+                }
+            });
         }
         if config.tco.is_some() {
             let task = tco::run(

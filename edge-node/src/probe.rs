@@ -20,7 +20,7 @@ use crate::front::{self, FrontContext, packet};
 const LOST_AFTER: Duration = Duration::from_secs(5);
 
 #[derive(Debug, thiserror::Error)]
-enum ProbeError {
+pub(crate) enum ProbeError {
     #[error("connection to the front closed")]
     Closed,
     #[error("unexpected packet {0}")]
@@ -123,13 +123,14 @@ async fn session(
     }
 }
 
-async fn write(io: &mut DuplexStream, packet: Packet) -> Result<(), ProbeError> {
+/// Writes one packet to an internal connection (also used to announce models).
+pub(crate) async fn write(io: &mut DuplexStream, packet: Packet) -> Result<(), ProbeError> {
     let mut out = BytesMut::with_capacity(64);
     V4.write(packet, &mut out).map_err(|e| ProbeError::Codec(e.to_string()))?;
     write_raw(io, &out).await
 }
 
-async fn write_raw(io: &mut DuplexStream, bytes: &[u8]) -> Result<(), ProbeError> {
+pub(crate) async fn write_raw(io: &mut DuplexStream, bytes: &[u8]) -> Result<(), ProbeError> {
     io.write_all(bytes).await.map_err(|_| ProbeError::Closed)
 }
 
@@ -146,7 +147,8 @@ fn publish_qos1(topic: &str, pkid: u16, seq: u64) -> Bytes {
     out.freeze()
 }
 
-async fn read(io: &mut DuplexStream, buf: &mut BytesMut) -> Result<Bytes, ProbeError> {
+/// Reads one whole packet from an internal connection.
+pub(crate) async fn read(io: &mut DuplexStream, buf: &mut BytesMut) -> Result<Bytes, ProbeError> {
     loop {
         if let Some(len) = packet::frame_len(buf, usize::MAX).map_err(|e| ProbeError::Codec(e.to_string()))? {
             return Ok(buf.split_to(len).freeze());

@@ -14,6 +14,8 @@
 //! `<version>.manifest` beside them (the signed manifest, kept for `models list` and to
 //! re-verify); `<dir>/<name>/current` a symlink to the current version's file name.
 
+pub mod announce;
+
 use std::io::Write;
 use std::path::{Path, PathBuf};
 
@@ -242,6 +244,21 @@ impl Models {
             .collect();
         out.sort_by(|a, b| (a.created_ms, &a.version).cmp(&(b.created_ms, &b.version)));
         out
+    }
+
+    /// The current version of every model staged here; a model whose file cannot be read is
+    /// skipped with a warning.
+    pub fn currents(&self) -> Vec<Current> {
+        self.names()
+            .into_iter()
+            .filter_map(|name| match self.current(&name) {
+                Ok(c) => c,
+                Err(e) => {
+                    tracing::warn!(model = name, error = %e, "model not announced");
+                    None
+                }
+            })
+            .collect()
     }
 
     /// Model names staged here.

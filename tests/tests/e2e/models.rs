@@ -175,4 +175,27 @@ async fn an_edge_stages_published_versions_lists_them_and_rolls_back() {
     let again = edge(&["models", "rollback", "--config", edge_config.to_str().unwrap(), "yolo-edge"]);
     assert!(!again.status.success());
     assert!(String::from_utf8_lossy(&again.stderr).contains("no version before the current one"));
+
+    // A node started over that directory tells local apps the current version, retained.
+    let run_dir = dir.path().join("run");
+    std::fs::create_dir_all(&run_dir).unwrap();
+    let extra = format!(
+        "[models]\ndir = \"{}\"\npublic_key = \"{}\"\n",
+        dir.path().join("edge-models").display(),
+        public.display()
+    );
+    let node = e2e_tests::node::EdgeProcess::start(&run_dir, &e2e_tests::node::config_text(&extra));
+    let mut first = e2e_tests::client::Client::anonymous(node.addr("local"), "early-app").await;
+    first.subscribe("models/+/current", rumqttc::QoS::AtLeastOnce).await;
+    first.recv(std::time::Duration::from_secs(10)).await.expect("the announcement");
+    // An app that subscribes afterwards gets it as a retained message.
+    let mut app = e2e_tests::client::Client::anonymous(node.addr("local"), "inference-app").await;
+    app.subscribe("models/+/current", rumqttc::QoS::AtLeastOnce).await;
+    let retained = app.recv(std::time::Duration::from_secs(10)).await.expect("a retained current-model message");
+    assert_eq!(retained.topic, "models/yolo-edge/current");
+    assert!(retained.retain);
+    let current: serde_json::Value = serde_json::from_slice(&retained.payload).unwrap();
+    assert_eq!(current["version"], "1");
+    assert_eq!(current["sha256"], shared::model::chunk_hash(&noise(3 << 20, 42)));
+    assert_eq!(std::fs::read(current["path"].as_str().unwrap()).unwrap(), noise(3 << 20, 42));
 }
