@@ -11,6 +11,11 @@ pub mod server;
 pub mod sink;
 pub mod tco;
 
+/// Milliseconds since the Unix epoch; 0 if the clock is before it.
+pub(crate) fn now_ms() -> u64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
+}
+
 use std::net::SocketAddr;
 use std::sync::Arc;
 

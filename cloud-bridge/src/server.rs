@@ -283,10 +283,7 @@ async fn run_session<S: Sink>(
                         session.dict_stored(dict.id);
                     }
                     Some(Request::Classes(report)) => {
-                        let received_ms = std::time::SystemTime::now()
-                            .duration_since(std::time::UNIX_EPOCH)
-                            .map_or(0, |d| d.as_millis() as u64);
-                        let stored = crate::sink::StoredReport { edge: edge.to_owned(), received_ms, report };
+                        let stored = crate::sink::StoredReport { edge: edge.to_owned(), received_ms: crate::now_ms(), report };
                         // A report is advice for the fleet view: losing one must not cost the
                         // edge its connection.
                         if let Err(e) = sink.store_report(&stored).await {

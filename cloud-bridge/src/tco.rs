@@ -97,7 +97,7 @@ fn counts(m: &BTreeMap<Route, usize>) -> String {
 
 pub fn table(f: &Fleet) -> String {
     let mut out = String::new();
-    let now_ms = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64);
+    let now_ms = crate::now_ms();
     let _ = writeln!(out, "edges reporting: {}", f.edges.len());
     for e in &f.edges {
         let age = now_ms.saturating_sub(e.received_ms) / 1000;

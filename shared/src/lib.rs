@@ -4,9 +4,12 @@
 //! protocol with its session state machines, and the TCO model. Both binaries and the
 //! tests build on it.
 
+#[cfg(feature = "fs")]
+pub mod fs;
 pub mod model;
 pub mod proto;
 pub mod tco;
+pub mod testing;
 #[cfg(feature = "tls")]
 pub mod tls;
 pub mod topic;

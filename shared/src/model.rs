@@ -14,8 +14,8 @@ use ring::signature::{ED25519, Ed25519KeyPair, KeyPair, UnparsedPublicKey};
 use serde::{Deserialize, Serialize};
 
 /// Each changed region costs about itself plus the chunk on either side of its edges: with
-/// 1 MiB chunks a 5 % change in three places of a 64 MiB file cost 19.5 % of it (measured),
-/// with 512 KiB chunks 9.3 %.
+/// 1 MiB chunks a 5 % change in three places of a 64 MiB file cost 19.5 % of it in one run,
+/// with 512 KiB chunks 11.2 % (`scripts/bench-model-delta.sh`).
 pub const CHUNK_MIN: u32 = 128 << 10;
 pub const CHUNK_AVG: u32 = 512 << 10;
 pub const CHUNK_MAX: u32 = 2 << 20;

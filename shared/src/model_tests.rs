@@ -1,18 +1,5 @@
 use super::*;
-
-/// Deterministic bytes that do not compress or repeat: a xorshift stream.
-fn noise(len: usize, seed: u64) -> Vec<u8> {
-    let mut x = seed | 1;
-    let mut out = Vec::with_capacity(len + 8);
-    while out.len() < len {
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        out.extend_from_slice(&x.to_le_bytes());
-    }
-    out.truncate(len);
-    out
-}
+use crate::testing::noise;
 
 fn split(data: &[u8]) -> Vec<(ChunkRef, Vec<u8>)> {
     let mut out = Vec::new();

@@ -1,7 +1,6 @@
 //! The embedded model store: a directory. `chunks/<first two hex digits>/<sha256>` holds each
 //! chunk once; `manifests/<name>/<version>.manifest` each signed manifest. Every file is
-//! written to a temporary name, fsynced, renamed into place, and its directory fsynced, so a
-//! crash leaves either the whole file or none.
+//! written with `shared::fs::write_durably`, so a crash leaves either the whole file or none.
 
 use std::path::{Path, PathBuf};
 
@@ -55,16 +54,10 @@ impl DirStore {
     }
 }
 
-/// Writes `bytes` at `path` crash-safely: temporary file, fsync, rename, fsync the directory.
 fn write_durably(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
     use std::io::Write;
-    let dir = path.parent().expect("store paths have a parent");
-    std::fs::create_dir_all(dir)?;
-    let mut tmp = tempfile::NamedTempFile::new_in(dir)?;
-    tmp.write_all(bytes)?;
-    tmp.as_file().sync_all()?;
-    tmp.persist(path).map_err(|e| e.error)?;
-    std::fs::File::open(dir)?.sync_all()
+    std::fs::create_dir_all(path.parent().expect("store paths have a parent"))?;
+    shared::fs::write_durably(path, |f| f.write_all(bytes))
 }
 
 impl ModelStore for DirStore {

@@ -114,8 +114,7 @@ pub async fn publish<S: ModelStore>(
         Err(ChunkError::Read(e)) => return Err(failed("read", format!("{}: {e}", file.display()))),
         Err(ChunkError::Sink(e)) => return Err(failed("chunker", e)),
     };
-    let created_ms =
-        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64);
+    let created_ms = crate::now_ms();
     let manifest = Manifest { name: name.into(), version: version.into(), size, chunks, created_ms };
     manifest.check()?;
     let signed = key.sign(&manifest);
@@ -158,8 +157,7 @@ pub fn keygen(dir: &Path) -> Result<(std::path::PathBuf, std::path::PathBuf, Str
     Ok((private, public, shared::model::key_id(key.public_key())))
 }
 
-/// Reads a model file's bytes back from the store, verified chunk by chunk (for tests and
-/// `model get`).
+/// Writes a model file's bytes from the store to `out`, verified chunk by chunk.
 pub async fn assemble<S: ModelStore>(
     store: &S,
     manifest: &Manifest,

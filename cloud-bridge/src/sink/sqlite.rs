@@ -8,6 +8,7 @@ use rusqlite::{Connection, OptionalExtension, params};
 use shared::proto::{DictAnnounce, LaneSeq, WireRecord};
 
 use super::{Sink, SinkError, StoredReport, Turn};
+use crate::now_ms;
 
 const SCHEMA: &str = "
 CREATE TABLE IF NOT EXISTS records (
@@ -83,10 +84,6 @@ impl SqliteSink {
         .await
         .map_err(|e| failed("task", e))?
     }
-}
-
-fn now_ms() -> u64 {
-    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
 }
 
 impl Sink for SqliteSink {

@@ -124,14 +124,8 @@ impl ChunkCache {
     }
 }
 
-/// Writes a file through `fill` crash-safely: temporary name, fsync, rename, fsync the
-/// directory. On error the temporary file is removed.
 fn write_durably(path: &Path, fill: impl FnOnce(&mut std::fs::File) -> std::io::Result<()>) -> Result<(), StageError> {
-    let dir = path.parent().expect("paths here have a parent");
-    let mut tmp = tempfile::NamedTempFile::new_in(dir).map_err(io("create in", dir))?;
-    fill(tmp.as_file_mut()).and_then(|_| tmp.as_file().sync_all()).map_err(io("write", tmp.path()))?;
-    tmp.persist(path).map_err(|e| io("rename to", path)(e.error))?;
-    std::fs::File::open(dir).and_then(|d| d.sync_all()).map_err(io("sync", dir))
+    shared::fs::write_durably(path, fill).map_err(io("write", path))
 }
 
 /// What local apps are told of a model: the retained message's payload.
@@ -276,11 +270,15 @@ impl Models {
         names
     }
 
+    /// The version `current` points at, read from the link alone.
+    fn current_version(&self, name: &str) -> Option<String> {
+        let link = std::fs::read_link(self.dir.join(name).join("current")).ok()?;
+        Some(link.to_string_lossy().into_owned())
+    }
+
     /// The current version of `name`, re-hashed from its file.
     pub fn current(&self, name: &str) -> Result<Option<Current>, StageError> {
-        let link = self.dir.join(name).join("current");
-        let Ok(version) = std::fs::read_link(&link) else { return Ok(None) };
-        let version = version.to_string_lossy().into_owned();
+        let Some(version) = self.current_version(name) else { return Ok(None) };
         let path = self.dir.join(name).join(&version);
         let bytes = std::fs::read(&path).map_err(io("read", &path))?;
         Ok(Some(Current {
@@ -294,9 +292,9 @@ impl Models {
 
     /// Makes the version before the current one current again.
     pub fn rollback(&self, name: &str) -> Result<Current, StageError> {
-        let current = self.current(name)?.ok_or_else(|| StageError::NoModel(name.into()))?;
+        let current = self.current_version(name).ok_or_else(|| StageError::NoModel(name.into()))?;
         let versions = self.versions(name);
-        let at = versions.iter().position(|m| m.version == current.version);
+        let at = versions.iter().position(|m| m.version == current);
         let previous = match at {
             Some(i) if i > 0 => &versions[i - 1],
             _ => return Err(StageError::NothingToRollBack(name.into())),
@@ -307,7 +305,7 @@ impl Models {
 
     /// Keeps the newest `keep` versions and the current one.
     fn prune(&self, name: &str) {
-        let current = self.current(name).ok().flatten().map(|c| c.version);
+        let current = self.current_version(name);
         let versions = self.versions(name);
         let excess = versions.len().saturating_sub(self.keep);
         for m in versions.into_iter().take(excess) {

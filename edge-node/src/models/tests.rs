@@ -1,21 +1,9 @@
 use std::collections::HashSet;
 
 use shared::model::{ChunkRef, Manifest, SigningKey};
+use shared::testing::noise;
 
 use super::*;
-
-fn noise(len: usize, seed: u64) -> Vec<u8> {
-    let mut x = seed.wrapping_mul(2).wrapping_add(1);
-    let mut out = Vec::with_capacity(len + 8);
-    while out.len() < len {
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        out.extend_from_slice(&x.to_le_bytes());
-    }
-    out.truncate(len);
-    out
-}
 
 struct Fleet {
     key: SigningKey,

@@ -10,6 +10,7 @@ use cloud_bridge::models::dir::DirStore;
 use e2e_tests::cloud::pki;
 use e2e_tests::workspace_bin;
 use shared::model::SignedManifest;
+use shared::testing::noise;
 
 fn bridge(args: &[&str]) -> Output {
     Command::new(workspace_bin("cloud-bridge")).args(args).output().expect("run cloud-bridge")
@@ -18,20 +19,6 @@ fn bridge(args: &[&str]) -> Output {
 fn ok(out: Output) -> String {
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     String::from_utf8_lossy(&out.stdout).into_owned()
-}
-
-/// Bytes that neither compress nor repeat.
-fn noise(len: usize, seed: u64) -> Vec<u8> {
-    let mut x = seed | 1;
-    let mut out = Vec::with_capacity(len + 8);
-    while out.len() < len {
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        out.extend_from_slice(&x.to_le_bytes());
-    }
-    out.truncate(len);
-    out
 }
 
 fn setup(dir: &Path) -> (PathBuf, PathBuf) {

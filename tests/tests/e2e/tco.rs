@@ -195,15 +195,21 @@ async fn a_class_growing_tenfold_moves_by_the_model_and_governed_classes_stay_of
     let traffic = tokio::spawn(async move {
         publish_for(&publisher, 200, Duration::from_secs(60), &payload).await;
     });
-    tokio::time::sleep(Duration::from_millis(500)).await;
-    let (json, _) = report(&dir.path().join("edge.toml"), &["--json"]);
-    let r: Value = serde_json::from_str(&json).unwrap();
+    // The node measures rates per interval: wait for one measured under the new traffic.
+    let config = dir.path().join("edge.toml");
+    let live = || serde_json::from_str::<Value>(&report(&config, &["--json"]).0).unwrap();
+    let mut r = live();
+    e2e_tests::eventually(Duration::from_secs(10), || {
+        r = live();
+        class(&r, "counters")["msg_per_s"].as_f64().unwrap() > 100.0
+    })
+    .await;
     let counters = class(&r, "counters");
     assert_eq!(counters["route"], "edge-direct");
     assert_eq!(counters["switches"], 1);
     assert!(counters["msg_per_s"].as_f64().unwrap() > 100.0, "{counters}");
     assert_ne!(class(&r, "audit")["route"], "edge-direct");
-    let (table, _) = report(&dir.path().join("edge.toml"), &[]);
+    let (table, _) = report(&config, &[]);
     assert!(table.contains("live, from the running node"), "{table}");
     traffic.abort();
 }
