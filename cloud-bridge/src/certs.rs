@@ -93,7 +93,10 @@ fn issue(
     params.key_usages = vec![KeyUsagePurpose::DigitalSignature];
     let mut serial = [0u8; 16];
     rand::Rng::fill(&mut rand::thread_rng(), &mut serial[..]);
-    serial[0] &= 0x7f;
+    // Positive (top bit clear) and never a leading zero byte, which DER drops: every serial
+    // is 16 bytes, 32 hex digits, as deny lists and logs show it. A random first byte of 0
+    // (1 in 128) made it 15.
+    serial[0] = (serial[0] & 0x7f) | 0x40;
     params.serial_number = Some(serial.to_vec().into());
     let cert = params.signed_by(&key, ca, ca_key)?;
     let (cert_path, key_path) = (dir.join(format!("{name}.pem")), dir.join(format!("{name}.key")));
