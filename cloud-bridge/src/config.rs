@@ -28,6 +28,13 @@ pub struct ModelsConfig {
     /// The fleet's ed25519 model signing key, PKCS#8 (`cloud-bridge model keygen`). Edges hold
     /// its public half.
     pub signing_key: PathBuf,
+    /// How often connected edges' models are checked for a newer version. Default: 2s.
+    #[serde(default = "default_models_poll")]
+    pub poll: shared::units::HumanDuration,
+}
+
+fn default_models_poll() -> shared::units::HumanDuration {
+    shared::units::HumanDuration(std::time::Duration::from_secs(2))
 }
 
 #[derive(Debug, Clone, Deserialize, Serialize)]
@@ -46,6 +53,11 @@ pub struct ServerConfig {
     /// Batches one connection may send ahead of a missing one. Default: 64.
     #[serde(default = "default_max_held")]
     pub max_held: usize,
+    /// QUIC congestion controller for what the bridge sends (model chunks): `bbr` (default),
+    /// `cubic` or `new-reno`. At 50 ms RTT and 1 % random loss cubic halves its rate at every
+    /// loss (docs/BENCHMARKS.md compares them on a model transfer).
+    #[serde(default)]
+    pub congestion: shared::proto::Congestion,
 }
 
 fn default_max_held() -> usize {

@@ -30,6 +30,8 @@ pub enum StartError {
     Server(#[from] server::ServerError),
     #[error(transparent)]
     Sink(#[from] sink::SinkError),
+    #[error("model store: {0}")]
+    Models(String),
     #[error("http endpoint cannot bind {addr}: {source}")]
     HttpBind {
         addr: SocketAddr,
@@ -68,12 +70,22 @@ impl Bridge {
             None => None,
         };
         let server_config = Arc::new(config.server.clone());
+        let models = match &config.models {
+            Some(m) => {
+                let store = models::dir::DirStore::open(&m.dir).map_err(|e| StartError::Models(e.to_string()))?;
+                Some(Arc::new(models::serve::ModelService {
+                    store: Arc::new(models::Store::Dir(store)),
+                    poll: m.poll.0,
+                }))
+            }
+            None => None,
+        };
         let (m, stop, t) = (metrics.clone(), shutdown.clone(), tasks.clone());
         match &config.sink {
             SinkConfig::Sqlite { path } => {
                 let sink = Arc::new(sink::sqlite::SqliteSink::open(path)?);
                 tracing::info!(path = %path.display(), "sink: sqlite");
-                tasks.spawn(server::accept_loop(endpoint, server_config, sink, m, stop, t));
+                tasks.spawn(server::accept_loop(endpoint, server_config, sink, models, m, stop, t));
             }
             SinkConfig::Jetstream {
                 url,
@@ -99,7 +111,7 @@ impl Bridge {
                 };
                 let sink = Arc::new(sink::jetstream::JetStreamSink::connect(&settings).await?);
                 tracing::info!(url, stream, marks_bucket, "sink: jetstream");
-                tasks.spawn(server::accept_loop(endpoint, server_config, sink, m, stop, t));
+                tasks.spawn(server::accept_loop(endpoint, server_config, sink, models, m, stop, t));
             }
         }
         tracing::info!(%quic_addr, "QUIC listener ready");

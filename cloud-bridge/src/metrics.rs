@@ -45,6 +45,7 @@ pub struct Metrics {
     pub refused: Family<ReasonLabel, Counter>,
     pub closed: Family<ReasonLabel, Counter>,
     pub sink_ok: AtomicBool,
+    pub models: Arc<crate::models::serve::ServeMetrics>,
 }
 
 impl Metrics {
@@ -63,7 +64,9 @@ impl Metrics {
             refused: Family::default(),
             closed: Family::default(),
             sink_ok: AtomicBool::new(true),
+            models: Arc::default(),
         };
+        m.models.register(&mut registry);
         let r = &mut registry;
         r.register("edge_connected", "1 while the edge has a session on this bridge", m.connected.clone());
         r.register("committed_seq", "Highest seq committed per edge and lane (this epoch)", m.committed.clone());

@@ -21,6 +21,7 @@ use tokio_util::task::AbortOnDropHandle;
 
 use crate::config::ServerConfig;
 use crate::metrics::{EdgeLabel, LaneLabels, Metrics, ReasonLabel};
+use crate::models::serve::{EdgeModels, ModelService};
 use crate::sink::Sink;
 
 #[derive(Debug, thiserror::Error)]
@@ -89,6 +90,7 @@ pub fn endpoint(config: &ServerConfig) -> Result<quinn::Endpoint, ServerError> {
     let mut transport = quinn::TransportConfig::default();
     transport.max_idle_timeout(Some(Duration::from_secs(30).try_into().map_err(|_| ServerError::Quic("idle".into()))?));
     transport.max_concurrent_uni_streams(256u32.into());
+    transport.congestion_controller_factory(config.congestion.factory());
     server.transport_config(Arc::new(transport));
     quinn::Endpoint::server(server, config.bind).map_err(|source| ServerError::Bind { addr: config.bind, source })
 }
@@ -98,6 +100,7 @@ pub async fn accept_loop<S: Sink>(
     endpoint: quinn::Endpoint,
     config: Arc<ServerConfig>,
     sink: Arc<S>,
+    models: Option<Arc<ModelService>>,
     metrics: Arc<Metrics>,
     shutdown: CancellationToken,
     tasks: tokio_util::task::TaskTracker,
@@ -111,6 +114,7 @@ pub async fn accept_loop<S: Sink>(
             },
         };
         let (config, sink, metrics, shutdown) = (config.clone(), sink.clone(), metrics.clone(), shutdown.clone());
+        let models = models.clone();
         tasks.spawn(async move {
             let remote = incoming.remote_address();
             let conn = match incoming.await {
@@ -139,7 +143,7 @@ pub async fn accept_loop<S: Sink>(
                 conn.close(2u32.into(), b"certificate denied");
                 return;
             }
-            serve_edge(conn, edge, config.max_held, sink, metrics, shutdown).await;
+            serve_edge(conn, edge, config.max_held, sink, models, metrics, shutdown).await;
         });
     }
     endpoint.close(0u32.into(), b"bridge shutting down");
@@ -161,6 +165,7 @@ async fn serve_edge<S: Sink>(
     edge: String,
     max_held: usize,
     sink: Arc<S>,
+    models: Option<Arc<ModelService>>,
     metrics: Arc<Metrics>,
     shutdown: CancellationToken,
 ) {
@@ -169,7 +174,7 @@ async fn serve_edge<S: Sink>(
     connected.set(1);
     tracing::info!(edge, remote = %conn.remote_address(), "edge connected");
     let end = tokio::select! {
-        end = session(&conn, &edge, max_held, &*sink, &metrics) => end,
+        end = session(&conn, &edge, max_held, &*sink, models.as_deref(), &metrics) => end,
         _ = shutdown.cancelled() => SessionEnd::Shutdown,
     };
     connected.set(0);
@@ -186,9 +191,10 @@ async fn session<S: Sink>(
     edge: &str,
     max_held: usize,
     sink: &S,
+    models: Option<&ModelService>,
     metrics: &Metrics,
 ) -> SessionEnd {
-    match run_session(conn, edge, max_held, sink, metrics).await {
+    match run_session(conn, edge, max_held, sink, models, metrics).await {
         Ok(()) => SessionEnd::Closed,
         Err(e) => e,
     }
@@ -199,6 +205,7 @@ async fn run_session<S: Sink>(
     edge: &str,
     max_held: usize,
     sink: &S,
+    models: Option<&ModelService>,
     metrics: &Metrics,
 ) -> Result<(), SessionEnd> {
     let (mut send, recv) = conn.accept_bi().await?;
@@ -247,6 +254,10 @@ async fn run_session<S: Sink>(
     let pipeline = sink.pipeline().max(1);
     // What the next batch's publish waits for: the one before it in the sink.
     let mut turn = crate::sink::first_turn();
+    // The models this edge follows, once its hello named them, and their chunk server.
+    let mut edge_models: Option<(EdgeModels, AbortOnDropHandle<()>)> = None;
+    let mut model_poll = tokio::time::interval(models.map_or(Duration::from_secs(3600), |m| m.poll));
+    model_poll.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         tokio::select! {
             frame = control_rx.recv() => {
@@ -275,6 +286,12 @@ async fn run_session<S: Sink>(
                         }
                         tracing::info!(edge, epoch = hello.epoch, version = hello.version, ?committed, dicts = known.len(), "edge hello");
                         session.welcome(committed, known);
+                        if let Some(service) = models.filter(|_| !hello.models.is_empty()) {
+                            let m = EdgeModels::new(service.store.clone(), hello.models.clone());
+                            let server = AbortOnDropHandle::new(m.serve(conn.clone(), metrics.models.clone()));
+                            edge_models = Some((m, server));
+                            announce_models(edge, &mut edge_models, &mut session, metrics).await;
+                        }
                     }
                     Some(Request::StoreDict(dict)) => {
                         sink.store_dict(&dict).await?;
@@ -311,6 +328,9 @@ async fn run_session<S: Sink>(
                     queued.push_back((lane, up_to, count, publish, done));
                 }
             }
+            _ = model_poll.tick(), if edge_models.is_some() => {
+                announce_models(edge, &mut edge_models, &mut session, metrics).await;
+            }
             Some(done) = writes.next(), if !writes.is_empty() => {
                 // This batch and any after it already published: one mark per lane for all.
                 let mut marks: BTreeMap<u8, u64> = BTreeMap::new();
@@ -338,6 +358,27 @@ async fn run_session<S: Sink>(
             metrics.lag.get_or_create(&LaneLabels { edge: edge.to_owned(), lane }).set(lag as i64);
         }
         flush(&mut session, &mut send).await?;
+    }
+}
+
+/// Announces followed models' versions the edge has not heard of on this connection. A store
+/// that cannot be read costs the edge a model update, not its telemetry session.
+async fn announce_models(
+    edge: &str,
+    models: &mut Option<(EdgeModels, AbortOnDropHandle<()>)>,
+    session: &mut CloudSession,
+    metrics: &Metrics,
+) {
+    let Some((m, _)) = models else { return };
+    match m.news().await {
+        Ok(news) => {
+            for a in news {
+                tracing::info!(edge, model = a.name, version = a.version, "model announced");
+                metrics.models.announced.inc();
+                session.announce_model(a);
+            }
+        }
+        Err(e) => tracing::warn!(edge, error = %e, "model store unreadable; models not announced"),
     }
 }
 

@@ -231,6 +231,31 @@ impl Node {
         if config.probe.enabled {
             tracker.spawn(probe::run(ctx.clone(), config.probe.clone(), config.node_id.clone(), shutdown.clone()));
         }
+        // The syncer announces every model held at start (the broker forgets retained messages
+        // on restart), then stages what the bridge announces.
+        let mut model_jobs = None;
+        if let Some(m) = &config.models {
+            let key = std::fs::read(&m.public_key)
+                .map_err(|source| StartError::Models { path: m.public_key.clone(), reason: source.to_string() })?;
+            let bad_dir = |e: models::StageError| StartError::Models { path: m.dir.clone(), reason: e.to_string() };
+            let staged = models::Models::open(&m.dir, key, m.keep).map_err(bad_dir)?;
+            let syncer = models::sync::Syncer {
+                cache: staged.cache().map_err(bad_dir)?,
+                models: staged,
+                follows: m.follow.clone(),
+                parallel: m.parallel,
+                cache_budget: m.cache_budget.bytes(),
+                metrics: metrics.models.clone(),
+                announcer: models::announce::Announcer {
+                    ctx: ctx.clone(),
+                    prefix: m.topic_prefix.clone(),
+                    node_id: config.node_id.clone(),
+                },
+            };
+            let (tx, rx) = tokio::sync::mpsc::channel(16);
+            model_jobs = Some(tx);
+            tracker.spawn(syncer.run(rx, shutdown.clone()));
+        }
         if let Some(uplink) = &config.uplink {
             match &ctx.spool {
                 Some(spool) => {
@@ -240,27 +265,13 @@ impl Node {
                         spool: spool.clone(),
                         metrics: metrics.uplink.clone(),
                         models: config.models.as_ref().map(|m| m.follow.clone()).unwrap_or_default(),
+                        model_jobs: model_jobs.clone(),
                         tco: config.tco.as_ref().map(|t| (metrics.tco_latest.clone(), t.interval.0)),
                     };
                     tracker.spawn(task.run(shutdown.clone()));
                 }
                 None => tracing::warn!("[uplink] is configured but no class routes to the cloud: nothing to send"),
             }
-        }
-        if let Some(m) = &config.models {
-            // The broker forgets retained messages on restart: tell local apps again which
-            // versions are current.
-            let key = std::fs::read(&m.public_key)
-                .map_err(|source| StartError::Models { path: m.public_key.clone(), reason: source.to_string() })?;
-            let models = models::Models::open(&m.dir, key, m.keep)
-                .map_err(|e| StartError::Models { path: m.dir.clone(), reason: e.to_string() })?;
-            let (ctx, prefix, node_id) = (ctx.clone(), m.topic_prefix.clone(), config.node_id.clone());
-            tracker.spawn(async move {
-                let currents = models.currents();
-                if let Err(e) = models::announce::announce(&ctx, &prefix, &node_id, &currents).await {
-                    tracing::warn!(error = %e, "models not announced");
-                }
-            });
         }
         if config.tco.is_some() {
             let task = tco::run(

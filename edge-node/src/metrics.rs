@@ -64,6 +64,7 @@ pub struct Metrics {
     pub spool: Arc<crate::spool::WriterMetrics>,
     pub uplink: Arc<crate::uplink::UplinkMetrics>,
     pub tco: Arc<crate::tco::TcoMetrics>,
+    pub models: Arc<crate::models::sync::ModelMetrics>,
     /// The TCO model's last answer, served on `/tco`.
     pub tco_latest: Arc<std::sync::Mutex<crate::tco::Snapshot>>,
     /// Milliseconds after `started` of the last probe delivery; 0 before the first.
@@ -114,6 +115,7 @@ impl Metrics {
             }),
             uplink: Arc::default(),
             tco: Arc::default(),
+            models: Arc::default(),
             tco_latest: Arc::default(),
             probe_last_ok_ms: AtomicU64::new(0),
             started: Instant::now(),
@@ -216,6 +218,7 @@ impl Metrics {
         );
         m.uplink.register(r);
         m.tco.register(r);
+        m.models.register(r);
         Self { registry, ..m }
     }
 

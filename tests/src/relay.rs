@@ -1,6 +1,7 @@
 //! A UDP impairment relay for QUIC links (this kernel has no netem): the edge talks to the
-//! relay, the relay to the bridge. Loss, delay with jitter (which reorders) and a blackhole can
-//! be changed while it runs. One client at a time, which is what an edge is.
+//! relay, the relay to the bridge. Loss, delay with jitter (which reorders), a rate limit (a
+//! bottleneck with a 100 ms tail-drop queue, each way) and a blackhole can be changed while it
+//! runs. One client at a time, which is what an edge is.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -26,7 +27,14 @@ pub struct Impairment {
     pub bytes_up: AtomicU64,
     pub bytes_down: AtomicU64,
     pub datagrams_up: AtomicU64,
+    /// Bottleneck rate, bytes per second each way; 0 for none.
+    pub rate_bytes_per_s: AtomicU64,
+    /// Per direction (up, down), when the bottleneck is free again.
+    busy_until: std::sync::Mutex<[Option<std::time::Instant>; 2]>,
 }
+
+/// The bottleneck's queue: a datagram that would wait longer is dropped.
+const QUEUE: Duration = Duration::from_millis(100);
 
 impl Impairment {
     pub fn set_loss(&self, permille: u32) {
@@ -38,6 +46,27 @@ impl Impairment {
     }
     pub fn set_blackhole(&self, on: bool) {
         self.blackhole.store(on, Ordering::Relaxed);
+    }
+    pub fn set_rate(&self, bytes_per_s: u64) {
+        self.rate_bytes_per_s.store(bytes_per_s, Ordering::Relaxed);
+    }
+
+    /// How long a datagram of `len` bytes waits for and crosses the bottleneck in direction
+    /// `dir`, or `None` when the queue is full.
+    fn bottleneck(&self, dir: usize, len: usize) -> Option<Duration> {
+        let rate = self.rate_bytes_per_s.load(Ordering::Relaxed);
+        if rate == 0 {
+            return Some(Duration::ZERO);
+        }
+        let now = std::time::Instant::now();
+        let mut busy = self.busy_until.lock().unwrap_or_else(|p| p.into_inner());
+        let start = busy[dir].map_or(now, |b| b.max(now));
+        if start - now > QUEUE {
+            return None;
+        }
+        let done = start + Duration::from_secs_f64(len as f64 / rate as f64);
+        busy[dir] = Some(done);
+        Some(done - now)
     }
 
     /// The delay for the next datagram, or `None` to drop it.
@@ -96,7 +125,8 @@ impl UdpRelay {
 }
 
 fn forward(imp: &Arc<Impairment>, datagram: Vec<u8>, socket: Arc<UdpSocket>, to: Option<SocketAddr>) {
-    let Some(delay) = imp.verdict() else {
+    let dir = usize::from(to.is_some());
+    let Some(delay) = imp.verdict().and_then(|d| Some(d + imp.bottleneck(dir, datagram.len())?)) else {
         imp.dropped.fetch_add(1, Ordering::Relaxed);
         return;
     };

@@ -44,9 +44,14 @@ impl DirStore {
                 if path.extension().is_none_or(|e| e != "manifest") {
                     continue;
                 }
-                let bytes = std::fs::read(&path).map_err(|e| failed("list", format!("{}: {e}", path.display())))?;
-                let signed = SignedManifest::from_bytes(&bytes)?;
-                out.push(signed.unverified()?);
+                // One unreadable manifest must not hide every other version.
+                let read = std::fs::read(&path)
+                    .map_err(StoreError::from_io)
+                    .and_then(|b| Ok(SignedManifest::from_bytes(&b)?.unverified()?));
+                match read {
+                    Ok(m) => out.push(m),
+                    Err(e) => tracing::warn!(path = %path.display(), error = %e, "manifest skipped"),
+                }
             }
         }
         out.sort_by(|a, b| (&a.name, a.created_ms, &a.version).cmp(&(&b.name, b.created_ms, &b.version)));

@@ -7,6 +7,7 @@
 //! durable, so a reader that finds a manifest finds its chunks.
 
 pub mod dir;
+pub mod serve;
 
 use std::future::Future;
 use std::path::Path;
@@ -24,6 +25,12 @@ pub enum StoreError {
     Exists { name: String, version: String },
     #[error("no model {name} {version}")]
     Missing { name: String, version: String },
+}
+
+impl StoreError {
+    fn from_io(e: std::io::Error) -> Self {
+        failed("read", e)
+    }
 }
 
 pub fn failed(what: &'static str, e: impl std::fmt::Display) -> StoreError {
@@ -60,6 +67,50 @@ pub trait ModelStore: Send + Sync + 'static {
     /// Removes a version, then every chunk no remaining version names. Returns the chunks
     /// removed.
     fn remove(&self, name: &str, version: &str) -> impl Future<Output = Result<usize, StoreError>> + Send;
+}
+
+/// The configured store, for the server (the trait's futures are not object-safe).
+#[derive(Debug)]
+pub enum Store {
+    Dir(dir::DirStore),
+}
+
+impl ModelStore for Store {
+    async fn has_chunk(&self, hash: &str) -> Result<bool, StoreError> {
+        match self {
+            Store::Dir(s) => s.has_chunk(hash).await,
+        }
+    }
+    async fn put_chunk(&self, hash: &str, bytes: &[u8]) -> Result<(), StoreError> {
+        match self {
+            Store::Dir(s) => s.put_chunk(hash, bytes).await,
+        }
+    }
+    async fn get_chunk(&self, hash: &str) -> Result<Option<Vec<u8>>, StoreError> {
+        match self {
+            Store::Dir(s) => s.get_chunk(hash).await,
+        }
+    }
+    async fn put_manifest(&self, m: &Manifest, signed: &SignedManifest) -> Result<(), StoreError> {
+        match self {
+            Store::Dir(s) => s.put_manifest(m, signed).await,
+        }
+    }
+    async fn get_manifest(&self, name: &str, version: &str) -> Result<Option<SignedManifest>, StoreError> {
+        match self {
+            Store::Dir(s) => s.get_manifest(name, version).await,
+        }
+    }
+    async fn list(&self) -> Result<Vec<Listed>, StoreError> {
+        match self {
+            Store::Dir(s) => s.list().await,
+        }
+    }
+    async fn remove(&self, name: &str, version: &str) -> Result<usize, StoreError> {
+        match self {
+            Store::Dir(s) => s.remove(name, version).await,
+        }
+    }
 }
 
 /// What `publish` did.

@@ -275,6 +275,9 @@ impl EdgeConfig {
             if m.keep == 0 {
                 bad("models.keep".into(), "must be at least 1".into());
             }
+            if !(1..=64).contains(&m.parallel) {
+                bad("models.parallel".into(), format!("{} is outside 1..=64", m.parallel));
+            }
             for (i, name) in m.follow.iter().enumerate() {
                 if let Err(e) = shared::model::valid_name("name", name) {
                     bad(format!("models.follow[{i}]"), e.to_string());

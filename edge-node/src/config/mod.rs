@@ -71,6 +71,9 @@ pub struct ModelsConfig {
     /// Versions kept per model, the current one included. Default: 3.
     #[serde(default = "default_keep")]
     pub keep: usize,
+    /// Chunks fetched at once, each on its own QUIC stream. Default: 8.
+    #[serde(default = "default_models_parallel")]
+    pub parallel: usize,
     /// Chunk cache bound. Default: 2 GiB.
     #[serde(default = "default_cache_budget")]
     pub cache_budget: ByteSize,
@@ -82,6 +85,9 @@ pub struct ModelsConfig {
 
 fn default_models_dir() -> PathBuf {
     PathBuf::from("models")
+}
+fn default_models_parallel() -> usize {
+    8
 }
 fn default_keep() -> usize {
     3
@@ -155,14 +161,7 @@ pub struct UplinkConfig {
     pub backoff_max: HumanDuration,
 }
 
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, Serialize)]
-#[serde(rename_all = "kebab-case")]
-pub enum Congestion {
-    #[default]
-    Bbr,
-    Cubic,
-    NewReno,
-}
+pub use shared::proto::Congestion;
 
 fn default_window() -> usize {
     8

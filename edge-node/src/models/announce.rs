@@ -24,6 +24,26 @@ fn retained_qos1(topic: &str, pkid: u16, payload: &[u8]) -> BytesMut {
     out
 }
 
+/// Publishes through the node's front on behalf of the model syncer.
+#[derive(Clone)]
+pub struct Announcer {
+    pub(crate) ctx: Arc<FrontContext>,
+    pub prefix: String,
+    pub node_id: String,
+}
+
+impl std::fmt::Debug for Announcer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Announcer").field("prefix", &self.prefix).finish()
+    }
+}
+
+impl Announcer {
+    pub(crate) async fn announce(&self, currents: &[Current]) -> Result<(), ProbeError> {
+        announce(&self.ctx, &self.prefix, &self.node_id, currents).await
+    }
+}
+
 /// Publishes `currents` retained on `<prefix>/<name>/current` and waits for their PUBACKs.
 pub(crate) async fn announce(
     ctx: &Arc<FrontContext>,

@@ -15,6 +15,7 @@
 //! re-verify); `<dir>/<name>/current` a symlink to the current version's file name.
 
 pub mod announce;
+pub mod sync;
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -270,8 +271,14 @@ impl Models {
         names
     }
 
+    /// Whether `version` of `name` is staged here (file and manifest).
+    pub fn has_version(&self, name: &str, version: &str) -> bool {
+        let dir = self.dir.join(name);
+        dir.join(version).is_file() && dir.join(format!("{version}.manifest")).is_file()
+    }
+
     /// The version `current` points at, read from the link alone.
-    fn current_version(&self, name: &str) -> Option<String> {
+    pub fn current_version(&self, name: &str) -> Option<String> {
         let link = std::fs::read_link(self.dir.join(name).join("current")).ok()?;
         Some(link.to_string_lossy().into_owned())
     }

@@ -176,6 +176,8 @@ pub struct Uplink {
     pub spool: SpoolWriter,
     pub metrics: Arc<UplinkMetrics>,
     pub models: Vec<String>,
+    /// Where announced model versions go to be fetched and staged.
+    pub model_jobs: Option<tokio::sync::mpsc::Sender<crate::models::sync::ModelJob>>,
     /// The TCO model's latest classes and how often to send them to the bridge's fleet report.
     pub tco: Option<(Arc<std::sync::Mutex<crate::tco::Snapshot>>, Duration)>,
 }
@@ -419,6 +421,22 @@ impl Uplink {
                         self.refresh(session, &mut heads).await?;
                     }
                     EdgeEvent::DictStored(id) => dicts.stored(id),
+                    EdgeEvent::Model(announce) => {
+                        let job =
+                            crate::models::sync::ModelJob { conn: conn.clone(), announce, received: Instant::now() };
+                        match &self.model_jobs {
+                            // A full queue drops the announcement: the next connection repeats it.
+                            Some(jobs) => {
+                                if let Err(e) = jobs.try_send(job) {
+                                    tracing::warn!(error = %e, "model announcement dropped");
+                                }
+                            }
+                            None => tracing::warn!(
+                                model = job.announce.name,
+                                "model announced, but this node has no [models]"
+                            ),
+                        }
+                    }
                     EdgeEvent::Committed { latency, .. } => {
                         self.metrics.commit_latency.observe(latency.as_secs_f64());
                         self.metrics.commit_micros.set(latency.as_micros() as i64);

@@ -9,7 +9,7 @@ use quinn::crypto::rustls::QuicClientConfig;
 use shared::proto::ALPN;
 use shared::tls::TlsError;
 
-use crate::config::{Congestion, UplinkConfig};
+use crate::config::UplinkConfig;
 
 #[derive(Debug, thiserror::Error)]
 pub enum UplinkSetupError {
@@ -42,12 +42,7 @@ pub fn client_config(config: &UplinkConfig) -> Result<quinn::ClientConfig, Uplin
     transport.max_idle_timeout(Some(
         Duration::from_secs(15).try_into().map_err(|_| UplinkSetupError::Quic("idle timeout".into()))?,
     ));
-    let controller: Arc<dyn quinn::congestion::ControllerFactory + Send + Sync> = match config.congestion {
-        Congestion::Bbr => Arc::new(quinn::congestion::BbrConfig::default()),
-        Congestion::Cubic => Arc::new(quinn::congestion::CubicConfig::default()),
-        Congestion::NewReno => Arc::new(quinn::congestion::NewRenoConfig::default()),
-    };
-    transport.congestion_controller_factory(controller);
+    transport.congestion_controller_factory(config.congestion.factory());
     client.transport_config(Arc::new(transport));
     Ok(client)
 }

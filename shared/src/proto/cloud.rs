@@ -142,6 +142,13 @@ impl CloudSession {
                 self.version = version;
                 self.epoch = Some(h.epoch.clone());
                 self.phase = CloudPhase::LookingUp;
+                if h.models.len() > super::MAX_MODELS {
+                    return Err(SessionError::Protocol(format!(
+                        "hello follows {} models, more than {}",
+                        h.models.len(),
+                        super::MAX_MODELS
+                    )));
+                }
                 if h.dicts.len() > MAX_DICTS {
                     return Err(SessionError::Protocol(format!(
                         "hello names {} dictionaries, more than {MAX_DICTS}",
@@ -202,6 +209,16 @@ impl CloudSession {
                 self.phase
             ))),
         }
+    }
+
+    /// Announces a model version to the edge; only once the session is ready (the welcome
+    /// goes first).
+    pub fn announce_model(&mut self, announce: super::ModelAnnounce) -> bool {
+        if self.phase != CloudPhase::Ready {
+            return false;
+        }
+        self.out.push_back(Control::Model(announce));
+        true
     }
 
     /// The dictionary `id` is stored: the edge may use it.

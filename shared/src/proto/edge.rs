@@ -57,6 +57,8 @@ pub enum EdgeEvent {
     Committed { lane: u8, latency: Duration },
     /// The link became degraded (connected but not acking) or recovered.
     Degraded(bool),
+    /// The cloud announced a model version (unverified: check its signature before use).
+    Model(super::ModelAnnounce),
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -233,6 +235,7 @@ impl EdgeSession {
                 self.update_degraded(now, &mut events);
             }
             Control::DictStored { id } if self.phase == Phase::Ready => events.push(EdgeEvent::DictStored(id)),
+            Control::Model(announce) if self.phase == Phase::Ready => events.push(EdgeEvent::Model(announce)),
             Control::Ping { nonce } => self.out.push_back(Control::Pong { nonce }),
             Control::Pong { nonce } => {
                 if let Some((sent_nonce, sent)) = self.ping
@@ -371,6 +374,7 @@ pub(crate) fn name(frame: &Control) -> &'static str {
         Control::DictStored { .. } => "dict stored",
         Control::Heads { .. } => "heads",
         Control::Classes(_) => "classes",
+        Control::Model(_) => "model",
         Control::Unknown => "unknown frame",
     }
 }

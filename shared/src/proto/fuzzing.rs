@@ -14,13 +14,16 @@ use super::{Batch, Control, LaneSeq, MAX_BATCH_FRAME, compress};
 /// Output cap for unpacking in the fuzz targets: small, so a bomb is found fast.
 const MAX_RAW: usize = 1 << 20;
 
-/// `data` as a byte stream of frames, each decoded as a control frame and as a batch, and each
+/// `data` as a byte stream of frames, each decoded as a control frame, a fetch request, a chunk
+/// reply and as a batch, and each
 /// batch unpacked (decompressed with the output cap, checked against its seq range).
 pub fn frames(data: &[u8]) {
     let mut buf = FrameBuffer::new(MAX_BATCH_FRAME);
     buf.extend(data);
     while let Ok(Some(body)) = buf.next_body() {
         let _ = codec::decode::<Control>(&body);
+        let _ = codec::decode::<super::Fetch>(&body);
+        let _ = codec::decode::<super::ChunkReply>(&body);
         if let Ok(batch) = codec::decode::<Batch>(&body) {
             let _ = compress::unpack(&batch, &HashMap::new(), MAX_RAW);
         }

@@ -99,7 +99,7 @@ mod tests {
             Some(Control::Ping { nonce: 7 })
         );
         let err = read_frame::<_, Control>(&mut b, MAX_CONTROL_FRAME).await.unwrap_err();
-        assert!(err.to_string().contains("over the 1048576 byte limit"), "{err}");
+        assert!(err.to_string().contains(&format!("over the {MAX_CONTROL_FRAME} byte limit")), "{err}");
         writer.await.unwrap();
         let (a, mut b) = tokio::io::duplex(64);
         drop(a);

@@ -5,6 +5,8 @@
 //! - The first bidirectional stream carries [`Control`] frames: `Hello` / `Welcome` (version
 //!   negotiation, the cloud's committed seq per lane), then `Ack`, `Ping` / `Pong`, `Dict`.
 //! - Each [`Batch`] of spooled records travels on its own unidirectional stream.
+//! - Model versions are announced on the control stream ([`Control::Model`]); the edge fetches
+//!   the chunks it lacks, one bidirectional stream per chunk ([`Fetch`], [`ChunkReply`]).
 //! - Every frame is a 4-byte big-endian length and a CBOR body ([`codec`]); lengths are checked
 //!   against a hard limit before anything is allocated. Batch bodies may be zstd-compressed,
 //!   with a dictionary announced by id ([`compress`]), and are decompressed under an output cap.
@@ -36,8 +38,8 @@ pub const ALPN: &[u8] = b"ehb/1";
 /// Protocol versions this build speaks.
 pub const VERSIONS: &[u16] = &[1];
 
-/// Largest control frame body accepted.
-pub const MAX_CONTROL_FRAME: usize = 1 << 20;
+/// Largest control frame body accepted: a model announcement carries a whole manifest.
+pub const MAX_CONTROL_FRAME: usize = crate::model::MAX_MANIFEST_BYTES + (64 << 10);
 /// Largest batch frame body accepted (compressed).
 pub const MAX_BATCH_FRAME: usize = 16 << 20;
 /// Largest decompressed batch accepted: the output cap against decompression bombs.
@@ -85,9 +87,74 @@ pub enum Control {
     /// The edge's TCO model per class (its last decisions), for the fleet report. A bridge
     /// that does not know it ignores it.
     Classes(ClassesReport),
+    /// A model version the edge follows (cloud to edge): right after the welcome the latest
+    /// of each model named in the hello, then each new version as it is published. The edge
+    /// trusts nothing in it before the signature checks against its fleet key.
+    Model(ModelAnnounce),
     /// A frame of a newer version this build does not know; ignored.
     #[serde(other)]
     Unknown,
+}
+
+/// A signed manifest (`shared::model::SignedManifest` bytes) with the name and version it
+/// claims, for logs before it is verified.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ModelAnnounce {
+    pub name: String,
+    pub version: String,
+    #[serde(with = "serde_bytes")]
+    pub manifest: Vec<u8>,
+}
+
+/// Model names a hello may follow, at most.
+pub const MAX_MODELS: usize = 64;
+
+/// The first frame of every bidirectional stream the edge opens after the control stream: what
+/// it asks for. One request per stream, so each fetch fails or succeeds on its own and the edge
+/// chooses how many run at once.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum Fetch {
+    /// A chunk of a manifest the cloud announced on this connection.
+    Chunk { hash: String },
+    #[serde(other)]
+    Unknown,
+}
+
+/// The answer to [`Fetch::Chunk`]: the bytes, or why not.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ChunkReply {
+    pub hash: String,
+    #[serde(default, with = "serde_bytes", skip_serializing_if = "Option::is_none")]
+    pub bytes: Option<Vec<u8>>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+}
+
+/// Largest fetch request accepted.
+pub const MAX_FETCH_FRAME: usize = 1024;
+/// Largest chunk reply accepted: the largest chunk and a little framing.
+pub const MAX_CHUNK_FRAME: usize = crate::model::CHUNK_MAX as usize + 1024;
+
+/// QUIC congestion controller, for either end's sending side.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Congestion {
+    #[default]
+    Bbr,
+    Cubic,
+    NewReno,
+}
+
+#[cfg(feature = "quic")]
+impl Congestion {
+    pub fn factory(self) -> std::sync::Arc<dyn quinn::congestion::ControllerFactory + Send + Sync> {
+        match self {
+            Congestion::Bbr => std::sync::Arc::new(quinn::congestion::BbrConfig::default()),
+            Congestion::Cubic => std::sync::Arc::new(quinn::congestion::CubicConfig::default()),
+            Congestion::NewReno => std::sync::Arc::new(quinn::congestion::NewRenoConfig::default()),
+        }
+    }
 }
 
 /// Classes per report, at most: more is refused as a protocol error.

@@ -451,3 +451,49 @@ fn classes_reports_reach_the_bridge_only_when_connected_and_bounded() {
     let err = cloud.control(Control::Classes(report(super::MAX_REPORT_CLASSES + 1))).unwrap_err();
     assert!(err.to_string().contains("more than 256"), "{err}");
 }
+
+#[test]
+fn model_announcements_follow_the_welcome_and_hellos_follow_a_bounded_list() {
+    let t0 = Instant::now();
+    let announce = super::ModelAnnounce { name: "yolo".into(), version: "2".into(), manifest: vec![1, 2, 3] };
+    let mut edge = EdgeSession::new(EdgeSessionConfig::default(), EPOCH, [(0, 0)]).with_models(vec!["yolo".into()]);
+    let mut cloud = Cloud::connect(BTreeMap::new());
+    assert!(!cloud.session.announce_model(announce.clone()), "nothing before the welcome");
+    // An announcement before the welcome is a protocol violation on the edge too.
+    edge.connected(t0);
+    let err = edge.handle(Control::Model(announce.clone()), t0).unwrap_err();
+    assert!(err.to_string().contains("unexpected model"), "{err}");
+    let mut edge = EdgeSession::new(EdgeSessionConfig::default(), EPOCH, [(0, 0)]).with_models(vec!["yolo".into()]);
+    edge.connected(t0);
+    pump(&mut edge, &mut cloud, t0);
+    assert!(cloud.session.announce_model(announce.clone()));
+    assert_eq!(pump(&mut edge, &mut cloud, t0), vec![EdgeEvent::Model(announce.clone())]);
+    // The frame and the fetch frames survive the codec.
+    let frame = Control::Model(announce);
+    let bytes = super::codec::encode(&frame).unwrap();
+    assert_eq!(super::codec::decode_frame::<Control>(&bytes, super::MAX_CONTROL_FRAME).unwrap(), frame);
+    let fetch = super::Fetch::Chunk { hash: "ab".repeat(32) };
+    let bytes = super::codec::encode(&fetch).unwrap();
+    assert_eq!(super::codec::decode_frame::<super::Fetch>(&bytes, super::MAX_FETCH_FRAME).unwrap(), fetch);
+    let reply = super::ChunkReply { hash: "ab".repeat(32), bytes: Some(vec![7; 1000]), error: None };
+    let bytes = super::codec::encode(&reply).unwrap();
+    assert_eq!(super::codec::decode_frame::<super::ChunkReply>(&bytes, super::MAX_CHUNK_FRAME).unwrap(), reply);
+    // A request kind this build does not know decodes as such, to be refused.
+    let unknown = super::codec::encode(&BTreeMap::from([("type", "teleport")])).unwrap();
+    assert_eq!(
+        super::codec::decode_frame::<super::Fetch>(&unknown, super::MAX_FETCH_FRAME).unwrap(),
+        super::Fetch::Unknown
+    );
+
+    let mut cloud = Cloud::connect(BTreeMap::new());
+    let hello = super::Hello {
+        versions: vec![1],
+        epoch: EPOCH.into(),
+        lanes: vec![],
+        models: (0..=super::MAX_MODELS).map(|i| format!("m{i}")).collect(),
+        dicts: vec![],
+        caps: vec![],
+    };
+    let err = cloud.control(Control::Hello(hello)).unwrap_err();
+    assert!(err.to_string().contains("more than 64"), "{err}");
+}

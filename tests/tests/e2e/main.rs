@@ -12,6 +12,7 @@ mod broker_interop;
 mod broker_robustness;
 mod broker_security;
 mod edge_cli;
+mod model_sync;
 mod models;
 mod spool_faults;
 mod spool_routes;

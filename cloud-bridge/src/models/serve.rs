@@ -1,0 +1,181 @@
+//! Serving model versions to a connected edge.
+//!
+//! - Right after the welcome the edge hears the latest version of each model its hello names;
+//!   while it stays connected the store is polled and each newer version announced. An edge
+//!   that reconnects hears the latest again, which is how an interrupted sync resumes.
+//! - The edge fetches chunks on bidirectional streams of its own, one chunk per stream. Only
+//!   chunks of manifests announced on this connection are served: a chunk name is not a
+//!   secret, but a certificate should not open the whole store.
+//! - Chunk replies go out below the control stream's priority, so a model transfer never
+//!   holds up the acks telemetry waits for.
+
+use std::collections::{HashMap, HashSet};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use prometheus_client::metrics::counter::Counter;
+use shared::proto::io::{read_frame, write_frame};
+use shared::proto::{ChunkReply, Fetch, MAX_FETCH_FRAME, ModelAnnounce};
+
+use super::{ModelStore, Store, StoreError};
+
+/// Chunk streams' send priority; the control stream keeps quinn's default 0.
+const CHUNK_PRIORITY: i32 = -10;
+
+/// The model store as the server uses it.
+#[derive(Debug)]
+pub struct ModelService {
+    pub store: Arc<Store>,
+    /// How often a connected edge's models are checked for a newer version.
+    pub poll: Duration,
+}
+
+/// What serving models counts.
+#[derive(Debug, Default)]
+pub struct ServeMetrics {
+    pub announced: Counter,
+    pub chunks: Counter,
+    pub bytes: Counter,
+    pub refused: Counter,
+}
+
+impl ServeMetrics {
+    pub fn register(&self, r: &mut prometheus_client::registry::Registry) {
+        r.register("models_announced", "Model versions announced to edges", self.announced.clone());
+        r.register("model_chunks_served", "Model chunks sent to edges", self.chunks.clone());
+        r.register("model_chunk_bytes_served", "Model chunk bytes sent to edges", self.bytes.clone());
+        r.register(
+            "model_fetches_refused",
+            "Chunk requests refused (not announced on the connection, or missing from the store)",
+            self.refused.clone(),
+        );
+    }
+}
+
+/// The models side of one edge's connection.
+#[derive(Debug)]
+pub struct EdgeModels {
+    store: Arc<Store>,
+    follows: Vec<String>,
+    announced: HashMap<String, String>,
+    grants: Arc<Mutex<HashSet<String>>>,
+}
+
+impl EdgeModels {
+    pub fn new(store: Arc<Store>, follows: Vec<String>) -> Self {
+        Self { store, follows, announced: HashMap::new(), grants: Arc::default() }
+    }
+
+    /// Versions of followed models not announced on this connection yet: the latest of each.
+    /// Their chunks may be fetched from now on.
+    pub async fn news(&mut self) -> Result<Vec<ModelAnnounce>, StoreError> {
+        if self.follows.is_empty() {
+            return Ok(Vec::new());
+        }
+        let listed = self.store.list().await?;
+        let mut out = Vec::new();
+        for name in &self.follows {
+            // Oldest first within a model: the last is the latest.
+            let Some(latest) = listed.iter().rev().find(|l| &l.name == name) else { continue };
+            if self.announced.get(name) == Some(&latest.version) {
+                continue;
+            }
+            let Some(signed) = self.store.get_manifest(name, &latest.version).await? else { continue };
+            let manifest = signed.unverified()?;
+            self.grants.lock().unwrap_or_else(|p| p.into_inner()).extend(manifest.chunks.into_iter().map(|c| c.hash));
+            self.announced.insert(name.clone(), latest.version.clone());
+            out.push(ModelAnnounce {
+                name: name.clone(),
+                version: latest.version.clone(),
+                manifest: signed.to_bytes(),
+            });
+        }
+        Ok(out)
+    }
+
+    /// Serves chunk requests on the connection's bidirectional streams until it closes.
+    pub fn serve(&self, conn: quinn::Connection, metrics: Arc<ServeMetrics>) -> tokio::task::JoinHandle<()> {
+        let (store, grants) = (self.store.clone(), self.grants.clone());
+        tokio::spawn(async move {
+            while let Ok((send, recv)) = conn.accept_bi().await {
+                tokio::spawn(serve_one(send, recv, store.clone(), grants.clone(), metrics.clone()));
+            }
+        })
+    }
+}
+
+async fn serve_one(
+    mut send: quinn::SendStream,
+    mut recv: quinn::RecvStream,
+    store: Arc<Store>,
+    grants: Arc<Mutex<HashSet<String>>>,
+    metrics: Arc<ServeMetrics>,
+) {
+    let _ = send.set_priority(CHUNK_PRIORITY);
+    let request =
+        match tokio::time::timeout(Duration::from_secs(30), read_frame::<_, Fetch>(&mut recv, MAX_FETCH_FRAME)).await {
+            Ok(Ok(Some(r))) => r,
+            Ok(Ok(None)) | Err(_) => return,
+            Ok(Err(e)) => {
+                tracing::warn!(error = %e, "bad fetch request");
+                let _ = send.reset(1u32.into());
+                return;
+            }
+        };
+    let Fetch::Chunk { hash } = request else {
+        let _ = send.reset(2u32.into());
+        return;
+    };
+    let granted = grants.lock().unwrap_or_else(|p| p.into_inner()).contains(&hash);
+    let reply = if !granted {
+        metrics.refused.inc();
+        ChunkReply { hash, bytes: None, error: Some("not a chunk of a model announced on this connection".into()) }
+    } else {
+        match store.get_chunk(&hash).await {
+            Ok(Some(bytes)) => {
+                metrics.chunks.inc();
+                metrics.bytes.inc_by(bytes.len() as u64);
+                ChunkReply { hash, bytes: Some(bytes), error: None }
+            }
+            Ok(None) => {
+                metrics.refused.inc();
+                tracing::error!(hash, "a chunk of an announced manifest is missing from the model store");
+                ChunkReply { hash, bytes: None, error: Some("missing from the model store".into()) }
+            }
+            Err(e) => {
+                metrics.refused.inc();
+                tracing::error!(hash, error = %e, "model store read failed");
+                ChunkReply { hash, bytes: None, error: Some(format!("model store: {e}")) }
+            }
+        }
+    };
+    if write_frame(&mut send, &reply).await.is_ok() {
+        let _ = send.finish();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn news_are_the_latest_followed_versions_once_and_grant_their_chunks() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = super::super::dir::DirStore::open(&dir.path().join("store")).unwrap();
+        let key = shared::model::SigningKey::from_pkcs8(&shared::model::SigningKey::generate().unwrap()).unwrap();
+        for (name, version, seed) in [("a", "1", 1), ("a", "2", 2), ("b", "1", 3)] {
+            let file = dir.path().join(format!("{name}{version}"));
+            std::fs::write(&file, shared::testing::noise(300 << 10, seed)).unwrap();
+            super::super::publish(&store, &key, name, version, &file, |_| {}).await.unwrap();
+        }
+        let store = Arc::new(Store::Dir(store));
+        let mut edge = EdgeModels::new(store.clone(), vec!["a".into(), "missing".into()]);
+        let news = edge.news().await.unwrap();
+        assert_eq!(news.iter().map(|a| (a.name.as_str(), a.version.as_str())).collect::<Vec<_>>(), [("a", "2")]);
+        let manifest =
+            shared::model::SignedManifest::from_bytes(&news[0].manifest).unwrap().verify(key.public_key()).unwrap();
+        let grants = edge.grants.lock().unwrap().clone();
+        assert_eq!(grants, manifest.chunks.iter().map(|c| c.hash.clone()).collect::<HashSet<_>>());
+        assert!(edge.news().await.unwrap().is_empty(), "announced once per connection");
+    }
+}
