@@ -23,14 +23,44 @@ pub struct CloudConfig {
 #[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct ModelsConfig {
-    /// A directory of content-addressed chunks and signed manifests.
+    /// `dir` (default: a directory) or `jetstream` (an object store bucket).
+    #[serde(default)]
+    pub store: ModelStoreKind,
+    /// The directory store: content-addressed chunks and signed manifests. Default: `models`.
+    #[serde(default = "default_models_dir")]
     pub dir: PathBuf,
+    /// The JetStream store's bucket. Default: `edge-models`.
+    #[serde(default = "default_models_bucket")]
+    pub bucket: String,
+    /// The JetStream store's server. Default: the jetstream sink's.
+    pub url: Option<String>,
+    /// The bucket's replicas when it is created. Default: 1.
+    #[serde(default = "default_models_replicas")]
+    pub replicas: usize,
     /// The fleet's ed25519 model signing key, PKCS#8 (`cloud-bridge model keygen`). Edges hold
     /// its public half.
     pub signing_key: PathBuf,
     /// How often connected edges' models are checked for a newer version. Default: 2s.
     #[serde(default = "default_models_poll")]
     pub poll: shared::units::HumanDuration,
+}
+
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ModelStoreKind {
+    #[default]
+    Dir,
+    Jetstream,
+}
+
+fn default_models_dir() -> PathBuf {
+    PathBuf::from("models")
+}
+fn default_models_bucket() -> String {
+    "edge-models".into()
+}
+fn default_models_replicas() -> usize {
+    1
 }
 
 fn default_models_poll() -> shared::units::HumanDuration {
@@ -211,6 +241,17 @@ impl CloudConfig {
                 problem: "must be at least 1".into(),
             });
         }
+        if let Some(m) = &config.models
+            && m.store == ModelStoreKind::Jetstream
+            && m.url.is_none()
+            && !matches!(config.sink, SinkConfig::Jetstream { .. })
+        {
+            return Err(ConfigError::Invalid {
+                path: path.to_owned(),
+                key: "models.url".into(),
+                problem: "the jetstream model store needs a NATS url when the sink is not jetstream".into(),
+            });
+        }
         Ok(config)
     }
 }
@@ -234,6 +275,14 @@ mod tests {
         .unwrap();
         let err = CloudConfig::load(&bad).unwrap_err().to_string();
         assert!(err.contains("server.deny_serials[0]") && err.contains("not a hex serial"), "{err}");
+        std::fs::write(
+            &bad,
+            "[server]\nbind = \"127.0.0.1:0\"\ncert = \"c\"\nkey = \"k\"\nclient_ca = \"ca\"\n\
+             [sink]\nkind = \"sqlite\"\npath = \"x.db\"\n[models]\nstore = \"jetstream\"\nsigning_key = \"k\"\n",
+        )
+        .unwrap();
+        let err = CloudConfig::load(&bad).unwrap_err().to_string();
+        assert!(err.contains("models.url") && err.contains("needs a NATS url"), "{err}");
         std::fs::write(&bad, "[server]\nbind = \"nowhere\"\n").unwrap();
         let err = CloudConfig::load(&bad).unwrap_err().to_string();
         assert!(err.contains("bind"), "{err}");

@@ -72,11 +72,9 @@ impl Bridge {
         let server_config = Arc::new(config.server.clone());
         let models = match &config.models {
             Some(m) => {
-                let store = models::dir::DirStore::open(&m.dir).map_err(|e| StartError::Models(e.to_string()))?;
-                Some(Arc::new(models::serve::ModelService {
-                    store: Arc::new(models::Store::Dir(store)),
-                    poll: m.poll.0,
-                }))
+                let store = models::open(&config).await.map_err(|e| StartError::Models(e.to_string()))?;
+                tracing::info!(store = ?m.store, "model store open");
+                Some(Arc::new(models::serve::ModelService::new(Arc::new(store), m.poll.0)))
             }
             None => None,
         };

@@ -228,14 +228,15 @@ fn tco_report(path: &std::path::Path, json: bool) -> anyhow::Result<()> {
 }
 
 fn model(command: ModelCommand) -> anyhow::Result<()> {
-    use cloud_bridge::models::{ModelStore, dir::DirStore};
+    use cloud_bridge::models::{ModelStore, Store};
     use std::io::IsTerminal;
-    let open = |config: &std::path::Path| -> anyhow::Result<(DirStore, cloud_bridge::config::ModelsConfig)> {
-        let config = CloudConfig::load(config)?;
-        let models = config.models.ok_or_else(|| anyhow::anyhow!("the config has no [models] section"))?;
-        Ok((DirStore::open(&models.dir)?, models))
-    };
     let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+    let open = |config: &std::path::Path| -> anyhow::Result<(Store, cloud_bridge::config::ModelsConfig)> {
+        let config = CloudConfig::load(config)?;
+        let store = runtime.block_on(cloud_bridge::models::open(&config))?;
+        let models = config.models.ok_or_else(|| anyhow::anyhow!("the config has no [models] section"))?;
+        Ok((store, models))
+    };
     match command {
         ModelCommand::Keygen { dir } => {
             let (private, public, id) = cloud_bridge::models::keygen(&dir)?;

@@ -174,7 +174,7 @@ async fn serve_edge<S: Sink>(
     connected.set(1);
     tracing::info!(edge, remote = %conn.remote_address(), "edge connected");
     let end = tokio::select! {
-        end = session(&conn, &edge, max_held, &*sink, models.as_deref(), &metrics) => end,
+        end = session(&conn, &edge, max_held, &*sink, models.as_ref(), &metrics) => end,
         _ = shutdown.cancelled() => SessionEnd::Shutdown,
     };
     connected.set(0);
@@ -191,7 +191,7 @@ async fn session<S: Sink>(
     edge: &str,
     max_held: usize,
     sink: &S,
-    models: Option<&ModelService>,
+    models: Option<&Arc<ModelService>>,
     metrics: &Metrics,
 ) -> SessionEnd {
     match run_session(conn, edge, max_held, sink, models, metrics).await {
@@ -205,7 +205,7 @@ async fn run_session<S: Sink>(
     edge: &str,
     max_held: usize,
     sink: &S,
-    models: Option<&ModelService>,
+    models: Option<&Arc<ModelService>>,
     metrics: &Metrics,
 ) -> Result<(), SessionEnd> {
     let (mut send, recv) = conn.accept_bi().await?;
@@ -287,7 +287,7 @@ async fn run_session<S: Sink>(
                         tracing::info!(edge, epoch = hello.epoch, version = hello.version, ?committed, dicts = known.len(), "edge hello");
                         session.welcome(committed, known);
                         if let Some(service) = models.filter(|_| !hello.models.is_empty()) {
-                            let m = EdgeModels::new(service.store.clone(), hello.models.clone());
+                            let m = EdgeModels::new(service.clone(), hello.models.clone());
                             let server = AbortOnDropHandle::new(m.serve(conn.clone(), metrics.models.clone()));
                             edge_models = Some((m, server));
                             announce_models(edge, &mut edge_models, &mut session, metrics).await;

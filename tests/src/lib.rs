@@ -22,8 +22,10 @@ pub fn workspace_root() -> PathBuf {
 /// --bins` before the tests run (the test script does this).
 pub fn workspace_bin(name: &str) -> PathBuf {
     let exe = std::env::current_exe().expect("test binary path");
-    // target/<profile>/deps/<test> -> target/<profile>/<name>
-    let profile_dir = exe.parent().and_then(|d| d.parent()).expect("target dir");
+    // target/<profile>/deps/<test> -> target/<profile>/<name>; a benchmark binary is in
+    // target/<profile> itself.
+    let parent = exe.parent().expect("target dir");
+    let profile_dir = if parent.ends_with("deps") { parent.parent().expect("target dir") } else { parent };
     let bin = profile_dir.join(name);
     assert!(bin.exists(), "{} is missing: run `cargo build --bins` first (scripts/test.sh does)", bin.display());
     bin

@@ -112,17 +112,7 @@ impl ModelStore for DirStore {
     }
 
     async fn list(&self) -> Result<Vec<Listed>, StoreError> {
-        Ok(self
-            .manifests()?
-            .into_iter()
-            .map(|m| Listed {
-                chunks: m.chunks.len(),
-                name: m.name,
-                version: m.version,
-                size: m.size,
-                created_ms: m.created_ms,
-            })
-            .collect())
+        Ok(self.manifests()?.into_iter().map(Listed::from).collect())
     }
 
     async fn remove(&self, name: &str, version: &str) -> Result<usize, StoreError> {

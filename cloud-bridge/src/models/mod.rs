@@ -7,6 +7,7 @@
 //! durable, so a reader that finds a manifest finds its chunks.
 
 pub mod dir;
+pub mod js;
 pub mod serve;
 
 use std::future::Future;
@@ -47,6 +48,12 @@ pub struct Listed {
     pub created_ms: u64,
 }
 
+impl From<Manifest> for Listed {
+    fn from(m: Manifest) -> Self {
+        Listed { chunks: m.chunks.len(), name: m.name, version: m.version, size: m.size, created_ms: m.created_ms }
+    }
+}
+
 pub trait ModelStore: Send + Sync + 'static {
     fn has_chunk(&self, hash: &str) -> impl Future<Output = Result<bool, StoreError>> + Send;
     /// Stores a chunk durably under its hash; storing one twice changes nothing.
@@ -73,42 +80,68 @@ pub trait ModelStore: Send + Sync + 'static {
 #[derive(Debug)]
 pub enum Store {
     Dir(dir::DirStore),
+    Jetstream(Box<js::JsStore>),
+}
+
+/// Opens the store `[models]` names: a directory, or a JetStream object store bucket on the
+/// sink's nats-server unless `url` says otherwise.
+pub async fn open(config: &crate::config::CloudConfig) -> Result<Store, StoreError> {
+    use crate::config::{ModelStoreKind, SinkConfig};
+    let models = config.models.as_ref().ok_or_else(|| failed("open", "the config has no [models] section"))?;
+    match models.store {
+        ModelStoreKind::Dir => Ok(Store::Dir(dir::DirStore::open(&models.dir)?)),
+        ModelStoreKind::Jetstream => {
+            let url = match (&models.url, &config.sink) {
+                (Some(url), _) => url.clone(),
+                (None, SinkConfig::Jetstream { url, .. }) => url.clone(),
+                (None, _) => return Err(failed("open", "models.url is needed: the sink is not jetstream")),
+            };
+            Ok(Store::Jetstream(Box::new(js::JsStore::connect(&url, &models.bucket, models.replicas).await?)))
+        }
+    }
 }
 
 impl ModelStore for Store {
     async fn has_chunk(&self, hash: &str) -> Result<bool, StoreError> {
         match self {
             Store::Dir(s) => s.has_chunk(hash).await,
+            Store::Jetstream(s) => s.has_chunk(hash).await,
         }
     }
     async fn put_chunk(&self, hash: &str, bytes: &[u8]) -> Result<(), StoreError> {
         match self {
             Store::Dir(s) => s.put_chunk(hash, bytes).await,
+            Store::Jetstream(s) => s.put_chunk(hash, bytes).await,
         }
     }
     async fn get_chunk(&self, hash: &str) -> Result<Option<Vec<u8>>, StoreError> {
         match self {
             Store::Dir(s) => s.get_chunk(hash).await,
+            Store::Jetstream(s) => s.get_chunk(hash).await,
         }
     }
     async fn put_manifest(&self, m: &Manifest, signed: &SignedManifest) -> Result<(), StoreError> {
         match self {
             Store::Dir(s) => s.put_manifest(m, signed).await,
+            Store::Jetstream(s) => s.put_manifest(m, signed).await,
         }
     }
     async fn get_manifest(&self, name: &str, version: &str) -> Result<Option<SignedManifest>, StoreError> {
         match self {
             Store::Dir(s) => s.get_manifest(name, version).await,
+            Store::Jetstream(s) => s.get_manifest(name, version).await,
         }
     }
     async fn list(&self) -> Result<Vec<Listed>, StoreError> {
         match self {
             Store::Dir(s) => s.list().await,
+            Store::Jetstream(s) => s.list().await,
         }
     }
     async fn remove(&self, name: &str, version: &str) -> Result<usize, StoreError> {
         match self {
             Store::Dir(s) => s.remove(name, version).await,
+            Store::Jetstream(s) => s.remove(name, version).await,
         }
     }
 }

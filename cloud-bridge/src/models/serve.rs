@@ -28,6 +28,27 @@ pub struct ModelService {
     pub store: Arc<Store>,
     /// How often a connected edge's models are checked for a newer version.
     pub poll: Duration,
+    /// The store's listing, shared by every connection for half a `poll`: a thousand edges
+    /// polling must not list the store a thousand times.
+    listing: tokio::sync::Mutex<Option<(std::time::Instant, Arc<Vec<super::Listed>>)>>,
+}
+
+impl ModelService {
+    pub fn new(store: Arc<Store>, poll: Duration) -> Self {
+        Self { store, poll, listing: tokio::sync::Mutex::new(None) }
+    }
+
+    async fn listing(&self) -> Result<Arc<Vec<super::Listed>>, StoreError> {
+        let mut cached = self.listing.lock().await;
+        if let Some((at, list)) = cached.as_ref()
+            && at.elapsed() < self.poll / 2
+        {
+            return Ok(list.clone());
+        }
+        let list = Arc::new(self.store.list().await?);
+        *cached = Some((std::time::Instant::now(), list.clone()));
+        Ok(list)
+    }
 }
 
 /// What serving models counts.
@@ -55,15 +76,15 @@ impl ServeMetrics {
 /// The models side of one edge's connection.
 #[derive(Debug)]
 pub struct EdgeModels {
-    store: Arc<Store>,
+    service: Arc<ModelService>,
     follows: Vec<String>,
     announced: HashMap<String, String>,
     grants: Arc<Mutex<HashSet<String>>>,
 }
 
 impl EdgeModels {
-    pub fn new(store: Arc<Store>, follows: Vec<String>) -> Self {
-        Self { store, follows, announced: HashMap::new(), grants: Arc::default() }
+    pub fn new(service: Arc<ModelService>, follows: Vec<String>) -> Self {
+        Self { service, follows, announced: HashMap::new(), grants: Arc::default() }
     }
 
     /// Versions of followed models not announced on this connection yet: the latest of each.
@@ -72,7 +93,7 @@ impl EdgeModels {
         if self.follows.is_empty() {
             return Ok(Vec::new());
         }
-        let listed = self.store.list().await?;
+        let listed = self.service.listing().await?;
         let mut out = Vec::new();
         for name in &self.follows {
             // Oldest first within a model: the last is the latest.
@@ -80,7 +101,7 @@ impl EdgeModels {
             if self.announced.get(name) == Some(&latest.version) {
                 continue;
             }
-            let Some(signed) = self.store.get_manifest(name, &latest.version).await? else { continue };
+            let Some(signed) = self.service.store.get_manifest(name, &latest.version).await? else { continue };
             let manifest = signed.unverified()?;
             self.grants.lock().unwrap_or_else(|p| p.into_inner()).extend(manifest.chunks.into_iter().map(|c| c.hash));
             self.announced.insert(name.clone(), latest.version.clone());
@@ -95,7 +116,7 @@ impl EdgeModels {
 
     /// Serves chunk requests on the connection's bidirectional streams until it closes.
     pub fn serve(&self, conn: quinn::Connection, metrics: Arc<ServeMetrics>) -> tokio::task::JoinHandle<()> {
-        let (store, grants) = (self.store.clone(), self.grants.clone());
+        let (store, grants) = (self.service.store.clone(), self.grants.clone());
         tokio::spawn(async move {
             while let Ok((send, recv)) = conn.accept_bi().await {
                 tokio::spawn(serve_one(send, recv, store.clone(), grants.clone(), metrics.clone()));
@@ -168,8 +189,8 @@ mod tests {
             std::fs::write(&file, shared::testing::noise(300 << 10, seed)).unwrap();
             super::super::publish(&store, &key, name, version, &file, |_| {}).await.unwrap();
         }
-        let store = Arc::new(Store::Dir(store));
-        let mut edge = EdgeModels::new(store.clone(), vec!["a".into(), "missing".into()]);
+        let service = Arc::new(ModelService::new(Arc::new(Store::Dir(store)), Duration::from_secs(2)));
+        let mut edge = EdgeModels::new(service, vec!["a".into(), "missing".into()]);
         let news = edge.news().await.unwrap();
         assert_eq!(news.iter().map(|a| (a.name.as_str(), a.version.as_str())).collect::<Vec<_>>(), [("a", "2")]);
         let manifest =

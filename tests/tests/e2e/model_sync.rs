@@ -5,8 +5,8 @@
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use cloud_bridge::models::ModelStore;
 use cloud_bridge::models::dir::DirStore;
+use cloud_bridge::models::{ModelStore, Store};
 use e2e_tests::client::Client;
 use e2e_tests::cloud::{TestCloud, pki};
 use e2e_tests::node::{EdgeProcess, config_text};
@@ -18,27 +18,29 @@ use shared::testing::noise;
 const WAIT: Duration = Duration::from_secs(90);
 const MODEL: &str = "yolo-edge";
 
-/// A bridge serving the store in `dir/store`, with its signing key; the edge's public key.
+/// A bridge serving a model store, with its signing key; the edge's public key.
 struct Setup {
     cloud: TestCloud,
-    store: DirStore,
+    store: Store,
     key: SigningKey,
     public: PathBuf,
 }
 
+/// A bridge serving the directory store in `dir/store`.
 async fn setup(dir: &Path) -> Setup {
+    setup_with(dir, &format!("dir = \"{}\"", dir.join("store").display())).await
+}
+
+/// A bridge whose `[models]` section has `store` (the store's keys) and a fresh signing key.
+async fn setup_with(dir: &Path, store: &str) -> Setup {
     let keys = dir.join("keys");
     let (private, public, _) = cloud_bridge::models::keygen(&keys).unwrap();
-    let store_dir = dir.join("store");
-    let extra = format!(
-        "\n[models]\ndir = \"{}\"\nsigning_key = \"{}\"\npoll = \"200ms\"\n",
-        store_dir.display(),
-        private.display()
-    );
+    let extra = format!("\n[models]\n{store}\nsigning_key = \"{}\"\npoll = \"200ms\"\n", private.display());
     let cloud = TestCloud::start(dir, pki(dir, &[]), "127.0.0.1:0".parse().unwrap(), &extra).await;
+    let config = cloud_bridge::config::CloudConfig::load(&dir.join("cloud.toml")).unwrap();
     Setup {
         cloud,
-        store: DirStore::open(&store_dir).unwrap(),
+        store: cloud_bridge::models::open(&config).await.unwrap(),
         key: cloud_bridge::models::signing_key(&private).unwrap(),
         public,
     }
@@ -253,4 +255,48 @@ async fn forged_or_damaged_versions_are_refused_and_the_current_one_stays() {
     assert_eq!(std::fs::read_link(edge_dir.join("models").join(MODEL).join("current")).unwrap(), Path::new("1"));
     assert!(app.recv(Duration::from_secs(2)).await.is_none(), "the retained message changed");
     assert_eq!(retained_version(&edge, "late-app").await, "1");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_jetstream_object_store_serves_versions_and_the_cli_manages_them() {
+    let nats = e2e_tests::nats::NatsServer::start();
+    let dir = tempfile::tempdir().unwrap();
+    let s =
+        setup_with(dir.path(), &format!("store = \"jetstream\"\nurl = \"{}\"\nbucket = \"models-test\"", nats.url()))
+            .await;
+    assert!(matches!(s.store, Store::Jetstream(_)));
+    let v1 = noise(32 << 20, 31);
+    s.publish(dir.path(), "1", &v1).await;
+    let edge_dir = dir.path().join("edge");
+    std::fs::create_dir_all(&edge_dir).unwrap();
+    let edge = s.edge(&edge_dir, s.cloud.bridge.quic_addr());
+    assert!(e2e_tests::eventually(WAIT, || current(&edge, "1") == 1.0).await, "{}", edge.stderr());
+    assert!(std::fs::read(edge_dir.join("models").join(MODEL).join("1")).unwrap() == v1);
+    let whole = fetched(&edge);
+    let v2 = fine_tune(&v1, 200);
+    s.publish(dir.path(), "2", &v2).await;
+    assert!(e2e_tests::eventually(WAIT, || current(&edge, "2") == 1.0).await, "{}", edge.stderr());
+    assert!(std::fs::read(edge_dir.join("models").join(MODEL).join("2")).unwrap() == v2);
+    let delta = fetched(&edge) - whole;
+    assert!(delta <= 0.25 * v2.len() as f64, "the fine-tune fetched {delta} bytes");
+
+    // The operator's commands work on the bucket as on a directory.
+    let cli = |args: &[&str]| {
+        let out = std::process::Command::new(e2e_tests::workspace_bin("cloud-bridge")).args(args).output().unwrap();
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    let cfg = dir.path().join("cloud.toml");
+    let cfg = cfg.to_str().unwrap();
+    let list: serde_json::Value = serde_json::from_str(&cli(&["model", "list", "--json", "--config", cfg])).unwrap();
+    assert_eq!(list.as_array().unwrap().iter().map(|m| m["version"].as_str().unwrap()).collect::<Vec<_>>(), ["1", "2"]);
+    let out = cli(&["model", "rm", "--config", cfg, "--name", MODEL, "--version", "1"]);
+    let removed: usize = out.split(" and ").nth(1).unwrap().split(' ').next().unwrap().parse().unwrap();
+    assert!(removed > 0 && removed < 20, "{out}");
+    let m2 =
+        s.store.get_manifest(MODEL, "2").await.unwrap().unwrap().verify(&std::fs::read(&s.public).unwrap()).unwrap();
+    let mut back = Vec::new();
+    cloud_bridge::models::assemble(&s.store, &m2, &mut back).await.unwrap();
+    assert!(back == v2, "version 2 damaged by removing version 1");
+    assert!(s.store.get_manifest(MODEL, "1").await.unwrap().is_none());
 }
