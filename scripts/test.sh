@@ -18,6 +18,11 @@ scripts/audit.sh
 echo "== build"
 # The cross-process tests run the binaries, so build them before the test binaries.
 cargo build --workspace --bins --locked
+echo "== aarch64 edge-node for the hardware-in-the-loop smoke tests (hil/)"
+# Its own target dir outside the clone, so CI's next run finds it warm.
+export CROSS_TARGET_DIR=${CROSS_TARGET_DIR:-$HOME/.cache/edge-hybrid-bridge/cross}
+HIL_EDGE_BIN=$(scripts/cross-build.sh aarch64-unknown-linux-gnu hil edge-node)
+export HIL_EDGE_BIN
 echo "== tests (checks and build took $((SECONDS - started)) s; target dir $(du -sh target | cut -f1), $(df -h --output=avail . | tail -1 | tr -d ' ') free)"
 # The test runner's summary stays the last line of the output.
 if cargo nextest --version >/dev/null 2>&1; then

@@ -76,13 +76,20 @@ pub struct EdgeProcess {
 impl EdgeProcess {
     /// Starts `edge-node run --config <dir>/edge.toml` and waits for its ready file.
     pub fn start(dir: &Path, config: &str) -> EdgeProcess {
+        Self::start_as(dir, config, &[crate::workspace_bin("edge-node").display().to_string()])
+    }
+
+    /// Like [`EdgeProcess::start`] with `command` as the program and its first arguments: an
+    /// ARM build under qemu-user, for the hardware-in-the-loop tests.
+    pub fn start_as(dir: &Path, config: &str, command: &[String]) -> EdgeProcess {
         let config_path = dir.join("edge.toml");
         std::fs::write(&config_path, config).expect("write config");
         let ready = dir.join("ready.json");
         let _ = std::fs::remove_file(&ready);
         let stderr_path = dir.join("edge.stderr");
         let stderr = std::fs::File::create(&stderr_path).expect("stderr file");
-        let child = Command::new(crate::workspace_bin("edge-node"))
+        let child = Command::new(&command[0])
+            .args(&command[1..])
             .args(["run", "--config"])
             .arg(&config_path)
             .arg("--ready-file")
@@ -93,7 +100,8 @@ impl EdgeProcess {
             .spawn()
             .expect("spawn edge-node");
         let mut proc = EdgeProcess { child, dir: dir.to_owned(), mqtt: Vec::new(), http: None, stderr_path };
-        let deadline = Instant::now() + Duration::from_secs(20);
+        // Emulated builds start slower.
+        let deadline = Instant::now() + Duration::from_secs(60);
         loop {
             if let Ok(text) = std::fs::read_to_string(&ready) {
                 let doc: serde_json::Value = serde_json::from_str(&text).expect("ready json");
@@ -106,7 +114,7 @@ impl EdgeProcess {
             if let Ok(Some(status)) = proc.child.try_wait() {
                 panic!("edge-node exited with {status} before ready:\n{}", proc.stderr());
             }
-            assert!(Instant::now() < deadline, "edge-node not ready in 20 s:\n{}", proc.stderr());
+            assert!(Instant::now() < deadline, "edge-node not ready in 60 s:\n{}", proc.stderr());
             std::thread::sleep(Duration::from_millis(20));
         }
     }

@@ -1,0 +1,18 @@
+#!/usr/bin/env bash
+# The full hardware-in-the-loop run: builds the aarch64 edge-node in the device profile (the
+# image users get), runs every scenario at the issue's lengths one after another (they share
+# two cores with the emulator), and writes hil/reports/<date>.md from their JSON lines.
+# Usage: hil/run.sh [PROFILE=device]     (about 15 minutes after the build)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+profile=${1:-device}
+export PATH="$(scripts/install-test-deps.sh):$PATH"
+HIL_EDGE_BIN="$PWD/$(scripts/cross-build.sh aarch64-unknown-linux-gnu "$profile" edge-node)"
+export HIL_EDGE_BIN HIL_SCALE=full
+stamp=$(date -u +%Y-%m-%dT%H%M)
+export HIL_REPORT="$PWD/hil/reports/$stamp.jsonl"
+status=0
+cargo nextest run --locked -p hil --test-threads 1 --no-fail-fast || status=$?
+python3 hil/report.py "$HIL_REPORT" "$profile" "$(qemu-aarch64 --version | head -1)" > "hil/reports/$stamp.md"
+cat "hil/reports/$stamp.md"
+exit $status
