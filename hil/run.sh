@@ -6,9 +6,10 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 profile=${1:-device}
+# Before PATH changes below: build scripts that watch PATH would rebuild everything otherwise.
+HIL_EDGE_BIN=$(scripts/cross-build.sh aarch64-unknown-linux-gnu "$profile" edge-node)
 export PATH="$(scripts/install-test-deps.sh):$PATH"
-HIL_EDGE_BIN="$PWD/$(scripts/cross-build.sh aarch64-unknown-linux-gnu "$profile" edge-node)"
-export HIL_EDGE_BIN HIL_SCALE=full
+export HIL_EDGE_BIN HIL_SCALE=full HIL_IMAGE_PROFILE="$profile"
 stamp=$(date -u +%Y-%m-%dT%H%M)
 export HIL_REPORT="$PWD/hil/reports/$stamp.jsonl"
 status=0

@@ -36,10 +36,16 @@ fi
 target_dir=${CROSS_TARGET_DIR:-target/cross}
 env_target=$(echo "$target" | tr 'a-z-' 'A-Z_')
 cc_target=$(echo "$target" | tr '-' '_')
-export RUSTC=/usr/bin/rustc
+# Cargo runs in a clean, fixed environment: build scripts that watch variables (cc-rs watches
+# several, test runners set their own) would otherwise rebuild every dependency whenever the
+# caller's environment differs (a venv first on PATH, a test runner, another clone).
+cargo=$(command -v cargo)
+vars=(HOME="$HOME" PATH="$(dirname "$cargo"):/usr/local/bin:/usr/bin:/bin" RUSTC=/usr/bin/rustc)
+[ -n "${CARGO_HOME:-}" ] && vars+=(CARGO_HOME="$CARGO_HOME")
+[ -n "${RUSTUP_HOME:-}" ] && vars+=(RUSTUP_HOME="$RUSTUP_HOME")
 if [ "$arch" != amd64 ]; then
-  export "CARGO_TARGET_${env_target}_LINKER=$gnu-gcc"
-  export "CC_${cc_target}=$gnu-gcc" "AR_${cc_target}=$gnu-ar"
+  vars+=("CARGO_TARGET_${env_target}_LINKER=$gnu-gcc" "CC_${cc_target}=$gnu-gcc" "AR_${cc_target}=$gnu-ar")
 fi
-cargo build --locked --quiet --profile "$profile" --target "$target" --target-dir "$target_dir" -p "$package" --bin "$package" >&2
+env -i "${vars[@]}" "$cargo" build --locked --quiet --profile "$profile" --target "$target" \
+  --target-dir "$target_dir" -p "$package" --bin "$package" >&2
 echo "$(cd "$target_dir" && pwd)/$target/$profile/$package"
