@@ -60,6 +60,21 @@ async fn the_oci_image_runs_under_qemu_from_its_own_root_and_the_deb_is_complete
         c.arg(image.join("usr/bin/edge-node")).args(args);
         c
     };
+    // Runs on glibc 2.34 (Ubuntu 22.04 / JetPack 6, Debian 12): no newer symbol version.
+    let needs = Command::new("readelf").arg("--version-info").arg(image.join("usr/bin/edge-node")).output().unwrap();
+    let needs = String::from_utf8_lossy(&needs.stdout);
+    let newest = needs
+        .split("GLIBC_")
+        .skip(1)
+        .filter_map(|v| {
+            let v: String = v.chars().take_while(|c| c.is_ascii_digit() || *c == '.').collect();
+            let mut parts = v.split('.').map(|p| p.parse::<u32>().unwrap_or(0));
+            Some((parts.next()?, parts.next().unwrap_or(0)))
+        })
+        .max()
+        .expect("glibc symbol versions");
+    assert!(newest <= (2, 34), "the binary needs glibc {}.{}", newest.0, newest.1);
+
     let version = qemu(&["--version"]).output().unwrap();
     assert!(version.status.success(), "{}", String::from_utf8_lossy(&version.stderr));
     assert!(String::from_utf8_lossy(&version.stdout).starts_with("edge-node "));
