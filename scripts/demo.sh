@@ -2,7 +2,9 @@
 # The main job end to end on the embedded defaults: a cloud-bridge with its SQLite sink and a
 # development PKI, an edge-node with the example config bridged to it over QUIC (mutual TLS),
 # real MQTT clients (3.1.1 and 5) publishing inference results (delivered locally) and
-# telemetry (spooled, then sent to the cloud exactly once), and what both ends measured.
+# telemetry (spooled, then sent to the cloud exactly once), a model version published in the
+# cloud and staged on the edge (then a fine-tune of it, as a delta), and what both ends
+# measured.
 # Everything on free loopback ports and in a temporary directory.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -28,6 +30,14 @@ echo "== cloud-bridge: a development fleet CA, certificates, the SQLite sink"
 sed -e 's/^bind = "127.0.0.1:4433"/bind = "127.0.0.1:0"/' -e 's/^bind = "127.0.0.1:9465"/bind = "127.0.0.1:0"/' \
   -e "s|\"certs/|\"$work/certs/|" -e "s|^path = \"central.db\"|path = \"$work/central.db\"|" \
   -e 's/^level = "info"/level = "warn"/' config/cloud.toml > "$work/cloud.toml"
+"$cloud" model keygen --dir "$work/certs" | sed 's/^/   /'
+cat >> "$work/cloud.toml" <<EOC
+
+[models]
+dir = "$work/model-store"
+signing_key = "$work/certs/model-signing.pk8"
+poll = "500ms"
+EOC
 "$cloud" run --config "$work/cloud.toml" --ready-file "$work/cloud-ready.json" 2> "$work/cloud.log" &
 cloud_pid=$!
 for _ in $(seq 100); do [ -s "$work/cloud-ready.json" ] && break; sleep 0.1; done
@@ -46,6 +56,11 @@ server_name = "localhost"
 ca = "$work/certs/fleet-ca.pem"
 cert = "$work/certs/edge-edge-1.pem"
 key = "$work/certs/edge-edge-1.key"
+
+[models]
+dir = "$work/models"
+public_key = "$work/certs/model-signing.pub"
+follow = ["yolo-edge"]
 EOC
 "$bin" check-config --config "$work/edge.toml" > /dev/null
 
@@ -82,6 +97,23 @@ done
 python3 scripts/sink_summary.py "$work/central.db"
 sleep 0.3
 "$bin" spool stats --config "$work/edge.toml" | python3 scripts/spool_summary.py
+
+echo "== a model published in the cloud: announced over the bridge, fetched, verified, staged, announced on MQTT"
+mosquitto_sub -h 127.0.0.1 -p "$port" -q 1 -t 'models/+/current' -v -C 2 -W 60 > "$work/models-seen" &
+msub_pid=$!
+head -c $((16 << 20)) /dev/urandom > "$work/yolo-v1.bin"
+"$cloud" model publish --config "$work/cloud.toml" --name yolo-edge --version 1 "$work/yolo-v1.bin" | sed 's/^/   /'
+for _ in $(seq 300); do [ -L "$work/models/yolo-edge/current" ] && break; sleep 0.1; done
+# A fine-tune: 5 % of the file rewritten in one region; only the chunks around it travel.
+cp "$work/yolo-v1.bin" "$work/yolo-v2.bin"
+dd if=/dev/urandom of="$work/yolo-v2.bin" bs=64K count=13 seek=80 conv=notrunc status=none
+"$cloud" model publish --config "$work/cloud.toml" --name yolo-edge --version 2 "$work/yolo-v2.bin" | sed 's/^/   /'
+wait "$msub_pid" || true
+sed 's/^/   retained on the edge: /' "$work/models-seen"
+cmp -s "$work/yolo-v2.bin" "$work/models/yolo-edge/2" && echo "   staged file $work/models/yolo-edge/2 is byte-identical to what was published"
+"$bin" models list --config "$work/edge.toml" | python3 -c 'import json, sys
+for m in json.load(sys.stdin):
+    print("   edge-node models list:", m["name"], "current", m["current"]["version"], "kept", m["versions"])'
 
 sleep 1
 echo "== what the node measured"

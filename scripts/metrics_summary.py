@@ -26,6 +26,9 @@ def quantile(name, q):
 if cloud:
     print(f"   cloud-bridge: {total('bridge_batches_total'):.0f} batches, {total('bridge_records_total'):.0f} records written to the sink, "
           f"{total('bridge_received_bytes_total'):.0f} bytes received; sessions refused: {total('bridge_connections_refused_total'):.0f}")
+    if total("bridge_models_announced_total"):
+        print(f"   cloud-bridge: {total('bridge_models_announced_total'):.0f} model versions announced, "
+              f"{total('bridge_model_chunks_served_total'):.0f} chunks served ({total('bridge_model_chunk_bytes_served_total'):,.0f} bytes)")
     sys.exit(0)
 
 clients = total("edge_mqtt_connections_total") - total('edge_mqtt_connections_total{listener="_internal"}')
@@ -45,3 +48,9 @@ rtt = total("edge_uplink_rtt_microseconds") / 1000
 print(f"   uplink: {'connected' if up else 'down'}, {total('edge_uplink_batches_total'):.0f} batches, "
       f"{total('edge_uplink_records_total'):.0f} records, {raw:.0f} bytes before zstd, {sent:.0f} after, "
       + (f"rtt {rtt:.2f} ms" if rtt else "no ping yet"))
+fetched = total("edge_model_fetched_bytes_total")
+staged = total("edge_model_staged_bytes_total")
+if staged:
+    print(f"   models: {total('edge_model_chunks_verified_total'):.0f} chunks fetched and verified "
+          f"({total('edge_model_chunks_failed_total'):.0f} refused), {fetched:,.0f} bytes fetched for "
+          f"{staged:,.0f} bytes of versions staged ({fetched / staged:.2f})")
