@@ -241,6 +241,13 @@ impl CloudConfig {
                 problem: "must be at least 1".into(),
             });
         }
+        if config.models.as_ref().is_some_and(|m| m.poll.0.is_zero()) {
+            return Err(ConfigError::Invalid {
+                path: path.to_owned(),
+                key: "models.poll".into(),
+                problem: "must be more than 0".into(),
+            });
+        }
         if let Some(m) = &config.models
             && m.store == ModelStoreKind::Jetstream
             && m.url.is_none()
@@ -283,6 +290,15 @@ mod tests {
         .unwrap();
         let err = CloudConfig::load(&bad).unwrap_err().to_string();
         assert!(err.contains("models.url") && err.contains("needs a NATS url"), "{err}");
+        // A zero poll would panic every session's timer.
+        std::fs::write(
+            &bad,
+            "[server]\nbind = \"127.0.0.1:0\"\ncert = \"c\"\nkey = \"k\"\nclient_ca = \"ca\"\n\
+             [sink]\nkind = \"sqlite\"\npath = \"x.db\"\n[models]\nsigning_key = \"k\"\npoll = \"0s\"\n",
+        )
+        .unwrap();
+        let err = CloudConfig::load(&bad).unwrap_err().to_string();
+        assert!(err.contains("models.poll") && err.contains("more than 0"), "{err}");
         std::fs::write(&bad, "[server]\nbind = \"nowhere\"\n").unwrap();
         let err = CloudConfig::load(&bad).unwrap_err().to_string();
         assert!(err.contains("bind"), "{err}");

@@ -280,7 +280,7 @@ async fn publish_telemetry(addr: SocketAddr, stop: Arc<AtomicBool>, progress: Ar
         let id = format!("hil-telemetry-{round}");
         let got = e2e_tests::client::publish_range(addr, &id, "telemetry/hil/gw", &tag, 0..100, &progress).await;
         acked.extend(got.into_iter().map(|i| format!("{tag}-{i}")));
-        if got_all_but_failed(&acked, &tag) {
+        if round_cut_short(&acked, &tag) {
             tokio::time::sleep(Duration::from_millis(200)).await;
         }
     }
@@ -288,7 +288,7 @@ async fn publish_telemetry(addr: SocketAddr, stop: Arc<AtomicBool>, progress: Ar
 }
 
 /// Whether the round `tag` ended early (the edge went away): wait before the next.
-fn got_all_but_failed(acked: &[String], tag: &str) -> bool {
+fn round_cut_short(acked: &[String], tag: &str) -> bool {
     acked.iter().filter(|p| p.starts_with(&format!("{tag}-"))).count() < 100
 }
 

@@ -46,7 +46,7 @@ impl DirStore {
                 }
                 // One unreadable manifest must not hide every other version.
                 let read = std::fs::read(&path)
-                    .map_err(StoreError::from_io)
+                    .map_err(|e| failed("read", format!("{}: {e}", path.display())))
                     .and_then(|b| Ok(SignedManifest::from_bytes(&b)?.unverified()?));
                 match read {
                     Ok(m) => out.push(m),

@@ -28,12 +28,6 @@ pub enum StoreError {
     Missing { name: String, version: String },
 }
 
-impl StoreError {
-    fn from_io(e: std::io::Error) -> Self {
-        failed("read", e)
-    }
-}
-
 pub fn failed(what: &'static str, e: impl std::fmt::Display) -> StoreError {
     StoreError::Failed { what, reason: e.to_string() }
 }

@@ -150,6 +150,8 @@ enum SyncError {
     Connection(String),
     #[error("staging: {0}")]
     Stage(#[from] StageError),
+    #[error("a blocking task failed: {0}")]
+    Task(#[from] tokio::task::JoinError),
 }
 
 impl SyncError {
@@ -158,7 +160,7 @@ impl SyncError {
             SyncError::Manifest(_) => "manifest",
             SyncError::NotFollowed(_) => "not_followed",
             SyncError::Fetch { .. } | SyncError::Connection(_) => "fetch",
-            SyncError::Stage(_) => "stage",
+            SyncError::Stage(_) | SyncError::Task(_) => "stage",
         }
     }
 }
@@ -293,13 +295,7 @@ impl Syncer {
                 crate::metrics::handle(&self.metrics.fetched_bytes, &label).inc_by(n);
             }
             let (models, cache, signed) = (self.models.clone(), self.cache.clone(), signed.clone());
-            let staged = tokio::task::spawn_blocking(move || models.stage(&signed, &cache)).await.map_err(|e| {
-                SyncError::Stage(StageError::Io {
-                    what: "stage",
-                    path: Default::default(),
-                    source: std::io::Error::other(e),
-                })
-            })?;
+            let staged = tokio::task::spawn_blocking(move || models.stage(&signed, &cache)).await?;
             match staged {
                 Ok(c) => break c,
                 Err(StageError::MissingChunk { .. } | StageError::Model(ModelError::ChunkHash { .. }))
@@ -343,9 +339,7 @@ impl Syncer {
             let bytes = reply.bytes.unwrap_or_default();
             fetched += bytes.len() as u64;
             let (cache, cr) = (self.cache.clone(), c.clone());
-            let put = tokio::task::spawn_blocking(move || cache.put(index, &cr, &bytes))
-                .await
-                .map_err(|e| SyncError::Fetch { hash: c.hash.clone(), reason: e.to_string() })?;
+            let put = tokio::task::spawn_blocking(move || cache.put(index, &cr, &bytes)).await?;
             match put {
                 Ok(()) => {
                     self.metrics.chunks_verified.inc();

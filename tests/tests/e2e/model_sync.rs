@@ -53,8 +53,10 @@ impl Setup {
         cloud_bridge::models::publish(&self.store, &self.key, MODEL, version, &file, |_| {}).await.unwrap();
     }
 
-    /// An edge that follows the model, reaching the bridge at `server`.
+    /// An edge in `dir` (created if needed) that follows the model, reaching the bridge at
+    /// `server`.
     fn edge(&self, dir: &Path, server: std::net::SocketAddr) -> EdgeProcess {
+        std::fs::create_dir_all(dir).unwrap();
         let extra = format!(
             "[spool]\npath = \"spool.db\"\n\
              [[class]]\nname = \"telemetry\"\nfilters = [\"telemetry/#\"]\nroute = \"central\"\n\
@@ -68,6 +70,15 @@ impl Setup {
 
 fn current(edge: &EdgeProcess, version: &str) -> f64 {
     edge.metric(&format!("edge_model_current{{model=\"{MODEL}\",version=\"{version}\"}}"))
+}
+
+async fn wait_current(edge: &EdgeProcess, version: &str) {
+    assert!(e2e_tests::eventually(WAIT, || current(edge, version) == 1.0).await, "{}", edge.stderr());
+}
+
+/// The staged file of `version` on the edge in `edge_dir`.
+fn staged(edge_dir: &Path, version: &str) -> Vec<u8> {
+    std::fs::read(edge_dir.join("models").join(MODEL).join(version)).unwrap()
 }
 
 fn fetched(edge: &EdgeProcess) -> f64 {
@@ -111,10 +122,9 @@ async fn a_model_arrives_whole_then_a_fine_tune_fetches_a_fraction() {
     let v1 = noise(64 << 20, 1);
     s.publish(dir.path(), "1", &v1).await;
     let edge_dir = dir.path().join("edge");
-    std::fs::create_dir_all(&edge_dir).unwrap();
     let edge = s.edge(&edge_dir, s.cloud.bridge.quic_addr());
-    assert!(e2e_tests::eventually(WAIT, || current(&edge, "1") == 1.0).await, "{}", edge.stderr());
-    assert!(std::fs::read(edge_dir.join("models").join(MODEL).join("1")).unwrap() == v1, "staged file differs");
+    wait_current(&edge, "1").await;
+    assert!(staged(&edge_dir, "1") == v1, "staged file differs");
     assert_eq!(retained_version(&edge, "app-1").await, "1");
     let whole = fetched(&edge);
     assert!(whole <= v1.len() as f64 && whole >= 0.99 * v1.len() as f64, "fetched {whole}");
@@ -125,11 +135,11 @@ async fn a_model_arrives_whole_then_a_fine_tune_fetches_a_fraction() {
     // crosses the link.
     let v2 = fine_tune(&v1, 100);
     s.publish(dir.path(), "2", &v2).await;
-    assert!(e2e_tests::eventually(WAIT, || current(&edge, "2") == 1.0).await, "{}", edge.stderr());
+    wait_current(&edge, "2").await;
     let delta = fetched(&edge) - whole;
     assert!(delta <= 0.15 * v2.len() as f64, "the 5 % fine-tune fetched {delta} bytes");
     assert!(delta >= 0.05 * v2.len() as f64, "fetched {delta}: less than what changed");
-    assert!(std::fs::read(edge_dir.join("models").join(MODEL).join("2")).unwrap() == v2, "staged file differs");
+    assert!(staged(&edge_dir, "2") == v2, "staged file differs");
     assert_eq!(retained_version(&edge, "app-2").await, "2");
     assert_eq!(current(&edge, "1"), 0.0, "one current version per model");
     let ratio = edge.metric(&format!("edge_model_last_delta_ratio{{model=\"{MODEL}\"}}"));
@@ -147,7 +157,6 @@ async fn an_interrupted_sync_resumes_without_fetching_verified_chunks_again() {
     let v1 = noise(24 << 20, 7);
     s.publish(dir.path(), "1", &v1).await;
     let edge_dir = dir.path().join("edge");
-    std::fs::create_dir_all(&edge_dir).unwrap();
     let mut edge = s.edge(&edge_dir, relay.addr);
 
     // Blackholed halfway: the connection dies, the chunks verified so far stay.
@@ -158,8 +167,8 @@ async fn an_interrupted_sync_resumes_without_fetching_verified_chunks_again() {
     tokio::time::sleep(Duration::from_secs(20)).await;
     assert!(edge.metric("edge_uplink_connected") == 0.0, "the connection outlived a 20 s blackhole");
     relay.impairment.set_blackhole(false);
-    assert!(e2e_tests::eventually(WAIT, || current(&edge, "1") == 1.0).await, "{}", edge.stderr());
-    assert!(std::fs::read(edge_dir.join("models").join(MODEL).join("1")).unwrap() == v1);
+    wait_current(&edge, "1").await;
+    assert!(staged(&edge_dir, "1") == v1);
     // Chunks cut off mid-reply are not counted; every complete one was fetched once.
     assert_eq!(fetched(&edge), v1.len() as f64, "a verified chunk was fetched again");
 
@@ -176,8 +185,8 @@ async fn an_interrupted_sync_resumes_without_fetching_verified_chunks_again() {
     assert!(after_kill > chunks_v1 && have < v2.len() as u64, "not cut in the middle: {have} bytes cached");
     relay.impairment.set_rate(0);
     let edge = s.edge(&edge_dir, relay.addr);
-    assert!(e2e_tests::eventually(WAIT, || current(&edge, "2") == 1.0).await, "{}", edge.stderr());
-    assert!(std::fs::read(edge_dir.join("models").join(MODEL).join("2")).unwrap() == v2);
+    wait_current(&edge, "2").await;
+    assert!(staged(&edge_dir, "2") == v2);
     assert_eq!(fetched(&edge), (v2.len() as u64 - have) as f64, "the restarted edge fetched cached chunks again");
     assert_eq!(retained_version(&edge, "app").await, "2");
 }
@@ -189,9 +198,8 @@ async fn forged_or_damaged_versions_are_refused_and_the_current_one_stays() {
     let v1 = noise(3 << 20, 11);
     s.publish(dir.path(), "1", &v1).await;
     let edge_dir = dir.path().join("edge");
-    std::fs::create_dir_all(&edge_dir).unwrap();
     let edge = s.edge(&edge_dir, s.cloud.bridge.quic_addr());
-    assert!(e2e_tests::eventually(WAIT, || current(&edge, "1") == 1.0).await, "{}", edge.stderr());
+    wait_current(&edge, "1").await;
     let mut app = Client::anonymous(edge.addr("local"), "app").await;
     app.subscribe("models/+/current", QoS::AtLeastOnce).await;
     assert!(app.recv(Duration::from_secs(10)).await.is_some(), "the retained message of version 1");
@@ -268,15 +276,14 @@ async fn a_jetstream_object_store_serves_versions_and_the_cli_manages_them() {
     let v1 = noise(32 << 20, 31);
     s.publish(dir.path(), "1", &v1).await;
     let edge_dir = dir.path().join("edge");
-    std::fs::create_dir_all(&edge_dir).unwrap();
     let edge = s.edge(&edge_dir, s.cloud.bridge.quic_addr());
-    assert!(e2e_tests::eventually(WAIT, || current(&edge, "1") == 1.0).await, "{}", edge.stderr());
-    assert!(std::fs::read(edge_dir.join("models").join(MODEL).join("1")).unwrap() == v1);
+    wait_current(&edge, "1").await;
+    assert!(staged(&edge_dir, "1") == v1);
     let whole = fetched(&edge);
     let v2 = fine_tune(&v1, 200);
     s.publish(dir.path(), "2", &v2).await;
-    assert!(e2e_tests::eventually(WAIT, || current(&edge, "2") == 1.0).await, "{}", edge.stderr());
-    assert!(std::fs::read(edge_dir.join("models").join(MODEL).join("2")).unwrap() == v2);
+    wait_current(&edge, "2").await;
+    assert!(staged(&edge_dir, "2") == v2);
     let delta = fetched(&edge) - whole;
     assert!(delta <= 0.25 * v2.len() as f64, "the fine-tune fetched {delta} bytes");
 
