@@ -22,7 +22,7 @@ esac
 SUDO=""; [ "$(id -u)" -eq 0 ] || SUDO="sudo"
 need=()
 if [ "$arch" != amd64 ]; then
-  dpkg --print-foreign-architectures | grep -qx "$arch" || { $SUDO dpkg --add-architecture "$arch"; $SUDO apt-get update -qq; }
+  dpkg --print-foreign-architectures | grep -qx "$arch" || { $SUDO dpkg --add-architecture "$arch"; $SUDO apt-get update -qq || true; }
   command -v "$gnu-gcc" >/dev/null || need+=("gcc-$gnu" "libc6-dev-$arch-cross")
   command -v "qemu-${target%%-*}" >/dev/null || need+=(qemu-user)
   [ -d "/usr/lib/rustlib/$target" ] || need+=("libstd-rust-web-dev:$arch")
@@ -30,7 +30,8 @@ fi
 [ -x /usr/bin/rustc ] || need+=(rustc-web)
 if [ ${#need[@]} -gt 0 ]; then
   echo "installing Debian packages: ${need[*]}" >&2
-  $SUDO apt-get update -qq >&2
+  # A mirror mid-sync for one architecture must not stop the others; the install says what is missing.
+  $SUDO apt-get update -qq >&2 || true
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${need[@]}" >&2
 fi
 target_dir=${CROSS_TARGET_DIR:-target/cross}
