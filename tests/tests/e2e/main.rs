@@ -8,6 +8,7 @@ mod bridge_crash;
 mod bridge_impaired;
 mod bridge_jetstream;
 mod bridge_security;
+mod bridge_versions;
 mod broker_interop;
 mod broker_robustness;
 mod broker_security;

@@ -1,0 +1,254 @@
+//! A rolling upgrade: edges and bridges one protocol version apart keep working together. The
+//! next version is played by peers that offer versions 1 and 2 and add what a newer build may
+//! add: fields this build does not know in every frame, control frames it has never seen. A
+//! real edge against such a bridge, a real bridge against such an edge: both negotiate 1,
+//! ignore the rest, and every record arrives and is acked.
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use ciborium::Value;
+use e2e_tests::client::Client;
+use e2e_tests::cloud::{TestCloud, pki, sink_rows};
+use e2e_tests::node::TestNode;
+use e2e_tests::quic;
+use rumqttc::QoS;
+use serde::Serialize;
+use shared::proto::io::read_frame;
+use shared::proto::{Batch, Codec, Control, Hello, MAX_BATCH_FRAME, MAX_BATCH_RAW, MAX_CONTROL_FRAME, WireRecord};
+use shared::proto::{WireMessage, codec, compress};
+
+const WAIT: Duration = Duration::from_secs(20);
+const EPOCH: &str = "00112233445566778899aabbccddeeff";
+
+/// `value` as the next version would send it: its CBOR map with `extra` fields added.
+fn newer(value: &impl Serialize, extra: &[(&str, Value)]) -> Value {
+    let mut v = Value::serialized(value).expect("to a CBOR value");
+    let Value::Map(entries) = &mut v else { panic!("{v:?} is not a map") };
+    entries.extend(extra.iter().map(|(k, x)| (Value::Text((*k).into()), x.clone())));
+    v
+}
+
+fn frame(value: &Value) -> Vec<u8> {
+    codec::encode(value).expect("encode")
+}
+
+/// A control frame this build has never heard of.
+fn unknown_control(kind: &str) -> Vec<u8> {
+    frame(&Value::Map(vec![
+        (Value::Text("type".into()), Value::Text(kind.into())),
+        (Value::Text("rate".into()), Value::Integer(500.into())),
+    ]))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn this_bridge_serves_an_edge_of_the_next_version() {
+    let dir = tempfile::tempdir().unwrap();
+    let keys = pki(dir.path(), &["edge-2"]);
+    let cloud = TestCloud::start(dir.path(), keys.clone(), "127.0.0.1:0".parse().unwrap(), "").await;
+    let (_, cert, key) = keys.edges.iter().find(|(id, _, _)| id == "edge-2").unwrap().clone();
+    let conn = quic::connect(cloud.bridge.quic_addr(), &keys.ca, &cert, &key).await.unwrap();
+    let (mut send, mut recv) = conn.open_bi().await.unwrap();
+
+    let hello = Control::Hello(Hello {
+        versions: vec![1, 2],
+        epoch: EPOCH.into(),
+        lanes: vec![],
+        models: vec![],
+        dicts: vec![],
+        caps: vec!["lane-stats".into()],
+    });
+    let hello = newer(&hello, &[("region", Value::Text("eu-west".into()))]);
+    send.write_all(&frame(&hello)).await.unwrap();
+    let welcome: Control = read_frame(&mut recv, MAX_CONTROL_FRAME).await.unwrap().unwrap();
+    let Control::Welcome(welcome) = welcome else { panic!("{welcome:?}") };
+    assert_eq!(welcome.version, 1, "the highest version both speak");
+    send.write_all(&unknown_control("lane_stats")).await.unwrap();
+
+    // Three records, each with a field this build does not know, in a batch with one too.
+    let records: Vec<Value> = (1..=3u64)
+        .map(|seq| {
+            let record = WireRecord {
+                seq,
+                message: Some(WireMessage {
+                    class: "telemetry".into(),
+                    topic: format!("telemetry/next/{seq}"),
+                    payload: format!("v2-{seq}").into_bytes(),
+                    qos: 1,
+                    enqueued_ms: 1,
+                    expires_ms: None,
+                    user_properties: vec![],
+                    correlation_data: None,
+                    content_type: None,
+                }),
+                gap: None,
+            };
+            newer(&record, &[("trace_id", Value::Bytes(vec![seq as u8; 8]))])
+        })
+        .collect();
+    let mut body = Vec::new();
+    ciborium::into_writer(&Value::Array(records), &mut body).unwrap();
+    let batch = Batch {
+        epoch: String::new(),
+        lane: 0,
+        first_seq: 1,
+        last_seq: 3,
+        codec: Codec::Cbor,
+        dict: None,
+        raw_len: body.len() as u64,
+        body,
+    };
+    let batch = newer(&batch, &[("sent_at_ms", Value::Integer(12345.into()))]);
+    let mut uni = conn.open_uni().await.unwrap();
+    uni.write_all(&frame(&batch)).await.unwrap();
+    uni.finish().unwrap();
+
+    let acked = tokio::time::timeout(WAIT, async {
+        loop {
+            match read_frame::<_, Control>(&mut recv, MAX_CONTROL_FRAME).await.unwrap() {
+                Some(Control::Ack(a)) if a.lane == 0 && a.up_to == 3 => return,
+                Some(_) => continue,
+                None => panic!("the bridge closed the control stream"),
+            }
+        }
+    })
+    .await;
+    assert!(acked.is_ok(), "no ack for the batch: {}", cloud.bridge.metrics().encode());
+    let rows: Vec<_> = sink_rows(&cloud.sink).into_iter().map(|r| (r.edge, r.seq, r.topic, r.payload)).collect();
+    let want: Vec<_> = (1..=3u64)
+        .map(|s| ("edge-2".to_owned(), s, Some(format!("telemetry/next/{s}")), format!("v2-{s}").into_bytes()))
+        .collect();
+    assert_eq!(rows, want);
+    assert!(conn.close_reason().is_none(), "the session is still up: {:?}", conn.close_reason());
+}
+
+/// What the next version's bridge received and acked.
+#[derive(Debug, Default)]
+struct Received {
+    hello_versions: Vec<u16>,
+    records: BTreeMap<(u8, u64), String>,
+    /// Records received, resends included.
+    arrivals: usize,
+}
+
+/// A bridge that offers versions 1 and 2, welcomes with a field this build does not know, sends
+/// an unknown control frame after the welcome and after each ack, adds a field to each ack and
+/// pong, and acks every batch it reads.
+async fn next_version_bridge(
+    endpoint: quinn::Endpoint,
+    received: std::sync::Arc<std::sync::Mutex<Received>>,
+) -> anyhow::Result<()> {
+    let conn = endpoint.accept().await.ok_or_else(|| anyhow::anyhow!("endpoint closed"))?.await?;
+    let (mut send, mut recv) = conn.accept_bi().await?;
+    let hello: Control = read_frame(&mut recv, MAX_CONTROL_FRAME).await?.ok_or_else(|| anyhow::anyhow!("no hello"))?;
+    let Control::Hello(hello) = hello else { anyhow::bail!("{hello:?} instead of a hello") };
+    let version = shared::proto::negotiate(&[1, 2], &hello.versions).ok_or_else(|| anyhow::anyhow!("no version"))?;
+    received.lock().unwrap().hello_versions = hello.versions.clone();
+    let welcome = shared::proto::Welcome { version, committed: vec![], dicts: vec![] };
+    let welcome = newer(&Control::Welcome(welcome), &[("max_batch", Value::Integer(1000.into()))]);
+    send.write_all(&frame(&welcome)).await?;
+    send.write_all(&unknown_control("throttle")).await?;
+
+    let (acks_tx, mut acks) = tokio::sync::mpsc::unbounded_channel::<Vec<u8>>();
+    let reader = {
+        let acks_tx = acks_tx.clone();
+        let received = received.clone();
+        let conn = conn.clone();
+        tokio::spawn(async move {
+            while let Ok(mut uni) = conn.accept_uni().await {
+                let batch: Batch =
+                    read_frame(&mut uni, MAX_BATCH_FRAME).await?.ok_or_else(|| anyhow::anyhow!("empty"))?;
+                let records = compress::unpack(&batch, &Default::default(), MAX_BATCH_RAW)?;
+                let mut got = received.lock().unwrap();
+                for r in records {
+                    let topic = r.message.map_or_else(|| "gap".to_owned(), |m| m.topic);
+                    got.records.insert((batch.lane, r.seq), topic);
+                    got.arrivals += 1;
+                }
+                let ack = shared::proto::Ack { lane: batch.lane, up_to: batch.last_seq };
+                let _ = acks_tx.send(frame(&newer(&Control::Ack(ack), &[("stored_in", Value::Text("js".into()))])));
+                let _ = acks_tx.send(unknown_control("lane_lag"));
+            }
+            anyhow::Ok(())
+        })
+    };
+    let mut control = shared::proto::io::spawn_reader::<_, Control>(recv, MAX_CONTROL_FRAME);
+    loop {
+        tokio::select! {
+            out = acks.recv() => send.write_all(&out.expect("sender kept")).await?,
+            frame_in = control.0.recv() => match frame_in {
+                Some(Ok(Some(Control::Ping { nonce }))) => {
+                    let pong = newer(&Control::Pong { nonce }, &[("load", Value::Integer(3.into()))]);
+                    send.write_all(&frame(&pong)).await?;
+                }
+                Some(Ok(Some(_))) => {}
+                Some(Err(e)) => anyhow::bail!("control stream: {e}"),
+                Some(Ok(None)) | None => break,
+            },
+        }
+    }
+    reader.abort();
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn this_edge_drains_into_a_bridge_of_the_next_version() {
+    let dir = tempfile::tempdir().unwrap();
+    let keys = pki(dir.path(), &[]);
+    let server = cloud_bridge::config::ServerConfig {
+        bind: SocketAddr::from(([127, 0, 0, 1], 0)),
+        cert: keys.server_cert.clone(),
+        key: keys.server_key.clone(),
+        client_ca: keys.ca.clone(),
+        deny_serials: vec![],
+        max_held: 64,
+        congestion: Default::default(),
+    };
+    let endpoint = cloud_bridge::server::endpoint(&server).unwrap();
+    let addr = endpoint.local_addr().unwrap();
+    let received = std::sync::Arc::new(std::sync::Mutex::new(Received::default()));
+    let bridge = tokio::spawn(next_version_bridge(endpoint, received.clone()));
+
+    let (_, cert, key) = keys.edges.iter().find(|(id, _, _)| id == "edge-1").unwrap().clone();
+    let uplink = format!(
+        "[uplink]\nserver = \"{addr}\"\nserver_name = \"localhost\"\nca = \"{}\"\ncert = \"{}\"\nkey = \"{}\"\n\
+         keepalive = \"300ms\"\n",
+        keys.ca.display(),
+        cert.display(),
+        key.display()
+    );
+    let classes = "[spool]\npath = \"spool.db\"\n\n[[class]]\nname = \"telemetry\"\nfilters = [\"telemetry/#\"]\n\
+                   route = \"central\"\n";
+    let edge = TestNode::start(&format!("{classes}\n{uplink}")).await;
+    let publisher = Client::anonymous(edge.local(), "pub").await;
+    for i in 0..200 {
+        publisher.publish(&format!("telemetry/up/{i}"), QoS::AtLeastOnce, false, "x").await;
+    }
+
+    let telemetry = |r: &Received| r.records.values().filter(|t| t.starts_with("telemetry/up/")).count();
+    let all = e2e_tests::eventually(WAIT, || telemetry(&received.lock().unwrap()) == 200).await;
+    assert!(all, "{:?}\n{}", received.lock().unwrap(), edge.metrics());
+    // Every lane acked up to what the bridge holds, and the spool kept nothing of it.
+    let drained = e2e_tests::eventually(WAIT, || {
+        let got = received.lock().unwrap();
+        let mut last: BTreeMap<u8, u64> = BTreeMap::new();
+        for &(lane, seq) in got.records.keys() {
+            last.insert(lane, seq);
+        }
+        last.iter().all(|(lane, seq)| edge.metric(&format!("edge_uplink_acked_seq{{lane=\"{lane}\"}}")) == *seq as f64)
+            && edge.metric("edge_spool_class_records{class=\"telemetry\"}") == 0.0
+    })
+    .await;
+    assert!(drained, "{:?}\n{}", received.lock().unwrap(), edge.metrics());
+    {
+        let got = received.lock().unwrap();
+        assert!(got.hello_versions.contains(&1), "{:?}", got.hello_versions);
+        assert_eq!(got.arrivals, got.records.len(), "no record sent twice over one session");
+    }
+    // Ping answered by the newer pong, unknown frames ignored: one session, never cut.
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert_eq!(edge.metric("edge_uplink_connected"), 1.0, "{}", edge.metrics());
+    assert_eq!(edge.metric("edge_uplink_reconnects_total"), 0.0, "{}", edge.metrics());
+    assert!(!bridge.is_finished(), "{:?}", bridge.await);
+}
