@@ -311,22 +311,31 @@ impl Storage for SqliteStorage {
 
     fn ack(&mut self, lane: Lane, up_to: Seq) -> Result<Vec<ClassUsage>, SpoolError> {
         let tx = self.conn.unchecked_transaction().map_err(|e| self.err(e))?;
-        let deleted = {
+        // One pass: the delete returns what it removed, instead of a GROUP BY over the same
+        // rows before it (the ack was a quarter of the edge's CPU while draining a backlog).
+        let mut deleted: Vec<ClassUsage> = Vec::new();
+        {
             let mut stmt = tx
                 .prepare_cached(&format!(
-                    "SELECT class, count(*), coalesce(sum({MESSAGE_SIZE}), 0) FROM records \
-                     WHERE lane = ?1 AND seq <= ?2 AND kind = 0 GROUP BY class"
+                    "DELETE FROM records WHERE lane = ?1 AND seq <= ?2 RETURNING kind, class, {MESSAGE_SIZE}"
                 ))
                 .map_err(|e| self.err(e))?;
-            stmt.query_map(params![lane.0, up_to.0], |r| {
-                Ok(ClassUsage { class: r.get(0)?, records: r.get(1)?, bytes: r.get(2)? })
-            })
-            .map_err(|e| self.err(e))?
-            .collect::<Result<Vec<_>, _>>()
-            .map_err(|e| self.err(e))?
-        };
-        tx.execute("DELETE FROM records WHERE lane = ?1 AND seq <= ?2", params![lane.0, up_to.0])
-            .map_err(|e| self.err(e))?;
+            let mut rows = stmt.query(params![lane.0, up_to.0]).map_err(|e| self.err(e))?;
+            while let Some(row) = rows.next().map_err(|e| self.err(e))? {
+                if row.get::<_, i64>(0).map_err(|e| self.err(e))? != KIND_MESSAGE {
+                    continue;
+                }
+                let class = row.get_ref(1).map_err(|e| self.err(e))?.as_str().map_err(|e| self.err(e.into()))?;
+                let bytes: u64 = row.get(2).map_err(|e| self.err(e))?;
+                match deleted.iter_mut().find(|u| u.class == class) {
+                    Some(u) => {
+                        u.records += 1;
+                        u.bytes += bytes;
+                    }
+                    None => deleted.push(ClassUsage { class: class.to_owned(), records: 1, bytes }),
+                }
+            }
+        }
         tx.execute("UPDATE lanes SET acked = max(acked, ?2) WHERE lane = ?1", params![lane.0, up_to.0])
             .map_err(|e| self.err(e))?;
         tx.commit().map_err(|e| self.err(e))?;

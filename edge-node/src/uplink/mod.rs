@@ -348,7 +348,7 @@ impl Uplink {
                     heads.insert(lane.0, after);
                     continue;
                 }
-                let wire: Vec<WireRecord> = records.iter().map(to_wire).collect();
+                let wire: Vec<WireRecord> = records.into_iter().map(into_wire).collect();
                 dicts.observe(&wire, now);
                 if let Some(d) = dicts.poll_training(now).await {
                     tracing::info!(class = d.class, id = d.id, bytes = d.bytes.len(), "uplink dictionary trained");
@@ -486,21 +486,22 @@ async fn sleep_until(deadline: Option<tokio::time::Instant>) {
     }
 }
 
-/// A spool record as it travels.
-pub fn to_wire(r: &Record) -> WireRecord {
-    match &r.body {
+/// A spool record as it travels. By value: the payload moves instead of being copied (a
+/// `Bytes` made from a `Vec` gives the `Vec` back).
+pub fn into_wire(r: Record) -> WireRecord {
+    match r.body {
         Body::Message(m) => WireRecord {
             seq: r.seq.0,
             message: Some(WireMessage {
-                class: m.class.clone(),
-                topic: m.topic.clone(),
-                payload: m.payload.to_vec(),
+                class: m.class,
+                topic: m.topic,
+                payload: m.payload.into(),
                 qos: m.qos,
                 enqueued_ms: m.enqueued_ms,
                 expires_ms: m.expires_ms,
-                user_properties: m.properties.user.clone(),
-                correlation_data: m.properties.correlation_data.as_ref().map(|c| c.to_vec()),
-                content_type: m.properties.content_type.clone(),
+                user_properties: m.properties.user,
+                correlation_data: m.properties.correlation_data.map(Into::into),
+                content_type: m.properties.content_type,
             }),
             gap: None,
         },
@@ -508,12 +509,12 @@ pub fn to_wire(r: &Record) -> WireRecord {
             seq: r.seq.0,
             message: None,
             gap: Some(WireGap {
-                class: g.class.clone(),
+                class: g.class,
                 reason: serde_json::to_value(g.reason)
                     .ok()
                     .and_then(|v| v.as_str().map(str::to_owned))
                     .unwrap_or_default(),
-                ranges: g.ranges.clone(),
+                ranges: g.ranges,
                 count: g.count,
             }),
         },
