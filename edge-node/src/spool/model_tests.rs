@@ -536,3 +536,35 @@ fn the_wal_is_checkpointed_off_the_commit_path_within_a_few_seconds() {
         }
     }
 }
+
+#[test]
+fn a_large_ack_goes_in_steps_and_keeps_usage_exact() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("spool.db");
+    let mut spool = open(&path);
+    // Two classes interleaved in lane 0, more than two delete steps of them; lane 1 untouched.
+    for i in 0..20_000u32 {
+        let mut m = message(&i.to_be_bytes());
+        if i % 3 == 0 {
+            m.class = "audit".into();
+            m.topic = "audit/x".into();
+        }
+        spool.append(Lane(0), m, Durability::Normal);
+    }
+    spool.append(Lane(1), message(b"other lane"), Durability::Normal);
+    spool.flush().unwrap();
+    assert_eq!(spool.ack(Lane(0), Seq(17_000)).unwrap(), 17_000);
+    let usage = |s: &Spool<SqliteStorage>| {
+        let mut u: Vec<(String, u64, u64)> = s.usage().map(|u| (u.class.clone(), u.records, u.bytes)).collect();
+        u.sort();
+        u
+    };
+    let kept = usage(&spool);
+    // What a fresh open counts from the table itself.
+    drop(spool);
+    let spool = open(&path);
+    assert_eq!(usage(&spool), kept);
+    let audit = (17_000..20_000u32).filter(|i| i % 3 == 0).count() as u64;
+    assert_eq!(kept.iter().find(|u| u.0 == "audit").map(|u| u.1), Some(audit));
+    assert_eq!(kept.iter().find(|u| u.0 == "telemetry").map(|u| u.1), Some(3_000 - audit + 1));
+}

@@ -313,14 +313,24 @@ impl Storage for SqliteStorage {
         let tx = self.conn.unchecked_transaction().map_err(|e| self.err(e))?;
         // One pass: the delete returns what it removed, instead of a GROUP BY over the same
         // rows before it (the ack was a quarter of the edge's CPU while draining a backlog).
+        // SQLite buffers a RETURNING delete's rows before handing out the first, so a large
+        // ack (a reconnect that finds a million records committed) goes in steps of at most
+        // ACK_STEP seqs, inside the one transaction.
+        const ACK_STEP: u64 = 8192;
         let mut deleted: Vec<ClassUsage> = Vec::new();
-        {
+        loop {
+            let low: Option<u64> = tx
+                .prepare_cached("SELECT min(seq) FROM records WHERE lane = ?1")
+                .and_then(|mut stmt| stmt.query_row(params![lane.0], |r| r.get(0)))
+                .map_err(|e| self.err(e))?;
+            let Some(low) = low.filter(|low| *low <= up_to.0) else { break };
+            let step_end = up_to.0.min(low.saturating_add(ACK_STEP - 1));
             let mut stmt = tx
                 .prepare_cached(&format!(
                     "DELETE FROM records WHERE lane = ?1 AND seq <= ?2 RETURNING kind, class, {MESSAGE_SIZE}"
                 ))
                 .map_err(|e| self.err(e))?;
-            let mut rows = stmt.query(params![lane.0, up_to.0]).map_err(|e| self.err(e))?;
+            let mut rows = stmt.query(params![lane.0, step_end]).map_err(|e| self.err(e))?;
             while let Some(row) = rows.next().map_err(|e| self.err(e))? {
                 if row.get::<_, i64>(0).map_err(|e| self.err(e))? != KIND_MESSAGE {
                     continue;
