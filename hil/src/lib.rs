@@ -65,10 +65,6 @@ pub fn edge_command() -> Vec<String> {
         .collect()
 }
 
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).expect("free port").port()
-}
-
 /// Everything a scenario runs against.
 pub struct Rig {
     pub nats: NatsServer,
@@ -111,8 +107,8 @@ impl Rig {
         let relay = UdpRelay::start(cloud.bridge.quic_addr()).await;
         let edge_dir = dir.path().join("edge");
         std::fs::create_dir_all(&edge_dir).expect("edge dir");
-        let mqtt: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().unwrap();
-        let http = free_port();
+        let mqtt: SocketAddr = format!("127.0.0.1:{}", e2e_tests::free_port()).parse().unwrap();
+        let http = e2e_tests::free_port();
         // Fixed ports: a restarted edge is found where the load generators left it.
         let config = format!(
             "node_id = \"hil-edge\"\n[http]\nbind = \"127.0.0.1:{http}\"\n\
@@ -190,9 +186,13 @@ impl Load {
     pub async fn start(rig: &Rig, rate: u64) -> Load {
         let stop = Arc::new(AtomicBool::new(false));
         let started = rig.started;
-        let subscriber = tokio::spawn(subscribe(rig.mqtt, started, stop.clone()));
+        let (subscribed, suback) = tokio::sync::oneshot::channel();
+        let subscriber = tokio::spawn(subscribe(rig.mqtt, started, stop.clone(), subscribed));
         // The subscription is in place before the first result.
-        tokio::time::sleep(Duration::from_millis(500)).await;
+        tokio::time::timeout(Duration::from_secs(10), suback)
+            .await
+            .expect("no SUBACK for the inference subscriber in 10 s")
+            .expect("the inference subscriber stopped");
         let inference = tokio::spawn(publish_inference(rig.mqtt, rate, started, stop.clone()));
         let telemetry_acked = Arc::new(AtomicU64::new(0));
         let telemetry = tokio::spawn(publish_telemetry(rig.mqtt, stop.clone(), telemetry_acked.clone()));
@@ -245,14 +245,26 @@ async fn publish_inference(addr: SocketAddr, rate: u64, started: Instant, stop: 
     sent
 }
 
-async fn subscribe(addr: SocketAddr, started: Instant, stop: Arc<AtomicBool>) -> Vec<(u64, u64)> {
+/// Collects inference results until `stop`; `subscribed` fires at the first SUBACK.
+async fn subscribe(
+    addr: SocketAddr,
+    started: Instant,
+    stop: Arc<AtomicBool>,
+    subscribed: tokio::sync::oneshot::Sender<()>,
+) -> Vec<(u64, u64)> {
     let (client, mut eventloop) = AsyncClient::new(options(addr, "hil-inference-sub"), 100);
+    let mut subscribed = Some(subscribed);
     let mut out = Vec::new();
     while !stop.load(Ordering::Relaxed) {
         match tokio::time::timeout(Duration::from_millis(200), eventloop.poll()).await {
             Ok(Ok(Event::Incoming(Packet::ConnAck(_)))) => {
                 // A restarted broker has no subscriptions.
                 let _ = client.try_subscribe("inference/#", QoS::AtLeastOnce);
+            }
+            Ok(Ok(Event::Incoming(Packet::SubAck(_)))) => {
+                if let Some(tx) = subscribed.take() {
+                    let _ = tx.send(());
+                }
             }
             Ok(Ok(Event::Incoming(Packet::Publish(p)))) => {
                 let now = started.elapsed().as_micros() as u64;

@@ -82,7 +82,7 @@ async fn the_oci_image_runs_under_qemu_from_its_own_root_and_the_deb_is_complete
     // And it serves: the image's config, with the state paths moved into the test dir.
     let state = dir.path().join("state");
     std::fs::create_dir_all(&state).unwrap();
-    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let port = e2e_tests::free_port();
     let text = std::fs::read_to_string(image.join("etc/edge-node/edge.toml"))
         .unwrap()
         .replace("/var/lib/edge-node", state.to_str().unwrap())

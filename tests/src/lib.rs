@@ -31,6 +31,12 @@ pub fn workspace_bin(name: &str) -> PathBuf {
     bin
 }
 
+/// A loopback TCP port free right now, for processes that must be found on the same port after
+/// a restart (an OS-chosen port 0 would change).
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).expect("free port").port()
+}
+
 /// Polls `check` until it is true or `timeout` passes; returns whether it became true.
 pub async fn eventually(timeout: Duration, mut check: impl FnMut() -> bool) -> bool {
     let deadline = Instant::now() + timeout;

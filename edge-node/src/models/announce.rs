@@ -39,44 +39,36 @@ impl std::fmt::Debug for Announcer {
 }
 
 impl Announcer {
+    /// Publishes `currents` retained on `<prefix>/<name>/current` and waits for their PUBACKs.
     pub(crate) async fn announce(&self, currents: &[Current]) -> Result<(), ProbeError> {
-        announce(&self.ctx, &self.prefix, &self.node_id, currents).await
-    }
-}
-
-/// Publishes `currents` retained on `<prefix>/<name>/current` and waits for their PUBACKs.
-pub(crate) async fn announce(
-    ctx: &Arc<FrontContext>,
-    prefix: &str,
-    node_id: &str,
-    currents: &[Current],
-) -> Result<(), ProbeError> {
-    if currents.is_empty() {
-        return Ok(());
-    }
-    let (mut io, server) = tokio::io::duplex(64 * 1024);
-    let serving = ctx.tracker.spawn(front::serve_internal(server, ctx.clone()));
-    let result = async {
-        let mut buf = BytesMut::with_capacity(1024);
-        let connect = Connect { keep_alive: 60, client_id: format!("_models-{node_id}"), clean_session: true };
-        write(&mut io, Packet::Connect(connect, None, None, None, None)).await?;
-        let connack = read(&mut io, &mut buf).await?;
-        if packet::packet_type(&connack) != packet::CONNACK || connack.get(3) != Some(&0) {
-            return Err(ProbeError::Unexpected("CONNACK refused"));
+        let (ctx, prefix, node_id) = (&self.ctx, &self.prefix, &self.node_id);
+        if currents.is_empty() {
+            return Ok(());
         }
-        for (i, c) in currents.iter().enumerate() {
-            let topic = format!("{prefix}/{}/current", c.name);
-            let payload = serde_json::to_vec(c).map_err(|e| ProbeError::Codec(e.to_string()))?;
-            write_raw(&mut io, &retained_qos1(&topic, i as u16 + 1, &payload)).await?;
-            if packet::packet_type(&read(&mut io, &mut buf).await?) != packet::PUBACK {
-                return Err(ProbeError::Unexpected("PUBACK missing"));
+        let (mut io, server) = tokio::io::duplex(64 * 1024);
+        let serving = ctx.tracker.spawn(front::serve_internal(server, ctx.clone()));
+        let result = async {
+            let mut buf = BytesMut::with_capacity(1024);
+            let connect = Connect { keep_alive: 60, client_id: format!("_models-{node_id}"), clean_session: true };
+            write(&mut io, Packet::Connect(connect, None, None, None, None)).await?;
+            let connack = read(&mut io, &mut buf).await?;
+            if packet::packet_type(&connack) != packet::CONNACK || connack.get(3) != Some(&0) {
+                return Err(ProbeError::Unexpected("CONNACK refused"));
             }
-            tracing::info!(model = c.name, version = c.version, topic, "model announced");
+            for (i, c) in currents.iter().enumerate() {
+                let topic = format!("{prefix}/{}/current", c.name);
+                let payload = serde_json::to_vec(c).map_err(|e| ProbeError::Codec(e.to_string()))?;
+                write_raw(&mut io, &retained_qos1(&topic, i as u16 + 1, &payload)).await?;
+                if packet::packet_type(&read(&mut io, &mut buf).await?) != packet::PUBACK {
+                    return Err(ProbeError::Unexpected("PUBACK missing"));
+                }
+                tracing::info!(model = c.name, version = c.version, topic, "model announced");
+            }
+            // DISCONNECT, no properties.
+            write_raw(&mut io, &[packet::DISCONNECT << 4, 0]).await
         }
-        // DISCONNECT, no properties.
-        write_raw(&mut io, &[packet::DISCONNECT << 4, 0]).await
+        .await;
+        serving.abort();
+        result
     }
-    .await;
-    serving.abort();
-    result
 }

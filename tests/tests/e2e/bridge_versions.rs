@@ -246,8 +246,10 @@ async fn this_edge_drains_into_a_bridge_of_the_next_version() {
         assert!(got.hello_versions.contains(&1), "{:?}", got.hello_versions);
         assert_eq!(got.arrivals, got.records.len(), "no record sent twice over one session");
     }
-    // Ping answered by the newer pong, unknown frames ignored: one session, never cut.
-    tokio::time::sleep(Duration::from_secs(1)).await;
+    // A ping answered by the newer pong (it set the RTT), unknown frames ignored: one session,
+    // never cut.
+    let ponged = e2e_tests::eventually(WAIT, || edge.metric("edge_uplink_rtt_microseconds") > 0.0).await;
+    assert!(ponged, "no pong accepted: {}", edge.metrics());
     assert_eq!(edge.metric("edge_uplink_connected"), 1.0, "{}", edge.metrics());
     assert_eq!(edge.metric("edge_uplink_reconnects_total"), 0.0, "{}", edge.metrics());
     assert!(!bridge.is_finished(), "{:?}", bridge.await);
