@@ -58,49 +58,62 @@ fn open(path: &Path) -> Result<Connection, SpoolError> {
         .map_err(|source| SpoolError::Sqlite { path: path.to_owned(), source })
 }
 
+/// The record columns both schema versions have (version 2 computes `lane` and `seq`).
+const COLUMNS: &str = "lane, seq, kind, class, topic, payload, qos, enqueued_ms, expires_ms, user_properties, \
+                       correlation_data, content_type";
+
+/// Where the records are and the cheapest `ORDER BY` for lane and seq order. A node that is
+/// migrating its spool has records in two tables; a version 1 spool is keyed by `(lane, seq)`,
+/// a version 2 spool by `id`, which sorts the same way.
+fn records(conn: &Connection) -> rusqlite::Result<(String, &'static str)> {
+    let has = |sql: &str| conn.query_row(sql, [], |r| r.get::<_, i64>(0)).map(|n| n > 0);
+    if has("SELECT count(*) FROM sqlite_master WHERE type = 'table' AND name = 'records_v2'")? {
+        return Ok((
+            format!("(SELECT {COLUMNS} FROM records UNION ALL SELECT {COLUMNS} FROM records_v2)"),
+            "lane, seq",
+        ));
+    }
+    let keyed_by_id = has("SELECT count(*) FROM pragma_table_info('records') WHERE name = 'id'")?;
+    Ok(("records".to_owned(), if keyed_by_id { "id" } else { "lane, seq" }))
+}
+
 pub fn stats(path: &Path) -> Result<Stats, SpoolError> {
     let conn = open(path)?;
     let err = |source| SpoolError::Sqlite { path: path.to_owned(), source };
     let meta = |key: &str| conn.query_row("SELECT value FROM meta WHERE key = ?1", [key], |r| r.get::<_, String>(0));
     let epoch = meta("epoch").map_err(err)?;
     let schema_version = meta("schema_version").map_err(err)?;
+    let (records, _) = records(&conn).map_err(err)?;
     let mut lanes = Vec::new();
     {
+        // One pass over the records for all lanes, then the lanes table's counters.
         let mut stmt = conn
-            .prepare(
-                "SELECT l.lane, l.next_seq, l.acked, \
-                 (SELECT count(*) FROM records r WHERE r.lane = l.lane AND r.kind = 0), \
-                 (SELECT count(*) FROM records r WHERE r.lane = l.lane AND r.kind = 1), \
-                 (SELECT coalesce(sum(length(payload) + length(topic)), 0) FROM records r WHERE r.lane = l.lane), \
-                 (SELECT min(enqueued_ms) FROM records r WHERE r.lane = l.lane AND r.kind = 0) \
-                 FROM lanes l ORDER BY l.lane",
-            )
+            .prepare(&format!(
+                "SELECT lane, sum(kind = 0), sum(kind = 1), coalesce(sum(length(payload) + length(topic)), 0), \
+                 min(CASE WHEN kind = 0 THEN enqueued_ms END) FROM {records} GROUP BY lane"
+            ))
             .map_err(err)?;
-        let rows = stmt
-            .query_map([], |r| {
-                Ok(LaneStats {
-                    lane: r.get(0)?,
-                    next_seq: r.get(1)?,
-                    acked: r.get(2)?,
-                    messages: r.get(3)?,
-                    gap_records: r.get(4)?,
-                    bytes: r.get(5)?,
-                    oldest_enqueued_ms: r.get(6)?,
-                })
-            })
+        let held = stmt
+            .query_map([], |r| Ok((r.get::<_, u8>(0)?, (r.get(1)?, r.get(2)?, r.get(3)?, r.get(4)?))))
+            .map_err(err)?
+            .collect::<Result<std::collections::BTreeMap<u8, (u64, u64, u64, Option<u64>)>, _>>()
             .map_err(err)?;
+        let mut stmt = conn.prepare("SELECT lane, next_seq, acked FROM lanes ORDER BY lane").map_err(err)?;
+        let rows = stmt.query_map([], |r| Ok((r.get::<_, u8>(0)?, r.get(1)?, r.get(2)?))).map_err(err)?;
         for row in rows {
-            lanes.push(row.map_err(err)?);
+            let (lane, next_seq, acked) = row.map_err(err)?;
+            let (messages, gap_records, bytes, oldest_enqueued_ms) = held.get(&lane).copied().unwrap_or_default();
+            lanes.push(LaneStats { lane, next_seq, acked, messages, gap_records, bytes, oldest_enqueued_ms });
         }
     }
     let mut classes = Vec::new();
     {
         let mut stmt = conn
-            .prepare(
+            .prepare(&format!(
                 "SELECT class, sum(kind = 0), coalesce(sum(CASE WHEN kind = 0 THEN length(payload) + length(topic) END), 0), \
                  coalesce(sum(CASE WHEN kind = 1 THEN json_extract(payload, '$.count') END), 0) \
-                 FROM records GROUP BY class ORDER BY class",
-            )
+                 FROM {records} GROUP BY class ORDER BY class"
+            ))
             .map_err(err)?;
         let rows = stmt
             .query_map([], |r| {
@@ -132,12 +145,8 @@ pub fn stats(path: &Path) -> Result<Stats, SpoolError> {
 pub fn export(path: &Path, out: &mut impl Write) -> Result<u64, SpoolError> {
     let conn = open(path)?;
     let err = |source| SpoolError::Sqlite { path: path.to_owned(), source };
-    let mut stmt = conn
-        .prepare(
-            "SELECT lane, seq, kind, class, topic, payload, qos, enqueued_ms, expires_ms, user_properties, \
-             correlation_data, content_type FROM records ORDER BY lane, seq",
-        )
-        .map_err(err)?;
+    let (records, order) = records(&conn).map_err(err)?;
+    let mut stmt = conn.prepare(&format!("SELECT {COLUMNS} FROM {records} ORDER BY {order}")).map_err(err)?;
     let mut rows = stmt.query(params![]).map_err(err)?;
     let mut count = 0;
     let b64 = base64::engine::general_purpose::STANDARD;

@@ -15,19 +15,26 @@
 //!   corrupt database moved aside, starts a new epoch, so a restarted seq can never be mistaken
 //!   for data the cloud already has (the cloud keys by edge, epoch, lane and seq).
 //!
-//! # On disk (schema version 1)
+//! # On disk (schema version 2)
 //!
 //! - `meta(key, value)`: `schema_version`, `epoch` (16 random bytes, hex), `created_ms`.
 //! - `lanes(lane, next_seq, acked)`: per lane, the next seq to hand out and the highest acked.
-//! - `records(lane, seq, kind, durability, class, topic, payload, qos, enqueued_ms, expires_ms,
-//!   user_properties, correlation_data, content_type)`, primary key `(lane, seq)`, so a lane is
-//!   read in seq order from the key's index. `kind` is a message or a gap record. An ordinary
-//!   rowid table on purpose: records of a few KiB do not fit inline in a WITHOUT ROWID b-tree
-//!   page and would each spill onto an overflow page, quadrupling their size on disk.
+//! - `records(id, kind, durability, class, topic, payload, qos, enqueued_ms, expires_ms,
+//!   user_properties, correlation_data, content_type)`, keyed by `id = lane << 56 | seq` as the
+//!   rowid, so a lane is one contiguous key range of one B-tree, read in seq order, and an
+//!   append, a read or an ack touches that tree only. `lane` and `seq` are computed (virtual)
+//!   columns for people and the read-only tools. `kind` is a message or a gap record. An
+//!   ordinary rowid table on purpose: records of a few KiB do not fit inline in a WITHOUT ROWID
+//!   b-tree page and would each spill onto an overflow page, quadrupling their size on disk.
+//!
+//! Version 1 keyed records by `PRIMARY KEY (lane, seq)` on a rowid table: two B-trees, so a
+//! read walked the index and then looked each row up, and every insert and delete changed
+//! both. Opening a version 1 spool migrates it in chunks that need about 4 MiB of free space,
+//! not a copy of the spool, and that resume after a crash (`migrate.rs`).
 //!
 //! # The byte budget
 //!
-//! Counted as SQLite pages in use (tables and index) plus the WAL file. Over budget, the spool
+//! Counted as SQLite pages in use (every table) plus the WAL file. Over budget, the spool
 //! first checkpoints the WAL, then evicts `normal` messages: the lowest priority lane (highest
 //! number) first, oldest first, and commits the deletion in the same transaction as a gap
 //! record (its own seq in the lane, listing the dropped seq ranges), so loss is never silent.
@@ -50,7 +57,8 @@
 //! Opening runs `PRAGMA quick_check`. A database that fails it, or that SQLite cannot open as a
 //! database at all, is renamed to `<name>.corrupt-<unix-ms>` (with its WAL and shared-memory
 //! files) and reported; a fresh database with a new epoch takes its place. Nothing is ever
-//! deleted to recover. A schema version newer than this build is refused rather than guessed at.
+//! deleted to recover. A schema version newer than this build is refused rather than guessed at,
+//! and so is a migration that fails (a full disk, say): both leave the file where it is.
 //!
 //! This module owns the spool's files; it does not know about MQTT connections or the uplink,
 //! which call it through [`Spool`].
@@ -59,6 +67,7 @@ mod checkpoint;
 pub mod drain;
 pub mod fault;
 pub mod inspect;
+mod migrate;
 mod sqlite;
 mod writer;
 
@@ -201,6 +210,18 @@ pub enum SpoolError {
     },
     #[error("spool database {path} has schema version {found}; this build knows up to {known}")]
     NewerSchema { path: PathBuf, found: i64, known: i64 },
+    #[error(
+        "spool database {path}: migrating schema version {from} to {to} failed, the database is unchanged since its last completed step and the next start resumes it: {source}"
+    )]
+    Migration {
+        path: PathBuf,
+        from: i64,
+        to: i64,
+        #[source]
+        source: rusqlite::Error,
+    },
+    #[error("spool key out of range: lane {lane} seq {seq} (lanes go up to 126, seqs below 2^56)")]
+    KeyRange { lane: u8, seq: u64 },
     #[error("spool directory {path}: {source}")]
     Io {
         path: PathBuf,
@@ -222,7 +243,13 @@ impl SpoolError {
                 _ => "other",
             },
             SpoolError::Sqlite { .. } => "other",
-            SpoolError::NewerSchema { .. } => "schema",
+            SpoolError::Migration { source: rusqlite::Error::SqliteFailure(e, _), .. }
+                if e.code == ErrorCode::DiskFull =>
+            {
+                "disk_full"
+            }
+            SpoolError::NewerSchema { .. } | SpoolError::Migration { .. } => "schema",
+            SpoolError::KeyRange { .. } => "other",
             SpoolError::Io { source, .. } if source.kind() == std::io::ErrorKind::StorageFull => "disk_full",
             SpoolError::Io { .. } => "io",
         }

@@ -11,14 +11,21 @@ use super::{
     Body, ClassUsage, Durability, Gap, Lane, Lost, Message, Opened, Properties, Record, Seq, SpoolError, Storage,
 };
 
-const SCHEMA_VERSION: i64 = 1;
+const SCHEMA_VERSION: i64 = 2;
 
 const SCHEMA: &str = "
 CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL) WITHOUT ROWID;
 CREATE TABLE lanes (lane INTEGER PRIMARY KEY, next_seq INTEGER NOT NULL, acked INTEGER NOT NULL);
+";
+
+/// One B-tree: the rowid is the key, `lane << 56 | seq` (see [`key`]). `lane` and `seq` are
+/// computed columns for people and the read-only tools; the spool's own statements use `id`
+/// ranges, which the planner serves straight from the table's B-tree.
+pub(super) const RECORDS: &str = "
 CREATE TABLE records (
-    lane INTEGER NOT NULL,
-    seq INTEGER NOT NULL,
+    id INTEGER PRIMARY KEY,
+    lane INTEGER AS (id >> 56) VIRTUAL,
+    seq INTEGER AS (id & 72057594037927935) VIRTUAL,
     kind INTEGER NOT NULL,
     durability INTEGER NOT NULL,
     class TEXT NOT NULL,
@@ -29,10 +36,34 @@ CREATE TABLE records (
     expires_ms INTEGER,
     user_properties TEXT,
     correlation_data BLOB,
-    content_type TEXT,
-    PRIMARY KEY (lane, seq)
+    content_type TEXT
 );
 ";
+
+/// Seqs are below 2^56, lanes below 127 (so the next lane's first key still fits an i64).
+const SEQ_BITS: u32 = 56;
+const MAX_LANE: u8 = 126;
+
+/// The record key of `seq` in `lane`.
+fn key(lane: Lane, seq: u64) -> Result<i64, SpoolError> {
+    if lane.0 > MAX_LANE || seq >> SEQ_BITS != 0 {
+        return Err(SpoolError::KeyRange { lane: lane.0, seq });
+    }
+    Ok((i64::from(lane.0) << SEQ_BITS) | seq as i64)
+}
+
+/// The keys of `lane` are `lane_start(lane) .. lane_start(lane + 1)`.
+fn lane_start(lane: Lane) -> i64 {
+    i64::from(lane.0.min(MAX_LANE + 1)) << SEQ_BITS
+}
+
+fn lane_end(lane: Lane) -> i64 {
+    lane_start(Lane(lane.0.saturating_add(1)))
+}
+
+fn seq_of(id: i64) -> u64 {
+    (id as u64) & ((1 << SEQ_BITS) - 1)
+}
 
 /// Record kinds.
 const KIND_MESSAGE: i64 = 0;
@@ -66,7 +97,8 @@ impl SqliteStorage {
         }
         match Self::open_checked(path) {
             Ok(storage) => Ok(storage),
-            Err(SpoolError::NewerSchema { path, found, known }) => Err(SpoolError::NewerSchema { path, found, known }),
+            // The data in these is good: refuse to run rather than move it aside.
+            Err(e @ (SpoolError::NewerSchema { .. } | SpoolError::Migration { .. })) => Err(e),
             Err(e) => {
                 let aside = move_aside(path)?;
                 tracing::error!(error = %e, moved_to = %aside.display(), "spool database unusable; moved aside, starting a new epoch");
@@ -110,6 +142,7 @@ impl SqliteStorage {
             let epoch: String = epoch.iter().map(|b| format!("{b:02x}")).collect();
             let tx = conn.unchecked_transaction().map_err(err)?;
             tx.execute_batch(SCHEMA).map_err(err)?;
+            tx.execute_batch(RECORDS).map_err(err)?;
             tx.execute("INSERT INTO meta VALUES ('schema_version', ?1)", [SCHEMA_VERSION.to_string()]).map_err(err)?;
             tx.execute("INSERT INTO meta VALUES ('epoch', ?1)", [&epoch]).map_err(err)?;
             tx.execute("INSERT INTO meta VALUES ('created_ms', ?1)", [now_ms().to_string()]).map_err(err)?;
@@ -123,7 +156,14 @@ impl SqliteStorage {
         if version > SCHEMA_VERSION {
             return Err(SpoolError::NewerSchema { path: path.to_owned(), found: version, known: SCHEMA_VERSION });
         }
-        // Migrations from older versions go here, each in its own transaction.
+        if version == 1 {
+            super::migrate::v1_to_v2(&conn, RECORDS).map_err(|source| SpoolError::Migration {
+                path: path.to_owned(),
+                from: 1,
+                to: SCHEMA_VERSION,
+                source,
+            })?;
+        }
         let epoch: String =
             conn.query_row("SELECT value FROM meta WHERE key = 'epoch'", [], |r| r.get(0)).map_err(err)?;
         let lanes = {
@@ -198,19 +238,19 @@ impl Storage for SqliteStorage {
         {
             let mut insert = tx
                 .prepare_cached(
-                    "INSERT INTO records (lane, seq, kind, class, topic, payload, qos, enqueued_ms, expires_ms, \
+                    "INSERT INTO records (id, kind, class, topic, payload, qos, enqueued_ms, expires_ms, \
                      user_properties, correlation_data, content_type, durability) \
-                     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13)",
+                     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12)",
                 )
                 .map_err(|e| self.err(e))?;
             for r in records {
+                let id = key(r.lane, r.seq.0)?;
                 let result = match &r.body {
                     Body::Message(m) => {
                         let user = (!m.properties.user.is_empty())
                             .then(|| serde_json::to_string(&m.properties.user).unwrap_or_default());
                         insert.execute(params![
-                            r.lane.0,
-                            r.seq.0,
+                            id,
                             KIND_MESSAGE,
                             m.class,
                             m.topic,
@@ -227,8 +267,7 @@ impl Storage for SqliteStorage {
                     Body::Gap(g) => {
                         let body = serde_json::to_vec(g).unwrap_or_default();
                         insert.execute(params![
-                            r.lane.0,
-                            r.seq.0,
+                            id,
                             KIND_GAP,
                             g.class,
                             "",
@@ -245,12 +284,11 @@ impl Storage for SqliteStorage {
                 };
                 result.map_err(|e| self.err(e))?;
             }
-            let mut remove = tx
-                .prepare_cached("DELETE FROM records WHERE lane = ?1 AND seq = ?2 AND kind = 0")
-                .map_err(|e| self.err(e))?;
+            let mut remove =
+                tx.prepare_cached("DELETE FROM records WHERE id = ?1 AND kind = 0").map_err(|e| self.err(e))?;
             for lost in delete {
                 for seq in &lost.seqs {
-                    remove.execute(params![lost.lane.0, seq]).map_err(|e| self.err(e))?;
+                    remove.execute(params![key(lost.lane, *seq)?]).map_err(|e| self.err(e))?;
                 }
             }
             let mut lane = tx
@@ -270,13 +308,15 @@ impl Storage for SqliteStorage {
         let mut stmt = self
             .conn
             .prepare_cached(
-                "SELECT seq, class, topic, payload, qos, enqueued_ms, expires_ms, user_properties, correlation_data, \
-                 content_type, kind, durability FROM records WHERE lane = ?1 AND seq > ?2 ORDER BY seq LIMIT ?3",
+                "SELECT id, class, topic, payload, qos, enqueued_ms, expires_ms, user_properties, correlation_data, \
+                 content_type, kind, durability FROM records WHERE id > ?1 AND id < ?2 ORDER BY id LIMIT ?3",
             )
             .map_err(|e| self.err(e))?;
+        // A seq past the key range has no records after it.
+        let from = key(lane, after.0).unwrap_or(i64::MAX);
         let rows = stmt
-            .query_map(params![lane.0, after.0, limit as i64], |r| {
-                let seq = Seq(r.get(0)?);
+            .query_map(params![from, lane_end(lane), limit as i64], |r| {
+                let seq = Seq(seq_of(r.get(0)?));
                 if r.get::<_, i64>(10)? == KIND_GAP {
                     let body: Vec<u8> = r.get(3)?;
                     let gap: Gap = serde_json::from_slice(&body).map_err(|e| {
@@ -318,19 +358,20 @@ impl Storage for SqliteStorage {
         // ACK_STEP seqs, inside the one transaction.
         const ACK_STEP: u64 = 8192;
         let mut deleted: Vec<ClassUsage> = Vec::new();
+        let (start, end) = (lane_start(lane), key(lane, up_to.0.min((1 << SEQ_BITS) - 1))?);
         loop {
-            let low: Option<u64> = tx
-                .prepare_cached("SELECT min(seq) FROM records WHERE lane = ?1")
-                .and_then(|mut stmt| stmt.query_row(params![lane.0], |r| r.get(0)))
+            let low: Option<i64> = tx
+                .prepare_cached("SELECT min(id) FROM records WHERE id >= ?1 AND id <= ?2")
+                .and_then(|mut stmt| stmt.query_row(params![start, end], |r| r.get(0)))
                 .map_err(|e| self.err(e))?;
-            let Some(low) = low.filter(|low| *low <= up_to.0) else { break };
-            let step_end = up_to.0.min(low.saturating_add(ACK_STEP - 1));
+            let Some(low) = low else { break };
+            let step_end = end.min(low.saturating_add(ACK_STEP as i64 - 1));
             let mut stmt = tx
                 .prepare_cached(&format!(
-                    "DELETE FROM records WHERE lane = ?1 AND seq <= ?2 RETURNING kind, class, {MESSAGE_SIZE}"
+                    "DELETE FROM records WHERE id >= ?1 AND id <= ?2 RETURNING kind, class, {MESSAGE_SIZE}"
                 ))
                 .map_err(|e| self.err(e))?;
-            let mut rows = stmt.query(params![lane.0, step_end]).map_err(|e| self.err(e))?;
+            let mut rows = stmt.query(params![start, step_end]).map_err(|e| self.err(e))?;
             while let Some(row) = rows.next().map_err(|e| self.err(e))? {
                 if row.get::<_, i64>(0).map_err(|e| self.err(e))? != KIND_MESSAGE {
                     continue;
@@ -364,28 +405,23 @@ impl Storage for SqliteStorage {
     }
 
     fn oldest(&mut self, lane: Lane, class: Option<&str>, bytes: u64) -> Result<Vec<Lost>, SpoolError> {
-        // Two statements rather than `(?2 IS NULL OR class = ?2)`, which would hide the
-        // `(lane, seq)` key from the planner.
-        let sql = if class.is_some() {
-            format!(
-                "SELECT seq, class, length(payload) + length(topic) + coalesce(length(user_properties), 0) + ?3, \
-                 {MESSAGE_SIZE} FROM records WHERE lane = ?1 AND kind = 0 AND durability = 0 AND class = ?4 \
-                 ORDER BY seq LIMIT ?2"
-            )
-        } else {
-            format!(
-                "SELECT seq, class, length(payload) + length(topic) + coalesce(length(user_properties), 0) + ?3, \
-                 {MESSAGE_SIZE} FROM records WHERE lane = ?1 AND kind = 0 AND durability = 0 AND ?4 IS NULL \
-                 ORDER BY seq LIMIT ?2"
-            )
-        };
+        // Two statements rather than `(?4 IS NULL OR class = ?4)`, which would hide the key
+        // range from the planner.
+        let filter = if class.is_some() { "class = ?4" } else { "?4 IS NULL" };
+        let sql = format!(
+            "SELECT id, class, length(payload) + length(topic) + coalesce(length(user_properties), 0) + ?3, \
+             {MESSAGE_SIZE} FROM records WHERE id >= ?1 AND id < ?5 AND kind = 0 AND durability = 0 AND {filter} \
+             ORDER BY id LIMIT ?2"
+        );
         let mut stmt = self.conn.prepare_cached(&sql).map_err(|e| self.err(e))?;
-        let mut rows = stmt.query(params![lane.0, 4096, RECORD_OVERHEAD, class]).map_err(|e| self.err(e))?;
+        let mut rows = stmt
+            .query(params![lane_start(lane), 4096, RECORD_OVERHEAD, class, lane_end(lane)])
+            .map_err(|e| self.err(e))?;
         let mut lost: Vec<Lost> = Vec::new();
         let mut freed = 0u64;
         while freed < bytes {
             let Some(row) = rows.next().map_err(|e| self.err(e))? else { break };
-            let seq: u64 = row.get(0).map_err(|e| self.err(e))?;
+            let seq = seq_of(row.get(0).map_err(|e| self.err(e))?);
             let class: String = row.get(1).map_err(|e| self.err(e))?;
             freed += row.get::<_, i64>(2).map_err(|e| self.err(e))? as u64;
             let size = row.get::<_, i64>(3).map_err(|e| self.err(e))? as u64;
@@ -398,13 +434,13 @@ impl Storage for SqliteStorage {
         let mut stmt = self
             .conn
             .prepare_cached(&format!(
-                "SELECT lane, seq, class, {MESSAGE_SIZE} FROM records \
-                     WHERE kind = 0 AND expires_ms IS NOT NULL AND expires_ms <= ?1 ORDER BY lane, seq"
+                "SELECT id >> {SEQ_BITS}, id, class, {MESSAGE_SIZE} FROM records \
+                     WHERE kind = 0 AND expires_ms IS NOT NULL AND expires_ms <= ?1 ORDER BY id"
             ))
             .map_err(|e| self.err(e))?;
         let rows = stmt
             .query_map(params![now_ms], |r| {
-                Ok((Lane(r.get(0)?), r.get::<_, u64>(1)?, r.get::<_, String>(2)?, r.get::<_, u64>(3)?))
+                Ok((Lane(r.get(0)?), seq_of(r.get(1)?), r.get::<_, String>(2)?, r.get::<_, u64>(3)?))
             })
             .map_err(|e| self.err(e))?;
         let mut lost: Vec<Lost> = Vec::new();
@@ -416,20 +452,39 @@ impl Storage for SqliteStorage {
     }
 
     fn lanes_with_evictable(&mut self) -> Result<Vec<Lane>, SpoolError> {
+        // A probe per lane finds the first evictable record from the lane's start, instead of
+        // reading every record for a DISTINCT.
         let mut stmt = self
             .conn
-            .prepare_cached("SELECT DISTINCT lane FROM records WHERE kind = 0 AND durability = 0")
+            .prepare_cached("SELECT 1 FROM records WHERE id >= ?1 AND id < ?2 AND kind = 0 AND durability = 0 LIMIT 1")
             .map_err(|e| self.err(e))?;
-        let rows = stmt.query_map([], |r| Ok(Lane(r.get(0)?))).map_err(|e| self.err(e))?;
-        rows.collect::<Result<Vec<_>, _>>().map_err(|e| self.err(e))
+        let mut lanes = Vec::new();
+        let mut next = Some(0u8);
+        while let Some(lane) = next {
+            // Lanes with no record at all are skipped by looking up where the next one starts.
+            let first: Option<i64> = self
+                .conn
+                .prepare_cached("SELECT min(id) FROM records WHERE id >= ?1")
+                .and_then(|mut s| s.query_row(params![lane_start(Lane(lane))], |r| r.get(0)))
+                .map_err(|e| self.err(e))?;
+            let Some(first) = first else { break };
+            let lane = Lane((first >> SEQ_BITS) as u8);
+            if stmt.exists(params![lane_start(lane), lane_end(lane)]).map_err(|e| self.err(e))? {
+                lanes.push(lane);
+            }
+            next = (lane.0 < MAX_LANE).then(|| lane.0 + 1);
+        }
+        Ok(lanes)
     }
 
     fn oldest_enqueued_ms(&mut self, lane: Lane) -> Result<Option<u64>, SpoolError> {
         let mut stmt = self
             .conn
-            .prepare_cached("SELECT enqueued_ms FROM records WHERE lane = ?1 AND kind = 0 ORDER BY seq LIMIT 1")
+            .prepare_cached(
+                "SELECT enqueued_ms FROM records WHERE id >= ?1 AND id < ?2 AND kind = 0 ORDER BY id LIMIT 1",
+            )
             .map_err(|e| self.err(e))?;
-        let mut rows = stmt.query(params![lane.0]).map_err(|e| self.err(e))?;
+        let mut rows = stmt.query(params![lane_start(lane), lane_end(lane)]).map_err(|e| self.err(e))?;
         match rows.next().map_err(|e| self.err(e))? {
             Some(row) => Ok(Some(row.get(0).map_err(|e| self.err(e))?)),
             None => Ok(None),
