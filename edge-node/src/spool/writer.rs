@@ -5,6 +5,7 @@
 //! never waits on disk except for a `full` PUBACK.
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use prometheus_client::encoding::EncodeLabelSet;
@@ -12,7 +13,8 @@ use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::Histogram;
-use tokio::sync::oneshot;
+use tokio::sync::mpsc::error::TryRecvError;
+use tokio::sync::{mpsc, oneshot};
 
 use super::sqlite::now_ms;
 use super::{Durability, Lane, Message, Record, Seq, Spool, SpoolError, Storage};
@@ -97,9 +99,15 @@ pub struct WriterMetrics {
 /// A handle to the spool thread.
 #[derive(Debug, Clone)]
 pub struct SpoolWriter {
-    tx: flume::Sender<Request>,
+    /// Tokio's channel rather than one with a mutex both ends take (flume): this thread runs at
+    /// a lower priority, and a connection's send must never wait for it to be scheduled again
+    /// because it was preempted holding the channel's lock. A send takes no lock unless the
+    /// channel is full.
+    tx: mpsc::Sender<Request>,
     /// The spool thread, woken for what must not wait out the commit interval.
     thread: std::thread::Thread,
+    /// Set while the thread waits for a first request: a send then wakes it.
+    idle: Arc<AtomicBool>,
     /// Signalled after each commit that added records, for the uplink.
     committed: Arc<tokio::sync::Notify>,
 }
@@ -112,14 +120,16 @@ impl SpoolWriter {
         commit_batch: usize,
         metrics: Arc<WriterMetrics>,
     ) -> std::io::Result<Self> {
-        let (tx, rx) = flume::bounded(commit_batch.max(1) * 8);
+        let (tx, rx) = mpsc::channel(commit_batch.max(1) * 8);
         let committed = Arc::new(tokio::sync::Notify::new());
         let notify = committed.clone();
+        let idle = Arc::new(AtomicBool::new(false));
+        let inbox = Inbox { rx, idle: idle.clone() };
         let handle = std::thread::Builder::new().name("spool-writer".into()).spawn(move || {
             super::background_priority();
-            run(spool, rx, commit_interval, commit_batch.max(1), &metrics, &notify);
+            run(spool, inbox, commit_interval, commit_batch.max(1), &metrics, &notify);
         })?;
-        Ok(Self { tx, thread: handle.thread().clone(), committed })
+        Ok(Self { tx, thread: handle.thread().clone(), idle, committed })
     }
 
     /// Queues `message`. For `full` durability the returned receiver resolves once it is
@@ -137,18 +147,26 @@ impl SpoolWriter {
             (None, None)
         };
         self.tx
-            .send_async(Request::Append { lane, message: Box::new(message), durability, done, queued: Instant::now() })
+            .send(Request::Append { lane, message: Box::new(message), durability, done, queued: Instant::now() })
             .await
             .map_err(|_| AppendError::Stopped)?;
         if rx.is_some() {
             self.thread.unpark();
+        } else {
+            self.wake_if_idle();
         }
         Ok(rx)
     }
 
+    fn wake_if_idle(&self) {
+        if self.idle.swap(false, Ordering::SeqCst) {
+            self.thread.unpark();
+        }
+    }
+
     async fn query<T>(&self, make: impl FnOnce(oneshot::Sender<T>) -> Query) -> Result<T, AppendError> {
         let (tx, rx) = oneshot::channel();
-        self.tx.send_async(Request::Query(make(tx))).await.map_err(|_| AppendError::Stopped)?;
+        self.tx.send(Request::Query(make(tx))).await.map_err(|_| AppendError::Stopped)?;
         self.thread.unpark();
         rx.await.map_err(|_| AppendError::Stopped)
     }
@@ -176,7 +194,7 @@ impl SpoolWriter {
     /// Commits what is queued and stops the thread.
     pub async fn shutdown(&self) {
         let (tx, rx) = oneshot::channel();
-        if self.tx.send_async(Request::Shutdown(tx)).await.is_ok() {
+        if self.tx.send(Request::Shutdown(tx)).await.is_ok() {
             self.thread.unpark();
             let _ = rx.await;
         }
@@ -250,9 +268,50 @@ impl FailureLog {
     }
 }
 
+/// The thread's end of the channel.
+struct Inbox {
+    rx: mpsc::Receiver<Request>,
+    idle: Arc<AtomicBool>,
+}
+
+enum Wait {
+    Got(Request),
+    TimedOut,
+    Closed,
+}
+
+impl Inbox {
+    /// Waits up to `wait` for a request. Parks instead of blocking in the channel, so that a
+    /// sender wakes this thread with an unpark (only when it is idle) and never through a lock.
+    fn wait(&mut self, wait: Duration) -> Wait {
+        match self.rx.try_recv() {
+            Ok(r) => return Wait::Got(r),
+            Err(TryRecvError::Disconnected) => return Wait::Closed,
+            Err(TryRecvError::Empty) => {}
+        }
+        self.idle.store(true, Ordering::SeqCst);
+        // Again after saying so: a send between the first try and the flag would otherwise
+        // not wake us. An unpark before the park makes the park return at once.
+        let got = match self.rx.try_recv() {
+            Ok(r) => Wait::Got(r),
+            Err(TryRecvError::Disconnected) => Wait::Closed,
+            Err(TryRecvError::Empty) => {
+                std::thread::park_timeout(wait);
+                match self.rx.try_recv() {
+                    Ok(r) => Wait::Got(r),
+                    Err(TryRecvError::Disconnected) => Wait::Closed,
+                    Err(TryRecvError::Empty) => Wait::TimedOut,
+                }
+            }
+        };
+        self.idle.store(false, Ordering::SeqCst);
+        got
+    }
+}
+
 fn run(
     mut spool: DynSpool,
-    rx: flume::Receiver<Request>,
+    mut inbox: Inbox,
     commit_interval: Duration,
     commit_batch: usize,
     metrics: &WriterMetrics,
@@ -276,11 +335,11 @@ fn run(
         }
         // While commits fail, retry on a short tick even when nothing new arrives.
         let wait = if spool.pending() > 0 { commit_interval.max(Duration::from_millis(50)) } else { EXPIRY_TICK };
-        let mut batch = match rx.recv_timeout(wait) {
-            Ok(r) => vec![r],
-            Err(flume::RecvTimeoutError::Timeout) if spool.pending() > 0 => Vec::new(),
-            Err(flume::RecvTimeoutError::Timeout) => continue,
-            Err(flume::RecvTimeoutError::Disconnected) => {
+        let mut batch = match inbox.wait(wait) {
+            Wait::Got(r) => vec![r],
+            Wait::TimedOut if spool.pending() > 0 => Vec::new(),
+            Wait::TimedOut => continue,
+            Wait::Closed => {
                 let _ = spool.flush();
                 return;
             }
@@ -293,7 +352,7 @@ fn run(
         let mut urgent = batch.iter().any(is_urgent);
         loop {
             while batch.len() < commit_batch {
-                let Ok(r) = rx.try_recv() else { break };
+                let Ok(r) = inbox.rx.try_recv() else { break };
                 urgent |= is_urgent(&r);
                 batch.push(r);
             }
