@@ -7,7 +7,9 @@
 #  - local QoS1 p99 on an edge-direct topic at 1,000 msg/s while 5,000 msg/s go to a `central`
 #    class, against the same run with that class routed edge-direct (no spool).
 # Usage: scripts/bench-spool-e2e.sh [REPEATS=3] [SECONDS=6]. Prints Markdown tables of medians.
-# ONLY=local runs only the local p99 comparison.
+# ONLY=local runs only the local p99 comparison. PAIRED=1 adds, to each repeat of it, a spooled
+# run with the spool writer held at nice 10 (`chrt -o`) instead of SCHED_IDLE, for a
+# comparison in the same minutes.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 repeats=${1:-3}
@@ -82,12 +84,20 @@ metrics() { curl -s "http://$http/metrics"; }
       stop_edge
     fi
 
-    for route in edge-direct central; do
+    variants="edge-direct central"
+    [ -n "${PAIRED:-}" ] && variants="$variants central-nice10"
+    for variant in $variants; do
+      route=${variant%-nice10}
       start_edge "$route"
+      if [ "$variant" = central-nice10 ]; then
+        for t in /proc/"$edge_pid"/task/*; do
+          [ "$(cat "$t/comm")" = spool-writer ] && chrt -o -p 0 "$(basename "$t")"
+        done
+      fi
       "$bin/spool-load" --port "$port" --topic telemetry/bench --rate 5000 --clients 2 --seconds $((seconds + 2)) --label bg > /dev/null &
       load_pid=$!
       sleep 1
-      "$bin/mqtt-bench" --port "$port" --rate 1000 --seconds "$seconds" --warmup 0.5 --label "local-$route"
+      "$bin/mqtt-bench" --port "$port" --rate 1000 --seconds "$seconds" --warmup 0.5 --label "local-$variant"
       wait "$load_pid"
       stop_edge
     done

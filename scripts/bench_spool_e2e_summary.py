@@ -64,18 +64,22 @@ def report():
         print(f"| normal | {med(x['p50_ms'] for x in w):.2f} | {med(x['p99_ms'] for x in w):.2f} |")
         print()
     base = [x for x in runs if x.get("label") == "local-edge-direct"]
-    spooled = [x for x in runs if x.get("label") == "local-central"]
     b99 = med(x["p99_us"] for x in base) / 1000
-    s99 = med(x["p99_us"] for x in spooled) / 1000
-    ratios = [s["p99_us"] / b["p99_us"] for b, s in zip(base, spooled) if b["p99_us"]]
+    variants = [("telemetry central (spooled)", "local-central"),
+                ("telemetry central, writer held at nice 10", "local-central-nice10")]
+    variants = [(name, [x for x in runs if x.get("label") == label]) for name, label in variants]
+    variants = [(name, r) for name, r in variants if r]
     print("| local QoS1 1,000 msg/s + 5,000 msg/s telemetry | p50 ms | p99 ms | lost |")
     print("|---|---|---|---|")
-    for name, r in (("telemetry edge-direct (no spool)", base), ("telemetry central (spooled)", spooled)):
+    for name, r in [("telemetry edge-direct (no spool)", base)] + variants:
         print(f"| {name} | {med(x['p50_us'] for x in r) / 1000:.2f} | {med(x['p99_us'] for x in r) / 1000:.2f} "
               f"| {sum(x['lost'] for x in r)} |")
-    print(f"\np99 ratio spooled / not spooled: {s99 / b99:.2f} (median of medians); per repeat: "
-          + ", ".join(f"{x:.2f}" for x in ratios))
-
+    print()
+    for name, spooled in variants:
+        s99 = med(x["p99_us"] for x in spooled) / 1000
+        ratios = [s["p99_us"] / b["p99_us"] for b, s in zip(base, spooled) if b["p99_us"]]
+        print(f"p99 ratio {name} / not spooled: {s99 / b99:.2f} (median of medians); per repeat: "
+              + ", ".join(f"{x:.2f}" for x in ratios))
 
 p = argparse.ArgumentParser()
 p.add_argument("--load")

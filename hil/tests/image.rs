@@ -145,7 +145,14 @@ fn check_deb(deb: &Path) {
     use std::io::Write;
     tar.stdin.take().unwrap().write_all(&unit.stdout).unwrap();
     let unit = String::from_utf8(tar.wait_with_output().unwrap().stdout).unwrap();
-    for line in ["User=edge-node", "ProtectSystem=strict", "StateDirectory=edge-node", "NoNewPrivileges=yes"] {
+    for line in [
+        "User=edge-node",
+        "ProtectSystem=strict",
+        "StateDirectory=edge-node",
+        "NoNewPrivileges=yes",
+        "LimitNICE=10",
+        "SystemCallFilter=setpriority sched_setscheduler sched_getscheduler",
+    ] {
         assert!(unit.lines().any(|l| l == line), "{line} not in the unit:\n{unit}");
     }
 }

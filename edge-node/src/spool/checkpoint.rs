@@ -34,7 +34,7 @@ impl Checkpointer {
         };
         let flag = stop.clone();
         std::thread::Builder::new().name("spool-checkpoint".into()).spawn(move || {
-            super::background_priority();
+            super::sched::background_priority();
             run(conn, &wal, &flag);
         })?;
         Ok(Self { stop })

@@ -68,6 +68,7 @@ pub mod drain;
 pub mod fault;
 pub mod inspect;
 mod migrate;
+mod sched;
 mod sqlite;
 mod writer;
 
@@ -78,17 +79,6 @@ use bytes::Bytes;
 
 pub use sqlite::SqliteStorage;
 pub use writer::{AppendError, Heads, ReadError, SpoolWriter, WriterMetrics};
-
-/// Lowers the calling thread's CPU priority (nice 10). The spool's threads are background work:
-/// on a busy two-core gateway a commit burst at the same priority as the runtime's workers
-/// shows up in the local path's p99 (measured: 1.6-1.8x the no-spool p99 at 5,000 spooled
-/// msg/s, 1.2-1.3x niced; see docs/BENCHMARKS.md). They still take any idle CPU, and when the
-/// CPU is saturated the bounded channel slows the publishers of spooled topics, never drops.
-fn background_priority() {
-    if let Err(e) = rustix::process::setpriority_process(Some(rustix::thread::gettid()), 10) {
-        tracing::debug!(error = %e, "cannot lower the spool thread's priority");
-    }
-}
 
 /// A priority lane. Lower numbers drain first.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]

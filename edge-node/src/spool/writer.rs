@@ -47,7 +47,7 @@ type Done = oneshot::Sender<Result<Seq, AppendError>>;
 
 enum Request {
     Append { lane: Lane, message: Box<Message>, durability: Durability, done: Option<Done>, queued: Instant },
-    Query(Query),
+    Query { query: Query, queued: Instant },
     Shutdown(oneshot::Sender<()>),
 }
 
@@ -126,7 +126,6 @@ impl SpoolWriter {
         let idle = Arc::new(AtomicBool::new(false));
         let inbox = Inbox { rx, idle: idle.clone() };
         let handle = std::thread::Builder::new().name("spool-writer".into()).spawn(move || {
-            super::background_priority();
             run(spool, inbox, commit_interval, commit_batch.max(1), &metrics, &notify);
         })?;
         Ok(Self { tx, thread: handle.thread().clone(), idle, committed })
@@ -166,7 +165,10 @@ impl SpoolWriter {
 
     async fn query<T>(&self, make: impl FnOnce(oneshot::Sender<T>) -> Query) -> Result<T, AppendError> {
         let (tx, rx) = oneshot::channel();
-        self.tx.send(Request::Query(make(tx))).await.map_err(|_| AppendError::Stopped)?;
+        self.tx
+            .send(Request::Query { query: make(tx), queued: Instant::now() })
+            .await
+            .map_err(|_| AppendError::Stopped)?;
         self.thread.unpark();
         rx.await.map_err(|_| AppendError::Stopped)
     }
@@ -318,6 +320,7 @@ fn run(
     notify: &tokio::sync::Notify,
 ) {
     const EXPIRY_TICK: Duration = Duration::from_secs(1);
+    let mut policy = super::sched::WriterPolicy::start();
     let mut last_expiry = Instant::now();
     let mut failures = FailureLog::default();
     // Appends of `normal` messages not yet committed, for the window histogram.
@@ -363,6 +366,16 @@ fn run(
             std::thread::park_timeout(deadline - now);
         }
 
+        let waited = batch
+            .iter()
+            .filter_map(|r| match r {
+                Request::Append { queued, .. } | Request::Query { queued, .. } => Some(queued.elapsed()),
+                Request::Shutdown(_) => None,
+            })
+            .max()
+            .unwrap_or_default();
+        policy.observe(waited, commit_interval, Instant::now());
+
         let mut waiters: Vec<(Done, Result<Seq, AppendError>)> = Vec::new();
         let mut queries: Vec<Query> = Vec::new();
         let mut shutdown = None;
@@ -387,7 +400,7 @@ fn run(
                     crate::metrics::handle(&metrics.appended, &crate::metrics::class_label(&message.class)).inc();
                     spool.append(lane, *message, durability);
                 }
-                Request::Query(q) => queries.push(q),
+                Request::Query { query, .. } => queries.push(query),
                 Request::Shutdown(done) => shutdown = Some(done),
             }
         }
