@@ -6,13 +6,13 @@
 //!
 //! The writer goes further where the process may undo it: it runs under `SCHED_IDLE` while it
 //! keeps up. A CPU that runs only `SCHED_IDLE` work counts as idle when the kernel places a
-//! waking thread, and such work is preempted at once, so the local path's threads never queue
-//! behind a commit (measured 1.06x with the writer under `SCHED_IDLE`, against 1.2-1.4x at
-//! nice 10 in the same hour). The price of `SCHED_IDLE` is that it runs only on spare CPU: on
-//! a gateway whose CPU is saturated (inference on every core, say) the writer would starve and
-//! the bounded channel would stall the publishers of spooled topics. So once a request had to
-//! wait noticeably longer than the commit interval, the writer goes back to nice 10 for
-//! [`HOLD`], and tries `SCHED_IDLE` again after that.
+//! waking thread, and such work is preempted at once, so the local path's threads do not queue
+//! behind a commit (local p99 under a spooled load 1.18-1.24x the unspooled run, against
+//! 1.33-1.47x with the writer held at nice 10 in the same runs). The price: `SCHED_IDLE` runs
+//! only on spare CPU. On a gateway whose CPU is saturated (inference on every core, say) the
+//! writer would starve and the bounded channel would stall the publishers of spooled topics.
+//! So once a request had to wait noticeably longer than the commit interval, the writer goes
+//! back to nice 10 for [`HOLD`], and tries `SCHED_IDLE` again after that.
 //!
 //! Leaving `SCHED_IDLE` needs `CAP_SYS_NICE` or an `RLIMIT_NICE` that allows nice 10 (the
 //! packaged unit sets `LimitNICE=10`). A process without either would be stuck there, so the
