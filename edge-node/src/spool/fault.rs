@@ -106,4 +106,8 @@ impl<S: Storage> Storage for FaultyStorage<S> {
     fn compact(&mut self) -> Result<(), SpoolError> {
         self.inner.compact()
     }
+    fn close_cleanly(&mut self) -> Result<(), SpoolError> {
+        self.faults.check(&self.path)?;
+        self.inner.close_cleanly()
+    }
 }

@@ -17,7 +17,8 @@
 //!
 //! # On disk (schema version 2)
 //!
-//! - `meta(key, value)`: `schema_version`, `epoch` (16 random bytes, hex), `created_ms`.
+//! - `meta(key, value)`: `schema_version`, `epoch` (16 random bytes, hex), `created_ms`,
+//!   `closed_cleanly` (`1` only between a graceful stop and the next open).
 //! - `lanes(lane, next_seq, acked)`: per lane, the next seq to hand out and the highest acked.
 //! - `records(id, kind, durability, class, topic, payload, qos, enqueued_ms, expires_ms,
 //!   user_properties, correlation_data, content_type)`, keyed by `id = lane << 56 | seq` as the
@@ -54,9 +55,13 @@
 //!
 //! # Recovery
 //!
-//! Opening runs `PRAGMA quick_check`. A database that fails it, or that SQLite cannot open as a
-//! database at all, is renamed to `<name>.corrupt-<unix-ms>` (with its WAL and shared-memory
-//! files) and reported; a fresh database with a new epoch takes its place. Nothing is ever
+//! Opening runs `PRAGMA quick_check` unless the last run closed the spool cleanly (a graceful
+//! stop commits everything, then notes `closed_cleanly` in `meta` as its last write; every open
+//! clears the note first). The check reads every page, seconds on a spool of a gigabyte, so a
+//! clean restart or upgrade skips it and a crash or power cut does not. A database that fails
+//! it, or that SQLite cannot open as a database at all, is renamed to
+//! `<name>.corrupt-<unix-ms>` (with its WAL and shared-memory files) and reported; a fresh
+//! database with a new epoch takes its place. Nothing is ever
 //! deleted to recover. A schema version newer than this build is refused rather than guessed at,
 //! and so is a migration that fails (a full disk, say): both leave the file where it is.
 //!
@@ -256,6 +261,8 @@ pub struct Opened {
     pub usage: Vec<ClassUsage>,
     /// Set when a corrupt database was moved aside to this path.
     pub moved_aside: Option<PathBuf>,
+    /// Whether the integrity check ran: it does unless the last run closed the spool cleanly.
+    pub checked: bool,
 }
 
 /// Where records live. SQLite in production; tests add fault-injecting wrappers.
@@ -289,6 +296,9 @@ pub trait Storage {
     fn oldest_enqueued_ms(&mut self, lane: Lane) -> Result<Option<u64>, SpoolError>;
     /// Checkpoints the WAL and returns free pages to the file system.
     fn compact(&mut self) -> Result<(), SpoolError>;
+    /// Notes, as the last write, that everything is committed and the node stops: the next
+    /// open may skip the integrity check, which takes seconds on a large spool.
+    fn close_cleanly(&mut self) -> Result<(), SpoolError>;
 }
 
 /// A boxed storage is a storage, so the node can run over a fault-injecting wrapper in tests.
@@ -328,6 +338,9 @@ impl Storage for Box<dyn Storage + Send> {
     }
     fn compact(&mut self) -> Result<(), SpoolError> {
         (**self).compact()
+    }
+    fn close_cleanly(&mut self) -> Result<(), SpoolError> {
+        (**self).close_cleanly()
     }
 }
 
@@ -491,6 +504,15 @@ impl<S: Storage> Spool<S> {
     /// Commits everything appended so far in one transaction. On failure `normal` records stay
     /// pending for the next try; `full` ones leave the batch (their clients get no PUBACK and
     /// resend) and are accounted for by a `refused` gap record at the next successful commit.
+    /// Commits what is pending and, if nothing is left, marks the spool closed cleanly.
+    pub fn close(&mut self) -> Result<(), SpoolError> {
+        self.flush()?;
+        if self.pending.is_empty() && self.uncommitted_drops.is_empty() {
+            self.storage.close_cleanly()?;
+        }
+        Ok(())
+    }
+
     pub fn flush(&mut self) -> Result<(), SpoolError> {
         if self.pending.is_empty() && self.uncommitted_drops.is_empty() {
             return Ok(());

@@ -568,3 +568,25 @@ fn a_large_ack_goes_in_steps_and_keeps_usage_exact() {
     assert_eq!(kept.iter().find(|u| u.0 == "audit").map(|u| u.1), Some(audit));
     assert_eq!(kept.iter().find(|u| u.0 == "telemetry").map(|u| u.1), Some(3_000 - audit + 1));
 }
+
+#[test]
+fn the_integrity_check_runs_after_a_crash_and_not_after_a_clean_close() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("spool.db");
+    let checked = |path: &Path| SqliteStorage::open(path).unwrap().opened().checked;
+    let mut spool = open(&path);
+    spool.append(Lane(0), message(b"one"), Durability::Normal);
+    spool.flush().unwrap();
+    drop(spool);
+    assert!(checked(&path), "a spool dropped without closing is checked");
+    let mut spool = open(&path);
+    spool.append(Lane(0), message(b"two"), Durability::Normal);
+    spool.close().unwrap();
+    drop(spool);
+    let mut storage = SqliteStorage::open(&path).unwrap();
+    assert!(!storage.opened().checked, "a cleanly closed spool opens without the check");
+    assert_eq!(storage.read(Lane(0), Seq(0), 10).unwrap().len(), 2);
+    drop(storage);
+    // That open did not close cleanly in turn, so the next one checks again.
+    assert!(checked(&path));
+}

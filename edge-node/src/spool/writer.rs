@@ -343,7 +343,9 @@ fn run(
             Wait::TimedOut if spool.pending() > 0 => Vec::new(),
             Wait::TimedOut => continue,
             Wait::Closed => {
-                let _ = spool.flush();
+                if let Err(e) = spool.close() {
+                    tracing::error!(kind = e.kind(), error = %e, "spool: final commit failed");
+                }
                 return;
             }
         };
@@ -439,6 +441,9 @@ fn run(
             answer(&mut spool, q, metrics);
         }
         if let Some(done) = shutdown {
+            if let Err(e) = spool.close() {
+                tracing::error!(kind = e.kind(), error = %e, "spool: final commit failed");
+            }
             let _ = done.send(());
             return;
         }
