@@ -164,9 +164,11 @@ impl Node {
             None
         } else {
             let sqlite = spool::SqliteStorage::open(&config.spool.path)?;
-            if spool::Storage::opened(&sqlite).moved_aside.is_some() {
+            let opened = spool::Storage::opened(&sqlite);
+            if opened.moved_aside.is_some() {
                 metrics.spool.moved_aside.inc();
             }
+            let integrity_checked = opened.checked;
             let storage: Box<dyn spool::Storage + Send> = match options.spool_faults {
                 Some(faults) => Box::new(spool::fault::FaultyStorage {
                     inner: sqlite,
@@ -177,7 +179,7 @@ impl Node {
             };
             let quotas = config.classes.iter().filter_map(|c| Some((c.name.clone(), c.quota?.bytes())));
             let spool = spool::Spool::new(storage).with_budget(config.spool.budget.bytes()).with_quotas(quotas);
-            tracing::info!(path = %config.spool.path.display(), epoch = spool.epoch(), "spool open");
+            tracing::info!(path = %config.spool.path.display(), epoch = spool.epoch(), integrity_checked, "spool open");
             let writer = spool::SpoolWriter::start(
                 spool,
                 config.spool.commit_interval.0,

@@ -11,6 +11,8 @@
 
 use rusqlite::{Connection, OptionalExtension, params};
 
+use super::sqlite::{MAX_LANE, RECORDS, SEQ_BITS};
+
 /// Records per migration transaction: about 4 MiB of 1 KiB messages.
 const CHUNK: i64 = 4096;
 
@@ -41,15 +43,19 @@ CREATE TABLE records (
 const COLUMNS: &str = "kind, durability, class, topic, payload, qos, enqueued_ms, expires_ms, user_properties, \
                        correlation_data, content_type";
 
-/// Moves every record of a version 1 database into the version 2 table and sets the version.
-/// `records_v2` is created with `create_v2`, the current `records` definition under that name.
-pub(super) fn v1_to_v2(conn: &Connection, create_v2: &str) -> rusqlite::Result<()> {
+/// Moves every record of a version 1 database into the version 2 table, `records_v2` until
+/// the move is done, and sets the version.
+pub(super) fn v1_to_v2(conn: &Connection) -> rusqlite::Result<()> {
     let exists: i64 =
         conn.query_row("SELECT count(*) FROM sqlite_master WHERE type = 'table' AND name = 'records_v2'", [], |r| {
             r.get(0)
         })?;
     let unkeyable: i64 = conn.query_row(
-        "SELECT count(*) FROM records WHERE lane NOT BETWEEN 0 AND 126 OR seq NOT BETWEEN 0 AND 72057594037927935",
+        &format!(
+            "SELECT count(*) FROM records WHERE lane NOT BETWEEN 0 AND {MAX_LANE} \
+             OR seq NOT BETWEEN 0 AND {}",
+            (1u64 << SEQ_BITS) - 1
+        ),
         [],
         |r| r.get(0),
     )?;
@@ -60,7 +66,7 @@ pub(super) fn v1_to_v2(conn: &Connection, create_v2: &str) -> rusqlite::Result<(
         ));
     }
     if exists == 0 {
-        conn.execute_batch(&create_v2.replacen("CREATE TABLE records", "CREATE TABLE records_v2", 1))?;
+        create_v2(conn)?;
     }
     let left: i64 = conn.query_row("SELECT count(*) FROM records", [], |r| r.get(0))?;
     if left > 0 {
@@ -79,6 +85,11 @@ pub(super) fn v1_to_v2(conn: &Connection, create_v2: &str) -> rusqlite::Result<(
     Ok(())
 }
 
+/// The current `records` table under the name `records_v2`.
+fn create_v2(conn: &Connection) -> rusqlite::Result<()> {
+    conn.execute_batch(&RECORDS.replacen("CREATE TABLE records", "CREATE TABLE records_v2", 1))
+}
+
 /// Moves the next chunk (by the old table's rowid) in one transaction; returns how many.
 pub(super) fn move_chunk(conn: &Connection) -> rusqlite::Result<usize> {
     let tx = conn.unchecked_transaction()?;
@@ -88,7 +99,7 @@ pub(super) fn move_chunk(conn: &Connection) -> rusqlite::Result<usize> {
         .unwrap_or(i64::MAX);
     let moved = tx.execute(
         &format!(
-            "INSERT INTO records_v2 (id, {COLUMNS}) SELECT (lane << 56) | seq, {COLUMNS} FROM records \
+            "INSERT INTO records_v2 (id, {COLUMNS}) SELECT (lane << {SEQ_BITS}) | seq, {COLUMNS} FROM records \
              WHERE rowid <= ?1"
         ),
         params![end],
@@ -196,14 +207,20 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("spool.db");
         let before = version_1_spool(&path);
-        let conn = Connection::open(&path).unwrap();
-        let pages: i64 = conn.query_row("PRAGMA page_count", [], |r| r.get(0)).unwrap();
         // One chunk of 4,096 1 KiB records is about 1,100 pages of 4 KiB; the spool is 2,500.
-        conn.query_row(&format!("PRAGMA max_page_count = {}", pages + 1_500), [], |_| Ok(())).unwrap();
-        v1_to_v2(&conn, sqlite::RECORDS).unwrap();
+        let conn = with_room(&path, 1_500);
+        v1_to_v2(&conn).unwrap();
         drop(conn);
         assert_eq!(schema_version(&path), "2");
         assert!(read_all(&path).0 == before);
+    }
+
+    /// A connection that may grow the file by `pages` pages and no more.
+    fn with_room(path: &Path, pages: i64) -> Connection {
+        let conn = Connection::open(path).unwrap();
+        let now: i64 = conn.query_row("PRAGMA page_count", [], |r| r.get(0)).unwrap();
+        conn.query_row(&format!("PRAGMA max_page_count = {}", now + pages), [], |_| Ok(())).unwrap();
+        conn
     }
 
     fn count(conn: &Connection, table: &str) -> usize {
@@ -215,11 +232,9 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("spool.db");
         let before = version_1_spool(&path);
-        let conn = Connection::open(&path).unwrap();
         // Not one page more: the migration cannot even create its table.
-        let pages: i64 = conn.query_row("PRAGMA page_count", [], |r| r.get(0)).unwrap();
-        conn.query_row(&format!("PRAGMA max_page_count = {pages}"), [], |_| Ok(())).unwrap();
-        let err = v1_to_v2(&conn, sqlite::RECORDS).unwrap_err();
+        let conn = with_room(&path, 0);
+        let err = v1_to_v2(&conn).unwrap_err();
         assert_eq!(err.sqlite_error_code(), Some(rusqlite::ErrorCode::DiskFull), "{err}");
         assert_eq!(count(&conn, "records"), before.len());
         drop(conn);
@@ -251,7 +266,7 @@ mod tests {
     }
 
     fn move_chunk_after_create(conn: &Connection) {
-        conn.execute_batch(&sqlite::RECORDS.replacen("CREATE TABLE records", "CREATE TABLE records_v2", 1)).unwrap();
+        create_v2(conn).unwrap();
         assert_eq!(move_chunk(conn).unwrap(), CHUNK as usize);
     }
 

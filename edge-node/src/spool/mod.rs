@@ -501,9 +501,6 @@ impl<S: Storage> Spool<S> {
         self.pending.len()
     }
 
-    /// Commits everything appended so far in one transaction. On failure `normal` records stay
-    /// pending for the next try; `full` ones leave the batch (their clients get no PUBACK and
-    /// resend) and are accounted for by a `refused` gap record at the next successful commit.
     /// Commits what is pending and, if nothing is left, marks the spool closed cleanly.
     pub fn close(&mut self) -> Result<(), SpoolError> {
         self.flush()?;
@@ -513,6 +510,9 @@ impl<S: Storage> Spool<S> {
         Ok(())
     }
 
+    /// Commits everything appended so far in one transaction. On failure `normal` records stay
+    /// pending for the next try; `full` ones leave the batch (their clients get no PUBACK and
+    /// resend) and are accounted for by a `refused` gap record at the next successful commit.
     pub fn flush(&mut self) -> Result<(), SpoolError> {
         if self.pending.is_empty() && self.uncommitted_drops.is_empty() {
             return Ok(());

@@ -41,8 +41,8 @@ CREATE TABLE records (
 ";
 
 /// Seqs are below 2^56, lanes below 127 (so the next lane's first key still fits an i64).
-const SEQ_BITS: u32 = 56;
-const MAX_LANE: u8 = 126;
+pub(super) const SEQ_BITS: u32 = 56;
+pub(super) const MAX_LANE: u8 = 126;
 
 /// The record key of `seq` in `lane`.
 fn key(lane: Lane, seq: u64) -> Result<i64, SpoolError> {
@@ -167,7 +167,7 @@ impl SqliteStorage {
             return Err(SpoolError::NewerSchema { path: path.to_owned(), found: version, known: SCHEMA_VERSION });
         }
         if version == 1 {
-            super::migrate::v1_to_v2(&conn, RECORDS).map_err(|source| SpoolError::Migration {
+            super::migrate::v1_to_v2(&conn).map_err(|source| SpoolError::Migration {
                 path: path.to_owned(),
                 from: 1,
                 to: SCHEMA_VERSION,

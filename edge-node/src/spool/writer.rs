@@ -343,9 +343,7 @@ fn run(
             Wait::TimedOut if spool.pending() > 0 => Vec::new(),
             Wait::TimedOut => continue,
             Wait::Closed => {
-                if let Err(e) = spool.close() {
-                    tracing::error!(kind = e.kind(), error = %e, "spool: final commit failed");
-                }
+                close(&mut spool);
                 return;
             }
         };
@@ -368,13 +366,13 @@ fn run(
             std::thread::park_timeout(deadline - now);
         }
 
+        // The channel is first in, first out: the first queued request waited longest.
         let waited = batch
             .iter()
-            .filter_map(|r| match r {
+            .find_map(|r| match r {
                 Request::Append { queued, .. } | Request::Query { queued, .. } => Some(queued.elapsed()),
                 Request::Shutdown(_) => None,
             })
-            .max()
             .unwrap_or_default();
         policy.observe(waited, commit_interval, Instant::now());
 
@@ -441,12 +439,17 @@ fn run(
             answer(&mut spool, q, metrics);
         }
         if let Some(done) = shutdown {
-            if let Err(e) = spool.close() {
-                tracing::error!(kind = e.kind(), error = %e, "spool: final commit failed");
-            }
+            close(&mut spool);
             let _ = done.send(());
             return;
         }
+    }
+}
+
+/// The last commit before the thread ends, marking the spool closed cleanly if all went in.
+fn close(spool: &mut DynSpool) {
+    if let Err(e) = spool.close() {
+        tracing::error!(kind = e.kind(), error = %e, "spool: final commit failed");
     }
 }
 
