@@ -3,8 +3,8 @@
 # QUIC into JetStream through a release cloud-bridge, against raw async-nats pipelined
 # publishing of the same messages into the same nats-server, in the same run. Loopback, no
 # impairment. Usage: scripts/bench-drain.sh [COUNT=200000] [REPEATS=3]. Prints a Markdown row.
-# TOPICS (default 16) spreads the backlog over that many topics; ATOMIC=false turns the
-# bridge's JetStream atomic batches off.
+# TOPICS (default 16) spreads the backlog over that many topics; BATCHES (auto, fast, atomic,
+# off) picks the bridge's JetStream batch publishing (the sink's `batches` key).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/drain-configs.sh

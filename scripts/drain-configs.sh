@@ -15,7 +15,7 @@ bind = "$3"
 $(if [ "${SINK:-jetstream}" = sqlite ]; then
   printf '[sink]\nkind = "sqlite"\npath = "%s"\n' "$1.db"
 else
-  printf '[sink]\nkind = "jetstream"\nurl = "%s"\natomic_batches = %s\n' "$4" "${ATOMIC:-true}"
+  printf '[sink]\nkind = "jetstream"\nurl = "%s"\nbatches = "%s"\n' "$4" "${BATCHES:-auto}"
 fi)
 [log]
 level = "${LOGLEVEL:-warn}"

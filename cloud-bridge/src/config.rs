@@ -134,11 +134,13 @@ pub enum SinkConfig {
         /// Default: 1.
         #[serde(default = "default_replicas")]
         replicas: usize,
-        /// Publish each batch as a JetStream atomic batch where the server has them (2.12 or
-        /// newer; the stream is set to allow them): one ack per batch instead of one per
-        /// message, order per topic kept across failures. Default: true.
-        #[serde(default = "default_true")]
-        atomic_batches: bool,
+        /// How batches are published: `auto` (default) takes fast ingest on nats-server 2.14
+        /// or newer, atomic batches on 2.12 and 2.13, message by message before; `fast` and
+        /// `atomic` go no further than the kind named; `off` publishes message by message. The
+        /// stream is set to allow the kind used. Each keeps the order per topic across
+        /// failures.
+        #[serde(default)]
+        batches: crate::sink::jetstream::BatchPublish,
     },
 }
 
@@ -162,9 +164,6 @@ fn default_tco_bucket() -> String {
 }
 fn default_dup_window() -> shared::units::HumanDuration {
     shared::units::HumanDuration(std::time::Duration::from_secs(120))
-}
-fn default_true() -> bool {
-    true
 }
 fn default_replicas() -> usize {
     1

@@ -94,7 +94,7 @@ impl Bridge {
                 tco_bucket,
                 duplicate_window,
                 replicas,
-                atomic_batches,
+                batches,
             } => {
                 let settings = sink::jetstream::JetStreamSettings {
                     url: url.clone(),
@@ -105,7 +105,7 @@ impl Bridge {
                     tco_bucket: tco_bucket.clone(),
                     duplicate_window: duplicate_window.0,
                     replicas: *replicas,
-                    atomic_batches: *atomic_batches,
+                    batches: *batches,
                 };
                 let sink = Arc::new(sink::jetstream::JetStreamSink::connect(&settings).await?);
                 tracing::info!(url, stream, marks_bucket, "sink: jetstream");

@@ -6,6 +6,7 @@
 use std::collections::BTreeSet;
 use std::time::Duration;
 
+use cloud_bridge::sink::jetstream::BatchPublish;
 use e2e_tests::client::Client;
 use e2e_tests::cloud::{TestCloud, pki};
 use e2e_tests::nats::NatsServer;
@@ -215,7 +216,7 @@ fn telemetry(seq: u64) -> shared::proto::WireRecord {
     }
 }
 
-fn settings(url: String, atomic: bool) -> cloud_bridge::sink::jetstream::JetStreamSettings {
+fn settings(url: String, batches: BatchPublish) -> cloud_bridge::sink::jetstream::JetStreamSettings {
     cloud_bridge::sink::jetstream::JetStreamSettings {
         url,
         stream: "EDGE".into(),
@@ -225,36 +226,74 @@ fn settings(url: String, atomic: bool) -> cloud_bridge::sink::jetstream::JetStre
         tco_bucket: "edge-tco".into(),
         duplicate_window: Duration::from_secs(120),
         replicas: 1,
-        atomic_batches: atomic,
+        batches,
     }
 }
 
-/// The resend after a bridge died between publish and mark overlaps records already stored:
-/// JetStream refuses that atomic batch whole, and the sink publishes it message by message so
-/// only the new records land, in order. A batch whose turn fails lands nothing.
+/// The resend after a bridge died between publish and mark overlaps records already stored.
+/// An atomic batch is refused whole then, and the sink publishes it message by message; a fast
+/// batch skips the duplicates. Either way only the new records land, in order. A batch whose
+/// turn fails lands nothing.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn an_atomic_batch_overlapping_stored_records_lands_only_the_new_ones_in_order() {
+async fn a_batch_overlapping_stored_records_lands_only_the_new_ones_in_order() {
     use cloud_bridge::sink::{Sink, first_turn};
-    let nats = NatsServer::start();
-    let sink = cloud_bridge::sink::jetstream::JetStreamSink::connect(&settings(nats.url(), true)).await.unwrap();
-    let batch = |seqs: std::ops::RangeInclusive<u64>| seqs.map(telemetry).collect::<Vec<_>>();
-    sink.publish("edge-1".into(), "ep".into(), 3, batch(1..=10), first_turn()).await.unwrap();
-    // Another bridge instance, as after a restart, gets the overlapping resend.
-    let second = cloud_bridge::sink::jetstream::JetStreamSink::connect(&settings(nats.url(), true)).await.unwrap();
-    second.publish("edge-1".into(), "ep".into(), 3, batch(6..=15), first_turn()).await.unwrap();
-    let failed_before: cloud_bridge::sink::Turn = Box::pin(async { false });
-    let refused = second.publish("edge-1".into(), "ep".into(), 3, batch(16..=20), failed_before).await;
-    assert!(refused.unwrap_err().to_string().contains("the batch before this one failed"));
-    second.publish("edge-1".into(), "ep".into(), 3, batch(16..=20), first_turn()).await.unwrap();
-    let payloads: Vec<String> =
-        stream_messages(&nats.url()).await.iter().map(|m| String::from_utf8_lossy(&m.payload).into_owned()).collect();
-    let expected: Vec<String> = (1..=20).map(|s| format!("m{s}")).collect();
-    assert_eq!(payloads, expected);
+    for batches in [BatchPublish::Atomic, BatchPublish::Fast] {
+        let nats = NatsServer::start();
+        let settings = settings(nats.url(), batches);
+        let connect = || cloud_bridge::sink::jetstream::JetStreamSink::connect(&settings);
+        let sink = connect().await.unwrap();
+        let batch = |seqs: std::ops::RangeInclusive<u64>| seqs.map(telemetry).collect::<Vec<_>>();
+        sink.publish("edge-1".into(), "ep".into(), 3, batch(1..=10), first_turn()).await.unwrap();
+        // Another bridge instance, as after a restart, gets the overlapping resend.
+        let second = connect().await.unwrap();
+        second.publish("edge-1".into(), "ep".into(), 3, batch(6..=15), first_turn()).await.unwrap();
+        // All of a batch stored before: nothing new, and no error.
+        second.publish("edge-1".into(), "ep".into(), 3, batch(11..=15), first_turn()).await.unwrap();
+        let failed_before: cloud_bridge::sink::Turn = Box::pin(async { false });
+        let refused = second.publish("edge-1".into(), "ep".into(), 3, batch(16..=20), failed_before).await;
+        assert!(refused.unwrap_err().to_string().contains("the batch before this one failed"), "{batches:?}");
+        second.publish("edge-1".into(), "ep".into(), 3, batch(16..=20), first_turn()).await.unwrap();
+        let payloads: Vec<String> = stream_messages(&nats.url())
+            .await
+            .iter()
+            .map(|m| String::from_utf8_lossy(&m.payload).into_owned())
+            .collect();
+        let expected: Vec<String> = (1..=20).map(|s| format!("m{s}")).collect();
+        assert_eq!(payloads, expected, "{batches:?}");
+    }
 }
 
-/// A stream made before the bridge, without atomic batches allowed, is set to allow them.
+/// The fast-ingest sink relies on this: in `fail` gap mode the server stops storing a batch at
+/// its first missing sequence, so messages a client sends after losing some in a reconnect
+/// never land ahead of the lost ones. Messages 1-4 are sent, 5 is not, 6-8 are.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn an_existing_stream_is_set_to_allow_atomic_batches() {
+async fn the_server_stores_a_fast_batch_only_up_to_its_first_gap() {
+    let nats = NatsServer::start();
+    let _sink =
+        cloud_bridge::sink::jetstream::JetStreamSink::connect(&settings(nats.url(), BatchPublish::Fast)).await.unwrap();
+    let client = async_nats::connect(nats.url()).await.unwrap();
+    let inbox = client.new_inbox();
+    let mut replies = client.subscribe(format!("{inbox}.>")).await.unwrap();
+    for seq in (1..=8u64).filter(|s| *s != 5) {
+        let op = if seq == 8 { 2 } else { u64::from(seq > 1) };
+        let reply = format!("{inbox}.100.fail.{seq}.{op}.$FI");
+        client.publish_with_reply("edge.edge-1.gap-test", reply, format!("m{seq}").into()).await.unwrap();
+    }
+    let mut said = Vec::new();
+    while let Ok(Some(m)) =
+        tokio::time::timeout(Duration::from_secs(2), futures_util::StreamExt::next(&mut replies)).await
+    {
+        said.push(String::from_utf8_lossy(&m.payload).into_owned());
+    }
+    let payloads: Vec<String> =
+        stream_messages(&nats.url()).await.iter().map(|m| String::from_utf8_lossy(&m.payload).into_owned()).collect();
+    assert_eq!(payloads, ["m1", "m2", "m3", "m4"], "server replies: {said:?}");
+    assert!(said.iter().any(|r| r.contains("\"gap\"")), "the server reports the gap: {said:?}");
+}
+
+/// A stream made before the bridge, without batches allowed, is set to allow the kind used.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_existing_stream_is_set_to_allow_batches() {
     let nats = NatsServer::start();
     let js = async_nats::jetstream::new(async_nats::connect(nats.url()).await.unwrap());
     js.create_stream(async_nats::jetstream::stream::Config {
@@ -264,9 +303,16 @@ async fn an_existing_stream_is_set_to_allow_atomic_batches() {
     })
     .await
     .unwrap();
-    let _sink = cloud_bridge::sink::jetstream::JetStreamSink::connect(&settings(nats.url(), true)).await.unwrap();
-    let info = js.get_stream("EDGE").await.unwrap().info().await.unwrap().config.clone();
-    assert!(info.allow_atomic_publish);
+    let info = || async { js.get_stream("EDGE").await.unwrap().info().await.unwrap().config.clone() };
+    let _sink = cloud_bridge::sink::jetstream::JetStreamSink::connect(&settings(nats.url(), BatchPublish::Atomic))
+        .await
+        .unwrap();
+    assert!(info().await.allow_atomic_publish);
+    assert!(!info().await.allow_batch_publish);
+    let _sink =
+        cloud_bridge::sink::jetstream::JetStreamSink::connect(&settings(nats.url(), BatchPublish::Auto)).await.unwrap();
+    let config = info().await;
+    assert!(config.allow_batch_publish && config.allow_atomic_publish, "the atomic setting is kept");
 }
 
 /// TCO classes reports live in a KV bucket: the latest per edge, readable without the stream.
@@ -275,7 +321,8 @@ async fn tco_reports_are_kept_per_edge_in_kv() {
     use cloud_bridge::sink::{Sink, StoredReport};
     let nats = NatsServer::start();
     assert!(cloud_bridge::sink::jetstream::load_reports_from(&nats.url(), "edge-tco").await.unwrap().is_empty());
-    let sink = cloud_bridge::sink::jetstream::JetStreamSink::connect(&settings(nats.url(), true)).await.unwrap();
+    let sink =
+        cloud_bridge::sink::jetstream::JetStreamSink::connect(&settings(nats.url(), BatchPublish::Auto)).await.unwrap();
     let report = |edge: &str, currency: &str| StoredReport {
         edge: edge.into(),
         received_ms: 1,

@@ -1,0 +1,412 @@
+//! How a batch's records become JetStream messages and get published, in one of three ways
+//! (see [`Publishing`]). Each keeps the order per topic when a publish fails part way: what is
+//! stored of a batch is a prefix of it, or, message by message, a prefix per subject.
+
+use std::time::Duration;
+
+use async_nats::HeaderMap;
+use async_nats::jetstream;
+use bytes::Bytes;
+use futures_util::StreamExt;
+use futures_util::stream::FuturesUnordered;
+use serde::{Deserialize, Serialize};
+use shared::proto::WireRecord;
+
+use super::failed;
+use crate::sink::{SinkError, Turn};
+
+/// How batches are published, from the config's wish and what the server offers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum BatchPublish {
+    /// The fastest the server has: fast ingest, else atomic batches, else message by message.
+    #[default]
+    Auto,
+    /// Fast-ingest batches (nats-server 2.14 or newer).
+    Fast,
+    /// Atomic batches (nats-server 2.12 or newer).
+    Atomic,
+    /// Message by message.
+    Off,
+}
+
+/// The way a sink publishes, chosen once at connect.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Publishing {
+    /// ADR-50 fast ingest: messages stream with one flow ack every few hundred and a pub ack at
+    /// the end; the server stores each as it arrives and, in `fail` gap mode, stops storing a
+    /// batch at its first missing sequence. So a connection lost mid-batch (whose queued
+    /// messages the client sends after reconnecting) leaves a prefix, never a hole. It costs
+    /// the server less than an atomic batch, which it stages and then applies.
+    Fast,
+    /// ADR-50 atomic batches: stored all together or not at all.
+    Atomic,
+    /// Per subject one publish in flight.
+    Messages,
+}
+
+impl Publishing {
+    /// The best of what `wish` allows that a server of `version` has.
+    pub(super) fn choose(wish: BatchPublish, version: &str) -> Self {
+        let mut parts = version.split(['.', '-']).map(|p| p.parse::<u64>().unwrap_or(0));
+        let at = (parts.next().unwrap_or(0), parts.next().unwrap_or(0));
+        let (fast, atomic) = (at >= (2, 14), at >= (2, 12));
+        match wish {
+            BatchPublish::Auto | BatchPublish::Fast if fast => Self::Fast,
+            BatchPublish::Auto | BatchPublish::Fast | BatchPublish::Atomic if atomic => Self::Atomic,
+            _ => Self::Messages,
+        }
+    }
+}
+
+/// Messages in one atomic batch, the server's default `max_msgs`.
+pub(super) const MAX_ATOMIC: usize = 1000;
+
+/// JetStream's error code for an atomic batch holding a `Nats-Msg-Id` it already stored.
+const ERR_BATCH_DUPLICATE: u64 = 10201;
+
+#[derive(Debug, Clone)]
+pub(super) struct Outgoing {
+    pub(super) subject: String,
+    pub(super) headers: HeaderMap,
+    pub(super) payload: Bytes,
+}
+
+#[derive(Debug)]
+pub(super) enum Atomic {
+    Stored,
+    /// Refused whole: some of its messages were stored before.
+    Duplicate,
+}
+
+/// The JetStream messages of `records`, one per record: subject, headers, payload. Message
+/// payloads move out of `records` (the rest of each record stays, for [`addressed`]). Records
+/// with neither a message nor a gap must have been dropped before.
+pub(super) fn outgoing(
+    prefix: &str,
+    edge: &str,
+    epoch: &str,
+    lane: u8,
+    records: &mut [WireRecord],
+) -> Result<Vec<Outgoing>, SinkError> {
+    let mut messages = Vec::with_capacity(records.len());
+    for r in records {
+        let payload = match (&mut r.message, &r.gap) {
+            (Some(m), _) => Bytes::from(std::mem::take(&mut m.payload)),
+            (None, Some(g)) => Bytes::from(serde_json::to_vec(g).map_err(|e| failed("gap record", e))?),
+            (None, None) => return Err(failed("publish", format!("record {} is empty", r.seq))),
+        };
+        let (subject, headers) = addressed(prefix, edge, epoch, lane, r);
+        messages.push(Outgoing { subject, headers, payload });
+    }
+    Ok(messages)
+}
+
+/// A record's subject and headers.
+pub(super) fn addressed(prefix: &str, edge: &str, epoch: &str, lane: u8, r: &WireRecord) -> (String, HeaderMap) {
+    let mut headers = HeaderMap::new();
+    headers.insert("Nats-Msg-Id", format!("{edge}:{epoch}:{lane}:{}", r.seq).as_str());
+    headers.insert("Edge-Id", edge);
+    headers.insert("Edge-Seq", format!("{epoch}:{lane}:{}", r.seq).as_str());
+    let subject = match &r.message {
+        Some(m) => {
+            for (name, value) in crate::names::headers(m) {
+                headers.append(header_safe(&name, true).as_str(), header_safe(&value, false).as_str());
+            }
+            crate::names::subject(prefix, edge, &m.topic)
+        }
+        None => format!("{prefix}.{}.%gap", crate::names::token(edge)),
+    };
+    (subject, headers)
+}
+
+/// A fresh batch id: at most 64 characters, unique among the batches in flight on the server.
+fn batch_id() -> String {
+    use rand::Rng;
+    format!("{:032x}", rand::thread_rng().r#gen::<u128>())
+}
+
+pub(super) fn turn_failed() -> SinkError {
+    failed("publish", "the batch before this one failed")
+}
+
+/// Publishes `messages` as one atomic batch: every message but the last goes at once without a
+/// reply, staged by the server; the last, sent once `turn` came, commits and waits for the
+/// batch's ack. So a batch is on its way while the one before it is still committing, and
+/// still lands after it or not at all: if the one before failed, this one is never committed
+/// and the server drops it.
+///
+/// Subjects and headers move out of `messages` into the publishes (copying a header map per
+/// message was a tenth of the bridge's time); payloads are shared.
+pub(super) async fn publish_atomic(
+    client: &async_nats::Client,
+    messages: &mut [Outgoing],
+    turn: Option<Turn>,
+) -> Result<Atomic, SinkError> {
+    let id = batch_id();
+    let n = messages.len();
+    let Some((last, staged)) = messages.split_last_mut() else { return Ok(Atomic::Stored) };
+    let with_batch = |m: &mut Outgoing, seq: usize| {
+        let mut headers = std::mem::take(&mut m.headers);
+        headers.insert("Nats-Batch-Id", id.as_str());
+        headers.insert("Nats-Batch-Sequence", seq.to_string().as_str());
+        (std::mem::take(&mut m.subject), headers)
+    };
+    for (i, m) in staged.iter_mut().enumerate() {
+        let (subject, headers) = with_batch(m, i + 1);
+        client.publish_with_headers(subject, headers, m.payload.clone()).await.map_err(|e| failed("publish", e))?;
+    }
+    if let Some(turn) = turn
+        && !turn.await
+    {
+        return Err(turn_failed());
+    }
+    let (subject, mut headers) = with_batch(last, n);
+    headers.insert("Nats-Batch-Commit", "1");
+    let reply = client
+        .request_with_headers(subject, headers, last.payload.clone())
+        .await
+        .map_err(|e| failed("publish batch", e))?;
+    batch_ack(&reply.payload, n)
+}
+
+/// Reads a batch commit's reply: `{"stream":..,"seq":..,"batch":..,"count":N}` or an error.
+fn batch_ack(reply: &[u8], sent: usize) -> Result<Atomic, SinkError> {
+    let v: serde_json::Value = serde_json::from_slice(reply)
+        .map_err(|e| failed("publish batch", format!("unreadable ack {:?}: {e}", String::from_utf8_lossy(reply))))?;
+    if let Some(err) = v.get("error") {
+        if err.get("err_code").and_then(serde_json::Value::as_u64) == Some(ERR_BATCH_DUPLICATE) {
+            return Ok(Atomic::Duplicate);
+        }
+        return Err(failed("publish batch", err));
+    }
+    match v.get("count").and_then(serde_json::Value::as_u64) {
+        Some(count) if count == sent as u64 => Ok(Atomic::Stored),
+        _ => Err(failed("publish batch", format!("ack {v} does not count the {sent} messages sent"))),
+    }
+}
+
+/// Per subject, one publish in flight at a time, the next sent after the last one's ack: a
+/// failure then leaves a subject's stored records a prefix of what was sent, and the edge's
+/// resend continues it in order. Subjects run side by side.
+pub(super) async fn publish_chains(js: &jetstream::Context, messages: Vec<Outgoing>) -> Result<(), SinkError> {
+    let mut chains: Vec<(String, Vec<(HeaderMap, Bytes)>)> = Vec::new();
+    let mut chain_of: std::collections::HashMap<String, usize> = std::collections::HashMap::new();
+    for m in messages {
+        let i = *chain_of.entry(m.subject.clone()).or_insert_with(|| {
+            chains.push((m.subject, Vec::new()));
+            chains.len() - 1
+        });
+        chains[i].1.push((m.headers, m.payload));
+    }
+    let mut running: FuturesUnordered<_> = chains
+        .into_iter()
+        .map(|(subject, messages)| {
+            let js = js.clone();
+            async move {
+                for (headers, payload) in messages {
+                    let ack = js
+                        .publish_with_headers(subject.clone(), headers, payload)
+                        .await
+                        .map_err(|e| failed("publish", e))?;
+                    ack.await.map_err(|e| failed("publish ack", e))?;
+                }
+                Ok::<(), SinkError>(())
+            }
+        })
+        .collect();
+    while let Some(result) = running.next().await {
+        result?;
+    }
+    Ok(())
+}
+
+/// Header names hold printable ASCII without `:`; values no CR or LF. Anything else is
+/// percent-encoded, reversibly.
+fn header_safe(s: &str, name: bool) -> String {
+    let mut out = String::with_capacity(s.len());
+    for c in s.chars() {
+        let bad = c == '%' || c == '\r' || c == '\n' || (name && (c == ':' || !c.is_ascii_graphic()));
+        if bad {
+            let mut buf = [0u8; 4];
+            for b in c.encode_utf8(&mut buf).bytes() {
+                out.push_str(&format!("%{b:02X}"));
+            }
+        } else {
+            out.push(c);
+        }
+    }
+    out
+}
+
+/// Flow acks the server may owe before the publisher waits for one (ADR-50 advises 2).
+const FAST_OUTSTANDING: u64 = 2;
+
+/// The flow asked for: a flow ack every this many messages at most (the server may choose
+/// fewer). Two of them cover a whole edge batch, so a batch streams without waiting.
+const FAST_FLOW: u64 = 500;
+
+/// How long a fast batch waits for the server's next reply before it counts as failed.
+const FAST_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// What the server says on a fast batch's reply subjects.
+#[derive(Debug, PartialEq)]
+pub(super) enum FastReply {
+    /// Messages up to `seq` are stored; flow acks come every `msgs` messages from now.
+    Flow { seq: u64, msgs: u64 },
+    /// The batch ended: `count` messages taken.
+    Done { count: u64 },
+    /// A gap, a refused message or a refused batch: the batch stopped there.
+    Failed(String),
+}
+
+pub(super) fn fast_reply(payload: &[u8]) -> FastReply {
+    #[derive(Deserialize)]
+    struct Reply {
+        #[serde(rename = "type")]
+        kind: Option<String>,
+        seq: Option<u64>,
+        msgs: Option<u64>,
+        last_seq: Option<u64>,
+        count: Option<u64>,
+        error: Option<serde_json::Value>,
+    }
+    let text = || String::from_utf8_lossy(payload).into_owned();
+    let Ok(r) = serde_json::from_slice::<Reply>(payload) else {
+        return FastReply::Failed(format!("unreadable reply {:?}", text()));
+    };
+    match (r.kind.as_deref(), r.error) {
+        (_, Some(error)) => FastReply::Failed(error.to_string()),
+        (Some("ack"), None) => match (r.seq, r.msgs) {
+            (Some(seq), Some(msgs)) if msgs > 0 => FastReply::Flow { seq, msgs },
+            _ => FastReply::Failed(format!("flow ack without a sequence or flow: {}", text())),
+        },
+        (Some("gap"), None) => FastReply::Failed(format!(
+            "the server missed messages {} to {}",
+            r.last_seq.map_or(0, |s| s + 1),
+            r.seq.map_or(0, |s| s.saturating_sub(1))
+        )),
+        (Some(_), None) => FastReply::Failed(text()),
+        (None, None) => match r.count {
+            Some(count) => FastReply::Done { count },
+            None => FastReply::Failed(format!("pub ack without a count: {}", text())),
+        },
+    }
+}
+
+/// Publishes `messages` as one fast-ingest batch, once `turn` came (the server stores each
+/// message as it arrives, so nothing may go before the batch ahead is in), and returns after
+/// the server acked the whole batch. Subjects and headers move out of `messages`.
+pub(super) async fn publish_fast(
+    client: &async_nats::Client,
+    messages: &mut [Outgoing],
+    turn: Turn,
+) -> Result<(), SinkError> {
+    let n = messages.len() as u64;
+    if n == 0 {
+        return Ok(());
+    }
+    // The inbox's second token is the batch id; the subscription ends when `replies` drops.
+    let inbox = client.new_inbox();
+    let mut replies = client.subscribe(format!("{inbox}.>")).await.map_err(|e| failed("fast batch", e))?;
+    if !turn.await {
+        return Err(turn_failed());
+    }
+    let (mut stored, mut flow) = (0u64, FAST_FLOW);
+    for (i, m) in messages.iter_mut().enumerate() {
+        let seq = i as u64 + 1;
+        while stored + flow * FAST_OUTSTANDING <= seq {
+            match next_reply(&mut replies).await? {
+                FastReply::Flow { seq, msgs } => (stored, flow) = (stored.max(seq), msgs),
+                FastReply::Done { count } => {
+                    return Err(failed("fast batch", format!("ended after {count} of {n} messages")));
+                }
+                FastReply::Failed(why) => return Err(failed("fast batch", why)),
+            }
+        }
+        // Operations: 0 starts the batch, 1 appends, 2 appends and commits.
+        let op = if seq == n { 2 } else { u64::from(seq > 1) };
+        let reply = format!("{inbox}.{flow}.fail.{seq}.{op}.$FI");
+        client
+            .publish_with_reply_and_headers(
+                std::mem::take(&mut m.subject),
+                reply,
+                std::mem::take(&mut m.headers),
+                m.payload.clone(),
+            )
+            .await
+            .map_err(|e| failed("fast batch", e))?;
+    }
+    loop {
+        match next_reply(&mut replies).await? {
+            FastReply::Flow { .. } => {}
+            // Duplicates count as taken: the server keeps the first copy.
+            FastReply::Done { count } if count == n => return Ok(()),
+            FastReply::Done { count } => {
+                return Err(failed("fast batch", format!("ack counts {count} of the {n} messages sent")));
+            }
+            FastReply::Failed(why) => return Err(failed("fast batch", why)),
+        }
+    }
+}
+
+async fn next_reply(replies: &mut async_nats::Subscriber) -> Result<FastReply, SinkError> {
+    match tokio::time::timeout(FAST_TIMEOUT, replies.next()).await {
+        Ok(Some(message)) => Ok(fast_reply(&message.payload)),
+        Ok(None) => Err(failed("fast batch", "the reply subscription ended")),
+        Err(_) => Err(failed("fast batch", format!("no reply from the server in {FAST_TIMEOUT:?}"))),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn headers_are_made_safe() {
+        assert_eq!(header_safe("trace id:x", true), "trace%20id%3Ax");
+        assert_eq!(header_safe("line\r\nbreak 100%", false), "line%0D%0Abreak 100%25");
+    }
+
+    #[test]
+    fn the_publishing_follows_the_server_version() {
+        use BatchPublish::*;
+        assert_eq!(Publishing::choose(Auto, "2.15.1"), Publishing::Fast);
+        assert_eq!(Publishing::choose(Auto, "2.14.0"), Publishing::Fast);
+        assert_eq!(Publishing::choose(Auto, "3.0.0-beta"), Publishing::Fast);
+        assert_eq!(Publishing::choose(Auto, "2.12.3"), Publishing::Atomic);
+        assert_eq!(Publishing::choose(Fast, "2.13.0"), Publishing::Atomic);
+        assert_eq!(Publishing::choose(Atomic, "2.15.1"), Publishing::Atomic);
+        assert_eq!(Publishing::choose(Atomic, "2.11.9"), Publishing::Messages);
+        assert_eq!(Publishing::choose(Auto, "2.10.22"), Publishing::Messages);
+        assert_eq!(Publishing::choose(Off, "2.15.1"), Publishing::Messages);
+        assert_eq!(Publishing::choose(Auto, "garbage"), Publishing::Messages);
+    }
+
+    #[test]
+    fn batch_acks_are_checked() {
+        assert!(matches!(batch_ack(br#"{"stream":"T","seq":5,"batch":"b","count":5}"#, 5), Ok(Atomic::Stored)));
+        assert!(batch_ack(br#"{"stream":"T","seq":5,"batch":"b","count":4}"#, 5).is_err());
+        let dup = br#"{"error":{"code":400,"err_code":10201,"description":"atomic publish batch contains duplicate message id"}}"#;
+        assert!(matches!(batch_ack(dup, 5), Ok(Atomic::Duplicate)));
+        let e = batch_ack(br#"{"error":{"code":400,"err_code":10174,"description":"atomic publish is disabled"}}"#, 5);
+        assert!(e.unwrap_err().to_string().contains("atomic publish is disabled"));
+        assert!(batch_ack(b"", 1).is_err());
+    }
+
+    #[test]
+    fn fast_replies_are_read() {
+        assert_eq!(fast_reply(br#"{"type":"ack","seq":0,"msgs":100}"#), FastReply::Flow { seq: 0, msgs: 100 });
+        assert_eq!(fast_reply(br#"{"stream":"T","seq":9,"batch":"b","count":512}"#), FastReply::Done { count: 512 });
+        // Every message a duplicate: nothing stored, the batch still counted whole.
+        assert_eq!(fast_reply(br#"{"stream":"T","seq":0,"batch":"b","count":3}"#), FastReply::Done { count: 3 });
+        let FastReply::Failed(gap) = fast_reply(br#"{"type":"gap","last_seq":4,"seq":9}"#) else { panic!() };
+        assert_eq!(gap, "the server missed messages 5 to 8");
+        let err = br#"{"type":"err","seq":3,"error":{"code":400,"err_code":10205,"description":"batch publish is disabled"}}"#;
+        assert!(matches!(fast_reply(err), FastReply::Failed(e) if e.contains("batch publish is disabled")));
+        let refused = br#"{"error":{"code":400,"err_code":10211,"description":"too many inflight"}}"#;
+        assert!(matches!(fast_reply(refused), FastReply::Failed(e) if e.contains("too many inflight")));
+        assert!(matches!(fast_reply(br#"{"type":"ack","seq":3,"msgs":0}"#), FastReply::Failed(_)));
+        assert!(matches!(fast_reply(b"not json"), FastReply::Failed(_)));
+    }
+}
