@@ -386,6 +386,23 @@ fn expired_messages_become_a_gap_record() {
     assert_eq!(spool.take_dropped(), [("telemetry".to_owned(), GapReason::Expired, 2)]);
 }
 
+/// Expiry runs every second on the writer's thread: it must not read the whole backlog.
+#[test]
+fn expiry_reads_only_the_records_with_a_ttl() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("spool.db");
+    drop(open(&path));
+    let conn = rusqlite::Connection::open(&path).unwrap();
+    let plan: Vec<String> = conn
+        .prepare(&format!("EXPLAIN QUERY PLAN {}", sqlite::expired_query()))
+        .unwrap()
+        .query_map([0], |r| r.get(3))
+        .unwrap()
+        .collect::<Result<_, _>>()
+        .unwrap();
+    assert!(plan.iter().any(|step| step.contains("records_expiry")), "{plan:?}");
+}
+
 fn faulty(dir: &tempfile::TempDir, fail: u32) -> FaultyStorage<SqliteStorage> {
     let faults = Faults::default();
     faults.fail(Fault::DiskFull, fail);

@@ -40,6 +40,18 @@ CREATE TABLE records (
 );
 ";
 
+/// Messages with a TTL, for expiry.
+const EXPIRY_INDEX: &str =
+    "CREATE INDEX IF NOT EXISTS records_expiry ON records (expires_ms) WHERE kind = 0 AND expires_ms IS NOT NULL";
+
+/// The messages whose TTL passed by `?1`, served by [`EXPIRY_INDEX`].
+pub(super) fn expired_query() -> String {
+    format!(
+        "SELECT id >> {SEQ_BITS}, id, class, {MESSAGE_SIZE} FROM records \
+         WHERE kind = 0 AND expires_ms IS NOT NULL AND expires_ms <= ?1 ORDER BY id"
+    )
+}
+
 /// Seqs are below 2^56, lanes below 127 (so the next lane's first key still fits an i64).
 pub(super) const SEQ_BITS: u32 = 56;
 pub(super) const MAX_LANE: u8 = 126;
@@ -174,6 +186,11 @@ impl SqliteStorage {
                 source,
             })?;
         }
+        // Expiry runs every second; without this it read the whole backlog each time (a full
+        // table scan, a tenth of the writer's time while draining 200,000 records). Only
+        // records with a TTL are in it, so the others cost nothing more to append or ack. A
+        // spool made before the index gets it here, in one pass; older binaries ignore it.
+        conn.execute_batch(EXPIRY_INDEX).map_err(err)?;
         // From here on a crash must lead to a check at the next open.
         conn.execute("INSERT OR REPLACE INTO meta VALUES ('closed_cleanly', '0')", []).map_err(err)?;
         let epoch: String =
@@ -443,13 +460,7 @@ impl Storage for SqliteStorage {
     }
 
     fn expired(&mut self, now_ms: u64) -> Result<Vec<Lost>, SpoolError> {
-        let mut stmt = self
-            .conn
-            .prepare_cached(&format!(
-                "SELECT id >> {SEQ_BITS}, id, class, {MESSAGE_SIZE} FROM records \
-                     WHERE kind = 0 AND expires_ms IS NOT NULL AND expires_ms <= ?1 ORDER BY id"
-            ))
-            .map_err(|e| self.err(e))?;
+        let mut stmt = self.conn.prepare_cached(&expired_query()).map_err(|e| self.err(e))?;
         let rows = stmt
             .query_map(params![now_ms], |r| {
                 Ok((Lane(r.get(0)?), seq_of(r.get(1)?), r.get::<_, String>(2)?, r.get::<_, u64>(3)?))
