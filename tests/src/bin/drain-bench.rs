@@ -44,7 +44,11 @@ async fn main() -> anyhow::Result<()> {
                     spool.flush()?;
                 }
             }
-            spool.flush()?;
+            // As a node stops: closed cleanly, and the WAL (nothing checkpoints it here) moved
+            // into the database, so the measured node starts without either job.
+            spool.close()?;
+            drop(spool);
+            rusqlite::Connection::open(path)?.query_row("PRAGMA wal_checkpoint(TRUNCATE)", [], |_| Ok(()))?;
             println!("{{\"filled\": {count}}}");
         }
         Some("raw") => {
