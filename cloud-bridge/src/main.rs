@@ -7,6 +7,9 @@ use clap::{Parser, Subcommand};
 use cloud_bridge::Bridge;
 use cloud_bridge::config::CloudConfig;
 
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 #[derive(Parser)]
 #[command(version, about = "Cloud side of the edge-to-cloud bridge (QUIC ehb/1, exactly once into the sink)")]
 struct Cli {

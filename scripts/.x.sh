@@ -1,0 +1,88 @@
+#!/usr/bin/env bash
+# Drain rate of a spool backlog (COUNT 1 KiB telemetry messages) from a release edge-node over
+# QUIC into JetStream through a release cloud-bridge, against raw async-nats pipelined
+# publishing of the same messages into the same nats-server, in the same run. Loopback, no
+# impairment. Usage: scripts/bench-drain.sh [COUNT=200000] [REPEATS=3]. Prints a Markdown row.
+# TOPICS (default 16) spreads the backlog over that many topics; BATCHES (auto, fast, atomic,
+# off) picks the bridge's JetStream batch publishing (the sink's `batches` key).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+source scripts/drain-configs.sh
+export PATH="$(scripts/install-test-deps.sh):$PATH"
+count=${1:-200000}
+repeats=${2:-3}
+cargo build --release --locked --quiet -p edge-node -p cloud-bridge -p e2e-tests --bin edge-node --bin cloud-bridge --bin drain-bench
+bin=target/release
+
+work=$(mktemp -d)
+pids=()
+cleanup() {
+  for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
+  rm -rf "$work"
+}
+trap cleanup EXIT
+free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+wait_file() { for _ in $(seq 200); do [ -s "$1" ] && return 0; sleep 0.1; done; echo "no $1" >&2; return 1; }
+
+"$bin/cloud-bridge" certs init --dir "$work/certs" --edge edge-1 > /dev/null
+for r in $(seq "$repeats"); do
+  nport=$(free_port)
+  mkdir -p "$work/nats-$r"
+  nats-server -js -a 127.0.0.1 -p "$nport" -sd "$work/nats-$r" > /dev/null 2>&1 &
+  nats_pid=$!; pids+=("$nats_pid")
+  for _ in $(seq 100); do (echo > "/dev/tcp/127.0.0.1/$nport") 2>/dev/null && break; sleep 0.1; done
+
+  raw=$("$bin/drain-bench" raw "nats://127.0.0.1:$nport" "$count")
+
+  "$bin/drain-bench" fill "$work/spool-$r.db" "$count" x "${TOPICS:-16}" > /dev/null
+  cloud_config "$work/cloud-$r.toml" 127.0.0.1:0 127.0.0.1:0 "nats://127.0.0.1:$nport" "$work/certs"
+  "$bin/cloud-bridge" run --config "$work/cloud-$r.toml" --ready-file "$work/cloud-$r.json" 2> "$work/cloud-$r.log" &
+  cloud_pid=$!; pids+=("$cloud_pid")
+  wait_file "$work/cloud-$r.json"
+  read -r quic chttp < <(python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); print(d["quic"], d["http"])' "$work/cloud-$r.json")
+  edge_config "$work/edge-$r.toml" "$work/spool-$r.db" "$quic" "$work/certs"
+  start=$(date +%s.%N)
+  "$bin/edge-node" run --config "$work/edge-$r.toml" --ready-file "$work/edge-$r.json" 2> "$work/edge-$r.log" &
+  edge_pid=$!; pids+=("$edge_pid")
+  (sleep 1; perf record -F 499 --call-graph dwarf,16384 -p "$cloud_pid" -o /tmp/perf-bridge.data -- sleep 4 > /dev/null 2>&1) &
+  # One kept-alive HTTP connection polled every 20 ms: a curl per poll cost a tenth of a core,
+  # taken from the pipeline being measured.
+  read -r first first_n < <(python3 - "$chttp" "$count" <<'EOP'
+import http.client, sys, time
+conn = http.client.HTTPConnection(sys.argv[1])
+first = None
+while True:
+    conn.request("GET", "/metrics")
+    body = conn.getresponse().read().decode()
+    done = sum(int(l.split()[1]) for l in body.splitlines() if l.startswith("bridge_committed_seq{"))
+    if first is None and done > 0:
+        first = (time.time(), done)
+    if done >= int(sys.argv[2]):
+        break
+    time.sleep(0.02)
+print(f"{first[0]} {first[1]}")
+EOP
+  )
+  end=$(date +%s.%N)
+  # CPU seconds each process used (nats-server's include the raw phase), to see who is busy.
+  cpu() { awk -v t="$(getconf CLK_TCK)" '{printf "%.2f", ($14 + $15) / t}' "/proc/$1/stat"; }
+  echo "cpu s: edge-node $(cpu "$edge_pid"), cloud-bridge $(cpu "$cloud_pid"), nats-server $(cpu "$nats_pid")" >&2
+  python3 - "$raw" "$start" "$end" "$count" "$first" "$first_n" <<'EOP'
+import json, sys
+raw = json.loads(sys.argv[1]); start, end, count = float(sys.argv[2]), float(sys.argv[3]), int(sys.argv[4])
+first, first_n = float(sys.argv[5]), int(sys.argv[6])
+# From the first commit on: process start, the spool's integrity check and the QUIC handshake
+# are not the drain; they are printed apart.
+rate = (count - first_n) / (end - first)
+print(f"edge start to first commit: {first - start:.2f} s", file=sys.stderr)
+print(json.dumps({"bridge_msg_per_s": round(rate), "raw_msg_per_s": raw["raw_msg_per_s"], "ratio": round(rate / raw["raw_msg_per_s"], 3)}))
+EOP
+  kill "$edge_pid" "$cloud_pid" "$nats_pid" 2>/dev/null || true
+  wait "$edge_pid" "$cloud_pid" "$nats_pid" 2>/dev/null || true
+done | tee "$work/runs.jsonl" >&2
+python3 - "$work/runs.jsonl" "$count" <<'EOP'
+import json, statistics, sys
+runs = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]
+med = statistics.median
+print(f"| {int(sys.argv[2]):,} x 1 KiB | {med(r['bridge_msg_per_s'] for r in runs):,.0f} | {med(r['raw_msg_per_s'] for r in runs):,.0f} | {med(r['ratio'] for r in runs):.2f} ({', '.join(str(r['ratio']) for r in runs)}) |")
+EOP
