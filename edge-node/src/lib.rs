@@ -168,7 +168,7 @@ impl Node {
             if opened.moved_aside.is_some() {
                 metrics.spool.moved_aside.inc();
             }
-            let integrity_checked = opened.checked;
+            let (integrity_checked, usage_counted) = (opened.checked, opened.counted);
             let storage: Box<dyn spool::Storage + Send> = match options.spool_faults {
                 Some(faults) => Box::new(spool::fault::FaultyStorage {
                     inner: sqlite,
@@ -179,7 +179,7 @@ impl Node {
             };
             let quotas = config.classes.iter().filter_map(|c| Some((c.name.clone(), c.quota?.bytes())));
             let spool = spool::Spool::new(storage).with_budget(config.spool.budget.bytes()).with_quotas(quotas);
-            tracing::info!(path = %config.spool.path.display(), epoch = spool.epoch(), integrity_checked, "spool open");
+            tracing::info!(path = %config.spool.path.display(), epoch = spool.epoch(), integrity_checked, usage_counted, "spool open");
             let writer = spool::SpoolWriter::start(
                 spool,
                 config.spool.commit_interval.0,

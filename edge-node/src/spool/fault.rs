@@ -106,8 +106,8 @@ impl<S: Storage> Storage for FaultyStorage<S> {
     fn compact(&mut self) -> Result<(), SpoolError> {
         self.inner.compact()
     }
-    fn close_cleanly(&mut self) -> Result<(), SpoolError> {
+    fn close_cleanly(&mut self, usage: &[ClassUsage]) -> Result<(), SpoolError> {
         self.faults.check(&self.path)?;
-        self.inner.close_cleanly()
+        self.inner.close_cleanly(usage)
     }
 }

@@ -182,7 +182,7 @@ pub struct Lost {
 }
 
 /// Message records a class holds and their bytes (payload and topic, see [`message_size`]).
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct ClassUsage {
     pub class: String,
     pub records: u64,
@@ -263,6 +263,9 @@ pub struct Opened {
     pub moved_aside: Option<PathBuf>,
     /// Whether the integrity check ran: it does unless the last run closed the spool cleanly.
     pub checked: bool,
+    /// Whether `usage` was counted from the records (every page read) rather than taken from
+    /// the note a clean close left.
+    pub counted: bool,
 }
 
 /// Where records live. SQLite in production; tests add fault-injecting wrappers.
@@ -296,9 +299,10 @@ pub trait Storage {
     fn oldest_enqueued_ms(&mut self, lane: Lane) -> Result<Option<u64>, SpoolError>;
     /// Checkpoints the WAL and returns free pages to the file system.
     fn compact(&mut self) -> Result<(), SpoolError>;
-    /// Notes, as the last write, that everything is committed and the node stops: the next
-    /// open may skip the integrity check, which takes seconds on a large spool.
-    fn close_cleanly(&mut self) -> Result<(), SpoolError>;
+    /// Notes, as the last write, that everything is committed and the node stops, with the
+    /// class usage as it stands: the next open may skip the integrity check and the count of
+    /// every record, each seconds on a large spool.
+    fn close_cleanly(&mut self, usage: &[ClassUsage]) -> Result<(), SpoolError>;
 }
 
 /// A boxed storage is a storage, so the node can run over a fault-injecting wrapper in tests.
@@ -339,8 +343,8 @@ impl Storage for Box<dyn Storage + Send> {
     fn compact(&mut self) -> Result<(), SpoolError> {
         (**self).compact()
     }
-    fn close_cleanly(&mut self) -> Result<(), SpoolError> {
-        (**self).close_cleanly()
+    fn close_cleanly(&mut self, usage: &[ClassUsage]) -> Result<(), SpoolError> {
+        (**self).close_cleanly(usage)
     }
 }
 
@@ -505,7 +509,8 @@ impl<S: Storage> Spool<S> {
     pub fn close(&mut self) -> Result<(), SpoolError> {
         self.flush()?;
         if self.pending.is_empty() && self.uncommitted_drops.is_empty() {
-            self.storage.close_cleanly()?;
+            let usage: Vec<ClassUsage> = self.usage.values().cloned().collect();
+            self.storage.close_cleanly(&usage)?;
         }
         Ok(())
     }

@@ -587,10 +587,11 @@ fn a_large_ack_goes_in_steps_and_keeps_usage_exact() {
 }
 
 #[test]
-fn the_integrity_check_runs_after_a_crash_and_not_after_a_clean_close() {
+fn the_integrity_check_and_the_usage_count_run_after_a_crash_and_not_after_a_clean_close() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("spool.db");
     let checked = |path: &Path| SqliteStorage::open(path).unwrap().opened().checked;
+    let usage = |o: &Opened| o.usage.iter().map(|u| (u.class.clone(), u.records, u.bytes)).collect::<Vec<_>>();
     let mut spool = open(&path);
     spool.append(Lane(0), message(b"one"), Durability::Normal);
     spool.flush().unwrap();
@@ -598,12 +599,37 @@ fn the_integrity_check_runs_after_a_crash_and_not_after_a_clean_close() {
     assert!(checked(&path), "a spool dropped without closing is checked");
     let mut spool = open(&path);
     spool.append(Lane(0), message(b"two"), Durability::Normal);
+    let mut audit = message(b"three");
+    audit.class = "audit".into();
+    spool.append(Lane(0), audit, Durability::Normal);
+    spool.append(Lane(1), message(b"four"), Durability::Normal);
+    spool.flush().unwrap();
+    spool.ack(Lane(1), Seq(1)).unwrap();
     spool.close().unwrap();
     drop(spool);
     let mut storage = SqliteStorage::open(&path).unwrap();
     assert!(!storage.opened().checked, "a cleanly closed spool opens without the check");
-    assert_eq!(storage.read(Lane(0), Seq(0), 10).unwrap().len(), 2);
+    assert!(!storage.opened().counted, "and takes the usage from the close's note");
+    let noted = usage(storage.opened());
+    assert_eq!(storage.read(Lane(0), Seq(0), 10).unwrap().len(), 3);
     drop(storage);
-    // That open did not close cleanly in turn, so the next one checks again.
-    assert!(checked(&path));
+    // That open did not close cleanly in turn, so the next one checks and counts again, and
+    // finds what the note said.
+    let storage = SqliteStorage::open(&path).unwrap();
+    assert!(storage.opened().checked && storage.opened().counted);
+    assert_eq!(usage(storage.opened()), noted);
+    // "one" and "two" in lane 0; "four" in lane 1 was acked. Bytes are payload and topic.
+    let topic = "telemetry/cam-1/metrics".len() as u64;
+    assert_eq!(noted, [("audit".to_owned(), 1, 5 + topic), ("telemetry".to_owned(), 2, 3 + 3 + 2 * topic)]);
+    drop(storage);
+    // A version without the note runs in between and closes cleanly: it appended (the lanes
+    // moved), so the note left from before is not trusted.
+    let mut spool = open(&path);
+    spool.close().unwrap();
+    drop(spool);
+    let conn = rusqlite::Connection::open(&path).unwrap();
+    conn.execute("UPDATE lanes SET next_seq = next_seq + 1 WHERE lane = 0", []).unwrap();
+    drop(conn);
+    let storage = SqliteStorage::open(&path).unwrap();
+    assert!(!storage.opened().checked && storage.opened().counted);
 }

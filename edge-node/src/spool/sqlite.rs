@@ -44,6 +44,19 @@ CREATE TABLE records (
 const EXPIRY_INDEX: &str =
     "CREATE INDEX IF NOT EXISTS records_expiry ON records (expires_ms) WHERE kind = 0 AND expires_ms IS NOT NULL";
 
+/// Per lane: the lane, its next seq and its highest acked seq.
+fn lane_rows(conn: &Connection) -> rusqlite::Result<Vec<(u8, u64, u64)>> {
+    let mut stmt = conn.prepare_cached("SELECT lane, next_seq, acked FROM lanes ORDER BY lane")?;
+    stmt.query_map([], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))?.collect()
+}
+
+/// The class usage a clean close leaves in `meta`, with the lanes as they were then.
+#[derive(Debug, serde::Serialize, serde::Deserialize)]
+struct UsageNote {
+    lanes: Vec<(u8, u64, u64)>,
+    usage: Vec<ClassUsage>,
+}
+
 /// The messages whose TTL passed by `?1`, served by [`EXPIRY_INDEX`].
 pub(super) fn expired_query() -> String {
     format!(
@@ -195,14 +208,21 @@ impl SqliteStorage {
         conn.execute("INSERT OR REPLACE INTO meta VALUES ('closed_cleanly', '0')", []).map_err(err)?;
         let epoch: String =
             conn.query_row("SELECT value FROM meta WHERE key = 'epoch'", [], |r| r.get(0)).map_err(err)?;
-        let lanes = {
-            let mut stmt = conn.prepare("SELECT lane, next_seq, acked FROM lanes ORDER BY lane").map_err(err)?;
-            stmt.query_map([], |r| Ok((Lane(r.get(0)?), Seq(r.get(1)?), Seq(r.get(2)?))))
-                .map_err(err)?
-                .collect::<Result<Vec<_>, _>>()
-                .map_err(err)?
-        };
-        let usage = {
+        let lane_rows = lane_rows(&conn).map_err(err)?;
+        let lanes = lane_rows.iter().map(|&(lane, next, acked)| (Lane(lane), Seq(next), Seq(acked))).collect();
+        // The note holds only after the clean close that wrote it, and only if no one changed
+        // the lanes since (an older version run in between closes cleanly too, without a note).
+        // Otherwise every record is counted: 2.8 s for 1 GB here.
+        let noted = closed_cleanly
+            .then(|| conn.query_row("SELECT value FROM meta WHERE key = 'usage'", [], |r| r.get::<_, String>(0)).ok())
+            .flatten()
+            .and_then(|v| serde_json::from_str::<UsageNote>(&v).ok())
+            .filter(|note| note.lanes == lane_rows)
+            .map(|note| note.usage);
+        let counted = noted.is_none();
+        let usage = if let Some(usage) = noted {
+            usage
+        } else {
             let mut stmt = conn
                 .prepare(&format!(
                     "SELECT class, count(*), coalesce(sum({MESSAGE_SIZE}), 0) FROM records WHERE kind = 0 \
@@ -214,7 +234,7 @@ impl SqliteStorage {
                 .collect::<Result<Vec<_>, _>>()
                 .map_err(err)?
         };
-        let opened = Opened { epoch, lanes, usage, moved_aside: None, checked: !closed_cleanly };
+        let opened = Opened { epoch, lanes, usage, moved_aside: None, checked: !closed_cleanly, counted };
         let checkpointer = super::checkpoint::Checkpointer::start(path)
             .map_err(|source| SpoolError::Io { path: path.to_owned(), source })?;
         Ok(Self { conn, path: path.to_owned(), opened, synchronous_full: false, _checkpointer: checkpointer })
@@ -514,11 +534,14 @@ impl Storage for SqliteStorage {
         }
     }
 
-    fn close_cleanly(&mut self) -> Result<(), SpoolError> {
-        self.conn
-            .execute("INSERT OR REPLACE INTO meta VALUES ('closed_cleanly', '1')", [])
-            .map(drop)
-            .map_err(|e| self.err(e))
+    fn close_cleanly(&mut self, usage: &[ClassUsage]) -> Result<(), SpoolError> {
+        let tx = self.conn.unchecked_transaction().map_err(|e| self.err(e))?;
+        let note = UsageNote { lanes: lane_rows(&tx).map_err(|e| self.err(e))?, usage: usage.to_vec() };
+        let note =
+            serde_json::to_string(&note).map_err(|e| self.err(rusqlite::Error::ToSqlConversionFailure(e.into())))?;
+        tx.execute("INSERT OR REPLACE INTO meta VALUES ('usage', ?1)", [note]).map_err(|e| self.err(e))?;
+        tx.execute("INSERT OR REPLACE INTO meta VALUES ('closed_cleanly', '1')", []).map_err(|e| self.err(e))?;
+        tx.commit().map_err(|e| self.err(e))
     }
 
     fn compact(&mut self) -> Result<(), SpoolError> {
