@@ -298,6 +298,25 @@ mod tests {
         .unwrap();
         let err = CloudConfig::load(&bad).unwrap_err().to_string();
         assert!(err.contains("models.poll") && err.contains("more than 0"), "{err}");
+        // The key that `batches` replaced is named, not ignored.
+        let jetstream = |sink_keys: &str| {
+            format!(
+                "[server]\nbind = \"127.0.0.1:0\"\ncert = \"c\"\nkey = \"k\"\nclient_ca = \"ca\"\n\
+                 [sink]\nkind = \"jetstream\"\n{sink_keys}\n"
+            )
+        };
+        std::fs::write(&bad, jetstream("atomic_batches = true")).unwrap();
+        let err = CloudConfig::load(&bad).unwrap_err().to_string();
+        assert!(err.contains("unknown field `atomic_batches`") && err.contains("`batches`"), "{err}");
+        std::fs::write(&bad, jetstream("batches = \"quick\"")).unwrap();
+        let err = CloudConfig::load(&bad).unwrap_err().to_string();
+        assert!(err.contains("unknown variant `quick`"), "{err}");
+        std::fs::write(&bad, jetstream("batches = \"atomic\"")).unwrap();
+        let config = CloudConfig::load(&bad).unwrap();
+        assert!(matches!(
+            config.sink,
+            SinkConfig::Jetstream { batches: crate::sink::jetstream::BatchPublish::Atomic, .. }
+        ));
         std::fs::write(&bad, "[server]\nbind = \"nowhere\"\n").unwrap();
         let err = CloudConfig::load(&bad).unwrap_err().to_string();
         assert!(err.contains("bind"), "{err}");
