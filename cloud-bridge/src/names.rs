@@ -3,6 +3,8 @@
 //! hold percent-encoded, so the mapping is reversible and a level never splits in two. MQTT 5
 //! properties become headers.
 
+use std::borrow::Cow;
+
 use base64::Engine;
 use shared::proto::WireMessage;
 
@@ -10,10 +12,17 @@ use shared::proto::WireMessage;
 /// `%` itself. An empty MQTT level becomes `%00` (MQTT forbids U+0000 in topics, so it cannot
 /// be a real level).
 pub fn token(level: &str) -> String {
-    if level.is_empty() {
-        return "%00".into();
-    }
     let mut out = String::with_capacity(level.len());
+    push_token(&mut out, level);
+    out
+}
+
+/// [`token`], appended to `out` (a subject is built in one string, not a string per level).
+fn push_token(out: &mut String, level: &str) {
+    if level.is_empty() {
+        out.push_str("%00");
+        return;
+    }
     for c in level.chars() {
         match c {
             '.' | '*' | '>' | '%' => out.push_str(&format!("%{:02X}", c as u32)),
@@ -26,15 +35,17 @@ pub fn token(level: &str) -> String {
             c => out.push(c),
         }
     }
-    out
 }
 
 /// The subject of `topic` from `edge`, under `prefix` (`edge` by default).
 pub fn subject(prefix: &str, edge: &str, topic: &str) -> String {
-    let mut s = format!("{prefix}.{}", token(edge));
+    let mut s = String::with_capacity(prefix.len() + edge.len() + topic.len() + 8);
+    s.push_str(prefix);
+    s.push('.');
+    push_token(&mut s, edge);
     for level in topic.split('/') {
         s.push('.');
-        s.push_str(&token(level));
+        push_token(&mut s, level);
     }
     s
 }
@@ -66,15 +77,23 @@ pub fn topic_of(tokens: &[&str]) -> Option<String> {
     Some(levels.join("/"))
 }
 
-/// Headers carrying what MQTT had beyond topic and payload.
-pub fn headers(m: &WireMessage) -> Vec<(String, String)> {
-    let mut h = vec![("Mqtt-Topic".to_owned(), m.topic.clone()), ("Mqtt-Qos".to_owned(), m.qos.to_string())];
-    h.extend(m.user_properties.iter().cloned());
+/// Headers carrying what MQTT had beyond topic and payload, borrowed from `m` where they can be
+/// (they are built for every record a bridge writes).
+pub fn headers(m: &WireMessage) -> Vec<(&str, Cow<'_, str>)> {
+    let qos = match m.qos {
+        0 => Cow::Borrowed("0"),
+        1 => Cow::Borrowed("1"),
+        2 => Cow::Borrowed("2"),
+        q => Cow::Owned(q.to_string()),
+    };
+    let mut h = Vec::with_capacity(2 + m.user_properties.len() + 2);
+    h.extend([("Mqtt-Topic", Cow::Borrowed(m.topic.as_str())), ("Mqtt-Qos", qos)]);
+    h.extend(m.user_properties.iter().map(|(name, value)| (name.as_str(), Cow::Borrowed(value.as_str()))));
     if let Some(c) = &m.correlation_data {
-        h.push(("Mqtt-Correlation-Data".into(), base64::engine::general_purpose::STANDARD.encode(c)));
+        h.push(("Mqtt-Correlation-Data", Cow::Owned(base64::engine::general_purpose::STANDARD.encode(c))));
     }
     if let Some(ct) = &m.content_type {
-        h.push(("Mqtt-Content-Type".into(), ct.clone()));
+        h.push(("Mqtt-Content-Type", Cow::Borrowed(ct.as_str())));
     }
     h
 }

@@ -2,9 +2,11 @@
 //! (see [`Publishing`]). Each keeps the order per topic when a publish fails part way: what is
 //! stored of a batch is a prefix of it, or, message by message, a prefix per subject.
 
+use std::borrow::Cow;
 use std::time::Duration;
 
 use async_nats::HeaderMap;
+use async_nats::header::{HeaderName, IntoHeaderName};
 use async_nats::jetstream;
 use bytes::Bytes;
 use futures_util::StreamExt;
@@ -102,16 +104,33 @@ pub(super) fn outgoing(
     Ok(messages)
 }
 
+/// Header names every record carries: constants, so a record's headers do not allocate them.
+const HEADER_NAMES: [HeaderName; 6] = [
+    HeaderName::from_static("Edge-Id"),
+    HeaderName::from_static("Edge-Seq"),
+    HeaderName::from_static("Mqtt-Topic"),
+    HeaderName::from_static("Mqtt-Qos"),
+    HeaderName::from_static("Mqtt-Correlation-Data"),
+    HeaderName::from_static("Mqtt-Content-Type"),
+];
+
+fn header_name(name: &str) -> HeaderName {
+    match HEADER_NAMES.iter().find(|h| <HeaderName as AsRef<str>>::as_ref(h) == name) {
+        Some(known) => known.clone(),
+        None => header_safe(name, true).into_owned().into_header_name(),
+    }
+}
+
 /// A record's subject and headers.
 pub(super) fn addressed(prefix: &str, edge: &str, epoch: &str, lane: u8, r: &WireRecord) -> (String, HeaderMap) {
     let mut headers = HeaderMap::new();
-    headers.insert("Nats-Msg-Id", format!("{edge}:{epoch}:{lane}:{}", r.seq).as_str());
-    headers.insert("Edge-Id", edge);
-    headers.insert("Edge-Seq", format!("{epoch}:{lane}:{}", r.seq).as_str());
+    headers.insert(async_nats::header::NATS_MESSAGE_ID, format!("{edge}:{epoch}:{lane}:{}", r.seq));
+    headers.insert(HEADER_NAMES[0].clone(), edge);
+    headers.insert(HEADER_NAMES[1].clone(), format!("{epoch}:{lane}:{}", r.seq));
     let subject = match &r.message {
         Some(m) => {
             for (name, value) in crate::names::headers(m) {
-                headers.append(header_safe(&name, true).as_str(), header_safe(&value, false).as_str());
+                headers.append(header_name(name), header_safe(&value, false).into_owned());
             }
             crate::names::subject(prefix, edge, &m.topic)
         }
@@ -222,12 +241,15 @@ pub(super) async fn publish_chains(js: &jetstream::Context, messages: Vec<Outgoi
 }
 
 /// Header names hold printable ASCII without `:`; values no CR or LF. Anything else is
-/// percent-encoded, reversibly.
-fn header_safe(s: &str, name: bool) -> String {
-    let mut out = String::with_capacity(s.len());
+/// percent-encoded, reversibly; most are fine as they are, and are borrowed.
+fn header_safe(s: &str, name: bool) -> Cow<'_, str> {
+    let bad = |c: char| c == '%' || c == '\r' || c == '\n' || (name && (c == ':' || !c.is_ascii_graphic()));
+    if !s.contains(bad) {
+        return Cow::Borrowed(s);
+    }
+    let mut out = String::with_capacity(s.len() + 8);
     for c in s.chars() {
-        let bad = c == '%' || c == '\r' || c == '\n' || (name && (c == ':' || !c.is_ascii_graphic()));
-        if bad {
+        if bad(c) {
             let mut buf = [0u8; 4];
             for b in c.encode_utf8(&mut buf).bytes() {
                 out.push_str(&format!("%{b:02X}"));
@@ -236,7 +258,7 @@ fn header_safe(s: &str, name: bool) -> String {
             out.push(c);
         }
     }
-    out
+    Cow::Owned(out)
 }
 
 /// Flow acks the server may owe before the publisher waits for one (ADR-50 advises 2).
@@ -366,6 +388,41 @@ mod tests {
     fn headers_are_made_safe() {
         assert_eq!(header_safe("trace id:x", true), "trace%20id%3Ax");
         assert_eq!(header_safe("line\r\nbreak 100%", false), "line%0D%0Abreak 100%25");
+    }
+
+    #[test]
+    fn a_record_is_addressed_with_its_headers() {
+        let record = WireRecord {
+            seq: 7,
+            message: Some(shared::proto::WireMessage {
+                class: "inference".into(),
+                topic: "inference/yolo/v3.2/cam 1".into(),
+                payload: b"p".to_vec(),
+                qos: 1,
+                enqueued_ms: 1,
+                expires_ms: None,
+                user_properties: vec![("trace id:x".into(), "a\r\nb".into()), ("trace-id".into(), "t-1".into())],
+                correlation_data: Some(vec![0, 1, 2]),
+                content_type: Some("text/plain".into()),
+            }),
+            gap: None,
+        };
+        let (subject, headers) = addressed("edge", "edge-1", "ep", 3, &record);
+        assert_eq!(subject, "edge.edge-1.inference.yolo.v3%2E2.cam%201");
+        let get = |name: &str| headers.get(name).map(|v| v.as_str().to_owned());
+        assert_eq!(get("Nats-Msg-Id").as_deref(), Some("edge-1:ep:3:7"));
+        assert_eq!(get("Edge-Id").as_deref(), Some("edge-1"));
+        assert_eq!(get("Edge-Seq").as_deref(), Some("ep:3:7"));
+        assert_eq!(get("Mqtt-Topic").as_deref(), Some("inference/yolo/v3.2/cam 1"));
+        assert_eq!(get("Mqtt-Qos").as_deref(), Some("1"));
+        assert_eq!(get("trace%20id%3Ax").as_deref(), Some("a%0D%0Ab"));
+        assert_eq!(get("trace-id").as_deref(), Some("t-1"));
+        assert_eq!(get("Mqtt-Correlation-Data").as_deref(), Some("AAEC"));
+        assert_eq!(get("Mqtt-Content-Type").as_deref(), Some("text/plain"));
+        let lost =
+            shared::proto::WireGap { class: "t".into(), reason: "evicted".into(), ranges: vec![(1, 2)], count: 2 };
+        let gap = WireRecord { seq: 8, message: None, gap: Some(lost) };
+        assert_eq!(addressed("edge", "a.b", "ep", 3, &gap).0, "edge.a%2Eb.%gap");
     }
 
     #[test]
