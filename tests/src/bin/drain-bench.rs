@@ -4,7 +4,8 @@
 //!   is down; `random` makes each payload 1,024 random letters (which zstd cannot shrink much)
 //!   instead of 1,024 `x`;
 //! - `raw URL COUNT`: the peer: COUNT 1 KiB messages published with async-nats straight into a
-//!   JetStream stream on the same server, pipelined (4,096 acks outstanding). Prints JSON.
+//!   JetStream stream made as the bridge's sink makes it (`EDGE` on `edge.>`, 2 minute dedup
+//!   window), on the same subjects, pipelined (4,096 acks outstanding). Prints JSON.
 
 use std::collections::VecDeque;
 use std::time::Instant;
@@ -57,8 +58,9 @@ async fn main() -> anyhow::Result<()> {
             let client = async_nats::connect(url).await?;
             let js = async_nats::jetstream::new(client);
             js.get_or_create_stream(async_nats::jetstream::stream::Config {
-                name: "RAW".into(),
-                subjects: vec!["raw.>".into()],
+                name: "EDGE".into(),
+                subjects: vec!["edge.>".into()],
+                duplicate_window: std::time::Duration::from_secs(120),
                 ..Default::default()
             })
             .await?;
@@ -68,7 +70,7 @@ async fn main() -> anyhow::Result<()> {
             for i in 0..count {
                 let mut headers = async_nats::HeaderMap::new();
                 headers.insert("Nats-Msg-Id", format!("raw:{i}").as_str());
-                let subject = format!("raw.edge-1.telemetry.cam-{:02}.metrics", i % 16);
+                let subject = format!("edge.edge-1.telemetry.cam-{:02}.metrics", i % 16);
                 pending.push_back(js.publish_with_headers(subject, headers, payload.clone()).await?);
                 if pending.len() >= 4096
                     && let Some(ack) = pending.pop_front()
