@@ -263,6 +263,27 @@ async fn a_batch_overlapping_stored_records_lands_only_the_new_ones_in_order() {
     }
 }
 
+/// Many edges draining at once each have a fast batch in flight: the server's limits on batches
+/// in flight must not refuse them (a refused batch would cost its edge the connection).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_thousand_edges_publishing_at_once_all_land() {
+    use cloud_bridge::sink::{Sink, first_turn};
+    const EDGES: u64 = 1_000;
+    const RECORDS: u64 = 40;
+    let nats = NatsServer::start();
+    let sink =
+        cloud_bridge::sink::jetstream::JetStreamSink::connect(&settings(nats.url(), BatchPublish::Fast)).await.unwrap();
+    let publishes = (0..EDGES).map(|edge| {
+        let records = (1..=RECORDS).map(telemetry).collect::<Vec<_>>();
+        sink.publish(format!("edge-{edge}"), "ep".into(), 3, records, first_turn())
+    });
+    let results = futures_util::future::join_all(publishes).await;
+    let failed: Vec<String> = results.into_iter().filter_map(|r| r.err().map(|e| e.to_string())).collect();
+    assert!(failed.is_empty(), "{} refused, first: {:?}", failed.len(), failed.first());
+    let js = async_nats::jetstream::new(async_nats::connect(nats.url()).await.unwrap());
+    assert_eq!(js.get_stream("EDGE").await.unwrap().info().await.unwrap().state.messages, EDGES * RECORDS);
+}
+
 /// The fast-ingest sink relies on this: in `fail` gap mode the server stops storing a batch at
 /// its first missing sequence, so messages a client sends after losing some in a reconnect
 /// never land ahead of the lost ones. Messages 1-4 are sent, 5 is not, 6-8 are.
