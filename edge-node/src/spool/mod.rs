@@ -281,7 +281,8 @@ pub trait Storage {
         delete: &[Lost],
         durability: Durability,
     ) -> Result<(), SpoolError>;
-    /// Up to `limit` records of `lane` with seq above `after`, in seq order.
+    /// Up to `limit` records of `lane` with seq above `after`, in seq order, stopping after the
+    /// record that brings their messages to [`READ_BYTES`] (so at least one record, if any).
     fn read(&mut self, lane: Lane, after: Seq, limit: usize) -> Result<Vec<Record>, SpoolError>;
     /// Deletes `lane`'s records at or below `up_to` and records the ack; returns the message
     /// records deleted per class.
@@ -773,6 +774,12 @@ impl<S: Storage> Spool<S> {
 pub fn message_size(m: &Message) -> u64 {
     (m.payload.len() + m.topic.len()) as u64
 }
+
+/// Message bytes (payloads and topics, see [`message_size`]) a read stops at. A read becomes an
+/// uplink batch: the bridge takes batch frames of 16 MiB at most, and a batch of large messages
+/// zstd cannot shrink (camera frames) is about as big compressed as raw. It also bounds what a
+/// read holds in memory, which `batch_records` alone did not: 512 records of 1 MiB.
+pub const READ_BYTES: u64 = 8 << 20;
 
 /// Bytes a message takes in a record, roughly: what eviction counts.
 fn estimated_size(m: &Message) -> u64 {

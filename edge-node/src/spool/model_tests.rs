@@ -386,6 +386,25 @@ fn expired_messages_become_a_gap_record() {
     assert_eq!(spool.take_dropped(), [("telemetry".to_owned(), GapReason::Expired, 2)]);
 }
 
+/// A read stops at READ_BYTES of messages (it becomes one uplink batch), after at least one
+/// record, whatever `limit` allows.
+#[test]
+fn a_read_stops_at_its_byte_bound() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut spool = open(&dir.path().join("spool.db"));
+    let big = vec![7u8; 3 << 20];
+    for _ in 0..5 {
+        spool.append(Lane(0), message(&big), Durability::Normal);
+    }
+    spool.flush().unwrap();
+    // 3 MiB and a topic each: the third brings the read past 8 MiB.
+    let first = spool.read(Lane(0), Seq(0), 512).unwrap();
+    assert_eq!(first.iter().map(|r| r.seq.0).collect::<Vec<_>>(), [1, 2, 3]);
+    let rest = spool.read(Lane(0), Seq(3), 512).unwrap();
+    assert_eq!(rest.iter().map(|r| r.seq.0).collect::<Vec<_>>(), [4, 5]);
+    assert_eq!(spool.read(Lane(0), Seq(0), 2).unwrap().len(), 2, "the record limit still holds");
+}
+
 /// Expiry runs every second on the writer's thread: it must not read the whole backlog.
 #[test]
 fn expiry_reads_only_the_records_with_a_ttl() {

@@ -221,7 +221,16 @@ mod tests {
             tokio::time::sleep(Duration::from_millis(25)).await;
             promoted = writer_thread() == Some((0, 10));
         }
-        let read = writer.read(Lane(0), Seq(0), COUNT as usize).await.expect("read");
+        // Reads stop at READ_BYTES: page through.
+        let mut read = Vec::new();
+        loop {
+            let after = read.last().map_or(Seq(0), |r: &super::super::Record| r.seq);
+            let page = writer.read(Lane(0), after, COUNT as usize).await.expect("read");
+            if page.is_empty() {
+                break;
+            }
+            read.extend(page);
+        }
         busy.store(false, Ordering::Relaxed);
         for s in spinners {
             s.join().expect("spinner");

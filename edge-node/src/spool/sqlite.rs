@@ -395,7 +395,21 @@ impl Storage for SqliteStorage {
                 })
             })
             .map_err(|e| self.err(e))?;
-        rows.collect::<Result<Vec<_>, _>>().map_err(|e| self.err(e))
+        // Rows come one at a time: stop once the records read hold READ_BYTES.
+        let mut records = Vec::new();
+        let mut bytes = 0;
+        for row in rows {
+            let record = row.map_err(|e| self.err(e))?;
+            bytes += match &record.body {
+                Body::Message(m) => super::message_size(m),
+                Body::Gap(_) => 0,
+            };
+            records.push(record);
+            if bytes >= super::READ_BYTES {
+                break;
+            }
+        }
+        Ok(records)
     }
 
     fn ack(&mut self, lane: Lane, up_to: Seq) -> Result<Vec<ClassUsage>, SpoolError> {

@@ -87,6 +87,33 @@ async fn spooled_messages_arrive_exactly_once_and_the_spool_empties() {
     );
 }
 
+/// A backlog of large messages that zstd cannot shrink (camera frames): a batch of them must
+/// stay under the bridge's frame limit (16 MiB), or every batch is refused and the uplink never
+/// drains. 40 messages of 900 KiB are 35 MiB.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn large_incompressible_messages_drain_in_batches_under_the_frame_limit() {
+    use rand::RngCore;
+    let dir = tempfile::tempdir().unwrap();
+    let cloud = TestCloud::start(dir.path(), pki(dir.path(), &[]), "127.0.0.1:0".parse().unwrap(), "").await;
+    let extra = format!("{CLASSES}\n{}", cloud.uplink_section("edge-1"));
+    let edge = TestNode::start(&extra).await;
+    let publisher = Client::anonymous(edge.local(), "pub").await;
+    let mut sent = Vec::new();
+    for i in 0..40u32 {
+        let mut frame = vec![0u8; 900 << 10];
+        rand::thread_rng().fill_bytes(&mut frame);
+        publisher.publish(&format!("telemetry/frames/{i}"), QoS::AtLeastOnce, false, frame.clone()).await;
+        sent.push(frame);
+    }
+    let ok = e2e_tests::eventually(WAIT, || sink_rows(&cloud.sink).len() == 40).await;
+    let rows = sink_rows(&cloud.sink);
+    assert!(ok, "{} of 40 frames in the sink; edge: {}", rows.len(), edge.metrics());
+    let got: Vec<&[u8]> = rows.iter().map(|r| r.payload.as_slice()).collect();
+    assert_eq!(got, sent.iter().map(Vec::as_slice).collect::<Vec<_>>(), "every frame once, in order, intact");
+    // A read stops once its messages hold 8 MiB: ten of these frames.
+    assert!(edge.metric("edge_uplink_batches_total") >= 4.0, "{}", edge.metrics());
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_bridge_replaced_mid_stream_loses_and_duplicates_nothing() {
     let dir = tempfile::tempdir().unwrap();
