@@ -22,7 +22,8 @@ level = "${LOGLEVEL:-warn}"
 EOC
 }
 
-# edge_config FILE SPOOL BRIDGE_ADDR CERTS; BATCH_RECORDS and WINDOW override the uplink's.
+# edge_config FILE SPOOL BRIDGE_ADDR CERTS; BATCH_RECORDS and WINDOW override the uplink's
+# defaults.
 edge_config() {
   cat > "$1" << EOC
 node_id = "bench-edge"
@@ -48,7 +49,7 @@ server_name = "localhost"
 ca = "$4/fleet-ca.pem"
 cert = "$4/edge-edge-1.pem"
 key = "$4/edge-edge-1.key"
-batch_records = ${BATCH_RECORDS:-512}
-window = ${WINDOW:-8}
+$(if [ -n "${BATCH_RECORDS:-}" ]; then echo "batch_records = $BATCH_RECORDS"; fi)
+$(if [ -n "${WINDOW:-}" ]; then echo "window = $WINDOW"; fi)
 EOC
 }

@@ -116,7 +116,10 @@ pub struct UplinkConfig {
     /// Batches sent and not yet acked at most. Default: 8.
     #[serde(default = "default_window")]
     pub window: usize,
-    /// Records per batch at most. Default: 512.
+    /// Records per batch at most (a batch also stops at 8 MiB of messages). Default: 1024. Each
+    /// batch costs a spool transaction for its ack, a JetStream batch and a committed mark:
+    /// draining a million 1 KiB records on the 2-core test machine, 1024 reached a median 0.74
+    /// of raw JetStream publishing over eight drains, 512 a median 0.70 over eleven.
     #[serde(default = "default_batch_records")]
     pub batch_records: usize,
     /// How long records may wait for a batch to fill before it is sent anyway; a full batch
@@ -167,7 +170,7 @@ fn default_window() -> usize {
     8
 }
 fn default_batch_records() -> usize {
-    512
+    1024
 }
 fn default_linger() -> HumanDuration {
     HumanDuration(Duration::from_secs(1))
