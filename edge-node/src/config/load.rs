@@ -226,6 +226,20 @@ impl EdgeConfig {
             if u.batch_records == 0 {
                 bad("uplink.batch_records".into(), "must be at least 1".into());
             }
+            // A message travels in one batch frame, which the bridge takes up to 16 MiB: one
+            // that zstd cannot shrink must leave room for the frame's own bytes, or every
+            // resend of its batch is refused and the lane never drains.
+            let most = (shared::proto::MAX_BATCH_FRAME / 2) as u64;
+            if self.broker.max_packet_size.bytes() > most {
+                bad(
+                    "broker.max_packet_size".into(),
+                    format!(
+                        "{} is over {} with an [uplink]: a message must fit a batch frame to the cloud bridge",
+                        self.broker.max_packet_size,
+                        shared::units::ByteSize(most)
+                    ),
+                );
+            }
             if !(1..=19).contains(&u.zstd_level) {
                 bad("uplink.zstd_level".into(), format!("{} is outside 1 ..= 19", u.zstd_level));
             }
@@ -384,9 +398,12 @@ mod tests {
     fn uplink_settings_are_checked_by_key() {
         let text = "[uplink]\nserver = \"cloud\"\nca = \"ca.pem\"\ncert = \"c.pem\"\nkey = \"k.pem\"\nwindow = 0\n\
                     batch_records = 0\nzstd_level = 30\nlower_lane_share = 0.9\nbackoff_min = \"1m\"\nbackoff_max = \"1s\"\n\
-                    dict_size = 100\ndict_samples = 1\ndict_retrain = \"0s\"\n";
+                    dict_size = 100\ndict_samples = 1\ndict_retrain = \"0s\"\n\
+                    [broker]\nmax_packet_size = \"9 MiB\"\nsegment_size = \"100 MiB\"\n";
         let err = parse(text).unwrap_err().to_string();
+        assert!(err.contains("with an [uplink]: a message must fit a batch frame"), "{err}");
         for key in [
+            "broker.max_packet_size",
             "uplink.server",
             "uplink.window",
             "uplink.batch_records",
