@@ -122,7 +122,7 @@ mod tests {
 
     use bytes::Bytes;
 
-    use super::super::{Durability, Lane, Message, Properties, Seq, Spool, SpoolWriter, SqliteStorage};
+    use super::super::{Durability, Lane, Message, Properties, Record, Seq, Spool, SpoolWriter, SqliteStorage};
     use super::*;
 
     /// A thread's scheduling policy (0 normal, 5 idle) and nice value, as the kernel has them.
@@ -222,9 +222,9 @@ mod tests {
             promoted = writer_thread() == Some((0, 10));
         }
         // Reads stop at READ_BYTES: page through.
-        let mut read = Vec::new();
+        let mut read: Vec<Record> = Vec::new();
         loop {
-            let after = read.last().map_or(Seq(0), |r: &super::super::Record| r.seq);
+            let after = read.last().map_or(Seq(0), |r| r.seq);
             let page = writer.read(Lane(0), after, COUNT as usize).await.expect("read");
             if page.is_empty() {
                 break;

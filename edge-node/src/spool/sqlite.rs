@@ -50,6 +50,16 @@ fn lane_rows(conn: &Connection) -> rusqlite::Result<Vec<(u8, u64, u64)>> {
     stmt.query_map([], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))?.collect()
 }
 
+/// Message records per class, and their bytes, with keys from `start` to `end`.
+fn usage_between(conn: &Connection, start: i64, end: i64) -> rusqlite::Result<Vec<ClassUsage>> {
+    let mut stmt = conn.prepare_cached(&format!(
+        "SELECT class, count(*), sum({MESSAGE_SIZE}) FROM records \
+         WHERE id >= ?1 AND id <= ?2 AND kind = 0 GROUP BY class ORDER BY class"
+    ))?;
+    stmt.query_map(params![start, end], |r| Ok(ClassUsage { class: r.get(0)?, records: r.get(1)?, bytes: r.get(2)? }))?
+        .collect()
+}
+
 /// The class usage a clean close leaves in `meta`, with the lanes as they were then.
 #[derive(Debug, serde::Serialize, serde::Deserialize)]
 struct UsageNote {
@@ -220,19 +230,9 @@ impl SqliteStorage {
             .filter(|note| note.lanes == lane_rows)
             .map(|note| note.usage);
         let counted = noted.is_none();
-        let usage = if let Some(usage) = noted {
-            usage
-        } else {
-            let mut stmt = conn
-                .prepare(&format!(
-                    "SELECT class, count(*), coalesce(sum({MESSAGE_SIZE}), 0) FROM records WHERE kind = 0 \
-                     GROUP BY class ORDER BY class"
-                ))
-                .map_err(err)?;
-            stmt.query_map([], |r| Ok(ClassUsage { class: r.get(0)?, records: r.get(1)?, bytes: r.get(2)? }))
-                .map_err(err)?
-                .collect::<Result<Vec<_>, _>>()
-                .map_err(err)?
+        let usage = match noted {
+            Some(usage) => usage,
+            None => usage_between(&conn, 0, i64::MAX).map_err(err)?,
         };
         let opened = Opened { epoch, lanes, usage, moved_aside: None, checked: !closed_cleanly, counted };
         let checkpointer = super::checkpoint::Checkpointer::start(path)
@@ -419,18 +419,7 @@ impl Storage for SqliteStorage {
         // first (the returning delete was 0.65-0.84 s of CPU per 200,000 acked records against
         // 0.43 s for this pair), and the pass leaves the pages cached for the delete.
         let (start, end) = (lane_start(lane), key(lane, up_to.0.min((1 << SEQ_BITS) - 1))?);
-        let deleted = tx
-            .prepare_cached(&format!(
-                "SELECT class, count(*), sum({MESSAGE_SIZE}) FROM records \
-                 WHERE id >= ?1 AND id <= ?2 AND kind = 0 GROUP BY class"
-            ))
-            .and_then(|mut stmt| {
-                stmt.query_map(params![start, end], |r| {
-                    Ok(ClassUsage { class: r.get(0)?, records: r.get(1)?, bytes: r.get(2)? })
-                })?
-                .collect::<Result<Vec<_>, _>>()
-            })
-            .map_err(|e| self.err(e))?;
+        let deleted = usage_between(&tx, start, end).map_err(|e| self.err(e))?;
         tx.prepare_cached("DELETE FROM records WHERE id >= ?1 AND id <= ?2")
             .and_then(|mut stmt| stmt.execute(params![start, end]))
             .map_err(|e| self.err(e))?;

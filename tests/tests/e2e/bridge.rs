@@ -44,13 +44,20 @@ fn payloads(rows: &[e2e_tests::cloud::SinkRow]) -> Vec<String> {
         .collect()
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn spooled_messages_arrive_exactly_once_and_the_spool_empties() {
-    let dir = tempfile::tempdir().unwrap();
+/// A cloud bridge on the SQLite sink, an edge with [`CLASSES`] draining to it as `edge-1`, and
+/// a publisher on the edge.
+async fn edge_and_cloud(dir: &tempfile::TempDir) -> (TestCloud, TestNode, Client) {
     let cloud = TestCloud::start(dir.path(), pki(dir.path(), &[]), "127.0.0.1:0".parse().unwrap(), "").await;
     let extra = format!("{CLASSES}\n{}", cloud.uplink_section("edge-1"));
     let edge = TestNode::start(&extra).await;
     let publisher = Client::anonymous(edge.local(), "pub").await;
+    (cloud, edge, publisher)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn spooled_messages_arrive_exactly_once_and_the_spool_empties() {
+    let dir = tempfile::tempdir().unwrap();
+    let (cloud, edge, publisher) = edge_and_cloud(&dir).await;
     publish(&publisher, "telemetry/cam-1", 0..300).await;
     publish(&publisher, "inference/yolo-edge/v3.2.1", 0..100).await;
 
@@ -94,10 +101,7 @@ async fn spooled_messages_arrive_exactly_once_and_the_spool_empties() {
 async fn large_incompressible_messages_drain_in_batches_under_the_frame_limit() {
     use rand::RngCore;
     let dir = tempfile::tempdir().unwrap();
-    let cloud = TestCloud::start(dir.path(), pki(dir.path(), &[]), "127.0.0.1:0".parse().unwrap(), "").await;
-    let extra = format!("{CLASSES}\n{}", cloud.uplink_section("edge-1"));
-    let edge = TestNode::start(&extra).await;
-    let publisher = Client::anonymous(edge.local(), "pub").await;
+    let (cloud, edge, publisher) = edge_and_cloud(&dir).await;
     let mut sent = Vec::new();
     for i in 0..40u32 {
         let mut frame = vec![0u8; 900 << 10];

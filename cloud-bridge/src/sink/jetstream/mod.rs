@@ -27,7 +27,7 @@ use async_nats::jetstream::{self, kv, stream};
 use bytes::Bytes;
 use futures_util::StreamExt;
 pub use publish::BatchPublish;
-use publish::{Atomic, MAX_ATOMIC, Outgoing, Publishing};
+use publish::Publishing;
 use shared::proto::{DictAnnounce, LaneSeq, WireRecord};
 
 use super::{Sink, SinkError, StoredReport, Turn};
@@ -242,34 +242,13 @@ impl Sink for JetStreamSink {
         async move {
             let mut messages = messages?;
             match publishing {
-                Publishing::Fast => return publish::publish_fast(&client, &mut messages, turn).await,
-                Publishing::Messages => {
-                    if !turn.await {
-                        return Err(publish::turn_failed());
-                    }
-                    return publish::publish_chains(&js, messages).await;
+                Publishing::Fast => publish::publish_fast(&client, &mut messages, turn).await,
+                Publishing::Atomic => {
+                    let address = |r: &WireRecord| publish::addressed(&prefix, &edge, &epoch, lane, r);
+                    publish::publish_atomic_batches(&client, &js, &mut messages, &records, address, turn).await
                 }
-                Publishing::Atomic => {}
+                Publishing::Messages => publish::publish_messages(&js, messages, turn).await,
             }
-            let mut turn = Some(turn);
-            for (chunk, records) in messages.chunks_mut(MAX_ATOMIC).zip(records.chunks(MAX_ATOMIC)) {
-                match publish::publish_atomic(&client, chunk, turn.take()).await? {
-                    Atomic::Stored => {}
-                    Atomic::Duplicate => {
-                        // The atomic publish took the subjects and headers; address them again.
-                        let again = chunk
-                            .iter()
-                            .zip(records)
-                            .map(|(m, r)| {
-                                let (subject, headers) = publish::addressed(&prefix, &edge, &epoch, lane, r);
-                                Outgoing { subject, headers, payload: m.payload.clone() }
-                            })
-                            .collect();
-                        publish::publish_chains(&js, again).await?
-                    }
-                }
-            }
-            Ok(())
         }
     }
 

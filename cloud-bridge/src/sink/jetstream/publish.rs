@@ -62,20 +62,20 @@ impl Publishing {
 }
 
 /// Messages in one atomic batch, the server's default `max_msgs`.
-pub(super) const MAX_ATOMIC: usize = 1000;
+const MAX_ATOMIC: usize = 1000;
 
 /// JetStream's error code for an atomic batch holding a `Nats-Msg-Id` it already stored.
 const ERR_BATCH_DUPLICATE: u64 = 10201;
 
 #[derive(Debug, Clone)]
 pub(super) struct Outgoing {
-    pub(super) subject: String,
-    pub(super) headers: HeaderMap,
-    pub(super) payload: Bytes,
+    subject: String,
+    headers: HeaderMap,
+    payload: Bytes,
 }
 
 #[derive(Debug)]
-pub(super) enum Atomic {
+enum Atomic {
     Stored,
     /// Refused whole: some of its messages were stored before.
     Duplicate,
@@ -104,10 +104,11 @@ pub(super) fn outgoing(
     Ok(messages)
 }
 
-/// Header names every record carries: constants, so a record's headers do not allocate them.
-const HEADER_NAMES: [HeaderName; 6] = [
-    HeaderName::from_static("Edge-Id"),
-    HeaderName::from_static("Edge-Seq"),
+// Header names as constants, so a record's headers do not allocate them.
+const EDGE_ID: HeaderName = HeaderName::from_static("Edge-Id");
+const EDGE_SEQ: HeaderName = HeaderName::from_static("Edge-Seq");
+/// The names `names::headers` gives besides user properties.
+const MQTT_HEADERS: [HeaderName; 4] = [
     HeaderName::from_static("Mqtt-Topic"),
     HeaderName::from_static("Mqtt-Qos"),
     HeaderName::from_static("Mqtt-Correlation-Data"),
@@ -115,7 +116,7 @@ const HEADER_NAMES: [HeaderName; 6] = [
 ];
 
 fn header_name(name: &str) -> HeaderName {
-    match HEADER_NAMES.iter().find(|h| <HeaderName as AsRef<str>>::as_ref(h) == name) {
+    match MQTT_HEADERS.iter().find(|h| <HeaderName as AsRef<str>>::as_ref(h) == name) {
         Some(known) => known.clone(),
         None => header_safe(name, true).into_owned().into_header_name(),
     }
@@ -125,8 +126,8 @@ fn header_name(name: &str) -> HeaderName {
 pub(super) fn addressed(prefix: &str, edge: &str, epoch: &str, lane: u8, r: &WireRecord) -> (String, HeaderMap) {
     let mut headers = HeaderMap::new();
     headers.insert(async_nats::header::NATS_MESSAGE_ID, format!("{edge}:{epoch}:{lane}:{}", r.seq));
-    headers.insert(HEADER_NAMES[0].clone(), edge);
-    headers.insert(HEADER_NAMES[1].clone(), format!("{epoch}:{lane}:{}", r.seq));
+    headers.insert(EDGE_ID, edge);
+    headers.insert(EDGE_SEQ, format!("{epoch}:{lane}:{}", r.seq));
     let subject = match &r.message {
         Some(m) => {
             for (name, value) in crate::names::headers(m) {
@@ -145,7 +146,7 @@ fn batch_id() -> String {
     format!("{:032x}", rand::thread_rng().r#gen::<u128>())
 }
 
-pub(super) fn turn_failed() -> SinkError {
+fn turn_failed() -> SinkError {
     failed("publish", "the batch before this one failed")
 }
 
@@ -157,7 +158,7 @@ pub(super) fn turn_failed() -> SinkError {
 ///
 /// Subjects and headers move out of `messages` into the publishes (copying a header map per
 /// message was a tenth of the bridge's time); payloads are shared.
-pub(super) async fn publish_atomic(
+async fn publish_atomic(
     client: &async_nats::Client,
     messages: &mut [Outgoing],
     turn: Option<Turn>,
@@ -189,6 +190,48 @@ pub(super) async fn publish_atomic(
     batch_ack(&reply.payload, n)
 }
 
+/// Publishes `messages` (those of `records`, in order) as atomic batches of up to
+/// [`MAX_ATOMIC`], the first once `turn` came. A batch JetStream refuses whole as a duplicate (a
+/// resend overlapping records already stored) goes message by message, addressed again with
+/// `address`, so dedup drops just the duplicates.
+pub(super) async fn publish_atomic_batches(
+    client: &async_nats::Client,
+    js: &jetstream::Context,
+    messages: &mut [Outgoing],
+    records: &[WireRecord],
+    address: impl Fn(&WireRecord) -> (String, HeaderMap),
+    turn: Turn,
+) -> Result<(), SinkError> {
+    let mut turn = Some(turn);
+    for (chunk, records) in messages.chunks_mut(MAX_ATOMIC).zip(records.chunks(MAX_ATOMIC)) {
+        if let Atomic::Duplicate = publish_atomic(client, chunk, turn.take()).await? {
+            // The atomic publish took the subjects and headers.
+            let again = chunk
+                .iter()
+                .zip(records)
+                .map(|(m, r)| {
+                    let (subject, headers) = address(r);
+                    Outgoing { subject, headers, payload: m.payload.clone() }
+                })
+                .collect();
+            publish_chains(js, again).await?;
+        }
+    }
+    Ok(())
+}
+
+/// Publishes `messages` message by message once `turn` came (see [`publish_chains`]).
+pub(super) async fn publish_messages(
+    js: &jetstream::Context,
+    messages: Vec<Outgoing>,
+    turn: Turn,
+) -> Result<(), SinkError> {
+    if !turn.await {
+        return Err(turn_failed());
+    }
+    publish_chains(js, messages).await
+}
+
 /// Reads a batch commit's reply: `{"stream":..,"seq":..,"batch":..,"count":N}` or an error.
 fn batch_ack(reply: &[u8], sent: usize) -> Result<Atomic, SinkError> {
     let v: serde_json::Value = serde_json::from_slice(reply)
@@ -208,7 +251,7 @@ fn batch_ack(reply: &[u8], sent: usize) -> Result<Atomic, SinkError> {
 /// Per subject, one publish in flight at a time, the next sent after the last one's ack: a
 /// failure then leaves a subject's stored records a prefix of what was sent, and the edge's
 /// resend continues it in order. Subjects run side by side.
-pub(super) async fn publish_chains(js: &jetstream::Context, messages: Vec<Outgoing>) -> Result<(), SinkError> {
+async fn publish_chains(js: &jetstream::Context, messages: Vec<Outgoing>) -> Result<(), SinkError> {
     let mut chains: Vec<(String, Vec<(HeaderMap, Bytes)>)> = Vec::new();
     let mut chain_of: std::collections::HashMap<String, usize> = std::collections::HashMap::new();
     for m in messages {
