@@ -11,11 +11,6 @@ pub mod server;
 pub mod sink;
 pub mod tco;
 
-/// Milliseconds since the Unix epoch; 0 if the clock is before it.
-pub(crate) fn now_ms() -> u64 {
-    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
-}
-
 use std::net::SocketAddr;
 use std::sync::Arc;
 
@@ -64,7 +59,7 @@ impl Bridge {
                     .await
                     .map_err(|source| StartError::HttpBind { addr, source })?;
                 let bound = listener.local_addr().ok();
-                tokio::spawn(metrics::serve(listener, metrics.clone(), shutdown.clone()));
+                tasks.spawn(metrics::serve(listener, metrics.clone(), shutdown.clone()));
                 bound
             }
             None => None,
@@ -128,12 +123,21 @@ impl Bridge {
         &self.metrics
     }
 
-    /// Closes every session and the endpoint, and waits until the UDP port is free again.
+    /// Closes every session, the endpoint and the HTTP endpoint, and waits until the UDP port is
+    /// free again.
     pub async fn stop(&self) {
         self.shutdown.cancel();
         self.tasks.close();
         self.tasks.wait().await;
     }
+}
+
+/// Runs a bridge until `shutdown` is cancelled, then stops it.
+pub async fn run(config: CloudConfig, shutdown: CancellationToken) -> Result<(), StartError> {
+    let bridge = Bridge::start(config).await?;
+    shutdown.cancelled().await;
+    bridge.stop().await;
+    Ok(())
 }
 
 impl Drop for Bridge {

@@ -300,7 +300,7 @@ async fn run_session<S: Sink>(
                         session.dict_stored(dict.id);
                     }
                     Some(Request::Classes(report)) => {
-                        let stored = crate::sink::StoredReport { edge: edge.to_owned(), received_ms: crate::now_ms(), report };
+                        let stored = crate::sink::StoredReport { edge: edge.to_owned(), received_ms: shared::units::now_ms(), report };
                         // A report is advice for the fleet view: losing one must not cost the
                         // edge its connection.
                         if let Err(e) = sink.store_report(&stored).await {

@@ -97,7 +97,7 @@ fn counts(m: &BTreeMap<Route, usize>) -> String {
 
 pub fn table(f: &Fleet) -> String {
     let mut out = String::new();
-    let now_ms = crate::now_ms();
+    let now_ms = shared::units::now_ms();
     let _ = writeln!(out, "edges reporting: {}", f.edges.len());
     for e in &f.edges {
         let age = now_ms.saturating_sub(e.received_ms) / 1000;

@@ -1,13 +1,19 @@
 //! The edge gateway: an embedded MQTT broker with our own connection layer in front of it.
 //!
 //! [`Node::start`] binds everything and returns the bound addresses; [`run`] is the same with a
-//! shutdown future, for `main` and for tests that only need a running node.
+//! shutdown future, for `main` and for tests that only need a running node. This file is where
+//! subsystems meet: it builds each one from its config section, registers their metrics in one
+//! registry, and creates the handles that carry values between them (the TCO snapshot, the link
+//! figures). No subsystem imports another's config or metrics; `tests/layout.rs` holds that.
+//! docs/ARCHITECTURE.md maps the modules.
 
 pub mod auth;
 pub mod broker;
-pub mod broker_log;
+pub mod check;
+pub mod client;
 pub mod config;
 pub mod front;
+pub mod labels;
 pub mod metrics;
 pub mod models;
 pub mod probe;
@@ -31,10 +37,16 @@ use tokio_util::task::TaskTracker;
 
 use crate::auth::{AuthError, AuthState};
 use crate::broker::{BrokerError, InternalBroker};
+use crate::client::Connector;
 use crate::config::EdgeConfig;
-use crate::front::{FrontContext, Listener};
-use crate::metrics::{HealthState, Metrics};
+use crate::front::{FrontContext, FrontMetrics, Listener};
+use crate::metrics::{Endpoints, Metrics};
+use crate::models::sync::ModelMetrics;
+use crate::probe::{Health, ProbeMetrics};
+use crate::spool::WriterMetrics;
+use crate::tco::{LinkFigures, Snapshot, TcoMetrics};
 use crate::tls::TlsError;
+use crate::uplink::UplinkMetrics;
 
 #[derive(Debug, thiserror::Error)]
 pub enum StartError {
@@ -101,6 +113,7 @@ pub struct Node {
     http_addr: Option<SocketAddr>,
     listeners: Vec<Arc<Listener>>,
     ctx: Arc<FrontContext>,
+    metrics: Arc<Metrics>,
     _broker: InternalBroker,
 }
 
@@ -114,7 +127,17 @@ impl Node {
     /// [`Node::start`] with options.
     pub async fn start_with(config: EdgeConfig, options: NodeOptions) -> Result<Node, StartError> {
         let auth = AuthState::load(&config.auth)?;
-        let metrics = Arc::new(Metrics::new());
+        // Every subsystem's metrics, registered whether or not the subsystem runs, so a scrape
+        // always names the same metrics.
+        let mut registry = metrics::registry();
+        let front_metrics = FrontMetrics::new(&mut registry);
+        broker::log::register(&mut registry);
+        let probe_metrics = ProbeMetrics::new(&mut registry);
+        let spool_metrics = Arc::new(WriterMetrics::new(&mut registry));
+        let uplink_metrics = UplinkMetrics::new(&mut registry);
+        let tco_metrics = TcoMetrics::new(&mut registry);
+        let model_metrics = ModelMetrics::new(&mut registry);
+        let metrics = Arc::new(Metrics::new(registry));
         let broker = InternalBroker::start(&config.broker).await?;
         let shutdown = CancellationToken::new();
         let tracker = TaskTracker::new();
@@ -143,30 +166,14 @@ impl Node {
             None => None,
         };
 
-        let classes = Arc::new(route::Classes::new(
-            config
-                .classes
-                .iter()
-                .map(|c| {
-                    route::Class::new(
-                        c.name.clone(),
-                        c.filters.clone(),
-                        c.route,
-                        c.governance,
-                        spool::Lane(c.priority),
-                        c.durability(),
-                        c.ttl.map(|t| t.0.as_millis() as u64),
-                    )
-                })
-                .collect(),
-        ));
+        let classes = Arc::new(route::Classes::from_config(&config.classes));
         let spool = if classes.is_empty() {
             None
         } else {
             let sqlite = spool::SqliteStorage::open(&config.spool.path)?;
             let opened = spool::Storage::opened(&sqlite);
             if opened.moved_aside.is_some() {
-                metrics.spool.moved_aside.inc();
+                spool_metrics.moved_aside.inc();
             }
             let (integrity_checked, usage_counted) = (opened.checked, opened.counted);
             let storage: Box<dyn spool::Storage + Send> = match options.spool_faults {
@@ -184,7 +191,7 @@ impl Node {
                 spool,
                 config.spool.commit_interval.0,
                 config.spool.commit_batch,
-                metrics.spool.clone(),
+                spool_metrics,
             )
             .map_err(|source| StartError::SpoolThread { source })?;
             Some(writer)
@@ -197,7 +204,7 @@ impl Node {
             broker_secret: broker.secret.clone(),
             auth: ArcSwap::from_pointee(auth),
             auth_generation: AtomicU64::new(0),
-            metrics: metrics.clone(),
+            metrics: front_metrics,
             permits: Arc::new(Semaphore::new(config.broker.max_connections)),
             probe_topic: config.probe.topic.clone(),
             classes,
@@ -217,21 +224,40 @@ impl Node {
             mqtt_addrs.push((listener.name.clone(), addr));
             tracker.spawn(front::accept_loop(socket, listener.clone(), ctx.clone()));
         }
+        // The TCO model's last answer: the model writes it, the uplink and `/tco` read it.
+        let (tco_latest, tco_snapshot) = tokio::sync::watch::channel(Snapshot::default());
         let http_addr = match http {
             Some(socket) => {
                 let addr = socket.local_addr().ok();
-                let health = HealthState {
-                    metrics: metrics.clone(),
-                    probe_interval: config.probe.enabled.then_some(config.probe.interval.0),
+                let health = Health {
+                    metrics: probe_metrics.clone(),
+                    interval: config.probe.enabled.then_some(config.probe.interval.0),
                 };
-                tracker.spawn(metrics::serve(socket, health, shutdown.clone()));
+                let snapshot = tco_snapshot.clone();
+                let endpoints = Endpoints {
+                    metrics: metrics.clone(),
+                    health: Arc::new(move || health.check()),
+                    tco: Arc::new(move || {
+                        let snapshot = snapshot.borrow();
+                        (!snapshot.classes.is_empty())
+                            .then(|| serde_json::to_string_pretty(&*snapshot).unwrap_or_default())
+                    }),
+                };
+                tracker.spawn(metrics::serve(socket, endpoints, shutdown.clone()));
                 tracing::info!(addr = ?addr, "metrics endpoint ready");
                 addr
             }
             None => None,
         };
+        let connector = Connector::new(ctx.clone());
         if config.probe.enabled {
-            tracker.spawn(probe::run(ctx.clone(), config.probe.clone(), config.node_id.clone(), shutdown.clone()));
+            tracker.spawn(probe::run(
+                connector.clone(),
+                config.probe.clone(),
+                config.node_id.clone(),
+                probe_metrics,
+                shutdown.clone(),
+            ));
         }
         // The syncer announces every model held at start (the broker forgets retained messages
         // on restart), then stages what the bridge announces.
@@ -247,9 +273,9 @@ impl Node {
                 follows: m.follow.clone(),
                 parallel: m.parallel,
                 cache_budget: m.cache_budget.bytes(),
-                metrics: metrics.models.clone(),
+                metrics: model_metrics,
                 announcer: models::announce::Announcer {
-                    ctx: ctx.clone(),
+                    connector: connector.clone(),
                     prefix: m.topic_prefix.clone(),
                     node_id: config.node_id.clone(),
                 },
@@ -258,6 +284,7 @@ impl Node {
             model_jobs = Some(tx);
             tracker.spawn(syncer.run(rx, shutdown.clone()));
         }
+        let link = Arc::new(LinkFigures::default());
         if let Some(uplink) = &config.uplink {
             match &ctx.spool {
                 Some(spool) => {
@@ -265,28 +292,22 @@ impl Node {
                         client: uplink::quic::client_config(uplink)?,
                         config: uplink.clone(),
                         spool: spool.clone(),
-                        metrics: metrics.uplink.clone(),
+                        metrics: uplink_metrics,
+                        link: link.clone(),
                         models: config.models.as_ref().map(|m| m.follow.clone()).unwrap_or_default(),
                         model_jobs: model_jobs.clone(),
-                        tco: config.tco.as_ref().map(|t| (metrics.tco_latest.clone(), t.interval.0)),
+                        tco: config.tco.as_ref().map(|t| (tco_snapshot.clone(), t.interval.0)),
                     };
                     tracker.spawn(task.run(shutdown.clone()));
                 }
                 None => tracing::warn!("[uplink] is configured but no class routes to the cloud: nothing to send"),
             }
         }
-        if config.tco.is_some() {
-            let task = tco::run(
-                Arc::new(config.clone()),
-                ctx.classes.clone(),
-                metrics.uplink.clone(),
-                metrics.tco.clone(),
-                metrics.tco_latest.clone(),
-                shutdown.clone(),
-            );
+        if let Some(tco) = &config.tco {
+            let task = tco::run(tco.clone(), ctx.classes.clone(), link, tco_metrics, tco_latest, shutdown.clone());
             tracker.spawn(task);
         }
-        Ok(Node { config, mqtt_addrs, http_addr, listeners, ctx, _broker: broker })
+        Ok(Node { config, mqtt_addrs, http_addr, listeners, ctx, metrics, _broker: broker })
     }
 
     /// Bound MQTT listeners, by name, in config order.
@@ -304,7 +325,7 @@ impl Node {
     }
 
     pub fn metrics(&self) -> &Arc<Metrics> {
-        &self.ctx.metrics
+        &self.metrics
     }
 
     pub fn config(&self) -> &EdgeConfig {
@@ -354,4 +375,24 @@ pub async fn run(config: EdgeConfig, shutdown: CancellationToken) -> Result<(), 
     shutdown.cancelled().await;
     node.shutdown(Duration::from_secs(5)).await;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::labels::listener_label;
+
+    #[test]
+    fn encodes_registered_metrics() {
+        let mut registry = metrics::registry();
+        let front = FrontMetrics::new(&mut registry);
+        let probe = ProbeMetrics::new(&mut registry);
+        let m = Metrics::new(registry);
+        front.connections_total.get_or_create(&listener_label("local")).inc();
+        probe.delivered(Duration::from_micros(300));
+        let text = m.encode();
+        assert!(text.contains("edge_mqtt_connections_total{listener=\"local\"} 1"), "{text}");
+        assert!(text.contains("edge_probe_latency_seconds_count 1"), "{text}");
+        assert!(probe.since_delivery().is_some());
+    }
 }

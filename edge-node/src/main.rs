@@ -164,7 +164,7 @@ fn init_tracing(config: &EdgeConfig) {
         LogFormat::Json => fmt.json().boxed(),
         LogFormat::Text => fmt.boxed(),
     };
-    tracing_subscriber::registry().with(fmt.with_filter(filter)).with(edge_node::broker_log::layer()).init();
+    tracing_subscriber::registry().with(fmt.with_filter(filter)).with(edge_node::broker::log::layer()).init();
 }
 
 fn run(path: &Path, ready_file: Option<&Path>) -> anyhow::Result<()> {
@@ -310,7 +310,8 @@ fn tco_report(path: &Path, json: bool, svg: Option<&Path>) -> anyhow::Result<()>
         Some(s) => (s, "live, from the running node"),
         None => {
             use edge_node::tco;
-            let inputs = tco::inputs(&config, &tco, &Default::default(), &|_| None);
+            let classes = edge_node::route::Classes::from_config(&config.classes);
+            let inputs = tco::inputs(&tco, &classes, &Default::default(), &|_| None);
             let routes = config.classes.iter().map(|c| (c.name.clone(), (c.route, 0))).collect();
             let link = shared::tco::Link { rtt_ms: tco.link.rtt_ms, commit_ms: tco.link.commit_ms };
             (tco::snapshot(&tco, link, &inputs, &routes), "declared traffic from the config")

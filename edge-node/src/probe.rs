@@ -6,39 +6,159 @@
 
 use std::collections::VecDeque;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use bytes::{BufMut, Bytes, BytesMut};
-use rumqttd::protocol::{Connect, Filter, Packet, Protocol, QoS, RetainForwardRule, Subscribe, v4::V4};
-use tokio::io::{AsyncReadExt, AsyncWriteExt, DuplexStream};
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
+use prometheus_client::registry::{Registry, Unit};
+use serde::{Deserialize, Serialize};
+use shared::units::HumanDuration;
 use tokio_util::sync::CancellationToken;
 
-use crate::config::ProbeConfig;
-use crate::front::{self, FrontContext, packet};
+use crate::check::Problems;
+use crate::client::{ClientError, Connector, Event};
+
+/// `[probe]`: the built-in SLO probe.
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct ProbeConfig {
+    /// Run the probe. Default: true.
+    #[serde(default = "default_true")]
+    pub enabled: bool,
+    /// Time between probe messages. Default: 100ms (10 msg/s).
+    #[serde(default = "default_probe_interval")]
+    pub interval: HumanDuration,
+    /// Topic the probe publishes on and subscribes to (QoS1). rumqttd never delivers `$`
+    /// topics, so this is an ordinary topic: a `#` subscriber sees the probe's messages.
+    /// Default: `_edge/probe`.
+    #[serde(default = "default_probe_topic")]
+    pub topic: String,
+}
+
+impl Default for ProbeConfig {
+    fn default() -> Self {
+        Self { enabled: true, interval: default_probe_interval(), topic: default_probe_topic() }
+    }
+}
+
+impl ProbeConfig {
+    pub fn check(&self, p: &mut Problems) {
+        if !self.enabled {
+            return;
+        }
+        if self.interval.0.is_zero() {
+            p.bad("probe.interval", "must be more than 0s");
+        }
+        if let Err(e) = shared::topic::validate_name(&self.topic) {
+            p.bad("probe.topic", e.to_string());
+        } else if self.topic.starts_with('$') {
+            p.bad("probe.topic", "rumqttd never delivers topics starting with '$'");
+        }
+    }
+}
+
+fn default_true() -> bool {
+    true
+}
+fn default_probe_interval() -> HumanDuration {
+    HumanDuration::from_millis(100)
+}
+fn default_probe_topic() -> String {
+    "_edge/probe".to_owned()
+}
 
 /// A probe message not back within this time is counted lost.
 const LOST_AFTER: Duration = Duration::from_secs(5);
 
-#[derive(Debug, thiserror::Error)]
-pub(crate) enum ProbeError {
-    #[error("connection to the front closed")]
-    Closed,
-    #[error("unexpected packet {0}")]
-    Unexpected(&'static str),
-    #[error("codec: {0}")]
-    Codec(String),
+/// The probe's metrics, and what `/healthz` decides on.
+#[derive(Debug, Clone)]
+pub struct ProbeMetrics {
+    latency: Histogram,
+    sent: Counter,
+    received: Counter,
+    lost: Counter,
+    /// Milliseconds after `started` of the last probe delivery; 0 before the first.
+    last_ok_ms: Arc<AtomicU64>,
+    started: Instant,
+}
+
+impl ProbeMetrics {
+    pub fn new(r: &mut Registry) -> Self {
+        let m = Self {
+            // 50 µs .. ~1.6 s
+            latency: Histogram::new(exponential_buckets(0.000_05, 2.0, 16)),
+            sent: Counter::default(),
+            received: Counter::default(),
+            lost: Counter::default(),
+            last_ok_ms: Arc::new(AtomicU64::new(0)),
+            started: Instant::now(),
+        };
+        r.register_with_unit(
+            "probe_latency",
+            "SLO probe publish-to-deliver latency through the front and the broker",
+            Unit::Seconds,
+            m.latency.clone(),
+        );
+        r.register("probe_sent", "SLO probe messages published", m.sent.clone());
+        r.register("probe_received", "SLO probe messages delivered back", m.received.clone());
+        r.register("probe_lost", "SLO probe messages not delivered within 5 s", m.lost.clone());
+        m
+    }
+
+    pub fn delivered(&self, latency: Duration) {
+        self.latency.observe(latency.as_secs_f64());
+        self.received.inc();
+        let ms = u64::try_from(self.started.elapsed().as_millis()).unwrap_or(u64::MAX).max(1);
+        self.last_ok_ms.store(ms, Ordering::Relaxed);
+    }
+
+    /// Time since the probe last saw a delivery, `None` if it never has.
+    pub fn since_delivery(&self) -> Option<Duration> {
+        match self.last_ok_ms.load(Ordering::Relaxed) {
+            0 => None,
+            ms => Some(self.started.elapsed().saturating_sub(Duration::from_millis(ms))),
+        }
+    }
+}
+
+/// What `/healthz` decides on.
+#[derive(Debug, Clone)]
+pub struct Health {
+    pub metrics: ProbeMetrics,
+    /// None when the probe is disabled: health then only says the process serves HTTP.
+    pub interval: Option<Duration>,
+}
+
+impl Health {
+    /// `Err(reason)` when the node should be taken out of service.
+    pub fn check(&self) -> Result<(), String> {
+        let Some(interval) = self.interval else {
+            return Ok(());
+        };
+        // Allow a start-up grace and a few missed probes before calling the broker unhealthy.
+        let limit = interval * 10 + Duration::from_secs(2);
+        match self.metrics.since_delivery() {
+            Some(age) if age > limit => Err(format!("no probe message delivered for {age:?}")),
+            None if self.metrics.started.elapsed() > limit => Err("no probe message delivered yet".into()),
+            _ => Ok(()),
+        }
+    }
 }
 
 /// Runs the probe until `shutdown`, reconnecting after a failure.
-pub async fn run(ctx: Arc<FrontContext>, config: ProbeConfig, node_id: String, shutdown: CancellationToken) {
+pub async fn run(
+    connector: Connector,
+    config: ProbeConfig,
+    node_id: String,
+    metrics: ProbeMetrics,
+    shutdown: CancellationToken,
+) {
     loop {
-        let (client, server) = tokio::io::duplex(256 * 1024);
-        let serving = ctx.tracker.spawn(front::serve_internal(server, ctx.clone()));
         let result = tokio::select! {
             _ = shutdown.cancelled() => return,
-            r = session(client, &ctx, &config, &node_id) => r,
+            r = session(&connector, &config, &node_id, &metrics) => r,
         };
-        serving.abort();
         if let Err(e) = result {
             tracing::warn!(error = %e, "SLO probe session ended; reconnecting");
         }
@@ -50,31 +170,13 @@ pub async fn run(ctx: Arc<FrontContext>, config: ProbeConfig, node_id: String, s
 }
 
 async fn session(
-    mut io: DuplexStream,
-    ctx: &FrontContext,
+    connector: &Connector,
     config: &ProbeConfig,
     node_id: &str,
-) -> Result<(), ProbeError> {
-    let mut buf = BytesMut::with_capacity(4096);
-    let connect = Connect { keep_alive: 60, client_id: format!("_probe-{node_id}"), clean_session: true };
-    write(&mut io, Packet::Connect(connect, None, None, None, None)).await?;
-    let connack = read(&mut io, &mut buf).await?;
-    if packet::packet_type(&connack) != packet::CONNACK || connack.get(3) != Some(&0) {
-        return Err(ProbeError::Unexpected("CONNACK refused"));
-    }
-    let filter = Filter {
-        path: config.topic.clone(),
-        qos: QoS::AtLeastOnce,
-        nolocal: false,
-        preserve_retain: false,
-        retain_forward_rule: RetainForwardRule::Never,
-    };
-    write(&mut io, Packet::Subscribe(Subscribe { pkid: 1, filters: vec![filter] }, None)).await?;
-    if packet::packet_type(&read(&mut io, &mut buf).await?) != packet::SUBACK {
-        return Err(ProbeError::Unexpected("SUBACK missing"));
-    }
-
-    let metrics = &ctx.metrics;
+    metrics: &ProbeMetrics,
+) -> Result<(), ClientError> {
+    let mut client = connector.connect(&format!("_probe-{node_id}")).await?;
+    client.subscribe(&config.topic).await?;
     let mut ticker = tokio::time::interval(config.interval.0);
     ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
     let mut seq: u64 = 0;
@@ -83,78 +185,26 @@ async fn session(
         tokio::select! {
             _ = ticker.tick() => {
                 seq += 1;
-                let pkid = (seq % u64::from(u16::MAX)) as u16 + 1;
                 outstanding.push_back((seq, Instant::now()));
-                write_raw(&mut io, &publish_qos1(&config.topic, pkid, seq)).await?;
-                metrics.probe_sent.inc();
+                client.publish(&config.topic, &seq.to_be_bytes(), false).await?;
+                metrics.sent.inc();
                 while outstanding.front().is_some_and(|(_, at)| at.elapsed() > LOST_AFTER) {
                     outstanding.pop_front();
-                    metrics.probe_lost.inc();
+                    metrics.lost.inc();
                 }
             }
-            frame = read(&mut io, &mut buf) => {
-                let frame = frame?;
-                match packet::packet_type(&frame) {
-                    packet::PUBLISH => {
-                        let received = Instant::now();
-                        let view = packet::parse_publish(&frame, packet::Version::V311)
-                            .map_err(|e| ProbeError::Codec(e.to_string()))?;
-                        if view.qos == 1 {
-                            let mut ack = BytesMut::with_capacity(4);
-                            packet::write_ack(&mut ack, packet::PUBACK, view.pkid, 0, packet::Version::V311);
-                            write_raw(&mut io, &ack).await?;
-                        }
-                        // The payload is the last 8 bytes: the sequence number.
-                        let Some(tail) = frame.len().checked_sub(8).map(|at| &frame[at..]) else { continue };
-                        let got = u64::from_be_bytes(tail.try_into().unwrap_or_default());
-                        if let Some(i) = outstanding.iter().position(|(s, _)| *s == got) {
-                            let (_, sent) = outstanding.remove(i).unwrap_or((got, received));
-                            if got > 1 {
-                                metrics.probe_delivered(received - sent);
-                            }
-                        }
+            event = client.next() => {
+                let Event::Message(message) = event? else { continue };
+                // The payload is the sequence number.
+                let Ok(bytes) = <[u8; 8]>::try_from(&message.payload[..]) else { continue };
+                let got = u64::from_be_bytes(bytes);
+                if let Some(i) = outstanding.iter().position(|(s, _)| *s == got) {
+                    let (_, sent) = outstanding.remove(i).unwrap_or((got, message.received));
+                    if got > 1 {
+                        metrics.delivered(message.received - sent);
                     }
-                    packet::PUBACK | packet::PINGRESP => {}
-                    packet::DISCONNECT => return Err(ProbeError::Closed),
-                    _ => return Err(ProbeError::Unexpected("packet")),
                 }
             }
-        }
-    }
-}
-
-/// Writes one packet to an internal connection (also used to announce models).
-pub(crate) async fn write(io: &mut DuplexStream, packet: Packet) -> Result<(), ProbeError> {
-    let mut out = BytesMut::with_capacity(64);
-    V4.write(packet, &mut out).map_err(|e| ProbeError::Codec(e.to_string()))?;
-    write_raw(io, &out).await
-}
-
-pub(crate) async fn write_raw(io: &mut DuplexStream, bytes: &[u8]) -> Result<(), ProbeError> {
-    io.write_all(bytes).await.map_err(|_| ProbeError::Closed)
-}
-
-/// rumqttd's `Publish` keeps QoS and packet id private, so the probe writes its frame itself.
-fn publish_qos1(topic: &str, pkid: u16, seq: u64) -> Bytes {
-    let remaining = 2 + topic.len() + 2 + 8;
-    let mut out = BytesMut::with_capacity(remaining + 5);
-    out.put_u8((packet::PUBLISH << 4) | 0b0010);
-    packet::put_varint(&mut out, remaining);
-    out.put_u16(topic.len() as u16);
-    out.put_slice(topic.as_bytes());
-    out.put_u16(pkid);
-    out.put_u64(seq);
-    out.freeze()
-}
-
-/// Reads one whole packet from an internal connection.
-pub(crate) async fn read(io: &mut DuplexStream, buf: &mut BytesMut) -> Result<Bytes, ProbeError> {
-    loop {
-        if let Some(len) = packet::frame_len(buf, usize::MAX).map_err(|e| ProbeError::Codec(e.to_string()))? {
-            return Ok(buf.split_to(len).freeze());
-        }
-        if io.read_buf(buf).await.map_err(|_| ProbeError::Closed)? == 0 {
-            return Err(ProbeError::Closed);
         }
     }
 }

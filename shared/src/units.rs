@@ -1,9 +1,15 @@
 //! Config value types with units: durations (`"250ms"`, `"5s"`) and byte sizes
-//! (`"256 KiB"`, `"1 GiB"`), parsed once at load so the rest of the code sees typed values.
+//! (`"256 KiB"`, `"1 GiB"`), parsed once at load so the rest of the code sees typed values; and
+//! the wall clock in the one unit records and marks carry it in.
 
 use std::fmt;
 use std::str::FromStr;
-use std::time::Duration;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+/// Milliseconds since the Unix epoch; 0 if the clock is before it.
+pub fn now_ms() -> u64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
+}
 
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 

@@ -5,6 +5,7 @@
 pub mod certs;
 pub mod client;
 pub mod cloud;
+pub mod fixtures;
 pub mod nats;
 pub mod node;
 pub mod quic;
@@ -83,7 +84,7 @@ pub fn init_tracing() {
     let _ = tracing_subscriber::registry()
         .with(tracing_subscriber::fmt::layer().with_test_writer().with_filter(filter))
         .with(captured)
-        .with(edge_node::broker_log::layer())
+        .with(edge_node::broker::log::layer())
         .try_init();
 }
 

@@ -192,7 +192,7 @@ pub async fn publish<S: ModelStore>(
         Err(ChunkError::Read(e)) => return Err(failed("read", format!("{}: {e}", file.display()))),
         Err(ChunkError::Sink(e)) => return Err(failed("chunker", e)),
     };
-    let created_ms = crate::now_ms();
+    let created_ms = shared::units::now_ms();
     let manifest = Manifest { name: name.into(), version: version.into(), size, chunks, created_ms };
     manifest.check()?;
     let signed = key.sign(&manifest);

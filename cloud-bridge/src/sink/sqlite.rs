@@ -1,5 +1,6 @@
-//! The embedded sink: one SQLite file, records unique by (edge, epoch, lane, seq), the marks in
-//! the same transaction, `synchronous=FULL` so an ack means on disk.
+//! The embedded sink: one SQLite file, records unique by (edge, epoch, lane, seq) so a resent
+//! record is ignored, a batch's records in one transaction and its mark in a later one (see the
+//! module doc of `sink`), `synchronous=FULL` so an ack means on disk.
 
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
@@ -8,7 +9,7 @@ use rusqlite::{Connection, OptionalExtension, params};
 use shared::proto::{DictAnnounce, LaneSeq, WireRecord};
 
 use super::{Sink, SinkError, StoredReport, Turn};
-use crate::now_ms;
+use shared::units::now_ms;
 
 const SCHEMA: &str = "
 CREATE TABLE IF NOT EXISTS records (

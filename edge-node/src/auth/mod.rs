@@ -11,7 +11,32 @@ use std::sync::Arc;
 pub use acl::{Acl, Rules};
 pub use passwd::{PasswordFile, hash_password};
 
-use crate::config::AuthConfig;
+use serde::{Deserialize, Serialize};
+
+use crate::check::Problems;
+
+/// `[auth]`: where the password file and the ACL are.
+#[derive(Debug, Clone, Default, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct AuthConfig {
+    /// Password file written by `edge-node passwd`: one `user:argon2-hash` per line. Absent: no
+    /// username/password logins (anonymous loopback clients and client certificates only).
+    pub password_file: Option<PathBuf>,
+    /// ACL file (TOML, see `config/acl.toml`). Absent: every authenticated client may publish
+    /// and subscribe to every topic.
+    pub acl_file: Option<PathBuf>,
+}
+
+impl AuthConfig {
+    pub fn check(&self, p: &mut Problems) {
+        if let Some(path) = &self.password_file {
+            p.file("auth.password_file", path);
+        }
+        if let Some(path) = &self.acl_file {
+            p.file("auth.acl_file", path);
+        }
+    }
+}
 
 #[derive(Debug, thiserror::Error)]
 pub enum AuthError {

@@ -10,6 +10,11 @@
 //! rumqttd's router thread has no stop handle; it idles when the node stops and ends with the
 //! process.
 
+mod config;
+pub mod log;
+
+pub use config::BrokerConfig;
+
 use std::net::{Ipv4Addr, SocketAddr, TcpListener as StdTcpListener};
 use std::sync::Arc;
 use std::time::Duration;
@@ -18,8 +23,6 @@ use rand::RngCore;
 use rumqttd::protocol::v5::V5;
 use rumqttd::{ConnectionSettings, LinkType, RouterConfig, Server, ServerSettings};
 use tokio::task::JoinHandle;
-
-use crate::config::BrokerConfig;
 
 #[derive(Debug, thiserror::Error)]
 pub enum BrokerError {

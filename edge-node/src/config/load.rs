@@ -1,22 +1,9 @@
 //! Loading and validating [`EdgeConfig`](super::EdgeConfig).
 
-use std::fmt;
 use std::path::{Path, PathBuf};
 
-use super::{ClientCertMode, EdgeConfig};
-
-/// One thing wrong with a config file, with the key it is about.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Problem {
-    pub key: String,
-    pub reason: String,
-}
-
-impl fmt::Display for Problem {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}: {}", self.key, self.reason)
-    }
-}
+use super::EdgeConfig;
+use crate::check::{Problem, Problems};
 
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
@@ -98,141 +85,30 @@ impl EdgeConfig {
         }
     }
 
-    /// Every semantic problem in the config; empty when it is usable.
+    /// Every semantic problem in the config; empty when it is usable. Each section checks
+    /// itself; the checks here are the ones that span sections.
     pub fn problems(&self) -> Vec<Problem> {
-        let mut out = Vec::new();
-        let mut bad = |key: String, reason: String| out.push(Problem { key, reason });
-
+        let mut p = Problems::default();
         if self.node_id.is_empty() || self.node_id.contains(['/', '+', '#', ' ']) {
-            bad("node_id".into(), format!("{:?} must be non-empty without '/', '+', '#' or spaces", self.node_id));
+            p.bad("node_id", format!("{:?} must be non-empty without '/', '+', '#' or spaces", self.node_id));
         }
         if let Err(e) = tracing_subscriber::EnvFilter::try_new(&self.log.level) {
-            bad("log.level".into(), format!("{:?} is not a valid filter: {e}", self.log.level));
+            p.bad("log.level", format!("{:?} is not a valid filter: {e}", self.log.level));
         }
-
-        let b = &self.broker;
-        if b.max_connections == 0 {
-            bad("broker.max_connections".into(), "must be at least 1".into());
-        }
-        if b.max_packet_size.bytes() < 64 || b.max_packet_size.bytes() > 256 * 1024 * 1024 {
-            bad(
-                "broker.max_packet_size".into(),
-                format!("{} is outside 64 B ..= 256 MiB (MQTT's limit)", b.max_packet_size),
-            );
-        }
-        if b.max_inflight == 0 {
-            bad("broker.max_inflight".into(), "must be at least 1".into());
-        }
-        // rumqttd panics on segments under 1 KiB; a segment must also hold the largest packet.
-        if b.segment_size.bytes() < 1024 || b.segment_size < b.max_packet_size {
-            bad(
-                "broker.segment_size".into(),
-                format!(
-                    "{} must be at least 1 KiB and at least broker.max_packet_size ({})",
-                    b.segment_size, b.max_packet_size
-                ),
-            );
-        }
-        if b.segment_count == 0 {
-            bad("broker.segment_count".into(), "must be at least 1".into());
-        }
-        if b.connect_timeout.0.is_zero() {
-            bad("broker.connect_timeout".into(), "must be more than 0s".into());
-        }
-        if b.slow_client_timeout.0.is_zero() {
-            bad("broker.slow_client_timeout".into(), "must be more than 0s".into());
-        }
-
-        if self.listeners.is_empty() {
-            bad("listener".into(), "at least one [[listener]] is needed".into());
-        }
-        for (i, l) in self.listeners.iter().enumerate() {
-            let key = format!("listener[{i}]");
-            if self.listeners[..i].iter().any(|o| o.name == l.name) {
-                bad(format!("{key}.name"), format!("{:?} is used by another listener", l.name));
-            }
-            if self.listeners[..i].iter().any(|o| o.bind == l.bind && l.bind.port() != 0) {
-                bad(format!("{key}.bind"), format!("{} is used by another listener", l.bind));
-            }
-            if l.anonymous && !l.bind.ip().is_loopback() {
-                bad(
-                    format!("{key}.anonymous"),
-                    format!(
-                        "anonymous clients are only served on loopback addresses, and {} is not one; use a password file or client certificates",
-                        l.bind
-                    ),
-                );
-            }
-            let has_client_certs = l.tls.as_ref().is_some_and(|t| t.client_certs != ClientCertMode::Off);
-            if !l.anonymous && self.auth.password_file.is_none() && !has_client_certs {
-                bad(
-                    key.clone(),
-                    "no client could log in: it is not anonymous, auth.password_file is not set and it takes no client certificates".into(),
-                );
-            }
-            if let Some(tls) = &l.tls {
-                check_file(&mut bad, format!("{key}.tls.cert"), &tls.cert);
-                check_file(&mut bad, format!("{key}.tls.key"), &tls.key);
-                match (&tls.client_ca, tls.client_certs) {
-                    (Some(ca), _) => check_file(&mut bad, format!("{key}.tls.client_ca"), ca),
-                    (None, ClientCertMode::Off) => {}
-                    (None, mode) => bad(
-                        format!("{key}.tls.client_ca"),
-                        format!("required when client_certs = {mode:?}").to_lowercase(),
-                    ),
-                }
-            }
-        }
-        if let Some(p) = &self.auth.password_file {
-            check_file(&mut bad, "auth.password_file".into(), p);
-        }
-        if let Some(p) = &self.auth.acl_file {
-            check_file(&mut bad, "auth.acl_file".into(), p);
-        }
-
-        if self.spool.budget.bytes() < 64 * 1024 {
-            bad("spool.budget".into(), format!("{} is under the 64 KiB minimum", self.spool.budget));
-        }
-        if self.spool.commit_batch == 0 {
-            bad("spool.commit_batch".into(), "must be at least 1".into());
-        }
-        for (i, c) in self.classes.iter().enumerate() {
-            let key = format!("class[{i}]");
-            if c.name.is_empty() || self.classes[..i].iter().any(|o| o.name == c.name) {
-                bad(format!("{key}.name"), format!("{:?} must be non-empty and unique", c.name));
-            }
-            if c.filters.is_empty() {
-                bad(format!("{key}.filters"), "needs at least one topic filter".into());
-            }
-            if c.priority > 7 {
-                bad(format!("{key}.priority"), format!("{} is outside 0 ..= 7", c.priority));
-            }
-            if let Some(quota) = c.quota
-                && (quota.bytes() == 0 || quota.bytes() > self.spool.budget.bytes())
-            {
-                bad(format!("{key}.quota"), format!("{quota} must be above 0 and at most the spool budget"));
-            }
-            if !c.governance.allows(c.route) {
-                bad(format!("{key}.route"), format!("{:?} is not allowed for governance {:?}", c.route, c.governance));
-            }
-        }
+        self.broker.check(&mut p);
+        crate::front::check_listeners(&self.listeners, self.auth.password_file.is_some(), &mut p);
+        self.auth.check(&mut p);
+        self.spool.check(&mut p);
+        crate::route::check_classes(&self.classes, self.spool.budget, &mut p);
         if let Some(u) = &self.uplink {
-            if u.server.rsplit_once(':').is_none_or(|(host, port)| host.is_empty() || port.parse::<u16>().is_err()) {
-                bad("uplink.server".into(), format!("{:?} is not host:port", u.server));
-            }
-            if u.window == 0 {
-                bad("uplink.window".into(), "must be at least 1".into());
-            }
-            if u.batch_records == 0 {
-                bad("uplink.batch_records".into(), "must be at least 1".into());
-            }
+            u.check(&mut p);
             // A message travels in one batch frame, which the bridge takes up to 16 MiB: one
             // that zstd cannot shrink must leave room for the frame's own bytes, or every
             // resend of its batch is refused and the lane never drains.
-            let most = (shared::proto::MAX_BATCH_FRAME / 2) as u64;
+            let most = shared::proto::MAX_MESSAGE_BYTES as u64;
             if self.broker.max_packet_size.bytes() > most {
-                bad(
-                    "broker.max_packet_size".into(),
+                p.bad(
+                    "broker.max_packet_size",
                     format!(
                         "{} is over {} with an [uplink]: a message must fit a batch frame to the cloud bridge",
                         self.broker.max_packet_size,
@@ -240,81 +116,17 @@ impl EdgeConfig {
                     ),
                 );
             }
-            if !(1..=19).contains(&u.zstd_level) {
-                bad("uplink.zstd_level".into(), format!("{} is outside 1 ..= 19", u.zstd_level));
-            }
-            let dict = u.dict_size.bytes();
-            if dict != 0 && !(1024..=shared::proto::MAX_DICT_BYTES as u64).contains(&dict) {
-                bad(
-                    "uplink.dict_size".into(),
-                    format!(
-                        "{} is outside 1KiB ..= {}KiB (or 0 for none)",
-                        u.dict_size,
-                        shared::proto::MAX_DICT_BYTES >> 10
-                    ),
-                );
-            }
-            if dict != 0 && u.dict_samples.bytes() < 4 * dict {
-                bad("uplink.dict_samples".into(), format!("{} is below 4 times dict_size", u.dict_samples));
-            }
-            if u.dict_retrain.0.is_zero() {
-                bad("uplink.dict_retrain".into(), "must be more than 0s".into());
-            }
-            if !(u.lower_lane_share > 0.0 && u.lower_lane_share <= 0.5) {
-                bad("uplink.lower_lane_share".into(), format!("{} is outside (0, 0.5]", u.lower_lane_share));
-            }
-            if u.backoff_min.0 > u.backoff_max.0 {
-                bad("uplink.backoff_min".into(), "is above backoff_max".into());
-            }
         }
-        if self.probe.enabled {
-            if self.probe.interval.0.is_zero() {
-                bad("probe.interval".into(), "must be more than 0s".into());
-            }
-            if let Err(e) = shared::topic::validate_name(&self.probe.topic) {
-                bad("probe.topic".into(), e.to_string());
-            } else if self.probe.topic.starts_with('$') {
-                bad("probe.topic".into(), "rumqttd never delivers topics starting with '$'".into());
-            }
-        }
+        self.probe.check(&mut p);
         if let Some(m) = &self.models {
-            match std::fs::read(&m.public_key) {
-                Ok(k) if k.len() == 32 => {}
-                Ok(k) => bad(
-                    "models.public_key".into(),
-                    format!("{}: {} bytes, an ed25519 public key has 32", m.public_key.display(), k.len()),
-                ),
-                Err(e) => bad("models.public_key".into(), format!("{}: {e}", m.public_key.display())),
-            }
-            if m.keep == 0 {
-                bad("models.keep".into(), "must be at least 1".into());
-            }
-            if !(1..=64).contains(&m.parallel) {
-                bad("models.parallel".into(), format!("{} is outside 1..=64", m.parallel));
-            }
-            for (i, name) in m.follow.iter().enumerate() {
-                if let Err(e) = shared::model::valid_name("name", name) {
-                    bad(format!("models.follow[{i}]"), e.to_string());
-                }
-            }
-            if let Err(e) = shared::topic::validate_name(&m.topic_prefix) {
-                bad("models.topic_prefix".into(), e.to_string());
-            }
+            m.check(&mut p);
         }
         if let Some(tco) = &self.tco {
             for (key, reason) in tco.problems(&self.classes) {
-                bad(key, reason);
+                p.bad(key, reason);
             }
         }
-        out
-    }
-}
-
-fn check_file(bad: &mut impl FnMut(String, String), key: String, path: &Path) {
-    match std::fs::metadata(path) {
-        Ok(m) if m.is_file() => {}
-        Ok(_) => bad(key, format!("{} is not a file", path.display())),
-        Err(e) => bad(key, format!("{}: {e}", path.display())),
+        p.into_vec()
     }
 }
 

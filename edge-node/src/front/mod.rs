@@ -2,8 +2,11 @@
 //!
 //! It accepts TCP and TLS (TCP_NODELAY on every socket, TLS handshakes in the connection's own
 //! task), authenticates at CONNECT, checks every PUBLISH and SUBSCRIBE against the ACL, enforces
-//! the packet-size and connection limits, and relays everything else byte for byte to rumqttd
-//! on loopback. It owns client connections; it does not touch the router's state.
+//! the packet-size and connection limits, routes each allowed PUBLISH by its topic class (a
+//! `central` one goes to the spool only and is answered by the front; `both` goes to the spool
+//! and on), and relays the rest to rumqttd on loopback, translated for MQTT 3.1.1 clients
+//! (`compat`). It owns client connections; it does not touch the router's state. See
+//! docs/ARCHITECTURE.md for where it sits.
 //!
 //! How the ACL is enforced: a refused PUBLISH is never forwarded (QoS1 gets a PUBACK, with
 //! reason 0x87 on MQTT 5; QoS2 a PUBREC and, on MQTT 3.1.1, a PUBCOMP for its PUBREL); a
@@ -13,7 +16,9 @@
 
 mod acks;
 mod compat;
+mod config;
 mod connect;
+mod metrics;
 pub mod packet;
 mod relay;
 mod session;
@@ -31,8 +36,10 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use crate::auth::{AuthState, Identity};
-use crate::metrics::{self, Metrics};
+use crate::labels::RefusedLabels;
 
+pub use config::{ListenerConfig, check_listeners, default_listeners};
+pub use metrics::FrontMetrics;
 pub use session::serve_internal;
 
 /// Everything connections share.
@@ -47,7 +54,7 @@ pub struct FrontContext {
     pub auth: ArcSwap<AuthState>,
     /// Bumped on every reload, so connections re-resolve their ACL rules.
     pub auth_generation: AtomicU64,
-    pub metrics: Arc<Metrics>,
+    pub metrics: FrontMetrics,
     pub permits: Arc<Semaphore>,
     pub probe_topic: String,
     /// Topic classes and routes.
@@ -104,10 +111,7 @@ async fn handle(stream: TcpStream, peer: SocketAddr, listener: Arc<Listener>, ct
     let _ = socket2::SockRef::from(&stream).set_tcp_keepalive(&keepalive);
 
     let refused = |reason: &'static str| {
-        ctx.metrics
-            .connects_refused
-            .get_or_create(&metrics::RefusedLabels { listener: listener.name.clone(), reason })
-            .inc();
+        ctx.metrics.connects_refused.get_or_create(&RefusedLabels { listener: listener.name.clone(), reason }).inc();
     };
     match &listener.tls {
         None => session::run(stream, peer, None, &listener, &ctx).await,

@@ -58,7 +58,7 @@ pub fn frame_len(buf: &[u8], max: usize) -> Result<Option<usize>, PacketError> {
 }
 
 /// Offset of the variable header in a complete frame.
-pub(super) fn body_start(frame: &[u8]) -> usize {
+pub fn body_start(frame: &[u8]) -> usize {
     frame.iter().skip(1).position(|b| b & 0x80 == 0).map_or(frame.len(), |i| i + 2)
 }
 

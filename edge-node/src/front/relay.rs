@@ -21,7 +21,7 @@ use super::compat;
 use super::connect::Admitted;
 use super::packet::{self, PacketError, Version, reason};
 use crate::auth::{Identity, Rules};
-use crate::metrics;
+use crate::labels::{self, class_label, handle};
 use crate::route::{Class, Route};
 use crate::spool::{AppendError, Message, Properties, Seq};
 
@@ -91,16 +91,16 @@ impl Drop for Inflight {
 impl<'a> Shared<'a> {
     pub(super) fn new(version: Version, internal: bool, ctx: &'a FrontContext) -> Self {
         let m = &ctx.metrics;
-        let class = metrics::class_label;
+        let class = class_label;
         let counters = Counters {
-            publish_in: metrics::handle(&m.publish_in, &class("default")),
-            publish_in_probe: metrics::handle(&m.publish_in, &class("probe")),
-            publish_out: metrics::handle(&m.publish_out, &class("default")),
-            publish_out_probe: metrics::handle(&m.publish_out, &class("probe")),
-            refused_acl: metrics::handle(&m.publish_refused, &metrics::reason("acl")),
-            refused_invalid: metrics::handle(&m.publish_refused, &metrics::reason("invalid_topic")),
-            sub_refused_acl: metrics::handle(&m.subscribe_refused, &metrics::reason("acl")),
-            sub_refused_invalid: metrics::handle(&m.subscribe_refused, &metrics::reason("invalid_filter")),
+            publish_in: handle(&m.publish_in, &class("default")),
+            publish_in_probe: handle(&m.publish_in, &class("probe")),
+            publish_out: handle(&m.publish_out, &class("default")),
+            publish_out_probe: handle(&m.publish_out, &class("probe")),
+            refused_acl: handle(&m.publish_refused, &labels::reason("acl")),
+            refused_invalid: handle(&m.publish_refused, &labels::reason("invalid_topic")),
+            sub_refused_acl: handle(&m.subscribe_refused, &labels::reason("acl")),
+            sub_refused_invalid: handle(&m.subscribe_refused, &labels::reason("invalid_filter")),
             bytes_in: m.bytes_in.clone(),
             bytes_out: m.bytes_out.clone(),
         };
@@ -567,7 +567,7 @@ fn spooled_message(frame: &[u8], version: Version, topic: &str, class: &Class, q
             _ => return Err(MALFORMED),
         },
     };
-    let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64);
+    let now = shared::units::now_ms();
     let from_message = props.as_ref().and_then(|p| p.message_expiry_interval).map(|s| now + u64::from(s) * 1000);
     let from_class = class.ttl_ms.map(|t| now + t);
     let expires_ms = match (from_message, from_class) {

@@ -16,7 +16,7 @@ use super::packet::{self, PacketError, Version, reason};
 use super::relay::{End, Shared, Upstream, relay};
 use super::{FrontContext, Listener};
 use crate::auth::Identity;
-use crate::metrics::{self, RefusedLabels};
+use crate::labels::{self, RefusedLabels};
 
 /// How a connection came in.
 struct Entry<'a> {
@@ -139,7 +139,7 @@ where
     }
 
     tracing::debug!(listener = entry.listener, peer = ?entry.peer, user = admitted.identity.name(), client_id = %admitted.client_id, ?version, "connected");
-    let label = metrics::listener_label(entry.listener);
+    let label = labels::listener_label(entry.listener);
     ctx.metrics.connections_total.get_or_create(&label).inc();
     let open = ctx.metrics.connections.get_or_create(&label).clone();
     open.inc();
@@ -156,14 +156,14 @@ where
         }
         End::Violation(label, code) => {
             tracing::info!(listener = entry.listener, peer = ?entry.peer, client_id = %up.client_id, reason = label, "client disconnected");
-            ctx.metrics.disconnects.get_or_create(&metrics::reason(label)).inc();
+            ctx.metrics.disconnects.get_or_create(&labels::reason(label)).inc();
             let mut out = BytesMut::new();
             packet::write_disconnect(&mut out, version, code);
             let _ = tokio::time::timeout(Duration::from_secs(1), write_flush(&mut wr, &out)).await;
         }
         End::SlowClient => {
             tracing::warn!(listener = entry.listener, peer = ?entry.peer, client_id = %up.client_id, "slow client disconnected: accepted no data for broker.slow_client_timeout");
-            ctx.metrics.disconnects.get_or_create(&metrics::reason("slow_client")).inc();
+            ctx.metrics.disconnects.get_or_create(&labels::reason("slow_client")).inc();
         }
         End::ClientClosed | End::BrokerClosed => {}
     }

@@ -1,6 +1,6 @@
 //! Model versions on the edge: a chunk cache that survives restarts, and staging.
 //!
-//! Invariants (guarantee 6 of DESIGN.md):
+//! Invariants (guarantee 6 in docs/ARCHITECTURE.md):
 //! - a chunk enters the cache only if its bytes hash to its name; a bad one is refused, counted
 //!   by the caller and fetched again, never used;
 //! - a version becomes visible (`<dir>/<name>/<version>`, then the `current` link) only after
@@ -15,7 +15,10 @@
 //! re-verify); `<dir>/<name>/current` a symlink to the current version's file name.
 
 pub mod announce;
+mod config;
 pub mod sync;
+
+pub use config::ModelsConfig;
 
 use std::io::Write;
 use std::path::{Path, PathBuf};

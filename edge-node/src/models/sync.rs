@@ -17,7 +17,6 @@
 //!   [`WATCH`] and announced on MQTT.
 
 use std::collections::{HashMap, HashSet};
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use futures_util::StreamExt;
@@ -34,6 +33,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::announce::Announcer;
 use super::{ChunkCache, Current, Models, StageError};
+use crate::labels::handle;
 
 /// Tries per chunk when its bytes do not match its hash.
 pub const ATTEMPTS: usize = 3;
@@ -67,7 +67,7 @@ pub struct RefusedLabel {
     pub reason: &'static str,
 }
 
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub struct ModelMetrics {
     /// Chunk bytes fetched and the size of the versions staged: their ratio is the delta
     /// efficiency.
@@ -84,9 +84,9 @@ pub struct ModelMetrics {
     pub current: Family<VersionLabels, Gauge>,
 }
 
-impl Default for ModelMetrics {
-    fn default() -> Self {
-        Self {
+impl ModelMetrics {
+    pub fn new(r: &mut prometheus_client::registry::Registry) -> Self {
+        let m = Self {
             fetched_bytes: Family::default(),
             staged_bytes: Family::default(),
             last_delta_ratio: Family::default(),
@@ -96,12 +96,12 @@ impl Default for ModelMetrics {
             // 50 ms .. ~27 min
             announce_to_staged: Histogram::new(exponential_buckets(0.05, 2.0, 16)),
             current: Family::default(),
-        }
+        };
+        m.register(r);
+        m
     }
-}
 
-impl ModelMetrics {
-    pub fn register(&self, r: &mut prometheus_client::registry::Registry) {
+    fn register(&self, r: &mut prometheus_client::registry::Registry) {
         r.register("model_fetched_bytes", "Model chunk bytes fetched from the bridge", self.fetched_bytes.clone());
         r.register("model_staged_bytes", "Size of the model versions staged", self.staged_bytes.clone());
         r.register(
@@ -173,7 +173,7 @@ pub struct Syncer {
     pub follows: Vec<String>,
     pub parallel: usize,
     pub cache_budget: u64,
-    pub metrics: Arc<ModelMetrics>,
+    pub metrics: ModelMetrics,
     pub announcer: Announcer,
 }
 
@@ -292,7 +292,7 @@ impl Syncer {
                 let n = result?;
                 fetched += n;
                 // Counted as they arrive: a job cut short still fetched them.
-                crate::metrics::handle(&self.metrics.fetched_bytes, &label).inc_by(n);
+                handle(&self.metrics.fetched_bytes, &label).inc_by(n);
             }
             let (models, cache, signed) = (self.models.clone(), self.cache.clone(), signed.clone());
             let staged = tokio::task::spawn_blocking(move || models.stage(&signed, &cache)).await?;
@@ -308,9 +308,9 @@ impl Syncer {
         };
         let elapsed = job.received.elapsed();
         self.metrics.announce_to_staged.observe(elapsed.as_secs_f64());
-        crate::metrics::handle(&self.metrics.staged_bytes, &label).inc_by(m.size);
+        handle(&self.metrics.staged_bytes, &label).inc_by(m.size);
         let ratio = if m.size > 0 { fetched as f64 / m.size as f64 } else { 0.0 };
-        crate::metrics::handle(&self.metrics.last_delta_ratio, &label).set(ratio);
+        handle(&self.metrics.last_delta_ratio, &label).set(ratio);
         tracing::info!(
             model = m.name,
             version = m.version,

@@ -2,8 +2,11 @@
 //!
 //! A class is a list of filters with a route, a governance need, a priority (its spool lane), a
 //! durability and an optional TTL. The first class whose filter matches a topic wins; topics no
-//! class matches are `edge-direct`. Routes are read through [`Classes::route`], which later
-//! issues (the TCO model) change at run time without touching the front.
+//! class matches are `edge-direct`. A class's route is read through [`Class::route`] on every
+//! publish, so the TCO model (`tco::run`) moves it at run time with [`Class::set_route`] without
+//! touching the front.
+
+mod config;
 
 use std::sync::RwLock;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -12,6 +15,7 @@ use shared::topic::TopicFilter;
 
 use crate::spool::{Durability, Lane};
 
+pub use config::{ClassConfig, DurabilityConfig, check_classes};
 pub use shared::tco::{Governance, Route};
 
 /// One class, ready to match.
@@ -92,6 +96,26 @@ pub struct Classes {
 impl Classes {
     pub fn new(classes: Vec<Class>) -> Self {
         Self { classes }
+    }
+
+    /// The classes of `[[class]]`, each starting on its configured route.
+    pub fn from_config(classes: &[ClassConfig]) -> Self {
+        Self::new(
+            classes
+                .iter()
+                .map(|c| {
+                    Class::new(
+                        c.name.clone(),
+                        c.filters.clone(),
+                        c.route,
+                        c.governance,
+                        Lane(c.priority),
+                        c.durability(),
+                        c.ttl.map(|t| t.0.as_millis() as u64),
+                    )
+                })
+                .collect(),
+        )
     }
 
     /// The first class matching `topic`, if any.

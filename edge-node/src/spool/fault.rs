@@ -1,6 +1,6 @@
 //! Fault injection for the spool's storage, for tests: SQLite cannot be made to run out of disk
 //! or fail an fsync on demand, so a wrapper returns the errors it would. The node can be started
-//! over it (see [`crate::NodeOptions`]) to check that such failures are reported and that local
+//! over it (`NodeOptions::spool_faults`, in `lib.rs`) to check that such failures are reported and that local
 //! traffic keeps flowing.
 
 use std::sync::Arc;

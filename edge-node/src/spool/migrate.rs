@@ -11,7 +11,7 @@
 
 use rusqlite::{Connection, OptionalExtension, params};
 
-use super::sqlite::{MAX_LANE, RECORDS, SEQ_BITS};
+use super::schema::{MAX_LANE, RECORDS, SEQ_BITS};
 
 /// Records per migration transaction: about 4 MiB of 1 KiB messages.
 const CHUNK: i64 = 4096;

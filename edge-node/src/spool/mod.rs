@@ -49,9 +49,9 @@
 //!
 //! # Draining
 //!
-//! The uplink reads each lane in seq order, a window at a time ([`Spool::read`]), choosing the
-//! lane with [`drain::DrainOrder`]: lane 0 first, with a guaranteed share of the windows for
-//! the lower lanes so a backlog up high never starves them. Acks are cumulative per lane.
+//! The uplink reads each lane in seq order, a window at a time ([`Spool::read`], stopping at
+//! [`READ_BYTES`] so a window fits one batch frame), and chooses which lane to read next itself
+//! (`uplink::drain`). Acks are cumulative per lane.
 //!
 //! # Recovery
 //!
@@ -66,14 +66,17 @@
 //! and so is a migration that fails (a full disk, say): both leave the file where it is.
 //!
 //! This module owns the spool's files; it does not know about MQTT connections or the uplink,
-//! which call it through [`Spool`].
+//! which call it through [`SpoolWriter`] (the spool's own thread) and [`Spool`]. The one thing
+//! it takes from the bridge protocol is the batch frame limit that bounds a read.
+//! docs/ARCHITECTURE.md places it in the path of a message.
 
 mod checkpoint;
-pub mod drain;
+mod config;
 pub mod fault;
 pub mod inspect;
 mod migrate;
 mod sched;
+mod schema;
 mod sqlite;
 mod writer;
 
@@ -82,6 +85,7 @@ use std::path::PathBuf;
 
 use bytes::Bytes;
 
+pub use config::SpoolConfig;
 pub use sqlite::SqliteStorage;
 pub use writer::{AppendError, Heads, ReadError, SpoolWriter, WriterMetrics};
 
@@ -776,10 +780,13 @@ pub fn message_size(m: &Message) -> u64 {
 }
 
 /// Message bytes (payloads and topics, see [`message_size`]) a read stops at. A read becomes an
-/// uplink batch: the bridge takes batch frames of 16 MiB at most, and a batch of large messages
-/// zstd cannot shrink (camera frames) is about as big compressed as raw. It also bounds what a
-/// read holds in memory, which `batch_records` alone did not: 512 records of 1 MiB.
-pub const READ_BYTES: u64 = 8 << 20;
+/// uplink batch: the bridge takes batch frames of `MAX_BATCH_FRAME` (16 MiB) at most, and a
+/// batch of large messages zstd cannot shrink (camera frames) is about as big compressed as raw.
+/// A read stops after the record that reaches this bound, and no message is larger than
+/// `MAX_MESSAGE_BYTES` (the config refuses a bigger `broker.max_packet_size` with an uplink), so
+/// a read's messages stay under the frame limit. It also bounds what a read holds in memory,
+/// which `batch_records` alone did not: 512 records of 1 MiB.
+pub const READ_BYTES: u64 = (shared::proto::MAX_BATCH_FRAME - shared::proto::MAX_MESSAGE_BYTES) as u64;
 
 /// Bytes a message takes in a record, roughly: what eviction counts.
 fn estimated_size(m: &Message) -> u64 {

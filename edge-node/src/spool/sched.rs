@@ -122,7 +122,9 @@ mod tests {
 
     use bytes::Bytes;
 
-    use super::super::{Durability, Lane, Message, Properties, Record, Seq, Spool, SpoolWriter, SqliteStorage};
+    use super::super::{
+        Durability, Lane, Message, Properties, Record, Seq, Spool, SpoolWriter, SqliteStorage, WriterMetrics,
+    };
     use super::*;
 
     /// A thread's scheduling policy (0 normal, 5 idle) and nice value, as the kernel has them.
@@ -180,7 +182,7 @@ mod tests {
         let dir = tempfile::tempdir().expect("tempdir");
         let spool = Spool::new(Box::new(SqliteStorage::open(&dir.path().join("spool.db")).expect("open"))
             as Box<dyn super::super::Storage + Send>);
-        let metrics = Arc::new(crate::metrics::Metrics::new().spool.as_ref().clone());
+        let metrics = Arc::new(WriterMetrics::new(&mut Default::default()));
         let writer = SpoolWriter::start(spool, Duration::from_millis(5), 256, metrics).expect("writer");
         let started = Instant::now();
         while writer_thread() != Some((5, 10)) {

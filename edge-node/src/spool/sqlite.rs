@@ -1,48 +1,20 @@
 //! The SQLite storage of the spool. See the module essay in `spool/mod.rs`.
 
 use std::path::{Path, PathBuf};
-use std::time::{SystemTime, UNIX_EPOCH};
 
 use bytes::Bytes;
 use rand::RngCore;
 use rusqlite::{Connection, params};
 
+use shared::units::now_ms;
+
+use super::schema::{
+    EXPIRY_INDEX, KIND_GAP, KIND_MESSAGE, MAX_LANE, MESSAGE_SIZE, RECORD_OVERHEAD, RECORDS, SCHEMA, SCHEMA_VERSION,
+    SEQ_BITS,
+};
 use super::{
     Body, ClassUsage, Durability, Gap, Lane, Lost, Message, Opened, Properties, Record, Seq, SpoolError, Storage,
 };
-
-const SCHEMA_VERSION: i64 = 2;
-
-const SCHEMA: &str = "
-CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL) WITHOUT ROWID;
-CREATE TABLE lanes (lane INTEGER PRIMARY KEY, next_seq INTEGER NOT NULL, acked INTEGER NOT NULL);
-";
-
-/// One B-tree: the rowid is the key, `lane << 56 | seq` (see [`key`]). `lane` and `seq` are
-/// computed columns for people and the read-only tools; the spool's own statements use `id`
-/// ranges, which the planner serves straight from the table's B-tree.
-pub(super) const RECORDS: &str = "
-CREATE TABLE records (
-    id INTEGER PRIMARY KEY,
-    lane INTEGER AS (id >> 56) VIRTUAL,
-    seq INTEGER AS (id & 72057594037927935) VIRTUAL,
-    kind INTEGER NOT NULL,
-    durability INTEGER NOT NULL,
-    class TEXT NOT NULL,
-    topic TEXT NOT NULL,
-    payload BLOB NOT NULL,
-    qos INTEGER NOT NULL,
-    enqueued_ms INTEGER NOT NULL,
-    expires_ms INTEGER,
-    user_properties TEXT,
-    correlation_data BLOB,
-    content_type TEXT
-);
-";
-
-/// Messages with a TTL, for expiry.
-const EXPIRY_INDEX: &str =
-    "CREATE INDEX IF NOT EXISTS records_expiry ON records (expires_ms) WHERE kind = 0 AND expires_ms IS NOT NULL";
 
 /// Per lane: the lane, its next seq and its highest acked seq.
 fn lane_rows(conn: &Connection) -> rusqlite::Result<Vec<(u8, u64, u64)>> {
@@ -75,10 +47,6 @@ pub(super) fn expired_query() -> String {
     )
 }
 
-/// Seqs are below 2^56, lanes below 127 (so the next lane's first key still fits an i64).
-pub(super) const SEQ_BITS: u32 = 56;
-pub(super) const MAX_LANE: u8 = 126;
-
 /// The record key of `seq` in `lane`.
 fn key(lane: Lane, seq: u64) -> Result<i64, SpoolError> {
     if lane.0 > MAX_LANE || seq >> SEQ_BITS != 0 {
@@ -100,17 +68,6 @@ fn seq_of(id: i64) -> u64 {
     (id as u64) & ((1 << SEQ_BITS) - 1)
 }
 
-/// Record kinds.
-const KIND_MESSAGE: i64 = 0;
-const KIND_GAP: i64 = 1;
-
-/// Per-record bytes beyond payload, topic and properties that eviction counts (key, header).
-const RECORD_OVERHEAD: i64 = 64;
-
-/// A message's bytes as class quotas and usage count them: payload and topic, as
-/// [`super::message_size`] computes them before the record is written.
-const MESSAGE_SIZE: &str = "(length(payload) + octet_length(topic))";
-
 #[derive(Debug)]
 pub struct SqliteStorage {
     conn: Connection,
@@ -118,10 +75,6 @@ pub struct SqliteStorage {
     opened: Opened,
     synchronous_full: bool,
     _checkpointer: super::checkpoint::Checkpointer,
-}
-
-pub(super) fn now_ms() -> u64 {
-    SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
 }
 
 impl SqliteStorage {

@@ -12,12 +12,14 @@ use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
-use prometheus_client::metrics::histogram::Histogram;
+use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
+use prometheus_client::registry::{Registry, Unit};
 use tokio::sync::mpsc::error::TryRecvError;
 use tokio::sync::{mpsc, oneshot};
 
-use super::sqlite::now_ms;
 use super::{Durability, Lane, Message, Record, Seq, Spool, SpoolError, Storage};
+use crate::labels::{ClassLabel, class_label, handle};
+use shared::units::now_ms;
 
 /// The spool the writer thread owns: SQLite in production, a fault-injecting wrapper in tests.
 pub type DynSpool = Spool<Box<dyn Storage + Send>>;
@@ -80,7 +82,7 @@ pub struct DropLabels {
 /// Metric handles the writer updates.
 #[derive(Debug, Clone)]
 pub struct WriterMetrics {
-    pub appended: Family<crate::metrics::ClassLabel, Counter>,
+    pub appended: Family<ClassLabel, Counter>,
     pub dropped: Family<DropLabels, Counter>,
     pub refused: Counter,
     pub commit_errors: Family<KindLabel, Counter>,
@@ -88,12 +90,77 @@ pub struct WriterMetrics {
     /// From a `normal` append to the end of its commit: the PUBACK-to-commit window, a little
     /// over-stated (the PUBACK leaves after the append).
     pub window_seconds: Histogram,
-    pub class_records: Family<crate::metrics::ClassLabel, Gauge>,
-    pub class_bytes: Family<crate::metrics::ClassLabel, Gauge>,
+    pub class_records: Family<ClassLabel, Gauge>,
+    pub class_bytes: Family<ClassLabel, Gauge>,
     pub oldest_unacked_seconds: Gauge,
     pub healthy: Gauge,
     /// Unusable databases moved aside at startup.
     pub moved_aside: Counter,
+}
+
+impl WriterMetrics {
+    pub fn new(r: &mut Registry) -> Self {
+        let m = Self {
+            appended: Family::default(),
+            dropped: Family::default(),
+            refused: Counter::default(),
+            commit_errors: Family::default(),
+            // 50 µs .. ~1.6 s
+            commit_seconds: Histogram::new(exponential_buckets(0.000_05, 2.0, 16)),
+            // Linear where the 10 ms target is judged, then coarse.
+            window_seconds: Histogram::new(
+                [0.5, 1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0, 9.0, 10.0, 12.0, 15.0, 20.0, 50.0, 100.0, 1000.0]
+                    .into_iter()
+                    .map(|ms| ms / 1000.0),
+            ),
+            class_records: Family::default(),
+            class_bytes: Family::default(),
+            oldest_unacked_seconds: Gauge::default(),
+            healthy: Gauge::default(),
+            moved_aside: Counter::default(),
+        };
+        r.register("spool_appended", "Messages appended to the store-and-forward spool, by class", m.appended.clone());
+        r.register(
+            "spool_dropped",
+            "Spooled messages dropped before the cloud acked them, by class and reason (evicted, expired); each drop is also a gap record sent to the cloud",
+            m.dropped.clone(),
+        );
+        r.register("spool_refused", "Full-durability messages refused for lack of spool room", m.refused.clone());
+        r.register(
+            "spool_commit_errors",
+            "Spool group commits that failed (retried), by kind (disk_full, io, corrupt, other)",
+            m.commit_errors.clone(),
+        );
+        r.register_with_unit(
+            "spool_puback_to_commit",
+            "For normal-durability messages: from the append (the PUBACK follows it) to the end of the group commit that made it durable; the window in which a crash loses an acknowledged message",
+            Unit::Seconds,
+            m.window_seconds.clone(),
+        );
+        r.register("spool_class_records", "Message records held in the spool, by class", m.class_records.clone());
+        r.register(
+            "spool_class_bytes",
+            "Payload and topic bytes held in the spool, by class (what class quotas count)",
+            m.class_bytes.clone(),
+        );
+        r.register(
+            "spool_oldest_unacked_seconds",
+            "Age of the oldest message the cloud has not acknowledged; 0 when the spool is empty",
+            m.oldest_unacked_seconds.clone(),
+        );
+        r.register(
+            "spool_moved_aside",
+            "Spool databases found unusable (corrupt, not a database) at startup and moved aside; their data is kept in <path>.corrupt-<ms> for recovery",
+            m.moved_aside.clone(),
+        );
+        r.register(
+            "spool_healthy",
+            "1 while the spool's last commit succeeded, 0 while commits fail (disk full, I/O errors)",
+            m.healthy.clone(),
+        );
+        r.register_with_unit("spool_commit", "Spool group commit duration", Unit::Seconds, m.commit_seconds.clone());
+        m
+    }
 }
 
 /// A handle to the spool thread.
@@ -210,7 +277,7 @@ fn count_dropped(spool: &mut DynSpool, metrics: &WriterMetrics) {
             super::GapReason::Expired => "expired",
             super::GapReason::Refused => "refused",
         };
-        crate::metrics::handle(&metrics.dropped, &DropLabels { class, reason }).inc_by(count);
+        handle(&metrics.dropped, &DropLabels { class, reason }).inc_by(count);
     }
 }
 
@@ -218,9 +285,9 @@ fn count_dropped(spool: &mut DynSpool, metrics: &WriterMetrics) {
 /// the expiry tick (it costs a query per lane).
 fn update_gauges(spool: &mut DynSpool, metrics: &WriterMetrics, with_age: bool) {
     for u in spool.usage() {
-        let class = crate::metrics::class_label(&u.class);
-        crate::metrics::handle(&metrics.class_records, &class).set(u.records as i64);
-        crate::metrics::handle(&metrics.class_bytes, &class).set(u.bytes as i64);
+        let class = class_label(&u.class);
+        handle(&metrics.class_records, &class).set(u.records as i64);
+        handle(&metrics.class_bytes, &class).set(u.bytes as i64);
     }
     if with_age {
         match spool.oldest_unacked_ms() {
@@ -382,12 +449,12 @@ fn run(
         for request in batch {
             match request {
                 Request::Append { lane, message, durability: Durability::Full, done, .. } => {
-                    let class = crate::metrics::class_label(&message.class);
+                    let class = class_label(&message.class);
                     let result = spool.append_full(lane, *message).map_err(|_| AppendError::Refused);
                     if result.is_err() {
                         metrics.refused.inc();
                     } else {
-                        crate::metrics::handle(&metrics.appended, &class).inc();
+                        handle(&metrics.appended, &class).inc();
                     }
                     if let Some(done) = done {
                         waiters.push((done, result));
@@ -397,7 +464,7 @@ fn run(
                     if uncommitted.len() < 65_536 {
                         uncommitted.push(queued);
                     }
-                    crate::metrics::handle(&metrics.appended, &crate::metrics::class_label(&message.class)).inc();
+                    handle(&metrics.appended, &class_label(&message.class)).inc();
                     spool.append(lane, *message, durability);
                 }
                 Request::Query { query, .. } => queries.push(query),
@@ -420,7 +487,7 @@ fn run(
                 }
             }
             Err(e) => {
-                crate::metrics::handle(&metrics.commit_errors, &KindLabel { kind: e.kind() }).inc();
+                handle(&metrics.commit_errors, &KindLabel { kind: e.kind() }).inc();
                 metrics.healthy.set(0);
                 failures.failed(e, spool.pending());
             }

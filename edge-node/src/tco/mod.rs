@@ -6,6 +6,7 @@
 pub mod report;
 
 use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -16,10 +17,11 @@ use prometheus_client::metrics::gauge::Gauge;
 use serde::{Deserialize, Serialize};
 use shared::tco::{ClassInput, Governance, Hysteresis, Link, Prices, Route, architecture_totals, evaluate};
 use shared::units::HumanDuration;
+use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
-use crate::config::EdgeConfig;
-use crate::route::Classes;
+use crate::labels::handle;
+use crate::route::{ClassConfig, Classes};
 
 /// `[tco]`: prices, the schedule and per-class figures.
 #[derive(Debug, Clone, Deserialize, Serialize)]
@@ -87,7 +89,7 @@ pub struct TcoClass {
 
 impl TcoConfig {
     /// Semantic problems, as `(key, reason)`.
-    pub fn problems(&self, classes: &[crate::config::ClassConfig]) -> Vec<(String, String)> {
+    pub fn problems(&self, classes: &[ClassConfig]) -> Vec<(String, String)> {
         let mut out = Vec::new();
         let p = &self.prices;
         if p.months.is_nan() || p.months <= 0.0 {
@@ -160,19 +162,18 @@ pub struct Measured {
     pub bytes_per_msg: f64,
 }
 
-/// The model's inputs for every class: `[[class]]` in order, then report-only classes. A
-/// class's measured traffic wins over its declared traffic once it has any; its compression is
-/// the declared one, else its lane's as measured (`compression(Some(lane))`), else all lanes'
-/// (`compression(None)`: the edge-direct classes never went up), else 1.
+/// The model's inputs for every class: the routed classes in config order, then report-only
+/// classes. A class's measured traffic wins over its declared traffic once it has any; its
+/// compression is the declared one, else its lane's as measured (`compression(Some(lane))`),
+/// else all lanes' (`compression(None)`: the edge-direct classes never went up), else 1.
 pub fn inputs(
-    config: &EdgeConfig,
     tco: &TcoConfig,
+    classes: &Classes,
     measured: &BTreeMap<String, Measured>,
     compression: &dyn Fn(Option<u8>) -> Option<f64>,
 ) -> Vec<ClassInput> {
     let declared = |name: &str| tco.classes.get(name).cloned().unwrap_or_default();
-    let mut out: Vec<ClassInput> = config
-        .classes
+    let mut out: Vec<ClassInput> = classes
         .iter()
         .map(|c| {
             let d = declared(&c.name);
@@ -183,7 +184,7 @@ pub fn inputs(
                 bytes_per_msg: m.map_or(d.bytes_per_msg.unwrap_or(0.0), |m| m.bytes_per_msg),
                 compression: d
                     .compression
-                    .or_else(|| compression(Some(c.priority)))
+                    .or_else(|| compression(Some(c.lane.0)))
                     .or_else(|| compression(None))
                     .unwrap_or(1.0),
                 sla_ms: d.sla_ms,
@@ -193,7 +194,7 @@ pub fn inputs(
         })
         .collect();
     for (name, d) in &tco.classes {
-        if config.classes.iter().any(|c| &c.name == name) {
+        if classes.iter().any(|c| &c.name == name) {
             continue;
         }
         out.push(ClassInput {
@@ -256,7 +257,7 @@ pub struct ClassOnly {
 }
 
 /// `edge_tco_*` metrics.
-#[derive(Debug, Default)]
+#[derive(Debug, Clone)]
 pub struct TcoMetrics {
     /// 1 for the route a class has, 0 for the others.
     pub route: Family<ClassRouteLabels, Gauge>,
@@ -266,34 +267,74 @@ pub struct TcoMetrics {
 }
 
 impl TcoMetrics {
-    pub fn register(&self, r: &mut prometheus_client::registry::Registry) {
-        r.register("tco_route", "Route each topic class has (1) and has not (0)", self.route.clone());
+    pub fn new(r: &mut prometheus_client::registry::Registry) -> Self {
+        let m = Self { route: Family::default(), monthly_cost: Family::default(), switches: Family::default() };
+        r.register("tco_route", "Route each topic class has (1) and has not (0)", m.route.clone());
         r.register(
             "tco_monthly_cost",
             "Monthly cost of each route per class, by the TCO model",
-            self.monthly_cost.clone(),
+            m.monthly_cost.clone(),
         );
-        r.register("tco_route_switches", "Route changes the TCO model made, by class", self.switches.clone());
+        r.register("tco_route_switches", "Route changes the TCO model made, by class", m.switches.clone());
+        m
     }
 }
 
-/// What the live task reads from the uplink: RTT, commit latency and compression so far.
-pub trait LinkSource: Send + Sync + 'static {
-    fn link(&self) -> Option<Link>;
-    /// Bytes sent per batch byte so far, on `lane` (a class's priority) or over all lanes.
-    fn compression(&self, lane: Option<u8>) -> Option<f64>;
+/// What the uplink measured of the link, for the model: RTT, commit latency and compression so
+/// far. The uplink writes it, [`run`] reads it; `lib.rs` hands both the same one.
+#[derive(Debug, Default)]
+pub struct LinkFigures {
+    rtt_micros: AtomicU64,
+    commit_micros: AtomicU64,
+    /// Batch bytes before and after compression, per lane.
+    lanes: Mutex<BTreeMap<u8, (u64, u64)>>,
 }
 
-/// Runs the model every `interval` on the classes' measured traffic and moves routes.
+impl LinkFigures {
+    pub fn rtt(&self, rtt: Duration) {
+        self.rtt_micros.store(rtt.as_micros() as u64, Ordering::Relaxed);
+    }
+
+    pub fn committed(&self, latency: Duration) {
+        self.commit_micros.store(latency.as_micros() as u64, Ordering::Relaxed);
+    }
+
+    /// A batch of `raw` bytes went out on `lane` as `sent` bytes.
+    pub fn sent(&self, lane: u8, raw: u64, sent: u64) {
+        if let Ok(mut lanes) = self.lanes.lock() {
+            let (r, s) = lanes.entry(lane).or_default();
+            *r += raw;
+            *s += sent;
+        }
+    }
+
+    /// The link as measured, once a ping has come back.
+    pub fn link(&self) -> Option<Link> {
+        let (rtt, commit) = (self.rtt_micros.load(Ordering::Relaxed), self.commit_micros.load(Ordering::Relaxed));
+        (rtt > 0).then(|| Link { rtt_ms: rtt as f64 / 1000.0, commit_ms: commit as f64 / 1000.0 })
+    }
+
+    /// Bytes sent per batch byte so far, on `lane` (a class's priority) or over all lanes.
+    pub fn compression(&self, lane: Option<u8>) -> Option<f64> {
+        let lanes = self.lanes.lock().ok()?;
+        let (raw, sent) = match lane {
+            Some(lane) => lanes.get(&lane).copied().unwrap_or_default(),
+            None => lanes.values().fold((0, 0), |(r, s), (lr, ls)| (r + lr, s + ls)),
+        };
+        (raw > 0).then(|| sent as f64 / raw as f64)
+    }
+}
+
+/// Runs the model every `interval` on the classes' measured traffic and moves routes; each
+/// answer goes to `latest` (the uplink reports it to the bridge, `/tco` serves it).
 pub async fn run(
-    config: Arc<EdgeConfig>,
+    tco: TcoConfig,
     classes: Arc<Classes>,
-    link_source: Arc<dyn LinkSource>,
-    metrics: Arc<TcoMetrics>,
-    latest: Arc<Mutex<Snapshot>>,
+    link: Arc<LinkFigures>,
+    metrics: TcoMetrics,
+    latest: watch::Sender<Snapshot>,
     shutdown: CancellationToken,
 ) {
-    let Some(tco) = config.tco.clone() else { return };
     let started = Instant::now();
     let mut holds: BTreeMap<String, Hysteresis> =
         classes.iter().map(|c| (c.name.clone(), Hysteresis::new(c.route(), tco.threshold, tco.hold.0))).collect();
@@ -301,7 +342,7 @@ pub async fn run(
     let mut last: BTreeMap<String, (u64, u64)> = classes.iter().map(|c| (c.name.clone(), c.traffic())).collect();
     let mut last_at = Instant::now();
     let mut tick = tokio::time::interval_at(tokio::time::Instant::now() + tco.interval.0, tco.interval.0);
-    publish(&tco, &config, &classes, &link_source, &BTreeMap::new(), &switches, &metrics, &latest);
+    publish(&tco, &classes, &link, &BTreeMap::new(), &switches, &metrics, &latest);
     loop {
         tokio::select! {
             _ = tick.tick() => {}
@@ -318,7 +359,7 @@ pub async fn run(
             let bytes_per_msg = if dm > 0 { db as f64 / dm as f64 } else { 0.0 };
             measured.insert(c.name.clone(), Measured { msg_per_s: dm as f64 / span, bytes_per_msg });
         }
-        let snap = publish(&tco, &config, &classes, &link_source, &measured, &switches, &metrics, &latest);
+        let snap = publish(&tco, &classes, &link, &measured, &switches, &metrics, &latest);
         if !tco.live {
             continue;
         }
@@ -333,45 +374,41 @@ pub async fn run(
             match class.set_route(to) {
                 Ok(()) => {
                     *switches.entry(class.name.clone()).or_default() += 1;
-                    crate::metrics::handle(&metrics.switches, &ClassOnly { class: class.name.clone() }).inc();
+                    handle(&metrics.switches, &ClassOnly { class: class.name.clone() }).inc();
                     tracing::info!(class = class.name, %from, %to, reason = report.decision.reason, "TCO route change");
                 }
                 Err(e) => tracing::warn!(error = e, "TCO route change refused"),
             }
         }
-        publish(&tco, &config, &classes, &link_source, &measured, &switches, &metrics, &latest);
+        publish(&tco, &classes, &link, &measured, &switches, &metrics, &latest);
     }
 }
 
-#[allow(clippy::too_many_arguments)]
 fn publish(
     tco: &TcoConfig,
-    config: &EdgeConfig,
     classes: &Classes,
-    link_source: &Arc<dyn LinkSource>,
+    link: &LinkFigures,
     measured: &BTreeMap<String, Measured>,
     switches: &BTreeMap<String, u64>,
     metrics: &TcoMetrics,
-    latest: &Mutex<Snapshot>,
+    latest: &watch::Sender<Snapshot>,
 ) -> Snapshot {
-    let link = link_source.link().unwrap_or(Link { rtt_ms: tco.link.rtt_ms, commit_ms: tco.link.commit_ms });
-    let inputs = inputs(config, tco, measured, &|lane| link_source.compression(lane));
+    let measured_link = link.link().unwrap_or(Link { rtt_ms: tco.link.rtt_ms, commit_ms: tco.link.commit_ms });
+    let inputs = inputs(tco, classes, measured, &|lane| link.compression(lane));
     let routes: BTreeMap<String, (Route, u64)> =
         classes.iter().map(|c| (c.name.clone(), (c.route(), switches.get(&c.name).copied().unwrap_or(0)))).collect();
-    let snap = snapshot(tco, link, &inputs, &routes);
+    let snap = snapshot(tco, measured_link, &inputs, &routes);
     for report in &snap.classes {
         let class = report.decision.class.clone();
         for cost in &report.decision.costs {
             let labels = ClassRouteLabels { class: class.clone(), route: cost.route.as_str() };
-            crate::metrics::handle(&metrics.monthly_cost, &labels).set(cost.monthly.round() as i64);
+            handle(&metrics.monthly_cost, &labels).set(cost.monthly.round() as i64);
             if let Some(route) = report.route {
-                crate::metrics::handle(&metrics.route, &labels).set(i64::from(route == cost.route));
+                handle(&metrics.route, &labels).set(i64::from(route == cost.route));
             }
         }
     }
-    if let Ok(mut l) = latest.lock() {
-        *l = snap.clone();
-    }
+    latest.send_replace(snap.clone());
     snap
 }
 
@@ -379,9 +416,17 @@ fn publish(
 mod tests {
     use super::*;
 
+    /// The two sections the model reads, without the rest of a node's config.
+    #[derive(Deserialize)]
+    struct Sections {
+        #[serde(rename = "class")]
+        classes: Vec<ClassConfig>,
+        tco: TcoConfig,
+    }
+
     #[test]
     fn measured_traffic_and_lane_compression_win_over_defaults() {
-        let config: EdgeConfig = toml::from_str(
+        let config: Sections = toml::from_str(
             r#"
 [[class]]
 name = "a"
@@ -415,20 +460,20 @@ bytes_per_msg = 1
 "#,
         )
         .unwrap();
-        let tco = config.tco.clone().unwrap();
+        let (tco, classes) = (config.tco.clone(), Classes::from_config(&config.classes));
         assert!(tco.problems(&config.classes).is_empty(), "{:?}", tco.problems(&config.classes));
         let lanes = |lane: Option<u8>| match lane {
             Some(3) => Some(0.25),
             Some(_) => None,
             None => Some(0.5),
         };
-        let declared = inputs(&config, &tco, &BTreeMap::new(), &lanes);
+        let declared = inputs(&tco, &classes, &BTreeMap::new(), &lanes);
         assert_eq!(declared.iter().map(|c| c.name.as_str()).collect::<Vec<_>>(), ["a", "b", "sync"]);
         assert_eq!((declared[0].msg_per_s, declared[0].compression), (5.0, 0.25), "declared rate, lane 3's ratio");
         assert_eq!(declared[1].compression, 0.9, "declared compression wins");
         assert_eq!((declared[2].compression, declared[2].governance), (0.5, Governance::CentralOnly));
         let measured = BTreeMap::from([("a".to_owned(), Measured { msg_per_s: 50.0, bytes_per_msg: 100.0 })]);
-        let live = inputs(&config, &tco, &measured, &|_| None);
+        let live = inputs(&tco, &classes, &measured, &|_| None);
         assert_eq!((live[0].msg_per_s, live[0].bytes_per_msg, live[0].compression), (50.0, 100.0, 1.0));
     }
 }

@@ -4,8 +4,12 @@
 //! the spool lane by lane ([`DrainOrder`]), sending each batch on its own unidirectional stream,
 //! and applying acks to the spool.
 
+mod config;
 pub mod dict;
+pub mod drain;
 pub mod quic;
+
+pub use config::{Congestion, UplinkConfig};
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -15,6 +19,7 @@ use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use rand::Rng;
 use shared::proto::edge::{EdgeEvent, EdgeSession, EdgeSessionConfig, SessionError};
 use shared::proto::io::{FrameIoError, spawn_reader, write_frame};
@@ -23,9 +28,11 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::AbortOnDropHandle;
 
 use self::dict::{DictBook, DictSettings};
-use crate::config::UplinkConfig;
-use crate::spool::drain::DrainOrder;
+use self::drain::DrainOrder;
+use crate::labels::handle;
+use crate::models::sync::ModelJob;
 use crate::spool::{Body, Lane, ReadError, Record, Seq, SpoolWriter};
+use crate::tco::{LinkFigures, Snapshot};
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct LaneLabel {
@@ -33,7 +40,7 @@ pub struct LaneLabel {
 }
 
 /// The uplink's metrics.
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub struct UplinkMetrics {
     pub connected: Gauge,
     pub degraded: Gauge,
@@ -44,7 +51,7 @@ pub struct UplinkMetrics {
     /// Batch bytes before compression (CBOR) and as sent.
     pub bytes_raw: Counter,
     pub bytes_sent: Counter,
-    /// The same per lane, for the TCO model's compression per class.
+    /// The same per lane.
     pub lane_raw: Family<LaneLabel, Counter>,
     pub lane_sent: Family<LaneLabel, Counter>,
     pub acked: Family<LaneLabel, Gauge>,
@@ -53,14 +60,12 @@ pub struct UplinkMetrics {
     pub dicts_announced: Counter,
     pub dict_batches: Counter,
     /// From sending a batch to its ack: how long until the central cluster has it.
-    pub commit_latency: prometheus_client::metrics::histogram::Histogram,
-    /// The last commit latency, microseconds, for the TCO model.
-    pub commit_micros: Gauge,
+    pub commit_latency: Histogram,
 }
 
-impl Default for UplinkMetrics {
-    fn default() -> Self {
-        Self {
+impl UplinkMetrics {
+    pub fn new(r: &mut prometheus_client::registry::Registry) -> Self {
+        let m = Self {
             connected: Gauge::default(),
             degraded: Gauge::default(),
             rtt_micros: Gauge::default(),
@@ -77,70 +82,42 @@ impl Default for UplinkMetrics {
             dicts_announced: Counter::default(),
             dict_batches: Counter::default(),
             // 1 ms .. ~33 s
-            commit_latency: prometheus_client::metrics::histogram::Histogram::new(
-                prometheus_client::metrics::histogram::exponential_buckets(0.001, 2.0, 16),
-            ),
-            commit_micros: Gauge::default(),
-        }
-    }
-}
-
-impl UplinkMetrics {
-    pub fn register(&self, r: &mut prometheus_client::registry::Registry) {
-        r.register("uplink_connected", "1 while a session with the cloud bridge is up", self.connected.clone());
+            commit_latency: Histogram::new(exponential_buckets(0.001, 2.0, 16)),
+        };
+        r.register("uplink_connected", "1 while a session with the cloud bridge is up", m.connected.clone());
         r.register(
             "uplink_degraded",
             "1 while connected but a batch or ping waits longer than ack_timeout for its answer",
-            self.degraded.clone(),
+            m.degraded.clone(),
         );
-        r.register("uplink_rtt_microseconds", "Last ping round trip to the cloud bridge", self.rtt_micros.clone());
-        r.register("uplink_batches_in_flight", "Batches sent and not yet acked", self.in_flight.clone());
-        r.register("uplink_batches", "Batches sent", self.batches.clone());
-        r.register("uplink_records", "Records sent (resends included)", self.records.clone());
-        r.register("uplink_raw_bytes", "Batch bytes before compression", self.bytes_raw.clone());
-        r.register("uplink_sent_bytes", "Batch bytes sent, after compression", self.bytes_sent.clone());
-        r.register("uplink_lane_raw_bytes", "Batch bytes before compression, by lane", self.lane_raw.clone());
-        r.register("uplink_lane_sent_bytes", "Batch bytes sent, after compression, by lane", self.lane_sent.clone());
-        r.register("uplink_acked_seq", "Highest seq the cloud acked, by lane", self.acked.clone());
-        r.register("uplink_reconnects", "Connection attempts after the first, failed or lost", self.reconnects.clone());
+        r.register("uplink_rtt_microseconds", "Last ping round trip to the cloud bridge", m.rtt_micros.clone());
+        r.register("uplink_batches_in_flight", "Batches sent and not yet acked", m.in_flight.clone());
+        r.register("uplink_batches", "Batches sent", m.batches.clone());
+        r.register("uplink_records", "Records sent (resends included)", m.records.clone());
+        r.register("uplink_raw_bytes", "Batch bytes before compression", m.bytes_raw.clone());
+        r.register("uplink_sent_bytes", "Batch bytes sent, after compression", m.bytes_sent.clone());
+        r.register("uplink_lane_raw_bytes", "Batch bytes before compression, by lane", m.lane_raw.clone());
+        r.register("uplink_lane_sent_bytes", "Batch bytes sent, after compression, by lane", m.lane_sent.clone());
+        r.register("uplink_acked_seq", "Highest seq the cloud acked, by lane", m.acked.clone());
+        r.register("uplink_reconnects", "Connection attempts after the first, failed or lost", m.reconnects.clone());
         r.register(
             "uplink_dicts_trained",
             "zstd dictionaries trained from this edge's traffic",
-            self.dicts_trained.clone(),
+            m.dicts_trained.clone(),
         );
         r.register(
             "uplink_dicts_announced",
             "Dictionaries sent to a bridge that did not hold them yet",
-            self.dicts_announced.clone(),
+            m.dicts_announced.clone(),
         );
-        r.register("uplink_dict_batches", "Batches compressed with a dictionary", self.dict_batches.clone());
+        r.register("uplink_dict_batches", "Batches compressed with a dictionary", m.dict_batches.clone());
         r.register_with_unit(
             "uplink_commit_latency",
             "From sending a batch to the bridge's ack, which follows the sink's commit: edge-to-central commit latency",
             prometheus_client::registry::Unit::Seconds,
-            self.commit_latency.clone(),
+            m.commit_latency.clone(),
         );
-    }
-}
-
-impl crate::tco::LinkSource for UplinkMetrics {
-    fn link(&self) -> Option<shared::tco::Link> {
-        let (rtt, commit) = (self.rtt_micros.get(), self.commit_micros.get());
-        (rtt > 0).then(|| shared::tco::Link { rtt_ms: rtt as f64 / 1000.0, commit_ms: commit as f64 / 1000.0 })
-    }
-
-    fn compression(&self, lane: Option<u8>) -> Option<f64> {
-        let (raw, sent) = match lane {
-            Some(lane) => {
-                let label = LaneLabel { lane };
-                (
-                    crate::metrics::handle(&self.lane_raw, &label).get(),
-                    crate::metrics::handle(&self.lane_sent, &label).get(),
-                )
-            }
-            None => (self.bytes_raw.get(), self.bytes_sent.get()),
-        };
-        (raw > 0).then(|| sent as f64 / raw as f64)
+        m
     }
 }
 
@@ -174,12 +151,15 @@ pub struct Uplink {
     pub config: UplinkConfig,
     pub client: quinn::ClientConfig,
     pub spool: SpoolWriter,
-    pub metrics: Arc<UplinkMetrics>,
+    pub metrics: UplinkMetrics,
+    /// What the link measures, for the TCO model.
+    pub link: Arc<LinkFigures>,
     pub models: Vec<String>,
     /// Where announced model versions go to be fetched and staged.
-    pub model_jobs: Option<tokio::sync::mpsc::Sender<crate::models::sync::ModelJob>>,
-    /// The TCO model's latest classes and how often to send them to the bridge's fleet report.
-    pub tco: Option<(Arc<std::sync::Mutex<crate::tco::Snapshot>>, Duration)>,
+    pub model_jobs: Option<tokio::sync::mpsc::Sender<ModelJob>>,
+    /// The TCO model's latest answer and how often to send its classes to the bridge's fleet
+    /// report.
+    pub tco: Option<(tokio::sync::watch::Receiver<Snapshot>, Duration)>,
 }
 
 impl Uplink {
@@ -377,8 +357,9 @@ impl Uplink {
                 self.metrics.bytes_raw.inc_by(batch.raw_len);
                 self.metrics.bytes_sent.inc_by(batch.body.len() as u64);
                 let label = LaneLabel { lane: lane.0 };
-                crate::metrics::handle(&self.metrics.lane_raw, &label).inc_by(batch.raw_len);
-                crate::metrics::handle(&self.metrics.lane_sent, &label).inc_by(batch.body.len() as u64);
+                handle(&self.metrics.lane_raw, &label).inc_by(batch.raw_len);
+                handle(&self.metrics.lane_sent, &label).inc_by(batch.body.len() as u64);
+                self.link.sent(lane.0, batch.raw_len, batch.body.len() as u64);
                 self.metrics.in_flight.set(session.in_flight() as i64);
             }
             if !small.is_empty() {
@@ -422,8 +403,7 @@ impl Uplink {
                     }
                     EdgeEvent::DictStored(id) => dicts.stored(id),
                     EdgeEvent::Model(announce) => {
-                        let job =
-                            crate::models::sync::ModelJob { conn: conn.clone(), announce, received: Instant::now() };
+                        let job = ModelJob { conn: conn.clone(), announce, received: Instant::now() };
                         match &self.model_jobs {
                             // A full queue drops the announcement: the next connection repeats it.
                             Some(jobs) => {
@@ -439,10 +419,11 @@ impl Uplink {
                     }
                     EdgeEvent::Committed { latency, .. } => {
                         self.metrics.commit_latency.observe(latency.as_secs_f64());
-                        self.metrics.commit_micros.set(latency.as_micros() as i64);
+                        self.link.committed(latency);
                     }
                     EdgeEvent::Rtt(rtt) => {
                         self.metrics.rtt_micros.set(rtt.as_micros() as i64);
+                        self.link.rtt(rtt);
                     }
                     EdgeEvent::Degraded(degraded) => {
                         self.metrics.degraded.set(i64::from(degraded));
@@ -460,7 +441,7 @@ impl Uplink {
 
     fn report_classes(&self, session: &mut EdgeSession) {
         let Some((latest, _)) = &self.tco else { return };
-        let Ok(snapshot) = latest.lock().map(|s| s.clone()) else { return };
+        let snapshot = latest.borrow().clone();
         if !snapshot.classes.is_empty() {
             session.report_classes(shared::proto::ClassesReport {
                 currency: snapshot.currency,

@@ -9,7 +9,7 @@ use quinn::crypto::rustls::QuicClientConfig;
 use shared::proto::ALPN;
 use shared::tls::TlsError;
 
-use crate::config::UplinkConfig;
+use super::UplinkConfig;
 
 #[derive(Debug, thiserror::Error)]
 pub enum UplinkSetupError {

@@ -42,6 +42,9 @@ pub const VERSIONS: &[u16] = &[1];
 pub const MAX_CONTROL_FRAME: usize = crate::model::MAX_MANIFEST_BYTES + (64 << 10);
 /// Largest batch frame body accepted (compressed).
 pub const MAX_BATCH_FRAME: usize = 16 << 20;
+/// Largest message (payload and topic) an edge may accept for the cloud: half a batch frame, so
+/// a message zstd cannot shrink still fits one frame with the batch's own bytes around it.
+pub const MAX_MESSAGE_BYTES: usize = MAX_BATCH_FRAME / 2;
 /// Largest decompressed batch accepted: the output cap against decompression bombs.
 pub const MAX_BATCH_RAW: usize = 64 << 20;
 /// Largest dictionary a bridge accepts.

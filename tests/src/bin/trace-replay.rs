@@ -153,8 +153,7 @@ fn tco_report(path: &str, edge: &TestNode, entries: &[Entry], ratio: f64) -> any
     use edge_node::tco::Measured;
     let priced = edge_node::config::EdgeConfig::load(std::path::Path::new(path))?;
     let tco = priced.tco.context("no [tco] section")?;
-    let mut config = edge.node.config().clone();
-    config.tco = Some(tco.clone());
+    let config = edge.node.config();
     let span = entries.last().map_or(1.0, |e| e.at.as_secs_f64()).max(1e-3);
     let mut totals: std::collections::BTreeMap<String, (u64, u64)> = Default::default();
     for e in entries {
@@ -167,7 +166,8 @@ fn tco_report(path: &str, edge: &TestNode, entries: &[Entry], ratio: f64) -> any
         .into_iter()
         .map(|(class, (n, b))| (class, Measured { msg_per_s: n as f64 / span, bytes_per_msg: b as f64 / n as f64 }))
         .collect();
-    let inputs = edge_node::tco::inputs(&config, &tco, &measured, &|_| Some(ratio));
+    let classes = edge_node::route::Classes::from_config(&config.classes);
+    let inputs = edge_node::tco::inputs(&tco, &classes, &measured, &|_| Some(ratio));
     // The link of the priced config, not this run's loopback one, which no deployment has.
     let link = shared::tco::Link { rtt_ms: tco.link.rtt_ms, commit_ms: tco.link.commit_ms };
     let routes = config.classes.iter().map(|c| (c.name.clone(), (c.route, 0))).collect();

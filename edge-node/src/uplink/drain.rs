@@ -4,7 +4,7 @@
 //! `share` of the windows while they are backlogged, and all of the uplink when the higher
 //! lanes are empty.
 
-use super::Lane;
+use crate::spool::Lane;
 
 #[derive(Debug, Clone)]
 pub struct DrainOrder {

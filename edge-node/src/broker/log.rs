@@ -6,9 +6,15 @@
 //! which the embedded setup does not use, so the one trace of a jump is a WARN event. This
 //! tracing layer counts those events, with its own filter so the user's log level does not hide
 //! them. The match is on rumqttd 0.20's message text; the slow-subscriber test fails if a
-//! rumqttd upgrade changes it.
+//! rumqttd upgrade changes it. Each node reports the jumps since it started as
+//! `edge_mqtt_slow_subscriber_skips_total`, read at every scrape.
 
 use std::sync::atomic::{AtomicU64, Ordering};
+
+use prometheus_client::collector::Collector;
+use prometheus_client::encoding::{DescriptorEncoder, EncodeMetric};
+use prometheus_client::metrics::counter::ConstCounter;
+use prometheus_client::registry::Registry;
 
 use tracing::field::{Field, Visit};
 use tracing_subscriber::Layer;
@@ -57,4 +63,28 @@ impl<S: tracing::Subscriber> Layer<S> for SkipCounter {
             CURSOR_JUMPS.fetch_add(1, Ordering::Relaxed);
         }
     }
+}
+
+/// The jumps since a node registered its metrics, counted at each scrape.
+#[derive(Debug)]
+struct Skips {
+    baseline: u64,
+}
+
+impl Collector for Skips {
+    fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
+        let counter = ConstCounter::new(cursor_jumps().saturating_sub(self.baseline));
+        let metric = encoder.encode_descriptor(
+            "mqtt_slow_subscriber_skips",
+            "Times a subscriber fell further behind than the broker's bounded backlog (segment_size x segment_count) and skipped messages; each skip loses one or more messages for that subscriber.",
+            None,
+            counter.metric_type(),
+        )?;
+        counter.encode(metric)
+    }
+}
+
+/// Registers the node's slow-subscriber skip counter.
+pub fn register(registry: &mut Registry) {
+    registry.register_collector(Box::new(Skips { baseline: cursor_jumps() }));
 }

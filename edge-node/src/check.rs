@@ -1,0 +1,42 @@
+//! What a config section's own check reports: one [`Problem`] per wrong key, gathered in
+//! [`Problems`]. A leaf: each subsystem checks its own section with it, and `config` collects
+//! them for the whole file, so no subsystem imports `config`.
+
+use std::fmt;
+use std::path::Path;
+
+/// One thing wrong with a config file, with the key it is about.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Problem {
+    pub key: String,
+    pub reason: String,
+}
+
+impl fmt::Display for Problem {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}: {}", self.key, self.reason)
+    }
+}
+
+/// The problems found so far, in the order they were found.
+#[derive(Debug, Default)]
+pub struct Problems(Vec<Problem>);
+
+impl Problems {
+    pub fn bad(&mut self, key: impl Into<String>, reason: impl Into<String>) {
+        self.0.push(Problem { key: key.into(), reason: reason.into() });
+    }
+
+    /// A problem at `key` unless `path` is a file that can be read for its metadata.
+    pub fn file(&mut self, key: impl Into<String>, path: &Path) {
+        match std::fs::metadata(path) {
+            Ok(m) if m.is_file() => {}
+            Ok(_) => self.bad(key, format!("{} is not a file", path.display())),
+            Err(e) => self.bad(key, format!("{}: {e}", path.display())),
+        }
+    }
+
+    pub fn into_vec(self) -> Vec<Problem> {
+        self.0
+    }
+}

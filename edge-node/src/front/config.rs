@@ -1,0 +1,71 @@
+//! `[[listener]]`: where the front accepts MQTT clients, and each listener's own check.
+
+use std::net::SocketAddr;
+
+use serde::{Deserialize, Serialize};
+
+use crate::check::Problems;
+use crate::tls::{ClientCertMode, TlsConfig};
+
+/// One MQTT listener (plain TCP or TLS; MQTT 3.1.1 and 5 on the same port).
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct ListenerConfig {
+    /// Name used in logs and metrics labels. Required.
+    pub name: String,
+    /// Address to bind, e.g. `127.0.0.1:1883`; port 0 picks a free port. Required.
+    pub bind: SocketAddr,
+    /// Serve clients that send no credentials. Only allowed on a loopback `bind`, as in
+    /// Mosquitto 2. Default: false.
+    #[serde(default)]
+    pub anonymous: bool,
+    /// TLS for this listener. Absent: plain TCP.
+    pub tls: Option<TlsConfig>,
+}
+
+/// The listeners when the file names none: one anonymous listener on `127.0.0.1:1883`.
+pub fn default_listeners() -> Vec<ListenerConfig> {
+    vec![ListenerConfig {
+        name: "local".to_owned(),
+        bind: SocketAddr::from(([127, 0, 0, 1], 1883)),
+        anonymous: true,
+        tls: None,
+    }]
+}
+
+/// Checks every listener: names and addresses unique, anonymous only on loopback, TLS files.
+/// `passwords` says whether `[auth]` has a password file, without which a listener that is not
+/// anonymous needs client certificates.
+pub fn check_listeners(listeners: &[ListenerConfig], passwords: bool, p: &mut Problems) {
+    if listeners.is_empty() {
+        p.bad("listener", "at least one [[listener]] is needed");
+    }
+    for (i, l) in listeners.iter().enumerate() {
+        let key = format!("listener[{i}]");
+        if listeners[..i].iter().any(|o| o.name == l.name) {
+            p.bad(format!("{key}.name"), format!("{:?} is used by another listener", l.name));
+        }
+        if listeners[..i].iter().any(|o| o.bind == l.bind && l.bind.port() != 0) {
+            p.bad(format!("{key}.bind"), format!("{} is used by another listener", l.bind));
+        }
+        if l.anonymous && !l.bind.ip().is_loopback() {
+            p.bad(
+                format!("{key}.anonymous"),
+                format!(
+                    "anonymous clients are only served on loopback addresses, and {} is not one; use a password file or client certificates",
+                    l.bind
+                ),
+            );
+        }
+        let client_certs = l.tls.as_ref().is_some_and(|t| t.client_certs != ClientCertMode::Off);
+        if !l.anonymous && !passwords && !client_certs {
+            p.bad(
+                key.clone(),
+                "no client could log in: it is not anonymous, auth.password_file is not set and it takes no client certificates",
+            );
+        }
+        if let Some(tls) = &l.tls {
+            tls.check(&format!("{key}.tls"), p);
+        }
+    }
+}

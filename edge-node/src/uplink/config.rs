@@ -1,0 +1,153 @@
+//! `[uplink]`: the QUIC bridge to the cloud, and its own check.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+use shared::units::{ByteSize, HumanDuration};
+
+use crate::check::Problems;
+
+/// The QUIC uplink to a cloud bridge (ehb/1, mutual TLS).
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct UplinkConfig {
+    /// The bridge's UDP address, `host:port`.
+    pub server: String,
+    /// The name the bridge's certificate must carry. Default: the host part of `server`.
+    pub server_name: Option<String>,
+    /// The CA that signed the bridge's certificate (PEM).
+    pub ca: PathBuf,
+    /// This edge's client certificate and key (PEM); the cloud knows the edge by the
+    /// certificate's first DNS name.
+    pub cert: PathBuf,
+    pub key: PathBuf,
+    /// Batches sent and not yet acked at most. Default: 8.
+    #[serde(default = "default_window")]
+    pub window: usize,
+    /// Records per batch at most (a batch also stops at 8 MiB of messages). Default: 1024. Each
+    /// batch costs a spool transaction for its ack, a JetStream batch and a committed mark:
+    /// draining a million 1 KiB records on the 2-core test machine, 1024 reached a median 0.74
+    /// of raw JetStream publishing over eight drains, 512 a median 0.70 over eleven.
+    #[serde(default = "default_batch_records")]
+    pub batch_records: usize,
+    /// How long records may wait for a batch to fill before it is sent anyway; a full batch
+    /// goes at once, so this only matters at low rates. Longer makes fuller batches (better
+    /// compression, fewer datagrams) at the cost of up to that much latency to the cloud: on the
+    /// shared trace, 1s sends 0.29 of the topic and payload bytes, 100ms about 0.4 (see
+    /// docs/BENCHMARKS.md). Default: 1s.
+    #[serde(default = "default_linger")]
+    pub linger: HumanDuration,
+    /// zstd level for batches (1 fast .. 19 small). Default: 3.
+    #[serde(default = "default_zstd_level")]
+    pub zstd_level: i32,
+    /// zstd dictionary per class, trained on the edge's own traffic; 0 turns dictionaries off.
+    /// It pays most for short batches (low rates, short linger). Default: 4KiB.
+    #[serde(default = "default_dict_size")]
+    pub dict_size: ByteSize,
+    /// Sample bytes per class a dictionary is trained on. Default: 32KiB.
+    #[serde(default = "default_dict_samples")]
+    pub dict_samples: ByteSize,
+    /// Age after which a class's dictionary is trained again on fresh traffic. Default: 1h.
+    #[serde(default = "default_dict_retrain")]
+    pub dict_retrain: HumanDuration,
+    /// QUIC congestion controller: `bbr` (default), `cubic` or `new-reno`. Loss-based
+    /// controllers halve their rate at every random loss: at 50 ms RTT and 1 % loss, cubic
+    /// drained 513 msg/s where bbr drains thousands (docs/BENCHMARKS.md), and radio links lose
+    /// packets at random.
+    #[serde(default)]
+    pub congestion: Congestion,
+    /// Share of batches reserved for lower-priority lanes while they have records. Default: 0.1.
+    #[serde(default = "default_lower_share")]
+    pub lower_lane_share: f64,
+    /// Ping interval. Default: 5s.
+    #[serde(default = "default_keepalive")]
+    pub keepalive: HumanDuration,
+    /// Connected but no ack or pong for this long: the link is reported degraded. Default: 10s.
+    #[serde(default = "default_ack_timeout")]
+    pub ack_timeout: HumanDuration,
+    /// Reconnect backoff, doubled per failure with jitter, between these bounds.
+    #[serde(default = "default_backoff_min")]
+    pub backoff_min: HumanDuration,
+    #[serde(default = "default_backoff_max")]
+    pub backoff_max: HumanDuration,
+}
+
+pub use shared::proto::Congestion;
+
+fn default_window() -> usize {
+    8
+}
+fn default_batch_records() -> usize {
+    1024
+}
+fn default_linger() -> HumanDuration {
+    HumanDuration(Duration::from_secs(1))
+}
+fn default_zstd_level() -> i32 {
+    3
+}
+fn default_dict_size() -> ByteSize {
+    ByteSize::kib(4)
+}
+fn default_dict_samples() -> ByteSize {
+    ByteSize::kib(32)
+}
+fn default_dict_retrain() -> HumanDuration {
+    HumanDuration(Duration::from_secs(3600))
+}
+fn default_lower_share() -> f64 {
+    0.1
+}
+fn default_keepalive() -> HumanDuration {
+    HumanDuration(Duration::from_secs(5))
+}
+fn default_ack_timeout() -> HumanDuration {
+    HumanDuration(Duration::from_secs(10))
+}
+fn default_backoff_min() -> HumanDuration {
+    HumanDuration(Duration::from_millis(200))
+}
+fn default_backoff_max() -> HumanDuration {
+    HumanDuration(Duration::from_secs(30))
+}
+
+impl UplinkConfig {
+    pub fn check(&self, p: &mut Problems) {
+        if self.server.rsplit_once(':').is_none_or(|(host, port)| host.is_empty() || port.parse::<u16>().is_err()) {
+            p.bad("uplink.server", format!("{:?} is not host:port", self.server));
+        }
+        if self.window == 0 {
+            p.bad("uplink.window", "must be at least 1");
+        }
+        if self.batch_records == 0 {
+            p.bad("uplink.batch_records", "must be at least 1");
+        }
+        if !(1..=19).contains(&self.zstd_level) {
+            p.bad("uplink.zstd_level", format!("{} is outside 1 ..= 19", self.zstd_level));
+        }
+        let dict = self.dict_size.bytes();
+        if dict != 0 && !(1024..=shared::proto::MAX_DICT_BYTES as u64).contains(&dict) {
+            p.bad(
+                "uplink.dict_size",
+                format!(
+                    "{} is outside 1KiB ..= {}KiB (or 0 for none)",
+                    self.dict_size,
+                    shared::proto::MAX_DICT_BYTES >> 10
+                ),
+            );
+        }
+        if dict != 0 && self.dict_samples.bytes() < 4 * dict {
+            p.bad("uplink.dict_samples", format!("{} is below 4 times dict_size", self.dict_samples));
+        }
+        if self.dict_retrain.0.is_zero() {
+            p.bad("uplink.dict_retrain", "must be more than 0s");
+        }
+        if !(self.lower_lane_share > 0.0 && self.lower_lane_share <= 0.5) {
+            p.bad("uplink.lower_lane_share", format!("{} is outside (0, 0.5]", self.lower_lane_share));
+        }
+        if self.backoff_min.0 > self.backoff_max.0 {
+            p.bad("uplink.backoff_min", "is above backoff_max");
+        }
+    }
+}
