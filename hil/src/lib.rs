@@ -21,6 +21,7 @@ use std::time::{Duration, Instant};
 
 use cloud_bridge::models::dir::DirStore;
 use e2e_tests::cloud::{TestCloud, pki};
+use e2e_tests::fixtures::{class, telemetry, with_spool};
 use e2e_tests::nats::NatsServer;
 use e2e_tests::node::EdgeProcess;
 use e2e_tests::relay::UdpRelay;
@@ -113,10 +114,10 @@ impl Rig {
         let config = format!(
             "node_id = \"hil-edge\"\n[http]\nbind = \"127.0.0.1:{http}\"\n\
              [[listener]]\nname = \"local\"\nbind = \"{mqtt}\"\nanonymous = true\n\
-             [spool]\npath = \"spool.db\"\n\
-             [[class]]\nname = \"inference\"\nfilters = [\"inference/#\"]\nroute = \"edge-direct\"\n\
-             [[class]]\nname = \"telemetry\"\nfilters = [\"telemetry/#\"]\nroute = \"central\"\npriority = 3\ndurability = \"full\"\n\
-             {}\n[models]\ndir = \"models\"\npublic_key = \"{}\"\nfollow = [\"{MODEL}\"]\n",
+             {}\n{}\n[models]\ndir = \"models\"\npublic_key = \"{}\"\nfollow = [\"{MODEL}\"]\n",
+            with_spool(
+                &[class("inference", "inference/#", "edge-direct"), telemetry().priority(3).durability("full"),]
+            ),
             cloud.uplink_section_via("edge-1", relay.addr),
             public.display()
         );

@@ -17,6 +17,7 @@ use std::time::{Duration, Instant};
 use anyhow::Context;
 use cloud_bridge::models::dir::DirStore;
 use e2e_tests::cloud::{TestCloud, pki};
+use e2e_tests::fixtures::{telemetry, with_spool};
 use e2e_tests::node::{EdgeProcess, config_text};
 use e2e_tests::relay::UdpRelay;
 use shared::testing::noise;
@@ -51,9 +52,8 @@ async fn main() -> anyhow::Result<()> {
     let edge_dir = dir.path().join("edge");
     std::fs::create_dir_all(&edge_dir)?;
     let edge_text = config_text(&format!(
-        "[spool]\npath = \"spool.db\"\n\
-         [[class]]\nname = \"telemetry\"\nfilters = [\"telemetry/#\"]\nroute = \"central\"\n\
-         {}\n[models]\ndir = \"models\"\npublic_key = \"{}\"\nfollow = [\"{MODEL}\"]\n",
+        "{}\n{}\n[models]\ndir = \"models\"\npublic_key = \"{}\"\nfollow = [\"{MODEL}\"]\n",
+        with_spool(&[telemetry()]),
         cloud.uplink_section_via("edge-1", server),
         public.display()
     ));

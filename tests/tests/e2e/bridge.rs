@@ -8,27 +8,15 @@ use std::time::Duration;
 
 use e2e_tests::client::Client;
 use e2e_tests::cloud::{TestCloud, pki, sink_rows};
+use e2e_tests::fixtures::{inference, telemetry, with_spool};
 use e2e_tests::node::TestNode;
 use rumqttc::QoS;
 
 const WAIT: Duration = Duration::from_secs(20);
 
-const CLASSES: &str = r##"
-[spool]
-path = "spool.db"
-
-[[class]]
-name = "telemetry"
-filters = ["telemetry/#"]
-route = "central"
-priority = 3
-
-[[class]]
-name = "inference"
-filters = ["inference/#"]
-route = "both"
-priority = 1
-"##;
+fn classes_toml() -> String {
+    with_spool(&[telemetry().priority(3), inference()])
+}
 
 async fn publish(client: &Client, prefix: &str, range: std::ops::Range<u32>) {
     for i in range {
@@ -44,11 +32,11 @@ fn payloads(rows: &[e2e_tests::cloud::SinkRow]) -> Vec<String> {
         .collect()
 }
 
-/// A cloud bridge on the SQLite sink, an edge with [`CLASSES`] draining to it as `edge-1`, and
+/// A cloud bridge on the SQLite sink, an edge with [`classes_toml`] draining to it as `edge-1`, and
 /// a publisher on the edge.
 async fn edge_and_cloud(dir: &tempfile::TempDir) -> (TestCloud, TestNode, Client) {
     let cloud = TestCloud::start(dir.path(), pki(dir.path(), &[]), "127.0.0.1:0".parse().unwrap(), "").await;
-    let extra = format!("{CLASSES}\n{}", cloud.uplink_section("edge-1"));
+    let extra = format!("{}\n{}", classes_toml(), cloud.uplink_section("edge-1"));
     let edge = TestNode::start(&extra).await;
     let publisher = Client::anonymous(edge.local(), "pub").await;
     (cloud, edge, publisher)
@@ -124,7 +112,7 @@ async fn a_bridge_replaced_mid_stream_loses_and_duplicates_nothing() {
     let keys = pki(dir.path(), &[]);
     let cloud = TestCloud::start(dir.path(), keys.clone(), "127.0.0.1:0".parse().unwrap(), "").await;
     let addr: SocketAddr = cloud.bridge.quic_addr();
-    let extra = format!("{CLASSES}\n{}", cloud.uplink_section("edge-1"));
+    let extra = format!("{}\n{}", classes_toml(), cloud.uplink_section("edge-1"));
     let edge = TestNode::start(&extra).await;
     let publisher = Client::anonymous(edge.local(), "pub").await;
     publish(&publisher, "telemetry/a", 0..200).await;
@@ -155,7 +143,7 @@ async fn a_denied_certificate_is_refused_and_its_data_stays_spooled() {
     let cloud =
         TestCloud::start(dir.path(), keys, "127.0.0.1:0".parse().unwrap(), &format!("deny_serials = [\"{serial}\"]"))
             .await;
-    let extra = format!("{CLASSES}\n{}", cloud.uplink_section("edge-1"));
+    let extra = format!("{}\n{}", classes_toml(), cloud.uplink_section("edge-1"));
     let edge = TestNode::start(&extra).await;
     let publisher = Client::anonymous(edge.local(), "pub").await;
     publish(&publisher, "telemetry/x", 0..10).await;
@@ -174,7 +162,7 @@ async fn a_denied_certificate_is_refused_and_its_data_stays_spooled() {
 async fn records_linger_to_fill_batches() {
     let dir = tempfile::tempdir().unwrap();
     let cloud = TestCloud::start(dir.path(), pki(dir.path(), &[]), "127.0.0.1:0".parse().unwrap(), "").await;
-    let extra = format!("{CLASSES}\n{}linger = \"1s\"\n", cloud.uplink_section("edge-1"));
+    let extra = format!("{}\n{}linger = \"1s\"\n", classes_toml(), cloud.uplink_section("edge-1"));
     let edge = TestNode::start(&extra).await;
     let publisher = Client::anonymous(edge.local(), "pub").await;
     // Thirty messages 10 ms apart: each lands in its own group commit.
@@ -207,7 +195,8 @@ async fn dictionaries_are_trained_announced_once_and_found_by_the_next_bridge() 
     let cloud = TestCloud::start(dir.path(), keys.clone(), "127.0.0.1:0".parse().unwrap(), "").await;
     let addr: SocketAddr = cloud.bridge.quic_addr();
     let extra = format!(
-        "{CLASSES}\n{}linger = \"20ms\"\ndict_size = \"2KiB\"\ndict_samples = \"16KiB\"\n",
+        "{}\n{}linger = \"20ms\"\ndict_size = \"2KiB\"\ndict_samples = \"16KiB\"\n",
+        classes_toml(),
         cloud.uplink_section("edge-1")
     );
     let edge = TestNode::start(&extra).await;

@@ -11,6 +11,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use e2e_tests::cloud::{TestCloud, pki};
+use e2e_tests::fixtures::{class, with_spool};
 use e2e_tests::nats::{NatsServer, read_stream};
 use e2e_tests::node::{EdgeProcess, config_text};
 use e2e_tests::relay::UdpRelay;
@@ -21,17 +22,9 @@ const PUBLISHERS: usize = 16;
 const PER: u32 = TOTAL / PUBLISHERS as u32;
 const BLACKHOLE: Duration = Duration::from_secs(30);
 
-const CLASSES: &str = r##"
-[spool]
-path = "spool.db"
-
-[[class]]
-name = "audit"
-filters = ["chaos/#"]
-route = "central"
-governance = "central-only"
-priority = 0
-"##;
+fn classes_toml() -> String {
+    with_spool(&[class("audit", "chaos/#", "central").governance("central-only").priority(0)])
+}
 
 fn topic(k: usize) -> String {
     format!("chaos/t{k:02}")
@@ -71,7 +64,7 @@ async fn a_hundred_thousand_messages_survive_bridge_nats_link_and_edge_failures_
     let bridge_addr = cloud.bridge.quic_addr();
     let relay = UdpRelay::start(bridge_addr).await;
     let edge_dir = tempfile::tempdir().unwrap();
-    let config = config_text(&format!("{CLASSES}\n{}", cloud.uplink_section_via("edge-1", relay.addr)));
+    let config = config_text(&format!("{}\n{}", classes_toml(), cloud.uplink_section_via("edge-1", relay.addr)));
     let mut edge = EdgeProcess::start(edge_dir.path(), &config);
 
     let progress = Arc::new(AtomicU64::new(0));

@@ -6,21 +6,14 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use e2e_tests::cloud::{TestCloud, pki, sink_rows};
+use e2e_tests::fixtures::{audit, with_spool};
 use e2e_tests::node::{EdgeProcess, config_text};
 
 const WAIT: Duration = Duration::from_secs(30);
 
-const CLASSES: &str = r##"
-[spool]
-path = "spool.db"
-
-[[class]]
-name = "audit"
-filters = ["audit/#"]
-route = "central"
-governance = "central-only"
-priority = 0
-"##;
+fn classes_toml() -> String {
+    with_spool(&[audit()])
+}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_edge_killed_mid_stream_delivers_every_acknowledged_message_once() {
@@ -28,7 +21,7 @@ async fn an_edge_killed_mid_stream_delivers_every_acknowledged_message_once() {
     let cloud =
         TestCloud::start(cloud_dir.path(), pki(cloud_dir.path(), &[]), "127.0.0.1:0".parse().unwrap(), "").await;
     let edge_dir = tempfile::tempdir().unwrap();
-    let config = config_text(&format!("{CLASSES}\n{}", cloud.uplink_section("edge-1")));
+    let config = config_text(&format!("{}\n{}", classes_toml(), cloud.uplink_section("edge-1")));
     let mut acked: Vec<String> = Vec::new();
     for round in 0..3u32 {
         let mut edge = EdgeProcess::start(edge_dir.path(), &config);

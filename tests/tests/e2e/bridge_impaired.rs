@@ -6,22 +6,16 @@ use std::time::Duration;
 
 use e2e_tests::client::Client;
 use e2e_tests::cloud::{TestCloud, pki, sink_rows};
+use e2e_tests::fixtures::{telemetry, with_spool};
 use e2e_tests::node::TestNode;
 use e2e_tests::relay::UdpRelay;
 use rumqttc::QoS;
 
 const WAIT: Duration = Duration::from_secs(60);
 
-const CLASSES: &str = r##"
-[spool]
-path = "spool.db"
-
-[[class]]
-name = "telemetry"
-filters = ["telemetry/#"]
-route = "central"
-priority = 2
-"##;
+fn classes_toml() -> String {
+    with_spool(&[telemetry().priority(2)])
+}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn loss_delay_reordering_and_a_blackhole_lose_and_duplicate_nothing() {
@@ -30,7 +24,8 @@ async fn loss_delay_reordering_and_a_blackhole_lose_and_duplicate_nothing() {
     let relay = UdpRelay::start(cloud.bridge.quic_addr()).await;
     relay.impairment.set_loss(50);
     relay.impairment.set_delay(Duration::from_millis(20), Duration::from_millis(10));
-    let edge = TestNode::start(&format!("{CLASSES}\n{}", cloud.uplink_section_via("edge-1", relay.addr))).await;
+    let edge =
+        TestNode::start(&format!("{}\n{}", classes_toml(), cloud.uplink_section_via("edge-1", relay.addr))).await;
     let publisher = Client::anonymous(edge.local(), "pub").await;
     for i in 0..1000 {
         publisher.publish(&format!("telemetry/c/{i}"), QoS::AtLeastOnce, false, format!("{i}")).await;

@@ -9,22 +9,16 @@ use std::time::Duration;
 use cloud_bridge::sink::jetstream::BatchPublish;
 use e2e_tests::client::Client;
 use e2e_tests::cloud::{TestCloud, pki};
+use e2e_tests::fixtures::{inference, with_spool};
 use e2e_tests::nats::NatsServer;
 use e2e_tests::node::TestNode;
 use rumqttc::QoS;
 
 const WAIT: Duration = Duration::from_secs(20);
 
-const CLASSES: &str = r##"
-[spool]
-path = "spool.db"
-
-[[class]]
-name = "inference"
-filters = ["inference/#"]
-route = "both"
-priority = 1
-"##;
+fn classes_toml() -> String {
+    with_spool(&[inference()])
+}
 
 async fn stream_messages(url: &str) -> Vec<async_nats::jetstream::message::StreamMessage> {
     let client = async_nats::connect(url).await.unwrap();
@@ -56,7 +50,8 @@ async fn two_bridges_on_one_jetstream_serve_an_edge_exactly_once() {
     .await;
     let addr = cloud.bridge.quic_addr();
     let extra = format!(
-        "{CLASSES}\n{}linger = \"20ms\"\ndict_size = \"1KiB\"\ndict_samples = \"4KiB\"\n",
+        "{}\n{}linger = \"20ms\"\ndict_size = \"1KiB\"\ndict_samples = \"4KiB\"\n",
+        classes_toml(),
         cloud.uplink_section("edge-1")
     );
     let edge = TestNode::start(&extra).await;
@@ -177,7 +172,7 @@ async fn a_nats_server_killed_and_restarted_mid_stream_loses_and_duplicates_noth
         none,
     )
     .await;
-    let edge = TestNode::start(&format!("{CLASSES}\n{}", cloud.uplink_section("edge-1"))).await;
+    let edge = TestNode::start(&format!("{}\n{}", classes_toml(), cloud.uplink_section("edge-1"))).await;
     let publisher = Client::anonymous(edge.local(), "pub").await;
     for i in 0..200 {
         publisher.publish(&format!("inference/m/v1/cam-{i}"), QoS::AtLeastOnce, false, format!("a{i}")).await;

@@ -8,6 +8,7 @@ use std::time::Duration;
 use e2e_tests::certs::Ca;
 use e2e_tests::client::Client;
 use e2e_tests::cloud::{TestCloud, pki, sink_rows};
+use e2e_tests::fixtures::{telemetry, with_spool};
 use e2e_tests::node::TestNode;
 use e2e_tests::quic;
 use rumqttc::QoS;
@@ -15,15 +16,9 @@ use shared::proto::{Batch, Codec, Control, Hello, codec};
 
 const WAIT: Duration = Duration::from_secs(20);
 
-const CLASSES: &str = r##"
-[spool]
-path = "spool.db"
-
-[[class]]
-name = "telemetry"
-filters = ["telemetry/#"]
-route = "central"
-"##;
+fn classes_toml() -> String {
+    with_spool(&[telemetry()])
+}
 
 fn hello(versions: Vec<u16>) -> Control {
     Control::Hello(Hello {
@@ -42,7 +37,7 @@ async fn hostile_peers_are_cut_off_one_by_one_while_the_real_edge_flows() {
     let keys = pki(dir.path(), &["edge-2"]);
     let cloud = TestCloud::start(dir.path(), keys.clone(), "127.0.0.1:0".parse().unwrap(), "").await;
     let addr = cloud.bridge.quic_addr();
-    let edge = TestNode::start(&format!("{CLASSES}\n{}", cloud.uplink_section("edge-1"))).await;
+    let edge = TestNode::start(&format!("{}\n{}", classes_toml(), cloud.uplink_section("edge-1"))).await;
     let publisher = Client::anonymous(edge.local(), "pub").await;
     for i in 0..50 {
         publisher.publish(&format!("telemetry/a/{i}"), QoS::AtLeastOnce, false, "before").await;
@@ -118,8 +113,8 @@ async fn an_edge_writes_only_under_its_own_certificate_id() {
     let cloud = TestCloud::start(dir.path(), keys, "127.0.0.1:0".parse().unwrap(), "").await;
     // Two edges with the same node_id in their configs: the protocol carries no id at all, the
     // bridge takes it from each certificate.
-    let one = TestNode::start(&format!("{CLASSES}\n{}", cloud.uplink_section("edge-1"))).await;
-    let two = TestNode::start(&format!("{CLASSES}\n{}", cloud.uplink_section("edge-2"))).await;
+    let one = TestNode::start(&format!("{}\n{}", classes_toml(), cloud.uplink_section("edge-1"))).await;
+    let two = TestNode::start(&format!("{}\n{}", classes_toml(), cloud.uplink_section("edge-2"))).await;
     let mut clients = Vec::new();
     for (node, tag) in [(&one, "one"), (&two, "two")] {
         let c = Client::anonymous(node.local(), tag).await;

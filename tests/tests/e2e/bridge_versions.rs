@@ -11,6 +11,7 @@ use std::time::Duration;
 use ciborium::Value;
 use e2e_tests::client::Client;
 use e2e_tests::cloud::{TestCloud, pki, sink_rows};
+use e2e_tests::fixtures::{telemetry, with_spool};
 use e2e_tests::node::TestNode;
 use e2e_tests::quic;
 use rumqttc::QoS;
@@ -218,8 +219,7 @@ async fn this_edge_drains_into_a_bridge_of_the_next_version() {
         cert.display(),
         key.display()
     );
-    let classes = "[spool]\npath = \"spool.db\"\n\n[[class]]\nname = \"telemetry\"\nfilters = [\"telemetry/#\"]\n\
-                   route = \"central\"\n";
+    let classes = with_spool(&[telemetry()]);
     let edge = TestNode::start(&format!("{classes}\n{uplink}")).await;
     let publisher = Client::anonymous(edge.local(), "pub").await;
     for i in 0..200 {

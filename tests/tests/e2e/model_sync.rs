@@ -9,6 +9,7 @@ use cloud_bridge::models::dir::DirStore;
 use cloud_bridge::models::{ModelStore, Store};
 use e2e_tests::client::Client;
 use e2e_tests::cloud::{TestCloud, pki};
+use e2e_tests::fixtures::{telemetry, with_spool};
 use e2e_tests::node::{EdgeProcess, config_text};
 use e2e_tests::relay::UdpRelay;
 use rumqttc::QoS;
@@ -58,9 +59,8 @@ impl Setup {
     fn edge(&self, dir: &Path, server: std::net::SocketAddr) -> EdgeProcess {
         std::fs::create_dir_all(dir).unwrap();
         let extra = format!(
-            "[spool]\npath = \"spool.db\"\n\
-             [[class]]\nname = \"telemetry\"\nfilters = [\"telemetry/#\"]\nroute = \"central\"\n\
-             {}\n[models]\ndir = \"models\"\npublic_key = \"{}\"\nfollow = [\"{MODEL}\"]\nparallel = 4\n",
+            "{}\n{}\n[models]\ndir = \"models\"\npublic_key = \"{}\"\nfollow = [\"{MODEL}\"]\nparallel = 4\n",
+            with_spool(&[telemetry()]),
             self.cloud.uplink_section_via("edge-1", server),
             self.public.display()
         );

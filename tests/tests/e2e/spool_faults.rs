@@ -6,6 +6,7 @@
 use std::time::Duration;
 
 use e2e_tests::client::Client;
+use e2e_tests::fixtures::{SPOOL, audit, classes, telemetry};
 use e2e_tests::node::TestNode;
 use edge_node::NodeOptions;
 use edge_node::spool::fault::{Fault, Faults};
@@ -15,24 +16,9 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 const WAIT: Duration = Duration::from_secs(5);
 
-const CLASSES: &str = r##"
-[spool]
-path = "spool.db"
-commit_interval = "5ms"
-
-[[class]]
-name = "telemetry"
-filters = ["telemetry/#"]
-route = "central"
-priority = 2
-
-[[class]]
-name = "audit"
-filters = ["audit/#"]
-route = "central"
-governance = "central-only"
-priority = 0
-"##;
+fn classes_toml() -> String {
+    format!("{SPOOL}commit_interval = \"5ms\"\n{}", classes(&[telemetry().priority(2), audit()]))
+}
 
 fn spooled_topics(path: &std::path::Path) -> Vec<String> {
     let mut spool = Spool::new(SqliteStorage::open(path).unwrap());
@@ -66,7 +52,7 @@ async fn raw_publish(addr: std::net::SocketAddr, topic: &str) -> Option<[u8; 4]>
 async fn fault_is_reported_and_survived(fault: Fault, kind: &str) {
     let faults = Faults::default();
     let options = NodeOptions { spool_faults: Some(faults.clone()) };
-    let t = TestNode::start_with(tempfile::tempdir().unwrap(), CLASSES, options).await;
+    let t = TestNode::start_with(tempfile::tempdir().unwrap(), &classes_toml(), options).await;
     let db = t.dir.path().join("spool.db");
     let mut local = Client::anonymous(t.local(), "local-app").await;
     local.subscribe("inference/#", QoS::AtLeastOnce).await;
@@ -117,7 +103,7 @@ async fn failed_fsync_is_reported_and_local_traffic_flows() {
 /// The per-class gauges and the oldest-unacked age follow what the spool holds.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn class_usage_and_age_are_exported() {
-    let t = TestNode::start(CLASSES).await;
+    let t = TestNode::start(&classes_toml()).await;
     let publisher = Client::anonymous(t.local(), "pub").await;
     for i in 0..10 {
         publisher.publish(&format!("telemetry/cam/{i}"), QoS::AtLeastOnce, false, vec![b'x'; 100]).await;

@@ -6,6 +6,7 @@ use std::path::Path;
 use std::time::Duration;
 
 use e2e_tests::client::Client;
+use e2e_tests::fixtures::{audit, feedback, telemetry, with_spool};
 use e2e_tests::node::{EdgeProcess, TestNode, config_text};
 use edge_node::spool::{Body, Lane, Record, Seq, Spool, SqliteStorage};
 use rumqttc::QoS;
@@ -13,30 +14,9 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 const WAIT: Duration = Duration::from_secs(5);
 
-const CLASSES: &str = r##"
-[spool]
-path = "spool.db"
-
-[[class]]
-name = "telemetry"
-filters = ["telemetry/#"]
-route = "central"
-priority = 2
-
-[[class]]
-name = "feedback"
-filters = ["feedback/#"]
-route = "both"
-governance = "audit-copy"
-priority = 1
-
-[[class]]
-name = "audit"
-filters = ["audit/#"]
-route = "central"
-governance = "central-only"
-priority = 0
-"##;
+fn classes_toml() -> String {
+    with_spool(&[telemetry().priority(2), feedback(), audit()])
+}
 
 /// Everything in the spool at `path`, all lanes, read through a second connection.
 fn spooled(path: &Path) -> Vec<Record> {
@@ -50,7 +30,7 @@ fn topics(records: &[Record]) -> Vec<String> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn routes_decide_local_delivery_and_spooling() {
-    let t = TestNode::start(CLASSES).await;
+    let t = TestNode::start(&classes_toml()).await;
     let db = t.dir.path().join("spool.db");
     let mut everything = Client::anonymous(t.local(), "everything").await;
     everything.subscribe("#", QoS::AtLeastOnce).await;
@@ -84,7 +64,7 @@ async fn routes_decide_local_delivery_and_spooling() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn full_class_puback_means_committed_and_mqtt5_properties_are_kept() {
-    let t = TestNode::start(CLASSES).await;
+    let t = TestNode::start(&classes_toml()).await;
     let db = t.dir.path().join("spool.db");
     // A raw MQTT 5 client, so the PUBACK's arrival can be checked against the database.
     let mut c = tokio::net::TcpStream::connect(t.local()).await.unwrap();
@@ -133,7 +113,7 @@ async fn full_class_puback_means_committed_and_mqtt5_properties_are_kept() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigterm_loses_nothing_that_was_acknowledged() {
     let dir = tempfile::tempdir().unwrap();
-    let mut edge = EdgeProcess::start(dir.path(), &config_text(CLASSES));
+    let mut edge = EdgeProcess::start(dir.path(), &config_text(&classes_toml()));
     let publisher = Client::anonymous(edge.addr("local"), "pub").await;
     for i in 0..2000u32 {
         publisher.publish("telemetry/cam-1/metrics", QoS::AtLeastOnce, false, i.to_string()).await;
@@ -172,7 +152,7 @@ async fn sigkill_at_random_points_loses_nothing_committed() {
     let mut all_acked: Vec<String> = Vec::new();
     let mut epoch = None;
     for round in 0..3u32 {
-        let mut edge = EdgeProcess::start(dir.path(), &config_text(CLASSES));
+        let mut edge = EdgeProcess::start(dir.path(), &config_text(&classes_toml()));
         let addr = edge.addr("local");
         let publisher = tokio::spawn(e2e_tests::client::publish_until_killed(addr, round, "audit/crash"));
         // A random moment under load, from the clock's low bits.
@@ -229,7 +209,7 @@ async fn sigkill_at_random_points_loses_nothing_committed() {
 async fn corrupt_spool_at_startup_is_moved_aside_and_local_traffic_flows() {
     let dir = tempfile::tempdir().unwrap();
     std::fs::write(dir.path().join("spool.db"), b"definitely not SQLite, a torn write perhaps").unwrap();
-    let edge = EdgeProcess::start(dir.path(), &config_text(CLASSES));
+    let edge = EdgeProcess::start(dir.path(), &config_text(&classes_toml()));
     assert!(edge.stderr().contains("spool database unusable; moved aside"), "{}", edge.stderr());
     let aside: Vec<_> = std::fs::read_dir(dir.path())
         .unwrap()
@@ -251,7 +231,7 @@ async fn corrupt_spool_at_startup_is_moved_aside_and_local_traffic_flows() {
 /// the broker answers some (edge-direct) and the front others (central, refused).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn pubacks_keep_publish_order_across_routes() {
-    let t = TestNode::start(CLASSES).await;
+    let t = TestNode::start(&classes_toml()).await;
     let mut c = tokio::net::TcpStream::connect(t.local()).await.unwrap();
     c.write_all(&[0x10, 14, 0, 4, b'M', b'Q', b'T', b'T', 4, 0x02, 0, 60, 0, 2, b'o', b'k']).await.unwrap();
     let mut connack = [0u8; 4];
@@ -282,7 +262,7 @@ async fn pubacks_keep_publish_order_across_routes() {
 /// that add up exactly to what was dropped, the metric agrees, and local delivery keeps flowing.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn tiny_budget_evicts_with_exact_accounting_while_local_delivery_flows() {
-    let extra = CLASSES.replace("path = \"spool.db\"", "path = \"spool.db\"\nbudget = \"96 KiB\"");
+    let extra = classes_toml().replace("path = \"spool.db\"", "path = \"spool.db\"\nbudget = \"96 KiB\"");
     let t = TestNode::start(&extra).await;
     let db = t.dir.path().join("spool.db");
     let mut local = Client::anonymous(t.local(), "local-app").await;

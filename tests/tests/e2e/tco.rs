@@ -75,10 +75,6 @@ fn a_report_without_a_tco_section_names_the_problem() {
     assert!(String::from_utf8_lossy(&out.stderr).contains("has no [tco] section"));
 }
 
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
-}
-
 /// Prices where a class of about 100-byte messages is cheaper central below about 50 msg/s and
 /// edge-direct above: the central cluster is already paid for, the uplink costs 3 a GB, the
 /// edge's share of its hardware is 50 a month per class.
@@ -159,7 +155,7 @@ async fn publish_for(publisher: &Client, per_s: u32, span: Duration, payload: &[
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_class_growing_tenfold_moves_by_the_model_and_governed_classes_stay_off_edge_direct() {
     let dir = tempfile::tempdir().unwrap();
-    let edge = EdgeProcess::start(dir.path(), &live_config(free_port()));
+    let edge = EdgeProcess::start(dir.path(), &live_config(e2e_tests::free_port()));
     let mut local = Client::anonymous(edge.addr("local"), "local-app").await;
     local.subscribe("counters/#", QoS::AtMostOnce).await;
     let publisher = Client::anonymous(edge.addr("local"), "counter").await;
