@@ -1,4 +1,4 @@
-//! Names in the central cluster (see DESIGN.md): an MQTT topic becomes the subject
+//! Names in the central cluster (see docs/ARCHITECTURE.md): an MQTT topic becomes the subject
 //! `edge.<edge_id>.<levels>`, one NATS token per MQTT level, with the characters a token cannot
 //! hold percent-encoded, so the mapping is reversible and a level never splits in two. MQTT 5
 //! properties become headers.

@@ -13,7 +13,7 @@
 //!   the uplink for the bytes on the wire (after compression), the central cluster's ingest per
 //!   GB and its storage for `retention_months`. `both` pays both routes.
 //!
-//! A route is infeasible when the governance table of DESIGN.md forbids it, or (for `central`)
+//! A route is infeasible when the governance table of docs/ARCHITECTURE.md forbids it, or (for `central`)
 //! when the SLA is below what a central consumer waits: the measured edge-to-central commit
 //! latency, and never less than the RTT. The cheapest feasible route wins; with none feasible
 //! there is no choice and the reason says why. A pinned class reports the model's choice and
@@ -66,7 +66,7 @@ pub enum Governance {
 }
 
 impl Governance {
-    /// Whether `route` satisfies this governance need (the table in DESIGN.md).
+    /// Whether `route` satisfies this governance need (the table in docs/ARCHITECTURE.md).
     pub fn allows(self, route: Route) -> bool {
         match self {
             Governance::None => true,

@@ -1,7 +1,11 @@
-//! Where committed edge records go. A sink writes a batch's records and advances the committed
-//! mark of (edge, epoch, lane) in one atomic step, idempotently: writing a record it already
-//! has changes nothing. The bridge acks an edge only after `write` returned, and answers an
-//! edge's hello with `committed`, so any bridge instance can take over any edge.
+//! Where committed edge records go. A batch lands in two steps, not one: [`Sink::publish`]
+//! writes its records idempotently (a record written twice is kept once, by its
+//! `{edge}:{epoch}:{lane}:{seq}` key), then, once every batch before it in the lane published,
+//! the session calls [`Sink::mark`] to raise the committed mark of (edge, epoch, lane). A crash
+//! between the two leaves records with no mark over them: the edge resends them, and the
+//! idempotent publish keeps one copy. The bridge acks an edge only after `mark` returned, and
+//! answers an edge's hello with `committed`, so any bridge instance can take over any edge.
+//! docs/ARCHITECTURE.md follows one record through both steps.
 
 pub mod jetstream;
 pub mod sqlite;
