@@ -79,7 +79,7 @@ impl Acl {
         Self::parse(&text).map_err(|reason| AuthError::AclFile { path: path.to_owned(), reason })
     }
 
-    fn parse(text: &str) -> Result<Self, String> {
+    pub(crate) fn parse(text: &str) -> Result<Self, String> {
         let file: AclFile = toml::from_str(text).map_err(|e| e.message().to_owned())?;
         let sections = file
             .anonymous

@@ -10,8 +10,14 @@
 //! rumqttd's router thread has no stop handle; it idles when the node stops and ends with the
 //! process.
 
+pub mod codec;
 mod config;
+pub mod core;
+pub mod driver;
 pub mod log;
+pub mod message;
+pub mod metrics;
+pub mod store;
 
 pub use config::BrokerConfig;
 

@@ -1,0 +1,381 @@
+//! CONNECT and its session: Clean Start, Session Expiry, takeover, ownership, the will; and a
+//! connection's end.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use super::session::{Conn, PendingWill, Session};
+use super::{Action, Broker, ClientIds, ConnId, SessionKey, SessionRecord};
+use crate::auth::Rules;
+use crate::broker::codec::{ConnAckProps, Connect, Outbound, Version, reason};
+use crate::broker::message::Message;
+
+/// Who a connection is, as the front authenticated it.
+#[derive(Debug, Clone)]
+pub struct Identity {
+    /// The identity a session belongs to: `user:<name>`, `cert:<name>`, `anonymous`,
+    /// `internal`.
+    pub owner: Arc<str>,
+    /// The node's own clients: no ACL, no session bound, and the internal topics.
+    pub internal: bool,
+    /// `None` for internal connections.
+    pub rules: Option<Arc<Rules>>,
+}
+
+#[derive(Debug)]
+pub struct ConnectRequest {
+    pub conn: ConnId,
+    pub connect: Connect,
+    pub identity: Identity,
+}
+
+/// A refused CONNECT: the CONNACK reason (MQTT 5; mapped for 3.1.1) and the metric label.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Refusal {
+    pub code: u8,
+    pub label: &'static str,
+}
+
+/// Longest client id accepted, bytes.
+pub const MAX_CLIENT_ID: usize = 256;
+
+impl Broker {
+    /// Admits a connection: the CONNACK is queued for it (`poll_transmit`). A refusal comes
+    /// back for the glue to answer with its own CONNACK before closing.
+    pub fn connect(&mut self, req: ConnectRequest, now: Instant) -> Result<(), Refusal> {
+        let ConnectRequest { conn, connect: c, identity } = req;
+        let refuse = |code, label| Err(Refusal { code, label });
+        // [MQTT-4.12.0-1]: this server has no enhanced authentication.
+        if c.auth_method.is_some() {
+            return refuse(reason::BAD_AUTH_METHOD, "bad_auth_method");
+        }
+        if c.client_id.len() > MAX_CLIENT_ID {
+            return refuse(reason::CLIENT_ID_NOT_VALID, "client_id_invalid");
+        }
+        // MQTT 3.1.1 [MQTT-3.1.3-8]: no client id without a clean session; the same rule for
+        // MQTT 5, where such a session could never be resumed.
+        if c.client_id.is_empty() && !c.clean_start {
+            return refuse(reason::CLIENT_ID_NOT_VALID, "client_id_invalid");
+        }
+        let will = match &c.will {
+            Some(w) => {
+                let topic = w.topic.as_str();
+                if shared::topic::validate_name(topic).is_err() || topic.len() > self.limits.max_topic_length {
+                    return refuse(reason::TOPIC_NAME_INVALID, "will_topic_invalid");
+                }
+                if !self.may_publish(&identity, topic) {
+                    return refuse(reason::NOT_AUTHORIZED, "not_authorized");
+                }
+                let msg = Message {
+                    topic: topic.into(),
+                    payload: bytes::Bytes::copy_from_slice(&w.payload),
+                    qos: w.qos,
+                    retain: w.retain,
+                    props: w.props.clone(),
+                    expires_at: None,
+                    origin: None,
+                };
+                Some((msg, w.delay, w.expiry))
+            }
+            None => None,
+        };
+
+        let assigned = c.client_id.is_empty().then(|| self.assign_client_id());
+        let client_id: Arc<str> = assigned.clone().unwrap_or_else(|| c.client_id.clone()).into();
+        let existing = self.by_client.get(&client_id).copied();
+        if let Some(key) = existing {
+            let owner = self.session(key).map(|s| s.owner.clone());
+            if self.limits.client_ids == ClientIds::PerIdentity && owner.as_deref() != Some(&*identity.owner) {
+                tracing::info!(client_id = %client_id, "CONNECT refused: the client id belongs to another identity");
+                return refuse(reason::CLIENT_ID_NOT_VALID, "client_id_owned");
+            }
+        } else if !identity.internal && self.user_sessions() >= self.limits.max_sessions {
+            return refuse(reason::QUOTA_EXCEEDED, "max_sessions");
+        }
+
+        // [MQTT-3.1.4-3]: a connection holding this session is told and closed.
+        if let Some(old) = existing.and_then(|k| self.session(k)).and_then(|s| s.conn) {
+            self.metrics.disconnect("session_taken_over");
+            self.close(old, Some(reason::SESSION_TAKEN_OVER), now);
+        }
+        // [MQTT-3.1.2-4]: Clean Start discards the session there was.
+        let mut resumed = None;
+        if let Some(key) = existing {
+            if c.clean_start {
+                self.end_session(key, now);
+            } else {
+                resumed = Some(key);
+            }
+        }
+
+        let expiry = c.session_expiry.min(self.limits.max_session_expiry);
+        let key = match resumed {
+            Some(key) => {
+                self.resume(key, conn, expiry);
+                key
+            }
+            None => self.new_session(client_id.clone(), identity.owner.clone(), identity.internal, expiry),
+        };
+
+        let keep_alive = match self.limits.max_keep_alive {
+            // MQTT 3.1.1 has no Server Keep Alive: its clients keep their own.
+            Some(max) if c.version == Version::V5 && (c.keep_alive == 0 || c.keep_alive > max) => max,
+            _ => c.keep_alive,
+        };
+        let expires_at = |w: &Option<u32>| w.map(|s| now + Duration::from_secs(u64::from(s)));
+        let conn_state = Conn {
+            session: key,
+            version: c.version,
+            keep_alive,
+            last_seen: now,
+            send_quota: c.receive_maximum.min(self.limits.max_inflight).max(1),
+            max_packet_out: c.max_packet_size.map_or(usize::MAX, |m| m as usize),
+            aliases: std::collections::HashMap::new(),
+            unacked_in: 0,
+            acks: std::collections::VecDeque::new(),
+            control: std::collections::VecDeque::new(),
+            rules: identity.rules.clone(),
+            will: will.map(|(mut msg, delay, expiry)| {
+                msg.expires_at = expires_at(&expiry);
+                (Arc::new(msg), delay)
+            }),
+            expiry_was_zero: c.session_expiry == 0,
+            closing: false,
+        };
+        self.conns.insert(conn, conn_state);
+        if let Some(s) = self.session_mut(key) {
+            s.conn = Some(conn);
+            s.disconnected_at = None;
+            s.disconnected_ms = None;
+        }
+
+        let v5 = c.version == Version::V5;
+        let props = ConnAckProps {
+            session_expiry: (v5 && expiry != c.session_expiry).then_some(expiry),
+            receive_maximum: v5.then_some(self.limits.receive_maximum),
+            max_packet_size: v5.then_some(self.limits.max_packet_size),
+            assigned_client_id: if v5 { assigned } else { None },
+            topic_alias_maximum: (v5 && self.limits.topic_alias_maximum > 0).then_some(self.limits.topic_alias_maximum),
+            server_keep_alive: (v5 && keep_alive != c.keep_alive).then_some(keep_alive),
+            reason_string: None,
+        };
+        // [MQTT-3.2.2-2], [MQTT-3.2.2-3]: Session Present says whether state was resumed.
+        let connack = Outbound::ConnAck { session_present: resumed.is_some(), code: 0, props: Box::new(props) };
+        if let Some(c) = self.conns.get_mut(&conn) {
+            c.control.push_back(connack);
+        }
+        if resumed.is_some() {
+            self.resend_inflight(key, conn);
+            if let Some(rules) = identity.rules {
+                self.prune_subscriptions(key, &rules, now);
+            }
+        }
+        self.persist(key);
+        self.wake(conn);
+        Ok(())
+    }
+
+    fn assign_client_id(&mut self) -> String {
+        loop {
+            self.next_assigned += 1;
+            let id = format!("auto-{:x}-{}", rand::random::<u32>(), self.next_assigned);
+            if !self.by_client.contains_key(id.as_str()) {
+                return id;
+            }
+        }
+    }
+
+    fn user_sessions(&self) -> usize {
+        self.sessions.iter().flatten().filter(|s| !s.internal).count()
+    }
+
+    fn new_session(&mut self, client_id: Arc<str>, owner: Arc<str>, internal: bool, expiry: u32) -> SessionKey {
+        let session = Session::new(client_id.clone(), owner, internal, expiry);
+        let key = match self.free.pop() {
+            Some(k) => {
+                self.sessions[k as usize] = Some(session);
+                k
+            }
+            None => {
+                self.sessions.push(Some(session));
+                (self.sessions.len() - 1) as SessionKey
+            }
+        };
+        self.by_client.insert(client_id, key);
+        self.metrics.sessions.set(self.by_client.len() as i64);
+        key
+    }
+
+    /// A session resumed on a new connection: its pending will is cancelled ([MQTT-3.1.3-9])
+    /// and it no longer expires.
+    fn resume(&mut self, key: SessionKey, _conn: ConnId, expiry: u32) {
+        self.cancel_expiry(key);
+        let Some(s) = self.session_mut(key) else { return };
+        s.expiry = expiry;
+        let cancelled = s.pending_will.take().map(|w| w.due);
+        if let Some(due) = cancelled {
+            self.wills.remove(&(due, key));
+        }
+    }
+
+    fn schedule_expiry(&mut self, key: SessionKey, due: Instant) {
+        self.cancel_expiry(key);
+        if let Some(s) = self.session_mut(key) {
+            s.expires_at = Some(due);
+            self.expiries.insert((due, key));
+        }
+    }
+
+    fn cancel_expiry(&mut self, key: SessionKey) {
+        if let Some(due) = self.session_mut(key).and_then(|s| s.expires_at.take()) {
+            self.expiries.remove(&(due, key));
+        }
+    }
+
+    /// [MQTT-4.4.0-1]: unacknowledged PUBLISHes go again first, with their packet ids and DUP;
+    /// PUBRELs of released QoS 2 messages go again too.
+    fn resend_inflight(&mut self, key: SessionKey, conn: ConnId) {
+        let Some(s) = self.session_mut(key) else { return };
+        let mut rels = Vec::new();
+        let mut resend = Vec::new();
+        for i in s.inflight.drain(..) {
+            if i.released {
+                rels.push(i);
+            } else {
+                let mut d = i.delivery;
+                d.pkid = Some(i.pkid);
+                resend.push(d);
+            }
+        }
+        for d in resend.into_iter().rev() {
+            s.queue.push_front(d.clone());
+            s.queued_bytes += d.weight();
+        }
+        let pubrels: Vec<Outbound> = rels.iter().map(|i| Outbound::PubRel { pkid: i.pkid, reason: 0 }).collect();
+        s.inflight.extend(rels);
+        if let Some(c) = self.conns.get_mut(&conn) {
+            c.control.extend(pubrels);
+        }
+    }
+
+    /// The glue's notice that the connection is gone: its socket closed, or the core closed
+    /// it. A connection that went without DISCONNECT fires its will.
+    pub fn closed(&mut self, conn: ConnId, now: Instant) {
+        if self.conns.get(&conn).is_some_and(|c| !c.closing) {
+            self.detach(conn, now);
+        }
+        if let Some(c) = self.conns.remove(&conn) {
+            let key = c.session;
+            if self.session(key).is_some_and(|s| s.conn == Some(conn)) {
+                // Detached above; nothing holds the session any more.
+                if let Some(s) = self.session_mut(key) {
+                    s.conn = None;
+                }
+            }
+        }
+        self.woken.remove(&conn);
+    }
+
+    /// The session loses its connection: the will is published or delayed, and a session
+    /// with expiry 0 ends ([MQTT-3.1.2-23] keeps the others).
+    pub(super) fn detach(&mut self, conn: ConnId, now: Instant) {
+        let Some(c) = self.conns.get_mut(&conn) else { return };
+        let (key, will, rules) = (c.session, c.will.take(), c.rules.clone());
+        let Some(s) = self.session_mut(key) else { return };
+        if s.conn != Some(conn) {
+            return;
+        }
+        s.conn = None;
+        s.disconnected_at = Some(now);
+        s.disconnected_ms = Some(shared::units::now_ms());
+        let expiry = s.expiry;
+        if let Some((msg, delay)) = will {
+            if delay == 0 || expiry == 0 {
+                self.publish_will(PendingWill { msg, rules, due: now }, now);
+            } else {
+                let due = now + Duration::from_secs(u64::from(delay.min(expiry)));
+                if let Some(s) = self.session_mut(key) {
+                    s.pending_will = Some(PendingWill { msg, rules, due });
+                }
+                self.wills.insert((due, key));
+            }
+        }
+        match expiry {
+            0 => self.end_session(key, now),
+            u32::MAX => self.persist(key),
+            secs => {
+                self.schedule_expiry(key, now + Duration::from_secs(u64::from(secs)));
+                self.persist(key);
+            }
+        }
+    }
+
+    /// Ends a session: its pending will goes now, its subscriptions and queue go.
+    pub(super) fn end_session(&mut self, key: SessionKey, now: Instant) {
+        self.cancel_expiry(key);
+        let Some(mut s) = self.sessions.get_mut(key as usize).and_then(Option::take) else { return };
+        if let Some(will) = s.pending_will.take() {
+            self.wills.remove(&(will.due, key));
+            self.publish_will(will, now);
+        }
+        for filter in s.subs.keys() {
+            if let Some(f) = super::router::Filter::parse(filter) {
+                self.router.unsubscribe(f, key);
+            }
+        }
+        let lost = s.queue.iter().chain(&s.retained_backlog).filter(|d| d.qos as u8 > 0).count()
+            + s.inflight.iter().filter(|i| !i.released).count();
+        if lost > 0 {
+            self.metrics.dropped("session_ended", lost as u64);
+        }
+        self.by_client.remove(&s.client_id);
+        self.free.push(key);
+        if s.expiry != 0 && !s.internal {
+            self.actions.push_back(Action::Forget(s.client_id.to_string()));
+        }
+        self.metrics.sessions.set(self.by_client.len() as i64);
+        self.metrics.subscriptions.set(self.router.len() as i64);
+    }
+
+    pub(super) fn publish_will(&mut self, will: PendingWill, now: Instant) {
+        tracing::debug!(topic = %will.msg.topic, "publishing a will");
+        self.metrics.wills.inc();
+        if will.rules.as_ref().is_none_or(|r| r.may_publish(&will.msg.topic)) {
+            let _ = self.ingest(None, will.msg, None, now);
+        }
+    }
+
+    /// Sessions stored before a restart, offline until their clients come back. One whose
+    /// expiry passed meanwhile is forgotten.
+    pub fn restore(&mut self, records: Vec<SessionRecord>, now: Instant) {
+        let wall = shared::units::now_ms();
+        for r in records {
+            let away = r.disconnected_ms.map_or(0, |ms| wall.saturating_sub(ms) / 1000);
+            let expiry = r.expiry.min(self.limits.max_session_expiry);
+            if expiry != u32::MAX && away >= u64::from(expiry) || self.by_client.contains_key(r.client_id.as_str()) {
+                self.actions.push_back(Action::Forget(r.client_id));
+                continue;
+            }
+            let key = self.new_session(r.client_id.into(), r.owner.into(), false, expiry);
+            for (filter, opts) in r.subscriptions {
+                if let Some(f) = super::router::Filter::parse(&filter) {
+                    self.router.subscribe(f, key, opts);
+                }
+                if let Some(s) = self.session_mut(key) {
+                    s.subs.insert(filter, opts);
+                }
+            }
+            let left = u64::from(expiry).saturating_sub(away);
+            if let Some(s) = self.session_mut(key) {
+                s.disconnected_at = Some(now);
+                s.disconnected_ms = r.disconnected_ms.or(Some(wall));
+                // The expiry counts from the disconnect, across the restart.
+                s.expiry = expiry;
+            }
+            if expiry != u32::MAX {
+                self.schedule_expiry(key, now + Duration::from_secs(left));
+            }
+        }
+        self.metrics.subscriptions.set(self.router.len() as i64);
+    }
+}

@@ -1,0 +1,352 @@
+//! What happens to a message once it is in: its topic class decides the spool and local
+//! delivery; local delivery goes through the router to each subscriber's queue, and from the
+//! queue to the wire as room in flight allows.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use super::router::Match;
+use super::session::{AckSlot, Delivery, Inflight};
+use super::{Action, Broker, ConnId, PendingSpool, SessionKey, SlowSubscriber, SpoolRequest, Spooled};
+use crate::broker::codec::{Outbound, QoS, Version, reason};
+use crate::broker::message::Message;
+use crate::route::{Class, Route};
+use crate::spool::Durability;
+
+/// What `poll_transmit` gives a connection's writer.
+#[derive(Debug, Default)]
+pub struct Transmit {
+    pub packets: Vec<Outbound>,
+    /// The connection is closing: close the socket once `packets` are written.
+    pub closing: bool,
+}
+
+impl Broker {
+    /// Routes a message that entered: the spool for `central` and `both` classes, local
+    /// subscribers unless `central`. `ack` is the publisher's (QoS, packet id) to answer once
+    /// the message is where it must be. `Err(code)`: refused before anything happened, for an
+    /// MQTT 5 acknowledgement.
+    pub(super) fn ingest(
+        &mut self,
+        from: Option<ConnId>,
+        msg: Arc<Message>,
+        ack: Option<(QoS, u16)>,
+        now: Instant,
+    ) -> Result<(), u8> {
+        let classes = self.classes.clone();
+        let class = classes.classify(&msg.topic);
+        if let Some(class) = class {
+            class.count(2 + msg.topic.len() + msg.payload.len());
+        }
+        let route = class.map_or(Route::EdgeDirect, Class::route);
+        let local = route != Route::Central;
+        let mut retain = msg.retain && local;
+        if retain && !msg.payload.is_empty() && !self.retained.has_room(&msg) {
+            self.metrics.refused("retained_full");
+            let v5 = from.and_then(|c| self.conns.get(&c)).is_some_and(|c| c.version == Version::V5);
+            if v5 && ack.is_some() {
+                return Err(reason::QUOTA_EXCEEDED);
+            }
+            // No way to say so to an MQTT 3.1.1 client or at QoS 0: delivered, not retained.
+            retain = false;
+        }
+        match class.filter(|_| matches!(route, Route::Central | Route::Both)) {
+            Some(class) => {
+                let ticket = self.next_ticket();
+                let hold = local && class.durability == Durability::Full;
+                self.pending.insert(ticket, PendingSpool { conn: from, deliver: hold.then(|| msg.clone()), retain });
+                if let (Some(conn), Some((qos, pkid))) = (from, ack)
+                    && let Some(c) = self.conns.get_mut(&conn)
+                {
+                    c.acks.push_back(AckSlot::Waiting { ticket, qos, pkid });
+                }
+                let message = spool_message(&msg, class, now);
+                self.actions.push_back(Action::Spool(Box::new(SpoolRequest {
+                    ticket,
+                    lane: class.lane,
+                    durability: class.durability,
+                    message,
+                })));
+                if local && !hold {
+                    self.accept_local(&msg, retain, now);
+                }
+            }
+            None => {
+                if local {
+                    self.accept_local(&msg, retain, now);
+                }
+                if let (Some(conn), Some((qos, pkid))) = (from, ack) {
+                    self.ack_ready(conn, qos, pkid, reason::SUCCESS, now);
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// The glue's answer for a spool append: a message held for it is delivered locally now,
+    /// and its publisher's acknowledgement goes (in publish order).
+    pub fn spooled(&mut self, ticket: u64, outcome: Spooled, now: Instant) {
+        let Some(p) = self.pending.remove(&ticket) else { return };
+        if let (Spooled::Accepted, Some(msg)) = (outcome, &p.deliver) {
+            let retain = p.retain && (msg.payload.is_empty() || self.retained.has_room(msg));
+            self.accept_local(msg, retain, now);
+        }
+        let Some(conn) = p.conn else { return };
+        let code = match outcome {
+            Spooled::Accepted => reason::SUCCESS,
+            Spooled::Refused => reason::QUOTA_EXCEEDED,
+            Spooled::Failed => reason::UNSPECIFIED,
+        };
+        let Some(c) = self.conns.get_mut(&conn) else { return };
+        if code != reason::SUCCESS && c.version == Version::V311 {
+            // MQTT 3.1.1 has no way to refuse a publish but closing: no acknowledgement, and
+            // the client publishes again.
+            self.metrics.disconnect("spool_refused");
+            self.close(conn, None, now);
+            return;
+        }
+        if let Some(slot) = c.acks.iter_mut().find(|s| matches!(s, AckSlot::Waiting { ticket: t, .. } if *t == ticket))
+            && let AckSlot::Waiting { qos, pkid, .. } = *slot
+        {
+            *slot = AckSlot::Ready(ack_packet(qos, pkid, code));
+            if code >= 0x80 && qos == QoS::ExactlyOnce {
+                // A failed PUBREC ends the exchange.
+                let key = c.session;
+                if let Some(s) = self.session_mut(key) {
+                    s.qos2_in.remove(&pkid);
+                }
+            }
+        }
+        self.flush_acks(conn, now);
+    }
+
+    /// Queues the publisher's acknowledgement behind those still waiting.
+    pub(super) fn ack_ready(&mut self, conn: ConnId, qos: QoS, pkid: u16, code: u8, now: Instant) {
+        let Some(c) = self.conns.get_mut(&conn) else { return };
+        c.acks.push_back(AckSlot::Ready(ack_packet(qos, pkid, code)));
+        self.flush_acks(conn, now);
+    }
+
+    /// Moves the acknowledgements at the front that are ready to the connection's packets.
+    fn flush_acks(&mut self, conn: ConnId, now: Instant) {
+        let Some(c) = self.conns.get_mut(&conn) else { return };
+        let mut ready = Vec::new();
+        while let Some(AckSlot::Ready(_)) = c.acks.front() {
+            if let Some(AckSlot::Ready(packet)) = c.acks.pop_front() {
+                if matches!(packet, Outbound::PubAck { .. }) {
+                    c.unacked_in = c.unacked_in.saturating_sub(1);
+                }
+                ready.push(packet);
+            }
+        }
+        for packet in ready {
+            self.control(conn, packet, now);
+        }
+    }
+
+    /// Local delivery: the retained store, then every matching subscriber.
+    fn accept_local(&mut self, msg: &Arc<Message>, retain: bool, now: Instant) {
+        if retain {
+            // Room was checked when the message came in.
+            let _ = self.retained.store(msg);
+            self.metrics.retained(self.retained.len(), self.retained.bytes());
+        }
+        self.deliver(msg, now);
+    }
+
+    /// Sends `msg` to every session a subscription of which matches it: one copy per session
+    /// for its ordinary subscriptions, at the highest QoS granted among them and with all their
+    /// subscription identifiers ([MQTT-3.3.4-2], [MQTT-3.3.4-4]); one copy per shared group.
+    fn deliver(&mut self, msg: &Arc<Message>, now: Instant) {
+        let internal_only = self.limits.internal_topics.iter().any(|t| **t == *msg.topic);
+        let mut matches = std::mem::take(&mut self.matches);
+        matches.clear();
+        {
+            let sessions = &self.sessions;
+            let online =
+                |k: SessionKey| sessions.get(k as usize).and_then(Option::as_ref).is_some_and(|s| s.conn.is_some());
+            self.router.matches(&msg.topic, &online, &mut matches);
+        }
+        matches.sort_by_key(|m| (m.shared, m.session));
+        let mut i = 0;
+        while i < matches.len() {
+            let first = matches[i];
+            let mut end = i + 1;
+            if !first.shared {
+                while end < matches.len() && !matches[end].shared && matches[end].session == first.session {
+                    end += 1;
+                }
+            }
+            let group = &matches[i..end];
+            i = end;
+            if let Some(d) = self.delivery_for(first.session, group, msg, internal_only) {
+                self.enqueue(first.session, d, now);
+            }
+        }
+        self.matches = matches;
+    }
+
+    /// The one delivery a session gets for the subscriptions of it that matched.
+    fn delivery_for(
+        &self,
+        key: SessionKey,
+        group: &[Match],
+        msg: &Arc<Message>,
+        internal_only: bool,
+    ) -> Option<Delivery> {
+        let s = self.session(key)?;
+        if internal_only && !s.internal {
+            return None;
+        }
+        let own = msg.origin.as_deref() == Some(&*s.client_id);
+        let mut granted: Option<QoS> = None;
+        let mut retain = false;
+        let mut sub_ids = Vec::new();
+        // [MQTT-3.8.3-3]: No Local keeps a client's own messages from its subscription.
+        for m in group.iter().filter(|m| !(m.opts.no_local && own)) {
+            granted = Some(granted.map_or(m.opts.qos, |g| g.max(m.opts.qos)));
+            // [MQTT-3.3.1-12], [MQTT-3.3.1-13]: Retain As Published keeps the flag.
+            retain |= m.opts.retain_as_published && msg.retain;
+            sub_ids.extend(m.opts.id);
+        }
+        // [MQTT-3.8.4-8] (MQTT 3.1.1 [MQTT-3.8.4-6]): min(published, granted).
+        let qos = granted?.min(msg.qos);
+        Some(Delivery { msg: msg.clone(), qos, retain, sub_ids, pkid: None })
+    }
+
+    /// Puts a delivery in a session's queue under the queue's bounds and the slow-subscriber
+    /// policy.
+    pub(super) fn enqueue(&mut self, key: SessionKey, d: Delivery, now: Instant) {
+        let (max_messages, max_bytes, policy) =
+            (self.limits.max_queued_messages, self.limits.max_queued_bytes, self.limits.slow_subscriber);
+        let Some(s) = self.session_mut(key) else { return };
+        let weight = d.weight();
+        let Some(conn) = s.conn else {
+            // An offline session keeps QoS 1 and 2 messages only (§4.1: QoS 0 is optional).
+            if d.qos == QoS::AtMostOnce {
+                return;
+            }
+            if s.has_room(weight, max_messages, max_bytes) {
+                s.push(d);
+            } else {
+                self.metrics.dropped("offline_queue_full", 1);
+            }
+            return;
+        };
+        if s.has_room(weight, max_messages, max_bytes) {
+            s.push(d);
+            self.wake(conn);
+            return;
+        }
+        match policy {
+            SlowSubscriber::DropNewest => self.metrics.dropped("queue_full", 1),
+            SlowSubscriber::DropQos0ThenDisconnect => {
+                let mut freed = 0;
+                while !s.has_room(weight, max_messages, max_bytes) && s.drop_oldest_qos0() {
+                    freed += 1;
+                }
+                let room = s.has_room(weight, max_messages, max_bytes);
+                let qos0 = d.qos == QoS::AtMostOnce;
+                if room {
+                    s.push(d);
+                }
+                self.metrics.dropped("queue_full_qos0", freed + u64::from(!room && qos0));
+                if room {
+                    self.wake(conn);
+                } else if !qos0 {
+                    self.metrics.dropped("queue_full", 1);
+                    self.metrics.disconnect("slow_subscriber");
+                    tracing::warn!(conn = conn.0, "slow subscriber disconnected: its queue is full");
+                    self.close(conn, Some(reason::QUOTA_EXCEEDED), now);
+                }
+            }
+        }
+    }
+
+    /// The connection's next packets, at most `max` messages after its control packets: queued
+    /// messages as room in flight allows ([MQTT-3.3.4-7]), expired ones left out
+    /// ([MQTT-3.3.2-5]) and the rest with their remaining expiry ([MQTT-3.3.2-6]), any larger
+    /// than the client takes dropped as if sent ([MQTT-3.1.2-24], [MQTT-3.1.2-25]).
+    pub fn poll_transmit(&mut self, conn: ConnId, now: Instant, max: usize) -> Transmit {
+        let Some(c) = self.conns.get_mut(&conn) else { return Transmit { packets: Vec::new(), closing: true } };
+        let mut packets: Vec<Outbound> = c.control.drain(..).collect();
+        if c.closing {
+            return Transmit { packets, closing: true };
+        }
+        let (key, quota, max_packet, version) = (c.session, usize::from(c.send_quota), c.max_packet_out, c.version);
+        let Some(s) = self.sessions.get_mut(key as usize).and_then(Option::as_mut) else {
+            return Transmit { packets, closing: false };
+        };
+        let (mut expired, mut too_large, mut sent) = (0, 0, 0u64);
+        for _ in 0..max {
+            let Some(front) = s.front() else { break };
+            if front.qos != QoS::AtMostOnce && s.inflight.len() >= quota {
+                break;
+            }
+            let Some(d) = s.pop() else { break };
+            if d.pkid.is_none() && d.msg.expired(now) {
+                expired += 1;
+                continue;
+            }
+            let pkid = match (d.qos, d.pkid) {
+                (QoS::AtMostOnce, _) => 0,
+                (_, Some(p)) => p,
+                (_, None) => s.allocate_pkid(),
+            };
+            let packet = Outbound::Publish {
+                msg: d.msg.clone(),
+                qos: d.qos,
+                pkid,
+                dup: d.pkid.is_some(),
+                retain: d.retain,
+                expiry: d.msg.remaining_expiry(now),
+                sub_ids: if version == Version::V5 { d.sub_ids.clone() } else { Vec::new() },
+            };
+            if packet.encoded_len(version) > max_packet {
+                too_large += 1;
+                continue;
+            }
+            if d.qos != QoS::AtMostOnce {
+                s.inflight.push_back(Inflight { pkid, delivery: d, released: false });
+            }
+            sent += 1;
+            packets.push(packet);
+        }
+        self.metrics.dropped("expired", expired);
+        self.metrics.dropped("too_large_for_client", too_large);
+        self.metrics.publish_out.inc_by(sent);
+        Transmit { packets, closing: false }
+    }
+}
+
+fn ack_packet(qos: QoS, pkid: u16, code: u8) -> Outbound {
+    match qos {
+        QoS::ExactlyOnce => Outbound::PubRec { pkid, reason: code },
+        _ => Outbound::PubAck { pkid, reason: code },
+    }
+}
+
+/// The spool record of a message: its class's expiry (TTL) or the message's own, whichever is
+/// sooner.
+fn spool_message(msg: &Message, class: &Class, now: Instant) -> crate::spool::Message {
+    let wall = shared::units::now_ms();
+    let from_message = msg.expires_at.map(|at| wall + at.saturating_duration_since(now).as_millis() as u64);
+    let from_class = class.ttl_ms.map(|t| wall + t);
+    let expires_ms = match (from_message, from_class) {
+        (Some(a), Some(b)) => Some(a.min(b)),
+        (a, b) => a.or(b),
+    };
+    crate::spool::Message {
+        class: class.name.clone(),
+        topic: msg.topic.to_string(),
+        payload: msg.payload.clone(),
+        qos: msg.qos as u8,
+        enqueued_ms: wall,
+        expires_ms,
+        properties: crate::spool::Properties {
+            user: msg.props.user.clone(),
+            correlation_data: msg.props.correlation_data.clone(),
+            content_type: msg.props.content_type.clone(),
+        },
+    }
+}

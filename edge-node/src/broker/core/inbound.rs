@@ -1,0 +1,376 @@
+//! Packets from a connected client: PUBLISH and the QoS flows both ways, SUBSCRIBE,
+//! UNSUBSCRIBE, PINGREQ, DISCONNECT, and the errors that close a connection.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use super::connect::Identity;
+use super::router::{Filter, SubOptions};
+use super::session::Delivery;
+use super::{Broker, ConnId, SessionKey};
+use crate::auth::Rules;
+use crate::broker::codec::{DecodeError, Inbound, Outbound, PublishPacket, QoS, SubscribeRequest, Version, reason};
+use crate::broker::message::Message;
+
+impl Broker {
+    /// A packet the connection's client sent.
+    pub fn handle(&mut self, conn: ConnId, packet: Inbound, now: Instant) {
+        let Some(c) = self.conns.get_mut(&conn) else { return };
+        if c.closing {
+            return;
+        }
+        c.last_seen = now;
+        match packet {
+            Inbound::Publish(p) => self.on_publish(conn, p, now),
+            Inbound::PubAck { pkid, .. } => self.on_ack(conn, pkid, QoS::AtLeastOnce, false),
+            Inbound::PubRec { pkid, reason } => self.on_pubrec(conn, pkid, reason, now),
+            Inbound::PubRel { pkid } => self.on_pubrel(conn, pkid, now),
+            Inbound::PubComp { pkid } => self.on_ack(conn, pkid, QoS::ExactlyOnce, true),
+            Inbound::Subscribe { pkid, filters, id } => self.on_subscribe(conn, pkid, filters, id, now),
+            Inbound::Unsubscribe { pkid, filters } => self.on_unsubscribe(conn, pkid, filters, now),
+            Inbound::PingReq => self.control(conn, Outbound::PingResp, now),
+            Inbound::Disconnect { reason, session_expiry } => self.on_disconnect(conn, reason, session_expiry, now),
+            // §4.12: AUTH without an Authentication Method in the CONNECT is a protocol error.
+            Inbound::Auth => self.protocol_error(conn, "protocol_error", reason::PROTOCOL_ERROR, now),
+        }
+    }
+
+    /// A frame the glue could not decode, or broke a rule the codec checks: the connection
+    /// closes with the error's reason ([MQTT-4.13.1-1]).
+    pub fn decode_error(&mut self, conn: ConnId, error: &DecodeError, now: Instant) {
+        tracing::info!(conn = conn.0, %error, "closing a connection");
+        self.protocol_error(conn, error.label(), error.reason(), now);
+    }
+
+    fn protocol_error(&mut self, conn: ConnId, label: &'static str, code: u8, now: Instant) {
+        self.metrics.disconnect(label);
+        self.close(conn, Some(code), now);
+    }
+
+    fn may_publish_with(&self, rules: Option<&Rules>, internal: bool, topic: &str) -> bool {
+        if self.limits.internal_topics.iter().any(|t| t == topic) {
+            return internal;
+        }
+        rules.is_none_or(|r| r.may_publish(topic))
+    }
+
+    pub(super) fn may_publish(&self, identity: &Identity, topic: &str) -> bool {
+        self.may_publish_with(identity.rules.as_deref(), identity.internal, topic)
+    }
+
+    fn on_publish(&mut self, conn: ConnId, p: PublishPacket, now: Instant) {
+        let Some(c) = self.conns.get_mut(&conn) else { return };
+        let (key, version) = (c.session, c.version);
+        // §4.9: more unacknowledged QoS 1 and 2 publishes than our Receive Maximum.
+        if p.qos != QoS::AtMostOnce && c.unacked_in >= self.limits.receive_maximum {
+            return self.protocol_error(conn, "receive_maximum_exceeded", reason::RECEIVE_MAXIMUM_EXCEEDED, now);
+        }
+        let topic: Arc<str> = match (p.topic_alias, p.topic.is_empty()) {
+            // [MQTT-3.3.2-8], [MQTT-3.3.2-9]: alias 0, or above our Topic Alias Maximum.
+            (Some(a), _) if a == 0 || a > self.limits.topic_alias_maximum => {
+                return self.protocol_error(conn, "topic_alias_invalid", reason::TOPIC_ALIAS_INVALID, now);
+            }
+            (Some(a), false) => {
+                let topic: Arc<str> = p.topic_str().into();
+                c.aliases.insert(a, topic.clone());
+                topic
+            }
+            (Some(a), true) => match c.aliases.get(&a) {
+                Some(t) => t.clone(),
+                // §3.3.2.3.4: an alias never set is a protocol error.
+                None => return self.protocol_error(conn, "topic_alias_invalid", reason::PROTOCOL_ERROR, now),
+            },
+            // [MQTT-3.3.2-1]: a topic name, or an alias for one.
+            (None, true) => return self.protocol_error(conn, "topic_name_invalid", reason::PROTOCOL_ERROR, now),
+            (None, false) => p.topic_str().into(),
+        };
+        // [MQTT-3.3.2-2]: no wildcards in a topic name.
+        if shared::topic::validate_name(&topic).is_err() {
+            return self.protocol_error(conn, "topic_name_invalid", reason::TOPIC_NAME_INVALID, now);
+        }
+        let Some(s) = self.session_mut(key) else { return };
+        // [MQTT-4.3.3-9]: a QoS 2 packet id still awaiting its PUBREL is a resend: acknowledged
+        // again, not delivered again.
+        if p.qos == QoS::ExactlyOnce && s.qos2_in.contains(&p.pkid) {
+            return self.control(conn, Outbound::PubRec { pkid: p.pkid, reason: 0 }, now);
+        }
+        let (internal, client_id) = (s.internal, s.client_id.clone());
+        let rules = self.conns.get(&conn).and_then(|c| c.rules.clone());
+        let refusal = if topic.len() > self.limits.max_topic_length {
+            Some(("topic_too_long", reason::TOPIC_NAME_INVALID))
+        } else if !self.may_publish_with(rules.as_deref(), internal, &topic) {
+            Some(("acl", reason::NOT_AUTHORIZED))
+        } else {
+            None
+        };
+        if let Some((label, code)) = refusal {
+            self.metrics.refused(label);
+            tracing::debug!(conn = conn.0, topic = %topic, label, "publish refused");
+            return self.refuse_publish(conn, key, &p, version, code, now);
+        }
+        if p.qos != QoS::AtMostOnce
+            && let Some(c) = self.conns.get_mut(&conn)
+        {
+            c.unacked_in += 1;
+        }
+        if p.qos == QoS::ExactlyOnce
+            && let Some(s) = self.session_mut(key)
+        {
+            s.qos2_in.insert(p.pkid);
+        }
+        self.metrics.publish_in.inc();
+        let msg = Arc::new(Message {
+            topic,
+            payload: bytes::Bytes::copy_from_slice(&p.payload),
+            qos: p.qos,
+            retain: p.retain,
+            props: p.props,
+            expires_at: p.message_expiry.map(|s| now + Duration::from_secs(u64::from(s))),
+            origin: Some(client_id),
+        });
+        let ack = (p.qos != QoS::AtMostOnce).then_some((p.qos, p.pkid));
+        if let Err(code) = self.ingest(Some(conn), msg, ack, now) {
+            if p.qos == QoS::ExactlyOnce
+                && let Some(s) = self.session_mut(key)
+            {
+                s.qos2_in.remove(&p.pkid);
+            }
+            if let Some((qos, pkid)) = ack {
+                self.ack_ready(conn, qos, pkid, code, now);
+                if qos == QoS::ExactlyOnce
+                    && let Some(c) = self.conns.get_mut(&conn)
+                {
+                    c.unacked_in = c.unacked_in.saturating_sub(1);
+                }
+            }
+        }
+    }
+
+    /// A publish not taken: MQTT 5 hears the reason; MQTT 3.1.1 has no way to hear it and
+    /// gets a positive acknowledgement ([MQTT-3.3.5-2]); QoS 0 hears nothing.
+    fn refuse_publish(
+        &mut self,
+        conn: ConnId,
+        key: SessionKey,
+        p: &PublishPacket,
+        version: Version,
+        code: u8,
+        now: Instant,
+    ) {
+        let code = if version == Version::V5 { code } else { reason::SUCCESS };
+        match p.qos {
+            QoS::AtMostOnce => {}
+            QoS::AtLeastOnce => self.control(conn, Outbound::PubAck { pkid: p.pkid, reason: code }, now),
+            QoS::ExactlyOnce => {
+                if code == reason::SUCCESS
+                    && let Some(s) = self.session_mut(key)
+                {
+                    // The exchange goes on to its PUBCOMP.
+                    s.qos2_in.insert(p.pkid);
+                }
+                self.control(conn, Outbound::PubRec { pkid: p.pkid, reason: code }, now);
+            }
+        }
+    }
+
+    /// PUBACK for QoS 1, PUBCOMP for a released QoS 2: the message leaves flight.
+    fn on_ack(&mut self, conn: ConnId, pkid: u16, qos: QoS, released: bool) {
+        let Some(key) = self.conns.get(&conn).map(|c| c.session) else { return };
+        let Some(s) = self.session_mut(key) else { return };
+        if let Some(at) =
+            s.inflight.iter().position(|i| i.pkid == pkid && i.released == released && i.delivery.qos == qos)
+        {
+            s.inflight.remove(at);
+            if s.front().is_some() {
+                self.wake(conn);
+            }
+        }
+    }
+
+    fn on_pubrec(&mut self, conn: ConnId, pkid: u16, code: u8, now: Instant) {
+        let Some(key) = self.conns.get(&conn).map(|c| c.session) else { return };
+        let Some(s) = self.session_mut(key) else { return };
+        let Some(at) = s.inflight.iter().position(|i| i.pkid == pkid && i.delivery.qos == QoS::ExactlyOnce) else {
+            return self.control(conn, Outbound::PubRel { pkid, reason: reason::PACKET_ID_NOT_FOUND }, now);
+        };
+        if code >= 0x80 {
+            // §4.3.3: a PUBREC with an error ends the exchange (and, on a shared subscription,
+            // the message is not sent elsewhere: [MQTT-4.8.2-6]).
+            s.inflight.remove(at);
+            if s.front().is_some() {
+                self.wake(conn);
+            }
+            return;
+        }
+        s.inflight[at].released = true;
+        self.control(conn, Outbound::PubRel { pkid, reason: 0 }, now);
+    }
+
+    fn on_pubrel(&mut self, conn: ConnId, pkid: u16, now: Instant) {
+        let Some(key) = self.conns.get(&conn).map(|c| c.session) else { return };
+        let known = self.session_mut(key).is_some_and(|s| s.qos2_in.remove(&pkid));
+        if known && let Some(c) = self.conns.get_mut(&conn) {
+            c.unacked_in = c.unacked_in.saturating_sub(1);
+        }
+        let code = if known { 0 } else { reason::PACKET_ID_NOT_FOUND };
+        // [MQTT-4.3.3-11]: PUBREL is answered with PUBCOMP of its packet id.
+        self.control(conn, Outbound::PubComp { pkid, reason: code }, now);
+    }
+
+    fn on_subscribe(&mut self, conn: ConnId, pkid: u16, filters: Vec<SubscribeRequest>, id: Option<u32>, now: Instant) {
+        let Some(c) = self.conns.get(&conn) else { return };
+        let (key, rules, v5) = (c.session, c.rules.clone(), c.version == Version::V5);
+        let mut codes = Vec::with_capacity(filters.len());
+        let mut retained: Vec<Delivery> = Vec::new();
+        for f in &filters {
+            let code = match self.subscribe_one(key, f, id, rules.as_deref(), now, &mut retained) {
+                Ok(code) => code,
+                Err(SubscribeError::Protocol) => {
+                    // [MQTT-3.8.3-4]: No Local on a shared subscription.
+                    return self.protocol_error(conn, "protocol_error", reason::PROTOCOL_ERROR, now);
+                }
+                Err(SubscribeError::Refused(label, code)) => {
+                    self.metrics.subscribe_refused(label);
+                    code
+                }
+            };
+            codes.push(if v5 || code <= 2 { code } else { reason::V4_SUBACK_FAILURE });
+        }
+        // [MQTT-3.8.4-1], [MQTT-3.9.3-1]: one SUBACK, a code per filter in order.
+        self.control(conn, Outbound::SubAck { pkid, codes }, now);
+        let cap = self.limits.max_retained_messages;
+        if let Some(s) = self.session_mut(key) {
+            for d in retained {
+                if s.retained_backlog.len() >= cap {
+                    break;
+                }
+                s.retained_backlog.push_back(d);
+            }
+        }
+        self.persist(key);
+        self.metrics.subscriptions.set(self.router.len() as i64);
+        self.wake(conn);
+    }
+
+    fn subscribe_one(
+        &mut self,
+        key: SessionKey,
+        f: &SubscribeRequest,
+        id: Option<u32>,
+        rules: Option<&Rules>,
+        now: Instant,
+        retained: &mut Vec<Delivery>,
+    ) -> Result<u8, SubscribeError> {
+        let parsed =
+            Filter::parse(&f.filter).ok_or(SubscribeError::Refused("invalid_filter", reason::TOPIC_FILTER_INVALID))?;
+        if shared::topic::validate_filter(parsed.filter).is_err() || f.filter.len() > self.limits.max_topic_length {
+            return Err(SubscribeError::Refused("invalid_filter", reason::TOPIC_FILTER_INVALID));
+        }
+        if parsed.share.is_some() && f.no_local {
+            return Err(SubscribeError::Protocol);
+        }
+        // The ACL judges the filter inside `$share/<group>/`.
+        if rules.is_some_and(|r| !r.may_subscribe(parsed.filter)) {
+            return Err(SubscribeError::Refused("acl", reason::NOT_AUTHORIZED));
+        }
+        let max = self.limits.max_subscriptions;
+        let Some(s) = self.session_mut(key) else { return Err(SubscribeError::Refused("gone", reason::UNSPECIFIED)) };
+        if !s.subs.contains_key(&f.filter) && s.subs.len() >= max && !s.internal {
+            return Err(SubscribeError::Refused("max_subscriptions", reason::QUOTA_EXCEEDED));
+        }
+        let internal = s.internal;
+        let opts = SubOptions {
+            qos: f.qos,
+            no_local: f.no_local,
+            retain_as_published: f.retain_as_published,
+            retain_handling: f.retain_handling,
+            id,
+        };
+        s.subs.insert(f.filter.clone(), opts);
+        // [MQTT-3.8.4-3]: a subscription to the same filter replaces the one there was.
+        let existed = self.router.subscribe(parsed, key, opts);
+        // [MQTT-3.3.1-9], [MQTT-3.3.1-10], [MQTT-3.3.1-11]; none for a shared subscription
+        // (§4.8.2).
+        let send_retained = parsed.share.is_none() && (f.retain_handling == 0 || (f.retain_handling == 1 && !existed));
+        if send_retained {
+            for msg in self.retained.matching(parsed.filter, now) {
+                if !internal && self.limits.internal_topics.iter().any(|t| **t == *msg.topic) {
+                    continue;
+                }
+                // [MQTT-3.3.1-8] (MQTT 3.1.1 [MQTT-3.3.1-8]): sent because of a new
+                // subscription, with RETAIN set.
+                let qos = msg.qos.min(f.qos);
+                retained.push(Delivery { msg, qos, retain: true, sub_ids: id.into_iter().collect(), pkid: None });
+            }
+        }
+        Ok(f.qos as u8)
+    }
+
+    fn on_unsubscribe(&mut self, conn: ConnId, pkid: u16, filters: Vec<String>, now: Instant) {
+        let Some(key) = self.conns.get(&conn).map(|c| c.session) else { return };
+        let mut codes = Vec::with_capacity(filters.len());
+        for filter in filters {
+            let removed = self.session_mut(key).is_some_and(|s| s.subs.remove(&filter).is_some());
+            if removed && let Some(f) = Filter::parse(&filter) {
+                self.router.unsubscribe(f, key);
+            }
+            codes.push(if removed { reason::SUCCESS } else { reason::NO_SUBSCRIPTION_EXISTED });
+        }
+        // [MQTT-3.10.4-4], [MQTT-3.11.3-1]: an UNSUBACK, a code per filter.
+        self.control(conn, Outbound::UnsubAck { pkid, codes }, now);
+        self.persist(key);
+        self.metrics.subscriptions.set(self.router.len() as i64);
+    }
+
+    fn on_disconnect(&mut self, conn: ConnId, code: u8, session_expiry: Option<u32>, now: Instant) {
+        let Some(c) = self.conns.get_mut(&conn) else { return };
+        let key = c.session;
+        if let Some(expiry) = session_expiry {
+            // §3.14.2.2.2: a session that began with expiry 0 cannot be given one now.
+            if c.expiry_was_zero && expiry != 0 {
+                return self.protocol_error(conn, "protocol_error", reason::PROTOCOL_ERROR, now);
+            }
+            let max = self.limits.max_session_expiry;
+            if let Some(s) = self.session_mut(key) {
+                s.expiry = expiry.min(max);
+            }
+        }
+        // [MQTT-3.1.2-10]: a normal DISCONNECT discards the will; 0x04 asks for it.
+        if code != reason::DISCONNECT_WITH_WILL
+            && let Some(c) = self.conns.get_mut(&conn)
+        {
+            c.will = None;
+        }
+        self.close(conn, None, now);
+    }
+
+    /// Drops the session's subscriptions the rules no longer allow (after a reload, or on
+    /// resuming a session stored under other rules).
+    pub(super) fn prune_subscriptions(&mut self, key: SessionKey, rules: &Rules, _now: Instant) {
+        let Some(s) = self.session_mut(key) else { return };
+        let denied: Vec<String> = s
+            .subs
+            .keys()
+            .filter(|f| Filter::parse(f).is_none_or(|p| !rules.may_subscribe(p.filter)))
+            .cloned()
+            .collect();
+        for f in &denied {
+            s.subs.remove(f);
+        }
+        for f in &denied {
+            if let Some(parsed) = Filter::parse(f) {
+                self.router.unsubscribe(parsed, key);
+            }
+            tracing::info!(filter = %f, "subscription removed: the ACL no longer allows it");
+        }
+        if !denied.is_empty() {
+            self.metrics.subscribe_refused("acl");
+            self.persist(key);
+        }
+    }
+}
+
+enum SubscribeError {
+    Protocol,
+    Refused(&'static str, u8),
+}

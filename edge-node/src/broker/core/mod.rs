@@ -1,0 +1,391 @@
+//! The broker core: every session, every connection's protocol state, the subscriptions and
+//! the retained store, as one deterministic state machine with no sockets and no clock.
+//!
+//! The glue feeds it (`connect`, `handle`, `closed`, `spooled`, `handle_timeout`, each with
+//! `now`) and drains it: `poll_transmit` gives a connection's next packets, `poll_action` what
+//! the glue must do for it (wake a connection's writer, append a message to the spool, store a
+//! session). Tests drive it the same way, without sockets and without sleeping.
+//!
+//! What it keeps, per piece:
+//! - a **session** per client id ([`session::Session`]): subscriptions, the queue of messages
+//!   for it, QoS 1 and 2 messages in flight to it, QoS 2 packet ids it received, its expiry and
+//!   the identity that owns it. It outlives its connection when its expiry is above 0.
+//! - a **connection** per network connection ([`session::Conn`]): the negotiated limits, topic
+//!   aliases, keep-alive, the will, the order its publishes are acknowledged in.
+//! - the **router** ([`router::Router`]) and the **retained store** ([`retained::Retained`]).
+//!
+//! Every message that enters (a client's PUBLISH, a will, an in-process client's publish) goes
+//! through the same ingest: ACL, topic class and route, the spool for the cloud, local delivery.
+
+mod connect;
+mod deliver;
+mod inbound;
+pub mod retained;
+pub mod router;
+pub mod session;
+
+#[cfg(test)]
+mod tests;
+
+use std::collections::{BTreeSet, HashMap, VecDeque};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use crate::auth::Rules;
+use crate::route::Classes;
+use crate::spool::{Durability, Lane};
+
+use self::retained::Retained;
+use self::router::Router;
+use self::session::{Conn, Session};
+use super::codec::Outbound;
+use super::metrics::BrokerMetrics;
+
+pub use self::connect::{ConnectRequest, Identity};
+pub use self::router::SubOptions;
+
+/// One network connection, for as long as it lives; never reused.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct ConnId(pub u64);
+
+/// Index of a session in the core's table.
+pub type SessionKey = u32;
+
+/// Whether a client id belongs to the identity that made its session.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Deserialize, serde::Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum ClientIds {
+    /// Another identity presenting the client id is refused (CONNACK 0x85 / 0x02).
+    #[default]
+    PerIdentity,
+    /// Any identity may take over any client id's session (MQTT's own rule).
+    Shared,
+}
+
+/// What happens when a subscriber's queue is full.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Deserialize, serde::Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum SlowSubscriber {
+    /// Drop the oldest QoS 0 message queued to make room; with none left to drop, a QoS 0
+    /// message is dropped and a QoS 1 or 2 one disconnects the subscriber (DISCONNECT 0x97).
+    /// Its session, if it has one, keeps what was queued.
+    #[default]
+    DropQos0ThenDisconnect,
+    /// Never disconnect: the new message is dropped, whatever its QoS.
+    DropNewest,
+}
+
+/// The core's bounds; each is a `[broker]` key.
+#[derive(Debug, Clone)]
+pub struct Limits {
+    pub max_sessions: usize,
+    pub max_subscriptions: usize,
+    pub max_queued_messages: usize,
+    pub max_queued_bytes: usize,
+    /// QoS 1 and 2 messages in flight to one client, at most (and at most its Receive Maximum).
+    pub max_inflight: u16,
+    /// Announced Receive Maximum: QoS 1 and 2 publishes a client may have unacknowledged.
+    pub receive_maximum: u16,
+    pub topic_alias_maximum: u16,
+    pub max_topic_length: usize,
+    pub max_retained_messages: usize,
+    pub max_retained_bytes: usize,
+    /// Announced Maximum Packet Size.
+    pub max_packet_size: u32,
+    /// A longer keep-alive (or none) is answered with this Server Keep Alive, seconds.
+    pub max_keep_alive: Option<u16>,
+    /// Session Expiry Intervals above this are cut to it, seconds.
+    pub max_session_expiry: u32,
+    pub client_ids: ClientIds,
+    pub slow_subscriber: SlowSubscriber,
+    /// Control packets (acks, SUBACKs) a client may leave unread before it is disconnected.
+    pub max_control_queue: usize,
+    /// Topics only the node's own clients publish and receive (the SLO probe's).
+    pub internal_topics: Vec<String>,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Self {
+            max_sessions: 10_000,
+            max_subscriptions: 100,
+            max_queued_messages: 1000,
+            max_queued_bytes: 1 << 20,
+            max_inflight: 100,
+            receive_maximum: 1024,
+            topic_alias_maximum: 16,
+            max_topic_length: 1024,
+            max_retained_messages: 10_000,
+            max_retained_bytes: 64 << 20,
+            max_packet_size: 1 << 20,
+            max_keep_alive: None,
+            max_session_expiry: 7 * 24 * 3600,
+            client_ids: ClientIds::PerIdentity,
+            slow_subscriber: SlowSubscriber::DropQos0ThenDisconnect,
+            max_control_queue: 4096,
+            internal_topics: Vec::new(),
+        }
+    }
+}
+
+/// A session as it is stored across restarts: its subscriptions and expiry, not its queue.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SessionRecord {
+    pub client_id: String,
+    pub owner: String,
+    /// Seconds.
+    pub expiry: u32,
+    pub subscriptions: Vec<(String, SubOptions)>,
+    /// Wall clock, ms since the Unix epoch, when it last lost its connection; `None` while
+    /// connected.
+    pub disconnected_ms: Option<u64>,
+}
+
+/// A message the core hands the spool; the glue appends it and reports back with
+/// [`Broker::spooled`].
+#[derive(Debug)]
+pub struct SpoolRequest {
+    pub ticket: u64,
+    pub lane: Lane,
+    pub durability: Durability,
+    pub message: crate::spool::Message,
+}
+
+/// How an append went, as the glue reports it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Spooled {
+    /// In the spool (for `full` durability: committed).
+    Accepted,
+    /// The spool had no room (MQTT 5: 0x97).
+    Refused,
+    /// The commit failed or the spool stopped (MQTT 5: 0x80).
+    Failed,
+}
+
+/// Work the core leaves for the glue.
+#[derive(Debug)]
+pub enum Action {
+    /// The connection has packets to send (or is closing): its writer should `poll_transmit`.
+    Wake(ConnId),
+    Spool(Box<SpoolRequest>),
+    /// Store this session's record (its subscriptions or expiry changed).
+    Persist(SessionRecord),
+    /// The session ended: forget its record.
+    Forget(String),
+}
+
+/// A message waiting for the spool before it may be acknowledged or delivered locally.
+#[derive(Debug)]
+struct PendingSpool {
+    conn: Option<ConnId>,
+    /// Delivered locally once spooled (`full` durability with a local route).
+    deliver: Option<Arc<crate::broker::message::Message>>,
+    /// It is to be stored as retained when delivered.
+    retain: bool,
+}
+
+/// The broker core. See the module doc.
+#[derive(Debug)]
+pub struct Broker {
+    limits: Limits,
+    classes: Arc<Classes>,
+    metrics: BrokerMetrics,
+    sessions: Vec<Option<Session>>,
+    free: Vec<SessionKey>,
+    by_client: HashMap<Arc<str>, SessionKey>,
+    conns: HashMap<ConnId, Conn>,
+    router: Router,
+    retained: Retained,
+    actions: VecDeque<Action>,
+    /// Connections already told to wake since the glue last drained the actions.
+    woken: BTreeSet<ConnId>,
+    pending: HashMap<u64, PendingSpool>,
+    next_ticket: u64,
+    /// Offline sessions by when they expire.
+    expiries: BTreeSet<(Instant, SessionKey)>,
+    /// Delayed wills by when they are due, with the session they belong to.
+    wills: BTreeSet<(Instant, SessionKey)>,
+    /// Client ids assigned to clients that sent none.
+    next_assigned: u64,
+    /// Scratch for matching.
+    matches: Vec<router::Match>,
+}
+
+impl Broker {
+    pub fn new(limits: Limits, classes: Arc<Classes>, metrics: BrokerMetrics) -> Self {
+        let retained = Retained::new(limits.max_retained_messages, limits.max_retained_bytes);
+        Self {
+            limits,
+            classes,
+            metrics,
+            sessions: Vec::new(),
+            free: Vec::new(),
+            by_client: HashMap::new(),
+            conns: HashMap::new(),
+            router: Router::default(),
+            retained,
+            actions: VecDeque::new(),
+            woken: BTreeSet::new(),
+            pending: HashMap::new(),
+            next_ticket: 1,
+            expiries: BTreeSet::new(),
+            wills: BTreeSet::new(),
+            next_assigned: 0,
+            matches: Vec::new(),
+        }
+    }
+
+    pub fn limits(&self) -> &Limits {
+        &self.limits
+    }
+
+    /// The next thing the glue must do, oldest first.
+    pub fn poll_action(&mut self) -> Option<Action> {
+        let action = self.actions.pop_front();
+        if let Some(Action::Wake(conn)) = &action {
+            self.woken.remove(conn);
+        }
+        action
+    }
+
+    /// When [`Broker::handle_timeout`] next has work: a delayed will or a session expiry.
+    pub fn poll_timeout(&self) -> Option<Instant> {
+        let will = self.wills.first().map(|(at, _)| *at);
+        let expiry = self.expiries.first().map(|(at, _)| *at);
+        will.into_iter().chain(expiry).min()
+    }
+
+    /// Publishes delayed wills that are due and ends sessions whose expiry passed.
+    pub fn handle_timeout(&mut self, now: Instant) {
+        while let Some(&(at, key)) = self.wills.first() {
+            if at > now {
+                break;
+            }
+            self.wills.pop_first();
+            let will = self.session_mut(key).and_then(|s| s.pending_will.take_if(|w| w.due == at));
+            if let Some(will) = will {
+                self.publish_will(will, now);
+            }
+        }
+        while let Some(&(at, key)) = self.expiries.first() {
+            if at > now {
+                break;
+            }
+            self.expiries.pop_first();
+            if self.session(key).is_some_and(|s| s.conn.is_none() && s.expires_at == Some(at)) {
+                self.end_session(key, now);
+            }
+        }
+    }
+
+    /// When the connection's keep-alive runs out ([MQTT-3.1.2-22]: 1.5 times Keep Alive
+    /// without a packet); `None` with keep-alive off or for an unknown connection.
+    pub fn keep_alive_deadline(&self, conn: ConnId) -> Option<Instant> {
+        let c = self.conns.get(&conn)?;
+        (c.keep_alive > 0 && !c.closing).then(|| c.last_seen + Duration::from_millis(u64::from(c.keep_alive) * 1500))
+    }
+
+    /// Closes the connection if its keep-alive ran out by `now` (MQTT 5: DISCONNECT 0x8D).
+    pub fn check_keep_alive(&mut self, conn: ConnId, now: Instant) {
+        if self.keep_alive_deadline(conn).is_some_and(|d| d <= now) {
+            self.metrics.disconnect("keep_alive_timeout");
+            self.close(conn, Some(super::codec::reason::KEEP_ALIVE_TIMEOUT), now);
+        }
+    }
+
+    /// Whether the connection is gone or closing: its glue stops reading.
+    pub fn is_closing(&self, conn: ConnId) -> bool {
+        self.conns.get(&conn).is_none_or(|c| c.closing)
+    }
+
+    /// New ACL rules for a connection after a reload; subscriptions they no longer allow are
+    /// removed.
+    pub fn set_rules(&mut self, conn: ConnId, rules: Arc<Rules>, now: Instant) {
+        let Some(c) = self.conns.get_mut(&conn) else { return };
+        c.rules = Some(rules.clone());
+        let key = c.session;
+        self.prune_subscriptions(key, &rules, now);
+    }
+
+    /// Sessions held, connected or not.
+    pub fn session_count(&self) -> usize {
+        self.by_client.len()
+    }
+
+    pub fn connection_count(&self) -> usize {
+        self.conns.len()
+    }
+
+    /// Subscriptions held over all sessions.
+    pub fn subscription_count(&self) -> usize {
+        self.router.len()
+    }
+
+    pub fn retained_count(&self) -> usize {
+        self.retained.len()
+    }
+
+    fn session(&self, key: SessionKey) -> Option<&Session> {
+        self.sessions.get(key as usize).and_then(Option::as_ref)
+    }
+
+    fn session_mut(&mut self, key: SessionKey) -> Option<&mut Session> {
+        self.sessions.get_mut(key as usize).and_then(Option::as_mut)
+    }
+
+    fn wake(&mut self, conn: ConnId) {
+        if self.woken.insert(conn) {
+            self.actions.push_back(Action::Wake(conn));
+        }
+    }
+
+    /// Queues a control packet (an ack, a SUBACK, a DISCONNECT) for the connection; a client
+    /// that leaves too many unread is cut off.
+    fn control(&mut self, conn: ConnId, packet: Outbound, now: Instant) {
+        let Some(c) = self.conns.get_mut(&conn) else { return };
+        if c.closing {
+            return;
+        }
+        c.control.push_back(packet);
+        let over = c.control.len() > self.limits.max_control_queue;
+        self.wake(conn);
+        if over {
+            self.metrics.disconnect("control_queue_full");
+            self.close(conn, Some(super::codec::reason::QUOTA_EXCEEDED), now);
+        }
+    }
+
+    /// Ends the connection: a DISCONNECT with `reason` goes first (MQTT 5 only), nothing else
+    /// does. The session is detached at once: it gets no more deliveries on this connection,
+    /// and its will is handled as for a lost connection unless the client disconnected
+    /// normally.
+    fn close(&mut self, conn: ConnId, reason: Option<u8>, now: Instant) {
+        let Some(c) = self.conns.get_mut(&conn) else { return };
+        if c.closing {
+            return;
+        }
+        c.control.clear();
+        if let (Some(reason), super::codec::Version::V5) = (reason, c.version) {
+            c.control.push_back(Outbound::Disconnect { reason });
+        }
+        c.closing = true;
+        self.wake(conn);
+        self.detach(conn, now);
+    }
+
+    /// Stores a persistent session's record (the glue writes it to its own file).
+    fn persist(&mut self, key: SessionKey) {
+        let Some(s) = self.session(key) else { return };
+        if s.expiry == 0 || s.internal {
+            return;
+        }
+        let record = s.record();
+        self.actions.push_back(Action::Persist(record));
+    }
+
+    fn next_ticket(&mut self) -> u64 {
+        let t = self.next_ticket;
+        self.next_ticket += 1;
+        t
+    }
+}

@@ -1,0 +1,197 @@
+//! What the core keeps per session and per connection.
+
+use std::collections::{HashMap, HashSet, VecDeque};
+use std::sync::Arc;
+use std::time::Instant;
+
+use super::router::SubOptions;
+use super::{ConnId, SessionKey, SessionRecord};
+use crate::auth::Rules;
+use crate::broker::codec::{Outbound, QoS, Version};
+use crate::broker::message::Message;
+
+/// One message on its way to one session.
+#[derive(Debug, Clone)]
+pub struct Delivery {
+    pub msg: Arc<Message>,
+    /// min(published, granted).
+    pub qos: QoS,
+    /// As published under Retain As Published, else 0; 1 for a retained message sent because
+    /// of a new subscription.
+    pub retain: bool,
+    pub sub_ids: Vec<u32>,
+    /// Set when it is a resend after a reconnect: its original packet id, and DUP.
+    pub pkid: Option<u16>,
+}
+
+impl Delivery {
+    pub fn weight(&self) -> usize {
+        self.msg.weight()
+    }
+}
+
+/// A QoS 1 or 2 message sent and not yet acknowledged.
+#[derive(Debug, Clone)]
+pub struct Inflight {
+    pub pkid: u16,
+    pub delivery: Delivery,
+    /// QoS 2 after its PUBREC: waiting for PUBCOMP.
+    pub released: bool,
+}
+
+/// A will waiting for its delay to pass (§3.1.3.2.2).
+#[derive(Debug, Clone)]
+pub struct PendingWill {
+    pub msg: Arc<Message>,
+    pub rules: Option<Arc<Rules>>,
+    pub due: Instant,
+}
+
+#[derive(Debug)]
+pub struct Session {
+    pub client_id: Arc<str>,
+    pub owner: Arc<str>,
+    /// The node's own SLO probe or model announcer.
+    pub internal: bool,
+    /// Seconds it outlives its connection; `u32::MAX`: never expires.
+    pub expiry: u32,
+    /// Every subscription by the filter the client wrote (`$share/...` included).
+    pub subs: HashMap<String, SubOptions>,
+    pub conn: Option<ConnId>,
+    pub disconnected_at: Option<Instant>,
+    /// While offline with a finite expiry: when it ends (its entry in the core's expiries).
+    pub expires_at: Option<Instant>,
+    /// Wall clock of the disconnect, for the stored record.
+    pub disconnected_ms: Option<u64>,
+    /// Retained messages a subscribe matched, sent before `queue`; bounded by the retained
+    /// store's own bound, not the queue's.
+    pub retained_backlog: VecDeque<Delivery>,
+    /// Messages waiting to be sent (while connected: for room in flight).
+    pub queue: VecDeque<Delivery>,
+    pub queued_bytes: usize,
+    /// Oldest first.
+    pub inflight: VecDeque<Inflight>,
+    pub next_pkid: u16,
+    /// Packet ids of QoS 2 publishes received and acknowledged with PUBREC, whose PUBREL has
+    /// not come: a resend of one is not delivered again ([MQTT-4.3.3-9]).
+    pub qos2_in: HashSet<u16>,
+    pub pending_will: Option<PendingWill>,
+}
+
+impl Session {
+    pub fn new(client_id: Arc<str>, owner: Arc<str>, internal: bool, expiry: u32) -> Self {
+        Self {
+            client_id,
+            owner,
+            internal,
+            expiry,
+            subs: HashMap::new(),
+            conn: None,
+            disconnected_at: None,
+            expires_at: None,
+            disconnected_ms: None,
+            retained_backlog: VecDeque::new(),
+            queue: VecDeque::new(),
+            queued_bytes: 0,
+            inflight: VecDeque::new(),
+            next_pkid: 0,
+            qos2_in: HashSet::new(),
+            pending_will: None,
+        }
+    }
+
+    /// A packet id no message in flight uses ([MQTT-2.2.1-4]).
+    pub fn allocate_pkid(&mut self) -> u16 {
+        loop {
+            self.next_pkid = self.next_pkid % u16::MAX + 1;
+            let id = self.next_pkid;
+            if !self.inflight.iter().any(|i| i.pkid == id) {
+                return id;
+            }
+        }
+    }
+
+    pub fn record(&self) -> SessionRecord {
+        let mut subscriptions: Vec<(String, SubOptions)> = self.subs.iter().map(|(f, o)| (f.clone(), *o)).collect();
+        subscriptions.sort_by(|a, b| a.0.cmp(&b.0));
+        SessionRecord {
+            client_id: self.client_id.to_string(),
+            owner: self.owner.to_string(),
+            expiry: self.expiry,
+            subscriptions,
+            disconnected_ms: self.disconnected_ms,
+        }
+    }
+
+    /// The queue's bounds hold with `extra` more bytes and one more message.
+    pub fn has_room(&self, extra: usize, max_messages: usize, max_bytes: usize) -> bool {
+        self.queue.len() < max_messages && self.queued_bytes + extra <= max_bytes
+    }
+
+    pub fn push(&mut self, d: Delivery) {
+        self.queued_bytes += d.weight();
+        self.queue.push_back(d);
+    }
+
+    pub fn pop(&mut self) -> Option<Delivery> {
+        let d = self.retained_backlog.pop_front().or_else(|| {
+            self.queue.pop_front().inspect(|d| {
+                self.queued_bytes -= d.weight();
+            })
+        })?;
+        Some(d)
+    }
+
+    pub fn front(&self) -> Option<&Delivery> {
+        self.retained_backlog.front().or_else(|| self.queue.front())
+    }
+
+    /// Drops the oldest QoS 0 message queued; whether there was one.
+    pub fn drop_oldest_qos0(&mut self) -> bool {
+        let Some(at) = self.queue.iter().position(|d| d.qos == QoS::AtMostOnce) else { return false };
+        if let Some(d) = self.queue.remove(at) {
+            self.queued_bytes -= d.weight();
+        }
+        true
+    }
+}
+
+/// An acknowledgement owed to the client, in the order its publishes came ([MQTT-4.6.0-2],
+/// [MQTT-4.6.0-3]).
+#[derive(Debug)]
+pub enum AckSlot {
+    Ready(Outbound),
+    /// Waits for the spool: the ack to send (QoS and packet id) once it answered.
+    Waiting {
+        ticket: u64,
+        qos: QoS,
+        pkid: u16,
+    },
+}
+
+#[derive(Debug)]
+pub struct Conn {
+    pub session: SessionKey,
+    pub version: Version,
+    /// Seconds, as in force (the client's, or the Server Keep Alive); 0: off.
+    pub keep_alive: u16,
+    pub last_seen: Instant,
+    /// QoS 1 and 2 messages the client takes in flight: min(its Receive Maximum, ours).
+    pub send_quota: u16,
+    /// Largest packet the client takes.
+    pub max_packet_out: usize,
+    /// Topic aliases the client set ([MQTT-3.3.2-12]), at most our Topic Alias Maximum.
+    pub aliases: HashMap<u16, Arc<str>>,
+    /// QoS 1 and 2 publishes received and not yet fully acknowledged, for our Receive Maximum.
+    pub unacked_in: u16,
+    pub acks: VecDeque<AckSlot>,
+    /// Packets other than queued messages, sent first.
+    pub control: VecDeque<Outbound>,
+    /// `None` for the node's own connections, which the ACL does not apply to.
+    pub rules: Option<Arc<Rules>>,
+    pub will: Option<(Arc<Message>, u32)>,
+    /// The CONNECT's Session Expiry Interval was 0 (§3.14.2.2.2: a DISCONNECT may not raise it).
+    pub expiry_was_zero: bool,
+    /// A DISCONNECT was decided; only what is in `control` goes out before the socket closes.
+    pub closing: bool,
+}

@@ -1,0 +1,121 @@
+//! routing.
+
+use super::*;
+
+fn central_classes(durability: Durability, route: Route) -> Classes {
+    Classes::new(vec![Class::new(
+        "telemetry".into(),
+        vec![shared::topic::TopicFilter::new("telemetry/#").unwrap()],
+        route,
+        Governance::None,
+        Lane(2),
+        durability,
+        None,
+    )])
+}
+
+/// A `central` class goes to the spool only; the publisher's PUBACK waits for the spool's
+/// answer; a `both` + `full` message reaches local subscribers only once committed, and a
+/// refused one is answered 0x97 and never delivered.
+#[test]
+fn routes_decide_spool_and_local_delivery_and_full_pubacks_wait_for_the_commit() {
+    use Durability;
+    use Route;
+    let mut h = Harness::with(Limits::default(), central_classes(Durability::Normal, Route::Central));
+    let s = h.connect("s", Version::V5);
+    h.send(s, sub(1, "#", QoS::AtLeastOnce));
+    h.recv(s);
+    let p = h.connect("p", Version::V5);
+    h.send(p, publish("telemetry/a", QoS::AtLeastOnce, 1, "up"));
+    assert_eq!(h.spooled.len(), 1);
+    assert!(h.recv(p).is_empty(), "PUBACK waits for the spool to take it");
+    let ticket = h.spooled[0].ticket;
+    h.b.spooled(ticket, Spooled::Accepted, h.now);
+    assert_eq!(h.recv(p), [Outbound::PubAck { pkid: 1, reason: 0 }]);
+    assert!(payloads(&h.recv(s)).is_empty(), "central: not for local subscribers");
+
+    let mut h = Harness::with(Limits::default(), central_classes(Durability::Full, Route::Both));
+    let s = h.connect("s", Version::V5);
+    h.send(s, sub(1, "#", QoS::AtLeastOnce));
+    h.recv(s);
+    let p = h.connect("p", Version::V5);
+    h.send(p, publish("telemetry/a", QoS::AtLeastOnce, 1, "ok"));
+    h.send(p, publish("telemetry/a", QoS::AtLeastOnce, 2, "refused"));
+    h.send(p, publish("other", QoS::AtLeastOnce, 3, "local"));
+    assert!(h.recv(p).is_empty(), "acks keep publish order behind the waiting ones");
+    assert_eq!(payloads(&h.recv(s)), ["local"]);
+    let (t1, t2) = (h.spooled[0].ticket, h.spooled[1].ticket);
+    h.b.spooled(t1, Spooled::Accepted, h.now);
+    h.b.spooled(t2, Spooled::Refused, h.now);
+    assert_eq!(
+        h.recv(p),
+        [
+            Outbound::PubAck { pkid: 1, reason: 0 },
+            Outbound::PubAck { pkid: 2, reason: 0x97 },
+            Outbound::PubAck { pkid: 3, reason: 0 }
+        ]
+    );
+    assert_eq!(payloads(&h.recv(s)), ["ok"]);
+}
+
+/// Wills go through routing and governance like any message: a will on a `central` topic goes
+/// to the spool, not to local subscribers.
+#[test]
+fn a_will_on_a_central_topic_goes_to_the_spool_not_to_local_subscribers() {
+    let mut h = Harness::with(Limits::default(), central_classes(Durability::Normal, Route::Central));
+    let s = h.connect("s", Version::V5);
+    h.send(s, sub(1, "#", QoS::AtLeastOnce));
+    h.recv(s);
+    let (w, _) = h.connect_as(with_will("w", "telemetry/last-words", 0), user("u"));
+    h.drop_conn(w);
+    assert_eq!(h.spooled.len(), 1);
+    assert_eq!(h.spooled[0].message.topic, "telemetry/last-words");
+    assert!(payloads(&h.recv(s)).is_empty());
+}
+
+/// Internal topics (the SLO probe's) reach only the node's own clients, and only they publish
+/// there.
+#[test]
+fn internal_topics_reach_only_internal_clients() {
+    let mut h = Harness::limits(|l| l.internal_topics = vec!["_edge/probe".into()]);
+    let user_sub = h.connect("u", Version::V5);
+    h.send(user_sub, sub(1, "#", QoS::AtMostOnce));
+    h.recv(user_sub);
+    let internal = Identity { owner: "internal".into(), internal: true, rules: None };
+    let (probe, _) = h.connect_as(connect_packet("_probe", Version::V5), internal);
+    h.send(probe, sub(1, "_edge/probe", QoS::AtLeastOnce));
+    h.recv(probe);
+    h.send(probe, publish("_edge/probe", QoS::AtLeastOnce, 1, "tick"));
+    assert_eq!(payloads(&h.recv(probe)), ["tick"]);
+    assert!(payloads(&h.recv(user_sub)).is_empty());
+    let other = h.connect("o", Version::V5);
+    h.send(other, publish("_edge/probe", QoS::AtLeastOnce, 1, "fake"));
+    assert_eq!(h.recv(other), [Outbound::PubAck { pkid: 1, reason: 0x87 }]);
+}
+
+/// Sessions with expiry above 0 are stored (subscriptions, expiry, owner) and come back after
+/// a restart, expiring from their disconnect; clean sessions are never stored.
+#[test]
+fn stored_sessions_come_back_after_a_restart() {
+    let mut h = Harness::new();
+    let mut c = connect_packet("durable", Version::V5);
+    c.session_expiry = 3600;
+    let (conn, _) = h.connect_as(c.clone(), user("alice"));
+    h.send(conn, sub(1, "a/#", QoS::AtLeastOnce));
+    h.drop_conn(conn);
+    h.connect("clean", Version::V5);
+    let record = h.persisted.last().cloned().unwrap();
+    assert_eq!((record.client_id.as_str(), record.owner.as_str(), record.expiry), ("durable", "user:alice", 3600));
+    assert!(record.disconnected_ms.is_some());
+    assert!(h.persisted.iter().all(|r| r.client_id != "clean"));
+
+    let mut restarted = Harness::new();
+    restarted.b.restore(vec![record], restarted.now);
+    let p = restarted.connect("p", Version::V5);
+    restarted.send(p, publish("a/b", QoS::AtLeastOnce, 1, "queued for you"));
+    c.clean_start = false;
+    assert_eq!(restarted.try_connect(c.clone(), user("mallory")).unwrap_err().code, 0x85);
+    let (_, out) = restarted.connect_as(c, user("alice"));
+    assert!(Harness::connack(&out).0);
+    assert_eq!(payloads(&out), ["queued for you"]);
+}

@@ -1,0 +1,53 @@
+//! An application message as it crossed the broker: what a publisher sent (or a will, or the
+//! node's own in-process clients), shared by reference among every subscriber it goes to.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use bytes::Bytes;
+
+use super::codec::{PublishProps, QoS};
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Message {
+    pub topic: Arc<str>,
+    /// Its own allocation, not a slice of a connection's read buffer, so a queued or retained
+    /// message holds only its own bytes.
+    pub payload: Bytes,
+    /// As published; each subscriber gets min(this, its granted QoS).
+    pub qos: QoS,
+    pub retain: bool,
+    pub props: PublishProps,
+    /// When its Message Expiry Interval runs out.
+    pub expires_at: Option<Instant>,
+    /// The publishing session's client id, for No Local; `None` for the node's own messages.
+    pub origin: Option<Arc<str>>,
+}
+
+impl Message {
+    /// Bytes it holds: what queue and retained-store bounds count.
+    pub fn weight(&self) -> usize {
+        let p = &self.props;
+        self.topic.len()
+            + self.payload.len()
+            + p.content_type.as_ref().map_or(0, String::len)
+            + p.response_topic.as_ref().map_or(0, String::len)
+            + p.correlation_data.as_ref().map_or(0, Bytes::len)
+            + p.user.iter().map(|(k, v)| k.len() + v.len()).sum::<usize>()
+            + 64
+    }
+
+    /// Seconds of its expiry interval left at `now` (rounded up, so it never reads 0 before it
+    /// ran out); `Some(0)` once expired.
+    pub fn remaining_expiry(&self, now: Instant) -> Option<u32> {
+        self.expires_at.map(|at| {
+            let left = at.saturating_duration_since(now);
+            let secs = left.as_secs() + u64::from(left.subsec_nanos() > 0);
+            u32::try_from(secs).unwrap_or(u32::MAX)
+        })
+    }
+
+    pub fn expired(&self, now: Instant) -> bool {
+        self.expires_at.is_some_and(|at| at <= now)
+    }
+}

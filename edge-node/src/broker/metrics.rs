@@ -1,0 +1,95 @@
+//! The broker core's metrics: sessions, subscriptions, retained messages, what it refused,
+//! dropped and disconnected, by reason.
+
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::registry::Registry;
+
+use crate::labels::{ClassLabel, ReasonLabel, class_label, handle, reason};
+
+#[derive(Debug, Clone)]
+pub struct BrokerMetrics {
+    pub sessions: Gauge,
+    pub subscriptions: Gauge,
+    retained_messages: Gauge,
+    retained_bytes: Gauge,
+    pub wills: Counter,
+    pub publish_in: Counter,
+    pub publish_out: Counter,
+    dropped: Family<ReasonLabel, Counter>,
+    publish_refused: Family<ReasonLabel, Counter>,
+    subscribe_refused: Family<ReasonLabel, Counter>,
+    disconnects: Family<ReasonLabel, Counter>,
+}
+
+impl BrokerMetrics {
+    pub fn new(r: &mut Registry) -> Self {
+        let publish_in: Family<ClassLabel, Counter> = Family::default();
+        let publish_out: Family<ClassLabel, Counter> = Family::default();
+        let m = Self {
+            sessions: Gauge::default(),
+            subscriptions: Gauge::default(),
+            retained_messages: Gauge::default(),
+            retained_bytes: Gauge::default(),
+            wills: Counter::default(),
+            publish_in: handle(&publish_in, &class_label("default")),
+            publish_out: handle(&publish_out, &class_label("default")),
+            dropped: Family::default(),
+            publish_refused: Family::default(),
+            subscribe_refused: Family::default(),
+            disconnects: Family::default(),
+        };
+        r.register("mqtt_sessions", "MQTT sessions held, connected or not", m.sessions.clone());
+        r.register("mqtt_subscriptions", "Subscriptions held over all sessions", m.subscriptions.clone());
+        r.register("mqtt_retained_messages", "Retained messages held", m.retained_messages.clone());
+        r.register("mqtt_retained_bytes", "Bytes of retained messages held", m.retained_bytes.clone());
+        r.register("mqtt_wills", "Will messages published", m.wills.clone());
+        r.register("mqtt_publish_in", "PUBLISH packets accepted from clients, by topic class", publish_in);
+        r.register("mqtt_publish_out", "PUBLISH packets delivered to clients, by topic class", publish_out);
+        r.register(
+            "mqtt_messages_dropped",
+            "Messages a subscriber did not get, by reason (queue_full, queue_full_qos0, offline_queue_full, expired, too_large_for_client, session_ended)",
+            m.dropped.clone(),
+        );
+        r.register(
+            "mqtt_publish_refused",
+            "PUBLISH packets not taken, by reason (acl, topic_too_long, retained_full)",
+            m.publish_refused.clone(),
+        );
+        r.register(
+            "mqtt_subscribe_refused",
+            "Subscription filters refused, by reason (acl, invalid_filter, max_subscriptions)",
+            m.subscribe_refused.clone(),
+        );
+        r.register(
+            "mqtt_disconnects",
+            "Client connections closed by the broker for a limit or an error, by reason",
+            m.disconnects.clone(),
+        );
+        m
+    }
+
+    pub fn dropped(&self, why: &'static str, n: u64) {
+        if n > 0 {
+            handle(&self.dropped, &reason(why)).inc_by(n);
+        }
+    }
+
+    pub fn refused(&self, why: &'static str) {
+        handle(&self.publish_refused, &reason(why)).inc();
+    }
+
+    pub fn subscribe_refused(&self, why: &'static str) {
+        handle(&self.subscribe_refused, &reason(why)).inc();
+    }
+
+    pub fn disconnect(&self, why: &'static str) {
+        handle(&self.disconnects, &reason(why)).inc();
+    }
+
+    pub fn retained(&self, count: usize, bytes: usize) {
+        self.retained_messages.set(count as i64);
+        self.retained_bytes.set(bytes as i64);
+    }
+}
