@@ -1,26 +1,25 @@
 //! An in-process MQTT client of the node's own broker, for the node's own jobs: the SLO probe
 //! (`probe`) and the model announcer (`models::announce`). Its API is what those jobs need:
-//! connect, subscribe, publish, and the next thing the broker sends. The transport is an
-//! in-memory pipe served by the front like any connection, as the trusted internal identity,
-//! speaking MQTT 3.1.1; a direct path into the broker can replace it behind the same API.
+//! connect, subscribe, publish, and the next thing the broker sends. It talks to the broker
+//! core directly, as a connection of its own with the internal identity: no socket, no
+//! encoding; the core treats it as any MQTT 5 client otherwise.
 
+use std::collections::VecDeque;
 use std::sync::Arc;
 use std::time::Instant;
 
-use bytes::{Buf, BufMut, Bytes, BytesMut};
-use rumqttd::protocol::{Connect, Filter, Packet, Protocol, QoS, RetainForwardRule, Subscribe, v4::V4};
-use tokio::io::{AsyncReadExt, AsyncWriteExt, DuplexStream};
-use tokio_util::task::AbortOnDropHandle;
+use bytes::Bytes;
 
-use crate::front::{self, FrontContext, packet};
-
-/// Bytes the pipe buffers each way.
-const PIPE_BYTES: usize = 256 * 1024;
+use crate::broker::codec::{self, Inbound, Outbound, PublishPacket, PublishProps, QoS, SubscribeRequest, Version};
+use crate::broker::core::{self, ConnId, ConnectRequest};
+use crate::broker::driver::{BrokerHandle, Wakers};
 
 #[derive(Debug, thiserror::Error)]
 pub enum ClientError {
-    #[error("connection to the front closed")]
+    #[error("the broker closed the connection")]
     Closed,
+    #[error("the broker refused the connection (reason {0:#04x})")]
+    Refused(u8),
     #[error("unexpected packet: {0}")]
     Unexpected(&'static str),
     #[error("codec: {0}")]
@@ -28,40 +27,50 @@ pub enum ClientError {
 }
 
 /// Opens in-process connections to the node's broker.
-#[derive(Clone)]
+#[derive(Debug, Clone)]
 pub struct Connector {
-    ctx: Arc<FrontContext>,
-}
-
-impl std::fmt::Debug for Connector {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Connector").finish_non_exhaustive()
-    }
+    broker: Arc<BrokerHandle>,
 }
 
 impl Connector {
-    pub fn new(ctx: Arc<FrontContext>) -> Self {
-        Self { ctx }
+    pub fn new(broker: Arc<BrokerHandle>) -> Self {
+        Self { broker }
     }
 
     /// Connects with a clean session as `client_id` and waits for the CONNACK.
     pub async fn connect(&self, client_id: &str) -> Result<LocalClient, ClientError> {
-        let (io, server) = tokio::io::duplex(PIPE_BYTES);
-        let serving = self.ctx.tracker.spawn(front::serve_internal(server, self.ctx.clone()));
-        let mut client = LocalClient {
-            io,
-            buf: BytesMut::with_capacity(4096),
-            pending: BytesMut::new(),
-            next_pkid: 0,
-            _serving: AbortOnDropHandle::new(serving),
+        let (conn, wakers) = self.broker.register();
+        let connect = codec::Connect {
+            version: Version::V5,
+            client_id: client_id.to_owned(),
+            clean_start: true,
+            keep_alive: 0,
+            session_expiry: 0,
+            receive_maximum: u16::MAX,
+            max_packet_size: None,
+            topic_alias_maximum: 0,
+            request_problem_info: true,
+            auth_method: None,
+            will: None,
+            username: None,
+            password: None,
         };
-        let connect = Connect { keep_alive: 60, client_id: client_id.to_owned(), clean_session: true };
-        client.write(Packet::Connect(connect, None, None, None, None)).await?;
-        let connack = client.read_frame().await?;
-        if packet::packet_type(&connack) != packet::CONNACK || connack.get(3) != Some(&0) {
-            return Err(ClientError::Unexpected("CONNACK refused"));
+        let identity = core::Identity { owner: "internal".into(), internal: true, rules: None };
+        let mut client = LocalClient {
+            broker: self.broker.clone(),
+            conn,
+            wakers,
+            inbox: VecDeque::new(),
+            early: VecDeque::new(),
+            next_pkid: 0,
+        };
+        let (admitted, _) = self.broker.with(|b| b.connect(ConnectRequest { conn, connect, identity }, Instant::now()));
+        admitted.map_err(|r| ClientError::Refused(r.code))?;
+        match client.recv_packet().await? {
+            Outbound::ConnAck { code: 0, .. } => Ok(client),
+            Outbound::ConnAck { code, .. } => Err(ClientError::Refused(code)),
+            _ => Err(ClientError::Unexpected("no CONNACK first")),
         }
-        Ok(client)
     }
 }
 
@@ -80,131 +89,146 @@ pub struct Message {
     pub payload: Bytes,
     pub qos: u8,
     pub retain: bool,
-    /// When the client read it.
+    /// When the client took it from the broker.
     pub received: Instant,
 }
 
 /// One in-process connection. Dropping it ends the connection.
 #[derive(Debug)]
 pub struct LocalClient {
-    io: DuplexStream,
-    buf: BytesMut,
-    /// PUBACKs owed to the broker, written before the client's next read or publish.
-    pending: BytesMut,
+    broker: Arc<BrokerHandle>,
+    conn: ConnId,
+    wakers: Arc<Wakers>,
+    /// Packets taken from the core and not yet looked at.
+    inbox: VecDeque<Outbound>,
+    /// Events that came while `subscribe` waited for its SUBACK.
+    early: VecDeque<Event>,
     next_pkid: u16,
-    _serving: AbortOnDropHandle<()>,
 }
 
 impl LocalClient {
     /// Subscribes to `filter` at QoS1 and waits for the SUBACK.
     pub async fn subscribe(&mut self, filter: &str) -> Result<(), ClientError> {
-        let filter = Filter {
-            path: filter.to_owned(),
-            qos: QoS::AtLeastOnce,
-            nolocal: false,
-            preserve_retain: false,
-            retain_forward_rule: RetainForwardRule::Never,
-        };
         let pkid = self.pkid();
-        self.write(Packet::Subscribe(Subscribe { pkid, filters: vec![filter] }, None)).await?;
-        if packet::packet_type(&self.read_frame().await?) != packet::SUBACK {
-            return Err(ClientError::Unexpected("SUBACK missing"));
+        let request = SubscribeRequest {
+            filter: filter.to_owned(),
+            qos: QoS::AtLeastOnce,
+            no_local: false,
+            retain_as_published: false,
+            retain_handling: 2,
+        };
+        self.send(Inbound::Subscribe { pkid, filters: vec![request], id: None }).await;
+        loop {
+            match self.recv_packet().await? {
+                Outbound::SubAck { codes, .. } if codes.first().is_some_and(|c| *c <= 2) => return Ok(()),
+                Outbound::SubAck { codes, .. } => {
+                    return Err(ClientError::Refused(codes.first().copied().unwrap_or(0x80)));
+                }
+                other => {
+                    if let Some(event) = self.event(other) {
+                        self.early.push_back(event);
+                    }
+                }
+            }
         }
-        Ok(())
     }
 
     /// Publishes `payload` on `topic` at QoS1 without waiting; its PUBACK comes as
     /// [`Event::PubAck`] with the returned packet id.
     pub async fn publish(&mut self, topic: &str, payload: &[u8], retain: bool) -> Result<u16, ClientError> {
-        self.flush_pending().await?;
         let pkid = self.pkid();
-        // rumqttd's `Publish` keeps QoS and packet id private, so the frame is written here.
-        let remaining = 2 + topic.len() + 2 + payload.len();
-        let mut out = BytesMut::with_capacity(remaining + 5);
-        out.put_u8((packet::PUBLISH << 4) | 0b0010 | u8::from(retain));
-        packet::put_varint(&mut out, remaining);
-        out.put_u16(topic.len() as u16);
-        out.put_slice(topic.as_bytes());
-        out.put_u16(pkid);
-        out.put_slice(payload);
-        self.io.write_all(&out).await.map_err(|_| ClientError::Closed)?;
+        let packet = PublishPacket {
+            dup: false,
+            qos: QoS::AtLeastOnce,
+            retain,
+            topic: Bytes::copy_from_slice(topic.as_bytes()),
+            pkid,
+            topic_alias: None,
+            message_expiry: None,
+            props: PublishProps::default(),
+            payload: Bytes::copy_from_slice(payload),
+        };
+        self.send(Inbound::Publish(packet)).await;
         Ok(pkid)
     }
 
-    /// The next message or acknowledgement. Cancel-safe: bytes read stay buffered.
+    /// The next message or acknowledgement. Cancel-safe: what was taken from the broker stays
+    /// in the client.
     pub async fn next(&mut self) -> Result<Event, ClientError> {
+        if let Some(event) = self.early.pop_front() {
+            return Ok(event);
+        }
         loop {
-            self.flush_pending().await?;
-            let frame = self.read_frame().await?;
-            match packet::packet_type(&frame) {
-                packet::PUBLISH => {
-                    let received = Instant::now();
-                    let view = packet::parse_publish(&frame, packet::Version::V311)
-                        .map_err(|e| ClientError::Codec(e.to_string()))?;
-                    if view.qos == 1 {
-                        packet::write_ack(&mut self.pending, packet::PUBACK, view.pkid, 0, packet::Version::V311);
-                    }
-                    let start = packet::body_start(&frame) + 2 + view.topic.len() + if view.qos > 0 { 2 } else { 0 };
-                    let topic = frame.slice_ref(view.topic);
-                    return Ok(Event::Message(Message {
-                        topic,
-                        payload: frame.slice(start.min(frame.len())..),
-                        qos: view.qos,
-                        retain: view.retain,
-                        received,
-                    }));
-                }
-                packet::PUBACK => {
-                    let pkid = packet::ack_pkid(&frame).ok_or(ClientError::Unexpected("short PUBACK"))?;
-                    return Ok(Event::PubAck(pkid));
-                }
-                packet::PINGRESP | packet::SUBACK => {}
-                packet::DISCONNECT => return Err(ClientError::Closed),
-                _ => return Err(ClientError::Unexpected("packet")),
+            let packet = self.recv_packet().await?;
+            if let Some(event) = self.event(packet) {
+                return Ok(event);
             }
         }
     }
 
-    /// Sends DISCONNECT, so the broker drops the session without firing a will.
+    /// Sends DISCONNECT: the broker drops the session without firing a will.
     pub async fn disconnect(mut self) -> Result<(), ClientError> {
-        self.flush_pending().await?;
-        self.io.write_all(&[packet::DISCONNECT << 4, 0]).await.map_err(|_| ClientError::Closed)
+        self.send(Inbound::Disconnect { reason: 0, session_expiry: None }).await;
+        Ok(())
+    }
+
+    /// What a packet means to the client; a QoS1 message is acknowledged here.
+    fn event(&mut self, packet: Outbound) -> Option<Event> {
+        match packet {
+            Outbound::Publish { msg, qos, pkid, retain, .. } => {
+                if qos != QoS::AtMostOnce {
+                    let conn = self.conn;
+                    let _ = self.broker.with(|b| b.handle(conn, Inbound::PubAck { pkid, reason: 0 }, Instant::now()));
+                }
+                Some(Event::Message(Message {
+                    topic: Bytes::copy_from_slice(msg.topic.as_bytes()),
+                    payload: msg.payload.clone(),
+                    qos: qos as u8,
+                    retain,
+                    received: Instant::now(),
+                }))
+            }
+            Outbound::PubAck { pkid, .. } => Some(Event::PubAck(pkid)),
+            _ => None,
+        }
+    }
+
+    async fn send(&mut self, packet: Inbound) {
+        let conn = self.conn;
+        let (_, spool) = self.broker.with(|b| b.handle(conn, packet, Instant::now()));
+        self.broker.run_spool(spool).await;
+    }
+
+    async fn recv_packet(&mut self) -> Result<Outbound, ClientError> {
+        loop {
+            if let Some(packet) = self.inbox.pop_front() {
+                return match packet {
+                    Outbound::Disconnect { .. } => Err(ClientError::Closed),
+                    other => Ok(other),
+                };
+            }
+            let conn = self.conn;
+            let (t, _) = self.broker.with(|b| b.poll_transmit(conn, Instant::now(), 64 * 1024));
+            let closing = t.closing;
+            self.inbox.extend(t.packets);
+            if self.inbox.is_empty() {
+                if closing {
+                    return Err(ClientError::Closed);
+                }
+                self.wakers.writer.notified().await;
+            }
+        }
     }
 
     fn pkid(&mut self) -> u16 {
         self.next_pkid = self.next_pkid % u16::MAX + 1;
         self.next_pkid
     }
+}
 
-    async fn write(&mut self, packet: Packet) -> Result<(), ClientError> {
-        let mut out = BytesMut::with_capacity(64);
-        V4.write(packet, &mut out).map_err(|e| ClientError::Codec(e.to_string()))?;
-        self.io.write_all(&out).await.map_err(|_| ClientError::Closed)
-    }
-
-    /// Writes owed PUBACKs; each `write` either lands whole or not at all, so a cancelled flush
-    /// leaves `pending` consistent.
-    async fn flush_pending(&mut self) -> Result<(), ClientError> {
-        while !self.pending.is_empty() {
-            let n = self.io.write(&self.pending).await.map_err(|_| ClientError::Closed)?;
-            if n == 0 {
-                return Err(ClientError::Closed);
-            }
-            self.pending.advance(n);
-        }
-        Ok(())
-    }
-
-    async fn read_frame(&mut self) -> Result<Bytes, ClientError> {
-        loop {
-            if let Some(len) =
-                packet::frame_len(&self.buf, usize::MAX).map_err(|e| ClientError::Codec(e.to_string()))?
-            {
-                return Ok(self.buf.split_to(len).freeze());
-            }
-            if self.io.read_buf(&mut self.buf).await.map_err(|_| ClientError::Closed)? == 0 {
-                return Err(ClientError::Closed);
-            }
-        }
+impl Drop for LocalClient {
+    fn drop(&mut self) {
+        // An internal session has no will and no expiry: nothing it leaves goes to the spool.
+        self.broker.forget(self.conn);
     }
 }

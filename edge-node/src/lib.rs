@@ -36,7 +36,8 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use crate::auth::{AuthError, AuthState};
-use crate::broker::{BrokerError, InternalBroker};
+use crate::broker::driver::BrokerHandle;
+use crate::broker::metrics::BrokerMetrics;
 use crate::client::Connector;
 use crate::config::EdgeConfig;
 use crate::front::{FrontContext, FrontMetrics, Listener};
@@ -66,7 +67,7 @@ pub enum StartError {
     #[error(transparent)]
     Auth(#[from] AuthError),
     #[error(transparent)]
-    Broker(#[from] BrokerError),
+    Sessions(#[from] broker::store::StoreError),
     #[error(transparent)]
     Spool(#[from] spool::SpoolError),
     #[error(transparent)]
@@ -114,7 +115,8 @@ pub struct Node {
     listeners: Vec<Arc<Listener>>,
     ctx: Arc<FrontContext>,
     metrics: Arc<Metrics>,
-    _broker: InternalBroker,
+    spool: Option<spool::SpoolWriter>,
+    store: broker::store::SessionStore,
 }
 
 impl Node {
@@ -131,14 +133,13 @@ impl Node {
         // always names the same metrics.
         let mut registry = metrics::registry();
         let front_metrics = FrontMetrics::new(&mut registry);
-        broker::log::register(&mut registry);
+        let broker_metrics = BrokerMetrics::new(&mut registry);
         let probe_metrics = ProbeMetrics::new(&mut registry);
         let spool_metrics = Arc::new(WriterMetrics::new(&mut registry));
         let uplink_metrics = UplinkMetrics::new(&mut registry);
         let tco_metrics = TcoMetrics::new(&mut registry);
         let model_metrics = ModelMetrics::new(&mut registry);
         let metrics = Arc::new(Metrics::new(registry));
-        let broker = InternalBroker::start(&config.broker).await?;
         let shutdown = CancellationToken::new();
         let tracker = TaskTracker::new();
 
@@ -196,19 +197,29 @@ impl Node {
             .map_err(|source| StartError::SpoolThread { source })?;
             Some(writer)
         };
+        // The broker core, with the sessions stored before a restart; the probe's topic is the
+        // node's own.
+        let internal_topics = if config.probe.enabled { vec![config.probe.topic.clone()] } else { Vec::new() };
+        let store_path =
+            config.broker.session_store.clone().unwrap_or_else(|| config.spool.path.with_file_name("sessions.db"));
+        let (store, records) = broker::store::SessionStore::open(&store_path)?;
+        let mut core =
+            broker::core::Broker::new(config.broker.limits(internal_topics), classes.clone(), broker_metrics.clone());
+        let restored = records.len();
+        core.restore(records, std::time::Instant::now());
+        tracing::info!(path = %store_path.display(), sessions = restored, "session store open");
+        let broker = BrokerHandle::new(core, spool.clone(), Some(store.clone()));
+        tracker.spawn(broker.clone().run_timers(shutdown.clone()));
         let ctx = Arc::new(FrontContext {
             max_packet_size: config.broker.max_packet_size.as_usize(),
             connect_timeout: config.broker.connect_timeout.0,
             slow_client_timeout: config.broker.slow_client_timeout.0,
-            broker_addr: broker.addr,
-            broker_secret: broker.secret.clone(),
             auth: ArcSwap::from_pointee(auth),
             auth_generation: AtomicU64::new(0),
             metrics: front_metrics,
+            broker_metrics,
             permits: Arc::new(Semaphore::new(config.broker.max_connections)),
-            probe_topic: config.probe.topic.clone(),
-            classes,
-            spool,
+            broker: broker.clone(),
             shutdown: shutdown.clone(),
             tracker: tracker.clone(),
         });
@@ -249,7 +260,7 @@ impl Node {
             }
             None => None,
         };
-        let connector = Connector::new(ctx.clone());
+        let connector = Connector::new(broker.clone());
         if config.probe.enabled {
             tracker.spawn(probe::run(
                 connector.clone(),
@@ -286,7 +297,7 @@ impl Node {
         }
         let link = Arc::new(LinkFigures::default());
         if let Some(uplink) = &config.uplink {
-            match &ctx.spool {
+            match &spool {
                 Some(spool) => {
                     let task = uplink::Uplink {
                         client: uplink::quic::client_config(uplink)?,
@@ -304,10 +315,10 @@ impl Node {
             }
         }
         if let Some(tco) = &config.tco {
-            let task = tco::run(tco.clone(), ctx.classes.clone(), link, tco_metrics, tco_latest, shutdown.clone());
+            let task = tco::run(tco.clone(), classes.clone(), link, tco_metrics, tco_latest, shutdown.clone());
             tracker.spawn(task);
         }
-        Ok(Node { config, mqtt_addrs, http_addr, listeners, ctx, metrics, _broker: broker })
+        Ok(Node { config, mqtt_addrs, http_addr, listeners, ctx, metrics, spool, store })
     }
 
     /// Bound MQTT listeners, by name, in config order.
@@ -362,10 +373,13 @@ impl Node {
         if tokio::time::timeout(deadline, self.ctx.tracker.wait()).await.is_err() {
             tracing::warn!(remaining = self.ctx.tracker.len(), "shutdown deadline passed with tasks still running");
         }
-        // Every connection is gone: commit what the spool still holds before exiting.
-        if let Some(spool) = &self.ctx.spool {
+        // Every connection is gone: commit what the spool still holds, and the sessions' last
+        // records, before exiting.
+        if let Some(spool) = &self.spool {
             spool.shutdown().await;
         }
+        let store = self.store.clone();
+        let _ = tokio::task::spawn_blocking(move || store.flush()).await;
     }
 }
 

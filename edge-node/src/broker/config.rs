@@ -1,8 +1,11 @@
 //! `[broker]`: limits of the embedded MQTT broker, and their own check.
 
+use std::path::PathBuf;
+
 use serde::{Deserialize, Serialize};
 use shared::units::{ByteSize, HumanDuration};
 
+use super::core::{ClientIds, Limits, SlowSubscriber};
 use crate::check::Problems;
 
 /// Broker limits. Every one bounds memory or work per client; exceeding one disconnects the
@@ -18,10 +21,76 @@ pub struct BrokerConfig {
     /// client (MQTT 5 reason 0x95 packet too large). Default: 1 MiB.
     #[serde(default = "default_max_packet_size")]
     pub max_packet_size: ByteSize,
-    /// QoS1 messages in flight to one subscriber before the broker waits for its PUBACKs.
-    /// Default: 100.
+    /// QoS 1 and 2 messages in flight to one client before the broker waits for its
+    /// acknowledgements (and at most the client's own Receive Maximum). Default: 100.
     #[serde(default = "default_max_inflight")]
     pub max_inflight: u16,
+    /// QoS 1 and 2 publishes a client may have unacknowledged, announced as Receive Maximum;
+    /// an MQTT 5 client sending more is disconnected (0x93), an MQTT 3.1.1 client is read no
+    /// further until acknowledgements catch up. Default: 1024.
+    #[serde(default = "default_receive_maximum")]
+    pub receive_maximum: u16,
+    /// Topic aliases a client may set, announced as Topic Alias Maximum (0: none). Each can hold
+    /// a topic of up to `max_topic_length`. Default: 16.
+    #[serde(default = "default_topic_alias_maximum")]
+    pub topic_alias_maximum: u16,
+    /// Longest topic name or filter, bytes; a longer PUBLISH is refused (MQTT 5: 0x90), a
+    /// longer filter gets 0x8F. Default: 1024.
+    #[serde(default = "default_max_topic_length")]
+    pub max_topic_length: usize,
+    /// Sessions held, connected or not; a new client id past it is refused (CONNACK 0x97, MQTT
+    /// 3.1.1: 3). Default: 1000, or `max_connections` if that is more.
+    pub max_sessions: Option<usize>,
+    /// Subscriptions one session may hold; past it a filter gets 0x97. Default: 100.
+    #[serde(default = "default_max_subscriptions")]
+    pub max_subscriptions: usize,
+    /// Messages one session may have queued or in flight; past it `slow_subscriber` decides
+    /// (an offline session drops the new message). Default: 1000.
+    #[serde(default = "default_max_queued_messages")]
+    pub max_queued_messages: usize,
+    /// Bytes one session may have queued or in flight. Default: 1 MiB.
+    #[serde(default = "default_max_queued_bytes")]
+    pub max_queued_bytes: ByteSize,
+    /// Bytes all sessions together may have queued or in flight. Default: 64 MiB.
+    #[serde(default = "default_max_queued_bytes_total")]
+    pub max_queued_bytes_total: ByteSize,
+    /// What a full queue costs a connected subscriber: `drop-qos0-then-disconnect` (its oldest
+    /// QoS 0 messages go first; a QoS 1 or 2 message that still finds no room disconnects it
+    /// with 0x97, its session keeping what was queued) or `drop-newest` (never disconnected; the
+    /// new message is dropped). Every dropped message is counted. Default:
+    /// `drop-qos0-then-disconnect`.
+    #[serde(default)]
+    pub slow_subscriber: SlowSubscriber,
+    /// Retained messages held at most; a new retained topic past it is refused (MQTT 5 QoS 1/2:
+    /// 0x97; otherwise delivered and not retained). Default: 10000.
+    #[serde(default = "default_max_retained_messages")]
+    pub max_retained_messages: usize,
+    /// Bytes of retained messages held at most. Default: 32 MiB.
+    #[serde(default = "default_max_retained_bytes")]
+    pub max_retained_bytes: ByteSize,
+    /// Longest keep-alive an MQTT 5 client may ask for (or none): above it, or with keep-alive
+    /// 0, it is told this Server Keep Alive. Absent: the client's value stands. Default: absent.
+    pub max_keep_alive: Option<HumanDuration>,
+    /// Longest a session outlives its connection; a longer Session Expiry Interval (or MQTT
+    /// 3.1.1's Clean Session 0) is cut to it. Default: 7d.
+    #[serde(default = "default_max_session_expiry")]
+    pub max_session_expiry: HumanDuration,
+    /// `per-identity`: a client id belongs to the identity (user, certificate, anonymous) that
+    /// made its session, and another one presenting it is refused (CONNACK 0x85, MQTT 3.1.1: 2);
+    /// `shared`: any identity may take over any session, as plain MQTT allows.
+    /// Default: `per-identity`.
+    #[serde(default)]
+    pub client_ids: ClientIds,
+    /// Longest client id, bytes (CONNACK 0x85 past it). Default: 256.
+    #[serde(default = "default_max_client_id_length")]
+    pub max_client_id_length: usize,
+    /// Acknowledgements and other control packets a client may leave unread before it is
+    /// disconnected (0x97). Default: 4096.
+    #[serde(default = "default_max_control_queue")]
+    pub max_control_queue: usize,
+    /// SQLite file keeping sessions with an expiry above 0 (subscriptions, expiry, owner)
+    /// across restarts. Default: `sessions.db` beside the spool's database.
+    pub session_store: Option<PathBuf>,
     /// Size of one in-memory log segment per subscribed filter. Default: 1 MiB.
     #[serde(default = "default_segment_size")]
     pub segment_size: ByteSize,
@@ -44,6 +113,23 @@ impl Default for BrokerConfig {
             max_connections: default_max_connections(),
             max_packet_size: default_max_packet_size(),
             max_inflight: default_max_inflight(),
+            receive_maximum: default_receive_maximum(),
+            topic_alias_maximum: default_topic_alias_maximum(),
+            max_topic_length: default_max_topic_length(),
+            max_sessions: None,
+            max_subscriptions: default_max_subscriptions(),
+            max_queued_messages: default_max_queued_messages(),
+            max_queued_bytes: default_max_queued_bytes(),
+            max_queued_bytes_total: default_max_queued_bytes_total(),
+            slow_subscriber: SlowSubscriber::default(),
+            max_retained_messages: default_max_retained_messages(),
+            max_retained_bytes: default_max_retained_bytes(),
+            max_keep_alive: None,
+            max_session_expiry: default_max_session_expiry(),
+            client_ids: ClientIds::default(),
+            max_client_id_length: default_max_client_id_length(),
+            max_control_queue: default_max_control_queue(),
+            session_store: None,
             segment_size: default_segment_size(),
             segment_count: default_segment_count(),
             connect_timeout: default_connect_timeout(),
@@ -76,6 +162,37 @@ impl BrokerConfig {
                 ),
             );
         }
+        for (key, value) in [
+            ("broker.receive_maximum", usize::from(self.receive_maximum)),
+            ("broker.max_topic_length", self.max_topic_length),
+            ("broker.max_sessions", self.max_sessions.unwrap_or(1)),
+            ("broker.max_subscriptions", self.max_subscriptions),
+            ("broker.max_queued_messages", self.max_queued_messages),
+            ("broker.max_retained_messages", self.max_retained_messages),
+            ("broker.max_client_id_length", self.max_client_id_length),
+            ("broker.max_control_queue", self.max_control_queue),
+        ] {
+            if value == 0 {
+                p.bad(key, "must be at least 1");
+            }
+        }
+        if self.max_topic_length > 65_535 {
+            p.bad("broker.max_topic_length", format!("{} is over MQTT's 65535", self.max_topic_length));
+        }
+        if self.max_queued_bytes < self.max_packet_size {
+            p.bad(
+                "broker.max_queued_bytes",
+                format!("{} must be at least broker.max_packet_size ({})", self.max_queued_bytes, self.max_packet_size),
+            );
+        }
+        if self.max_queued_bytes_total < self.max_queued_bytes {
+            p.bad("broker.max_queued_bytes_total", "must be at least broker.max_queued_bytes");
+        }
+        if let Some(k) = self.max_keep_alive
+            && (k.0.as_secs() == 0 || k.0.as_secs() > u64::from(u16::MAX))
+        {
+            p.bad("broker.max_keep_alive", format!("{k} is outside 1s ..= 65535s"));
+        }
         if self.segment_count == 0 {
             p.bad("broker.segment_count", "must be at least 1");
         }
@@ -88,6 +205,69 @@ impl BrokerConfig {
     }
 }
 
+impl BrokerConfig {
+    /// The core's bounds from this section; `internal_topics` are the node's own (the probe's).
+    pub fn limits(&self, internal_topics: Vec<String>) -> Limits {
+        Limits {
+            max_sessions: self.max_sessions.unwrap_or(self.max_connections.max(1000)),
+            max_subscriptions: self.max_subscriptions,
+            max_queued_messages: self.max_queued_messages,
+            max_queued_bytes: self.max_queued_bytes.as_usize(),
+            max_queued_bytes_total: self.max_queued_bytes_total.as_usize(),
+            max_inflight: self.max_inflight,
+            receive_maximum: self.receive_maximum,
+            topic_alias_maximum: self.topic_alias_maximum,
+            max_topic_length: self.max_topic_length,
+            max_retained_messages: self.max_retained_messages,
+            max_retained_bytes: self.max_retained_bytes.as_usize(),
+            max_packet_size: u32::try_from(self.max_packet_size.bytes()).unwrap_or(u32::MAX),
+            max_keep_alive: self.max_keep_alive.map(|k| u16::try_from(k.0.as_secs()).unwrap_or(u16::MAX)),
+            max_session_expiry: u32::try_from(self.max_session_expiry.0.as_secs()).unwrap_or(u32::MAX - 1),
+            client_ids: self.client_ids,
+            slow_subscriber: self.slow_subscriber,
+            max_client_id_length: self.max_client_id_length,
+            max_control_queue: self.max_control_queue,
+            internal_topics,
+        }
+    }
+}
+
+fn default_receive_maximum() -> u16 {
+    1024
+}
+fn default_topic_alias_maximum() -> u16 {
+    16
+}
+fn default_max_topic_length() -> usize {
+    1024
+}
+fn default_max_subscriptions() -> usize {
+    100
+}
+fn default_max_queued_messages() -> usize {
+    1000
+}
+fn default_max_queued_bytes() -> ByteSize {
+    ByteSize::mib(1)
+}
+fn default_max_queued_bytes_total() -> ByteSize {
+    ByteSize::mib(64)
+}
+fn default_max_retained_messages() -> usize {
+    10_000
+}
+fn default_max_retained_bytes() -> ByteSize {
+    ByteSize::mib(32)
+}
+fn default_max_session_expiry() -> HumanDuration {
+    HumanDuration::from_secs(7 * 24 * 3600)
+}
+fn default_max_client_id_length() -> usize {
+    256
+}
+fn default_max_control_queue() -> usize {
+    4096
+}
 fn default_max_connections() -> usize {
     1000
 }

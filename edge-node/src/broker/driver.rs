@@ -20,11 +20,19 @@ use super::core::{Action, Broker, ConnId, SpoolRequest, Spooled};
 use super::store::{SessionStore, StoreOp};
 use crate::spool::{AppendError, SpoolWriter};
 
+/// What a connection's task waits on: its writer for packets to send, its reader (paused while
+/// an MQTT 3.1.1 client is past our Receive Maximum) for acknowledgements to have gone out.
+#[derive(Debug, Default)]
+pub struct Wakers {
+    pub writer: Notify,
+    pub reader: Notify,
+}
+
 /// The running broker, shared by the front's connections and the node's own clients.
 #[derive(Debug)]
 pub struct BrokerHandle {
     core: Mutex<Broker>,
-    wakers: Mutex<HashMap<ConnId, Arc<Notify>>>,
+    wakers: Mutex<HashMap<ConnId, Arc<Wakers>>>,
     next_conn: AtomicU64,
     spool: Option<SpoolWriter>,
     store: Option<SessionStore>,
@@ -44,12 +52,12 @@ impl BrokerHandle {
         })
     }
 
-    /// A new connection's id and the notify its writer waits on.
-    pub fn register(&self) -> (ConnId, Arc<Notify>) {
+    /// A new connection's id and what its task waits on.
+    pub fn register(&self) -> (ConnId, Arc<Wakers>) {
         let conn = ConnId(self.next_conn.fetch_add(1, Ordering::Relaxed));
-        let notify = Arc::new(Notify::new());
-        lock(&self.wakers).insert(conn, notify.clone());
-        (conn, notify)
+        let wakers = Arc::new(Wakers::default());
+        lock(&self.wakers).insert(conn, wakers.clone());
+        (conn, wakers)
     }
 
     /// Forgets the connection: the core drops it and fires its will if it went without
@@ -58,6 +66,13 @@ impl BrokerHandle {
         lock(&self.wakers).remove(&conn);
         let spool = self.with(|b| b.closed(conn, Instant::now()));
         self.run_spool(spool.1).await;
+    }
+
+    /// [`BrokerHandle::unregister`] for a connection that fires no will and routes nothing when
+    /// it goes (the node's own clients), from where nothing can be awaited.
+    pub fn forget(&self, conn: ConnId) {
+        lock(&self.wakers).remove(&conn);
+        let _ = self.with(|b| b.closed(conn, Instant::now()));
     }
 
     /// Runs `f` on the core and carries out what it asked for, except the spool appends, which
@@ -92,8 +107,8 @@ impl BrokerHandle {
         if !wakes.is_empty() {
             let wakers = lock(&self.wakers);
             for conn in wakes {
-                if let Some(n) = wakers.get(&conn) {
-                    n.notify_one();
+                if let Some(w) = wakers.get(&conn) {
+                    w.writer.notify_one();
                 }
             }
         }

@@ -17,6 +17,9 @@ pub struct BrokerMetrics {
     pub wills: Counter,
     pub publish_in: Counter,
     pub publish_out: Counter,
+    /// The node's own clients' (the probe, the model announcer), apart.
+    pub publish_in_internal: Counter,
+    pub publish_out_internal: Counter,
     dropped: Family<ReasonLabel, Counter>,
     publish_refused: Family<ReasonLabel, Counter>,
     subscribe_refused: Family<ReasonLabel, Counter>,
@@ -35,6 +38,8 @@ impl BrokerMetrics {
             wills: Counter::default(),
             publish_in: handle(&publish_in, &class_label("default")),
             publish_out: handle(&publish_out, &class_label("default")),
+            publish_in_internal: handle(&publish_in, &class_label("internal")),
+            publish_out_internal: handle(&publish_out, &class_label("internal")),
             dropped: Family::default(),
             publish_refused: Family::default(),
             subscribe_refused: Family::default(),
@@ -45,8 +50,16 @@ impl BrokerMetrics {
         r.register("mqtt_retained_messages", "Retained messages held", m.retained_messages.clone());
         r.register("mqtt_retained_bytes", "Bytes of retained messages held", m.retained_bytes.clone());
         r.register("mqtt_wills", "Will messages published", m.wills.clone());
-        r.register("mqtt_publish_in", "PUBLISH packets accepted from clients, by topic class", publish_in);
-        r.register("mqtt_publish_out", "PUBLISH packets delivered to clients, by topic class", publish_out);
+        r.register(
+            "mqtt_publish_in",
+            "PUBLISH packets accepted from clients (class default) and from the node's own clients (internal)",
+            publish_in,
+        );
+        r.register(
+            "mqtt_publish_out",
+            "PUBLISH packets sent to clients (class default) and to the node's own clients (internal)",
+            publish_out,
+        );
         r.register(
             "mqtt_messages_dropped",
             "Messages a subscriber did not get, by reason (queue_full, queue_full_qos0, offline_queue_full, expired, too_large_for_client, session_ended)",

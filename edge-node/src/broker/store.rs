@@ -46,6 +46,8 @@ CREATE TABLE IF NOT EXISTS sessions (
 pub enum StoreOp {
     Put(SessionRecord),
     Forget(String),
+    /// Answered once everything sent before it is written.
+    Flush(mpsc::Sender<()>),
 }
 
 /// The store's writer thread.
@@ -94,6 +96,13 @@ impl SessionStore {
     pub fn send(&self, op: StoreOp) {
         // The thread ends only with the process.
         let _ = self.tx.send(op);
+    }
+
+    /// Blocks until everything sent so far is written.
+    pub fn flush(&self) {
+        let (tx, rx) = mpsc::channel();
+        self.send(StoreOp::Flush(tx));
+        let _ = rx.recv_timeout(Duration::from_secs(5));
     }
 }
 
@@ -144,6 +153,11 @@ fn write_loop(mut conn: Connection, rx: mpsc::Receiver<StoreOp>, path: &Path) {
         if let Err(e) = write(&mut conn, &ops) {
             tracing::warn!(path = %path.display(), error = %e, changes = ops.len(), "session store write failed");
         }
+        for op in ops {
+            if let StoreOp::Flush(done) = op {
+                let _ = done.send(());
+            }
+        }
     }
 }
 
@@ -179,6 +193,7 @@ fn write(conn: &mut Connection, ops: &[StoreOp]) -> rusqlite::Result<()> {
             StoreOp::Forget(id) => {
                 tx.execute("DELETE FROM sessions WHERE client_id = ?1", [id])?;
             }
+            StoreOp::Flush(_) => {}
         }
     }
     tx.commit()
@@ -217,14 +232,9 @@ mod tests {
             store.send(StoreOp::Put(record("a")));
             store.send(StoreOp::Put(record("b")));
             store.send(StoreOp::Forget("b".into()));
+            store.flush();
         }
-        let loaded = (0..100)
-            .find_map(|_| {
-                std::thread::sleep(Duration::from_millis(20));
-                let (_, l) = open_and_load(&path).ok()?;
-                (l.len() == 1).then_some(l)
-            })
-            .expect("the writer thread stored the records");
+        let (_, loaded) = open_and_load(&path).unwrap();
         assert_eq!(loaded, vec![record("a")]);
     }
 

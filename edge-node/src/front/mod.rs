@@ -1,27 +1,17 @@
-//! The front: our own MQTT-aware connection layer between clients and the embedded broker.
+//! The front: client connections, from accept to the broker core.
 //!
 //! It accepts TCP and TLS (TCP_NODELAY on every socket, TLS handshakes in the connection's own
-//! task), authenticates at CONNECT, checks every PUBLISH and SUBSCRIBE against the ACL, enforces
-//! the packet-size and connection limits, routes each allowed PUBLISH by its topic class (a
-//! `central` one goes to the spool only and is answered by the front; `both` goes to the spool
-//! and on), and relays the rest to rumqttd on loopback, translated for MQTT 3.1.1 clients
-//! (`compat`). It owns client connections; it does not touch the router's state. See
+//! task), authenticates at CONNECT (`connect`: certificate, password, or an anonymous loopback
+//! listener), resolves the client's ACL rules, enforces the packet-size and connection limits,
+//! and then only moves bytes (`conn`): frames from the client go to the broker core decoded,
+//! and what the core has for the client goes out encoded. Sessions, routing, the ACL checks on
+//! each PUBLISH and SUBSCRIBE and every MQTT rule are the core's (`broker::core`). See
 //! docs/ARCHITECTURE.md for where it sits.
-//!
-//! How the ACL is enforced: a refused PUBLISH is never forwarded (QoS1 gets a PUBACK, with
-//! reason 0x87 on MQTT 5; QoS2 a PUBREC and, on MQTT 3.1.1, a PUBCOMP for its PUBREL); a
-//! SUBSCRIBE is forwarded with the refused filters removed and rumqttd's SUBACK is rebuilt with
-//! a failure code at their positions. Topic aliases are resolved here, so a refused topic cannot
-//! be reached through an alias.
 
-mod acks;
-mod compat;
 mod config;
+mod conn;
 mod connect;
 mod metrics;
-pub mod packet;
-mod relay;
-mod session;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -36,11 +26,12 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use crate::auth::{AuthState, Identity};
+use crate::broker::driver::BrokerHandle;
+use crate::broker::metrics::BrokerMetrics;
 use crate::labels::RefusedLabels;
 
 pub use config::{ListenerConfig, check_listeners, default_listeners};
 pub use metrics::FrontMetrics;
-pub use session::serve_internal;
 
 /// Everything connections share.
 #[derive(Debug)]
@@ -48,19 +39,14 @@ pub struct FrontContext {
     pub max_packet_size: usize,
     pub connect_timeout: Duration,
     pub slow_client_timeout: Duration,
-    /// rumqttd's internal MQTT 5 listener.
-    pub broker_addr: SocketAddr,
-    pub broker_secret: Arc<str>,
     pub auth: ArcSwap<AuthState>,
     /// Bumped on every reload, so connections re-resolve their ACL rules.
     pub auth_generation: AtomicU64,
     pub metrics: FrontMetrics,
+    /// The core's counters, for what the front decides (a slow client).
+    pub broker_metrics: BrokerMetrics,
     pub permits: Arc<Semaphore>,
-    pub probe_topic: String,
-    /// Topic classes and routes.
-    pub classes: Arc<crate::route::Classes>,
-    /// The spool's writer, when any class is configured.
-    pub spool: Option<crate::spool::SpoolWriter>,
+    pub broker: Arc<BrokerHandle>,
     pub shutdown: CancellationToken,
     pub tracker: TaskTracker,
 }
@@ -113,8 +99,10 @@ async fn handle(stream: TcpStream, peer: SocketAddr, listener: Arc<Listener>, ct
     let refused = |reason: &'static str| {
         ctx.metrics.connects_refused.get_or_create(&RefusedLabels { listener: listener.name.clone(), reason }).inc();
     };
+    let entry =
+        |cert_identity| conn::Entry { listener: &listener.name, anonymous: listener.anonymous, cert_identity, peer };
     match &listener.tls {
-        None => session::run(stream, peer, None, &listener, &ctx).await,
+        None => conn::serve(stream, entry(None), &ctx).await,
         Some(acceptor) => {
             let acceptor = acceptor.load_full();
             match tokio::time::timeout(ctx.connect_timeout, acceptor.accept(stream)).await {
@@ -126,7 +114,7 @@ async fn handle(stream: TcpStream, peer: SocketAddr, listener: Arc<Listener>, ct
                         .and_then(|chain| chain.first())
                         .and_then(crate::tls::certificate_identity)
                         .map(Identity::Certificate);
-                    session::run(tls, peer, identity, &listener, &ctx).await
+                    conn::serve(tls, entry(identity), &ctx).await
                 }
                 Ok(Err(e)) => {
                     tracing::info!(listener = %listener.name, %peer, error = %e, "TLS handshake failed");

@@ -156,12 +156,13 @@ async fn connections_over_the_limit_are_refused_with_a_reason() {
     good_client_works(&t, "after-limit").await;
 }
 
-/// A subscriber that stops reading: the messages it skips in the bounded backlog are
-/// counted, it is disconnected after `slow_client_timeout`, and other clients are unaffected.
+/// A QoS 0 subscriber that stops reading: once its queue is full its oldest messages are
+/// dropped and counted (guarantee 1's bound), it is disconnected after `slow_client_timeout`,
+/// and other clients are unaffected.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_subscriber_that_stops_reading_has_its_skips_counted_and_is_dropped() {
+async fn a_subscriber_that_stops_reading_loses_counted_qos0_messages_and_is_dropped() {
     let t = TestNode::start(
-        "[broker]\nmax_packet_size = \"2 KiB\"\nsegment_size = \"16 KiB\"\nsegment_count = 2\nslow_client_timeout = \"2s\"\n",
+        "[broker]\nmax_packet_size = \"2 KiB\"\nmax_queued_messages = 100\nslow_client_timeout = \"2s\"\n",
     )
     .await;
     let mut stalled = TcpStream::connect(t.local()).await.unwrap();
@@ -187,6 +188,7 @@ async fn a_subscriber_that_stops_reading_has_its_skips_counted_and_is_dropped() 
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    assert!(t.metric("edge_mqtt_slow_subscriber_skips_total") >= 1.0, "no skip counted for the stalled subscriber");
+    let dropped = t.metric("edge_mqtt_messages_dropped_total{reason=\"queue_full_qos0\"}");
+    assert!(dropped >= 1.0, "no drop counted for the stalled subscriber");
     good_client_works(&t, "after-flood").await;
 }

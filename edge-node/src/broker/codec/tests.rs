@@ -109,10 +109,7 @@ fn mqtt_2_1_3_1_reserved_bits_and_empty_subscriptions_are_refused() {
     let malformed = |first, body: &[u8], v| matches!(decode(frame(first, body), v), Err(DecodeError::Malformed(_)));
     let protocol = |first, body: &[u8], v| matches!(decode(frame(first, body), v), Err(DecodeError::Protocol(_)));
     assert!(malformed(0x80, &[0, 1, 0, 1, b'a', 0], Version::V311), "SUBSCRIBE flags 0000");
-    assert!(
-        !malformed(0x62, &[0, 1], Version::V311) && malformed(0x60, &[0, 1], Version::V311),
-        "PUBREL flags"
-    );
+    assert!(!malformed(0x62, &[0, 1], Version::V311) && malformed(0x60, &[0, 1], Version::V311), "PUBREL flags");
     assert!(malformed(0x42 | 0x40, &[0, 1], Version::V311));
     assert!(malformed(0x36, &[0, 1, b't', 0, 1], Version::V311), "QoS 3");
     assert!(malformed(0x38, &[0, 1, b't'], Version::V311), "DUP at QoS 0");

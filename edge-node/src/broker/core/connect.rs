@@ -36,9 +36,6 @@ pub struct Refusal {
     pub label: &'static str,
 }
 
-/// Longest client id accepted, bytes.
-pub const MAX_CLIENT_ID: usize = 256;
-
 impl Broker {
     /// Admits a connection: the CONNACK is queued for it (`poll_transmit`). A refusal comes
     /// back for the glue to answer with its own CONNACK before closing.
@@ -49,7 +46,7 @@ impl Broker {
         if c.auth_method.is_some() {
             return refuse(reason::BAD_AUTH_METHOD, "bad_auth_method");
         }
-        if c.client_id.len() > MAX_CLIENT_ID {
+        if c.client_id.len() > self.limits.max_client_id_length {
             return refuse(reason::CLIENT_ID_NOT_VALID, "client_id_invalid");
         }
         // MQTT 3.1.1 [MQTT-3.1.3-8]: no client id without a clean session; the same rule for
@@ -244,13 +241,20 @@ impl Broker {
             } else {
                 let mut d = i.delivery;
                 d.pkid = Some(i.pkid);
-                resend.push(d);
+                resend.push((d, i.held));
             }
         }
-        for d in resend.into_iter().rev() {
-            s.queue.push_front(d.clone());
-            s.queued_bytes += d.weight();
+        // Queued messages are held; those from the retained backlog were not until now.
+        let mut added = 0;
+        for (d, held) in resend.into_iter().rev() {
+            if !held {
+                added += d.weight();
+            }
+            s.queue.push_front(d);
         }
+        s.held_bytes += added;
+        self.held_total += added;
+        let Some(s) = self.session_mut(key) else { return };
         let pubrels: Vec<Outbound> = rels.iter().map(|i| Outbound::PubRel { pkid: i.pkid, reason: 0 }).collect();
         s.inflight.extend(rels);
         if let Some(c) = self.conns.get_mut(&conn) {
@@ -323,6 +327,7 @@ impl Broker {
                 self.router.unsubscribe(f, key);
             }
         }
+        self.held_total = self.held_total.saturating_sub(s.held_bytes);
         let lost = s.queue.iter().chain(&s.retained_backlog).filter(|d| d.qos as u8 > 0).count()
             + s.inflight.iter().filter(|i| !i.released).count();
         if lost > 0 {

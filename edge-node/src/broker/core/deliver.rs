@@ -19,6 +19,8 @@ pub struct Transmit {
     pub packets: Vec<Outbound>,
     /// The connection is closing: close the socket once `packets` are written.
     pub closing: bool,
+    /// The byte budget ran out with messages still ready: ask again.
+    pub more: bool,
 }
 
 impl Broker {
@@ -217,10 +219,29 @@ impl Broker {
     /// Puts a delivery in a session's queue under the queue's bounds and the slow-subscriber
     /// policy.
     pub(super) fn enqueue(&mut self, key: SessionKey, d: Delivery, now: Instant) {
-        let (max_messages, max_bytes, policy) =
-            (self.limits.max_queued_messages, self.limits.max_queued_bytes, self.limits.slow_subscriber);
-        let Some(s) = self.session_mut(key) else { return };
+        let (max_messages, policy) = (self.limits.max_queued_messages, self.limits.slow_subscriber);
         let weight = d.weight();
+        // The total bound leaves this session what the others do not hold.
+        let others = self.held_total - self.session(key).map_or(0, |s| s.held_bytes);
+        let max_bytes = self.limits.max_queued_bytes.min(self.limits.max_queued_bytes_total.saturating_sub(others));
+        let before = self.session(key).map_or(0, |s| s.held_bytes);
+        self.enqueue_bounded(key, d, weight, max_messages, max_bytes, policy, now);
+        let after = self.session(key).map_or(before, |s| s.held_bytes);
+        self.held_total = (self.held_total + after).saturating_sub(before);
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn enqueue_bounded(
+        &mut self,
+        key: SessionKey,
+        d: Delivery,
+        weight: usize,
+        max_messages: usize,
+        max_bytes: usize,
+        policy: SlowSubscriber,
+        now: Instant,
+    ) {
+        let Some(s) = self.session_mut(key) else { return };
         let Some(conn) = s.conn else {
             // An offline session keeps QoS 1 and 2 messages only (§4.1: QoS 0 is optional).
             if d.qos == QoS::AtMostOnce {
@@ -242,7 +263,7 @@ impl Broker {
             SlowSubscriber::DropNewest => self.metrics.dropped("queue_full", 1),
             SlowSubscriber::DropQos0ThenDisconnect => {
                 let mut freed = 0;
-                while !s.has_room(weight, max_messages, max_bytes) && s.drop_oldest_qos0() {
+                while !s.has_room(weight, max_messages, max_bytes) && s.drop_oldest_qos0().is_some() {
                     freed += 1;
                 }
                 let room = s.has_room(weight, max_messages, max_bytes);
@@ -263,29 +284,33 @@ impl Broker {
         }
     }
 
-    /// The connection's next packets, at most `max` messages after its control packets: queued
+    /// The connection's next packets: its control packets, then queued messages until they
+    /// hold `max_bytes` (at least one): queued
     /// messages as room in flight allows ([MQTT-3.3.4-7]), expired ones left out
     /// ([MQTT-3.3.2-5]) and the rest with their remaining expiry ([MQTT-3.3.2-6]), any larger
     /// than the client takes dropped as if sent ([MQTT-3.1.2-24], [MQTT-3.1.2-25]).
-    pub fn poll_transmit(&mut self, conn: ConnId, now: Instant, max: usize) -> Transmit {
-        let Some(c) = self.conns.get_mut(&conn) else { return Transmit { packets: Vec::new(), closing: true } };
+    pub fn poll_transmit(&mut self, conn: ConnId, now: Instant, max_bytes: usize) -> Transmit {
+        let Some(c) = self.conns.get_mut(&conn) else { return Transmit { closing: true, ..Transmit::default() } };
         let mut packets: Vec<Outbound> = c.control.drain(..).collect();
         if c.closing {
-            return Transmit { packets, closing: true };
+            return Transmit { packets, closing: true, more: false };
         }
         let (key, quota, max_packet, version) = (c.session, usize::from(c.send_quota), c.max_packet_out, c.version);
+        let internal = c.rules.is_none();
         let Some(s) = self.sessions.get_mut(key as usize).and_then(Option::as_mut) else {
-            return Transmit { packets, closing: false };
+            return Transmit { packets, ..Transmit::default() };
         };
-        let (mut expired, mut too_large, mut sent) = (0, 0, 0u64);
-        for _ in 0..max {
+        let (mut expired, mut too_large, mut sent, mut released, mut bytes) = (0, 0, 0u64, 0usize, 0usize);
+        while bytes < max_bytes {
             let Some(front) = s.front() else { break };
             if front.qos != QoS::AtMostOnce && s.inflight.len() >= quota {
                 break;
             }
-            let Some(d) = s.pop() else { break };
+            let Some((d, held)) = s.pop() else { break };
+            let weight = if held { d.weight() } else { 0 };
             if d.pkid.is_none() && d.msg.expired(now) {
                 expired += 1;
+                released += weight;
                 continue;
             }
             let pkid = match (d.qos, d.pkid) {
@@ -302,20 +327,30 @@ impl Broker {
                 expiry: d.msg.remaining_expiry(now),
                 sub_ids: if version == Version::V5 { d.sub_ids.clone() } else { Vec::new() },
             };
-            if packet.encoded_len(version) > max_packet {
+            let len = packet.encoded_len(version);
+            if len > max_packet {
                 too_large += 1;
+                released += weight;
                 continue;
             }
-            if d.qos != QoS::AtMostOnce {
-                s.inflight.push_back(Inflight { pkid, delivery: d, released: false });
+            if d.qos == QoS::AtMostOnce {
+                released += weight;
+            } else {
+                s.inflight.push_back(Inflight { pkid, delivery: d, released: false, held });
             }
+            bytes += len;
             sent += 1;
             packets.push(packet);
         }
+        let more =
+            bytes >= max_bytes && s.front().is_some_and(|f| f.qos == QoS::AtMostOnce || s.inflight.len() < quota);
+        s.held_bytes = s.held_bytes.saturating_sub(released);
+        self.held_total = self.held_total.saturating_sub(released);
         self.metrics.dropped("expired", expired);
         self.metrics.dropped("too_large_for_client", too_large);
-        self.metrics.publish_out.inc_by(sent);
-        Transmit { packets, closing: false }
+        let out = if internal { &self.metrics.publish_out_internal } else { &self.metrics.publish_out };
+        out.inc_by(sent);
+        Transmit { packets, closing: false, more }
     }
 }
 

@@ -118,7 +118,8 @@ impl Broker {
         {
             s.qos2_in.insert(p.pkid);
         }
-        self.metrics.publish_in.inc();
+        let counter = if internal { &self.metrics.publish_in_internal } else { &self.metrics.publish_in };
+        counter.inc();
         let msg = Arc::new(Message {
             topic,
             payload: bytes::Bytes::copy_from_slice(&p.payload),
@@ -177,13 +178,18 @@ impl Broker {
     fn on_ack(&mut self, conn: ConnId, pkid: u16, qos: QoS, released: bool) {
         let Some(key) = self.conns.get(&conn).map(|c| c.session) else { return };
         let Some(s) = self.session_mut(key) else { return };
-        if let Some(at) =
+        let Some(at) =
             s.inflight.iter().position(|i| i.pkid == pkid && i.released == released && i.delivery.qos == qos)
-        {
-            s.inflight.remove(at);
-            if s.front().is_some() {
-                self.wake(conn);
-            }
+        else {
+            return;
+        };
+        let done = s.inflight.remove(at);
+        let more = s.front().is_some();
+        if let Some(done) = done.filter(|d| d.held) {
+            self.release(key, done.delivery.weight());
+        }
+        if more {
+            self.wake(conn);
         }
     }
 
@@ -196,8 +202,12 @@ impl Broker {
         if code >= 0x80 {
             // §4.3.3: a PUBREC with an error ends the exchange (and, on a shared subscription,
             // the message is not sent elsewhere: [MQTT-4.8.2-6]).
-            s.inflight.remove(at);
-            if s.front().is_some() {
+            let done = s.inflight.remove(at);
+            let more = s.front().is_some();
+            if let Some(done) = done.filter(|d| d.held) {
+                self.release(key, done.delivery.weight());
+            }
+            if more {
                 self.wake(conn);
             }
             return;

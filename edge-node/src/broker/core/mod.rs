@@ -82,6 +82,8 @@ pub struct Limits {
     pub max_subscriptions: usize,
     pub max_queued_messages: usize,
     pub max_queued_bytes: usize,
+    /// Bytes queued or in flight over all sessions.
+    pub max_queued_bytes_total: usize,
     /// QoS 1 and 2 messages in flight to one client, at most (and at most its Receive Maximum).
     pub max_inflight: u16,
     /// Announced Receive Maximum: QoS 1 and 2 publishes a client may have unacknowledged.
@@ -98,6 +100,7 @@ pub struct Limits {
     pub max_session_expiry: u32,
     pub client_ids: ClientIds,
     pub slow_subscriber: SlowSubscriber,
+    pub max_client_id_length: usize,
     /// Control packets (acks, SUBACKs) a client may leave unread before it is disconnected.
     pub max_control_queue: usize,
     /// Topics only the node's own clients publish and receive (the SLO probe's).
@@ -111,6 +114,7 @@ impl Default for Limits {
             max_subscriptions: 100,
             max_queued_messages: 1000,
             max_queued_bytes: 1 << 20,
+            max_queued_bytes_total: 64 << 20,
             max_inflight: 100,
             receive_maximum: 1024,
             topic_alias_maximum: 16,
@@ -122,6 +126,7 @@ impl Default for Limits {
             max_session_expiry: 7 * 24 * 3600,
             client_ids: ClientIds::PerIdentity,
             slow_subscriber: SlowSubscriber::DropQos0ThenDisconnect,
+            max_client_id_length: 256,
             max_control_queue: 4096,
             internal_topics: Vec::new(),
         }
@@ -207,6 +212,8 @@ pub struct Broker {
     wills: BTreeSet<(Instant, SessionKey)>,
     /// Client ids assigned to clients that sent none.
     next_assigned: u64,
+    /// Bytes of messages queued or in flight over all sessions.
+    held_total: usize,
     /// Scratch for matching.
     matches: Vec<router::Match>,
 }
@@ -231,6 +238,7 @@ impl Broker {
             expiries: BTreeSet::new(),
             wills: BTreeSet::new(),
             next_assigned: 0,
+            held_total: 0,
             matches: Vec::new(),
         }
     }
@@ -291,6 +299,21 @@ impl Broker {
             self.metrics.disconnect("keep_alive_timeout");
             self.close(conn, Some(super::codec::reason::KEEP_ALIVE_TIMEOUT), now);
         }
+    }
+
+    /// Whether the connection may send more publishes now: below our Receive Maximum of
+    /// unacknowledged ones. The glue stops reading an MQTT 3.1.1 client while not.
+    pub fn wants_input(&self, conn: ConnId) -> bool {
+        self.conns.get(&conn).is_some_and(|c| c.unacked_in < self.limits.receive_maximum)
+    }
+
+    /// Closes the connection for a reason of the server's own (MQTT 5 hears `reason`), its will
+    /// discarded: a server going down is not its client going away.
+    pub fn disconnect(&mut self, conn: ConnId, reason: u8, now: Instant) {
+        if let Some(c) = self.conns.get_mut(&conn) {
+            c.will = None;
+        }
+        self.close(conn, Some(reason), now);
     }
 
     /// Whether the connection is gone or closing: its glue stops reading.
@@ -381,6 +404,33 @@ impl Broker {
         }
         let record = s.record();
         self.actions.push_back(Action::Persist(record));
+    }
+
+    /// The byte accounting of the queue bounds, recomputed: every session's held bytes are its
+    /// queued messages and its held messages in flight, and the total is their sum.
+    #[cfg(test)]
+    pub(crate) fn check_accounting(&self) -> Result<(), String> {
+        let mut total = 0;
+        for s in self.sessions.iter().flatten() {
+            let held = s.queue.iter().map(|d| d.weight()).sum::<usize>()
+                + s.inflight.iter().filter(|i| i.held).map(|i| i.delivery.weight()).sum::<usize>();
+            if held != s.held_bytes {
+                return Err(format!("session {} holds {held} bytes, counted {}", s.client_id, s.held_bytes));
+            }
+            total += held;
+        }
+        if total != self.held_total {
+            return Err(format!("sessions hold {total} bytes, counted {}", self.held_total));
+        }
+        Ok(())
+    }
+
+    /// A message a session held (queued or in flight) left it.
+    fn release(&mut self, key: SessionKey, weight: usize) {
+        if let Some(s) = self.session_mut(key) {
+            s.held_bytes = s.held_bytes.saturating_sub(weight);
+        }
+        self.held_total = self.held_total.saturating_sub(weight);
     }
 
     fn next_ticket(&mut self) -> u64 {

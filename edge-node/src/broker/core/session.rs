@@ -37,6 +37,9 @@ pub struct Inflight {
     pub delivery: Delivery,
     /// QoS 2 after its PUBREC: waiting for PUBCOMP.
     pub released: bool,
+    /// Its bytes count against the session's bounds (it came from the queue, not from the
+    /// retained backlog).
+    pub held: bool,
 }
 
 /// A will waiting for its delay to pass (§3.1.3.2.2).
@@ -68,7 +71,8 @@ pub struct Session {
     pub retained_backlog: VecDeque<Delivery>,
     /// Messages waiting to be sent (while connected: for room in flight).
     pub queue: VecDeque<Delivery>,
-    pub queued_bytes: usize,
+    /// Bytes of the messages in `queue` and in `inflight`: what the queue bounds count.
+    pub held_bytes: usize,
     /// Oldest first.
     pub inflight: VecDeque<Inflight>,
     pub next_pkid: u16,
@@ -92,7 +96,7 @@ impl Session {
             disconnected_ms: None,
             retained_backlog: VecDeque::new(),
             queue: VecDeque::new(),
-            queued_bytes: 0,
+            held_bytes: 0,
             inflight: VecDeque::new(),
             next_pkid: 0,
             qos2_in: HashSet::new(),
@@ -123,36 +127,38 @@ impl Session {
         }
     }
 
-    /// The queue's bounds hold with `extra` more bytes and one more message.
+    /// The queue's bounds hold with `extra` more bytes and one more message (queued and in
+    /// flight together).
     pub fn has_room(&self, extra: usize, max_messages: usize, max_bytes: usize) -> bool {
-        self.queue.len() < max_messages && self.queued_bytes + extra <= max_bytes
+        self.queue.len() + self.inflight.len() < max_messages && self.held_bytes + extra <= max_bytes
     }
 
+    /// Queues `d`; its bytes are held until it is sent (QoS 0) or acknowledged.
     pub fn push(&mut self, d: Delivery) {
-        self.queued_bytes += d.weight();
+        self.held_bytes += d.weight();
         self.queue.push_back(d);
     }
 
-    pub fn pop(&mut self) -> Option<Delivery> {
-        let d = self.retained_backlog.pop_front().or_else(|| {
-            self.queue.pop_front().inspect(|d| {
-                self.queued_bytes -= d.weight();
-            })
-        })?;
-        Some(d)
+    /// The next message to send, and whether its bytes are held: retained messages a
+    /// subscribe matched come first and are not (their store bounds them); the queue's are, and
+    /// the caller releases them once sent or acknowledged.
+    pub fn pop(&mut self) -> Option<(Delivery, bool)> {
+        if let Some(d) = self.retained_backlog.pop_front() {
+            return Some((d, false));
+        }
+        self.queue.pop_front().map(|d| (d, true))
     }
 
     pub fn front(&self) -> Option<&Delivery> {
         self.retained_backlog.front().or_else(|| self.queue.front())
     }
 
-    /// Drops the oldest QoS 0 message queued; whether there was one.
-    pub fn drop_oldest_qos0(&mut self) -> bool {
-        let Some(at) = self.queue.iter().position(|d| d.qos == QoS::AtMostOnce) else { return false };
-        if let Some(d) = self.queue.remove(at) {
-            self.queued_bytes -= d.weight();
-        }
-        true
+    /// Drops the oldest QoS 0 message queued; its weight, if there was one.
+    pub fn drop_oldest_qos0(&mut self) -> Option<usize> {
+        let at = self.queue.iter().position(|d| d.qos == QoS::AtMostOnce)?;
+        let weight = self.queue.remove(at)?.weight();
+        self.held_bytes -= weight;
+        Some(weight)
     }
 }
 

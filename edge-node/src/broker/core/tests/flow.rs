@@ -43,6 +43,7 @@ fn a_slow_subscriber_loses_qos0_first_then_is_disconnected_with_0x97() {
     let acks = h.recv(p);
     assert_eq!(acks.len(), 5, "the publisher was not held up: {acks:?}");
     assert!(!h.closing(p));
+    assert_eq!(h.b.check_accounting(), Ok(()));
 }
 
 /// The `drop-newest` policy never disconnects: a full queue drops the new message.
@@ -61,4 +62,27 @@ fn the_drop_newest_policy_keeps_a_slow_subscriber_connected() {
     }
     assert!(!h.closing(slow));
     assert_eq!(payloads(&h.recv(slow)), ["1", "2"]);
+}
+
+/// `max_queued_bytes_total` bounds what all sessions hold together, offline ones included.
+#[test]
+fn the_total_queue_bound_holds_over_all_sessions() {
+    let mut h = Harness::limits(|l| {
+        l.max_queued_bytes = 10_000;
+        l.max_queued_bytes_total = 1_000;
+    });
+    for id in ["a", "b"] {
+        let mut c = connect_packet(id, Version::V5);
+        c.session_expiry = 600;
+        let (conn, _) = h.connect_as(c, user("u"));
+        h.send(conn, sub(1, "t", QoS::AtLeastOnce));
+        h.drop_conn(conn);
+    }
+    let p = h.connect("p", Version::V5);
+    for pkid in 1..=20 {
+        h.send(p, publish("t", QoS::AtLeastOnce, pkid, &"x".repeat(100)));
+    }
+    assert!(h.b.held_total <= 1_000, "{}", h.b.held_total);
+    assert!(h.b.held_total > 500, "both sessions got some: {}", h.b.held_total);
+    assert_eq!(h.b.check_accounting(), Ok(()));
 }

@@ -118,6 +118,7 @@ proptest! {
         let mut m = Model { subs: vec![BTreeMap::new(); CLIENTS], online: vec![true; CLIENTS], owed: vec![BTreeSet::new(); CLIENTS], ..Model::default() };
         let mut conns: Vec<ConnId> = (0..CLIENTS).map(|c| connect_client(&mut h, c).0).collect();
         for (n, op) in ops.into_iter().enumerate() {
+            prop_assert_eq!(h.b.check_accounting(), Ok(()), "before step {}", n);
             match op {
                 Op::Subscribe { client, filter, qos, no_local } => {
                     if !m.online[client] { continue }

@@ -1,0 +1,316 @@
+//! One client connection after accept (and TLS): its CONNECT read and authenticated, then, in
+//! one task, a reader that feeds every packet to the broker core and a writer that sends what
+//! the core has for the client. Bytes are framed here (the size limit checked from the fixed
+//! header, before the body is buffered) and decoded once; nothing else is parsed.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+use bytes::{Bytes, BytesMut};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+
+use super::FrontContext;
+use super::connect::{self, Refusal};
+use crate::auth::Identity;
+use crate::broker::codec::{self, DecodeError, Outbound, Version, reason};
+use crate::broker::core::{ConnId, ConnectRequest};
+use crate::broker::driver::Wakers;
+use crate::labels::{self, RefusedLabels};
+
+/// How a connection came in.
+pub(super) struct Entry<'a> {
+    pub listener: &'a str,
+    pub anonymous: bool,
+    pub cert_identity: Option<Identity>,
+    pub peer: SocketAddr,
+}
+
+/// What the writer sends at a time, at most (and at least one message).
+const WRITE_BATCH: usize = 64 * 1024;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum End {
+    /// The client closed or the socket failed.
+    Lost,
+    /// The core closed it and its last packets are written.
+    Closed,
+    SlowClient,
+    Shutdown,
+}
+
+pub(super) async fn serve<S>(stream: S, entry: Entry<'_>, ctx: &Arc<FrontContext>)
+where
+    S: AsyncRead + AsyncWrite + Send + Unpin,
+{
+    let (mut rd, mut wr) = tokio::io::split(stream);
+    let mut buf = BytesMut::with_capacity(8 * 1024);
+    let refused = |label: &'static str| {
+        ctx.metrics
+            .connects_refused
+            .get_or_create(&RefusedLabels { listener: entry.listener.to_owned(), reason: label })
+            .inc();
+    };
+
+    let first = tokio::time::timeout(ctx.connect_timeout, read_first(&mut rd, &mut buf, ctx.max_packet_size)).await;
+    let frame = match first {
+        Ok(Ok(Some(frame))) => frame,
+        Ok(Ok(None)) => return refused("closed_before_connect"),
+        Ok(Err(e)) => {
+            tracing::info!(listener = entry.listener, peer = %entry.peer, error = %e, "bad first packet");
+            return refused(if matches!(e, DecodeError::TooLarge { .. }) { "packet_too_large" } else { "malformed" });
+        }
+        Err(_) => return refused("timeout"),
+    };
+    let connect = match codec::decode_connect(frame) {
+        Ok(c) => c,
+        Err(e) => {
+            tracing::info!(listener = entry.listener, peer = %entry.peer, error = %e, "CONNECT refused");
+            // [MQTT-3.1.2-2] (MQTT 3.1.1): an unsupported level is answered with return code 1,
+            // in the 3.1.1 form every client can read; anything else malformed is closed.
+            if let DecodeError::UnsupportedVersion(_) = e {
+                let _ = write_connack(&mut wr, Version::V311, e.reason()).await;
+            }
+            return refused(e.label());
+        }
+    };
+    let version = connect.version;
+    let refuse = |refusal: Refusal| {
+        refused(refusal.label);
+        refusal.code
+    };
+
+    let Ok(permit) = ctx.permits.clone().try_acquire_owned() else {
+        tracing::warn!(listener = entry.listener, peer = %entry.peer, "connection refused: broker.max_connections reached");
+        let _ = write_connack(&mut wr, version, refuse(connect::MAX_CONNECTIONS)).await;
+        return;
+    };
+    let identity = match connect::authenticate(&connect, entry.cert_identity.clone(), entry.anonymous, ctx).await {
+        Ok(id) => id,
+        Err(refusal) => {
+            tracing::info!(listener = entry.listener, peer = %entry.peer, reason = refusal.label, "CONNECT refused");
+            let _ = write_connack(&mut wr, version, refuse(refusal)).await;
+            return;
+        }
+    };
+    let generation = ctx.auth_generation.load(Ordering::Acquire);
+    let rules = ctx.auth.load().rules_for(&identity, &connect.client_id);
+    let client_id = connect.client_id.clone();
+    let (conn, wakers) = ctx.broker.register();
+    let request = ConnectRequest { conn, connect, identity: connect::core_identity(&identity, rules) };
+    let (admitted, spool) = ctx.broker.with(|b| b.connect(request, Instant::now()));
+    if let Err(refusal) = admitted {
+        tracing::info!(listener = entry.listener, peer = %entry.peer, reason = refusal.label, "CONNECT refused");
+        let _ = write_connack(&mut wr, version, refuse(Refusal { code: refusal.code, label: refusal.label })).await;
+        ctx.broker.unregister(conn).await;
+        return;
+    }
+    ctx.broker.run_spool(spool).await;
+
+    tracing::debug!(listener = entry.listener, peer = %entry.peer, user = identity.name(), %client_id, ?version, "connected");
+    let label = labels::listener_label(entry.listener);
+    ctx.metrics.connections_total.get_or_create(&label).inc();
+    let open = ctx.metrics.connections.get_or_create(&label).clone();
+    open.inc();
+
+    let mut reader = Reader { conn, version, identity, client_id: client_id.clone(), generation, buf, ctx };
+    let end = tokio::select! {
+        biased;
+        _ = ctx.shutdown.cancelled() => End::Shutdown,
+        end = writer(&mut wr, conn, version, &wakers, ctx) => end,
+        end = reader.run(&mut rd, &wakers) => end,
+    };
+    match end {
+        End::Shutdown => {
+            // MQTT 5 clients hear 0x8B; the core fires no will for a server shutdown.
+            let (t, _) = ctx.broker.with(|b| {
+                b.disconnect(conn, reason::SERVER_SHUTTING_DOWN, Instant::now());
+                b.poll_transmit(conn, Instant::now(), WRITE_BATCH)
+            });
+            let mut out = BytesMut::new();
+            t.packets.iter().for_each(|p| codec::encode(p, version, &mut out));
+            let _ = tokio::time::timeout(Duration::from_secs(1), write_flush(&mut wr, &out)).await;
+        }
+        End::SlowClient => {
+            tracing::warn!(listener = entry.listener, peer = %entry.peer, %client_id, "slow client disconnected: accepted no data for broker.slow_client_timeout");
+            ctx.broker_metrics.disconnect("slow_client");
+        }
+        End::Lost | End::Closed => {}
+    }
+    let _ = wr.shutdown().await;
+    ctx.broker.unregister(conn).await;
+    tracing::debug!(listener = entry.listener, %client_id, ?end, "connection closed");
+    open.dec();
+    drop(permit);
+}
+
+struct Reader<'a> {
+    conn: ConnId,
+    version: Version,
+    identity: Identity,
+    client_id: String,
+    /// The ACL generation the core has this connection's rules from.
+    generation: u64,
+    buf: BytesMut,
+    ctx: &'a Arc<FrontContext>,
+}
+
+impl Reader<'_> {
+    /// Feeds the core until the client goes; once the core closes the connection it only waits
+    /// (the writer ends the task after the last packets).
+    async fn run<R: AsyncRead + Unpin>(&mut self, rd: &mut R, wakers: &Wakers) -> End {
+        let ctx = self.ctx;
+        let mut deadline = ctx.broker.with(|b| b.keep_alive_deadline(self.conn)).0;
+        loop {
+            let (closing, paused) = self.feed().await;
+            if closing {
+                return std::future::pending().await;
+            }
+            if paused {
+                // MQTT 3.1.1 has no Receive Maximum to announce: past ours, the client is read
+                // no further until its acknowledgements went out.
+                wakers.reader.notified().await;
+                continue;
+            }
+            deadline = ctx.broker.with(|b| b.keep_alive_deadline(self.conn)).0.or(deadline);
+            let read = tokio::select! {
+                read = rd.read_buf(&mut self.buf) => read,
+                _ = sleep_until(deadline) => {
+                    let (_, spool) = ctx.broker.with(|b| b.check_keep_alive(self.conn, Instant::now()));
+                    ctx.broker.run_spool(spool).await;
+                    deadline = ctx.broker.with(|b| b.keep_alive_deadline(self.conn)).0;
+                    continue;
+                }
+            };
+            match read {
+                Ok(0) | Err(_) => return End::Lost,
+                Ok(n) => {
+                    ctx.metrics.bytes_in.inc_by(n as u64);
+                }
+            }
+        }
+    }
+
+    /// Hands every whole frame buffered to the core; whether the core is closing the
+    /// connection, and whether reading is paused.
+    async fn feed(&mut self) -> (bool, bool) {
+        let ctx = self.ctx;
+        let reload = ctx.auth_generation.load(Ordering::Acquire);
+        let rules = (reload != self.generation).then(|| {
+            self.generation = reload;
+            ctx.auth.load().rules_for(&self.identity, &self.client_id)
+        });
+        let (conn, version, max) = (self.conn, self.version, ctx.max_packet_size);
+        let buf = &mut self.buf;
+        let ((closing, paused), spool) = ctx.broker.with(|b| {
+            let now = Instant::now();
+            if let Some(rules) = rules {
+                b.set_rules(conn, rules, now);
+            }
+            loop {
+                if b.is_closing(conn) {
+                    return (true, false);
+                }
+                if version == Version::V311 && !b.wants_input(conn) {
+                    return (false, true);
+                }
+                match codec::frame_len(buf, max) {
+                    Ok(Some(len)) => {
+                        let frame: Bytes = buf.split_to(len).freeze();
+                        match codec::decode(frame, version) {
+                            Ok(packet) => b.handle(conn, packet, now),
+                            Err(e) => b.decode_error(conn, &e, now),
+                        }
+                    }
+                    Ok(None) => return (false, false),
+                    Err(e) => b.decode_error(conn, &e, now),
+                }
+            }
+        });
+        ctx.broker.run_spool(spool).await;
+        (closing, paused)
+    }
+}
+
+/// Sends what the core has for the client whenever it says there is some; returns once the
+/// core closed the connection and its last packets are written.
+async fn writer<W: AsyncWrite + Unpin>(
+    wr: &mut W,
+    conn: ConnId,
+    version: Version,
+    wakers: &Wakers,
+    ctx: &FrontContext,
+) -> End {
+    let mut out = BytesMut::with_capacity(16 * 1024);
+    loop {
+        wakers.writer.notified().await;
+        loop {
+            let (t, _) = ctx.broker.with(|b| b.poll_transmit(conn, Instant::now(), WRITE_BATCH));
+            for packet in &t.packets {
+                codec::encode(packet, version, &mut out);
+            }
+            if !out.is_empty() {
+                match tokio::time::timeout(ctx.slow_client_timeout, write_flush(wr, &out)).await {
+                    Ok(Ok(())) => {
+                        ctx.metrics.bytes_out.inc_by(out.len() as u64);
+                    }
+                    Ok(Err(_)) => return End::Lost,
+                    Err(_) => return End::SlowClient,
+                }
+                out.clear();
+                // The writer's memory stays small whatever one batch held.
+                if out.capacity() > 4 * WRITE_BATCH {
+                    out = BytesMut::with_capacity(16 * 1024);
+                }
+            }
+            if t.closing {
+                return End::Closed;
+            }
+            // The reader may be paused waiting for these acknowledgements to go out.
+            wakers.reader.notify_one();
+            if !t.more {
+                break;
+            }
+        }
+    }
+}
+
+async fn sleep_until(deadline: Option<Instant>) {
+    match deadline {
+        Some(at) => tokio::time::sleep_until(at.into()).await,
+        None => std::future::pending().await,
+    }
+}
+
+/// Reads until `buf` holds the first frame and splits it off; `Ok(None)` on EOF. Anything that
+/// does not start like a CONNECT is refused at its first byte, not after a timeout.
+async fn read_first<R: AsyncRead + Unpin>(
+    rd: &mut R,
+    buf: &mut BytesMut,
+    max: usize,
+) -> Result<Option<Bytes>, DecodeError> {
+    loop {
+        if buf.first().is_some_and(|&b| b != 0x10) {
+            return Err(DecodeError::Protocol("the first packet is not a CONNECT"));
+        }
+        if let Some(len) = codec::frame_len(buf, max)? {
+            return Ok(Some(buf.split_to(len).freeze()));
+        }
+        match rd.read_buf(buf).await {
+            Ok(0) | Err(_) => return Ok(None),
+            Ok(_) => {}
+        }
+    }
+}
+
+async fn write_connack<W: AsyncWrite + Unpin>(wr: &mut W, version: Version, code: u8) -> std::io::Result<()> {
+    let mut out = BytesMut::new();
+    codec::encode(&Outbound::ConnAck { session_present: false, code, props: Box::default() }, version, &mut out);
+    write_flush(wr, &out).await
+}
+
+async fn write_flush<W: AsyncWrite + Unpin>(wr: &mut W, bytes: &[u8]) -> std::io::Result<()> {
+    wr.write_all(bytes).await?;
+    wr.flush().await
+}
