@@ -164,7 +164,7 @@ fn init_tracing(config: &EdgeConfig) {
         LogFormat::Json => fmt.json().boxed(),
         LogFormat::Text => fmt.boxed(),
     };
-    tracing_subscriber::registry().with(fmt.with_filter(filter)).with(edge_node::broker::log::layer()).init();
+    tracing_subscriber::registry().with(fmt.with_filter(filter)).init();
 }
 
 fn run(path: &Path, ready_file: Option<&Path>) -> anyhow::Result<()> {

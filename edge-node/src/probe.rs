@@ -1,8 +1,8 @@
 //! The SLO probe: an in-process MQTT client that publishes timestamped QoS1 messages on a
-//! reserved topic, through the same front and broker as every client, and records how long each
-//! takes to come back. Its histogram is the node's local publish-to-deliver latency as users see
-//! it, minus only the client's own socket. The first message of each probe session is a
-//! warm-up (rumqttd creates the filter's log when it arrives) and is not recorded.
+//! reserved topic through the broker core, as every client's messages go, and records how long
+//! each takes to come back. Its histogram is the core's publish-to-deliver latency, without the
+//! sockets and codecs a network client adds. The first message of each probe session is a
+//! warm-up and is not recorded.
 
 use std::collections::VecDeque;
 use std::sync::Arc;
@@ -29,9 +29,9 @@ pub struct ProbeConfig {
     /// Time between probe messages. Default: 100ms (10 msg/s).
     #[serde(default = "default_probe_interval")]
     pub interval: HumanDuration,
-    /// Topic the probe publishes on and subscribes to (QoS1). rumqttd never delivers `$`
-    /// topics, so this is an ordinary topic: a `#` subscriber sees the probe's messages.
-    /// Default: `_edge/probe`.
+    /// Topic the probe publishes on and subscribes to (QoS1). Only the node's own clients
+    /// publish and receive on it: other clients' subscriptions never see it, and their
+    /// publishes to it are refused. Default: `_edge/probe`.
     #[serde(default = "default_probe_topic")]
     pub topic: String,
 }
@@ -52,8 +52,6 @@ impl ProbeConfig {
         }
         if let Err(e) = shared::topic::validate_name(&self.topic) {
             p.bad("probe.topic", e.to_string());
-        } else if self.topic.starts_with('$') {
-            p.bad("probe.topic", "rumqttd never delivers topics starting with '$'");
         }
     }
 }

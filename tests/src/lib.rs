@@ -72,8 +72,7 @@ pub fn metric(text: &str, name_and_labels: &str) -> Option<f64> {
         .find_map(|l| l.strip_prefix(name_and_labels)?.strip_prefix(' ')?.trim().parse().ok())
 }
 
-/// Sets up tracing once for a test binary as `edge-node run` does (with the layer that counts
-/// rumqttd's slow-subscriber skips); `RUST_LOG` controls the output.
+/// Sets up tracing once for a test binary; `RUST_LOG` controls the output.
 pub fn init_tracing() {
     use tracing_subscriber::prelude::*;
     let filter = tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "warn".into());
@@ -84,7 +83,6 @@ pub fn init_tracing() {
     let _ = tracing_subscriber::registry()
         .with(tracing_subscriber::fmt::layer().with_test_writer().with_filter(filter))
         .with(captured)
-        .with(edge_node::broker::log::layer())
         .try_init();
 }
 

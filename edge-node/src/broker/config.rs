@@ -91,13 +91,13 @@ pub struct BrokerConfig {
     /// SQLite file keeping sessions with an expiry above 0 (subscriptions, expiry, owner)
     /// across restarts. Default: `sessions.db` beside the spool's database.
     pub session_store: Option<PathBuf>,
-    /// Size of one in-memory log segment per subscribed filter. Default: 1 MiB.
-    #[serde(default = "default_segment_size")]
-    pub segment_size: ByteSize,
-    /// Segments kept per subscribed filter; with `segment_size` this bounds the memory a filter's
-    /// backlog can take (a subscriber that falls further behind skips the oldest). Default: 4.
-    #[serde(default = "default_segment_count")]
-    pub segment_count: usize,
+    /// No longer used (rumqttd's per-filter log): refused by name. Queues are per subscriber
+    /// now: `max_queued_messages`, `max_queued_bytes`.
+    #[serde(default, skip_serializing)]
+    pub segment_size: Option<toml::Value>,
+    /// No longer used: refused by name, as `segment_size`.
+    #[serde(default, skip_serializing)]
+    pub segment_count: Option<toml::Value>,
     /// Time a new connection has to send its CONNECT (and finish TLS). Default: 10s.
     #[serde(default = "default_connect_timeout")]
     pub connect_timeout: HumanDuration,
@@ -130,8 +130,8 @@ impl Default for BrokerConfig {
             max_client_id_length: default_max_client_id_length(),
             max_control_queue: default_max_control_queue(),
             session_store: None,
-            segment_size: default_segment_size(),
-            segment_count: default_segment_count(),
+            segment_size: None,
+            segment_count: None,
             connect_timeout: default_connect_timeout(),
             slow_client_timeout: default_slow_client_timeout(),
         }
@@ -152,15 +152,14 @@ impl BrokerConfig {
         if self.max_inflight == 0 {
             p.bad("broker.max_inflight", "must be at least 1");
         }
-        // rumqttd panics on segments under 1 KiB; a segment must also hold the largest packet.
-        if self.segment_size.bytes() < 1024 || self.segment_size < self.max_packet_size {
-            p.bad(
-                "broker.segment_size",
-                format!(
-                    "{} must be at least 1 KiB and at least broker.max_packet_size ({})",
-                    self.segment_size, self.max_packet_size
-                ),
-            );
+        for (key, value) in [("broker.segment_size", &self.segment_size), ("broker.segment_count", &self.segment_count)]
+        {
+            if value.is_some() {
+                p.bad(
+                    key,
+                    "is no longer used: the broker keeps a queue per subscriber, bounded by broker.max_queued_messages and broker.max_queued_bytes",
+                );
+            }
         }
         for (key, value) in [
             ("broker.receive_maximum", usize::from(self.receive_maximum)),
@@ -192,9 +191,6 @@ impl BrokerConfig {
             && (k.0.as_secs() == 0 || k.0.as_secs() > u64::from(u16::MAX))
         {
             p.bad("broker.max_keep_alive", format!("{k} is outside 1s ..= 65535s"));
-        }
-        if self.segment_count == 0 {
-            p.bad("broker.segment_count", "must be at least 1");
         }
         if self.connect_timeout.0.is_zero() {
             p.bad("broker.connect_timeout", "must be more than 0s");
@@ -276,12 +272,6 @@ fn default_max_packet_size() -> ByteSize {
 }
 fn default_max_inflight() -> u16 {
     100
-}
-fn default_segment_size() -> ByteSize {
-    ByteSize::mib(1)
-}
-fn default_segment_count() -> usize {
-    4
 }
 fn default_connect_timeout() -> HumanDuration {
     HumanDuration::from_secs(10)

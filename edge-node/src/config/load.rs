@@ -211,7 +211,7 @@ mod tests {
         let text = "[uplink]\nserver = \"cloud\"\nca = \"ca.pem\"\ncert = \"c.pem\"\nkey = \"k.pem\"\nwindow = 0\n\
                     batch_records = 0\nzstd_level = 30\nlower_lane_share = 0.9\nbackoff_min = \"1m\"\nbackoff_max = \"1s\"\n\
                     dict_size = 100\ndict_samples = 1\ndict_retrain = \"0s\"\n\
-                    [broker]\nmax_packet_size = \"9 MiB\"\nsegment_size = \"100 MiB\"\n";
+                    [broker]\nmax_packet_size = \"9 MiB\"\nmax_queued_bytes = \"100 MiB\"\n";
         let err = parse(text).unwrap_err().to_string();
         assert!(err.contains("with an [uplink]: a message must fit a batch frame"), "{err}");
         for key in [
@@ -228,6 +228,14 @@ mod tests {
         ] {
             assert!(err.contains(key), "{key} missing from: {err}");
         }
+    }
+
+    #[test]
+    fn keys_of_the_rumqttd_broker_are_refused_by_name() {
+        let err = parse("[broker]\nsegment_size = \"1 MiB\"\nsegment_count = 4\n").unwrap_err().to_string();
+        assert!(err.contains("broker.segment_size: is no longer used"), "{err}");
+        assert!(err.contains("broker.segment_count: is no longer used"), "{err}");
+        assert!(err.contains("max_queued_messages"), "the message names what replaced them: {err}");
     }
 
     #[test]

@@ -12,6 +12,7 @@ mod bridge_versions;
 mod broker_interop;
 mod broker_robustness;
 mod broker_security;
+mod broker_sessions;
 mod edge_cli;
 mod model_sync;
 mod models;
