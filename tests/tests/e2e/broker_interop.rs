@@ -193,8 +193,8 @@ async fn paho_clients_v311_and_v5() {
 }
 
 /// Regression: rumqttd's MQTT 3.1.1 encoder panics on a publish carrying MQTT 5 properties, which
-/// killed v3.1.1 subscribers whenever a v5 client published with a trace id. The front now
-/// relays 3.1.1 clients through rumqttd's MQTT 5 server and translates.
+/// killed v3.1.1 subscribers whenever a v5 client published with a trace id. The broker's own
+/// codec writes a 3.1.1 PUBLISH without them.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn mqtt311_subscriber_receives_mqtt5_publishes_with_properties() {
     let t = TestNode::start("").await;

@@ -72,7 +72,10 @@ impl Broker {
             }
             (Some(a), false) => {
                 let topic: Arc<str> = p.topic_str().into();
-                c.aliases.insert(a, topic.clone());
+                // An alias holds at most a topic the broker takes.
+                if topic.len() <= self.limits.max_topic_length {
+                    c.aliases.insert(a, topic.clone());
+                }
                 topic
             }
             (Some(a), true) => match c.aliases.get(&a) {

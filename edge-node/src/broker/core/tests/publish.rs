@@ -227,3 +227,20 @@ fn mqtt_3_3_5_2_a_refused_publish_is_acknowledged_and_dropped() {
     assert_eq!(h.recv(v5), [Outbound::PubAck { pkid: 4, reason: 0x87 }]);
     assert!(payloads(&h.recv(s)).is_empty());
 }
+
+/// A topic alias holds at most `max_topic_length` bytes: a PUBLISH setting one on a longer
+/// topic is refused (MQTT 5: 0x90) and sets nothing, so aliases cost at most
+/// `topic_alias_maximum` x `max_topic_length` per connection.
+#[test]
+fn an_alias_on_a_topic_over_the_length_bound_is_not_kept() {
+    let mut h = Harness::limits(|l| {
+        l.topic_alias_maximum = 2;
+        l.max_topic_length = 8;
+    });
+    let p = h.connect("p", Version::V5);
+    let Inbound::Publish(mut pk) = publish("much/too/long", QoS::AtLeastOnce, 1, "x") else { unreachable!() };
+    pk.topic_alias = Some(1);
+    h.send(p, Inbound::Publish(pk));
+    assert_eq!(h.recv(p), [Outbound::PubAck { pkid: 1, reason: 0x90 }]);
+    assert!(h.b.conns[&p].aliases.is_empty());
+}
