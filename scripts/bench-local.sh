@@ -1,8 +1,13 @@
 #!/usr/bin/env bash
-# Local QoS1 path: edge-node vs Mosquitto (persistence off, set_tcp_nodelay true) vs rumqttd
-# without our front (what the front adds), all measured in one run by the same load generator:
-# 1 publisher, 1 subscriber, QoS1, 1 KiB payloads, at 1,000 and 5,000 msg/s and unthrottled
-# (max sustained throughput), plus edge-node RSS idle and under load.
+# Local QoS1 path: edge-node against Mosquitto (persistence off, set_tcp_nodelay true), both
+# measured in one run by the same load generators, interleaved, REPEATS rounds of SECONDS each
+# case (after 1 s of warm-up), medians:
+#   - the Rust generator (mqtt-bench, rumqttc): 1 publisher and 1 subscriber at 1,000, 2,500 and
+#     5,000 msg/s; 1 publisher and 10 subscribers at 1,000 msg/s (fan-out); unthrottled (max
+#     sustained throughput);
+#   - paho-mqtt (Python, what many users run): 1 publisher and 1 subscriber at 1,000 and 2,500
+#     msg/s (paho itself is the bottleneck above that);
+# all QoS1, 1 KiB payloads, loopback; plus edge-node's RSS idle and under load.
 # Usage: scripts/bench-local.sh [REPEATS=3] [SECONDS=8]. Prints a Markdown table of medians.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -10,7 +15,7 @@ export PATH="$(scripts/install-test-deps.sh):$PATH"
 repeats=${1:-3}
 seconds=${2:-8}
 
-cargo build --release --locked --quiet -p edge-node -p e2e-tests --bin edge-node --bin mqtt-bench --bin rumqttd-direct
+cargo build --release --locked --quiet -p edge-node -p e2e-tests --bin edge-node --bin mqtt-bench
 bin=target/release
 mosquitto_bin=$(command -v mosquitto || echo /usr/sbin/mosquitto)
 
@@ -41,29 +46,35 @@ max_queued_messages 10000
 log_dest none
 EOC
 "$mosquitto_bin" -c "$work/mosquitto.conf" &
-pids+=("$!")
-
-dport=$(free_port)
-RUST_LOG=off "$bin/rumqttd-direct" "$dport" &
-pids+=("$!")
+mosq_pid=$!; pids+=("$mosq_pid")
 
 for _ in $(seq 100); do [ -s "$work/ready.json" ] && break; sleep 0.1; done
 eport=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["mqtt"]["local"].rsplit(":",1)[1])' "$work/ready.json")
 sleep 3
 idle_rss=$(rss_kb "$edge_pid")
+mosq_idle_rss=$(rss_kb "$mosq_pid")
 
 ( while kill -0 "$edge_pid" 2>/dev/null; do rss_kb "$edge_pid" >> "$work/rss"; sleep 0.2; done ) &
 pids+=("$!")
 
-brokers=("mosquitto:$mport" "edge-node:$eport" "rumqttd-direct:$dport")
+brokers=("mosquitto:$mport" "edge-node:$eport")
+# Each case: generator, rate (0 = unthrottled), subscribers.
+cases=("rust 1000 1" "rust 2500 1" "rust 5000 1" "rust 1000 10" "rust 0 1" "paho 1000 1" "paho 2500 1")
 for r in $(seq "$repeats"); do
-  for rate in 1000 5000 0; do
-    # Rotate the order each repeat so no broker always runs first.
-    for i in 0 1 2; do
-      entry=${brokers[$(( (i + r) % 3 ))]}
-      "$bin/mqtt-bench" --label "${entry%%:*}" --port "${entry##*:}" --rate "$rate" --seconds "$seconds" >> "$work/results.jsonl"
+  for case in "${cases[@]}"; do
+    read -r generator rate subs <<< "$case"
+    # Alternate which broker goes first, round by round.
+    for i in 0 1; do
+      entry=${brokers[$(( (i + r) % 2 ))]}
+      label=${entry%%:*} port=${entry##*:}
+      if [ "$generator" = rust ]; then
+        "$bin/mqtt-bench" --label "$label" --port "$port" --rate "$rate" --subscribers "$subs" --seconds "$seconds" \
+          | python3 -c 'import json,sys; d=json.loads(sys.stdin.read()); d["generator"]="rust"; print(json.dumps(d))' >> "$work/results.jsonl"
+      else
+        python3 tests/python/paho_bench.py 127.0.0.1 "$port" "$rate" "$seconds" "$label" >> "$work/results.jsonl"
+      fi
     done
   done
 done
 loaded_rss=$(sort -n "$work/rss" | tail -1)
-python3 scripts/bench_summary.py "$work/results.jsonl" "$idle_rss" "$loaded_rss" "$repeats" "$seconds"
+python3 scripts/bench_summary.py "$work/results.jsonl" "$idle_rss" "$loaded_rss" "$repeats" "$seconds" "$mosq_idle_rss"

@@ -1,37 +1,54 @@
-"""Medians of mqtt-bench runs as a Markdown table (scripts/bench-local.sh)."""
+"""Medians of scripts/bench-local.sh's runs as a Markdown table, with the ratios to Mosquitto."""
 import json
 import statistics
 import sys
 
 path, idle_kb, loaded_kb, repeats, seconds = sys.argv[1:6]
+mosq_idle_kb = sys.argv[6] if len(sys.argv) > 6 else None
 runs = [json.loads(l) for l in open(path) if l.strip()]
-keys = sorted({(r["rate"], r["label"]) for r in runs}, key=lambda k: (k[0] == 0, k[0], k[1]))
 
 
-def med(rate, label, field):
-    return statistics.median(r[field] for r in runs if r["rate"] == rate and r["label"] == label)
+def case(r):
+    return (r.get("generator", "rust"), r["rate"], r.get("subscribers", 1))
 
 
-print(f"{repeats} runs of {seconds} s each (after 1 s warm-up), medians; QoS1, 1 KiB, 1 pub + 1 sub, loopback.\n")
-print("| rate (msg/s) | broker | p50 (ms) | p99 (ms) | max (ms) | lost | achieved (msg/s) |")
+cases = sorted({case(r) for r in runs}, key=lambda c: (c[0] != "rust", c[1] == 0, c[2], c[1]))
+
+
+def med(c, label, field):
+    return statistics.median(r[field] for r in runs if case(r) == c and r["label"] == label)
+
+
+def name(c):
+    generator, rate, subs = c
+    what = "max" if rate == 0 else f"{rate} msg/s"
+    fan = f", 1 pub + {subs} subs" if subs > 1 else ""
+    return f"{generator} {what}{fan}"
+
+
+print(f"{repeats} rounds of {seconds} s each (after 1 s warm-up), brokers interleaved, medians; QoS1, 1 KiB, loopback.\n")
+print("| case | broker | p50 (ms) | p99 (ms) | max (ms) | lost | achieved (msg/s) |")
 print("| --- | --- | --- | --- | --- | --- | --- |")
-for rate, label in keys:
-    lost = sum(r["lost"] + r["duplicates"] * 0 for r in runs if r["rate"] == rate and r["label"] == label)
-    print(
-        f"| {'max' if rate == 0 else rate} | {label} | {med(rate, label, 'p50_us') / 1000:.3f} | "
-        f"{med(rate, label, 'p99_us') / 1000:.3f} | {med(rate, label, 'max_us') / 1000:.1f} | {lost} | "
-        f"{med(rate, label, 'achieved_rate'):.0f} |"
-    )
+for c in cases:
+    for label in ("edge-node", "mosquitto"):
+        if not any(case(r) == c and r["label"] == label for r in runs):
+            continue
+        lost = sum(r["lost"] for r in runs if case(r) == c and r["label"] == label)
+        print(
+            f"| {name(c)} | {label} | {med(c, label, 'p50_us') / 1000:.3f} | {med(c, label, 'p99_us') / 1000:.3f} | "
+            f"{med(c, label, 'max_us') / 1000:.1f} | {lost} | {med(c, label, 'achieved_rate'):.0f} |"
+        )
 print()
-for rate in sorted({r["rate"] for r in runs}, key=lambda x: (x == 0, x)):
+for c in cases:
     try:
-        e99, m99 = med(rate, "edge-node", "p99_us"), med(rate, "mosquitto", "p99_us")
-        e50, d50 = med(rate, "edge-node", "p50_us"), med(rate, "rumqttd-direct", "p50_us")
-        et, mt = med(rate, "edge-node", "achieved_rate"), med(rate, "mosquitto", "achieved_rate")
+        e99, m99 = med(c, "edge-node", "p99_us"), med(c, "mosquitto", "p99_us")
+        e50, m50 = med(c, "edge-node", "p50_us"), med(c, "mosquitto", "p50_us")
+        et, mt = med(c, "edge-node", "achieved_rate"), med(c, "mosquitto", "achieved_rate")
     except statistics.StatisticsError:
         continue
-    name = "max" if rate == 0 else f"{rate} msg/s"
-    print(f"- {name}: edge-node p99 / Mosquitto p99 = {e99 / max(m99, 1):.2f}; "
-          f"front adds {(e50 - d50) / 1000:.3f} ms at p50 over rumqttd alone; "
-          f"throughput edge-node / Mosquitto = {et / max(mt, 1):.2f}")
-print(f"- edge-node RSS: idle {int(idle_kb) / 1024:.1f} MiB, peak under load {int(loaded_kb) / 1024:.1f} MiB")
+    line = f"- {name(c)}: p99 edge-node / Mosquitto = {e99 / max(m99, 1):.2f}, p50 {e50 / max(m50, 1):.2f}"
+    if c[1] == 0:
+        line += f"; throughput edge-node / Mosquitto = {et / max(mt, 1):.2f}"
+    print(line)
+mosq = f", Mosquitto idle {int(mosq_idle_kb) / 1024:.1f} MiB" if mosq_idle_kb else ""
+print(f"- edge-node RSS: idle {int(idle_kb) / 1024:.1f} MiB, peak under load {int(loaded_kb) / 1024:.1f} MiB{mosq}")

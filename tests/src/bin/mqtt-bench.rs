@@ -1,7 +1,9 @@
 //! Load generator for the local-latency benchmark (scripts/bench-local.sh): one QoS1 publisher
-//! and one QoS1 subscriber on the same broker, 1 KiB payloads carrying a sequence number and a
-//! send time, at a fixed rate or as fast as the broker takes them. Prints one JSON line.
-//! The same binary runs against every broker compared, so client overhead cancels out.
+//! and one or more QoS1 subscribers (`--subscribers`, the fan-out case) on the same broker,
+//! 1 KiB payloads carrying a sequence number and a send time, at a fixed rate or as fast as the
+//! broker takes them. Prints one JSON line: latencies over every subscriber's deliveries, loss
+//! as deliveries missing from what every subscriber should have got. The same binary runs
+//! against every broker compared, so client overhead cancels out.
 
 use std::collections::HashSet;
 use std::time::{Duration, Instant};
@@ -17,6 +19,7 @@ struct Args {
     duration: Duration,
     warmup: Duration,
     payload: usize,
+    subscribers: usize,
     label: String,
 }
 
@@ -28,6 +31,7 @@ fn parse_args() -> anyhow::Result<Args> {
         duration: Duration::from_secs(10),
         warmup: Duration::from_secs(1),
         payload: 1024,
+        subscribers: 1,
         label: "broker".into(),
     };
     let mut it = std::env::args().skip(1);
@@ -40,6 +44,7 @@ fn parse_args() -> anyhow::Result<Args> {
             "--seconds" => a.duration = Duration::from_secs_f64(value.parse()?),
             "--warmup" => a.warmup = Duration::from_secs_f64(value.parse()?),
             "--payload" => a.payload = value.parse()?,
+            "--subscribers" => a.subscribers = value.parse()?,
             "--label" => a.label = value,
             other => bail!("unknown flag {other}"),
         }
@@ -62,43 +67,48 @@ async fn main() -> anyhow::Result<()> {
     let topic = format!("bench/{}", std::process::id());
     let base = Instant::now();
 
-    // Subscriber first, and wait for its SUBACK, so nothing published is missed.
-    let (sub, mut sub_loop) = AsyncClient::new(options(&args, "bench-sub"), 10_000);
-    sub.subscribe(&topic, QoS::AtLeastOnce).await?;
-    loop {
-        if let Event::Incoming(Packet::SubAck(_)) = sub_loop.poll().await.context("subscriber connect")? {
-            break;
-        }
-    }
+    // Subscribers first, each waiting for its SUBACK, so nothing published is missed.
     let total = args.warmup + args.duration;
-    let receiver = tokio::spawn(async move {
-        let mut latencies_us: Vec<u32> = Vec::new();
-        let mut seen = HashSet::new();
-        let mut duplicates = 0u64;
-        let mut first_measured: Option<Instant> = None;
-        let mut last_measured = Instant::now();
+    let mut receivers = Vec::new();
+    for n in 0..args.subscribers {
+        let (sub, mut sub_loop) = AsyncClient::new(options(&args, &format!("bench-sub{n}")), 10_000);
+        sub.subscribe(&topic, QoS::AtLeastOnce).await?;
         loop {
-            let event = tokio::time::timeout(Duration::from_secs(3), sub_loop.poll()).await;
-            let Ok(Ok(event)) = event else { break };
-            if let Event::Incoming(Packet::Publish(p)) = event {
-                let now = base.elapsed().as_nanos() as u64;
-                let seq = u64::from_be_bytes(p.payload[0..8].try_into().unwrap_or_default());
-                let sent = u64::from_be_bytes(p.payload[8..16].try_into().unwrap_or_default());
-                if !seen.insert(seq) {
-                    duplicates += 1;
-                    continue;
-                }
-                // Messages sent during the warm-up are not measured.
-                if Duration::from_nanos(sent) >= args.warmup {
-                    first_measured.get_or_insert_with(Instant::now);
-                    last_measured = Instant::now();
-                    latencies_us.push(((now.saturating_sub(sent)) / 1000) as u32);
-                }
+            if let Event::Incoming(Packet::SubAck(_)) = sub_loop.poll().await.context("subscriber connect")? {
+                break;
             }
         }
-        let window = first_measured.map(|f| last_measured - f).unwrap_or_default();
-        (latencies_us, seen.len() as u64, duplicates, window)
-    });
+        let warmup = args.warmup;
+        receivers.push(tokio::spawn(async move {
+            let _keep = sub;
+            let mut latencies_us: Vec<u32> = Vec::new();
+            let mut seen = HashSet::new();
+            let mut duplicates = 0u64;
+            let mut first_measured: Option<Instant> = None;
+            let mut last_measured = Instant::now();
+            loop {
+                let event = tokio::time::timeout(Duration::from_secs(3), sub_loop.poll()).await;
+                let Ok(Ok(event)) = event else { break };
+                if let Event::Incoming(Packet::Publish(p)) = event {
+                    let now = base.elapsed().as_nanos() as u64;
+                    let seq = u64::from_be_bytes(p.payload[0..8].try_into().unwrap_or_default());
+                    let sent = u64::from_be_bytes(p.payload[8..16].try_into().unwrap_or_default());
+                    if !seen.insert(seq) {
+                        duplicates += 1;
+                        continue;
+                    }
+                    // Messages sent during the warm-up are not measured.
+                    if Duration::from_nanos(sent) >= warmup {
+                        first_measured.get_or_insert_with(Instant::now);
+                        last_measured = Instant::now();
+                        latencies_us.push(((now.saturating_sub(sent)) / 1000) as u32);
+                    }
+                }
+            }
+            let window = first_measured.map(|f| last_measured - f).unwrap_or_default();
+            (latencies_us, seen.len() as u64, duplicates, window)
+        }));
+    }
 
     let (publisher, mut pub_loop) = AsyncClient::new(options(&args, "bench-pub"), 10_000);
     let pub_driver = tokio::spawn(async move {
@@ -130,28 +140,38 @@ async fn main() -> anyhow::Result<()> {
             tokio::time::sleep(Duration::from_micros(500)).await;
         }
     }
-    let (mut lat, received_total, duplicates, window) = receiver.await?;
+    let (mut lat, mut received_total, mut duplicates, mut window) = (Vec::new(), 0, 0, Duration::ZERO);
+    for r in receivers {
+        let (l, received, dups, w) = r.await?;
+        lat.extend(l);
+        received_total += received;
+        duplicates += dups;
+        window = window.max(w);
+    }
     pub_driver.abort();
     lat.sort_unstable();
     let pct =
         |q: f64| lat.get(((lat.len() as f64 * q) as usize).min(lat.len().saturating_sub(1))).copied().unwrap_or(0);
     let measured_received = lat.len() as u64;
+    let expected = measured_sent * args.subscribers as u64;
     println!(
         "{}",
         serde_json::json!({
             "label": args.label,
             "rate": args.rate,
             "payload": args.payload,
+            "subscribers": args.subscribers,
             "sent": measured_sent,
             "received": measured_received,
-            "lost": measured_sent.saturating_sub(measured_received),
+            "lost": expected.saturating_sub(measured_received),
             "received_total": received_total,
             "sent_total": seq,
             "duplicates": duplicates,
             "p50_us": pct(0.50),
             "p99_us": pct(0.99),
             "max_us": lat.last().copied().unwrap_or(0),
-            "achieved_rate": if window.is_zero() { 0.0 } else { measured_received as f64 / window.as_secs_f64() },
+            // Publishes a second, whatever the fan-out.
+            "achieved_rate": if window.is_zero() { 0.0 } else { measured_received as f64 / args.subscribers as f64 / window.as_secs_f64() },
         })
     );
     Ok(())
