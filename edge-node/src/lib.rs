@@ -159,7 +159,12 @@ impl Node {
                 addr: l.bind,
                 source,
             })?;
-            listeners.push(Arc::new(Listener { name: l.name.clone(), anonymous: l.anonymous, tls }));
+            listeners.push(Arc::new(Listener {
+                name: l.name.clone(),
+                anonymous: l.anonymous,
+                websocket: l.websocket,
+                tls,
+            }));
             sockets.push(socket);
         }
         let http = match config.http.bind {

@@ -2,7 +2,8 @@
 shared subscriptions, No Local, Retain Handling, Message Expiry, wills with a delay, and the
 bounds a client hears about (subscriptions, topic length).
 
-Usage: paho_features.py HOST PORT [tcp|websockets [PATH]]. Each check prints "ok NAME" or
+Usage: paho_features.py HOST PORT [tcp|websockets [PATH [CA_FILE]]]. With CA_FILE the
+connection is TLS (wss for websockets), verified against it. Each check prints "ok NAME" or
 "FAIL NAME: why"; the exit status is 1 if any failed. The broker is expected to run with
 broker.max_subscriptions = 4 and broker.max_topic_length = 64.
 """
@@ -19,6 +20,7 @@ from paho.mqtt.subscribeoptions import SubscribeOptions
 host, port = sys.argv[1], int(sys.argv[2])
 transport = sys.argv[3] if len(sys.argv) > 3 else "tcp"
 ws_path = sys.argv[4] if len(sys.argv) > 4 else "/mqtt"
+ca_file = sys.argv[5] if len(sys.argv) > 5 else None
 run = uuid.uuid4().hex[:8]
 failures = []
 WAIT = 5
@@ -38,6 +40,8 @@ class Conn:
         )
         if transport == "websockets":
             self.client.ws_set_options(path=ws_path)
+        if ca_file is not None:
+            self.client.tls_set(ca_certs=ca_file)
         self.client.on_connect = self._on_connect
         self.client.on_message = self._on_message
         self.client.on_subscribe = self._on_subscribe

@@ -21,6 +21,10 @@ pub struct ListenerConfig {
     pub anonymous: bool,
     /// TLS for this listener. Absent: plain TCP.
     pub tls: Option<TlsConfig>,
+    /// MQTT over WebSocket (subprotocol `mqtt`, any path), for browser dashboards; with
+    /// `[listener.tls]` it is `wss`. Same authentication, ACL and limits. Default: false.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub websocket: bool,
 }
 
 /// The listeners when the file names none: one anonymous listener on `127.0.0.1:1883`.
@@ -30,6 +34,7 @@ pub fn default_listeners() -> Vec<ListenerConfig> {
         bind: SocketAddr::from(([127, 0, 0, 1], 1883)),
         anonymous: true,
         tls: None,
+        websocket: false,
     }]
 }
 

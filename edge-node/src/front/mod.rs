@@ -12,6 +12,7 @@ mod config;
 mod conn;
 mod connect;
 mod metrics;
+mod ws;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -19,6 +20,7 @@ use std::sync::atomic::AtomicU64;
 use std::time::Duration;
 
 use arc_swap::ArcSwap;
+use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::Semaphore;
 use tokio_rustls::TlsAcceptor;
@@ -55,6 +57,8 @@ pub struct FrontContext {
 pub struct Listener {
     pub name: String,
     pub anonymous: bool,
+    /// MQTT over WebSocket.
+    pub websocket: bool,
     /// Present for TLS listeners; swapped on reload.
     pub tls: Option<ArcSwap<TlsAcceptor>>,
 }
@@ -99,10 +103,8 @@ async fn handle(stream: TcpStream, peer: SocketAddr, listener: Arc<Listener>, ct
     let refused = |reason: &'static str| {
         ctx.metrics.connects_refused.get_or_create(&RefusedLabels { listener: listener.name.clone(), reason }).inc();
     };
-    let entry =
-        |cert_identity| conn::Entry { listener: &listener.name, anonymous: listener.anonymous, cert_identity, peer };
     match &listener.tls {
-        None => conn::serve(stream, entry(None), &ctx).await,
+        None => serve(stream, None, &listener, &ctx, peer).await,
         Some(acceptor) => {
             let acceptor = acceptor.load_full();
             match tokio::time::timeout(ctx.connect_timeout, acceptor.accept(stream)).await {
@@ -114,7 +116,7 @@ async fn handle(stream: TcpStream, peer: SocketAddr, listener: Arc<Listener>, ct
                         .and_then(|chain| chain.first())
                         .and_then(crate::tls::certificate_identity)
                         .map(Identity::Certificate);
-                    conn::serve(tls, entry(identity), &ctx).await
+                    serve(tls, identity, &listener, &ctx, peer).await
                 }
                 Ok(Err(e)) => {
                     tracing::info!(listener = %listener.name, %peer, error = %e, "TLS handshake failed");
@@ -125,6 +127,40 @@ async fn handle(stream: TcpStream, peer: SocketAddr, listener: Arc<Listener>, ct
                     refused("timeout");
                 }
             }
+        }
+    }
+}
+
+/// Serves the connection, over WebSocket on a WebSocket listener.
+async fn serve<S>(
+    stream: S,
+    cert_identity: Option<Identity>,
+    listener: &Listener,
+    ctx: &Arc<FrontContext>,
+    peer: SocketAddr,
+) where
+    S: AsyncRead + AsyncWrite + Send + Unpin,
+{
+    let entry = conn::Entry { listener: &listener.name, anonymous: listener.anonymous, cert_identity, peer };
+    if !listener.websocket {
+        return conn::serve(stream, entry, ctx).await;
+    }
+    // A WebSocket message holds at most one largest packet and some of the next.
+    let max_message = ctx.max_packet_size + 64 * 1024;
+    match tokio::time::timeout(ctx.connect_timeout, ws::accept(stream, max_message)).await {
+        Ok(Ok(ws)) => conn::serve(ws, entry, ctx).await,
+        Ok(Err(e)) => {
+            tracing::info!(listener = %listener.name, %peer, error = %e, "WebSocket handshake failed");
+            ctx.metrics
+                .connects_refused
+                .get_or_create(&RefusedLabels { listener: listener.name.clone(), reason: "websocket" })
+                .inc();
+        }
+        Err(_) => {
+            ctx.metrics
+                .connects_refused
+                .get_or_create(&RefusedLabels { listener: listener.name.clone(), reason: "timeout" })
+                .inc();
         }
     }
 }

@@ -39,6 +39,39 @@ async fn paho_mqtt5_sessions_shared_subscriptions_options_expiry_wills_and_bound
     assert!(t.metric("edge_mqtt_wills_total") >= 1.0);
 }
 
+/// The same through paho's WebSocket transport, on a `ws` and a `wss` listener (subprotocol
+/// `mqtt`, [MQTT-6.0.0-3], [MQTT-6.0.0-4]; binary messages, [MQTT-6.0.0-1]), with the same
+/// authentication and limits; a client offering no `mqtt` subprotocol is refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn paho_over_websocket_and_tls_websocket() {
+    let dir = tempfile::tempdir().unwrap();
+    let ca = e2e_tests::certs::Ca::new(dir.path(), "ws-ca");
+    ca.server(dir.path(), "server");
+    let ca_file = dir.path().join("ws-ca-ca.pem");
+    let extra = "[broker]\nmax_subscriptions = 4\nmax_topic_length = 64\n\
+                 [[listener]]\nname = \"ws\"\nbind = \"127.0.0.1:0\"\nanonymous = true\nwebsocket = true\n\
+                 [[listener]]\nname = \"wss\"\nbind = \"127.0.0.1:0\"\nanonymous = true\nwebsocket = true\n\
+                 [listener.tls]\ncert = \"server.pem\"\nkey = \"server.key\"\n";
+    let t = TestNode::start_in(dir, extra).await;
+    let (ok, text) = paho_features(t.addr("ws"), &["websockets", "/mqtt"]).await;
+    assert!(ok, "ws: {text}");
+    let ca = ca_file.display().to_string();
+    let (ok, text) = paho_features(t.addr("wss"), &["websockets", "/", &ca]).await;
+    assert!(ok, "wss: {text}");
+    // A plain HTTP upgrade without the subprotocol.
+    let mut raw = tokio::net::TcpStream::connect(t.addr("ws")).await.unwrap();
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    raw.write_all(b"GET /mqtt HTTP/1.1\r\nHost: x\r\nUpgrade: websocket\r\nConnection: Upgrade\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\r\n").await.unwrap();
+    let mut answer = vec![0u8; 256];
+    let n = raw.read(&mut answer).await.unwrap();
+    assert!(
+        String::from_utf8_lossy(&answer[..n]).starts_with("HTTP/1.1 400"),
+        "{}",
+        String::from_utf8_lossy(&answer[..n])
+    );
+    assert_eq!(t.metric("edge_mqtt_connects_refused_total{listener=\"ws\",reason=\"websocket\"}"), 1.0);
+}
+
 /// Sessions with an expiry outlive the process: subscriptions made before a SIGTERM are there
 /// after the restart, the session is resumed (Session Present), and a message published after
 /// the restart reaches it ([MQTT-3.1.2-23] across a restart; queued messages are not stored).
