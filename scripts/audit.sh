@@ -16,7 +16,7 @@ rm -rf "$work"
 mkdir -p target
 cp -r "$db" "$work"
 chmod -R u+w "$work"
-for lock in Cargo.lock shared/fuzz/Cargo.lock; do
+for lock in Cargo.lock shared/fuzz/Cargo.lock edge-node/fuzz/Cargo.lock; do
   echo "$lock"
   cargo audit --db "$work" --no-fetch --stale --deny warnings --file "$lock"
 done

@@ -17,6 +17,7 @@ pub mod codec;
 mod config;
 pub mod core;
 pub mod driver;
+pub mod fuzzing;
 pub mod message;
 pub mod metrics;
 pub mod store;
