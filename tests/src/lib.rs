@@ -9,6 +9,7 @@ pub mod fixtures;
 pub mod nats;
 pub mod node;
 pub mod quic;
+pub mod raw;
 pub mod relay;
 
 use std::path::PathBuf;
@@ -36,6 +37,16 @@ pub fn workspace_bin(name: &str) -> PathBuf {
 /// a restart (an OS-chosen port 0 would change).
 pub fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).expect("free port").port()
+}
+
+/// The resident set size of process `pid`, bytes (0 if it is gone).
+pub fn rss_of(pid: u32) -> u64 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .ok()
+        .and_then(|s| {
+            s.lines().find_map(|l| l.strip_prefix("VmRSS:")?.trim().strip_suffix("kB")?.trim().parse::<u64>().ok())
+        })
+        .map_or(0, |kb| kb * 1024)
 }
 
 /// Polls `check` until it is true or `timeout` passes; returns whether it became true.

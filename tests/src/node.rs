@@ -133,6 +133,11 @@ impl EdgeProcess {
         std::fs::read_to_string(&self.stderr_path).unwrap_or_default()
     }
 
+    /// The process's resident set size now, bytes.
+    pub fn rss(&self) -> u64 {
+        crate::rss_of(self.child.id())
+    }
+
     pub fn signal(&self, signal: &str) {
         let status =
             Command::new("kill").arg(format!("-{signal}")).arg(self.child.id().to_string()).status().expect("kill");

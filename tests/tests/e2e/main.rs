@@ -9,6 +9,7 @@ mod bridge_impaired;
 mod bridge_jetstream;
 mod bridge_security;
 mod bridge_versions;
+mod broker_hostile;
 mod broker_interop;
 mod broker_robustness;
 mod broker_security;
