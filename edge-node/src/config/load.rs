@@ -92,7 +92,7 @@ impl EdgeConfig {
         if self.node_id.is_empty() || self.node_id.contains(['/', '+', '#', ' ']) {
             p.bad("node_id", format!("{:?} must be non-empty without '/', '+', '#' or spaces", self.node_id));
         }
-        if let Err(e) = tracing_subscriber::EnvFilter::try_new(&self.log.level) {
+        if let Err(e) = super::parse_log_filter(&self.log.level) {
             p.bad("log.level", format!("{:?} is not a valid filter: {e}", self.log.level));
         }
         self.broker.check(&mut p);
@@ -145,6 +145,17 @@ mod tests {
 
     fn parse(text: &str) -> Result<EdgeConfig, ConfigError> {
         EdgeConfig::from_toml(text, Path::new("/nonexistent"))
+    }
+
+    #[test]
+    fn log_filters_take_levels_and_module_paths_and_refuse_bare_words() {
+        for ok in ["info", "edge_node=debug,info", "warn,edge_node::broker=trace", "off", ""] {
+            assert!(crate::config::parse_log_filter(ok).is_ok(), "{ok}");
+        }
+        for bad in ["verbose", "[[[", "edge_node=loud", "=info", "a b=info"] {
+            let err = parse(&format!("[log]\nlevel = {bad:?}\n")).unwrap_err().to_string();
+            assert!(err.contains("log.level"), "{bad}: {err}");
+        }
     }
 
     #[test]

@@ -82,6 +82,21 @@ impl Default for LogConfig {
     }
 }
 
+/// Parses a level filter: comma-separated `level` or `target=level` directives. A bare word
+/// that is not a level is refused: `tracing` would take it for a target and log nothing else.
+pub fn parse_log_filter(text: &str) -> Result<tracing_subscriber::filter::Targets, String> {
+    for directive in text.split(',').map(str::trim).filter(|d| !d.is_empty()) {
+        let (target, level) = directive.split_once('=').map_or((None, directive), |(t, l)| (Some(t), l));
+        if level.parse::<tracing_subscriber::filter::LevelFilter>().is_err() {
+            return Err(format!("{level:?} is not a level (off, error, warn, info, debug, trace)"));
+        }
+        if target.is_some_and(|t| t.is_empty() || !t.chars().all(|c| c.is_ascii_alphanumeric() || "_:-".contains(c))) {
+            return Err(format!("{directive:?} does not start with a module path"));
+        }
+    }
+    text.parse().map_err(|e| format!("{e}"))
+}
+
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, Serialize)]
 #[serde(rename_all = "lowercase")]
 pub enum LogFormat {
