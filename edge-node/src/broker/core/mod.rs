@@ -112,8 +112,8 @@ impl Default for Limits {
         Self {
             max_sessions: 10_000,
             max_subscriptions: 100,
-            max_queued_messages: 1000,
-            max_queued_bytes: 1 << 20,
+            max_queued_messages: 10_000,
+            max_queued_bytes: 16 << 20,
             max_queued_bytes_total: 64 << 20,
             max_inflight: 100,
             receive_maximum: 1024,
