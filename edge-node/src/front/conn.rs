@@ -163,17 +163,17 @@ impl Reader<'_> {
         let ctx = self.ctx;
         let mut deadline = ctx.broker.with(|b| b.keep_alive_deadline(self.conn)).0;
         loop {
-            let (closing, paused) = self.feed().await;
-            if closing {
+            let fed = self.feed().await;
+            if fed.closing {
                 return std::future::pending().await;
             }
-            if paused {
+            if fed.paused {
                 // MQTT 3.1.1 has no Receive Maximum to announce: past ours, the client is read
                 // no further until its acknowledgements went out.
                 wakers.reader.notified().await;
                 continue;
             }
-            deadline = ctx.broker.with(|b| b.keep_alive_deadline(self.conn)).0.or(deadline);
+            deadline = fed.deadline.or(deadline);
             let read = tokio::select! {
                 read = rd.read_buf(&mut self.buf) => read,
                 _ = sleep_until(deadline) => {
@@ -192,9 +192,8 @@ impl Reader<'_> {
         }
     }
 
-    /// Hands every whole frame buffered to the core; whether the core is closing the
-    /// connection, and whether reading is paused.
-    async fn feed(&mut self) -> (bool, bool) {
+    /// Hands every whole frame buffered to the core.
+    async fn feed(&mut self) -> Fed {
         let ctx = self.ctx;
         let reload = ctx.auth_generation.load(Ordering::Acquire);
         let rules = (reload != self.generation).then(|| {
@@ -203,17 +202,20 @@ impl Reader<'_> {
         });
         let (conn, version, max) = (self.conn, self.version, ctx.max_packet_size);
         let buf = &mut self.buf;
-        let ((closing, paused), spool) = ctx.broker.with(|b| {
+        let (fed, spool) = ctx.broker.with(|b| {
             let now = Instant::now();
             if let Some(rules) = rules {
                 b.set_rules(conn, rules, now);
             }
+            let mut fed = Fed::default();
             loop {
                 if b.is_closing(conn) {
-                    return (true, false);
+                    fed.closing = true;
+                    return fed;
                 }
                 if version == Version::V311 && !b.wants_input(conn) {
-                    return (false, true);
+                    fed.paused = true;
+                    return fed;
                 }
                 match codec::frame_len(buf, max) {
                     Ok(Some(len)) => {
@@ -223,14 +225,29 @@ impl Reader<'_> {
                             Err(e) => b.decode_error(conn, &e, now),
                         }
                     }
-                    Ok(None) => return (false, false),
+                    Ok(None) => {
+                        fed.deadline = b.keep_alive_deadline(conn);
+                        return fed;
+                    }
                     Err(e) => b.decode_error(conn, &e, now),
                 }
             }
         });
         ctx.broker.run_spool(spool).await;
-        (closing, paused)
+        fed
     }
+}
+
+/// What one [`Reader::feed`] left.
+#[derive(Debug, Default)]
+struct Fed {
+    /// The core is closing the connection.
+    closing: bool,
+    /// Reading is paused (MQTT 3.1.1 past our Receive Maximum).
+    paused: bool,
+    /// When the client's keep-alive runs out, if it has one: read under the same lock as the
+    /// frames, which saves taking it once more per read.
+    deadline: Option<Instant>,
 }
 
 /// Sends what the core has for the client whenever it says there is some; returns once the

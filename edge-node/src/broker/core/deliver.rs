@@ -131,17 +131,17 @@ impl Broker {
 
     /// Moves the acknowledgements at the front that are ready to the connection's packets.
     fn flush_acks(&mut self, conn: ConnId, now: Instant) {
-        let Some(c) = self.conns.get_mut(&conn) else { return };
-        let mut ready = Vec::new();
-        while let Some(AckSlot::Ready(_)) = c.acks.front() {
-            if let Some(AckSlot::Ready(packet)) = c.acks.pop_front() {
-                if matches!(packet, Outbound::PubAck { .. }) {
-                    c.unacked_in = c.unacked_in.saturating_sub(1);
-                }
-                ready.push(packet);
+        // One at a time rather than collected first: this runs for every QoS 1 publish, and a
+        // Vec per call showed in the allocator's share of a profile.
+        loop {
+            let Some(c) = self.conns.get_mut(&conn) else { return };
+            if !matches!(c.acks.front(), Some(AckSlot::Ready(_))) {
+                return;
             }
-        }
-        for packet in ready {
+            let Some(AckSlot::Ready(packet)) = c.acks.pop_front() else { return };
+            if matches!(packet, Outbound::PubAck { .. }) {
+                c.unacked_in = c.unacked_in.saturating_sub(1);
+            }
             self.control(conn, packet, now);
         }
     }

@@ -125,6 +125,8 @@ impl Broker {
         counter.inc();
         let msg = Arc::new(Message {
             topic,
+            // A copy, not a slice of the read buffer: a queued message would otherwise pin the
+            // whole buffer it arrived in, and a slow subscriber would hold every reader's.
             payload: bytes::Bytes::copy_from_slice(&p.payload),
             qos: p.qos,
             retain: p.retain,
