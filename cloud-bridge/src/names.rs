@@ -1,7 +1,8 @@
 //! Names in the central cluster (see docs/ARCHITECTURE.md): an MQTT topic becomes the subject
 //! `edge.<edge_id>.<levels>`, one NATS token per MQTT level, with the characters a token cannot
 //! hold percent-encoded, so the mapping is reversible and a level never splits in two. MQTT 5
-//! properties become headers.
+//! properties become headers; a user property whose name the sink or this bridge gives meaning
+//! to is renamed on the way ([`user_property_header`]), the same way for every sink.
 
 use std::borrow::Cow;
 
@@ -77,9 +78,45 @@ pub fn topic_of(tokens: &[&str]) -> Option<String> {
     Some(levels.join("/"))
 }
 
+/// Header name prefixes with a meaning: `Nats-` is JetStream's (`Nats-Expected-Last-Sequence`,
+/// `Nats-Rollup`, `Nats-Msg-Id`, ... change what the server does with a message), `Mqtt-` and
+/// `Edge-` are this bridge's own. Compared without regard to case, as HTTP-style headers are.
+const RESERVED_PREFIXES: [&str; 3] = ["Nats-", "Mqtt-", "Edge-"];
+
+/// What a user property's name is prefixed with when it starts with a reserved prefix (or is
+/// empty, which no header name may be).
+pub const USER_PROPERTY_PREFIX: &str = "Mqtt-Prop-";
+
+fn has_prefix(name: &str, prefix: &str) -> bool {
+    name.len() >= prefix.len() && name.as_bytes()[..prefix.len()].eq_ignore_ascii_case(prefix.as_bytes())
+}
+
+/// The header name a user property named `name` is stored under: `name` itself unless it is
+/// empty or starts with a reserved prefix, then `Mqtt-Prop-` + `name`. A user property can then
+/// neither steer the sink (one named `Nats-Expected-Last-Sequence` made JetStream refuse every
+/// batch it was in, which stopped its lane) nor pass for a header of ours. Reversible by
+/// [`user_property_name`], since a name that already started with `Mqtt-Prop-` is reserved
+/// too and gets a second prefix.
+pub fn user_property_header(name: &str) -> Cow<'_, str> {
+    if name.is_empty() || RESERVED_PREFIXES.iter().any(|p| has_prefix(name, p)) {
+        Cow::Owned(format!("{USER_PROPERTY_PREFIX}{name}"))
+    } else {
+        Cow::Borrowed(name)
+    }
+}
+
+/// The user property a header stands for (the inverse of [`user_property_header`]), or `None`
+/// for a header of the sink's or ours.
+pub fn user_property_name(header: &str) -> Option<&str> {
+    if has_prefix(header, USER_PROPERTY_PREFIX) {
+        return Some(&header[USER_PROPERTY_PREFIX.len()..]);
+    }
+    (!RESERVED_PREFIXES.iter().any(|p| has_prefix(header, p))).then_some(header)
+}
+
 /// Headers carrying what MQTT had beyond topic and payload, borrowed from `m` where they can be
 /// (they are built for every record a bridge writes).
-pub fn headers(m: &WireMessage) -> Vec<(&str, Cow<'_, str>)> {
+pub fn headers(m: &WireMessage) -> Vec<(Cow<'_, str>, Cow<'_, str>)> {
     let qos = match m.qos {
         0 => Cow::Borrowed("0"),
         1 => Cow::Borrowed("1"),
@@ -87,13 +124,16 @@ pub fn headers(m: &WireMessage) -> Vec<(&str, Cow<'_, str>)> {
         q => Cow::Owned(q.to_string()),
     };
     let mut h = Vec::with_capacity(2 + m.user_properties.len() + 2);
-    h.extend([("Mqtt-Topic", Cow::Borrowed(m.topic.as_str())), ("Mqtt-Qos", qos)]);
-    h.extend(m.user_properties.iter().map(|(name, value)| (name.as_str(), Cow::Borrowed(value.as_str()))));
+    h.extend([(Cow::Borrowed("Mqtt-Topic"), Cow::Borrowed(m.topic.as_str())), (Cow::Borrowed("Mqtt-Qos"), qos)]);
+    h.extend(m.user_properties.iter().map(|(name, value)| (user_property_header(name), Cow::Borrowed(value.as_str()))));
     if let Some(c) = &m.correlation_data {
-        h.push(("Mqtt-Correlation-Data", Cow::Owned(base64::engine::general_purpose::STANDARD.encode(c))));
+        h.push((
+            Cow::Borrowed("Mqtt-Correlation-Data"),
+            Cow::Owned(base64::engine::general_purpose::STANDARD.encode(c)),
+        ));
     }
     if let Some(ct) = &m.content_type {
-        h.push(("Mqtt-Content-Type", Cow::Borrowed(ct.as_str())));
+        h.push((Cow::Borrowed("Mqtt-Content-Type"), Cow::Borrowed(ct.as_str())));
     }
     h
 }
@@ -114,5 +154,42 @@ mod tests {
             assert!(tokens.iter().all(|t| !t.is_empty() && !t.contains([' ', '*', '>'])), "{s}");
             assert_eq!(topic_of(&tokens[2..]).as_deref(), Some(topic), "{s}");
         }
+    }
+
+    #[test]
+    fn user_properties_with_reserved_names_are_renamed_reversibly() {
+        let cases = [
+            ("Nats-Expected-Last-Sequence", "Mqtt-Prop-Nats-Expected-Last-Sequence"),
+            ("nats-rollup", "Mqtt-Prop-nats-rollup"),
+            ("NATS-EXPECTED-STREAM", "Mqtt-Prop-NATS-EXPECTED-STREAM"),
+            ("Nats-Msg-Id", "Mqtt-Prop-Nats-Msg-Id"),
+            ("Edge-Id", "Mqtt-Prop-Edge-Id"),
+            ("Mqtt-Topic", "Mqtt-Prop-Mqtt-Topic"),
+            ("Mqtt-Prop-x", "Mqtt-Prop-Mqtt-Prop-x"),
+            ("", "Mqtt-Prop-"),
+            ("model", "model"),
+            ("Natsx", "Natsx"),
+            ("é-Nats-", "é-Nats-"),
+        ];
+        for (name, header) in cases {
+            assert_eq!(user_property_header(name), header, "{name:?}");
+            assert_eq!(user_property_name(header), Some(name), "{header:?}");
+        }
+        for ours in ["Mqtt-Topic", "Edge-Id", "Nats-Msg-Id", "Edge-Seq"] {
+            assert_eq!(user_property_name(ours), None, "{ours}");
+        }
+        let m = WireMessage {
+            class: "c".into(),
+            topic: "t".into(),
+            payload: Vec::new(),
+            qos: 1,
+            enqueued_ms: 0,
+            expires_ms: None,
+            user_properties: vec![("Mqtt-Topic".into(), "spoof".into()), ("k".into(), "v".into())],
+            correlation_data: None,
+            content_type: None,
+        };
+        let names: Vec<String> = headers(&m).into_iter().map(|(n, _)| n.into_owned()).collect();
+        assert_eq!(names, ["Mqtt-Topic", "Mqtt-Qos", "Mqtt-Prop-Mqtt-Topic", "k"]);
     }
 }

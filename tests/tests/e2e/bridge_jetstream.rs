@@ -351,3 +351,40 @@ async fn tco_reports_are_kept_per_edge_in_kv() {
     let stored = cloud_bridge::sink::jetstream::load_reports_from(&nats.url(), "edge-tco").await.unwrap();
     assert_eq!(stored, vec![report("edge-a", "EUR"), report("edge.b", "USD")]);
 }
+
+/// A user property named like a JetStream header (`Nats-Expected-Last-Sequence: 1` made the
+/// server refuse every batch it was in, and the edge resent that batch forever) or like one of
+/// ours lands renamed `Mqtt-Prop-<name>`, and the records behind it land too. Our own headers
+/// keep their one value.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn user_properties_named_like_reserved_headers_neither_stop_a_lane_nor_spoof_ours() {
+    use cloud_bridge::sink::{Sink, first_turn};
+    const POISON: [(&str, &str); 6] = [
+        ("Nats-Expected-Last-Sequence", "1"),
+        ("Nats-Rollup", "all"),
+        ("Nats-Expected-Stream", "OTHER"),
+        ("Nats-Msg-Id", "edge-1:ep:3:1"),
+        ("Edge-Id", "someone-else"),
+        ("Mqtt-Topic", "not/the/topic"),
+    ];
+    for batches in [BatchPublish::Atomic, BatchPublish::Fast] {
+        let nats = NatsServer::start();
+        let sink = cloud_bridge::sink::jetstream::JetStreamSink::connect(&settings(nats.url(), batches)).await.unwrap();
+        let mut records: Vec<_> = (1..=11).map(telemetry).collect();
+        let first = records[0].message.as_mut().unwrap();
+        first.user_properties = POISON.iter().map(|(n, v)| (n.to_string(), v.to_string())).collect();
+        let stored = tokio::time::timeout(WAIT, sink.publish("edge-1".into(), "ep".into(), 3, records, first_turn()));
+        stored.await.expect("the sink answers").expect("the batch is stored");
+        let messages = stream_messages(&nats.url()).await;
+        assert_eq!(messages.len(), 11, "{batches:?}: the poisoned record and all behind it");
+        let headers = &messages[0].headers;
+        for (name, value) in POISON {
+            let renamed = format!("Mqtt-Prop-{name}");
+            assert_eq!(headers.get(renamed.as_str()).map(|v| v.as_str()), Some(value), "{batches:?}: {renamed}");
+        }
+        let all = |name: &str| headers.get_all(name).map(|v| v.as_str().to_owned()).collect::<Vec<_>>();
+        assert_eq!(all("Edge-Id"), ["edge-1"], "{batches:?}");
+        assert_eq!(all("Mqtt-Topic"), ["telemetry/one"], "{batches:?}");
+        assert_eq!(all("Nats-Msg-Id"), ["edge-1:ep:3:1"], "{batches:?}");
+    }
+}

@@ -131,7 +131,7 @@ pub(super) fn addressed(prefix: &str, edge: &str, epoch: &str, lane: u8, r: &Wir
     let subject = match &r.message {
         Some(m) => {
             for (name, value) in crate::names::headers(m) {
-                headers.append(header_name(name), header_safe(&value, false).into_owned());
+                headers.append(header_name(&name), header_safe(&value, false).into_owned());
             }
             crate::names::subject(prefix, edge, &m.topic)
         }
