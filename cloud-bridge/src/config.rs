@@ -77,7 +77,9 @@ pub struct ServerConfig {
     pub key: PathBuf,
     /// The fleet CA: edges must present a client certificate it signed.
     pub client_ca: PathBuf,
-    /// Serial numbers (hex) of edge certificates refused even though the CA signed them.
+    /// Serial numbers (hex) of edge certificates refused even though the CA signed them, as
+    /// `openssl x509 -serial` prints them or with colons; compared by value, so leading zeros
+    /// do not matter.
     #[serde(default)]
     pub deny_serials: Vec<String>,
     /// Batches one connection may send ahead of a missing one. Default: 64.
@@ -223,14 +225,13 @@ impl CloudConfig {
             resolve(&mut models.signing_key);
         }
         for (i, serial) in config.server.deny_serials.iter_mut().enumerate() {
-            let clean: String = serial.chars().filter(|c| *c != ':').collect::<String>().to_lowercase();
-            if clean.is_empty() || !clean.chars().all(|c| c.is_ascii_hexdigit()) {
+            let Some(clean) = shared::tls::canonical_serial(serial) else {
                 return Err(ConfigError::Invalid {
                     path: path.to_owned(),
                     key: format!("server.deny_serials[{i}]"),
                     problem: format!("{serial:?} is not a hex serial number"),
                 });
-            }
+            };
             *serial = clean;
         }
         if config.server.max_held == 0 {

@@ -65,9 +65,45 @@ pub fn certificate_identity(cert: &CertificateDer<'_>) -> Option<String> {
     parsed.subject().iter_common_name().next().and_then(|cn| cn.as_str().ok()).map(str::to_owned)
 }
 
-/// The serial number of a certificate as lowercase hex without separators (what deny-lists
-/// hold), or `None` if it does not parse.
+/// The serial number of a certificate as its integer value in lowercase hex, without
+/// separators or leading zeros (what [`canonical_serial`] makes of a deny-list entry), or `None`
+/// if it does not parse. DER gives a serial with its high bit set a leading `00` byte, which
+/// `openssl x509 -serial` does not print; comparing those bytes let such a certificate past a
+/// deny list holding what openssl printed.
 pub fn certificate_serial(cert: &CertificateDer<'_>) -> Option<String> {
     let (_, parsed) = x509_parser::parse_x509_certificate(cert.as_ref()).ok()?;
-    Some(parsed.raw_serial().iter().map(|b| format!("{b:02x}")).collect())
+    let hex: String = parsed.raw_serial().iter().map(|b| format!("{b:02x}")).collect();
+    canonical_serial(&hex)
+}
+
+/// A serial number as an operator writes it (`openssl x509 -serial` prints `serial=80D0...`;
+/// others write `80:d0:...` or `0x80d0...`), as its integer value in lowercase hex without
+/// leading zeros; `None` if it is not hexadecimal.
+pub fn canonical_serial(text: &str) -> Option<String> {
+    let t = text.trim();
+    let t = t.strip_prefix("serial=").unwrap_or(t);
+    let t = t.strip_prefix("0x").or_else(|| t.strip_prefix("0X")).unwrap_or(t);
+    let digits: String = t.chars().filter(|c| *c != ':').collect();
+    if digits.is_empty() || !digits.chars().all(|c| c.is_ascii_hexdigit()) {
+        return None;
+    }
+    let value = digits.trim_start_matches('0').to_ascii_lowercase();
+    Some(if value.is_empty() { "0".into() } else { value })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::canonical_serial;
+
+    #[test]
+    fn serials_compare_by_value_whatever_their_spelling() {
+        let value = Some("80d0aa01".to_owned());
+        for spelling in ["serial=80D0AA01", "80:D0:AA:01", "0080d0aa01", "0x80d0aa01", " 00:80:d0:aa:01 "] {
+            assert_eq!(canonical_serial(spelling), value, "{spelling}");
+        }
+        assert_eq!(canonical_serial("00"), Some("0".into()));
+        for bad in ["", "serial=", "zz", "80-d0", "0x"] {
+            assert_eq!(canonical_serial(bad), None, "{bad:?}");
+        }
+    }
 }

@@ -21,6 +21,67 @@ pub fn pki(dir: &Path, more: &[&str]) -> Pki {
     cloud_bridge::certs::init(dir, &[], &edges, true).expect("test PKI")
 }
 
+/// A PKI made with the `openssl` command, as an operator's own CA would be, for `edge` with
+/// certificate serial `edge_serial` (hex): `certs init` never issues a serial with its high bit
+/// set, and other CAs do half the time. Returns the PKI and what `openssl x509 -serial` prints
+/// for the edge's certificate.
+pub fn openssl_pki(dir: &Path, edge: &str, edge_serial: &str) -> (Pki, String) {
+    let openssl = |args: &[&str]| {
+        let out = std::process::Command::new("openssl").args(args).current_dir(dir).output().expect("run openssl");
+        assert!(out.status.success(), "openssl {args:?}: {}", String::from_utf8_lossy(&out.stderr));
+        String::from_utf8(out.stdout).expect("openssl output")
+    };
+    let new_key = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes"];
+    openssl(
+        &[&["req", "-x509"], &new_key[..], &["-keyout", "ossl-ca.key", "-out", "ossl-ca.pem", "-days", "2"]]
+            .concat()
+            .into_iter()
+            .chain(["-subj", "/CN=operator CA", "-addext", "basicConstraints=critical,CA:TRUE"])
+            .chain(["-addext", "keyUsage=critical,keyCertSign,cRLSign"])
+            .collect::<Vec<_>>(),
+    );
+    let issue = |name: &str, cn: &str, serial: &str, ext: &str| {
+        std::fs::write(dir.join(format!("{name}.ext")), ext).expect("write extensions");
+        let (key, csr, pem) = (format!("{name}.key"), format!("{name}.csr"), format!("{name}.pem"));
+        let subj = format!("/CN={cn}");
+        openssl(&[&["req"], &new_key[..], &["-keyout", &key, "-out", &csr, "-subj", &subj]].concat());
+        openssl(&[
+            "x509",
+            "-req",
+            "-in",
+            &csr,
+            "-CA",
+            "ossl-ca.pem",
+            "-CAkey",
+            "ossl-ca.key",
+            "-set_serial",
+            serial,
+            "-days",
+            "2",
+            "-out",
+            &pem,
+            "-extfile",
+            &format!("{name}.ext"),
+        ]);
+        (dir.join(pem), dir.join(key))
+    };
+    let (server_cert, server_key) = issue(
+        "ossl-cloud",
+        "cloud-bridge",
+        "0x1001",
+        "subjectAltName=DNS:localhost,IP:127.0.0.1\nextendedKeyUsage=serverAuth\n",
+    );
+    let (cert, key) = issue(
+        &format!("ossl-edge-{edge}"),
+        edge,
+        &format!("0x{edge_serial}"),
+        &format!("subjectAltName=DNS:{edge}\nextendedKeyUsage=clientAuth\n"),
+    );
+    let printed = openssl(&["x509", "-noout", "-serial", "-in", cert.to_str().expect("utf-8 path")]);
+    let pki = Pki { ca: dir.join("ossl-ca.pem"), server_cert, server_key, edges: vec![(edge.to_owned(), cert, key)] };
+    (pki, printed.trim().to_owned())
+}
+
 impl TestCloud {
     /// Starts a bridge on `bind` (port 0 for any) writing to `dir/central.db`; `extra` goes
     /// into `[server]`.

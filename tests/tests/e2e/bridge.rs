@@ -158,6 +158,29 @@ async fn a_denied_certificate_is_refused_and_its_data_stays_spooled() {
     assert_eq!(edge.metric("edge_spool_class_records{class=\"telemetry\"}"), 10.0, "and never acked");
 }
 
+/// A serial with its high bit set is `00 80 d0 ...` in DER and `serial=80D0...` in what
+/// `openssl x509 -serial` prints, which is what an operator pastes: the certificate is refused
+/// all the same.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_denied_high_bit_serial_pasted_from_openssl_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let (keys, printed) = e2e_tests::cloud::openssl_pki(dir.path(), "edge-1", "80D0A1B2C3D4E5F60718293A4B5C6D7E");
+    assert_eq!(printed, "serial=80D0A1B2C3D4E5F60718293A4B5C6D7E");
+    let cloud =
+        TestCloud::start(dir.path(), keys, "127.0.0.1:0".parse().unwrap(), &format!("deny_serials = [\"{printed}\"]"))
+            .await;
+    let extra = format!("{}\n{}", classes_toml(), cloud.uplink_section("edge-1"));
+    let edge = TestNode::start(&extra).await;
+    let publisher = Client::anonymous(edge.local(), "pub").await;
+    publish(&publisher, "telemetry/x", 0..10).await;
+    let refused = "bridge_connections_refused_total{reason=\"denied_serial\"}";
+    assert!(e2e_tests::eventually(WAIT, || cloud.metric(refused) >= 1.0).await, "{}", cloud.bridge.metrics().encode());
+    assert!(sink_rows(&cloud.sink).is_empty(), "nothing from a denied certificate lands");
+    let kept =
+        e2e_tests::eventually(WAIT, || edge.metric("edge_spool_class_records{class=\"telemetry\"}") == 10.0).await;
+    assert!(kept, "nothing acked: {}", edge.metrics());
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn records_linger_to_fill_batches() {
     let dir = tempfile::tempdir().unwrap();
