@@ -35,7 +35,7 @@ use tokio_rustls::TlsAcceptor;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-use crate::auth::{AuthError, AuthState};
+use crate::auth::{AuthError, AuthState, LoginPool};
 use crate::broker::driver::BrokerHandle;
 use crate::broker::metrics::BrokerMetrics;
 use crate::client::Connector;
@@ -72,6 +72,8 @@ pub enum StartError {
     Spool(#[from] spool::SpoolError),
     #[error(transparent)]
     Uplink(#[from] uplink::quic::UplinkSetupError),
+    #[error("cannot start the login threads: {0}")]
+    LoginThreads(#[source] std::io::Error),
     #[error("cannot start the spool thread: {source}")]
     SpoolThread {
         #[source]
@@ -224,6 +226,13 @@ impl Node {
             metrics: front_metrics,
             broker_metrics,
             permits: Arc::new(Semaphore::new(config.broker.max_connections)),
+            pending: Arc::new(Semaphore::new(config.broker.max_pending_connections)),
+            logins: LoginPool::start(
+                config.auth.max_concurrent_logins,
+                config.broker.max_pending_connections,
+                config.auth.login_wait.0,
+            )
+            .map_err(StartError::LoginThreads)?,
             broker: broker.clone(),
             shutdown: shutdown.clone(),
             tracker: tracker.clone(),

@@ -45,6 +45,16 @@ pub fn connect_v5(client_id: &str, clean_start: bool, props: &[u8]) -> Vec<u8> {
     frame(0x10, &body)
 }
 
+/// An MQTT 3.1.1 CONNECT with a user name and password, clean session, keep-alive off.
+pub fn connect_v311_login(client_id: &str, user: &str, password: &[u8]) -> Vec<u8> {
+    let mut body = string(b"MQTT");
+    body.extend([4, 0b1100_0010, 0, 0]);
+    body.extend(string(client_id.as_bytes()));
+    body.extend(string(user.as_bytes()));
+    body.extend(string(password));
+    frame(0x10, &body)
+}
+
 /// An MQTT 5 PUBLISH with `props`.
 pub fn publish_v5(topic: &[u8], qos: u8, pkid: u16, retain: bool, props: &[u8], payload: &[u8]) -> Vec<u8> {
     let mut body = string(topic);

@@ -3,20 +3,23 @@
 //! PUBLISH. Both files are reloaded as a unit on SIGHUP.
 
 mod acl;
+mod login;
 mod passwd;
 
 use std::path::PathBuf;
 use std::sync::Arc;
 
 pub use acl::{Acl, Rules};
+pub use login::{Login, LoginPool};
 pub use passwd::{PasswordFile, hash_password};
 
 use serde::{Deserialize, Serialize};
 
 use crate::check::Problems;
+use shared::units::HumanDuration;
 
 /// `[auth]`: where the password file and the ACL are.
-#[derive(Debug, Clone, Default, Deserialize, Serialize)]
+#[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct AuthConfig {
     /// Password file written by `edge-node passwd`: one `user:argon2-hash` per line. Absent: no
@@ -25,6 +28,32 @@ pub struct AuthConfig {
     /// ACL file (TOML, see `config/acl.toml`). Absent: every authenticated client may publish
     /// and subscribe to every topic.
     pub acl_file: Option<PathBuf>,
+    /// Password checks (argon2, about 19 MiB and tens of milliseconds each) run at once; the
+    /// rest wait in turn. Default: 2.
+    #[serde(default = "default_max_concurrent_logins")]
+    pub max_concurrent_logins: usize,
+    /// How long a password check may wait for its turn before the CONNECT is refused as
+    /// server busy (MQTT 5 0x89, 3.1.1 return code 3). Default: 5s.
+    #[serde(default = "default_login_wait")]
+    pub login_wait: HumanDuration,
+}
+
+impl Default for AuthConfig {
+    fn default() -> Self {
+        Self {
+            password_file: None,
+            acl_file: None,
+            max_concurrent_logins: default_max_concurrent_logins(),
+            login_wait: default_login_wait(),
+        }
+    }
+}
+
+fn default_max_concurrent_logins() -> usize {
+    2
+}
+fn default_login_wait() -> HumanDuration {
+    HumanDuration(std::time::Duration::from_secs(5))
 }
 
 impl AuthConfig {
@@ -34,6 +63,12 @@ impl AuthConfig {
         }
         if let Some(path) = &self.acl_file {
             p.file("auth.acl_file", path);
+        }
+        if self.max_concurrent_logins == 0 {
+            p.bad("auth.max_concurrent_logins", "must be at least 1");
+        }
+        if self.login_wait.0.is_zero() {
+            p.bad("auth.login_wait", "must be more than 0s");
         }
     }
 }
@@ -89,13 +124,13 @@ impl Identity {
 /// The current password file and ACL, swapped whole on reload.
 #[derive(Debug, Default)]
 pub struct AuthState {
-    pub passwords: Option<PasswordFile>,
+    pub passwords: Option<Arc<PasswordFile>>,
     pub acl: Option<Acl>,
 }
 
 impl AuthState {
     pub fn load(config: &AuthConfig) -> Result<Self, AuthError> {
-        let passwords = config.password_file.as_deref().map(PasswordFile::load).transpose()?;
+        let passwords = config.password_file.as_deref().map(PasswordFile::load).transpose()?.map(Arc::new);
         let acl = config.acl_file.as_deref().map(Acl::load).transpose()?;
         Ok(Self { passwords, acl })
     }

@@ -7,9 +7,10 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 
-use argon2::Argon2;
 use argon2::password_hash::rand_core::OsRng;
-use argon2::password_hash::{PasswordHash, PasswordHasher, PasswordVerifier, SaltString};
+use argon2::password_hash::rand_core::RngCore;
+use argon2::password_hash::{PasswordHash, PasswordHasher, SaltString};
+use argon2::{Argon2, Block};
 
 use super::AuthError;
 
@@ -28,7 +29,7 @@ impl PasswordFile {
         Self::parse(&text, path)
     }
 
-    fn parse(text: &str, path: &Path) -> Result<Self, AuthError> {
+    pub(super) fn parse(text: &str, path: &Path) -> Result<Self, AuthError> {
         let mut hashes = BTreeMap::new();
         for (i, line) in text.lines().enumerate() {
             let line = line.trim();
@@ -55,25 +56,34 @@ impl PasswordFile {
         self.hashes.is_empty()
     }
 
-    /// Checks a password. Blocking (argon2): call it from `spawn_blocking`.
-    pub fn verify(&self, user: &str, password: &[u8]) -> bool {
-        let Some(stored) = self.hashes.get(user) else {
-            // Spend the same time on unknown users so their existence does not leak.
-            let _ = Argon2::default().hash_password(password, &SaltString::generate(&mut OsRng));
-            return false;
-        };
-        let digest = login_digest(stored, password);
-        if let Ok(verified) = self.verified.lock()
-            && verified.get(user) == Some(&digest)
-        {
+    /// Whether `password` is what `user` logged in with last time (no argon2 run).
+    pub fn verified_before(&self, user: &str, password: &[u8]) -> bool {
+        let Some(stored) = self.hashes.get(user) else { return false };
+        self.verified.lock().is_ok_and(|v| v.get(user) == Some(&login_digest(stored, password)))
+    }
+
+    /// Checks a password, blocking for one argon2 run in `memory` (grown to what the hash's
+    /// parameters need, then reused by the caller's next check). An unknown user is checked
+    /// against a decoy hash of the default parameters, so it costs what a known one costs and
+    /// its absence does not show in the time taken.
+    pub fn verify_with(&self, user: &str, password: &[u8], memory: &mut Vec<Block>) -> bool {
+        if self.verified_before(user, password) {
             return true;
         }
-        let ok =
-            PasswordHash::new(stored).map(|h| Argon2::default().verify_password(password, &h).is_ok()).unwrap_or(false);
+        let (stored, known) = match self.hashes.get(user) {
+            Some(stored) => (stored.as_str(), true),
+            None => (decoy_hash(), false),
+        };
+        let ok = argon2_matches(stored, password, memory) && known;
         if ok && let Ok(mut verified) = self.verified.lock() {
-            verified.insert(user.to_owned(), digest);
+            verified.insert(user.to_owned(), login_digest(stored, password));
         }
         ok
+    }
+
+    #[cfg(test)]
+    fn verify(&self, user: &str, password: &[u8]) -> bool {
+        self.verify_with(user, password, &mut Vec::new())
     }
 
     /// Adds or replaces `user` in the file at `path` (created if missing, mode 0600), writing a
@@ -92,6 +102,40 @@ impl PasswordFile {
         }
         write_private_atomically(path, text.as_bytes())
     }
+}
+
+/// A hash of a random password with the default parameters, made once: what unknown users are
+/// checked against.
+fn decoy_hash() -> &'static str {
+    static DECOY: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    DECOY.get_or_init(|| {
+        let mut password = [0u8; 32];
+        OsRng.fill_bytes(&mut password);
+        hash_password(&password).unwrap_or_default()
+    })
+}
+
+/// Whether `password` hashes to `stored` (a PHC string), computed in `memory`: argon2's own
+/// `verify_password` allocates its 19 MiB afresh per call, which the allocator then keeps per
+/// thread.
+fn argon2_matches(stored: &str, password: &[u8], memory: &mut Vec<Block>) -> bool {
+    let Ok(hash) = PasswordHash::new(stored) else { return false };
+    let (Some(expected), Some(salt)) = (hash.hash, hash.salt) else { return false };
+    let Ok(algorithm) = argon2::Algorithm::try_from(hash.algorithm) else { return false };
+    let Ok(params) = argon2::Params::try_from(&hash) else { return false };
+    let version = hash.version.and_then(|v| argon2::Version::try_from(v).ok()).unwrap_or_default();
+    let mut salt_bytes = [0u8; 64];
+    let Ok(salt) = salt.decode_b64(&mut salt_bytes) else { return false };
+    if memory.len() < params.block_count() {
+        memory.resize(params.block_count(), Block::default());
+    }
+    let mut out = vec![0u8; expected.len()];
+    let argon = Argon2::new(algorithm, version, params);
+    if argon.hash_password_into_with_memory(password, salt, &mut out, &mut memory[..]).is_err() {
+        return false;
+    }
+    // `Output`'s equality is constant-time.
+    argon2::password_hash::Output::new(&out).is_ok_and(|o| o == expected)
 }
 
 fn login_digest(stored: &str, password: &[u8]) -> [u8; 32] {

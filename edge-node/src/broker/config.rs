@@ -17,6 +17,12 @@ pub struct BrokerConfig {
     /// CONNECT (CONNACK "server unavailable" / MQTT 5 0x97 quota exceeded). Default: 1000.
     #[serde(default = "default_max_connections")]
     pub max_connections: usize,
+    /// Connections accepted that have not finished TLS, CONNECT and the login yet, counted
+    /// apart from `max_connections` so a flood of bogus logins neither fills that nor queues
+    /// without end. Past it a new connection is closed at once (counted as refused,
+    /// `max_pending`). Default: 128.
+    #[serde(default = "default_max_pending_connections")]
+    pub max_pending_connections: usize,
     /// Largest MQTT packet accepted from a client, header included. Larger ones disconnect the
     /// client (MQTT 5 reason 0x95 packet too large). Default: 1 MiB.
     #[serde(default = "default_max_packet_size")]
@@ -113,6 +119,7 @@ impl Default for BrokerConfig {
     fn default() -> Self {
         Self {
             max_connections: default_max_connections(),
+            max_pending_connections: default_max_pending_connections(),
             max_packet_size: default_max_packet_size(),
             max_inflight: default_max_inflight(),
             receive_maximum: default_receive_maximum(),
@@ -144,6 +151,9 @@ impl BrokerConfig {
     pub fn check(&self, p: &mut Problems) {
         if self.max_connections == 0 {
             p.bad("broker.max_connections", "must be at least 1");
+        }
+        if self.max_pending_connections == 0 {
+            p.bad("broker.max_pending_connections", "must be at least 1");
         }
         if self.max_packet_size.bytes() < 64 || self.max_packet_size.bytes() > 256 * 1024 * 1024 {
             p.bad(
@@ -268,6 +278,9 @@ fn default_max_control_queue() -> usize {
 }
 fn default_max_connections() -> usize {
     1000
+}
+fn default_max_pending_connections() -> usize {
+    128
 }
 fn default_max_packet_size() -> ByteSize {
     ByteSize::mib(1)

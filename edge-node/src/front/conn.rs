@@ -25,6 +25,8 @@ pub(super) struct Entry<'a> {
     pub anonymous: bool,
     pub cert_identity: Option<Identity>,
     pub peer: SocketAddr,
+    /// Held until the client is admitted or refused.
+    pub pending: tokio::sync::OwnedSemaphorePermit,
 }
 
 /// What the writer sends at a time, at most (and at least one message).
@@ -81,11 +83,6 @@ where
         refusal.code
     };
 
-    let Ok(permit) = ctx.permits.clone().try_acquire_owned() else {
-        tracing::warn!(listener = entry.listener, peer = %entry.peer, "connection refused: broker.max_connections reached");
-        let _ = write_connack(&mut wr, version, refuse(connect::MAX_CONNECTIONS)).await;
-        return;
-    };
     let identity = match connect::authenticate(&connect, entry.cert_identity.clone(), entry.anonymous, ctx).await {
         Ok(id) => id,
         Err(refusal) => {
@@ -94,6 +91,13 @@ where
             return;
         }
     };
+    // Admitted connections count against max_connections from here on, and only they do.
+    let Ok(permit) = ctx.permits.clone().try_acquire_owned() else {
+        tracing::warn!(listener = entry.listener, peer = %entry.peer, "connection refused: broker.max_connections reached");
+        let _ = write_connack(&mut wr, version, refuse(connect::MAX_CONNECTIONS)).await;
+        return;
+    };
+    drop(entry.pending);
     let generation = ctx.auth_generation.load(Ordering::Acquire);
     let rules = ctx.auth.load().rules_for(&identity, &connect.client_id);
     let client_id = connect.client_id.clone();

@@ -4,7 +4,7 @@
 
 use std::sync::Arc;
 
-use crate::auth::{Identity, Rules};
+use crate::auth::{Identity, Login, Rules};
 use crate::broker::codec::{Connect, reason};
 use crate::broker::core;
 
@@ -20,6 +20,7 @@ pub(super) struct Refusal {
 pub(super) const BAD_CREDENTIALS: Refusal = Refusal { code: reason::BAD_CREDENTIALS, label: "bad_credentials" };
 pub(super) const NOT_AUTHORIZED: Refusal = Refusal { code: reason::NOT_AUTHORIZED, label: "not_authorized" };
 pub(super) const MAX_CONNECTIONS: Refusal = Refusal { code: reason::QUOTA_EXCEEDED, label: "max_connections" };
+pub(super) const LOGIN_BUSY: Refusal = Refusal { code: reason::SERVER_BUSY, label: "login_busy" };
 
 /// Decides who the client is. `cert_identity` is set when the TLS layer verified a client
 /// certificate; it takes precedence over a user name.
@@ -40,17 +41,12 @@ pub(super) async fn authenticate(
 }
 
 async fn verify_login(user: &str, password: &str, ctx: &FrontContext) -> Result<Identity, Refusal> {
-    let auth = ctx.auth.load_full();
-    if auth.passwords.is_none() {
-        return Err(BAD_CREDENTIALS);
+    let Some(passwords) = ctx.auth.load().passwords.clone() else { return Err(BAD_CREDENTIALS) };
+    match ctx.logins.check(passwords, user, password.as_bytes()).await {
+        Login::Accepted => Ok(Identity::User(user.to_owned())),
+        Login::Refused => Err(BAD_CREDENTIALS),
+        Login::Busy => Err(LOGIN_BUSY),
     }
-    let (name, secret) = (user.to_owned(), password.to_owned());
-    let ok = tokio::task::spawn_blocking(move || {
-        auth.passwords.as_ref().is_some_and(|p| p.verify(&name, secret.as_bytes()))
-    })
-    .await
-    .unwrap_or(false);
-    if ok { Ok(Identity::User(user.to_owned())) } else { Err(BAD_CREDENTIALS) }
 }
 
 /// The identity as the core knows it: the owner of the sessions it makes, and its rules.

@@ -22,12 +22,12 @@ use std::time::Duration;
 use arc_swap::ArcSwap;
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::Semaphore;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio_rustls::TlsAcceptor;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-use crate::auth::{AuthState, Identity};
+use crate::auth::{AuthState, Identity, LoginPool};
 use crate::broker::driver::BrokerHandle;
 use crate::broker::metrics::BrokerMetrics;
 use crate::labels::RefusedLabels;
@@ -47,7 +47,12 @@ pub struct FrontContext {
     pub metrics: FrontMetrics,
     /// The core's counters, for what the front decides (a slow client).
     pub broker_metrics: BrokerMetrics,
+    /// Connections admitted (past CONNECT and the login): `broker.max_connections`.
     pub permits: Arc<Semaphore>,
+    /// Connections not yet admitted: `broker.max_pending_connections`.
+    pub pending: Arc<Semaphore>,
+    /// Where password checks run, a bounded number at once.
+    pub logins: LoginPool,
     pub broker: Arc<BrokerHandle>,
     pub shutdown: CancellationToken,
     pub tracker: TaskTracker,
@@ -78,9 +83,20 @@ pub async fn accept_loop(socket: TcpListener, listener: Arc<Listener>, ctx: Arc<
         };
         match accepted {
             Ok((stream, peer)) => {
+                // Taken before any work on the connection (TLS, reading CONNECT, the login), so
+                // what clients that never finish cost is bounded; dropping the stream closes it.
+                let Ok(pending) = ctx.pending.clone().try_acquire_owned() else {
+                    tracing::debug!(listener = %listener.name, %peer, "connection closed: broker.max_pending_connections reached");
+                    let reason = "max_pending";
+                    ctx.metrics
+                        .connects_refused
+                        .get_or_create(&RefusedLabels { listener: listener.name.clone(), reason })
+                        .inc();
+                    continue;
+                };
                 let listener = listener.clone();
                 let ctx2 = ctx.clone();
-                ctx.tracker.spawn(async move { handle(stream, peer, listener, ctx2).await });
+                ctx.tracker.spawn(async move { handle(stream, peer, listener, ctx2, pending).await });
             }
             Err(e) => {
                 // Out of file descriptors or similar: back off instead of spinning.
@@ -91,7 +107,13 @@ pub async fn accept_loop(socket: TcpListener, listener: Arc<Listener>, ctx: Arc<
     }
 }
 
-async fn handle(stream: TcpStream, peer: SocketAddr, listener: Arc<Listener>, ctx: Arc<FrontContext>) {
+async fn handle(
+    stream: TcpStream,
+    peer: SocketAddr,
+    listener: Arc<Listener>,
+    ctx: Arc<FrontContext>,
+    pending: OwnedSemaphorePermit,
+) {
     if let Err(e) = stream.set_nodelay(true) {
         tracing::debug!(%peer, error = %e, "cannot set TCP_NODELAY");
     }
@@ -104,7 +126,7 @@ async fn handle(stream: TcpStream, peer: SocketAddr, listener: Arc<Listener>, ct
         ctx.metrics.connects_refused.get_or_create(&RefusedLabels { listener: listener.name.clone(), reason }).inc();
     };
     match &listener.tls {
-        None => serve(stream, None, &listener, &ctx, peer).await,
+        None => serve(stream, None, &listener, &ctx, peer, pending).await,
         Some(acceptor) => {
             let acceptor = acceptor.load_full();
             match tokio::time::timeout(ctx.connect_timeout, acceptor.accept(stream)).await {
@@ -116,7 +138,7 @@ async fn handle(stream: TcpStream, peer: SocketAddr, listener: Arc<Listener>, ct
                         .and_then(|chain| chain.first())
                         .and_then(crate::tls::certificate_identity)
                         .map(Identity::Certificate);
-                    serve(tls, identity, &listener, &ctx, peer).await
+                    serve(tls, identity, &listener, &ctx, peer, pending).await
                 }
                 Ok(Err(e)) => {
                     tracing::info!(listener = %listener.name, %peer, error = %e, "TLS handshake failed");
@@ -138,10 +160,11 @@ async fn serve<S>(
     listener: &Listener,
     ctx: &Arc<FrontContext>,
     peer: SocketAddr,
+    pending: OwnedSemaphorePermit,
 ) where
     S: AsyncRead + AsyncWrite + Send + Unpin,
 {
-    let entry = conn::Entry { listener: &listener.name, anonymous: listener.anonymous, cert_identity, peer };
+    let entry = conn::Entry { listener: &listener.name, anonymous: listener.anonymous, cert_identity, peer, pending };
     if !listener.websocket {
         return conn::serve(stream, entry, ctx).await;
     }

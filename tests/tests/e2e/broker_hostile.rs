@@ -174,3 +174,88 @@ async fn ten_thousand_client_ids_keep_to_the_session_bound() {
     eprintln!("RSS {} MiB before, grew {} KiB", before / MIB, grown / 1024);
     assert!(grown < 32 * MIB, "RSS grew {} MiB", grown / MIB);
 }
+
+/// Concurrent CONNECTs with made-up credentials (argon2 costs about 19 MiB each; 400 of them
+/// once took the gateway past 4 GiB): with the default config the checks run two at a time,
+/// connections still logging in are capped apart from admitted ones, RSS stays under 100 MB,
+/// and a legitimate user whose login is not cached still gets in while the flood goes on.
+/// `FLOOD_LOGINS` sets how many run at once (200 in CI; the benchmark uses 1,000).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_flood_of_bogus_logins_keeps_memory_bounded_and_lets_a_real_user_in() {
+    use e2e_tests::raw::connect_v311_login;
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicBool, Ordering};
+    let flood: usize = std::env::var("FLOOD_LOGINS").ok().and_then(|v| v.parse().ok()).unwrap_or(200);
+    let dir = tempfile::tempdir().unwrap();
+    edge_node::auth::PasswordFile::set_password(&dir.path().join("passwd"), "alice", b"wonderland").unwrap();
+    let extra = "[auth]\npassword_file = \"passwd\"\n[[listener]]\nname = \"password\"\nbind = \"127.0.0.1:0\"\n";
+    let edge = EdgeProcess::start(dir.path(), &config_text(extra));
+    let addr = edge.addr("password");
+    let before = edge.rss();
+    let stop = Arc::new(AtomicBool::new(false));
+    let attackers: Vec<_> = (0..flood)
+        .map(|n| {
+            let stop = stop.clone();
+            tokio::spawn(async move {
+                let mut tries = 0u64;
+                while !stop.load(Ordering::Relaxed) {
+                    tries += 1;
+                    let Ok(mut c) = RawClient::connect(addr).await else { continue };
+                    let user = format!("nobody-{n}-{tries}");
+                    if c.send(&connect_v311_login(&user, &user, format!("guess-{tries}").as_bytes())).await.is_ok() {
+                        let _ = c.packet(Duration::from_secs(10)).await;
+                    }
+                }
+            })
+        })
+        .collect();
+    let sampler = {
+        let stop = stop.clone();
+        let pid = edge.child.id();
+        tokio::spawn(async move {
+            let mut peak = 0;
+            while !stop.load(Ordering::Relaxed) {
+                peak = peak.max(e2e_tests::rss_of(pid));
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            peak
+        })
+    };
+    // Let the flood fill every queue first.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let started = std::time::Instant::now();
+    let mut attempts = 0;
+    let admitted = loop {
+        attempts += 1;
+        if let Ok(mut c) = RawClient::connect(addr).await
+            && c.send(&connect_v311_login("alice-client", "alice", b"wonderland")).await.is_ok()
+            && let Some(connack) = c.until(2, Duration::from_secs(10)).await
+            && connack[3] == 0
+        {
+            break true;
+        }
+        if started.elapsed() > Duration::from_secs(60) {
+            break false;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    let took = started.elapsed();
+    stop.store(true, Ordering::Relaxed);
+    let peak = sampler.await.unwrap();
+    for a in attackers {
+        let _ = a.await;
+    }
+    let refused = |reason: &str| {
+        edge.metric(&format!("edge_mqtt_connects_refused_total{{listener=\"password\",reason=\"{reason}\"}}"))
+    };
+    let (bad, busy, pending) = (refused("bad_credentials"), refused("login_busy"), refused("max_pending"));
+    eprintln!(
+        "{flood} flooding: RSS {} MiB before, peak {} MiB; real login after {took:?} ({attempts} attempts); refused: {bad} bad credentials, {busy} busy, {pending} pending",
+        before / MIB,
+        peak / MIB
+    );
+    assert!(admitted, "the real user never got in: {}", edge.stderr());
+    assert!(peak < 100 * MIB, "RSS peaked at {} MiB", peak / MIB);
+    assert!(bad >= 1.0, "the flood's logins were checked and refused");
+    an_ordinary_client_gets_through(&edge).await;
+}
