@@ -20,7 +20,7 @@ pub struct BrokerConfig {
     /// Connections accepted that have not finished TLS, CONNECT and the login yet, counted
     /// apart from `max_connections` so a flood of bogus logins neither fills that nor queues
     /// without end. Past it a new connection is closed at once (counted as refused,
-    /// `max_pending`). Default: 128.
+    /// `max_pending`). Default: 1000.
     #[serde(default = "default_max_pending_connections")]
     pub max_pending_connections: usize,
     /// Largest MQTT packet accepted from a client, header included. Larger ones disconnect the
@@ -280,7 +280,7 @@ fn default_max_connections() -> usize {
     1000
 }
 fn default_max_pending_connections() -> usize {
-    128
+    1000
 }
 fn default_max_packet_size() -> ByteSize {
     ByteSize::mib(1)
