@@ -17,10 +17,12 @@ const PERIOD: Duration = Duration::from_secs(1);
 const POLL: Duration = Duration::from_millis(100);
 const WAL_LIMIT: u64 = 4 << 20;
 
-/// Stops the checkpoint thread when dropped.
+/// Stops the checkpoint thread when dropped, and waits for it (at most one poll): a closed
+/// spool then has no connection left, so its files can be copied as they are.
 #[derive(Debug)]
 pub struct Checkpointer {
     stop: Arc<AtomicBool>,
+    thread: Option<std::thread::JoinHandle<()>>,
 }
 
 impl Checkpointer {
@@ -33,17 +35,20 @@ impl Checkpointer {
             PathBuf::from(p)
         };
         let flag = stop.clone();
-        std::thread::Builder::new().name("spool-checkpoint".into()).spawn(move || {
+        let thread = std::thread::Builder::new().name("spool-checkpoint".into()).spawn(move || {
             super::sched::background_priority();
             run(conn, &wal, &flag);
         })?;
-        Ok(Self { stop })
+        Ok(Self { stop, thread: Some(thread) })
     }
 }
 
 impl Drop for Checkpointer {
     fn drop(&mut self) {
         self.stop.store(true, Ordering::Relaxed);
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
     }
 }
 

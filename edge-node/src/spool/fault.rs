@@ -110,4 +110,15 @@ impl<S: Storage> Storage for FaultyStorage<S> {
         self.faults.check(&self.path)?;
         self.inner.close_cleanly(usage)
     }
+    fn suspect_from(&self, lane: Lane) -> Option<Seq> {
+        self.inner.suspect_from(lane)
+    }
+    fn clear_suspect(&mut self, lane: Lane) -> Result<(), SpoolError> {
+        self.faults.check(&self.path)?;
+        self.inner.clear_suspect(lane)
+    }
+    fn renumber(&mut self, lane: Lane, from: Seq, by: u64) -> Result<(), SpoolError> {
+        self.faults.check(&self.path)?;
+        self.inner.renumber(lane, from, by)
+    }
 }

@@ -77,6 +77,7 @@ pub mod inspect;
 mod migrate;
 mod sched;
 mod schema;
+mod seqs;
 mod sqlite;
 mod writer;
 
@@ -308,6 +309,12 @@ pub trait Storage {
     /// class usage as it stands: the next open may skip the integrity check and the count of
     /// every record, each seconds on a large spool.
     fn close_cleanly(&mut self, usage: &[ClassUsage]) -> Result<(), SpoolError>;
+    /// The first seq of `lane` handed out since opening found the lane below its reservation
+    /// (see `seqs.rs`), until the cloud's mark was checked.
+    fn suspect_from(&self, lane: Lane) -> Option<Seq>;
+    fn clear_suspect(&mut self, lane: Lane) -> Result<(), SpoolError>;
+    /// Moves `lane`'s records from seq `from` on, and its next seq, `by` seqs up.
+    fn renumber(&mut self, lane: Lane, from: Seq, by: u64) -> Result<(), SpoolError>;
 }
 
 /// A boxed storage is a storage, so the node can run over a fault-injecting wrapper in tests.
@@ -350,6 +357,15 @@ impl Storage for Box<dyn Storage + Send> {
     }
     fn close_cleanly(&mut self, usage: &[ClassUsage]) -> Result<(), SpoolError> {
         (**self).close_cleanly(usage)
+    }
+    fn suspect_from(&self, lane: Lane) -> Option<Seq> {
+        (**self).suspect_from(lane)
+    }
+    fn clear_suspect(&mut self, lane: Lane) -> Result<(), SpoolError> {
+        (**self).clear_suspect(lane)
+    }
+    fn renumber(&mut self, lane: Lane, from: Seq, by: u64) -> Result<(), SpoolError> {
+        (**self).renumber(lane, from, by)
     }
 }
 

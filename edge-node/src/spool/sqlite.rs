@@ -1,5 +1,6 @@
 //! The SQLite storage of the spool. See the module essay in `spool/mod.rs`.
 
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use bytes::Bytes;
@@ -12,6 +13,7 @@ use super::schema::{
     EXPIRY_INDEX, KIND_GAP, KIND_MESSAGE, MAX_LANE, MESSAGE_SIZE, RECORD_OVERHEAD, RECORDS, SCHEMA, SCHEMA_VERSION,
     SEQ_BITS,
 };
+use super::seqs::SeqFile;
 use super::{
     Body, ClassUsage, Durability, Gap, Lane, Lost, Message, Opened, Properties, Record, Seq, SpoolError, Storage,
 };
@@ -74,6 +76,7 @@ pub struct SqliteStorage {
     path: PathBuf,
     opened: Opened,
     synchronous_full: bool,
+    seqs: SeqFile,
     _checkpointer: super::checkpoint::Checkpointer,
 }
 
@@ -187,10 +190,23 @@ impl SqliteStorage {
             Some(usage) => usage,
             None => usage_between(&conn, 0, i64::MAX).map_err(err)?,
         };
+        let mut seqs = SeqFile::open(path, &epoch);
+        let seqs_file = seqs.path().to_owned();
+        let io = |source| SpoolError::Io { path: seqs_file, source };
+        let next: BTreeMap<u8, u64> = lane_rows.iter().map(|&(lane, next, _)| (lane, next)).collect();
+        for (lane, from, reserved) in seqs.mark_suspects(&next).map_err(io)? {
+            tracing::warn!(
+                lane = lane.0,
+                next = from,
+                reserved,
+                "spool lane is below seqs it may have handed out before (power cut, crash or restored copy): \
+                 its new seqs stay unverified until the cloud's mark is checked"
+            );
+        }
         let opened = Opened { epoch, lanes, usage, moved_aside: None, checked: !closed_cleanly, counted };
         let checkpointer = super::checkpoint::Checkpointer::start(path)
             .map_err(|source| SpoolError::Io { path: path.to_owned(), source })?;
-        Ok(Self { conn, path: path.to_owned(), opened, synchronous_full: false, _checkpointer: checkpointer })
+        Ok(Self { conn, path: path.to_owned(), opened, synchronous_full: false, seqs, _checkpointer: checkpointer })
     }
 
     fn err(&self, source: rusqlite::Error) -> SpoolError {
@@ -230,6 +246,11 @@ impl Storage for SqliteStorage {
         delete: &[Lost],
         durability: Durability,
     ) -> Result<(), SpoolError> {
+        // The reservation first: a seq must never be on disk in the database past what the
+        // file says may have been handed out.
+        self.seqs
+            .cover(next_seqs.iter().map(|(lane, next)| (*lane, next.0)))
+            .map_err(|source| SpoolError::Io { path: self.seqs.path().to_owned(), source })?;
         let full = durability == Durability::Full;
         if full != self.synchronous_full {
             let mode = if full { "FULL" } else { "NORMAL" };
@@ -481,6 +502,42 @@ impl Storage for SqliteStorage {
             serde_json::to_string(&note).map_err(|e| self.err(rusqlite::Error::ToSqlConversionFailure(e.into())))?;
         tx.execute("INSERT OR REPLACE INTO meta VALUES ('usage', ?1)", [note]).map_err(|e| self.err(e))?;
         tx.execute("INSERT OR REPLACE INTO meta VALUES ('closed_cleanly', '1')", []).map_err(|e| self.err(e))?;
+        tx.commit().map_err(|e| self.err(e))?;
+        let lanes = lane_rows(&self.conn).map_err(|e| self.err(e))?;
+        self.seqs
+            .settle(lanes.iter().map(|&(lane, next, _)| (Lane(lane), next)))
+            .map_err(|source| SpoolError::Io { path: self.seqs.path().to_owned(), source })
+    }
+
+    fn suspect_from(&self, lane: Lane) -> Option<Seq> {
+        self.seqs.suspect(lane).map(Seq)
+    }
+
+    fn clear_suspect(&mut self, lane: Lane) -> Result<(), SpoolError> {
+        self.seqs.clear_suspect(lane).map_err(|source| SpoolError::Io { path: self.seqs.path().to_owned(), source })
+    }
+
+    fn renumber(&mut self, lane: Lane, from: Seq, by: u64) -> Result<(), SpoolError> {
+        let next = lane_rows(&self.conn).map_err(|e| self.err(e))?.iter().find(|r| r.0 == lane.0).map_or(1, |r| r.1);
+        let new_next = next
+            .checked_add(by)
+            .filter(|n| *n < 1 << SEQ_BITS)
+            .ok_or(SpoolError::KeyRange { lane: lane.0, seq: next.saturating_add(by) })?;
+        self.seqs
+            .cover([(lane, new_next)])
+            .map_err(|source| SpoolError::Io { path: self.seqs.path().to_owned(), source })?;
+        let (start, end) = (key(lane, from.0)?, lane_end(lane));
+        let tx = self.conn.unchecked_transaction().map_err(|e| self.err(e))?;
+        // Through negative ids: shifting in place would collide with rows not yet moved.
+        tx.execute("UPDATE records SET id = -(id + ?3) WHERE id >= ?1 AND id < ?2", params![start, end, by as i64])
+            .map_err(|e| self.err(e))?;
+        tx.execute("UPDATE records SET id = -id WHERE id < 0", []).map_err(|e| self.err(e))?;
+        tx.execute(
+            "INSERT INTO lanes (lane, next_seq, acked) VALUES (?1, ?2, 0) \
+             ON CONFLICT (lane) DO UPDATE SET next_seq = excluded.next_seq",
+            params![lane.0, new_next],
+        )
+        .map_err(|e| self.err(e))?;
         tx.commit().map_err(|e| self.err(e))
     }
 

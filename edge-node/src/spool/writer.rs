@@ -57,6 +57,7 @@ enum Request {
 enum Query {
     Read { lane: Lane, after: Seq, limit: usize, done: oneshot::Sender<Result<Vec<Record>, SpoolError>> },
     Ack { lane: Lane, up_to: Seq, done: oneshot::Sender<Result<u64, SpoolError>> },
+    CheckMark { lane: Lane, mark: Seq, done: oneshot::Sender<Result<Option<(Seq, u64)>, SpoolError>> },
     Heads(oneshot::Sender<Heads>),
 }
 
@@ -96,6 +97,8 @@ pub struct WriterMetrics {
     pub healthy: Gauge,
     /// Unusable databases moved aside at startup.
     pub moved_aside: Counter,
+    /// Lanes renumbered past the cloud's mark because the database had gone back in time.
+    pub renumbered: Counter,
 }
 
 impl WriterMetrics {
@@ -118,7 +121,13 @@ impl WriterMetrics {
             oldest_unacked_seconds: Gauge::default(),
             healthy: Gauge::default(),
             moved_aside: Counter::default(),
+            renumbered: Counter::default(),
         };
+        r.register(
+            "spool_renumbered",
+            "Times a lane's records were renumbered past the cloud's mark because the spool database had gone back in time (power cut, restored copy)",
+            m.renumbered.clone(),
+        );
         r.register("spool_appended", "Messages appended to the store-and-forward spool, by class", m.appended.clone());
         r.register(
             "spool_dropped",
@@ -248,6 +257,13 @@ impl SpoolWriter {
     /// Deletes `lane`'s records through `up_to`: the cloud committed them.
     pub async fn ack(&self, lane: Lane, up_to: Seq) -> Result<u64, ReadError> {
         Ok(self.query(|done| Query::Ack { lane, up_to, done }).await??)
+    }
+
+    /// Checks the cloud's mark of `lane` before it is taken as an ack ([`super::Spool::check_mark`]);
+    /// returns the first seq renumbered past it and by how much, if the database had gone
+    /// back in time.
+    pub async fn check_mark(&self, lane: Lane, mark: Seq) -> Result<Option<(Seq, u64)>, ReadError> {
+        Ok(self.query(|done| Query::CheckMark { lane, mark, done }).await??)
     }
 
     /// The spool's epoch and lane positions.
@@ -529,6 +545,21 @@ fn answer(spool: &mut DynSpool, query: Query, metrics: &WriterMetrics) {
             let result = spool.ack(lane, up_to);
             if result.is_ok() {
                 update_gauges(spool, metrics, false);
+            }
+            let _ = done.send(result);
+        }
+        Query::CheckMark { lane, mark, done } => {
+            let result = spool.check_mark(lane, mark);
+            if let Ok(Some((from, by))) = &result {
+                tracing::warn!(
+                    lane = lane.0,
+                    mark = mark.0,
+                    from = from.0,
+                    by,
+                    "the cloud holds seqs this spool handed out again (its database went back in time): \
+                     records renumbered past the cloud's mark, none deleted"
+                );
+                metrics.renumbered.inc();
             }
             let _ = done.send(result);
         }
