@@ -56,6 +56,7 @@ pub struct UplinkMetrics {
     pub lane_sent: Family<LaneLabel, Counter>,
     pub acked: Family<LaneLabel, Gauge>,
     pub reconnects: Counter,
+    pub refused: Counter,
     pub dicts_trained: Counter,
     pub dicts_announced: Counter,
     pub dict_batches: Counter,
@@ -78,6 +79,7 @@ impl UplinkMetrics {
             lane_sent: Family::default(),
             acked: Family::default(),
             reconnects: Counter::default(),
+            refused: Counter::default(),
             dicts_trained: Counter::default(),
             dicts_announced: Counter::default(),
             dict_batches: Counter::default(),
@@ -100,6 +102,11 @@ impl UplinkMetrics {
         r.register("uplink_lane_sent_bytes", "Batch bytes sent, after compression, by lane", m.lane_sent.clone());
         r.register("uplink_acked_seq", "Highest seq the cloud acked, by lane", m.acked.clone());
         r.register("uplink_reconnects", "Connection attempts after the first, failed or lost", m.reconnects.clone());
+        r.register(
+            "uplink_refused",
+            "Times the cloud bridge turned this edge away (certificate denied or not accepted, hello refused); retried at backoff_max",
+            m.refused.clone(),
+        );
         r.register(
             "uplink_dicts_trained",
             "zstd dictionaries trained from this edge's traffic",
@@ -126,6 +133,8 @@ impl UplinkMetrics {
 enum ConnEnd {
     #[error("connect: {0}")]
     Connect(String),
+    #[error("handshake: {0}")]
+    Handshake(quinn::ConnectionError),
     #[error("connection lost: {0}")]
     Connection(#[from] quinn::ConnectionError),
     #[error("stream: {0}")]
@@ -144,6 +153,24 @@ enum ConnEnd {
     ControlClosed,
     #[error("shutting down")]
     Shutdown,
+}
+
+impl ConnEnd {
+    /// The bridge turned this edge away (a denied or unusable certificate, a refused hello),
+    /// as opposed to the link failing: retried at `backoff_max` only.
+    fn is_refusal(&self) -> bool {
+        match self {
+            ConnEnd::Session(SessionError::Refused(_)) => true,
+            // The bridge's refusal codes (cloud-bridge `server.rs`): 1 no usable identity, 2 a
+            // denied certificate.
+            ConnEnd::Connection(quinn::ConnectionError::ApplicationClosed(close)) => {
+                matches!(u64::from(close.error_code), 1 | 2)
+            }
+            // A TLS alert in the handshake: the bridge did not accept our certificate.
+            ConnEnd::Handshake(quinn::ConnectionError::ConnectionClosed(_)) => true,
+            _ => false,
+        }
+    }
 }
 
 #[derive(Debug)]
@@ -201,9 +228,9 @@ impl Uplink {
             }
             first = false;
             session.set_dicts(dicts.ids());
+            let welcomed = session.welcomes();
             let end = match self.connect(&endpoint, &server_name).await {
                 Ok(conn) => {
-                    backoff = self.config.backoff_min.0;
                     self.metrics.connected.set(1);
                     tracing::info!(server = %self.config.server, "uplink connected");
                     let end = self.connection(&conn, &mut session, &mut dicts, &shutdown).await;
@@ -220,8 +247,15 @@ impl Uplink {
                 endpoint.wait_idle().await;
                 return;
             }
-            if let ConnEnd::Session(SessionError::Refused(_)) = &end {
+            // Only a session the bridge welcomed resets the backoff: a bridge that completes the
+            // handshake and then closes (a denied certificate) made every retry look like a
+            // success, and a refused edge came back six times a second.
+            if session.welcomes() > welcomed {
+                backoff = self.config.backoff_min.0;
+            }
+            if end.is_refusal() {
                 tracing::error!(error = %end, "uplink refused by the cloud bridge; retrying slowly");
+                self.metrics.refused.inc();
                 backoff = self.config.backoff_max.0;
             } else {
                 tracing::warn!(error = %end, retry_in = ?backoff, "uplink down");
@@ -246,7 +280,7 @@ impl Uplink {
         tokio::time::timeout(Duration::from_secs(10), connecting)
             .await
             .map_err(|_| ConnEnd::Connect(format!("{addr}: handshake timed out")))?
-            .map_err(|e| ConnEnd::Connect(format!("{addr}: {e}")))
+            .map_err(ConnEnd::Handshake)
     }
 
     async fn connection(
@@ -391,6 +425,9 @@ impl Uplink {
             };
             for event in events {
                 match event {
+                    EdgeEvent::Mark { lane, committed } => {
+                        self.spool.check_mark(Lane(lane), Seq(committed)).await?;
+                    }
                     EdgeEvent::Acked { lane, up_to } => {
                         self.spool.ack(Lane(lane), Seq(up_to)).await?;
                         self.metrics.acked.get_or_create(&LaneLabel { lane }).set(up_to as i64);

@@ -254,7 +254,7 @@ impl CloudSession {
                 self.epoch.as_deref().unwrap_or("")
             )));
         }
-        if batch.last_seq < batch.first_seq || batch.first_seq == 0 {
+        if batch.last_seq < batch.first_seq || batch.first_seq == 0 || batch.last_seq > super::MAX_SEQ {
             return Err(SessionError::Protocol(format!("batch seqs {}..={}", batch.first_seq, batch.last_seq)));
         }
         let lane_id = batch.lane;

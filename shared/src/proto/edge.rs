@@ -44,6 +44,9 @@ pub enum Phase {
 /// What the driver must do.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum EdgeEvent {
+    /// The Welcome says the cloud committed `lane` through `committed`; an `Acked` follows
+    /// when that is more than was acked. The driver checks the mark against the spool first.
+    Mark { lane: u8, committed: u64 },
     /// The cloud committed `lane` through `up_to`: delete those records from the spool.
     Acked { lane: u8, up_to: u64 },
     /// The session is ready to send batches, in this protocol version; the cloud holds the
@@ -102,6 +105,8 @@ pub struct EdgeSession {
     rtt: Option<Duration>,
     /// The spool's last committed seq per lane, as the driver last reported it.
     heads: BTreeMap<u8, u64>,
+    /// Welcomes received over the session's life.
+    welcomes: u64,
 }
 
 impl EdgeSession {
@@ -127,6 +132,7 @@ impl EdgeSession {
             degraded: false,
             rtt: None,
             heads: BTreeMap::new(),
+            welcomes: 0,
         }
     }
 
@@ -195,7 +201,16 @@ impl EdgeSession {
                         w.version, self.versions
                     )));
                 }
+                if let Some(bad) = w.committed.iter().find(|l| l.seq > super::MAX_SEQ) {
+                    return Err(SessionError::Protocol(format!(
+                        "welcome says lane {} is committed through seq {}, past the highest seq there is",
+                        bad.lane, bad.seq
+                    )));
+                }
                 for LaneSeq { lane, seq } in w.committed {
+                    // Before the mark counts as an ack: the spool checks it against what it
+                    // holds (its disk may have gone back in time).
+                    events.push(EdgeEvent::Mark { lane, committed: seq });
                     let p = self.lanes.entry(lane).or_default();
                     if seq > p.acked {
                         p.acked = seq;
@@ -204,6 +219,7 @@ impl EdgeSession {
                     }
                 }
                 self.phase = Phase::Ready;
+                self.welcomes += 1;
                 events.push(EdgeEvent::Ready { version: w.version, dicts: w.dicts });
             }
             Control::Refused { reason } => {
@@ -342,6 +358,11 @@ impl EdgeSession {
     /// The spool's last committed seq of `lane`, reported to the cloud with each ping.
     pub fn set_head(&mut self, lane: u8, seq: u64) {
         self.heads.insert(lane, seq);
+    }
+
+    /// How many times the cloud welcomed this session (a connection got as far as sending).
+    pub fn welcomes(&self) -> u64 {
+        self.welcomes
     }
 
     pub fn is_degraded(&self) -> bool {

@@ -42,6 +42,9 @@ pub const VERSIONS: &[u16] = &[1];
 pub const MAX_CONTROL_FRAME: usize = crate::model::MAX_MANIFEST_BYTES + (64 << 10);
 /// Largest batch frame body accepted (compressed).
 pub const MAX_BATCH_FRAME: usize = 16 << 20;
+/// The highest seq either side accepts from the other (the edge's spool keys hold 56 bits):
+/// below it, a peer's seq plus one never overflows.
+pub const MAX_SEQ: u64 = (1 << 56) - 1;
 /// Largest message (payload and topic) an edge may accept for the cloud: half a batch frame, so
 /// a message zstd cannot shrink still fits one frame with the batch's own bytes around it.
 pub const MAX_MESSAGE_BYTES: usize = MAX_BATCH_FRAME / 2;

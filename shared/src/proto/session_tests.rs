@@ -153,7 +153,14 @@ fn a_reconnect_resends_only_what_the_cloud_does_not_have() {
     let mut cloud = Cloud::connect(sink);
     edge.connected(t0);
     let events = pump(&mut edge, &mut cloud, t0);
-    assert_eq!(events, [EdgeEvent::Acked { lane: 2, up_to: 5 }, EdgeEvent::Ready { version: 1, dicts: vec![] }]);
+    assert_eq!(
+        events,
+        [
+            EdgeEvent::Mark { lane: 2, committed: 5 },
+            EdgeEvent::Acked { lane: 2, up_to: 5 },
+            EdgeEvent::Ready { version: 1, dicts: vec![] }
+        ]
+    );
     assert_eq!(edge.next_seq(2), 6, "resume after what the cloud committed");
     edge.sent(2, 6, 9, t0).unwrap();
     cloud.batch(batch(2, 6, 9));
@@ -269,6 +276,33 @@ fn protocol_violations_name_the_problem() {
     let mut fresh = CloudSession::new(4);
     let err = fresh.handle_batch(batch(0, 1, 1)).unwrap_err();
     assert!(err.to_string().contains("batch in phase AwaitHello"), "{err}");
+}
+
+/// Seqs a peer sends are checked before any `+ 1` on them: a batch ending at `u64::MAX` (or
+/// anywhere past [`super::MAX_SEQ`]) and a Welcome mark past it are protocol errors, not an
+/// overflow.
+#[test]
+fn seqs_near_u64_max_are_refused_on_both_sides() {
+    let t0 = Instant::now();
+    let mut edge = EdgeSession::new(EdgeSessionConfig::default(), EPOCH, [(0, 0)]);
+    let mut cloud = Cloud::connect(BTreeMap::new());
+    edge.connected(t0);
+    pump(&mut edge, &mut cloud, t0);
+    for (first, last) in [(1, u64::MAX), (u64::MAX, u64::MAX), (super::MAX_SEQ + 1, super::MAX_SEQ + 1)] {
+        let err = cloud.session.handle_batch(batch(0, first, last)).unwrap_err();
+        assert!(err.to_string().contains(&format!("batch seqs {first}..={last}")), "{err}");
+    }
+    // The largest allowed seq is taken, and the next batch's `released + 1` does not overflow.
+    assert!(cloud.session.handle_batch(batch(0, 1, super::MAX_SEQ)).is_ok());
+    assert!(cloud.session.handle_batch(batch(0, 2, 3)).is_ok());
+
+    for mark in [u64::MAX, super::MAX_SEQ + 1] {
+        let mut edge = EdgeSession::new(EdgeSessionConfig::default(), EPOCH, [(0, 0)]);
+        edge.connected(t0);
+        let welcome = super::Welcome { version: 1, committed: vec![LaneSeq { lane: 0, seq: mark }], dicts: vec![] };
+        let err = edge.handle(Control::Welcome(welcome), t0).unwrap_err();
+        assert!(err.to_string().contains("past the highest seq there is"), "{err}");
+    }
 }
 
 #[derive(Debug, Clone)]

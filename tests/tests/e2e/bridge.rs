@@ -176,6 +176,13 @@ async fn a_denied_high_bit_serial_pasted_from_openssl_is_refused() {
     let refused = "bridge_connections_refused_total{reason=\"denied_serial\"}";
     assert!(e2e_tests::eventually(WAIT, || cloud.metric(refused) >= 1.0).await, "{}", cloud.bridge.metrics().encode());
     assert!(sink_rows(&cloud.sink).is_empty(), "nothing from a denied certificate lands");
+    // Refused, the edge retries at backoff_max (here 500 ms, jittered to 250-500 ms): it used
+    // to reset its backoff on every handshake the bridge then closed, about 6 tries a second.
+    let before = cloud.metric(refused);
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let tries = cloud.metric(refused) - before;
+    assert!(tries <= 13.0, "{tries} tries in 3 s");
+    assert!(edge.metric("edge_uplink_refused_total") >= 1.0, "{}", edge.metrics());
     let kept =
         e2e_tests::eventually(WAIT, || edge.metric("edge_spool_class_records{class=\"telemetry\"}") == 10.0).await;
     assert!(kept, "nothing acked: {}", edge.metrics());
