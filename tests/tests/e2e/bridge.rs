@@ -134,28 +134,46 @@ async fn a_bridge_replaced_mid_stream_loses_and_duplicates_nothing() {
     assert!(edge.metric("edge_uplink_reconnects_total") >= 1.0);
 }
 
+const DENIED: &str = "bridge_connections_refused_total{reason=\"denied_serial\"}";
+
+/// A bridge with `deny_serial` on its deny list and edge `edge-1` of `keys` in front of it,
+/// holding 10 telemetry messages: refused at least once, nothing in the sink, all 10 kept.
+async fn a_denied_edge(
+    dir: &tempfile::TempDir,
+    keys: cloud_bridge::certs::Pki,
+    deny_serial: &str,
+) -> (TestCloud, TestNode) {
+    let deny = format!("deny_serials = [\"{deny_serial}\"]");
+    let cloud = TestCloud::start(dir.path(), keys, "127.0.0.1:0".parse().unwrap(), &deny).await;
+    let extra = format!("{}\n{}", classes_toml(), cloud.uplink_section("edge-1"));
+    let edge = TestNode::start(&extra).await;
+    let publisher = Client::anonymous(edge.local(), "pub").await;
+    publish(&publisher, "telemetry/x", 0..10).await;
+    assert!(e2e_tests::eventually(WAIT, || cloud.metric(DENIED) >= 1.0).await, "{}", cloud.bridge.metrics().encode());
+    assert!(sink_rows(&cloud.sink).is_empty(), "nothing from a denied certificate lands");
+    let kept =
+        e2e_tests::eventually(WAIT, || edge.metric("edge_spool_class_records{class=\"telemetry\"}") == 10.0).await;
+    assert!(kept, "kept for a later bridge: {}", edge.metrics());
+    (cloud, edge)
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_denied_certificate_is_refused_and_its_data_stays_spooled() {
     let dir = tempfile::tempdir().unwrap();
     let keys = pki(dir.path(), &[]);
     let cert = shared::tls::load_certs(&keys.edges[0].1).unwrap();
     let serial = shared::tls::certificate_serial(&cert[0]).unwrap();
-    let cloud =
-        TestCloud::start(dir.path(), keys, "127.0.0.1:0".parse().unwrap(), &format!("deny_serials = [\"{serial}\"]"))
-            .await;
-    let extra = format!("{}\n{}", classes_toml(), cloud.uplink_section("edge-1"));
-    let edge = TestNode::start(&extra).await;
-    let publisher = Client::anonymous(edge.local(), "pub").await;
-    publish(&publisher, "telemetry/x", 0..10).await;
-    let refused = "bridge_connections_refused_total{reason=\"denied_serial\"}";
-    assert!(e2e_tests::eventually(WAIT, || cloud.metric(refused) >= 1.0).await, "{}", cloud.bridge.metrics().encode());
-    assert!(sink_rows(&cloud.sink).is_empty());
-    let kept =
-        e2e_tests::eventually(WAIT, || edge.metric("edge_spool_class_records{class=\"telemetry\"}") == 10.0).await;
-    assert!(kept, "kept for a later bridge: {}", edge.metrics());
+    let (cloud, edge) = a_denied_edge(&dir, keys, &serial).await;
     // The edge tries again and is refused again; still nothing acked.
-    assert!(e2e_tests::eventually(WAIT, || cloud.metric(refused) >= 2.0).await, "{}", cloud.bridge.metrics().encode());
+    assert!(e2e_tests::eventually(WAIT, || cloud.metric(DENIED) >= 2.0).await, "{}", cloud.bridge.metrics().encode());
     assert_eq!(edge.metric("edge_spool_class_records{class=\"telemetry\"}"), 10.0, "and never acked");
+    // Refused, the edge retries at backoff_max (here 500 ms, jittered to 250-500 ms): it used
+    // to reset its backoff on every handshake the bridge then closed, about 6 tries a second.
+    let before = cloud.metric(DENIED);
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let tries = cloud.metric(DENIED) - before;
+    assert!(tries <= 13.0, "{tries} tries in 3 s");
+    assert!(edge.metric("edge_uplink_refused_total") >= 1.0, "{}", edge.metrics());
 }
 
 /// A serial with its high bit set is `00 80 d0 ...` in DER and `serial=80D0...` in what
@@ -166,26 +184,7 @@ async fn a_denied_high_bit_serial_pasted_from_openssl_is_refused() {
     let dir = tempfile::tempdir().unwrap();
     let (keys, printed) = e2e_tests::cloud::openssl_pki(dir.path(), "edge-1", "80D0A1B2C3D4E5F60718293A4B5C6D7E");
     assert_eq!(printed, "serial=80D0A1B2C3D4E5F60718293A4B5C6D7E");
-    let cloud =
-        TestCloud::start(dir.path(), keys, "127.0.0.1:0".parse().unwrap(), &format!("deny_serials = [\"{printed}\"]"))
-            .await;
-    let extra = format!("{}\n{}", classes_toml(), cloud.uplink_section("edge-1"));
-    let edge = TestNode::start(&extra).await;
-    let publisher = Client::anonymous(edge.local(), "pub").await;
-    publish(&publisher, "telemetry/x", 0..10).await;
-    let refused = "bridge_connections_refused_total{reason=\"denied_serial\"}";
-    assert!(e2e_tests::eventually(WAIT, || cloud.metric(refused) >= 1.0).await, "{}", cloud.bridge.metrics().encode());
-    assert!(sink_rows(&cloud.sink).is_empty(), "nothing from a denied certificate lands");
-    // Refused, the edge retries at backoff_max (here 500 ms, jittered to 250-500 ms): it used
-    // to reset its backoff on every handshake the bridge then closed, about 6 tries a second.
-    let before = cloud.metric(refused);
-    tokio::time::sleep(Duration::from_secs(3)).await;
-    let tries = cloud.metric(refused) - before;
-    assert!(tries <= 13.0, "{tries} tries in 3 s");
-    assert!(edge.metric("edge_uplink_refused_total") >= 1.0, "{}", edge.metrics());
-    let kept =
-        e2e_tests::eventually(WAIT, || edge.metric("edge_spool_class_records{class=\"telemetry\"}") == 10.0).await;
-    assert!(kept, "nothing acked: {}", edge.metrics());
+    a_denied_edge(&dir, keys, &printed).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
