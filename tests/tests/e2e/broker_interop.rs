@@ -47,8 +47,13 @@ async fn retained_message_reaches_late_subscriber() {
         let mut late = Client::anonymous(t.local(), &format!("late-{attempt}")).await;
         late.subscribe("models/#", QoS::AtLeastOnce).await;
         if let Some(p) = late.recv(Duration::from_millis(500)).await {
-            assert_eq!((p.topic.as_str(), &p.payload[..], p.retain), ("models/yolo/current", &b"v3.2.1"[..], true));
-            return;
+            assert_eq!((p.topic.as_str(), &p.payload[..]), ("models/yolo/current", &b"v3.2.1"[..]));
+            // A subscriber that came before the publish was handled gets it live, RETAIN 0
+            // [MQTT-3.3.1-9]; the next fresh one must get the stored copy, RETAIN 1
+            // [MQTT-3.3.1-8].
+            if p.retain {
+                return;
+            }
         }
         assert!(attempt < 10, "retained message never delivered");
     }
