@@ -193,7 +193,10 @@ impl Node {
                 None => Box::new(sqlite),
             };
             let quotas = config.classes.iter().filter_map(|c| Some((c.name.clone(), c.quota?.bytes())));
-            let spool = spool::Spool::new(storage).with_budget(config.spool.budget.bytes()).with_quotas(quotas);
+            let spool = spool::Spool::new(storage)
+                .with_budget(config.spool.budget.bytes())
+                .with_quotas(quotas)
+                .with_max_pending_bytes(config.spool.max_pending_bytes.bytes());
             tracing::info!(path = %config.spool.path.display(), epoch = spool.epoch(), integrity_checked, usage_counted, "spool open");
             let writer = spool::SpoolWriter::start(
                 spool,

@@ -22,6 +22,11 @@ pub struct SpoolConfig {
     /// Most records in one commit. Default: 1024.
     #[serde(default = "default_commit_batch")]
     pub commit_batch: usize,
+    /// Bytes of messages held in memory while commits fail (a full disk, a failing card); past
+    /// it the oldest `normal` ones are dropped, recorded as a `refused` gap once the disk takes
+    /// writes again. Default: 64 MiB.
+    #[serde(default = "default_max_pending_bytes")]
+    pub max_pending_bytes: ByteSize,
 }
 
 impl Default for SpoolConfig {
@@ -31,6 +36,7 @@ impl Default for SpoolConfig {
             budget: default_spool_budget(),
             commit_interval: default_commit_interval(),
             commit_batch: default_commit_batch(),
+            max_pending_bytes: default_max_pending_bytes(),
         }
     }
 }
@@ -42,6 +48,9 @@ impl SpoolConfig {
         }
         if self.commit_batch == 0 {
             p.bad("spool.commit_batch", "must be at least 1");
+        }
+        if self.max_pending_bytes.bytes() == 0 {
+            p.bad("spool.max_pending_bytes", "must be more than 0 bytes");
         }
     }
 }
@@ -57,4 +66,7 @@ fn default_commit_interval() -> HumanDuration {
 }
 fn default_commit_batch() -> usize {
     1024
+}
+fn default_max_pending_bytes() -> ByteSize {
+    ByteSize::mib(64)
 }

@@ -393,8 +393,10 @@ pub struct Spool<S> {
     dropped: Vec<(String, GapReason, u64)>,
     /// Seqs handed out but dropped before any commit; the next commit writes their gap records.
     uncommitted_drops: Vec<Lost>,
-    /// Most records kept pending while commits fail; beyond it the oldest `normal` ones go.
+    /// Most records, and bytes ([`estimated_size`]), kept pending while commits fail; beyond
+    /// either the oldest `normal` ones go.
     max_pending: usize,
+    max_pending_bytes: u64,
     /// Committed message records per class, kept in step with every commit, ack and drop.
     usage: BTreeMap<String, ClassUsage>,
     /// Byte quota per class ([`message_size`] summed).
@@ -422,6 +424,7 @@ impl<S: Storage> Spool<S> {
             dropped: Vec::new(),
             uncommitted_drops: Vec::new(),
             max_pending: 65_536,
+            max_pending_bytes: 64 << 20,
             usage,
             quotas: BTreeMap::new(),
             class_lanes: BTreeMap::new(),
@@ -468,16 +471,25 @@ impl<S: Storage> Spool<S> {
         self
     }
 
+    /// Caps the bytes of records kept pending while commits fail (default 64 MiB).
+    pub fn with_max_pending_bytes(mut self, bytes: u64) -> Self {
+        self.max_pending_bytes = bytes;
+        self
+    }
+
     /// Queues a message for the next commit and returns its seq. Seqs start at 1.
     pub fn append(&mut self, lane: Lane, message: Message, durability: Durability) -> Seq {
-        if self.pending.len() >= self.max_pending {
-            // Commits keep failing: memory must stay bounded. The oldest `normal` record goes,
-            // accounted for by a gap record once the disk takes writes again.
-            if let Some(i) = self.pending.iter().position(|r| r.durability == Durability::Normal) {
-                let r = self.pending.remove(i);
-                self.pending_bytes -= r.message().map_or(0, estimated_size);
-                self.note_uncommitted_drop(&r);
-            }
+        let size = estimated_size(&message);
+        // Commits keep failing: memory must stay bounded, in records and in bytes (a record
+        // cap alone let 65,536 messages of 1 MiB be held). The oldest `normal` records go,
+        // accounted for by a gap record once the disk takes writes again.
+        while self.pending.len() >= self.max_pending || self.pending_bytes + size > self.max_pending_bytes {
+            // Never a gap record: the seqs it accounts for would be lost without a trace.
+            let droppable = |r: &Record| r.durability == Durability::Normal && r.message().is_some();
+            let Some(i) = self.pending.iter().position(droppable) else { break };
+            let r = self.pending.remove(i);
+            self.pending_bytes -= r.message().map_or(0, estimated_size);
+            self.note_uncommitted_drop(&r);
         }
         if self.class_lanes.get(&message.class) != Some(&lane) {
             self.class_lanes.insert(message.class.clone(), lane);
@@ -487,7 +499,7 @@ impl<S: Storage> Spool<S> {
         let seq = Seq(state.next);
         state.next += 1;
         self.pending_durability = self.pending_durability.max(durability);
-        self.pending_bytes += estimated_size(&message);
+        self.pending_bytes += size;
         self.pending.push(Record { lane, seq, durability, body: Body::Message(message) });
         seq
     }

@@ -501,6 +501,25 @@ fn pending_is_capped_while_commits_fail_and_the_loss_is_recorded() {
     assert_eq!(accounted, (1..=last).collect::<Vec<u64>>(), "every seq is a message, a gap, or in a gap");
 }
 
+/// The byte cap holds with few, large records: 20 messages of 100 KB against 250 KB pending
+/// keep at most three in memory while every commit fails, and the dropped ones become gaps.
+#[test]
+fn pending_is_capped_in_bytes_while_commits_fail() {
+    let dir = tempfile::tempdir().unwrap();
+    let storage = faulty(&dir, 20);
+    let mut spool = Spool::new(storage).with_max_pending_bytes(250_000);
+    let big = vec![7u8; 100_000];
+    for _ in 0..20 {
+        spool.append(Lane(1), message(&big), Durability::Normal);
+        let _ = spool.flush();
+        assert!(spool.pending_bytes <= 250_000, "{} bytes pending", spool.pending_bytes);
+    }
+    spool.flush().unwrap();
+    spool.flush().unwrap();
+    let v = view(&mut spool, 1);
+    assert!(v.refused.len() >= 17, "dropped while failing, and recorded: {:?}", v.refused);
+}
+
 #[test]
 fn a_class_over_its_quota_loses_its_own_oldest_records_and_a_full_class_is_refused() {
     let dir = tempfile::tempdir().unwrap();
