@@ -80,7 +80,7 @@ pub fn session(data: &[u8]) {
             for lane in [0u8, 3] {
                 if edge.can_send() {
                     let first = edge.next_seq(lane);
-                    let _ = edge.sent(lane, first, first + u64::from(selector % 16), at);
+                    let _ = edge.sent(lane, first, first.saturating_add(u64::from(selector % 16)), at);
                 }
             }
             while edge.poll_control().is_some() {}
@@ -200,6 +200,71 @@ mod tests {
                 .concat(),
             ),
         ];
-        seeds
+        seeds.into_iter().chain(near_max_seeds()).collect()
+    }
+
+    /// Seqs at the top of the range, where a peer's `+ 1` would overflow: a hello, a Welcome,
+    /// an ack and batches at or past `MAX_SEQ` and at `u64::MAX`. Also in the fuzz corpus
+    /// (`seed-max-*`), so fuzzing starts from them.
+    fn near_max_seeds() -> Vec<(&'static str, Vec<u8>)> {
+        let top = |first_seq: u64, last_seq: u64| Batch {
+            epoch: "e".into(),
+            lane: 3,
+            first_seq,
+            last_seq,
+            codec: Codec::Cbor,
+            dict: None,
+            raw_len: 1,
+            // An empty CBOR array.
+            body: vec![0x80],
+        };
+        let hello = Control::Hello(Hello {
+            versions: vec![1],
+            epoch: "e".into(),
+            lanes: vec![LaneSeq { lane: 3, seq: u64::MAX }, LaneSeq { lane: 0, seq: crate::proto::MAX_SEQ }],
+            models: vec![],
+            dicts: vec![],
+            caps: vec![],
+        });
+        let welcome = |seq| {
+            Control::Welcome(crate::proto::Welcome {
+                version: 1,
+                committed: vec![LaneSeq { lane: 3, seq }],
+                dicts: vec![],
+            })
+        };
+        let ack = Control::Ack(crate::proto::Ack { lane: 3, up_to: u64::MAX });
+        vec![
+            ("max-batch", frame(None, &top(u64::MAX - 1, u64::MAX))),
+            (
+                "max-conversation",
+                [
+                    frame(Some(0), &hello),
+                    frame(Some(2), &top(1, crate::proto::MAX_SEQ)),
+                    frame(Some(2), &top(crate::proto::MAX_SEQ, u64::MAX)),
+                    frame(Some(1), &welcome(crate::proto::MAX_SEQ)),
+                    frame(Some(1), &welcome(u64::MAX)),
+                    frame(Some(3), &ack),
+                    frame(Some(0), &Control::Ping { nonce: u64::MAX }),
+                ]
+                .concat(),
+            ),
+        ]
+    }
+
+    /// The near-max seeds are in the committed corpus (`FUZZ_WRITE_SEEDS=1` writes them).
+    #[test]
+    fn the_corpus_starts_the_fuzzer_at_the_top_of_the_seq_range() {
+        let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("fuzz/corpus");
+        for (name, bytes) in near_max_seeds() {
+            for target in ["frames", "session"] {
+                let path = dir.join(target).join(format!("seed-{name}"));
+                if std::env::var_os("FUZZ_WRITE_SEEDS").is_some() {
+                    std::fs::write(&path, &bytes).unwrap();
+                }
+                let stored = std::fs::read(&path).unwrap_or_default();
+                assert!(stored == bytes, "{} is missing or stale: FUZZ_WRITE_SEEDS=1 writes it", path.display());
+            }
+        }
     }
 }
