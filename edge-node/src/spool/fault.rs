@@ -122,3 +122,55 @@ impl<S: Storage> Storage for FaultyStorage<S> {
         self.inner.renumber(lane, from, by)
     }
 }
+
+/// A boxed storage is a storage, so the node can run over a fault-injecting wrapper in tests.
+impl Storage for Box<dyn Storage + Send> {
+    fn opened(&self) -> &Opened {
+        (**self).opened()
+    }
+    fn commit(
+        &mut self,
+        records: &[Record],
+        next: &[(Lane, Seq)],
+        delete: &[Lost],
+        d: Durability,
+    ) -> Result<(), SpoolError> {
+        (**self).commit(records, next, delete, d)
+    }
+    fn read(&mut self, lane: Lane, after: Seq, limit: usize) -> Result<Vec<Record>, SpoolError> {
+        (**self).read(lane, after, limit)
+    }
+    fn ack(&mut self, lane: Lane, up_to: Seq) -> Result<Vec<ClassUsage>, SpoolError> {
+        (**self).ack(lane, up_to)
+    }
+    fn used_bytes(&mut self) -> Result<u64, SpoolError> {
+        (**self).used_bytes()
+    }
+    fn oldest(&mut self, lane: Lane, class: Option<&str>, bytes: u64) -> Result<Vec<Lost>, SpoolError> {
+        (**self).oldest(lane, class, bytes)
+    }
+    fn expired(&mut self, now_ms: u64) -> Result<Vec<Lost>, SpoolError> {
+        (**self).expired(now_ms)
+    }
+    fn lanes_with_evictable(&mut self) -> Result<Vec<Lane>, SpoolError> {
+        (**self).lanes_with_evictable()
+    }
+    fn oldest_enqueued_ms(&mut self, lane: Lane) -> Result<Option<u64>, SpoolError> {
+        (**self).oldest_enqueued_ms(lane)
+    }
+    fn compact(&mut self) -> Result<(), SpoolError> {
+        (**self).compact()
+    }
+    fn close_cleanly(&mut self, usage: &[ClassUsage]) -> Result<(), SpoolError> {
+        (**self).close_cleanly(usage)
+    }
+    fn suspect_from(&self, lane: Lane) -> Option<Seq> {
+        (**self).suspect_from(lane)
+    }
+    fn clear_suspect(&mut self, lane: Lane) -> Result<(), SpoolError> {
+        (**self).clear_suspect(lane)
+    }
+    fn renumber(&mut self, lane: Lane, from: Seq, by: u64) -> Result<(), SpoolError> {
+        (**self).renumber(lane, from, by)
+    }
+}
