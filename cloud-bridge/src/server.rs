@@ -55,6 +55,8 @@ enum SessionEnd {
     Sink(#[from] crate::sink::SinkError),
     #[error("bridge shutting down")]
     Shutdown,
+    #[error("replaced by a newer connection of this edge")]
+    Replaced,
 }
 
 impl SessionEnd {
@@ -65,6 +67,7 @@ impl SessionEnd {
             SessionEnd::Frame(_) | SessionEnd::Session(_) | SessionEnd::Batch(_) => "protocol",
             SessionEnd::Sink(_) => "sink",
             SessionEnd::Shutdown => "shutdown",
+            SessionEnd::Replaced => "replaced",
         }
     }
 }
@@ -105,6 +108,7 @@ pub async fn accept_loop<S: Sink>(
     shutdown: CancellationToken,
     tasks: tokio_util::task::TaskTracker,
 ) {
+    let live = Arc::new(LiveSessions::default());
     loop {
         let incoming = tokio::select! {
             _ = shutdown.cancelled() => break,
@@ -114,7 +118,7 @@ pub async fn accept_loop<S: Sink>(
             },
         };
         let (config, sink, metrics, shutdown) = (config.clone(), sink.clone(), metrics.clone(), shutdown.clone());
-        let models = models.clone();
+        let (models, live) = (models.clone(), live.clone());
         tasks.spawn(async move {
             let remote = incoming.remote_address();
             let conn = match incoming.await {
@@ -143,12 +147,54 @@ pub async fn accept_loop<S: Sink>(
                 conn.close(2u32.into(), b"certificate denied");
                 return;
             }
-            serve_edge(conn, edge, config.max_held, sink, models, metrics, shutdown).await;
+            let (ticket, replaced) = live.claim(&edge);
+            serve_edge(conn, &edge, config.max_held, sink, models, &metrics, shutdown, replaced).await;
+            if live.release(&edge, ticket) {
+                metrics.connected.get_or_create(&EdgeLabel { edge }).set(0);
+            }
         });
     }
     endpoint.close(0u32.into(), b"bridge shutting down");
     // The socket is released once every connection is gone.
     endpoint.wait_idle().await;
+}
+
+/// QUIC close code of a session replaced by a newer connection of the same edge (1 and 2 are
+/// the refusals above); the edge backs off as after a refusal.
+const CLOSE_REPLACED: u32 = 3;
+
+/// The live session of each edge id: one at a time. A newer connection with the same
+/// certificate id ends the older one, so one certificate (stolen, or a gateway cloned with its
+/// keys) cannot hold sessions, streams and their memory many times over, and two sessions of
+/// one edge never interleave marks on this bridge.
+#[derive(Debug, Default)]
+struct LiveSessions {
+    next: std::sync::atomic::AtomicU64,
+    live: std::sync::Mutex<std::collections::HashMap<String, (u64, CancellationToken)>>,
+}
+
+impl LiveSessions {
+    /// Makes this connection `edge`'s live session, ending the one before; returns its ticket
+    /// and the token that ends it in turn.
+    fn claim(&self, edge: &str) -> (u64, CancellationToken) {
+        let ticket = self.next.fetch_add(1, Ordering::Relaxed);
+        let token = CancellationToken::new();
+        let mut live = self.live.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        if let Some((_, older)) = live.insert(edge.to_owned(), (ticket, token.clone())) {
+            older.cancel();
+        }
+        (ticket, token)
+    }
+
+    /// Forgets `edge`'s session if it is still the one with `ticket`; whether it was.
+    fn release(&self, edge: &str, ticket: u64) -> bool {
+        let mut live = self.live.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        if live.get(edge).is_some_and(|(t, _)| *t == ticket) {
+            live.remove(edge);
+            return true;
+        }
+        false
+    }
 }
 
 fn refuse(metrics: &Metrics, reason: &'static str) {
@@ -160,30 +206,32 @@ fn peer_cert(conn: &quinn::Connection) -> Option<CertificateDer<'static>> {
     certs.first().cloned()
 }
 
+#[allow(clippy::too_many_arguments)]
 async fn serve_edge<S: Sink>(
     conn: quinn::Connection,
-    edge: String,
+    edge: &str,
     max_held: usize,
     sink: Arc<S>,
     models: Option<Arc<ModelService>>,
-    metrics: Arc<Metrics>,
+    metrics: &Metrics,
     shutdown: CancellationToken,
+    replaced: CancellationToken,
 ) {
-    let label = EdgeLabel { edge: edge.clone() };
-    let connected = metrics.connected.get_or_create(&label).clone();
-    connected.set(1);
+    let label = EdgeLabel { edge: edge.to_owned() };
+    metrics.connected.get_or_create(&label).set(1);
     tracing::info!(edge, remote = %conn.remote_address(), "edge connected");
     let end = tokio::select! {
-        end = session(&conn, &edge, max_held, &*sink, models.as_ref(), &metrics) => end,
+        end = session(&conn, edge, max_held, &*sink, models.as_ref(), metrics) => end,
         _ = shutdown.cancelled() => SessionEnd::Shutdown,
+        _ = replaced.cancelled() => SessionEnd::Replaced,
     };
-    connected.set(0);
     metrics.closed.get_or_create(&ReasonLabel { reason: end.reason() }).inc();
     match &end {
         SessionEnd::Closed | SessionEnd::Shutdown => tracing::info!(edge, "edge session ended: {end}"),
         _ => tracing::warn!(edge, "edge session ended: {end}"),
     }
-    conn.close(0u32.into(), end.to_string().as_bytes());
+    let code = if matches!(end, SessionEnd::Replaced) { CLOSE_REPLACED } else { 0 };
+    conn.close(code.into(), end.to_string().as_bytes());
 }
 
 async fn session<S: Sink>(

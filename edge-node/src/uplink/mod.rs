@@ -162,9 +162,10 @@ impl ConnEnd {
         match self {
             ConnEnd::Session(SessionError::Refused(_)) => true,
             // The bridge's refusal codes (cloud-bridge `server.rs`): 1 no usable identity, 2 a
-            // denied certificate.
+            // denied certificate, 3 replaced by a newer connection with this certificate (two
+            // gateways sharing one would otherwise take turns as fast as they can connect).
             ConnEnd::Connection(quinn::ConnectionError::ApplicationClosed(close)) => {
-                matches!(u64::from(close.error_code), 1 | 2)
+                matches!(u64::from(close.error_code), 1..=3)
             }
             // A TLS alert in the handshake: the bridge did not accept our certificate.
             ConnEnd::Handshake(quinn::ConnectionError::ConnectionClosed(_)) => true,

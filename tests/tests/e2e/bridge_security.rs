@@ -132,3 +132,37 @@ async fn an_edge_writes_only_under_its_own_certificate_id() {
         assert_eq!(r.edge, want, "{:?}", r.topic);
     }
 }
+
+/// One live session per edge id: a second connection with the same certificate ends the
+/// first (close code 3, counted as `replaced`), so one certificate cannot hold many sessions;
+/// the edge's connected gauge follows the live one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_newer_connection_of_an_edge_replaces_the_older_one() {
+    let dir = tempfile::tempdir().unwrap();
+    let keys = pki(dir.path(), &["edge-2"]);
+    let cloud = TestCloud::start(dir.path(), keys.clone(), "127.0.0.1:0".parse().unwrap(), "").await;
+    let addr = cloud.bridge.quic_addr();
+    let (_, cert, key) = keys.edges.iter().find(|(id, _, _)| id == "edge-2").unwrap().clone();
+    let welcomed = |conn: quinn::Connection| async move {
+        let (mut send, mut recv) = conn.open_bi().await.unwrap();
+        send.write_all(&codec::encode(&hello(vec![1])).unwrap()).await.unwrap();
+        let welcome: Control =
+            shared::proto::io::read_frame(&mut recv, shared::proto::MAX_CONTROL_FRAME).await.unwrap().unwrap();
+        assert!(matches!(welcome, Control::Welcome(_)), "{welcome:?}");
+        (conn, send, recv)
+    };
+    let (first, _s1, _r1) = welcomed(quic::connect(addr, &keys.ca, &cert, &key).await.unwrap()).await;
+    let (second, _s2, _r2) = welcomed(quic::connect(addr, &keys.ca, &cert, &key).await.unwrap()).await;
+    let closed = tokio::time::timeout(WAIT, first.closed()).await.expect("the older session is closed");
+    match &closed {
+        quinn::ConnectionError::ApplicationClosed(c) => assert_eq!(u64::from(c.error_code), 3, "{closed}"),
+        other => panic!("closed by {other}"),
+    }
+    assert!(closed.to_string().contains("replaced by a newer connection"), "{closed}");
+    assert!(second.close_reason().is_none(), "the newer session stays");
+    assert_eq!(cloud.metric("bridge_sessions_closed_total{reason=\"replaced\"}"), 1.0);
+    assert_eq!(cloud.metric("bridge_edge_connected{edge=\"edge-2\"}"), 1.0, "the live session is connected");
+    second.close(0u32.into(), b"done");
+    let gone = e2e_tests::eventually(WAIT, || cloud.metric("bridge_edge_connected{edge=\"edge-2\"}") == 0.0).await;
+    assert!(gone, "{}", cloud.bridge.metrics().encode());
+}
