@@ -117,6 +117,10 @@ impl<S: Storage> Storage for FaultyStorage<S> {
         self.faults.check(&self.path)?;
         self.inner.clear_suspect(lane)
     }
+    fn clear_all_suspects(&mut self) -> Result<(), SpoolError> {
+        self.faults.check(&self.path)?;
+        self.inner.clear_all_suspects()
+    }
     fn renumber(&mut self, lane: Lane, from: Seq, by: u64) -> Result<(), SpoolError> {
         self.faults.check(&self.path)?;
         self.inner.renumber(lane, from, by)
@@ -169,6 +173,9 @@ impl Storage for Box<dyn Storage + Send> {
     }
     fn clear_suspect(&mut self, lane: Lane) -> Result<(), SpoolError> {
         (**self).clear_suspect(lane)
+    }
+    fn clear_all_suspects(&mut self) -> Result<(), SpoolError> {
+        (**self).clear_all_suspects()
     }
     fn renumber(&mut self, lane: Lane, from: Seq, by: u64) -> Result<(), SpoolError> {
         (**self).renumber(lane, from, by)

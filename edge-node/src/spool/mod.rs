@@ -313,6 +313,7 @@ pub trait Storage {
     /// (see `seqs.rs`), until the cloud's mark was checked.
     fn suspect_from(&self, lane: Lane) -> Option<Seq>;
     fn clear_suspect(&mut self, lane: Lane) -> Result<(), SpoolError>;
+    fn clear_all_suspects(&mut self) -> Result<(), SpoolError>;
     /// Moves `lane`'s records from seq `from` on, and its next seq, `by` seqs up.
     fn renumber(&mut self, lane: Lane, from: Seq, by: u64) -> Result<(), SpoolError>;
 }

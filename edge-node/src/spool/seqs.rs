@@ -95,6 +95,14 @@ impl SeqFile {
         if self.contents.suspect.remove(&lane.0).is_some() { self.store() } else { Ok(()) }
     }
 
+    pub fn clear_all_suspects(&mut self) -> std::io::Result<()> {
+        if self.contents.suspect.is_empty() {
+            return Ok(());
+        }
+        self.contents.suspect.clear();
+        self.store()
+    }
+
     /// Makes sure seqs below each lane's given next seq are reserved, writing the file if any
     /// was not.
     pub fn cover(&mut self, next_seqs: impl IntoIterator<Item = (Lane, u64)>) -> std::io::Result<()> {
@@ -138,6 +146,14 @@ impl SeqFile {
 }
 
 impl<S: Storage> Spool<S> {
+    /// A Welcome was fully checked ([`Spool::check_mark`] for each lane it names): a lane it
+    /// does not name is one the cloud holds nothing of, so none of its seqs were reused, and
+    /// every suspect mark left goes. Without this a suspect lane the cloud had not seen kept its
+    /// mark, and a later Welcome's mark over seqs sent since moved records that were not reused.
+    pub fn welcomed(&mut self) -> Result<(), SpoolError> {
+        self.storage.clear_all_suspects()
+    }
+
     /// Checks the cloud's committed mark of `lane` against this database before the mark is
     /// taken as an ack. When the cloud holds seqs this database handed out again (the lane is
     /// suspect and the mark reaches its suspect seq: the database went back in time) or seqs
@@ -316,6 +332,37 @@ mod tests {
         assert_eq!(spool.check_mark(Lane(0), Seq(3)).unwrap(), None);
         assert_eq!(spool.storage.suspect_from(Lane(0)), None);
         assert_eq!(spool.append(Lane(0), message("m-6"), Durability::Normal), Seq(6));
+    }
+
+    /// A suspect lane the Welcome does not name (the cloud has nothing of it) is cleared once
+    /// the Welcome is checked: after more is sent and acked and the process crashes again, the
+    /// next Welcome's mark is below the new suspect seq and moves nothing. (Keeping the old mark
+    /// renumbered acked-and-sent seqs here and left a hole in the sink.)
+    #[test]
+    fn a_welcome_that_does_not_name_a_suspect_lane_clears_it() {
+        use super::super::{Durability, Storage};
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("spool.db");
+        let mut spool = open(&path);
+        for i in 1..=5 {
+            spool.append(Lane(0), message(&format!("m-{i}")), Durability::Normal);
+        }
+        spool.flush().unwrap();
+        drop(spool);
+        let mut spool = open(&path);
+        assert_eq!(spool.storage.suspect_from(Lane(0)), Some(Seq(6)));
+        spool.welcomed().unwrap();
+        assert_eq!(spool.storage.suspect_from(Lane(0)), None);
+        for i in 6..=10 {
+            spool.append(Lane(0), message(&format!("m-{i}")), Durability::Normal);
+        }
+        spool.flush().unwrap();
+        spool.ack(Lane(0), Seq(10)).unwrap();
+        drop(spool);
+        let mut spool = open(&path);
+        assert_eq!(spool.storage.suspect_from(Lane(0)), Some(Seq(11)));
+        assert_eq!(spool.check_mark(Lane(0), Seq(10)).unwrap(), None);
+        assert_eq!(spool.append(Lane(0), message("m-11"), Durability::Normal), Seq(11));
     }
 
     /// A mark above everything the database holds, with no reservation to tell (the file was

@@ -517,6 +517,10 @@ impl Storage for SqliteStorage {
         self.seqs.clear_suspect(lane).map_err(|source| SpoolError::Io { path: self.seqs.path().to_owned(), source })
     }
 
+    fn clear_all_suspects(&mut self) -> Result<(), SpoolError> {
+        self.seqs.clear_all_suspects().map_err(|source| SpoolError::Io { path: self.seqs.path().to_owned(), source })
+    }
+
     fn renumber(&mut self, lane: Lane, from: Seq, by: u64) -> Result<(), SpoolError> {
         let next = lane_rows(&self.conn).map_err(|e| self.err(e))?.iter().find(|r| r.0 == lane.0).map_or(1, |r| r.1);
         let new_next = next

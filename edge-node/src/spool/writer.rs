@@ -58,6 +58,7 @@ enum Query {
     Read { lane: Lane, after: Seq, limit: usize, done: oneshot::Sender<Result<Vec<Record>, SpoolError>> },
     Ack { lane: Lane, up_to: Seq, done: oneshot::Sender<Result<u64, SpoolError>> },
     CheckMark { lane: Lane, mark: Seq, done: oneshot::Sender<Result<Option<(Seq, u64)>, SpoolError>> },
+    Welcomed(oneshot::Sender<Result<(), SpoolError>>),
     Heads(oneshot::Sender<Heads>),
 }
 
@@ -264,6 +265,11 @@ impl SpoolWriter {
     /// back in time.
     pub async fn check_mark(&self, lane: Lane, mark: Seq) -> Result<Option<(Seq, u64)>, ReadError> {
         Ok(self.query(|done| Query::CheckMark { lane, mark, done }).await??)
+    }
+
+    /// Every lane of a Welcome was checked ([`super::Spool::welcomed`]).
+    pub async fn welcomed(&self) -> Result<(), ReadError> {
+        Ok(self.query(Query::Welcomed).await??)
     }
 
     /// The spool's epoch and lane positions.
@@ -562,6 +568,9 @@ fn answer(spool: &mut DynSpool, query: Query, metrics: &WriterMetrics) {
                 metrics.renumbered.inc();
             }
             let _ = done.send(result);
+        }
+        Query::Welcomed(done) => {
+            let _ = done.send(spool.welcomed());
         }
         Query::Heads(done) => {
             let _ = done.send(Heads { epoch: spool.epoch().to_owned(), lanes: spool.heads() });

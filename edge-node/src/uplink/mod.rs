@@ -434,6 +434,8 @@ impl Uplink {
                         self.metrics.acked.get_or_create(&LaneLabel { lane }).set(up_to as i64);
                     }
                     EdgeEvent::Ready { version, dicts: known } => {
+                        // After every Mark of this Welcome (they come first).
+                        self.spool.welcomed().await?;
                         tracing::info!(version, dicts = known.len(), "uplink session ready");
                         dicts.connected(&known);
                         self.report_classes(session);
