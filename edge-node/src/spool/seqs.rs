@@ -314,6 +314,14 @@ mod tests {
         assert_eq!(payloads(&mut spool, 20).len(), 31);
     }
 
+    /// Appends messages `m-<i>` for `seqs` to lane 0 and commits them.
+    fn commit(spool: &mut Spool<super::super::SqliteStorage>, seqs: std::ops::RangeInclusive<u64>) {
+        for i in seqs {
+            spool.append(Lane(0), message(&format!("m-{i}")), super::super::Durability::Normal);
+        }
+        spool.flush().unwrap();
+    }
+
     /// After a plain crash the lane is suspect too, but the cloud's mark is below the suspect
     /// seq: nothing moves and seqs stay continuous.
     #[test]
@@ -322,10 +330,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("spool.db");
         let mut spool = open(&path);
-        for i in 1..=5 {
-            spool.append(Lane(0), message(&format!("m-{i}")), Durability::Normal);
-        }
-        spool.flush().unwrap();
+        commit(&mut spool, 1..=5);
         drop(spool);
         let mut spool = open(&path);
         assert_eq!(spool.storage.suspect_from(Lane(0)), Some(Seq(6)));
@@ -344,19 +349,13 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("spool.db");
         let mut spool = open(&path);
-        for i in 1..=5 {
-            spool.append(Lane(0), message(&format!("m-{i}")), Durability::Normal);
-        }
-        spool.flush().unwrap();
+        commit(&mut spool, 1..=5);
         drop(spool);
         let mut spool = open(&path);
         assert_eq!(spool.storage.suspect_from(Lane(0)), Some(Seq(6)));
         spool.welcomed().unwrap();
         assert_eq!(spool.storage.suspect_from(Lane(0)), None);
-        for i in 6..=10 {
-            spool.append(Lane(0), message(&format!("m-{i}")), Durability::Normal);
-        }
-        spool.flush().unwrap();
+        commit(&mut spool, 6..=10);
         spool.ack(Lane(0), Seq(10)).unwrap();
         drop(spool);
         let mut spool = open(&path);
@@ -369,14 +368,10 @@ mod tests {
     /// lost too): every unacked record moves past it, none is deleted.
     #[test]
     fn a_mark_past_the_head_moves_every_unacked_record() {
-        use super::super::Durability;
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("spool.db");
         let mut spool = open(&path);
-        for i in 1..=4 {
-            spool.append(Lane(0), message(&format!("m-{i}")), Durability::Normal);
-        }
-        spool.flush().unwrap();
+        commit(&mut spool, 1..=4);
         spool.ack(Lane(0), Seq(1)).unwrap();
         assert_eq!(spool.check_mark(Lane(0), Seq(100)).unwrap(), Some((Seq(2), 99)));
         spool.ack(Lane(0), Seq(100)).unwrap();
