@@ -9,7 +9,7 @@
 //! next Welcome would count them as acked, and the edge would delete them unsent.
 //!
 //! Before a commit uses a seq past its lane's reservation, the reservation moves ahead by
-//! [`BLOCK`] and the file is written and fsynced (temp file, rename, directory fsync): one
+//! [`BLOCK`] and the file is written and fsynced (`shared::fs::write_durably`): one
 //! fsync per 65,536 seqs of a lane. A clean close writes the exact next seqs back. Opening a
 //! lane whose next seq is at or below its reservation (after a crash, a power cut or a restored
 //! copy: they cannot be told apart here) marks the lane *suspect from* that seq. The cloud's
@@ -56,9 +56,20 @@ impl SeqFile {
         let mut path = db.as_os_str().to_owned();
         path.push(".seqs");
         let path = PathBuf::from(path);
-        let contents = std::fs::read(&path)
-            .ok()
-            .and_then(|bytes| serde_json::from_slice::<Contents>(&bytes).ok())
+        let read = match std::fs::read(&path) {
+            Ok(bytes) => serde_json::from_slice::<Contents>(&bytes)
+                .map_err(|e| {
+                    // Its protection is gone until the next reservation is written: say so.
+                    tracing::warn!(path = %path.display(), error = %e, "spool seq reservations unreadable; starting without them");
+                })
+                .ok(),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
+            Err(e) => {
+                tracing::warn!(path = %path.display(), error = %e, "spool seq reservations unreadable; starting without them");
+                None
+            }
+        };
+        let contents = read
             .filter(|c| c.epoch == epoch)
             .unwrap_or_else(|| Contents { epoch: epoch.to_owned(), ..Contents::default() });
         Self { path, contents }
@@ -126,18 +137,8 @@ impl SeqFile {
     }
 
     fn store(&self) -> std::io::Result<()> {
-        let mut tmp = self.path.as_os_str().to_owned();
-        tmp.push(".tmp");
-        let tmp = PathBuf::from(tmp);
         let bytes = serde_json::to_vec(&self.contents).map_err(std::io::Error::other)?;
-        let mut f = std::fs::File::create(&tmp)?;
-        f.write_all(&bytes)?;
-        f.sync_all()?;
-        std::fs::rename(&tmp, &self.path)?;
-        if let Some(dir) = self.path.parent().filter(|d| !d.as_os_str().is_empty()) {
-            std::fs::File::open(dir)?.sync_all()?;
-        }
-        Ok(())
+        shared::fs::write_durably(&self.path, |f| f.write_all(&bytes))
     }
 
     pub fn path(&self) -> &Path {
