@@ -7,6 +7,7 @@
 mod config;
 pub mod dict;
 pub mod drain;
+mod pack;
 pub mod quic;
 
 pub use config::{Congestion, UplinkConfig};
@@ -23,7 +24,7 @@ use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use rand::Rng;
 use shared::proto::edge::{EdgeEvent, EdgeSession, EdgeSessionConfig, SessionError};
 use shared::proto::io::{FrameIoError, spawn_reader, write_frame};
-use shared::proto::{Control, MAX_CONTROL_FRAME, ProtoError, WireGap, WireMessage, WireRecord, codec, compress};
+use shared::proto::{Control, MAX_CONTROL_FRAME, ProtoError, WireGap, WireMessage, WireRecord, codec};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::AbortOnDropHandle;
 
@@ -57,6 +58,8 @@ pub struct UplinkMetrics {
     pub acked: Family<LaneLabel, Gauge>,
     pub reconnects: Counter,
     pub refused: Counter,
+    /// Records sent as `refused` gap records: too costly to decode on their own.
+    pub records_refused: Counter,
     pub dicts_trained: Counter,
     pub dicts_announced: Counter,
     pub dict_batches: Counter,
@@ -80,6 +83,7 @@ impl UplinkMetrics {
             acked: Family::default(),
             reconnects: Counter::default(),
             refused: Counter::default(),
+            records_refused: Counter::default(),
             dicts_trained: Counter::default(),
             dicts_announced: Counter::default(),
             dict_batches: Counter::default(),
@@ -102,6 +106,11 @@ impl UplinkMetrics {
         r.register("uplink_lane_sent_bytes", "Batch bytes sent, after compression, by lane", m.lane_sent.clone());
         r.register("uplink_acked_seq", "Highest seq the cloud acked, by lane", m.acked.clone());
         r.register("uplink_reconnects", "Connection attempts after the first, failed or lost", m.reconnects.clone());
+        r.register(
+            "uplink_records_refused",
+            "Records sent as refused gap records because alone they would cost a bridge more than the protocol's per-batch memory limit to decode",
+            m.records_refused.clone(),
+        );
         r.register(
             "uplink_refused",
             "Times the cloud bridge turned this edge away (certificate denied or not accepted, hello refused); retried at backoff_max",
@@ -363,7 +372,7 @@ impl Uplink {
                     heads.insert(lane.0, after);
                     continue;
                 }
-                let wire: Vec<WireRecord> = records.into_iter().map(into_wire).collect();
+                let mut wire: Vec<WireRecord> = records.into_iter().map(into_wire).collect();
                 dicts.observe(&wire, now);
                 if let Some(d) = dicts.poll_training(now).await {
                     tracing::info!(class = d.class, id = d.id, bytes = d.bytes.len(), "uplink dictionary trained");
@@ -374,8 +383,16 @@ impl Uplink {
                     session.announce_dict(announce);
                     self.metrics.dicts_announced.inc();
                 }
-                // The bridge knows the epoch from the hello; an empty one on the wire means that.
-                let batch = compress::pack("", lane.0, after + 1, &wire, choice.dict, self.config.zstd_level)?;
+                let (batch, refused) =
+                    pack::pack_within_cost(lane.0, after + 1, &mut wire, choice.dict, self.config.zstd_level)?;
+                if refused > 0 {
+                    tracing::warn!(
+                        lane = lane.0,
+                        seq = batch.first_seq,
+                        "record too costly to decode for any bridge; sent as a refused gap"
+                    );
+                    self.metrics.records_refused.inc_by(refused);
+                }
                 if batch.dict.is_some() {
                     self.metrics.dict_batches.inc();
                 }

@@ -7,7 +7,7 @@
 use std::collections::HashMap;
 use std::io::Read;
 
-use super::{Batch, Codec, ProtoError, WireRecord, codec};
+use super::{Batch, Codec, MAX_BATCH_COST, ProtoError, WireRecord, codec};
 
 /// Bodies shorter than this are sent as plain CBOR: zstd's frame header would eat the gain.
 const MIN_COMPRESS: usize = 128;
@@ -63,6 +63,7 @@ pub fn pack(
     check_range(first, last.seq, records)?;
     let mut raw = Vec::new();
     ciborium::into_writer(&records, &mut raw).map_err(|e| ProtoError::Encode(e.to_string()))?;
+    let bound = super::bound::decoded_bound(&raw)?;
     let mut batch = Batch {
         epoch: epoch.to_owned(),
         lane,
@@ -83,10 +84,12 @@ pub fn pack(
         if packed.len() < raw.len() {
             batch.codec = Codec::Zstd;
             batch.dict = dict.map(|d| d.id.clone());
+            within_cost(packed.len() + raw.len() + bound)?;
             batch.body = packed;
             return Ok(batch);
         }
     }
+    within_cost(raw.len() + bound)?;
     batch.body = raw;
     Ok(batch)
 }
@@ -94,32 +97,61 @@ pub fn pack(
 /// The records of a batch, decompressed with at most `max_raw` bytes of output, and checked to
 /// lie in the range the batch claims, in order, ending at its last seq.
 pub fn unpack(batch: &Batch, dicts: &HashMap<String, Vec<u8>>, max_raw: usize) -> Result<Vec<WireRecord>, ProtoError> {
+    let dict = match &batch.dict {
+        Some(id) => Some(dicts.get(id).ok_or_else(|| ProtoError::UnknownDict(id.clone()))?.as_slice()),
+        None => None,
+    };
+    match decompress(batch, dict, max_raw)? {
+        Some(raw) => decode_records(batch, &raw),
+        None => decode_records(batch, &batch.body),
+    }
+}
+
+/// A zstd batch's CBOR, exactly the `raw_len` bytes it declares (at most `max_raw`), so a
+/// receiver can reserve the output before it decompresses; `None` for a plain CBOR batch,
+/// whose body is its CBOR. `dict` is the dictionary the batch names.
+pub fn decompress(batch: &Batch, dict: Option<&[u8]>, max_raw: usize) -> Result<Option<Vec<u8>>, ProtoError> {
+    if batch.codec == Codec::Cbor {
+        return Ok(None);
+    }
     if batch.raw_len > max_raw as u64 {
         return Err(ProtoError::TooLargeDecompressed { max: max_raw });
     }
-    let records: Vec<WireRecord> = match batch.codec {
-        Codec::Cbor => codec::decode(&batch.body)?,
-        Codec::Zstd => {
-            let empty = Vec::new();
-            let dict = match &batch.dict {
-                Some(id) => dicts.get(id).ok_or_else(|| ProtoError::UnknownDict(id.clone()))?,
-                None => &empty,
-            };
-            let decoder = zstd::stream::read::Decoder::with_dictionary(&batch.body[..], dict)
-                .map_err(|e| ProtoError::Decompress(e.to_string()))?;
-            let mut raw = Vec::with_capacity((batch.raw_len as usize).min(1 << 20));
-            decoder
-                .take(max_raw as u64 + 1)
-                .read_to_end(&mut raw)
-                .map_err(|e| ProtoError::Decompress(e.to_string()))?;
-            if raw.len() > max_raw {
-                return Err(ProtoError::TooLargeDecompressed { max: max_raw });
-            }
-            codec::decode(&raw)?
-        }
-    };
+    let decoder = zstd::stream::read::Decoder::with_dictionary(&batch.body[..], dict.unwrap_or_default())
+        .map_err(|e| ProtoError::Decompress(e.to_string()))?;
+    let mut raw = Vec::with_capacity(batch.raw_len as usize);
+    decoder.take(batch.raw_len + 1).read_to_end(&mut raw).map_err(|e| ProtoError::Decompress(e.to_string()))?;
+    if raw.len() as u64 != batch.raw_len {
+        return Err(ProtoError::Decompress(format!(
+            "{} bytes of output where the batch declares {}",
+            if raw.len() as u64 > batch.raw_len { "more".to_owned() } else { raw.len().to_string() },
+            batch.raw_len
+        )));
+    }
+    Ok(Some(raw))
+}
+
+/// Decodes a batch's CBOR (from [`decompress`], or the body of a plain batch) and checks the
+/// records against the range the batch claims.
+pub fn decode_records(batch: &Batch, raw: &[u8]) -> Result<Vec<WireRecord>, ProtoError> {
+    let records: Vec<WireRecord> = codec::decode(raw)?;
     check_range(batch.first_seq, batch.last_seq, &records)?;
     Ok(records)
+}
+
+/// The memory a receiver needs to take `batch` in: its body, the decompressed CBOR when it is
+/// compressed, and the decoded records' bound ([`super::bound`]), given its CBOR `raw`.
+pub fn cost(batch: &Batch, raw: &[u8]) -> Result<usize, ProtoError> {
+    let decompressed = if batch.codec == Codec::Zstd { raw.len() } else { 0 };
+    Ok(batch.body.len() + decompressed + super::bound::decoded_bound(raw)?)
+}
+
+/// Refuses a batch a receiver could not take within [`MAX_BATCH_COST`]: the sender splits it.
+fn within_cost(cost: usize) -> Result<(), ProtoError> {
+    if cost > MAX_BATCH_COST {
+        return Err(ProtoError::TooCostly { cost, max: MAX_BATCH_COST });
+    }
+    Ok(())
 }
 
 fn check_range(first: u64, last: u64, records: &[WireRecord]) -> Result<(), ProtoError> {
@@ -203,7 +235,26 @@ mod tests {
             raw_len: 100, // lies
             body,
         };
-        assert_eq!(unpack(&batch, &HashMap::new(), 1 << 20), Err(ProtoError::TooLargeDecompressed { max: 1 << 20 }));
+        // Output past the declared length stops there: a receiver reserves `raw_len`, no more.
+        let err = unpack(&batch, &HashMap::new(), 1 << 20).unwrap_err();
+        assert_eq!(err, ProtoError::Decompress("more bytes of output where the batch declares 100".into()));
+        let honest = Batch { raw_len: 32 << 20, ..batch };
+        assert_eq!(unpack(&honest, &HashMap::new(), 1 << 20), Err(ProtoError::TooLargeDecompressed { max: 1 << 20 }));
+    }
+
+    #[test]
+    fn a_batch_too_costly_to_decode_is_refused_by_its_sender() {
+        // 600,000 records of nothing but a seq and an empty gap: small on the wire, large decoded.
+        let records: Vec<WireRecord> = (1..=600_000)
+            .map(|seq| WireRecord {
+                seq,
+                message: None,
+                gap: Some(WireGap { class: String::new(), reason: String::new(), ranges: vec![], count: 0 }),
+            })
+            .collect();
+        let err = pack("e", 0, 1, &records, None, 1).unwrap_err();
+        assert!(matches!(err, ProtoError::TooCostly { max: MAX_BATCH_COST, .. }), "{err}");
+        assert!(pack("e", 0, 1, &records[..1000], None, 1).is_ok());
     }
 
     #[test]

@@ -17,6 +17,7 @@
 //! frames and the current time, which say what to send and what to do, so tests drive them with
 //! a virtual clock and no network.
 
+pub mod bound;
 pub mod cloud;
 pub mod codec;
 pub mod compress;
@@ -50,6 +51,11 @@ pub const MAX_SEQ: u64 = (1 << 56) - 1;
 pub const MAX_MESSAGE_BYTES: usize = MAX_BATCH_FRAME / 2;
 /// Largest decompressed batch accepted: the output cap against decompression bombs.
 pub const MAX_BATCH_RAW: usize = 64 << 20;
+/// Most memory one batch may take at its receiver while it is decoded: the body, the
+/// decompressed CBOR and the decoded records' bound ([`bound`]). Senders split batches that
+/// would cost more ([`compress::pack`] refuses them); a bridge's per-connection memory budget is
+/// at least this, so every batch a well-behaved edge sends fits.
+pub const MAX_BATCH_COST: usize = 48 << 20;
 /// Largest dictionary a bridge accepts.
 pub const MAX_DICT_BYTES: usize = 256 << 10;
 /// Most dictionaries one edge may name in a hello or announce on one connection: each costs
@@ -321,6 +327,8 @@ pub enum ProtoError {
     Encode(String),
     #[error("batch decompresses past the {max} byte limit")]
     TooLargeDecompressed { max: usize },
+    #[error("batch would take {cost} bytes of memory to decode, over the {max} byte limit")]
+    TooCostly { cost: usize, max: usize },
     #[error("batch body is not valid zstd: {0}")]
     Decompress(String),
     #[error("batch uses dictionary {0}, which was never announced")]

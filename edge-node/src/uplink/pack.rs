@@ -1,0 +1,79 @@
+//! Packing what the spool read into a batch the bridge can take: a batch that would cost a
+//! receiver more than [`shared::proto::MAX_BATCH_COST`] to decode (only messages stuffed with
+//! tiny user properties get there) is cut in half until it fits, the rest going in the next
+//! batch. One record that cannot fit on its own is sent as a `refused` gap record, so the loss
+//! shows in the cloud and the lane moves on instead of stopping at it.
+
+use shared::proto::compress::{self, Dict};
+use shared::proto::{Batch, ProtoError, WireGap, WireRecord};
+
+/// The batch of `wire`'s first records from `first` on; `wire` is cut to what it holds.
+/// Returns the batch and how many records went as refused gap records.
+pub fn pack_within_cost(
+    lane: u8,
+    first: u64,
+    wire: &mut Vec<WireRecord>,
+    dict: Option<&Dict>,
+    level: i32,
+) -> Result<(Batch, u64), ProtoError> {
+    let mut refused = 0;
+    loop {
+        // The bridge knows the epoch from the hello; an empty one on the wire means that.
+        match compress::pack("", lane, first, wire, dict, level) {
+            Err(ProtoError::TooCostly { .. }) if wire.len() > 1 => wire.truncate(wire.len() / 2),
+            Err(ProtoError::TooCostly { .. }) if refused == 0 && wire[0].message.is_some() => {
+                let record = &mut wire[0];
+                let class = record.message.take().map(|m| m.class).unwrap_or_default();
+                record.gap =
+                    Some(WireGap { class, reason: "refused".into(), ranges: vec![(record.seq, record.seq)], count: 1 });
+                refused = 1;
+            }
+            other => return other.map(|b| (b, refused)),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use shared::proto::WireMessage;
+
+    fn message(seq: u64, empty_properties: usize) -> WireRecord {
+        WireRecord {
+            seq,
+            message: Some(WireMessage {
+                class: "telemetry".into(),
+                topic: "t".into(),
+                payload: vec![1; 16],
+                qos: 1,
+                enqueued_ms: 1,
+                expires_ms: None,
+                user_properties: vec![(String::new(), String::new()); empty_properties],
+                correlation_data: None,
+                content_type: None,
+            }),
+            gap: None,
+        }
+    }
+
+    #[test]
+    fn a_costly_read_is_split_and_an_impossible_record_becomes_a_refused_gap() {
+        // 8 messages of 40,000 empty pairs each: ~1 MB of CBOR, ~35 MB of bound, too much for
+        // one batch together.
+        let mut wire: Vec<WireRecord> = (1..=8).map(|s| message(s, 40_000)).collect();
+        let (batch, refused) = pack_within_cost(0, 1, &mut wire, None, 1).unwrap();
+        assert_eq!(refused, 0);
+        assert!(wire.len() < 8 && !wire.is_empty(), "{} records kept", wire.len());
+        assert_eq!(batch.last_seq, wire.last().unwrap().seq);
+
+        // One message of 200,000 empty pairs cannot go at all: the cloud gets a gap for it.
+        let mut wire = vec![message(9, 200_000), message(10, 0)];
+        let (batch, refused) = pack_within_cost(0, 9, &mut wire, None, 1).unwrap();
+        assert_eq!((refused, wire.len(), batch.first_seq, batch.last_seq), (1, 1, 9, 9));
+        let gap = wire[0].gap.as_ref().unwrap();
+        assert_eq!(
+            (gap.class.as_str(), gap.reason.as_str(), gap.ranges.as_slice()),
+            ("telemetry", "refused", &[(9, 9)][..])
+        );
+    }
+}
