@@ -17,6 +17,9 @@ pub struct CloudConfig {
     pub log: LogConfig,
     /// Model parameters the bridge serves to edges. Default: none.
     pub models: Option<ModelsConfig>,
+    /// What edges may take: connections, handshake rate, streams, memory.
+    #[serde(default)]
+    pub limits: crate::limits::LimitsConfig,
 }
 
 /// `[models]`: where model versions are kept and the key that signs their manifests.
@@ -240,6 +243,9 @@ impl CloudConfig {
                 key: "server.max_held".into(),
                 problem: "must be at least 1".into(),
             });
+        }
+        if let Err((key, problem)) = config.limits.check() {
+            return Err(ConfigError::Invalid { path: path.to_owned(), key: key.into(), problem });
         }
         if config.models.as_ref().is_some_and(|m| m.poll.0.is_zero()) {
             return Err(ConfigError::Invalid {

@@ -4,6 +4,8 @@
 
 pub mod certs;
 pub mod config;
+pub mod ingest;
+pub mod limits;
 pub mod metrics;
 pub mod models;
 pub mod names;
@@ -50,7 +52,7 @@ impl Bridge {
         let metrics = Arc::new(Metrics::new());
         let shutdown = CancellationToken::new();
         let tasks = tokio_util::task::TaskTracker::new();
-        let endpoint = server::endpoint(&config.server)?;
+        let endpoint = server::endpoint(&config.server, &config.limits)?;
         let quic_addr =
             endpoint.local_addr().map_err(|source| server::ServerError::Bind { addr: config.server.bind, source })?;
         let http_addr = match config.http.bind {
@@ -74,11 +76,16 @@ impl Bridge {
             None => None,
         };
         let (m, stop, t) = (metrics.clone(), shutdown.clone(), tasks.clone());
+        let limits = server::Limits {
+            admission: limits::Admission::new(&config.limits, metrics.limits.clone(), std::time::Instant::now()),
+            budget: limits::Budget::new(&config.limits, metrics.limits.clone()),
+            stall: config.limits.stall.0,
+        };
         match &config.sink {
             SinkConfig::Sqlite { path } => {
                 let sink = Arc::new(sink::sqlite::SqliteSink::open(path)?);
                 tracing::info!(path = %path.display(), "sink: sqlite");
-                tasks.spawn(server::accept_loop(endpoint, server_config, sink, models, m, stop, t));
+                tasks.spawn(server::accept_loop(endpoint, server_config, limits, sink, models, m, stop, t));
             }
             SinkConfig::Jetstream {
                 url,
@@ -104,7 +111,7 @@ impl Bridge {
                 };
                 let sink = Arc::new(sink::jetstream::JetStreamSink::connect(&settings).await?);
                 tracing::info!(url, stream, marks_bucket, "sink: jetstream");
-                tasks.spawn(server::accept_loop(endpoint, server_config, sink, models, m, stop, t));
+                tasks.spawn(server::accept_loop(endpoint, server_config, limits, sink, models, m, stop, t));
             }
         }
         tracing::info!(%quic_addr, "QUIC listener ready");

@@ -46,6 +46,7 @@ pub struct Metrics {
     pub closed: Family<ReasonLabel, Counter>,
     pub sink_ok: AtomicBool,
     pub models: Arc<crate::models::serve::ServeMetrics>,
+    pub limits: Arc<crate::limits::LimitMetrics>,
 }
 
 impl Metrics {
@@ -65,8 +66,10 @@ impl Metrics {
             closed: Family::default(),
             sink_ok: AtomicBool::new(true),
             models: Arc::default(),
+            limits: Arc::default(),
         };
         m.models.register(&mut registry);
+        m.limits.register(&mut registry);
         let r = &mut registry;
         r.register("edge_connected", "1 while the edge has a session on this bridge", m.connected.clone());
         r.register("committed_seq", "Highest seq committed per edge and lane (this epoch)", m.committed.clone());
@@ -82,7 +85,7 @@ impl Metrics {
         r.register("dicts_stored", "zstd dictionaries edges announced and this bridge stored", m.dicts_stored.clone());
         r.register(
             "connections_refused",
-            "Edge connections refused, by reason (handshake, no_identity, denied_serial, version)",
+            "Edge connections refused, by reason (rate and connections before the handshake: limits.handshakes_per_second, limits.max_connections; then handshake, no_identity, denied_serial)",
             m.refused.clone(),
         );
         r.register("sessions_closed", "Edge sessions ended, by reason", m.closed.clone());

@@ -1,7 +1,7 @@
 //! The QUIC side: accepts edges with verified client certificates, runs one session per
 //! connection, writes released batches to the sink in order and acks what it committed.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
@@ -13,13 +13,15 @@ use quinn::crypto::rustls::QuicServerConfig;
 use rustls::server::WebPkiClientVerifier;
 use rustls_pki_types::CertificateDer;
 use shared::proto::cloud::{CloudSession, Request};
-use shared::proto::io::{FrameIoError, read_frame, spawn_reader, write_frame};
-use shared::proto::{ALPN, Batch, Control, MAX_BATCH_FRAME, MAX_BATCH_RAW, MAX_CONTROL_FRAME, compress};
+use shared::proto::io::{FrameIoError, spawn_reader, write_frame};
+use shared::proto::{ALPN, Control, MAX_CONTROL_FRAME, WireRecord, compress};
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::AbortOnDropHandle;
 
 use crate::config::ServerConfig;
+use crate::ingest::{self, Dicts, Ingested};
+use crate::limits::{Admission, Budget, ConnectionBudget, LimitsConfig, Reservation};
 use crate::metrics::{EdgeLabel, LaneLabels, Metrics, ReasonLabel};
 use crate::models::serve::{EdgeModels, ModelService};
 use crate::sink::Sink;
@@ -57,6 +59,10 @@ enum SessionEnd {
     Shutdown,
     #[error("replaced by a newer connection of this edge")]
     Replaced,
+    #[error(transparent)]
+    Ingest(#[from] ingest::IngestError),
+    #[error("held batches ahead of a missing one for {0:?}")]
+    Stalled(Duration),
 }
 
 impl SessionEnd {
@@ -65,6 +71,8 @@ impl SessionEnd {
             SessionEnd::Closed => "closed",
             SessionEnd::Connection(_) => "connection",
             SessionEnd::Frame(_) | SessionEnd::Session(_) | SessionEnd::Batch(_) => "protocol",
+            SessionEnd::Ingest(ingest::IngestError::Budget(_)) | SessionEnd::Stalled(_) => "stalled",
+            SessionEnd::Ingest(_) => "protocol",
             SessionEnd::Sink(_) => "sink",
             SessionEnd::Shutdown => "shutdown",
             SessionEnd::Replaced => "replaced",
@@ -73,7 +81,7 @@ impl SessionEnd {
 }
 
 /// The QUIC endpoint for edges: TLS 1.3, ALPN ehb/1, client certificates from the fleet CA.
-pub fn endpoint(config: &ServerConfig) -> Result<quinn::Endpoint, ServerError> {
+pub fn endpoint(config: &ServerConfig, limits: &LimitsConfig) -> Result<quinn::Endpoint, ServerError> {
     let provider = shared::tls::provider();
     let roots = Arc::new(shared::tls::load_roots(&config.client_ca)?);
     let verifier = WebPkiClientVerifier::builder_with_provider(roots, provider.clone())
@@ -92,16 +100,26 @@ pub fn endpoint(config: &ServerConfig) -> Result<quinn::Endpoint, ServerError> {
     let mut server = quinn::ServerConfig::with_crypto(Arc::new(crypto));
     let mut transport = quinn::TransportConfig::default();
     transport.max_idle_timeout(Some(Duration::from_secs(30).try_into().map_err(|_| ServerError::Quic("idle".into()))?));
-    transport.max_concurrent_uni_streams(256u32.into());
+    limits.apply(&mut transport);
     transport.congestion_controller_factory(config.congestion.factory());
     server.transport_config(Arc::new(transport));
     quinn::Endpoint::server(server, config.bind).map_err(|source| ServerError::Bind { addr: config.bind, source })
 }
 
+/// What the accept loop admits and what its connections may hold.
+#[derive(Debug)]
+pub struct Limits {
+    pub admission: Admission,
+    pub budget: Budget,
+    pub stall: Duration,
+}
+
 /// Accepts edges until `shutdown`.
+#[allow(clippy::too_many_arguments)]
 pub async fn accept_loop<S: Sink>(
     endpoint: quinn::Endpoint,
     config: Arc<ServerConfig>,
+    mut limits: Limits,
     sink: Arc<S>,
     models: Option<Arc<ModelService>>,
     metrics: Arc<Metrics>,
@@ -117,9 +135,22 @@ pub async fn accept_loop<S: Sink>(
                 None => break,
             },
         };
+        // Checked on the first packet, before any TLS work: a reconnect storm is refused
+        // cheaply, and the edges come back after their backoff.
+        let admitted = match limits.admission.admit(Instant::now()) {
+            Ok(a) => a,
+            Err(reason) => {
+                refuse(&metrics, reason);
+                tracing::debug!(remote = %incoming.remote_address(), reason, "edge connection refused before its handshake");
+                incoming.refuse();
+                continue;
+            }
+        };
         let (config, sink, metrics, shutdown) = (config.clone(), sink.clone(), metrics.clone(), shutdown.clone());
         let (models, live) = (models.clone(), live.clone());
+        let (budget, stall) = (limits.budget.connection(), limits.stall);
         tasks.spawn(async move {
+            let _admitted = admitted;
             let remote = incoming.remote_address();
             let conn = match incoming.await {
                 Ok(c) => c,
@@ -148,7 +179,8 @@ pub async fn accept_loop<S: Sink>(
                 return;
             }
             let (ticket, replaced) = live.claim(&edge);
-            serve_edge(conn, &edge, config.max_held, sink, models, &metrics, shutdown, replaced).await;
+            let session = SessionLimits { max_held: config.max_held, budget, stall };
+            serve_edge(conn, &edge, session, sink, models, &metrics, shutdown, replaced).await;
             if live.release(&edge, ticket) {
                 metrics.connected.get_or_create(&EdgeLabel { edge }).set(0);
             }
@@ -170,7 +202,7 @@ const CLOSE_REPLACED: u32 = 3;
 #[derive(Debug, Default)]
 struct LiveSessions {
     next: std::sync::atomic::AtomicU64,
-    live: std::sync::Mutex<std::collections::HashMap<String, (u64, CancellationToken)>>,
+    live: std::sync::Mutex<HashMap<String, (u64, CancellationToken)>>,
 }
 
 impl LiveSessions {
@@ -206,11 +238,18 @@ fn peer_cert(conn: &quinn::Connection) -> Option<CertificateDer<'static>> {
     certs.first().cloned()
 }
 
+/// What one session may hold.
+struct SessionLimits {
+    max_held: usize,
+    budget: ConnectionBudget,
+    stall: Duration,
+}
+
 #[allow(clippy::too_many_arguments)]
 async fn serve_edge<S: Sink>(
     conn: quinn::Connection,
     edge: &str,
-    max_held: usize,
+    limits: SessionLimits,
     sink: Arc<S>,
     models: Option<Arc<ModelService>>,
     metrics: &Metrics,
@@ -221,7 +260,7 @@ async fn serve_edge<S: Sink>(
     metrics.connected.get_or_create(&label).set(1);
     tracing::info!(edge, remote = %conn.remote_address(), "edge connected");
     let end = tokio::select! {
-        end = session(&conn, edge, max_held, &*sink, models.as_ref(), metrics) => end,
+        end = session(&conn, edge, limits, &*sink, models.as_ref(), metrics) => end,
         _ = shutdown.cancelled() => SessionEnd::Shutdown,
         _ = replaced.cancelled() => SessionEnd::Replaced,
     };
@@ -237,12 +276,12 @@ async fn serve_edge<S: Sink>(
 async fn session<S: Sink>(
     conn: &quinn::Connection,
     edge: &str,
-    max_held: usize,
+    limits: SessionLimits,
     sink: &S,
     models: Option<&Arc<ModelService>>,
     metrics: &Metrics,
 ) -> SessionEnd {
-    match run_session(conn, edge, max_held, sink, models, metrics).await {
+    match run_session(conn, edge, limits, sink, models, metrics).await {
         Ok(()) => SessionEnd::Closed,
         Err(e) => e,
     }
@@ -251,42 +290,28 @@ async fn session<S: Sink>(
 async fn run_session<S: Sink>(
     conn: &quinn::Connection,
     edge: &str,
-    max_held: usize,
+    limits: SessionLimits,
     sink: &S,
     models: Option<&Arc<ModelService>>,
     metrics: &Metrics,
 ) -> Result<(), SessionEnd> {
     let (mut send, recv) = conn.accept_bi().await?;
+    let max_held = limits.max_held;
     let mut session = CloudSession::new(max_held);
     // Control frames and batches are read by their own tasks: a read cut short by `select!`
     // would lose the bytes it had taken.
     let (mut control_rx, reader) = spawn_reader::<_, Control>(recv, MAX_CONTROL_FRAME);
     let _reader = AbortOnDropHandle::new(reader);
-    let (batch_tx, mut batch_rx) = mpsc::channel::<Result<Batch, FrameIoError>>(max_held.max(1));
-    let uni_conn = conn.clone();
-    let acceptor = tokio::spawn(async move {
-        while let Ok(mut stream) = uni_conn.accept_uni().await {
-            let tx = batch_tx.clone();
-            // A stream carries one batch, or several small ones that went out together.
-            tokio::spawn(async move {
-                loop {
-                    match read_frame::<_, Batch>(&mut stream, MAX_BATCH_FRAME).await {
-                        Ok(Some(b)) => {
-                            if tx.send(Ok(b)).await.is_err() {
-                                return;
-                            }
-                        }
-                        Ok(None) => return,
-                        Err(e) => {
-                            let _ = tx.send(Err(e)).await;
-                            return;
-                        }
-                    }
-                }
-            });
-        }
-    });
-    let _stop_acceptor = AbortOnDropHandle::new(acceptor);
+    // Batches are read, paid for and decoded by a task of their own, in stream order.
+    let dicts = Arc::new(Dicts::default());
+    let (batch_tx, mut batch_rx) = mpsc::channel(1);
+    let ingest =
+        AbortOnDropHandle::new(tokio::spawn(ingest::run(conn.clone(), limits.budget, dicts.clone(), batch_tx)));
+    // What batches ahead of a missing one hold, by (lane, first seq), and since when the
+    // session has held any: an edge that never sends the missing one is closed after `stall`.
+    let mut held: HashMap<(u8, u64), (Vec<WireRecord>, Reservation)> = HashMap::new();
+    let mut held_since: Option<tokio::time::Instant> = None;
+    let _stop_ingest = ingest;
     let edge_label = EdgeLabel { edge: edge.to_owned() };
     let records_counter = metrics.records.get_or_create(&edge_label).clone();
     let batches_counter = metrics.batches.get_or_create(&edge_label).clone();
@@ -328,7 +353,8 @@ async fn run_session<S: Sink>(
                         for (id, bytes) in sink.load_dicts(&hello.dicts).await? {
                             // Shared storage is trusted no more than the edge: the id is the hash.
                             if compress::dict_id(&bytes) == id {
-                                session.add_dict(id.clone(), bytes);
+                                session.add_dict(id.clone(), bytes.clone());
+                                dicts.add(id.clone(), bytes);
                                 known.push(id);
                             }
                         }
@@ -345,6 +371,7 @@ async fn run_session<S: Sink>(
                         sink.store_dict(&dict).await?;
                         tracing::info!(edge, id = dict.id, class = dict.class, bytes = dict.bytes.len(), "dictionary stored");
                         metrics.dicts_stored.inc();
+                        dicts.add(dict.id.clone(), dict.bytes);
                         session.dict_stored(dict.id);
                     }
                     Some(Request::Classes(report)) => {
@@ -358,23 +385,34 @@ async fn run_session<S: Sink>(
                     None => {}
                 }
             }
-            // One batch is read and decompressed ahead while the others publish.
-            Some(batch) = batch_rx.recv(), if writes.len() + queued.len() <= pipeline => {
-                let batch = batch?;
+            // One batch is read and decoded ahead while the others publish.
+            Some(ingested) = batch_rx.recv(), if writes.len() + queued.len() <= pipeline => {
+                let Ingested { batch, records, reservation, frame_bytes } = ingested?;
                 batches_counter.inc();
-                bytes_counter.inc_by(batch.body.len() as u64);
+                bytes_counter.inc_by(frame_bytes as u64);
+                let key = (batch.lane, batch.first_seq);
+                held.insert(key, (records, reservation));
                 for release in session.handle_batch(batch)? {
                     let (lane, up_to) = (release.batch.lane, release.batch.last_seq);
-                    let records: Vec<_> = compress::unpack(&release.batch, session.dicts(), MAX_BATCH_RAW)?
-                        .into_iter()
-                        .filter(|r| r.seq > release.skip_through)
-                        .collect();
+                    let (records, reservation) =
+                        held.remove(&(lane, release.batch.first_seq)).expect("a released batch was taken in");
+                    let records: Vec<_> = records.into_iter().filter(|r| r.seq > release.skip_through).collect();
                     let count = records.len() as u64;
                     let (done, next_turn) = tokio::sync::oneshot::channel();
                     let turn = std::mem::replace(&mut turn, Box::pin(async move { next_turn.await.unwrap_or(false) }));
                     let publish = sink.publish(edge.to_owned(), release.batch.epoch, lane, records, turn);
-                    queued.push_back((lane, up_to, count, publish, done));
+                    queued.push_back((lane, up_to, count, publish, done, reservation));
                 }
+                // What the session dropped (a resend) or replaced gives its memory back.
+                held.retain(|(lane, first), _| session.is_held(*lane, *first));
+                held_since = match (held.is_empty(), held_since) {
+                    (true, _) => None,
+                    (false, None) => Some(tokio::time::Instant::now()),
+                    (false, since) => since,
+                };
+            }
+            _ = tokio::time::sleep_until(held_since.unwrap_or_else(tokio::time::Instant::now) + limits.stall), if held_since.is_some() => {
+                return Err(SessionEnd::Stalled(limits.stall));
             }
             _ = model_poll.tick(), if edge_models.is_some() => {
                 announce_models(edge, &mut edge_models, &mut session, metrics).await;
@@ -435,7 +473,7 @@ type Written = (u8, u64, u64, Instant, Result<(), crate::sink::SinkError>);
 type Writing = std::pin::Pin<Box<dyn Future<Output = Written> + Send>>;
 /// A released batch waiting to publish: (lane, last seq, records, the publish, where it tells
 /// the next one its turn came).
-type Queued<F> = (u8, u64, u64, F, tokio::sync::oneshot::Sender<bool>);
+type Queued<F> = (u8, u64, u64, F, tokio::sync::oneshot::Sender<bool>, Reservation);
 
 /// Starts queued publishes, in order, up to `pipeline` at once.
 fn start_writes<F>(
@@ -446,10 +484,12 @@ fn start_writes<F>(
     F: Future<Output = Result<(), crate::sink::SinkError>> + Send + 'static,
 {
     while writes.len() < pipeline {
-        let Some((lane, up_to, count, publish, done)) = queued.pop_front() else { break };
+        let Some((lane, up_to, count, publish, done, reservation)) = queued.pop_front() else { break };
         let started = Instant::now();
         let task = AbortOnDropHandle::new(tokio::spawn(async move {
             let result = publish.await;
+            // The records are in the sink (or not): their memory is free either way.
+            drop(reservation);
             let _ = done.send(result.is_ok());
             result
         }));

@@ -296,6 +296,11 @@ impl CloudSession {
         Ok(released)
     }
 
+    /// Whether the batch of `lane` starting at `first_seq` waits ahead of a missing one.
+    pub fn is_held(&self, lane: u8, first_seq: u64) -> bool {
+        self.lanes.get(&lane).is_some_and(|l| l.held.contains_key(&first_seq))
+    }
+
     /// The sink committed `lane` through `up_to`: the edge gets a cumulative ack.
     pub fn committed(&mut self, lane: u8, up_to: u64) {
         let l = self.lanes.entry(lane).or_default();

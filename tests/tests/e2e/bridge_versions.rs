@@ -206,7 +206,7 @@ async fn this_edge_drains_into_a_bridge_of_the_next_version() {
         max_held: 64,
         congestion: Default::default(),
     };
-    let endpoint = cloud_bridge::server::endpoint(&server).unwrap();
+    let endpoint = cloud_bridge::server::endpoint(&server, &Default::default()).unwrap();
     let addr = endpoint.local_addr().unwrap();
     let received = std::sync::Arc::new(std::sync::Mutex::new(Received::default()));
     let bridge = tokio::spawn(next_version_bridge(endpoint, received.clone()));

@@ -3,6 +3,7 @@
 //! most of the disk a CI build needs. nextest still runs every test in its own process.
 
 mod bridge;
+mod bridge_budget;
 mod bridge_chaos;
 mod bridge_crash;
 mod bridge_impaired;

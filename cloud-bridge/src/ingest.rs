@@ -1,0 +1,203 @@
+//! Taking one connection's batches in: its unidirectional streams are read in the order the
+//! edge opened them, each frame paid for from the connection's memory budget as it arrives,
+//! then decompressed and decoded here, off the session task, under reservations made before
+//! each allocation ([`crate::limits`]). The session gets records ready to publish and the
+//! reservation that pays for them.
+//!
+//! Reading streams in order costs nothing for an edge that sends in order (it does), and it
+//! means a connection's memory goes to its earliest batch first: later batches cannot take all
+//! of it while the one the session waits for cannot get any.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
+
+use shared::proto::codec::{self, HEADER};
+use shared::proto::io::FrameIoError;
+use shared::proto::{Batch, Codec, MAX_BATCH_FRAME, MAX_BATCH_RAW, ProtoError, WireRecord, bound, compress};
+use tokio::sync::{Notify, mpsc};
+
+use crate::limits::{BudgetError, ConnectionBudget, Reservation};
+
+/// A frame's memory is reserved in steps as its bytes arrive, from this size up, doubling.
+const FIRST_STEP: usize = 64 << 10;
+
+/// How long a batch may wait for the dictionary it names: the announcement travels on the
+/// control stream and may arrive a moment after the batch.
+const DICT_WAIT: Duration = Duration::from_secs(5);
+
+/// A batch ready to publish: its header fields (the body is gone), its records, and the memory
+/// they hold until they are in the sink.
+#[derive(Debug)]
+pub struct Ingested {
+    pub batch: Batch,
+    pub records: Vec<WireRecord>,
+    pub reservation: Reservation,
+    /// The frame's length on the wire.
+    pub frame_bytes: usize,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum IngestError {
+    #[error("batch stream: {0}")]
+    Frame(#[from] FrameIoError),
+    #[error("bad batch: {0}")]
+    Batch(#[from] ProtoError),
+    #[error("batch memory: {0}")]
+    Budget(#[from] BudgetError),
+}
+
+impl From<std::io::Error> for IngestError {
+    fn from(e: std::io::Error) -> Self {
+        IngestError::Frame(e.into())
+    }
+}
+
+/// The dictionaries this connection's session has accepted, shared with its ingest.
+#[derive(Debug, Default)]
+pub struct Dicts {
+    known: Mutex<HashMap<String, Arc<Vec<u8>>>>,
+    added: Notify,
+}
+
+impl Dicts {
+    pub fn add(&self, id: String, bytes: Vec<u8>) {
+        self.known.lock().unwrap_or_else(PoisonError::into_inner).insert(id, Arc::new(bytes));
+        self.added.notify_waiters();
+    }
+
+    async fn get(&self, id: &str) -> Result<Arc<Vec<u8>>, ProtoError> {
+        let wait = async {
+            loop {
+                let added = self.added.notified();
+                if let Some(d) = self.known.lock().unwrap_or_else(PoisonError::into_inner).get(id) {
+                    return d.clone();
+                }
+                added.await;
+            }
+        };
+        tokio::time::timeout(DICT_WAIT, wait).await.map_err(|_| ProtoError::UnknownDict(id.to_owned()))
+    }
+}
+
+/// Reads `conn`'s batch streams until it ends or a batch is bad; each batch, or the error
+/// that ends the connection, goes to `tx`.
+pub async fn run(
+    conn: quinn::Connection,
+    budget: ConnectionBudget,
+    dicts: Arc<Dicts>,
+    tx: mpsc::Sender<Result<Ingested, IngestError>>,
+) {
+    while let Ok(mut stream) = conn.accept_uni().await {
+        // A stream carries one batch, or several small ones that went out together.
+        loop {
+            match next(&mut stream, &budget, &dicts).await {
+                Ok(Some(batch)) => {
+                    if tx.send(Ok(batch)).await.is_err() {
+                        return;
+                    }
+                }
+                Ok(None) => break,
+                Err(e) => {
+                    let _ = tx.send(Err(e)).await;
+                    return;
+                }
+            }
+        }
+    }
+}
+
+/// The next batch on `stream`; `None` at its clean end.
+async fn next(
+    stream: &mut quinn::RecvStream,
+    budget: &ConnectionBudget,
+    dicts: &Dicts,
+) -> Result<Option<Ingested>, IngestError> {
+    let Some((body, mut reservation)) = read_body(stream, budget).await? else { return Ok(None) };
+    let frame_bytes = body.len();
+    // Decoding copies the body out of the frame: pay for the copy, then give the frame back.
+    reservation.merge(budget.reserve(body.len()).await?);
+    let mut batch: Batch = codec::decode(&body)?;
+    drop(body);
+    reservation.shrink_to(batch.body.len());
+
+    let raw = match batch.codec {
+        Codec::Cbor => std::mem::take(&mut batch.body),
+        Codec::Zstd => {
+            if batch.raw_len > MAX_BATCH_RAW as u64 {
+                return Err(ProtoError::TooLargeDecompressed { max: MAX_BATCH_RAW }.into());
+            }
+            let dict = match &batch.dict {
+                Some(id) => Some(dicts.get(id).await?),
+                None => None,
+            };
+            reservation.merge(budget.reserve(batch.raw_len as usize).await?);
+            let raw = compress::decompress(&batch, dict.as_deref().map(Vec::as_slice), MAX_BATCH_RAW)?
+                .expect("a zstd batch decompresses");
+            batch.body = Vec::new();
+            reservation.shrink_to(raw.len());
+            raw
+        }
+    };
+    let decoded = bound::decoded_bound(&raw)?;
+    reservation.merge(budget.reserve(decoded).await?);
+    let records = compress::decode_records(&batch, &raw)?;
+    drop(raw);
+    reservation.shrink_to(decoded);
+    Ok(Some(Ingested { batch, records, reservation, frame_bytes }))
+}
+
+/// One frame's body, with the memory it holds; `None` at a clean end of stream.
+async fn read_body(
+    stream: &mut quinn::RecvStream,
+    budget: &ConnectionBudget,
+) -> Result<Option<(Vec<u8>, Reservation)>, IngestError> {
+    let mut header = [0u8; HEADER];
+    let mut got = 0;
+    while got < HEADER {
+        match stream.read(&mut header[got..]).await.map_err(std::io::Error::from)? {
+            Some(0) => continue,
+            Some(n) => got += n,
+            None if got == 0 => return Ok(None),
+            None => return Err(ProtoError::Truncated { got, want: HEADER }.into()),
+        }
+    }
+    let len = codec::body_len(header, MAX_BATCH_FRAME)?;
+    let mut reservation = budget.reserve(len.min(FIRST_STEP)).await?;
+    let mut body = Vec::with_capacity(len.min(FIRST_STEP));
+    while body.len() < len {
+        if body.len() == body.capacity() {
+            let step = body.len().min(len - body.len());
+            reservation.merge(budget.reserve(step).await?);
+            body.reserve_exact(step);
+        }
+        let start = body.len();
+        let end = body.capacity().min(len);
+        body.resize(end, 0);
+        if let Err(e) = stream.read_exact(&mut body[start..end]).await {
+            return Err(match e {
+                quinn::ReadExactError::FinishedEarly(n) => ProtoError::Truncated { got: start + n, want: len }.into(),
+                quinn::ReadExactError::ReadError(e) => std::io::Error::from(e).into(),
+            });
+        }
+    }
+    Ok(Some((body, reservation)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn a_dictionary_announced_a_moment_after_its_batch_is_waited_for() {
+        let dicts = Arc::new(Dicts::default());
+        let later = dicts.clone();
+        tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            later.add("d1".into(), vec![1, 2, 3]);
+        });
+        assert_eq!(*dicts.get("d1").await.unwrap(), vec![1, 2, 3]);
+        tokio::time::pause();
+        assert_eq!(dicts.get("nope").await.unwrap_err(), ProtoError::UnknownDict("nope".into()));
+    }
+}

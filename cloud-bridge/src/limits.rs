@@ -1,0 +1,405 @@
+//! What one bridge lets edges take (`[limits]`): connections, the rate of new handshakes,
+//! streams, and memory for batches in transit.
+//!
+//! Every edge may be hostile, certificate or not, so nothing an edge sends is allocated before
+//! it is paid for. Batch memory is reserved against two budgets, the connection's own and the
+//! bridge's, before each allocation: the frame as its bytes arrive (a frame that declares 16 MiB
+//! and sends nothing holds nothing), the decompressed CBOR at its declared length, the decoded
+//! records at their bound from the CBOR headers ([`shared::proto::bound`]). A reservation lives
+//! as long as the memory: until the records are in the sink. What QUIC buffers before the
+//! bridge reads it is bounded by the connection's flow-control window, `connection_window`.
+//!
+//! Handshakes cost the bridge TLS work before it knows who is calling, so both the number of
+//! connections and the rate of new ones are checked on the first packet and the excess is
+//! refused (QUIC CONNECTION_REFUSED) with no TLS done.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::registry::{Registry, Unit};
+use serde::{Deserialize, Serialize};
+use shared::proto::MAX_BATCH_COST;
+use shared::units::{ByteSize, HumanDuration};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct LimitsConfig {
+    /// Edge connections at once, handshakes included. Default: 12,000.
+    #[serde(default = "default_max_connections")]
+    pub max_connections: usize,
+    /// New connections admitted per second, on average; the rest are refused before TLS.
+    /// Default: 500.
+    #[serde(default = "default_handshake_rate")]
+    pub handshakes_per_second: u32,
+    /// New connections admitted at once above the rate (a token bucket's depth). Default: 500.
+    #[serde(default = "default_handshake_rate")]
+    pub handshake_burst: u32,
+    /// Memory for batches in transit, every edge together. Default: 512 MiB.
+    #[serde(default = "default_memory")]
+    pub memory: ByteSize,
+    /// The same for one connection; at least the protocol's per-batch cost (48 MiB), so every
+    /// batch a well-behaved edge sends fits. Default: 64 MiB.
+    #[serde(default = "default_connection_memory")]
+    pub connection_memory: ByteSize,
+    /// What QUIC takes in for one connection before the bridge reads it (its flow-control
+    /// window). Default: 4 MiB.
+    #[serde(default = "default_connection_window")]
+    pub connection_window: ByteSize,
+    /// Unidirectional (batch) streams an edge may have open at once. Default: 16 (an edge
+    /// keeps `uplink.window`, 8 by default, batches in flight).
+    #[serde(default = "default_streams")]
+    pub streams_per_connection: u32,
+    /// How long a connection may wait for memory of its own, or hold batches ahead of one it
+    /// never sends, before it is closed. Default: 60s.
+    #[serde(default = "default_stall")]
+    pub stall: HumanDuration,
+}
+
+fn default_max_connections() -> usize {
+    12_000
+}
+fn default_handshake_rate() -> u32 {
+    500
+}
+fn default_memory() -> ByteSize {
+    ByteSize(512 << 20)
+}
+fn default_connection_memory() -> ByteSize {
+    ByteSize(64 << 20)
+}
+fn default_connection_window() -> ByteSize {
+    ByteSize(4 << 20)
+}
+fn default_streams() -> u32 {
+    16
+}
+fn default_stall() -> HumanDuration {
+    HumanDuration(Duration::from_secs(60))
+}
+
+impl Default for LimitsConfig {
+    fn default() -> Self {
+        Self {
+            max_connections: default_max_connections(),
+            handshakes_per_second: default_handshake_rate(),
+            handshake_burst: default_handshake_rate(),
+            memory: default_memory(),
+            connection_memory: default_connection_memory(),
+            connection_window: default_connection_window(),
+            streams_per_connection: default_streams(),
+            stall: default_stall(),
+        }
+    }
+}
+
+impl LimitsConfig {
+    /// The first key that cannot work, with why.
+    pub fn check(&self) -> Result<(), (&'static str, String)> {
+        let positive = [
+            ("limits.max_connections", self.max_connections as u64),
+            ("limits.handshakes_per_second", self.handshakes_per_second.into()),
+            ("limits.handshake_burst", self.handshake_burst.into()),
+            ("limits.streams_per_connection", self.streams_per_connection.into()),
+            ("limits.stall", self.stall.0.as_millis() as u64),
+        ];
+        if let Some((key, _)) = positive.iter().find(|(_, v)| *v == 0) {
+            return Err((key, "must be more than 0".into()));
+        }
+        if (self.connection_memory.0 as usize) < MAX_BATCH_COST {
+            return Err((
+                "limits.connection_memory",
+                format!("must be at least {} (the most one batch may cost to decode)", ByteSize(MAX_BATCH_COST as u64)),
+            ));
+        }
+        if self.memory.0 < self.connection_memory.0 {
+            return Err(("limits.memory", "must be at least limits.connection_memory".into()));
+        }
+        if self.memory.0 > u32::MAX as u64 * 1024 {
+            return Err(("limits.memory", "must be at most 4 TiB".into()));
+        }
+        if self.connection_window.0 < 64 << 10 {
+            return Err(("limits.connection_window", "must be at least 64 KiB".into()));
+        }
+        Ok(())
+    }
+
+    /// QUIC flow control and stream limits for each edge connection.
+    pub fn apply(&self, transport: &mut quinn::TransportConfig) {
+        let window = quinn::VarInt::from_u64(self.connection_window.0).unwrap_or(quinn::VarInt::MAX);
+        transport.receive_window(window);
+        transport.stream_receive_window(window);
+        transport.max_concurrent_uni_streams(self.streams_per_connection.into());
+    }
+}
+
+/// The bridge's limit counters and gauges.
+#[derive(Debug, Default)]
+pub struct LimitMetrics {
+    pub memory_reserved: Gauge,
+    pub memory_waits: Counter,
+    pub connections: Gauge,
+}
+
+impl LimitMetrics {
+    pub fn register(&self, r: &mut Registry) {
+        r.register_with_unit(
+            "batch_memory_reserved",
+            "Memory reserved for batches in transit, every edge together (limits.memory)",
+            Unit::Bytes,
+            self.memory_reserved.clone(),
+        );
+        r.register(
+            "batch_memory_waits",
+            "Times a connection waited for batch memory (its own or the bridge's)",
+            self.memory_waits.clone(),
+        );
+        r.register("connections", "Edge connections open, handshakes included", self.connections.clone());
+    }
+}
+
+/// Budgets count kibibytes: a semaphore takes at most 2^32 permits at once.
+const UNIT: u64 = 1024;
+
+fn units(bytes: usize) -> u32 {
+    (bytes as u64).div_ceil(UNIT).min(u32::MAX as u64) as u32
+}
+
+/// The bridge's batch memory, shared by its connections.
+#[derive(Debug, Clone)]
+pub struct Budget {
+    global: Arc<Semaphore>,
+    connection_units: u32,
+    stall: Duration,
+    metrics: Arc<LimitMetrics>,
+}
+
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum BudgetError {
+    #[error("needs {bytes} bytes at once, more than the connection's memory budget of {budget}")]
+    TooLarge { bytes: usize, budget: ByteSize },
+    #[error("waited {0:?} for memory the connection's own batches hold")]
+    Stalled(Duration),
+}
+
+impl Budget {
+    pub fn new(config: &LimitsConfig, metrics: Arc<LimitMetrics>) -> Self {
+        Self {
+            global: Arc::new(Semaphore::new((config.memory.0 / UNIT) as usize)),
+            connection_units: (config.connection_memory.0 / UNIT) as u32,
+            stall: config.stall.0,
+            metrics,
+        }
+    }
+
+    /// A new connection's share.
+    pub fn connection(&self) -> ConnectionBudget {
+        ConnectionBudget { own: Arc::new(Semaphore::new(self.connection_units as usize)), bridge: self.clone() }
+    }
+}
+
+/// One connection's batch memory, drawn from the bridge's.
+#[derive(Debug, Clone)]
+pub struct ConnectionBudget {
+    own: Arc<Semaphore>,
+    bridge: Budget,
+}
+
+impl ConnectionBudget {
+    /// Reserves `bytes`: first from the connection's own budget, waiting at most `stall` for
+    /// its earlier batches to reach the sink, then from the bridge's, waiting as long as it
+    /// takes (every connection's batches move on, and a stalled one is closed in turn).
+    pub async fn reserve(&self, bytes: usize) -> Result<Reservation, BudgetError> {
+        let n = units(bytes);
+        if n > self.bridge.connection_units {
+            let budget = ByteSize(u64::from(self.bridge.connection_units) * UNIT);
+            return Err(BudgetError::TooLarge { bytes, budget });
+        }
+        let own = match self.own.clone().try_acquire_many_owned(n) {
+            Ok(p) => p,
+            Err(_) => {
+                self.bridge.metrics.memory_waits.inc();
+                let wait = tokio::time::timeout(self.bridge.stall, self.own.clone().acquire_many_owned(n));
+                wait.await.map_err(|_| BudgetError::Stalled(self.bridge.stall))?.expect("never closed")
+            }
+        };
+        let global = match self.bridge.global.clone().try_acquire_many_owned(n) {
+            Ok(p) => p,
+            Err(_) => {
+                self.bridge.metrics.memory_waits.inc();
+                self.bridge.global.clone().acquire_many_owned(n).await.expect("never closed")
+            }
+        };
+        self.bridge.metrics.memory_reserved.inc_by(i64::from(n) * UNIT as i64);
+        Ok(Reservation { own: Some(own), global: Some(global), metrics: self.bridge.metrics.clone() })
+    }
+}
+
+/// Reserved batch memory, given back when dropped.
+#[derive(Debug)]
+pub struct Reservation {
+    own: Option<OwnedSemaphorePermit>,
+    global: Option<OwnedSemaphorePermit>,
+    metrics: Arc<LimitMetrics>,
+}
+
+impl Reservation {
+    /// Adds `other` to this one.
+    pub fn merge(&mut self, mut other: Reservation) {
+        if let (Some(a), Some(b)) = (self.own.as_mut(), other.own.take()) {
+            a.merge(b);
+        }
+        if let (Some(a), Some(b)) = (self.global.as_mut(), other.global.take()) {
+            a.merge(b);
+        }
+    }
+
+    /// Gives back all but `bytes`.
+    pub fn shrink_to(&mut self, bytes: usize) {
+        let keep = units(bytes) as usize;
+        let held = self.own.as_ref().map_or(0, OwnedSemaphorePermit::num_permits);
+        if held > keep {
+            let excess = held - keep;
+            drop(self.own.as_mut().and_then(|p| p.split(excess)));
+            drop(self.global.as_mut().and_then(|p| p.split(excess)));
+            self.metrics.memory_reserved.dec_by((excess as u64 * UNIT) as i64);
+        }
+    }
+
+    pub fn bytes(&self) -> usize {
+        self.own.as_ref().map_or(0, OwnedSemaphorePermit::num_permits) * UNIT as usize
+    }
+}
+
+impl Drop for Reservation {
+    fn drop(&mut self) {
+        self.metrics.memory_reserved.dec_by(self.bytes() as i64);
+    }
+}
+
+/// Admission of new connections: a count and a token bucket, checked on a connection's first
+/// packet.
+#[derive(Debug)]
+pub struct Admission {
+    open: Arc<Semaphore>,
+    rate: f64,
+    burst: f64,
+    tokens: f64,
+    last: Instant,
+    metrics: Arc<LimitMetrics>,
+}
+
+/// Held by an admitted connection until it ends.
+#[derive(Debug)]
+pub struct Admitted {
+    _permit: OwnedSemaphorePermit,
+    metrics: Arc<LimitMetrics>,
+}
+
+impl Drop for Admitted {
+    fn drop(&mut self) {
+        self.metrics.connections.dec();
+    }
+}
+
+impl Admission {
+    pub fn new(config: &LimitsConfig, metrics: Arc<LimitMetrics>, now: Instant) -> Self {
+        let burst = f64::from(config.handshake_burst);
+        Self {
+            open: Arc::new(Semaphore::new(config.max_connections)),
+            rate: f64::from(config.handshakes_per_second),
+            burst,
+            tokens: burst,
+            last: now,
+            metrics,
+        }
+    }
+
+    /// Admits a new connection at `now`, or says why not (`connections` or `rate`).
+    pub fn admit(&mut self, now: Instant) -> Result<Admitted, &'static str> {
+        let elapsed = now.saturating_duration_since(self.last).as_secs_f64();
+        self.tokens = (self.tokens + elapsed * self.rate).min(self.burst);
+        self.last = now;
+        if self.tokens < 1.0 {
+            return Err("rate");
+        }
+        let permit = self.open.clone().try_acquire_owned().map_err(|_| "connections")?;
+        self.tokens -= 1.0;
+        self.metrics.connections.inc();
+        Ok(Admitted { _permit: permit, metrics: self.metrics.clone() })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn config(memory: u64, connection: u64) -> LimitsConfig {
+        LimitsConfig {
+            memory: ByteSize(memory),
+            connection_memory: ByteSize(connection),
+            stall: HumanDuration(Duration::from_millis(200)),
+            ..LimitsConfig::default()
+        }
+    }
+
+    #[tokio::test]
+    async fn reservations_draw_on_both_budgets_and_give_back_on_drop() {
+        let metrics = Arc::new(LimitMetrics::default());
+        let budget = Budget::new(&config(100 << 20, 64 << 20), metrics.clone());
+        let (a, b) = (budget.connection(), budget.connection());
+        let mut r1 = a.reserve(60 << 20).await.unwrap();
+        assert_eq!(metrics.memory_reserved.get(), 60 << 20);
+        // The connection's own 64 MiB are nearly gone: it waits, then is told it stalled.
+        assert_eq!(a.reserve(8 << 20).await.unwrap_err(), BudgetError::Stalled(Duration::from_millis(200)));
+        assert!(matches!(a.reserve(65 << 20).await, Err(BudgetError::TooLarge { .. })));
+        // Another connection gets the rest of the bridge's 100 MiB, then waits for it.
+        let r2 = b.reserve(40 << 20).await.unwrap();
+        let waiting = tokio::spawn({
+            let b = b.clone();
+            async move { b.reserve(10 << 20).await.map(|r| r.bytes()) }
+        });
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        assert!(!waiting.is_finished(), "the bridge's budget is spent");
+        r1.shrink_to(50 << 20);
+        assert_eq!(waiting.await.unwrap(), Ok(10 << 20));
+        assert_eq!(metrics.memory_reserved.get(), (50 + 40) << 20);
+        let mut r3 = b.reserve(1).await.unwrap();
+        r3.merge(r2);
+        assert_eq!(r3.bytes(), (40 << 20) + 1024);
+        drop((r1, r3));
+        assert_eq!(metrics.memory_reserved.get(), 0);
+        assert!(metrics.memory_waits.get() >= 2);
+    }
+
+    #[test]
+    fn admission_holds_the_rate_and_the_count() {
+        let metrics = Arc::new(LimitMetrics::default());
+        let limits =
+            LimitsConfig { max_connections: 3, handshakes_per_second: 10, handshake_burst: 2, ..Default::default() };
+        let t0 = Instant::now();
+        let mut admission = Admission::new(&limits, metrics.clone(), t0);
+        let a = admission.admit(t0).unwrap();
+        let _b = admission.admit(t0).unwrap();
+        assert_eq!(admission.admit(t0).unwrap_err(), "rate", "the burst is spent");
+        let _c = admission.admit(t0 + Duration::from_millis(100)).unwrap();
+        assert_eq!(admission.admit(t0 + Duration::from_secs(5)).unwrap_err(), "connections");
+        assert_eq!(metrics.connections.get(), 3);
+        drop(a);
+        assert!(admission.admit(t0 + Duration::from_secs(5)).is_ok());
+    }
+
+    #[test]
+    fn limits_that_cannot_work_are_named() {
+        assert_eq!(LimitsConfig::default().check(), Ok(()));
+        let small = LimitsConfig { connection_memory: ByteSize(1 << 20), ..Default::default() };
+        assert_eq!(small.check().unwrap_err().0, "limits.connection_memory");
+        let inverted =
+            LimitsConfig { memory: ByteSize(48 << 20), connection_memory: ByteSize(64 << 20), ..Default::default() };
+        assert_eq!(inverted.check().unwrap_err().0, "limits.memory");
+        let none = LimitsConfig { streams_per_connection: 0, ..Default::default() };
+        assert_eq!(none.check().unwrap_err().0, "limits.streams_per_connection");
+    }
+}

@@ -1,0 +1,226 @@
+//! The bridge's limits against an edge that holds a valid certificate and means harm: batch
+//! streams that announce 16 MiB and send almost nothing, a batch that decodes from little to
+//! gigabytes, and a storm of handshakes. Memory stays inside the configured budget, the
+//! refusals name the limit, and the real edge keeps delivering.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use e2e_tests::client::Client;
+use e2e_tests::cloud::{TestCloud, pki, sink_rows};
+use e2e_tests::fixtures::{telemetry, with_spool};
+use e2e_tests::node::TestNode;
+use e2e_tests::quic;
+use rumqttc::QoS;
+use shared::proto::{Batch, Codec, Control, Hello, WireMessage, WireRecord, codec};
+
+const WAIT: Duration = Duration::from_secs(20);
+const EPOCH: &str = "00112233445566778899aabbccddeeff";
+
+fn hello() -> Vec<u8> {
+    codec::encode(&Control::Hello(Hello {
+        versions: vec![1],
+        epoch: EPOCH.into(),
+        lanes: vec![],
+        models: vec![],
+        dicts: vec![],
+        caps: vec![],
+    }))
+    .unwrap()
+}
+
+/// Opens the control stream with a hello and waits for the welcome.
+async fn welcomed(conn: &quinn::Connection) -> (quinn::SendStream, quinn::RecvStream) {
+    let (mut send, mut recv) = conn.open_bi().await.unwrap();
+    send.write_all(&hello()).await.unwrap();
+    let welcome: Control =
+        shared::proto::io::read_frame(&mut recv, shared::proto::MAX_CONTROL_FRAME).await.unwrap().unwrap();
+    assert!(matches!(welcome, Control::Welcome(_)), "{welcome:?}");
+    (send, recv)
+}
+
+/// One record of `pairs` empty user properties, as CBOR written piece by piece (the test must
+/// not hold the decoded form it is attacking with): 3 bytes a pair, 48 decoded.
+fn empty_pairs_record(pairs: u32) -> Vec<u8> {
+    let one = vec![WireRecord {
+        seq: 1,
+        message: Some(WireMessage {
+            class: "telemetry".into(),
+            topic: "t".into(),
+            payload: Vec::new(),
+            qos: 0,
+            enqueued_ms: 0,
+            expires_ms: None,
+            user_properties: vec![(String::new(), String::new())],
+            correlation_data: None,
+            content_type: None,
+        }),
+        gap: None,
+    }];
+    let mut raw = Vec::new();
+    ciborium::into_writer(&one, &mut raw).unwrap();
+    // The properties are the record's last field: an array of one pair, `81 82 60 60`.
+    assert_eq!(&raw[raw.len() - 4..], &[0x81, 0x82, 0x60, 0x60]);
+    raw.truncate(raw.len() - 4);
+    raw.push(0x9a);
+    raw.extend(pairs.to_be_bytes());
+    raw.reserve(pairs as usize * 3);
+    for _ in 0..pairs {
+        raw.extend([0x82, 0x60, 0x60]);
+    }
+    raw
+}
+
+/// Samples this process's RSS (the bridge runs in it) until dropped; the peak.
+struct PeakRss {
+    peak: Arc<AtomicU64>,
+    stop: Arc<AtomicBool>,
+}
+
+impl PeakRss {
+    fn start() -> Self {
+        let (peak, stop) = (Arc::new(AtomicU64::new(0)), Arc::new(AtomicBool::new(false)));
+        let (p, s) = (peak.clone(), stop.clone());
+        std::thread::spawn(move || {
+            while !s.load(Ordering::Relaxed) {
+                p.fetch_max(e2e_tests::rss_of(std::process::id()), Ordering::Relaxed);
+                std::thread::sleep(Duration::from_millis(10));
+            }
+        });
+        PeakRss { peak, stop }
+    }
+
+    fn peak(&self) -> u64 {
+        self.peak.load(Ordering::Relaxed)
+    }
+}
+
+impl Drop for PeakRss {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hostile_edge_cannot_make_the_bridge_allocate_past_its_budget() {
+    let dir = tempfile::tempdir().unwrap();
+    let keys = pki(dir.path(), &["edge-2"]);
+    let limits = "[limits]\nmemory = \"96 MiB\"\nconnection_memory = \"48 MiB\"\n";
+    let cloud = TestCloud::start(dir.path(), keys.clone(), "127.0.0.1:0".parse().unwrap(), limits).await;
+    let addr = cloud.bridge.quic_addr();
+    let edge = TestNode::start(&format!("{}\n{}", with_spool(&[telemetry()]), cloud.uplink_section("edge-1"))).await;
+    let publisher = Client::anonymous(edge.local(), "pub").await;
+    for i in 0..50 {
+        publisher.publish(&format!("telemetry/a/{i}"), QoS::AtLeastOnce, false, "before").await;
+    }
+    assert!(e2e_tests::eventually(WAIT, || sink_rows(&cloud.sink).len() == 50).await);
+    let (_, cert2, key2) = keys.edges.iter().find(|(id, _, _)| id == "edge-2").unwrap().clone();
+    let baseline = e2e_tests::rss_of(std::process::id());
+    let rss = PeakRss::start();
+
+    // Batch streams announcing 16 MiB each, 1 KiB sent: before, one task per stream (256 of
+    // them) allocated the whole announced length, 4 GiB. Now QUIC allows 16 streams, they are
+    // read in order, and memory is reserved as bytes arrive.
+    let conn = quic::connect(addr, &keys.ca, &cert2, &key2).await.unwrap();
+    let _control = welcomed(&conn).await;
+    let mut streams = Vec::new();
+    while streams.len() < 256 {
+        let Ok(Ok(mut s)) = tokio::time::timeout(Duration::from_millis(300), conn.open_uni()).await else { break };
+        s.write_all(&(16u32 << 20).to_be_bytes()).await.unwrap();
+        s.write_all(&[0u8; 1024]).await.unwrap();
+        streams.push(s);
+    }
+    assert_eq!(streams.len(), 16, "limits.streams_per_connection");
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let reserved = cloud.metric("bridge_batch_memory_reserved_bytes");
+    assert!(reserved > 0.0 && reserved <= (128 << 10) as f64, "{reserved} bytes reserved for 16 KiB received");
+    drop(streams);
+    conn.close(0u32.into(), b"");
+
+    // 30 MB of CBOR that is nothing but empty user property pairs (480 MB decoded), in a few
+    // KB of zstd: refused on its bound, before it is decoded.
+    let conn = quic::connect(addr, &keys.ca, &cert2, &key2).await.unwrap();
+    let _control = welcomed(&conn).await;
+    let raw = empty_pairs_record(10_000_000);
+    let body = zstd::bulk::compress(&raw, 3).unwrap();
+    let batch = Batch {
+        epoch: String::new(),
+        lane: 0,
+        first_seq: 1,
+        last_seq: 1,
+        codec: Codec::Zstd,
+        dict: None,
+        raw_len: raw.len() as u64,
+        body,
+    };
+    drop(raw);
+    let mut uni = conn.open_uni().await.unwrap();
+    uni.write_all(&codec::encode(&batch).unwrap()).await.unwrap();
+    uni.finish().unwrap();
+    let reason = tokio::time::timeout(WAIT, conn.closed()).await.unwrap().to_string();
+    assert!(reason.contains("more than the connection's memory budget of 48.0 MiB"), "{reason}");
+
+    // The real edge was never held up, nothing acked is lost, and the memory is back.
+    for i in 0..50 {
+        publisher.publish(&format!("telemetry/b/{i}"), QoS::AtLeastOnce, false, "after").await;
+    }
+    assert!(e2e_tests::eventually(WAIT, || sink_rows(&cloud.sink).len() == 100).await);
+    assert!(sink_rows(&cloud.sink).iter().all(|r| r.edge == "edge-1"));
+    assert!(e2e_tests::eventually(WAIT, || cloud.metric("bridge_batch_memory_reserved_bytes") == 0.0).await);
+    let grown = rss.peak().saturating_sub(baseline);
+    // The test's own 30 MB of CBOR and its compression are in this process too.
+    assert!(grown < 120 << 20, "RSS grew by {} MiB under attack", grown >> 20);
+    eprintln!("RSS: baseline {} MiB, peak {} MiB under attack", baseline >> 20, rss.peak() >> 20);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_handshake_storm_is_refused_before_tls_at_the_configured_rate_and_count() {
+    let dir = tempfile::tempdir().unwrap();
+    let keys = pki(dir.path(), &["edge-2", "edge-3", "edge-4"]);
+    let limits = "[limits]\nhandshakes_per_second = 5\nhandshake_burst = 5\nmax_connections = 3\n";
+    let cloud = TestCloud::start(dir.path(), keys.clone(), "127.0.0.1:0".parse().unwrap(), limits).await;
+    let addr = cloud.bridge.quic_addr();
+    let cert = |id: &str| keys.edges.iter().find(|(e, _, _)| e == id).unwrap().clone();
+
+    // Three connections of three edges are the most the bridge holds at once.
+    let mut held = Vec::new();
+    for id in ["edge-2", "edge-3", "edge-4"] {
+        let (_, c, k) = cert(id);
+        held.push(quic::connect(addr, &keys.ca, &c, &k).await.unwrap());
+    }
+    let (_, c, k) = cert("edge-2");
+    let err = quic::connect(addr, &keys.ca, &c, &k).await.unwrap_err();
+    assert!(err.contains("refused"), "{err}");
+    assert_eq!(cloud.metric("bridge_connections_refused_total{reason=\"connections\"}"), 1.0);
+    assert_eq!(cloud.metric("bridge_connections"), 3.0);
+    drop(held);
+    assert!(e2e_tests::eventually(WAIT, || cloud.metric("bridge_connections") == 0.0).await);
+
+    // 40 at once on a bridge that admits 5 a second: a handful admitted, the rest refused
+    // before any TLS work (no handshake failure is counted for them).
+    let storm_dir = dir.path().join("storm");
+    std::fs::create_dir(&storm_dir).unwrap();
+    let limits = "[limits]\nhandshakes_per_second = 5\nhandshake_burst = 5\n";
+    let cloud = TestCloud::start(&storm_dir, keys.clone(), "127.0.0.1:0".parse().unwrap(), limits).await;
+    let addr = cloud.bridge.quic_addr();
+    let started = Instant::now();
+    let attempts: Vec<_> = (0..40)
+        .map(|_| {
+            let (ca, c, k) = (keys.ca.clone(), c.clone(), k.clone());
+            tokio::spawn(async move { quic::connect(addr, &ca, &c, &k).await.map(|conn| conn.close(0u32.into(), b"")) })
+        })
+        .collect();
+    let mut refused = 0;
+    for a in attempts {
+        // An admitted connection of edge-2 may be replaced by the next one: not a refusal.
+        if a.await.unwrap().is_err_and(|e| e.contains("refused")) {
+            refused += 1;
+        }
+    }
+    let admitted = 40 - refused;
+    let most = 5 + (started.elapsed().as_secs_f64() * 5.0).ceil() as usize;
+    assert!((1..=most).contains(&admitted), "{admitted} admitted in {:?}", started.elapsed());
+    assert_eq!(cloud.metric("bridge_connections_refused_total{reason=\"rate\"}"), refused as f64);
+    assert_eq!(cloud.metric("bridge_connections_refused_total{reason=\"handshake\"}"), 0.0);
+}
