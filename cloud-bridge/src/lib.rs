@@ -83,7 +83,7 @@ impl Bridge {
         };
         match &config.sink {
             SinkConfig::Sqlite { path } => {
-                let sink = Arc::new(sink::sqlite::SqliteSink::open(path)?);
+                let sink = Arc::new(sink::sqlite::SqliteSink::open(path)?.with_metrics(metrics.sink.clone()));
                 tracing::info!(path = %path.display(), "sink: sqlite");
                 tasks.spawn(server::accept_loop(endpoint, server_config, limits, sink, models, m, stop, t));
             }
@@ -109,7 +109,9 @@ impl Bridge {
                     replicas: *replicas,
                     batches: *batches,
                 };
-                let sink = Arc::new(sink::jetstream::JetStreamSink::connect(&settings).await?);
+                let sink = Arc::new(
+                    sink::jetstream::JetStreamSink::connect(&settings).await?.with_metrics(metrics.sink.clone()),
+                );
                 tracing::info!(url, stream, marks_bucket, "sink: jetstream");
                 tasks.spawn(server::accept_loop(endpoint, server_config, limits, sink, models, m, stop, t));
             }

@@ -2,7 +2,6 @@
 //! balancer (healthy while the QUIC endpoint runs and the sink took its last write).
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
 
 use axum::extract::State;
 use axum::http::{StatusCode, header};
@@ -44,7 +43,7 @@ pub struct Metrics {
     pub dicts_stored: Counter,
     pub refused: Family<ReasonLabel, Counter>,
     pub closed: Family<ReasonLabel, Counter>,
-    pub sink_ok: AtomicBool,
+    pub sink: Arc<crate::sink::SinkMetrics>,
     pub models: Arc<crate::models::serve::ServeMetrics>,
     pub limits: Arc<crate::limits::LimitMetrics>,
 }
@@ -64,12 +63,13 @@ impl Metrics {
             dicts_stored: Counter::default(),
             refused: Family::default(),
             closed: Family::default(),
-            sink_ok: AtomicBool::new(true),
+            sink: Arc::default(),
             models: Arc::default(),
             limits: Arc::default(),
         };
         m.models.register(&mut registry);
         m.limits.register(&mut registry);
+        m.sink.register(&mut registry);
         let r = &mut registry;
         r.register("edge_connected", "1 while the edge has a session on this bridge", m.connected.clone());
         r.register("committed_seq", "Highest seq committed per edge and lane (this epoch)", m.committed.clone());
@@ -120,7 +120,7 @@ async fn metrics_handler(State(m): State<Arc<Metrics>>) -> impl IntoResponse {
 }
 
 async fn health_handler(State(m): State<Arc<Metrics>>) -> impl IntoResponse {
-    if m.sink_ok.load(Ordering::Relaxed) {
+    if m.sink.healthy() {
         (StatusCode::OK, "ok\n")
     } else {
         (StatusCode::SERVICE_UNAVAILABLE, "unhealthy: the sink's last write failed\n")

@@ -423,7 +423,7 @@ async fn run_session<S: Sink>(
                 let mut next = Some(done);
                 while let Some((lane, up_to, count, started, result)) = next.take() {
                     metrics.sink_seconds.observe(started.elapsed().as_secs_f64());
-                    metrics.sink_ok.store(result.is_ok(), Ordering::Relaxed);
+                    metrics.sink.wrote(result.is_ok());
                     result?;
                     records_counter.inc_by(count);
                     marks.insert(lane, up_to);

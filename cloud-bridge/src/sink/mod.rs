@@ -6,11 +6,24 @@
 //! idempotent publish keeps one copy. The bridge acks an edge only after `mark` returned, and
 //! answers an edge's hello with `committed`, so any bridge instance can take over any edge.
 //! docs/ARCHITECTURE.md follows one record through both steps.
+//!
+//! A write that fails for the moment (the server away, a full disk, a timeout) is retried by
+//! the sink with backoff ([`Retry`]), on the same session: a sink outage costs the edges
+//! latency, not their connections (every edge of a bridge reconnecting at once is a storm of
+//! its own). A record a sink refuses for itself is the sink's to set aside (JetStream's
+//! dead-letter subject, `sink::jetstream`); the SQLite sink refuses nothing a record can carry
+//! within the protocol's limits.
 
 pub mod jetstream;
 pub mod sqlite;
 
 use std::future::Future;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::registry::Registry;
 
 use serde::{Deserialize, Serialize};
 use shared::proto::{ClassesReport, DictAnnounce, LaneSeq, WireRecord};
@@ -28,6 +41,76 @@ pub struct StoredReport {
 pub enum SinkError {
     #[error("sink {what}: {reason}")]
     Failed { what: &'static str, reason: String },
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, prometheus_client::encoding::EncodeLabelSet)]
+pub struct DeadLetterLabel {
+    pub reason: &'static str,
+}
+
+/// What the sinks count, and whether the last write went through (for `/healthz`).
+#[derive(Debug)]
+pub struct SinkMetrics {
+    pub retries: Counter,
+    pub dead_letters: Family<DeadLetterLabel, Counter>,
+    pub ok: AtomicBool,
+}
+
+impl Default for SinkMetrics {
+    fn default() -> Self {
+        Self { retries: Counter::default(), dead_letters: Family::default(), ok: AtomicBool::new(true) }
+    }
+}
+
+impl SinkMetrics {
+    pub fn register(&self, r: &mut Registry) {
+        r.register("sink_retries", "Sink writes retried after failing for the moment", self.retries.clone());
+        r.register(
+            "dead_letters",
+            "Records the sink refused for themselves, set aside in its dead-letter subject, by reason",
+            self.dead_letters.clone(),
+        );
+    }
+
+    pub fn healthy(&self) -> bool {
+        self.ok.load(Ordering::Relaxed)
+    }
+
+    pub fn wrote(&self, ok: bool) {
+        self.ok.store(ok, Ordering::Relaxed);
+    }
+}
+
+/// Backoff for a sink write that failed for the moment: 100 ms doubling to 5 s, with jitter, so
+/// the sessions of one bridge do not hit a recovering server in step.
+#[derive(Debug)]
+pub struct Retry {
+    next: Duration,
+    attempts: u32,
+}
+
+impl Default for Retry {
+    fn default() -> Self {
+        Self { next: Duration::from_millis(100), attempts: 0 }
+    }
+}
+
+impl Retry {
+    /// Counts the failure, marks the sink unhealthy and waits before the next attempt.
+    pub async fn wait(&mut self, what: &str, error: &SinkError, metrics: &SinkMetrics) {
+        use rand::Rng;
+        metrics.retries.inc();
+        metrics.wrote(false);
+        if self.attempts == 0 {
+            tracing::warn!(what, %error, "sink write failed; retrying");
+        } else {
+            tracing::debug!(what, %error, attempts = self.attempts, "sink write failed again; retrying");
+        }
+        self.attempts += 1;
+        let wait = self.next.mul_f64(rand::thread_rng().gen_range(0.5..1.0));
+        self.next = (self.next * 2).min(Duration::from_secs(5));
+        tokio::time::sleep(wait).await;
+    }
 }
 
 /// Resolves once the batch published before this one is in the sink: `true`, or `false` if

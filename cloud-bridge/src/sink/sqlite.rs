@@ -1,6 +1,10 @@
 //! The embedded sink: one SQLite file, records unique by (edge, epoch, lane, seq) so a resent
 //! record is ignored, a batch's records in one transaction and its mark in a later one (see the
 //! module doc of `sink`), `synchronous=FULL` so an ack means on disk.
+//!
+//! Dead letters: SQLite refuses nothing a record can carry within the protocol's limits (a
+//! message is at most 8 MiB, a value up to 1 GB), so no record is set aside here. Its failures
+//! are the file's (a lock held by another process, a full disk, I/O errors) and are retried.
 
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
@@ -8,7 +12,7 @@ use std::sync::{Arc, Mutex};
 use rusqlite::{Connection, OptionalExtension, params};
 use shared::proto::{DictAnnounce, LaneSeq, WireRecord};
 
-use super::{Sink, SinkError, StoredReport, Turn};
+use super::{Retry, Sink, SinkError, SinkMetrics, StoredReport, Turn};
 use shared::units::now_ms;
 
 const SCHEMA: &str = "
@@ -51,6 +55,63 @@ CREATE TABLE IF NOT EXISTS dicts (
 pub struct SqliteSink {
     conn: Arc<Mutex<Connection>>,
     path: PathBuf,
+    metrics: Arc<SinkMetrics>,
+}
+
+/// How long a write waits for a lock another process holds before it counts as failed and is
+/// retried with backoff ([`Retry`]), so a long lock shows in the metrics and the log.
+const BUSY_TIMEOUT: std::time::Duration = std::time::Duration::from_millis(250);
+
+/// One batch's records in one transaction; a record stored before is kept as it was.
+fn insert(conn: &mut Connection, edge: &str, epoch: &str, lane: u8, records: &[WireRecord]) -> Result<(), SinkError> {
+    let tx = conn.transaction().map_err(|e| failed("begin", e))?;
+    {
+        let mut insert = tx
+            .prepare_cached(
+                "INSERT OR IGNORE INTO records (edge_id, epoch, lane, seq, kind, class, topic, payload, qos, \
+                 enqueued_ms, headers, received_ms) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12)",
+            )
+            .map_err(|e| failed("insert", e))?;
+        let received = now_ms();
+        for r in records {
+            let result = match (&r.message, &r.gap) {
+                (Some(m), _) => {
+                    let headers = crate::names::headers(m);
+                    insert.execute(params![
+                        edge,
+                        epoch,
+                        lane,
+                        r.seq,
+                        "message",
+                        m.class,
+                        m.topic,
+                        m.payload,
+                        m.qos,
+                        m.enqueued_ms,
+                        serde_json::to_string(&headers).unwrap_or_default(),
+                        received
+                    ])
+                }
+                (None, Some(g)) => insert.execute(params![
+                    edge,
+                    epoch,
+                    lane,
+                    r.seq,
+                    "gap",
+                    g.class,
+                    None::<String>,
+                    serde_json::to_vec(g).unwrap_or_default(),
+                    None::<u8>,
+                    None::<u64>,
+                    None::<String>,
+                    received
+                ]),
+                (None, None) => continue,
+            };
+            result.map_err(|e| failed("insert", e))?;
+        }
+    }
+    tx.commit().map_err(|e| failed("commit", e))
 }
 
 fn failed(what: &'static str, e: impl std::fmt::Display) -> SinkError {
@@ -66,7 +127,14 @@ impl SqliteSink {
         conn.execute_batch("PRAGMA journal_mode = WAL; PRAGMA synchronous = FULL;")
             .and_then(|_| conn.execute_batch(SCHEMA))
             .map_err(|e| failed("schema", format!("{}: {e}", path.display())))?;
-        Ok(Self { conn: Arc::new(Mutex::new(conn)), path: path.to_owned() })
+        conn.busy_timeout(BUSY_TIMEOUT).map_err(|e| failed("open", e))?;
+        Ok(Self { conn: Arc::new(Mutex::new(conn)), path: path.to_owned(), metrics: Arc::default() })
+    }
+
+    /// Counts into `metrics` (the bridge's registry) from now on.
+    pub fn with_metrics(mut self, metrics: Arc<SinkMetrics>) -> Self {
+        self.metrics = metrics;
+        self
     }
 
     pub fn path(&self) -> &Path {
@@ -118,58 +186,19 @@ impl Sink for SqliteSink {
         // Order by seq is the table's key: a later batch landing first changes nothing a
         // reader by seq sees, so the turn is not awaited and batches commit side by side.
         let sink = self.clone();
+        let records = Arc::new(records);
         async move {
-            sink.blocking(move |conn| {
-                let tx = conn.transaction().map_err(|e| failed("begin", e))?;
-                {
-                    let mut insert = tx
-                    .prepare_cached(
-                        "INSERT OR IGNORE INTO records (edge_id, epoch, lane, seq, kind, class, topic, payload, qos, \
-                         enqueued_ms, headers, received_ms) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12)",
-                    )
-                    .map_err(|e| failed("insert", e))?;
-                    let received = now_ms();
-                    for r in &records {
-                        let result = match (&r.message, &r.gap) {
-                            (Some(m), _) => {
-                                let headers = crate::names::headers(m);
-                                insert.execute(params![
-                                    edge,
-                                    epoch,
-                                    lane,
-                                    r.seq,
-                                    "message",
-                                    m.class,
-                                    m.topic,
-                                    m.payload,
-                                    m.qos,
-                                    m.enqueued_ms,
-                                    serde_json::to_string(&headers).unwrap_or_default(),
-                                    received
-                                ])
-                            }
-                            (None, Some(g)) => insert.execute(params![
-                                edge,
-                                epoch,
-                                lane,
-                                r.seq,
-                                "gap",
-                                g.class,
-                                None::<String>,
-                                serde_json::to_vec(g).unwrap_or_default(),
-                                None::<u8>,
-                                None::<u64>,
-                                None::<String>,
-                                received
-                            ]),
-                            (None, None) => continue,
-                        };
-                        result.map_err(|e| failed("insert", e))?;
+            let mut retry = Retry::default();
+            loop {
+                let (edge, epoch, records) = (edge.clone(), epoch.clone(), records.clone());
+                match sink.blocking(move |conn| insert(conn, &edge, &epoch, lane, &records)).await {
+                    Ok(()) => {
+                        sink.metrics.wrote(true);
+                        return Ok(());
                     }
+                    Err(e) => retry.wait("sqlite insert", &e, &sink.metrics).await,
                 }
-                tx.commit().map_err(|e| failed("commit", e))
-            })
-            .await
+            }
         }
     }
 
@@ -238,17 +267,25 @@ impl Sink for SqliteSink {
     }
 
     async fn mark(&self, edge: &str, epoch: &str, lane: u8, up_to: u64) -> Result<(), SinkError> {
-        let (edge, epoch) = (edge.to_owned(), epoch.to_owned());
-        self.blocking(move |conn| {
-            conn.execute(
-                "INSERT INTO marks (edge_id, epoch, lane, committed) VALUES (?1, ?2, ?3, ?4) \
-                 ON CONFLICT (edge_id, epoch, lane) DO UPDATE SET committed = max(committed, excluded.committed)",
-                params![edge, epoch, lane, up_to],
-            )
-            .map(|_| ())
-            .map_err(|e| failed("mark", e))
-        })
-        .await
+        let mut retry = Retry::default();
+        loop {
+            let (edge, epoch) = (edge.to_owned(), epoch.to_owned());
+            let result = self
+                .blocking(move |conn| {
+                    conn.execute(
+                        "INSERT INTO marks (edge_id, epoch, lane, committed) VALUES (?1, ?2, ?3, ?4) \
+                         ON CONFLICT (edge_id, epoch, lane) DO UPDATE SET committed = max(committed, excluded.committed)",
+                        params![edge, epoch, lane, up_to],
+                    )
+                    .map(|_| ())
+                    .map_err(|e| failed("mark", e))
+                })
+                .await;
+            match result {
+                Ok(()) => return Ok(()),
+                Err(e) => retry.wait("sqlite mark", &e, &self.metrics).await,
+            }
+        }
     }
 }
 
@@ -287,5 +324,25 @@ mod tests {
         let conn = Connection::open(sink.path()).unwrap();
         let n: i64 = conn.query_row("SELECT count(*) FROM records", [], |r| r.get(0)).unwrap();
         assert_eq!(n, 5);
+    }
+
+    #[tokio::test]
+    async fn a_write_blocked_by_another_process_lock_is_retried_not_failed() {
+        let dir = tempfile::tempdir().unwrap();
+        let metrics = Arc::new(SinkMetrics::default());
+        let sink = SqliteSink::open(&dir.path().join("central.db")).unwrap().with_metrics(metrics.clone());
+        let other = Connection::open(sink.path()).unwrap();
+        other.execute_batch("BEGIN EXCLUSIVE").unwrap();
+        let writing = tokio::spawn({
+            let sink = sink.clone();
+            async move { sink.write("e1", "ep", 0, (1..=3).map(record).collect(), 3).await }
+        });
+        tokio::time::sleep(std::time::Duration::from_millis(1200)).await;
+        assert!(!writing.is_finished(), "the write waits for the lock");
+        assert!(metrics.retries.get() >= 1 && !metrics.healthy(), "the wait shows in the metrics");
+        other.execute_batch("COMMIT").unwrap();
+        writing.await.unwrap().unwrap();
+        assert!(metrics.healthy());
+        assert_eq!(sink.committed("e1", "ep").await.unwrap(), vec![LaneSeq { lane: 0, seq: 3 }]);
     }
 }

@@ -191,6 +191,10 @@ async fn a_nats_server_killed_and_restarted_mid_stream_loses_and_duplicates_noth
     let messages = stream_messages(&nats.url()).await;
     let payloads: BTreeSet<Vec<u8>> = messages.iter().map(|m| m.payload.to_vec()).collect();
     assert_eq!((messages.len(), payloads.len()), (400, 400), "each record once across the restart");
+    // The sink retried on the same session: the edge never lost its connection to the outage.
+    assert_eq!(cloud.metric("bridge_sessions_closed_total{reason=\"sink\"}"), 0.0);
+    assert_eq!(cloud.metric("bridge_sessions_closed_total{reason=\"connection\"}"), 0.0);
+    assert_eq!(edge.metric("edge_uplink_reconnects_total"), 0.0);
 }
 
 fn telemetry(seq: u64) -> shared::proto::WireRecord {

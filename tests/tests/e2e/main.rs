@@ -6,6 +6,7 @@ mod bridge;
 mod bridge_budget;
 mod bridge_chaos;
 mod bridge_crash;
+mod bridge_dead_letter;
 mod bridge_impaired;
 mod bridge_jetstream;
 mod bridge_security;

@@ -22,6 +22,7 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 mod publish;
+mod refused;
 
 use async_nats::jetstream::{self, kv, stream};
 use bytes::Bytes;
@@ -30,7 +31,8 @@ pub use publish::BatchPublish;
 use publish::Publishing;
 use shared::proto::{DictAnnounce, LaneSeq, WireRecord};
 
-use super::{Sink, SinkError, StoredReport, Turn};
+use super::{Retry, Sink, SinkError, SinkMetrics, StoredReport, Turn};
+use refused::Failure;
 
 fn failed(what: &'static str, e: impl std::fmt::Display) -> SinkError {
     SinkError::Failed { what, reason: e.to_string() }
@@ -93,6 +95,9 @@ pub struct JetStreamSink {
     dicts: kv::Store,
     reports: kv::Store,
     prefix: String,
+    /// The server's `max_payload`: a message over it is refused for itself before it is sent.
+    max_payload: usize,
+    metrics: std::sync::Arc<SinkMetrics>,
 }
 
 impl JetStreamSink {
@@ -146,7 +151,6 @@ impl JetStreamSink {
         let dicts = bucket(&js, "dictionary bucket", &s.dicts_bucket, s.replicas, DICT_MAX_AGE).await?;
         let reports = bucket(&js, "TCO report bucket", &s.tco_bucket, s.replicas, Duration::ZERO).await?;
         Ok(Self {
-            client,
             js,
             publishing,
             marks,
@@ -154,7 +158,16 @@ impl JetStreamSink {
             dicts,
             reports,
             prefix: s.subject_prefix.clone(),
+            max_payload: client.server_info().max_payload,
+            metrics: Default::default(),
+            client,
         })
+    }
+
+    /// Counts into `metrics` (the bridge's registry) from now on.
+    pub fn with_metrics(mut self, metrics: std::sync::Arc<SinkMetrics>) -> Self {
+        self.metrics = metrics;
+        self
     }
 
     async fn read_marks(&self, key: &str) -> Result<(BTreeMap<u8, u64>, Option<u64>), SinkError> {
@@ -234,6 +247,7 @@ impl Sink for JetStreamSink {
     ) -> impl Future<Output = Result<(), SinkError>> + Send + 'static {
         let (client, js, publishing, prefix) =
             (self.client.clone(), self.js.clone(), self.publishing, self.prefix.clone());
+        let (metrics, max_payload) = (self.metrics.clone(), self.max_payload);
         // Built now, where the batch is received, not when its turn to publish comes: the
         // publish before it is still waiting for JetStream meanwhile.
         let mut records = records;
@@ -241,13 +255,55 @@ impl Sink for JetStreamSink {
         let messages = publish::outgoing(&self.prefix, &edge, &epoch, lane, &mut records);
         async move {
             let mut messages = messages?;
-            match publishing {
-                Publishing::Fast => publish::publish_fast(&client, &mut messages, turn).await,
-                Publishing::Atomic => {
-                    let address = |r: &WireRecord| publish::addressed(&prefix, &edge, &epoch, lane, r);
-                    publish::publish_atomic_batches(&client, &js, &mut messages, &records, address, turn).await
+            let dead = refused::dead_subject(&prefix, &edge);
+            let address = |r: &WireRecord| publish::addressed(&prefix, &edge, &epoch, lane, r);
+            // Every attempt waits for the same turn, which comes once.
+            let turn = futures_util::FutureExt::shared(turn);
+            let now = || -> Turn { Box::pin(turn.clone()) };
+            let mut retry = Retry::default();
+            // A message over the server's limit would fail any batch it is in, every time.
+            let oversized = messages.iter().any(|m| m.size() > max_payload);
+            loop {
+                let result = match publishing {
+                    _ if oversized => {
+                        Err(Failure::Record { reason: "too_large", detail: format!("over max_payload {max_payload}") })
+                    }
+                    Publishing::Fast => publish::publish_fast(&client, &mut messages, now()).await,
+                    Publishing::Atomic => {
+                        let aside = (dead.as_str(), &*metrics);
+                        publish::publish_atomic_batches(&client, &js, &mut messages, &records, address, now(), aside)
+                            .await
+                    }
+                    Publishing::Messages => {
+                        publish::publish_messages(&js, &mut messages, now(), (&dead, &metrics)).await
+                    }
+                };
+                let result = match result {
+                    // A batch is refused whole: message by message, the refused ones set aside.
+                    Err(Failure::Record { reason, detail }) => {
+                        tracing::info!(
+                            edge,
+                            lane,
+                            reason,
+                            detail,
+                            "batch refused for a record in it; publishing it message by message"
+                        );
+                        publish::readdress(&mut messages, &records, address);
+                        publish::publish_messages(&js, &mut messages, now(), (&dead, &metrics)).await
+                    }
+                    other => other,
+                };
+                match result {
+                    Ok(()) => {
+                        metrics.wrote(true);
+                        return Ok(());
+                    }
+                    Err(Failure::Transient(e)) => {
+                        retry.wait("publish", &e, &metrics).await;
+                        publish::readdress(&mut messages, &records, address);
+                    }
+                    Err(e) => return Err(e.into_error()),
                 }
-                Publishing::Messages => publish::publish_messages(&js, messages, turn).await,
             }
         }
     }
@@ -285,6 +341,18 @@ impl Sink for JetStreamSink {
     }
 
     async fn mark(&self, edge: &str, epoch: &str, lane: u8, up_to: u64) -> Result<(), SinkError> {
+        let mut retry = Retry::default();
+        loop {
+            match self.mark_once(edge, epoch, lane, up_to).await {
+                Ok(()) => return Ok(()),
+                Err(e) => retry.wait("mark", &e, &self.metrics).await,
+            }
+        }
+    }
+}
+
+impl JetStreamSink {
+    async fn mark_once(&self, edge: &str, epoch: &str, lane: u8, up_to: u64) -> Result<(), SinkError> {
         // Compare-and-set; a concurrent bridge's higher mark wins.
         let key = mark_key(edge, epoch);
         let cached = self.last_marks.lock().unwrap_or_else(|e| e.into_inner()).get(&key).cloned();
@@ -321,9 +389,7 @@ impl Sink for JetStreamSink {
         }
         Err(failed("mark", format!("{key}: could not update after 16 attempts")))
     }
-}
 
-impl JetStreamSink {
     fn remember(&self, key: String, marks: BTreeMap<u8, u64>, revision: u64) {
         let mut last = self.last_marks.lock().unwrap_or_else(|e| e.into_inner());
         // Bounded by the edges this bridge serves; an edge's old epochs are not worth keeping.

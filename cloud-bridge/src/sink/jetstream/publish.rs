@@ -10,12 +10,12 @@ use async_nats::header::{HeaderName, IntoHeaderName};
 use async_nats::jetstream;
 use bytes::Bytes;
 use futures_util::StreamExt;
-use futures_util::stream::FuturesUnordered;
 use serde::{Deserialize, Serialize};
 use shared::proto::WireRecord;
 
 use super::failed;
-use crate::sink::{SinkError, Turn};
+use super::refused::{self, Failure};
+use crate::sink::{SinkMetrics, Turn};
 
 /// How batches are published, from the config's wish and what the server offers.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
@@ -67,11 +67,53 @@ const MAX_ATOMIC: usize = 1000;
 /// JetStream's error code for an atomic batch holding a `Nats-Msg-Id` it already stored.
 const ERR_BATCH_DUPLICATE: u64 = 10201;
 
+/// JetStream's error code for an atomic batch that misses a staged message: the server refused
+/// one (too large, say; a staged message gets no reply of its own) or it was lost with the
+/// connection. Message by message tells the two apart.
+const ERR_BATCH_INCOMPLETE: u64 = 10176;
+
 #[derive(Debug, Clone)]
 pub(super) struct Outgoing {
     subject: String,
     headers: HeaderMap,
     payload: Bytes,
+}
+
+impl Outgoing {
+    /// At least what the message takes of the server's `max_payload`: the payload and the
+    /// headers as the client writes them.
+    pub(super) fn size(&self) -> usize {
+        let headers: usize = self
+            .headers
+            .iter()
+            .map(|(name, values)| {
+                values
+                    .iter()
+                    .map(|v| <HeaderName as AsRef<str>>::as_ref(name).len() + v.as_str().len() + 4)
+                    .sum::<usize>()
+            })
+            .sum();
+        self.payload.len() + headers + 16
+    }
+}
+
+/// `messages` addressed again from `records` (a publish moves subjects and headers out).
+pub(super) fn readdress(
+    messages: &mut [Outgoing],
+    records: &[WireRecord],
+    address: impl Fn(&WireRecord) -> (String, HeaderMap),
+) {
+    for (m, r) in messages.iter_mut().zip(records) {
+        (m.subject, m.headers) = address(r);
+    }
+}
+
+/// `messages` as (subject, headers, payload), moved out.
+pub(super) fn triples(messages: &mut [Outgoing]) -> Vec<(String, HeaderMap, Bytes)> {
+    messages
+        .iter_mut()
+        .map(|m| (std::mem::take(&mut m.subject), std::mem::take(&mut m.headers), m.payload.clone()))
+        .collect()
 }
 
 #[derive(Debug)]
@@ -90,7 +132,7 @@ pub(super) fn outgoing(
     epoch: &str,
     lane: u8,
     records: &mut [WireRecord],
-) -> Result<Vec<Outgoing>, SinkError> {
+) -> Result<Vec<Outgoing>, crate::sink::SinkError> {
     let mut messages = Vec::with_capacity(records.len());
     for r in records {
         let payload = match (&mut r.message, &r.gap) {
@@ -146,10 +188,6 @@ fn batch_id() -> String {
     format!("{:032x}", rand::thread_rng().r#gen::<u128>())
 }
 
-fn turn_failed() -> SinkError {
-    failed("publish", "the batch before this one failed")
-}
-
 /// Publishes `messages` as one atomic batch: every message but the last goes at once without a
 /// reply, staged by the server; the last, sent once `turn` came, commits and waits for the
 /// batch's ack. So a batch is on its way while the one before it is still committing, and
@@ -162,7 +200,7 @@ async fn publish_atomic(
     client: &async_nats::Client,
     messages: &mut [Outgoing],
     turn: Option<Turn>,
-) -> Result<Atomic, SinkError> {
+) -> Result<Atomic, Failure> {
     let id = batch_id();
     let n = messages.len();
     let Some((last, staged)) = messages.split_last_mut() else { return Ok(Atomic::Stored) };
@@ -174,12 +212,15 @@ async fn publish_atomic(
     };
     for (i, m) in staged.iter_mut().enumerate() {
         let (subject, headers) = with_batch(m, i + 1);
-        client.publish_with_headers(subject, headers, m.payload.clone()).await.map_err(|e| failed("publish", e))?;
+        client
+            .publish_with_headers(subject, headers, m.payload.clone())
+            .await
+            .map_err(|e| Failure::client("publish", e))?;
     }
     if let Some(turn) = turn
         && !turn.await
     {
-        return Err(turn_failed());
+        return Err(Failure::Turn);
     }
     let (subject, mut headers) = with_batch(last, n);
     headers.insert("Nats-Batch-Commit", "1");
@@ -201,86 +242,51 @@ pub(super) async fn publish_atomic_batches(
     records: &[WireRecord],
     address: impl Fn(&WireRecord) -> (String, HeaderMap),
     turn: Turn,
-) -> Result<(), SinkError> {
+    aside: (&str, &SinkMetrics),
+) -> Result<(), Failure> {
     let mut turn = Some(turn);
     for (chunk, records) in messages.chunks_mut(MAX_ATOMIC).zip(records.chunks(MAX_ATOMIC)) {
         if let Atomic::Duplicate = publish_atomic(client, chunk, turn.take()).await? {
             // The atomic publish took the subjects and headers.
-            let again = chunk
-                .iter()
-                .zip(records)
-                .map(|(m, r)| {
-                    let (subject, headers) = address(r);
-                    Outgoing { subject, headers, payload: m.payload.clone() }
-                })
-                .collect();
-            publish_chains(js, again).await?;
+            readdress(chunk, records, &address);
+            refused::publish_setting_aside(js, triples(chunk), aside.0, aside.1).await?;
         }
     }
     Ok(())
 }
 
-/// Publishes `messages` message by message once `turn` came (see [`publish_chains`]).
+/// Publishes `messages` message by message once `turn` came, per subject one at a time (a
+/// failure leaves a prefix per subject), setting aside what JetStream refuses for itself.
 pub(super) async fn publish_messages(
     js: &jetstream::Context,
-    messages: Vec<Outgoing>,
+    messages: &mut [Outgoing],
     turn: Turn,
-) -> Result<(), SinkError> {
+    aside: (&str, &SinkMetrics),
+) -> Result<(), Failure> {
     if !turn.await {
-        return Err(turn_failed());
+        return Err(Failure::Turn);
     }
-    publish_chains(js, messages).await
+    refused::publish_setting_aside(js, triples(messages), aside.0, aside.1).await
 }
 
 /// Reads a batch commit's reply: `{"stream":..,"seq":..,"batch":..,"count":N}` or an error.
-fn batch_ack(reply: &[u8], sent: usize) -> Result<Atomic, SinkError> {
+fn batch_ack(reply: &[u8], sent: usize) -> Result<Atomic, Failure> {
     let v: serde_json::Value = serde_json::from_slice(reply)
         .map_err(|e| failed("publish batch", format!("unreadable ack {:?}: {e}", String::from_utf8_lossy(reply))))?;
     if let Some(err) = v.get("error") {
-        if err.get("err_code").and_then(serde_json::Value::as_u64) == Some(ERR_BATCH_DUPLICATE) {
+        let code = err.get("err_code").and_then(serde_json::Value::as_u64);
+        if code == Some(ERR_BATCH_DUPLICATE) {
             return Ok(Atomic::Duplicate);
         }
-        return Err(failed("publish batch", err));
+        if code == Some(ERR_BATCH_INCOMPLETE) {
+            return Err(Failure::Record { reason: "incomplete", detail: err.to_string() });
+        }
+        return Err(Failure::coded("publish batch", code, err.to_string()));
     }
     match v.get("count").and_then(serde_json::Value::as_u64) {
         Some(count) if count == sent as u64 => Ok(Atomic::Stored),
-        _ => Err(failed("publish batch", format!("ack {v} does not count the {sent} messages sent"))),
+        _ => Err(failed("publish batch", format!("ack {v} does not count the {sent} messages sent")).into()),
     }
-}
-
-/// Per subject, one publish in flight at a time, the next sent after the last one's ack: a
-/// failure then leaves a subject's stored records a prefix of what was sent, and the edge's
-/// resend continues it in order. Subjects run side by side.
-async fn publish_chains(js: &jetstream::Context, messages: Vec<Outgoing>) -> Result<(), SinkError> {
-    let mut chains: Vec<(String, Vec<(HeaderMap, Bytes)>)> = Vec::new();
-    let mut chain_of: std::collections::HashMap<String, usize> = std::collections::HashMap::new();
-    for m in messages {
-        let i = *chain_of.entry(m.subject.clone()).or_insert_with(|| {
-            chains.push((m.subject, Vec::new()));
-            chains.len() - 1
-        });
-        chains[i].1.push((m.headers, m.payload));
-    }
-    let mut running: FuturesUnordered<_> = chains
-        .into_iter()
-        .map(|(subject, messages)| {
-            let js = js.clone();
-            async move {
-                for (headers, payload) in messages {
-                    let ack = js
-                        .publish_with_headers(subject.clone(), headers, payload)
-                        .await
-                        .map_err(|e| failed("publish", e))?;
-                    ack.await.map_err(|e| failed("publish ack", e))?;
-                }
-                Ok::<(), SinkError>(())
-            }
-        })
-        .collect();
-    while let Some(result) = running.next().await {
-        result?;
-    }
-    Ok(())
 }
 
 /// Header names hold printable ASCII without `:`; values no CR or LF. Anything else is
@@ -304,6 +310,16 @@ fn header_safe(s: &str, name: bool) -> Cow<'_, str> {
     Cow::Owned(out)
 }
 
+/// `s` as a header value of at most `max` bytes (cut at a character).
+pub(super) fn header_value(s: &str, max: usize) -> String {
+    let safe = header_safe(s, false);
+    let mut end = safe.len().min(max);
+    while !safe.is_char_boundary(end) {
+        end -= 1;
+    }
+    safe[..end].to_owned()
+}
+
 /// Flow acks the server may owe before the publisher waits for one (ADR-50 advises 2).
 const FAST_OUTSTANDING: u64 = 2;
 
@@ -321,8 +337,15 @@ pub(super) enum FastReply {
     Flow { seq: u64, msgs: u64 },
     /// The batch ended: `count` messages taken.
     Done { count: u64 },
-    /// A gap, a refused message or a refused batch: the batch stopped there.
-    Failed(String),
+    /// A gap, a refused message or a refused batch: the batch stopped there; the JetStream
+    /// error code if the server gave one.
+    Failed { code: Option<u64>, why: String },
+}
+
+impl FastReply {
+    fn failed(why: String) -> Self {
+        FastReply::Failed { code: None, why }
+    }
 }
 
 pub(super) fn fast_reply(payload: &[u8]) -> FastReply {
@@ -338,23 +361,26 @@ pub(super) fn fast_reply(payload: &[u8]) -> FastReply {
     }
     let text = || String::from_utf8_lossy(payload).into_owned();
     let Ok(r) = serde_json::from_slice::<Reply>(payload) else {
-        return FastReply::Failed(format!("unreadable reply {:?}", text()));
+        return FastReply::failed(format!("unreadable reply {:?}", text()));
     };
     match (r.kind.as_deref(), r.error) {
-        (_, Some(error)) => FastReply::Failed(error.to_string()),
+        (_, Some(error)) => FastReply::Failed {
+            code: error.get("err_code").and_then(serde_json::Value::as_u64),
+            why: error.to_string(),
+        },
         (Some("ack"), None) => match (r.seq, r.msgs) {
             (Some(seq), Some(msgs)) if msgs > 0 => FastReply::Flow { seq, msgs },
-            _ => FastReply::Failed(format!("flow ack without a sequence or flow: {}", text())),
+            _ => FastReply::failed(format!("flow ack without a sequence or flow: {}", text())),
         },
-        (Some("gap"), None) => FastReply::Failed(format!(
+        (Some("gap"), None) => FastReply::failed(format!(
             "the server missed messages {} to {}",
             r.last_seq.map_or(0, |s| s + 1),
             r.seq.map_or(0, |s| s.saturating_sub(1))
         )),
-        (Some(_), None) => FastReply::Failed(text()),
+        (Some(_), None) => FastReply::failed(text()),
         (None, None) => match r.count {
             Some(count) => FastReply::Done { count },
-            None => FastReply::Failed(format!("pub ack without a count: {}", text())),
+            None => FastReply::failed(format!("pub ack without a count: {}", text())),
         },
     }
 }
@@ -366,7 +392,7 @@ pub(super) async fn publish_fast(
     client: &async_nats::Client,
     messages: &mut [Outgoing],
     turn: Turn,
-) -> Result<(), SinkError> {
+) -> Result<(), Failure> {
     let n = messages.len() as u64;
     if n == 0 {
         return Ok(());
@@ -375,7 +401,7 @@ pub(super) async fn publish_fast(
     let inbox = client.new_inbox();
     let mut replies = client.subscribe(format!("{inbox}.>")).await.map_err(|e| failed("fast batch", e))?;
     if !turn.await {
-        return Err(turn_failed());
+        return Err(Failure::Turn);
     }
     let (mut stored, mut flow) = (0u64, FAST_FLOW);
     for (i, m) in messages.iter_mut().enumerate() {
@@ -384,9 +410,9 @@ pub(super) async fn publish_fast(
             match next_reply(&mut replies).await? {
                 FastReply::Flow { seq, msgs } => (stored, flow) = (stored.max(seq), msgs),
                 FastReply::Done { count } => {
-                    return Err(failed("fast batch", format!("ended after {count} of {n} messages")));
+                    return Err(failed("fast batch", format!("ended after {count} of {n} messages")).into());
                 }
-                FastReply::Failed(why) => return Err(failed("fast batch", why)),
+                FastReply::Failed { code, why } => return Err(Failure::coded("fast batch", code, why)),
             }
         }
         // Operations: 0 starts the batch, 1 appends, 2 appends and commits.
@@ -400,7 +426,7 @@ pub(super) async fn publish_fast(
                 m.payload.clone(),
             )
             .await
-            .map_err(|e| failed("fast batch", e))?;
+            .map_err(|e| Failure::client("fast batch", e))?;
     }
     loop {
         match next_reply(&mut replies).await? {
@@ -408,14 +434,14 @@ pub(super) async fn publish_fast(
             // Duplicates count as taken: the server keeps the first copy.
             FastReply::Done { count } if count == n => return Ok(()),
             FastReply::Done { count } => {
-                return Err(failed("fast batch", format!("ack counts {count} of the {n} messages sent")));
+                return Err(failed("fast batch", format!("ack counts {count} of the {n} messages sent")).into());
             }
-            FastReply::Failed(why) => return Err(failed("fast batch", why)),
+            FastReply::Failed { code, why } => return Err(Failure::coded("fast batch", code, why)),
         }
     }
 }
 
-async fn next_reply(replies: &mut async_nats::Subscriber) -> Result<FastReply, SinkError> {
+async fn next_reply(replies: &mut async_nats::Subscriber) -> Result<FastReply, crate::sink::SinkError> {
     match tokio::time::timeout(FAST_TIMEOUT, replies.next()).await {
         Ok(Some(message)) => Ok(fast_reply(&message.payload)),
         Ok(None) => Err(failed("fast batch", "the reply subscription ended")),
@@ -490,7 +516,9 @@ mod tests {
         let dup = br#"{"error":{"code":400,"err_code":10201,"description":"atomic publish batch contains duplicate message id"}}"#;
         assert!(matches!(batch_ack(dup, 5), Ok(Atomic::Duplicate)));
         let e = batch_ack(br#"{"error":{"code":400,"err_code":10174,"description":"atomic publish is disabled"}}"#, 5);
-        assert!(e.unwrap_err().to_string().contains("atomic publish is disabled"));
+        assert!(e.unwrap_err().into_error().to_string().contains("atomic publish is disabled"));
+        let big = br#"{"error":{"code":400,"err_code":10054,"description":"message size exceeds maximum allowed"}}"#;
+        assert!(matches!(batch_ack(big, 5), Err(Failure::Record { reason: "too_large", .. })));
         assert!(batch_ack(b"", 1).is_err());
     }
 
@@ -500,13 +528,19 @@ mod tests {
         assert_eq!(fast_reply(br#"{"stream":"T","seq":9,"batch":"b","count":512}"#), FastReply::Done { count: 512 });
         // Every message a duplicate: nothing stored, the batch still counted whole.
         assert_eq!(fast_reply(br#"{"stream":"T","seq":0,"batch":"b","count":3}"#), FastReply::Done { count: 3 });
-        let FastReply::Failed(gap) = fast_reply(br#"{"type":"gap","last_seq":4,"seq":9}"#) else { panic!() };
-        assert_eq!(gap, "the server missed messages 5 to 8");
+        let FastReply::Failed { code: None, why } = fast_reply(br#"{"type":"gap","last_seq":4,"seq":9}"#) else {
+            panic!()
+        };
+        assert_eq!(why, "the server missed messages 5 to 8");
         let err = br#"{"type":"err","seq":3,"error":{"code":400,"err_code":10205,"description":"batch publish is disabled"}}"#;
-        assert!(matches!(fast_reply(err), FastReply::Failed(e) if e.contains("batch publish is disabled")));
+        assert!(
+            matches!(fast_reply(err), FastReply::Failed { code: Some(10205), why } if why.contains("batch publish is disabled"))
+        );
         let refused = br#"{"error":{"code":400,"err_code":10211,"description":"too many inflight"}}"#;
-        assert!(matches!(fast_reply(refused), FastReply::Failed(e) if e.contains("too many inflight")));
-        assert!(matches!(fast_reply(br#"{"type":"ack","seq":3,"msgs":0}"#), FastReply::Failed(_)));
-        assert!(matches!(fast_reply(b"not json"), FastReply::Failed(_)));
+        assert!(
+            matches!(fast_reply(refused), FastReply::Failed { code: Some(10211), why } if why.contains("too many inflight"))
+        );
+        assert!(matches!(fast_reply(br#"{"type":"ack","seq":3,"msgs":0}"#), FastReply::Failed { .. }));
+        assert!(matches!(fast_reply(b"not json"), FastReply::Failed { .. }));
     }
 }

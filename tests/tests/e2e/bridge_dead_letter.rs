@@ -1,0 +1,167 @@
+//! Records JetStream refuses for themselves, against a real nats-server: a message over the
+//! server's `max_payload` (1 MiB, where an edge takes up to 8 MiB) and one over the stream's
+//! `max_msg_size` (error 10054). Each is set aside once in `<prefix>.<edge>.%dead` with the
+//! reason and its ids, the records around it land in order, and the lane moves on. Before, the
+//! batch was refused on every resend and nothing behind it ever landed.
+
+use std::time::Duration;
+
+use cloud_bridge::sink::jetstream::{BatchPublish, JetStreamSettings, JetStreamSink};
+use cloud_bridge::sink::{DeadLetterLabel, Sink, SinkMetrics, first_turn};
+use e2e_tests::client::Client;
+use e2e_tests::cloud::{TestCloud, pki};
+use e2e_tests::fixtures::{inference, with_spool};
+use e2e_tests::nats::NatsServer;
+use e2e_tests::node::TestNode;
+use rumqttc::QoS;
+
+const WAIT: Duration = Duration::from_secs(30);
+
+async fn stream(url: &str) -> Vec<async_nats::jetstream::message::StreamMessage> {
+    let js = async_nats::jetstream::new(async_nats::connect(url).await.unwrap());
+    let mut stream = js.get_stream("EDGE").await.unwrap();
+    let count = stream.info().await.unwrap().state.messages;
+    let mut out = Vec::new();
+    for seq in 1..=count {
+        out.push(stream.get_raw_message(seq).await.unwrap());
+    }
+    out
+}
+
+fn header(m: &async_nats::jetstream::message::StreamMessage, name: &str) -> Option<String> {
+    m.headers.get(name).map(|v| v.as_str().to_owned())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_record_over_the_servers_max_payload_is_set_aside_and_the_lane_moves_on() {
+    let nats = NatsServer::start();
+    let dir = tempfile::tempdir().unwrap();
+    let section = format!("kind = \"jetstream\"\nurl = \"{}\"\n", nats.url());
+    let cloud = TestCloud::start_with_sink(
+        dir.path(),
+        pki(dir.path(), &[]),
+        "127.0.0.1:0".parse().unwrap(),
+        "",
+        &section,
+        dir.path().join("unused"),
+    )
+    .await;
+    let extra = format!(
+        "[broker]\nmax_packet_size = \"2 MiB\"\n{}\n{}",
+        with_spool(&[inference()]),
+        cloud.uplink_section("edge-1")
+    );
+    let edge = TestNode::start(&extra).await;
+    let publisher = Client::anonymous(edge.local(), "pub").await;
+    for i in 0..5 {
+        publisher.publish("inference/m/v1/cam", QoS::AtLeastOnce, false, format!("before {i}")).await;
+    }
+    publisher.publish("inference/m/v1/cam", QoS::AtLeastOnce, false, vec![7u8; 1536 << 10]).await;
+    for i in 0..5 {
+        publisher.publish("inference/m/v1/cam", QoS::AtLeastOnce, false, format!("after {i}")).await;
+    }
+    let committed = "bridge_committed_seq{edge=\"edge-1\",lane=\"1\"}";
+    assert!(
+        e2e_tests::eventually(WAIT, || cloud.metric(committed) == 11.0).await,
+        "the lane is stuck: {}",
+        cloud.bridge.metrics().encode()
+    );
+    let messages = stream(&nats.url()).await;
+    let normal: Vec<String> = messages
+        .iter()
+        .filter(|m| m.subject.as_str() != "edge.edge-1.%dead")
+        .map(|m| String::from_utf8_lossy(&m.payload).into_owned())
+        .collect();
+    let expected: Vec<String> =
+        (0..5).map(|i| format!("before {i}")).chain((0..5).map(|i| format!("after {i}"))).collect();
+    assert_eq!(normal, expected);
+    let dead: Vec<_> = messages.iter().filter(|m| m.subject.as_str() == "edge.edge-1.%dead").collect();
+    assert_eq!(dead.len(), 1);
+    let d = dead[0];
+    assert_eq!(header(d, "Edge-Dead-Letter-Reason").as_deref(), Some("too_large"));
+    assert_eq!(header(d, "Edge-Dead-Letter-Subject").as_deref(), Some("edge.edge-1.inference.m.v1.cam"));
+    assert_eq!(header(d, "Edge-Dead-Letter-Payload-Bytes").as_deref(), Some("1572864"));
+    assert!(
+        header(d, "Nats-Msg-Id").is_some_and(|id| id.starts_with("edge-1:") && id.ends_with(":1:6")),
+        "{:?}",
+        d.headers
+    );
+    assert!(d.payload.is_empty(), "a payload over max_payload cannot go with it");
+    assert_eq!(cloud.metric("bridge_dead_letters_total{reason=\"too_large\"}"), 1.0);
+    assert_eq!(cloud.metric("bridge_sessions_closed_total{reason=\"sink\"}"), 0.0);
+}
+
+fn record(seq: u64, payload: Vec<u8>) -> shared::proto::WireRecord {
+    shared::proto::WireRecord {
+        seq,
+        message: Some(shared::proto::WireMessage {
+            class: "telemetry".into(),
+            topic: "telemetry/one".into(),
+            payload,
+            qos: 1,
+            enqueued_ms: seq,
+            expires_ms: None,
+            user_properties: vec![("trace".into(), format!("t{seq}"))],
+            correlation_data: None,
+            content_type: None,
+        }),
+        gap: None,
+    }
+}
+
+/// JetStream's own refusal (10054, the stream's `max_msg_size`) in every publishing mode, and
+/// a resend of the same batch: set aside once, counted once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_record_over_the_streams_max_msg_size_is_set_aside_once_through_resends() {
+    e2e_tests::init_tracing();
+    for batches in [BatchPublish::Fast, BatchPublish::Atomic, BatchPublish::Off] {
+        let nats = NatsServer::start();
+        let js = async_nats::jetstream::new(async_nats::connect(nats.url()).await.unwrap());
+        js.create_stream(async_nats::jetstream::stream::Config {
+            name: "EDGE".into(),
+            subjects: vec!["edge.>".into()],
+            max_message_size: 4096,
+            duplicate_window: Duration::from_secs(120),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+        let settings = JetStreamSettings {
+            url: nats.url(),
+            stream: "EDGE".into(),
+            subject_prefix: "edge".into(),
+            marks_bucket: "edge-marks".into(),
+            dicts_bucket: "edge-dicts".into(),
+            tco_bucket: "edge-tco".into(),
+            duplicate_window: Duration::from_secs(120),
+            replicas: 1,
+            batches,
+        };
+        let metrics = std::sync::Arc::new(SinkMetrics::default());
+        let sink = JetStreamSink::connect(&settings).await.unwrap().with_metrics(metrics.clone());
+        let batch = || {
+            (1..=5u64)
+                .map(|s| record(s, if s == 3 { vec![1u8; 8192] } else { format!("m{s}").into_bytes() }))
+                .collect::<Vec<_>>()
+        };
+        sink.publish("edge-1".into(), "ep".into(), 0, batch(), first_turn()).await.unwrap();
+        // The resend of a bridge that died before its mark: nothing new anywhere.
+        sink.publish("edge-1".into(), "ep".into(), 0, batch(), first_turn()).await.unwrap();
+        let messages = stream(&nats.url()).await;
+        let subjects: Vec<&str> = messages.iter().map(|m| m.subject.as_str()).collect();
+        let normal: Vec<_> = messages.iter().filter(|m| m.subject.as_str() == "edge.edge-1.telemetry.one").collect();
+        let payloads: Vec<String> = normal.iter().map(|m| String::from_utf8_lossy(&m.payload).into_owned()).collect();
+        assert_eq!(payloads, ["m1", "m2", "m4", "m5"], "{batches:?}: {subjects:?}");
+        let dead: Vec<_> = messages.iter().filter(|m| m.subject.as_str() == "edge.edge-1.%dead").collect();
+        assert_eq!(dead.len(), 1, "{batches:?}: {subjects:?}");
+        assert_eq!(header(dead[0], "Nats-Msg-Id").as_deref(), Some("edge-1:ep:0:3"));
+        assert_eq!(header(dead[0], "Edge-Dead-Letter-Reason").as_deref(), Some("too_large"), "{batches:?}");
+        assert!(header(dead[0], "Edge-Dead-Letter-Error").is_some_and(|e| !e.is_empty()));
+        assert_eq!(
+            metrics.dead_letters.get_or_create(&DeadLetterLabel { reason: "too_large" }).get(),
+            1,
+            "{batches:?}"
+        );
+        assert!(metrics.healthy());
+    }
+}
