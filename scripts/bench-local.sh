@@ -7,7 +7,8 @@
 #     sustained throughput);
 #   - paho-mqtt (Python, what many users run): 1 publisher and 1 subscriber at 1,000 and 2,500
 #     msg/s (paho itself is the bottleneck above that);
-# all QoS1, 1 KiB payloads, loopback; plus edge-node's RSS idle and under load.
+# all QoS1, 1 KiB payloads, loopback; plus edge-node's RSS idle and under load, and idle for the
+# `device` build the images ship (3 starts, 3 s after each is ready).
 # Usage: scripts/bench-local.sh [REPEATS=3] [SECONDS=8]. Prints a Markdown table of medians.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -16,6 +17,7 @@ repeats=${1:-3}
 seconds=${2:-8}
 
 cargo build --release --locked --quiet -p edge-node -p e2e-tests --bin edge-node --bin mqtt-bench
+cargo build --profile device --locked --quiet -p edge-node
 bin=target/release
 mosquitto_bin=$(command -v mosquitto || echo /usr/sbin/mosquitto)
 
@@ -77,4 +79,18 @@ for r in $(seq "$repeats"); do
   done
 done
 loaded_rss=$(sort -n "$work/rss" | tail -1)
-python3 scripts/bench_summary.py "$work/results.jsonl" "$idle_rss" "$loaded_rss" "$repeats" "$seconds" "$mosq_idle_rss"
+kill "$edge_pid"
+wait "$edge_pid" 2>/dev/null || true
+
+device_rss=()
+for _ in 1 2 3; do
+  rm -f "$work/ready.json"
+  target/device/edge-node run --config "$work/edge.toml" --ready-file "$work/ready.json" 2>> "$work/edge.log" &
+  device_pid=$!
+  for _ in $(seq 100); do [ -s "$work/ready.json" ] && break; sleep 0.1; done
+  sleep 3
+  device_rss+=("$(rss_kb "$device_pid")")
+  kill "$device_pid"
+  wait "$device_pid" 2>/dev/null || true
+done
+python3 scripts/bench_summary.py "$work/results.jsonl" "$idle_rss" "$loaded_rss" "$repeats" "$seconds" "$mosq_idle_rss" "${device_rss[*]}"

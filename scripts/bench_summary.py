@@ -5,6 +5,7 @@ import sys
 
 path, idle_kb, loaded_kb, repeats, seconds = sys.argv[1:6]
 mosq_idle_kb = sys.argv[6] if len(sys.argv) > 6 else None
+device_idle_kb = sys.argv[7].split() if len(sys.argv) > 7 else []
 runs = [json.loads(l) for l in open(path) if l.strip()]
 
 
@@ -51,4 +52,10 @@ for c in cases:
         line += f"; throughput edge-node / Mosquitto = {et / max(mt, 1):.2f}"
     print(line)
 mosq = f", Mosquitto idle {int(mosq_idle_kb) / 1024:.1f} MiB" if mosq_idle_kb else ""
-print(f"- edge-node RSS: idle {int(idle_kb) / 1024:.1f} MiB, peak under load {int(loaded_kb) / 1024:.1f} MiB{mosq}")
+print(f"- edge-node RSS (release build): idle {int(idle_kb) / 1024:.1f} MiB, peak under load {int(loaded_kb) / 1024:.1f} MiB{mosq}")
+if device_idle_kb:
+    kb = sorted(int(k) for k in device_idle_kb)
+    print(
+        f"- edge-node RSS, the `device` build the images ship: idle {statistics.median(kb) / 1024:.2f} MiB"
+        f" (median of {len(kb)} starts, {kb[0]}-{kb[-1]} kB)"
+    )
