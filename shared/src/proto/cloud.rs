@@ -79,6 +79,8 @@ pub struct CloudSession {
     out: VecDeque<Control>,
     /// The edge's last committed seq per lane, from its `Heads`.
     heads: BTreeMap<u8, u64>,
+    /// Per lane, the lowest seq the edge still holds, from its hello.
+    holds: BTreeMap<u8, u64>,
 }
 
 impl CloudSession {
@@ -95,6 +97,7 @@ impl CloudSession {
             dicts: HashMap::new(),
             out: VecDeque::new(),
             heads: BTreeMap::new(),
+            holds: BTreeMap::new(),
         }
     }
 
@@ -136,11 +139,23 @@ impl CloudSession {
                     self.phase = CloudPhase::Refused;
                     return Err(error);
                 };
-                if h.epoch.is_empty() || h.epoch.len() > 64 {
+                // The epoch names keys in the sink (a KV key, a column): letters, digits, `-`
+                // and `_` only, so no epoch can make a key the sink refuses or another edge's.
+                let usable = |c: char| c.is_ascii_alphanumeric() || c == '-' || c == '_';
+                if h.epoch.is_empty() || h.epoch.len() > 64 || !h.epoch.chars().all(usable) {
                     return Err(SessionError::Protocol(format!("hello with an unusable epoch {:?}", h.epoch)));
+                }
+                if let Some(bad) = h.lanes.iter().find(|l| l.seq == 0 || l.seq > super::MAX_SEQ) {
+                    return Err(SessionError::Protocol(format!(
+                        "hello says lane {} holds seqs from {}, outside 1..={}",
+                        bad.lane,
+                        bad.seq,
+                        super::MAX_SEQ
+                    )));
                 }
                 self.version = version;
                 self.epoch = Some(h.epoch.clone());
+                self.holds = h.lanes.iter().map(|l| (l.lane, l.seq)).collect();
                 self.phase = CloudPhase::LookingUp;
                 if h.models.len() > super::MAX_MODELS {
                     return Err(SessionError::Protocol(format!(
@@ -228,11 +243,20 @@ impl CloudSession {
 
     /// Answers the hello: `committed` holds, per lane, the highest seq of this edge and epoch
     /// the sink has; `dicts` the dictionary ids it knows.
+    ///
+    /// A lane whose mark is below what the edge still holds (the sink lost marks: restored
+    /// from a backup, a bucket recreated, a new SQLite file) resumes where the edge's records
+    /// start: what lies between was acked before and is gone from the edge, and waiting for it
+    /// would stall the lane for good.
     pub fn welcome(&mut self, committed: Vec<LaneSeq>, dicts: Vec<String>) {
         for LaneSeq { lane, seq } in &committed {
             let l = self.lanes.entry(*lane).or_default();
             l.committed = *seq;
             l.released = *seq;
+        }
+        for (lane, low) in std::mem::take(&mut self.holds) {
+            let l = self.lanes.entry(lane).or_default();
+            l.released = l.released.max(low - 1);
         }
         self.out.push_back(Control::Welcome(Welcome { version: self.version, committed, dicts }));
         self.phase = CloudPhase::Ready;

@@ -278,6 +278,49 @@ fn protocol_violations_name_the_problem() {
     assert!(err.to_string().contains("batch in phase AwaitHello"), "{err}");
 }
 
+/// A sink that lost its marks (restored from an older backup, a new file) answers a hello with
+/// less than the edge acked: the lane resumes at the edge's first record instead of holding
+/// every batch for a seq the edge deleted long ago.
+#[test]
+fn a_sink_that_lost_its_marks_resumes_where_the_edge_records_start() {
+    let t0 = Instant::now();
+    let mut edge = EdgeSession::new(EdgeSessionConfig::default(), EPOCH, [(0, 500), (1, 7)]);
+    let mut cloud = Cloud::connect(BTreeMap::from([(1, vec![1, 2, 3, 4, 5, 6, 7, 8, 9])]));
+    edge.connected(t0);
+    pump(&mut edge, &mut cloud, t0);
+    assert_eq!(edge.next_seq(0), 501);
+    edge.sent(0, 501, 600, t0).unwrap();
+    cloud.batch(batch(0, 501, 600));
+    let events = pump(&mut edge, &mut cloud, t0);
+    assert!(events.contains(&EdgeEvent::Acked { lane: 0, up_to: 600 }), "{events:?}");
+    // A lane the sink holds more of than the edge thinks keeps the sink's mark.
+    assert_eq!(edge.next_seq(1), 10);
+    assert_eq!(cloud.session.committed_seq(1), 9);
+
+    // A hello claiming a seq outside the range is refused.
+    let mut fresh = CloudSession::new(4);
+    let hello = Control::Hello(super::Hello {
+        versions: vec![1],
+        epoch: EPOCH.into(),
+        lanes: vec![LaneSeq { lane: 0, seq: 0 }],
+        models: vec![],
+        dicts: vec![],
+        caps: vec![],
+    });
+    assert!(fresh.handle(hello).unwrap_err().to_string().contains("holds seqs from 0"));
+    // An epoch names sink keys: one that could make a key the sink refuses is refused here.
+    let mut fresh = CloudSession::new(4);
+    let hello = Control::Hello(super::Hello {
+        versions: vec![1],
+        epoch: "a*b.c".into(),
+        lanes: vec![],
+        models: vec![],
+        dicts: vec![],
+        caps: vec![],
+    });
+    assert!(fresh.handle(hello).unwrap_err().to_string().contains("unusable epoch"));
+}
+
 /// Seqs a peer sends are checked before any `+ 1` on them: a batch ending at `u64::MAX` (or
 /// anywhere past [`super::MAX_SEQ`]) and a Welcome mark past it are protocol errors, not an
 /// overflow.

@@ -134,6 +134,35 @@ async fn a_bridge_replaced_mid_stream_loses_and_duplicates_nothing() {
     assert!(edge.metric("edge_uplink_reconnects_total") >= 1.0);
 }
 
+/// The bridge comes back on a sink that lost its marks (a new SQLite file: a restored backup or
+/// a recreated bucket is the same): the edge's lanes resume at the records it still holds.
+/// Before, the bridge held every batch for the seqs the edge had deleted after their ack, and
+/// nothing landed again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_bridge_on_a_sink_that_lost_its_marks_resumes_every_lane() {
+    let dir = tempfile::tempdir().unwrap();
+    let keys = pki(dir.path(), &[]);
+    let cloud = TestCloud::start(dir.path(), keys.clone(), "127.0.0.1:0".parse().unwrap(), "").await;
+    let addr: SocketAddr = cloud.bridge.quic_addr();
+    let edge = TestNode::start(&format!("{}\n{}", classes_toml(), cloud.uplink_section("edge-1"))).await;
+    let publisher = Client::anonymous(edge.local(), "pub").await;
+    publish(&publisher, "telemetry/a", 0..50).await;
+    assert!(e2e_tests::eventually(WAIT, || sink_rows(&cloud.sink).len() == 50).await);
+    assert!(e2e_tests::eventually(WAIT, || edge.metric("edge_spool_class_records{class=\"telemetry\"}") == 0.0).await);
+    cloud.bridge.stop().await;
+    drop(cloud);
+    let fresh = dir.path().join("fresh");
+    std::fs::create_dir(&fresh).unwrap();
+    let cloud = TestCloud::start(&fresh, keys, addr, "").await;
+    publish(&publisher, "telemetry/b", 0..50).await;
+    let ok = e2e_tests::eventually(WAIT, || sink_rows(&cloud.sink).len() == 50).await;
+    let rows = sink_rows(&cloud.sink);
+    assert!(ok, "{} of the 50 new records on the new sink", rows.len());
+    assert!(rows.iter().all(|r| r.topic.as_deref().is_some_and(|t| t.starts_with("telemetry/b/"))));
+    assert_eq!(rows.iter().map(|r| r.seq).collect::<Vec<_>>(), (51..=100).collect::<Vec<_>>());
+    assert_eq!(cloud.metric("bridge_sessions_closed_total{reason=\"stalled\"}"), 0.0);
+}
+
 const DENIED: &str = "bridge_connections_refused_total{reason=\"denied_serial\"}";
 
 /// A bridge with `deny_serial` on its deny list and edge `edge-1` of `keys` in front of it,
