@@ -214,13 +214,16 @@ fn is_dict_key(id: &str) -> bool {
     !id.is_empty() && id.len() <= 64 && id.bytes().all(|b| b.is_ascii_hexdigit())
 }
 
-/// A KV key for (edge, epoch): KV keys allow `[-/_=.a-zA-Z0-9]`, so other edge ids go as hex.
+/// A KV key for (edge, epoch): KV keys allow `[-/_=.a-zA-Z0-9]`, so other edge ids go as hex
+/// after a `=`, which no plain id holds: two edges never share a key. (Before, the hex came
+/// after an `x`, and the plain id `x612e62` had the key of `a.b`. Such an edge's old mark is not
+/// read any more; its hello says where its records start, and the lane resumes there.)
 fn mark_key(edge: &str, epoch: &str) -> String {
-    let plain = edge.chars().all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_');
+    let plain = !edge.is_empty() && edge.chars().all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_');
     let edge = if plain {
         edge.to_owned()
     } else {
-        format!("x{}", edge.bytes().map(|b| format!("{b:02x}")).collect::<String>())
+        format!("={}", edge.bytes().map(|b| format!("{b:02x}")).collect::<String>())
     };
     format!("{edge}.{epoch}")
 }
@@ -407,6 +410,9 @@ mod tests {
     #[test]
     fn mark_keys_are_made_safe() {
         assert_eq!(mark_key("edge-1", "ab12"), "edge-1.ab12");
-        assert_eq!(mark_key("a.b", "e"), "x612e62.e");
+        assert_eq!(mark_key("a.b", "e"), "=612e62.e");
+        // No plain id has the key of an escaped one.
+        assert_ne!(mark_key("x612e62", "e"), mark_key("a.b", "e"));
+        assert_ne!(mark_key("", "e"), mark_key("=", "e"));
     }
 }
