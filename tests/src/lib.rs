@@ -11,6 +11,7 @@ pub mod node;
 pub mod quic;
 pub mod raw;
 pub mod relay;
+pub mod simedge;
 
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
@@ -47,6 +48,39 @@ pub fn rss_of(pid: u32) -> u64 {
             s.lines().find_map(|l| l.strip_prefix("VmRSS:")?.trim().strip_suffix("kB")?.trim().parse::<u64>().ok())
         })
         .map_or(0, |kb| kb * 1024)
+}
+
+/// Samples a process's RSS every 10 ms on a thread of its own until dropped; the peak.
+pub struct PeakRss {
+    peak: std::sync::Arc<std::sync::atomic::AtomicU64>,
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+}
+
+impl PeakRss {
+    pub fn start(pid: u32) -> Self {
+        use std::sync::atomic::Ordering;
+        let peak = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let (p, s) = (peak.clone(), stop.clone());
+        std::thread::spawn(move || {
+            while !s.load(Ordering::Relaxed) {
+                p.fetch_max(rss_of(pid), Ordering::Relaxed);
+                std::thread::sleep(Duration::from_millis(10));
+            }
+        });
+        PeakRss { peak, stop }
+    }
+
+    /// The highest RSS seen so far, bytes.
+    pub fn peak(&self) -> u64 {
+        self.peak.load(std::sync::atomic::Ordering::Relaxed)
+    }
+}
+
+impl Drop for PeakRss {
+    fn drop(&mut self) {
+        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    }
 }
 
 /// Polls `check` until it is true or `timeout` passes; returns whether it became true.

@@ -42,3 +42,71 @@ pub async fn send_control_and_wait_close(conn: &quinn::Connection, bytes: &[u8])
         .expect("the bridge closes")
         .to_string()
 }
+
+/// Opens the control stream with a hello for `epoch` and waits for the welcome.
+pub async fn welcomed(conn: &quinn::Connection, epoch: &str) -> (quinn::SendStream, quinn::RecvStream) {
+    use shared::proto::{Control, Hello, codec};
+    let hello = Control::Hello(Hello {
+        versions: shared::proto::VERSIONS.to_vec(),
+        epoch: epoch.into(),
+        lanes: vec![],
+        models: vec![],
+        dicts: vec![],
+        caps: vec![],
+    });
+    let (mut send, mut recv) = conn.open_bi().await.expect("control stream");
+    send.write_all(&codec::encode(&hello).expect("encode hello")).await.expect("send hello");
+    let welcome: Control = shared::proto::io::read_frame(&mut recv, shared::proto::MAX_CONTROL_FRAME)
+        .await
+        .expect("read welcome")
+        .expect("a welcome");
+    assert!(matches!(welcome, Control::Welcome(_)), "{welcome:?}");
+    (send, recv)
+}
+
+/// The CBOR of one record holding `pairs` empty user properties, written piece by piece (the
+/// caller must not hold the decoded form it attacks with): 3 bytes a pair, 48 decoded.
+pub fn empty_pairs_record(pairs: u32) -> Vec<u8> {
+    use shared::proto::{WireMessage, WireRecord};
+    let one = vec![WireRecord {
+        seq: 1,
+        message: Some(WireMessage {
+            class: "telemetry".into(),
+            topic: "t".into(),
+            payload: Vec::new(),
+            qos: 0,
+            enqueued_ms: 0,
+            expires_ms: None,
+            user_properties: vec![(String::new(), String::new())],
+            correlation_data: None,
+            content_type: None,
+        }),
+        gap: None,
+    }];
+    let mut raw = Vec::new();
+    ciborium::into_writer(&one, &mut raw).expect("encode a record");
+    // The properties are the record's last field: an array of one pair, `81 82 60 60`.
+    assert_eq!(&raw[raw.len() - 4..], &[0x81, 0x82, 0x60, 0x60]);
+    raw.truncate(raw.len() - 4);
+    raw.push(0x9a);
+    raw.extend(pairs.to_be_bytes());
+    raw.reserve(pairs as usize * 3);
+    for _ in 0..pairs {
+        raw.extend([0x82, 0x60, 0x60]);
+    }
+    raw
+}
+
+/// A zstd batch (lane 0, seq 1) of `raw` CBOR records.
+pub fn zstd_batch(raw: &[u8]) -> shared::proto::Batch {
+    shared::proto::Batch {
+        epoch: String::new(),
+        lane: 0,
+        first_seq: 1,
+        last_seq: 1,
+        codec: shared::proto::Codec::Zstd,
+        dict: None,
+        raw_len: raw.len() as u64,
+        body: zstd::bulk::compress(raw, 3).expect("zstd"),
+    }
+}

@@ -3,8 +3,6 @@
 //! gigabytes, and a storm of handshakes. Memory stays inside the configured budget, the
 //! refusals name the limit, and the real edge keeps delivering.
 
-use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use e2e_tests::client::Client;
@@ -13,94 +11,10 @@ use e2e_tests::fixtures::{telemetry, with_spool};
 use e2e_tests::node::TestNode;
 use e2e_tests::quic;
 use rumqttc::QoS;
-use shared::proto::{Batch, Codec, Control, Hello, WireMessage, WireRecord, codec};
+use shared::proto::codec;
 
 const WAIT: Duration = Duration::from_secs(20);
 const EPOCH: &str = "00112233445566778899aabbccddeeff";
-
-fn hello() -> Vec<u8> {
-    codec::encode(&Control::Hello(Hello {
-        versions: vec![1],
-        epoch: EPOCH.into(),
-        lanes: vec![],
-        models: vec![],
-        dicts: vec![],
-        caps: vec![],
-    }))
-    .unwrap()
-}
-
-/// Opens the control stream with a hello and waits for the welcome.
-async fn welcomed(conn: &quinn::Connection) -> (quinn::SendStream, quinn::RecvStream) {
-    let (mut send, mut recv) = conn.open_bi().await.unwrap();
-    send.write_all(&hello()).await.unwrap();
-    let welcome: Control =
-        shared::proto::io::read_frame(&mut recv, shared::proto::MAX_CONTROL_FRAME).await.unwrap().unwrap();
-    assert!(matches!(welcome, Control::Welcome(_)), "{welcome:?}");
-    (send, recv)
-}
-
-/// One record of `pairs` empty user properties, as CBOR written piece by piece (the test must
-/// not hold the decoded form it is attacking with): 3 bytes a pair, 48 decoded.
-fn empty_pairs_record(pairs: u32) -> Vec<u8> {
-    let one = vec![WireRecord {
-        seq: 1,
-        message: Some(WireMessage {
-            class: "telemetry".into(),
-            topic: "t".into(),
-            payload: Vec::new(),
-            qos: 0,
-            enqueued_ms: 0,
-            expires_ms: None,
-            user_properties: vec![(String::new(), String::new())],
-            correlation_data: None,
-            content_type: None,
-        }),
-        gap: None,
-    }];
-    let mut raw = Vec::new();
-    ciborium::into_writer(&one, &mut raw).unwrap();
-    // The properties are the record's last field: an array of one pair, `81 82 60 60`.
-    assert_eq!(&raw[raw.len() - 4..], &[0x81, 0x82, 0x60, 0x60]);
-    raw.truncate(raw.len() - 4);
-    raw.push(0x9a);
-    raw.extend(pairs.to_be_bytes());
-    raw.reserve(pairs as usize * 3);
-    for _ in 0..pairs {
-        raw.extend([0x82, 0x60, 0x60]);
-    }
-    raw
-}
-
-/// Samples this process's RSS (the bridge runs in it) until dropped; the peak.
-struct PeakRss {
-    peak: Arc<AtomicU64>,
-    stop: Arc<AtomicBool>,
-}
-
-impl PeakRss {
-    fn start() -> Self {
-        let (peak, stop) = (Arc::new(AtomicU64::new(0)), Arc::new(AtomicBool::new(false)));
-        let (p, s) = (peak.clone(), stop.clone());
-        std::thread::spawn(move || {
-            while !s.load(Ordering::Relaxed) {
-                p.fetch_max(e2e_tests::rss_of(std::process::id()), Ordering::Relaxed);
-                std::thread::sleep(Duration::from_millis(10));
-            }
-        });
-        PeakRss { peak, stop }
-    }
-
-    fn peak(&self) -> u64 {
-        self.peak.load(Ordering::Relaxed)
-    }
-}
-
-impl Drop for PeakRss {
-    fn drop(&mut self) {
-        self.stop.store(true, Ordering::Relaxed);
-    }
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_hostile_edge_cannot_make_the_bridge_allocate_past_its_budget() {
@@ -117,13 +31,13 @@ async fn a_hostile_edge_cannot_make_the_bridge_allocate_past_its_budget() {
     assert!(e2e_tests::eventually(WAIT, || sink_rows(&cloud.sink).len() == 50).await);
     let (_, cert2, key2) = keys.edges.iter().find(|(id, _, _)| id == "edge-2").unwrap().clone();
     let baseline = e2e_tests::rss_of(std::process::id());
-    let rss = PeakRss::start();
+    let rss = e2e_tests::PeakRss::start(std::process::id());
 
     // Batch streams announcing 16 MiB each, 1 KiB sent: before, one task per stream (256 of
     // them) allocated the whole announced length, 4 GiB. Now QUIC allows 16 streams, they are
     // read in order, and memory is reserved as bytes arrive.
     let conn = quic::connect(addr, &keys.ca, &cert2, &key2).await.unwrap();
-    let _control = welcomed(&conn).await;
+    let _control = quic::welcomed(&conn, EPOCH).await;
     let mut streams = Vec::new();
     while streams.len() < 256 {
         let Ok(Ok(mut s)) = tokio::time::timeout(Duration::from_millis(300), conn.open_uni()).await else { break };
@@ -141,20 +55,8 @@ async fn a_hostile_edge_cannot_make_the_bridge_allocate_past_its_budget() {
     // 30 MB of CBOR that is nothing but empty user property pairs (480 MB decoded), in a few
     // KB of zstd: refused on its bound, before it is decoded.
     let conn = quic::connect(addr, &keys.ca, &cert2, &key2).await.unwrap();
-    let _control = welcomed(&conn).await;
-    let raw = empty_pairs_record(10_000_000);
-    let body = zstd::bulk::compress(&raw, 3).unwrap();
-    let batch = Batch {
-        epoch: String::new(),
-        lane: 0,
-        first_seq: 1,
-        last_seq: 1,
-        codec: Codec::Zstd,
-        dict: None,
-        raw_len: raw.len() as u64,
-        body,
-    };
-    drop(raw);
+    let _control = quic::welcomed(&conn, EPOCH).await;
+    let batch = quic::zstd_batch(&quic::empty_pairs_record(10_000_000));
     let mut uni = conn.open_uni().await.unwrap();
     uni.write_all(&codec::encode(&batch).unwrap()).await.unwrap();
     uni.finish().unwrap();
