@@ -22,7 +22,21 @@ const MAX_DEPTH: usize = 16;
 
 /// The bound for `cbor`, which must be a CBOR array of records.
 pub fn decoded_bound(cbor: &[u8]) -> Result<usize, ProtoError> {
-    let mut r = Reader { bytes: cbor, at: 0 };
+    decoded_bound_up_to(cbor, usize::MAX)
+}
+
+/// [`decoded_bound`], but the walk stops once it passes `limit` and returns what it counted
+/// so far (more than `limit`, less than the whole bound): a bomb costs a receiver the walk up
+/// to its budget, not through all of it.
+pub fn decoded_bound_up_to(cbor: &[u8], limit: usize) -> Result<usize, ProtoError> {
+    match walk(cbor, limit) {
+        Err(ProtoError::TooCostly { cost, .. }) => Ok(cost),
+        other => other,
+    }
+}
+
+fn walk(cbor: &[u8], limit: usize) -> Result<usize, ProtoError> {
+    let mut r = Reader { bytes: cbor, at: 0, walked: 0, limit };
     let top = r.header()?;
     let records = match top {
         Header::Array(Some(n)) => n,
@@ -60,6 +74,9 @@ enum Header {
 struct Reader<'a> {
     bytes: &'a [u8],
     at: usize,
+    /// What the items walked so far cost: the bound is at least this.
+    walked: usize,
+    limit: usize,
 }
 
 fn bad(what: &str) -> ProtoError {
@@ -103,18 +120,27 @@ impl Reader<'_> {
         })
     }
 
+    /// Counts `cost` as walked; stops the walk once past the limit.
+    fn charge(&mut self, cost: usize) -> Result<usize, ProtoError> {
+        self.walked = self.walked.saturating_add(cost);
+        if self.walked > self.limit {
+            return Err(ProtoError::TooCostly { cost: self.walked, max: self.limit });
+        }
+        Ok(cost)
+    }
+
     /// Walks one item and what it holds; its bound.
     fn item(&mut self, depth: usize) -> Result<usize, ProtoError> {
         if depth > MAX_DEPTH {
             return Err(bad("CBOR nested deeper than any record"));
         }
         let cost = match self.header()? {
-            Header::Int | Header::Simple => SLOT,
+            Header::Int | Header::Simple => self.charge(SLOT)?,
             Header::Tag => return self.item(depth + 1),
             Header::Str(Some(n)) => {
                 let n = usize::try_from(n).map_err(|_| bad("CBOR string longer than memory"))?;
                 self.take(n)?;
-                SLOT + n
+                self.charge(SLOT + n)?
             }
             Header::Str(None) => {
                 let mut len = 0usize;
@@ -127,10 +153,10 @@ impl Reader<'_> {
                     len = len.saturating_add(n);
                 }
                 self.at += 1;
-                SLOT.saturating_add(len.saturating_mul(2))
+                self.charge(SLOT.saturating_add(len.saturating_mul(2)))?
             }
-            Header::Array(n) => SLOT.saturating_add(self.items(n, 1, depth)?),
-            Header::Map(n) => SLOT.saturating_add(self.items(n, 2, depth)?),
+            Header::Array(n) => self.charge(SLOT)?.saturating_add(self.items(n, 1, depth)?),
+            Header::Map(n) => self.charge(SLOT)?.saturating_add(self.items(n, 2, depth)?),
         };
         Ok(cost)
     }
@@ -165,6 +191,26 @@ impl Reader<'_> {
     }
 }
 
+/// What decoded `records` occupy on the heap, counted from the values: each record's slot in
+/// the `Vec`, every string, byte string and vector with its slots. The bound must never be
+/// below it (tests and the fuzz targets check that).
+#[doc(hidden)]
+pub fn decoded_heap(records: &[WireRecord]) -> usize {
+    let strings = |s: &str| s.len();
+    records.iter().fold(size_of_val(records), |acc, r| {
+        let m = r.message.as_ref().map_or(0, |m| {
+            strings(&m.class)
+                + strings(&m.topic)
+                + m.payload.len()
+                + m.user_properties.iter().map(|(k, v)| 48 + k.len() + v.len()).sum::<usize>()
+                + m.correlation_data.as_ref().map_or(0, Vec::len)
+                + m.content_type.as_deref().map_or(0, strings)
+        });
+        let g = r.gap.as_ref().map_or(0, |g| strings(&g.class) + strings(&g.reason) + 16 * g.ranges.len());
+        acc + m + g
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -175,24 +221,6 @@ mod tests {
         let mut out = Vec::new();
         ciborium::into_writer(value, &mut out).unwrap();
         out
-    }
-
-    /// What the decoded records occupy on the heap, counted from the values: each record's
-    /// slot in the `Vec`, and every string, byte string and vector with its slots.
-    fn heap(records: &[WireRecord]) -> usize {
-        let strings = |s: &str| s.len();
-        records.iter().fold(size_of_val(records), |acc, r| {
-            let m = r.message.as_ref().map_or(0, |m| {
-                strings(&m.class)
-                    + strings(&m.topic)
-                    + m.payload.len()
-                    + m.user_properties.iter().map(|(k, v)| 48 + k.len() + v.len()).sum::<usize>()
-                    + m.correlation_data.as_ref().map_or(0, Vec::len)
-                    + m.content_type.as_deref().map_or(0, strings)
-            });
-            let g = r.gap.as_ref().map_or(0, |g| strings(&g.class) + strings(&g.reason) + 16 * g.ranges.len());
-            acc + m + g
-        })
     }
 
     fn record() -> impl Strategy<Value = WireRecord> {
@@ -229,7 +257,7 @@ mod tests {
             let raw = cbor(&records);
             let bound = decoded_bound(&raw).unwrap();
             let decoded: Vec<WireRecord> = ciborium::from_reader(&raw[..]).unwrap();
-            prop_assert!(bound >= heap(&decoded), "bound {bound} < heap {}", heap(&decoded));
+            prop_assert!(bound >= decoded_heap(&decoded), "bound {bound} < heap {}", decoded_heap(&decoded));
         }
 
         #[test]
@@ -260,6 +288,23 @@ mod tests {
         assert!(raw.len() < 31_000, "{} bytes on the wire", raw.len());
         // 480 KB of Strings from 30 KB of CBOR: the bound sees it.
         assert!(decoded_bound(&raw).unwrap() >= 10_000 * 48);
+    }
+
+    #[test]
+    fn a_walk_with_a_limit_stops_past_it() {
+        let records = vec![
+            WireRecord {
+                seq: 1,
+                message: None,
+                gap: Some(WireGap { class: "c".into(), reason: "r".into(), ranges: vec![(1, 1); 1000], count: 1 })
+            };
+            50
+        ];
+        let raw = cbor(&records);
+        let whole = decoded_bound(&raw).unwrap();
+        assert_eq!(decoded_bound_up_to(&raw, whole).unwrap(), whole);
+        let stopped = decoded_bound_up_to(&raw, whole / 10).unwrap();
+        assert!(stopped > whole / 10 && stopped < whole / 5, "{stopped} of {whole}");
     }
 
     #[test]

@@ -16,7 +16,8 @@ const MAX_RAW: usize = 1 << 20;
 
 /// `data` as a byte stream of frames, each decoded as a control frame, a fetch request, a chunk
 /// reply and as a batch, and each
-/// batch unpacked (decompressed with the output cap, checked against its seq range).
+/// batch unpacked (decompressed with the output cap, checked against its seq range); each body
+/// also as a batch's records, which must fit the bound `bound::decoded_bound` reads.
 pub fn frames(data: &[u8]) {
     let mut buf = FrameBuffer::new(MAX_BATCH_FRAME);
     buf.extend(data);
@@ -26,6 +27,12 @@ pub fn frames(data: &[u8]) {
         let _ = codec::decode::<super::ChunkReply>(&body);
         if let Ok(batch) = codec::decode::<Batch>(&body) {
             let _ = compress::unpack(&batch, &HashMap::new(), MAX_RAW);
+        }
+        // The body as a batch's CBOR: whatever decodes must fit the bound read from its headers.
+        if let Ok(bound) = super::bound::decoded_bound(&body)
+            && let Ok(records) = codec::decode::<Vec<super::WireRecord>>(&body)
+        {
+            assert!(bound >= super::bound::decoded_heap(&records), "bound {bound} below what decoding took");
         }
     }
 }
