@@ -19,6 +19,9 @@ use tokio::sync::{Notify, mpsc};
 
 use crate::limits::{BudgetError, ConnectionBudget, Reservation};
 
+/// Batches with more bytes than this (compressed or not) are decoded off the runtime.
+const INLINE_DECODE: usize = 256 << 10;
+
 /// A frame's memory is reserved in steps as its bytes arrive, from this size up, doubling.
 const FIRST_STEP: usize = 64 << 10;
 
@@ -121,6 +124,9 @@ async fn next(
     drop(body);
     reservation.shrink_to(batch.body.len());
 
+    // A large batch takes tens of milliseconds to decompress, bound and decode: on a blocking
+    // thread, or it would hold up every connection on this worker.
+    let big = batch.body.len().max(batch.raw_len as usize) > INLINE_DECODE;
     let raw = match batch.codec {
         Codec::Cbor => std::mem::take(&mut batch.body),
         Codec::Zstd => {
@@ -132,19 +138,49 @@ async fn next(
                 None => None,
             };
             reservation.merge(budget.reserve(batch.raw_len as usize).await?);
-            let raw = compress::decompress(&batch, dict.as_deref().map(Vec::as_slice), MAX_BATCH_RAW)?
-                .expect("a zstd batch decompresses");
-            batch.body = Vec::new();
+            let (mut b, raw) = off_runtime(big, move || {
+                let raw = compress::decompress(&batch, dict.as_deref().map(Vec::as_slice), MAX_BATCH_RAW);
+                (batch, raw)
+            })
+            .await;
+            let raw = raw?.expect("a zstd batch decompresses");
+            b.body = Vec::new();
+            batch = b;
             reservation.shrink_to(raw.len());
             raw
         }
     };
-    let decoded = bound::decoded_bound(&raw)?;
+    // A bomb is walked only as far as the connection's budget.
+    let limit = budget.limit();
+    let (raw, decoded) = off_runtime(big, move || {
+        let bound = bound::decoded_bound_up_to(&raw, limit);
+        (raw, bound)
+    })
+    .await;
+    let decoded = decoded?;
     reservation.merge(budget.reserve(decoded).await?);
-    let records = compress::decode_records(&batch, &raw)?;
-    drop(raw);
+    let (batch, records) = off_runtime(big, move || {
+        let records = compress::decode_records(&batch, &raw);
+        (batch, records)
+    })
+    .await;
+    let records = records?;
     reservation.shrink_to(decoded);
     Ok(Some(Ingested { batch, records, reservation, frame_bytes }))
+}
+
+/// Runs `work` on a blocking thread if `big`, else here.
+async fn off_runtime<T: Send + 'static>(big: bool, work: impl FnOnce() -> T + Send + 'static) -> T {
+    if big {
+        match tokio::task::spawn_blocking(work).await {
+            Ok(t) => t,
+            Err(e) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),
+            // Cancelled: the runtime is shutting down and drops this task too.
+            Err(_) => std::future::pending().await,
+        }
+    } else {
+        work()
+    }
 }
 
 /// One frame's body, with the memory it holds; `None` at a clean end of stream.

@@ -178,7 +178,7 @@ pub struct Budget {
 
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 pub enum BudgetError {
-    #[error("needs {bytes} bytes at once, more than the connection's memory budget of {budget}")]
+    #[error("needs {bytes} bytes or more at once, more than the connection's memory budget of {budget}")]
     TooLarge { bytes: usize, budget: ByteSize },
     #[error("waited {0:?} for memory the connection's own batches hold")]
     Stalled(Duration),
@@ -208,6 +208,11 @@ pub struct ConnectionBudget {
 }
 
 impl ConnectionBudget {
+    /// The most one reservation may take.
+    pub fn limit(&self) -> usize {
+        (u64::from(self.bridge.connection_units) * UNIT) as usize
+    }
+
     /// Reserves `bytes`: first from the connection's own budget, waiting at most `stall` for
     /// its earlier batches to reach the sink, then from the bridge's, waiting as long as it
     /// takes (every connection's batches move on, and a stalled one is closed in turn).
