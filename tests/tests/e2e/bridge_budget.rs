@@ -46,9 +46,11 @@ async fn a_hostile_edge_cannot_make_the_bridge_allocate_past_its_budget() {
         streams.push(s);
     }
     assert_eq!(streams.len(), 16, "limits.streams_per_connection");
-    tokio::time::sleep(Duration::from_millis(500)).await;
-    let reserved = cloud.metric("bridge_batch_memory_reserved_bytes");
-    assert!(reserved > 0.0 && reserved <= (128 << 10) as f64, "{reserved} bytes reserved for 16 KiB received");
+    let reserved = "bridge_batch_memory_reserved_bytes";
+    assert!(e2e_tests::eventually(WAIT, || cloud.metric(reserved) > 0.0).await, "the first stream is being read");
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let reserved = cloud.metric(reserved);
+    assert!(reserved <= (128 << 10) as f64, "{reserved} bytes reserved for 16 KiB received");
     drop(streams);
     conn.close(0u32.into(), b"");
 
