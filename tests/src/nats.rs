@@ -91,3 +91,35 @@ pub async fn read_stream(url: &str, name: &str) -> Vec<async_nats::Message> {
     }
     out
 }
+
+/// The JetStream sink's settings for a test server at `url`: stream `EDGE` on `edge.>`, the
+/// default buckets, a 2 minute dedup window.
+pub fn sink_settings(
+    url: String,
+    batches: cloud_bridge::sink::jetstream::BatchPublish,
+) -> cloud_bridge::sink::jetstream::JetStreamSettings {
+    cloud_bridge::sink::jetstream::JetStreamSettings {
+        url,
+        stream: "EDGE".into(),
+        subject_prefix: "edge".into(),
+        marks_bucket: "edge-marks".into(),
+        dicts_bucket: "edge-dicts".into(),
+        tco_bucket: "edge-tco".into(),
+        duplicate_window: Duration::from_secs(120),
+        replicas: 1,
+        batches,
+    }
+}
+
+/// Every message of stream `EDGE`, one request each, with subjects and headers (for small
+/// streams; [`read_stream`] reads large ones).
+pub async fn stream_messages(url: &str) -> Vec<async_nats::jetstream::message::StreamMessage> {
+    let js = async_nats::jetstream::new(async_nats::connect(url).await.expect("connect to nats-server"));
+    let mut stream = js.get_stream("EDGE").await.expect("stream EDGE");
+    let count = stream.info().await.expect("stream info").state.messages;
+    let mut out = Vec::new();
+    for seq in 1..=count {
+        out.push(stream.get_raw_message(seq).await.expect("stream message"));
+    }
+    out
+}

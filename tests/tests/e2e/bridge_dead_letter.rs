@@ -6,27 +6,16 @@
 
 use std::time::Duration;
 
-use cloud_bridge::sink::jetstream::{BatchPublish, JetStreamSettings, JetStreamSink};
+use cloud_bridge::sink::jetstream::{BatchPublish, JetStreamSink};
 use cloud_bridge::sink::{DeadLetterLabel, Sink, SinkMetrics, first_turn};
 use e2e_tests::client::Client;
 use e2e_tests::cloud::{TestCloud, pki};
 use e2e_tests::fixtures::{inference, with_spool};
-use e2e_tests::nats::NatsServer;
+use e2e_tests::nats::{NatsServer, sink_settings, stream_messages};
 use e2e_tests::node::TestNode;
 use rumqttc::QoS;
 
 const WAIT: Duration = Duration::from_secs(30);
-
-async fn stream(url: &str) -> Vec<async_nats::jetstream::message::StreamMessage> {
-    let js = async_nats::jetstream::new(async_nats::connect(url).await.unwrap());
-    let mut stream = js.get_stream("EDGE").await.unwrap();
-    let count = stream.info().await.unwrap().state.messages;
-    let mut out = Vec::new();
-    for seq in 1..=count {
-        out.push(stream.get_raw_message(seq).await.unwrap());
-    }
-    out
-}
 
 fn header(m: &async_nats::jetstream::message::StreamMessage, name: &str) -> Option<String> {
     m.headers.get(name).map(|v| v.as_str().to_owned())
@@ -66,7 +55,7 @@ async fn a_record_over_the_servers_max_payload_is_set_aside_and_the_lane_moves_o
         "the lane is stuck: {}",
         cloud.bridge.metrics().encode()
     );
-    let messages = stream(&nats.url()).await;
+    let messages = stream_messages(&nats.url()).await;
     let normal: Vec<String> = messages
         .iter()
         .filter(|m| m.subject.as_str() != "edge.edge-1.%dead")
@@ -126,17 +115,7 @@ async fn a_record_over_the_streams_max_msg_size_is_set_aside_once_through_resend
         })
         .await
         .unwrap();
-        let settings = JetStreamSettings {
-            url: nats.url(),
-            stream: "EDGE".into(),
-            subject_prefix: "edge".into(),
-            marks_bucket: "edge-marks".into(),
-            dicts_bucket: "edge-dicts".into(),
-            tco_bucket: "edge-tco".into(),
-            duplicate_window: Duration::from_secs(120),
-            replicas: 1,
-            batches,
-        };
+        let settings = sink_settings(nats.url(), batches);
         let metrics = std::sync::Arc::new(SinkMetrics::default());
         let sink = JetStreamSink::connect(&settings).await.unwrap().with_metrics(metrics.clone());
         let batch = || {
@@ -147,7 +126,7 @@ async fn a_record_over_the_streams_max_msg_size_is_set_aside_once_through_resend
         sink.publish("edge-1".into(), "ep".into(), 0, batch(), first_turn()).await.unwrap();
         // The resend of a bridge that died before its mark: nothing new anywhere.
         sink.publish("edge-1".into(), "ep".into(), 0, batch(), first_turn()).await.unwrap();
-        let messages = stream(&nats.url()).await;
+        let messages = stream_messages(&nats.url()).await;
         let subjects: Vec<&str> = messages.iter().map(|m| m.subject.as_str()).collect();
         let normal: Vec<_> = messages.iter().filter(|m| m.subject.as_str() == "edge.edge-1.telemetry.one").collect();
         let payloads: Vec<String> = normal.iter().map(|m| String::from_utf8_lossy(&m.payload).into_owned()).collect();

@@ -10,7 +10,7 @@ use cloud_bridge::sink::jetstream::BatchPublish;
 use e2e_tests::client::Client;
 use e2e_tests::cloud::{TestCloud, pki};
 use e2e_tests::fixtures::{inference, with_spool};
-use e2e_tests::nats::NatsServer;
+use e2e_tests::nats::{NatsServer, sink_settings as settings, stream_messages};
 use e2e_tests::node::TestNode;
 use rumqttc::QoS;
 
@@ -18,18 +18,6 @@ const WAIT: Duration = Duration::from_secs(20);
 
 fn classes_toml() -> String {
     with_spool(&[inference()])
-}
-
-async fn stream_messages(url: &str) -> Vec<async_nats::jetstream::message::StreamMessage> {
-    let client = async_nats::connect(url).await.unwrap();
-    let js = async_nats::jetstream::new(client);
-    let mut stream = js.get_stream("EDGE").await.unwrap();
-    let count = stream.info().await.unwrap().state.messages;
-    let mut out = Vec::new();
-    for seq in 1..=count {
-        out.push(stream.get_raw_message(seq).await.unwrap());
-    }
-    out
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -212,20 +200,6 @@ fn telemetry(seq: u64) -> shared::proto::WireRecord {
             content_type: None,
         }),
         gap: None,
-    }
-}
-
-fn settings(url: String, batches: BatchPublish) -> cloud_bridge::sink::jetstream::JetStreamSettings {
-    cloud_bridge::sink::jetstream::JetStreamSettings {
-        url,
-        stream: "EDGE".into(),
-        subject_prefix: "edge".into(),
-        marks_bucket: "edge-marks".into(),
-        dicts_bucket: "edge-dicts".into(),
-        tco_bucket: "edge-tco".into(),
-        duplicate_window: Duration::from_secs(120),
-        replicas: 1,
-        batches,
     }
 }
 
