@@ -14,9 +14,9 @@ target=${1:?usage: cross-build.sh TARGET [PROFILE] [PACKAGE]}
 profile=${2:-device}
 package=${3:-edge-node}
 case "$target" in
-  aarch64-unknown-linux-gnu) arch=arm64 gnu=aarch64-linux-gnu ;;
-  armv7-unknown-linux-gnueabihf) arch=armhf gnu=arm-linux-gnueabihf ;;
-  x86_64-unknown-linux-gnu) arch=amd64 gnu=x86_64-linux-gnu ;;
+  aarch64-unknown-linux-gnu) arch=arm64 gnu=aarch64-linux-gnu qemu=qemu-aarch64 ;;
+  armv7-unknown-linux-gnueabihf) arch=armhf gnu=arm-linux-gnueabihf qemu=qemu-arm ;;
+  x86_64-unknown-linux-gnu) arch=amd64 gnu=x86_64-linux-gnu qemu= ;;
   *) echo "unsupported target $target" >&2; exit 2 ;;
 esac
 SUDO=""; [ "$(id -u)" -eq 0 ] || SUDO="sudo"
@@ -24,7 +24,7 @@ need=()
 if [ "$arch" != amd64 ]; then
   dpkg --print-foreign-architectures | grep -qx "$arch" || { $SUDO dpkg --add-architecture "$arch"; $SUDO apt-get update -qq || true; }
   command -v "$gnu-gcc" >/dev/null || need+=("gcc-$gnu" "libc6-dev-$arch-cross")
-  command -v "qemu-${target%%-*}" >/dev/null || need+=(qemu-user)
+  command -v "$qemu" >/dev/null || need+=(qemu-user)
   [ -d "/usr/lib/rustlib/$target" ] || need+=("libstd-rust-web-dev:$arch")
 fi
 [ -x /usr/bin/rustc ] || need+=(rustc-web)
