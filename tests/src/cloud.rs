@@ -126,6 +126,13 @@ impl TestCloud {
         TestCloud { bridge, pki, sink }
     }
 
+    /// A bridge on `bind` whose sink is the JetStream server at `url` (default stream and
+    /// buckets); `extra` goes into `[server]`.
+    pub async fn start_on_jetstream(dir: &Path, pki: Pki, bind: SocketAddr, extra: &str, url: &str) -> TestCloud {
+        let section = format!("kind = \"jetstream\"\nurl = \"{url}\"\n");
+        Self::start_with_sink(dir, pki, bind, extra, &section, dir.join("unused")).await
+    }
+
     /// The `[uplink]` section for `edge` (its certificate from this PKI).
     pub fn uplink_section(&self, edge: &str) -> String {
         self.uplink_section_via(edge, self.bridge.quic_addr())

@@ -57,10 +57,8 @@ async fn a_hundred_thousand_messages_survive_bridge_nats_link_and_edge_failures_
     let mut nats = NatsServer::start();
     let dir = tempfile::tempdir().unwrap();
     let keys = pki(dir.path(), &[]);
-    let section = format!("kind = \"jetstream\"\nurl = \"{}\"\n", nats.url());
-    let none = dir.path().join("unused");
     let any = "127.0.0.1:0".parse().unwrap();
-    let cloud = TestCloud::start_with_sink(dir.path(), keys.clone(), any, "", &section, none.clone()).await;
+    let cloud = TestCloud::start_on_jetstream(dir.path(), keys.clone(), any, "", &nats.url()).await;
     let bridge_addr = cloud.bridge.quic_addr();
     let relay = UdpRelay::start(bridge_addr).await;
     let edge_dir = tempfile::tempdir().unwrap();
@@ -75,7 +73,7 @@ async fn a_hundred_thousand_messages_survive_bridge_nats_link_and_edge_failures_
     wait_progress(&progress, 10_000, "before the bridge restart").await;
     cloud.bridge.stop().await;
     drop(cloud);
-    let cloud = TestCloud::start_with_sink(dir.path(), keys, bridge_addr, "", &section, none).await;
+    let cloud = TestCloud::start_on_jetstream(dir.path(), keys, bridge_addr, "", &nats.url()).await;
 
     wait_progress(&progress, 20_000, "before the nats-server restart").await;
     tokio::task::block_in_place(|| nats.restart());

@@ -25,14 +25,12 @@ fn header(m: &async_nats::jetstream::message::StreamMessage, name: &str) -> Opti
 async fn a_record_over_the_servers_max_payload_is_set_aside_and_the_lane_moves_on() {
     let nats = NatsServer::start();
     let dir = tempfile::tempdir().unwrap();
-    let section = format!("kind = \"jetstream\"\nurl = \"{}\"\n", nats.url());
-    let cloud = TestCloud::start_with_sink(
+    let cloud = TestCloud::start_on_jetstream(
         dir.path(),
         pki(dir.path(), &[]),
         "127.0.0.1:0".parse().unwrap(),
         "",
-        &section,
-        dir.path().join("unused"),
+        &nats.url(),
     )
     .await;
     let extra = format!(

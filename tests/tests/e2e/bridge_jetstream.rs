@@ -25,17 +25,8 @@ async fn two_bridges_on_one_jetstream_serve_an_edge_exactly_once() {
     let nats = NatsServer::start();
     let dir = tempfile::tempdir().unwrap();
     let keys = pki(dir.path(), &[]);
-    let section = format!("kind = \"jetstream\"\nurl = \"{}\"\n", nats.url());
-    let none = dir.path().join("unused");
-    let cloud = TestCloud::start_with_sink(
-        dir.path(),
-        keys.clone(),
-        "127.0.0.1:0".parse().unwrap(),
-        "",
-        &section,
-        none.clone(),
-    )
-    .await;
+    let cloud =
+        TestCloud::start_on_jetstream(dir.path(), keys.clone(), "127.0.0.1:0".parse().unwrap(), "", &nats.url()).await;
     let addr = cloud.bridge.quic_addr();
     let extra = format!(
         "{}\n{}linger = \"20ms\"\ndict_size = \"1KiB\"\ndict_samples = \"4KiB\"\n",
@@ -83,7 +74,7 @@ async fn two_bridges_on_one_jetstream_serve_an_edge_exactly_once() {
     }
     sent += 150;
     let dict_batches = edge.metric("edge_uplink_dict_batches_total");
-    let cloud = TestCloud::start_with_sink(dir.path(), keys, addr, "", &section, none).await;
+    let cloud = TestCloud::start_on_jetstream(dir.path(), keys, addr, "", &nats.url()).await;
     assert!(
         e2e_tests::eventually(WAIT, || cloud.metric(committed) == f64::from(sent)).await,
         "{}",
@@ -149,15 +140,12 @@ async fn an_existing_stream_with_other_subjects_is_refused_by_name() {
 async fn a_nats_server_killed_and_restarted_mid_stream_loses_and_duplicates_nothing() {
     let mut nats = NatsServer::start();
     let dir = tempfile::tempdir().unwrap();
-    let section = format!("kind = \"jetstream\"\nurl = \"{}\"\n", nats.url());
-    let none = dir.path().join("unused");
-    let cloud = TestCloud::start_with_sink(
+    let cloud = TestCloud::start_on_jetstream(
         dir.path(),
         pki(dir.path(), &[]),
         "127.0.0.1:0".parse().unwrap(),
         "",
-        &section,
-        none,
+        &nats.url(),
     )
     .await;
     let edge = TestNode::start(&format!("{}\n{}", classes_toml(), cloud.uplink_section("edge-1"))).await;
