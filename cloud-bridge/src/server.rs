@@ -51,8 +51,6 @@ enum SessionEnd {
     Frame(#[from] FrameIoError),
     #[error(transparent)]
     Session(#[from] shared::proto::edge::SessionError),
-    #[error("bad batch: {0}")]
-    Batch(#[from] shared::proto::ProtoError),
     #[error(transparent)]
     Sink(#[from] crate::sink::SinkError),
     #[error("bridge shutting down")]
@@ -70,7 +68,7 @@ impl SessionEnd {
         match self {
             SessionEnd::Closed => "closed",
             SessionEnd::Connection(_) => "connection",
-            SessionEnd::Frame(_) | SessionEnd::Session(_) | SessionEnd::Batch(_) => "protocol",
+            SessionEnd::Frame(_) | SessionEnd::Session(_) => "protocol",
             SessionEnd::Ingest(ingest::IngestError::Budget(_)) | SessionEnd::Stalled(_) => "stalled",
             SessionEnd::Ingest(_) => "protocol",
             SessionEnd::Sink(_) => "sink",
