@@ -83,7 +83,8 @@ impl Bridge {
         };
         match &config.sink {
             SinkConfig::Sqlite { path } => {
-                let sink = Arc::new(sink::sqlite::SqliteSink::open(path)?.with_metrics(metrics.sink.clone()));
+                let sink = sink::sqlite::SqliteSink::open(path)?.with_metrics(metrics.sink.clone());
+                let sink = Arc::new(sink.with_quota(config.limits.quota()));
                 tracing::info!(path = %path.display(), "sink: sqlite");
                 tasks.spawn(server::accept_loop(endpoint, server_config, limits, sink, models, m, stop, t));
             }
@@ -109,9 +110,8 @@ impl Bridge {
                     replicas: *replicas,
                     batches: *batches,
                 };
-                let sink = Arc::new(
-                    sink::jetstream::JetStreamSink::connect(&settings).await?.with_metrics(metrics.sink.clone()),
-                );
+                let sink = sink::jetstream::JetStreamSink::connect(&settings).await?.with_metrics(metrics.sink.clone());
+                let sink = Arc::new(sink.with_quota(config.limits.quota()));
                 tracing::info!(url, stream, marks_bucket, "sink: jetstream");
                 tasks.spawn(server::accept_loop(endpoint, server_config, limits, sink, models, m, stop, t));
             }

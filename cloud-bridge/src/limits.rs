@@ -1,5 +1,6 @@
 //! What one bridge lets edges take (`[limits]`): connections, the rate of new handshakes,
-//! streams, and memory for batches in transit.
+//! streams, memory for batches in transit, and what one edge may make the sink keep (its
+//! epochs and dictionaries, `sink::quota`).
 //!
 //! Every edge may be hostile, certificate or not, so nothing an edge sends is allocated before
 //! it is paid for. Batch memory is reserved against two budgets, the connection's own and the
@@ -20,7 +21,9 @@ use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::{Registry, Unit};
 use serde::{Deserialize, Serialize};
-use shared::proto::MAX_BATCH_COST;
+use shared::proto::{MAX_BATCH_COST, MAX_DICT_BYTES};
+
+use crate::sink::EdgeQuota;
 use shared::units::{ByteSize, HumanDuration};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
@@ -56,6 +59,21 @@ pub struct LimitsConfig {
     /// never sends, before it is closed. Default: 60s.
     #[serde(default = "default_stall")]
     pub stall: HumanDuration,
+    /// Epochs (spools) of one edge whose marks the sink keeps; a new one past it retires the
+    /// oldest, which is refused from then on. Default: 4.
+    #[serde(default = "default_epochs")]
+    pub epochs_per_edge: usize,
+    /// Retired epochs of one edge remembered (to refuse them by name); past it, the edge's new
+    /// epochs are refused. Default: 1,024.
+    #[serde(default = "default_retired_epochs")]
+    pub retired_epochs_per_edge: usize,
+    /// zstd dictionaries the sink keeps per edge; a new one past it evicts the oldest.
+    /// Default: 64.
+    #[serde(default = "default_dicts")]
+    pub dicts_per_edge: usize,
+    /// Their bytes together, per edge; at least the largest dictionary (256 KiB). Default: 4 MiB.
+    #[serde(default = "default_dict_bytes")]
+    pub dict_bytes_per_edge: ByteSize,
 }
 
 fn default_max_connections() -> usize {
@@ -79,6 +97,18 @@ fn default_streams() -> u32 {
 fn default_stall() -> HumanDuration {
     HumanDuration(Duration::from_secs(60))
 }
+fn default_epochs() -> usize {
+    EdgeQuota::default().epochs
+}
+fn default_retired_epochs() -> usize {
+    EdgeQuota::default().retired_epochs
+}
+fn default_dicts() -> usize {
+    EdgeQuota::default().dicts
+}
+fn default_dict_bytes() -> ByteSize {
+    ByteSize(EdgeQuota::default().dict_bytes)
+}
 
 impl Default for LimitsConfig {
     fn default() -> Self {
@@ -91,6 +121,10 @@ impl Default for LimitsConfig {
             connection_window: default_connection_window(),
             streams_per_connection: default_streams(),
             stall: default_stall(),
+            epochs_per_edge: default_epochs(),
+            retired_epochs_per_edge: default_retired_epochs(),
+            dicts_per_edge: default_dicts(),
+            dict_bytes_per_edge: default_dict_bytes(),
         }
     }
 }
@@ -104,6 +138,8 @@ impl LimitsConfig {
             ("limits.handshake_burst", self.handshake_burst.into()),
             ("limits.streams_per_connection", self.streams_per_connection.into()),
             ("limits.stall", self.stall.0.as_millis() as u64),
+            ("limits.epochs_per_edge", self.epochs_per_edge as u64),
+            ("limits.dicts_per_edge", self.dicts_per_edge as u64),
         ];
         if let Some((key, _)) = positive.iter().find(|(_, v)| *v == 0) {
             return Err((key, "must be more than 0".into()));
@@ -123,7 +159,23 @@ impl LimitsConfig {
         if self.connection_window.0 < 64 << 10 {
             return Err(("limits.connection_window", "must be at least 64 KiB".into()));
         }
+        if self.dict_bytes_per_edge.0 < MAX_DICT_BYTES as u64 {
+            return Err((
+                "limits.dict_bytes_per_edge",
+                format!("must be at least {} (the largest dictionary)", ByteSize(MAX_DICT_BYTES as u64)),
+            ));
+        }
         Ok(())
+    }
+
+    /// What one edge may make the sink keep.
+    pub fn quota(&self) -> EdgeQuota {
+        EdgeQuota {
+            epochs: self.epochs_per_edge,
+            retired_epochs: self.retired_epochs_per_edge,
+            dicts: self.dicts_per_edge,
+            dict_bytes: self.dict_bytes_per_edge.0,
+        }
     }
 
     /// QUIC flow control and stream limits for each edge connection.
@@ -406,5 +458,10 @@ mod tests {
         assert_eq!(inverted.check().unwrap_err().0, "limits.memory");
         let none = LimitsConfig { streams_per_connection: 0, ..Default::default() };
         assert_eq!(none.check().unwrap_err().0, "limits.streams_per_connection");
+        let no_epochs = LimitsConfig { epochs_per_edge: 0, ..Default::default() };
+        assert_eq!(no_epochs.check().unwrap_err().0, "limits.epochs_per_edge");
+        let tiny = LimitsConfig { dict_bytes_per_edge: ByteSize(64 << 10), ..Default::default() };
+        assert_eq!(tiny.check().unwrap_err().0, "limits.dict_bytes_per_edge", "the largest dictionary must fit");
+        assert_eq!(LimitsConfig::default().quota(), EdgeQuota::default());
     }
 }

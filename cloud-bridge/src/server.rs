@@ -24,7 +24,7 @@ use crate::ingest::{self, Dicts, Ingested};
 use crate::limits::{Admission, Budget, ConnectionBudget, LimitsConfig, Reservation};
 use crate::metrics::{EdgeLabel, LaneLabels, Metrics, ReasonLabel};
 use crate::models::serve::{EdgeModels, ModelService};
-use crate::sink::Sink;
+use crate::sink::{EpochVerdict, Sink};
 
 #[derive(Debug, thiserror::Error)]
 pub enum ServerError {
@@ -335,22 +335,21 @@ async fn run_session<S: Sink>(
                 let Some(frame) = frame.transpose()?.flatten() else { return Ok(()) };
                 let request = match session.handle(frame) {
                     Ok(r) => r,
-                    Err(e) => {
-                        // A refusal is sent before the connection closes.
-                        flush(&mut session, &mut send).await?;
-                        let _ = send.finish();
-                        // Closing now would discard the frame; the edge closes once it read it.
-                        let _ = tokio::time::timeout(Duration::from_secs(1), conn.closed()).await;
-                        return Err(e.into());
-                    }
+                    Err(e) => return Err(refused(conn, &mut session, &mut send, e).await),
                 };
                 match request {
                     Some(Request::Hello(hello)) => {
+                        if let Some((reason, why)) = epoch_refusal(sink.admit_epoch(edge, &hello.epoch).await?) {
+                            refuse(metrics, reason);
+                            tracing::warn!(edge, epoch = hello.epoch, reason, "edge refused: {why}");
+                            let error = session.refuse(format!("epoch {} of edge {edge}: {why}", hello.epoch));
+                            return Err(refused(conn, &mut session, &mut send, error).await);
+                        }
                         let committed = sink.committed(edge, &hello.epoch).await?;
                         let mut known = Vec::new();
-                        for (id, bytes) in sink.load_dicts(&hello.dicts).await? {
+                        for (id, bytes) in sink.load_dicts(edge, &hello.dicts).await? {
                             // Shared storage is trusted no more than the edge: the id is the hash.
-                            if compress::dict_id(&bytes) == id {
+                            if compress::dict_id_for(session.version(), &bytes) == id {
                                 session.add_dict(id.clone(), bytes.clone());
                                 dicts.add(id.clone(), bytes);
                                 known.push(id);
@@ -366,7 +365,7 @@ async fn run_session<S: Sink>(
                         }
                     }
                     Some(Request::StoreDict(dict)) => {
-                        sink.store_dict(&dict).await?;
+                        sink.store_dict(edge, &dict).await?;
                         tracing::info!(edge, id = dict.id, class = dict.class, bytes = dict.bytes.len(), "dictionary stored");
                         metrics.dicts_stored.inc();
                         dicts.add(dict.id.clone(), dict.bytes);
@@ -497,6 +496,38 @@ fn start_writes<F>(
             });
             (lane, up_to, count, started, result)
         }));
+    }
+}
+
+/// Sends the refusal `error` queued in `session`, then gives the edge a moment to read it
+/// before the connection closes (closing at once would discard the frame).
+async fn refused(
+    conn: &quinn::Connection,
+    session: &mut CloudSession,
+    send: &mut quinn::SendStream,
+    error: shared::proto::edge::SessionError,
+) -> SessionEnd {
+    if let Err(e) = flush(session, send).await {
+        return e.into();
+    }
+    let _ = send.finish();
+    let _ = tokio::time::timeout(Duration::from_secs(1), conn.closed()).await;
+    error.into()
+}
+
+/// The `connections_refused` reason for an epoch the sink would not admit, and why.
+fn epoch_refusal(verdict: EpochVerdict) -> Option<(&'static str, &'static str)> {
+    match verdict {
+        EpochVerdict::Known | EpochVerdict::Added { .. } => None,
+        EpochVerdict::Retired => Some((
+            "epoch_retired",
+            "retired after limits.epochs_per_edge newer ones; its marks are gone, so its records could not be told \
+             from new ones (a spool restored from an old copy?)",
+        )),
+        EpochVerdict::Exhausted => Some((
+            "epochs_exhausted",
+            "a new epoch, and the edge has used limits.epochs_per_edge + limits.retired_epochs_per_edge already",
+        )),
     }
 }
 

@@ -45,23 +45,49 @@ pub async fn send_control_and_wait_close(conn: &quinn::Connection, bytes: &[u8])
 
 /// Opens the control stream with a hello for `epoch` and waits for the welcome.
 pub async fn welcomed(conn: &quinn::Connection, epoch: &str) -> (quinn::SendStream, quinn::RecvStream) {
-    use shared::proto::{Control, Hello, codec};
-    let hello = Control::Hello(Hello {
+    let (send, recv, answer) = hello(conn, hello_for(epoch)).await;
+    assert!(matches!(answer, shared::proto::Control::Welcome(_)), "{answer:?}");
+    (send, recv)
+}
+
+/// The hello of an edge of this build on `epoch`, naming nothing.
+pub fn hello_for(epoch: &str) -> shared::proto::Hello {
+    shared::proto::Hello {
         versions: shared::proto::VERSIONS.to_vec(),
         epoch: epoch.into(),
         lanes: vec![],
         models: vec![],
         dicts: vec![],
         caps: vec![],
-    });
+    }
+}
+
+/// Opens the control stream with `hello`; its streams and the bridge's answer (a welcome, or a
+/// refusal).
+pub async fn hello(
+    conn: &quinn::Connection,
+    hello: shared::proto::Hello,
+) -> (quinn::SendStream, quinn::RecvStream, shared::proto::Control) {
+    use shared::proto::{Control, codec};
     let (mut send, mut recv) = conn.open_bi().await.expect("control stream");
-    send.write_all(&codec::encode(&hello).expect("encode hello")).await.expect("send hello");
-    let welcome: Control = shared::proto::io::read_frame(&mut recv, shared::proto::MAX_CONTROL_FRAME)
-        .await
-        .expect("read welcome")
-        .expect("a welcome");
-    assert!(matches!(welcome, Control::Welcome(_)), "{welcome:?}");
-    (send, recv)
+    send.write_all(&codec::encode(&Control::Hello(hello)).expect("encode hello")).await.expect("send hello");
+    let answer = next_control(&mut recv).await.expect("an answer to the hello");
+    (send, recv, answer)
+}
+
+/// The next control frame from the bridge, skipping pongs; none once the stream ends.
+pub async fn next_control(recv: &mut quinn::RecvStream) -> Option<shared::proto::Control> {
+    use shared::proto::Control;
+    let read = async {
+        loop {
+            match shared::proto::io::read_frame(recv, shared::proto::MAX_CONTROL_FRAME).await {
+                Ok(Some(Control::Pong { .. })) => continue,
+                Ok(frame) => return frame,
+                Err(_) => return None,
+            }
+        }
+    };
+    tokio::time::timeout(std::time::Duration::from_secs(20), read).await.expect("a control frame in 20 s")
 }
 
 /// The CBOR of one record holding `pairs` empty user properties, written piece by piece (the

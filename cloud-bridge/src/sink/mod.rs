@@ -13,8 +13,12 @@
 //! its own). A record a sink refuses for itself is the sink's to set aside (JetStream's
 //! dead-letter subject, `sink::jetstream`); the SQLite sink refuses nothing a record can carry
 //! within the protocol's limits.
+//!
+//! What an edge makes a sink keep beyond its records, its epochs and dictionaries, is bounded
+//! per edge ([`quota`]).
 
 pub mod jetstream;
+pub mod quota;
 pub mod sqlite;
 
 use std::future::Future;
@@ -27,6 +31,8 @@ use prometheus_client::registry::Registry;
 
 use serde::{Deserialize, Serialize};
 use shared::proto::{ClassesReport, DictAnnounce, LaneSeq, WireRecord};
+
+pub use quota::{EdgeQuota, EpochVerdict};
 
 /// An edge's latest TCO classes report as a sink keeps it.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -53,12 +59,22 @@ pub struct DeadLetterLabel {
 pub struct SinkMetrics {
     pub retries: Counter,
     pub dead_letters: Family<DeadLetterLabel, Counter>,
+    pub epochs_registered: Counter,
+    pub epochs_retired: Counter,
+    pub dicts_evicted: Counter,
     pub ok: AtomicBool,
 }
 
 impl Default for SinkMetrics {
     fn default() -> Self {
-        Self { retries: Counter::default(), dead_letters: Family::default(), ok: AtomicBool::new(true) }
+        Self {
+            retries: Counter::default(),
+            dead_letters: Family::default(),
+            epochs_registered: Counter::default(),
+            epochs_retired: Counter::default(),
+            dicts_evicted: Counter::default(),
+            ok: AtomicBool::new(true),
+        }
     }
 }
 
@@ -69,6 +85,17 @@ impl SinkMetrics {
             "dead_letters",
             "Records the sink refused for themselves, set aside in its dead-letter subject, by reason",
             self.dead_letters.clone(),
+        );
+        r.register("epochs_registered", "Epochs edges began that the sink registered", self.epochs_registered.clone());
+        r.register(
+            "epochs_retired",
+            "Epochs retired, marks deleted, past limits.epochs_per_edge of one edge",
+            self.epochs_retired.clone(),
+        );
+        r.register(
+            "dicts_evicted",
+            "Dictionaries deleted past limits.dicts_per_edge or limits.dict_bytes_per_edge of one edge",
+            self.dicts_evicted.clone(),
         );
     }
 
@@ -133,6 +160,11 @@ pub trait Sink: Send + Sync + 'static {
         1
     }
 
+    /// Registers `epoch` among `edge`'s epochs, within the sink's [`EdgeQuota`], retiring the
+    /// oldest if there are too many: whether a hello of that epoch may go on. Compare-and-set
+    /// where bridges share the sink, so two registering at once both count.
+    fn admit_epoch(&self, edge: &str, epoch: &str) -> impl Future<Output = Result<EpochVerdict, SinkError>> + Send;
+
     /// Per lane, the highest seq of `edge` and `epoch` committed.
     fn committed(&self, edge: &str, epoch: &str) -> impl Future<Output = Result<Vec<LaneSeq>, SinkError>> + Send;
 
@@ -153,12 +185,16 @@ pub trait Sink: Send + Sync + 'static {
     fn mark(&self, edge: &str, epoch: &str, lane: u8, up_to: u64)
     -> impl Future<Output = Result<(), SinkError>> + Send;
 
-    /// Of the dictionaries `ids`, those stored, with their bytes.
-    fn load_dicts(&self, ids: &[String]) -> impl Future<Output = Result<Vec<(String, Vec<u8>)>, SinkError>> + Send;
+    /// Of `edge`'s dictionaries `ids`, those stored, with their bytes.
+    fn load_dicts(
+        &self,
+        edge: &str,
+        ids: &[String],
+    ) -> impl Future<Output = Result<Vec<(String, Vec<u8>)>, SinkError>> + Send;
 
-    /// Stores a dictionary (content-addressed: storing one twice changes nothing) where every
-    /// bridge on this sink finds it.
-    fn store_dict(&self, dict: &DictAnnounce) -> impl Future<Output = Result<(), SinkError>> + Send;
+    /// Stores a dictionary of `edge` (by its id, a hash: storing one twice changes nothing)
+    /// where every bridge on this sink finds it, evicting the edge's oldest past its quota.
+    fn store_dict(&self, edge: &str, dict: &DictAnnounce) -> impl Future<Output = Result<(), SinkError>> + Send;
 
     /// Keeps `report` as `edge`'s latest TCO classes, replacing the one before.
     fn store_report(&self, report: &StoredReport) -> impl Future<Output = Result<(), SinkError>> + Send;

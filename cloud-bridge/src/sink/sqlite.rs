@@ -5,6 +5,10 @@
 //! Dead letters: SQLite refuses nothing a record can carry within the protocol's limits (a
 //! message is at most 8 MiB, a value up to 1 GB), so no record is set aside here. Its failures
 //! are the file's (a lock held by another process, a full disk, I/O errors) and are retried.
+//!
+//! An edge's epochs are a JSON row of `edge_epochs`, its dictionaries rows of `edge_dicts`,
+//! each changed in one transaction with what it retires or evicts (`sink::quota`). The
+//! `dicts` table of earlier versions, shared by all edges, is no longer read.
 
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
@@ -12,6 +16,7 @@ use std::sync::{Arc, Mutex};
 use rusqlite::{Connection, OptionalExtension, params};
 use shared::proto::{DictAnnounce, LaneSeq, WireRecord};
 
+use super::quota::{DictIndex, EdgeQuota, EpochVerdict, Epochs, StoredDict};
 use super::{Retry, Sink, SinkError, SinkMetrics, StoredReport, Turn};
 use shared::units::now_ms;
 
@@ -43,11 +48,17 @@ CREATE TABLE IF NOT EXISTS tco_reports (
     received_ms INTEGER NOT NULL,
     report TEXT NOT NULL
 );
-CREATE TABLE IF NOT EXISTS dicts (
-    id TEXT PRIMARY KEY,
+CREATE TABLE IF NOT EXISTS edge_epochs (
+    edge_id TEXT PRIMARY KEY,
+    epochs TEXT NOT NULL
+);
+CREATE TABLE IF NOT EXISTS edge_dicts (
+    edge_id TEXT NOT NULL,
+    id TEXT NOT NULL,
     class TEXT NOT NULL,
     bytes BLOB NOT NULL,
-    stored_ms INTEGER NOT NULL
+    stored_ms INTEGER NOT NULL,
+    PRIMARY KEY (edge_id, id)
 );
 ";
 
@@ -56,6 +67,7 @@ pub struct SqliteSink {
     conn: Arc<Mutex<Connection>>,
     path: PathBuf,
     metrics: Arc<SinkMetrics>,
+    quota: EdgeQuota,
 }
 
 /// How long a write waits for a lock another process holds before it counts as failed and is
@@ -128,7 +140,18 @@ impl SqliteSink {
             .and_then(|_| conn.execute_batch(SCHEMA))
             .map_err(|e| failed("schema", format!("{}: {e}", path.display())))?;
         conn.busy_timeout(BUSY_TIMEOUT).map_err(|e| failed("open", e))?;
-        Ok(Self { conn: Arc::new(Mutex::new(conn)), path: path.to_owned(), metrics: Arc::default() })
+        Ok(Self {
+            conn: Arc::new(Mutex::new(conn)),
+            path: path.to_owned(),
+            metrics: Arc::default(),
+            quota: EdgeQuota::default(),
+        })
+    }
+
+    /// Keeps each edge within `quota` from now on.
+    pub fn with_quota(mut self, quota: EdgeQuota) -> Self {
+        self.quota = quota;
+        self
     }
 
     /// Counts into `metrics` (the bridge's registry) from now on.
@@ -159,6 +182,38 @@ impl Sink for SqliteSink {
     /// Rows are keyed and read by seq, so the order batches commit in does not matter.
     fn pipeline(&self) -> usize {
         8
+    }
+
+    async fn admit_epoch(&self, edge: &str, epoch: &str) -> Result<EpochVerdict, SinkError> {
+        let (edge, epoch, quota, metrics) = (edge.to_owned(), epoch.to_owned(), self.quota, self.metrics.clone());
+        self.blocking(move |conn| {
+            let tx = conn.transaction().map_err(|e| failed("begin", e))?;
+            let json: Option<String> = tx
+                .query_row("SELECT epochs FROM edge_epochs WHERE edge_id = ?1", [&edge], |r| r.get(0))
+                .optional()
+                .map_err(|e| failed("read epochs", e))?;
+            let mut epochs: Epochs = match json {
+                Some(j) => serde_json::from_str(&j).map_err(|e| failed("read epochs", format!("{edge}: {e}")))?,
+                None => Epochs::default(),
+            };
+            let verdict = epochs.admit(&epoch, now_ms(), &quota);
+            let EpochVerdict::Added { retired } = &verdict else { return Ok(verdict) };
+            let json = serde_json::to_string(&epochs).map_err(|e| failed("register epoch", e))?;
+            tx.execute("INSERT OR REPLACE INTO edge_epochs (edge_id, epochs) VALUES (?1, ?2)", params![edge, json])
+                .map_err(|e| failed("register epoch", e))?;
+            for old in retired {
+                tx.execute("DELETE FROM marks WHERE edge_id = ?1 AND epoch = ?2", params![edge, old])
+                    .map_err(|e| failed("retire epoch", e))?;
+            }
+            tx.commit().map_err(|e| failed("commit", e))?;
+            metrics.epochs_registered.inc();
+            for old in retired {
+                metrics.epochs_retired.inc();
+                tracing::info!(edge, epoch = old, "epoch retired: more than limits.epochs_per_edge");
+            }
+            Ok(verdict)
+        })
+        .await
     }
 
     async fn committed(&self, edge: &str, epoch: &str) -> Result<Vec<LaneSeq>, SinkError> {
@@ -202,15 +257,16 @@ impl Sink for SqliteSink {
         }
     }
 
-    async fn load_dicts(&self, ids: &[String]) -> Result<Vec<(String, Vec<u8>)>, SinkError> {
-        let ids = ids.to_vec();
+    async fn load_dicts(&self, edge: &str, ids: &[String]) -> Result<Vec<(String, Vec<u8>)>, SinkError> {
+        let (edge, ids) = (edge.to_owned(), ids.to_vec());
         self.blocking(move |conn| {
-            let mut stmt =
-                conn.prepare_cached("SELECT bytes FROM dicts WHERE id = ?1").map_err(|e| failed("read dict", e))?;
+            let mut stmt = conn
+                .prepare_cached("SELECT bytes FROM edge_dicts WHERE edge_id = ?1 AND id = ?2")
+                .map_err(|e| failed("read dict", e))?;
             let mut found = Vec::new();
             for id in ids {
                 let bytes: Option<Vec<u8>> =
-                    stmt.query_row([&id], |r| r.get(0)).optional().map_err(|e| failed("read dict", e))?;
+                    stmt.query_row([&edge, &id], |r| r.get(0)).optional().map_err(|e| failed("read dict", e))?;
                 if let Some(bytes) = bytes {
                     found.push((id, bytes));
                 }
@@ -253,15 +309,42 @@ impl Sink for SqliteSink {
         .await
     }
 
-    async fn store_dict(&self, dict: &DictAnnounce) -> Result<(), SinkError> {
-        let dict = dict.clone();
+    async fn store_dict(&self, edge: &str, dict: &DictAnnounce) -> Result<(), SinkError> {
+        let (edge, dict, quota, metrics) = (edge.to_owned(), dict.clone(), self.quota, self.metrics.clone());
         self.blocking(move |conn| {
-            conn.execute(
-                "INSERT OR IGNORE INTO dicts (id, class, bytes, stored_ms) VALUES (?1, ?2, ?3, ?4)",
-                params![dict.id, dict.class, dict.bytes, now_ms()],
+            let tx = conn.transaction().map_err(|e| failed("begin", e))?;
+            let mut index = DictIndex::default();
+            {
+                let mut stmt = tx
+                    .prepare_cached(
+                        "SELECT id, length(bytes), stored_ms FROM edge_dicts WHERE edge_id = ?1 ORDER BY stored_ms, id",
+                    )
+                    .map_err(|e| failed("read dicts", e))?;
+                let rows = stmt
+                    .query_map([&edge], |r| Ok(StoredDict { id: r.get(0)?, bytes: r.get(1)?, stored_ms: r.get(2)? }))
+                    .map_err(|e| failed("read dicts", e))?;
+                for row in rows {
+                    index.dicts.push(row.map_err(|e| failed("read dicts", e))?);
+                }
+            }
+            // Rows are ordered by this time: a later store never sorts before an earlier one.
+            let now = now_ms().max(index.dicts.last().map_or(0, |d| d.stored_ms + 1));
+            let evicted = index.add(&dict.id, dict.bytes.len() as u64, now, &quota);
+            tx.execute(
+                "INSERT OR REPLACE INTO edge_dicts (edge_id, id, class, bytes, stored_ms) VALUES (?1, ?2, ?3, ?4, ?5)",
+                params![edge, dict.id, dict.class, dict.bytes, now],
             )
-            .map(|_| ())
-            .map_err(|e| failed("store dict", e))
+            .map_err(|e| failed("store dict", e))?;
+            for id in &evicted {
+                tx.execute("DELETE FROM edge_dicts WHERE edge_id = ?1 AND id = ?2", params![edge, id])
+                    .map_err(|e| failed("evict dict", e))?;
+            }
+            tx.commit().map_err(|e| failed("commit", e))?;
+            for id in evicted {
+                metrics.dicts_evicted.inc();
+                tracing::info!(edge, id, "dictionary evicted: past the edge's dictionary quota");
+            }
+            Ok(())
         })
         .await
     }

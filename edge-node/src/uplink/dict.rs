@@ -14,11 +14,14 @@
 //!   announced it on this connection. Batches and control frames travel on different streams,
 //!   so a batch may never name a dictionary the bridge could still be waiting for, and a
 //!   bridge that takes over after a reconnect finds every dictionary in shared storage.
+//! - A dictionary's id is the SHA-256 of its bytes; a session of protocol version 1 names it
+//!   by the first 16 hex digits. The hello names the full ids (it goes before the version is
+//!   chosen), so a version 1 bridge knows none of them and is sent each again.
 
 use std::collections::{HashMap, HashSet};
 use std::time::{Duration, Instant};
 
-use shared::proto::compress::{self, Dict};
+use shared::proto::compress::{self, Dict, DictRef};
 use shared::proto::{DictAnnounce, ProtoError, WireRecord};
 use tokio::task::JoinHandle;
 
@@ -49,23 +52,32 @@ pub struct DictBook {
     settings: DictSettings,
     classes: HashMap<String, ClassState>,
     training: Option<(String, JoinHandle<Result<Dict, ProtoError>>)>,
-    /// Ids the cloud holds, on the current connection.
+    /// Ids the cloud holds, on the current connection, as its version names them.
     confirmed: HashSet<String>,
     /// Ids announced on the current connection and not yet confirmed.
     announced: HashSet<String>,
+    /// The protocol version of the current connection.
+    version: u16,
 }
 
 /// What a batch should be packed with.
 #[derive(Debug, Default)]
 pub struct Choice<'a> {
-    pub dict: Option<&'a Dict>,
+    pub dict: Option<DictRef<'a>>,
     /// A dictionary to announce now; later batches can use it once the cloud confirms it.
     pub announce: Option<DictAnnounce>,
 }
 
 impl DictBook {
     pub fn new(settings: DictSettings) -> Self {
-        Self { settings, classes: HashMap::new(), training: None, confirmed: HashSet::new(), announced: HashSet::new() }
+        Self {
+            settings,
+            classes: HashMap::new(),
+            training: None,
+            confirmed: HashSet::new(),
+            announced: HashSet::new(),
+            version: 1,
+        }
     }
 
     fn enabled(&self) -> bool {
@@ -80,10 +92,12 @@ impl DictBook {
         ids
     }
 
-    /// A new connection: the cloud holds `known` (from its welcome), nothing is announced yet.
-    pub fn connected(&mut self, known: &[String]) {
+    /// A new connection of protocol `version`: the cloud holds `known` (from its welcome),
+    /// nothing is announced yet.
+    pub fn connected(&mut self, known: &[String], version: u16) {
         self.confirmed = known.iter().cloned().collect();
         self.announced.clear();
+        self.version = version;
     }
 
     /// The cloud stored dictionary `id`.
@@ -178,11 +192,13 @@ impl DictBook {
         let Some(dict) = self.classes.get(class).and_then(|s| s.current.as_ref()) else {
             return Choice::default();
         };
-        if self.confirmed.contains(&dict.id) {
-            return Choice { dict: Some(dict), announce: None };
+        let named = dict.on(self.version);
+        if self.confirmed.contains(named.id) {
+            return Choice { dict: Some(named), announce: None };
         }
-        if self.announced.insert(dict.id.clone()) {
-            let announce = DictAnnounce { id: dict.id.clone(), class: dict.class.clone(), bytes: dict.bytes.clone() };
+        if self.announced.insert(named.id.to_owned()) {
+            let announce =
+                DictAnnounce { id: named.id.to_owned(), class: dict.class.clone(), bytes: dict.bytes.clone() };
             return Choice { dict: None, announce: Some(announce) };
         }
         Choice::default()
@@ -238,6 +254,7 @@ mod tests {
     async fn a_dictionary_is_used_only_once_the_cloud_holds_it() {
         let now = Instant::now();
         let mut book = DictBook::new(settings(2048));
+        book.connected(&[], 2);
         let records: Vec<_> = (1..=400).map(|s| record(s, "telemetry")).collect();
         book.observe(&records, now);
         // Traffic that goes on while it trains is not sampled for a second one.
@@ -258,19 +275,36 @@ mod tests {
         let again = book.choose(&records[..20]);
         assert!(again.dict.is_none() && again.announce.is_none(), "announced once per connection");
         book.stored(dict.id.clone());
-        assert_eq!(book.choose(&records[..20]).dict.map(|d| d.id.clone()), Some(dict.id.clone()));
+        assert_eq!(book.choose(&records[..20]).dict.map(|d| d.id.to_owned()), Some(dict.id.clone()));
 
         // A new connection whose bridge does not hold it: announced again.
-        book.connected(&[]);
+        book.connected(&[], 2);
         assert!(book.choose(&records[..20]).announce.is_some());
         // One that does: used at once.
-        book.connected(std::slice::from_ref(&dict.id));
+        book.connected(std::slice::from_ref(&dict.id), 2);
         assert!(book.choose(&records[..20]).dict.is_some());
 
         // It pays: a short batch is smaller with the dictionary than without.
-        let with = compress::pack("e", 0, 1, &records[..20], Some(&dict), 3).unwrap();
+        let with = compress::pack("e", 0, 1, &records[..20], Some(dict.on(2)), 3).unwrap();
         let without = compress::pack("e", 0, 1, &records[..20], None, 3).unwrap();
         assert!(with.body.len() * 4 < without.body.len() * 3, "{} vs {} bytes", with.body.len(), without.body.len());
+    }
+
+    #[tokio::test]
+    async fn a_version_1_session_names_a_dictionary_by_the_first_16_digits_of_its_hash() {
+        let now = Instant::now();
+        let mut book = DictBook::new(settings(2048));
+        let records: Vec<_> = (1..=400).map(|s| record(s, "telemetry")).collect();
+        book.observe(&records, now);
+        let dict = trained(&mut book, now).await;
+        assert_eq!(dict.id.len(), 64, "version 2 ids are the whole SHA-256");
+        book.connected(&[], 1);
+        let short = dict.id[..16].to_owned();
+        assert_eq!(book.choose(&records[..20]).announce.map(|a| a.id), Some(short.clone()));
+        book.stored(short.clone());
+        assert_eq!(book.choose(&records[..20]).dict.map(|d| d.id), Some(short.as_str()));
+        // The hello, sent before a version is chosen, names the full id.
+        assert_eq!(book.ids(), std::slice::from_ref(&dict.id));
     }
 
     #[tokio::test]
@@ -280,6 +314,7 @@ mod tests {
         let telemetry: Vec<_> = (1..=400).map(|s| record(s, "telemetry")).collect();
         book.observe(&telemetry, now);
         let dict = trained(&mut book, now).await;
+        book.connected(&[], 2);
         book.stored(dict.id.clone());
         let mut mixed: Vec<_> = (1..=3).map(|s| record(s, "telemetry")).collect();
         mixed.extend((4..=10).map(|s| record(s, "feedback")));

@@ -454,7 +454,7 @@ impl Uplink {
                         // After every Mark of this Welcome (they come first).
                         self.spool.welcomed().await?;
                         tracing::info!(version, dicts = known.len(), "uplink session ready");
-                        dicts.connected(&known);
+                        dicts.connected(&known, version);
                         self.report_classes(session);
                         self.refresh(session, &mut heads).await?;
                     }

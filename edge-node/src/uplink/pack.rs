@@ -4,7 +4,7 @@
 //! batch. One record that cannot fit on its own is sent as a `refused` gap record, so the loss
 //! shows in the cloud and the lane moves on instead of stopping at it.
 
-use shared::proto::compress::{self, Dict};
+use shared::proto::compress::{self, DictRef};
 use shared::proto::{Batch, ProtoError, WireGap, WireRecord};
 
 /// The batch of `wire`'s first records from `first` on; `wire` is cut to what it holds.
@@ -13,7 +13,7 @@ pub fn pack_within_cost(
     lane: u8,
     first: u64,
     wire: &mut Vec<WireRecord>,
-    dict: Option<&Dict>,
+    dict: Option<DictRef<'_>>,
     level: i32,
 ) -> Result<(Batch, u64), ProtoError> {
     let mut refused = 0;

@@ -200,7 +200,7 @@ impl CloudSession {
                 Ok(Some(Request::Classes(report)))
             }
             Control::Dict(d) if self.phase == CloudPhase::Ready => {
-                if super::compress::dict_id(&d.bytes) != d.id {
+                if super::compress::dict_id_for(self.version, &d.bytes) != d.id {
                     return Err(SessionError::Protocol(format!("dictionary {} does not hash to its id", d.id)));
                 }
                 if d.bytes.len() > MAX_DICT_BYTES {
@@ -224,6 +224,14 @@ impl CloudSession {
                 self.phase
             ))),
         }
+    }
+
+    /// Refuses the edge for `reason` found by the driver (after the hello): the `Refused` frame
+    /// is queued, and the returned error ends the session once it is sent.
+    pub fn refuse(&mut self, reason: String) -> SessionError {
+        self.out.push_back(Control::Refused { reason: reason.clone() });
+        self.phase = CloudPhase::Refused;
+        SessionError::Refused(reason)
     }
 
     /// Announces a model version to the edge; only once the session is ready (the welcome

@@ -15,6 +15,7 @@ const MIN_COMPRESS: usize = 128;
 /// A zstd dictionary, named by the hash of its bytes so any bridge can tell whether it has it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Dict {
+    /// The full SHA-256 in hex ([`dict_id`]); on a version 1 session, its first 16 digits.
     pub id: String,
     pub class: String,
     pub bytes: Vec<u8>,
@@ -24,12 +25,41 @@ impl Dict {
     pub fn new(class: impl Into<String>, bytes: Vec<u8>) -> Self {
         Self { id: dict_id(&bytes), class: class.into(), bytes }
     }
+
+    /// This dictionary as a session of protocol `version` names it.
+    pub fn on(&self, version: u16) -> DictRef<'_> {
+        DictRef { id: wire_id(&self.id, version), bytes: &self.bytes }
+    }
 }
 
-/// The first 16 hex digits of the SHA-256 of a dictionary.
+/// A dictionary as one session names it, for [`pack`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DictRef<'a> {
+    pub id: &'a str,
+    pub bytes: &'a [u8],
+}
+
+/// Hex digits of a version 1 dictionary id: 64 bits of the hash, which an edge that wants two
+/// of its dictionaries to share an id finds in about 2^32 tries.
+const V1_ID_DIGITS: usize = 16;
+
+/// The SHA-256 of a dictionary in hex, the id of protocol version 2 on.
 pub fn dict_id(bytes: &[u8]) -> String {
     let digest = ring::digest::digest(&ring::digest::SHA256, bytes);
-    digest.as_ref()[..8].iter().map(|b| format!("{b:02x}")).collect()
+    digest.as_ref().iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// The id of a dictionary in protocol `version`: the full hash from version 2, its first 16 hex
+/// digits in version 1.
+pub fn dict_id_for(version: u16, bytes: &[u8]) -> String {
+    let mut id = dict_id(bytes);
+    id.truncate(wire_id(&id, version).len());
+    id
+}
+
+/// A full dictionary id (`dict_id`) as protocol `version` names it.
+pub fn wire_id(full: &str, version: u16) -> &str {
+    if version >= 2 { full } else { full.get(..V1_ID_DIGITS).unwrap_or(full) }
 }
 
 /// A training sample: one record as it appears inside a batch body (a CBOR array of records).
@@ -54,7 +84,7 @@ pub fn pack(
     lane: u8,
     first: u64,
     records: &[WireRecord],
-    dict: Option<&Dict>,
+    dict: Option<DictRef<'_>>,
     level: i32,
 ) -> Result<Batch, ProtoError> {
     let Some(last) = records.last() else {
@@ -76,14 +106,14 @@ pub fn pack(
     };
     if raw.len() >= MIN_COMPRESS {
         let mut compressor = match dict {
-            Some(d) => zstd::bulk::Compressor::with_dictionary(level, &d.bytes),
+            Some(d) => zstd::bulk::Compressor::with_dictionary(level, d.bytes),
             None => zstd::bulk::Compressor::new(level),
         }
         .map_err(|e| ProtoError::Encode(e.to_string()))?;
         let packed = compressor.compress(&raw).map_err(|e| ProtoError::Encode(e.to_string()))?;
         if packed.len() < raw.len() {
             batch.codec = Codec::Zstd;
-            batch.dict = dict.map(|d| d.id.clone());
+            batch.dict = dict.map(|d| d.id.to_owned());
             within_cost(packed.len() + raw.len() + bound)?;
             batch.body = packed;
             return Ok(batch);
@@ -212,7 +242,7 @@ mod tests {
         let samples: Vec<Vec<u8>> = (1000..1400).map(|s| codec::encode(&telemetry(s)).unwrap()).collect();
         let dict = train("telemetry", &samples, 4096).unwrap();
         let small: Vec<WireRecord> = (1..=4).map(telemetry).collect();
-        let with = pack("e", 3, 1, &small, Some(&dict), 3).unwrap();
+        let with = pack("e", 3, 1, &small, Some(dict.on(2)), 3).unwrap();
         let without = pack("e", 3, 1, &small, None, 3).unwrap();
         assert!(with.body.len() < without.body.len(), "{} vs {}", with.body.len(), without.body.len());
         let dicts = HashMap::from([(dict.id.clone(), dict.bytes.clone())]);

@@ -139,7 +139,7 @@ mod tests {
     /// Valid frames and conversations (the fuzzer's starting points): they must pass too.
     fn seeds() -> Vec<(&'static str, Vec<u8>)> {
         let hello = Control::Hello(Hello {
-            versions: vec![1],
+            versions: vec![1, 2],
             epoch: "e".into(),
             lanes: vec![LaneSeq { lane: 3, seq: 6 }],
             models: vec!["yolo".into()],
@@ -167,7 +167,7 @@ mod tests {
         let dict = compress::train("telemetry", &samples, 1024).unwrap();
         let plain = compress::pack("e", 3, 1, &records[..3], None, 3).unwrap();
         let zstd = compress::pack("", 3, 1, &records, None, 3).unwrap();
-        let with_dict = compress::pack("", 3, 1, &records, Some(&dict), 3).unwrap();
+        let with_dict = compress::pack("", 3, 1, &records, Some(dict.on(2)), 3).unwrap();
         let announce =
             Control::Dict(DictAnnounce { id: dict.id.clone(), class: dict.class.clone(), bytes: dict.bytes });
         let bomb = Batch {

@@ -13,6 +13,14 @@
 //! - Unknown fields are ignored and unknown control frames decode as [`Control::Unknown`], so
 //!   adjacent versions can add to a frame; versions without a common one are refused.
 //!
+//! Versions (the highest both speak is chosen in the hello):
+//! - 1: the first.
+//! - 2: dictionary ids are the whole SHA-256 of the bytes in hex (64 digits), not its first 16:
+//!   with 64 bits, an edge could make two of its dictionaries share an id in about 2^32 tries.
+//!   Nothing else changed meaning. A frame may gain optional fields without a version step (a
+//!   field that is absent defaults, one that is unknown is skipped); a step is for a field
+//!   whose meaning changes, as the ids did here.
+//!
 //! The session logic of both ends is in [`edge`] and [`cloud`]: state machines fed with decoded
 //! frames and the current time, which say what to send and what to do, so tests drive them with
 //! a virtual clock and no network.
@@ -37,7 +45,7 @@ use serde::{Deserialize, Serialize};
 pub const ALPN: &[u8] = b"ehb/1";
 
 /// Protocol versions this build speaks.
-pub const VERSIONS: &[u16] = &[1];
+pub const VERSIONS: &[u16] = &[1, 2];
 
 /// Largest control frame body accepted: a model announcement carries a whole manifest.
 pub const MAX_CONTROL_FRAME: usize = crate::model::MAX_MANIFEST_BYTES + (64 << 10);

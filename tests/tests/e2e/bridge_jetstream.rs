@@ -54,7 +54,8 @@ async fn two_bridges_on_one_jetstream_serve_an_edge_exactly_once() {
     assert!(e2e_tests::eventually(WAIT, || cloud.metric(committed) >= 50.0).await);
     cloud.bridge.stop().await;
     drop(cloud);
-    // The dictionary is in KV, under the hash of its bytes.
+    // The dictionary is in KV under the edge and the hash of its bytes, next to the edge's
+    // index of its dictionaries.
     let client = async_nats::connect(nats.url()).await.unwrap();
     let dicts = async_nats::jetstream::new(client).get_key_value("edge-dicts").await.unwrap();
     let mut keys_in_kv = Vec::new();
@@ -62,9 +63,11 @@ async fn two_bridges_on_one_jetstream_serve_an_edge_exactly_once() {
     while let Some(k) = futures_util::StreamExt::next(&mut listing).await {
         keys_in_kv.push(k.unwrap());
     }
-    assert_eq!(keys_in_kv.len(), 1, "{keys_in_kv:?}");
-    let bytes = dicts.get(&keys_in_kv[0]).await.unwrap().unwrap();
-    assert_eq!(shared::proto::compress::dict_id(&bytes), keys_in_kv[0]);
+    keys_in_kv.sort();
+    assert_eq!(keys_in_kv.len(), 2, "{keys_in_kv:?}");
+    assert_eq!(keys_in_kv[0], "edge-1", "the index");
+    let bytes = dicts.get(&keys_in_kv[1]).await.unwrap().unwrap();
+    assert_eq!(format!("edge-1.{}", shared::proto::compress::dict_id(&bytes)), keys_in_kv[1]);
 
     let first_round = sent;
     for i in 0..150 {

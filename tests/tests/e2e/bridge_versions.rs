@@ -1,8 +1,10 @@
-//! A rolling upgrade: edges and bridges one protocol version apart keep working together. The
-//! next version is played by peers that offer versions 1 and 2 and add what a newer build may
-//! add: fields this build does not know in every frame, control frames it has never seen. A
-//! real edge against such a bridge, a real bridge against such an edge: both negotiate 1,
-//! ignore the rest, and every record arrives and is acked.
+//! A rolling upgrade: edges and bridges one protocol version apart keep working together. This
+//! build speaks 1 and 2 (2 names dictionaries by the whole SHA-256). The next version is played
+//! by peers that offer 1 to 3 and add what a newer build may add: fields this build does not
+//! know in every frame, control frames it has never seen; the previous one by peers that speak
+//! only 1 and name dictionaries by 16 hex digits. A real edge against such a bridge, a real
+//! bridge against such an edge: they negotiate the highest common version, ignore the rest,
+//! use dictionaries by that version's ids, and every record arrives and is acked.
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
@@ -17,7 +19,9 @@ use e2e_tests::quic;
 use rumqttc::QoS;
 use serde::Serialize;
 use shared::proto::io::read_frame;
-use shared::proto::{Batch, Codec, Control, Hello, MAX_BATCH_FRAME, MAX_BATCH_RAW, MAX_CONTROL_FRAME, WireRecord};
+use shared::proto::{
+    Batch, Codec, Control, DictAnnounce, Hello, MAX_BATCH_FRAME, MAX_BATCH_RAW, MAX_CONTROL_FRAME, WireRecord,
+};
 use shared::proto::{WireMessage, codec, compress};
 
 const WAIT: Duration = Duration::from_secs(20);
@@ -53,7 +57,7 @@ async fn this_bridge_serves_an_edge_of_the_next_version() {
     let (mut send, mut recv) = conn.open_bi().await.unwrap();
 
     let hello = Control::Hello(Hello {
-        versions: vec![1, 2],
+        versions: vec![1, 2, 3],
         epoch: EPOCH.into(),
         lanes: vec![],
         models: vec![],
@@ -64,7 +68,7 @@ async fn this_bridge_serves_an_edge_of_the_next_version() {
     send.write_all(&frame(&hello)).await.unwrap();
     let welcome: Control = read_frame(&mut recv, MAX_CONTROL_FRAME).await.unwrap().unwrap();
     let Control::Welcome(welcome) = welcome else { panic!("{welcome:?}") };
-    assert_eq!(welcome.version, 1, "the highest version both speak");
+    assert_eq!(welcome.version, 2, "the highest version both speak");
     send.write_all(&unknown_control("lane_stats")).await.unwrap();
 
     // Three records, each with a field this build does not know, in a batch with one too.
@@ -124,44 +128,121 @@ async fn this_bridge_serves_an_edge_of_the_next_version() {
     assert!(conn.close_reason().is_none(), "the session is still up: {:?}", conn.close_reason());
 }
 
-/// What the next version's bridge received and acked.
+/// An edge of the previous version: it speaks only 1, and names its dictionary by the first 16
+/// hex digits of its hash. This bridge welcomes it at 1, stores the dictionary under that id,
+/// decodes a batch compressed with it, and acks.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn this_bridge_serves_an_edge_of_the_previous_version_and_its_dictionary() {
+    let dir = tempfile::tempdir().unwrap();
+    let keys = pki(dir.path(), &["edge-2"]);
+    let cloud = TestCloud::start(dir.path(), keys.clone(), "127.0.0.1:0".parse().unwrap(), "").await;
+    let (_, cert, key) = keys.edges.iter().find(|(id, _, _)| id == "edge-2").unwrap().clone();
+    let conn = quic::connect(cloud.bridge.quic_addr(), &keys.ca, &cert, &key).await.unwrap();
+    let hello = Hello { versions: vec![1], ..quic::hello_for(EPOCH) };
+    let (mut send, mut recv, welcome) = quic::hello(&conn, hello).await;
+    assert!(matches!(welcome, Control::Welcome(ref w) if w.version == 1), "{welcome:?}");
+
+    let records: Vec<WireRecord> = (1..=20u64).map(|seq| telemetry_record(seq, "old")).collect();
+    let samples: Vec<Vec<u8>> = (100..600u64).map(|s| compress::sample(&telemetry_record(s, "old"))).collect();
+    let dict = compress::train("telemetry", &samples, 1024).unwrap();
+    let old_id = compress::dict_id_for(1, &dict.bytes);
+    assert_eq!(old_id.len(), 16);
+    let announce = DictAnnounce { id: old_id.clone(), class: dict.class.clone(), bytes: dict.bytes.clone() };
+    send.write_all(&codec::encode(&Control::Dict(announce)).unwrap()).await.unwrap();
+    loop {
+        match quic::next_control(&mut recv).await {
+            Some(Control::DictStored { id }) => break assert_eq!(id, old_id),
+            Some(_) => continue,
+            None => panic!("no DictStored: {}", cloud.bridge.metrics().encode()),
+        }
+    }
+    let batch = compress::pack("", 0, 1, &records, Some(dict.on(1)), 3).unwrap();
+    assert_eq!(batch.dict.as_deref(), Some(old_id.as_str()), "the batch names the 16-digit id");
+    let mut uni = conn.open_uni().await.unwrap();
+    uni.write_all(&codec::encode(&batch).unwrap()).await.unwrap();
+    uni.finish().unwrap();
+    loop {
+        match quic::next_control(&mut recv).await {
+            Some(Control::Ack(a)) if a.up_to == 20 => break,
+            Some(_) => continue,
+            None => panic!("no ack: {}", cloud.bridge.metrics().encode()),
+        }
+    }
+    let rows: Vec<_> = sink_rows(&cloud.sink).into_iter().map(|r| (r.seq, r.topic)).collect();
+    let want: Vec<_> = (1..=20u64).map(|s| (s, Some(format!("telemetry/old/{s}")))).collect();
+    assert_eq!(rows, want);
+}
+
+fn telemetry_record(seq: u64, tag: &str) -> WireRecord {
+    WireRecord {
+        seq,
+        message: Some(WireMessage {
+            class: "telemetry".into(),
+            topic: format!("telemetry/{tag}/{seq}"),
+            payload: format!(r#"{{"camera":"cam-{}","temp_c":{}.{},"status":"ok"}}"#, seq % 7, 40 + seq % 13, seq % 10)
+                .into_bytes(),
+            qos: 1,
+            enqueued_ms: 1_700_000_000_000 + seq,
+            expires_ms: None,
+            user_properties: vec![],
+            correlation_data: None,
+            content_type: None,
+        }),
+        gap: None,
+    }
+}
+
+/// What a bridge of another version received and acked.
 #[derive(Debug, Default)]
 struct Received {
     hello_versions: Vec<u16>,
+    version: u16,
     records: BTreeMap<(u8, u64), String>,
     /// Records received, resends included.
     arrivals: usize,
+    /// Ids of the dictionaries the edge announced, as it named them.
+    dict_ids: Vec<String>,
+    /// Batches that named a dictionary.
+    dict_batches: usize,
 }
 
-/// A bridge that offers versions 1 and 2, welcomes with a field this build does not know, sends
-/// an unknown control frame after the welcome and after each ack, adds a field to each ack and
-/// pong, and acks every batch it reads.
-async fn next_version_bridge(
+/// A bridge that speaks `versions`, welcomes with a field this build does not know, sends an
+/// unknown control frame after the welcome and after each ack, adds a field to each ack and
+/// pong, stores the dictionaries announced under the ids of the version chosen (refusing any
+/// other), and acks every batch it reads.
+async fn other_version_bridge(
     endpoint: quinn::Endpoint,
     received: std::sync::Arc<std::sync::Mutex<Received>>,
+    versions: &[u16],
 ) -> anyhow::Result<()> {
     let conn = endpoint.accept().await.ok_or_else(|| anyhow::anyhow!("endpoint closed"))?.await?;
     let (mut send, mut recv) = conn.accept_bi().await?;
     let hello: Control = read_frame(&mut recv, MAX_CONTROL_FRAME).await?.ok_or_else(|| anyhow::anyhow!("no hello"))?;
     let Control::Hello(hello) = hello else { anyhow::bail!("{hello:?} instead of a hello") };
-    let version = shared::proto::negotiate(&[1, 2], &hello.versions).ok_or_else(|| anyhow::anyhow!("no version"))?;
-    received.lock().unwrap().hello_versions = hello.versions.clone();
+    let version = shared::proto::negotiate(versions, &hello.versions).ok_or_else(|| anyhow::anyhow!("no version"))?;
+    {
+        let mut got = received.lock().unwrap();
+        got.hello_versions = hello.versions.clone();
+        got.version = version;
+    }
     let welcome = shared::proto::Welcome { version, committed: vec![], dicts: vec![] };
     let welcome = newer(&Control::Welcome(welcome), &[("max_batch", Value::Integer(1000.into()))]);
     send.write_all(&frame(&welcome)).await?;
     send.write_all(&unknown_control("throttle")).await?;
 
+    let dicts = std::sync::Arc::new(std::sync::Mutex::new(std::collections::HashMap::new()));
     let (acks_tx, mut acks) = tokio::sync::mpsc::unbounded_channel::<Vec<u8>>();
     let reader = {
         let acks_tx = acks_tx.clone();
-        let received = received.clone();
+        let (received, dicts) = (received.clone(), dicts.clone());
         let conn = conn.clone();
         tokio::spawn(async move {
             while let Ok(mut uni) = conn.accept_uni().await {
                 let batch: Batch =
                     read_frame(&mut uni, MAX_BATCH_FRAME).await?.ok_or_else(|| anyhow::anyhow!("empty"))?;
-                let records = compress::unpack(&batch, &Default::default(), MAX_BATCH_RAW)?;
+                let records = compress::unpack(&batch, &dicts.lock().unwrap(), MAX_BATCH_RAW)?;
                 let mut got = received.lock().unwrap();
+                got.dict_batches += usize::from(batch.dict.is_some());
                 for r in records {
                     let topic = r.message.map_or_else(|| "gap".to_owned(), |m| m.topic);
                     got.records.insert((batch.lane, r.seq), topic);
@@ -183,6 +264,12 @@ async fn next_version_bridge(
                     let pong = newer(&Control::Pong { nonce }, &[("load", Value::Integer(3.into()))]);
                     send.write_all(&frame(&pong)).await?;
                 }
+                Some(Ok(Some(Control::Dict(d)))) => {
+                    anyhow::ensure!(compress::dict_id_for(version, &d.bytes) == d.id, "dictionary {} is misnamed", d.id);
+                    received.lock().unwrap().dict_ids.push(d.id.clone());
+                    dicts.lock().unwrap().insert(d.id.clone(), d.bytes);
+                    send.write_all(&codec::encode(&Control::DictStored { id: d.id })?).await?;
+                }
                 Some(Ok(Some(_))) => {}
                 Some(Err(e)) => anyhow::bail!("control stream: {e}"),
                 Some(Ok(None)) | None => break,
@@ -193,8 +280,9 @@ async fn next_version_bridge(
     Ok(())
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn this_edge_drains_into_a_bridge_of_the_next_version() {
+/// A real edge drains 200 messages and more into a bridge speaking `versions`, with
+/// dictionaries; what that bridge received.
+async fn drain_into_a_bridge_speaking(versions: &'static [u16]) -> Received {
     let dir = tempfile::tempdir().unwrap();
     let keys = pki(dir.path(), &[]);
     let server = cloud_bridge::config::ServerConfig {
@@ -209,12 +297,12 @@ async fn this_edge_drains_into_a_bridge_of_the_next_version() {
     let endpoint = cloud_bridge::server::endpoint(&server, &Default::default()).unwrap();
     let addr = endpoint.local_addr().unwrap();
     let received = std::sync::Arc::new(std::sync::Mutex::new(Received::default()));
-    let bridge = tokio::spawn(next_version_bridge(endpoint, received.clone()));
+    let bridge = tokio::spawn(other_version_bridge(endpoint, received.clone(), versions));
 
     let (_, cert, key) = keys.edges.iter().find(|(id, _, _)| id == "edge-1").unwrap().clone();
     let uplink = format!(
         "[uplink]\nserver = \"{addr}\"\nserver_name = \"localhost\"\nca = \"{}\"\ncert = \"{}\"\nkey = \"{}\"\n\
-         keepalive = \"300ms\"\n",
+         keepalive = \"300ms\"\nlinger = \"20ms\"\ndict_size = \"1KiB\"\ndict_samples = \"4KiB\"\n",
         keys.ca.display(),
         cert.display(),
         key.display()
@@ -222,12 +310,25 @@ async fn this_edge_drains_into_a_bridge_of_the_next_version() {
     let classes = with_spool(&[telemetry()]);
     let edge = TestNode::start(&format!("{classes}\n{uplink}")).await;
     let publisher = Client::anonymous(edge.local(), "pub").await;
+    let payload = |i: u32| format!(r#"{{"camera":"cam-{}","temp_c":{}.{},"status":"ok"}}"#, i % 7, 40 + i % 13, i % 10);
+    let mut sent = 0;
     for i in 0..200 {
-        publisher.publish(&format!("telemetry/up/{i}"), QoS::AtLeastOnce, false, "x").await;
+        publisher.publish(&format!("telemetry/up/{i}"), QoS::AtLeastOnce, false, payload(i)).await;
+        sent += 1;
+    }
+    // Until a batch went out compressed with a dictionary the bridge stored.
+    let deadline = tokio::time::Instant::now() + WAIT;
+    while received.lock().unwrap().dict_batches == 0 {
+        assert!(tokio::time::Instant::now() < deadline, "no dictionary used: {}", edge.metrics());
+        for i in sent..sent + 30 {
+            publisher.publish(&format!("telemetry/up/{i}"), QoS::AtLeastOnce, false, payload(i)).await;
+        }
+        sent += 30;
+        tokio::time::sleep(Duration::from_millis(100)).await;
     }
 
     let telemetry = |r: &Received| r.records.values().filter(|t| t.starts_with("telemetry/up/")).count();
-    let all = e2e_tests::eventually(WAIT, || telemetry(&received.lock().unwrap()) == 200).await;
+    let all = e2e_tests::eventually(WAIT, || telemetry(&received.lock().unwrap()) == sent as usize).await;
     assert!(all, "{:?}\n{}", received.lock().unwrap(), edge.metrics());
     // Every lane acked up to what the bridge holds, and the spool kept nothing of it.
     let drained = e2e_tests::eventually(WAIT, || {
@@ -253,4 +354,19 @@ async fn this_edge_drains_into_a_bridge_of_the_next_version() {
     assert_eq!(edge.metric("edge_uplink_connected"), 1.0, "{}", edge.metrics());
     assert_eq!(edge.metric("edge_uplink_reconnects_total"), 0.0, "{}", edge.metrics());
     assert!(!bridge.is_finished(), "{:?}", bridge.await);
+    std::mem::take(&mut *received.lock().unwrap())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn this_edge_drains_into_a_bridge_of_the_next_version() {
+    let got = drain_into_a_bridge_speaking(&[1, 2, 3]).await;
+    assert_eq!(got.version, 2, "the highest version both speak");
+    assert!(!got.dict_ids.is_empty() && got.dict_ids.iter().all(|id| id.len() == 64), "{:?}", got.dict_ids);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn this_edge_drains_into_a_bridge_of_the_previous_version() {
+    let got = drain_into_a_bridge_speaking(&[1]).await;
+    assert_eq!(got.version, 1);
+    assert!(!got.dict_ids.is_empty() && got.dict_ids.iter().all(|id| id.len() == 16), "{:?}", got.dict_ids);
 }

@@ -9,6 +9,7 @@ mod bridge_crash;
 mod bridge_dead_letter;
 mod bridge_impaired;
 mod bridge_jetstream;
+mod bridge_quota;
 mod bridge_security;
 mod bridge_versions;
 mod broker_hostile;

@@ -15,6 +15,10 @@
 //!   a reconnect is only what was never marked, at most its in-flight window, and that was
 //!   published moments before (well inside the window) unless the bridge died between the
 //!   publish acks and the mark.
+//! - An edge's epochs are registered under its own key in the marks bucket (`<edge>`, next to
+//!   `<edge>.<epoch>` per epoch), its dictionaries at `<edge>.<id>` in the dictionary bucket
+//!   with their index at `<edge>`: each with compare-and-set, within the edge's quota
+//!   (`sink::quota`).
 //! - The stream and bucket are created at start if missing; an existing stream must already
 //!   take the prefix's subjects, or the bridge refuses to start, naming it.
 
@@ -29,17 +33,21 @@ use bytes::Bytes;
 use futures_util::StreamExt;
 pub use publish::BatchPublish;
 use publish::Publishing;
+use serde::Serialize;
 use shared::proto::{DictAnnounce, LaneSeq, WireRecord};
 
+use super::quota::{DictIndex, EdgeQuota, EpochVerdict, Epochs};
 use super::{Retry, Sink, SinkError, SinkMetrics, StoredReport, Turn};
 use refused::Failure;
+use shared::units::now_ms;
 
 fn failed(what: &'static str, e: impl std::fmt::Display) -> SinkError {
     SinkError::Failed { what, reason: e.to_string() }
 }
 
 /// Dictionaries not stored again for this long expire. An edge names the ones it uses in every
-/// hello and announces again any the bridge no longer has, so expiry only bounds the bucket.
+/// hello and announces again any the bridge no longer has, so expiry only bounds the bucket
+/// (of dictionaries stored before they were per edge, too).
 const DICT_MAX_AGE: Duration = Duration::from_secs(30 * 24 * 3600);
 
 /// The KV bucket `name`, created if missing (`max_age` zero: entries never expire).
@@ -98,7 +106,11 @@ pub struct JetStreamSink {
     /// The server's `max_payload`: a message over it is refused for itself before it is sent.
     max_payload: usize,
     metrics: std::sync::Arc<SinkMetrics>,
+    quota: EdgeQuota,
 }
+
+/// Attempts of a compare-and-set before the write counts as failed (and is retried later).
+const CAS_ATTEMPTS: usize = 16;
 
 impl JetStreamSink {
     pub async fn connect(s: &JetStreamSettings) -> Result<Self, SinkError> {
@@ -160,8 +172,15 @@ impl JetStreamSink {
             prefix: s.subject_prefix.clone(),
             max_payload: client.server_info().max_payload,
             metrics: Default::default(),
+            quota: EdgeQuota::default(),
             client,
         })
+    }
+
+    /// Keeps each edge within `quota` from now on.
+    pub fn with_quota(mut self, quota: EdgeQuota) -> Self {
+        self.quota = quota;
+        self
     }
 
     /// Counts into `metrics` (the bridge's registry) from now on.
@@ -171,15 +190,34 @@ impl JetStreamSink {
     }
 
     async fn read_marks(&self, key: &str) -> Result<(BTreeMap<u8, u64>, Option<u64>), SinkError> {
-        match self.marks.entry(key).await.map_err(|e| failed("read mark", e))? {
-            Some(entry) if entry.operation == kv::Operation::Put => {
-                let marks =
-                    serde_json::from_slice(&entry.value).map_err(|e| failed("read mark", format!("{key}: {e}")))?;
-                Ok((marks, Some(entry.revision)))
-            }
-            Some(entry) => Ok((BTreeMap::new(), Some(entry.revision))),
-            None => Ok((BTreeMap::new(), None)),
+        read_doc(&self.marks, key, "read mark").await
+    }
+}
+
+/// The JSON document at `key` and its revision; a deleted or missing one is the default (with
+/// the deletion's revision, or none).
+async fn read_doc<T: serde::de::DeserializeOwned + Default>(
+    kv: &kv::Store,
+    key: &str,
+    what: &'static str,
+) -> Result<(T, Option<u64>), SinkError> {
+    match kv.entry(key).await.map_err(|e| failed(what, format!("{key}: {e}")))? {
+        Some(entry) if entry.operation == kv::Operation::Put => {
+            let doc = serde_json::from_slice(&entry.value).map_err(|e| failed(what, format!("{key}: {e}")))?;
+            Ok((doc, Some(entry.revision)))
         }
+        Some(entry) => Ok((T::default(), Some(entry.revision))),
+        None => Ok((T::default(), None)),
+    }
+}
+
+/// Writes `doc` at `key` if it is still at `revision` (none: not there yet); the new revision,
+/// or why not (another writer came first, or the server).
+async fn write_doc(kv: &kv::Store, key: &str, doc: &impl Serialize, revision: Option<u64>) -> Result<u64, String> {
+    let value = Bytes::from(serde_json::to_vec(doc).map_err(|e| e.to_string())?);
+    match revision {
+        Some(rev) => kv.update(key, value, rev).await.map_err(|e| e.to_string()),
+        None => kv.create(key, value).await.map_err(|e| e.to_string()),
     }
 }
 
@@ -219,13 +257,14 @@ fn is_dict_key(id: &str) -> bool {
 /// after an `x`, and the plain id `x612e62` had the key of `a.b`. Such an edge's old mark is not
 /// read any more; its hello says where its records start, and the lane resumes there.)
 fn mark_key(edge: &str, epoch: &str) -> String {
+    format!("{}.{epoch}", edge_key(edge))
+}
+
+/// An edge's own KV key: its id if that is a valid key token, else `=` and the id in hex. With
+/// no `.` in it, it is distinct from every `<edge>.<x>` key.
+fn edge_key(edge: &str) -> String {
     let plain = !edge.is_empty() && edge.chars().all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_');
-    let edge = if plain {
-        edge.to_owned()
-    } else {
-        format!("={}", edge.bytes().map(|b| format!("{b:02x}")).collect::<String>())
-    };
-    format!("{edge}.{epoch}")
+    if plain { edge.to_owned() } else { format!("={}", edge.bytes().map(|b| format!("{b:02x}")).collect::<String>()) }
 }
 
 impl Sink for JetStreamSink {
@@ -233,6 +272,32 @@ impl Sink for JetStreamSink {
         // Atomic batches stage while the ones before commit; otherwise only the building of the
         // next batch's messages overlaps, since what is sent is stored at once.
         if self.publishing == Publishing::Atomic { 4 } else { 2 }
+    }
+
+    async fn admit_epoch(&self, edge: &str, epoch: &str) -> Result<EpochVerdict, SinkError> {
+        let key = edge_key(edge);
+        for _ in 0..CAS_ATTEMPTS {
+            let (mut epochs, revision): (Epochs, _) = read_doc(&self.marks, &key, "read epochs").await?;
+            let verdict = epochs.admit(epoch, now_ms(), &self.quota);
+            let EpochVerdict::Added { retired } = &verdict else { return Ok(verdict) };
+            if let Err(e) = write_doc(&self.marks, &key, &epochs, revision).await {
+                tracing::debug!(key, error = %e, "epochs changed under us; retrying");
+                continue;
+            }
+            self.metrics.epochs_registered.inc();
+            for old in retired {
+                let marks = mark_key(edge, old);
+                // Registered as retired first: a purge that fails leaves marks no hello reads.
+                if let Err(e) = self.marks.purge(&marks).await {
+                    tracing::warn!(key = marks, error = %e, "marks of a retired epoch not deleted");
+                }
+                self.last_marks.lock().unwrap_or_else(|e| e.into_inner()).remove(&marks);
+                self.metrics.epochs_retired.inc();
+                tracing::info!(edge, epoch = old, "epoch retired: more than limits.epochs_per_edge");
+            }
+            return Ok(verdict);
+        }
+        Err(failed("register epoch", format!("{key}: could not update after {CAS_ATTEMPTS} attempts")))
     }
 
     async fn committed(&self, edge: &str, epoch: &str) -> Result<Vec<LaneSeq>, SinkError> {
@@ -311,10 +376,12 @@ impl Sink for JetStreamSink {
         }
     }
 
-    async fn load_dicts(&self, ids: &[String]) -> Result<Vec<(String, Vec<u8>)>, SinkError> {
+    async fn load_dicts(&self, edge: &str, ids: &[String]) -> Result<Vec<(String, Vec<u8>)>, SinkError> {
+        let edge = edge_key(edge);
         let mut found = Vec::new();
         for id in ids.iter().filter(|id| is_dict_key(id)) {
-            if let Some(bytes) = self.dicts.get(id).await.map_err(|e| failed("read dict", format!("{id}: {e}")))? {
+            let key = format!("{edge}.{id}");
+            if let Some(bytes) = self.dicts.get(&key).await.map_err(|e| failed("read dict", format!("{key}: {e}")))? {
                 found.push((id.clone(), bytes.to_vec()));
             }
         }
@@ -331,16 +398,43 @@ impl Sink for JetStreamSink {
         read_reports(&self.reports).await
     }
 
-    async fn store_dict(&self, dict: &DictAnnounce) -> Result<(), SinkError> {
+    async fn store_dict(&self, edge: &str, dict: &DictAnnounce) -> Result<(), SinkError> {
         if !is_dict_key(&dict.id) {
             return Err(failed("store dict", format!("{:?} is not a dictionary id", dict.id)));
         }
+        let index_key = edge_key(edge);
+        // Counted in the index first: a crash before the bytes are written leaves an entry no
+        // hello finds (the edge announces it again), never bytes the quota does not see.
+        let mut evicted = None;
+        for _ in 0..CAS_ATTEMPTS {
+            let (mut index, revision): (DictIndex, _) = read_doc(&self.dicts, &index_key, "read dicts").await?;
+            let out = index.add(&dict.id, dict.bytes.len() as u64, now_ms(), &self.quota);
+            match write_doc(&self.dicts, &index_key, &index, revision).await {
+                Ok(_) => {
+                    evicted = Some(out);
+                    break;
+                }
+                Err(e) => tracing::debug!(key = index_key, error = %e, "dictionary index changed under us; retrying"),
+            }
+        }
+        let evicted = evicted.ok_or_else(|| {
+            failed("store dict", format!("{index_key}: could not update after {CAS_ATTEMPTS} attempts"))
+        })?;
+        let key = format!("{index_key}.{}", dict.id);
         // A put refreshes the entry's age, so a dictionary in use does not expire.
         self.dicts
-            .put(&dict.id, Bytes::from(dict.bytes.clone()))
+            .put(&key, Bytes::from(dict.bytes.clone()))
             .await
-            .map(|_| ())
-            .map_err(|e| failed("store dict", format!("{}: {e}", dict.id)))
+            .map_err(|e| failed("store dict", format!("{key}: {e}")))?;
+        for id in evicted {
+            let key = format!("{index_key}.{id}");
+            if let Err(e) = self.dicts.purge(&key).await {
+                tracing::warn!(key, error = %e, "evicted dictionary not deleted; it expires");
+            }
+            self.metrics.dicts_evicted.inc();
+            tracing::info!(edge, id, "dictionary evicted: past the edge's dictionary quota");
+        }
+        Ok(())
     }
 
     async fn mark(&self, edge: &str, epoch: &str, lane: u8, up_to: u64) -> Result<(), SinkError> {
@@ -368,7 +462,7 @@ impl JetStreamSink {
             }
             // Another bridge wrote since: read, then compare-and-set as below.
         }
-        for _ in 0..16 {
+        for _ in 0..CAS_ATTEMPTS {
             let (mut marks, revision) = self.read_marks(&key).await?;
             if marks.get(&lane).is_some_and(|m| *m >= up_to) {
                 if let Some(revision) = revision {
@@ -377,12 +471,7 @@ impl JetStreamSink {
                 return Ok(());
             }
             marks.insert(lane, up_to);
-            let value = Bytes::from(serde_json::to_vec(&marks).map_err(|e| failed("mark", e))?);
-            let result = match revision {
-                Some(rev) => self.marks.update(&key, value, rev).await.map_err(|e| e.to_string()),
-                None => self.marks.create(&key, value).await.map_err(|e| e.to_string()),
-            };
-            match result {
+            match write_doc(&self.marks, &key, &marks, revision).await {
                 Ok(revision) => {
                     self.remember(key, marks, revision);
                     return Ok(());
@@ -390,7 +479,7 @@ impl JetStreamSink {
                 Err(e) => tracing::debug!(key, error = %e, "mark changed under us; retrying"),
             }
         }
-        Err(failed("mark", format!("{key}: could not update after 16 attempts")))
+        Err(failed("mark", format!("{key}: could not update after {CAS_ATTEMPTS} attempts")))
     }
 
     fn remember(&self, key: String, marks: BTreeMap<u8, u64>, revision: u64) {
