@@ -84,25 +84,25 @@ impl Dicts {
 }
 
 /// Reads `conn`'s batch streams until it ends or a batch is bad; each batch, or the error
-/// that ends the connection, goes to `tx`.
+/// that ends the connection, goes to `tx` (boxed: a channel allocates room for 32 up front).
 pub async fn run(
     conn: quinn::Connection,
     budget: ConnectionBudget,
     dicts: Arc<Dicts>,
-    tx: mpsc::Sender<Result<Ingested, IngestError>>,
+    tx: mpsc::Sender<Box<Result<Ingested, IngestError>>>,
 ) {
     while let Ok(mut stream) = conn.accept_uni().await {
         // A stream carries one batch, or several small ones that went out together.
         loop {
             match next(&mut stream, &budget, &dicts).await {
                 Ok(Some(batch)) => {
-                    if tx.send(Ok(batch)).await.is_err() {
+                    if tx.send(Box::new(Ok(batch))).await.is_err() {
                         return;
                     }
                 }
                 Ok(None) => break,
                 Err(e) => {
-                    let _ = tx.send(Err(e)).await;
+                    let _ = tx.send(Box::new(Err(e))).await;
                     return;
                 }
             }

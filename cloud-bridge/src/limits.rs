@@ -51,8 +51,10 @@ pub struct LimitsConfig {
     /// window). Default: 4 MiB.
     #[serde(default = "default_connection_window")]
     pub connection_window: ByteSize,
-    /// Unidirectional (batch) streams an edge may have open at once. Default: 16 (an edge
-    /// keeps `uplink.window`, 8 by default, batches in flight).
+    /// Unidirectional (batch) streams an edge may have open at once, and as many model chunk
+    /// fetches (bidirectional, beside the control stream). Default: 16 (an edge keeps
+    /// `uplink.window`, 8 by default, batches in flight). QUIC keeps state for each stream the
+    /// peer may open, so this is memory per connection too.
     #[serde(default = "default_streams")]
     pub streams_per_connection: u32,
     /// How long a connection may wait for memory of its own, or hold batches ahead of one it
@@ -184,6 +186,8 @@ impl LimitsConfig {
         transport.receive_window(window);
         transport.stream_receive_window(window);
         transport.max_concurrent_uni_streams(self.streams_per_connection.into());
+        // quinn's default of 100 costs about 6 KiB a connection in stream state alone.
+        transport.max_concurrent_bidi_streams((self.streams_per_connection + 1).into());
     }
 }
 

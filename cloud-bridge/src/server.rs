@@ -85,11 +85,13 @@ pub fn endpoint(config: &ServerConfig, limits: &LimitsConfig) -> Result<quinn::E
     let verifier = WebPkiClientVerifier::builder_with_provider(roots, provider.clone())
         .build()
         .map_err(|e| ServerError::Quic(format!("fleet CA {}: {e}", config.client_ca.display())))?;
+    let key = shared::tls::load_key(&config.key)?;
+    let (reset, cids) = (reset_key(&key), cid_key(&key));
     let mut tls = rustls::ServerConfig::builder_with_provider(provider)
         .with_protocol_versions(&[&rustls::version::TLS13])
         .map_err(|e| ServerError::Quic(e.to_string()))?
         .with_client_cert_verifier(verifier)
-        .with_single_cert(shared::tls::load_certs(&config.cert)?, shared::tls::load_key(&config.key)?)
+        .with_single_cert(shared::tls::load_certs(&config.cert)?, key)
         .map_err(|e| {
             ServerError::Quic(format!("{} does not fit {}: {e}", config.key.display(), config.cert.display()))
         })?;
@@ -101,7 +103,46 @@ pub fn endpoint(config: &ServerConfig, limits: &LimitsConfig) -> Result<quinn::E
     limits.apply(&mut transport);
     transport.congestion_controller_factory(config.congestion.factory());
     server.transport_config(Arc::new(transport));
-    quinn::Endpoint::server(server, config.bind).map_err(|source| ServerError::Bind { addr: config.bind, source })
+    let socket =
+        std::net::UdpSocket::bind(config.bind).map_err(|source| ServerError::Bind { addr: config.bind, source })?;
+    let runtime = quinn::default_runtime().ok_or_else(|| ServerError::Quic("no async runtime".into()))?;
+    let mut endpoint_config = quinn::EndpointConfig::new(Arc::new(reset));
+    // quinn sends at most one reset every 20 ms, which tells a fleet of 10,000 that the bridge
+    // restarted over 200 s of their keep-alives: they would find out from their idle timeout
+    // first. A reset is never larger than the packet that caused it, so this rate reflects no
+    // more bytes than come in.
+    endpoint_config.min_reset_interval(RESET_INTERVAL);
+    // quinn drops packets whose connection id its generator did not make, before any reset,
+    // and its default generator's key is random: a restarted bridge would reset nothing.
+    endpoint_config.cid_generator(move || Box::new(quinn_proto::HashedConnectionIdGenerator::from_key(cids)));
+    quinn::Endpoint::new(endpoint_config, Some(server), socket, runtime)
+        .map_err(|source| ServerError::Bind { addr: config.bind, source })
+}
+
+/// The least time between two stateless resets: 10,000 a second.
+const RESET_INTERVAL: Duration = Duration::from_micros(100);
+
+/// QUIC's stateless reset key, derived from the bridge's TLS key. A bridge restarted with the
+/// same key (or another behind the same name with it) answers packets of connections it does
+/// not know with a reset their edges trust, so they reconnect at once instead of after their
+/// idle timeout (15 s); with a random key, as quinn's default, the reset is ignored.
+fn reset_key(key: &rustls_pki_types::PrivateKeyDer<'_>) -> ring::hmac::Key {
+    ring::hmac::Key::new(ring::hmac::HMAC_SHA256, derived(key, "stateless reset key").as_ref())
+}
+
+/// The key of the connection ids the bridge issues, derived the same way, so that a restarted
+/// bridge recognises its own ids and answers them with a reset.
+fn cid_key(key: &rustls_pki_types::PrivateKeyDer<'_>) -> u64 {
+    let mut first = [0u8; 8];
+    first.copy_from_slice(&derived(key, "connection id key").as_ref()[..8]);
+    u64::from_le_bytes(first)
+}
+
+/// A secret for `label` that only holders of the TLS key can make: SHA-256 over both.
+fn derived(key: &rustls_pki_types::PrivateKeyDer<'_>, label: &str) -> ring::digest::Digest {
+    let mut input = format!("ehb/1 {label}\0").into_bytes();
+    input.extend_from_slice(key.secret_der());
+    ring::digest::digest(&ring::digest::SHA256, &input)
 }
 
 /// What the accept loop admits and what its connections may hold.
@@ -285,6 +326,9 @@ async fn session<S: Sink>(
     }
 }
 
+/// The session's state lives in its connection's task for as long as the edge is connected:
+/// the sink's futures, large and awaited rarely (the hello, dictionaries, marks), are boxed so
+/// they do not size that state for every idle edge.
 async fn run_session<S: Sink>(
     conn: &quinn::Connection,
     edge: &str,
@@ -332,22 +376,22 @@ async fn run_session<S: Sink>(
     loop {
         tokio::select! {
             frame = control_rx.recv() => {
-                let Some(frame) = frame.transpose()?.flatten() else { return Ok(()) };
+                let Some(frame) = frame.map(|f| *f).transpose()?.flatten() else { return Ok(()) };
                 let request = match session.handle(frame) {
                     Ok(r) => r,
-                    Err(e) => return Err(refused(conn, &mut session, &mut send, e).await),
+                    Err(e) => return Err(Box::pin(refused(conn, &mut session, &mut send, e)).await),
                 };
                 match request {
                     Some(Request::Hello(hello)) => {
-                        if let Some((reason, why)) = epoch_refusal(sink.admit_epoch(edge, &hello.epoch).await?) {
+                        if let Some((reason, why)) = epoch_refusal(Box::pin(sink.admit_epoch(edge, &hello.epoch)).await?) {
                             refuse(metrics, reason);
                             tracing::warn!(edge, epoch = hello.epoch, reason, "edge refused: {why}");
                             let error = session.refuse(format!("epoch {} of edge {edge}: {why}", hello.epoch));
-                            return Err(refused(conn, &mut session, &mut send, error).await);
+                            return Err(Box::pin(refused(conn, &mut session, &mut send, error)).await);
                         }
-                        let committed = sink.committed(edge, &hello.epoch).await?;
+                        let committed = Box::pin(sink.committed(edge, &hello.epoch)).await?;
                         let mut known = Vec::new();
-                        for (id, bytes) in sink.load_dicts(edge, &hello.dicts).await? {
+                        for (id, bytes) in Box::pin(sink.load_dicts(edge, &hello.dicts)).await? {
                             // Shared storage is trusted no more than the edge: the id is the hash.
                             if compress::dict_id_for(session.version(), &bytes) == id {
                                 session.add_dict(id.clone(), bytes.clone());
@@ -361,11 +405,11 @@ async fn run_session<S: Sink>(
                             let m = EdgeModels::new(service.clone(), hello.models.clone());
                             let server = AbortOnDropHandle::new(m.serve(conn.clone(), metrics.models.clone()));
                             edge_models = Some((m, server));
-                            announce_models(edge, &mut edge_models, &mut session, metrics).await;
+                            Box::pin(announce_models(edge, &mut edge_models, &mut session, metrics)).await;
                         }
                     }
                     Some(Request::StoreDict(dict)) => {
-                        sink.store_dict(edge, &dict).await?;
+                        Box::pin(sink.store_dict(edge, &dict)).await?;
                         tracing::info!(edge, id = dict.id, class = dict.class, bytes = dict.bytes.len(), "dictionary stored");
                         metrics.dicts_stored.inc();
                         dicts.add(dict.id.clone(), dict.bytes);
@@ -375,7 +419,7 @@ async fn run_session<S: Sink>(
                         let stored = crate::sink::StoredReport { edge: edge.to_owned(), received_ms: shared::units::now_ms(), report };
                         // A report is advice for the fleet view: losing one must not cost the
                         // edge its connection.
-                        if let Err(e) = sink.store_report(&stored).await {
+                        if let Err(e) = Box::pin(sink.store_report(&stored)).await {
                             tracing::warn!(edge, error = %e, "TCO report not stored");
                         }
                     }
@@ -384,7 +428,7 @@ async fn run_session<S: Sink>(
             }
             // One batch is read and decoded ahead while the others publish.
             Some(ingested) = batch_rx.recv(), if writes.len() + queued.len() <= pipeline => {
-                let Ingested { batch, records, reservation, frame_bytes } = ingested?;
+                let Ingested { batch, records, reservation, frame_bytes } = (*ingested)?;
                 batches_counter.inc();
                 bytes_counter.inc_by(frame_bytes as u64);
                 let key = (batch.lane, batch.first_seq);
@@ -412,7 +456,7 @@ async fn run_session<S: Sink>(
                 return Err(SessionEnd::Stalled(limits.stall));
             }
             _ = model_poll.tick(), if edge_models.is_some() => {
-                announce_models(edge, &mut edge_models, &mut session, metrics).await;
+                Box::pin(announce_models(edge, &mut edge_models, &mut session, metrics)).await;
             }
             Some(done) = writes.next(), if !writes.is_empty() => {
                 // This batch and any after it already published: one mark per lane for all.
@@ -430,7 +474,7 @@ async fn run_session<S: Sink>(
                 start_writes(&mut writes, &mut queued, pipeline);
                 let epoch = session.epoch().unwrap_or_default().to_owned();
                 for (lane, up_to) in marks {
-                    sink.mark(edge, &epoch, lane, up_to).await?;
+                    Box::pin(sink.mark(edge, &epoch, lane, up_to)).await?;
                     session.committed(lane, up_to);
                     metrics.committed.get_or_create(&LaneLabels { edge: edge.to_owned(), lane }).set(up_to as i64);
                 }

@@ -6,6 +6,7 @@ pub mod certs;
 pub mod client;
 pub mod cloud;
 pub mod fixtures;
+pub mod fleet;
 pub mod nats;
 pub mod node;
 pub mod quic;

@@ -1,14 +1,19 @@
-//! A simulated edge for benchmarks: one QUIC connection speaking ehb/1 through the same
-//! sans-IO `EdgeSession` the real edge's uplink drives, sending synthetic telemetry batches at
-//! a set rate (no broker, no spool), and recording every batch's ack latency as the session
-//! reports it.
+//! A simulated edge for benchmarks and fleet tests: QUIC connections speaking ehb/1 through the
+//! same sans-IO `EdgeSession` the real edge's uplink drives, with the real edge's QUIC settings
+//! (`edge_node::uplink::quic`) and reconnect policy (`shared::proto::backoff`), sending
+//! synthetic telemetry batches at a set rate. There is no broker and no spool: a record is made
+//! again from its seq when it must be resent, so what the sink holds can be counted exactly.
 
 use std::net::SocketAddr;
-use std::path::PathBuf;
+use std::path::Path;
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
-use shared::proto::edge::{EdgeEvent, EdgeSession, EdgeSessionConfig};
+use rand::Rng;
+use shared::proto::backoff::Backoff;
+use shared::proto::edge::{EdgeEvent, EdgeSession, EdgeSessionConfig, SessionError};
 use shared::proto::io::{spawn_reader, write_frame};
 use shared::proto::{Control, MAX_CONTROL_FRAME, WireMessage, WireRecord, compress};
 use tokio_util::sync::CancellationToken;
@@ -16,14 +21,39 @@ use tokio_util::sync::CancellationToken;
 #[derive(Debug, Clone)]
 pub struct SimEdge {
     pub addr: SocketAddr,
-    pub ca: PathBuf,
-    pub cert: PathBuf,
-    pub key: PathBuf,
-    /// Records a second.
+    /// The client endpoint it connects from (one endpoint's driver is one task: a fleet spreads
+    /// its edges over several).
+    pub endpoint: quinn::Endpoint,
+    /// Its TLS client configuration, with its own certificate.
+    pub client: quinn::ClientConfig,
+    /// Records a second; 0 for an idle edge that only keeps its session alive.
     pub rate: f64,
     /// Records a batch.
     pub batch: usize,
     pub payload: usize,
+    pub session: EdgeSessionConfig,
+    /// `uplink.backoff_min` and `backoff_max`.
+    pub backoff: (Duration, Duration),
+}
+
+/// What a fleet of simulated edges saw, together.
+#[derive(Debug, Default)]
+pub struct FleetStats {
+    /// Edges with a welcomed session now.
+    pub connected: AtomicUsize,
+    pub welcomes: AtomicU64,
+    /// Connection attempts the bridge refused (its TLS, a refusal code or frame).
+    pub refused: AtomicU64,
+    /// Handshakes refused before TLS, the bridge's admission spent.
+    pub busy: AtomicU64,
+    /// Attempts that failed otherwise, and sessions lost.
+    pub failures: AtomicU64,
+    /// Records acked.
+    pub acked: AtomicU64,
+    /// Each batch's time from sent to acked.
+    pub latencies: Mutex<Vec<Duration>>,
+    /// From losing a session (or starting) to the next welcome.
+    pub reconnects: Mutex<Vec<Duration>>,
 }
 
 /// What one simulated edge saw.
@@ -31,22 +61,138 @@ pub struct SimEdge {
 pub struct SimReport {
     /// Each batch's time from sent to acked.
     pub latencies: Vec<Duration>,
+    /// The highest seq acked, lane 0.
     pub acked: u64,
 }
 
+/// How a connection ended.
+enum End {
+    Stopped,
+    Refused(String),
+    /// Refused before TLS: the bridge's admission was spent.
+    Busy,
+    Lost(anyhow::Error),
+}
+
 impl SimEdge {
-    /// Connects, sends at `rate` until `stop`, then waits up to 5 s for the last acks.
-    pub async fn run(&self, stop: CancellationToken) -> anyhow::Result<SimReport> {
-        let conn = crate::quic::connect(self.addr, &self.ca, &self.cert, &self.key)
-            .await
-            .map_err(|e| anyhow::anyhow!("connect: {e}"))?;
-        let (mut send, recv) = conn.open_bi().await?;
+    /// An edge with its own endpoint, connecting with the certificate in `cert` and `key`.
+    pub fn from_files(addr: SocketAddr, ca: &Path, cert: &Path, key: &Path) -> anyhow::Result<Self> {
+        let endpoint = quinn::Endpoint::client(SocketAddr::from(([127, 0, 0, 1], 0)))?;
+        Ok(Self {
+            addr,
+            endpoint,
+            client: client_config(ca, cert, key)?,
+            rate: 1000.0,
+            batch: 100,
+            payload: 1024,
+            session: EdgeSessionConfig::default(),
+            backoff: (Duration::from_millis(200), Duration::from_secs(30)),
+        })
+    }
+
+    /// Connects and reconnects until `stop`, sending at `rate`; then waits up to 5 s for the
+    /// last acks.
+    pub async fn run(&self, stop: CancellationToken, stats: &FleetStats) -> SimReport {
         let epoch = format!("{:032x}", rand::random::<u128>());
-        let mut session = EdgeSession::new(EdgeSessionConfig::default(), epoch, []);
+        let mut session = EdgeSession::new(self.session.clone(), epoch, []);
+        let mut backoff = Backoff::new(self.backoff.0, self.backoff.1);
+        let mut report = SimReport::default();
+        let mut down_since = Instant::now();
+        while !stop.is_cancelled() {
+            let welcomes = session.welcomes();
+            let end = match self.connect().await {
+                Ok(conn) => {
+                    let end = self.drive(&conn, &mut session, &stop, stats, &mut report, &mut down_since).await;
+                    session.disconnected();
+                    conn.close(0u32.into(), b"");
+                    end
+                }
+                Err(end) => end,
+            };
+            if session.welcomes() > welcomes {
+                backoff.welcomed();
+            }
+            match end {
+                End::Stopped => break,
+                End::Refused(why) => {
+                    tracing::debug!(why, "simulated edge refused");
+                    stats.refused.fetch_add(1, Ordering::Relaxed);
+                    backoff.refused();
+                }
+                End::Busy => {
+                    stats.busy.fetch_add(1, Ordering::Relaxed);
+                    backoff.busy();
+                }
+                End::Lost(e) => {
+                    tracing::debug!(error = %e, "simulated edge lost its connection");
+                    stats.failures.fetch_add(1, Ordering::Relaxed);
+                    backoff.failed();
+                }
+            }
+            let wait = backoff.wait(rand::thread_rng().gen_range(0.0..1.0));
+            tokio::select! {
+                _ = tokio::time::sleep(wait) => {}
+                _ = stop.cancelled() => break,
+            }
+        }
+        report
+    }
+
+    async fn connect(&self) -> Result<quinn::Connection, End> {
+        let connecting =
+            self.endpoint.connect_with(self.client.clone(), self.addr, "localhost").map_err(|e| End::Lost(e.into()))?;
+        match tokio::time::timeout(Duration::from_secs(10), connecting).await {
+            Err(_) => Err(End::Lost(anyhow::anyhow!("handshake timed out"))),
+            Ok(Err(e)) if is_busy(&e) => Err(End::Busy),
+            Ok(Err(e)) if is_refusal(&e) => Err(End::Refused(e.to_string())),
+            Ok(Err(e)) => Err(End::Lost(e.into())),
+            Ok(Ok(conn)) => Ok(conn),
+        }
+    }
+
+    async fn drive(
+        &self,
+        conn: &quinn::Connection,
+        session: &mut EdgeSession,
+        stop: &CancellationToken,
+        stats: &FleetStats,
+        report: &mut SimReport,
+        down_since: &mut Instant,
+    ) -> End {
+        let mut ready = false;
+        let end = self.exchange(conn, session, stop, stats, report, down_since, &mut ready).await;
+        if ready {
+            stats.connected.fetch_sub(1, Ordering::Relaxed);
+            *down_since = Instant::now();
+        }
+        match end {
+            Ok(()) => End::Stopped,
+            Err(e) => match e.downcast_ref::<SessionError>() {
+                Some(SessionError::Refused(why)) => End::Refused(why.clone()),
+                _ => match e.downcast_ref::<quinn::ConnectionError>() {
+                    Some(c) if is_refusal(c) => End::Refused(c.to_string()),
+                    _ => End::Lost(e),
+                },
+            },
+        }
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    async fn exchange(
+        &self,
+        conn: &quinn::Connection,
+        session: &mut EdgeSession,
+        stop: &CancellationToken,
+        stats: &FleetStats,
+        report: &mut SimReport,
+        down_since: &Instant,
+        ready: &mut bool,
+    ) -> anyhow::Result<()> {
+        let (mut send, recv) = conn.open_bi().await?;
         session.connected(Instant::now());
         let (mut control, _reader) = spawn_reader::<_, Control>(recv, MAX_CONTROL_FRAME);
-        let mut report = SimReport::default();
-        let mut tick = tokio::time::interval(Duration::from_secs_f64(self.batch as f64 / self.rate));
+        let period = if self.rate > 0.0 { self.batch as f64 / self.rate } else { 3600.0 };
+        let mut tick = tokio::time::interval(Duration::from_secs_f64(period));
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let mut sent = 0u64;
         let mut draining: Option<tokio::time::Instant> = None;
@@ -54,16 +200,17 @@ impl SimEdge {
             while let Some(frame) = session.poll_control() {
                 write_frame(&mut send, &frame).await?;
             }
-            if draining.is_some_and(|d| tokio::time::Instant::now() > d) || (draining.is_some() && report.acked == sent)
+            if draining.is_some_and(|d| tokio::time::Instant::now() > d) || (draining.is_some() && report.acked >= sent)
             {
-                break;
+                return Ok(());
             }
             let timeout = session.poll_timeout().map(tokio::time::Instant::from_std);
+            let far = tokio::time::Instant::now() + Duration::from_secs(3600);
             tokio::select! {
                 _ = stop.cancelled(), if draining.is_none() => {
                     draining = Some(tokio::time::Instant::now() + Duration::from_secs(5));
                 }
-                _ = tick.tick(), if draining.is_none() && session.can_send() => {
+                _ = tick.tick(), if self.rate > 0.0 && *ready && draining.is_none() && session.can_send() => {
                     let first = session.next_seq(0);
                     let records: Vec<WireRecord> = (first..first + self.batch as u64).map(|seq| self.record(seq)).collect();
                     let batch = compress::pack("", 0, first, &records, None, 3)?;
@@ -74,22 +221,33 @@ impl SimEdge {
                     sent = batch.last_seq;
                 }
                 frame = control.recv() => {
-                    let frame = frame.context("control stream ended")??.context("the bridge closed the control stream")?;
+                    let frame = (*frame.context("control stream ended")?)?.context("the bridge closed the control stream")?;
                     for event in session.handle(frame, Instant::now())? {
                         match event {
-                            EdgeEvent::Committed { latency, .. } => report.latencies.push(latency),
-                            EdgeEvent::Acked { up_to, .. } => report.acked = up_to,
+                            EdgeEvent::Ready { .. } => {
+                                *ready = true;
+                                stats.connected.fetch_add(1, Ordering::Relaxed);
+                                stats.welcomes.fetch_add(1, Ordering::Relaxed);
+                                stats.reconnects.lock().unwrap_or_else(|e| e.into_inner()).push(down_since.elapsed());
+                            }
+                            EdgeEvent::Committed { latency, .. } => {
+                                report.latencies.push(latency);
+                                stats.latencies.lock().unwrap_or_else(|e| e.into_inner()).push(latency);
+                            }
+                            EdgeEvent::Acked { up_to, .. } => {
+                                stats.acked.fetch_add(up_to.saturating_sub(report.acked), Ordering::Relaxed);
+                                report.acked = report.acked.max(up_to);
+                            }
                             _ => {}
                         }
                     }
                 }
-                _ = tokio::time::sleep_until(timeout.unwrap_or_else(|| tokio::time::Instant::now() + Duration::from_secs(3600))), if timeout.is_some() => {
+                e = conn.closed() => return Err(e.into()),
+                _ = tokio::time::sleep_until(timeout.unwrap_or(far)), if timeout.is_some() => {
                     session.handle_timeout(Instant::now());
                 }
             }
         }
-        conn.close(0u32.into(), b"done");
-        Ok(report)
     }
 
     fn record(&self, seq: u64) -> WireRecord {
@@ -111,6 +269,29 @@ impl SimEdge {
             gap: None,
         }
     }
+}
+
+/// The bridge refused the handshake before TLS: its admission was spent.
+fn is_busy(e: &quinn::ConnectionError) -> bool {
+    matches!(e, quinn::ConnectionError::ConnectionClosed(c) if c.error_code == quinn::TransportErrorCode::CONNECTION_REFUSED)
+}
+
+/// The bridge turned the edge away: a TLS refusal, or one of its refusal codes (1 no
+/// identity, 2 denied, 3 replaced), as the real edge's uplink reads them.
+fn is_refusal(e: &quinn::ConnectionError) -> bool {
+    match e {
+        quinn::ConnectionError::ConnectionClosed(_) => true,
+        quinn::ConnectionError::ApplicationClosed(c) => matches!(u64::from(c.error_code), 1..=3),
+        _ => false,
+    }
+}
+
+/// The real edge's QUIC client configuration for the certificate in `cert` and `key`.
+pub fn client_config(ca: &Path, cert: &Path, key: &Path) -> anyhow::Result<quinn::ClientConfig> {
+    let uplink: edge_node::uplink::UplinkConfig = serde_json::from_value(serde_json::json!({
+        "server": "127.0.0.1:1", "ca": ca, "cert": cert, "key": key,
+    }))?;
+    Ok(edge_node::uplink::quic::client_config(&uplink)?)
 }
 
 /// The `q` quantile (0..=1) of `values`, sorting them.

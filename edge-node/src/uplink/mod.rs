@@ -22,6 +22,7 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use rand::Rng;
+use shared::proto::backoff::Backoff;
 use shared::proto::edge::{EdgeEvent, EdgeSession, EdgeSessionConfig, SessionError};
 use shared::proto::io::{FrameIoError, spawn_reader, write_frame};
 use shared::proto::{Control, MAX_CONTROL_FRAME, ProtoError, WireGap, WireMessage, WireRecord, codec};
@@ -58,6 +59,7 @@ pub struct UplinkMetrics {
     pub acked: Family<LaneLabel, Gauge>,
     pub reconnects: Counter,
     pub refused: Counter,
+    pub busy: Counter,
     /// Records sent as `refused` gap records: too costly to decode on their own.
     pub records_refused: Counter,
     pub dicts_trained: Counter,
@@ -83,6 +85,7 @@ impl UplinkMetrics {
             acked: Family::default(),
             reconnects: Counter::default(),
             refused: Counter::default(),
+            busy: Counter::default(),
             records_refused: Counter::default(),
             dicts_trained: Counter::default(),
             dicts_announced: Counter::default(),
@@ -115,6 +118,11 @@ impl UplinkMetrics {
             "uplink_refused",
             "Times the cloud bridge turned this edge away (certificate denied or not accepted, hello refused); retried at backoff_max",
             m.refused.clone(),
+        );
+        r.register(
+            "uplink_busy",
+            "Handshakes the cloud bridge refused before TLS, its admission spent; retried within a window that starts at 2s and doubles up to backoff_max",
+            m.busy.clone(),
         );
         r.register(
             "uplink_dicts_trained",
@@ -164,21 +172,39 @@ enum ConnEnd {
     Shutdown,
 }
 
+/// What a connection's end means for the next attempt.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum EndKind {
+    /// The bridge turned this edge away (a denied or unusable certificate, a refused hello):
+    /// retried at `backoff_max` only.
+    Refused,
+    /// The bridge refused the handshake before TLS, its admission spent: it is up and takes
+    /// the edge soon (`shared::proto::backoff`).
+    Busy,
+    /// The link or the session failed.
+    Failed,
+}
+
 impl ConnEnd {
-    /// The bridge turned this edge away (a denied or unusable certificate, a refused hello),
-    /// as opposed to the link failing: retried at `backoff_max` only.
-    fn is_refusal(&self) -> bool {
+    fn kind(&self) -> EndKind {
         match self {
-            ConnEnd::Session(SessionError::Refused(_)) => true,
+            ConnEnd::Session(SessionError::Refused(_)) => EndKind::Refused,
             // The bridge's refusal codes (cloud-bridge `server.rs`): 1 no usable identity, 2 a
             // denied certificate, 3 replaced by a newer connection with this certificate (two
             // gateways sharing one would otherwise take turns as fast as they can connect).
-            ConnEnd::Connection(quinn::ConnectionError::ApplicationClosed(close)) => {
-                matches!(u64::from(close.error_code), 1..=3)
+            ConnEnd::Connection(quinn::ConnectionError::ApplicationClosed(close))
+                if matches!(u64::from(close.error_code), 1..=3) =>
+            {
+                EndKind::Refused
+            }
+            ConnEnd::Handshake(quinn::ConnectionError::ConnectionClosed(close))
+                if close.error_code == quinn::TransportErrorCode::CONNECTION_REFUSED =>
+            {
+                EndKind::Busy
             }
             // A TLS alert in the handshake: the bridge did not accept our certificate.
-            ConnEnd::Handshake(quinn::ConnectionError::ConnectionClosed(_)) => true,
-            _ => false,
+            ConnEnd::Handshake(quinn::ConnectionError::ConnectionClosed(_)) => EndKind::Refused,
+            _ => EndKind::Failed,
         }
     }
 }
@@ -230,7 +256,7 @@ impl Uplink {
             samples: self.config.dict_samples.as_usize(),
             retrain: self.config.dict_retrain.0,
         });
-        let mut backoff = self.config.backoff_min.0;
+        let mut backoff = Backoff::new(self.config.backoff_min.0, self.config.backoff_max.0);
         let mut first = true;
         loop {
             if !first {
@@ -261,22 +287,29 @@ impl Uplink {
             // handshake and then closes (a denied certificate) made every retry look like a
             // success, and a refused edge came back six times a second.
             if session.welcomes() > welcomed {
-                backoff = self.config.backoff_min.0;
+                backoff.welcomed();
             }
-            if end.is_refusal() {
-                tracing::error!(error = %end, "uplink refused by the cloud bridge; retrying slowly");
-                self.metrics.refused.inc();
-                backoff = self.config.backoff_max.0;
-            } else {
-                tracing::warn!(error = %end, retry_in = ?backoff, "uplink down");
+            match end.kind() {
+                EndKind::Refused => {
+                    tracing::error!(error = %end, "uplink refused by the cloud bridge; retrying slowly");
+                    self.metrics.refused.inc();
+                    backoff.refused();
+                }
+                EndKind::Busy => {
+                    tracing::warn!(error = %end, "cloud bridge busy; retrying within a widening window");
+                    self.metrics.busy.inc();
+                    backoff.busy();
+                }
+                EndKind::Failed => {
+                    tracing::warn!(error = %end, retry_in = ?backoff.step(), "uplink down");
+                    backoff.failed();
+                }
             }
-            // Full jitter: fleets that lost the same bridge do not come back in step.
-            let wait = backoff.mul_f64(rand::thread_rng().gen_range(0.5..1.0));
+            let wait = backoff.wait(rand::thread_rng().gen_range(0.0..1.0));
             tokio::select! {
                 _ = tokio::time::sleep(wait) => {}
                 _ = shutdown.cancelled() => return,
             }
-            backoff = (backoff * 2).min(self.config.backoff_max.0);
         }
     }
 
@@ -425,7 +458,7 @@ impl Uplink {
             let timeout = session.poll_timeout().map(tokio::time::Instant::from_std);
             let events = tokio::select! {
                 frame = control_rx.recv() => {
-                    let Some(frame) = frame.transpose()?.flatten() else { return Err(ConnEnd::ControlClosed) };
+                    let Some(frame) = frame.map(|f| *f).transpose()?.flatten() else { return Err(ConnEnd::ControlClosed) };
                     session.handle(frame, Instant::now())?
                 }
                 _ = notify.notified() => {

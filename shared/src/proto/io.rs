@@ -46,6 +46,9 @@ where
     Ok(Some(codec::decode(&body)?))
 }
 
+/// What [`spawn_reader`] hands on: a frame, the end of the stream, or the error that ended it.
+pub type FrameRead<T> = Box<Result<Option<T>, FrameIoError>>;
+
 /// Reads frames on a task of its own and hands them over a channel, ending with the first
 /// `None` (end of stream) or error. Callers that wait on several things at once select on the
 /// channel: a read cut short by `select!` would lose the bytes it had taken. Abort the handle
@@ -53,17 +56,19 @@ where
 pub fn spawn_reader<R, T>(
     mut r: R,
     max: usize,
-) -> (tokio::sync::mpsc::Receiver<Result<Option<T>, FrameIoError>>, tokio::task::JoinHandle<()>)
+) -> (tokio::sync::mpsc::Receiver<FrameRead<T>>, tokio::task::JoinHandle<()>)
 where
     R: AsyncRead + Unpin + Send + 'static,
     T: DeserializeOwned + Send + 'static,
 {
+    // Boxed: a channel allocates room for 32 messages up front, and a control frame is a few
+    // hundred bytes; a bridge holds one channel per connection.
     let (tx, rx) = tokio::sync::mpsc::channel(16);
     let task = tokio::spawn(async move {
         loop {
             let frame = read_frame::<_, T>(&mut r, max).await;
             let end = !matches!(frame, Ok(Some(_)));
-            if tx.send(frame).await.is_err() || end {
+            if tx.send(Box::new(frame)).await.is_err() || end {
                 return;
             }
         }

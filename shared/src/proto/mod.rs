@@ -25,6 +25,7 @@
 //! frames and the current time, which say what to send and what to do, so tests drive them with
 //! a virtual clock and no network.
 
+pub mod backoff;
 pub mod bound;
 pub mod cloud;
 pub mod codec;

@@ -29,7 +29,7 @@ async fn main() -> anyhow::Result<()> {
     let addr = cloud.bridge.quic_addr();
     let cert = |id: &str| keys.edges.iter().find(|(e, _, _)| e == id).expect("edge in the PKI").clone();
     let (_, c1, k1) = cert("edge-1");
-    let edge = SimEdge { addr, ca: keys.ca.clone(), cert: c1, key: k1, rate, batch: 100, payload: 1024 };
+    let edge = SimEdge { rate, batch: 100, payload: 1024, ..SimEdge::from_files(addr, &keys.ca, &c1, &k1)? };
     let bomb = codec::encode(&quic::zstd_batch(&quic::empty_pairs_record(10_000_000)))?;
     let rss = e2e_tests::PeakRss::start(std::process::id());
     let (mut quiet, mut attacked) = (Vec::new(), Vec::new());
@@ -46,11 +46,11 @@ async fn main() -> anyhow::Result<()> {
         }
         let running = tokio::spawn({
             let (edge, stop) = (edge.clone(), stop.clone());
-            async move { edge.run(stop).await }
+            async move { edge.run(stop, &Default::default()).await }
         });
         tokio::time::sleep(Duration::from_secs_f64(seconds)).await;
         stop.cancel();
-        let mut report = running.await??;
+        let mut report = running.await?;
         let mut bombs_sent = 0;
         for a in attackers {
             bombs_sent += a.await.unwrap_or(0);

@@ -259,7 +259,7 @@ async fn other_version_bridge(
     loop {
         tokio::select! {
             out = acks.recv() => send.write_all(&out.expect("sender kept")).await?,
-            frame_in = control.0.recv() => match frame_in {
+            frame_in = control.0.recv() => match frame_in.map(|f| *f) {
                 Some(Ok(Some(Control::Ping { nonce }))) => {
                     let pong = newer(&Control::Pong { nonce }, &[("load", Value::Integer(3.into()))]);
                     send.write_all(&frame(&pong)).await?;

@@ -18,6 +18,7 @@ mod broker_robustness;
 mod broker_security;
 mod broker_sessions;
 mod edge_cli;
+mod fleet;
 mod model_sync;
 mod models;
 mod spool_faults;

@@ -1,0 +1,138 @@
+//! Many edges on one cloud-bridge (issue 19): N simulated edges, each with its own certificate
+//! from a test CA, spread over several client endpoints, against a bridge in its own process.
+//! Connects them (paced at RAMP a second, or all at once with 0), holds them idle, runs the
+//! first ACTIVE of them at RATE records a second each, optionally kills the bridge and starts
+//! it again (a reconnect storm), and prints JSON lines: connect time, the bridge's RSS and CPU
+//! idle and active, ack latency, acks a second, the generator's own CPU, the storm's recovery.
+//!
+//! Usage: fleet-bench [EDGES=1000] [ACTIVE=100] [RATE=10] [SECONDS=20] [SINK=jetstream]
+//!        [STORM=0] [RAMP=400] [ENDPOINTS=8]
+//! SINK is `jetstream` (a nats-server of its own) or `sqlite`. Batches of RATE records (one a
+//! second, as an edge with the default 1 s linger sends them), 1 KiB each.
+
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+use e2e_tests::fleet::{BridgeProcess, Fleet, FleetSpec, client_configs, cpu_of};
+use e2e_tests::simedge::quantile;
+use serde_json::json;
+
+fn rss_mib(pid: u32) -> f64 {
+    e2e_tests::rss_of(pid) as f64 / (1 << 20) as f64
+}
+
+#[tokio::main(flavor = "multi_thread", worker_threads = 2)]
+async fn main() -> anyhow::Result<()> {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let arg = |i: usize, default: f64| args.get(i).and_then(|a| a.parse().ok()).unwrap_or(default);
+    let (edges, active, rate, seconds) = (arg(0, 1000.0) as usize, arg(1, 100.0) as usize, arg(2, 10.0), arg(3, 20.0));
+    let sink = args.get(4).map_or("jetstream", String::as_str).to_owned();
+    let (storm, ramp, endpoints) = (arg(5, 0.0) != 0.0, arg(6, 400.0), arg(7, 8.0) as usize);
+    let dir = tempfile::tempdir()?;
+    let t = Instant::now();
+    let ids: Vec<String> = (0..edges).map(|i| format!("edge-{i:05}")).collect();
+    let pki = cloud_bridge::certs::init(&dir.path().join("pki"), &[], &ids, false)?;
+    let clients = client_configs(&pki)?;
+    eprintln!("{edges} certificates in {:.1} s", t.elapsed().as_secs_f64());
+
+    let nats = (sink == "jetstream").then(e2e_tests::nats::NatsServer::start);
+    let sink_section = match &nats {
+        Some(n) => format!("kind = \"jetstream\"\nurl = \"{}\"\n", n.url()),
+        None => format!("kind = \"sqlite\"\npath = \"{}\"\n", dir.path().join("central.db").display()),
+    };
+    let mut bridge = BridgeProcess::start(dir.path(), &pki, &sink_section, "")?;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let rss_empty = rss_mib(bridge.pid());
+    let (own, bridge_cpu) = (std::process::id(), |b: &BridgeProcess| cpu_of(b.pid()));
+
+    let spec = FleetSpec {
+        addr: bridge.quic,
+        edges: clients,
+        endpoints,
+        active,
+        rate,
+        batch: rate.max(1.0) as usize,
+        payload: 1024,
+        session: Default::default(),
+        backoff: (Duration::from_millis(200), Duration::from_secs(30)),
+        ramp,
+    };
+    let t = Instant::now();
+    let fleet = Fleet::start(spec).await?;
+    let connected = fleet.connected(edges, Duration::from_secs(600)).await;
+    println!(
+        "{}",
+        json!({"phase": "connect", "edges": edges, "ramp_per_s": ramp, "all_connected_s": connected.map(|d| d.as_secs_f64()),
+               "since_first_start_s": t.elapsed().as_secs_f64(), "refused": fleet.stats.refused.load(Ordering::Relaxed),
+               "busy": fleet.stats.busy.load(Ordering::Relaxed), "failures": fleet.stats.failures.load(Ordering::Relaxed)})
+    );
+
+    // Idle: every edge connected, keep-alives only (the active ones have not started: they
+    // send once connected, so this window holds their traffic too; see the active phase).
+    fleet.stats.latencies.lock().unwrap().clear();
+    let (acked0, cpu0, own0, t0) =
+        (fleet.stats.acked.load(Ordering::Relaxed), bridge_cpu(&bridge), cpu_of(own), Instant::now());
+    let mut rss_peak = 0f64;
+    let deadline = Instant::now() + Duration::from_secs_f64(seconds);
+    while Instant::now() < deadline {
+        rss_peak = rss_peak.max(rss_mib(bridge.pid()));
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    let wall = t0.elapsed().as_secs_f64();
+    let mut latencies = std::mem::take(&mut *fleet.stats.latencies.lock().unwrap());
+    let acked = fleet.stats.acked.load(Ordering::Relaxed) - acked0;
+    let rss_now = rss_mib(bridge.pid());
+    println!(
+        "{}",
+        json!({"phase": "steady", "edges": edges, "active": active, "rate_per_edge": rate, "sink": sink,
+               "connected": fleet.stats.connected.load(Ordering::Relaxed),
+               "bridge_rss_mib": rss_now, "bridge_rss_peak_mib": rss_peak, "bridge_rss_empty_mib": rss_empty,
+               "bridge_kib_per_edge": (rss_now - rss_empty) * 1024.0 / edges as f64,
+               "bridge_cpu": (bridge_cpu(&bridge) - cpu0).as_secs_f64() / wall,
+               "generator_cpu": (cpu_of(own) - own0).as_secs_f64() / wall,
+               "acks_per_s": acked as f64 / wall, "batches": latencies.len(),
+               "ack_p50_ms": quantile(&mut latencies, 0.5).as_secs_f64() * 1e3,
+               "ack_p99_ms": quantile(&mut latencies, 0.99).as_secs_f64() * 1e3})
+    );
+
+    if storm {
+        fleet.stats.reconnects.lock().unwrap().clear();
+        let t = Instant::now();
+        bridge.restart()?;
+        let restarted = t.elapsed();
+        let mut rss_peak = 0f64;
+        let mut curve = Vec::new();
+        let back = loop {
+            rss_peak = rss_peak.max(rss_mib(bridge.pid()));
+            let n = fleet.stats.connected.load(Ordering::Relaxed);
+            if curve.len() < (t.elapsed().as_secs() as usize) {
+                curve.push(n);
+            }
+            let all = n == edges && fleet.stats.reconnects.lock().unwrap().len() >= edges;
+            if all || t.elapsed() > Duration::from_secs(300) {
+                break all.then(|| t.elapsed());
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        };
+        let mut times = std::mem::take(&mut *fleet.stats.reconnects.lock().unwrap());
+        println!(
+            "{}",
+            json!({"phase": "storm", "edges": edges, "bridge_restart_s": restarted.as_secs_f64(),
+                   "all_reconnected_s": back.map(|d| d.as_secs_f64()),
+                   "reconnect_p50_s": quantile(&mut times, 0.5).as_secs_f64(),
+                   "reconnect_p99_s": quantile(&mut times, 0.99).as_secs_f64(),
+                   "refused": fleet.stats.refused.load(Ordering::Relaxed),
+                   "busy": fleet.stats.busy.load(Ordering::Relaxed),
+                   "connected_each_second": curve, "bridge_rss_peak_mib": rss_peak})
+        );
+    }
+    let reports = fleet.stop().await;
+    let acked: u64 = reports.iter().map(|r| r.acked).sum();
+    println!(
+        "{}",
+        json!({"phase": "end", "records_acked": acked, "bridge_stderr_lines": bridge.stderr().lines().count()})
+    );
+    drop(bridge);
+    drop(nats);
+    Ok(())
+}

@@ -1,0 +1,202 @@
+//! A fleet of simulated edges ([`crate::simedge`]) in one process against a cloud-bridge in a
+//! process of its own, so the bridge's RSS and CPU are its own and the generator's CPU is seen
+//! apart (a run the generator cannot keep up with shows as one).
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use cloud_bridge::certs::Pki;
+use shared::proto::edge::EdgeSessionConfig;
+use tokio_util::sync::CancellationToken;
+
+use crate::simedge::{FleetStats, SimEdge, SimReport};
+
+/// A `cloud-bridge run` process on a fixed UDP port, so it can be killed and started again
+/// where its edges look for it.
+pub struct BridgeProcess {
+    child: Child,
+    dir: PathBuf,
+    config: String,
+    pub quic: SocketAddr,
+    pub http: SocketAddr,
+}
+
+impl BridgeProcess {
+    /// Starts a bridge with this PKI, `sink` as its `[sink]` section and `extra` appended to
+    /// its config (a `[limits]` section, say), on any free port.
+    pub fn start(dir: &Path, pki: &Pki, sink: &str, extra: &str) -> anyhow::Result<Self> {
+        let config = format!(
+            "[server]\nbind = \"127.0.0.1:{{port}}\"\ncert = \"{}\"\nkey = \"{}\"\nclient_ca = \"{}\"\n\
+             [http]\nbind = \"127.0.0.1:0\"\n[sink]\n{sink}\n{extra}\n",
+            pki.server_cert.display(),
+            pki.server_key.display(),
+            pki.ca.display(),
+        );
+        let (child, quic, http) = spawn(dir, &config.replace("{port}", "0"))?;
+        Ok(Self { child, dir: dir.to_owned(), config, quic, http })
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// SIGKILL, as a crash or a host going down would.
+    pub fn kill(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+
+    /// Starts it again on the same UDP port.
+    pub fn restart(&mut self) -> anyhow::Result<()> {
+        self.kill();
+        let (child, quic, http) = spawn(&self.dir, &self.config.replace("{port}", &self.quic.port().to_string()))?;
+        (self.child, self.quic, self.http) = (child, quic, http);
+        Ok(())
+    }
+
+    /// The value of a metric from its `/metrics`, 0 when absent.
+    pub fn metric(&self, name_and_labels: &str) -> f64 {
+        crate::metric(&crate::http_get(self.http, "/metrics"), name_and_labels).unwrap_or(0.0)
+    }
+
+    pub fn stderr(&self) -> String {
+        std::fs::read_to_string(self.dir.join("cloud.stderr")).unwrap_or_default()
+    }
+}
+
+impl Drop for BridgeProcess {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+fn spawn(dir: &Path, config: &str) -> anyhow::Result<(Child, SocketAddr, SocketAddr)> {
+    let (config_path, ready) = (dir.join("cloud.toml"), dir.join("cloud-ready.json"));
+    std::fs::write(&config_path, config)?;
+    let _ = std::fs::remove_file(&ready);
+    let stderr = std::fs::OpenOptions::new().create(true).append(true).open(dir.join("cloud.stderr"))?;
+    let mut child = Command::new(crate::workspace_bin("cloud-bridge"))
+        .args(["run", "--config"])
+        .arg(&config_path)
+        .arg("--ready-file")
+        .arg(&ready)
+        .env("RUST_LOG", std::env::var("RUST_LOG").unwrap_or_else(|_| "warn".into()))
+        .stdout(Stdio::null())
+        .stderr(stderr)
+        .spawn()?;
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        if let Ok(text) = std::fs::read_to_string(&ready)
+            && let Ok(doc) = serde_json::from_str::<serde_json::Value>(&text)
+        {
+            let addr = |k: &str| doc[k].as_str().and_then(|s| s.parse().ok());
+            if let (Some(quic), Some(http)) = (addr("quic"), addr("http")) {
+                return Ok((child, quic, http));
+            }
+        }
+        if let Some(status) = child.try_wait()? {
+            anyhow::bail!("cloud-bridge exited with {status} before it was ready");
+        }
+        anyhow::ensure!(Instant::now() < deadline, "cloud-bridge not ready in 30 s");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// CPU time a process has used (user and system).
+pub fn cpu_of(pid: u32) -> Duration {
+    let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else { return Duration::ZERO };
+    // Fields after the command (which may hold spaces) start after its closing parenthesis;
+    // utime and stime are fields 14 and 15, in clock ticks of 1/100 s.
+    let Some((_, rest)) = stat.rsplit_once(')') else { return Duration::ZERO };
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    let ticks: u64 = fields.get(11..13).map_or(0, |f| f.iter().filter_map(|v| v.parse::<u64>().ok()).sum());
+    Duration::from_millis(ticks * 10)
+}
+
+/// What a fleet is made of.
+#[derive(Debug, Clone)]
+pub struct FleetSpec {
+    pub addr: SocketAddr,
+    /// One client configuration per edge, each with its own certificate.
+    pub edges: Vec<quinn::ClientConfig>,
+    /// Client endpoints the edges are spread over.
+    pub endpoints: usize,
+    /// Edges that publish (the first ones); the rest only keep their sessions alive.
+    pub active: usize,
+    /// Records a second per active edge, in batches of `batch`.
+    pub rate: f64,
+    pub batch: usize,
+    pub payload: usize,
+    pub session: EdgeSessionConfig,
+    pub backoff: (Duration, Duration),
+    /// Edges started per second (0: all at once).
+    pub ramp: f64,
+}
+
+/// A running fleet.
+pub struct Fleet {
+    pub stats: Arc<FleetStats>,
+    stop: CancellationToken,
+    edges: Vec<tokio::task::JoinHandle<SimReport>>,
+}
+
+impl Fleet {
+    pub async fn start(spec: FleetSpec) -> anyhow::Result<Fleet> {
+        let endpoints = (0..spec.endpoints.max(1))
+            .map(|_| quinn::Endpoint::client(SocketAddr::from(([127, 0, 0, 1], 0))))
+            .collect::<Result<Vec<_>, _>>()?;
+        let (stats, stop) = (Arc::new(FleetStats::default()), CancellationToken::new());
+        let started = Instant::now();
+        let mut edges = Vec::with_capacity(spec.edges.len());
+        for (i, client) in spec.edges.into_iter().enumerate() {
+            if spec.ramp > 0.0 {
+                let due = started + Duration::from_secs_f64(i as f64 / spec.ramp);
+                tokio::time::sleep_until(due.into()).await;
+            }
+            let active = i < spec.active;
+            let edge = SimEdge {
+                addr: spec.addr,
+                endpoint: endpoints[i % endpoints.len()].clone(),
+                client,
+                rate: if active { spec.rate } else { 0.0 },
+                batch: spec.batch,
+                payload: spec.payload,
+                session: spec.session.clone(),
+                backoff: spec.backoff,
+            };
+            let (stats, stop) = (stats.clone(), stop.clone());
+            edges.push(tokio::spawn(async move { edge.run(stop, &stats).await }));
+        }
+        Ok(Fleet { stats, stop, edges })
+    }
+
+    /// Waits until `n` edges are connected, or `timeout`; how long it took, if they did.
+    pub async fn connected(&self, n: usize, timeout: Duration) -> Option<Duration> {
+        let start = Instant::now();
+        while self.stats.connected.load(std::sync::atomic::Ordering::Relaxed) < n {
+            if start.elapsed() > timeout {
+                return None;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        Some(start.elapsed())
+    }
+
+    /// Stops every edge (each waits up to 5 s for its last acks); their reports.
+    pub async fn stop(self) -> Vec<SimReport> {
+        self.stop.cancel();
+        let mut reports = Vec::with_capacity(self.edges.len());
+        for e in self.edges {
+            reports.push(e.await.unwrap_or_default());
+        }
+        reports
+    }
+}
+
+/// The fleet's client configurations, one per edge certificate of `pki`.
+pub fn client_configs(pki: &Pki) -> anyhow::Result<Vec<quinn::ClientConfig>> {
+    pki.edges.iter().map(|(_, cert, key)| crate::simedge::client_config(&pki.ca, cert, key)).collect()
+}
