@@ -85,3 +85,22 @@ pub fn classes(list: &[Class]) -> String {
 pub fn with_spool(list: &[Class]) -> String {
     format!("{SPOOL}{}", classes(list))
 }
+
+/// A `telemetry` QoS 1 record at `seq` as an edge sends it up, with no MQTT properties.
+pub fn wire_record(seq: u64, topic: &str, payload: impl Into<Vec<u8>>) -> shared::proto::WireRecord {
+    shared::proto::WireRecord {
+        seq,
+        message: Some(shared::proto::WireMessage {
+            class: "telemetry".into(),
+            topic: topic.into(),
+            payload: payload.into(),
+            qos: 1,
+            enqueued_ms: 1_700_000_000_000 + seq,
+            expires_ms: None,
+            user_properties: vec![],
+            correlation_data: None,
+            content_type: None,
+        }),
+        gap: None,
+    }
+}

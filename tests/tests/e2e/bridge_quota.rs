@@ -8,7 +8,7 @@ use cloud_bridge::certs::Pki;
 use e2e_tests::cloud::{TestCloud, pki};
 use e2e_tests::nats::NatsServer;
 use e2e_tests::quic;
-use shared::proto::{Control, DictAnnounce, LaneSeq, WireMessage, WireRecord, codec, compress};
+use shared::proto::{Control, DictAnnounce, LaneSeq, codec, compress};
 
 const LIMITS: &str = "[limits]\nepochs_per_edge = 2\nretired_epochs_per_edge = 3\ndicts_per_edge = 2\n";
 
@@ -19,21 +19,7 @@ fn edge(keys: &Pki, id: &str) -> (std::path::PathBuf, std::path::PathBuf) {
 
 /// Sends one record at seq 1 of lane 0 and waits for its ack.
 async fn deliver_one(conn: &quinn::Connection, recv: &mut quinn::RecvStream, topic: &str) {
-    let record = WireRecord {
-        seq: 1,
-        message: Some(WireMessage {
-            class: "telemetry".into(),
-            topic: topic.into(),
-            payload: b"x".to_vec(),
-            qos: 1,
-            enqueued_ms: 1,
-            expires_ms: None,
-            user_properties: vec![],
-            correlation_data: None,
-            content_type: None,
-        }),
-        gap: None,
-    };
+    let record = e2e_tests::fixtures::wire_record(1, topic, "x");
     let batch = compress::pack("", 0, 1, &[record], None, 3).unwrap();
     let mut uni = conn.open_uni().await.unwrap();
     uni.write_all(&codec::encode(&batch).unwrap()).await.unwrap();

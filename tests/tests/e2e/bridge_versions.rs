@@ -13,7 +13,7 @@ use std::time::Duration;
 use ciborium::Value;
 use e2e_tests::client::Client;
 use e2e_tests::cloud::{TestCloud, pki, sink_rows};
-use e2e_tests::fixtures::{telemetry, with_spool};
+use e2e_tests::fixtures::{telemetry, wire_record, with_spool};
 use e2e_tests::node::TestNode;
 use e2e_tests::quic;
 use rumqttc::QoS;
@@ -22,7 +22,7 @@ use shared::proto::io::read_frame;
 use shared::proto::{
     Batch, Codec, Control, DictAnnounce, Hello, MAX_BATCH_FRAME, MAX_BATCH_RAW, MAX_CONTROL_FRAME, WireRecord,
 };
-use shared::proto::{WireMessage, codec, compress};
+use shared::proto::{codec, compress};
 
 const WAIT: Duration = Duration::from_secs(20);
 const EPOCH: &str = "00112233445566778899aabbccddeeff";
@@ -74,21 +74,7 @@ async fn this_bridge_serves_an_edge_of_the_next_version() {
     // Three records, each with a field this build does not know, in a batch with one too.
     let records: Vec<Value> = (1..=3u64)
         .map(|seq| {
-            let record = WireRecord {
-                seq,
-                message: Some(WireMessage {
-                    class: "telemetry".into(),
-                    topic: format!("telemetry/next/{seq}"),
-                    payload: format!("v2-{seq}").into_bytes(),
-                    qos: 1,
-                    enqueued_ms: 1,
-                    expires_ms: None,
-                    user_properties: vec![],
-                    correlation_data: None,
-                    content_type: None,
-                }),
-                gap: None,
-            };
+            let record = wire_record(seq, &format!("telemetry/next/{seq}"), format!("v2-{seq}"));
             newer(&record, &[("trace_id", Value::Bytes(vec![seq as u8; 8]))])
         })
         .collect();
@@ -174,22 +160,8 @@ async fn this_bridge_serves_an_edge_of_the_previous_version_and_its_dictionary()
 }
 
 fn telemetry_record(seq: u64, tag: &str) -> WireRecord {
-    WireRecord {
-        seq,
-        message: Some(WireMessage {
-            class: "telemetry".into(),
-            topic: format!("telemetry/{tag}/{seq}"),
-            payload: format!(r#"{{"camera":"cam-{}","temp_c":{}.{},"status":"ok"}}"#, seq % 7, 40 + seq % 13, seq % 10)
-                .into_bytes(),
-            qos: 1,
-            enqueued_ms: 1_700_000_000_000 + seq,
-            expires_ms: None,
-            user_properties: vec![],
-            correlation_data: None,
-            content_type: None,
-        }),
-        gap: None,
-    }
+    let payload = format!(r#"{{"camera":"cam-{}","temp_c":{}.{},"status":"ok"}}"#, seq % 7, 40 + seq % 13, seq % 10);
+    wire_record(seq, &format!("telemetry/{tag}/{seq}"), payload)
 }
 
 /// What a bridge of another version received and acked.
