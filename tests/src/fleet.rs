@@ -4,7 +4,7 @@
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Command};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -74,34 +74,17 @@ impl Drop for BridgeProcess {
 }
 
 fn spawn(dir: &Path, config: &str) -> anyhow::Result<(Child, SocketAddr, SocketAddr)> {
-    let (config_path, ready) = (dir.join("cloud.toml"), dir.join("cloud-ready.json"));
+    let config_path = dir.join("cloud.toml");
     std::fs::write(&config_path, config)?;
-    let _ = std::fs::remove_file(&ready);
     let stderr = std::fs::OpenOptions::new().create(true).append(true).open(dir.join("cloud.stderr"))?;
-    let mut child = Command::new(crate::workspace_bin("cloud-bridge"))
-        .args(["run", "--config"])
-        .arg(&config_path)
-        .arg("--ready-file")
-        .arg(&ready)
-        .env("RUST_LOG", std::env::var("RUST_LOG").unwrap_or_else(|_| "warn".into()))
-        .stdout(Stdio::null())
-        .stderr(stderr)
-        .spawn()?;
-    let deadline = Instant::now() + Duration::from_secs(30);
-    loop {
-        if let Ok(text) = std::fs::read_to_string(&ready)
-            && let Ok(doc) = serde_json::from_str::<serde_json::Value>(&text)
-        {
-            let addr = |k: &str| doc[k].as_str().and_then(|s| s.parse().ok());
-            if let (Some(quic), Some(http)) = (addr("quic"), addr("http")) {
-                return Ok((child, quic, http));
-            }
-        }
-        if let Some(status) = child.try_wait()? {
-            anyhow::bail!("cloud-bridge exited with {status} before it was ready");
-        }
-        anyhow::ensure!(Instant::now() < deadline, "cloud-bridge not ready in 30 s");
-        std::thread::sleep(Duration::from_millis(20));
+    let command = Command::new(crate::workspace_bin("cloud-bridge"));
+    let ready = dir.join("cloud-ready.json");
+    let (child, doc) = crate::run_until_ready(command, &config_path, &ready, stderr, "warn", Duration::from_secs(30))
+        .map_err(|e| anyhow::anyhow!("cloud-bridge {e}"))?;
+    let addr = |k: &str| doc[k].as_str().and_then(|s| s.parse().ok());
+    match (addr("quic"), addr("http")) {
+        (Some(quic), Some(http)) => Ok((child, quic, http)),
+        _ => anyhow::bail!("cloud-bridge's ready file has no quic and http addresses: {doc}"),
     }
 }
 

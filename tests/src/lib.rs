@@ -100,6 +100,46 @@ pub async fn eventually(timeout: Duration, mut check: impl FnMut() -> bool) -> b
 
 /// The value of one metric line (exact name and labels) in Prometheus text.
 /// `GET path` over plain HTTP/1.0; the body, or an empty string if the endpoint is down.
+/// Runs `command run --config <config> --ready-file <ready>` (edge-node and cloud-bridge take
+/// both), its stdout dropped and its stderr to `stderr`, with `RUST_LOG` as set or `log`, and
+/// waits up to `timeout` for the ready file; the child and the file's JSON.
+pub fn run_until_ready(
+    mut command: std::process::Command,
+    config: &std::path::Path,
+    ready: &std::path::Path,
+    stderr: std::fs::File,
+    log: &str,
+    timeout: Duration,
+) -> anyhow::Result<(std::process::Child, serde_json::Value)> {
+    let _ = std::fs::remove_file(ready);
+    let mut child = command
+        .args(["run", "--config"])
+        .arg(config)
+        .arg("--ready-file")
+        .arg(ready)
+        .env("RUST_LOG", std::env::var("RUST_LOG").unwrap_or_else(|_| log.into()))
+        .stdout(std::process::Stdio::null())
+        .stderr(stderr)
+        .spawn()?;
+    let deadline = Instant::now() + timeout;
+    loop {
+        // Parsed until it parses: a reader may see the file before it is all written.
+        if let Ok(text) = std::fs::read_to_string(ready)
+            && let Ok(doc) = serde_json::from_str(&text)
+        {
+            return Ok((child, doc));
+        }
+        if let Some(status) = child.try_wait()? {
+            anyhow::bail!("exited with {status} before it was ready");
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            anyhow::bail!("not ready in {timeout:?}");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
 pub fn http_get(addr: std::net::SocketAddr, path: &str) -> String {
     use std::io::{Read, Write};
     let Ok(mut s) = std::net::TcpStream::connect_timeout(&addr, Duration::from_secs(2)) else {

@@ -3,7 +3,7 @@
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Command};
 use std::time::{Duration, Instant};
 
 use edge_node::config::EdgeConfig;
@@ -84,39 +84,21 @@ impl EdgeProcess {
     pub fn start_as(dir: &Path, config: &str, command: &[String]) -> EdgeProcess {
         let config_path = dir.join("edge.toml");
         std::fs::write(&config_path, config).expect("write config");
-        let ready = dir.join("ready.json");
-        let _ = std::fs::remove_file(&ready);
         let stderr_path = dir.join("edge.stderr");
         let stderr = std::fs::File::create(&stderr_path).expect("stderr file");
-        let child = Command::new(&command[0])
-            .args(&command[1..])
-            .args(["run", "--config"])
-            .arg(&config_path)
-            .arg("--ready-file")
-            .arg(&ready)
-            .env("RUST_LOG", std::env::var("RUST_LOG").unwrap_or_else(|_| "info".into()))
-            .stdout(Stdio::null())
-            .stderr(stderr)
-            .spawn()
-            .expect("spawn edge-node");
-        let mut proc = EdgeProcess { child, dir: dir.to_owned(), mqtt: Vec::new(), http: None, stderr_path };
+        let mut program = Command::new(&command[0]);
+        program.args(&command[1..]);
         // Emulated builds start slower.
-        let deadline = Instant::now() + Duration::from_secs(60);
-        loop {
-            if let Ok(text) = std::fs::read_to_string(&ready) {
-                let doc: serde_json::Value = serde_json::from_str(&text).expect("ready json");
-                if let Some(map) = doc["mqtt"].as_object() {
-                    proc.mqtt = map.iter().map(|(k, v)| (k.clone(), v.as_str().unwrap().parse().unwrap())).collect();
-                }
-                proc.http = doc["http"].as_str().and_then(|s| s.parse().ok());
-                return proc;
-            }
-            if let Ok(Some(status)) = proc.child.try_wait() {
-                panic!("edge-node exited with {status} before ready:\n{}", proc.stderr());
-            }
-            assert!(Instant::now() < deadline, "edge-node not ready in 60 s:\n{}", proc.stderr());
-            std::thread::sleep(Duration::from_millis(20));
-        }
+        let ready = dir.join("ready.json");
+        let started = crate::run_until_ready(program, &config_path, &ready, stderr, "info", Duration::from_secs(60));
+        let (child, doc) = started.unwrap_or_else(|e| {
+            panic!("edge-node {e}:\n{}", std::fs::read_to_string(&stderr_path).unwrap_or_default())
+        });
+        let mqtt = doc["mqtt"].as_object().map_or_else(Vec::new, |map| {
+            map.iter().map(|(k, v)| (k.clone(), v.as_str().unwrap().parse().unwrap())).collect()
+        });
+        let http = doc["http"].as_str().and_then(|s| s.parse().ok());
+        EdgeProcess { child, dir: dir.to_owned(), mqtt, http, stderr_path }
     }
 
     pub fn addr(&self, listener: &str) -> SocketAddr {
