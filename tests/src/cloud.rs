@@ -140,20 +140,29 @@ impl TestCloud {
 
     /// The `[uplink]` section for `edge`, reaching the bridge at `server` (a relay).
     pub fn uplink_section_via(&self, edge: &str, server: SocketAddr) -> String {
-        let (_, cert, key) = self.pki.edges.iter().find(|(id, _, _)| id == edge).expect("edge in the PKI");
-        format!(
-            "[uplink]\nserver = \"{}\"\nserver_name = \"localhost\"\nca = \"{}\"\ncert = \"{}\"\nkey = \"{}\"\n\
-             keepalive = \"500ms\"\nack_timeout = \"2s\"\nbackoff_min = \"50ms\"\nbackoff_max = \"500ms\"\n",
-            server,
-            self.pki.ca.display(),
-            cert.display(),
-            key.display()
-        )
+        uplink_section(&self.pki, edge, &[server], "")
     }
 
     pub fn metric(&self, name_and_labels: &str) -> f64 {
         crate::metric(&self.bridge.metrics().encode(), name_and_labels).unwrap_or(0.0)
     }
+}
+
+/// An `[uplink]` section for `edge` (its certificate from `pki`) with fast test timings, to
+/// `servers` (`server` for one, `servers` for more); `extra` is appended to it.
+pub fn uplink_section(pki: &Pki, edge: &str, servers: &[SocketAddr], extra: &str) -> String {
+    let (_, cert, key) = pki.edges.iter().find(|(id, _, _)| id == edge).expect("edge in the PKI");
+    let servers = match servers {
+        [one] => format!("server = \"{one}\""),
+        many => format!("servers = [{}]", many.iter().map(|s| format!("\"{s}\"")).collect::<Vec<_>>().join(", ")),
+    };
+    format!(
+        "[uplink]\n{servers}\nserver_name = \"localhost\"\nca = \"{}\"\ncert = \"{}\"\nkey = \"{}\"\n\
+         keepalive = \"500ms\"\nack_timeout = \"2s\"\nbackoff_min = \"50ms\"\nbackoff_max = \"500ms\"\n{extra}\n",
+        pki.ca.display(),
+        cert.display(),
+        key.display()
+    )
 }
 
 /// A record in the sink: edge, lane, seq, kind, topic, payload.

@@ -1,8 +1,9 @@
 //! A UDP impairment relay for QUIC links (this kernel has no netem): the edge talks to the
 //! relay, the relay to the bridge. Loss, delay with jitter (which reorders), a rate limit (a
 //! bottleneck with a 100 ms tail-drop queue, each way) and a blackhole can be changed while it
-//! runs. One client at a time, which is what an edge is.
+//! runs. Each client address gets its own upstream socket, as behind a NAT.
 
+use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
@@ -95,29 +96,40 @@ impl UdpRelay {
     /// A relay on a free loopback port forwarding to `target`.
     pub async fn start(target: SocketAddr) -> UdpRelay {
         let front = Arc::new(UdpSocket::bind("127.0.0.1:0").await.expect("relay socket"));
-        let back = Arc::new(UdpSocket::bind("127.0.0.1:0").await.expect("relay upstream socket"));
-        back.connect(target).await.expect("relay target");
         let addr = front.local_addr().expect("relay addr");
         let impairment = Arc::new(Impairment::default());
         let imp = impairment.clone();
         let task = tokio::spawn(async move {
-            let mut client: Option<SocketAddr> = None;
+            // One upstream socket per client address, as a NAT would keep: the edge's QUIC
+            // socket and its probe socket are different clients.
+            let mut clients: HashMap<SocketAddr, Arc<UdpSocket>> = HashMap::new();
+            let mut downs = tokio::task::JoinSet::new();
             let mut up = vec![0u8; 65_536];
-            let mut down = vec![0u8; 65_536];
             loop {
-                tokio::select! {
-                    r = front.recv_from(&mut up) => {
-                        let Ok((n, from)) = r else { return };
-                        client = Some(from);
-                        forward(&imp, up[..n].to_vec(), back.clone(), None);
-                    }
-                    r = back.recv(&mut down) => {
-                        let Ok(n) = r else { continue };
-                        if let Some(to) = client {
-                            forward(&imp, down[..n].to_vec(), front.clone(), Some(to));
+                let Ok((n, from)) = front.recv_from(&mut up).await else { return };
+                let back = match clients.get(&from) {
+                    Some(b) => b.clone(),
+                    None => {
+                        let Ok(back) = UdpSocket::bind("127.0.0.1:0").await else { continue };
+                        if back.connect(target).await.is_err() {
+                            continue;
                         }
+                        let back = Arc::new(back);
+                        clients.insert(from, back.clone());
+                        let (front, down_socket, imp) = (front.clone(), back.clone(), imp.clone());
+                        downs.spawn(async move {
+                            let back = down_socket;
+                            let mut down = vec![0u8; 65_536];
+                            loop {
+                                // An ICMP unreachable from the target surfaces as an error here.
+                                let Ok(n) = back.recv(&mut down).await else { continue };
+                                forward(&imp, down[..n].to_vec(), front.clone(), Some(from));
+                            }
+                        });
+                        back
                     }
-                }
+                };
+                forward(&imp, up[..n].to_vec(), back, None);
             }
         });
         UdpRelay { addr, impairment, task }

@@ -242,6 +242,21 @@ mod tests {
     }
 
     #[test]
+    fn bridges_are_given_as_server_or_servers_and_each_is_checked() {
+        let uplink = |servers: &str| format!("[uplink]\n{servers}\nca = \"ca.pem\"\ncert = \"c.pem\"\nkey = \"k.pem\"\n");
+        let err = |servers: &str| parse(&uplink(servers)).unwrap_err().to_string();
+        assert!(err("server = \"a:1\"\nservers = [\"b:1\"]").contains("uplink.servers: give either server or servers"));
+        assert!(err("").contains("uplink.servers: no bridge"));
+        assert!(err("servers = []").contains("uplink.servers: no bridge"));
+        let bad = err("servers = [\"a:1\", \"b\", \"c:x\"]");
+        assert!(bad.contains("\"b\" is not host:port") && bad.contains("\"c:x\" is not host:port"), "{bad}");
+        let config = parse(&uplink("servers = [\"a:1\", \"b:2\"]")).unwrap();
+        assert_eq!(config.uplink.unwrap().server_list(), ["a:1", "b:2"]);
+        let config = parse(&uplink("server = \"a:1\"")).unwrap();
+        assert_eq!(config.uplink.unwrap().server_list(), ["a:1"], "the one-bridge spelling still works");
+    }
+
+    #[test]
     fn keys_of_the_rumqttd_broker_are_refused_by_name() {
         let err = parse("[broker]\nsegment_size = \"1 MiB\"\nsegment_count = 4\n").unwrap_err().to_string();
         assert!(err.contains("broker.segment_size: is no longer used"), "{err}");

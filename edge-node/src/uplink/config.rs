@@ -12,9 +12,16 @@ use crate::check::Problems;
 #[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct UplinkConfig {
-    /// The bridge's UDP address, `host:port`.
-    pub server: String,
-    /// The name the bridge's certificate must carry. Default: the host part of `server`.
+    /// The bridge's UDP address, `host:port`: the one-bridge spelling of `servers`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub server: Option<String>,
+    /// Bridges serving this fleet, `host:port` each (a name may resolve to several addresses;
+    /// each is a bridge). The edge starts at a random one, moves on to the next when a
+    /// connection fails or a bridge is busy, and stays where a session works: any bridge
+    /// serves any edge, from the marks in the shared sink.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub servers: Vec<String>,
+    /// The name every bridge's certificate must carry. Default: the host part of each server.
     pub server_name: Option<String>,
     /// The CA that signed the bridge's certificate (PEM).
     pub ca: PathBuf,
@@ -71,9 +78,19 @@ pub struct UplinkConfig {
     pub backoff_min: HumanDuration,
     #[serde(default = "default_backoff_max")]
     pub backoff_max: HumanDuration,
+    /// While the link is down, how often to ask the bridges whether they are back: one
+    /// 1,200-byte datagram a bridge answers without a handshake (`shared::proto::probe`). The
+    /// edge reconnects as soon as one answers instead of waiting out its backoff; after each
+    /// minute without an answer the interval doubles, up to `backoff_max`. 0s turns probes
+    /// off. Default: 2s.
+    #[serde(default = "default_probe_interval")]
+    pub probe_interval: HumanDuration,
 }
 
 pub use shared::proto::Congestion;
+
+/// Most bridges one edge lists: each is probed while the link is down.
+const MAX_SERVERS: usize = 64;
 
 fn default_window() -> usize {
     8
@@ -111,11 +128,30 @@ fn default_backoff_min() -> HumanDuration {
 fn default_backoff_max() -> HumanDuration {
     HumanDuration(Duration::from_secs(30))
 }
+fn default_probe_interval() -> HumanDuration {
+    HumanDuration(Duration::from_secs(2))
+}
 
 impl UplinkConfig {
+    /// The configured bridges, `server` or `servers`, whichever is given.
+    pub fn server_list(&self) -> Vec<String> {
+        self.server.iter().chain(&self.servers).cloned().collect()
+    }
+
     pub fn check(&self, p: &mut Problems) {
-        if self.server.rsplit_once(':').is_none_or(|(host, port)| host.is_empty() || port.parse::<u16>().is_err()) {
-            p.bad("uplink.server", format!("{:?} is not host:port", self.server));
+        match (&self.server, self.servers.is_empty()) {
+            (Some(_), false) => p.bad("uplink.servers", "give either server or servers, not both"),
+            (None, true) => p.bad("uplink.servers", "no bridge: set servers = [\"host:port\", ...] (or server)"),
+            _ => {}
+        }
+        let key = if self.server.is_some() { "uplink.server" } else { "uplink.servers" };
+        for server in self.server_list() {
+            if server.rsplit_once(':').is_none_or(|(host, port)| host.is_empty() || port.parse::<u16>().is_err()) {
+                p.bad(key, format!("{server:?} is not host:port"));
+            }
+        }
+        if self.servers.len() > MAX_SERVERS {
+            p.bad("uplink.servers", format!("{} bridges, more than {MAX_SERVERS}", self.servers.len()));
         }
         if self.window == 0 {
             p.bad("uplink.window", "must be at least 1");

@@ -9,6 +9,7 @@ pub mod dict;
 pub mod drain;
 mod pack;
 pub mod quic;
+pub mod reach;
 
 pub use config::{Congestion, UplinkConfig};
 
@@ -31,6 +32,7 @@ use tokio_util::task::AbortOnDropHandle;
 
 use self::dict::{DictBook, DictSettings};
 use self::drain::DrainOrder;
+use self::reach::{ProbeMetrics, Prober, Servers, Target};
 use crate::labels::handle;
 use crate::models::sync::ModelJob;
 use crate::spool::{Body, Lane, ReadError, Record, Seq, SpoolWriter};
@@ -60,6 +62,7 @@ pub struct UplinkMetrics {
     pub reconnects: Counter,
     pub refused: Counter,
     pub busy: Counter,
+    pub probes: ProbeMetrics,
     /// Records sent as `refused` gap records: too costly to decode on their own.
     pub records_refused: Counter,
     pub dicts_trained: Counter,
@@ -86,6 +89,7 @@ impl UplinkMetrics {
             reconnects: Counter::default(),
             refused: Counter::default(),
             busy: Counter::default(),
+            probes: ProbeMetrics::default(),
             records_refused: Counter::default(),
             dicts_trained: Counter::default(),
             dicts_announced: Counter::default(),
@@ -124,6 +128,7 @@ impl UplinkMetrics {
             "Handshakes the cloud bridge refused before TLS, its admission spent; retried within a window that starts at 2s and doubles up to backoff_max",
             m.busy.clone(),
         );
+        m.probes.register(r);
         r.register(
             "uplink_dicts_trained",
             "zstd dictionaries trained from this edge's traffic",
@@ -168,6 +173,8 @@ enum ConnEnd {
     Spool(#[from] ReadError),
     #[error("the bridge closed the control stream")]
     ControlClosed,
+    #[error("no ack, no pong and no answer to probes: the path to the bridge is down")]
+    Unreachable,
     #[error("shutting down")]
     Shutdown,
 }
@@ -250,13 +257,25 @@ impl Uplink {
             }
         };
         endpoint.set_default_client_config(self.client.clone());
-        let server_name = quic::server_name(&self.config);
         let mut dicts = DictBook::new(DictSettings {
             size: self.config.dict_size.as_usize(),
             samples: self.config.dict_samples.as_usize(),
             retrain: self.config.dict_retrain.0,
         });
+        let list = self.config.server_list();
+        let start = rand::thread_rng().gen_range(0..list.len().max(1));
+        let mut servers = Servers::new(list, start);
+        let prober = Prober::new(self.config.probe_interval.0, self.config.backoff_max.0, self.metrics.probes.clone());
         let mut backoff = Backoff::new(self.config.backoff_min.0, self.config.backoff_max.0);
+        // A probe's answer cuts one wait short per welcomed session: a bridge that answers
+        // probes but whose handshakes time out (saturated) is then retried on backoff alone,
+        // not as fast as it answers.
+        let mut armed = true;
+        // Attempts since the last wait: a round tries every bridge once before waiting.
+        let mut tried = 0;
+        // The address of the bridge that answered a probe, for the attempt after it.
+        let mut pinned = None;
+        let mut attempts = 0;
         let mut first = true;
         loop {
             if !first {
@@ -265,11 +284,14 @@ impl Uplink {
             first = false;
             session.set_dicts(dicts.ids());
             let welcomed = session.welcomes();
-            let end = match self.connect(&endpoint, &server_name).await {
+            let server = servers.current().to_owned();
+            attempts += 1;
+            let end = match self.connect(&endpoint, &server, pinned.take(), attempts).await {
                 Ok(conn) => {
                     self.metrics.connected.set(1);
-                    tracing::info!(server = %self.config.server, "uplink connected");
-                    let end = self.connection(&conn, &mut session, &mut dicts, &shutdown).await;
+                    tracing::info!(server, "uplink connected");
+                    let _learning = prober.learn(conn.remote_address());
+                    let end = self.connection(&conn, &prober, &mut session, &mut dicts, &shutdown).await;
                     session.disconnected();
                     self.metrics.connected.set(0);
                     self.metrics.in_flight.set(0);
@@ -288,54 +310,133 @@ impl Uplink {
             // success, and a refused edge came back six times a second.
             if session.welcomes() > welcomed {
                 backoff.welcomed();
+                armed = true;
+                tried = 0;
             }
-            match end.kind() {
+            tried += 1;
+            servers.advance();
+            let kind = end.kind();
+            match kind {
                 EndKind::Refused => {
-                    tracing::error!(error = %end, "uplink refused by the cloud bridge; retrying slowly");
+                    tracing::error!(server, error = %end, "uplink refused by the cloud bridge; retrying slowly");
                     self.metrics.refused.inc();
                     backoff.refused();
                 }
                 EndKind::Busy => {
-                    tracing::warn!(error = %end, "cloud bridge busy; retrying within a widening window");
+                    tracing::warn!(server, error = %end, "cloud bridge busy; retrying within a widening window");
                     self.metrics.busy.inc();
                     backoff.busy();
                 }
                 EndKind::Failed => {
-                    tracing::warn!(error = %end, retry_in = ?backoff.step(), "uplink down");
+                    tracing::warn!(server, error = %end, retry_in = ?backoff.step(), "uplink down");
                     backoff.failed();
                 }
             }
+            // A dead or busy bridge is no reason to wait before the next one; every bridge
+            // refuses a certificate alike.
+            if tried < servers.len() && kind != EndKind::Refused {
+                continue;
+            }
+            tried = 0;
             let wait = backoff.wait(rand::thread_rng().gen_range(0.0..1.0));
-            tokio::select! {
-                _ = tokio::time::sleep(wait) => {}
+            let resumed = tokio::select! {
+                r = self.wait_for_bridge(&prober, &servers, kind == EndKind::Failed && armed, wait) => r,
                 _ = shutdown.cancelled() => return,
+            };
+            if let Some(answered) = resumed {
+                armed = false;
+                servers.prefer(&answered.server);
+                tracing::info!(server = answered.server, addr = %answered.addr, "bridge answered a probe; reconnecting");
+                pinned = Some(answered.addr);
+                tokio::select! {
+                    _ = tokio::time::sleep(prober.jitter()) => {}
+                    _ = shutdown.cancelled() => return,
+                }
             }
         }
     }
 
-    async fn connect(&self, endpoint: &quinn::Endpoint, server_name: &str) -> Result<quinn::Connection, ConnEnd> {
-        let addr = tokio::net::lookup_host(&self.config.server)
-            .await
-            .map_err(|e| ConnEnd::Connect(format!("{}: {e}", self.config.server)))?
-            .next()
-            .ok_or_else(|| ConnEnd::Connect(format!("{}: no address", self.config.server)))?;
-        let connecting = endpoint.connect(addr, server_name).map_err(|e| ConnEnd::Connect(e.to_string()))?;
+    /// Waits `wait` before the next attempt. After a failure, with a bridge known to answer
+    /// probes, it waits for a probe's answer instead (the bridge that answered is returned), at
+    /// most `backoff_max` and at least `wait`, however long the handshakes would have taken.
+    async fn wait_for_bridge(&self, prober: &Prober, servers: &Servers, probe: bool, wait: Duration) -> Option<Target> {
+        let targets = if probe && prober.enabled() { reach::resolve(servers.all()).await } else { Vec::new() };
+        if !prober.trusted(&targets) {
+            tokio::time::sleep(wait).await;
+            return None;
+        }
+        let deadline = tokio::time::Instant::now() + wait.max(self.config.backoff_max.0);
+        prober.until_answer(&targets, deadline).await
+    }
+
+    /// Connects to `server` at `pinned` if given, else at one of its addresses in turn (a name
+    /// with several addresses names several bridges).
+    async fn connect(
+        &self,
+        endpoint: &quinn::Endpoint,
+        server: &str,
+        pinned: Option<std::net::SocketAddr>,
+        attempt: usize,
+    ) -> Result<quinn::Connection, ConnEnd> {
+        let addr = match pinned {
+            Some(addr) => addr,
+            None => {
+                let addrs: Vec<_> = tokio::net::lookup_host(server)
+                    .await
+                    .map_err(|e| ConnEnd::Connect(format!("{server}: {e}")))?
+                    .collect();
+                *addrs
+                    .get(attempt % addrs.len().max(1))
+                    .ok_or_else(|| ConnEnd::Connect(format!("{server}: no address")))?
+            }
+        };
+        let name = quic::server_name(&self.config, server);
+        let connecting = endpoint.connect(addr, &name).map_err(|e| ConnEnd::Connect(e.to_string()))?;
         tokio::time::timeout(Duration::from_secs(10), connecting)
             .await
             .map_err(|_| ConnEnd::Connect(format!("{addr}: handshake timed out")))?
             .map_err(ConnEnd::Handshake)
     }
 
+    /// Drives a session until it ends. While it is degraded (no ack or pong for
+    /// `ack_timeout`), a bridge known to answer probes is probed: when none of three rounds is
+    /// answered the path is taken for dead and the connection given up, before QUIC's 15 s idle
+    /// timeout would, so the edge moves to another bridge or waits for this one's answer.
     async fn connection(
         &self,
         conn: &quinn::Connection,
+        prober: &Prober,
         session: &mut EdgeSession,
         dicts: &mut DictBook,
         shutdown: &CancellationToken,
     ) -> ConnEnd {
-        match self.drive(conn, session, dicts, shutdown).await {
-            Ok(()) => ConnEnd::Shutdown,
-            Err(e) => e,
+        let (degraded, mut watch) = tokio::sync::watch::channel(false);
+        let target = [Target { server: String::new(), addr: conn.remote_address() }];
+        let dead = async {
+            loop {
+                let closed = watch.wait_for(|d| *d).await.is_err();
+                if closed {
+                    return std::future::pending().await;
+                }
+                if prober.enabled() && prober.trusted(&target) && !prober.answers_within(&target, 3).await {
+                    return;
+                }
+                tokio::select! {
+                    r = async { watch.wait_for(|d| !*d).await.map(|_| ()) } => {
+                        if r.is_err() {
+                            return std::future::pending().await;
+                        }
+                    }
+                    _ = tokio::time::sleep(self.config.ack_timeout.0) => {}
+                }
+            }
+        };
+        tokio::select! {
+            r = self.drive(conn, session, dicts, &degraded, shutdown) => match r {
+                Ok(()) => ConnEnd::Shutdown,
+                Err(e) => e,
+            },
+            _ = dead => ConnEnd::Unreachable,
         }
     }
 
@@ -344,6 +445,7 @@ impl Uplink {
         conn: &quinn::Connection,
         session: &mut EdgeSession,
         dicts: &mut DictBook,
+        degraded: &tokio::sync::watch::Sender<bool>,
         shutdown: &CancellationToken,
     ) -> Result<(), ConnEnd> {
         let (mut send, recv) = conn.open_bi().await?;
@@ -515,9 +617,10 @@ impl Uplink {
                         self.metrics.rtt_micros.set(rtt.as_micros() as i64);
                         self.link.rtt(rtt);
                     }
-                    EdgeEvent::Degraded(degraded) => {
-                        self.metrics.degraded.set(i64::from(degraded));
-                        if degraded {
+                    EdgeEvent::Degraded(d) => {
+                        self.metrics.degraded.set(i64::from(d));
+                        degraded.send_replace(d);
+                        if d {
                             tracing::warn!("uplink degraded: connected, but the bridge does not ack");
                         } else {
                             tracing::info!("uplink acks flow again");

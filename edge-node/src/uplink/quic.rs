@@ -47,10 +47,10 @@ pub fn client_config(config: &UplinkConfig) -> Result<quinn::ClientConfig, Uplin
     Ok(client)
 }
 
-/// The name to verify the bridge's certificate against.
-pub fn server_name(config: &UplinkConfig) -> String {
+/// The name to verify the certificate of the bridge at `server` (`host:port`) against.
+pub fn server_name(config: &UplinkConfig, server: &str) -> String {
     config.server_name.clone().unwrap_or_else(|| {
-        let host = config.server.rsplit_once(':').map_or(config.server.as_str(), |(h, _)| h);
+        let host = server.rsplit_once(':').map_or(server, |(h, _)| h);
         host.trim_start_matches('[').trim_end_matches(']').to_owned()
     })
 }

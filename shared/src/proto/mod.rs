@@ -35,6 +35,7 @@ pub mod edge;
 pub mod fuzzing;
 #[cfg(feature = "io")]
 pub mod io;
+pub mod probe;
 #[cfg(test)]
 mod robustness_tests;
 #[cfg(test)]

@@ -7,6 +7,7 @@ mod bridge_budget;
 mod bridge_chaos;
 mod bridge_crash;
 mod bridge_dead_letter;
+mod bridge_failover;
 mod bridge_impaired;
 mod bridge_jetstream;
 mod bridge_quota;
