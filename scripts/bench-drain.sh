@@ -5,6 +5,7 @@
 # after each drain, each phase on a fresh nats-server). Loopback, no impairment. Usage: scripts/bench-drain.sh [COUNT=200000] [REPEATS=3]. Prints a Markdown row.
 # TOPICS (default 16) spreads the backlog over that many topics; BATCHES (auto, fast, atomic,
 # off) picks the bridge's JetStream batch publishing (the sink's `batches` key).
+# CRASH=1 leaves the filled spool as a power cut does (not closed cleanly), so the edge checks it at start.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/drain-configs.sh
@@ -47,7 +48,7 @@ for r in $(seq "$repeats"); do
   raw_before=$(raw_run "$r-before")
   start_nats "drain-$r"
 
-  "$bin/drain-bench" fill "$work/spool-$r.db" "$count" x "${TOPICS:-16}" > /dev/null
+  "$bin/drain-bench" fill "$work/spool-$r.db" "$count" x "${TOPICS:-16}" ${CRASH:+crash} > /dev/null
   cloud_config "$work/cloud-$r.toml" 127.0.0.1:0 127.0.0.1:0 "nats://127.0.0.1:$nport" "$work/certs"
   "$bin/cloud-bridge" run --config "$work/cloud-$r.toml" --ready-file "$work/cloud-$r.json" 2> "$work/cloud-$r.log" &
   cloud_pid=$!; pids+=("$cloud_pid")

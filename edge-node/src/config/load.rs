@@ -243,7 +243,8 @@ mod tests {
 
     #[test]
     fn bridges_are_given_as_server_or_servers_and_each_is_checked() {
-        let uplink = |servers: &str| format!("[uplink]\n{servers}\nca = \"ca.pem\"\ncert = \"c.pem\"\nkey = \"k.pem\"\n");
+        let uplink =
+            |servers: &str| format!("[uplink]\n{servers}\nca = \"ca.pem\"\ncert = \"c.pem\"\nkey = \"k.pem\"\n");
         let err = |servers: &str| parse(&uplink(servers)).unwrap_err().to_string();
         assert!(err("server = \"a:1\"\nservers = [\"b:1\"]").contains("uplink.servers: give either server or servers"));
         assert!(err("").contains("uplink.servers: no bridge"));

@@ -81,7 +81,7 @@ pub struct UplinkConfig {
     /// While the link is down, how often to ask the bridges whether they are back: one
     /// 1,200-byte datagram a bridge answers without a handshake (`shared::proto::probe`). The
     /// edge reconnects as soon as one answers instead of waiting out its backoff; after each
-    /// minute without an answer the interval doubles, up to `backoff_max`. 0s turns probes
+    /// five minutes without an answer the interval doubles, up to `backoff_max`. 0s turns probes
     /// off. Default: 2s.
     #[serde(default = "default_probe_interval")]
     pub probe_interval: HumanDuration,

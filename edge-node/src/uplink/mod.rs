@@ -310,6 +310,7 @@ impl Uplink {
             // success, and a refused edge came back six times a second.
             if session.welcomes() > welcomed {
                 backoff.welcomed();
+                prober.welcomed();
                 armed = true;
                 tried = 0;
             }

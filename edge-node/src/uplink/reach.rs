@@ -8,8 +8,9 @@
 //!   without a handshake. Once a bridge has answered one (learnt while connected), an edge
 //!   that lost its link probes every `probe_interval` instead of spending 10 s handshakes into
 //!   a dead path, and reconnects within moments of a probe being answered. Probes back off too
-//!   (doubling after each minute unanswered, up to `backoff_max`): an hour's outage costs
-//!   about 150 KB of probes.
+//!   (doubling after each five minutes unanswered, up to `backoff_max`): an outage of up to
+//!   five minutes is probed every `probe_interval` (2 s: 150 probes, 180 KB), an hour's costs
+//!   about 430 KB.
 
 use std::collections::HashSet;
 use std::net::SocketAddr;
@@ -101,7 +102,7 @@ impl ProbeMetrics {
 const LEARN_WAIT: Duration = Duration::from_secs(1);
 const LEARN_TRIES: u32 = 3;
 /// Probes stay at `probe_interval` for this long without an answer, then double.
-const PROBE_STEP: Duration = Duration::from_secs(60);
+const PROBE_STEP: Duration = Duration::from_secs(300);
 
 #[derive(Debug, Clone)]
 pub struct Prober {
@@ -110,12 +111,14 @@ pub struct Prober {
     /// Addresses that have answered a probe: only for those does an unanswered probe mean the
     /// path is down (a firewall or load balancer may drop unknown versions).
     answering: Arc<Mutex<HashSet<SocketAddr>>>,
+    /// Since when probes have gone unanswered, across waits: the interval grows with it.
+    silent_since: Arc<Mutex<Option<Instant>>>,
     metrics: ProbeMetrics,
 }
 
 impl Prober {
     pub fn new(interval: Duration, max: Duration, metrics: ProbeMetrics) -> Self {
-        Self { interval, max: max.max(interval), answering: Arc::default(), metrics }
+        Self { interval, max: max.max(interval), answering: Arc::default(), silent_since: Arc::default(), metrics }
     }
 
     pub fn enabled(&self) -> bool {
@@ -126,6 +129,11 @@ impl Prober {
     /// do not all start in the same instant.
     pub fn jitter(&self) -> Duration {
         self.interval.mul_f64(rand::thread_rng().gen_range(0.0..0.25))
+    }
+
+    /// A session was welcomed: the next outage's probes start at `probe_interval` again.
+    pub fn welcomed(&self) {
+        *self.silent_since.lock().unwrap_or_else(|e| e.into_inner()) = None;
     }
 
     /// Whether any of `targets` is known to answer probes.
@@ -154,7 +162,7 @@ impl Prober {
 
     /// Probes `targets` until one answers (it is returned) or `deadline` passes.
     pub async fn until_answer(&self, targets: &[Target], deadline: Instant) -> Option<Target> {
-        let started = Instant::now();
+        let started = *self.silent_since.lock().unwrap_or_else(|e| e.into_inner()).get_or_insert_with(Instant::now);
         loop {
             let now = Instant::now();
             if now >= deadline {
@@ -215,6 +223,7 @@ impl Prober {
         let t = tokio::time::timeout_at(until, answer).await.ok()?;
         self.metrics.answered.inc();
         self.answering.lock().unwrap_or_else(|e| e.into_inner()).insert(t.addr);
+        *self.silent_since.lock().unwrap_or_else(|e| e.into_inner()) = None;
         Some(t)
     }
 }

@@ -2,7 +2,8 @@
 //! - `fill DB COUNT [x|random] [TOPICS]`: a spool database holding COUNT 1 KiB telemetry messages
 //!   (lane 3) on TOPICS topics in turn (default 16), the backlog an edge builds while its uplink
 //!   is down; `random` makes each payload 1,024 random letters (which zstd cannot shrink much)
-//!   instead of 1,024 `x`;
+//!   instead of 1,024 `x`; with a fifth argument `crash` the spool is left as a power cut
+//!   leaves it (not closed cleanly), so the next open checks and counts it;
 //! - `raw URL COUNT`: the peer: COUNT 1 KiB messages published with async-nats straight into a
 //!   JetStream stream made as the bridge's sink makes it (`EDGE` on `edge.>`, 2 minute dedup
 //!   window), on the same subjects, pipelined (4,096 acks outstanding). Prints JSON.
@@ -24,6 +25,7 @@ async fn main() -> anyhow::Result<()> {
             let count: u64 = args.get(2).context("fill DB COUNT")?.parse()?;
             let random = args.get(3).is_some_and(|a| a == "random");
             let topics: u64 = args.get(4).map_or(Ok(16), |t| t.parse())?;
+            let crash = args.get(5).is_some_and(|a| a == "crash");
             let mut spool = Spool::new(SqliteStorage::open(std::path::Path::new(path))?);
             let mut payload = Bytes::from(vec![b'x'; 1024]);
             let mut rng = rand::thread_rng();
@@ -44,6 +46,15 @@ async fn main() -> anyhow::Result<()> {
                 if i % 4096 == 4095 {
                     spool.flush()?;
                 }
+            }
+            if crash {
+                spool.flush()?;
+                // The WAL checkpointed as a running node's checkpointer keeps it (near 4 MiB),
+                // then dropped without closing: no clean-close note, as after a power cut.
+                rusqlite::Connection::open(path)?.query_row("PRAGMA wal_checkpoint(TRUNCATE)", [], |_| Ok(()))?;
+                std::mem::forget(spool);
+                println!("{{\"filled\": {count}, \"closed\": false}}");
+                return Ok(());
             }
             // As a node stops: closed cleanly, and the WAL (nothing checkpoints it here) moved
             // into the database, so the measured node starts without either job.
