@@ -29,6 +29,48 @@ async fn paced_load(addr: std::net::SocketAddr, progress: Arc<AtomicU64>) -> Vec
     acked
 }
 
+/// A nats-server, a PKI with `edge-1`, and `n` bridge processes on JetStream.
+struct Cloud {
+    nats: NatsServer,
+    pki: cloud_bridge::certs::Pki,
+    bridges: Vec<BridgeProcess>,
+    _dir: tempfile::TempDir,
+}
+
+fn cloud(n: usize) -> Cloud {
+    let nats = NatsServer::start();
+    let dir = tempfile::tempdir().unwrap();
+    let pki = cloud_bridge::certs::init(&dir.path().join("pki"), &[], &["edge-1".to_owned()], false).unwrap();
+    let sink = format!("kind = \"jetstream\"\nurl = \"{}\"\n", nats.url());
+    let bridges = (0..n)
+        .map(|i| {
+            let d = dir.path().join(format!("bridge-{i}"));
+            std::fs::create_dir_all(&d).unwrap();
+            BridgeProcess::start(&d, &pki, &sink, "").unwrap()
+        })
+        .collect();
+    Cloud { nats, pki, bridges, _dir: dir }
+}
+
+/// An edge process with `uplink` and the paced load running into it.
+struct LoadedEdge {
+    edge: EdgeProcess,
+    publisher: tokio::task::JoinHandle<Vec<u32>>,
+    progress: Arc<AtomicU64>,
+    _dir: tempfile::TempDir,
+}
+
+fn loaded_edge(uplink: &str) -> LoadedEdge {
+    let dir = tempfile::tempdir().unwrap();
+    let edge = EdgeProcess::start(dir.path(), &config_text(&format!("{}\n{uplink}", with_spool(&[audit()]))));
+    let progress = Arc::new(AtomicU64::new(0));
+    let publisher = tokio::spawn({
+        let (addr, progress) = (edge.addr("local"), progress.clone());
+        async move { paced_load(addr, progress).await }
+    });
+    LoadedEdge { edge, publisher, progress, _dir: dir }
+}
+
 /// The bridge, of `bridges`, that holds a connection now.
 fn holder(bridges: &[BridgeProcess]) -> Option<usize> {
     bridges.iter().position(|b| b.metric("bridge_connections") >= 1.0)
@@ -59,27 +101,10 @@ async fn stored(url: &str) -> Vec<(String, String)> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_edge_with_three_bridges_moves_on_when_one_dies_and_loses_nothing() {
-    let nats = NatsServer::start();
-    let dir = tempfile::tempdir().unwrap();
-    let pki = cloud_bridge::certs::init(&dir.path().join("pki"), &[], &["edge-1".to_owned()], false).unwrap();
-    let sink = format!("kind = \"jetstream\"\nurl = \"{}\"\n", nats.url());
-    let mut bridges: Vec<BridgeProcess> = (0..3)
-        .map(|i| {
-            let d = dir.path().join(format!("bridge-{i}"));
-            std::fs::create_dir_all(&d).unwrap();
-            BridgeProcess::start(&d, &pki, &sink, "").unwrap()
-        })
-        .collect();
+    let Cloud { nats, pki, mut bridges, _dir } = cloud(3);
     let addrs: Vec<_> = bridges.iter().map(|b| b.quic).collect();
-    let uplink = uplink_section(&pki, "edge-1", &addrs, "probe_interval = \"200ms\"");
-    let edge_dir = tempfile::tempdir().unwrap();
-    let edge = EdgeProcess::start(edge_dir.path(), &config_text(&format!("{}\n{uplink}", with_spool(&[audit()]))));
-
-    let progress = Arc::new(AtomicU64::new(0));
-    let publisher = tokio::spawn({
-        let (addr, progress) = (edge.addr("local"), progress.clone());
-        async move { paced_load(addr, progress).await }
-    });
+    let LoadedEdge { edge, publisher, progress, _dir: _edge_dir } =
+        loaded_edge(&uplink_section(&pki, "edge-1", &addrs, "probe_interval = \"200ms\""));
     let first = wait_for_holder(&bridges, None, Duration::from_secs(20)).await.expect("the edge connected");
     let records = || edge.metric("edge_uplink_records_total");
     assert!(e2e_tests::eventually(Duration::from_secs(20), || records() > 100.0).await, "records flow");
@@ -135,29 +160,13 @@ async fn an_edge_with_three_bridges_moves_on_when_one_dies_and_loses_nothing() {
 /// what it had. Every record lands once, and the mark ends at the last seq.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_bridges_holding_one_edge_at_once_store_each_record_once() {
-    let nats = NatsServer::start();
-    let dir = tempfile::tempdir().unwrap();
-    let pki = cloud_bridge::certs::init(&dir.path().join("pki"), &[], &["edge-1".to_owned()], false).unwrap();
-    let sink = format!("kind = \"jetstream\"\nurl = \"{}\"\n", nats.url());
-    let bridges: Vec<BridgeProcess> = (0..2)
-        .map(|i| {
-            let d = dir.path().join(format!("bridge-{i}"));
-            std::fs::create_dir_all(&d).unwrap();
-            BridgeProcess::start(&d, &pki, &sink, "").unwrap()
-        })
-        .collect();
+    let Cloud { nats, pki, bridges, _dir } = cloud(2);
     let relays = [
         e2e_tests::relay::UdpRelay::start(bridges[0].quic).await,
         e2e_tests::relay::UdpRelay::start(bridges[1].quic).await,
     ];
     let uplink = uplink_section(&pki, "edge-1", &[relays[0].addr, relays[1].addr], "probe_interval = \"200ms\"");
-    let edge_dir = tempfile::tempdir().unwrap();
-    let edge = EdgeProcess::start(edge_dir.path(), &config_text(&format!("{}\n{uplink}", with_spool(&[audit()]))));
-    let progress = Arc::new(AtomicU64::new(0));
-    let publisher = tokio::spawn({
-        let (addr, progress) = (edge.addr("local"), progress.clone());
-        async move { paced_load(addr, progress).await }
-    });
+    let LoadedEdge { edge, publisher, _dir: _edge_dir, .. } = loaded_edge(&uplink);
     let first = wait_for_holder(&bridges, None, Duration::from_secs(20)).await.expect("connected");
     assert!(e2e_tests::eventually(Duration::from_secs(20), || edge.metric("edge_uplink_records_total") > 100.0).await);
     relays[first].impairment.set_blackhole(true);
@@ -223,22 +232,12 @@ async fn a_lower_mark_from_another_bridge_never_lowers_the_mark() {
 /// back; on backoff alone it would come back 15 to 30 s after giving up.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn after_an_outage_the_edge_is_back_when_a_probe_is_answered_not_at_its_backoff() {
-    let nats = NatsServer::start();
-    let dir = tempfile::tempdir().unwrap();
-    let pki = cloud_bridge::certs::init(&dir.path().join("pki"), &[], &["edge-1".to_owned()], false).unwrap();
-    let sink = format!("kind = \"jetstream\"\nurl = \"{}\"\n", nats.url());
-    let bridge = BridgeProcess::start(dir.path(), &pki, &sink, "").unwrap();
-    let relay = e2e_tests::relay::UdpRelay::start(bridge.quic).await;
+    let Cloud { nats: _nats, pki, bridges, _dir } = cloud(1);
+    let relay = e2e_tests::relay::UdpRelay::start(bridges[0].quic).await;
     let uplink = uplink_section(&pki, "edge-1", &[relay.addr], "probe_interval = \"200ms\"")
         .replace("backoff_min = \"50ms\"", "backoff_min = \"30s\"")
         .replace("backoff_max = \"500ms\"", "backoff_max = \"30s\"");
-    let edge_dir = tempfile::tempdir().unwrap();
-    let edge = EdgeProcess::start(edge_dir.path(), &config_text(&format!("{}\n{uplink}", with_spool(&[audit()]))));
-    let progress = Arc::new(AtomicU64::new(0));
-    let publisher = tokio::spawn({
-        let (addr, progress) = (edge.addr("local"), progress.clone());
-        async move { paced_load(addr, progress).await }
-    });
+    let LoadedEdge { edge, publisher, _dir: _edge_dir, .. } = loaded_edge(&uplink);
     let commits = || edge.metric("edge_uplink_commit_latency_seconds_count");
     assert!(e2e_tests::eventually(Duration::from_secs(20), || commits() > 0.0).await, "acked before the outage");
     relay.impairment.set_blackhole(true);
