@@ -80,6 +80,7 @@ impl Bridge {
             admission: limits::Admission::new(&config.limits, metrics.limits.clone(), std::time::Instant::now()),
             budget: limits::Budget::new(&config.limits, metrics.limits.clone()),
             stall: config.limits.stall.0,
+            log: Arc::new(limits::LogBudget::new(&config.limits, metrics.limits.clone(), std::time::Instant::now())),
         };
         match &config.sink {
             SinkConfig::Sqlite { path } => {

@@ -76,6 +76,13 @@ pub struct LimitsConfig {
     /// Their bytes together, per edge; at least the largest dictionary (256 KiB). Default: 4 MiB.
     #[serde(default = "default_dict_bytes")]
     pub dict_bytes_per_edge: ByteSize,
+    /// Log lines about single connections (a handshake failed, an edge connected, hello,
+    /// refused, its session ended) a second, every edge together; the rest are counted in
+    /// `bridge_log_lines_suppressed_total` and the next line written says how many it follows.
+    /// A reconnect storm of 10,000 edges, or a peer failing handshakes on purpose, would
+    /// otherwise write several lines each. Default: 50.
+    #[serde(default = "default_log_lines")]
+    pub log_lines_per_second: u32,
 }
 
 fn default_max_connections() -> usize {
@@ -108,6 +115,9 @@ fn default_retired_epochs() -> usize {
 fn default_dicts() -> usize {
     EdgeQuota::default().dicts
 }
+fn default_log_lines() -> u32 {
+    50
+}
 fn default_dict_bytes() -> ByteSize {
     ByteSize(EdgeQuota::default().dict_bytes)
 }
@@ -127,6 +137,7 @@ impl Default for LimitsConfig {
             retired_epochs_per_edge: default_retired_epochs(),
             dicts_per_edge: default_dicts(),
             dict_bytes_per_edge: default_dict_bytes(),
+            log_lines_per_second: default_log_lines(),
         }
     }
 }
@@ -142,6 +153,7 @@ impl LimitsConfig {
             ("limits.stall", self.stall.0.as_millis() as u64),
             ("limits.epochs_per_edge", self.epochs_per_edge as u64),
             ("limits.dicts_per_edge", self.dicts_per_edge as u64),
+            ("limits.log_lines_per_second", self.log_lines_per_second.into()),
         ];
         if let Some((key, _)) = positive.iter().find(|(_, v)| *v == 0) {
             return Err((key, "must be more than 0".into()));
@@ -197,6 +209,7 @@ pub struct LimitMetrics {
     pub memory_reserved: Gauge,
     pub memory_waits: Counter,
     pub connections: Gauge,
+    pub log_suppressed: Counter,
 }
 
 impl LimitMetrics {
@@ -213,6 +226,52 @@ impl LimitMetrics {
             self.memory_waits.clone(),
         );
         r.register("connections", "Edge connections open, handshakes included", self.connections.clone());
+        r.register(
+            "log_lines_suppressed",
+            "Log lines about single connections not written, over limits.log_lines_per_second",
+            self.log_suppressed.clone(),
+        );
+    }
+}
+
+/// The lines a second the bridge writes about single connections (`limits.log_lines_per_second`).
+#[derive(Debug)]
+pub struct LogBudget {
+    per_second: u32,
+    window: std::sync::Mutex<LogWindow>,
+    metrics: Arc<LimitMetrics>,
+}
+
+#[derive(Debug)]
+struct LogWindow {
+    start: Instant,
+    used: u32,
+    held_back: u64,
+}
+
+impl LogBudget {
+    pub fn new(config: &LimitsConfig, metrics: Arc<LimitMetrics>, now: Instant) -> Self {
+        let window = std::sync::Mutex::new(LogWindow { start: now, used: 0, held_back: 0 });
+        Self { per_second: config.log_lines_per_second, window, metrics }
+    }
+
+    /// Whether a line may be written now; if so, how many were held back since the last one.
+    pub fn allow(&self) -> Option<u64> {
+        self.allow_at(Instant::now())
+    }
+
+    fn allow_at(&self, now: Instant) -> Option<u64> {
+        let mut w = self.window.lock().unwrap_or_else(|e| e.into_inner());
+        if now.saturating_duration_since(w.start) >= Duration::from_secs(1) {
+            (w.start, w.used) = (now, 0);
+        }
+        if w.used < self.per_second {
+            w.used += 1;
+            return Some(std::mem::take(&mut w.held_back));
+        }
+        w.held_back += 1;
+        self.metrics.log_suppressed.inc();
+        None
     }
 }
 
@@ -396,6 +455,21 @@ impl Admission {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn log_lines_past_the_rate_are_held_back_and_counted() {
+        let metrics = Arc::new(LimitMetrics::default());
+        let t0 = Instant::now();
+        let config = LimitsConfig { log_lines_per_second: 3, ..Default::default() };
+        let log = LogBudget::new(&config, metrics.clone(), t0);
+        let second = |at: u64| (0..10).map(|i| log.allow_at(t0 + Duration::from_millis(at + i))).collect::<Vec<_>>();
+        assert_eq!(second(0), [Some(0), Some(0), Some(0), None, None, None, None, None, None, None]);
+        assert_eq!(metrics.log_suppressed.get(), 7);
+        let next = second(1000);
+        assert_eq!(next[0], Some(7), "the next line written says how many it follows");
+        assert_eq!(next.iter().filter(|l| l.is_some()).count(), 3);
+        assert_eq!(metrics.log_suppressed.get(), 14);
+    }
 
     fn config(memory: u64, connection: u64) -> LimitsConfig {
         LimitsConfig {

@@ -21,7 +21,7 @@ use tokio_util::task::AbortOnDropHandle;
 
 use crate::config::ServerConfig;
 use crate::ingest::{self, Dicts, Ingested};
-use crate::limits::{Admission, Budget, ConnectionBudget, LimitsConfig, Reservation};
+use crate::limits::{Admission, Budget, ConnectionBudget, LimitsConfig, LogBudget, Reservation};
 use crate::metrics::{EdgeLabel, LaneLabels, Metrics, ReasonLabel};
 use crate::models::serve::{EdgeModels, ModelService};
 use crate::sink::{EpochVerdict, Sink};
@@ -151,6 +151,7 @@ pub struct Limits {
     pub admission: Admission,
     pub budget: Budget,
     pub stall: Duration,
+    pub log: Arc<LogBudget>,
 }
 
 /// Accepts edges until `shutdown`.
@@ -187,7 +188,7 @@ pub async fn accept_loop<S: Sink>(
         };
         let (config, sink, metrics, shutdown) = (config.clone(), sink.clone(), metrics.clone(), shutdown.clone());
         let (models, live) = (models.clone(), live.clone());
-        let (budget, stall) = (limits.budget.connection(), limits.stall);
+        let (budget, stall, log) = (limits.budget.connection(), limits.stall, limits.log.clone());
         tasks.spawn(async move {
             let _admitted = admitted;
             let remote = incoming.remote_address();
@@ -195,7 +196,9 @@ pub async fn accept_loop<S: Sink>(
                 Ok(c) => c,
                 Err(e) => {
                     refuse(&metrics, "handshake");
-                    tracing::warn!(%remote, error = %e, "edge handshake failed");
+                    if let Some(held_back) = log.allow() {
+                        tracing::warn!(%remote, error = %e, held_back, "edge handshake failed");
+                    }
                     return;
                 }
             };
@@ -206,19 +209,23 @@ pub async fn accept_loop<S: Sink>(
             };
             let Some(edge) = shared::tls::certificate_identity(&cert) else {
                 refuse(&metrics, "no_identity");
-                tracing::warn!(%remote, "edge certificate names no edge (no DNS name, no CN)");
+                if let Some(held_back) = log.allow() {
+                    tracing::warn!(%remote, held_back, "edge certificate names no edge (no DNS name, no CN)");
+                }
                 conn.close(1u32.into(), b"certificate names no edge");
                 return;
             };
             let serial = shared::tls::certificate_serial(&cert).unwrap_or_default();
             if config.deny_serials.contains(&serial) {
                 refuse(&metrics, "denied_serial");
-                tracing::warn!(%remote, edge, serial, "edge certificate is on the deny list");
+                if let Some(held_back) = log.allow() {
+                    tracing::warn!(%remote, edge, serial, held_back, "edge certificate is on the deny list");
+                }
                 conn.close(2u32.into(), b"certificate denied");
                 return;
             }
             let (ticket, replaced) = live.claim(&edge);
-            let session = SessionLimits { max_held: config.max_held, budget, stall };
+            let session = SessionLimits { max_held: config.max_held, budget, stall, log };
             serve_edge(conn, &edge, session, sink, models, &metrics, shutdown, replaced).await;
             if live.release(&edge, ticket) {
                 metrics.connected.get_or_create(&EdgeLabel { edge }).set(0);
@@ -282,6 +289,7 @@ struct SessionLimits {
     max_held: usize,
     budget: ConnectionBudget,
     stall: Duration,
+    log: Arc<LogBudget>,
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -297,16 +305,21 @@ async fn serve_edge<S: Sink>(
 ) {
     let label = EdgeLabel { edge: edge.to_owned() };
     metrics.connected.get_or_create(&label).set(1);
-    tracing::info!(edge, remote = %conn.remote_address(), "edge connected");
+    let log = limits.log.clone();
+    if let Some(held_back) = log.allow() {
+        tracing::info!(edge, remote = %conn.remote_address(), held_back, "edge connected");
+    }
     let end = tokio::select! {
         end = session(&conn, edge, limits, &*sink, models.as_ref(), metrics) => end,
         _ = shutdown.cancelled() => SessionEnd::Shutdown,
         _ = replaced.cancelled() => SessionEnd::Replaced,
     };
     metrics.closed.get_or_create(&ReasonLabel { reason: end.reason() }).inc();
-    match &end {
-        SessionEnd::Closed | SessionEnd::Shutdown => tracing::info!(edge, "edge session ended: {end}"),
-        _ => tracing::warn!(edge, "edge session ended: {end}"),
+    if let Some(held_back) = log.allow() {
+        match &end {
+            SessionEnd::Closed | SessionEnd::Shutdown => tracing::info!(edge, held_back, "edge session ended: {end}"),
+            _ => tracing::warn!(edge, held_back, "edge session ended: {end}"),
+        }
     }
     let code = if matches!(end, SessionEnd::Replaced) { CLOSE_REPLACED } else { 0 };
     conn.close(code.into(), end.to_string().as_bytes());
@@ -385,7 +398,9 @@ async fn run_session<S: Sink>(
                     Some(Request::Hello(hello)) => {
                         if let Some((reason, why)) = epoch_refusal(Box::pin(sink.admit_epoch(edge, &hello.epoch)).await?) {
                             refuse(metrics, reason);
-                            tracing::warn!(edge, epoch = hello.epoch, reason, "edge refused: {why}");
+                            if let Some(held_back) = limits.log.allow() {
+                                tracing::warn!(edge, epoch = hello.epoch, reason, held_back, "edge refused: {why}");
+                            }
                             let error = session.refuse(format!("epoch {} of edge {edge}: {why}", hello.epoch));
                             return Err(Box::pin(refused(conn, &mut session, &mut send, error)).await);
                         }
@@ -399,7 +414,9 @@ async fn run_session<S: Sink>(
                                 known.push(id);
                             }
                         }
-                        tracing::info!(edge, epoch = hello.epoch, version = hello.version, ?committed, dicts = known.len(), "edge hello");
+                        if let Some(held_back) = limits.log.allow() {
+                            tracing::info!(edge, epoch = hello.epoch, version = hello.version, ?committed, dicts = known.len(), held_back, "edge hello");
+                        }
                         session.welcome(committed, known);
                         if let Some(service) = models.filter(|_| !hello.models.is_empty()) {
                             let m = EdgeModels::new(service.clone(), hello.models.clone());

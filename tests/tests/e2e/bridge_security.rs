@@ -167,3 +167,33 @@ async fn a_newer_connection_of_an_edge_replaces_the_older_one() {
     let gone = e2e_tests::eventually(WAIT, || cloud.metric("bridge_edge_connected{edge=\"edge-2\"}") == 0.0).await;
     assert!(gone, "{}", cloud.bridge.metrics().encode());
 }
+
+/// Log lines about single connections are rate-capped: 30 handshakes with a certificate of
+/// another CA against `log_lines_per_second = 5` write a line each only while the budget
+/// lasts; every other one is counted, and a line written after some were held back says how
+/// many.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn failed_handshakes_past_the_log_rate_are_counted_not_written() {
+    const ATTEMPTS: usize = 30;
+    let dir = tempfile::tempdir().unwrap();
+    let keys = pki(dir.path(), &[]);
+    let limits = "[limits]\nlog_lines_per_second = 5\nhandshakes_per_second = 1000\nhandshake_burst = 1000\n";
+    let cloud = TestCloud::start(dir.path(), keys.clone(), "127.0.0.1:0".parse().unwrap(), limits).await;
+    let rogue = Ca::new(dir.path(), "rogue").client(dir.path(), "edge-1");
+    for _ in 0..ATTEMPTS {
+        assert!(quic::connect(cloud.bridge.quic_addr(), &keys.ca, &rogue.cert, &rogue.key).await.is_err());
+    }
+    let refused = "bridge_connections_refused_total{reason=\"handshake\"}";
+    assert!(e2e_tests::eventually(WAIT, || cloud.metric(refused) >= ATTEMPTS as f64).await);
+    let logs = e2e_tests::captured_logs();
+    let lines: Vec<&str> = logs.lines().filter(|l| l.contains("edge handshake failed")).collect();
+    let held_back = cloud.metric("bridge_log_lines_suppressed_total") as usize;
+    assert_eq!(lines.len() + held_back, ATTEMPTS, "each failure is written or counted: {} + {held_back}", lines.len());
+    assert!(held_back > 0 && lines.len() >= 5, "{} written, {held_back} held back", lines.len());
+    // Each line says how many were held back before it; together no more than were.
+    let said: Vec<usize> = lines
+        .iter()
+        .map(|l| l.split("held_back=").nth(1).and_then(|v| v.split_whitespace().next()?.parse().ok()).expect(l))
+        .collect();
+    assert!(said.iter().sum::<usize>() <= held_back, "{said:?} against {held_back}");
+}
