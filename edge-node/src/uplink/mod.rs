@@ -413,23 +413,18 @@ impl Uplink {
     ) -> ConnEnd {
         let (degraded, mut watch) = tokio::sync::watch::channel(false);
         let target = [Target { server: String::new(), addr: conn.remote_address() }];
+        // `degraded` outlives this future, so the waits below cannot fail.
         let dead = async {
+            if !prober.enabled() {
+                return std::future::pending().await;
+            }
             loop {
-                let closed = watch.wait_for(|d| *d).await.is_err();
-                if closed {
-                    return std::future::pending().await;
-                }
-                if prober.enabled() && prober.trusted(&target) && !prober.answers_within(&target, 3).await {
+                let _ = watch.wait_for(|d| *d).await;
+                if prober.trusted(&target) && !prober.answers_within(&target, 3).await {
                     return;
                 }
-                tokio::select! {
-                    r = async { watch.wait_for(|d| !*d).await.map(|_| ()) } => {
-                        if r.is_err() {
-                            return std::future::pending().await;
-                        }
-                    }
-                    _ = tokio::time::sleep(self.config.ack_timeout.0) => {}
-                }
+                // Alive: look again once acks have flowed and stopped, or after ack_timeout.
+                let _ = tokio::time::timeout(self.config.ack_timeout.0, watch.wait_for(|d| !*d)).await;
             }
         };
         tokio::select! {
