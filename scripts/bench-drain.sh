@@ -67,7 +67,7 @@ first = None
 while True:
     conn.request("GET", "/metrics")
     body = conn.getresponse().read().decode()
-    done = sum(int(l.split()[1]) for l in body.splitlines() if l.startswith("bridge_committed_seq{"))
+    done = sum(int(float(l.split()[1])) for l in body.splitlines() if l.startswith("bridge_records_total "))
     if first is None and done > 0:
         first = (time.time(), done)
     if done >= int(sys.argv[2]):

@@ -66,7 +66,7 @@ for r in $(seq "$repeats"); do
   edge_pid=$!
   pids+=("$edge_pid")
   while :; do
-    done_n=$(inB curl -s http://127.0.0.1:9464/metrics | awk '/^bridge_committed_seq/{print $2}' | head -1)
+    done_n=$(inB curl -s http://127.0.0.1:9464/metrics | awk '/^bridge_records_total /{print $2}' | head -1)
     [ "${done_n:-0}" = "$count" ] && break
     sleep 0.1
   done

@@ -20,6 +20,9 @@ pub struct CloudConfig {
     /// What edges may take: connections, handshake rate, streams, memory.
     #[serde(default)]
     pub limits: crate::limits::LimitsConfig,
+    /// The fleet view: this bridge's name, how often edge states are written.
+    #[serde(default)]
+    pub fleet: crate::fleet::FleetConfig,
 }
 
 /// `[models]`: where model versions are kept and the key that signs their manifests.
@@ -133,6 +136,10 @@ pub enum SinkConfig {
         /// Default: `edge-tco`.
         #[serde(default = "default_tco_bucket")]
         tco_bucket: String,
+        /// KV bucket of the fleet view: each edge's last session state and each bridge's, for
+        /// `cloud-bridge edges list` and `GET /edges`. Default: `edge-fleet`.
+        #[serde(default = "default_fleet_bucket")]
+        fleet_bucket: String,
         /// JetStream's Nats-Msg-Id dedup window. Default: 2m.
         #[serde(default = "default_dup_window")]
         duplicate_window: shared::units::HumanDuration,
@@ -166,6 +173,9 @@ fn default_dicts_bucket() -> String {
 }
 fn default_tco_bucket() -> String {
     "edge-tco".into()
+}
+fn default_fleet_bucket() -> String {
+    "edge-fleet".into()
 }
 fn default_dup_window() -> shared::units::HumanDuration {
     shared::units::HumanDuration(std::time::Duration::from_secs(120))
@@ -244,7 +254,7 @@ impl CloudConfig {
                 problem: "must be at least 1".into(),
             });
         }
-        if let Err((key, problem)) = config.limits.check() {
+        if let Err((key, problem)) = config.limits.check().and_then(|()| config.fleet.check()) {
             return Err(ConfigError::Invalid { path: path.to_owned(), key: key.into(), problem });
         }
         if config.models.as_ref().is_some_and(|m| m.poll.0.is_zero()) {

@@ -4,6 +4,7 @@
 
 pub mod certs;
 pub mod config;
+pub mod fleet;
 pub mod ingest;
 pub mod limits;
 pub mod metrics;
@@ -42,52 +43,71 @@ pub enum StartError {
 pub struct Bridge {
     quic_addr: SocketAddr,
     http_addr: Option<SocketAddr>,
+    /// Its name in the fleet view.
+    name: String,
     metrics: Arc<Metrics>,
     shutdown: CancellationToken,
     tasks: tokio_util::task::TaskTracker,
+    /// The fleet view's writer, stopped after every session ended so their ends are written.
+    fleet_stop: CancellationToken,
+    fleet_writer: tokio::sync::Mutex<Option<tokio::task::JoinHandle<()>>>,
+}
+
+/// What `Bridge::start` made before the sink, for [`Bridge::serve`].
+struct Parts {
+    endpoint: quinn::Endpoint,
+    server: Arc<config::ServerConfig>,
+    limits: server::Limits,
+    services: server::Services,
+    http: Option<tokio::net::TcpListener>,
+    writes_per_second: u32,
 }
 
 impl Bridge {
     pub async fn start(config: CloudConfig) -> Result<Bridge, StartError> {
         let metrics = Arc::new(Metrics::new());
-        let shutdown = CancellationToken::new();
-        let tasks = tokio_util::task::TaskTracker::new();
         let endpoint = server::endpoint(&config.server, &config.limits)?;
         let quic_addr =
             endpoint.local_addr().map_err(|source| server::ServerError::Bind { addr: config.server.bind, source })?;
-        let http_addr = match config.http.bind {
-            Some(addr) => {
-                let listener = tokio::net::TcpListener::bind(addr)
-                    .await
-                    .map_err(|source| StartError::HttpBind { addr, source })?;
-                let bound = listener.local_addr().ok();
-                tasks.spawn(metrics::serve(listener, metrics.clone(), shutdown.clone()));
-                bound
-            }
+        let http = match config.http.bind {
+            Some(addr) => Some(
+                tokio::net::TcpListener::bind(addr).await.map_err(|source| StartError::HttpBind { addr, source })?,
+            ),
             None => None,
         };
-        let server_config = Arc::new(config.server.clone());
+        let http_addr = http.as_ref().and_then(|l| l.local_addr().ok());
         let models = match &config.models {
             Some(m) => {
-                let store = models::open(&config).await.map_err(|e| StartError::Models(e.to_string()))?;
+                let store = Box::pin(models::open(&config)).await.map_err(|e| StartError::Models(e.to_string()))?;
                 tracing::info!(store = ?m.store, "model store open");
                 Some(Arc::new(models::serve::ModelService::new(Arc::new(store), m.poll.0)))
             }
             None => None,
         };
-        let (m, stop, t) = (metrics.clone(), shutdown.clone(), tasks.clone());
-        let limits = server::Limits {
-            admission: limits::Admission::new(&config.limits, metrics.limits.clone(), std::time::Instant::now()),
-            budget: limits::Budget::new(&config.limits, metrics.limits.clone()),
-            stall: config.limits.stall.0,
-            log: Arc::new(limits::LogBudget::new(&config.limits, metrics.limits.clone(), std::time::Instant::now())),
+        let name = config.fleet.bridge_name(quic_addr.port());
+        let recorder = Arc::new(fleet::Recorder::new(&config.fleet, name, metrics.fleet.clone()));
+        let parts = Parts {
+            endpoint,
+            server: Arc::new(config.server.clone()),
+            limits: server::Limits {
+                admission: limits::Admission::new(&config.limits, metrics.limits.clone(), std::time::Instant::now()),
+                budget: limits::Budget::new(&config.limits, metrics.limits.clone()),
+                stall: config.limits.stall.0,
+                log: Arc::new(limits::LogBudget::new(
+                    &config.limits,
+                    metrics.limits.clone(),
+                    std::time::Instant::now(),
+                )),
+            },
+            services: server::Services { models, fleet: recorder },
+            http,
+            writes_per_second: config.fleet.state_writes_per_second,
         };
-        match &config.sink {
+        let bridge = match &config.sink {
             SinkConfig::Sqlite { path } => {
                 let sink = sink::sqlite::SqliteSink::open(path)?.with_metrics(metrics.sink.clone());
-                let sink = Arc::new(sink.with_quota(config.limits.quota()));
                 tracing::info!(path = %path.display(), "sink: sqlite");
-                tasks.spawn(server::accept_loop(endpoint, server_config, limits, sink, models, m, stop, t));
+                Self::serve(Arc::new(sink.with_quota(config.limits.quota())), parts, metrics, quic_addr, http_addr)
             }
             SinkConfig::Jetstream {
                 url,
@@ -96,6 +116,7 @@ impl Bridge {
                 marks_bucket,
                 dicts_bucket,
                 tco_bucket,
+                fleet_bucket,
                 duplicate_window,
                 replicas,
                 batches,
@@ -107,22 +128,61 @@ impl Bridge {
                     marks_bucket: marks_bucket.clone(),
                     dicts_bucket: dicts_bucket.clone(),
                     tco_bucket: tco_bucket.clone(),
+                    fleet_bucket: fleet_bucket.clone(),
                     duplicate_window: duplicate_window.0,
                     replicas: *replicas,
                     batches: *batches,
                 };
-                let sink = sink::jetstream::JetStreamSink::connect(&settings).await?.with_metrics(metrics.sink.clone());
-                let sink = Arc::new(sink.with_quota(config.limits.quota()));
+                let sink = Box::pin(sink::jetstream::JetStreamSink::connect(&settings))
+                    .await?
+                    .with_metrics(metrics.sink.clone());
                 tracing::info!(url, stream, marks_bucket, "sink: jetstream");
-                tasks.spawn(server::accept_loop(endpoint, server_config, limits, sink, models, m, stop, t));
+                Self::serve(Arc::new(sink.with_quota(config.limits.quota())), parts, metrics, quic_addr, http_addr)
             }
+        };
+        tracing::info!(%quic_addr, bridge = bridge.name, "QUIC listener ready");
+        Ok(bridge)
+    }
+
+    /// Starts the accept loop, the fleet view's writer and the HTTP endpoint on `sink`.
+    fn serve<S: sink::Sink>(
+        sink: Arc<S>,
+        parts: Parts,
+        metrics: Arc<Metrics>,
+        quic_addr: SocketAddr,
+        http_addr: Option<SocketAddr>,
+    ) -> Bridge {
+        let name = parts.services.fleet.name().to_owned();
+        let shutdown = CancellationToken::new();
+        let tasks = tokio_util::task::TaskTracker::new();
+        if let Some(listener) = parts.http {
+            let view = Arc::new(fleet::view::Served::new(sink.clone()));
+            tasks.spawn(metrics::serve(listener, metrics.clone(), view, shutdown.clone()));
         }
-        tracing::info!(%quic_addr, "QUIC listener ready");
-        Ok(Bridge { quic_addr, http_addr, metrics, shutdown, tasks })
+        let fleet_stop = CancellationToken::new();
+        let info = fleet::BridgeInfo { quic: quic_addr, writes_per_second: parts.writes_per_second };
+        let writer = tokio::spawn(fleet::run(parts.services.fleet.clone(), sink.clone(), info, fleet_stop.clone()));
+        let (m, stop, t) = (metrics.clone(), shutdown.clone(), tasks.clone());
+        tasks.spawn(server::accept_loop(parts.endpoint, parts.server, parts.limits, sink, parts.services, m, stop, t));
+        Bridge {
+            quic_addr,
+            http_addr,
+            name,
+            metrics,
+            shutdown,
+            tasks,
+            fleet_stop,
+            fleet_writer: tokio::sync::Mutex::new(Some(writer)),
+        }
     }
 
     pub fn quic_addr(&self) -> SocketAddr {
         self.quic_addr
+    }
+
+    /// Its name in the fleet view (`fleet.name`).
+    pub fn name(&self) -> &str {
+        &self.name
     }
 
     pub fn http_addr(&self) -> Option<SocketAddr> {
@@ -133,12 +193,16 @@ impl Bridge {
         &self.metrics
     }
 
-    /// Closes every session, the endpoint and the HTTP endpoint, and waits until the UDP port is
-    /// free again.
+    /// Closes every session, the endpoint and the HTTP endpoint, writes the fleet view's last
+    /// states, and waits until the UDP port is free again.
     pub async fn stop(&self) {
         self.shutdown.cancel();
         self.tasks.close();
         self.tasks.wait().await;
+        self.fleet_stop.cancel();
+        if let Some(writer) = self.fleet_writer.lock().await.take() {
+            let _ = writer.await;
+        }
     }
 }
 
@@ -153,5 +217,6 @@ pub async fn run(config: CloudConfig, shutdown: CancellationToken) -> Result<(),
 impl Drop for Bridge {
     fn drop(&mut self) {
         self.shutdown.cancel();
+        self.fleet_stop.cancel();
     }
 }

@@ -47,6 +47,24 @@ enum Command {
         #[command(subcommand)]
         command: TcoCommand,
     },
+    /// The fleet view: every edge's bridge, backlog and routes, across all bridges on the sink.
+    Edges {
+        #[command(subcommand)]
+        command: EdgesCommand,
+    },
+}
+
+#[derive(Subcommand)]
+enum EdgesCommand {
+    /// One line per edge: status (connected, lost, disconnected), bridge, protocol version,
+    /// last seen, backlog, oldest unacked record, drops and gaps, routes per class.
+    List {
+        #[arg(long, default_value = "config/cloud.toml")]
+        config: PathBuf,
+        /// JSON (the same document as `GET /edges`) instead of the table.
+        #[arg(long)]
+        json: bool,
+    },
 }
 
 #[derive(Subcommand)]
@@ -143,6 +161,13 @@ fn main() -> ExitCode {
                 ExitCode::from(2)
             }
         },
+        Command::Edges { command: EdgesCommand::List { config, json } } => match edges_list(&config, json) {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => {
+                eprintln!("cloud-bridge: {e:#}");
+                ExitCode::from(2)
+            }
+        },
         Command::Certs { command: CertsCommand::Init { dir, edges, server_names, force } } => {
             match cloud_bridge::certs::init(&dir, &server_names, &edges, force) {
                 Ok(pki) => {
@@ -226,6 +251,18 @@ fn tco_report(path: &std::path::Path, json: bool) -> anyhow::Result<()> {
         println!("{}", serde_json::to_string_pretty(&fleet)?);
     } else {
         print!("{}", cloud_bridge::tco::table(&fleet));
+    }
+    Ok(())
+}
+
+fn edges_list(path: &std::path::Path, json: bool) -> anyhow::Result<()> {
+    let config = CloudConfig::load(path)?;
+    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+    let view = runtime.block_on(cloud_bridge::fleet::view::load(&config.sink))?;
+    if json {
+        println!("{}", serde_json::to_string_pretty(&view)?);
+    } else {
+        print!("{}", cloud_bridge::fleet::view::table(&view));
     }
     Ok(())
 }

@@ -1,5 +1,9 @@
-//! The bridge's Prometheus metrics and its HTTP endpoint: `/metrics`, and `/healthz` for a load
-//! balancer (healthy while the QUIC endpoint runs and the sink took its last write).
+//! The bridge's Prometheus metrics and its HTTP endpoint: `/metrics`, `/healthz` for a load
+//! balancer (healthy while the QUIC endpoint runs and the sink took its last write), and the
+//! fleet view's `/edges` (`fleet::view`).
+//!
+//! No series carries an edge id: with 10,000 edges a bridge would export tens of thousands of
+//! series, and a scrape would cost more than the traffic. Per-edge detail is the fleet view's.
 
 use std::sync::Arc;
 
@@ -15,17 +19,6 @@ use prometheus_client::registry::{Registry, Unit};
 use tokio_util::sync::CancellationToken;
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct EdgeLabel {
-    pub edge: String,
-}
-
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct LaneLabels {
-    pub edge: String,
-    pub lane: u8,
-}
-
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ReasonLabel {
     pub reason: &'static str,
 }
@@ -33,12 +26,11 @@ pub struct ReasonLabel {
 #[derive(Debug)]
 pub struct Metrics {
     registry: Registry,
-    pub connected: Family<EdgeLabel, Gauge>,
-    pub committed: Family<LaneLabels, Gauge>,
-    pub lag: Family<LaneLabels, Gauge>,
-    pub records: Family<EdgeLabel, Counter>,
-    pub batches: Family<EdgeLabel, Counter>,
-    pub bytes: Family<EdgeLabel, Counter>,
+    pub connected: Gauge,
+    pub lag: Gauge,
+    pub records: Counter,
+    pub batches: Counter,
+    pub bytes: Counter,
     pub sink_seconds: Histogram,
     pub dicts_stored: Counter,
     pub refused: Family<ReasonLabel, Counter>,
@@ -46,6 +38,7 @@ pub struct Metrics {
     pub sink: Arc<crate::sink::SinkMetrics>,
     pub models: Arc<crate::models::serve::ServeMetrics>,
     pub limits: Arc<crate::limits::LimitMetrics>,
+    pub fleet: Arc<crate::fleet::FleetMetrics>,
 }
 
 impl Metrics {
@@ -53,12 +46,11 @@ impl Metrics {
         let mut registry = Registry::with_prefix("bridge");
         let m = Self {
             registry: Registry::default(),
-            connected: Family::default(),
-            committed: Family::default(),
-            lag: Family::default(),
-            records: Family::default(),
-            batches: Family::default(),
-            bytes: Family::default(),
+            connected: Gauge::default(),
+            lag: Gauge::default(),
+            records: Counter::default(),
+            batches: Counter::default(),
+            bytes: Counter::default(),
             sink_seconds: Histogram::new(exponential_buckets(0.000_1, 2.0, 16)),
             dicts_stored: Counter::default(),
             refused: Family::default(),
@@ -66,21 +58,22 @@ impl Metrics {
             sink: Arc::default(),
             models: Arc::default(),
             limits: Arc::default(),
+            fleet: Arc::default(),
         };
         m.models.register(&mut registry);
         m.limits.register(&mut registry);
         m.sink.register(&mut registry);
+        m.fleet.register(&mut registry);
         let r = &mut registry;
-        r.register("edge_connected", "1 while the edge has a session on this bridge", m.connected.clone());
-        r.register("committed_seq", "Highest seq committed per edge and lane (this epoch)", m.committed.clone());
+        r.register("edges_connected", "Edge sessions on this bridge", m.connected.clone());
         r.register(
             "lag_records",
-            "Seqs an edge holds beyond what the sink committed, per lane, as of its last ping",
+            "Seqs the edges on this bridge hold beyond what the sink committed, all lanes, as of their last pings",
             m.lag.clone(),
         );
-        r.register("records", "Records written to the sink, by edge", m.records.clone());
-        r.register("batches", "Batches received, by edge", m.batches.clone());
-        r.register("received_bytes", "Batch bytes received (compressed), by edge", m.bytes.clone());
+        r.register("records", "Records written to the sink", m.records.clone());
+        r.register("batches", "Batches received", m.batches.clone());
+        r.register("received_bytes", "Batch bytes received (compressed)", m.bytes.clone());
         r.register_with_unit("sink_write", "Sink write latency per batch", Unit::Seconds, m.sink_seconds.clone());
         r.register("dicts_stored", "zstd dictionaries edges announced and this bridge stored", m.dicts_stored.clone());
         r.register(
@@ -105,11 +98,18 @@ impl Default for Metrics {
     }
 }
 
-pub async fn serve(listener: tokio::net::TcpListener, metrics: Arc<Metrics>, shutdown: CancellationToken) {
+/// Serves `/metrics`, `/healthz` and `/edges` until `shutdown`.
+pub async fn serve(
+    listener: tokio::net::TcpListener,
+    metrics: Arc<Metrics>,
+    fleet: Arc<crate::fleet::view::Served>,
+    shutdown: CancellationToken,
+) {
     let app = axum::Router::new()
         .route("/metrics", axum::routing::get(metrics_handler))
         .route("/healthz", axum::routing::get(health_handler))
-        .with_state(metrics);
+        .with_state(metrics)
+        .merge(axum::Router::new().route("/edges", axum::routing::get(edges_handler)).with_state(fleet));
     if let Err(e) = axum::serve(listener, app).with_graceful_shutdown(shutdown.cancelled_owned()).await {
         tracing::error!(error = %e, "metrics endpoint failed");
     }
@@ -117,6 +117,13 @@ pub async fn serve(listener: tokio::net::TcpListener, metrics: Arc<Metrics>, shu
 
 async fn metrics_handler(State(m): State<Arc<Metrics>>) -> impl IntoResponse {
     ([(header::CONTENT_TYPE, "application/openmetrics-text; version=1.0.0; charset=utf-8")], m.encode())
+}
+
+async fn edges_handler(State(fleet): State<Arc<crate::fleet::view::Served>>) -> axum::response::Response {
+    match fleet.json().await {
+        Ok(json) => ([(header::CONTENT_TYPE, "application/json")], json.as_str().to_owned()).into_response(),
+        Err(e) => (StatusCode::SERVICE_UNAVAILABLE, format!("the fleet view cannot be read: {e}\n")).into_response(),
+    }
 }
 
 async fn health_handler(State(m): State<Arc<Metrics>>) -> impl IntoResponse {

@@ -20,9 +20,10 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::AbortOnDropHandle;
 
 use crate::config::ServerConfig;
+use crate::fleet::{Presence, Recorder};
 use crate::ingest::{self, Dicts, Ingested};
 use crate::limits::{Admission, Budget, ConnectionBudget, LimitsConfig, LogBudget, Reservation};
-use crate::metrics::{EdgeLabel, LaneLabels, Metrics, ReasonLabel};
+use crate::metrics::{Metrics, ReasonLabel};
 use crate::models::serve::{EdgeModels, ModelService};
 use crate::sink::{EpochVerdict, Sink};
 
@@ -154,6 +155,13 @@ pub struct Limits {
     pub log: Arc<LogBudget>,
 }
 
+/// Where sessions go besides the sink: the model service, if any, and the fleet view.
+#[derive(Debug, Clone)]
+pub struct Services {
+    pub models: Option<Arc<ModelService>>,
+    pub fleet: Arc<Recorder>,
+}
+
 /// Accepts edges until `shutdown`.
 #[allow(clippy::too_many_arguments)]
 pub async fn accept_loop<S: Sink>(
@@ -161,7 +169,7 @@ pub async fn accept_loop<S: Sink>(
     config: Arc<ServerConfig>,
     mut limits: Limits,
     sink: Arc<S>,
-    models: Option<Arc<ModelService>>,
+    services: Services,
     metrics: Arc<Metrics>,
     shutdown: CancellationToken,
     tasks: tokio_util::task::TaskTracker,
@@ -187,7 +195,7 @@ pub async fn accept_loop<S: Sink>(
             }
         };
         let (config, sink, metrics, shutdown) = (config.clone(), sink.clone(), metrics.clone(), shutdown.clone());
-        let (models, live) = (models.clone(), live.clone());
+        let (services, live) = (services.clone(), live.clone());
         let (budget, stall, log) = (limits.budget.connection(), limits.stall, limits.log.clone());
         tasks.spawn(async move {
             let _admitted = admitted;
@@ -226,10 +234,8 @@ pub async fn accept_loop<S: Sink>(
             }
             let (ticket, replaced) = live.claim(&edge);
             let session = SessionLimits { max_held: config.max_held, budget, stall, log };
-            serve_edge(conn, &edge, session, sink, models, &metrics, shutdown, replaced).await;
-            if live.release(&edge, ticket) {
-                metrics.connected.get_or_create(&EdgeLabel { edge }).set(0);
-            }
+            serve_edge(conn, &edge, session, sink, services, &metrics, shutdown, replaced).await;
+            live.release(&edge, ticket);
         });
     }
     endpoint.close(0u32.into(), b"bridge shutting down");
@@ -264,14 +270,12 @@ impl LiveSessions {
         (ticket, token)
     }
 
-    /// Forgets `edge`'s session if it is still the one with `ticket`; whether it was.
-    fn release(&self, edge: &str, ticket: u64) -> bool {
+    /// Forgets `edge`'s session if it is still the one with `ticket`.
+    fn release(&self, edge: &str, ticket: u64) {
         let mut live = self.live.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
         if live.get(edge).is_some_and(|(t, _)| *t == ticket) {
             live.remove(edge);
-            return true;
         }
-        false
     }
 }
 
@@ -298,22 +302,27 @@ async fn serve_edge<S: Sink>(
     edge: &str,
     limits: SessionLimits,
     sink: Arc<S>,
-    models: Option<Arc<ModelService>>,
+    services: Services,
     metrics: &Metrics,
     shutdown: CancellationToken,
     replaced: CancellationToken,
 ) {
-    let label = EdgeLabel { edge: edge.to_owned() };
-    metrics.connected.get_or_create(&label).set(1);
+    metrics.connected.inc();
     let log = limits.log.clone();
     if let Some(held_back) = log.allow() {
         tracing::info!(edge, remote = %conn.remote_address(), held_back, "edge connected");
     }
+    let mut presence = Presence::new(services.fleet.clone(), edge, conn.remote_address());
+    // What this session added to the bridge's lag gauge, taken back when it ends.
+    let mut lag = 0;
     let end = tokio::select! {
-        end = session(&conn, edge, limits, &*sink, models.as_ref(), metrics) => end,
+        end = session(&conn, edge, limits, &*sink, services.models.as_ref(), metrics, &mut presence, &mut lag) => end,
         _ = shutdown.cancelled() => SessionEnd::Shutdown,
         _ = replaced.cancelled() => SessionEnd::Replaced,
     };
+    presence.ended();
+    metrics.lag.dec_by(lag);
+    metrics.connected.dec();
     metrics.closed.get_or_create(&ReasonLabel { reason: end.reason() }).inc();
     if let Some(held_back) = log.allow() {
         match &end {
@@ -325,6 +334,7 @@ async fn serve_edge<S: Sink>(
     conn.close(code.into(), end.to_string().as_bytes());
 }
 
+#[allow(clippy::too_many_arguments)]
 async fn session<S: Sink>(
     conn: &quinn::Connection,
     edge: &str,
@@ -332,8 +342,10 @@ async fn session<S: Sink>(
     sink: &S,
     models: Option<&Arc<ModelService>>,
     metrics: &Metrics,
+    presence: &mut Presence,
+    lag: &mut i64,
 ) -> SessionEnd {
-    match run_session(conn, edge, limits, sink, models, metrics).await {
+    match run_session(conn, edge, limits, sink, models, metrics, presence, lag).await {
         Ok(()) => SessionEnd::Closed,
         Err(e) => e,
     }
@@ -342,6 +354,7 @@ async fn session<S: Sink>(
 /// The session's state lives in its connection's task for as long as the edge is connected:
 /// the sink's futures, large and awaited rarely (the hello, dictionaries, marks), are boxed so
 /// they do not size that state for every idle edge.
+#[allow(clippy::too_many_arguments)]
 async fn run_session<S: Sink>(
     conn: &quinn::Connection,
     edge: &str,
@@ -349,6 +362,8 @@ async fn run_session<S: Sink>(
     sink: &S,
     models: Option<&Arc<ModelService>>,
     metrics: &Metrics,
+    presence: &mut Presence,
+    lag: &mut i64,
 ) -> Result<(), SessionEnd> {
     let (mut send, recv) = conn.accept_bi().await?;
     let max_held = limits.max_held;
@@ -367,10 +382,6 @@ async fn run_session<S: Sink>(
     let mut held: HashMap<(u8, u64), (Vec<WireRecord>, Reservation)> = HashMap::new();
     let mut held_since: Option<tokio::time::Instant> = None;
     let _stop_ingest = ingest;
-    let edge_label = EdgeLabel { edge: edge.to_owned() };
-    let records_counter = metrics.records.get_or_create(&edge_label).clone();
-    let batches_counter = metrics.batches.get_or_create(&edge_label).clone();
-    let bytes_counter = metrics.bytes.get_or_create(&edge_label).clone();
     // Batches being published, in order: publishing overlaps across batches, marks and acks
     // follow in order once everything before them is in the sink. Each publish is a task of its
     // own, so it goes on while this loop awaits a mark or reads the next batch, on the other
@@ -418,6 +429,7 @@ async fn run_session<S: Sink>(
                             tracing::info!(edge, epoch = hello.epoch, version = hello.version, ?committed, dicts = known.len(), held_back, "edge hello");
                         }
                         session.welcome(committed, known);
+                        presence.welcomed(&session);
                         if let Some(service) = models.filter(|_| !hello.models.is_empty()) {
                             let m = EdgeModels::new(service.clone(), hello.models.clone());
                             let server = AbortOnDropHandle::new(m.serve(conn.clone(), metrics.models.clone()));
@@ -446,8 +458,8 @@ async fn run_session<S: Sink>(
             // One batch is read and decoded ahead while the others publish.
             Some(ingested) = batch_rx.recv(), if writes.len() + queued.len() <= pipeline => {
                 let Ingested { batch, records, reservation, frame_bytes } = (*ingested)?;
-                batches_counter.inc();
-                bytes_counter.inc_by(frame_bytes as u64);
+                metrics.batches.inc();
+                metrics.bytes.inc_by(frame_bytes as u64);
                 let key = (batch.lane, batch.first_seq);
                 held.insert(key, (records, reservation));
                 for release in session.handle_batch(batch)? {
@@ -472,6 +484,8 @@ async fn run_session<S: Sink>(
             _ = tokio::time::sleep_until(held_since.unwrap_or_else(tokio::time::Instant::now) + limits.stall), if held_since.is_some() => {
                 return Err(SessionEnd::Stalled(limits.stall));
             }
+            // The fleet view's news that waited for its interval.
+            _ = sleep_until(presence.due(&session)) => {}
             _ = model_poll.tick(), if edge_models.is_some() => {
                 Box::pin(announce_models(edge, &mut edge_models, &mut session, metrics)).await;
             }
@@ -483,7 +497,7 @@ async fn run_session<S: Sink>(
                     metrics.sink_seconds.observe(started.elapsed().as_secs_f64());
                     metrics.sink.wrote(result.is_ok());
                     result?;
-                    records_counter.inc_by(count);
+                    metrics.records.inc_by(count);
                     marks.insert(lane, up_to);
                     next = writes.next().now_or_never().flatten();
                 }
@@ -493,14 +507,15 @@ async fn run_session<S: Sink>(
                 for (lane, up_to) in marks {
                     Box::pin(sink.mark(edge, &epoch, lane, up_to)).await?;
                     session.committed(lane, up_to);
-                    metrics.committed.get_or_create(&LaneLabels { edge: edge.to_owned(), lane }).set(up_to as i64);
                 }
             }
         }
         start_writes(&mut writes, &mut queued, pipeline);
-        for (lane, lag) in session.lags() {
-            metrics.lag.get_or_create(&LaneLabels { edge: edge.to_owned(), lane }).set(lag as i64);
-        }
+        let now_lag =
+            session.lags().iter().fold(0u64, |sum, (_, l)| sum.saturating_add(*l)).min(i64::MAX as u64) as i64;
+        metrics.lag.inc_by(now_lag - *lag);
+        *lag = now_lag;
+        presence.update(&session);
         flush(&mut session, &mut send).await?;
     }
 }
@@ -589,6 +604,13 @@ fn epoch_refusal(verdict: EpochVerdict) -> Option<(&'static str, &'static str)> 
             "epochs_exhausted",
             "a new epoch, and the edge has used limits.epochs_per_edge + limits.retired_epochs_per_edge already",
         )),
+    }
+}
+
+async fn sleep_until(deadline: Option<tokio::time::Instant>) {
+    match deadline {
+        Some(d) => tokio::time::sleep_until(d).await,
+        None => std::future::pending().await,
     }
 }
 

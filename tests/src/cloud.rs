@@ -7,6 +7,7 @@ use std::path::{Path, PathBuf};
 use cloud_bridge::Bridge;
 use cloud_bridge::certs::Pki;
 use cloud_bridge::config::CloudConfig;
+pub use cloud_bridge::fleet::view::{EdgeRow, FleetView, Status};
 
 pub struct TestCloud {
     pub bridge: Bridge,
@@ -103,7 +104,7 @@ impl TestCloud {
         crate::init_tracing();
         let text = format!(
             "[server]\nbind = \"{bind}\"\ncert = \"{}\"\nkey = \"{}\"\nclient_ca = \"{}\"\n{extra}\n\
-             [http]\nbind = \"127.0.0.1:0\"\n[sink]\n{sink_section}\n",
+             [http]\nbind = \"127.0.0.1:0\"\n[fleet]\nstate_interval = \"200ms\"\n[sink]\n{sink_section}\n",
             pki.server_cert.display(),
             pki.server_key.display(),
             pki.ca.display(),
@@ -146,6 +147,29 @@ impl TestCloud {
     pub fn metric(&self, name_and_labels: &str) -> f64 {
         crate::metric(&self.bridge.metrics().encode(), name_and_labels).unwrap_or(0.0)
     }
+
+    /// The fleet view as this bridge serves it at `/edges` (every bridge on its sink); empty if
+    /// it cannot be read.
+    pub fn fleet(&self) -> FleetView {
+        fleet_view(self.bridge.http_addr().expect("the test bridge serves HTTP"))
+    }
+
+    /// `edge`'s row of the fleet view.
+    pub fn edge_row(&self, edge: &str) -> Option<EdgeRow> {
+        self.fleet().edges.into_iter().find(|e| e.edge == edge)
+    }
+
+    /// `edge`'s committed seq of `lane` in the fleet view (0 if none yet).
+    pub fn committed(&self, edge: &str, lane: u8) -> u64 {
+        let row = self.edge_row(edge);
+        row.and_then(|e| e.lanes.iter().find(|l| l.lane == lane).map(|l| l.committed)).unwrap_or(0)
+    }
+}
+
+/// The fleet view served at `http` (`GET /edges`); empty if it cannot be read.
+pub fn fleet_view(http: SocketAddr) -> FleetView {
+    let body = crate::http_get(http, "/edges");
+    serde_json::from_str(&body).unwrap_or(FleetView { taken_ms: 0, bridges: Vec::new(), edges: Vec::new() })
 }
 
 /// An `[uplink]` section for `edge` (its certificate from `pki`) with fast test timings, to

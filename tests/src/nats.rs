@@ -105,6 +105,7 @@ pub fn sink_settings(
         marks_bucket: "edge-marks".into(),
         dicts_bucket: "edge-dicts".into(),
         tco_bucket: "edge-tco".into(),
+        fleet_bucket: "edge-fleet".into(),
         duplicate_window: Duration::from_secs(120),
         replicas: 1,
         batches,

@@ -15,9 +15,11 @@
 //! within the protocol's limits.
 //!
 //! What an edge makes a sink keep beyond its records, its epochs and dictionaries, is bounded
-//! per edge ([`quota`]).
+//! per edge ([`quota`]). The fleet view's states ([`presence`]) are one per edge and one per
+//! bridge, replaced, never appended.
 
 pub mod jetstream;
+pub mod presence;
 pub mod quota;
 pub mod sqlite;
 
@@ -32,6 +34,7 @@ use prometheus_client::registry::Registry;
 use serde::{Deserialize, Serialize};
 use shared::proto::{ClassesReport, DictAnnounce, LaneSeq, WireRecord};
 
+pub use presence::{BridgeState, EdgeState, FleetStates, LaneState};
 pub use quota::{EdgeQuota, EpochVerdict};
 
 /// An edge's latest TCO classes report as a sink keeps it.
@@ -201,6 +204,17 @@ pub trait Sink: Send + Sync + 'static {
 
     /// Every edge's latest TCO classes report.
     fn load_reports(&self) -> impl Future<Output = Result<Vec<StoredReport>, SinkError>> + Send;
+
+    /// Stores each state as its edge's, unless it is the end of a session other than the one
+    /// stored ([`EdgeState::replaces`]); whether each was stored, in order. Several at once, so
+    /// a sink that commits with a sync pays it once for all.
+    fn store_edge_states(&self, states: Vec<EdgeState>) -> impl Future<Output = Result<Vec<bool>, SinkError>> + Send;
+
+    /// Replaces this bridge's own state.
+    fn store_bridge_state(&self, state: &BridgeState) -> impl Future<Output = Result<(), SinkError>> + Send;
+
+    /// Every edge's and bridge's state, edges in id order.
+    fn load_fleet(&self) -> impl Future<Output = Result<FleetStates, SinkError>> + Send;
 
     /// [`Sink::publish`], then [`Sink::mark`].
     fn write(

@@ -17,7 +17,7 @@ use rusqlite::{Connection, OptionalExtension, params};
 use shared::proto::{DictAnnounce, LaneSeq, WireRecord};
 
 use super::quota::{DictIndex, EdgeQuota, EpochVerdict, Epochs, StoredDict};
-use super::{Retry, Sink, SinkError, SinkMetrics, StoredReport, Turn};
+use super::{BridgeState, EdgeState, FleetStates, Retry, Sink, SinkError, SinkMetrics, StoredReport, Turn};
 use shared::units::now_ms;
 
 const SCHEMA: &str = "
@@ -51,6 +51,15 @@ CREATE TABLE IF NOT EXISTS tco_reports (
 CREATE TABLE IF NOT EXISTS edge_epochs (
     edge_id TEXT PRIMARY KEY,
     epochs TEXT NOT NULL
+);
+CREATE TABLE IF NOT EXISTS fleet_edges (
+    edge_id TEXT PRIMARY KEY,
+    session INTEGER NOT NULL,
+    state TEXT NOT NULL
+);
+CREATE TABLE IF NOT EXISTS fleet_bridges (
+    name TEXT PRIMARY KEY,
+    state TEXT NOT NULL
 );
 CREATE TABLE IF NOT EXISTS edge_dicts (
     edge_id TEXT NOT NULL,
@@ -305,6 +314,67 @@ impl Sink for SqliteSink {
                 out.push(StoredReport { edge, received_ms, report });
             }
             Ok(out)
+        })
+        .await
+    }
+
+    async fn store_edge_states(&self, states: Vec<EdgeState>) -> Result<Vec<bool>, SinkError> {
+        self.blocking(move |conn| {
+            let tx = conn.transaction().map_err(|e| failed("begin", e))?;
+            let mut stored = Vec::with_capacity(states.len());
+            for state in &states {
+                let json = serde_json::to_string(state).map_err(|e| failed("store edge state", e))?;
+                // The session id is random: its bits as SQLite's signed integer.
+                let session = state.session as i64;
+                let sql = if state.connected {
+                    "INSERT OR REPLACE INTO fleet_edges (edge_id, session, state) VALUES (?1, ?2, ?3)"
+                } else {
+                    // An end replaces only its own session (`EdgeState::replaces`).
+                    "INSERT INTO fleet_edges (edge_id, session, state) VALUES (?1, ?2, ?3) \
+                     ON CONFLICT (edge_id) DO UPDATE SET state = excluded.state \
+                     WHERE fleet_edges.session = excluded.session"
+                };
+                let changed = tx
+                    .prepare_cached(sql)
+                    .and_then(|mut stmt| stmt.execute(params![state.edge, session, json]))
+                    .map_err(|e| failed("store edge state", format!("{}: {e}", state.edge)))?;
+                stored.push(changed > 0);
+            }
+            tx.commit().map_err(|e| failed("commit", e))?;
+            Ok(stored)
+        })
+        .await
+    }
+
+    async fn store_bridge_state(&self, state: &BridgeState) -> Result<(), SinkError> {
+        let json = serde_json::to_string(state).map_err(|e| failed("store bridge state", e))?;
+        let name = state.name.clone();
+        self.blocking(move |conn| {
+            conn.execute("INSERT OR REPLACE INTO fleet_bridges (name, state) VALUES (?1, ?2)", params![name, json])
+                .map(|_| ())
+                .map_err(|e| failed("store bridge state", e))
+        })
+        .await
+    }
+
+    async fn load_fleet(&self) -> Result<FleetStates, SinkError> {
+        self.blocking(move |conn| {
+            fn all<T: serde::de::DeserializeOwned>(conn: &Connection, sql: &str) -> Result<Vec<T>, SinkError> {
+                let mut stmt = conn.prepare_cached(sql).map_err(|e| failed("read fleet", e))?;
+                let rows = stmt
+                    .query_map([], |r| Ok((r.get::<_, String>(0)?, r.get::<_, String>(1)?)))
+                    .map_err(|e| failed("read fleet", e))?;
+                let mut out = Vec::new();
+                for row in rows {
+                    let (key, json) = row.map_err(|e| failed("read fleet", e))?;
+                    out.push(serde_json::from_str(&json).map_err(|e| failed("read fleet", format!("{key}: {e}")))?);
+                }
+                Ok(out)
+            }
+            Ok(FleetStates {
+                edges: all(conn, "SELECT edge_id, state FROM fleet_edges ORDER BY edge_id")?,
+                bridges: all(conn, "SELECT name, state FROM fleet_bridges ORDER BY name")?,
+            })
         })
         .await
     }

@@ -88,7 +88,7 @@ use bytes::Bytes;
 
 pub use config::SpoolConfig;
 pub use sqlite::SqliteStorage;
-pub use writer::{AppendError, Heads, ReadError, SpoolWriter, WriterMetrics};
+pub use writer::{AppendError, Heads, ReadError, SpoolFigures, SpoolWriter, WriterMetrics};
 
 /// A priority lane. Lower numbers drain first.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]

@@ -5,7 +5,7 @@
 //! never waits on disk except for a `full` PUBACK.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use prometheus_client::encoding::EncodeLabelSet;
@@ -173,6 +173,27 @@ impl WriterMetrics {
     }
 }
 
+/// What the spool says of itself beyond its metrics, for the uplink to report to the fleet view:
+/// kept by the spool thread, read by anyone.
+#[derive(Debug, Default)]
+struct Stats {
+    /// When the oldest record not yet acked was enqueued, ms since the Unix epoch; 0 if none.
+    oldest_unacked_ms: AtomicU64,
+    dropped: AtomicU64,
+    gaps: AtomicU64,
+}
+
+/// A snapshot of [`SpoolWriter::figures`].
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct SpoolFigures {
+    /// When the oldest record the cloud has not acked was enqueued (ms since the Unix epoch).
+    pub oldest_unacked_ms: Option<u64>,
+    /// Records dropped before the cloud had them, since start.
+    pub dropped: u64,
+    /// Gap records written for those, since start.
+    pub gaps: u64,
+}
+
 /// A handle to the spool thread.
 #[derive(Debug, Clone)]
 pub struct SpoolWriter {
@@ -187,6 +208,7 @@ pub struct SpoolWriter {
     idle: Arc<AtomicBool>,
     /// Signalled after each commit that added records, for the uplink.
     committed: Arc<tokio::sync::Notify>,
+    stats: Arc<Stats>,
 }
 
 impl SpoolWriter {
@@ -202,10 +224,13 @@ impl SpoolWriter {
         let notify = committed.clone();
         let idle = Arc::new(AtomicBool::new(false));
         let inbox = Inbox { rx, idle: idle.clone() };
+        let stats = Arc::new(Stats::default());
+        let kept = stats.clone();
         let handle = std::thread::Builder::new().name("spool-writer".into()).spawn(move || {
-            run(spool, inbox, commit_interval, commit_batch.max(1), &metrics, &notify);
+            let counts = Counts { metrics: &metrics, stats: &kept };
+            run(spool, inbox, commit_interval, commit_batch.max(1), counts, &notify);
         })?;
-        Ok(Self { tx, thread: handle.thread().clone(), idle, committed })
+        Ok(Self { tx, thread: handle.thread().clone(), idle, committed, stats })
     }
 
     /// Queues `message`. For `full` durability the returned receiver resolves once it is
@@ -277,6 +302,17 @@ impl SpoolWriter {
         self.query(Query::Heads).await
     }
 
+    /// The oldest unacked record (as of the last expiry tick, once a second) and the drops so
+    /// far.
+    pub fn figures(&self) -> SpoolFigures {
+        let oldest = self.stats.oldest_unacked_ms.load(Ordering::Relaxed);
+        SpoolFigures {
+            oldest_unacked_ms: (oldest > 0).then_some(oldest),
+            dropped: self.stats.dropped.load(Ordering::Relaxed),
+            gaps: self.stats.gaps.load(Ordering::Relaxed),
+        }
+    }
+
     /// Signalled after each commit that added records.
     pub fn committed_notify(&self) -> Arc<tokio::sync::Notify> {
         self.committed.clone()
@@ -292,8 +328,18 @@ impl SpoolWriter {
     }
 }
 
-fn count_dropped(spool: &mut DynSpool, metrics: &WriterMetrics) {
+/// Where the spool thread counts: the metrics, and the figures the uplink reports.
+#[derive(Clone, Copy)]
+struct Counts<'a> {
+    metrics: &'a WriterMetrics,
+    stats: &'a Stats,
+}
+
+fn count_dropped(spool: &mut DynSpool, counts: Counts<'_>) {
+    let metrics = counts.metrics;
     for (class, reason, count) in spool.take_dropped() {
+        counts.stats.dropped.fetch_add(count, Ordering::Relaxed);
+        counts.stats.gaps.fetch_add(1, Ordering::Relaxed);
         let reason = match reason {
             super::GapReason::Evicted => "evicted",
             super::GapReason::Expired => "expired",
@@ -305,7 +351,8 @@ fn count_dropped(spool: &mut DynSpool, metrics: &WriterMetrics) {
 
 /// Gauges read from the spool: usage per class after every commit, the oldest unacked age on
 /// the expiry tick (it costs a query per lane).
-fn update_gauges(spool: &mut DynSpool, metrics: &WriterMetrics, with_age: bool) {
+fn update_gauges(spool: &mut DynSpool, counts: Counts<'_>, with_age: bool) {
+    let metrics = counts.metrics;
     for u in spool.usage() {
         let class = class_label(&u.class);
         handle(&metrics.class_records, &class).set(u.records as i64);
@@ -316,6 +363,7 @@ fn update_gauges(spool: &mut DynSpool, metrics: &WriterMetrics, with_age: bool) 
             Ok(oldest) => {
                 let age = oldest.map_or(0, |ms| now_ms().saturating_sub(ms) / 1000);
                 metrics.oldest_unacked_seconds.set(age as i64);
+                counts.stats.oldest_unacked_ms.store(oldest.unwrap_or(0), Ordering::Relaxed);
             }
             Err(e) => tracing::warn!(error = %e, "spool: cannot read the oldest unacked record"),
         }
@@ -405,9 +453,10 @@ fn run(
     mut inbox: Inbox,
     commit_interval: Duration,
     commit_batch: usize,
-    metrics: &WriterMetrics,
+    counts: Counts<'_>,
     notify: &tokio::sync::Notify,
 ) {
+    let metrics = counts.metrics;
     const EXPIRY_TICK: Duration = Duration::from_secs(1);
     let mut policy = super::sched::WriterPolicy::start();
     let mut last_expiry = Instant::now();
@@ -415,15 +464,15 @@ fn run(
     // Appends of `normal` messages not yet committed, for the window histogram.
     let mut uncommitted: Vec<Instant> = Vec::new();
     metrics.healthy.set(1);
-    update_gauges(&mut spool, metrics, true);
+    update_gauges(&mut spool, counts, true);
     loop {
         if last_expiry.elapsed() >= EXPIRY_TICK {
             last_expiry = Instant::now();
             if let Err(e) = spool.expire(now_ms()) {
                 tracing::error!(kind = e.kind(), error = %e, "spool expiry failed");
             }
-            count_dropped(&mut spool, metrics);
-            update_gauges(&mut spool, metrics, true);
+            count_dropped(&mut spool, counts);
+            update_gauges(&mut spool, counts, true);
         }
         // While commits fail, retry on a short tick even when nothing new arrives.
         let wait = if spool.pending() > 0 { commit_interval.max(Duration::from_millis(50)) } else { EXPIRY_TICK };
@@ -514,8 +563,8 @@ fn run(
                 failures.failed(e, spool.pending());
             }
         }
-        count_dropped(&mut spool, metrics);
-        update_gauges(&mut spool, metrics, false);
+        count_dropped(&mut spool, counts);
+        update_gauges(&mut spool, counts, false);
         for (done, result) in waiters {
             let result = match (&committed, result) {
                 (Ok(()), r) => r,
@@ -525,7 +574,7 @@ fn run(
             let _ = done.send(result);
         }
         for q in queries {
-            answer(&mut spool, q, metrics);
+            answer(&mut spool, q, counts);
         }
         if let Some(done) = shutdown {
             close(&mut spool);
@@ -542,7 +591,7 @@ fn close(spool: &mut DynSpool) {
     }
 }
 
-fn answer(spool: &mut DynSpool, query: Query, metrics: &WriterMetrics) {
+fn answer(spool: &mut DynSpool, query: Query, counts: Counts<'_>) {
     match query {
         Query::Read { lane, after, limit, done } => {
             let _ = done.send(spool.read(lane, after, limit));
@@ -550,7 +599,7 @@ fn answer(spool: &mut DynSpool, query: Query, metrics: &WriterMetrics) {
         Query::Ack { lane, up_to, done } => {
             let result = spool.ack(lane, up_to);
             if result.is_ok() {
-                update_gauges(spool, metrics, false);
+                update_gauges(spool, counts, false);
             }
             let _ = done.send(result);
         }
@@ -565,7 +614,7 @@ fn answer(spool: &mut DynSpool, query: Query, metrics: &WriterMetrics) {
                     "the cloud holds seqs this spool handed out again (its database went back in time): \
                      records renumbered past the cloud's mark, none deleted"
                 );
-                metrics.renumbered.inc();
+                counts.metrics.renumbered.inc();
             }
             let _ = done.send(result);
         }

@@ -563,7 +563,11 @@ impl Uplink {
                     self.refresh(session, &mut heads).await?;
                     Vec::new()
                 }
-                _ = sleep_until(timeout) => session.handle_timeout(Instant::now()),
+                _ = sleep_until(timeout) => {
+                    // What the spool says of itself rides with the next heads, for the fleet view.
+                    session.set_spool_report(spool_report(self.spool.figures()));
+                    session.handle_timeout(Instant::now())
+                }
                 _ = sleep_until(linger_until.map(tokio::time::Instant::from_std)) => Vec::new(),
                 _ = report_tick.tick(), if self.tco.is_some() => {
                     self.report_classes(session);
@@ -647,6 +651,11 @@ impl Uplink {
         }
         Ok(())
     }
+}
+
+fn spool_report(f: crate::spool::SpoolFigures) -> shared::proto::SpoolReport {
+    let age = f.oldest_unacked_ms.map_or(0, |at| shared::units::now_ms().saturating_sub(at).max(1));
+    shared::proto::SpoolReport { oldest_unacked_ms: age, dropped: f.dropped, gaps: f.gaps }
 }
 
 async fn sleep_until(deadline: Option<tokio::time::Instant>) {

@@ -16,7 +16,9 @@
 use std::collections::{BTreeMap, HashMap, VecDeque};
 
 use super::edge::{SessionError, name};
-use super::{Ack, Batch, Control, DictAnnounce, LaneSeq, MAX_DICT_BYTES, MAX_DICTS, VERSIONS, Welcome, negotiate};
+use super::{
+    Ack, Batch, Control, DictAnnounce, LaneSeq, MAX_DICT_BYTES, MAX_DICTS, SpoolReport, VERSIONS, Welcome, negotiate,
+};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum CloudPhase {
@@ -81,6 +83,11 @@ pub struct CloudSession {
     heads: BTreeMap<u8, u64>,
     /// Per lane, the lowest seq the edge still holds, from its hello.
     holds: BTreeMap<u8, u64>,
+    /// What the edge's spool said of itself last.
+    spool: Option<SpoolReport>,
+    /// Bumped whenever something the fleet view shows changed (heads, marks, the spool's
+    /// report), so the driver can tell without comparing.
+    changes: u64,
 }
 
 impl CloudSession {
@@ -98,6 +105,8 @@ impl CloudSession {
             out: VecDeque::new(),
             heads: BTreeMap::new(),
             holds: BTreeMap::new(),
+            spool: None,
+            changes: 0,
         }
     }
 
@@ -183,9 +192,15 @@ impl CloudSession {
                 Ok(None)
             }
             Control::Pong { .. } | Control::Unknown => Ok(None),
-            Control::Heads { lanes } => {
+            Control::Heads { lanes, spool } => {
                 for LaneSeq { lane, seq } in lanes {
-                    self.heads.insert(lane, seq);
+                    if self.heads.insert(lane, seq) != Some(seq) {
+                        self.changes += 1;
+                    }
+                }
+                if spool.is_some() && spool != self.spool {
+                    self.spool = spool;
+                    self.changes += 1;
                 }
                 Ok(None)
             }
@@ -268,6 +283,7 @@ impl CloudSession {
         }
         self.out.push_back(Control::Welcome(Welcome { version: self.version, committed, dicts }));
         self.phase = CloudPhase::Ready;
+        self.changes += 1;
     }
 
     /// Handles a batch from a unidirectional stream; returns the batches the sink may take now,
@@ -338,8 +354,25 @@ impl CloudSession {
         let l = self.lanes.entry(lane).or_default();
         if up_to > l.committed {
             l.committed = up_to;
+            self.changes += 1;
             self.out.push_back(Control::Ack(Ack { lane, up_to }));
         }
+    }
+
+    /// Per lane, the cloud's committed seq and the edge's last reported head, if it sent one.
+    pub fn lane_positions(&self) -> Vec<(u8, u64, Option<u64>)> {
+        let lanes = self.lanes.keys().chain(self.heads.keys()).copied().collect::<std::collections::BTreeSet<u8>>();
+        lanes.into_iter().map(|lane| (lane, self.committed_seq(lane), self.heads.get(&lane).copied())).collect()
+    }
+
+    /// What the edge's spool said of itself last.
+    pub fn spool_report(&self) -> Option<SpoolReport> {
+        self.spool
+    }
+
+    /// A count that moves whenever heads, marks or the spool's report change.
+    pub fn changes(&self) -> u64 {
+        self.changes
     }
 
     /// Per lane the edge reported, how many seqs it holds beyond what the sink committed.

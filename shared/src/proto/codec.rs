@@ -204,6 +204,31 @@ mod tests {
     }
 
     #[test]
+    fn heads_with_and_without_the_spool_report_read_on_both_sides() {
+        // What an edge of the first versions sends: no spool report.
+        #[derive(serde::Serialize)]
+        struct OldHeads {
+            r#type: &'static str,
+            lanes: Vec<LaneSeq>,
+        }
+        let lanes = vec![LaneSeq { lane: 2, seq: 9 }];
+        let bytes = encode(&OldHeads { r#type: "heads", lanes: lanes.clone() }).unwrap();
+        assert_eq!(
+            decode_frame::<Control>(&bytes, 1024).unwrap(),
+            Control::Heads { lanes: lanes.clone(), spool: None }
+        );
+        // What this edge sends, read by a bridge that knows only the lanes.
+        #[derive(serde::Deserialize, Debug, PartialEq)]
+        struct OldHeadsIn {
+            lanes: Vec<LaneSeq>,
+        }
+        let spool = Some(SpoolReport { oldest_unacked_ms: 10, dropped: 3, gaps: 1 });
+        let bytes = encode(&Control::Heads { lanes: lanes.clone(), spool }).unwrap();
+        assert_eq!(decode_frame::<OldHeadsIn>(&bytes, 1024).unwrap(), OldHeadsIn { lanes: lanes.clone() });
+        assert_eq!(decode_frame::<Control>(&bytes, 1024).unwrap(), Control::Heads { lanes, spool });
+    }
+
+    #[test]
     fn the_buffer_yields_frames_split_anywhere() {
         let mut stream = encode(&hello()).unwrap();
         stream.extend(encode(&Control::Ping { nonce: 1 }).unwrap());

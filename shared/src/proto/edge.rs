@@ -17,7 +17,7 @@
 use std::collections::{BTreeMap, VecDeque};
 use std::time::{Duration, Instant};
 
-use super::{Control, DictAnnounce, Hello, LaneSeq, VERSIONS};
+use super::{Control, DictAnnounce, Hello, LaneSeq, SpoolReport, VERSIONS};
 
 #[derive(Debug, Clone)]
 pub struct EdgeSessionConfig {
@@ -105,6 +105,8 @@ pub struct EdgeSession {
     rtt: Option<Duration>,
     /// The spool's last committed seq per lane, as the driver last reported it.
     heads: BTreeMap<u8, u64>,
+    /// What the spool said of itself last, sent with the heads.
+    spool: Option<SpoolReport>,
     /// Welcomes received over the session's life.
     welcomes: u64,
 }
@@ -132,6 +134,7 @@ impl EdgeSession {
             degraded: false,
             rtt: None,
             heads: BTreeMap::new(),
+            spool: None,
             welcomes: 0,
         }
     }
@@ -337,7 +340,7 @@ impl EdgeSession {
                 self.out.push_back(Control::Ping { nonce: self.nonce });
                 if !self.heads.is_empty() {
                     let lanes = self.heads.iter().map(|(l, s)| LaneSeq { lane: *l, seq: *s }).collect();
-                    self.out.push_back(Control::Heads { lanes });
+                    self.out.push_back(Control::Heads { lanes, spool: self.spool });
                 }
             }
             self.next_ping = Some(now + self.config.keepalive);
@@ -358,6 +361,11 @@ impl EdgeSession {
     /// The spool's last committed seq of `lane`, reported to the cloud with each ping.
     pub fn set_head(&mut self, lane: u8, seq: u64) {
         self.heads.insert(lane, seq);
+    }
+
+    /// What the spool says of itself, reported to the cloud with the heads.
+    pub fn set_spool_report(&mut self, report: SpoolReport) {
+        self.spool = Some(report);
     }
 
     /// How many times the cloud welcomed this session (a connection got as far as sending).

@@ -105,6 +105,10 @@ pub enum Control {
     /// how far behind each edge is. A bridge that does not know it ignores it.
     Heads {
         lanes: Vec<LaneSeq>,
+        /// How the edge's spool fares, for the fleet view; optional (an older edge sends
+        /// none, an older bridge skips it).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        spool: Option<SpoolReport>,
     },
     /// The edge's TCO model per class (its last decisions), for the fleet report. A bridge
     /// that does not know it ignores it.
@@ -116,6 +120,22 @@ pub enum Control {
     /// A frame of a newer version this build does not know; ignored.
     #[serde(other)]
     Unknown,
+}
+
+/// What an edge's spool says of itself with its heads (an optional field, added without a
+/// version step).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SpoolReport {
+    /// Age of the oldest record the cloud has not acked, in ms; 0 when there is none.
+    #[serde(default)]
+    pub oldest_unacked_ms: u64,
+    /// Records the spool dropped before the cloud had them (evicted, expired, refused), since
+    /// the edge started.
+    #[serde(default)]
+    pub dropped: u64,
+    /// Gap records written for them, since the edge started.
+    #[serde(default)]
+    pub gaps: u64,
 }
 
 /// A signed manifest (`shared::model::SignedManifest` bytes) with the name and version it

@@ -224,15 +224,25 @@ fn keepalive_rtt_and_degraded_on_a_virtual_clock() {
     pump(&mut edge, &mut cloud, t0);
     assert_eq!(edge.poll_timeout(), Some(t0 + Duration::from_secs(5)));
     let t5 = t0 + Duration::from_secs(5);
-    // The spool's head goes out with each ping, for the cloud's lag figure.
+    // The spool's head goes out with each ping, for the cloud's lag figure, and what the spool
+    // says of itself with it, for the fleet view.
     edge.set_head(0, 42);
+    let report = super::SpoolReport { oldest_unacked_ms: 1_500, dropped: 7, gaps: 2 };
+    edge.set_spool_report(report);
     assert!(edge.handle_timeout(t5).is_empty());
     let ping = edge.poll_control().unwrap();
     assert!(matches!(ping, Control::Ping { .. }));
     let heads = edge.poll_control().unwrap();
-    assert_eq!(heads, Control::Heads { lanes: vec![LaneSeq { lane: 0, seq: 42 }] });
-    cloud.control(heads).unwrap();
+    assert_eq!(heads, Control::Heads { lanes: vec![LaneSeq { lane: 0, seq: 42 }], spool: Some(report) });
+    let before = cloud.session.changes();
+    cloud.control(heads.clone()).unwrap();
     assert_eq!(cloud.session.lags(), [(0, 42)], "the cloud has committed nothing of lane 0 yet");
+    assert_eq!(cloud.session.lane_positions(), [(0, 0, Some(42))]);
+    assert_eq!(cloud.session.spool_report(), Some(report));
+    assert!(cloud.session.changes() > before, "the fleet view has news");
+    let unchanged = cloud.session.changes();
+    cloud.control(heads).unwrap();
+    assert_eq!(cloud.session.changes(), unchanged, "the same heads again are no news");
     cloud.control(ping).unwrap();
     let pong = cloud.session.poll_control().unwrap();
     assert_eq!(edge.handle(pong, t5 + Duration::from_millis(40)).unwrap(), [EdgeEvent::Rtt(Duration::from_millis(40))]);

@@ -7,7 +7,7 @@ use std::net::SocketAddr;
 use std::time::Duration;
 
 use e2e_tests::client::Client;
-use e2e_tests::cloud::{TestCloud, pki, sink_rows};
+use e2e_tests::cloud::{EdgeRow, Status, TestCloud, pki, sink_rows};
 use e2e_tests::fixtures::{inference, telemetry, with_spool};
 use e2e_tests::node::TestNode;
 use rumqttc::QoS;
@@ -71,15 +71,28 @@ async fn spooled_messages_arrive_exactly_once_and_the_spool_empties() {
     assert_eq!(edge.metric("edge_uplink_acked_seq{lane=\"3\"}"), 300.0);
     assert_eq!(edge.metric("edge_uplink_connected"), 1.0);
     assert!(edge.metric("edge_uplink_sent_bytes_total") < edge.metric("edge_uplink_raw_bytes_total"), "compressed");
-    assert_eq!(cloud.metric("bridge_committed_seq{edge=\"edge-1\",lane=\"3\"}"), 300.0);
     assert!(edge.metric("edge_uplink_commit_latency_seconds_count") >= 1.0, "commit latency measured per batch");
-    // The edge reports its spool heads with each ping; once drained, it lags by nothing.
-    let lag = "bridge_lag_records{edge=\"edge-1\",lane=\"3\"} 0";
+    assert_eq!(cloud.metric("bridge_records_total"), 400.0);
+    // The fleet view: the edge reports its spool heads and what its spool says of itself with
+    // each ping; once drained, lane 3 is committed through 300 and nothing is behind.
+    let drained = |e: &EdgeRow| {
+        e.status == Status::Connected
+            && e.lanes.iter().any(|l| l.lane == 3 && l.committed == 300 && l.backlog == Some(0))
+            && e.backlog == Some(0)
+            && e.oldest_unacked_ms == Some(0)
+    };
     assert!(
-        e2e_tests::eventually(WAIT, || cloud.bridge.metrics().encode().contains(lag)).await,
-        "{}",
-        cloud.bridge.metrics().encode()
+        e2e_tests::eventually(WAIT, || cloud.edge_row("edge-1").is_some_and(|e| drained(&e))).await,
+        "{:?}",
+        cloud.fleet()
     );
+    let row = cloud.edge_row("edge-1").unwrap();
+    assert_eq!((row.bridge.as_str(), row.version), (cloud.bridge.name(), shared::proto::VERSIONS[1]));
+    assert_eq!((row.dropped, row.gaps), (Some(0), Some(0)));
+    assert_eq!(cloud.metric("bridge_lag_records"), 0.0);
+    assert_eq!(cloud.metric("bridge_edges_connected"), 1.0);
+    // No series names an edge.
+    assert!(!cloud.bridge.metrics().encode().contains("edge=\""), "{}", cloud.bridge.metrics().encode());
 }
 
 /// A backlog of large messages that zstd cannot shrink (camera frames): a batch of them must

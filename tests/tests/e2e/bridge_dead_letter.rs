@@ -47,11 +47,10 @@ async fn a_record_over_the_servers_max_payload_is_set_aside_and_the_lane_moves_o
     for i in 0..5 {
         publisher.publish("inference/m/v1/cam", QoS::AtLeastOnce, false, format!("after {i}")).await;
     }
-    let committed = "bridge_committed_seq{edge=\"edge-1\",lane=\"1\"}";
     assert!(
-        e2e_tests::eventually(WAIT, || cloud.metric(committed) == 11.0).await,
-        "the lane is stuck: {}",
-        cloud.bridge.metrics().encode()
+        e2e_tests::eventually(WAIT, || cloud.committed("edge-1", 1) == 11).await,
+        "the lane is stuck: {:?}",
+        cloud.fleet()
     );
     let messages = stream_messages(&nats.url()).await;
     let normal: Vec<String> = messages

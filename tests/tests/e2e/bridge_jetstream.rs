@@ -50,8 +50,7 @@ async fn two_bridges_on_one_jetstream_serve_an_edge_exactly_once() {
         sent += 30;
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    let committed = "bridge_committed_seq{edge=\"edge-1\",lane=\"1\"}";
-    assert!(e2e_tests::eventually(WAIT, || cloud.metric(committed) >= 50.0).await);
+    assert!(e2e_tests::eventually(WAIT, || cloud.committed("edge-1", 1) >= 50).await);
     cloud.bridge.stop().await;
     drop(cloud);
     // The dictionary is in KV under the edge and the hash of its bytes, next to the edge's
@@ -79,9 +78,9 @@ async fn two_bridges_on_one_jetstream_serve_an_edge_exactly_once() {
     let dict_batches = edge.metric("edge_uplink_dict_batches_total");
     let cloud = TestCloud::start_on_jetstream(dir.path(), keys, addr, "", &nats.url()).await;
     assert!(
-        e2e_tests::eventually(WAIT, || cloud.metric(committed) == f64::from(sent)).await,
-        "{}",
-        cloud.bridge.metrics().encode()
+        e2e_tests::eventually(WAIT, || cloud.committed("edge-1", 1) == u64::from(sent)).await,
+        "{:?}",
+        cloud.fleet()
     );
     assert!(edge.metric("edge_uplink_dict_batches_total") > dict_batches, "the second bridge decodes with it");
     assert_eq!(edge.metric("edge_uplink_dicts_announced_total"), 1.0, "found in KV, not announced again");
@@ -156,15 +155,15 @@ async fn a_nats_server_killed_and_restarted_mid_stream_loses_and_duplicates_noth
     for i in 0..200 {
         publisher.publish(&format!("inference/m/v1/cam-{i}"), QoS::AtLeastOnce, false, format!("a{i}")).await;
     }
-    let committed = "bridge_committed_seq{edge=\"edge-1\",lane=\"1\"}";
-    assert!(e2e_tests::eventually(WAIT, || cloud.metric(committed) >= 1.0).await);
+    assert!(e2e_tests::eventually(WAIT, || cloud.committed("edge-1", 1) >= 1).await);
     nats.restart();
     for i in 0..200 {
         publisher.publish(&format!("inference/m/v1/cam-{i}"), QoS::AtLeastOnce, false, format!("b{i}")).await;
     }
     assert!(
-        e2e_tests::eventually(WAIT, || cloud.metric(committed) == 400.0).await,
-        "{}",
+        e2e_tests::eventually(WAIT, || cloud.committed("edge-1", 1) == 400).await,
+        "{:?} {}",
+        cloud.fleet(),
         cloud.bridge.metrics().encode()
     );
     let messages = stream_messages(&nats.url()).await;

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use e2e_tests::certs::Ca;
 use e2e_tests::client::Client;
-use e2e_tests::cloud::{TestCloud, pki, sink_rows};
+use e2e_tests::cloud::{Status, TestCloud, pki, sink_rows};
 use e2e_tests::fixtures::{telemetry, with_spool};
 use e2e_tests::node::TestNode;
 use e2e_tests::quic;
@@ -103,7 +103,7 @@ async fn hostile_peers_are_cut_off_one_by_one_while_the_real_edge_flows() {
     assert!(e2e_tests::eventually(WAIT, || sink_rows(&cloud.sink).len() == 100).await);
     let rows = sink_rows(&cloud.sink);
     assert!(rows.iter().all(|r| r.edge == "edge-1"), "nothing written by the hostile peers");
-    assert_eq!(cloud.metric("bridge_edge_connected{edge=\"edge-1\"}"), 1.0);
+    assert_eq!(cloud.metric("bridge_edges_connected"), 1.0, "the real edge only");
     assert!(cloud.metric("bridge_sessions_closed_total{reason=\"protocol\"}") >= 4.0);
 }
 
@@ -162,10 +162,18 @@ async fn a_newer_connection_of_an_edge_replaces_the_older_one() {
     assert!(closed.to_string().contains("replaced by a newer connection"), "{closed}");
     assert!(second.close_reason().is_none(), "the newer session stays");
     assert_eq!(cloud.metric("bridge_sessions_closed_total{reason=\"replaced\"}"), 1.0);
-    assert_eq!(cloud.metric("bridge_edge_connected{edge=\"edge-2\"}"), 1.0, "the live session is connected");
+    assert_eq!(cloud.metric("bridge_edges_connected"), 1.0, "the live session only");
+    // The older session's end never hides the newer one in the fleet view.
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    let row = cloud.edge_row("edge-2").expect("edge-2 in the fleet view");
+    assert_eq!(row.status, Status::Connected, "{row:?}");
     second.close(0u32.into(), b"done");
-    let gone = e2e_tests::eventually(WAIT, || cloud.metric("bridge_edge_connected{edge=\"edge-2\"}") == 0.0).await;
+    let gone = e2e_tests::eventually(WAIT, || cloud.metric("bridge_edges_connected") == 0.0).await;
     assert!(gone, "{}", cloud.bridge.metrics().encode());
+    let ended =
+        e2e_tests::eventually(WAIT, || cloud.edge_row("edge-2").is_some_and(|e| e.status == Status::Disconnected))
+            .await;
+    assert!(ended, "{:?}", cloud.fleet());
 }
 
 /// Log lines about single connections are rate-capped: 30 handshakes with a certificate of

@@ -20,6 +20,7 @@ mod broker_security;
 mod broker_sessions;
 mod edge_cli;
 mod fleet;
+mod fleet_view;
 mod model_sync;
 mod models;
 mod spool_faults;
