@@ -6,6 +6,9 @@
 # TOPICS (default 16) spreads the backlog over that many topics; BATCHES (auto, fast, atomic,
 # off) picks the bridge's JetStream batch publishing (the sink's `batches` key).
 # CRASH=1 leaves the filled spool as a power cut does (not closed cleanly), so the edge checks it at start.
+# START_ONLY=1 measures only the edge's start to its first uplink commit (no drain, no peer);
+# COLD=1 drops the page cache before each start (root), as a reboot does. EDGE_NODE=path runs
+# another edge-node build (an A/B of the start).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/drain-configs.sh
@@ -45,10 +48,11 @@ raw_run() {
   kill "$nats_pid"; wait "$nats_pid" 2>/dev/null || true
 }
 for r in $(seq "$repeats"); do
-  raw_before=$(raw_run "$r-before")
+  [ -n "${START_ONLY:-}" ] || raw_before=$(raw_run "$r-before")
   start_nats "drain-$r"
 
   "$bin/drain-bench" fill "$work/spool-$r.db" "$count" x "${TOPICS:-16}" ${CRASH:+crash} > /dev/null
+  if [ -n "${COLD:-}" ]; then sync; echo 3 > /proc/sys/vm/drop_caches; fi
   cloud_config "$work/cloud-$r.toml" 127.0.0.1:0 127.0.0.1:0 "nats://127.0.0.1:$nport" "$work/certs"
   "$bin/cloud-bridge" run --config "$work/cloud-$r.toml" --ready-file "$work/cloud-$r.json" 2> "$work/cloud-$r.log" &
   cloud_pid=$!; pids+=("$cloud_pid")
@@ -56,11 +60,12 @@ for r in $(seq "$repeats"); do
   read -r quic chttp < <(python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); print(d["quic"], d["http"])' "$work/cloud-$r.json")
   edge_config "$work/edge-$r.toml" "$work/spool-$r.db" "$quic" "$work/certs"
   start=$(date +%s.%N)
-  "$bin/edge-node" run --config "$work/edge-$r.toml" --ready-file "$work/edge-$r.json" 2> "$work/edge-$r.log" &
+  "${EDGE_NODE:-$bin/edge-node}" run --config "$work/edge-$r.toml" --ready-file "$work/edge-$r.json" 2> "$work/edge-$r.log" &
   edge_pid=$!; pids+=("$edge_pid")
   # One kept-alive HTTP connection polled every 20 ms: a curl per poll cost a tenth of a core,
   # taken from the pipeline being measured.
-  read -r first first_n < <(python3 - "$chttp" "$count" <<'EOP'
+  target=$count; [ -z "${START_ONLY:-}" ] || target=1
+  read -r first first_n < <(python3 - "$chttp" "$target" <<'EOP'
 import http.client, sys, time
 conn = http.client.HTTPConnection(sys.argv[1])
 first = None
@@ -80,6 +85,13 @@ EOP
   # CPU seconds each process used during the drain, to see who is busy.
   cpu() { awk -v t="$(getconf CLK_TCK)" '{printf "%.2f", ($14 + $15) / t}' "/proc/$1/stat"; }
   echo "cpu s: edge-node $(cpu "$edge_pid"), cloud-bridge $(cpu "$cloud_pid"), nats-server $(cpu "$nats_pid")" >&2
+  if [ -n "${START_ONLY:-}" ]; then
+    python3 -c 'import sys; print(f"edge start to first commit: {float(sys.argv[1]) - float(sys.argv[2]):.2f} s")' "$first" "$start" >&2
+    kill "$edge_pid" "$cloud_pid" "$nats_pid" 2>/dev/null || true
+    wait "$edge_pid" "$cloud_pid" "$nats_pid" 2>/dev/null || true
+    rm -f "$work/spool-$r.db"*
+    continue
+  fi
   drained=$(python3 - "$start" "$end" "$count" "$first" "$first_n" <<'EOP'
 import json, sys
 start, end, count = float(sys.argv[1]), float(sys.argv[2]), int(sys.argv[3])
@@ -102,6 +114,7 @@ print(f"raw before {before['raw_msg_per_s']:.0f}, after {after['raw_msg_per_s']:
 print(json.dumps({"bridge_msg_per_s": drained["bridge_msg_per_s"], "raw_msg_per_s": round(raw), "ratio": round(drained["bridge_msg_per_s"] / raw, 3)}))
 EOP
 done | tee "$work/runs.jsonl" >&2
+[ -z "${START_ONLY:-}" ] || exit 0
 python3 - "$work/runs.jsonl" "$count" <<'EOP'
 import json, statistics, sys
 runs = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]

@@ -175,10 +175,13 @@ impl Node {
         };
 
         let classes = Arc::new(route::Classes::from_config(&config.classes));
+        // The integrity check of a spool the last run did not close cleanly, running beside it.
+        let mut integrity = None;
         let spool = if classes.is_empty() {
             None
         } else {
             let sqlite = spool::SqliteStorage::open(&config.spool.path)?;
+            integrity = sqlite.integrity();
             let opened = spool::Storage::opened(&sqlite);
             if opened.moved_aside.is_some() {
                 spool_metrics.moved_aside.inc();
@@ -261,10 +264,21 @@ impl Node {
                     metrics: probe_metrics.clone(),
                     interval: config.probe.enabled.then_some(config.probe.interval.0),
                 };
+                let integrity = integrity.clone();
+                let health = move || {
+                    if let Some(spool::CheckState::Failed(report)) =
+                        integrity.as_ref().map(|i| i.lock().unwrap_or_else(std::sync::PoisonError::into_inner).clone())
+                    {
+                        return Err(format!(
+                            "the spool failed its integrity check ({report}); restart to move it aside"
+                        ));
+                    }
+                    health.check()
+                };
                 let snapshot = tco_snapshot.clone();
                 let endpoints = Endpoints {
                     metrics: metrics.clone(),
-                    health: Arc::new(move || health.check()),
+                    health: Arc::new(health),
                     tco: Arc::new(move || {
                         let snapshot = snapshot.borrow();
                         (!snapshot.classes.is_empty())

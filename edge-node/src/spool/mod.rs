@@ -55,14 +55,22 @@
 //!
 //! # Recovery
 //!
-//! Opening runs `PRAGMA quick_check` unless the last run closed the spool cleanly (a graceful
-//! stop commits everything, then notes `closed_cleanly` in `meta` as its last write; every open
-//! clears the note first). The check reads every page, seconds on a spool of a gigabyte, so a
-//! clean restart or upgrade skips it and a crash or power cut does not. A database that fails
-//! it, or that SQLite cannot open as a database at all, is renamed to
-//! `<name>.corrupt-<unix-ms>` (with its WAL and shared-memory files) and reported; a fresh
-//! database with a new epoch takes its place. Nothing is ever
-//! deleted to recover. A schema version newer than this build is refused rather than guessed at,
+//! Unless the last run closed the spool cleanly (a graceful stop commits everything, then
+//! notes `closed_cleanly` in `meta` as its last write; every open clears the note first),
+//! `PRAGMA quick_check` runs, beside the spool rather than before it (`integrity.rs`): it reads
+//! every page, 1.5 s for a 1.3 GB spool in the page cache and 16 s from a cold disk, and a
+//! gateway that reboots after a power cut into a backlog should drain it at once. A failed
+//! check is noted in `<name>.check-failed` and fails `/healthz`; a close before the check
+//! passed does not count as clean. A database whose check failed (found at the next open), or
+//! that SQLite cannot open as a database at all, is renamed to `<name>.corrupt-<unix-ms>` (with
+//! its WAL, shared-memory and note files) and reported; a fresh database with a new epoch
+//! takes its place. Nothing is ever deleted to recover.
+//!
+//! The records and bytes per class (budget, quotas, metrics) are kept in `class_usage`, in the
+//! transaction of every change of the records, with the lanes they match in
+//! `meta.usage_lanes`; an open takes them from there, so no start counts the records (4 to 5 s
+//! per GB). A spool from before, or one a version without the table changed since, is counted
+//! once. A schema version newer than this build is refused rather than guessed at,
 //! and so is a migration that fails (a full disk, say): both leave the file where it is.
 //!
 //! This module owns the spool's files; it does not know about MQTT connections or the uplink,
@@ -74,6 +82,7 @@ mod checkpoint;
 mod config;
 pub mod fault;
 pub mod inspect;
+mod integrity;
 mod migrate;
 mod sched;
 mod schema;
@@ -87,6 +96,7 @@ use std::path::PathBuf;
 use bytes::Bytes;
 
 pub use config::SpoolConfig;
+pub use integrity::CheckState;
 pub use sqlite::SqliteStorage;
 pub use writer::{AppendError, Heads, ReadError, SpoolFigures, SpoolWriter, WriterMetrics};
 

@@ -625,7 +625,7 @@ fn a_large_ack_keeps_usage_exact() {
 }
 
 #[test]
-fn the_integrity_check_and_the_usage_count_run_after_a_crash_and_not_after_a_clean_close() {
+fn the_integrity_check_runs_after_a_crash_and_the_usage_is_kept_not_counted_again() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("spool.db");
     let checked = |path: &Path| SqliteStorage::open(path).unwrap().opened().checked;
@@ -643,31 +643,88 @@ fn the_integrity_check_and_the_usage_count_run_after_a_crash_and_not_after_a_cle
     spool.append(Lane(1), message(b"four"), Durability::Normal);
     spool.flush().unwrap();
     spool.ack(Lane(1), Seq(1)).unwrap();
-    spool.close().unwrap();
+    // A crash: the usage was kept with each transaction, so it is not counted at the next open.
     drop(spool);
-    let mut storage = SqliteStorage::open(&path).unwrap();
-    assert!(!storage.opened().checked, "a cleanly closed spool opens without the check");
-    assert!(!storage.opened().counted, "and takes the usage from the close's note");
-    let noted = usage(storage.opened());
-    assert_eq!(storage.read(Lane(0), Seq(0), 10).unwrap().len(), 3);
-    drop(storage);
-    // That open did not close cleanly in turn, so the next one checks and counts again, and
-    // finds what the note said.
     let storage = SqliteStorage::open(&path).unwrap();
-    assert!(storage.opened().checked && storage.opened().counted);
-    assert_eq!(usage(storage.opened()), noted);
+    assert!(storage.opened().checked, "after a crash the check runs (beside the spool)");
+    assert!(!storage.opened().counted, "the usage kept with every transaction needs no count");
+    let kept = usage(storage.opened());
     // "one" and "two" in lane 0; "four" in lane 1 was acked. Bytes are payload and topic.
     let topic = "telemetry/cam-1/metrics".len() as u64;
-    assert_eq!(noted, [("audit".to_owned(), 1, 5 + topic), ("telemetry".to_owned(), 2, 3 + 3 + 2 * topic)]);
+    assert_eq!(kept, [("audit".to_owned(), 1, 5 + topic), ("telemetry".to_owned(), 2, 3 + 3 + 2 * topic)]);
     drop(storage);
-    // A version without the note runs in between and closes cleanly: it appended (the lanes
-    // moved), so the note left from before is not trusted.
+    // A close counts as clean only once the check passed.
     let mut spool = open(&path);
+    let state = spool.storage.integrity().expect("not closed cleanly: checked");
+    while *state.lock().unwrap() == CheckState::Running {
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+    assert_eq!(*state.lock().unwrap(), CheckState::Passed);
     spool.close().unwrap();
     drop(spool);
+    let storage = SqliteStorage::open(&path).unwrap();
+    assert!(!storage.opened().checked, "a cleanly closed spool opens without the check");
+    assert!(!storage.opened().counted);
+    assert_eq!(usage(storage.opened()), kept);
+    drop(storage);
+    // A version that does not keep the usage runs in between: it appended (the lanes moved)
+    // without it, so the kept usage is not trusted and the records are counted.
     let conn = rusqlite::Connection::open(&path).unwrap();
     conn.execute("UPDATE lanes SET next_seq = next_seq + 1 WHERE lane = 0", []).unwrap();
     drop(conn);
     let storage = SqliteStorage::open(&path).unwrap();
-    assert!(!storage.opened().checked && storage.opened().counted);
+    assert!(storage.opened().counted);
+    assert_eq!(usage(storage.opened()), kept);
+    drop(storage);
+    // Counted once: kept from then on.
+    assert!(!SqliteStorage::open(&path).unwrap().opened().counted);
+}
+
+/// A power cut that damaged a page: the spool opens at once, the check beside it finds the
+/// damage, notes it where the next start finds it and fails `/healthz`; the next start moves
+/// the database aside (its note with it) and begins a new epoch.
+#[test]
+fn a_damaged_spool_found_by_the_check_beside_it_is_moved_aside_at_the_next_start() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("spool.db");
+    let mut spool = open(&path);
+    for i in 0..2_000u32 {
+        spool.append(Lane(0), message(&[i as u8; 1024]), Durability::Normal);
+    }
+    spool.flush().unwrap();
+    let epoch = spool.epoch().to_owned();
+    drop(spool);
+    // Garbage over a page of records in the middle of the file.
+    {
+        use std::io::{Seek, Write};
+        let mut f = std::fs::OpenOptions::new().write(true).open(&path).unwrap();
+        let pages = f.metadata().unwrap().len() / 4096;
+        f.seek(std::io::SeekFrom::Start(pages / 2 * 4096)).unwrap();
+        f.write_all(&[0xA5; 4096]).unwrap();
+    }
+    let storage = SqliteStorage::open(&path).unwrap();
+    assert_eq!(storage.opened().epoch, epoch, "it opened at once, before the check");
+    let state = storage.integrity().expect("a check runs after an unclean stop");
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    let report = loop {
+        match state.lock().unwrap().clone() {
+            CheckState::Failed(report) => break report,
+            CheckState::Running => {}
+            other => panic!("the check ended {other:?}"),
+        }
+        assert!(std::time::Instant::now() < deadline, "the check did not finish");
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    };
+    assert!(report.starts_with("quick_check"), "{report}");
+    let note = integrity::sidecar(&path);
+    assert!(note.exists(), "the failure is noted for the next start");
+    drop(storage);
+    let storage = SqliteStorage::open(&path).unwrap();
+    let aside = storage.opened().moved_aside.clone().expect("moved aside at the next start");
+    assert_ne!(storage.opened().epoch, epoch, "a new database, a new epoch");
+    assert!(aside.exists(), "kept for a person to look at");
+    let mut kept_note = aside.into_os_string();
+    kept_note.push(".check-failed");
+    assert!(PathBuf::from(kept_note).exists(), "with its note");
+    assert!(!note.exists(), "the new database has no note");
 }

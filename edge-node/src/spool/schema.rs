@@ -31,6 +31,12 @@ CREATE TABLE records (
 );
 ";
 
+/// Message records and their bytes per class, kept in the same transaction as every change of
+/// the records (with the lanes they match in `meta.usage_lanes`), so no open has to count them.
+/// Added without a version step: a spool without it gets it, counted once, at its next open.
+pub(super) const USAGE: &str = "CREATE TABLE IF NOT EXISTS class_usage \
+    (class TEXT PRIMARY KEY, records INTEGER NOT NULL, bytes INTEGER NOT NULL) WITHOUT ROWID";
+
 /// Messages with a TTL, for expiry.
 pub(super) const EXPIRY_INDEX: &str =
     "CREATE INDEX IF NOT EXISTS records_expiry ON records (expires_ms) WHERE kind = 0 AND expires_ms IS NOT NULL";
