@@ -128,10 +128,20 @@ pub struct Fleet {
 
 impl Fleet {
     pub async fn start(spec: FleetSpec) -> anyhow::Result<Fleet> {
+        Self::start_with(spec, false).await
+    }
+
+    /// A fleet whose active edges hold until `stats.hold` is cleared.
+    pub async fn start_held(spec: FleetSpec) -> anyhow::Result<Fleet> {
+        Self::start_with(spec, true).await
+    }
+
+    async fn start_with(spec: FleetSpec, hold: bool) -> anyhow::Result<Fleet> {
         let endpoints = (0..spec.endpoints.max(1))
             .map(|_| quinn::Endpoint::client(SocketAddr::from(([127, 0, 0, 1], 0))))
             .collect::<Result<Vec<_>, _>>()?;
         let (stats, stop) = (Arc::new(FleetStats::default()), CancellationToken::new());
+        stats.hold.store(hold, std::sync::atomic::Ordering::Relaxed);
         let started = Instant::now();
         let mut edges = Vec::with_capacity(spec.edges.len());
         for (i, client) in spec.edges.into_iter().enumerate() {

@@ -54,6 +54,8 @@ pub struct FleetStats {
     pub latencies: Mutex<Vec<Duration>>,
     /// From losing a session (or starting) to the next welcome.
     pub reconnects: Mutex<Vec<Duration>>,
+    /// Set to hold the active edges idle (a bench measuring the idle fleet first).
+    pub hold: std::sync::atomic::AtomicBool,
 }
 
 /// What one simulated edge saw.
@@ -210,7 +212,8 @@ impl SimEdge {
                 _ = stop.cancelled(), if draining.is_none() => {
                     draining = Some(tokio::time::Instant::now() + Duration::from_secs(5));
                 }
-                _ = tick.tick(), if self.rate > 0.0 && *ready && draining.is_none() && session.can_send() => {
+                _ = tick.tick(), if self.rate > 0.0 && *ready && draining.is_none() && session.can_send()
+                    && !stats.hold.load(Ordering::Relaxed) => {
                     let first = session.next_seq(0);
                     let records: Vec<WireRecord> = (first..first + self.batch as u64).map(|seq| self.record(seq)).collect();
                     let batch = compress::pack("", 0, first, &records, None, 3)?;

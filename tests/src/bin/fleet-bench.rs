@@ -1,6 +1,6 @@
 //! Many edges on one cloud-bridge (issue 19): N simulated edges, each with its own certificate
 //! from a test CA, spread over several client endpoints, against a bridge in its own process.
-//! Connects them (paced at RAMP a second, or all at once with 0), holds them idle, runs the
+//! Connects them (paced at RAMP a second, or all at once with 0), holds them idle (measured), runs the
 //! first ACTIVE of them at RATE records a second each, optionally kills the bridge and starts
 //! it again (a reconnect storm), and prints JSON lines: connect time, the bridge's RSS and CPU
 //! idle and active, ack latency, acks a second, the generator's own CPU, the storm's recovery.
@@ -58,7 +58,7 @@ async fn main() -> anyhow::Result<()> {
         ramp,
     };
     let t = Instant::now();
-    let fleet = Fleet::start(spec).await?;
+    let fleet = Fleet::start_held(spec).await?;
     let connected = fleet.connected(edges, Duration::from_secs(600)).await;
     println!(
         "{}",
@@ -67,8 +67,22 @@ async fn main() -> anyhow::Result<()> {
                "busy": fleet.stats.busy.load(Ordering::Relaxed), "failures": fleet.stats.failures.load(Ordering::Relaxed)})
     );
 
-    // Idle: every edge connected, keep-alives only (the active ones have not started: they
-    // send once connected, so this window holds their traffic too; see the active phase).
+    // Idle: every edge connected, keep-alives only, nobody sending yet.
+    let (cpu0, own0, t0) = (bridge_cpu(&bridge), cpu_of(own), Instant::now());
+    tokio::time::sleep(Duration::from_secs_f64(seconds.min(20.0))).await;
+    let wall = t0.elapsed().as_secs_f64();
+    let rss_idle = rss_mib(bridge.pid());
+    println!(
+        "{}",
+        json!({"phase": "idle", "edges": edges, "connected": fleet.stats.connected.load(Ordering::Relaxed),
+               "bridge_rss_mib": rss_idle, "bridge_rss_empty_mib": rss_empty,
+               "bridge_kib_per_idle_edge": (rss_idle - rss_empty) * 1024.0 / edges as f64,
+               "bridge_cpu": (bridge_cpu(&bridge) - cpu0).as_secs_f64() / wall,
+               "generator_cpu": (cpu_of(own) - own0).as_secs_f64() / wall})
+    );
+
+    // Active: the first ACTIVE edges send.
+    fleet.stats.hold.store(false, Ordering::Relaxed);
     fleet.stats.latencies.lock().unwrap().clear();
     let (acked0, cpu0, own0, t0) =
         (fleet.stats.acked.load(Ordering::Relaxed), bridge_cpu(&bridge), cpu_of(own), Instant::now());
