@@ -321,13 +321,15 @@ impl EdgeSession {
         Ok(())
     }
 
-    /// When [`EdgeSession::handle_timeout`] should run next.
+    /// When [`EdgeSession::handle_timeout`] should run next. Once degraded, the late ack or
+    /// pong that made it so is no deadline any more (only a frame ends the state): left in, it
+    /// was a deadline in the past after every `handle_timeout`, and the driver spun a core until
+    /// the connection ended (10,000 simulated edges did, through a bridge restart).
     pub fn poll_timeout(&self) -> Option<Instant> {
         let timeout = self.config.ack_timeout;
-        [self.next_ping, self.inflight.front().map(|f| f.sent + timeout), self.ping.map(|(_, t)| t + timeout)]
-            .into_iter()
-            .flatten()
-            .min()
+        let late = (!self.degraded)
+            .then(|| [self.inflight.front().map(|f| f.sent + timeout), self.ping.map(|(_, t)| t + timeout)]);
+        late.into_iter().flatten().chain([self.next_ping]).flatten().min()
     }
 
     /// Sends pings when due and updates the degraded state.

@@ -213,6 +213,44 @@ fn versions_are_negotiated_and_a_mismatch_is_refused_clearly() {
     assert_eq!(edge.phase(), Phase::Refused);
 }
 
+/// A bridge that stops answering: once the session is degraded, its next deadline is the next
+/// ping, never one already past, so a driver sleeping until it does not spin.
+#[test]
+fn a_degraded_session_never_asks_to_be_woken_in_the_past() {
+    let t0 = Instant::now();
+    let config =
+        EdgeSessionConfig { window: 4, keepalive: Duration::from_secs(5), ack_timeout: Duration::from_secs(2) };
+    let mut edge = EdgeSession::new(config, EPOCH, [(0, 0)]);
+    let mut cloud = Cloud::connect(BTreeMap::new());
+    edge.connected(t0);
+    pump(&mut edge, &mut cloud, t0);
+    edge.sent(0, 1, 10, t0).unwrap();
+    // Nothing comes back from here on; the driver wakes whenever it is asked to.
+    let mut now = t0;
+    let mut wakes = 0;
+    let mut nonce = 0;
+    while now < t0 + Duration::from_secs(60) {
+        let next = edge.poll_timeout().expect("a ping is always due");
+        assert!(next > now, "asked to wake at {:?} after t0, at {:?}", next - t0, now - t0);
+        now = next;
+        edge.handle_timeout(now);
+        while let Some(frame) = edge.poll_control() {
+            if let Control::Ping { nonce: n } = frame {
+                nonce = n;
+            }
+        }
+        wakes += 1;
+    }
+    assert!(edge.is_degraded());
+    assert!(wakes <= 14, "{wakes} wake-ups in a minute: once per ping and for the ack timeout");
+    // The ack and the pong end the state; the deadline of a batch sent then counts again.
+    edge.handle(Control::Ack(super::Ack { lane: 0, up_to: 10 }), now).unwrap();
+    edge.handle(Control::Pong { nonce }, now).unwrap();
+    assert!(!edge.is_degraded());
+    edge.sent(0, 11, 12, now).unwrap();
+    assert_eq!(edge.poll_timeout(), Some(now + Duration::from_secs(2)));
+}
+
 #[test]
 fn keepalive_rtt_and_degraded_on_a_virtual_clock() {
     let t0 = Instant::now();
