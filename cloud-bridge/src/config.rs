@@ -96,10 +96,20 @@ pub struct ServerConfig {
     /// loss (docs/BENCHMARKS.md compares them on a model transfer).
     #[serde(default)]
     pub congestion: shared::proto::Congestion,
+    /// UDP receive and send buffer of the QUIC socket. A fleet reconnecting at once arrives as
+    /// bursts of 1,200-byte Initial packets; the kernel's default (208 KiB) drops them and their
+    /// handshakes time out. The kernel caps it at `net.core.rmem_max` and `wmem_max` (the bridge
+    /// warns when it got less). Default: 4 MiB.
+    #[serde(default = "default_socket_buffer")]
+    pub socket_buffer: shared::units::ByteSize,
 }
 
 fn default_max_held() -> usize {
     64
+}
+
+fn default_socket_buffer() -> shared::units::ByteSize {
+    shared::units::ByteSize(4 << 20)
 }
 
 #[derive(Debug, Clone, Default, Deserialize, Serialize)]

@@ -106,13 +106,16 @@ pub fn endpoint(config: &ServerConfig, limits: &LimitsConfig) -> Result<quinn::E
     server.transport_config(Arc::new(transport));
     let socket =
         std::net::UdpSocket::bind(config.bind).map_err(|source| ServerError::Bind { addr: config.bind, source })?;
+    socket_buffers(&socket, config.socket_buffer.0);
     let runtime = quinn::default_runtime().ok_or_else(|| ServerError::Quic("no async runtime".into()))?;
     let mut endpoint_config = quinn::EndpointConfig::new(Arc::new(reset));
-    // quinn sends at most one reset every 20 ms, which tells a fleet of 10,000 that the bridge
-    // restarted over 200 s of their keep-alives: they would find out from their idle timeout
-    // first. A reset is never larger than the packet that caused it, so this rate reflects no
-    // more bytes than come in.
-    endpoint_config.min_reset_interval(RESET_INTERVAL);
+    // quinn sends at most one reset per `min_reset_interval` (20 ms by default), and its
+    // endpoint driver gives every datagram of one receive batch the same `now`, so any interval
+    // at all leaves one reset per batch: after a restart, most of a fleet's keep-alives went
+    // unanswered and those edges waited out their 15 s idle timeout (half of 10,000). No limit,
+    // then: a reset is always smaller than the packet that caused it, so it reflects fewer
+    // bytes than come in, and costs less than receiving them.
+    endpoint_config.min_reset_interval(Duration::ZERO);
     // quinn drops packets whose connection id its generator did not make, before any reset,
     // and its default generator's key is random: a restarted bridge would reset nothing.
     endpoint_config.cid_generator(move || Box::new(quinn_proto::HashedConnectionIdGenerator::from_key(cids)));
@@ -120,8 +123,27 @@ pub fn endpoint(config: &ServerConfig, limits: &LimitsConfig) -> Result<quinn::E
         .map_err(|source| ServerError::Bind { addr: config.bind, source })
 }
 
-/// The least time between two stateless resets: 10,000 a second.
-const RESET_INTERVAL: Duration = Duration::from_micros(100);
+/// Asks for `bytes` of UDP receive and send buffer on `socket` and logs what the kernel gave
+/// (it caps both at `net.core.rmem_max` / `wmem_max`).
+fn socket_buffers(socket: &std::net::UdpSocket, bytes: u64) {
+    let sock = socket2::SockRef::from(socket);
+    let want = usize::try_from(bytes).unwrap_or(usize::MAX);
+    let _ = sock.set_recv_buffer_size(want);
+    let _ = sock.set_send_buffer_size(want);
+    // Linux reports twice what it grants (the other half is its bookkeeping).
+    let (recv, send) = (sock.recv_buffer_size().unwrap_or(0) / 2, sock.send_buffer_size().unwrap_or(0) / 2);
+    if recv < want || send < want {
+        tracing::warn!(
+            wanted = want,
+            recv,
+            send,
+            "UDP socket buffers below server.socket_buffer: raise net.core.rmem_max and wmem_max, or a reconnect \
+             storm's handshakes are dropped by the kernel and time out"
+        );
+    } else {
+        tracing::debug!(recv, send, "UDP socket buffers");
+    }
+}
 
 /// QUIC's stateless reset key, derived from the bridge's TLS key. A bridge restarted with the
 /// same key (or another behind the same name with it) answers packets of connections it does

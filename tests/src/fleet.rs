@@ -137,9 +137,7 @@ impl Fleet {
     }
 
     async fn start_with(spec: FleetSpec, hold: bool) -> anyhow::Result<Fleet> {
-        let endpoints = (0..spec.endpoints.max(1))
-            .map(|_| quinn::Endpoint::client(SocketAddr::from(([127, 0, 0, 1], 0))))
-            .collect::<Result<Vec<_>, _>>()?;
+        let endpoints = (0..spec.endpoints.max(1)).map(|_| client_endpoint()).collect::<Result<Vec<_>, _>>()?;
         let (stats, stop) = (Arc::new(FleetStats::default()), CancellationToken::new());
         stats.hold.store(hold, std::sync::atomic::Ordering::Relaxed);
         let started = Instant::now();
@@ -187,6 +185,18 @@ impl Fleet {
         }
         reports
     }
+}
+
+/// A client endpoint with 4 MiB socket buffers: one serves thousands of simulated edges, whose
+/// datagrams the kernel's default buffer would drop in bursts (a bridge restart's resets and
+/// handshakes), and the bench would measure its own losses.
+fn client_endpoint() -> anyhow::Result<quinn::Endpoint> {
+    let socket = std::net::UdpSocket::bind(SocketAddr::from(([127, 0, 0, 1], 0)))?;
+    let sock = socket2::SockRef::from(&socket);
+    sock.set_recv_buffer_size(4 << 20)?;
+    sock.set_send_buffer_size(4 << 20)?;
+    let runtime = quinn::default_runtime().ok_or_else(|| anyhow::anyhow!("no async runtime"))?;
+    Ok(quinn::Endpoint::new(quinn::EndpointConfig::default(), None, socket, runtime)?)
 }
 
 /// The fleet's client configurations, one per edge certificate of `pki`.

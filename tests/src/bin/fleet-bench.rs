@@ -111,6 +111,7 @@ async fn main() -> anyhow::Result<()> {
 
     if storm {
         fleet.stats.reconnects.lock().unwrap().clear();
+        let failures_before = fleet.stats.failures.load(Ordering::Relaxed);
         let t = Instant::now();
         bridge.restart()?;
         let restarted = t.elapsed();
@@ -129,6 +130,12 @@ async fn main() -> anyhow::Result<()> {
             tokio::time::sleep(Duration::from_millis(100)).await;
         };
         let mut times = std::mem::take(&mut *fleet.stats.reconnects.lock().unwrap());
+        let bridge_says = |m: &str| bridge.metric(m);
+        let refused_by_bridge = json!({
+            "rate": bridge_says("bridge_connections_refused_total{reason=\"rate\"}"),
+            "connections": bridge_says("bridge_connections_refused_total{reason=\"connections\"}"),
+            "handshake": bridge_says("bridge_connections_refused_total{reason=\"handshake\"}"),
+        });
         println!(
             "{}",
             json!({"phase": "storm", "edges": edges, "bridge_restart_s": restarted.as_secs_f64(),
@@ -137,6 +144,8 @@ async fn main() -> anyhow::Result<()> {
                    "reconnect_p99_s": quantile(&mut times, 0.99).as_secs_f64(),
                    "refused": fleet.stats.refused.load(Ordering::Relaxed),
                    "busy": fleet.stats.busy.load(Ordering::Relaxed),
+                   "failures": fleet.stats.failures.load(Ordering::Relaxed) - failures_before,
+                   "bridge_refused": refused_by_bridge,
                    "connected_each_second": curve, "bridge_rss_peak_mib": rss_peak})
         );
     }

@@ -265,6 +265,7 @@ async fn drain_into_a_bridge_speaking(versions: &'static [u16]) -> Received {
         deny_serials: vec![],
         max_held: 64,
         congestion: Default::default(),
+        socket_buffer: shared::units::ByteSize(1 << 20),
     };
     let endpoint = cloud_bridge::server::endpoint(&server, &Default::default()).unwrap();
     let addr = endpoint.local_addr().unwrap();
