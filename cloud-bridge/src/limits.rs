@@ -40,6 +40,13 @@ pub struct LimitsConfig {
     /// New connections admitted at once above the rate (a token bucket's depth). Default: 500.
     #[serde(default = "default_handshake_rate")]
     pub handshake_burst: u32,
+    /// Handshakes in progress at once; past it new connections are refused before TLS like
+    /// those over the rate. The rate says how many may start, this how many may wait: a bridge
+    /// short of CPU (or behind slow links) finishes fewer a second than it admits, and without
+    /// it the admitted ones queue until the edges' 10 s handshake timeout wastes their work.
+    /// Default: 512 (500 a second of handshakes taking up to a second).
+    #[serde(default = "default_handshakes_in_flight")]
+    pub handshakes_in_flight: u32,
     /// Memory for batches in transit, every edge together. Default: 512 MiB.
     #[serde(default = "default_memory")]
     pub memory: ByteSize,
@@ -91,6 +98,9 @@ fn default_max_connections() -> usize {
 fn default_handshake_rate() -> u32 {
     500
 }
+fn default_handshakes_in_flight() -> u32 {
+    512
+}
 fn default_memory() -> ByteSize {
     ByteSize(512 << 20)
 }
@@ -128,6 +138,7 @@ impl Default for LimitsConfig {
             max_connections: default_max_connections(),
             handshakes_per_second: default_handshake_rate(),
             handshake_burst: default_handshake_rate(),
+            handshakes_in_flight: default_handshakes_in_flight(),
             memory: default_memory(),
             connection_memory: default_connection_memory(),
             connection_window: default_connection_window(),
@@ -149,6 +160,7 @@ impl LimitsConfig {
             ("limits.max_connections", self.max_connections as u64),
             ("limits.handshakes_per_second", self.handshakes_per_second.into()),
             ("limits.handshake_burst", self.handshake_burst.into()),
+            ("limits.handshakes_in_flight", self.handshakes_in_flight.into()),
             ("limits.streams_per_connection", self.streams_per_connection.into()),
             ("limits.stall", self.stall.0.as_millis() as u64),
             ("limits.epochs_per_edge", self.epochs_per_edge as u64),
@@ -209,6 +221,7 @@ pub struct LimitMetrics {
     pub memory_reserved: Gauge,
     pub memory_waits: Counter,
     pub connections: Gauge,
+    pub handshakes: Gauge,
     pub log_suppressed: Counter,
 }
 
@@ -226,6 +239,11 @@ impl LimitMetrics {
             self.memory_waits.clone(),
         );
         r.register("connections", "Edge connections open, handshakes included", self.connections.clone());
+        r.register(
+            "handshakes_in_flight",
+            "Edge handshakes in progress (limits.handshakes_in_flight)",
+            self.handshakes.clone(),
+        );
         r.register(
             "log_lines_suppressed",
             "Log lines about single connections not written, over limits.log_lines_per_second",
@@ -404,6 +422,7 @@ impl Drop for Reservation {
 #[derive(Debug)]
 pub struct Admission {
     open: Arc<Semaphore>,
+    handshaking: Arc<Semaphore>,
     rate: f64,
     burst: f64,
     tokens: f64,
@@ -415,11 +434,22 @@ pub struct Admission {
 #[derive(Debug)]
 pub struct Admitted {
     _permit: OwnedSemaphorePermit,
+    handshake: Option<OwnedSemaphorePermit>,
     metrics: Arc<LimitMetrics>,
+}
+
+impl Admitted {
+    /// The handshake is over (done or failed): its place is free for another.
+    pub fn handshake_done(&mut self) {
+        if self.handshake.take().is_some() {
+            self.metrics.handshakes.dec();
+        }
+    }
 }
 
 impl Drop for Admitted {
     fn drop(&mut self) {
+        self.handshake_done();
         self.metrics.connections.dec();
     }
 }
@@ -429,6 +459,7 @@ impl Admission {
         let burst = f64::from(config.handshake_burst);
         Self {
             open: Arc::new(Semaphore::new(config.max_connections)),
+            handshaking: Arc::new(Semaphore::new(config.handshakes_in_flight as usize)),
             rate: f64::from(config.handshakes_per_second),
             burst,
             tokens: burst,
@@ -437,7 +468,8 @@ impl Admission {
         }
     }
 
-    /// Admits a new connection at `now`, or says why not (`connections` or `rate`).
+    /// Admits a new connection at `now`, or says why not (`rate`, `connections` or
+    /// `handshakes`). A refusal takes no token.
     pub fn admit(&mut self, now: Instant) -> Result<Admitted, &'static str> {
         let elapsed = now.saturating_duration_since(self.last).as_secs_f64();
         self.tokens = (self.tokens + elapsed * self.rate).min(self.burst);
@@ -446,9 +478,11 @@ impl Admission {
             return Err("rate");
         }
         let permit = self.open.clone().try_acquire_owned().map_err(|_| "connections")?;
+        let handshake = self.handshaking.clone().try_acquire_owned().map_err(|_| "handshakes")?;
         self.tokens -= 1.0;
         self.metrics.connections.inc();
-        Ok(Admitted { _permit: permit, metrics: self.metrics.clone() })
+        self.metrics.handshakes.inc();
+        Ok(Admitted { _permit: permit, handshake: Some(handshake), metrics: self.metrics.clone() })
     }
 }
 
@@ -469,6 +503,25 @@ mod tests {
         assert_eq!(next[0], Some(7), "the next line written says how many it follows");
         assert_eq!(next.iter().filter(|l| l.is_some()).count(), 3);
         assert_eq!(metrics.log_suppressed.get(), 14);
+    }
+
+    #[test]
+    fn handshakes_past_the_in_flight_bound_are_refused_without_a_token() {
+        let metrics = Arc::new(LimitMetrics::default());
+        let t0 = Instant::now();
+        let config = LimitsConfig { handshakes_in_flight: 2, handshake_burst: 10, ..Default::default() };
+        let mut a = Admission::new(&config, metrics.clone(), t0);
+        let mut first = a.admit(t0).unwrap();
+        let _second = a.admit(t0).unwrap();
+        assert_eq!(a.admit(t0).unwrap_err(), "handshakes");
+        assert_eq!(metrics.handshakes.get(), 2);
+        first.handshake_done();
+        assert_eq!(metrics.handshakes.get(), 1);
+        let _third = a.admit(t0).expect("a place came free");
+        assert_eq!(a.tokens as u32, 7, "three admitted, the refusal took no token");
+        assert_eq!(metrics.connections.get(), 3, "the first is connected still");
+        drop(first);
+        assert_eq!(metrics.connections.get(), 2);
     }
 
     fn config(memory: u64, connection: u64) -> LimitsConfig {

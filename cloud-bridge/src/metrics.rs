@@ -78,7 +78,7 @@ impl Metrics {
         r.register("dicts_stored", "zstd dictionaries edges announced and this bridge stored", m.dicts_stored.clone());
         r.register(
             "connections_refused",
-            "Edge connections refused, by reason (rate and connections before the handshake: limits.handshakes_per_second, limits.max_connections; then handshake, no_identity, denied_serial; at the hello epoch_retired, epochs_exhausted)",
+            "Edge connections refused, by reason (rate, connections and handshakes before the handshake: limits.handshakes_per_second, limits.max_connections, limits.handshakes_in_flight; then handshake, no_identity, denied_serial; at the hello epoch_retired, epochs_exhausted)",
             m.refused.clone(),
         );
         r.register("sessions_closed", "Edge sessions ended, by reason", m.closed.clone());

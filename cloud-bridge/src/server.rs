@@ -220,9 +220,11 @@ pub async fn accept_loop<S: Sink>(
         let (services, live) = (services.clone(), live.clone());
         let (budget, stall, log) = (limits.budget.connection(), limits.stall, limits.log.clone());
         tasks.spawn(async move {
-            let _admitted = admitted;
+            let mut admitted = admitted;
             let remote = incoming.remote_address();
-            let conn = match incoming.await {
+            let handshake = incoming.await;
+            admitted.handshake_done();
+            let conn = match handshake {
                 Ok(c) => c,
                 Err(e) => {
                     refuse(&metrics, "handshake");
