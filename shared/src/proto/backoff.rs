@@ -7,10 +7,13 @@
 //! - Busy (the bridge refused the handshake before TLS: its admission rate or connection count
 //!   is spent): the bridge is up and will take the edge soon. The first wait is drawn from all
 //!   of a window of [`BUSY_WINDOW`]; each further one from the next window, which starts where
-//!   the last ended and is half as wide again (up to `max`). Refused edges move on to time no
-//!   one has tried yet instead of drawing again from now, where the ones refused later would
-//!   pile up: ten thousand edges at a bridge admitting 500 a second are all in after 26.4 s
-//!   (a draw from now, doubling, takes 41 s; the test below plays it).
+//!   the last ended and is half as wide again, up to [`BUSY_WINDOW_MAX`]. Refused edges move on
+//!   to time no one has tried yet instead of drawing again from now, where the ones refused
+//!   later would pile up: ten thousand edges at a bridge admitting 500 a second are all in after
+//!   about 25 s (a draw from now, doubling, takes 41 s; the test below plays it). The cap keeps
+//!   the last edges from waiting in ever wider windows while the bridge has room again: the
+//!   10,000-edge storm on the test machine, where the bridge finished about 320 handshakes a
+//!   second, had its last edges in 48 s with windows growing to 30 s.
 //! - Refused (the bridge turned this edge away: a denied certificate, a refused hello): `max`.
 //! - Only a session the bridge welcomed starts it all from the beginning again: a bridge that
 //!   completes the handshake and then closes would otherwise make every retry look like a
@@ -23,6 +26,9 @@ pub const BUSY_WINDOW: Duration = Duration::from_secs(2);
 
 /// How much wider each busy window is than the one before.
 const BUSY_GROWTH: f64 = 1.5;
+
+/// The widest busy window.
+pub const BUSY_WINDOW_MAX: Duration = Duration::from_secs(6);
 
 #[derive(Debug, Clone)]
 pub struct Backoff {
@@ -80,7 +86,7 @@ impl Backoff {
                 let into = self.busy_width.mul_f64(jitter);
                 let wait = self.busy_rest + into;
                 self.busy_rest = self.busy_width - into;
-                self.busy_width = self.busy_width.mul_f64(BUSY_GROWTH).min(self.max);
+                self.busy_width = self.busy_width.mul_f64(BUSY_GROWTH).min(BUSY_WINDOW_MAX).min(self.max);
                 wait
             }
             Outcome::Failed => {
@@ -129,13 +135,24 @@ mod tests {
         b.busy();
         assert_eq!(b.wait(0.0), Duration::ZERO, "the next window starts where that one ended");
         b.busy();
-        assert_eq!(b.wait(0.5), Duration::from_millis(4500 + 3375));
+        assert_eq!(
+            b.wait(0.5),
+            Duration::from_millis(4500 + 3000),
+            "the rest of 4.5 s, half of 6 s (not 6.75: capped)"
+        );
         for _ in 0..20 {
             b.busy();
             b.wait(1.0);
         }
         b.busy();
-        assert_eq!(b.wait(1.0), Duration::from_secs(30), "windows are at most max wide");
+        assert_eq!(b.wait(1.0), BUSY_WINDOW_MAX, "windows are at most BUSY_WINDOW_MAX wide");
+        let mut short = Backoff::new(Duration::from_millis(100), Duration::from_secs(1));
+        for _ in 0..5 {
+            short.busy();
+            short.wait(1.0);
+        }
+        short.busy();
+        assert_eq!(short.wait(1.0), Duration::from_secs(1), "and at most max");
         // Busy waits leave the failure steps alone, and a welcome resets both.
         b.failed();
         assert_eq!(b.wait(1.0), Duration::from_millis(200));

@@ -7,7 +7,8 @@
 //!
 //! Usage: fleet-bench [EDGES=1000] [ACTIVE=100] [RATE=10] [SECONDS=20] [SINK=jetstream]
 //!        [STORM=0] [RAMP=400] [ENDPOINTS=8]
-//! SINK is `jetstream` (a nats-server of its own) or `sqlite`. Batches of RATE records (one a
+//! SINK is `jetstream` (a nats-server of its own) or `sqlite`. BRIDGE_CONFIG (env) is appended to
+//! the bridge's config, e.g. `BRIDGE_CONFIG='[limits]\nhandshakes_per_second = 300'`. Batches of RATE records (one a
 //! second, as an edge with the default 1 s linger sends them), 1 KiB each.
 
 use std::sync::atomic::Ordering;
@@ -40,7 +41,9 @@ async fn main() -> anyhow::Result<()> {
         Some(n) => format!("kind = \"jetstream\"\nurl = \"{}\"\n", n.url()),
         None => format!("kind = \"sqlite\"\npath = \"{}\"\n", dir.path().join("central.db").display()),
     };
-    let mut bridge = BridgeProcess::start(dir.path(), &pki, &sink_section, "")?;
+    // BRIDGE_CONFIG is appended to the bridge's config: a `[limits]` section, say.
+    let extra = std::env::var("BRIDGE_CONFIG").unwrap_or_default().replace("\\n", "\n");
+    let mut bridge = BridgeProcess::start(dir.path(), &pki, &sink_section, &extra)?;
     tokio::time::sleep(Duration::from_secs(1)).await;
     let rss_empty = rss_mib(bridge.pid());
     let (own, bridge_cpu) = (std::process::id(), |b: &BridgeProcess| cpu_of(b.pid()));
@@ -134,7 +137,8 @@ async fn main() -> anyhow::Result<()> {
         let refused_by_bridge = json!({
             "rate": bridge_says("bridge_connections_refused_total{reason=\"rate\"}"),
             "connections": bridge_says("bridge_connections_refused_total{reason=\"connections\"}"),
-            "handshake": bridge_says("bridge_connections_refused_total{reason=\"handshake\"}"),
+            "handshakes_in_flight": bridge_says("bridge_connections_refused_total{reason=\"handshakes\"}"),
+            "handshake_failed": bridge_says("bridge_connections_refused_total{reason=\"handshake\"}"),
         });
         println!(
             "{}",
