@@ -222,11 +222,18 @@ pub async fn accept_loop<S: Sink>(
         tasks.spawn(async move {
             let mut admitted = admitted;
             let remote = incoming.remote_address();
-            let handshake = incoming.await;
+            let handshake = tokio::time::timeout(shared::proto::HANDSHAKE_TIMEOUT, incoming).await;
             admitted.handshake_done();
             let conn = match handshake {
-                Ok(c) => c,
-                Err(e) => {
+                Ok(Ok(c)) => c,
+                Err(_) => {
+                    refuse(&metrics, "handshake");
+                    if let Some(held_back) = log.allow() {
+                        tracing::warn!(%remote, held_back, "edge handshake timed out");
+                    }
+                    return;
+                }
+                Ok(Err(e)) => {
                     refuse(&metrics, "handshake");
                     if let Some(held_back) = log.allow() {
                         tracing::warn!(%remote, error = %e, held_back, "edge handshake failed");

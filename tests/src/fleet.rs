@@ -65,6 +65,23 @@ impl BridgeProcess {
     pub fn stderr(&self) -> String {
         std::fs::read_to_string(self.dir.join("cloud.stderr")).unwrap_or_default()
     }
+
+    /// Its config file, for the CLI's commands (`edges list`).
+    pub fn config(&self) -> PathBuf {
+        self.dir.join("cloud.toml")
+    }
+}
+
+/// `cloud-bridge edges list --json` against the bridge config at `config`: the fleet view of
+/// every bridge on its sink.
+pub fn edges_list(config: &Path) -> cloud_bridge::fleet::view::FleetView {
+    let out = Command::new(crate::workspace_bin("cloud-bridge"))
+        .args(["edges", "list", "--json", "--config"])
+        .arg(config)
+        .output()
+        .expect("run cloud-bridge edges list");
+    assert!(out.status.success(), "edges list: {}", String::from_utf8_lossy(&out.stderr));
+    serde_json::from_slice(&out.stdout).expect("edges list --json is the view")
 }
 
 impl Drop for BridgeProcess {

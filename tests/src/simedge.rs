@@ -143,7 +143,7 @@ impl SimEdge {
     async fn connect(&self) -> Result<quinn::Connection, End> {
         let connecting =
             self.endpoint.connect_with(self.client.clone(), self.addr, "localhost").map_err(|e| End::Lost(e.into()))?;
-        match tokio::time::timeout(Duration::from_secs(10), connecting).await {
+        match tokio::time::timeout(shared::proto::HANDSHAKE_TIMEOUT, connecting).await {
             Err(_) => Err(End::Lost(anyhow::anyhow!("handshake timed out"))),
             Ok(Err(e)) if is_busy(&e) => Err(End::Busy),
             Ok(Err(e)) if is_refusal(&e) => Err(End::Refused(e.to_string())),

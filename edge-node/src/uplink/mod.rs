@@ -393,7 +393,7 @@ impl Uplink {
         };
         let name = quic::server_name(&self.config, server);
         let connecting = endpoint.connect(addr, &name).map_err(|e| ConnEnd::Connect(e.to_string()))?;
-        tokio::time::timeout(Duration::from_secs(10), connecting)
+        tokio::time::timeout(shared::proto::HANDSHAKE_TIMEOUT, connecting)
             .await
             .map_err(|_| ConnEnd::Connect(format!("{addr}: handshake timed out")))?
             .map_err(ConnEnd::Handshake)

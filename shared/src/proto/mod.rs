@@ -49,6 +49,11 @@ pub const ALPN: &[u8] = b"ehb/1";
 /// Protocol versions this build speaks.
 pub const VERSIONS: &[u16] = &[1, 2];
 
+/// How long either end gives a QUIC handshake: the edge then tries again later, and the bridge
+/// gives up its side, so a handshake the edge abandoned does not hold one of the bridge's
+/// `limits.handshakes_in_flight` places until its idle timeout.
+pub const HANDSHAKE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
+
 /// Largest control frame body accepted: a model announcement carries a whole manifest.
 pub const MAX_CONTROL_FRAME: usize = crate::model::MAX_MANIFEST_BYTES + (64 << 10);
 /// Largest batch frame body accepted (compressed).

@@ -2,14 +2,15 @@
 //! connecting at once to one bridge in its own process on JetStream, 50 of them publishing; the
 //! bridge SIGKILLed and started again under them. Every edge is admitted (the excess refused
 //! before TLS and back within its busy windows), every edge finds the restarted bridge at once
-//! (its stateless resets), the bridge's RSS stays bounded, and JetStream holds every acked
-//! record of every edge once.
+//! (its stateless resets), the bridge's RSS stays bounded, the fleet view lists every edge
+//! connected again, and JetStream holds every acked record of every edge once.
 
 use std::collections::BTreeMap;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
-use e2e_tests::fleet::{BridgeProcess, Fleet, FleetSpec, client_configs};
+use cloud_bridge::fleet::view::Status;
+use e2e_tests::fleet::{BridgeProcess, Fleet, FleetSpec, client_configs, edges_list};
 use e2e_tests::nats::{NatsServer, read_stream};
 
 const EDGES: usize = 500;
@@ -67,6 +68,16 @@ async fn five_hundred_edges_ride_out_a_bridge_restart_exactly_once() {
     let peak = rss.peak();
     drop(rss);
     assert!(peak < 200 << 20, "bridge RSS {} MiB during the storm", peak >> 20);
+    // The fleet view from the bucket: every edge connected to the restarted bridge, written at
+    // the default rate cap (200 a second: 500 welcomes in about 2.5 s).
+    let listed = e2e_tests::eventually(Duration::from_secs(20), || {
+        let view = edges_list(&bridge.config());
+        view.edges.len() == EDGES && view.edges.iter().all(|e| e.status == Status::Connected)
+    })
+    .await;
+    let view = edges_list(&bridge.config());
+    let connected = view.edges.iter().filter(|e| e.status == Status::Connected).count();
+    assert!(listed, "{connected} of {} listed edges connected", view.edges.len());
     tokio::time::sleep(Duration::from_secs(2)).await;
     let reports = fleet.stop().await;
     drop(bridge);

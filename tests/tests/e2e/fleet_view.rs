@@ -6,21 +6,10 @@ use std::time::{Duration, Instant};
 
 use cloud_bridge::fleet::view::{FleetView, Status};
 use cloud_bridge::sink::{EdgeState, LaneState, Sink};
-use e2e_tests::fleet::{BridgeProcess, Fleet, FleetSpec, client_configs};
+use e2e_tests::fleet::{BridgeProcess, Fleet, FleetSpec, client_configs, edges_list};
 use e2e_tests::nats::NatsServer;
 
 const WAIT: Duration = Duration::from_secs(30);
-
-/// `cloud-bridge edges list` against `config`, as JSON.
-fn edges_list(config: &std::path::Path) -> FleetView {
-    let out = std::process::Command::new(e2e_tests::workspace_bin("cloud-bridge"))
-        .args(["edges", "list", "--json", "--config"])
-        .arg(config)
-        .output()
-        .expect("run cloud-bridge edges list");
-    assert!(out.status.success(), "edges list: {}", String::from_utf8_lossy(&out.stderr));
-    serde_json::from_slice(&out.stdout).expect("edges list --json is the view")
-}
 
 fn count(view: &FleetView, bridge: &str, status: Status) -> usize {
     view.edges.iter().filter(|e| e.bridge == bridge && e.status == status).count()
