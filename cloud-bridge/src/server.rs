@@ -222,7 +222,7 @@ pub async fn accept_loop<S: Sink>(
         tasks.spawn(async move {
             let mut admitted = admitted;
             let remote = incoming.remote_address();
-            let handshake = tokio::time::timeout(shared::proto::HANDSHAKE_TIMEOUT, incoming).await;
+            let handshake = tokio::time::timeout(shared::proto::BRIDGE_HANDSHAKE_TIMEOUT, incoming).await;
             admitted.handshake_done();
             let conn = match handshake {
                 Ok(Ok(c)) => c,

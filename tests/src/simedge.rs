@@ -283,7 +283,7 @@ fn is_busy(e: &quinn::ConnectionError) -> bool {
 /// identity, 2 denied, 3 replaced), as the real edge's uplink reads them.
 fn is_refusal(e: &quinn::ConnectionError) -> bool {
     match e {
-        quinn::ConnectionError::ConnectionClosed(_) => true,
+        quinn::ConnectionError::ConnectionClosed(c) => shared::proto::is_tls_alert(c.error_code.into()),
         quinn::ConnectionError::ApplicationClosed(c) => matches!(u64::from(c.error_code), 1..=3),
         _ => false,
     }

@@ -209,8 +209,14 @@ impl ConnEnd {
             {
                 EndKind::Busy
             }
-            // A TLS alert in the handshake: the bridge did not accept our certificate.
-            ConnEnd::Handshake(quinn::ConnectionError::ConnectionClosed(_)) => EndKind::Refused,
+            // A TLS alert in the handshake: the bridge did not accept our certificate. Other
+            // closes in the handshake (a bridge giving up one that took too long in a storm)
+            // are failures, not refusals that wait out backoff_max.
+            ConnEnd::Handshake(quinn::ConnectionError::ConnectionClosed(close))
+                if shared::proto::is_tls_alert(close.error_code.into()) =>
+            {
+                EndKind::Refused
+            }
             _ => EndKind::Failed,
         }
     }

@@ -49,10 +49,21 @@ pub const ALPN: &[u8] = b"ehb/1";
 /// Protocol versions this build speaks.
 pub const VERSIONS: &[u16] = &[1, 2];
 
-/// How long either end gives a QUIC handshake: the edge then tries again later, and the bridge
-/// gives up its side, so a handshake the edge abandoned does not hold one of the bridge's
-/// `limits.handshakes_in_flight` places until its idle timeout.
+/// How long an edge gives a QUIC handshake before it tries again later. The bridge gives up its
+/// side a little later ([`BRIDGE_HANDSHAKE_TIMEOUT`]), after the edge did, so a handshake the
+/// edge abandoned does not hold one of the bridge's `limits.handshakes_in_flight` places until
+/// its idle timeout.
 pub const HANDSHAKE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// When the bridge gives up a handshake: after the edge's own timeout, counted from the edge's
+/// first packet, which the edge sent earlier.
+pub const BRIDGE_HANDSHAKE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(12);
+
+/// Whether a QUIC transport error code carries a TLS alert (CRYPTO_ERROR, RFC 9000 §20.1): the
+/// peer refused the handshake for what was presented (a certificate), as opposed to giving up.
+pub fn is_tls_alert(code: u64) -> bool {
+    (0x100..0x200).contains(&code)
+}
 
 /// Largest control frame body accepted: a model announcement carries a whole manifest.
 pub const MAX_CONTROL_FRAME: usize = crate::model::MAX_MANIFEST_BYTES + (64 << 10);
