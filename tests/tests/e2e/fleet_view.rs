@@ -71,8 +71,16 @@ async fn the_fleet_view_shows_every_edge_across_bridges_and_the_edges_of_a_kille
     let from_1 = e2e_tests::cloud::fleet_view(bridges[1].http);
     assert!(all_in(&from_1), "GET /edges on bridge-1 shows bridge-0's edges too: {from_1:?}");
     assert_eq!(from_1.bridges.iter().filter(|b| b.live).count(), 2);
+    // The welcome is written first; the marks follow once a batch is committed and its state's
+    // turn comes (one interval later at most), so they are waited for, not expected at once.
+    let marks = |v: &FleetView| {
+        let active = v.edges.iter().find(|e| e.edge == "edge-00");
+        active.is_some_and(|a| a.lanes.iter().any(|l| l.committed > 0))
+    };
+    let shown = e2e_tests::eventually(WAIT, || marks(&e2e_tests::cloud::fleet_view(bridges[1].http))).await;
+    assert!(shown, "an active edge's marks: {:?}", e2e_tests::cloud::fleet_view(bridges[1].http));
+    let from_1 = e2e_tests::cloud::fleet_view(bridges[1].http);
     let active = from_1.edges.iter().find(|e| e.edge == "edge-00").unwrap();
-    assert!(active.lanes.iter().any(|l| l.committed > 0), "an active edge's marks: {active:?}");
     assert_eq!(active.version, shared::proto::VERSIONS[1]);
     // No metric series names an edge.
     let metrics = e2e_tests::http_get(bridges[0].http, "/metrics");
