@@ -39,6 +39,10 @@ fn spawn(port: u16, store: &std::path::Path) -> Child {
 }
 
 impl NatsServer {
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
     pub fn start() -> NatsServer {
         let store = tempfile::tempdir().expect("nats store dir");
         let port = crate::free_port();

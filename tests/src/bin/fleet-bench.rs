@@ -52,6 +52,8 @@ async fn main() -> anyhow::Result<()> {
     tokio::time::sleep(Duration::from_secs(1)).await;
     let rss_empty = rss_mib(bridge.pid());
     let (own, bridge_cpu) = (std::process::id(), |b: &BridgeProcess| cpu_of(b.pid()));
+    // The sink's server shares the cores too; zero without one.
+    let nats_cpu = || nats.as_ref().map_or(Duration::ZERO, |n| cpu_of(n.pid()));
 
     let spec = FleetSpec {
         addr: bridge.quic,
@@ -92,8 +94,8 @@ async fn main() -> anyhow::Result<()> {
     // Active: the first ACTIVE edges send.
     fleet.stats.hold.store(false, Ordering::Relaxed);
     fleet.stats.latencies.lock().unwrap().clear();
-    let (acked0, cpu0, own0, t0) =
-        (fleet.stats.acked.load(Ordering::Relaxed), bridge_cpu(&bridge), cpu_of(own), Instant::now());
+    let (acked0, cpu0, own0, nats0, t0) =
+        (fleet.stats.acked.load(Ordering::Relaxed), bridge_cpu(&bridge), cpu_of(own), nats_cpu(), Instant::now());
     let mut rss_peak = 0f64;
     let deadline = Instant::now() + Duration::from_secs_f64(seconds);
     while Instant::now() < deadline {
@@ -112,6 +114,7 @@ async fn main() -> anyhow::Result<()> {
                "bridge_kib_per_edge": (rss_now - rss_empty) * 1024.0 / edges as f64,
                "bridge_cpu": (bridge_cpu(&bridge) - cpu0).as_secs_f64() / wall,
                "generator_cpu": (cpu_of(own) - own0).as_secs_f64() / wall,
+               "nats_cpu": (nats_cpu() - nats0).as_secs_f64() / wall,
                "acks_per_s": acked as f64 / wall, "batches": latencies.len(),
                "ack_p50_ms": quantile(&mut latencies, 0.5).as_secs_f64() * 1e3,
                "ack_p99_ms": quantile(&mut latencies, 0.99).as_secs_f64() * 1e3})
@@ -120,7 +123,7 @@ async fn main() -> anyhow::Result<()> {
     if storm {
         fleet.stats.reconnects.lock().unwrap().clear();
         let failures_before = fleet.stats.failures.load(Ordering::Relaxed);
-        let t = Instant::now();
+        let (own0, nats0, t) = (cpu_of(own), nats_cpu(), Instant::now());
         bridge.restart()?;
         let restarted = t.elapsed();
         let mut rss_peak = 0f64;
@@ -137,6 +140,10 @@ async fn main() -> anyhow::Result<()> {
             }
             tokio::time::sleep(Duration::from_millis(100)).await;
         };
+        // The restarted bridge is a new process: all its CPU time is the storm's. Per handshake
+        // it is an upper bound (it also served the active edges meanwhile).
+        let (storm_cpu, own_cpu, nats_storm) = (bridge_cpu(&bridge), cpu_of(own) - own0, nats_cpu() - nats0);
+        let wall = t.elapsed().as_secs_f64();
         let mut times = std::mem::take(&mut *fleet.stats.reconnects.lock().unwrap());
         let bridge_says = |m: &str| bridge.metric(m);
         let refused_by_bridge = json!({
@@ -155,6 +162,9 @@ async fn main() -> anyhow::Result<()> {
                    "busy": fleet.stats.busy.load(Ordering::Relaxed),
                    "failures": fleet.stats.failures.load(Ordering::Relaxed) - failures_before,
                    "bridge_refused": refused_by_bridge,
+                   "bridge_cpu": storm_cpu.as_secs_f64() / wall, "generator_cpu": own_cpu.as_secs_f64() / wall,
+                   "nats_cpu": nats_storm.as_secs_f64() / wall,
+                   "bridge_cpu_ms_per_edge": storm_cpu.as_secs_f64() * 1e3 / edges as f64,
                    "connected_each_second": curve, "bridge_rss_peak_mib": rss_peak})
         );
     }
