@@ -119,7 +119,8 @@ pub fn cpu_of(pid: u32) -> Duration {
 /// What a fleet is made of.
 #[derive(Debug, Clone)]
 pub struct FleetSpec {
-    pub addr: SocketAddr,
+    /// The bridges; each edge enters the list at a random place.
+    pub servers: Vec<SocketAddr>,
     /// One client configuration per edge, each with its own certificate.
     pub edges: Vec<quinn::ClientConfig>,
     /// Client endpoints the edges are spread over.
@@ -166,7 +167,7 @@ impl Fleet {
             }
             let active = i < spec.active;
             let edge = SimEdge {
-                addr: spec.addr,
+                servers: spec.servers.clone(),
                 endpoint: endpoints[i % endpoints.len()].clone(),
                 client,
                 rate: if active { spec.rate } else { 0.0 },

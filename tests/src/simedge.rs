@@ -20,7 +20,11 @@ use tokio_util::sync::CancellationToken;
 
 #[derive(Debug, Clone)]
 pub struct SimEdge {
-    pub addr: SocketAddr,
+    /// Its bridges (`uplink.servers`): it enters the list at a random place and moves one step
+    /// on whenever a connection ends, as the real uplink does. Simpler than the real one: it
+    /// waits its backoff before each next attempt, not only after a whole round failed, and
+    /// does not probe, so a dead bridge is left at QUIC's idle timeout.
+    pub servers: Vec<SocketAddr>,
     /// The client endpoint it connects from (one endpoint's driver is one task: a fleet spreads
     /// its edges over several).
     pub endpoint: quinn::Endpoint,
@@ -81,7 +85,7 @@ impl SimEdge {
     pub fn from_files(addr: SocketAddr, ca: &Path, cert: &Path, key: &Path) -> anyhow::Result<Self> {
         let endpoint = quinn::Endpoint::client(SocketAddr::from(([127, 0, 0, 1], 0)))?;
         Ok(Self {
-            addr,
+            servers: vec![addr],
             endpoint,
             client: client_config(ca, cert, key)?,
             rate: 1000.0,
@@ -100,9 +104,10 @@ impl SimEdge {
         let mut backoff = Backoff::new(self.backoff.0, self.backoff.1);
         let mut report = SimReport::default();
         let mut down_since = Instant::now();
+        let mut at = rand::thread_rng().gen_range(0..self.servers.len().max(1));
         while !stop.is_cancelled() {
             let welcomes = session.welcomes();
-            let end = match self.connect().await {
+            let end = match self.connect(self.servers[at % self.servers.len()]).await {
                 Ok(conn) => {
                     let end = self.drive(&conn, &mut session, &stop, stats, &mut report, &mut down_since).await;
                     session.disconnected();
@@ -114,6 +119,7 @@ impl SimEdge {
             if session.welcomes() > welcomes {
                 backoff.welcomed();
             }
+            at += 1;
             match end {
                 End::Stopped => break,
                 End::Refused(why) => {
@@ -140,9 +146,9 @@ impl SimEdge {
         report
     }
 
-    async fn connect(&self) -> Result<quinn::Connection, End> {
+    async fn connect(&self, server: SocketAddr) -> Result<quinn::Connection, End> {
         let connecting =
-            self.endpoint.connect_with(self.client.clone(), self.addr, "localhost").map_err(|e| End::Lost(e.into()))?;
+            self.endpoint.connect_with(self.client.clone(), server, "localhost").map_err(|e| End::Lost(e.into()))?;
         match tokio::time::timeout(shared::proto::HANDSHAKE_TIMEOUT, connecting).await {
             Err(_) => Err(End::Lost(anyhow::anyhow!("handshake timed out"))),
             Ok(Err(e)) if is_busy(&e) => Err(End::Busy),

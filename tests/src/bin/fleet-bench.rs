@@ -56,7 +56,7 @@ async fn main() -> anyhow::Result<()> {
     let nats_cpu = || nats.as_ref().map_or(Duration::ZERO, |n| cpu_of(n.pid()));
 
     let spec = FleetSpec {
-        addr: bridge.quic,
+        servers: vec![bridge.quic],
         edges: clients,
         endpoints,
         active,

@@ -3,7 +3,8 @@
 //! bridge SIGKILLed and started again under them. Every edge is admitted (the excess refused
 //! before TLS and back within its busy windows), every edge finds the restarted bridge at once
 //! (its stateless resets), the bridge's RSS stays bounded, the fleet view lists every edge
-//! connected again, and JetStream holds every acked record of every edge once.
+//! connected again, and JetStream holds every acked record of every edge once. Then a failover:
+//! a fleet given two bridges, one killed under it, every edge on the other and each record once.
 
 use std::collections::BTreeMap;
 use std::sync::atomic::Ordering;
@@ -26,7 +27,7 @@ async fn five_hundred_edges_ride_out_a_bridge_restart_exactly_once() {
     let sink = format!("kind = \"jetstream\"\nurl = \"{}\"\n", nats.url());
     let mut bridge = BridgeProcess::start(dir.path(), &pki, &sink, limits).unwrap();
     let spec = FleetSpec {
-        addr: bridge.quic,
+        servers: vec![bridge.quic],
         edges: client_configs(&pki).unwrap(),
         endpoints: 4,
         active: 50,
@@ -82,7 +83,77 @@ async fn five_hundred_edges_ride_out_a_bridge_restart_exactly_once() {
     let reports = fleet.stop().await;
     drop(bridge);
 
-    // Every edge's records in the stream: seqs 1..=n, each once, n at least what it was acked.
+    exactly_once(&nats, &ids, &reports, 50).await;
+}
+
+/// 200 edges, each given both bridges and entering the list at a random place, 40 publishing;
+/// one bridge SIGKILLed and left dead. Its edges move to the other at their idle timeout (the
+/// simulated edges do not probe), which then holds every edge, and JetStream holds every acked
+/// record once, though two bridges wrote each moved edge's records and marks.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_edges_of_a_killed_bridge_move_to_the_other_exactly_once() {
+    const EDGES: usize = 200;
+    const ACTIVE: usize = 40;
+    let nats = NatsServer::start();
+    let dir = tempfile::tempdir().unwrap();
+    let ids: Vec<String> = (0..EDGES).map(|i| format!("edge-{i:03}")).collect();
+    let pki = cloud_bridge::certs::init(&dir.path().join("pki"), &[], &ids, false).unwrap();
+    let sink = format!("kind = \"jetstream\"\nurl = \"{}\"\n", nats.url());
+    let mut bridges: Vec<BridgeProcess> = (0..2)
+        .map(|i| {
+            let d = dir.path().join(format!("bridge-{i}"));
+            std::fs::create_dir_all(&d).unwrap();
+            BridgeProcess::start(&d, &pki, &sink, "").unwrap()
+        })
+        .collect();
+    let spec = FleetSpec {
+        servers: bridges.iter().map(|b| b.quic).collect(),
+        edges: client_configs(&pki).unwrap(),
+        endpoints: 2,
+        active: ACTIVE,
+        rate: 10.0,
+        batch: 10,
+        payload: 256,
+        session: Default::default(),
+        backoff: (Duration::from_millis(200), Duration::from_secs(30)),
+        ramp: 0.0,
+    };
+    let fleet = Fleet::start(spec).await.unwrap();
+    assert!(fleet.connected(EDGES, Duration::from_secs(60)).await.is_some(), "the fleet connected");
+    let on = |b: &BridgeProcess| b.metric("bridge_edges_connected") as usize;
+    let all_counted =
+        e2e_tests::eventually(Duration::from_secs(10), || on(&bridges[0]) + on(&bridges[1]) == EDGES).await;
+    let (first, second) = (on(&bridges[0]), on(&bridges[1]));
+    assert!(all_counted && first > 0 && second > 0, "random starts spread the fleet: {first} + {second}");
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert!(fleet.stats.acked.load(Ordering::Relaxed) > 0, "the active edges were acked");
+
+    let rss = e2e_tests::PeakRss::start(bridges[1].pid());
+    bridges[0].kill();
+    let t = std::time::Instant::now();
+    let moved = e2e_tests::eventually(Duration::from_secs(60), || on(&bridges[1]) == EDGES).await;
+    let took = t.elapsed();
+    assert!(moved, "{} of {EDGES} on the live bridge: {}", on(&bridges[1]), bridges[1].stderr());
+    // QUIC's 15 s idle timeout, then one handshake (an edge whose next attempt after a lost
+    // session fell on the dead bridge waits one 10 s handshake timeout more).
+    assert!(took < Duration::from_secs(40), "re-homed after {took:?}");
+    eprintln!("{first} edges moved from the killed bridge in {took:?}");
+    let peak = rss.peak();
+    drop(rss);
+    assert!(peak < 200 << 20, "live bridge RSS {} MiB while the edges moved", peak >> 20);
+    let acked = fleet.stats.acked.load(Ordering::Relaxed);
+    assert!(
+        e2e_tests::eventually(Duration::from_secs(10), || fleet.stats.acked.load(Ordering::Relaxed) > acked).await,
+        "the moved edges are acked by the live bridge"
+    );
+    let reports = fleet.stop().await;
+    drop(bridges);
+    exactly_once(&nats, &ids, &reports, ACTIVE).await;
+}
+
+/// Every active edge's records in the stream: seqs 1..=n, each once, n at least what it was
+/// acked; no other edge wrote.
+async fn exactly_once(nats: &NatsServer, ids: &[String], reports: &[e2e_tests::simedge::SimReport], active: usize) {
     let mut per_edge: BTreeMap<String, Vec<u64>> = BTreeMap::new();
     for m in read_stream(&nats.url(), "EDGE").await {
         let id = m.headers.as_ref().and_then(|h| h.get("Nats-Msg-Id")).map(|v| v.as_str().to_owned());
@@ -92,13 +163,12 @@ async fn five_hundred_edges_ride_out_a_bridge_restart_exactly_once() {
         let seq = seq.and_then(|s| s.parse().ok()).unwrap_or(0);
         per_edge.entry(edge.unwrap_or_default().to_owned()).or_default().push(seq);
     }
-    let acked: Vec<u64> = reports.iter().map(|r| r.acked).collect();
-    assert_eq!(per_edge.len(), 50, "the 50 active edges wrote, no one else: {:?}", per_edge.keys());
-    for (i, want) in acked.iter().enumerate().take(50) {
+    assert_eq!(per_edge.len(), active, "the {active} active edges wrote, no one else: {:?}", per_edge.keys());
+    for (i, report) in reports.iter().enumerate().take(active) {
         let mut seqs = per_edge.remove(&ids[i]).unwrap_or_default();
         seqs.sort_unstable();
         let n = seqs.len() as u64;
         assert_eq!(seqs, (1..=n).collect::<Vec<u64>>(), "{}: a hole or a duplicate", ids[i]);
-        assert!(n >= *want && *want > 0, "{}: {n} stored, {want} acked", ids[i]);
+        assert!(n >= report.acked && report.acked > 0, "{}: {n} stored, {} acked", ids[i], report.acked);
     }
 }

@@ -17,7 +17,7 @@ fn count(view: &FleetView, bridge: &str, status: Status) -> usize {
 
 fn spec(addr: std::net::SocketAddr, edges: Vec<quinn::ClientConfig>, active: usize) -> FleetSpec {
     FleetSpec {
-        addr,
+        servers: vec![addr],
         edges,
         endpoints: 2,
         active,
