@@ -131,6 +131,9 @@ pub struct FleetSpec {
     pub rate: f64,
     pub batch: usize,
     pub payload: usize,
+    /// Lanes each active edge sends on, and records each lane holds at start.
+    pub lanes: u8,
+    pub backlog: u64,
     pub session: EdgeSessionConfig,
     pub backoff: (Duration, Duration),
     /// Edges started per second (0: all at once).
@@ -173,6 +176,8 @@ impl Fleet {
                 rate: if active { spec.rate } else { 0.0 },
                 batch: spec.batch,
                 payload: spec.payload,
+                lanes: spec.lanes,
+                backlog: if active { spec.backlog } else { 0 },
                 session: spec.session.clone(),
                 backoff: spec.backoff,
             };

@@ -35,6 +35,11 @@ pub struct SimEdge {
     /// Records a batch.
     pub batch: usize,
     pub payload: usize,
+    /// Lanes it sends on, batch by batch in turn (a lane per priority level of its classes).
+    pub lanes: u8,
+    /// Records each lane holds at start (a spool after an outage): sent as fast as the session's
+    /// window allows, then the rate. Only for an edge with a rate.
+    pub backlog: u64,
     pub session: EdgeSessionConfig,
     /// `uplink.backoff_min` and `backoff_max`.
     pub backoff: (Duration, Duration),
@@ -67,9 +72,19 @@ pub struct FleetStats {
 pub struct SimReport {
     /// Each batch's time from sent to acked.
     pub latencies: Vec<Duration>,
-    /// The highest seq acked, lane 0.
-    pub acked: u64,
+    /// The highest seq acked, per lane.
+    pub acked: Vec<u64>,
 }
+
+impl SimReport {
+    /// Records acked on all lanes.
+    pub fn total_acked(&self) -> u64 {
+        self.acked.iter().sum()
+    }
+}
+
+/// Records a batch at most from a backlog: `uplink.batch_records`' default.
+const BACKLOG_BATCH: u64 = 1024;
 
 /// How a connection ended.
 enum End {
@@ -91,6 +106,8 @@ impl SimEdge {
             rate: 1000.0,
             batch: 100,
             payload: 1024,
+            lanes: 1,
+            backlog: 0,
             session: EdgeSessionConfig::default(),
             backoff: (Duration::from_millis(200), Duration::from_secs(30)),
         })
@@ -102,7 +119,7 @@ impl SimEdge {
         let epoch = format!("{:032x}", rand::random::<u128>());
         let mut session = EdgeSession::new(self.session.clone(), epoch, []);
         let mut backoff = Backoff::new(self.backoff.0, self.backoff.1);
-        let mut report = SimReport::default();
+        let mut report = SimReport { acked: vec![0; usize::from(self.lanes.max(1))], ..Default::default() };
         let mut down_since = Instant::now();
         let mut at = rand::thread_rng().gen_range(0..self.servers.len().max(1));
         while !stop.is_cancelled() {
@@ -202,32 +219,34 @@ impl SimEdge {
         let period = if self.rate > 0.0 { self.batch as f64 / self.rate } else { 3600.0 };
         let mut tick = tokio::time::interval(Duration::from_secs_f64(period));
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        let mut sent = 0u64;
+        let lanes = self.lanes.max(1);
+        let mut turn = 0u8;
         let mut draining: Option<tokio::time::Instant> = None;
         loop {
             while let Some(frame) = session.poll_control() {
                 write_frame(&mut send, &frame).await?;
             }
-            if draining.is_some_and(|d| tokio::time::Instant::now() > d) || (draining.is_some() && report.acked >= sent)
-            {
+            let all_acked = (0..lanes).all(|l| session.acked(l) + 1 >= session.next_seq(l));
+            if draining.is_some_and(|d| tokio::time::Instant::now() > d) || (draining.is_some() && all_acked) {
                 return Ok(());
             }
+            let sending = self.rate > 0.0 && *ready && draining.is_none() && !stats.hold.load(Ordering::Relaxed);
+            let behind = (0..lanes).find(|l| session.next_seq(*l) <= self.backlog);
             let timeout = session.poll_timeout().map(tokio::time::Instant::from_std);
             let far = tokio::time::Instant::now() + Duration::from_secs(3600);
             tokio::select! {
                 _ = stop.cancelled(), if draining.is_none() => {
                     draining = Some(tokio::time::Instant::now() + Duration::from_secs(5));
                 }
-                _ = tick.tick(), if self.rate > 0.0 && *ready && draining.is_none() && session.can_send()
-                    && !stats.hold.load(Ordering::Relaxed) => {
-                    let first = session.next_seq(0);
-                    let records: Vec<WireRecord> = (first..first + self.batch as u64).map(|seq| self.record(seq)).collect();
-                    let batch = compress::pack("", 0, first, &records, None, 3)?;
-                    let mut stream = conn.open_uni().await?;
-                    write_frame(&mut stream, &batch).await?;
-                    stream.finish()?;
-                    session.sent(0, first, batch.last_seq, Instant::now())?;
-                    sent = batch.last_seq;
+                _ = std::future::ready(()), if sending && session.can_send() && behind.is_some() => {
+                    // In batches as large as the real uplink makes from a backlog.
+                    let lane = behind.unwrap_or(0);
+                    let left = self.backlog + 1 - session.next_seq(lane);
+                    self.send_batch(conn, session, lane, left.min(BACKLOG_BATCH)).await?;
+                }
+                _ = tick.tick(), if sending && session.can_send() && behind.is_none() => {
+                    self.send_batch(conn, session, turn, self.batch as u64).await?;
+                    turn = (turn + 1) % lanes;
                 }
                 frame = control.recv() => {
                     let frame = (*frame.context("control stream ended")?)?.context("the bridge closed the control stream")?;
@@ -243,9 +262,11 @@ impl SimEdge {
                                 report.latencies.push(latency);
                                 stats.latencies.lock().unwrap_or_else(|e| e.into_inner()).push(latency);
                             }
-                            EdgeEvent::Acked { up_to, .. } => {
-                                stats.acked.fetch_add(up_to.saturating_sub(report.acked), Ordering::Relaxed);
-                                report.acked = report.acked.max(up_to);
+                            EdgeEvent::Acked { lane, up_to } => {
+                                if let Some(acked) = report.acked.get_mut(usize::from(lane)) {
+                                    stats.acked.fetch_add(up_to.saturating_sub(*acked), Ordering::Relaxed);
+                                    *acked = (*acked).max(up_to);
+                                }
                             }
                             _ => {}
                         }
@@ -257,6 +278,24 @@ impl SimEdge {
                 }
             }
         }
+    }
+
+    /// `count` records on `lane`, from its next seq, as one batch.
+    async fn send_batch(
+        &self,
+        conn: &quinn::Connection,
+        session: &mut EdgeSession,
+        lane: u8,
+        count: u64,
+    ) -> anyhow::Result<()> {
+        let first = session.next_seq(lane);
+        let records: Vec<WireRecord> = (first..first + count).map(|seq| self.record(seq)).collect();
+        let batch = compress::pack("", lane, first, &records, None, 3)?;
+        let mut stream = conn.open_uni().await?;
+        write_frame(&mut stream, &batch).await?;
+        stream.finish()?;
+        session.sent(lane, first, batch.last_seq, Instant::now())?;
+        Ok(())
     }
 
     fn record(&self, seq: u64) -> WireRecord {

@@ -57,7 +57,7 @@ async fn main() -> anyhow::Result<()> {
         }
         let (p50, p99) = (quantile(&mut report.latencies, 0.5), quantile(&mut report.latencies, 0.99));
         let line = serde_json::json!({
-            "round": round / 2 + 1, "attack": attack, "batches": report.latencies.len(), "acked": report.acked,
+            "round": round / 2 + 1, "attack": attack, "batches": report.latencies.len(), "acked": report.total_acked(),
             "p50_ms": p50.as_secs_f64() * 1e3, "p99_ms": p99.as_secs_f64() * 1e3, "bombs": bombs_sent,
             "peak_rss_mib": rss.peak() >> 20,
         });

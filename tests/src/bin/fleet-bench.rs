@@ -6,10 +6,12 @@
 //! idle and active, ack latency, acks a second, the generator's own CPU, the storm's recovery.
 //!
 //! Usage: fleet-bench [EDGES=1000] [ACTIVE=100] [RATE=10] [SECONDS=20] [SINK=jetstream]
-//!        [STORM=0] [RAMP=400] [ENDPOINTS=8]
+//!        [STORM=0] [RAMP=400] [ENDPOINTS=8] [LANES=1] [BACKLOG=0]
 //! SINK is `jetstream` (a nats-server of its own) or `sqlite`. BRIDGE_CONFIG (env) is appended to
 //! the bridge's config, e.g. `BRIDGE_CONFIG='[limits]\nhandshakes_per_second = 300'`. Batches of RATE records (one a
-//! second, as an edge with the default 1 s linger sends them), 1 KiB each.
+//! second, as an edge with the default 1 s linger sends them), 1 KiB each, on LANES lanes in
+//! turn; each active edge's lanes hold BACKLOG records each when the active phase begins, sent
+//! as fast as the session's window allows before the rate.
 
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
@@ -34,6 +36,7 @@ async fn main() -> anyhow::Result<()> {
     let (edges, active, rate, seconds) = (arg(0, 1000.0) as usize, arg(1, 100.0) as usize, arg(2, 10.0), arg(3, 20.0));
     let sink = args.get(4).map_or("jetstream", String::as_str).to_owned();
     let (storm, ramp, endpoints) = (arg(5, 0.0) != 0.0, arg(6, 400.0), arg(7, 8.0) as usize);
+    let (lanes, backlog) = (arg(8, 1.0).clamp(1.0, 255.0) as u8, arg(9, 0.0) as u64);
     let dir = tempfile::tempdir()?;
     let t = Instant::now();
     let ids: Vec<String> = (0..edges).map(|i| format!("edge-{i:05}")).collect();
@@ -63,6 +66,8 @@ async fn main() -> anyhow::Result<()> {
         rate,
         batch: rate.max(1.0) as usize,
         payload: 1024,
+        lanes,
+        backlog,
         session: Default::default(),
         backoff: (Duration::from_millis(200), Duration::from_secs(30)),
         ramp,
@@ -169,7 +174,7 @@ async fn main() -> anyhow::Result<()> {
         );
     }
     let reports = fleet.stop().await;
-    let acked: u64 = reports.iter().map(|r| r.acked).sum();
+    let acked: u64 = reports.iter().map(|r| r.total_acked()).sum();
     println!(
         "{}",
         json!({"phase": "end", "records_acked": acked, "bridge_stderr_lines": bridge.stderr().lines().count()})

@@ -34,6 +34,8 @@ async fn five_hundred_edges_ride_out_a_bridge_restart_exactly_once() {
         rate: 10.0,
         batch: 10,
         payload: 256,
+        lanes: 1,
+        backlog: 0,
         session: Default::default(),
         backoff: (Duration::from_millis(200), Duration::from_secs(30)),
         ramp: 0.0,
@@ -86,14 +88,16 @@ async fn five_hundred_edges_ride_out_a_bridge_restart_exactly_once() {
     exactly_once(&nats, &ids, &reports, 50).await;
 }
 
-/// 200 edges, each given both bridges and entering the list at a random place, 40 publishing;
-/// one bridge SIGKILLed and left dead. Its edges move to the other at their idle timeout (the
+/// 200 edges, each given both bridges and entering the list at a random place, 40 publishing on
+/// two lanes after a backlog of 300 records on each; one bridge SIGKILLed and left dead. Its edges move to the other at their idle timeout (the
 /// simulated edges do not probe), which then holds every edge, and JetStream holds every acked
 /// record once, though two bridges wrote each moved edge's records and marks.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_edges_of_a_killed_bridge_move_to_the_other_exactly_once() {
     const EDGES: usize = 200;
     const ACTIVE: usize = 40;
+    // Each active edge starts with this many records on each of its two lanes.
+    const BACKLOG: u64 = 300;
     let nats = NatsServer::start();
     let dir = tempfile::tempdir().unwrap();
     let ids: Vec<String> = (0..EDGES).map(|i| format!("edge-{i:03}")).collect();
@@ -114,6 +118,8 @@ async fn the_edges_of_a_killed_bridge_move_to_the_other_exactly_once() {
         rate: 10.0,
         batch: 10,
         payload: 256,
+        lanes: 2,
+        backlog: BACKLOG,
         session: Default::default(),
         backoff: (Duration::from_millis(200), Duration::from_secs(30)),
         ramp: 0.0,
@@ -126,7 +132,11 @@ async fn the_edges_of_a_killed_bridge_move_to_the_other_exactly_once() {
     let (first, second) = (on(&bridges[0]), on(&bridges[1]));
     assert!(all_counted && first > 0 && second > 0, "random starts spread the fleet: {first} + {second}");
     tokio::time::sleep(Duration::from_secs(2)).await;
-    assert!(fleet.stats.acked.load(Ordering::Relaxed) > 0, "the active edges were acked");
+    let backlogs = e2e_tests::eventually(Duration::from_secs(30), || {
+        fleet.stats.acked.load(Ordering::Relaxed) >= ACTIVE as u64 * 2 * BACKLOG
+    })
+    .await;
+    assert!(backlogs, "the backlogs were acked: {}", fleet.stats.acked.load(Ordering::Relaxed));
 
     let rss = e2e_tests::PeakRss::start(bridges[1].pid());
     bridges[0].kill();
@@ -151,24 +161,28 @@ async fn the_edges_of_a_killed_bridge_move_to_the_other_exactly_once() {
     exactly_once(&nats, &ids, &reports, ACTIVE).await;
 }
 
-/// Every active edge's records in the stream: seqs 1..=n, each once, n at least what it was
-/// acked; no other edge wrote.
+/// Every active edge's records in the stream, on each of its lanes: seqs 1..=n, each once, n at
+/// least what it was acked; no other edge wrote.
 async fn exactly_once(nats: &NatsServer, ids: &[String], reports: &[e2e_tests::simedge::SimReport], active: usize) {
-    let mut per_edge: BTreeMap<String, Vec<u64>> = BTreeMap::new();
+    let mut per_lane: BTreeMap<(String, usize), Vec<u64>> = BTreeMap::new();
     for m in read_stream(&nats.url(), "EDGE").await {
         let id = m.headers.as_ref().and_then(|h| h.get("Nats-Msg-Id")).map(|v| v.as_str().to_owned());
         let id = id.unwrap_or_default();
         let mut parts = id.split(':');
-        let (edge, _epoch, _lane, seq) = (parts.next(), parts.next(), parts.next(), parts.next());
+        let (edge, _epoch, lane, seq) = (parts.next(), parts.next(), parts.next(), parts.next());
+        let lane = lane.and_then(|l| l.parse().ok()).unwrap_or(usize::MAX);
         let seq = seq.and_then(|s| s.parse().ok()).unwrap_or(0);
-        per_edge.entry(edge.unwrap_or_default().to_owned()).or_default().push(seq);
+        per_lane.entry((edge.unwrap_or_default().to_owned(), lane)).or_default().push(seq);
     }
-    assert_eq!(per_edge.len(), active, "the {active} active edges wrote, no one else: {:?}", per_edge.keys());
+    let lanes: usize = reports.iter().take(active).map(|r| r.acked.len()).sum();
+    assert_eq!(per_lane.len(), lanes, "the {active} active edges' lanes, no one else's: {:?}", per_lane.keys());
     for (i, report) in reports.iter().enumerate().take(active) {
-        let mut seqs = per_edge.remove(&ids[i]).unwrap_or_default();
-        seqs.sort_unstable();
-        let n = seqs.len() as u64;
-        assert_eq!(seqs, (1..=n).collect::<Vec<u64>>(), "{}: a hole or a duplicate", ids[i]);
-        assert!(n >= report.acked && report.acked > 0, "{}: {n} stored, {} acked", ids[i], report.acked);
+        for (lane, acked) in report.acked.iter().enumerate() {
+            let mut seqs = per_lane.remove(&(ids[i].clone(), lane)).unwrap_or_default();
+            seqs.sort_unstable();
+            let n = seqs.len() as u64;
+            assert_eq!(seqs, (1..=n).collect::<Vec<u64>>(), "{} lane {lane}: a hole or a duplicate", ids[i]);
+            assert!(n >= *acked && *acked > 0, "{} lane {lane}: {n} stored, {acked} acked", ids[i]);
+        }
     }
 }

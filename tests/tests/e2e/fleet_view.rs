@@ -24,6 +24,8 @@ fn spec(addr: std::net::SocketAddr, edges: Vec<quinn::ClientConfig>, active: usi
         rate: 20.0,
         batch: 5,
         payload: 64,
+        lanes: 1,
+        backlog: 0,
         session: shared::proto::edge::EdgeSessionConfig { keepalive: Duration::from_millis(200), ..Default::default() },
         backoff: (Duration::from_millis(100), Duration::from_millis(500)),
         ramp: 0.0,
