@@ -3,7 +3,8 @@
 //! Connects them (paced at RAMP a second, or all at once with 0), holds them idle (measured), runs the
 //! first ACTIVE of them at RATE records a second each, optionally kills the bridge and starts
 //! it again (a reconnect storm), and prints JSON lines: connect time, the bridge's RSS and CPU
-//! idle and active, ack latency, acks a second, the generator's own CPU, the storm's recovery.
+//! idle and active, ack latency, acks a second, the generator's and nats-server's CPU beside the
+//! bridge's, the storm's recovery.
 //!
 //! Usage: fleet-bench [EDGES=1000] [ACTIVE=100] [RATE=10] [SECONDS=20] [SINK=jetstream]
 //!        [STORM=0] [RAMP=400] [ENDPOINTS=8] [LANES=1] [BACKLOG=0]
