@@ -10,7 +10,10 @@
 //! `HIL_SCALE=full` runs the scenarios at the lengths (`hil/run.sh`); anything else is
 //! the short smoke version CI runs. Each scenario appends a JSON line to the report file
 //! (`HIL_REPORT`, default `hil/reports/last.jsonl`). The emulated binary is `HIL_EDGE_BIN`, or
-//! built with `scripts/cross-build.sh aarch64-unknown-linux-gnu hil`.
+//! built with `scripts/cross-build.sh <target> hil`. `HIL_TARGET` picks the device
+//! architecture: `aarch64-unknown-linux-gnu` (the default, and CI's) or
+//! `armv7-unknown-linux-gnueabihf` (run on demand: a second cold cross build does not fit CI's
+//! budget).
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -41,16 +44,59 @@ pub fn scaled(smoke: Duration, full_length: Duration) -> Duration {
     if full() { full_length } else { smoke }
 }
 
-/// The command that runs the aarch64 edge-node under qemu-user. Without `LD_LIBRARY_PATH`
+/// A device architecture the edge is emulated as.
+#[derive(Debug, Clone, Copy)]
+pub struct Target {
+    /// Rust's name for it.
+    pub triple: &'static str,
+    /// The qemu-user emulator.
+    pub qemu: &'static str,
+    /// Debian's name for it (the .deb's architecture).
+    pub debian: &'static str,
+    /// The OCI image config's name for it (Go's GOARCH).
+    pub oci: &'static str,
+    /// GNU's name: the cross sysroot is `/usr/<gnu>`, an image's libraries are in `lib/<gnu>`.
+    pub gnu: &'static str,
+}
+
+const TARGETS: [Target; 2] = [
+    Target {
+        triple: "aarch64-unknown-linux-gnu",
+        qemu: "qemu-aarch64",
+        debian: "arm64",
+        oci: "arm64",
+        gnu: "aarch64-linux-gnu",
+    },
+    Target {
+        triple: "armv7-unknown-linux-gnueabihf",
+        qemu: "qemu-arm",
+        debian: "armhf",
+        oci: "arm",
+        gnu: "arm-linux-gnueabihf",
+    },
+];
+
+/// The target of this run: `HIL_TARGET`, aarch64 without it.
+pub fn target() -> Target {
+    let wanted = std::env::var("HIL_TARGET").unwrap_or_else(|_| TARGETS[0].triple.into());
+    let names: Vec<&str> = TARGETS.iter().map(|t| t.triple).collect();
+    TARGETS
+        .into_iter()
+        .find(|t| t.triple == wanted)
+        .unwrap_or_else(|| panic!("HIL_TARGET={wanted} is not one of {names:?}"))
+}
+
+/// The command that runs the target's edge-node under qemu-user. Without `LD_LIBRARY_PATH`
 /// the loader mixes the host's and the target's glibc and any program that starts a thread
 /// hangs.
 pub fn edge_command() -> Vec<String> {
+    let target = target();
     let bin = match std::env::var("HIL_EDGE_BIN") {
         Ok(b) => PathBuf::from(b),
         Err(_) => {
             let root = e2e_tests::workspace_root();
             let out = std::process::Command::new(root.join("scripts/cross-build.sh"))
-                .args(["aarch64-unknown-linux-gnu", "hil", "edge-node"])
+                .args([target.triple, "hil", "edge-node"])
                 .current_dir(&root)
                 .output()
                 .expect("run scripts/cross-build.sh");
@@ -59,9 +105,9 @@ pub fn edge_command() -> Vec<String> {
         }
     };
     assert!(bin.exists(), "{} does not exist", bin.display());
-    ["qemu-aarch64", "-L", "/usr/aarch64-linux-gnu", "-E", "LD_LIBRARY_PATH=/usr/aarch64-linux-gnu/lib"]
+    let sysroot = format!("/usr/{}", target.gnu);
+    [target.qemu.to_owned(), "-L".into(), sysroot.clone(), "-E".into(), format!("LD_LIBRARY_PATH={sysroot}/lib")]
         .into_iter()
-        .map(str::to_owned)
         .chain([bin.display().to_string()])
         .collect()
 }

@@ -1,4 +1,4 @@
-//! The aarch64 device images as a user gets them: the OCI archive unpacks (every digest
+//! The device images as a user gets them (`HIL_TARGET`'s, aarch64 by default): the OCI archive unpacks (every digest
 //! checked) into a root whose binary starts under qemu with only the image's own libraries and
 //! serves MQTT; the .deb carries the binary, the config as a conffile and the hardened unit.
 
@@ -6,13 +6,13 @@ use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
-/// `scripts/package.sh` for aarch64 in the given profile (`hil` unless `HIL_IMAGE_PROFILE`);
+/// `scripts/package.sh` for the target in the given profile (`hil` unless `HIL_IMAGE_PROFILE`);
 /// returns its JSON line.
-fn package() -> serde_json::Value {
+fn package(target: hil::Target) -> serde_json::Value {
     let root = e2e_tests::workspace_root();
     let profile = std::env::var("HIL_IMAGE_PROFILE").unwrap_or_else(|_| "hil".into());
     let out = Command::new(root.join("scripts/package.sh"))
-        .args(["aarch64-unknown-linux-gnu", "edge-node", &profile])
+        .args([target.triple, "edge-node", &profile])
         .current_dir(&root)
         .output()
         .expect("run scripts/package.sh");
@@ -24,7 +24,8 @@ fn package() -> serde_json::Value {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_oci_image_runs_under_qemu_from_its_own_root_and_the_deb_is_complete() {
     let root = e2e_tests::workspace_root();
-    let built = package();
+    let target = hil::target();
+    let built = package(target);
     let oci = root.join(built["oci"].as_str().unwrap());
     let deb = root.join(built["deb"].as_str().unwrap());
 
@@ -38,7 +39,7 @@ async fn the_oci_image_runs_under_qemu_from_its_own_root_and_the_deb_is_complete
         .expect("oci_unpack.py");
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     let config: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
-    assert_eq!(config["architecture"], "arm64");
+    assert_eq!(config["architecture"], target.oci);
     assert_eq!(config["config"]["User"], "65532:65532");
     assert_eq!(config["config"]["Entrypoint"][0], "/usr/bin/edge-node");
     for file in ["usr/bin/edge-node", "etc/edge-node/edge.toml", "etc/ssl/certs/ca-certificates.crt"] {
@@ -50,13 +51,13 @@ async fn the_oci_image_runs_under_qemu_from_its_own_root_and_the_deb_is_complete
     assert!(listing.contains("manifest.json") && listing.contains("oci-layout"), "{listing}");
 
     // The binary from the image root alone: qemu's -L points at the image, and so does the
-    // library path, so nothing of the build machine's aarch64 libraries is used.
+    // library path, so nothing of the build machine's libraries for the target is used.
     let qemu = |args: &[&str]| {
-        let mut c = Command::new("qemu-aarch64");
+        let mut c = Command::new(target.qemu);
         c.arg("-L")
             .arg(&image)
             .arg("-E")
-            .arg(format!("LD_LIBRARY_PATH={}", image.join("lib/aarch64-linux-gnu").display()));
+            .arg(format!("LD_LIBRARY_PATH={}", image.join("lib").join(target.gnu).display()));
         c.arg(image.join("usr/bin/edge-node")).args(args);
         c
     };
@@ -111,13 +112,14 @@ async fn the_oci_image_runs_under_qemu_from_its_own_root_and_the_deb_is_complete
     assert!(served, "the image's edge-node did not serve MQTT:\n{}", String::from_utf8_lossy(&output.stderr));
     assert!(state.join("spool.db").exists(), "no spool in the state directory");
 
-    check_deb(&deb);
+    check_deb(&deb, target);
 }
 
-fn check_deb(deb: &Path) {
+fn check_deb(deb: &Path, target: hil::Target) {
     let info = Command::new("dpkg-deb").arg("--field").arg(deb).output().unwrap();
     let info = String::from_utf8_lossy(&info.stdout);
-    for field in ["Package: edge-node", "Architecture: arm64", "Depends: libc6 (>= 2.34), adduser"] {
+    let arch = format!("Architecture: {}", target.debian);
+    for field in ["Package: edge-node", &arch, "Depends: libc6 (>= 2.34), adduser"] {
         assert!(info.contains(field), "{field} not in:\n{info}");
     }
     let contents = Command::new("dpkg-deb").arg("--contents").arg(deb).output().unwrap();
