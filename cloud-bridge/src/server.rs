@@ -222,18 +222,14 @@ pub async fn accept_loop<S: Sink>(
         tasks.spawn(async move {
             let mut admitted = admitted;
             let remote = incoming.remote_address();
-            let handshake = tokio::time::timeout(shared::proto::BRIDGE_HANDSHAKE_TIMEOUT, incoming).await;
+            let handshake = match tokio::time::timeout(shared::proto::BRIDGE_HANDSHAKE_TIMEOUT, incoming).await {
+                Ok(done) => done.map_err(|e| e.to_string()),
+                Err(_) => Err(format!("timed out after {:?}", shared::proto::BRIDGE_HANDSHAKE_TIMEOUT)),
+            };
             admitted.handshake_done();
             let conn = match handshake {
-                Ok(Ok(c)) => c,
-                Err(_) => {
-                    refuse(&metrics, "handshake");
-                    if let Some(held_back) = log.allow() {
-                        tracing::warn!(%remote, held_back, "edge handshake timed out");
-                    }
-                    return;
-                }
-                Ok(Err(e)) => {
+                Ok(c) => c,
+                Err(e) => {
                     refuse(&metrics, "handshake");
                     if let Some(held_back) = log.allow() {
                         tracing::warn!(%remote, error = %e, held_back, "edge handshake failed");

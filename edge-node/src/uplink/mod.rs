@@ -11,7 +11,7 @@ mod pack;
 pub mod quic;
 pub mod reach;
 
-pub use config::{Congestion, UplinkConfig};
+pub use config::{Congestion, DEFAULT_BATCH_RECORDS, UplinkConfig};
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -703,5 +703,32 @@ pub fn into_wire(r: Record) -> WireRecord {
                 count: g.count,
             }),
         },
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn closed_in_handshake(code: quinn::TransportErrorCode) -> ConnEnd {
+        ConnEnd::Handshake(quinn::ConnectionError::ConnectionClosed(quinn::ConnectionClose {
+            error_code: code,
+            frame_type: None,
+            reason: Default::default(),
+        }))
+    }
+
+    #[test]
+    fn only_a_tls_alert_in_the_handshake_is_a_refusal() {
+        // bad_certificate (42) and certificate_revoked (44) as QUIC CRYPTO_ERRORs (RFC 9001 §4.8).
+        for alert in [42, 44] {
+            assert_eq!(closed_in_handshake(quinn::TransportErrorCode::crypto(alert)).kind(), EndKind::Refused);
+        }
+        assert_eq!(closed_in_handshake(quinn::TransportErrorCode::CONNECTION_REFUSED).kind(), EndKind::Busy);
+        // A bridge that gave the handshake up, or any other close: retried on the short backoff.
+        for other in [quinn::TransportErrorCode::PROTOCOL_VIOLATION, quinn::TransportErrorCode::INTERNAL_ERROR] {
+            assert_eq!(closed_in_handshake(other).kind(), EndKind::Failed);
+        }
+        assert_eq!(ConnEnd::Handshake(quinn::ConnectionError::TimedOut).kind(), EndKind::Failed);
     }
 }
