@@ -83,9 +83,6 @@ impl SimReport {
     }
 }
 
-/// Records a batch at most from a backlog: `uplink.batch_records`' default.
-const BACKLOG_BATCH: u64 = 1024;
-
 /// How a connection ended.
 enum End {
     Stopped,
@@ -242,7 +239,8 @@ impl SimEdge {
                     // In batches as large as the real uplink makes from a backlog.
                     let lane = behind.unwrap_or(0);
                     let left = self.backlog + 1 - session.next_seq(lane);
-                    self.send_batch(conn, session, lane, left.min(BACKLOG_BATCH)).await?;
+                    let most = edge_node::uplink::DEFAULT_BATCH_RECORDS as u64;
+                    self.send_batch(conn, session, lane, left.min(most)).await?;
                 }
                 _ = tick.tick(), if sending && session.can_send() && behind.is_none() => {
                     self.send_batch(conn, session, turn, self.batch as u64).await?;

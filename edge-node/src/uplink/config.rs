@@ -95,8 +95,11 @@ const MAX_SERVERS: usize = 64;
 fn default_window() -> usize {
     8
 }
+/// `batch_records` when the config does not say: records a batch at most.
+pub const DEFAULT_BATCH_RECORDS: usize = 1024;
+
 fn default_batch_records() -> usize {
-    1024
+    DEFAULT_BATCH_RECORDS
 }
 fn default_linger() -> HumanDuration {
     HumanDuration(Duration::from_secs(1))

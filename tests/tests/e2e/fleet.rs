@@ -14,10 +14,9 @@ use cloud_bridge::fleet::view::Status;
 use e2e_tests::fleet::{BridgeProcess, Fleet, FleetSpec, client_configs, edges_list};
 use e2e_tests::nats::{NatsServer, read_stream};
 
-const EDGES: usize = 500;
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn five_hundred_edges_ride_out_a_bridge_restart_exactly_once() {
+    const EDGES: usize = 500;
     let nats = NatsServer::start();
     let dir = tempfile::tempdir().unwrap();
     let ids: Vec<String> = (0..EDGES).map(|i| format!("edge-{i:03}")).collect();
@@ -96,7 +95,8 @@ async fn five_hundred_edges_ride_out_a_bridge_restart_exactly_once() {
 async fn the_edges_of_a_killed_bridge_move_to_the_other_exactly_once() {
     const EDGES: usize = 200;
     const ACTIVE: usize = 40;
-    // Each active edge starts with this many records on each of its two lanes.
+    // Each active edge starts with this many records on each of its lanes.
+    const LANES: u8 = 2;
     const BACKLOG: u64 = 300;
     let nats = NatsServer::start();
     let dir = tempfile::tempdir().unwrap();
@@ -118,7 +118,7 @@ async fn the_edges_of_a_killed_bridge_move_to_the_other_exactly_once() {
         rate: 10.0,
         batch: 10,
         payload: 256,
-        lanes: 2,
+        lanes: LANES,
         backlog: BACKLOG,
         session: Default::default(),
         backoff: (Duration::from_millis(200), Duration::from_secs(30)),
@@ -131,9 +131,8 @@ async fn the_edges_of_a_killed_bridge_move_to_the_other_exactly_once() {
         e2e_tests::eventually(Duration::from_secs(10), || on(&bridges[0]) + on(&bridges[1]) == EDGES).await;
     let (first, second) = (on(&bridges[0]), on(&bridges[1]));
     assert!(all_counted && first > 0 && second > 0, "random starts spread the fleet: {first} + {second}");
-    tokio::time::sleep(Duration::from_secs(2)).await;
     let backlogs = e2e_tests::eventually(Duration::from_secs(30), || {
-        fleet.stats.acked.load(Ordering::Relaxed) >= ACTIVE as u64 * 2 * BACKLOG
+        fleet.stats.acked.load(Ordering::Relaxed) >= ACTIVE as u64 * u64::from(LANES) * BACKLOG
     })
     .await;
     assert!(backlogs, "the backlogs were acked: {}", fleet.stats.acked.load(Ordering::Relaxed));
