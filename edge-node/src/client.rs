@@ -64,7 +64,9 @@ impl Connector {
             early: VecDeque::new(),
             next_pkid: 0,
         };
-        let (admitted, _) = self.broker.with(|b| b.connect(ConnectRequest { conn, connect, identity }, Instant::now()));
+        let (admitted, routed) =
+            self.broker.with(|b| b.connect(ConnectRequest { conn, connect, identity }, Instant::now()));
+        self.broker.run_spool(routed).await;
         admitted.map_err(|r| ClientError::Refused(r.code))?;
         match client.recv_packet().await? {
             Outbound::ConnAck { code: 0, .. } => Ok(client),

@@ -404,8 +404,9 @@ impl Node {
         if tokio::time::timeout(deadline, self.ctx.tracker.wait()).await.is_err() {
             tracing::warn!(remaining = self.ctx.tracker.len(), "shutdown deadline passed with tasks still running");
         }
-        // Every connection is gone: commit what the spool still holds, and the sessions' last
-        // records, before exiting.
+        // Every connection is gone: what their ends routed goes to the spool, which commits
+        // everything it holds, and the sessions' last records are written, before exiting.
+        self.ctx.broker.run_orphans().await;
         if let Some(spool) = &self.spool {
             spool.shutdown().await;
         }

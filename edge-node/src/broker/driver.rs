@@ -38,6 +38,42 @@ pub struct BrokerHandle {
     store: Option<SessionStore>,
     /// Wakes the timer task when the core's next deadline may have moved earlier.
     timer: Notify,
+    /// Spool appends whose [`Routed`] was dropped unrun; the timer task makes them.
+    orphans: Arc<Orphans>,
+}
+
+/// Spool appends the core asked for during one [`BrokerHandle::with`], in order: the caller
+/// makes them with [`BrokerHandle::run_spool`], which keeps its client's messages in order and
+/// lets a slow spool hold its reader back. Any call on the core may route something (a closing
+/// connection's will, a takeover's), so a `Routed` dropped with requests in it hands them to
+/// the timer task rather than losing them.
+#[must_use = "spool appends are lost unless made: pass this to BrokerHandle::run_spool"]
+#[derive(Debug, Default)]
+pub struct Routed {
+    requests: Vec<SpoolRequest>,
+    /// Set only when there are requests: an empty one costs nothing to make or drop.
+    orphans: Option<Arc<Orphans>>,
+}
+
+impl Routed {
+    pub fn is_empty(&self) -> bool {
+        self.requests.is_empty()
+    }
+}
+
+impl Drop for Routed {
+    fn drop(&mut self) {
+        if let Some(orphans) = self.orphans.take().filter(|_| !self.requests.is_empty()) {
+            lock(&orphans.requests).append(&mut self.requests);
+            orphans.notify.notify_one();
+        }
+    }
+}
+
+#[derive(Debug, Default)]
+struct Orphans {
+    requests: Mutex<Vec<SpoolRequest>>,
+    notify: Notify,
 }
 
 impl BrokerHandle {
@@ -49,6 +85,7 @@ impl BrokerHandle {
             spool,
             store,
             timer: Notify::new(),
+            orphans: Arc::default(),
         })
     }
 
@@ -64,20 +101,21 @@ impl BrokerHandle {
     /// DISCONNECT.
     pub async fn unregister(self: &Arc<Self>, conn: ConnId) {
         lock(&self.wakers).remove(&conn);
-        let spool = self.with(|b| b.closed(conn, Instant::now()));
-        self.run_spool(spool.1).await;
+        let (_, spool) = self.with(|b| b.closed(conn, Instant::now()));
+        self.run_spool(spool).await;
     }
 
-    /// [`BrokerHandle::unregister`] for a connection that fires no will and routes nothing when
-    /// it goes (the node's own clients), from where nothing can be awaited.
+    /// [`BrokerHandle::unregister`] from where nothing can be awaited (the node's own clients,
+    /// dropped): whatever the close routes goes through the timer task.
     pub fn forget(&self, conn: ConnId) {
         lock(&self.wakers).remove(&conn);
-        let _ = self.with(|b| b.closed(conn, Instant::now()));
+        let (_, routed) = self.with(|b| b.closed(conn, Instant::now()));
+        drop(routed);
     }
 
     /// Runs `f` on the core and carries out what it asked for, except the spool appends, which
     /// are returned for the caller to make ([`BrokerHandle::run_spool`]) in order.
-    pub fn with<R>(&self, f: impl FnOnce(&mut Broker) -> R) -> (R, Vec<SpoolRequest>) {
+    pub fn with<R>(&self, f: impl FnOnce(&mut Broker) -> R) -> (R, Routed) {
         let mut core = lock(&self.core);
         let before = core.poll_timeout();
         let result = f(&mut core);
@@ -112,13 +150,15 @@ impl BrokerHandle {
                 }
             }
         }
-        (result, spool)
+        let orphans = (!spool.is_empty()).then(|| self.orphans.clone());
+        (result, Routed { requests: spool, orphans })
     }
 
     /// Appends what the core routed to the spool, in order, and reports each outcome back. A
     /// `normal` append is answered once the spool has it; a `full` one once committed, on a
     /// task of its own so the caller goes on reading its client meanwhile.
-    pub async fn run_spool(self: &Arc<Self>, requests: Vec<SpoolRequest>) {
+    pub async fn run_spool(self: &Arc<Self>, mut routed: Routed) {
+        let requests = std::mem::take(&mut routed.requests);
         for req in requests {
             let Some(spool) = &self.spool else {
                 self.report(req.ticket, Spooled::Failed);
@@ -145,23 +185,40 @@ impl BrokerHandle {
     }
 
     fn report(&self, ticket: u64, outcome: Spooled) {
-        // An outcome's own follow-up (a held message delivered locally) routes nothing new to
-        // the spool.
-        let _ = self.with(|b| b.spooled(ticket, outcome, Instant::now()));
+        // A held message delivered now may close a slow subscriber, whose will may route: the
+        // dropped `Routed` hands that to the timer task.
+        let (_, routed) = self.with(|b| b.spooled(ticket, outcome, Instant::now()));
+        drop(routed);
     }
 
-    /// Publishes delayed wills and ends expired sessions on time, until `shutdown`.
+    /// Publishes delayed wills and ends expired sessions on time, and makes the spool appends
+    /// no caller could ([`Routed`]), until `shutdown`; then makes those left.
     pub async fn run_timers(self: Arc<Self>, shutdown: CancellationToken) {
         loop {
             let (next, _) = self.with(|b| b.poll_timeout());
             let wait = next.map_or(Duration::from_secs(3600), |at| at.saturating_duration_since(Instant::now()));
             tokio::select! {
-                _ = shutdown.cancelled() => return,
+                _ = shutdown.cancelled() => {
+                    self.run_orphans().await;
+                    return;
+                }
+                _ = self.orphans.notify.notified() => {
+                    self.run_orphans().await;
+                    continue;
+                }
                 _ = self.timer.notified() => continue,
                 _ = tokio::time::sleep(wait) => {}
             }
             let (_, spool) = self.with(|b| b.handle_timeout(Instant::now()));
             self.run_spool(spool).await;
+        }
+    }
+
+    /// Makes the spool appends of dropped [`Routed`]s now (the timer task does so as they come).
+    pub async fn run_orphans(self: &Arc<Self>) {
+        let requests = std::mem::take(&mut *lock(&self.orphans.requests));
+        if !requests.is_empty() {
+            self.run_spool(Routed { requests, orphans: None }).await;
         }
     }
 }
@@ -170,4 +227,83 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     // A panic while holding the core's lock is a bug in the core; the state it left is still
     // the best there is for the other connections.
     m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::broker::codec::{Connect, PublishProps, QoS, Version, Will};
+    use crate::broker::core::{ConnectRequest, Identity, Limits};
+    use crate::broker::metrics::BrokerMetrics;
+    use crate::route::{Class, Classes, Governance, Route};
+    use crate::spool::{Durability, Lane, Seq, Spool, SqliteStorage, Storage, WriterMetrics};
+
+    /// A will a close routes to the spool reaches it even when the caller that closed the
+    /// connection drops what the core routed (here `forget`, which cannot await): the timer
+    /// task appends it.
+    #[tokio::test]
+    async fn a_central_will_routed_where_nothing_awaits_still_reaches_the_spool() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let storage = SqliteStorage::open(&dir.path().join("spool.db")).expect("open");
+        let spool = Spool::new(Box::new(storage) as Box<dyn Storage + Send>);
+        let metrics = Arc::new(WriterMetrics::new(&mut Default::default()));
+        let writer = SpoolWriter::start(spool, Duration::from_millis(5), 64, metrics).expect("writer");
+        let classes = Classes::new(vec![Class::new(
+            "status".into(),
+            vec![shared::topic::TopicFilter::new("status/#").expect("filter")],
+            Route::Central,
+            Governance::None,
+            Lane(1),
+            Durability::Normal,
+            None,
+        )]);
+        let core = Broker::new(Limits::default(), Arc::new(classes), BrokerMetrics::new(&mut Default::default()));
+        let handle = BrokerHandle::new(core, Some(writer.clone()), None);
+        let shutdown = CancellationToken::new();
+        let timers = tokio::spawn(handle.clone().run_timers(shutdown.clone()));
+
+        let (conn, _) = handle.register();
+        let connect = Connect {
+            version: Version::V5,
+            client_id: "dying".into(),
+            clean_start: true,
+            keep_alive: 0,
+            session_expiry: 0,
+            receive_maximum: 10,
+            max_packet_size: None,
+            topic_alias_maximum: 0,
+            request_problem_info: true,
+            auth_method: None,
+            will: Some(Will {
+                topic: "status/dying".into(),
+                payload: bytes::Bytes::from_static(b"gone"),
+                qos: QoS::AtLeastOnce,
+                retain: false,
+                delay: 0,
+                expiry: None,
+                props: PublishProps::default(),
+            }),
+            username: None,
+            password: None,
+        };
+        let identity = Identity { owner: "user:u".into(), internal: false, rules: None };
+        let (admitted, routed) = handle.with(|b| b.connect(ConnectRequest { conn, connect, identity }, Instant::now()));
+        admitted.expect("admitted");
+        handle.run_spool(routed).await;
+        handle.forget(conn);
+
+        let deadline = Instant::now() + Duration::from_secs(10);
+        let records = loop {
+            let records = writer.read(Lane(1), Seq(0), 10).await.expect("read");
+            if !records.is_empty() || Instant::now() > deadline {
+                break records;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        };
+        assert_eq!(records.len(), 1, "the will is in the spool");
+        assert_eq!(records[0].message().map(|m| m.topic.as_str()), Some("status/dying"));
+        shutdown.cancel();
+        timers.await.expect("timers");
+        writer.shutdown().await;
+    }
 }

@@ -4,7 +4,7 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use super::session::{Conn, PendingWill, Session};
+use super::session::{Conn, PendingWill, Session, Will};
 use super::{Action, Broker, ClientIds, ConnId, SessionKey, SessionRecord};
 use crate::auth::Rules;
 use crate::broker::codec::{ConnAckProps, Connect, Outbound, Version, reason};
@@ -72,7 +72,7 @@ impl Broker {
                     expires_at: None,
                     origin: None,
                 };
-                Some((msg, w.delay, w.expiry))
+                Some(Will { msg: Arc::new(msg), delay: w.delay, expiry: w.expiry })
             }
             None => None,
         };
@@ -119,7 +119,6 @@ impl Broker {
             Some(max) if c.version == Version::V5 && (c.keep_alive == 0 || c.keep_alive > max) => max,
             _ => c.keep_alive,
         };
-        let expires_at = |w: &Option<u32>| w.map(|s| now + Duration::from_secs(u64::from(s)));
         let conn_state = Conn {
             session: key,
             version: c.version,
@@ -132,10 +131,7 @@ impl Broker {
             acks: std::collections::VecDeque::new(),
             control: std::collections::VecDeque::new(),
             rules: identity.rules.clone(),
-            will: will.map(|(mut msg, delay, expiry)| {
-                msg.expires_at = expires_at(&expiry);
-                (Arc::new(msg), delay)
-            }),
+            will,
             expiry_was_zero: c.session_expiry == 0,
             closing: false,
         };
@@ -293,13 +289,13 @@ impl Broker {
         s.disconnected_at = Some(now);
         s.disconnected_ms = Some(shared::units::now_ms());
         let expiry = s.expiry;
-        if let Some((msg, delay)) = will {
+        if let Some(Will { msg, delay, expiry: msg_expiry }) = will {
             if delay == 0 || expiry == 0 {
-                self.publish_will(PendingWill { msg, rules, due: now }, now);
+                self.publish_will(PendingWill { msg, expiry: msg_expiry, rules, due: now }, now);
             } else {
                 let due = now + Duration::from_secs(u64::from(delay.min(expiry)));
                 if let Some(s) = self.session_mut(key) {
-                    s.pending_will = Some(PendingWill { msg, rules, due });
+                    s.pending_will = Some(PendingWill { msg, expiry: msg_expiry, rules, due });
                 }
                 self.wills.insert((due, key));
             }
@@ -322,6 +318,10 @@ impl Broker {
             self.wills.remove(&(will.due, key));
             self.publish_will(will, now);
         }
+        // Spool outcomes still owed to its QoS 2 publishes no longer find it.
+        for p in self.pending.values_mut() {
+            p.qos2.take_if(|(k, _)| *k == key);
+        }
         for filter in s.subs.keys() {
             if let Some(f) = super::router::Filter::parse(filter) {
                 self.router.unsubscribe(f, key);
@@ -342,11 +342,20 @@ impl Broker {
         self.metrics.subscriptions.set(self.router.len() as i64);
     }
 
+    /// Publishes a will now: its Message Expiry Interval starts here (§3.1.3.2.4: it is sent as
+    /// the Publication Expiry Interval when the server publishes it).
     pub(super) fn publish_will(&mut self, will: PendingWill, now: Instant) {
         tracing::debug!(topic = %will.msg.topic, "publishing a will");
         self.metrics.wills.inc();
         if will.rules.as_ref().is_none_or(|r| r.may_publish(&will.msg.topic)) {
-            let _ = self.ingest(None, will.msg, None, now);
+            let msg = match will.expiry {
+                Some(secs) => Arc::new(Message {
+                    expires_at: Some(now + Duration::from_secs(u64::from(secs))),
+                    ..(*will.msg).clone()
+                }),
+                None => will.msg,
+            };
+            let _ = self.ingest(None, msg, None, now);
         }
     }
 

@@ -56,12 +56,26 @@ impl Broker {
             Some(class) => {
                 let ticket = self.next_ticket();
                 let hold = local && class.durability == Durability::Full;
-                self.pending.insert(ticket, PendingSpool { conn: from, deliver: hold.then(|| msg.clone()), retain });
+                let mut qos2 = None;
                 if let (Some(conn), Some((qos, pkid))) = (from, ack)
                     && let Some(c) = self.conns.get_mut(&conn)
                 {
                     c.acks.push_back(AckSlot::Waiting { ticket, qos, pkid });
+                    if qos == QoS::ExactlyOnce {
+                        let key = c.session;
+                        if let Some(s) = self.session_mut(key) {
+                            s.qos2_in.insert(pkid, Some(ticket));
+                            qos2 = Some((key, pkid));
+                        }
+                    }
                 }
+                let pending = PendingSpool {
+                    conns: from.into_iter().collect(),
+                    qos2,
+                    deliver: hold.then(|| msg.clone()),
+                    retain,
+                };
+                self.pending.insert(ticket, pending);
                 let message = spool_message(&msg, class, now);
                 self.actions.push_back(Action::Spool(Box::new(SpoolRequest {
                     ticket,
@@ -93,12 +107,30 @@ impl Broker {
             let retain = p.retain && (msg.payload.is_empty() || self.retained.has_room(msg));
             self.accept_local(msg, retain, now);
         }
-        let Some(conn) = p.conn else { return };
+        // A QoS 2 packet id stays received only if the message is in: any other outcome ends
+        // the exchange, and the client's resend is a new message, not one taken.
+        if let Some((key, pkid)) = p.qos2
+            && let Some(s) = self.session_mut(key)
+            && s.qos2_in.get(&pkid) == Some(&Some(ticket))
+        {
+            if outcome == Spooled::Accepted {
+                s.qos2_in.insert(pkid, None);
+            } else {
+                s.qos2_in.remove(&pkid);
+            }
+        }
         let code = match outcome {
             Spooled::Accepted => reason::SUCCESS,
             Spooled::Refused => reason::QUOTA_EXCEEDED,
             Spooled::Failed => reason::UNSPECIFIED,
         };
+        for conn in p.conns {
+            self.answer_spooled(conn, ticket, code, now);
+        }
+    }
+
+    /// Answers the connection's publishes that waited for `ticket`.
+    fn answer_spooled(&mut self, conn: ConnId, ticket: u64, code: u8, now: Instant) {
         let Some(c) = self.conns.get_mut(&conn) else { return };
         if code != reason::SUCCESS && c.version == Version::V311 {
             // MQTT 3.1.1 has no way to refuse a publish but closing: no acknowledgement, and
@@ -107,15 +139,14 @@ impl Broker {
             self.close(conn, None, now);
             return;
         }
-        if let Some(slot) = c.acks.iter_mut().find(|s| matches!(s, AckSlot::Waiting { ticket: t, .. } if *t == ticket))
-            && let AckSlot::Waiting { qos, pkid, .. } = *slot
-        {
-            *slot = AckSlot::Ready(ack_packet(qos, pkid, code));
-            if code >= 0x80 && qos == QoS::ExactlyOnce {
-                // A failed PUBREC ends the exchange.
-                let key = c.session;
-                if let Some(s) = self.session_mut(key) {
-                    s.qos2_in.remove(&pkid);
+        for slot in c.acks.iter_mut() {
+            if let AckSlot::Waiting { ticket: t, qos, pkid } = *slot
+                && t == ticket
+            {
+                *slot = AckSlot::Ready(ack_packet(qos, pkid, code));
+                // A failed PUBREC ends the exchange: no PUBREL will settle it.
+                if code >= 0x80 && qos == QoS::ExactlyOnce {
+                    c.unacked_in = c.unacked_in.saturating_sub(1);
                 }
             }
         }

@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 
 use super::connect::Identity;
 use super::router::{Filter, SubOptions};
-use super::session::Delivery;
+use super::session::{AckSlot, Delivery};
 use super::{Broker, ConnId, SessionKey};
 use crate::auth::Rules;
 use crate::broker::codec::{DecodeError, Inbound, Outbound, PublishPacket, QoS, SubscribeRequest, Version, reason};
@@ -93,9 +93,12 @@ impl Broker {
         }
         let Some(s) = self.session_mut(key) else { return };
         // [MQTT-4.3.3-9]: a QoS 2 packet id still awaiting its PUBREL is a resend: acknowledged
-        // again, not delivered again.
-        if p.qos == QoS::ExactlyOnce && s.qos2_in.contains(&p.pkid) {
-            return self.control(conn, Outbound::PubRec { pkid: p.pkid, reason: 0 }, now);
+        // again, not delivered again; while the first one waits for the spool, the resend's
+        // PUBREC waits for the same outcome.
+        if p.qos == QoS::ExactlyOnce
+            && let Some(waiting) = s.qos2_in.get(&p.pkid).copied()
+        {
+            return self.on_qos2_resend(conn, p.pkid, waiting, now);
         }
         let (internal, client_id) = (s.internal, s.client_id.clone());
         let rules = self.conns.get(&conn).and_then(|c| c.rules.clone());
@@ -119,7 +122,7 @@ impl Broker {
         if p.qos == QoS::ExactlyOnce
             && let Some(s) = self.session_mut(key)
         {
-            s.qos2_in.insert(p.pkid);
+            s.qos2_in.insert(p.pkid, None);
         }
         let counter = if internal { &self.metrics.publish_in_internal } else { &self.metrics.publish_in };
         counter.inc();
@@ -172,10 +175,25 @@ impl Broker {
                     && let Some(s) = self.session_mut(key)
                 {
                     // The exchange goes on to its PUBCOMP.
-                    s.qos2_in.insert(p.pkid);
+                    s.qos2_in.insert(p.pkid, None);
                 }
                 self.control(conn, Outbound::PubRec { pkid: p.pkid, reason: code }, now);
             }
+        }
+    }
+
+    /// A QoS 2 PUBLISH whose packet id is still in the session's received set: its PUBREC goes
+    /// again, after the spool outcome the first one waits for if there is one.
+    fn on_qos2_resend(&mut self, conn: ConnId, pkid: u16, waiting: Option<u64>, now: Instant) {
+        let Some(c) = self.conns.get_mut(&conn) else { return };
+        // Its PUBREL settles it like any other.
+        c.unacked_in += 1;
+        match waiting.and_then(|t| self.pending.get_mut(&t).map(|p| (t, p))) {
+            Some((ticket, p)) => {
+                p.conns.push(conn);
+                c.acks.push_back(AckSlot::Waiting { ticket, qos: QoS::ExactlyOnce, pkid });
+            }
+            None => self.ack_ready(conn, QoS::ExactlyOnce, pkid, reason::SUCCESS, now),
         }
     }
 
@@ -223,7 +241,7 @@ impl Broker {
 
     fn on_pubrel(&mut self, conn: ConnId, pkid: u16, now: Instant) {
         let Some(key) = self.conns.get(&conn).map(|c| c.session) else { return };
-        let known = self.session_mut(key).is_some_and(|s| s.qos2_in.remove(&pkid));
+        let known = self.session_mut(key).is_some_and(|s| s.qos2_in.remove(&pkid).is_some());
         if known && let Some(c) = self.conns.get_mut(&conn) {
             c.unacked_in = c.unacked_in.saturating_sub(1);
         }

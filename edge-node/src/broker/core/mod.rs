@@ -182,7 +182,11 @@ pub enum Action {
 /// A message waiting for the spool before it may be acknowledged or delivered locally.
 #[derive(Debug)]
 struct PendingSpool {
-    conn: Option<ConnId>,
+    /// The connection it came on and those whose resend of it waits for the same outcome (a
+    /// QoS 2 resend after a reconnect): each has an `AckSlot::Waiting` for the ticket.
+    conns: Vec<ConnId>,
+    /// A QoS 2 publish: the session and packet id it holds in `qos2_in` until the outcome.
+    qos2: Option<(SessionKey, u16)>,
     /// Delivered locally once spooled (`full` durability with a local route).
     deliver: Option<Arc<crate::broker::message::Message>>,
     /// It is to be stored as retained when delivered.

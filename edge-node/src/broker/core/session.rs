@@ -1,6 +1,6 @@
 //! What the core keeps per session and per connection.
 
-use std::collections::{HashMap, HashSet, VecDeque};
+use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -42,10 +42,22 @@ pub struct Inflight {
     pub held: bool,
 }
 
+/// A connection's will, as its CONNECT gave it.
+#[derive(Debug, Clone)]
+pub struct Will {
+    /// With no expiry yet: the Message Expiry Interval counts from publication (§3.1.3.2.4).
+    pub msg: Arc<Message>,
+    /// Will Delay Interval, seconds.
+    pub delay: u32,
+    /// Message Expiry Interval, seconds.
+    pub expiry: Option<u32>,
+}
+
 /// A will waiting for its delay to pass (§3.1.3.2.2).
 #[derive(Debug, Clone)]
 pub struct PendingWill {
     pub msg: Arc<Message>,
+    pub expiry: Option<u32>,
     pub rules: Option<Arc<Rules>>,
     pub due: Instant,
 }
@@ -76,9 +88,10 @@ pub struct Session {
     /// Oldest first.
     pub inflight: VecDeque<Inflight>,
     pub next_pkid: u16,
-    /// Packet ids of QoS 2 publishes received and acknowledged with PUBREC, whose PUBREL has
-    /// not come: a resend of one is not delivered again ([MQTT-4.3.3-9]).
-    pub qos2_in: HashSet<u16>,
+    /// Packet ids of QoS 2 publishes received whose PUBREL has not come: a resend of one is not
+    /// delivered again ([MQTT-4.3.3-9]). With the spool ticket its PUBREC still waits for: a
+    /// resend then waits for the same outcome, and any outcome but success forgets the id.
+    pub qos2_in: HashMap<u16, Option<u64>>,
     pub pending_will: Option<PendingWill>,
 }
 
@@ -99,7 +112,7 @@ impl Session {
             held_bytes: 0,
             inflight: VecDeque::new(),
             next_pkid: 0,
-            qos2_in: HashSet::new(),
+            qos2_in: HashMap::new(),
             pending_will: None,
         }
     }
@@ -195,7 +208,7 @@ pub struct Conn {
     pub control: VecDeque<Outbound>,
     /// `None` for the node's own connections, which the ACL does not apply to.
     pub rules: Option<Arc<Rules>>,
-    pub will: Option<(Arc<Message>, u32)>,
+    pub will: Option<Will>,
     /// The CONNECT's Session Expiry Interval was 0 (§3.14.2.2.2: a DISCONNECT may not raise it).
     pub expiry_was_zero: bool,
     /// A DISCONNECT was decided; only what is in `control` goes out before the socket closes.

@@ -119,3 +119,51 @@ fn stored_sessions_come_back_after_a_restart() {
     assert!(Harness::connack(&out).0);
     assert_eq!(payloads(&out), ["queued for you"]);
 }
+
+/// [MQTT-4.3.3-9] with a spool that refuses: a QoS 2 publish the spool did not take leaves no
+/// packet id behind, so the MQTT 3.1.1 client's resend after the close (no PUBREC: 3.1.1 cannot
+/// refuse) is a new message for the spool, not a duplicate confirmed with PUBREC 0x00.
+#[test]
+fn mqtt_4_3_3_9_a_qos2_publish_the_spool_refused_is_not_taken_as_received() {
+    let mut h = Harness::with(Limits::default(), central_classes(Durability::Full, Route::Central));
+    let mut c = connect_packet("p", Version::V311);
+    c.clean_start = false;
+    c.session_expiry = u32::MAX;
+    let (p, _) = h.connect_as(c.clone(), user("u"));
+    h.send(p, publish("telemetry/a", QoS::ExactlyOnce, 7, "x"));
+    let ticket = h.spooled[0].ticket;
+    h.b.spooled(ticket, Spooled::Refused, h.now);
+    assert!(h.closing(p), "3.1.1 hears a refusal as a close");
+    assert!(h.recv(p).iter().all(|o| !matches!(o, Outbound::PubRec { .. })));
+    h.drop_conn(p);
+    let (p, _) = h.connect_as(c, user("u"));
+    h.send(p, publish("telemetry/a", QoS::ExactlyOnce, 7, "x"));
+    assert_eq!(h.spooled.len(), 2, "the resend goes to the spool again");
+    assert!(h.recv(p).is_empty(), "and its PUBREC waits for it");
+    h.b.spooled(h.spooled[1].ticket, Spooled::Accepted, h.now);
+    assert_eq!(h.recv(p), [Outbound::PubRec { pkid: 7, reason: 0 }]);
+}
+
+/// [MQTT-4.3.3-9]: a QoS 2 resend that comes while the first copy still waits for the spool
+/// gets its PUBREC from the same outcome: 0x97 if the spool refuses, never a 0x00 before it.
+#[test]
+fn mqtt_4_3_3_9_a_qos2_resend_waits_for_the_spool_outcome_of_the_first() {
+    for (outcome, code) in [(Spooled::Refused, 0x97), (Spooled::Accepted, 0)] {
+        let mut h = Harness::with(Limits::default(), central_classes(Durability::Full, Route::Central));
+        let mut c = connect_packet("p", Version::V5);
+        c.clean_start = false;
+        c.session_expiry = 600;
+        let (p, _) = h.connect_as(c.clone(), user("u"));
+        h.send(p, publish("telemetry/a", QoS::ExactlyOnce, 7, "x"));
+        h.drop_conn(p);
+        let (p, _) = h.connect_as(c, user("u"));
+        h.send(p, publish("telemetry/a", QoS::ExactlyOnce, 7, "x"));
+        assert_eq!(h.spooled.len(), 1, "a resend, not a new message");
+        assert!(h.recv(p).is_empty(), "no PUBREC before the spool answered");
+        h.b.spooled(h.spooled[0].ticket, outcome, h.now);
+        assert_eq!(h.recv(p), [Outbound::PubRec { pkid: 7, reason: code }]);
+        // Refused: the exchange ended, the id is free for a new message.
+        h.send(p, publish("telemetry/a", QoS::ExactlyOnce, 7, "x"));
+        assert_eq!(h.spooled.len(), if code == 0 { 1 } else { 2 });
+    }
+}

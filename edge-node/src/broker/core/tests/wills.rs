@@ -60,3 +60,26 @@ fn mqtt_3_1_3_9_a_delayed_will_waits_and_a_reconnect_cancels_it() {
     h.advance(Duration::from_secs(6));
     assert_eq!(payloads(&h.recv(watcher)), ["gone"]);
 }
+
+/// §3.1.3.2.4: the will's Message Expiry Interval is "sent as the Publication Expiry Interval
+/// when the Server publishes the Will Message": it counts from publication, not from the
+/// CONNECT. A will with 5 s on a connection 10 s old is delivered, with 5 s left.
+#[test]
+fn mqtt_3_1_3_2_4_a_wills_expiry_counts_from_its_publication() {
+    let mut h = Harness::new();
+    let watcher = h.connect("w", Version::V5);
+    h.send(watcher, sub(1, "wills/#", QoS::AtLeastOnce));
+    h.recv(watcher);
+    let mut c = with_will("old", "wills/old", 0);
+    if let Some(w) = c.will.as_mut() {
+        w.expiry = Some(5);
+    }
+    let (conn, _) = h.connect_as(c, user("u"));
+    h.advance(Duration::from_secs(10));
+    h.drop_conn(conn);
+    h.advance(Duration::from_secs(1));
+    let out = h.recv(watcher);
+    assert_eq!(payloads(&out), ["gone"]);
+    let Some(Outbound::Publish { expiry, .. }) = publishes(&out).first().copied() else { panic!("{out:?}") };
+    assert_eq!(*expiry, Some(4), "5 s from publication, 1 s of it gone");
+}
