@@ -148,6 +148,7 @@ impl LocalClient {
             topic_alias: None,
             message_expiry: None,
             props: PublishProps::default(),
+            excess_user_properties: 0,
             payload: Bytes::copy_from_slice(payload),
         };
         self.send(Inbound::Publish(packet)).await;

@@ -73,6 +73,13 @@ pub struct BrokerConfig {
     /// 0x97; otherwise delivered and not retained). Default: 10000.
     #[serde(default = "default_max_retained_messages")]
     pub max_retained_messages: usize,
+    /// User properties one PUBLISH (or will) may carry. A PUBLISH with more is refused (MQTT 5
+    /// PUBACK/PUBREC 0x97; at QoS 0 dropped) and counted (`too_many_user_properties`), a CONNECT
+    /// whose will has more is refused (CONNACK 0x97); past the cap the decoder keeps none of
+    /// them, so one packet cannot make the broker hold thousands of empty pairs (each costs 48
+    /// bytes of memory and counts so against every byte bound). Default: 64.
+    #[serde(default = "default_max_user_properties")]
+    pub max_user_properties: usize,
     /// Bytes of retained messages held at most. Default: 32 MiB.
     #[serde(default = "default_max_retained_bytes")]
     pub max_retained_bytes: ByteSize,
@@ -133,6 +140,7 @@ impl Default for BrokerConfig {
             slow_subscriber: SlowSubscriber::default(),
             max_retained_messages: default_max_retained_messages(),
             max_retained_bytes: default_max_retained_bytes(),
+            max_user_properties: default_max_user_properties(),
             max_keep_alive: None,
             max_session_expiry: default_max_session_expiry(),
             client_ids: ClientIds::default(),
@@ -228,6 +236,7 @@ impl BrokerConfig {
             max_topic_length: self.max_topic_length,
             max_retained_messages: self.max_retained_messages,
             max_retained_bytes: self.max_retained_bytes.as_usize(),
+            max_user_properties: self.max_user_properties,
             max_packet_size: u32::try_from(self.max_packet_size.bytes()).unwrap_or(u32::MAX),
             max_keep_alive: self.max_keep_alive.map(|k| u16::try_from(k.0.as_secs()).unwrap_or(u16::MAX)),
             max_session_expiry: u32::try_from(self.max_session_expiry.0.as_secs()).unwrap_or(u32::MAX - 1),
@@ -266,6 +275,9 @@ fn default_max_retained_messages() -> usize {
 }
 fn default_max_retained_bytes() -> ByteSize {
     ByteSize::mib(32)
+}
+fn default_max_user_properties() -> usize {
+    64
 }
 fn default_max_session_expiry() -> HumanDuration {
     HumanDuration::from_secs(7 * 24 * 3600)

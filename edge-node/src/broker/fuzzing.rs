@@ -56,7 +56,7 @@ pub fn client_bytes(data: &[u8]) {
             }
             continue;
         }
-        match codec::decode(frame, version) {
+        match codec::decode(frame, version, core.limits().max_user_properties) {
             Ok(packet) => core.handle(conn, packet, now),
             Err(e) => core.decode_error(conn, &e, now),
         }

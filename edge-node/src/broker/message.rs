@@ -24,8 +24,15 @@ pub struct Message {
     pub origin: Option<Arc<str>>,
 }
 
+/// What user properties hold in memory: [`shared::proto::USER_PROPERTY_COST`] a pair and their
+/// bytes.
+pub fn user_properties_weight(user: &[(String, String)]) -> usize {
+    user.iter().map(|(k, v)| shared::proto::USER_PROPERTY_COST + k.len() + v.len()).sum()
+}
+
 impl Message {
-    /// Bytes it holds: what queue and retained-store bounds count.
+    /// Bytes it holds: what queue and retained-store bounds count. A user property pair
+    /// costs its two `String`s besides its bytes, so an empty one is not free.
     pub fn weight(&self) -> usize {
         let p = &self.props;
         self.topic.len()
@@ -33,7 +40,7 @@ impl Message {
             + p.content_type.as_ref().map_or(0, String::len)
             + p.response_topic.as_ref().map_or(0, String::len)
             + p.correlation_data.as_ref().map_or(0, Bytes::len)
-            + p.user.iter().map(|(k, v)| k.len() + v.len()).sum::<usize>()
+            + user_properties_weight(&p.user)
             + 64
     }
 

@@ -67,7 +67,7 @@ impl BrokerMetrics {
         );
         r.register(
             "mqtt_publish_refused",
-            "PUBLISH packets not taken, by reason (acl, topic_too_long, retained_full)",
+            "PUBLISH packets not taken, by reason (acl, topic_too_long, too_many_user_properties, retained_full)",
             m.publish_refused.clone(),
         );
         r.register(

@@ -208,6 +208,7 @@ impl Reader<'_> {
         let buf = &mut self.buf;
         let (fed, spool) = ctx.broker.with(|b| {
             let now = Instant::now();
+            let max_user_properties = b.limits().max_user_properties;
             if let Some(rules) = rules {
                 b.set_rules(conn, rules, now);
             }
@@ -224,7 +225,7 @@ impl Reader<'_> {
                 match codec::frame_len(buf, max) {
                     Ok(Some(len)) => {
                         let frame: Bytes = buf.split_to(len).freeze();
-                        match codec::decode(frame, version) {
+                        match codec::decode(frame, version, max_user_properties) {
                             Ok(packet) => b.handle(conn, packet, now),
                             Err(e) => b.decode_error(conn, &e, now),
                         }

@@ -766,8 +766,21 @@ pub fn message_size(m: &Message) -> u64 {
     (m.payload.len() + m.topic.len()) as u64
 }
 
-/// Message bytes (payloads and topics, see [`message_size`]) a read stops at. A read becomes an
-/// uplink batch: the bridge takes batch frames of `MAX_BATCH_FRAME` (16 MiB) at most, and a
+/// What a message holds in memory once read: payload, topic, and its properties, each user
+/// property pair at [`shared::proto::USER_PROPERTY_COST`] besides its bytes (an empty pair is a
+/// few bytes on disk and 48 in memory). What a read counts against [`READ_BYTES`].
+pub fn memory_size(m: &Message) -> u64 {
+    let p = &m.properties;
+    let user: usize = p.user.iter().map(|(k, v)| shared::proto::USER_PROPERTY_COST + k.len() + v.len()).sum();
+    (m.payload.len()
+        + m.topic.len()
+        + user
+        + p.correlation_data.as_ref().map_or(0, Bytes::len)
+        + p.content_type.as_ref().map_or(0, String::len)) as u64
+}
+
+/// Message bytes ([`memory_size`]: payloads, topics and properties) a read stops at. A read
+/// becomes an uplink batch: the bridge takes batch frames of `MAX_BATCH_FRAME` (16 MiB) at most, and a
 /// batch of large messages zstd cannot shrink (camera frames) is about as big compressed as raw.
 /// A read stops after the record that reaches this bound, and no message is larger than
 /// `MAX_MESSAGE_BYTES` (the config refuses a bigger `broker.max_packet_size` with an uplink), so

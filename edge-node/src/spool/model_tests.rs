@@ -405,6 +405,23 @@ fn a_read_stops_at_its_byte_bound() {
     assert_eq!(spool.read(Lane(0), Seq(0), 2).unwrap().len(), 2, "the record limit still holds");
 }
 
+/// The read bound counts what a record holds in memory: user property pairs at 48 bytes each,
+/// so records of tiny payloads with 40,000 empty pairs each (about 200 KB on disk, 1.9 MB read)
+/// stop a read after five, not after 512.
+#[test]
+fn a_read_counts_user_properties_at_what_they_cost_in_memory() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut spool = open(&dir.path().join("spool.db"));
+    let mut m = message(b"x");
+    m.properties.user = vec![(String::new(), String::new()); 40_000];
+    for _ in 0..8 {
+        spool.append(Lane(0), m.clone(), Durability::Normal);
+    }
+    spool.flush().unwrap();
+    let read = spool.read(Lane(0), Seq(0), 512).unwrap();
+    assert_eq!(read.len(), 5, "40,000 x 48 B a record: the fifth passes 8 MiB");
+}
+
 /// Expiry runs every second on the writer's thread: it must not read the whole backlog.
 #[test]
 fn expiry_reads_only_the_records_with_a_ttl() {

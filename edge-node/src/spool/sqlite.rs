@@ -466,7 +466,7 @@ impl Storage for SqliteStorage {
         for row in rows {
             let record = row.map_err(|e| self.err(e))?;
             bytes += match &record.body {
-                Body::Message(m) => super::message_size(m),
+                Body::Message(m) => super::memory_size(m),
                 Body::Gap(_) => 0,
             };
             records.push(record);

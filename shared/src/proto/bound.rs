@@ -202,7 +202,7 @@ pub fn decoded_heap(records: &[WireRecord]) -> usize {
             strings(&m.class)
                 + strings(&m.topic)
                 + m.payload.len()
-                + m.user_properties.iter().map(|(k, v)| 48 + k.len() + v.len()).sum::<usize>()
+                + m.user_properties.iter().map(|(k, v)| super::USER_PROPERTY_COST + k.len() + v.len()).sum::<usize>()
                 + m.correlation_data.as_ref().map_or(0, Vec::len)
                 + m.content_type.as_deref().map_or(0, strings)
         });

@@ -59,6 +59,13 @@ pub const HANDSHAKE_TIMEOUT: std::time::Duration = std::time::Duration::from_sec
 /// first packet, which the edge sent earlier.
 pub const BRIDGE_HANDSHAKE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(12);
 
+/// What one user property pair costs in memory besides its strings' bytes: two `String`
+/// headers (24 bytes each on 64-bit targets), counted at this on every target so a bound never
+/// under-counts. Every bound on bytes that may hold user properties counts a pair as this plus
+/// its name and value: the edge's queues, retained store and spool reads, the bridge's batch
+/// reservations.
+pub const USER_PROPERTY_COST: usize = 48;
+
 /// Whether a QUIC transport error code carries a TLS alert (CRYPTO_ERROR, RFC 9000 §20.1): the
 /// peer refused the handshake for what was presented (a certificate), as opposed to giving up.
 pub fn is_tls_alert(code: u64) -> bool {

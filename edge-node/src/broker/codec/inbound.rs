@@ -249,8 +249,9 @@ fn qos_of(q: rp::QoS) -> QoS {
     }
 }
 
-/// Decodes a frame a connected client sent (fixed header included).
-pub fn decode(frame: Bytes, version: Version) -> Result<Inbound, DecodeError> {
+/// Decodes a frame a connected client sent (fixed header included); a PUBLISH keeps at most
+/// `max_user_properties` user properties ([`publish::decode`]).
+pub fn decode(frame: Bytes, version: Version, max_user_properties: usize) -> Result<Inbound, DecodeError> {
     let Some(&first) = frame.first() else {
         return Err(DecodeError::Malformed("empty frame"));
     };
@@ -266,7 +267,7 @@ pub fn decode(frame: Bytes, version: Version) -> Result<Inbound, DecodeError> {
     }
     let remaining = frame.len() - body_start(&frame);
     match kind {
-        PUBLISH => publish::decode(&frame, version).map(Inbound::Publish),
+        PUBLISH => publish::decode(&frame, version, max_user_properties).map(Inbound::Publish),
         PUBACK | PUBREC | PUBREL | PUBCOMP => ack(&frame, kind, version),
         SUBSCRIBE => subscribe(frame, version),
         UNSUBSCRIBE => unsubscribe(frame, version),

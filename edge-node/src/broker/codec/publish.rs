@@ -43,6 +43,9 @@ pub struct PublishPacket {
     /// Message Expiry Interval, seconds.
     pub message_expiry: Option<u32>,
     pub props: PublishProps,
+    /// User properties past the decoder's cap: not kept (so one packet cannot make the broker
+    /// hold thousands of empty pairs), only counted; the core refuses such a publish.
+    pub excess_user_properties: usize,
     pub payload: Bytes,
 }
 
@@ -63,8 +66,9 @@ const SUBSCRIPTION_ID: u8 = 0x0B;
 const TOPIC_ALIAS: u8 = 0x23;
 const USER_PROPERTY: u8 = 0x26;
 
-/// Decodes a PUBLISH frame (fixed header included) sent by a client.
-pub fn decode(frame: &Bytes, version: Version) -> Result<PublishPacket, DecodeError> {
+/// Decodes a PUBLISH frame (fixed header included) sent by a client, keeping at most
+/// `max_user_properties` user properties (the rest are checked and counted).
+pub fn decode(frame: &Bytes, version: Version, max_user_properties: usize) -> Result<PublishPacket, DecodeError> {
     const SHORT: DecodeError = DecodeError::Malformed("PUBLISH shorter than its fields");
     let flags = frame[0] & 0x0f;
     // [MQTT-3.3.1-4]: QoS 3 is malformed.
@@ -101,12 +105,13 @@ pub fn decode(frame: &Bytes, version: Version) -> Result<PublishPacket, DecodeEr
         topic_alias: None,
         message_expiry: None,
         props: PublishProps::default(),
+        excess_user_properties: 0,
         payload: Bytes::new(),
     };
     if version == Version::V5 {
         let (len, n) = read_varint(body.get(at..).ok_or(SHORT)?).ok_or(SHORT)?;
         let props = body.get(at + n..at + n + len).ok_or(SHORT)?;
-        read_props(frame, start + at + n, props, &mut packet)?;
+        read_props(frame, start + at + n, props, &mut packet, max_user_properties)?;
         at += n + len;
     }
     packet.payload = frame.slice(start + at..);
@@ -122,7 +127,13 @@ fn check_utf8(bytes: &[u8], what: &'static str) -> Result<(), DecodeError> {
 }
 
 /// `props` sits at `offset` in `frame`.
-fn read_props(frame: &Bytes, offset: usize, props: &[u8], p: &mut PublishPacket) -> Result<(), DecodeError> {
+fn read_props(
+    frame: &Bytes,
+    offset: usize,
+    props: &[u8],
+    p: &mut PublishPacket,
+    max_user: usize,
+) -> Result<(), DecodeError> {
     const SHORT: DecodeError = DecodeError::Malformed("PUBLISH property shorter than its value");
     // [MQTT-2.2.2-2]: a property other than user property appears at most once.
     const TWICE: DecodeError = DecodeError::Protocol("PUBLISH property given twice");
@@ -177,11 +188,22 @@ fn read_props(frame: &Bytes, offset: usize, props: &[u8], p: &mut PublishPacket)
                 }
                 i += 2;
             }
-            USER_PROPERTY => {
+            USER_PROPERTY if p.props.user.len() < max_user => {
                 let (k, n) = string(i)?;
                 let (v, m) = string(i + n)?;
                 p.props.user.push((k, v));
                 i += n + m;
+            }
+            USER_PROPERTY => {
+                // Checked as any other, not kept.
+                let skip = |at: usize| -> Result<usize, DecodeError> {
+                    let len = usize::from(read_u16(props, at).ok_or(SHORT)?);
+                    check_utf8(props.get(at + 2..at + 2 + len).ok_or(SHORT)?, "PUBLISH property string")?;
+                    Ok(2 + len)
+                };
+                let n = skip(i)?;
+                i += n + skip(i + n)?;
+                p.excess_user_properties += 1;
             }
             // [MQTT-3.3.4-6]: a client's PUBLISH carries no subscription identifier.
             SUBSCRIPTION_ID => return Err(DecodeError::Protocol("subscription identifier in a client's PUBLISH")),

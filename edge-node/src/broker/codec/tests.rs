@@ -10,6 +10,11 @@ use rumqttd::protocol::{Packet, Protocol, v4::V4, v5::V5};
 use super::*;
 use crate::broker::message::Message;
 
+/// Decoding with no cap on user properties (the cap has its own test).
+fn decode(frame: Bytes, version: Version) -> Result<Inbound, DecodeError> {
+    super::decode(frame, version, usize::MAX)
+}
+
 fn frame(first: u8, body: &[u8]) -> Bytes {
     let mut out = BytesMut::new();
     out.put_u8(first);
@@ -252,7 +257,7 @@ proptest! {
         encode(&out_packet, version, &mut out);
         prop_assert_eq!(out.len(), out_packet.encoded_len(version));
         let bytes = out.clone().freeze();
-        let ours = publish::decode(&bytes, version).unwrap();
+        let ours = publish::decode(&bytes, version, usize::MAX).unwrap();
         prop_assert_eq!((ours.topic_str(), &ours.payload[..], ours.qos, ours.pkid * u16::from(qos != QoS::AtMostOnce), ours.retain), (topic.as_str(), &payload[..], qos, pkid * u16::from(qos != QoS::AtMostOnce), retain));
         let decoded = if v5 { V5.read_mut(&mut out, usize::MAX) } else { V4.read_mut(&mut out, usize::MAX) };
         let Ok(Packet::Publish(p, rp_props)) = decoded else { return Err(TestCaseError::fail(format!("{decoded:?}"))) };
@@ -285,4 +290,33 @@ proptest! {
         let _ = decode(f.clone(), Version::V311);
         let _ = decode(f, Version::V5);
     }
+}
+
+/// A PUBLISH with more user properties than the cap keeps only the cap's worth (so one packet
+/// cannot make the broker hold 200,000 empty pairs) and counts the rest; those past the cap are
+/// still checked.
+#[test]
+fn user_properties_past_the_cap_are_counted_not_kept() {
+    let mut props = BytesMut::new();
+    for i in 0..200u8 {
+        props.put_u8(0x26);
+        props.put_u16(1);
+        props.put_u8(b'a' + i % 26);
+        props.put_u16(0);
+    }
+    let mut body = BytesMut::new();
+    body.put_u16(1);
+    body.put_u8(b't');
+    body.put_u16(9);
+    put_varint(&mut body, props.len());
+    body.put_slice(&props);
+    body.put_slice(b"payload");
+    let Inbound::Publish(p) = super::decode(frame(0x32, &body), Version::V5, 64).unwrap() else { panic!() };
+    assert_eq!((p.props.user.len(), p.excess_user_properties), (64, 136));
+    assert_eq!(&p.payload[..], b"payload");
+    // A bad string past the cap is still malformed.
+    let mut bad = body.clone();
+    let at = bad.len() - b"payload".len() - 3;
+    bad[at] = 0xff;
+    assert!(matches!(super::decode(frame(0x32, &bad), Version::V5, 64), Err(DecodeError::Malformed(_))));
 }

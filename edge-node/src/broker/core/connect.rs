@@ -63,6 +63,9 @@ impl Broker {
                 if !self.may_publish(&identity, topic) {
                     return refuse(reason::NOT_AUTHORIZED, "not_authorized");
                 }
+                if w.props.user.len() > self.limits.max_user_properties {
+                    return refuse(reason::QUOTA_EXCEEDED, "too_many_user_properties");
+                }
                 let msg = Message {
                     topic: topic.into(),
                     payload: bytes::Bytes::copy_from_slice(&w.payload),

@@ -104,6 +104,8 @@ impl Broker {
         let rules = self.conns.get(&conn).and_then(|c| c.rules.clone());
         let refusal = if topic.len() > self.limits.max_topic_length {
             Some(("topic_too_long", reason::TOPIC_NAME_INVALID))
+        } else if p.excess_user_properties > 0 {
+            Some(("too_many_user_properties", reason::QUOTA_EXCEEDED))
         } else if !self.may_publish_with(rules.as_deref(), internal, &topic) {
             Some(("acl", reason::NOT_AUTHORIZED))
         } else {

@@ -92,6 +92,8 @@ pub struct Limits {
     pub max_topic_length: usize,
     pub max_retained_messages: usize,
     pub max_retained_bytes: usize,
+    /// User properties a PUBLISH or a will may carry.
+    pub max_user_properties: usize,
     /// Announced Maximum Packet Size.
     pub max_packet_size: u32,
     /// A longer keep-alive (or none) is answered with this Server Keep Alive, seconds.
@@ -121,6 +123,7 @@ impl Default for Limits {
             max_topic_length: 1024,
             max_retained_messages: 10_000,
             max_retained_bytes: 64 << 20,
+            max_user_properties: 64,
             max_packet_size: 1 << 20,
             max_keep_alive: None,
             max_session_expiry: 7 * 24 * 3600,

@@ -218,3 +218,16 @@ fn the_session_bound_refuses_new_client_ids_with_0x97() {
     assert_eq!(h.try_connect(connect_packet("three", Version::V5), user("u")).unwrap_err().code, 0x97);
     assert!(h.try_connect(connect_packet("one", Version::V5), user("u")).is_ok());
 }
+
+/// A will carries user properties as a PUBLISH does, under the same cap: a CONNECT whose will
+/// has more is refused with 0x97.
+#[test]
+fn a_will_with_too_many_user_properties_is_refused_at_connect() {
+    let mut h = Harness::limits(|l| l.max_user_properties = 4);
+    let mut c = with_will("w", "wills/w", 0);
+    if let Some(w) = c.will.as_mut() {
+        w.props.user = vec![("k".into(), "v".into()); 5];
+    }
+    let refusal = h.try_connect(c, user("u")).unwrap_err();
+    assert_eq!(refusal.code, 0x97);
+}

@@ -52,6 +52,7 @@ pub(crate) fn publish(topic: &str, qos: QoS, pkid: u16, payload: &str) -> Inboun
         topic_alias: None,
         message_expiry: None,
         props: PublishProps::default(),
+        excess_user_properties: 0,
         payload: Bytes::copy_from_slice(payload.as_bytes()),
     })
 }

@@ -244,3 +244,38 @@ fn an_alias_on_a_topic_over_the_length_bound_is_not_kept() {
     assert_eq!(h.recv(p), [Outbound::PubAck { pkid: 1, reason: 0x90 }]);
     assert!(h.b.conns[&p].aliases.is_empty());
 }
+
+/// §3.3.4 with `broker.max_user_properties`: a PUBLISH whose user properties passed the cap (the
+/// decoder kept none past it) is refused with 0x97 and delivered to no one.
+#[test]
+fn a_publish_with_too_many_user_properties_is_refused_with_0x97() {
+    let mut h = Harness::new();
+    let s = h.connect("s", Version::V5);
+    h.send(s, sub(1, "t", QoS::AtLeastOnce));
+    h.recv(s);
+    let p = h.connect("p", Version::V5);
+    let Inbound::Publish(mut packet) = publish("t", QoS::AtLeastOnce, 1, "x") else { unreachable!() };
+    packet.excess_user_properties = 1;
+    h.send(p, Inbound::Publish(packet));
+    assert_eq!(h.recv(p), [Outbound::PubAck { pkid: 1, reason: 0x97 }]);
+    assert!(payloads(&h.recv(s)).is_empty());
+}
+
+/// User property pairs weigh what they cost in memory (48 bytes and their strings): 1,000
+/// empty pairs are 48 KB against the retained store's bound, not nothing.
+#[test]
+fn empty_user_properties_count_against_the_retained_bytes() {
+    let mut h = Harness::limits(|l| {
+        l.max_retained_bytes = 100_000;
+        l.max_user_properties = 1_000;
+    });
+    let p = h.connect("p", Version::V5);
+    for (i, expect) in [(1u16, 0u8), (2, 0), (3, 0x97)] {
+        let Inbound::Publish(mut packet) = publish(&format!("r/{i}"), QoS::AtLeastOnce, i, "x") else { unreachable!() };
+        packet.retain = true;
+        packet.props.user = vec![(String::new(), String::new()); 1_000];
+        h.send(p, Inbound::Publish(packet));
+        assert_eq!(h.recv(p), [Outbound::PubAck { pkid: i, reason: expect }], "retained message {i}");
+    }
+    assert_eq!(h.b.retained_count(), 2);
+}
