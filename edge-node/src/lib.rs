@@ -215,12 +215,20 @@ impl Node {
         let internal_topics = if config.probe.enabled { vec![config.probe.topic.clone()] } else { Vec::new() };
         let store_path =
             config.broker.session_store.clone().unwrap_or_else(|| config.spool.path.with_file_name("sessions.db"));
-        let (store, records) = broker::store::SessionStore::open(&store_path)?;
+        let opened = std::time::Instant::now();
+        let (store, state) = broker::store::SessionStore::open(&store_path, broker_metrics.clone())?;
         let mut core =
             broker::core::Broker::new(config.broker.limits(internal_topics), classes.clone(), broker_metrics.clone());
-        let restored = records.len();
-        core.restore(records, std::time::Instant::now());
-        tracing::info!(path = %store_path.display(), sessions = restored, "session store open");
+        let (sessions, queued, retained) = (state.sessions.len(), state.deliveries.len(), state.retained.len());
+        core.restore(state, std::time::Instant::now());
+        tracing::info!(
+            path = %store_path.display(),
+            sessions,
+            queued,
+            retained,
+            took = ?opened.elapsed(),
+            "session store open"
+        );
         let broker = BrokerHandle::new(core, spool.clone(), Some(store.clone()));
         tracker.spawn(broker.clone().run_timers(shutdown.clone()));
         let ctx = Arc::new(FrontContext {

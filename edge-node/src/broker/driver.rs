@@ -17,7 +17,7 @@ use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 
 use super::core::{Action, Broker, ConnId, SpoolRequest, Spooled};
-use super::store::{SessionStore, StoreOp};
+use super::store::SessionStore;
 use crate::spool::{AppendError, SpoolWriter};
 
 /// What a connection's task waits on: its writer for packets to send, its reader (paused while
@@ -77,8 +77,9 @@ struct Orphans {
 }
 
 impl BrokerHandle {
+    /// Without a store (tests), every store op counts as committed at once.
     pub fn new(core: Broker, spool: Option<SpoolWriter>, store: Option<SessionStore>) -> Arc<Self> {
-        Arc::new(Self {
+        let handle = Arc::new(Self {
             core: Mutex::new(core),
             wakers: Mutex::new(HashMap::new()),
             next_conn: AtomicU64::new(1),
@@ -86,7 +87,18 @@ impl BrokerHandle {
             store,
             timer: Notify::new(),
             orphans: Arc::default(),
-        })
+        });
+        if let Some(store) = &handle.store {
+            // Weak: the store's thread must not keep the broker alive.
+            let weak = Arc::downgrade(&handle);
+            store.on_commit(move |op_id| {
+                if let Some(handle) = weak.upgrade() {
+                    let (_, routed) = handle.with(|b| b.stored(op_id, Instant::now()));
+                    drop(routed);
+                }
+            });
+        }
+        handle
     }
 
     /// A new connection's id and what its task waits on.
@@ -121,21 +133,23 @@ impl BrokerHandle {
         let result = f(&mut core);
         let mut wakes = Vec::new();
         let mut spool = Vec::new();
-        while let Some(action) = core.poll_action() {
-            match action {
-                Action::Wake(conn) => wakes.push(conn),
-                Action::Spool(req) => spool.push(*req),
-                Action::Persist(record) => {
-                    if let Some(store) = &self.store {
-                        store.send(StoreOp::Put(record));
-                    }
-                }
-                Action::Forget(client_id) => {
-                    if let Some(store) = &self.store {
-                        store.send(StoreOp::Forget(client_id));
-                    }
+        loop {
+            let mut unstored = 0;
+            while let Some(action) = core.poll_action() {
+                match action {
+                    Action::Wake(conn) => wakes.push(conn),
+                    Action::Spool(req) => spool.push(*req),
+                    // Sent under the core's lock: the store sees ops in the order they were made.
+                    Action::Store { op_id, op } => match &self.store {
+                        Some(store) => store.send(op_id, op),
+                        None => unstored = op_id,
+                    },
                 }
             }
+            if unstored == 0 {
+                break;
+            }
+            core.stored(unstored, Instant::now());
         }
         let after = core.poll_timeout();
         drop(core);

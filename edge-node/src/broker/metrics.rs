@@ -1,10 +1,11 @@
-//! The broker core's metrics: sessions, subscriptions, retained messages, what it refused,
-//! dropped and disconnected, by reason.
+//! The broker's metrics: sessions, subscriptions, retained messages, what the core refused,
+//! dropped and disconnected, by reason; and the session store's commits.
 
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
-use prometheus_client::registry::Registry;
+use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
+use prometheus_client::registry::{Registry, Unit};
 
 use crate::labels::{ClassLabel, ReasonLabel, class_label, handle, reason};
 
@@ -24,6 +25,11 @@ pub struct BrokerMetrics {
     publish_refused: Family<ReasonLabel, Counter>,
     subscribe_refused: Family<ReasonLabel, Counter>,
     disconnects: Family<ReasonLabel, Counter>,
+    /// The session store (`store.rs`).
+    pub store_commit_seconds: Histogram,
+    pub store_errors: Counter,
+    pub store_healthy: Gauge,
+    pub store_pending: Gauge,
 }
 
 impl BrokerMetrics {
@@ -44,7 +50,33 @@ impl BrokerMetrics {
             publish_refused: Family::default(),
             subscribe_refused: Family::default(),
             disconnects: Family::default(),
+            // 50 µs .. ~1.6 s
+            store_commit_seconds: Histogram::new(exponential_buckets(0.000_05, 2.0, 16)),
+            store_errors: Counter::default(),
+            store_healthy: Gauge::default(),
+            store_pending: Gauge::default(),
         };
+        r.register_with_unit(
+            "session_store_commit",
+            "Session store group commits (durable sessions' queues, QoS 2 ids, wills, retained messages): their duration",
+            Unit::Seconds,
+            m.store_commit_seconds.clone(),
+        );
+        r.register(
+            "session_store_errors",
+            "Session store commits that failed (retried; the acknowledgements that wait for them wait)",
+            m.store_errors.clone(),
+        );
+        r.register(
+            "session_store_healthy",
+            "1 while the session store's last commit succeeded, 0 while commits fail",
+            m.store_healthy.clone(),
+        );
+        r.register(
+            "session_store_pending_ops",
+            "Ops in the session store's current commit (while commits fail: waiting to be retried)",
+            m.store_pending.clone(),
+        );
         r.register("mqtt_sessions", "MQTT sessions held, connected or not", m.sessions.clone());
         r.register("mqtt_subscriptions", "Subscriptions held over all sessions", m.subscriptions.clone());
         r.register("mqtt_retained_messages", "Retained messages held", m.retained_messages.clone());

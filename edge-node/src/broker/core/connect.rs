@@ -5,7 +5,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use super::session::{Conn, PendingWill, Session, Will};
-use super::{Action, Broker, ClientIds, ConnId, SessionKey, SessionRecord};
+use super::{Broker, ClientIds, ConnId, SessionKey};
 use crate::auth::Rules;
 use crate::broker::codec::{ConnAckProps, Connect, Outbound, Version, reason};
 use crate::broker::message::Message;
@@ -98,6 +98,8 @@ impl Broker {
             self.metrics.disconnect("session_taken_over");
             self.close(old, Some(reason::SESSION_TAKEN_OVER), now);
         }
+        // A session with expiry 0 ended with that connection: there is none to resume.
+        let existing = existing.filter(|k| self.session(*k).is_some_and(|s| s.client_id == client_id));
         // [MQTT-3.1.2-4]: Clean Start discards the session there was.
         let mut resumed = None;
         if let Some(key) = existing {
@@ -111,7 +113,7 @@ impl Broker {
         let expiry = c.session_expiry.min(self.limits.max_session_expiry);
         let key = match resumed {
             Some(key) => {
-                self.resume(key, conn, expiry);
+                self.resume(key, expiry, now);
                 key
             }
             None => self.new_session(client_id.clone(), identity.owner.clone(), identity.internal, expiry),
@@ -161,7 +163,7 @@ impl Broker {
             c.control.push_back(connack);
         }
         if resumed.is_some() {
-            self.resend_inflight(key, conn);
+            self.resend_inflight(key, conn, now);
             if let Some(rules) = identity.rules {
                 self.prune_subscriptions(key, &rules, now);
             }
@@ -185,8 +187,15 @@ impl Broker {
         self.sessions.iter().flatten().filter(|s| !s.internal).count()
     }
 
-    fn new_session(&mut self, client_id: Arc<str>, owner: Arc<str>, internal: bool, expiry: u32) -> SessionKey {
-        let session = Session::new(client_id.clone(), owner, internal, expiry);
+    pub(super) fn new_session(
+        &mut self,
+        client_id: Arc<str>,
+        owner: Arc<str>,
+        internal: bool,
+        expiry: u32,
+    ) -> SessionKey {
+        self.next_sid += 1;
+        let session = Session::new(self.next_sid, client_id.clone(), owner, internal, expiry);
         let key = match self.free.pop() {
             Some(k) => {
                 self.sessions[k as usize] = Some(session);
@@ -204,17 +213,20 @@ impl Broker {
 
     /// A session resumed on a new connection: its pending will is cancelled ([MQTT-3.1.3-9])
     /// and it no longer expires.
-    fn resume(&mut self, key: SessionKey, _conn: ConnId, expiry: u32) {
+    fn resume(&mut self, key: SessionKey, expiry: u32, now: Instant) {
         self.cancel_expiry(key);
         let Some(s) = self.session_mut(key) else { return };
-        s.expiry = expiry;
         let cancelled = s.pending_will.take().map(|w| w.due);
         if let Some(due) = cancelled {
             self.wills.remove(&(due, key));
+            self.store_will(key, now);
+        }
+        if let Some(s) = self.session_mut(key) {
+            s.expiry = expiry;
         }
     }
 
-    fn schedule_expiry(&mut self, key: SessionKey, due: Instant) {
+    pub(super) fn schedule_expiry(&mut self, key: SessionKey, due: Instant) {
         self.cancel_expiry(key);
         if let Some(s) = self.session_mut(key) {
             s.expires_at = Some(due);
@@ -229,8 +241,8 @@ impl Broker {
     }
 
     /// [MQTT-4.4.0-1]: unacknowledged PUBLISHes go again first, with their packet ids and DUP;
-    /// PUBRELs of released QoS 2 messages go again too.
-    fn resend_inflight(&mut self, key: SessionKey, conn: ConnId) {
+    /// PUBRELs of released QoS 2 messages go again too, once their release is stored.
+    fn resend_inflight(&mut self, key: SessionKey, conn: ConnId, now: Instant) {
         let Some(s) = self.session_mut(key) else { return };
         let mut rels = Vec::new();
         let mut resend = Vec::new();
@@ -240,6 +252,7 @@ impl Broker {
             } else {
                 let mut d = i.delivery;
                 d.pkid = Some(i.pkid);
+                d.dup = true;
                 resend.push((d, i.held));
             }
         }
@@ -256,8 +269,10 @@ impl Broker {
         let Some(s) = self.session_mut(key) else { return };
         let pubrels: Vec<Outbound> = rels.iter().map(|i| Outbound::PubRel { pkid: i.pkid, reason: 0 }).collect();
         s.inflight.extend(rels);
-        if let Some(c) = self.conns.get_mut(&conn) {
-            c.control.extend(pubrels);
+        // A release made in this run may not be stored yet: wait for all that is pending.
+        let op_id = if self.last_op > self.durable { self.last_op } else { 0 };
+        for packet in pubrels {
+            self.ack_when_stored(conn, packet, op_id, now);
         }
     }
 
@@ -301,6 +316,7 @@ impl Broker {
                     s.pending_will = Some(PendingWill { msg, expiry: msg_expiry, rules, due });
                 }
                 self.wills.insert((due, key));
+                self.store_will(key, now);
             }
         }
         match expiry {
@@ -316,6 +332,7 @@ impl Broker {
     /// Ends a session: its pending will goes now, its subscriptions and queue go.
     pub(super) fn end_session(&mut self, key: SessionKey, now: Instant) {
         self.cancel_expiry(key);
+        self.store_forget(key);
         let Some(mut s) = self.sessions.get_mut(key as usize).and_then(Option::take) else { return };
         if let Some(will) = s.pending_will.take() {
             self.wills.remove(&(will.due, key));
@@ -338,9 +355,6 @@ impl Broker {
         }
         self.by_client.remove(&s.client_id);
         self.free.push(key);
-        if s.expiry != 0 && !s.internal {
-            self.actions.push_back(Action::Forget(s.client_id.to_string()));
-        }
         self.metrics.sessions.set(self.by_client.len() as i64);
         self.metrics.subscriptions.set(self.router.len() as i64);
     }
@@ -358,41 +372,7 @@ impl Broker {
                 }),
                 None => will.msg,
             };
-            let _ = self.ingest(None, msg, None, now);
+            let _ = self.ingest(None, msg, None, self.last_op, now);
         }
-    }
-
-    /// Sessions stored before a restart, offline until their clients come back. One whose
-    /// expiry passed meanwhile is forgotten.
-    pub fn restore(&mut self, records: Vec<SessionRecord>, now: Instant) {
-        let wall = shared::units::now_ms();
-        for r in records {
-            let away = r.disconnected_ms.map_or(0, |ms| wall.saturating_sub(ms) / 1000);
-            let expiry = r.expiry.min(self.limits.max_session_expiry);
-            if expiry != u32::MAX && away >= u64::from(expiry) || self.by_client.contains_key(r.client_id.as_str()) {
-                self.actions.push_back(Action::Forget(r.client_id));
-                continue;
-            }
-            let key = self.new_session(r.client_id.into(), r.owner.into(), false, expiry);
-            for (filter, opts) in r.subscriptions {
-                if let Some(f) = super::router::Filter::parse(&filter) {
-                    self.router.subscribe(f, key, opts);
-                }
-                if let Some(s) = self.session_mut(key) {
-                    s.subs.insert(filter, opts);
-                }
-            }
-            let left = u64::from(expiry).saturating_sub(away);
-            if let Some(s) = self.session_mut(key) {
-                s.disconnected_at = Some(now);
-                s.disconnected_ms = r.disconnected_ms.or(Some(wall));
-                // The expiry counts from the disconnect, across the restart.
-                s.expiry = expiry;
-            }
-            if expiry != u32::MAX {
-                self.schedule_expiry(key, now + Duration::from_secs(left));
-            }
-        }
-        self.metrics.subscriptions.set(self.router.len() as i64);
     }
 }

@@ -5,6 +5,7 @@
 use std::sync::Arc;
 use std::time::Instant;
 
+use super::durable::StoreOp;
 use super::router::Match;
 use super::session::{AckSlot, Delivery, Inflight};
 use super::{Action, Broker, ConnId, PendingSpool, SessionKey, SlowSubscriber, SpoolRequest, Spooled};
@@ -26,13 +27,15 @@ pub struct Transmit {
 impl Broker {
     /// Routes a message that entered: the spool for `central` and `both` classes, local
     /// subscribers unless `central`. `ack` is the publisher's (QoS, packet id) to answer once
-    /// the message is where it must be. `Err(code)`: refused before anything happened, for an
-    /// MQTT 5 acknowledgement.
+    /// the message is where it must be: in the spool, and in the session store with every op
+    /// made since `since` (its queue entries in durable sessions, its retained copy, its QoS 2
+    /// id). `Err(code)`: refused before anything happened, for an MQTT 5 acknowledgement.
     pub(super) fn ingest(
         &mut self,
         from: Option<ConnId>,
         msg: Arc<Message>,
         ack: Option<(QoS, u16)>,
+        since: u64,
         now: Instant,
     ) -> Result<(), u8> {
         let classes = self.classes.clone();
@@ -60,11 +63,11 @@ impl Broker {
                 if let (Some(conn), Some((qos, pkid))) = (from, ack)
                     && let Some(c) = self.conns.get_mut(&conn)
                 {
-                    c.acks.push_back(AckSlot::Waiting { ticket, qos, pkid });
+                    c.acks.push_back(AckSlot::Waiting { ticket, qos, pkid, stored: 0 });
                     if qos == QoS::ExactlyOnce {
                         let key = c.session;
-                        if let Some(s) = self.session_mut(key) {
-                            s.qos2_in.insert(pkid, Some(ticket));
+                        if let Some(q) = self.session_mut(key).and_then(|s| s.qos2_in.get_mut(&pkid)) {
+                            q.ticket = Some(ticket);
                             qos2 = Some((key, pkid));
                         }
                     }
@@ -86,13 +89,25 @@ impl Broker {
                 if local && !hold {
                     self.accept_local(&msg, retain, now);
                 }
+                // The spool's answer releases the ack; the store's commit, too, if this made ops.
+                let op_id = self.last_op;
+                if op_id > since
+                    && let Some(c) = from.and_then(|c| self.conns.get_mut(&c))
+                    && let Some(AckSlot::Waiting { stored, .. }) = c
+                        .acks
+                        .iter_mut()
+                        .rev()
+                        .find(|s| matches!(s, AckSlot::Waiting { ticket: t, .. } if *t == ticket))
+                {
+                    *stored = op_id;
+                }
             }
             None => {
                 if local {
                     self.accept_local(&msg, retain, now);
                 }
                 if let (Some(conn), Some((qos, pkid))) = (from, ack) {
-                    self.ack_ready(conn, qos, pkid, reason::SUCCESS, now);
+                    self.ack_after_store(conn, ack_packet(qos, pkid, reason::SUCCESS), since, now);
                 }
             }
         }
@@ -103,20 +118,27 @@ impl Broker {
     /// and its publisher's acknowledgement goes (in publish order).
     pub fn spooled(&mut self, ticket: u64, outcome: Spooled, now: Instant) {
         let Some(p) = self.pending.remove(&ticket) else { return };
+        let since = self.last_op;
         if let (Spooled::Accepted, Some(msg)) = (outcome, &p.deliver) {
             let retain = p.retain && (msg.payload.is_empty() || self.retained.has_room(msg));
             self.accept_local(msg, retain, now);
         }
+        let stored = if self.last_op > since { self.last_op } else { 0 };
         // A QoS 2 packet id stays received only if the message is in: any other outcome ends
         // the exchange, and the client's resend is a new message, not one taken.
         if let Some((key, pkid)) = p.qos2
             && let Some(s) = self.session_mut(key)
-            && s.qos2_in.get(&pkid) == Some(&Some(ticket))
+            && let Some(q) = s.qos2_in.get_mut(&pkid).filter(|q| q.ticket == Some(ticket))
         {
             if outcome == Spooled::Accepted {
-                s.qos2_in.insert(pkid, None);
+                q.ticket = None;
+                q.stored = q.stored.max(stored);
             } else {
                 s.qos2_in.remove(&pkid);
+                // A stored id goes from the store as its PUBREL would take it.
+                if let Some(sid) = self.durable_sid(key) {
+                    self.store(StoreOp::Settled { sid, pkid });
+                }
             }
         }
         let code = match outcome {
@@ -125,12 +147,13 @@ impl Broker {
             Spooled::Failed => reason::UNSPECIFIED,
         };
         for conn in p.conns {
-            self.answer_spooled(conn, ticket, code, now);
+            self.answer_spooled(conn, ticket, code, stored, now);
         }
     }
 
-    /// Answers the connection's publishes that waited for `ticket`.
-    fn answer_spooled(&mut self, conn: ConnId, ticket: u64, code: u8, now: Instant) {
+    /// Answers the connection's publishes that waited for `ticket`; a success goes once the
+    /// store committed op `stored` too.
+    fn answer_spooled(&mut self, conn: ConnId, ticket: u64, code: u8, stored: u64, now: Instant) {
         let Some(c) = self.conns.get_mut(&conn) else { return };
         if code != reason::SUCCESS && c.version == Version::V311 {
             // MQTT 3.1.1 has no way to refuse a publish but closing: no acknowledgement, and
@@ -139,16 +162,28 @@ impl Broker {
             self.close(conn, None, now);
             return;
         }
+        let durable = self.durable;
+        let mut wait = None;
         for slot in c.acks.iter_mut() {
-            if let AckSlot::Waiting { ticket: t, qos, pkid } = *slot
+            if let AckSlot::Waiting { ticket: t, qos, pkid, stored: s } = *slot
                 && t == ticket
             {
-                *slot = AckSlot::Ready(ack_packet(qos, pkid, code));
+                let packet = ack_packet(qos, pkid, code);
+                let op_id = s.max(stored);
+                *slot = if code == reason::SUCCESS && op_id > durable {
+                    wait = Some(op_id);
+                    AckSlot::Stored { op_id, packet }
+                } else {
+                    AckSlot::Ready(packet)
+                };
                 // A failed PUBREC ends the exchange: no PUBREL will settle it.
                 if code >= 0x80 && qos == QoS::ExactlyOnce {
                     c.unacked_in = c.unacked_in.saturating_sub(1);
                 }
             }
+        }
+        if let Some(op_id) = wait {
+            self.wait_store(conn, op_id);
         }
         self.flush_acks(conn, now);
     }
@@ -160,16 +195,26 @@ impl Broker {
         self.flush_acks(conn, now);
     }
 
-    /// Moves the acknowledgements at the front that are ready to the connection's packets.
-    fn flush_acks(&mut self, conn: ConnId, now: Instant) {
+    /// Moves the acknowledgements at the front that are ready (or whose store op committed) to
+    /// the connection's packets.
+    pub(super) fn flush_acks(&mut self, conn: ConnId, now: Instant) {
         // One at a time rather than collected first: this runs for every QoS 1 publish, and a
         // Vec per call showed in the allocator's share of a profile.
+        let durable = self.durable;
         loop {
             let Some(c) = self.conns.get_mut(&conn) else { return };
-            if !matches!(c.acks.front(), Some(AckSlot::Ready(_))) {
+            let ready = match c.acks.front() {
+                Some(AckSlot::Ready(_)) => true,
+                Some(AckSlot::Stored { op_id, .. }) => *op_id <= durable,
+                _ => false,
+            };
+            if !ready {
                 return;
             }
-            let Some(AckSlot::Ready(packet)) = c.acks.pop_front() else { return };
+            let packet = match c.acks.pop_front() {
+                Some(AckSlot::Ready(packet) | AckSlot::Stored { packet, .. }) => packet,
+                _ => return,
+            };
             if matches!(packet, Outbound::PubAck { .. }) {
                 c.unacked_in = c.unacked_in.saturating_sub(1);
             }
@@ -181,7 +226,10 @@ impl Broker {
     fn accept_local(&mut self, msg: &Arc<Message>, retain: bool, now: Instant) {
         if retain {
             // Room was checked when the message came in.
-            let _ = self.retained.store(msg);
+            if self.retained.store(msg).is_ok() {
+                let kept = (!msg.payload.is_empty()).then(|| msg.clone());
+                self.store(StoreOp::Retain { topic: msg.topic.clone(), msg: kept });
+            }
             self.metrics.retained(self.retained.len(), self.retained.bytes());
         }
         self.deliver(msg, now);
@@ -244,7 +292,7 @@ impl Broker {
         }
         // [MQTT-3.8.4-8] (MQTT 3.1.1 [MQTT-3.8.4-6]): min(published, granted).
         let qos = granted?.min(msg.qos);
-        Some(Delivery { msg: msg.clone(), qos, retain, sub_ids, pkid: None })
+        Some(Delivery::new(msg.clone(), qos, retain, sub_ids))
     }
 
     /// Puts a delivery in a session's queue under the queue's bounds and the slow-subscriber
@@ -259,6 +307,7 @@ impl Broker {
         self.enqueue_bounded(key, d, weight, max_messages, max_bytes, policy, now);
         let after = self.session(key).map_or(before, |s| s.held_bytes);
         self.held_total = (self.held_total + after).saturating_sub(before);
+        self.store_pushed(key, false);
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -328,32 +377,59 @@ impl Broker {
         }
         let (key, quota, max_packet, version) = (c.session, usize::from(c.send_quota), c.max_packet_out, c.version);
         let internal = c.rules.is_none();
+        let (sid, durable) = (self.durable_sid(key), self.durable);
         let Some(s) = self.sessions.get_mut(key as usize).and_then(Option::as_mut) else {
             return Transmit { packets, ..Transmit::default() };
         };
         let (mut expired, mut too_large, mut sent, mut released, mut bytes) = (0, 0, 0u64, 0usize, 0usize);
+        // What the store hears of this, made once `s` is no longer borrowed; nothing allocated
+        // unless the session is durable.
+        let mut ops: Vec<StoreOp> = Vec::new();
+        let mut hold = None;
+        let mut number_qos2 = false;
         while bytes < max_bytes {
             let Some(front) = s.front() else { break };
             if front.qos != QoS::AtMostOnce && s.inflight.len() >= quota {
                 break;
             }
-            let Some((d, held)) = s.pop() else { break };
+            if front.hold > durable {
+                hold = Some(front.hold);
+                break;
+            }
+            // A QoS 2 message to a durable session gets its packet id stored before it goes.
+            if sid.is_some() && front.qos == QoS::ExactlyOnce && front.pkid.is_none() && !front.msg.expired(now) {
+                number_qos2 = true;
+                break;
+            }
+            let Some((mut d, held)) = s.pop() else { break };
             let weight = if held { d.weight() } else { 0 };
-            if d.pkid.is_none() && d.msg.expired(now) {
+            let done = |ops: &mut Vec<StoreOp>, d: &Delivery| {
+                if let Some(sid) = sid.filter(|_| d.ord != 0) {
+                    ops.push(StoreOp::Done { sid, ord: d.ord, msg: d.msg.clone() });
+                }
+            };
+            if !d.dup && d.msg.expired(now) {
                 expired += 1;
                 released += weight;
+                done(&mut ops, &d);
                 continue;
             }
             let pkid = match (d.qos, d.pkid) {
                 (QoS::AtMostOnce, _) => 0,
                 (_, Some(p)) => p,
-                (_, None) => s.allocate_pkid(),
+                (_, None) => {
+                    let pkid = s.allocate_pkid();
+                    if let Some(sid) = sid.filter(|_| d.ord != 0) {
+                        ops.push(StoreOp::Sent { sid, ord: d.ord, pkid });
+                    }
+                    pkid
+                }
             };
             let packet = Outbound::Publish {
                 msg: d.msg.clone(),
                 qos: d.qos,
                 pkid,
-                dup: d.pkid.is_some(),
+                dup: d.dup,
                 retain: d.retain,
                 expiry: d.msg.remaining_expiry(now),
                 sub_ids: if version == Version::V5 { d.sub_ids.clone() } else { Vec::new() },
@@ -362,21 +438,47 @@ impl Broker {
             if len > max_packet {
                 too_large += 1;
                 released += weight;
+                done(&mut ops, &d);
                 continue;
             }
             if d.qos == QoS::AtMostOnce {
                 released += weight;
             } else {
+                d.pkid = Some(pkid);
                 s.inflight.push_back(Inflight { pkid, delivery: d, released: false, held });
             }
             bytes += len;
             sent += 1;
             packets.push(packet);
         }
-        let more =
-            bytes >= max_bytes && s.front().is_some_and(|f| f.qos == QoS::AtMostOnce || s.inflight.len() < quota);
+        let numbered = if number_qos2 {
+            let pkid = s.allocate_pkid();
+            s.front_mut().map(|f| {
+                f.pkid = Some(pkid);
+                (f.ord, pkid)
+            })
+        } else {
+            None
+        };
+        let more = bytes >= max_bytes
+            && hold.is_none()
+            && !number_qos2
+            && s.front().is_some_and(|f| f.qos == QoS::AtMostOnce || s.inflight.len() < quota);
         s.held_bytes = s.held_bytes.saturating_sub(released);
         self.held_total = self.held_total.saturating_sub(released);
+        for op in ops {
+            self.store(op);
+        }
+        if let (Some(sid), Some((ord, pkid))) = (sid, numbered) {
+            let op_id = self.store(StoreOp::Sent { sid, ord, pkid });
+            if let Some(f) = self.session_mut(key).and_then(|s| s.front_mut()) {
+                f.hold = op_id;
+            }
+            hold = Some(op_id);
+        }
+        if let Some(op_id) = hold {
+            self.wait_store(conn, op_id);
+        }
         self.metrics.dropped("expired", expired);
         self.metrics.dropped("too_large_for_client", too_large);
         let out = if internal { &self.metrics.publish_out_internal } else { &self.metrics.publish_out };

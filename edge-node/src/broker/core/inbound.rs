@@ -5,8 +5,9 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use super::connect::Identity;
+use super::durable::StoreOp;
 use super::router::{Filter, SubOptions};
-use super::session::{AckSlot, Delivery};
+use super::session::{AckSlot, Delivery, Qos2In};
 use super::{Broker, ConnId, SessionKey};
 use crate::auth::Rules;
 use crate::broker::codec::{DecodeError, Inbound, Outbound, PublishPacket, QoS, SubscribeRequest, Version, reason};
@@ -121,10 +122,10 @@ impl Broker {
         {
             c.unacked_in += 1;
         }
-        if p.qos == QoS::ExactlyOnce
-            && let Some(s) = self.session_mut(key)
-        {
-            s.qos2_in.insert(p.pkid, None);
+        // Everything stored from here on is what the acknowledgement waits for.
+        let since = self.last_op;
+        if p.qos == QoS::ExactlyOnce {
+            self.receive_qos2(key, p.pkid);
         }
         let counter = if internal { &self.metrics.publish_in_internal } else { &self.metrics.publish_in };
         counter.inc();
@@ -140,11 +141,9 @@ impl Broker {
             origin: Some(client_id),
         });
         let ack = (p.qos != QoS::AtMostOnce).then_some((p.qos, p.pkid));
-        if let Err(code) = self.ingest(Some(conn), msg, ack, now) {
-            if p.qos == QoS::ExactlyOnce
-                && let Some(s) = self.session_mut(key)
-            {
-                s.qos2_in.remove(&p.pkid);
+        if let Err(code) = self.ingest(Some(conn), msg, ack, since, now) {
+            if p.qos == QoS::ExactlyOnce {
+                self.settle_qos2(key, p.pkid);
             }
             if let Some((qos, pkid)) = ack {
                 self.ack_ready(conn, qos, pkid, code, now);
@@ -176,26 +175,49 @@ impl Broker {
                 if code == reason::SUCCESS
                     && let Some(s) = self.session_mut(key)
                 {
-                    // The exchange goes on to its PUBCOMP.
-                    s.qos2_in.insert(p.pkid, None);
+                    // The exchange goes on to its PUBCOMP; a resend is refused again, so the id
+                    // need not survive a restart.
+                    s.qos2_in.insert(p.pkid, Qos2In::default());
                 }
                 self.control(conn, Outbound::PubRec { pkid: p.pkid, reason: code }, now);
             }
         }
     }
 
+    /// A QoS 2 packet id received: kept until its PUBREL, in the store for a durable session.
+    fn receive_qos2(&mut self, key: SessionKey, pkid: u16) {
+        let sid = self.durable_sid(key);
+        let stored = sid.map_or(0, |sid| self.store(StoreOp::Received { sid, pkid }));
+        if let Some(s) = self.session_mut(key) {
+            s.qos2_in.insert(pkid, Qos2In { ticket: None, stored });
+        }
+    }
+
+    /// A QoS 2 packet id released (or its publish not taken after all); whether it was known.
+    fn settle_qos2(&mut self, key: SessionKey, pkid: u16) -> bool {
+        let known = self.session_mut(key).is_some_and(|s| s.qos2_in.remove(&pkid).is_some());
+        if known && let Some(sid) = self.durable_sid(key) {
+            self.store(StoreOp::Settled { sid, pkid });
+        }
+        known
+    }
+
     /// A QoS 2 PUBLISH whose packet id is still in the session's received set: its PUBREC goes
-    /// again, after the spool outcome the first one waits for if there is one.
-    fn on_qos2_resend(&mut self, conn: ConnId, pkid: u16, waiting: Option<u64>, now: Instant) {
+    /// again, after the spool outcome the first one waits for if there is one, and once the id
+    /// is stored.
+    fn on_qos2_resend(&mut self, conn: ConnId, pkid: u16, waiting: Qos2In, now: Instant) {
         let Some(c) = self.conns.get_mut(&conn) else { return };
         // Its PUBREL settles it like any other.
         c.unacked_in += 1;
-        match waiting.and_then(|t| self.pending.get_mut(&t).map(|p| (t, p))) {
+        match waiting.ticket.and_then(|t| self.pending.get_mut(&t).map(|p| (t, p))) {
             Some((ticket, p)) => {
                 p.conns.push(conn);
-                c.acks.push_back(AckSlot::Waiting { ticket, qos: QoS::ExactlyOnce, pkid });
+                c.acks.push_back(AckSlot::Waiting { ticket, qos: QoS::ExactlyOnce, pkid, stored: waiting.stored });
             }
-            None => self.ack_ready(conn, QoS::ExactlyOnce, pkid, reason::SUCCESS, now),
+            None => {
+                let packet = Outbound::PubRec { pkid, reason: reason::SUCCESS };
+                self.ack_when_stored(conn, packet, waiting.stored, now);
+            }
         }
     }
 
@@ -208,11 +230,18 @@ impl Broker {
         else {
             return;
         };
-        let done = s.inflight.remove(at);
+        self.leave_flight(conn, key, at);
+    }
+
+    /// The message at `at` in flight is done (acknowledged, or refused by the client's PUBREC).
+    fn leave_flight(&mut self, conn: ConnId, key: SessionKey, at: usize) {
+        let Some(s) = self.session_mut(key) else { return };
+        let Some(done) = s.inflight.remove(at) else { return };
         let more = s.front().is_some();
-        if let Some(done) = done.filter(|d| d.held) {
+        if done.held {
             self.release(key, done.delivery.weight());
         }
+        self.store_done(key, &done.delivery);
         if more {
             self.wake(conn);
         }
@@ -227,29 +256,33 @@ impl Broker {
         if code >= 0x80 {
             // §4.3.3: a PUBREC with an error ends the exchange (and, on a shared subscription,
             // the message is not sent elsewhere: [MQTT-4.8.2-6]).
-            let done = s.inflight.remove(at);
-            let more = s.front().is_some();
-            if let Some(done) = done.filter(|d| d.held) {
-                self.release(key, done.delivery.weight());
-            }
-            if more {
-                self.wake(conn);
-            }
-            return;
+            return self.leave_flight(conn, key, at);
         }
+        let first = !s.inflight[at].released;
         s.inflight[at].released = true;
-        self.control(conn, Outbound::PubRel { pkid, reason: 0 }, now);
+        let ord = s.inflight[at].delivery.ord;
+        // Its release is stored before the PUBREL lets the client forget the message.
+        let since = self.last_op;
+        if first
+            && ord != 0
+            && let Some(sid) = self.durable_sid(key)
+        {
+            self.store(StoreOp::Released { sid, ord });
+        }
+        self.ack_after_store(conn, Outbound::PubRel { pkid, reason: 0 }, since, now);
     }
 
     fn on_pubrel(&mut self, conn: ConnId, pkid: u16, now: Instant) {
         let Some(key) = self.conns.get(&conn).map(|c| c.session) else { return };
-        let known = self.session_mut(key).is_some_and(|s| s.qos2_in.remove(&pkid).is_some());
+        let since = self.last_op;
+        let known = self.settle_qos2(key, pkid);
         if known && let Some(c) = self.conns.get_mut(&conn) {
             c.unacked_in = c.unacked_in.saturating_sub(1);
         }
         let code = if known { 0 } else { reason::PACKET_ID_NOT_FOUND };
-        // [MQTT-4.3.3-11]: PUBREL is answered with PUBCOMP of its packet id.
-        self.control(conn, Outbound::PubComp { pkid, reason: code }, now);
+        // [MQTT-4.3.3-11]: PUBREL is answered with PUBCOMP of its packet id, once the release
+        // is stored: a restored id would take the client's next message of that id for a resend.
+        self.ack_after_store(conn, Outbound::PubComp { pkid, reason: code }, since, now);
     }
 
     fn on_subscribe(&mut self, conn: ConnId, pkid: u16, filters: Vec<SubscribeRequest>, id: Option<u32>, now: Instant) {
@@ -274,13 +307,10 @@ impl Broker {
         // [MQTT-3.8.4-1], [MQTT-3.9.3-1]: one SUBACK, a code per filter in order.
         self.control(conn, Outbound::SubAck { pkid, codes }, now);
         let cap = self.limits.max_retained_messages;
-        if let Some(s) = self.session_mut(key) {
-            for d in retained {
-                if s.retained_backlog.len() >= cap {
-                    break;
-                }
-                s.retained_backlog.push_back(d);
-            }
+        for d in retained {
+            let Some(s) = self.session_mut(key).filter(|s| s.retained_backlog.len() < cap) else { break };
+            s.retained_backlog.push_back(d);
+            self.store_pushed(key, true);
         }
         self.persist(key);
         self.metrics.subscriptions.set(self.router.len() as i64);
@@ -335,7 +365,7 @@ impl Broker {
                 // [MQTT-3.3.1-8] (MQTT 3.1.1 [MQTT-3.3.1-8]): sent because of a new
                 // subscription, with RETAIN set.
                 let qos = msg.qos.min(f.qos);
-                retained.push(Delivery { msg, qos, retain: true, sub_ids: id.into_iter().collect(), pkid: None });
+                retained.push(Delivery::new(msg, qos, true, id.into_iter().collect()));
             }
         }
         Ok(f.qos as u8)

@@ -14,18 +14,23 @@
 //!   aliases, keep-alive, the will, the order its publishes are acknowledged in.
 //! - the **router** ([`router::Router`]) and the **retained store** ([`retained::Retained`]).
 //!
+//! What of this a restart must see (durable sessions' state, the retained store) goes to the
+//! session store as numbered ops, and acknowledgements that promise it wait for their commit
+//! (`durable.rs`).
+//!
 //! Every message that enters (a client's PUBLISH, a will, an in-process client's publish) goes
 //! through the same ingest: ACL, topic class and route, the spool for the cloud, local delivery.
 
 mod connect;
 mod deliver;
+pub mod durable;
 mod inbound;
 pub mod retained;
 pub mod router;
 pub mod session;
 
 #[cfg(test)]
-mod tests;
+pub(crate) mod tests;
 
 use std::collections::{BTreeSet, HashMap, VecDeque};
 use std::sync::Arc;
@@ -42,6 +47,7 @@ use super::codec::Outbound;
 use super::metrics::BrokerMetrics;
 
 pub use self::connect::{ConnectRequest, Identity};
+pub use self::durable::{Sid, StoreOp, StoredDelivery, StoredState, StoredWill};
 pub use self::router::SubOptions;
 
 /// One network connection, for as long as it lives; never reused.
@@ -136,9 +142,11 @@ impl Default for Limits {
     }
 }
 
-/// A session as it is stored across restarts: its subscriptions and expiry, not its queue.
+/// A durable session's record in the store: who it is, its subscriptions and expiry (its queue,
+/// messages in flight, QoS 2 ids and will are stored beside it, see `durable.rs`).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SessionRecord {
+    pub sid: Sid,
     pub client_id: String,
     pub owner: String,
     /// Seconds.
@@ -176,10 +184,12 @@ pub enum Action {
     /// The connection has packets to send (or is closing): its writer should `poll_transmit`.
     Wake(ConnId),
     Spool(Box<SpoolRequest>),
-    /// Store this session's record (its subscriptions or expiry changed).
-    Persist(SessionRecord),
-    /// The session ended: forget its record.
-    Forget(String),
+    /// Write `op` to the session store, after every op of a lower `op_id`, and report the commit
+    /// with [`Broker::stored`].
+    Store {
+        op_id: u64,
+        op: StoreOp,
+    },
 }
 
 /// A message waiting for the spool before it may be acknowledged or delivered locally.
@@ -223,6 +233,14 @@ pub struct Broker {
     held_total: usize,
     /// Scratch for matching.
     matches: Vec<router::Match>,
+    /// The number of the last session-store op handed out.
+    last_op: u64,
+    /// The highest op number the store reported committed.
+    durable: u64,
+    /// Connections waiting for the store to commit an op: (its number, connection).
+    store_waiters: BTreeSet<(u64, ConnId)>,
+    /// The last store id given to a session.
+    next_sid: Sid,
 }
 
 impl Broker {
@@ -247,6 +265,10 @@ impl Broker {
             next_assigned: 0,
             held_total: 0,
             matches: Vec::new(),
+            last_op: 0,
+            durable: 0,
+            store_waiters: BTreeSet::new(),
+            next_sid: 0,
         }
     }
 
@@ -279,6 +301,7 @@ impl Broker {
             self.wills.pop_first();
             let will = self.session_mut(key).and_then(|s| s.pending_will.take_if(|w| w.due == at));
             if let Some(will) = will {
+                self.store_will(key, now);
                 self.publish_will(will, now);
             }
         }
@@ -403,14 +426,19 @@ impl Broker {
         self.detach(conn, now);
     }
 
-    /// Stores a persistent session's record (the glue writes it to its own file).
+    /// Stores a durable session's record; a session that stopped being durable (resumed with
+    /// expiry 0) is forgotten by the store.
     fn persist(&mut self, key: SessionKey) {
-        let Some(s) = self.session(key) else { return };
-        if s.expiry == 0 || s.internal {
+        let Some(s) = self.session_mut(key) else { return };
+        if s.internal {
             return;
         }
+        if s.expiry == 0 {
+            return self.store_forget(key);
+        }
+        s.persisted = true;
         let record = s.record();
-        self.actions.push_back(Action::Persist(record));
+        self.store(StoreOp::Session(record));
     }
 
     /// The byte accounting of the queue bounds, recomputed: every session's held bytes are its

@@ -4,6 +4,7 @@ use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
 use std::time::Instant;
 
+use super::durable::Sid;
 use super::router::SubOptions;
 use super::{ConnId, SessionKey, SessionRecord};
 use crate::auth::Rules;
@@ -20,14 +21,35 @@ pub struct Delivery {
     /// of a new subscription.
     pub retain: bool,
     pub sub_ids: Vec<u32>,
-    /// Set when it is a resend after a reconnect: its original packet id, and DUP.
+    /// Its packet id once it has one: given when it is first sent, or (QoS 2 to a durable
+    /// session) just before, so the id is stored before the client sees it.
     pub pkid: Option<u16>,
+    /// It went out before (a resend after a reconnect or a restart): DUP.
+    pub dup: bool,
+    /// Its place in a durable session's stored queue; 0 when not stored.
+    pub ord: u64,
+    /// It goes out only once the session store committed this op (0: at once).
+    pub hold: u64,
 }
 
 impl Delivery {
+    pub fn new(msg: Arc<Message>, qos: QoS, retain: bool, sub_ids: Vec<u32>) -> Self {
+        Self { msg, qos, retain, sub_ids, pkid: None, dup: false, ord: 0, hold: 0 }
+    }
+
     pub fn weight(&self) -> usize {
         self.msg.weight()
     }
+}
+
+/// A QoS 2 packet id received and not yet released.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Qos2In {
+    /// The spool ticket its PUBREC still waits for: a resend waits for the same outcome, and
+    /// any outcome but success forgets the id.
+    pub ticket: Option<u64>,
+    /// The session-store op its PUBREC waits for (a durable session's id is stored first).
+    pub stored: u64,
 }
 
 /// A QoS 1 or 2 message sent and not yet acknowledged.
@@ -64,6 +86,12 @@ pub struct PendingWill {
 
 #[derive(Debug)]
 pub struct Session {
+    /// Its id in the session store (see `durable.rs`).
+    pub sid: Sid,
+    /// The last `ord` given to a delivery stored for it.
+    pub next_ord: u64,
+    /// The store holds something of it: its end must forget it.
+    pub persisted: bool,
     pub client_id: Arc<str>,
     pub owner: Arc<str>,
     /// The node's own SLO probe or model announcer.
@@ -89,15 +117,17 @@ pub struct Session {
     pub inflight: VecDeque<Inflight>,
     pub next_pkid: u16,
     /// Packet ids of QoS 2 publishes received whose PUBREL has not come: a resend of one is not
-    /// delivered again ([MQTT-4.3.3-9]). With the spool ticket its PUBREC still waits for: a
-    /// resend then waits for the same outcome, and any outcome but success forgets the id.
-    pub qos2_in: HashMap<u16, Option<u64>>,
+    /// delivered again ([MQTT-4.3.3-9]).
+    pub qos2_in: HashMap<u16, Qos2In>,
     pub pending_will: Option<PendingWill>,
 }
 
 impl Session {
-    pub fn new(client_id: Arc<str>, owner: Arc<str>, internal: bool, expiry: u32) -> Self {
+    pub fn new(sid: Sid, client_id: Arc<str>, owner: Arc<str>, internal: bool, expiry: u32) -> Self {
         Self {
+            sid,
+            next_ord: 0,
+            persisted: false,
             client_id,
             owner,
             internal,
@@ -117,12 +147,15 @@ impl Session {
         }
     }
 
-    /// A packet id no message in flight uses ([MQTT-2.2.1-4]).
+    /// A packet id no message in flight uses ([MQTT-2.2.1-4]), nor one queued to go again with
+    /// its id (after a reconnect, or numbered before it is sent): those are the queue's front.
     pub fn allocate_pkid(&mut self) -> u16 {
         loop {
             self.next_pkid = self.next_pkid % u16::MAX + 1;
             let id = self.next_pkid;
-            if !self.inflight.iter().any(|i| i.pkid == id) {
+            let queued = || self.queue.iter().map_while(|d| d.pkid).any(|p| p == id);
+            let backlog = || self.retained_backlog.front().and_then(|d| d.pkid) == Some(id);
+            if !self.inflight.iter().any(|i| i.pkid == id) && !queued() && !backlog() {
                 return id;
             }
         }
@@ -132,6 +165,7 @@ impl Session {
         let mut subscriptions: Vec<(String, SubOptions)> = self.subs.iter().map(|(f, o)| (f.clone(), *o)).collect();
         subscriptions.sort_by(|a, b| a.0.cmp(&b.0));
         SessionRecord {
+            sid: self.sid,
             client_id: self.client_id.to_string(),
             owner: self.owner.to_string(),
             expiry: self.expiry,
@@ -166,6 +200,13 @@ impl Session {
         self.retained_backlog.front().or_else(|| self.queue.front())
     }
 
+    pub fn front_mut(&mut self) -> Option<&mut Delivery> {
+        match self.retained_backlog.front_mut() {
+            Some(d) => Some(d),
+            None => self.queue.front_mut(),
+        }
+    }
+
     /// Drops the oldest QoS 0 message queued; its weight, if there was one.
     pub fn drop_oldest_qos0(&mut self) -> Option<usize> {
         let at = self.queue.iter().position(|d| d.qos == QoS::AtMostOnce)?;
@@ -180,11 +221,18 @@ impl Session {
 #[derive(Debug)]
 pub enum AckSlot {
     Ready(Outbound),
-    /// Waits for the spool: the ack to send (QoS and packet id) once it answered.
+    /// Waits for the spool: the ack to send (QoS and packet id) once it answered, and then for
+    /// the session store to have committed op `stored` (0: nothing to wait for).
     Waiting {
         ticket: u64,
         qos: QoS,
         pkid: u16,
+        stored: u64,
+    },
+    /// Goes once the session store committed op `op_id` (see `durable.rs`).
+    Stored {
+        op_id: u64,
+        packet: Outbound,
     },
 }
 

@@ -20,8 +20,10 @@ pub(crate) struct Harness {
     pub now: Instant,
     next_conn: u64,
     pub spooled: Vec<SpoolRequest>,
-    pub persisted: Vec<SessionRecord>,
-    pub forgotten: Vec<String>,
+    /// Every store op the core made, in order.
+    pub stored: Vec<(u64, StoreOp)>,
+    /// While set, store ops are not reported committed (`commit_store` does it).
+    pub hold_store: bool,
 }
 
 pub(crate) fn connect_packet(client_id: &str, version: Version) -> Connect {
@@ -102,8 +104,8 @@ impl Harness {
             now: Instant::now(),
             next_conn: 0,
             spooled: Vec::new(),
-            persisted: Vec::new(),
-            forgotten: Vec::new(),
+            stored: Vec::new(),
+            hold_store: false,
         }
     }
 
@@ -114,14 +116,40 @@ impl Harness {
     }
 
     fn drain(&mut self) {
-        while let Some(a) = self.b.poll_action() {
-            match a {
-                Action::Wake(_) => {}
-                Action::Spool(r) => self.spooled.push(*r),
-                Action::Persist(r) => self.persisted.push(r),
-                Action::Forget(id) => self.forgotten.push(id),
+        loop {
+            while let Some(a) = self.b.poll_action() {
+                match a {
+                    Action::Wake(_) => {}
+                    Action::Spool(r) => self.spooled.push(*r),
+                    Action::Store { op_id, op } => self.stored.push((op_id, op)),
+                }
             }
+            if self.hold_store || self.b.last_op() == self.committed() {
+                return;
+            }
+            self.commit_store();
         }
+    }
+
+    /// The store reports every op so far committed.
+    pub fn commit_store(&mut self) {
+        let last = self.b.last_op();
+        self.b.stored(last, self.now);
+    }
+
+    fn committed(&self) -> u64 {
+        self.b.durable
+    }
+
+    /// The session records stored, in order.
+    pub fn persisted(&self) -> Vec<&SessionRecord> {
+        self.stored
+            .iter()
+            .filter_map(|(_, op)| match op {
+                StoreOp::Session(r) => Some(r),
+                _ => None,
+            })
+            .collect()
     }
 
     /// Connects and returns the connection and what it was sent (the CONNACK first).
@@ -150,10 +178,18 @@ impl Harness {
         self.drain();
     }
 
+    /// Everything the connection has to send, as its writer would take it: again after each
+    /// store commit that let more go.
     pub fn recv(&mut self, conn: ConnId) -> Vec<Outbound> {
-        let t = self.b.poll_transmit(conn, self.now, usize::MAX);
-        self.drain();
-        t.packets
+        let mut out = Vec::new();
+        loop {
+            let t = self.b.poll_transmit(conn, self.now, usize::MAX);
+            self.drain();
+            if t.packets.is_empty() {
+                return out;
+            }
+            out.extend(t.packets);
+        }
     }
 
     pub fn closing(&mut self, conn: ConnId) -> bool {
@@ -201,6 +237,7 @@ pub(crate) fn sub_with(pkid: u16, filter: &str, qos: QoS, f: impl FnOnce(&mut Su
 }
 
 mod connect;
+pub(crate) mod durable;
 mod flow;
 mod model;
 mod publish;

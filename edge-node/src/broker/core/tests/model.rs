@@ -1,7 +1,8 @@
 //! The core against a plain model: random subscribes, unsubscribes, publishes (retained or not,
-//! QoS 0 or 1), disconnects and reconnects of three clients with persistent sessions. The model
-//! is a list of subscriptions matched with `shared::topic::matches`; after every step each
-//! connected client must have received exactly what the model says.
+//! QoS 0 or 1), disconnects and reconnects of three clients with persistent sessions, and
+//! restarts of the node from what its session store holds. The model is a list of
+//! subscriptions matched with `shared::topic::matches`; after every step each connected client
+//! must have received exactly what the model says, across restarts too.
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -20,6 +21,7 @@ enum Op {
     Publish { client: usize, topic: usize, qos: u8, retain: bool },
     Disconnect { client: usize },
     Reconnect { client: usize },
+    Restart,
 }
 
 fn op() -> impl Strategy<Value = Op> {
@@ -34,6 +36,7 @@ fn op() -> impl Strategy<Value = Op> {
         8 => (c.clone(), 0..TOPICS.len(), 0u8..=1, any::<bool>()).prop_map(|(client, topic, qos, retain)| Op::Publish { client, topic, qos, retain }),
         1 => c.clone().prop_map(|client| Op::Disconnect { client }),
         1 => c.prop_map(|client| Op::Reconnect { client }),
+        1 => Just(Op::Restart),
     ]
 }
 
@@ -186,6 +189,11 @@ proptest! {
                     if !m.online[client] { continue }
                     h.drop_conn(conns[client]);
                     m.online[client] = false;
+                }
+                Op::Restart => {
+                    // Every client is cut off; what their sessions hold comes back.
+                    h.restart(Duration::from_secs(1));
+                    m.online = vec![false; CLIENTS];
                 }
                 Op::Reconnect { client } => {
                     if m.online[client] { continue }

@@ -104,13 +104,13 @@ fn stored_sessions_come_back_after_a_restart() {
     h.send(conn, sub(1, "a/#", QoS::AtLeastOnce));
     h.drop_conn(conn);
     h.connect("clean", Version::V5);
-    let record = h.persisted.last().cloned().unwrap();
+    let record = h.persisted().last().copied().cloned().unwrap();
     assert_eq!((record.client_id.as_str(), record.owner.as_str(), record.expiry), ("durable", "user:alice", 3600));
     assert!(record.disconnected_ms.is_some());
-    assert!(h.persisted.iter().all(|r| r.client_id != "clean"));
+    assert!(h.persisted().iter().all(|r| r.client_id != "clean"));
 
-    let mut restarted = Harness::new();
-    restarted.b.restore(vec![record], restarted.now);
+    let mut restarted = h;
+    restarted.restart(Duration::from_secs(1));
     let p = restarted.connect("p", Version::V5);
     restarted.send(p, publish("a/b", QoS::AtLeastOnce, 1, "queued for you"));
     c.clean_start = false;
