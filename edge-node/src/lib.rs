@@ -309,8 +309,9 @@ impl Node {
                 shutdown.clone(),
             ));
         }
-        // The syncer announces every model held at start (the broker forgets retained messages
-        // on restart), then stages what the bridge announces.
+        // The syncer announces every model held at start (the retained announcement may be
+        // older than the model directory, or gone with a lost session store), then stages what
+        // the bridge announces.
         let mut model_jobs = None;
         if let Some(m) = &config.models {
             let key = std::fs::read(&m.public_key)

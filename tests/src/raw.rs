@@ -45,6 +45,27 @@ pub fn connect_v5(client_id: &str, clean_start: bool, props: &[u8]) -> Vec<u8> {
     frame(0x10, &body)
 }
 
+/// [`connect_v5`] with a QoS 1 will: its properties (already encoded), topic and payload.
+pub fn connect_v5_will(
+    client_id: &str,
+    clean_start: bool,
+    props: &[u8],
+    will_props: &[u8],
+    topic: &str,
+    payload: &[u8],
+) -> Vec<u8> {
+    let mut body = string(b"MQTT");
+    body.extend([5, if clean_start { 0b10 } else { 0 } | 0b0000_1100, 0, 0]);
+    body.extend(varint(props.len()));
+    body.extend_from_slice(props);
+    body.extend(string(client_id.as_bytes()));
+    body.extend(varint(will_props.len()));
+    body.extend_from_slice(will_props);
+    body.extend(string(topic.as_bytes()));
+    body.extend(string(payload));
+    frame(0x10, &body)
+}
+
 /// An MQTT 3.1.1 CONNECT with a user name and password, clean session, keep-alive off.
 pub fn connect_v311_login(client_id: &str, user: &str, password: &[u8]) -> Vec<u8> {
     let mut body = string(b"MQTT");

@@ -103,8 +103,9 @@ pub struct BrokerConfig {
     /// disconnected (0x97). Default: 4096.
     #[serde(default = "default_max_control_queue")]
     pub max_control_queue: usize,
-    /// SQLite file keeping sessions with an expiry above 0 (subscriptions, expiry, owner)
-    /// across restarts. Default: `sessions.db` beside the spool's database.
+    /// SQLite file keeping, across restarts, sessions with an expiry above 0 (subscriptions,
+    /// queued and in-flight messages, QoS 2 ids, delayed wills) and the retained messages.
+    /// Default: `sessions.db` beside the spool's database.
     pub session_store: Option<PathBuf>,
     /// No longer used (rumqttd's per-filter log): refused by name. Queues are per subscriber
     /// now: `max_queued_messages`, `max_queued_bytes`.

@@ -133,23 +133,27 @@ impl BrokerHandle {
         let result = f(&mut core);
         let mut wakes = Vec::new();
         let mut spool = Vec::new();
+        let mut store = Vec::new();
         loop {
-            let mut unstored = 0;
             while let Some(action) = core.poll_action() {
                 match action {
                     Action::Wake(conn) => wakes.push(conn),
                     Action::Spool(req) => spool.push(*req),
-                    // Sent under the core's lock: the store sees ops in the order they were made.
-                    Action::Store { op_id, op } => match &self.store {
-                        Some(store) => store.send(op_id, op),
-                        None => unstored = op_id,
-                    },
+                    Action::Store { op_id, op } => store.push((op_id, op)),
                 }
             }
-            if unstored == 0 {
-                break;
+            match (&self.store, store.last()) {
+                // Sent under the core's lock, so the store sees ops in the order they were made,
+                // and in one piece (`SessionStore::send`).
+                (Some(s), Some(_)) => s.send(std::mem::take(&mut store)),
+                (None, Some(&(last, _))) => {
+                    store.clear();
+                    core.stored(last, Instant::now());
+                    continue;
+                }
+                (_, None) => {}
             }
-            core.stored(unstored, Instant::now());
+            break;
         }
         let after = core.poll_timeout();
         drop(core);

@@ -7,7 +7,9 @@
 //!   own PUBLISH codec where they cannot; rumqttd's router, server and links are not used.
 //! - `driver`: the tokio side: the core behind one mutex, a wake-up per connection, the spool
 //!   appends and the timers.
-//! - `store`: sessions with an expiry across restarts.
+//! - `store`: what a restart must find again (durable sessions with their queues and messages in
+//!   flight, QoS 2 ids, delayed wills, retained messages), written in group commits on a thread
+//!   of its own; `core/durable.rs` says what and when.
 //! - `message`, `metrics`, `config` (`[broker]`).
 //!
 //! The front (`front`) owns the sockets and feeds the core; the node's own clients (`client`)

@@ -106,7 +106,8 @@ const LOCK_WAIT: Duration = Duration::from_secs(5);
 const MAX_BATCH: usize = 16_384;
 
 enum Msg {
-    Op(u64, StoreOp),
+    /// Ops that commit together or not at all (see [`SessionStore::send`]).
+    Ops(Vec<(u64, StoreOp)>),
     /// Answered once everything sent before it is committed (or failed to be).
     Flush(mpsc::Sender<()>),
 }
@@ -169,10 +170,13 @@ impl SessionStore {
         let _ = self.listener.set(Box::new(f));
     }
 
-    /// Hands `op` to the writer; ops are committed in the order sent.
-    pub fn send(&self, op_id: u64, op: StoreOp) {
+    /// Hands `ops` to the writer: they are committed in the order sent, and all in the same
+    /// transaction. What one call on the core made goes together: a QoS 2 id received must
+    /// never be stored without the queue entries of its message (a resend would be taken for a
+    /// duplicate of a message that is gone), nor those without the id (it would come twice).
+    pub fn send(&self, ops: Vec<(u64, StoreOp)>) {
         // The thread ends only with the process.
-        let _ = self.tx.send(Msg::Op(op_id, op));
+        let _ = self.tx.send(Msg::Ops(ops));
     }
 
     /// Blocks until everything sent so far is committed, or for 5 s at most.
@@ -353,7 +357,7 @@ impl Writer {
             // While a batch failed, wait a while for more before trying it again.
             let first = if batch.is_empty() { rx.recv().ok() } else { rx.recv_timeout(retry).ok() };
             let mut take = |m: Msg, batch: &mut Vec<(u64, StoreOp)>| match m {
-                Msg::Op(id, op) => batch.push((id, op)),
+                Msg::Ops(ops) => batch.extend(ops),
                 Msg::Flush(done) => flushes.push(done),
             };
             match first {

@@ -74,7 +74,7 @@ async fn paho_over_websocket_and_tls_websocket() {
 
 /// Sessions with an expiry outlive the process: subscriptions made before a SIGTERM are there
 /// after the restart, the session is resumed (Session Present), and a message published after
-/// the restart reaches it ([MQTT-3.1.2-23] across a restart; queued messages are not stored).
+/// the restart reaches it ([MQTT-3.1.2-23] across a restart; queued messages: `broker_durable.rs`).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_persistent_session_survives_a_restart() {
     let dir = tempfile::tempdir().unwrap();

@@ -221,9 +221,10 @@ fn drive(h: &mut Harness, steps: &[Step]) {
 
 proptest! {
     #![proptest_config(ProptestConfig { cases: 48, .. ProptestConfig::default() })]
-    /// Ops committed in random batches, the process dying after a random one (what came after
-    /// is never committed), then a reopen: it loads exactly what the model makes of the ops
-    /// committed; and a node restored from that, driven on, and killed again, the same.
+    /// Ops committed in random batches (of whole groups: what one call on the core made), the
+    /// process dying after a random one (what came after is never committed), then a reopen:
+    /// it loads exactly what the model makes of the ops committed; and a node restored from
+    /// that, driven on, and killed again, the same.
     #[test]
     fn a_reopened_store_holds_what_its_committed_ops_leave(
         phases in proptest::collection::vec((proptest::collection::vec(step(), 1..40), proptest::collection::vec(1usize..12, 1..12), any::<prop::sample::Index>()), 1..4),
@@ -239,22 +240,23 @@ proptest! {
             h.restart_from(loaded, Duration::from_secs(1));
             let before = h.stored.len();
             drive(&mut h, &steps);
-            let ops: Vec<(u64, StoreOp)> = h.stored[before..].to_vec();
-            // Batches of the cut sizes in turn; the process dies after batch `crash`.
-            let mut batches = Vec::new();
+            let groups = &h.stored[before..];
+            // Batches of the cut sizes (in groups the glue sends whole) in turn; the process
+            // dies after batch `crash`.
+            let mut batches: Vec<Vec<(u64, StoreOp)>> = Vec::new();
             let mut at = 0;
             for size in cuts.iter().cycle() {
-                if at >= ops.len() {
+                if at >= groups.len() {
                     break;
                 }
-                let end = (at + size).min(ops.len());
-                batches.push(&ops[at..end]);
+                let end = (at + size).min(groups.len());
+                batches.push(groups[at..end].iter().flatten().cloned().collect());
                 at = end;
             }
             let survive = crash.index(batches.len() + 1);
             for batch in &batches[..survive] {
                 w.commit(batch).unwrap();
-                for (_, op) in *batch {
+                for (_, op) in batch {
                     model.apply(op);
                 }
             }

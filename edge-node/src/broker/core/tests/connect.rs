@@ -107,10 +107,7 @@ fn mqtt_3_1_2_11_2_sessions_expire_and_expiry_zero_ends_at_close() {
     assert_eq!(h.b.session_count(), 1);
     h.advance(Duration::from_secs(2));
     assert_eq!(h.b.session_count(), 0);
-    assert!(
-        h.stored.iter().any(|(_, op)| matches!(op, StoreOp::Forget { .. })),
-        "the store forgets an expired session"
-    );
+    assert!(h.ops().any(|op| matches!(op, StoreOp::Forget { .. })), "the store forgets an expired session");
     let zero = h.connect("zero", Version::V5);
     h.drop_conn(zero);
     assert_eq!(h.b.session_count(), 0);

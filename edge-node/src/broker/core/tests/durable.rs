@@ -94,7 +94,7 @@ impl Harness {
     /// after every op made so far; `after` passes on the new core's clock, and on the wall clock
     /// the store's times are read against (they are moved back by it).
     pub fn restart(&mut self, after: Duration) {
-        let state = Replay::of(self.stored.iter().map(|(_, op)| op)).state();
+        let state = Replay::of(self.ops()).state();
         self.restart_from(state, after);
     }
 

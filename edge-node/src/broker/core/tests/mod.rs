@@ -20,8 +20,9 @@ pub(crate) struct Harness {
     pub now: Instant,
     next_conn: u64,
     pub spooled: Vec<SpoolRequest>,
-    /// Every store op the core made, in order.
-    pub stored: Vec<(u64, StoreOp)>,
+    /// Every store op the core made, in order, in the groups the glue would send together
+    /// (what one call on the core made).
+    pub stored: Vec<Vec<(u64, StoreOp)>>,
     /// While set, store ops are not reported committed (`commit_store` does it).
     pub hold_store: bool,
 }
@@ -117,12 +118,16 @@ impl Harness {
 
     fn drain(&mut self) {
         loop {
+            let mut group = Vec::new();
             while let Some(a) = self.b.poll_action() {
                 match a {
                     Action::Wake(_) => {}
                     Action::Spool(r) => self.spooled.push(*r),
-                    Action::Store { op_id, op } => self.stored.push((op_id, op)),
+                    Action::Store { op_id, op } => group.push((op_id, op)),
                 }
+            }
+            if !group.is_empty() {
+                self.stored.push(group);
             }
             if self.hold_store || self.b.last_op() == self.committed() {
                 return;
@@ -141,11 +146,15 @@ impl Harness {
         self.b.durable
     }
 
+    /// Every store op made so far, in order.
+    pub fn ops(&self) -> impl Iterator<Item = &StoreOp> {
+        self.stored.iter().flatten().map(|(_, op)| op)
+    }
+
     /// The session records stored, in order.
     pub fn persisted(&self) -> Vec<&SessionRecord> {
-        self.stored
-            .iter()
-            .filter_map(|(_, op)| match op {
+        self.ops()
+            .filter_map(|op| match op {
                 StoreOp::Session(r) => Some(r),
                 _ => None,
             })
