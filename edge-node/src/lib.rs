@@ -175,16 +175,16 @@ impl Node {
         };
 
         let classes = Arc::new(route::Classes::from_config(&config.classes));
-        // The integrity check of a spool the last run did not close cleanly, running beside it.
-        let mut integrity = None;
         let spool = if classes.is_empty() {
             None
         } else {
             let sqlite = spool::SqliteStorage::open(&config.spool.path)?;
-            integrity = sqlite.integrity();
             let opened = spool::Storage::opened(&sqlite);
             if opened.moved_aside.is_some() {
                 spool_metrics.moved_aside.inc();
+            }
+            if let Some(salvaged) = &opened.salvaged {
+                spool_metrics.unreadable.inc_by(salvaged.unreadable_count());
             }
             let (integrity_checked, usage_counted) = (opened.checked, opened.counted);
             let storage: Box<dyn spool::Storage + Send> = match options.spool_faults {
@@ -272,14 +272,10 @@ impl Node {
                     metrics: probe_metrics.clone(),
                     interval: config.probe.enabled.then_some(config.probe.interval.0),
                 };
-                let integrity = integrity.clone();
+                let spool_health = spool.clone();
                 let health = move || {
-                    if let Some(spool::CheckState::Failed(report)) =
-                        integrity.as_ref().map(|i| i.lock().unwrap_or_else(std::sync::PoisonError::into_inner).clone())
-                    {
-                        return Err(format!(
-                            "the spool failed its integrity check ({report}); restart to move it aside"
-                        ));
+                    if let Some(problem) = spool_health.as_ref().and_then(spool::SpoolWriter::problem) {
+                        return Err(problem);
                     }
                     health.check()
                 };

@@ -82,6 +82,15 @@ impl EdgeProcess {
     /// Like [`EdgeProcess::start`] with `command` as the program and its first arguments: an
     /// ARM build under qemu-user, for the hardware-in-the-loop tests.
     pub fn start_as(dir: &Path, config: &str, command: &[String]) -> EdgeProcess {
+        Self::try_start_as(dir, config, command).unwrap_or_else(|e| panic!("edge-node {e}"))
+    }
+
+    /// [`EdgeProcess::start`] for a node that may not start: why it did not (its stderr).
+    pub fn try_start(dir: &Path, config: &str) -> Result<EdgeProcess, String> {
+        Self::try_start_as(dir, config, &[crate::workspace_bin("edge-node").display().to_string()])
+    }
+
+    fn try_start_as(dir: &Path, config: &str, command: &[String]) -> Result<EdgeProcess, String> {
         let config_path = dir.join("edge.toml");
         std::fs::write(&config_path, config).expect("write config");
         let stderr_path = dir.join("edge.stderr");
@@ -91,14 +100,13 @@ impl EdgeProcess {
         // Emulated builds start slower.
         let ready = dir.join("ready.json");
         let started = crate::run_until_ready(program, &config_path, &ready, stderr, "info", Duration::from_secs(60));
-        let (child, doc) = started.unwrap_or_else(|e| {
-            panic!("edge-node {e}:\n{}", std::fs::read_to_string(&stderr_path).unwrap_or_default())
-        });
+        let (child, doc) =
+            started.map_err(|e| format!("{e}:\n{}", std::fs::read_to_string(&stderr_path).unwrap_or_default()))?;
         let mqtt = doc["mqtt"].as_object().map_or_else(Vec::new, |map| {
             map.iter().map(|(k, v)| (k.clone(), v.as_str().unwrap().parse().unwrap())).collect()
         });
         let http = doc["http"].as_str().and_then(|s| s.parse().ok());
-        EdgeProcess { child, dir: dir.to_owned(), mqtt, http, stderr_path }
+        Ok(EdgeProcess { child, dir: dir.to_owned(), mqtt, http, stderr_path })
     }
 
     pub fn addr(&self, listener: &str) -> SocketAddr {

@@ -6,6 +6,9 @@
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU8, AtomicU32, Ordering};
 
+use std::collections::BTreeMap;
+
+use super::salvage::Salvaged;
 use super::{ClassUsage, Durability, Lane, Lost, Opened, Record, Seq, SpoolError, Storage};
 
 /// What the next failing write reports.
@@ -125,6 +128,13 @@ impl<S: Storage> Storage for FaultyStorage<S> {
         self.faults.check(&self.path)?;
         self.inner.renumber(lane, from, by)
     }
+    fn damaged(&self) -> Option<String> {
+        self.inner.damaged()
+    }
+    fn rebuild(&mut self, known: &BTreeMap<u8, u64>) -> Result<Salvaged, SpoolError> {
+        self.faults.check(&self.path)?;
+        self.inner.rebuild(known)
+    }
 }
 
 /// A boxed storage is a storage, so the node can run over a fault-injecting wrapper in tests.
@@ -179,5 +189,11 @@ impl Storage for Box<dyn Storage + Send> {
     }
     fn renumber(&mut self, lane: Lane, from: Seq, by: u64) -> Result<(), SpoolError> {
         (**self).renumber(lane, from, by)
+    }
+    fn damaged(&self) -> Option<String> {
+        (**self).damaged()
+    }
+    fn rebuild(&mut self, known: &BTreeMap<u8, u64>) -> Result<Salvaged, SpoolError> {
+        (**self).rebuild(known)
     }
 }

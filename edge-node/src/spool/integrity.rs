@@ -6,11 +6,12 @@
 //! (a read transaction on the snapshot it starts from; the writer goes on), at the spool
 //! threads' background priority.
 //!
-//! A failed check is written to `<spool>.check-failed` (synced) before anything else, and
-//! `/healthz` fails from then on. The next open finds that file and moves the database aside
-//! (with the file) as if the check had failed there: a corrupt spool is set aside one restart
-//! later than before, and nothing in it is deleted. A check that was still running when the
-//! node stopped is not a pass: the clean-close note is then not written, so the next start
+//! A failed check is written to `<spool>.check-failed` (synced) before anything else; the spool's
+//! thread then rebuilds the database from what it can read (`damage.rs`), `/healthz` failing
+//! until it is done. If the node stops first, the next open finds that file and salvages the
+//! database as if the check had failed there; nothing is deleted. Only damage is a failure: a
+//! check that could not run (a lock, an I/O error of the moment), or was still running when the
+//! node stopped, is not a pass either, so the clean-close note is not written and the next start
 //! checks again.
 
 use std::path::{Path, PathBuf};
@@ -70,7 +71,13 @@ impl IntegrityCheck {
                     CheckState::Interrupted
                 }
                 Ok(report) => failed(&path, format!("quick_check: {report}")),
-                Err(e) => failed(&path, format!("quick_check could not run: {e}")),
+                Err(e) if super::salvage::is_damage(&e) => failed(&path, format!("quick_check: {e}")),
+                // A lock, an I/O error of the moment: no verdict on the database. The check is
+                // not passed, so the next start runs it again.
+                Err(e) => {
+                    tracing::warn!(error = %e, "spool integrity check could not run; it runs again at the next start");
+                    CheckState::Interrupted
+                }
             };
             *kept.lock().unwrap_or_else(std::sync::PoisonError::into_inner) = state;
         })?;

@@ -11,9 +11,10 @@
 //!   transaction as the records that used it.
 //! - Nothing is deleted before it is acknowledged: [`Spool::ack`] is cumulative per lane and
 //!   deletes exactly the records at or below the acked seq.
-//! - Each database has a random `epoch`, made when the database is created. A reinstall, or a
-//!   corrupt database moved aside, starts a new epoch, so a restarted seq can never be mistaken
-//!   for data the cloud already has (the cloud keys by edge, epoch, lane and seq).
+//! - Each database has a random `epoch`, made when the database is created. A reinstall starts
+//!   a new epoch, so a restarted seq can never be mistaken for data the cloud already has (the
+//!   cloud keys by edge, epoch, lane and seq); a damaged database is salvaged into a new one
+//!   under its own epoch (see Recovery).
 //!
 //! # On disk (schema version 2)
 //!
@@ -59,12 +60,16 @@
 //! notes `closed_cleanly` in `meta` as its last write; every open clears the note first),
 //! `PRAGMA quick_check` runs, beside the spool rather than before it (`integrity.rs`): it reads
 //! every page, 1.5 s for a 1.3 GB spool in the page cache and 16 s from a cold disk, and a
-//! gateway that reboots after a power cut into a backlog should drain it at once. A failed
-//! check is noted in `<name>.check-failed` and fails `/healthz`; a close before the check
-//! passed does not count as clean. A database whose check failed (found at the next open), or
-//! that SQLite cannot open as a database at all, is renamed to `<name>.corrupt-<unix-ms>` (with
-//! its WAL, shared-memory and note files) and reported; a fresh database with a new epoch
-//! takes its place. Nothing is ever deleted to recover.
+//! gateway that reboots after a power cut into a backlog should drain it at once.
+//!
+//! A damaged database (SQLite cannot read it or one of its pages, or its check failed) is
+//! salvaged, at open or, found while running, by the spool's own thread (`damage.rs`): every
+//! record it can read goes into a new database under the same epoch, with the same seqs, and a
+//! gap record per lane names the seqs it could not read (`salvage.rs`); the damaged file is
+//! renamed `<name>.corrupt-<unix-ms>` (with its WAL, shared-memory and check-failed files) and
+//! kept. Nothing else is damage: a lock another process holds (waited for 5 s), a read-only
+//! file, a full disk or an I/O error writing fail the open with their cause, and the database
+//! stays where it is. Nothing is ever deleted to recover.
 //!
 //! The records and bytes per class (budget, quotas, metrics) are kept in `class_usage`, in the
 //! transaction of every change of the records, with the lanes they match in
@@ -80,10 +85,12 @@
 
 mod checkpoint;
 mod config;
+mod damage;
 pub mod fault;
 pub mod inspect;
 mod integrity;
 mod migrate;
+pub mod salvage;
 mod sched;
 mod schema;
 mod seqs;
@@ -149,6 +156,9 @@ pub enum GapReason {
     /// Never committed: a `full` message whose commit failed (its client got no PUBACK and will
     /// resend), or a `normal` one dropped while commits kept failing and the pending cap was hit.
     Refused,
+    /// In a damaged page of the database that a salvage could not read (`salvage.rs`): an
+    /// upper bound, some of the seqs may never have been used.
+    Unreadable,
 }
 
 /// A record that stands for records that are gone, so loss is visible at the other end.
@@ -241,6 +251,12 @@ pub enum SpoolError {
 }
 
 impl SpoolError {
+    /// Whether the database is damaged (SQLite cannot read it or a page of it, or its integrity
+    /// check failed), rather than locked, read-only, on a full disk or newer than this build.
+    pub fn is_damage(&self) -> bool {
+        matches!(self, SpoolError::Sqlite { source, .. } if salvage::is_damage(source))
+    }
+
     /// A short name for what went wrong, for metrics and alerts: `disk_full`, `io` (a read,
     /// write or fsync failed), `corrupt`, `schema` or `other`.
     pub fn kind(&self) -> &'static str {
@@ -274,8 +290,10 @@ pub struct Opened {
     pub lanes: Vec<(Lane, Seq, Seq)>,
     /// Message records held per class.
     pub usage: Vec<ClassUsage>,
-    /// Set when a corrupt database was moved aside to this path.
+    /// Set when a damaged database was moved aside to this path.
     pub moved_aside: Option<PathBuf>,
+    /// What was salvaged from it (`salvage.rs`).
+    pub salvaged: Option<salvage::Salvaged>,
     /// Whether the integrity check ran: it does unless the last run closed the spool cleanly.
     pub checked: bool,
     /// Whether `usage` was counted from the records (every page read) rather than taken from
@@ -326,6 +344,12 @@ pub trait Storage {
     fn clear_all_suspects(&mut self) -> Result<(), SpoolError>;
     /// Moves `lane`'s records from seq `from` on, and its next seq, `by` seqs up.
     fn renumber(&mut self, lane: Lane, from: Seq, by: u64) -> Result<(), SpoolError>;
+    /// What is wrong with the database that only a rebuild mends (its integrity check failed
+    /// beside it), if anything.
+    fn damaged(&self) -> Option<String>;
+    /// Salvages the database into a new one that takes its place (`salvage.rs`); `known` holds
+    /// each lane's next seq.
+    fn rebuild(&mut self, known: &BTreeMap<u8, u64>) -> Result<salvage::Salvaged, SpoolError>;
 }
 
 #[derive(Debug, Clone, Copy, Default)]
@@ -373,7 +397,8 @@ impl<S: Storage> Spool<S> {
             .map(|(lane, next, acked)| (*lane, LaneState { next: next.0, committed: next.0, acked: acked.0 }))
             .collect();
         let usage = storage.opened().usage.iter().map(|u| (u.class.clone(), u.clone())).collect();
-        Self {
+        let salvaged = storage.opened().salvaged.clone();
+        let mut spool = Self {
             storage,
             budget: None,
             lanes,
@@ -387,7 +412,12 @@ impl<S: Storage> Spool<S> {
             usage,
             quotas: BTreeMap::new(),
             class_lanes: BTreeMap::new(),
+        };
+        // What a salvage at open could not read goes to the cloud as gap records first thing.
+        if let Some(salvaged) = salvaged {
+            spool.queue_unreadable_gaps(&salvaged);
         }
+        spool
     }
 
     /// Caps the bytes each named class may hold; over it a `normal` class loses its oldest

@@ -117,26 +117,33 @@ pub struct SqliteStorage {
     lanes: BTreeMap<u8, (u64, u64)>,
     /// The integrity check after an unclean stop, running beside the spool.
     check: Option<IntegrityCheck>,
-    _checkpointer: super::checkpoint::Checkpointer,
+    /// `None` only while a rebuild swaps the file.
+    _checkpointer: Option<super::checkpoint::Checkpointer>,
 }
 
 impl SqliteStorage {
-    /// Opens or creates the spool database at `path`, moving a corrupt one aside.
+    /// Opens or creates the spool database at `path`. A damaged one (SQLite cannot read it, or
+    /// its integrity check failed) is salvaged under its own epoch and the damaged file moved
+    /// aside (`salvage.rs`); any other failure (a lock another process holds past
+    /// [`LOCK_WAIT`], a read-only file, a full disk, an I/O error) is returned naming it, the
+    /// database left as it is: moving it aside would orphan acknowledged records.
     pub fn open(path: &Path) -> Result<Self, SpoolError> {
         if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
             std::fs::create_dir_all(dir).map_err(|source| SpoolError::Io { path: dir.to_owned(), source })?;
         }
+        super::salvage::finish_interrupted(path)?;
         match Self::open_checked(path) {
             Ok(storage) => Ok(storage),
-            // The data in these is good: refuse to run rather than move it aside.
-            Err(e @ (SpoolError::NewerSchema { .. } | SpoolError::Migration { .. })) => Err(e),
-            Err(e) => {
-                let aside = move_aside(path)?;
-                tracing::error!(error = %e, moved_to = %aside.display(), "spool database unusable; moved aside, starting a new epoch");
+            Err(e) if e.is_damage() => {
+                tracing::error!(error = %e, path = %path.display(), "spool database damaged; salvaging what it holds");
+                let salvaged = super::salvage::prepare(path, &BTreeMap::new())?;
+                let aside = super::salvage::install(path)?;
                 let mut storage = Self::open_checked(path)?;
                 storage.opened.moved_aside = Some(aside);
+                storage.opened.salvaged = Some(salvaged);
                 Ok(storage)
             }
+            Err(e) => Err(e),
         }
     }
 
@@ -153,6 +160,7 @@ impl SqliteStorage {
             });
         }
         let conn = Connection::open(path).map_err(err)?;
+        conn.busy_timeout(LOCK_WAIT).map_err(err)?;
         // The check reads every page (1.5 s for a 1.3 GB spool in the page cache, 16 s cold), so
         // it runs only when the last run did not close the spool cleanly (after a crash, a power
         // cut, or on a database with no such note), and then beside the spool, not before it.
@@ -258,7 +266,8 @@ impl SqliteStorage {
                  its new seqs stay unverified until the cloud's mark is checked"
             );
         }
-        let opened = Opened { epoch, lanes, usage, moved_aside: None, checked: !closed_cleanly, counted };
+        let opened =
+            Opened { epoch, lanes, usage, moved_aside: None, salvaged: None, checked: !closed_cleanly, counted };
         let checkpointer = super::checkpoint::Checkpointer::start(path)
             .map_err(|source| SpoolError::Io { path: path.to_owned(), source })?;
         let check = if closed_cleanly {
@@ -274,7 +283,7 @@ impl SqliteStorage {
             seqs,
             lanes: mirror,
             check,
-            _checkpointer: checkpointer,
+            _checkpointer: Some(checkpointer),
         })
     }
 
@@ -288,25 +297,9 @@ impl SqliteStorage {
     }
 }
 
-/// Renames the database and its WAL and shared-memory files to `<name>.corrupt-<ms>`.
-fn move_aside(path: &Path) -> Result<PathBuf, SpoolError> {
-    let suffix = format!(".corrupt-{}", now_ms());
-    let mut target = path.as_os_str().to_owned();
-    target.push(&suffix);
-    let target = PathBuf::from(target);
-    for extra in ["", "-wal", "-shm", ".check-failed"] {
-        let mut from = path.as_os_str().to_owned();
-        from.push(extra);
-        let mut to = target.as_os_str().to_owned();
-        to.push(extra);
-        match std::fs::rename(&from, &to) {
-            Ok(()) => {}
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-            Err(source) => return Err(SpoolError::Io { path: PathBuf::from(from), source }),
-        }
-    }
-    Ok(target)
-}
+/// How long an open waits for a lock another process holds on the database (someone's
+/// `sqlite3` in a write transaction) before it gives up, naming it.
+pub const LOCK_WAIT: std::time::Duration = std::time::Duration::from_secs(5);
 
 impl Storage for SqliteStorage {
     fn opened(&self) -> &Opened {
@@ -653,6 +646,31 @@ impl Storage for SqliteStorage {
         tx.commit().map_err(|e| self.err(e))?;
         self.lanes = lanes;
         Ok(())
+    }
+
+    /// Salvages this database while it runs (a page found damaged): what it can read goes into
+    /// a new database under the same epoch (`known`: each lane's next seq, which the running
+    /// spool knows exactly), which takes this one's place; this one is moved aside.
+    fn rebuild(&mut self, known: &BTreeMap<u8, u64>) -> Result<super::salvage::Salvaged, SpoolError> {
+        let salvaged = super::salvage::prepare(&self.path, known)?;
+        // Nothing of the old file stays open while it moves: the connection, the checkpointer's
+        // and the check's.
+        self.check = None;
+        self._checkpointer = None;
+        self.conn = Connection::open_in_memory().map_err(|e| self.err(e))?;
+        let aside = super::salvage::install(&self.path)?;
+        let mut fresh = Self::open_checked(&self.path)?;
+        fresh.opened.moved_aside = Some(aside);
+        fresh.opened.salvaged = Some(salvaged.clone());
+        *self = fresh;
+        Ok(salvaged)
+    }
+
+    fn damaged(&self) -> Option<String> {
+        match self.check.as_ref().map(IntegrityCheck::current) {
+            Some(CheckState::Failed(report)) => Some(format!("integrity check failed: {report}")),
+            _ => None,
+        }
     }
 
     fn compact(&mut self) -> Result<(), SpoolError> {

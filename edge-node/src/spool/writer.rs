@@ -4,8 +4,8 @@
 //! answers `full` appends only after their commit. SQLite stays on one thread; the async front
 //! never waits on disk except for a `full` PUBACK.
 
-use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use prometheus_client::encoding::EncodeLabelSet;
@@ -100,6 +100,17 @@ pub struct WriterMetrics {
     pub moved_aside: Counter,
     /// Lanes renumbered past the cloud's mark because the database had gone back in time.
     pub renumbered: Counter,
+    /// Rebuilds of a database found damaged while running, by outcome.
+    pub rebuilds: Family<OutcomeLabel, Counter>,
+    /// Seqs a salvage could not read (at open or while running), each in a gap record.
+    pub unreadable: Counter,
+    /// 1 while the database is known damaged and not rebuilt.
+    pub damaged: Gauge,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct OutcomeLabel {
+    pub outcome: &'static str,
 }
 
 impl WriterMetrics {
@@ -123,7 +134,25 @@ impl WriterMetrics {
             healthy: Gauge::default(),
             moved_aside: Counter::default(),
             renumbered: Counter::default(),
+            rebuilds: Family::default(),
+            unreadable: Counter::default(),
+            damaged: Gauge::default(),
         };
+        r.register(
+            "spool_rebuilds",
+            "Spool databases found damaged while running (a page SQLite cannot read, a failed integrity check) and salvaged into a new one under the same epoch, by outcome (salvaged, failed)",
+            m.rebuilds.clone(),
+        );
+        r.register(
+            "spool_unreadable_seqs",
+            "Seqs in damaged pages a salvage could not read (at start or while running); each range goes to the cloud in a gap record (reason unreadable)",
+            m.unreadable.clone(),
+        );
+        r.register(
+            "spool_damaged",
+            "1 while the spool database is known damaged and not yet rebuilt (/healthz fails meanwhile, saying why)",
+            m.damaged.clone(),
+        );
         r.register(
             "spool_renumbered",
             "Times a lane's records were renumbered past the cloud's mark because the spool database had gone back in time (power cut, restored copy)",
@@ -160,7 +189,7 @@ impl WriterMetrics {
         );
         r.register(
             "spool_moved_aside",
-            "Spool databases found unusable (corrupt, not a database) at startup and moved aside; their data is kept in <path>.corrupt-<ms> for recovery",
+            "Spool databases found damaged (corrupt, not a database, a failed integrity check) and moved aside to <path>.corrupt-<ms> once what they held was salvaged into the new one",
             m.moved_aside.clone(),
         );
         r.register(
@@ -209,6 +238,8 @@ pub struct SpoolWriter {
     /// Signalled after each commit that added records, for the uplink.
     committed: Arc<tokio::sync::Notify>,
     stats: Arc<Stats>,
+    /// Why the spool is unhealthy, while it is (damaged and not rebuilt).
+    problem: Arc<Mutex<Option<String>>>,
 }
 
 impl SpoolWriter {
@@ -226,11 +257,19 @@ impl SpoolWriter {
         let inbox = Inbox { rx, idle: idle.clone() };
         let stats = Arc::new(Stats::default());
         let kept = stats.clone();
+        let problem = Arc::new(Mutex::new(None));
+        let said = problem.clone();
         let handle = std::thread::Builder::new().name("spool-writer".into()).spawn(move || {
-            let counts = Counts { metrics: &metrics, stats: &kept };
+            let counts = Counts { metrics: &metrics, stats: &kept, problem: &said };
             run(spool, inbox, commit_interval, commit_batch.max(1), counts, &notify);
         })?;
-        Ok(Self { tx, thread: handle.thread().clone(), idle, committed, stats })
+        Ok(Self { tx, thread: handle.thread().clone(), idle, committed, stats, problem })
+    }
+
+    /// Why the spool is unhealthy, if it is: its database is damaged and not rebuilt yet (or
+    /// the rebuild failed). For `/healthz`.
+    pub fn problem(&self) -> Option<String> {
+        self.problem.lock().unwrap_or_else(std::sync::PoisonError::into_inner).clone()
     }
 
     /// Queues `message`. For `full` durability the returned receiver resolves once it is
@@ -328,11 +367,37 @@ impl SpoolWriter {
     }
 }
 
-/// Where the spool thread counts: the metrics, and the figures the uplink reports.
+/// Where the spool thread counts: the metrics, the figures the uplink reports, and its health.
 #[derive(Clone, Copy)]
 struct Counts<'a> {
     metrics: &'a WriterMetrics,
     stats: &'a Stats,
+    problem: &'a Mutex<Option<String>>,
+}
+
+/// Rebuilds a database found damaged (`damage.rs`): unhealthy until it is done, and after if it
+/// fails. Returns whether the spool works again.
+fn mend(spool: &mut DynSpool, counts: Counts<'_>, why: &str) -> bool {
+    let say = |s: Option<String>| *counts.problem.lock().unwrap_or_else(std::sync::PoisonError::into_inner) = s;
+    tracing::error!(why, "spool database damaged; rebuilding it from what can be read");
+    say(Some(format!("spool database damaged ({why}); rebuilding")));
+    counts.metrics.damaged.set(1);
+    match spool.rebuild() {
+        Ok(salvaged) => {
+            handle(&counts.metrics.rebuilds, &OutcomeLabel { outcome: "salvaged" }).inc();
+            counts.metrics.moved_aside.inc();
+            counts.metrics.unreadable.inc_by(salvaged.unreadable_count());
+            counts.metrics.damaged.set(0);
+            say(None);
+            true
+        }
+        Err(e) => {
+            handle(&counts.metrics.rebuilds, &OutcomeLabel { outcome: "failed" }).inc();
+            tracing::error!(error = %e, "spool rebuild failed; the spool stays unhealthy until it succeeds");
+            say(Some(format!("spool database damaged ({why}) and its rebuild failed: {e}")));
+            false
+        }
+    }
 }
 
 fn count_dropped(spool: &mut DynSpool, counts: Counts<'_>) {
@@ -344,6 +409,7 @@ fn count_dropped(spool: &mut DynSpool, counts: Counts<'_>) {
             super::GapReason::Evicted => "evicted",
             super::GapReason::Expired => "expired",
             super::GapReason::Refused => "refused",
+            super::GapReason::Unreadable => "unreadable",
         };
         handle(&metrics.dropped, &DropLabels { class, reason }).inc_by(count);
     }
@@ -461,6 +527,7 @@ fn run(
     let mut policy = super::sched::WriterPolicy::start();
     let mut last_expiry = Instant::now();
     let mut failures = FailureLog::default();
+    let mut last_mend: Option<Instant> = None;
     // Appends of `normal` messages not yet committed, for the window histogram.
     let mut uncommitted: Vec<Instant> = Vec::new();
     metrics.healthy.set(1);
@@ -468,6 +535,14 @@ fn run(
     loop {
         if last_expiry.elapsed() >= EXPIRY_TICK {
             last_expiry = Instant::now();
+            // Damage the integrity check beside the spool found; a failed rebuild is tried again
+            // once a minute.
+            if let Some(why) = spool.damaged()
+                && last_mend.is_none_or(|t: Instant| t.elapsed() >= Duration::from_secs(60))
+            {
+                last_mend = Some(Instant::now());
+                mend(&mut spool, counts, &why);
+            }
             if let Err(e) = spool.expire(now_ms()) {
                 tracing::error!(kind = e.kind(), error = %e, "spool expiry failed");
             }
@@ -544,7 +619,13 @@ fn run(
         }
         let started = Instant::now();
         let had = spool.pending();
-        let committed = spool.flush();
+        let mut committed = spool.flush();
+        if let Err(e) = &committed
+            && e.is_damage()
+            && mend(&mut spool, counts, &e.to_string())
+        {
+            committed = spool.flush();
+        }
         if committed.is_ok() && had > 0 {
             notify.notify_one();
         }
@@ -591,20 +672,33 @@ fn close(spool: &mut DynSpool) {
     }
 }
 
+/// Runs `op`; if it found the database damaged, rebuilds it (`mend`) and runs `op` again, so a
+/// damaged page costs the uplink a gap record, not a read that fails forever.
+fn mended<T>(
+    spool: &mut DynSpool,
+    counts: Counts<'_>,
+    mut op: impl FnMut(&mut DynSpool) -> Result<T, SpoolError>,
+) -> Result<T, SpoolError> {
+    match op(spool) {
+        Err(e) if e.is_damage() && mend(spool, counts, &e.to_string()) => op(spool),
+        other => other,
+    }
+}
+
 fn answer(spool: &mut DynSpool, query: Query, counts: Counts<'_>) {
     match query {
         Query::Read { lane, after, limit, done } => {
-            let _ = done.send(spool.read(lane, after, limit));
+            let _ = done.send(mended(spool, counts, |s| s.read(lane, after, limit)));
         }
         Query::Ack { lane, up_to, done } => {
-            let result = spool.ack(lane, up_to);
+            let result = mended(spool, counts, |s| s.ack(lane, up_to));
             if result.is_ok() {
                 update_gauges(spool, counts, false);
             }
             let _ = done.send(result);
         }
         Query::CheckMark { lane, mark, done } => {
-            let result = spool.check_mark(lane, mark);
+            let result = mended(spool, counts, |s| s.check_mark(lane, mark));
             if let Ok(Some((from, by))) = &result {
                 tracing::warn!(
                     lane = lane.0,

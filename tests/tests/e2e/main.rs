@@ -24,6 +24,7 @@ mod fleet;
 mod fleet_view;
 mod model_sync;
 mod models;
+mod spool_damage;
 mod spool_faults;
 mod spool_routes;
 mod tco;

@@ -210,7 +210,7 @@ async fn corrupt_spool_at_startup_is_moved_aside_and_local_traffic_flows() {
     let dir = tempfile::tempdir().unwrap();
     std::fs::write(dir.path().join("spool.db"), b"definitely not SQLite, a torn write perhaps").unwrap();
     let edge = EdgeProcess::start(dir.path(), &config_text(&classes_toml()));
-    assert!(edge.stderr().contains("spool database unusable; moved aside"), "{}", edge.stderr());
+    assert!(edge.stderr().contains("spool database damaged; salvaging what it holds"), "{}", edge.stderr());
     let aside: Vec<_> = std::fs::read_dir(dir.path())
         .unwrap()
         .filter_map(|e| e.ok()?.file_name().into_string().ok())
