@@ -186,6 +186,12 @@ impl Node {
             if let Some(salvaged) = &opened.salvaged {
                 spool_metrics.unreadable.inc_by(salvaged.unreadable_count());
             }
+            for orphan in spool::recovery::orphans(&config.spool.path) {
+                tracing::warn!(
+                    path = %orphan.display(),
+                    "a spool an earlier version moved aside without sending it; `edge-node spool recover --config <edge.toml> <path>` sends what it holds"
+                );
+            }
             let (integrity_checked, usage_counted) = (opened.checked, opened.counted);
             let storage: Box<dyn spool::Storage + Send> = match options.spool_faults {
                 Some(faults) => Box::new(spool::fault::FaultyStorage {
@@ -344,6 +350,7 @@ impl Node {
                         models: config.models.as_ref().map(|m| m.follow.clone()).unwrap_or_default(),
                         model_jobs: model_jobs.clone(),
                         tco: config.tco.as_ref().map(|t| (tco_snapshot.clone(), t.interval.0)),
+                        spool_path: Some(config.spool.path.clone()),
                     };
                     tracker.spawn(task.run(shutdown.clone()));
                 }

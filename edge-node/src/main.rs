@@ -104,6 +104,16 @@ enum SpoolCommand {
         #[arg(long, short)]
         config: PathBuf,
     },
+    /// Queue a spool database of another epoch (one an earlier version moved aside as
+    /// `spool.db.corrupt-<ms>`, or a replaced gateway's) to be sent: what can be read of it is
+    /// salvaged into `recover/` beside the spool, and the node sends it under its own epoch
+    /// before its own records (within 5 s while it runs), then deletes it.
+    Recover {
+        #[arg(long, short)]
+        config: PathBuf,
+        /// The spool database to send.
+        file: PathBuf,
+    },
 }
 
 fn main() -> ExitCode {
@@ -274,6 +284,26 @@ fn spool(command: SpoolCommand) -> anyhow::Result<()> {
             let n = edge_node::spool::inspect::export(&config.spool.path, &mut out)?;
             std::io::Write::flush(&mut out)?;
             eprintln!("exported {n} records");
+        }
+        SpoolCommand::Recover { config, file } => {
+            let config = load(&config)?;
+            let (salvaged, queued) = edge_node::spool::recovery::queue(&file, &config.spool.path)?;
+            let unreadable: Vec<_> = salvaged.unreadable.iter().map(|(lane, ranges)| (lane.0, ranges)).collect();
+            println!(
+                "{}",
+                serde_json::to_string_pretty(&serde_json::json!({
+                    "file": file,
+                    "epoch": salvaged.epoch,
+                    "records": salvaged.records,
+                    "unreadable": unreadable,
+                    "header_repaired": salvaged.header_repaired,
+                    "queued": queued,
+                }))?
+            );
+            eprintln!(
+                "queued: the node sends it before its own records (within 5 s if it runs), then deletes {}",
+                queued.display()
+            );
         }
     }
     Ok(())

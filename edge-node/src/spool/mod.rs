@@ -66,7 +66,7 @@
 //! salvaged, at open or, found while running, by the spool's own thread (`damage.rs`): every
 //! record it can read goes into a new database under the same epoch, with the same seqs, and a
 //! gap record per lane names the seqs it could not read (`salvage.rs`); the damaged file is
-//! renamed `<name>.corrupt-<unix-ms>` (with its WAL, shared-memory and check-failed files) and
+//! renamed `<name>.damaged-<unix-ms>` (with its WAL, shared-memory and check-failed files) and
 //! kept. Nothing else is damage: a lock another process holds (waited for 5 s), a read-only
 //! file, a full disk or an I/O error writing fail the open with their cause, and the database
 //! stays where it is. Nothing is ever deleted to recover.
@@ -90,6 +90,7 @@ pub mod fault;
 pub mod inspect;
 mod integrity;
 mod migrate;
+pub mod recovery;
 pub mod salvage;
 mod sched;
 mod schema;
@@ -386,6 +387,9 @@ pub struct Spool<S> {
     quotas: BTreeMap<String, u64>,
     /// The lane each class was last appended to, where its quota evicts.
     class_lanes: BTreeMap<String, Lane>,
+    /// A spool of an epoch that takes no new records (a recovered one): a cloud mark past its
+    /// head means the cloud has everything in it, never that its seqs were handed out again.
+    closed_epoch: bool,
 }
 
 impl<S: Storage> Spool<S> {
@@ -412,6 +416,7 @@ impl<S: Storage> Spool<S> {
             usage,
             quotas: BTreeMap::new(),
             class_lanes: BTreeMap::new(),
+            closed_epoch: false,
         };
         // What a salvage at open could not read goes to the cloud as gap records first thing.
         if let Some(salvaged) = salvaged {
@@ -452,6 +457,13 @@ impl<S: Storage> Spool<S> {
 
     pub fn epoch(&self) -> &str {
         &self.storage.opened().epoch
+    }
+
+    /// A spool that takes no new records (`recovery.rs`): its seqs are never handed out again,
+    /// so a cloud mark past them is an ack, not a sign of reuse to renumber past.
+    pub fn with_closed_epoch(mut self) -> Self {
+        self.closed_epoch = true;
+        self
     }
 
     /// Caps the records kept pending while commits fail (default 65,536).

@@ -230,7 +230,7 @@ fn corrupt_database_is_moved_aside_with_a_new_epoch() {
     let storage = SqliteStorage::open(&path).unwrap();
     let aside = storage.opened().moved_aside.clone().expect("moved aside");
     assert!(aside.exists(), "the corrupt file is kept for a person to look at");
-    assert!(aside.to_string_lossy().contains(".corrupt-"));
+    assert!(aside.to_string_lossy().contains(".damaged-"));
     assert_ne!(storage.opened().epoch, first, "a new database needs a new epoch");
 }
 

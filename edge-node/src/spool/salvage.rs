@@ -175,7 +175,7 @@ pub fn prepare(path: &Path, known: &BTreeMap<u8, u64>) -> Result<Salvaged, Spool
     Ok(salvaged)
 }
 
-/// Moves the damaged database at `path` aside (`<path>.corrupt-<unix ms>`, with its WAL,
+/// Moves the damaged database at `path` aside (`<path>.damaged-<unix ms>`, with its WAL,
 /// shared-memory and check-failed files) and puts `<path>.salvaged` in its place. Returns where
 /// the damaged one went.
 pub fn install(path: &Path) -> Result<PathBuf, SpoolError> {
@@ -216,9 +216,10 @@ fn remove_with_wal(path: &Path) -> std::io::Result<()> {
 }
 
 /// Renames the database and its WAL, shared-memory and check-failed files to
-/// `<name>.corrupt-<ms>`: kept for a person to look at, never deleted.
+/// `<name>.damaged-<ms>`: kept for a person to look at, never deleted (`.corrupt-<ms>` is what
+/// earlier versions named a spool they moved aside without salvaging it: see `recovery.rs`).
 pub(super) fn move_aside(path: &Path) -> Result<PathBuf, SpoolError> {
-    let target = beside(path, &format!(".corrupt-{}", shared::units::now_ms()));
+    let target = beside(path, &format!(".damaged-{}", shared::units::now_ms()));
     for extra in ["", "-wal", "-shm", ".check-failed"] {
         let (from, to) = (beside(path, extra), beside(&target, extra));
         match std::fs::rename(&from, &to) {

@@ -163,6 +163,9 @@ impl<S: Storage> Spool<S> {
     /// them and they are sent as new. Returns the first seq moved and by how much.
     pub fn check_mark(&mut self, lane: Lane, mark: Seq) -> Result<Option<(Seq, u64)>, SpoolError> {
         self.flush()?;
+        if self.closed_epoch {
+            return Ok(None);
+        }
         let state = self.lanes.get(&lane).copied().unwrap_or_default();
         let head = state.committed.saturating_sub(1);
         let suspect = self.storage.suspect_from(lane);

@@ -189,7 +189,7 @@ impl WriterMetrics {
         );
         r.register(
             "spool_moved_aside",
-            "Spool databases found damaged (corrupt, not a database, a failed integrity check) and moved aside to <path>.corrupt-<ms> once what they held was salvaged into the new one",
+            "Spool databases found damaged (corrupt, not a database, a failed integrity check) and moved aside to <path>.damaged-<ms> once what they held was salvaged into the new one",
             m.moved_aside.clone(),
         );
         r.register(

@@ -173,6 +173,12 @@ enum ConnEnd {
     Spool(#[from] ReadError),
     #[error("the bridge closed the control stream")]
     ControlClosed,
+    /// A spool of another epoch (`spool::recovery`) was sent whole: its session is done.
+    #[error("a recovered spool was sent whole")]
+    Drained,
+    /// A spool of another epoch waits to be sent: the running session makes way for it.
+    #[error("a recovered spool waits to be sent")]
+    Recover,
     #[error("no ack, no pong and no answer to probes: the path to the bridge is down")]
     Unreachable,
     #[error("shutting down")]
@@ -236,16 +242,30 @@ pub struct Uplink {
     /// The TCO model's latest answer and how often to send its classes to the bridge's fleet
     /// report.
     pub tco: Option<(tokio::sync::watch::Receiver<Snapshot>, Duration)>,
+    /// The spool's database, whose `recover/` directory holds spools of other epochs to send
+    /// first (`spool::recovery`).
+    pub spool_path: Option<std::path::PathBuf>,
 }
 
+/// A spool being sent and its session with the cloud (one per epoch).
+struct Source {
+    spool: SpoolWriter,
+    session: EdgeSession,
+    /// A spool of another epoch, sent whole and then deleted: its path.
+    recovering: Option<std::path::PathBuf>,
+}
+
+/// How often a running session looks for a recovered spool waiting to be sent.
+const RECOVERY_CHECK: Duration = Duration::from_secs(5);
+
 impl Uplink {
-    /// Runs until `shutdown`: connects, drains, reconnects.
-    pub async fn run(self, shutdown: CancellationToken) {
-        let heads = match self.spool.heads().await {
+    /// A session for `spool`, from its epoch and acked seqs.
+    async fn source(&self, spool: SpoolWriter, recovering: Option<std::path::PathBuf>) -> Option<Source> {
+        let heads = match spool.heads().await {
             Ok(h) => h,
             Err(e) => {
-                tracing::error!(error = %e, "uplink cannot read the spool; not starting");
-                return;
+                tracing::error!(error = %e, "uplink cannot read the spool");
+                return None;
             }
         };
         let session_config = EdgeSessionConfig {
@@ -254,7 +274,35 @@ impl Uplink {
             ack_timeout: self.config.ack_timeout.0,
         };
         let acked = heads.lanes.iter().map(|(l, a, _)| (l.0, a.0));
-        let mut session = EdgeSession::new(session_config, heads.epoch.clone(), acked).with_models(self.models.clone());
+        let session = EdgeSession::new(session_config, heads.epoch.clone(), acked).with_models(self.models.clone());
+        Some(Source { spool, session, recovering })
+    }
+
+    /// The next recovered spool waiting to be sent, opened, if there is one.
+    async fn recovery(&self) -> Option<Source> {
+        let path = crate::spool::recovery::next(self.spool_path.as_deref()?)?;
+        match crate::spool::recovery::open(&path) {
+            Ok(spool) => {
+                let source = self.source(spool, Some(path.clone())).await?;
+                tracing::warn!(path = %path.display(), "uplink sends a recovered spool first");
+                Some(source)
+            }
+            Err(e) => {
+                tracing::error!(path = %path.display(), error = %e, "a recovered spool cannot be opened; setting it apart");
+                let _ = crate::spool::recovery::refuse(&path);
+                None
+            }
+        }
+    }
+
+    /// Runs until `shutdown`: connects, drains, reconnects. Recovered spools of other epochs
+    /// go first, each in a session of its own epoch.
+    pub async fn run(self, shutdown: CancellationToken) {
+        let Some(mut main) = self.source(self.spool.clone(), None).await else {
+            tracing::error!("uplink cannot read the spool; not starting");
+            return;
+        };
+        let mut recovery: Option<Source> = None;
         let mut endpoint = match quinn::Endpoint::client(std::net::SocketAddr::from(([0, 0, 0, 0], 0))) {
             Ok(e) => e,
             Err(e) => {
@@ -288,6 +336,11 @@ impl Uplink {
                 self.metrics.reconnects.inc();
             }
             first = false;
+            if recovery.is_none() {
+                recovery = self.recovery().await;
+            }
+            let source = recovery.as_mut().unwrap_or(&mut main);
+            let session = &mut source.session;
             session.set_dicts(dicts.ids());
             let welcomed = session.welcomes();
             let server = servers.current().to_owned();
@@ -297,7 +350,8 @@ impl Uplink {
                     self.metrics.connected.set(1);
                     tracing::info!(server, "uplink connected");
                     let _learning = prober.learn(conn.remote_address());
-                    let end = self.connection(&conn, &prober, &mut session, &mut dicts, &shutdown).await;
+                    let end = self.connection(&conn, source, &prober, &mut dicts, &shutdown).await;
+                    let session = &mut source.session;
                     session.disconnected();
                     self.metrics.connected.set(0);
                     self.metrics.in_flight.set(0);
@@ -308,9 +362,45 @@ impl Uplink {
                 Err(end) => end,
             };
             if matches!(end, ConnEnd::Shutdown) || shutdown.is_cancelled() {
+                if let Some(r) = recovery.take() {
+                    r.spool.shutdown().await;
+                }
                 endpoint.wait_idle().await;
                 return;
             }
+            match &end {
+                // The recovered spool is in the cloud: on to the next, or to the running one, at
+                // once.
+                ConnEnd::Drained => {
+                    if let Some(r) = recovery.take() {
+                        r.spool.shutdown().await;
+                        let path = r.recovering.unwrap_or_default();
+                        tracing::warn!(path = %path.display(), "recovered spool sent whole; deleting it");
+                        if let Err(e) = crate::spool::recovery::finish(&path) {
+                            tracing::error!(path = %path.display(), error = %e, "a sent recovered spool cannot be deleted");
+                        }
+                    }
+                    backoff.welcomed();
+                    continue;
+                }
+                ConnEnd::Recover => {
+                    backoff.welcomed();
+                    continue;
+                }
+                // The cloud will not take this epoch (retired there): set apart, or it would hold
+                // the running spool back for ever.
+                ConnEnd::Session(SessionError::Refused(reason)) if recovery.is_some() && reason.contains("epoch") => {
+                    if let Some(r) = recovery.take() {
+                        r.spool.shutdown().await;
+                        let path = r.recovering.unwrap_or_default();
+                        let apart = crate::spool::recovery::refuse(&path);
+                        tracing::error!(path = %path.display(), reason, apart = ?apart, "the cloud refuses a recovered spool's epoch; set apart");
+                    }
+                    continue;
+                }
+                _ => {}
+            }
+            let session = &mut recovery.as_mut().unwrap_or(&mut main).session;
             // Only a session the bridge welcomed resets the backoff: a bridge that completes the
             // handshake and then closes (a denied certificate) made every retry look like a
             // success, and a refused edge came back six times a second.
@@ -412,8 +502,8 @@ impl Uplink {
     async fn connection(
         &self,
         conn: &quinn::Connection,
+        source: &mut Source,
         prober: &Prober,
-        session: &mut EdgeSession,
         dicts: &mut DictBook,
         shutdown: &CancellationToken,
     ) -> ConnEnd {
@@ -434,7 +524,7 @@ impl Uplink {
             }
         };
         tokio::select! {
-            r = self.drive(conn, session, dicts, &degraded, shutdown) => match r {
+            r = self.drive(conn, source, dicts, &degraded, shutdown) => match r {
                 Ok(()) => ConnEnd::Shutdown,
                 Err(e) => e,
             },
@@ -445,16 +535,19 @@ impl Uplink {
     async fn drive(
         &self,
         conn: &quinn::Connection,
-        session: &mut EdgeSession,
+        source: &mut Source,
         dicts: &mut DictBook,
         degraded: &tokio::sync::watch::Sender<bool>,
         shutdown: &CancellationToken,
     ) -> Result<(), ConnEnd> {
+        let Source { spool, session, recovering } = source;
+        let (spool, recovering) = (&*spool, recovering.is_some());
+        let mut recovery_check = tokio::time::interval_at(tokio::time::Instant::now() + RECOVERY_CHECK, RECOVERY_CHECK);
         let (mut send, recv) = conn.open_bi().await?;
         session.connected(Instant::now());
         let (mut control_rx, reader) = spawn_reader::<_, Control>(recv, MAX_CONTROL_FRAME);
         let _reader = AbortOnDropHandle::new(reader);
-        let notify = self.spool.committed_notify();
+        let notify = spool.committed_notify();
         let mut order = DrainOrder::new(self.config.lower_lane_share);
         // Per lane, the last committed seq known; refreshed on each commit signal.
         let mut heads: BTreeMap<u8, u64> = BTreeMap::new();
@@ -504,7 +597,7 @@ impl Uplink {
                 let Some(lane) = order.next(&due) else { break };
                 waiting_since.remove(&lane.0);
                 let after = session.next_seq(lane.0) - 1;
-                let records = self.spool.read(lane, Seq(after), self.config.batch_records).await?;
+                let records = spool.read(lane, Seq(after), self.config.batch_records).await?;
                 if records.is_empty() {
                     heads.insert(lane.0, after);
                     continue;
@@ -566,13 +659,19 @@ impl Uplink {
                     session.handle(frame, Instant::now())?
                 }
                 _ = notify.notified() => {
-                    self.refresh(session, &mut heads).await?;
+                    refresh(spool, session, &mut heads).await?;
                     Vec::new()
                 }
                 _ = sleep_until(timeout) => {
                     // What the spool says of itself rides with the next heads, for the fleet view.
-                    session.set_spool_report(spool_report(self.spool.figures()));
+                    session.set_spool_report(spool_report(spool.figures()));
                     session.handle_timeout(Instant::now())
+                }
+                _ = recovery_check.tick(), if !recovering => {
+                    if self.spool_path.as_deref().and_then(crate::spool::recovery::next).is_some() {
+                        return Err(ConnEnd::Recover);
+                    }
+                    Vec::new()
                 }
                 _ = sleep_until(linger_until.map(tokio::time::Instant::from_std)) => Vec::new(),
                 _ = report_tick.tick(), if self.tco.is_some() => {
@@ -585,19 +684,25 @@ impl Uplink {
             for event in events {
                 match event {
                     EdgeEvent::Mark { lane, committed } => {
-                        self.spool.check_mark(Lane(lane), Seq(committed)).await?;
+                        spool.check_mark(Lane(lane), Seq(committed)).await?;
                     }
                     EdgeEvent::Acked { lane, up_to } => {
-                        self.spool.ack(Lane(lane), Seq(up_to)).await?;
+                        spool.ack(Lane(lane), Seq(up_to)).await?;
                         self.metrics.acked.get_or_create(&LaneLabel { lane }).set(up_to as i64);
+                        if recovering && sent_whole(spool).await? {
+                            return Err(ConnEnd::Drained);
+                        }
                     }
                     EdgeEvent::Ready { version, dicts: known } => {
                         // After every Mark of this Welcome (they come first).
-                        self.spool.welcomed().await?;
+                        spool.welcomed().await?;
                         tracing::info!(version, dicts = known.len(), "uplink session ready");
+                        if recovering && sent_whole(spool).await? {
+                            return Err(ConnEnd::Drained);
+                        }
                         dicts.connected(&known, version);
                         self.report_classes(session);
-                        self.refresh(session, &mut heads).await?;
+                        refresh(spool, session, &mut heads).await?;
                     }
                     EdgeEvent::DictStored(id) => dicts.stored(id),
                     EdgeEvent::Model(announce) => {
@@ -648,15 +753,21 @@ impl Uplink {
             });
         }
     }
+}
 
-    async fn refresh(&self, session: &mut EdgeSession, heads: &mut BTreeMap<u8, u64>) -> Result<(), ConnEnd> {
-        let h = self.spool.heads().await.map_err(ReadError::from)?;
-        for (lane, _, last) in h.lanes {
-            heads.insert(lane.0, last.0);
-            session.set_head(lane.0, last.0);
-        }
-        Ok(())
+async fn refresh(spool: &SpoolWriter, session: &mut EdgeSession, heads: &mut BTreeMap<u8, u64>) -> Result<(), ConnEnd> {
+    let h = spool.heads().await.map_err(ReadError::from)?;
+    for (lane, _, last) in h.lanes {
+        heads.insert(lane.0, last.0);
+        session.set_head(lane.0, last.0);
     }
+    Ok(())
+}
+
+/// Whether the cloud acknowledged everything `spool` holds.
+async fn sent_whole(spool: &SpoolWriter) -> Result<bool, ConnEnd> {
+    let h = spool.heads().await.map_err(ReadError::from)?;
+    Ok(h.lanes.iter().all(|(_, acked, last)| acked >= last))
 }
 
 fn spool_report(f: crate::spool::SpoolFigures) -> shared::proto::SpoolReport {

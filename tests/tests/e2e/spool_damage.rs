@@ -106,7 +106,7 @@ async fn a_spool_locked_by_another_process_refuses_the_start_and_is_not_moved_as
     holder.wait().unwrap();
     let names: Vec<String> =
         std::fs::read_dir(dir.path()).unwrap().map(|e| e.unwrap().file_name().to_string_lossy().into_owned()).collect();
-    assert!(!names.iter().any(|n| n.contains(".corrupt-")), "nothing moved aside: {names:?}");
+    assert!(!names.iter().any(|n| n.contains(".damaged-")), "nothing moved aside: {names:?}");
     assert_eq!(epoch_of(&db), epoch);
 
     let edge = EdgeProcess::start(dir.path(), &config);
@@ -158,6 +158,9 @@ async fn a_garbage_page_found_while_running_costs_its_records_as_a_gap_and_not_t
         "the lane's mark reaches its gap record: {}",
         cloud.committed("edge-1", 0)
     );
+    let row = e2e_tests::eventually(WAIT, || cloud.edge_row("edge-1").is_some_and(|r| r.gaps == Some(1))).await;
+    assert!(row, "the fleet view shows the gap: {:?}", cloud.edge_row("edge-1"));
+    assert_eq!(cloud.edge_row("edge-1").and_then(|r| r.dropped), Some(gaps.len() as u64));
 }
 
 /// A damaged file header found at start (SQLite no longer takes the file for a database): the
@@ -181,4 +184,65 @@ async fn a_damaged_header_found_at_start_loses_nothing() {
     let all = e2e_tests::eventually(WAIT, || landed(&cloud.sink).0.len() == COUNT as usize).await;
     assert!(all, "{} of {COUNT} reached the sink: {}", landed(&cloud.sink).0.len(), edge.stderr());
     assert_eq!(sink_epochs(&cloud.sink), [epoch]);
+}
+
+/// Issue 27, finding 4's other half: a spool an earlier version moved aside (`spool.db.corrupt-*`,
+/// a new epoch started beside it) held 100 acknowledged records no tool ever sent. `edge-node
+/// spool recover FILE`, run while the node works on its new epoch, queues what FILE holds; the
+/// node sends it under FILE's own epoch, then deletes it, and its own records flow before and
+/// after.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_spool_moved_aside_by_an_earlier_version_is_sent_under_its_own_epoch_by_spool_recover() {
+    let cloud_dir = tempfile::tempdir().unwrap();
+    let (dir, config, bind, keys) = spooled(cloud_dir.path()).await;
+    let db = dir.path().join("spool.db");
+    let old_epoch = epoch_of(&db);
+    // What an earlier version did with a spool it could not open.
+    let aside = dir.path().join("spool.db.corrupt-1700000000000");
+    std::fs::rename(&db, &aside).unwrap();
+    for extra in ["-wal", "-shm", ".seqs"] {
+        let _ = std::fs::remove_file(dir.path().join(format!("spool.db{extra}")));
+    }
+    let edge = EdgeProcess::start(dir.path(), &config);
+    let cloud = TestCloud::start(cloud_dir.path(), keys, bind, "").await;
+    let new_epoch = epoch_of(&db);
+    assert_ne!(new_epoch, old_epoch);
+    assert!(edge.stderr().contains("moved aside without sending it"), "the node points at it: {}", edge.stderr());
+    let progress = std::sync::atomic::AtomicU64::new(0);
+    let before = publish_range(edge.addr("local"), "new", "audit/new", "new", 0..10, &progress).await;
+    assert_eq!(before.len(), 10);
+    assert!(e2e_tests::eventually(WAIT, || landed(&cloud.sink).0.len() == 10).await, "{}", edge.stderr());
+
+    let out = std::process::Command::new(e2e_tests::workspace_bin("edge-node"))
+        .args(["spool", "recover", "--config"])
+        .arg(dir.path().join("edge.toml"))
+        .arg(&aside)
+        .output()
+        .unwrap();
+    let printed = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{printed}{}", String::from_utf8_lossy(&out.stderr));
+    let report: serde_json::Value = serde_json::from_str(&printed).unwrap();
+    assert_eq!(report["epoch"], old_epoch.as_str());
+    assert_eq!(report["records"], COUNT);
+
+    let all =
+        e2e_tests::eventually(Duration::from_secs(30), || landed(&cloud.sink).0.len() == COUNT as usize + 10).await;
+    assert!(all, "{} of {} reached the sink: {}", landed(&cloud.sink).0.len(), COUNT + 10, edge.stderr());
+    let mut epochs = sink_epochs(&cloud.sink);
+    epochs.sort();
+    let mut want = vec![old_epoch, new_epoch];
+    want.sort();
+    assert_eq!(epochs, want, "the recovered records went under their own epoch");
+    let recover = dir.path().join("recover");
+    assert!(
+        e2e_tests::eventually(WAIT, || std::fs::read_dir(&recover).is_ok_and(|mut d| d.next().is_none())).await,
+        "the sent spool is deleted"
+    );
+    let after = publish_range(edge.addr("local"), "newer", "audit/newer", "newer", 0..10, &progress).await;
+    assert_eq!(after.len(), 10);
+    assert!(
+        e2e_tests::eventually(WAIT, || landed(&cloud.sink).0.len() == COUNT as usize + 20).await,
+        "{}",
+        edge.stderr()
+    );
 }

@@ -214,7 +214,7 @@ async fn corrupt_spool_at_startup_is_moved_aside_and_local_traffic_flows() {
     let aside: Vec<_> = std::fs::read_dir(dir.path())
         .unwrap()
         .filter_map(|e| e.ok()?.file_name().into_string().ok())
-        .filter(|n| n.starts_with("spool.db.corrupt-"))
+        .filter(|n| n.starts_with("spool.db.damaged-"))
         .collect();
     assert_eq!(aside.len(), 1, "the corrupt file is kept, not deleted");
     assert_eq!(edge.metric("edge_spool_moved_aside_total"), 1.0);
