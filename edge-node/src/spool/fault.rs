@@ -113,16 +113,15 @@ impl<S: Storage> Storage for FaultyStorage<S> {
         self.faults.check(&self.path)?;
         self.inner.close_cleanly(usage)
     }
-    fn suspect_from(&self, lane: Lane) -> Option<Seq> {
-        self.inner.suspect_from(lane)
+    fn suspect(&self, lane: Lane) -> Option<(Seq, Option<Seq>)> {
+        self.inner.suspect(lane)
+    }
+    fn suspects(&self) -> Vec<Lane> {
+        self.inner.suspects()
     }
     fn clear_suspect(&mut self, lane: Lane) -> Result<(), SpoolError> {
         self.faults.check(&self.path)?;
         self.inner.clear_suspect(lane)
-    }
-    fn clear_all_suspects(&mut self) -> Result<(), SpoolError> {
-        self.faults.check(&self.path)?;
-        self.inner.clear_all_suspects()
     }
     fn renumber(&mut self, lane: Lane, from: Seq, by: u64) -> Result<(), SpoolError> {
         self.faults.check(&self.path)?;
@@ -178,14 +177,14 @@ impl Storage for Box<dyn Storage + Send> {
     fn close_cleanly(&mut self, usage: &[ClassUsage]) -> Result<(), SpoolError> {
         (**self).close_cleanly(usage)
     }
-    fn suspect_from(&self, lane: Lane) -> Option<Seq> {
-        (**self).suspect_from(lane)
+    fn suspect(&self, lane: Lane) -> Option<(Seq, Option<Seq>)> {
+        (**self).suspect(lane)
+    }
+    fn suspects(&self) -> Vec<Lane> {
+        (**self).suspects()
     }
     fn clear_suspect(&mut self, lane: Lane) -> Result<(), SpoolError> {
         (**self).clear_suspect(lane)
-    }
-    fn clear_all_suspects(&mut self) -> Result<(), SpoolError> {
-        (**self).clear_all_suspects()
     }
     fn renumber(&mut self, lane: Lane, from: Seq, by: u64) -> Result<(), SpoolError> {
         (**self).renumber(lane, from, by)

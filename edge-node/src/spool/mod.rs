@@ -338,12 +338,15 @@ pub trait Storage {
     /// class usage as it stands: the next open may skip the integrity check and the count of
     /// every record, each seconds on a large spool.
     fn close_cleanly(&mut self, usage: &[ClassUsage]) -> Result<(), SpoolError>;
-    /// The first seq of `lane` handed out since opening found the lane below its reservation
-    /// (see `seqs.rs`), until the cloud's mark was checked.
-    fn suspect_from(&self, lane: Lane) -> Option<Seq>;
+    /// For a lane opening found below its reservation (see `seqs.rs`), until the cloud's mark
+    /// was checked: the first seq handed out since, and, when that followed a reboot, the
+    /// highest it may have handed out before.
+    fn suspect(&self, lane: Lane) -> Option<(Seq, Option<Seq>)>;
+    /// Every suspect lane.
+    fn suspects(&self) -> Vec<Lane>;
     fn clear_suspect(&mut self, lane: Lane) -> Result<(), SpoolError>;
-    fn clear_all_suspects(&mut self) -> Result<(), SpoolError>;
-    /// Moves `lane`'s records from seq `from` on, and its next seq, `by` seqs up.
+    /// Moves `lane`'s records from seq `from` on, and its next seq, `by` seqs up, durably
+    /// (fsynced, whatever the durability of the records).
     fn renumber(&mut self, lane: Lane, from: Seq, by: u64) -> Result<(), SpoolError>;
     /// What is wrong with the database that only a rebuild mends (its integrity check failed
     /// beside it), if anything.

@@ -41,6 +41,19 @@ struct Contents {
     /// until the cloud's mark was checked.
     #[serde(default)]
     suspect: BTreeMap<u8, u64>,
+    /// Per lane found suspect after a reboot (a power cut may have taken commits the sink had
+    /// already stored): its reservation then, the highest seq it may have handed out before.
+    #[serde(default)]
+    suspect_until: BTreeMap<u8, u64>,
+    /// The boot this file was last written in (Linux's `boot_id`): an open in the same boot
+    /// follows at most a crash of the process, which loses no commit.
+    #[serde(default)]
+    boot: String,
+}
+
+/// This boot's id; empty where there is none (then every open counts as after a reboot).
+fn boot_id() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/random/boot_id").map(|s| s.trim().to_owned()).unwrap_or_default()
 }
 
 #[derive(Debug)]
@@ -83,35 +96,60 @@ impl SeqFile {
     /// Marks the lanes whose next seq is at or below their reservation as suspect from that
     /// seq (keeping an earlier mark); `lanes` holds each lane's next seq in the database, and a
     /// reserved lane missing from it starts at 1. Returns the lanes newly marked.
+    ///
+    /// After a reboot (or with no boot id to tell) a suspect lane also keeps its reservation:
+    /// a power cut may have taken commits whose records the sink stored, marked or not, so its
+    /// new seqs go past everything it may have handed out (`Spool::check_mark`). In the boot
+    /// the file was last written in, only a copy put back can have taken commits: the cloud's
+    /// mark decides, and seqs stay continuous after a plain crash.
     pub fn mark_suspects(&mut self, lanes: &BTreeMap<u8, u64>) -> std::io::Result<Vec<(Lane, u64, u64)>> {
+        let boot = boot_id();
+        let rebooted = boot.is_empty() || boot != self.contents.boot;
         let mut marked = Vec::new();
         for (&lane, &reserved) in &self.contents.reserved {
             let next = lanes.get(&lane).copied().unwrap_or(1);
-            if next <= reserved && !self.contents.suspect.contains_key(&lane) {
-                self.contents.suspect.insert(lane, next);
+            if next > reserved {
+                continue;
+            }
+            if let std::collections::btree_map::Entry::Vacant(e) = self.contents.suspect.entry(lane) {
+                e.insert(next);
                 marked.push((Lane(lane), next, reserved));
             }
+            // A lane still suspect from an open in an earlier boot keeps its first seq, and now
+            // its reservation too.
+            if rebooted {
+                self.contents.suspect_until.entry(lane).or_insert(reserved);
+            }
         }
-        if !marked.is_empty() {
-            self.store()?;
+        if !marked.is_empty() || rebooted {
+            self.contents.boot = boot;
+            match self.store() {
+                Ok(()) => {}
+                Err(e) if !marked.is_empty() => return Err(e),
+                // Only the boot id was new: the next open counts as after a reboot, no harm.
+                Err(e) => {
+                    tracing::warn!(path = %self.path.display(), error = %e, "spool seq reservations: cannot note this boot")
+                }
+            }
         }
         Ok(marked)
     }
 
-    pub fn suspect(&self, lane: Lane) -> Option<u64> {
-        self.contents.suspect.get(&lane.0).copied()
+    /// The first seq handed out since the lane was found suspect, and, if that followed a
+    /// reboot, the highest it may have handed out before.
+    pub fn suspect(&self, lane: Lane) -> Option<(u64, Option<u64>)> {
+        let from = *self.contents.suspect.get(&lane.0)?;
+        Some((from, self.contents.suspect_until.get(&lane.0).copied()))
+    }
+
+    /// Every suspect lane.
+    pub fn suspects(&self) -> Vec<Lane> {
+        self.contents.suspect.keys().map(|l| Lane(*l)).collect()
     }
 
     pub fn clear_suspect(&mut self, lane: Lane) -> std::io::Result<()> {
+        self.contents.suspect_until.remove(&lane.0);
         if self.contents.suspect.remove(&lane.0).is_some() { self.store() } else { Ok(()) }
-    }
-
-    pub fn clear_all_suspects(&mut self) -> std::io::Result<()> {
-        if self.contents.suspect.is_empty() {
-            return Ok(());
-        }
-        self.contents.suspect.clear();
-        self.store()
     }
 
     /// Makes sure seqs below each lane's given next seq are reserved, writing the file if any
@@ -147,20 +185,31 @@ impl SeqFile {
 }
 
 impl<S: Storage> Spool<S> {
-    /// A Welcome was fully checked ([`Spool::check_mark`] for each lane it names): a lane it
-    /// does not name is one the cloud holds nothing of, so none of its seqs were reused, and
-    /// every suspect mark left goes. Without this a suspect lane the cloud had not seen kept its
-    /// mark, and a later Welcome's mark over seqs sent since moved records that were not reused.
+    /// A Welcome was fully checked ([`Spool::check_mark`] for each lane it names). A suspect
+    /// lane it does not name has no mark in the cloud, which says nothing of what the sink
+    /// stored without marking it: after a reboot its new seqs move past what the lane may have
+    /// handed out before, as a named lane's do; every suspect mark left goes.
     pub fn welcomed(&mut self) -> Result<(), SpoolError> {
-        self.storage.clear_all_suspects()
+        self.flush()?;
+        for lane in self.storage.suspects() {
+            if let Some((from, Some(until))) = self.storage.suspect(lane) {
+                self.move_past(lane, from, until)?;
+            }
+            self.storage.clear_suspect(lane)?;
+        }
+        Ok(())
     }
 
     /// Checks the cloud's committed mark of `lane` against this database before the mark is
-    /// taken as an ack. When the cloud holds seqs this database handed out again (the lane is
-    /// suspect and the mark reaches its suspect seq: the database went back in time) or seqs
-    /// past everything it holds, the records that may carry reused seqs (from the suspect seq,
-    /// or everything unacked) are renumbered to follow the mark, so the ack deletes none of
-    /// them and they are sent as new. Returns the first seq moved and by how much.
+    /// taken as an ack. A lane found suspect after a reboot (its database may have gone back in
+    /// time with a power cut) may have handed out the seqs from its suspect one up to its
+    /// reservation before, and the sink may hold records of them, marked or not (publishing and
+    /// marking are two steps): the records appended since move past both the mark and that
+    /// reservation, so the ack deletes none of them and the sink takes them as new. In the
+    /// same boot only a copy put back can roll it back: the records move past the mark if it
+    /// reaches the suspect seq. A lane whose mark is past everything it holds (the reservations
+    /// went back too) moves every unacked record past the mark. A hole the move leaves is no wait for the cloud: the next batch starts where
+    /// the cloud's mark ends and spans it. Returns the first seq moved and by how much.
     pub fn check_mark(&mut self, lane: Lane, mark: Seq) -> Result<Option<(Seq, u64)>, SpoolError> {
         self.flush()?;
         if self.closed_epoch {
@@ -168,25 +217,36 @@ impl<S: Storage> Spool<S> {
         }
         let state = self.lanes.get(&lane).copied().unwrap_or_default();
         let head = state.committed.saturating_sub(1);
-        let suspect = self.storage.suspect_from(lane);
-        let from = match suspect {
-            Some(from) if mark >= from => Some(from.0),
-            _ if mark.0 > head => Some(state.acked + 1),
-            _ => None,
+        let suspect = self.storage.suspect(lane);
+        let moved = match suspect {
+            // After a reboot: past what the sink may hold, marked or not.
+            Some((from, Some(until))) => self.move_past(lane, from, mark.max(until))?,
+            // A copy put back in the same boot: the mark says what the cloud has.
+            Some((from, None)) if mark >= from => self.move_past(lane, from, mark)?,
+            Some(_) => None,
+            None if mark.0 > head => self.move_past(lane, Seq(state.acked + 1), mark)?,
+            None => None,
         };
-        let Some(from) = from else {
-            if suspect.is_some() {
-                self.storage.clear_suspect(lane)?;
-            }
+        // Only once the move is on disk: a second power cut must not find the reused seqs with
+        // no mark left to move them.
+        if suspect.is_some() {
+            self.storage.clear_suspect(lane)?;
+        }
+        Ok(moved)
+    }
+
+    /// Renumbers `lane`'s records from `from` on (and its next seq) to start after `past`,
+    /// durably.
+    fn move_past(&mut self, lane: Lane, from: Seq, past: Seq) -> Result<Option<(Seq, u64)>, SpoolError> {
+        if past < from {
             return Ok(None);
-        };
-        let by = mark.0 - from + 1;
-        self.storage.renumber(lane, Seq(from), by)?;
-        self.storage.clear_suspect(lane)?;
+        }
+        let by = past.0 - from.0 + 1;
+        self.storage.renumber(lane, from, by)?;
         let state = self.lanes.entry(lane).or_default();
-        let next = state.next.max(1) + by;
+        let next = state.next.max(from.0) + by;
         (state.next, state.committed) = (next, next);
-        Ok(Some((Seq(from), by)))
+        Ok(Some((from, by)))
     }
 }
 
@@ -223,7 +283,8 @@ mod tests {
         let lanes = BTreeMap::from([(0, 6), (1, 5)]);
         assert_eq!(f.mark_suspects(&lanes).unwrap(), vec![(Lane(0), 6, 20)]);
         let mut again = SeqFile::open(&db, "e1");
-        assert_eq!((again.suspect(Lane(0)), again.suspect(Lane(1))), (Some(6), None));
+        // A file with no boot noted counts as written before a reboot: the reservation is kept.
+        assert_eq!((again.suspect(Lane(0)), again.suspect(Lane(1))), (Some((6, Some(20))), None));
         // A second unclean open keeps the first mark.
         assert!(again.mark_suspects(&BTreeMap::from([(0, 9), (1, 5)])).unwrap().is_empty());
         again.clear_suspect(Lane(0)).unwrap();
@@ -301,7 +362,7 @@ mod tests {
         let mut spool = open(&path);
         assert_eq!(spool.storage.opened().moved_aside, None);
         assert_eq!(spool.epoch(), epoch, "the same epoch: only the seqs tell");
-        assert_eq!(spool.storage.suspect_from(Lane(0)), Some(Seq(6)));
+        assert_eq!(spool.storage.suspect(Lane(0)), Some((Seq(6), None)));
         for i in 1..=30 {
             spool.append(Lane(0), message(&format!("new-{i}")), Durability::Normal);
         }
@@ -314,7 +375,7 @@ mod tests {
         spool.close().unwrap();
         drop(spool);
         let mut spool = open(&path);
-        assert_eq!(spool.storage.suspect_from(Lane(0)), None, "checked once, and closed cleanly since");
+        assert_eq!(spool.storage.suspect(Lane(0)), None, "checked once, and closed cleanly since");
         assert_eq!(payloads(&mut spool, 20).len(), 31);
     }
 
@@ -337,9 +398,9 @@ mod tests {
         commit(&mut spool, 1..=5);
         drop(spool);
         let mut spool = open(&path);
-        assert_eq!(spool.storage.suspect_from(Lane(0)), Some(Seq(6)));
+        assert_eq!(spool.storage.suspect(Lane(0)), Some((Seq(6), None)));
         assert_eq!(spool.check_mark(Lane(0), Seq(3)).unwrap(), None);
-        assert_eq!(spool.storage.suspect_from(Lane(0)), None);
+        assert_eq!(spool.storage.suspect(Lane(0)), None);
         assert_eq!(spool.append(Lane(0), message("m-6"), Durability::Normal), Seq(6));
     }
 
@@ -356,14 +417,14 @@ mod tests {
         commit(&mut spool, 1..=5);
         drop(spool);
         let mut spool = open(&path);
-        assert_eq!(spool.storage.suspect_from(Lane(0)), Some(Seq(6)));
+        assert_eq!(spool.storage.suspect(Lane(0)), Some((Seq(6), None)));
         spool.welcomed().unwrap();
-        assert_eq!(spool.storage.suspect_from(Lane(0)), None);
+        assert_eq!(spool.storage.suspect(Lane(0)), None);
         commit(&mut spool, 6..=10);
         spool.ack(Lane(0), Seq(10)).unwrap();
         drop(spool);
         let mut spool = open(&path);
-        assert_eq!(spool.storage.suspect_from(Lane(0)), Some(Seq(11)));
+        assert_eq!(spool.storage.suspect(Lane(0)), Some((Seq(11), None)));
         assert_eq!(spool.check_mark(Lane(0), Seq(10)).unwrap(), None);
         assert_eq!(spool.append(Lane(0), message("m-11"), Durability::Normal), Seq(11));
     }
@@ -381,5 +442,76 @@ mod tests {
         spool.ack(Lane(0), Seq(100)).unwrap();
         let got: Vec<u64> = payloads(&mut spool, 0).into_iter().map(|(s, _)| s).collect();
         assert_eq!(got, [101, 102, 103]);
+    }
+
+    /// What a reboot would look like to the reservations: the boot they were written in is
+    /// another one.
+    fn reboot(db: &Path) {
+        let mut file = db.as_os_str().to_owned();
+        file.push(".seqs");
+        let text = std::fs::read_to_string(&file).unwrap();
+        let mut contents: serde_json::Value = serde_json::from_str(&text).unwrap();
+        contents["boot"] = "an-earlier-boot".into();
+        std::fs::write(&file, contents.to_string()).unwrap();
+    }
+
+    /// Issue 27, finding 6: the sink stored seqs 21..=30 but marked only 20 (publishing and
+    /// marking are two steps, and a session ended between them); a power cut took the spool
+    /// back to seq 25. The new records must not take seqs the sink holds, marked or not: after
+    /// the reboot they move past the lane's reservation (everything it may have handed out),
+    /// the mark's ack deletes none of them, and the move is on disk before the suspect mark
+    /// goes.
+    #[test]
+    fn after_a_reboot_new_records_move_past_what_the_sink_may_hold_marked_or_not() {
+        let dir = tempfile::tempdir().unwrap();
+        let (path, saved) = (dir.path().join("spool.db"), dir.path().join("saved.db"));
+        let mut spool = open(&path);
+        commit(&mut spool, 1..=25);
+        drop(spool);
+        copy_db(&path, &saved);
+        let mut spool = open(&path);
+        commit(&mut spool, 26..=40);
+        drop(spool);
+        // The power cut: the database as it was at seq 25, the reservations as fsynced.
+        copy_db(&saved, &path);
+        reboot(&path);
+        let mut spool = open(&path);
+        let until = match spool.storage.suspect(Lane(0)) {
+            Some((Seq(26), Some(until))) => until.0,
+            other => panic!("suspect from 26 with its reservation: {other:?}"),
+        };
+        assert!(until >= 40, "the reservation covers what was handed out: {until}");
+        commit(&mut spool, 26..=35);
+        assert_eq!(spool.check_mark(Lane(0), Seq(20)).unwrap(), Some((Seq(26), until - 25)));
+        spool.ack(Lane(0), Seq(20)).unwrap();
+        let got = payloads(&mut spool, 20);
+        let seqs: Vec<u64> = got.iter().map(|(s, _)| *s).collect();
+        assert_eq!(&seqs[..5], [21, 22, 23, 24, 25], "the records from before the cut keep their seqs");
+        assert_eq!(seqs[5..], (until + 1..=until + 10).collect::<Vec<_>>(), "the new ones start past it");
+        assert_eq!(got[5].1, "m-26");
+        assert_eq!(spool.storage.suspect(Lane(0)), None);
+        drop(spool);
+        // On disk, whatever comes next.
+        let conn = rusqlite::Connection::open(&path).unwrap();
+        let first_new: u64 = conn.query_row("SELECT min(seq) FROM records WHERE seq > 25", [], |r| r.get(0)).unwrap();
+        assert_eq!(first_new, until + 1);
+    }
+
+    /// After a reboot, a suspect lane the Welcome does not name (the cloud has no mark of it,
+    /// whatever its sink stored) moves its new seqs past its reservation too.
+    #[test]
+    fn after_a_reboot_a_lane_the_welcome_does_not_name_moves_past_its_reservation() {
+        use super::super::Durability;
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("spool.db");
+        let mut spool = open(&path);
+        commit(&mut spool, 1..=5);
+        drop(spool);
+        reboot(&path);
+        let mut spool = open(&path);
+        let Some((Seq(6), Some(until))) = spool.storage.suspect(Lane(0)) else { panic!("suspect") };
+        spool.welcomed().unwrap();
+        assert_eq!(spool.storage.suspect(Lane(0)), None);
+        assert_eq!(spool.append(Lane(0), message("next"), Durability::Normal), Seq(until.0 + 1));
     }
 }

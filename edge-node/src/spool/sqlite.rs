@@ -607,16 +607,16 @@ impl Storage for SqliteStorage {
             .map_err(|source| SpoolError::Io { path: self.seqs.path().to_owned(), source })
     }
 
-    fn suspect_from(&self, lane: Lane) -> Option<Seq> {
-        self.seqs.suspect(lane).map(Seq)
+    fn suspect(&self, lane: Lane) -> Option<(Seq, Option<Seq>)> {
+        self.seqs.suspect(lane).map(|(from, until)| (Seq(from), until.map(Seq)))
+    }
+
+    fn suspects(&self) -> Vec<Lane> {
+        self.seqs.suspects()
     }
 
     fn clear_suspect(&mut self, lane: Lane) -> Result<(), SpoolError> {
         self.seqs.clear_suspect(lane).map_err(|source| SpoolError::Io { path: self.seqs.path().to_owned(), source })
-    }
-
-    fn clear_all_suspects(&mut self) -> Result<(), SpoolError> {
-        self.seqs.clear_all_suspects().map_err(|source| SpoolError::Io { path: self.seqs.path().to_owned(), source })
     }
 
     fn renumber(&mut self, lane: Lane, from: Seq, by: u64) -> Result<(), SpoolError> {
@@ -629,6 +629,12 @@ impl Storage for SqliteStorage {
             .cover([(lane, new_next)])
             .map_err(|source| SpoolError::Io { path: self.seqs.path().to_owned(), source })?;
         let (start, end) = (key(lane, from.0)?, lane_end(lane));
+        // Fsynced: a renumber undone by a power cut after its suspect mark was cleared would
+        // leave records on reused seqs with nothing to move them (`seqs.rs`).
+        if !self.synchronous_full {
+            self.conn.pragma_update(None, "synchronous", "FULL").map_err(|e| self.err(e))?;
+            self.synchronous_full = true;
+        }
         let tx = self.conn.unchecked_transaction().map_err(|e| self.err(e))?;
         // Through negative ids: shifting in place would collide with rows not yet moved.
         tx.execute("UPDATE records SET id = -(id + ?3) WHERE id >= ?1 AND id < ?2", params![start, end, by as i64])
