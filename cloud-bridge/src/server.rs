@@ -455,6 +455,7 @@ async fn run_session<S: Sink>(
                         if let Some(held_back) = limits.log.allow() {
                             tracing::info!(edge, epoch = hello.epoch, version = hello.version, ?committed, dicts = known.len(), held_back, "edge hello");
                         }
+                        session.set_sink_limits(sink.record_limits(edge, &hello.epoch));
                         session.welcome(committed, known);
                         presence.welcomed(&session);
                         if let Some(service) = models.filter(|_| !hello.models.is_empty()) {

@@ -223,8 +223,14 @@ impl Node {
             config.broker.session_store.clone().unwrap_or_else(|| config.spool.path.with_file_name("sessions.db"));
         let opened = std::time::Instant::now();
         let (store, state) = broker::store::SessionStore::open(&store_path, broker_metrics.clone())?;
+        // What the cloud's sink stores of one record: the uplink learns it, the broker refuses
+        // a cloud-bound publish past it.
+        let sink_fit = spool.as_ref().map(|_| Arc::new(spool::SinkFit::load(&config.spool.path)));
         let mut core =
             broker::core::Broker::new(config.broker.limits(internal_topics), classes.clone(), broker_metrics.clone());
+        if let Some(fit) = &sink_fit {
+            core = core.with_sink_limits(fit.clone());
+        }
         let (sessions, queued, retained) = (state.sessions.len(), state.deliveries.len(), state.retained.len());
         core.restore(state, std::time::Instant::now());
         tracing::info!(
@@ -351,6 +357,7 @@ impl Node {
                         model_jobs: model_jobs.clone(),
                         tco: config.tco.as_ref().map(|t| (tco_snapshot.clone(), t.interval.0)),
                         spool_path: Some(config.spool.path.clone()),
+                        sink_fit: sink_fit.clone(),
                     };
                     tracker.spawn(task.run(shutdown.clone()));
                 }

@@ -163,6 +163,14 @@ pub trait Sink: Send + Sync + 'static {
         1
     }
 
+    /// What the sink can store of one record of `edge` and `epoch`, as
+    /// `shared::proto::record_size` counts it (its own headers taken off), for the Welcome;
+    /// `None` when nothing but the protocol limits it.
+    fn record_limits(&self, edge: &str, epoch: &str) -> Option<shared::proto::SinkLimits> {
+        let _ = (edge, epoch);
+        None
+    }
+
     /// Registers `epoch` among `edge`'s epochs, within the sink's [`EdgeQuota`], retiring the
     /// oldest if there are too many: whether a hello of that epoch may go on. Compare-and-set
     /// where bridges share the sink, so two registering at once both count.

@@ -95,6 +95,7 @@ pub mod salvage;
 mod sched;
 mod schema;
 mod seqs;
+mod sink;
 mod sqlite;
 mod writer;
 
@@ -105,6 +106,7 @@ use bytes::Bytes;
 
 pub use config::SpoolConfig;
 pub use integrity::CheckState;
+pub use sink::{Misfit, SinkFit};
 pub use sqlite::SqliteStorage;
 pub use writer::{AppendError, Heads, ReadError, SpoolFigures, SpoolWriter, WriterMetrics};
 

@@ -245,6 +245,8 @@ pub struct Uplink {
     /// The spool's database, whose `recover/` directory holds spools of other epochs to send
     /// first (`spool::recovery`).
     pub spool_path: Option<std::path::PathBuf>,
+    /// Where what the cloud's sink stores of one record goes, as each Welcome says it.
+    pub sink_fit: Option<Arc<crate::spool::SinkFit>>,
 }
 
 /// A spool being sent and its session with the cloud (one per epoch).
@@ -693,9 +695,12 @@ impl Uplink {
                             return Err(ConnEnd::Drained);
                         }
                     }
-                    EdgeEvent::Ready { version, dicts: known } => {
+                    EdgeEvent::Ready { version, dicts: known, sink } => {
                         // After every Mark of this Welcome (they come first).
                         spool.welcomed().await?;
+                        if let Some(fit) = self.sink_fit.as_ref().filter(|_| !recovering) {
+                            fit.update(sink);
+                        }
                         tracing::info!(version, dicts = known.len(), "uplink session ready");
                         if recovering && sent_whole(spool).await? {
                             return Err(ConnEnd::Drained);

@@ -88,6 +88,8 @@ pub struct CloudSession {
     /// Bumped whenever something the fleet view shows changed (heads, marks, the spool's
     /// report), so the driver can tell without comparing.
     changes: u64,
+    /// What the sink can store of one record, told to version 3 edges in the Welcome.
+    sink: Option<super::SinkLimits>,
 }
 
 impl CloudSession {
@@ -107,7 +109,14 @@ impl CloudSession {
             holds: BTreeMap::new(),
             spool: None,
             changes: 0,
+            sink: None,
         }
+    }
+
+    /// The sink's limits on one record, for the Welcome of a version 3 session; before
+    /// [`CloudSession::welcome`].
+    pub fn set_sink_limits(&mut self, sink: Option<super::SinkLimits>) {
+        self.sink = sink;
     }
 
     /// Speaks these versions instead of this build's (for tests of mixed fleets).
@@ -281,7 +290,8 @@ impl CloudSession {
             let l = self.lanes.entry(lane).or_default();
             l.released = l.released.max(low - 1);
         }
-        self.out.push_back(Control::Welcome(Welcome { version: self.version, committed, dicts }));
+        let sink = self.sink.filter(|_| self.version >= 3);
+        self.out.push_back(Control::Welcome(Welcome { version: self.version, committed, dicts, sink }));
         self.phase = CloudPhase::Ready;
         self.changes += 1;
     }

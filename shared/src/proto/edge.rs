@@ -50,8 +50,9 @@ pub enum EdgeEvent {
     /// The cloud committed `lane` through `up_to`: delete those records from the spool.
     Acked { lane: u8, up_to: u64 },
     /// The session is ready to send batches, in this protocol version; the cloud holds the
-    /// dictionaries `dicts`.
-    Ready { version: u16, dicts: Vec<String> },
+    /// dictionaries `dicts`, and its sink stores records within `sink` (version 3; `None`:
+    /// no limits of its own, or an older bridge that does not say).
+    Ready { version: u16, dicts: Vec<String>, sink: Option<super::SinkLimits> },
     /// The cloud stored a dictionary this edge announced.
     DictStored(String),
     /// A ping's round trip.
@@ -223,7 +224,7 @@ impl EdgeSession {
                 }
                 self.phase = Phase::Ready;
                 self.welcomes += 1;
-                events.push(EdgeEvent::Ready { version: w.version, dicts: w.dicts });
+                events.push(EdgeEvent::Ready { version: w.version, dicts: w.dicts, sink: w.sink });
             }
             Control::Refused { reason } => {
                 self.phase = Phase::Refused;

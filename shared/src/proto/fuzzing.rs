@@ -199,7 +199,12 @@ mod tests {
                     frame(Some(2), &zstd),
                     frame(
                         Some(1),
-                        &Control::Welcome(crate::proto::Welcome { version: 1, committed: vec![], dicts: vec![] }),
+                        &Control::Welcome(crate::proto::Welcome {
+                            version: 1,
+                            committed: vec![],
+                            dicts: vec![],
+                            sink: None,
+                        }),
                     ),
                     frame(Some(3), &ack),
                     frame(Some(0), &Control::Ping { nonce: 1 }),
@@ -238,6 +243,7 @@ mod tests {
                 version: 1,
                 committed: vec![LaneSeq { lane: 3, seq }],
                 dicts: vec![],
+                sink: None,
             })
         };
         let ack = Control::Ack(crate::proto::Ack { lane: 3, up_to: u64::MAX });

@@ -20,6 +20,10 @@
 //!   Nothing else changed meaning. A frame may gain optional fields without a version step (a
 //!   field that is absent defaults, one that is unknown is skipped); a step is for a field
 //!   whose meaning changes, as the ids did here.
+//! - 3: the Welcome says what the cloud's sink can store of one record ([`SinkLimits`], counted
+//!   by [`record_size`]), so the edge refuses at PUBLISH what the sink could not store whole
+//!   instead of acknowledging it and having it dead-lettered without its payload. A bridge
+//!   sends it only in a version 3 session; an edge that has none refuses nothing for it.
 //!
 //! The session logic of both ends is in [`edge`] and [`cloud`]: state machines fed with decoded
 //! frames and the current time, which say what to send and what to do, so tests drive them with
@@ -47,7 +51,38 @@ use serde::{Deserialize, Serialize};
 pub const ALPN: &[u8] = b"ehb/1";
 
 /// Protocol versions this build speaks.
-pub const VERSIONS: &[u16] = &[1, 2];
+pub const VERSIONS: &[u16] = &[1, 2, 3];
+
+/// What the cloud's sink can store of one record (protocol version 3, in the Welcome), both as
+/// [`record_size`] counts: 0 is no limit but the protocol's.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SinkLimits {
+    /// Its payload and headers together.
+    pub record_bytes: u64,
+    /// Its headers alone.
+    pub header_bytes: u64,
+}
+
+/// A record's headers and its whole size as a sink stores it (a JetStream message: its
+/// payload, and a header per MQTT property as `cloud_bridge::names::headers` writes them), at
+/// least what they take: every user property counted as if its name had to be renamed, the
+/// correlation data in base64. The bridge's own per-record headers (the message id, the QoS)
+/// are its to take off the limits it announces.
+pub fn record_size(
+    topic: &str,
+    payload: usize,
+    user: &[(String, String)],
+    correlation: Option<usize>,
+    content_type: Option<&str>,
+) -> (u64, u64) {
+    // "Name: value\r\n".
+    let header = |name: &str, value: usize| (name.len() + value + 4) as u64;
+    let mut headers = header("Mqtt-Topic", topic.len());
+    headers += user.iter().map(|(k, v)| header("Mqtt-Prop-", k.len() + v.len())).sum::<u64>();
+    headers += correlation.map_or(0, |n| header("Mqtt-Correlation-Data", n.div_ceil(3) * 4));
+    headers += content_type.map_or(0, |c| header("Mqtt-Content-Type", c.len()));
+    (headers, headers + payload as u64)
+}
 
 /// How long an edge gives a QUIC handshake before it tries again later. The bridge gives up its
 /// side a little later ([`BRIDGE_HANDSHAKE_TIMEOUT`]), after the edge did, so a handshake the
@@ -273,6 +308,9 @@ pub struct Welcome {
     /// Dictionary ids the cloud already holds.
     #[serde(default)]
     pub dicts: Vec<String>,
+    /// What the sink can store of one record (version 3), when it has limits of its own.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sink: Option<SinkLimits>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]

@@ -114,7 +114,7 @@ fn handshake_batches_and_cumulative_acks() {
     edge.connected(t0);
     assert!(!edge.can_send(), "nothing before the welcome");
     let events = pump(&mut edge, &mut cloud, t0);
-    assert_eq!(events, [EdgeEvent::Ready { version: 2, dicts: vec![] }]);
+    assert_eq!(events, [EdgeEvent::Ready { version: 3, dicts: vec![], sink: None }]);
     assert_eq!(edge.next_seq(0), 1);
     edge.sent(0, 1, 10, t0).unwrap();
     edge.sent(0, 11, 20, t0).unwrap();
@@ -158,7 +158,7 @@ fn a_reconnect_resends_only_what_the_cloud_does_not_have() {
         [
             EdgeEvent::Mark { lane: 2, committed: 5 },
             EdgeEvent::Acked { lane: 2, up_to: 5 },
-            EdgeEvent::Ready { version: 2, dicts: vec![] }
+            EdgeEvent::Ready { version: 3, dicts: vec![], sink: None }
         ]
     );
     assert_eq!(edge.next_seq(2), 6, "resume after what the cloud committed");
@@ -195,17 +195,17 @@ fn batches_overtaking_each_other_are_held_and_released_in_order() {
 #[test]
 fn versions_are_negotiated_and_a_mismatch_is_refused_clearly() {
     let t0 = Instant::now();
-    // An edge of the next version against a bridge of this one: they meet at 2.
-    let mut edge = EdgeSession::new(EdgeSessionConfig::default(), EPOCH, []).with_versions(vec![1, 2, 3]);
+    // An edge of the next version against a bridge of this one: they meet at 3.
+    let mut edge = EdgeSession::new(EdgeSessionConfig::default(), EPOCH, []).with_versions(vec![1, 2, 3, 4]);
     let mut cloud = Cloud::connect(BTreeMap::new());
     edge.connected(t0);
-    assert_eq!(pump(&mut edge, &mut cloud, t0), [EdgeEvent::Ready { version: 2, dicts: vec![] }]);
+    assert_eq!(pump(&mut edge, &mut cloud, t0), [EdgeEvent::Ready { version: 3, dicts: vec![], sink: None }]);
 
-    let mut edge = EdgeSession::new(EdgeSessionConfig::default(), EPOCH, []).with_versions(vec![3]);
+    let mut edge = EdgeSession::new(EdgeSessionConfig::default(), EPOCH, []).with_versions(vec![4]);
     let mut cloud = Cloud::connect(BTreeMap::new());
     edge.connected(t0);
     let err = cloud.control(edge.poll_control().unwrap()).unwrap_err();
-    assert_eq!(err.to_string(), "no common protocol version: this side speaks [1, 2], the peer [3]");
+    assert_eq!(err.to_string(), "no common protocol version: this side speaks [1, 2, 3], the peer [4]");
     assert_eq!(cloud.session.phase(), CloudPhase::Refused);
     let refused = cloud.session.poll_control().unwrap();
     let err = edge.handle(refused, t0).unwrap_err();
@@ -390,7 +390,8 @@ fn seqs_near_u64_max_are_refused_on_both_sides() {
     for mark in [u64::MAX, super::MAX_SEQ + 1] {
         let mut edge = EdgeSession::new(EdgeSessionConfig::default(), EPOCH, [(0, 0)]);
         edge.connected(t0);
-        let welcome = super::Welcome { version: 1, committed: vec![LaneSeq { lane: 0, seq: mark }], dicts: vec![] };
+        let welcome =
+            super::Welcome { version: 1, committed: vec![LaneSeq { lane: 0, seq: mark }], dicts: vec![], sink: None };
         let err = edge.handle(Control::Welcome(welcome), t0).unwrap_err();
         assert!(err.to_string().contains("past the highest seq there is"), "{err}");
     }
@@ -516,7 +517,7 @@ fn dictionaries_are_confirmed_once_stored_and_known_to_the_next_bridge() {
     let mut cloud = cloud.reconnect();
     edge.set_dicts(vec![id.clone(), "0000000000000000".into()]);
     edge.connected(t0);
-    assert_eq!(pump(&mut edge, &mut cloud, t0), [EdgeEvent::Ready { version: 2, dicts: vec![id.clone()] }]);
+    assert_eq!(pump(&mut edge, &mut cloud, t0), [EdgeEvent::Ready { version: 3, dicts: vec![id.clone()], sink: None }]);
     assert_eq!(cloud.session.dicts().get(&id), Some(&bytes));
 }
 
@@ -628,4 +629,34 @@ fn model_announcements_follow_the_welcome_and_hellos_follow_a_bounded_list() {
     };
     let err = cloud.control(Control::Hello(hello)).unwrap_err();
     assert!(err.to_string().contains("more than 64"), "{err}");
+}
+
+/// Version 3: the bridge's Welcome says what its sink stores of one record, and the edge hears
+/// it with Ready; a version 2 session (an older edge or bridge) gets no such field.
+#[test]
+fn a_version_3_welcome_carries_the_sinks_limits_and_a_version_2_one_does_not() {
+    let t0 = Instant::now();
+    let limits = super::SinkLimits { record_bytes: 1 << 20, header_bytes: 64 << 10 };
+    for (versions, sink) in [(vec![1, 2, 3], Some(limits)), (vec![1, 2], None)] {
+        let mut edge = EdgeSession::new(EdgeSessionConfig::default(), EPOCH, []).with_versions(versions.clone());
+        let mut cloud = Cloud::connect(BTreeMap::new());
+        cloud.session.set_sink_limits(Some(limits));
+        edge.connected(t0);
+        let version = *versions.last().unwrap();
+        assert_eq!(pump(&mut edge, &mut cloud, t0), [EdgeEvent::Ready { version, dicts: vec![], sink }]);
+    }
+}
+
+/// What a sink stores of a record is counted from above: headers as the bridge writes them,
+/// each user property as if renamed, correlation data in base64.
+#[test]
+fn record_size_counts_headers_from_above() {
+    let user = vec![("trace".to_owned(), "abc".to_owned()), (String::new(), String::new())];
+    let (headers, total) = super::record_size("t/x", 100, &user, Some(5), Some("json"));
+    let want = ("Mqtt-Topic".len() + 3 + 4)
+        + ("Mqtt-Prop-".len() + 8 + 4)
+        + ("Mqtt-Prop-".len() + 4)
+        + ("Mqtt-Correlation-Data".len() + 8 + 4)
+        + ("Mqtt-Content-Type".len() + 4 + 4);
+    assert_eq!((headers, total), (want as u64, want as u64 + 100));
 }

@@ -21,22 +21,20 @@ fn header(m: &async_nats::jetstream::message::StreamMessage, name: &str) -> Opti
     m.headers.get(name).map(|v| v.as_str().to_owned())
 }
 
+/// The edge spools the 1.5 MiB record before it ever heard the bridge (so before it knew what
+/// the sink stores of one record, protocol version 3): the bridge sets it aside. Once welcomed,
+/// the edge refuses such a publish itself (an MQTT 3.1.1 client hears it as a closed
+/// connection, no PUBACK) and it never reaches the bridge.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_record_over_the_servers_max_payload_is_set_aside_and_the_lane_moves_on() {
     let nats = NatsServer::start();
     let dir = tempfile::tempdir().unwrap();
-    let cloud = TestCloud::start_on_jetstream(
-        dir.path(),
-        pki(dir.path(), &[]),
-        "127.0.0.1:0".parse().unwrap(),
-        "",
-        &nats.url(),
-    )
-    .await;
+    let keys = pki(dir.path(), &[]);
+    let bind: std::net::SocketAddr = format!("127.0.0.1:{}", e2e_tests::free_port()).parse().unwrap();
     let extra = format!(
         "[broker]\nmax_packet_size = \"2 MiB\"\n{}\n{}",
         with_spool(&[inference()]),
-        cloud.uplink_section("edge-1")
+        e2e_tests::cloud::uplink_section(&keys, "edge-1", &[bind], "")
     );
     let edge = TestNode::start(&extra).await;
     let publisher = Client::anonymous(edge.local(), "pub").await;
@@ -47,11 +45,20 @@ async fn a_record_over_the_servers_max_payload_is_set_aside_and_the_lane_moves_o
     for i in 0..5 {
         publisher.publish("inference/m/v1/cam", QoS::AtLeastOnce, false, format!("after {i}")).await;
     }
+    let spooled =
+        e2e_tests::eventually(WAIT, || edge.metric("edge_spool_class_records{class=\"inference\"}") == 11.0).await;
+    assert!(spooled, "{}", edge.metrics());
+    let cloud = TestCloud::start_on_jetstream(dir.path(), keys, bind, "", &nats.url()).await;
     assert!(
         e2e_tests::eventually(WAIT, || cloud.committed("edge-1", 1) == 11).await,
         "the lane is stuck: {:?}",
         cloud.fleet()
     );
+    // Welcomed: the edge knows what the sink stores, and refuses the next one itself.
+    let mut late = Client::anonymous(edge.local(), "late").await;
+    late.publish("inference/m/v1/cam", QoS::AtLeastOnce, false, vec![7u8; 1536 << 10]).await;
+    assert!(late.closed(WAIT).await.is_some(), "an MQTT 3.1.1 client hears the refusal as a close");
+    assert_eq!(edge.metric("edge_mqtt_publish_refused_total{reason=\"too_large_for_sink\"}"), 1.0);
     let messages = stream_messages(&nats.url()).await;
     let normal: Vec<String> = messages
         .iter()

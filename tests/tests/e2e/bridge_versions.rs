@@ -1,10 +1,12 @@
 //! A rolling upgrade: edges and bridges one protocol version apart keep working together. This
-//! build speaks 1 and 2 (2 names dictionaries by the whole SHA-256). The next version is played
-//! by peers that offer 1 to 3 and add what a newer build may add: fields this build does not
-//! know in every frame, control frames it has never seen; the previous one by peers that speak
-//! only 1 and name dictionaries by 16 hex digits. A real edge against such a bridge, a real
-//! bridge against such an edge: they negotiate the highest common version, ignore the rest,
-//! use dictionaries by that version's ids, and every record arrives and is acked.
+//! build speaks 1 to 3 (2 names dictionaries by the whole SHA-256, 3 has the Welcome say what
+//! the sink stores of one record). The next version is played by peers that offer 1 to 4 and
+//! add what a newer build may add: fields this build does not know in every frame, control
+//! frames it has never seen; the previous one by peers that speak 1 and 2 (no sink limits in
+//! their Welcome), and the first by peers that speak only 1 and name dictionaries by 16 hex
+//! digits. A real edge against such a bridge, a real bridge against such an edge: they
+//! negotiate the highest common version, ignore the rest, use dictionaries by that version's
+//! ids, and every record arrives and is acked.
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
@@ -57,7 +59,7 @@ async fn this_bridge_serves_an_edge_of_the_next_version() {
     let (mut send, mut recv) = conn.open_bi().await.unwrap();
 
     let hello = Control::Hello(Hello {
-        versions: vec![1, 2, 3],
+        versions: vec![1, 2, 3, 4],
         epoch: EPOCH.into(),
         lanes: vec![],
         models: vec![],
@@ -68,7 +70,8 @@ async fn this_bridge_serves_an_edge_of_the_next_version() {
     send.write_all(&frame(&hello)).await.unwrap();
     let welcome: Control = read_frame(&mut recv, MAX_CONTROL_FRAME).await.unwrap().unwrap();
     let Control::Welcome(welcome) = welcome else { panic!("{welcome:?}") };
-    assert_eq!(welcome.version, 2, "the highest version both speak");
+    assert_eq!(welcome.version, 3, "the highest version both speak");
+    assert_eq!(welcome.sink, None, "the SQLite sink stores whatever the protocol carries");
     send.write_all(&unknown_control("lane_stats")).await.unwrap();
 
     // Three records, each with a field this build does not know, in a batch with one too.
@@ -197,7 +200,9 @@ async fn other_version_bridge(
         got.hello_versions = hello.versions.clone();
         got.version = version;
     }
-    let welcome = shared::proto::Welcome { version, committed: vec![], dicts: vec![] };
+    // From version 3 the Welcome says what the sink stores of one record: here 4 KiB.
+    let sink = (version >= 3).then_some(shared::proto::SinkLimits { record_bytes: 4096, header_bytes: 2048 });
+    let welcome = shared::proto::Welcome { version, committed: vec![], dicts: vec![], sink };
     let welcome = newer(&Control::Welcome(welcome), &[("max_batch", Value::Integer(1000.into()))]);
     send.write_all(&frame(&welcome)).await?;
     send.write_all(&unknown_control("throttle")).await?;
@@ -253,8 +258,9 @@ async fn other_version_bridge(
 }
 
 /// A real edge drains 200 messages and more into a bridge speaking `versions`, with
-/// dictionaries; what that bridge received.
-async fn drain_into_a_bridge_speaking(versions: &'static [u16]) -> Received {
+/// dictionaries; what that bridge received, and the PUBACK reason code of an MQTT 5 publish
+/// of 5,000 bytes the bridge's sink (version 3: 4 KiB) could not store.
+async fn drain_into_a_bridge_speaking(versions: &'static [u16]) -> (Received, u8) {
     let dir = tempfile::tempdir().unwrap();
     let keys = pki(dir.path(), &[]);
     let server = cloud_bridge::config::ServerConfig {
@@ -326,20 +332,38 @@ async fn drain_into_a_bridge_speaking(versions: &'static [u16]) -> Received {
     assert!(ponged, "no pong accepted: {}", edge.metrics());
     assert_eq!(edge.metric("edge_uplink_connected"), 1.0, "{}", edge.metrics());
     assert_eq!(edge.metric("edge_uplink_reconnects_total"), 0.0, "{}", edge.metrics());
+    let mut raw = e2e_tests::raw::RawClient::connect(edge.local()).await.unwrap();
+    raw.send(&e2e_tests::raw::connect_v5("big", true, &[])).await.unwrap();
+    raw.until(2, WAIT).await.expect("CONNACK");
+    raw.send(&e2e_tests::raw::publish_v5(b"telemetry/big", 1, 7, false, &[], &[b'x'; 5000])).await.unwrap();
+    let puback = raw.until(4, WAIT).await.expect("PUBACK");
+    let code = puback.get(4).copied().unwrap_or(0);
     assert!(!bridge.is_finished(), "{:?}", bridge.await);
-    std::mem::take(&mut *received.lock().unwrap())
+    (std::mem::take(&mut *received.lock().unwrap()), code)
 }
 
+/// The next version's bridge says its sink stores 4 KiB a record: the edge refuses a larger
+/// publish with 0x83 rather than acknowledge what the sink would not take.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn this_edge_drains_into_a_bridge_of_the_next_version() {
-    let got = drain_into_a_bridge_speaking(&[1, 2, 3]).await;
-    assert_eq!(got.version, 2, "the highest version both speak");
+    let (got, big) = drain_into_a_bridge_speaking(&[1, 2, 3, 4]).await;
+    assert_eq!(got.version, 3, "the highest version both speak");
     assert!(!got.dict_ids.is_empty() && got.dict_ids.iter().all(|id| id.len() == 64), "{:?}", got.dict_ids);
+    assert_eq!(big, 0x83, "refused: the sink could not store it whole");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn this_edge_drains_into_a_bridge_of_the_previous_version() {
-    let got = drain_into_a_bridge_speaking(&[1]).await;
+    let (got, big) = drain_into_a_bridge_speaking(&[1, 2]).await;
+    assert_eq!(got.version, 2);
+    assert!(!got.dict_ids.is_empty() && got.dict_ids.iter().all(|id| id.len() == 64), "{:?}", got.dict_ids);
+    assert_eq!(big, 0, "a version 2 bridge says nothing of its sink: taken");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn this_edge_drains_into_a_bridge_of_the_first_version() {
+    let (got, big) = drain_into_a_bridge_speaking(&[1]).await;
     assert_eq!(got.version, 1);
     assert!(!got.dict_ids.is_empty() && got.dict_ids.iter().all(|id| id.len() == 16), "{:?}", got.dict_ids);
+    assert_eq!(big, 0);
 }

@@ -109,6 +109,8 @@ pub struct JetStreamSink {
     prefix: String,
     /// The server's `max_payload`: a message over it is refused for itself before it is sent.
     max_payload: usize,
+    /// The stream's `max_msg_size` when it has one, as of the connect.
+    max_msg_size: Option<usize>,
     metrics: std::sync::Arc<SinkMetrics>,
     quota: EdgeQuota,
 }
@@ -163,6 +165,7 @@ impl JetStreamSink {
                 .map_err(|e| failed("stream", format!("{}: allow batches: {e}", s.stream)))?;
             tracing::info!(stream = s.stream, ?publishing, "stream now allows batches");
         }
+        let max_msg_size = usize::try_from(info.config.max_message_size).ok().filter(|n| *n > 0);
         let marks = bucket(&js, "marks bucket", &s.marks_bucket, s.replicas, Duration::ZERO).await?;
         let dicts = bucket(&js, "dictionary bucket", &s.dicts_bucket, s.replicas, DICT_MAX_AGE).await?;
         let reports = bucket(&js, "TCO report bucket", &s.tco_bucket, s.replicas, Duration::ZERO).await?;
@@ -177,6 +180,7 @@ impl JetStreamSink {
             fleet,
             prefix: s.subject_prefix.clone(),
             max_payload: client.server_info().max_payload,
+            max_msg_size,
             metrics: Default::default(),
             quota: EdgeQuota::default(),
             client,
@@ -298,7 +302,23 @@ fn edge_key(edge: &str) -> String {
     if plain { edge.to_owned() } else { format!("={}", edge.bytes().map(|b| format!("{b:02x}")).collect::<String>()) }
 }
 
+/// JetStream refuses a message whose headers pass this (error 10097).
+const MAX_HEADERS: usize = 64 << 10;
+
 impl Sink for JetStreamSink {
+    /// The server's `max_payload` and the stream's `max_msg_size` bound the whole message, and
+    /// JetStream bounds its headers; the bridge's own headers (the message id, the QoS) and the
+    /// header block's framing are taken off, as `publish::Outgoing::size` counts them.
+    fn record_limits(&self, edge: &str, epoch: &str) -> Option<shared::proto::SinkLimits> {
+        let id = format!("{edge}:{epoch}:255:{}", shared::proto::MAX_SEQ);
+        let own = ("Nats-Msg-Id".len() + id.len() + 4) + ("Mqtt-Qos".len() + 1 + 4) + "NATS/1.0\r\n\r\n".len() + 16;
+        let whole = self.max_msg_size.map_or(self.max_payload, |m| m.min(self.max_payload));
+        Some(shared::proto::SinkLimits {
+            record_bytes: whole.saturating_sub(own) as u64,
+            header_bytes: MAX_HEADERS.saturating_sub(own) as u64,
+        })
+    }
+
     fn pipeline(&self) -> usize {
         // Atomic batches stage while the ones before commit; otherwise only the building of the
         // next batch's messages overlaps, since what is sent is stored at once.

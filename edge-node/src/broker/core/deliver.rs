@@ -55,7 +55,13 @@ impl Broker {
             // No way to say so to an MQTT 3.1.1 client or at QoS 0: delivered, not retained.
             retain = false;
         }
-        match class.filter(|_| matches!(route, Route::Central | Route::Both)) {
+        let to_cloud = class.filter(|_| matches!(route, Route::Central | Route::Both));
+        if to_cloud.is_some()
+            && let Some(misfit) = self.sink.as_ref().and_then(|s| sink_misfit(s, &msg))
+        {
+            return Err(self.refuse_for_sink(from, &msg, ack.is_some(), misfit, now));
+        }
+        match to_cloud {
             Some(class) => {
                 let ticket = self.next_ticket();
                 let hold = local && class.durability == Durability::Full;
@@ -112,6 +118,29 @@ impl Broker {
             }
         }
         Ok(())
+    }
+
+    /// A cloud-bound message the cloud's sink could not store whole: never acknowledged. MQTT 5
+    /// hears 0x83 (the PUBLISH is valid, the server will not take it); MQTT 3.1.1 has no way to
+    /// refuse but closing (its client publishes again, and the counter says why); at QoS 0 and
+    /// for a will it is dropped. Returns the reason code.
+    fn refuse_for_sink(
+        &mut self,
+        from: Option<ConnId>,
+        msg: &Message,
+        acked: bool,
+        misfit: crate::spool::Misfit,
+        now: Instant,
+    ) -> u8 {
+        self.metrics.refused("too_large_for_sink");
+        tracing::info!(topic = %msg.topic, %misfit, "publish refused: the cloud's sink could not store it whole");
+        if let Some(conn) = from.filter(|_| acked)
+            && self.conns.get(&conn).is_some_and(|c| c.version == Version::V311)
+        {
+            self.metrics.disconnect("too_large_for_sink");
+            self.close(conn, None, now);
+        }
+        reason::IMPLEMENTATION_SPECIFIC
     }
 
     /// The glue's answer for a spool append: a message held for it is delivered locally now,
@@ -485,6 +514,13 @@ impl Broker {
         out.inc_by(sent);
         Transmit { packets, closing: false, more }
     }
+}
+
+/// Why the cloud's sink could not store `msg` whole, if it could not.
+fn sink_misfit(sink: &crate::spool::SinkFit, msg: &Message) -> Option<crate::spool::Misfit> {
+    let p = &msg.props;
+    let correlation = p.correlation_data.as_ref().map(bytes::Bytes::len);
+    sink.check(&msg.topic, msg.payload.len(), &p.user, correlation, p.content_type.as_deref()).err()
 }
 
 fn ack_packet(qos: QoS, pkid: u16, code: u8) -> Outbound {

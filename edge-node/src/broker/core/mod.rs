@@ -241,6 +241,9 @@ pub struct Broker {
     store_waiters: BTreeSet<(u64, ConnId)>,
     /// The last store id given to a session.
     next_sid: Sid,
+    /// What the cloud's sink stores of one record: a cloud-bound publish it could not store
+    /// whole is refused.
+    sink: Option<Arc<crate::spool::SinkFit>>,
 }
 
 impl Broker {
@@ -269,7 +272,14 @@ impl Broker {
             durable: 0,
             store_waiters: BTreeSet::new(),
             next_sid: 0,
+            sink: None,
         }
+    }
+
+    /// Refuses cloud-bound publishes the cloud's sink could not store whole, as `sink` says.
+    pub fn with_sink_limits(mut self, sink: Arc<crate::spool::SinkFit>) -> Self {
+        self.sink = Some(sink);
+        self
     }
 
     pub fn limits(&self) -> &Limits {

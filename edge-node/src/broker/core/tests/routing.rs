@@ -167,3 +167,35 @@ fn mqtt_4_3_3_9_a_qos2_resend_waits_for_the_spool_outcome_of_the_first() {
         assert_eq!(h.spooled.len(), if code == 0 { 1 } else { 2 });
     }
 }
+
+/// What the cloud's sink could not store whole (as the bridge said in its Welcome) is refused
+/// at PUBLISH when it is bound for the cloud: MQTT 5 hears 0x83 and it reaches no one; an MQTT
+/// 3.1.1 client is disconnected (it cannot hear a refusal); the same message on a local topic
+/// is not the sink's business.
+#[test]
+fn a_cloud_bound_publish_the_sink_could_not_store_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let fit = Arc::new(crate::spool::SinkFit::load(&dir.path().join("spool.db")));
+    fit.update(Some(shared::proto::SinkLimits { record_bytes: 1000, header_bytes: 500 }));
+    let mut h = Harness::with(Limits::default(), central_classes(Durability::Normal, Route::Both));
+    h.b = std::mem::replace(
+        &mut h.b,
+        Broker::new(Limits::default(), Arc::new(Classes::default()), BrokerMetrics::new(&mut Default::default())),
+    )
+    .with_sink_limits(fit);
+    let s = h.connect("s", Version::V5);
+    h.send(s, sub(1, "#", QoS::AtLeastOnce));
+    h.recv(s);
+    let p = h.connect("p", Version::V5);
+    let big = "x".repeat(2000);
+    h.send(p, publish("telemetry/a", QoS::AtLeastOnce, 1, &big));
+    assert_eq!(h.recv(p), [Outbound::PubAck { pkid: 1, reason: 0x83 }]);
+    assert!(h.spooled.is_empty() && payloads(&h.recv(s)).is_empty(), "neither spooled nor delivered");
+    h.send(p, publish("telemetry/a", QoS::AtLeastOnce, 2, "small"));
+    assert_eq!(h.spooled.len(), 1);
+    h.send(p, publish("local/a", QoS::AtLeastOnce, 3, &big));
+    assert!(payloads(&h.recv(s)).contains(&big), "a local topic is not the sink's business");
+    let old = h.connect("old", Version::V311);
+    h.send(old, publish("telemetry/a", QoS::AtLeastOnce, 4, &big));
+    assert!(h.closing(old), "3.1.1 cannot hear a refusal but as a close");
+}
