@@ -7,9 +7,13 @@
 #     sustained throughput);
 #   - paho-mqtt (Python, what many users run): 1 publisher and 1 subscriber at 1,000 and 2,500
 #     msg/s (paho itself is the bottleneck above that);
+#   - the Rust generator with a persistent-session subscriber (Clean Session 0) at 1,000 and
+#     2,500 msg/s, against a second Mosquitto with `persistence true` (edge-node stores what it
+#     queues for such a session, and acknowledges its publisher once stored);
 # all QoS1, 1 KiB payloads, loopback; plus edge-node's RSS idle and under load, and idle for the
 # `device` build the images ship (3 starts, 3 s after each is ready).
 # Usage: scripts/bench-local.sh [REPEATS=3] [SECONDS=8]. Prints a Markdown table of medians.
+# BENCH_CASES (";"-separated "generator rate subscribers") picks cases.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export PATH="$(scripts/install-test-deps.sh):$PATH"
@@ -49,6 +53,14 @@ log_dest none
 EOC
 "$mosquitto_bin" -c "$work/mosquitto.conf" &
 mosq_pid=$!; pids+=("$mosq_pid")
+# The persistent-session peer: Mosquitto with its persistence on (it saves its state every
+# autosave_interval, 30 min by default, and at a clean stop).
+pport=$(free_port)
+mkdir -p "$work/mosquitto-data"
+sed -e "s/^listener $mport /listener $pport /" -e 's/^persistence false/persistence true/' "$work/mosquitto.conf" > "$work/mosquitto-persist.conf"
+echo "persistence_location $work/mosquitto-data/" >> "$work/mosquitto-persist.conf"
+"$mosquitto_bin" -c "$work/mosquitto-persist.conf" &
+pids+=("$!")
 
 for _ in $(seq 100); do [ -s "$work/ready.json" ] && break; sleep 0.1; done
 eport=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["mqtt"]["local"].rsplit(":",1)[1])' "$work/ready.json")
@@ -61,7 +73,10 @@ pids+=("$!")
 
 brokers=("mosquitto:$mport" "edge-node:$eport")
 # Each case: generator, rate (0 = unthrottled), subscribers.
-cases=("rust 1000 1" "rust 2500 1" "rust 5000 1" "rust 1000 10" "rust 0 1" "paho 1000 1" "paho 2500 1")
+cases=("rust 1000 1" "rust 2500 1" "rust 5000 1" "rust 1000 10" "rust 0 1" "paho 1000 1" "paho 2500 1"
+  "persistent 1000 1" "persistent 2500 1")
+# BENCH_CASES="rust 2500 1;persistent 2500 1" runs only those.
+if [ -n "${BENCH_CASES:-}" ]; then IFS=';' read -r -a cases <<< "$BENCH_CASES"; fi
 for r in $(seq "$repeats"); do
   for case in "${cases[@]}"; do
     read -r generator rate subs <<< "$case"
@@ -69,7 +84,11 @@ for r in $(seq "$repeats"); do
     for i in 0 1; do
       entry=${brokers[$(( (i + r) % 2 ))]}
       label=${entry%%:*} port=${entry##*:}
-      if [ "$generator" = rust ]; then
+      if [ "$generator" = persistent ]; then
+        [ "$label" = mosquitto ] && port=$pport
+        "$bin/mqtt-bench" --label "$label" --port "$port" --rate "$rate" --subscribers "$subs" --seconds "$seconds" --persistent 1 \
+          | python3 -c 'import json,sys; d=json.loads(sys.stdin.read()); d["generator"]="persistent"; print(json.dumps(d))' >> "$work/results.jsonl"
+      elif [ "$generator" = rust ]; then
         "$bin/mqtt-bench" --label "$label" --port "$port" --rate "$rate" --subscribers "$subs" --seconds "$seconds" \
           | python3 -c 'import json,sys; d=json.loads(sys.stdin.read()); d["generator"]="rust"; print(json.dumps(d))' >> "$work/results.jsonl"
       else

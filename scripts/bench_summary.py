@@ -13,7 +13,7 @@ def case(r):
     return (r.get("generator", "rust"), r["rate"], r.get("subscribers", 1))
 
 
-cases = sorted({case(r) for r in runs}, key=lambda c: (c[0] != "rust", c[1] == 0, c[2], c[1]))
+cases = sorted({case(r) for r in runs}, key=lambda c: ({"rust": 0, "paho": 1}.get(c[0], 2), c[1] == 0, c[2], c[1]))
 
 
 def med(c, label, field):
@@ -47,9 +47,17 @@ for c in cases:
         et, mt = med(c, "edge-node", "achieved_rate"), med(c, "mosquitto", "achieved_rate")
     except statistics.StatisticsError:
         continue
-    line = f"- {name(c)}: p99 edge-node / Mosquitto = {e99 / max(m99, 1):.2f}, p50 {e50 / max(m50, 1):.2f}"
+    peer = "Mosquitto (persistence true)" if c[0] == "persistent" else "Mosquitto"
+    line = f"- {name(c)}: p99 edge-node / {peer} = {e99 / max(m99, 1):.2f}, p50 {e50 / max(m50, 1):.2f}"
     if c[1] == 0:
         line += f"; throughput edge-node / Mosquitto = {et / max(mt, 1):.2f}"
+    if c[0] == "persistent":
+        plain = ("rust", c[1], c[2])
+        try:
+            p99 = med(plain, "edge-node", "p99_us")
+            line += f"; p99 edge-node persistent / edge-node clean = {e99 / max(p99, 1):.2f}"
+        except statistics.StatisticsError:
+            pass
     print(line)
 mosq = f", Mosquitto idle {int(mosq_idle_kb) / 1024:.1f} MiB" if mosq_idle_kb else ""
 print(f"- edge-node RSS (release build): idle {int(idle_kb) / 1024:.1f} MiB, peak under load {int(loaded_kb) / 1024:.1f} MiB{mosq}")

@@ -172,6 +172,14 @@ impl BrokerHandle {
         (result, Routed { requests: spool, orphans })
     }
 
+    /// Waits while the session store is far behind (`store::MAX_PENDING_OPS`): a client's
+    /// reader calls it between reads, so a disk slower than the clients holds them back.
+    pub async fn store_room(&self) {
+        if let Some(store) = &self.store {
+            store.room().await;
+        }
+    }
+
     /// Appends what the core routed to the spool, in order, and reports each outcome back. A
     /// `normal` append is answered once the spool has it; a `full` one once committed, on a
     /// task of its own so the caller goes on reading its client meanwhile.

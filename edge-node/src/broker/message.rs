@@ -24,6 +24,13 @@ pub struct Message {
     pub origin: Option<Arc<str>>,
 }
 
+/// What a message costs in memory besides its bytes, so that the byte bounds bound the memory
+/// they stand for: the struct and its reference counts, the allocations of its payload and
+/// topic, its place in a session's queue and the session store's reference to it (measured: a
+/// node restoring 100,000 queued messages of 256 bytes took about this much more per message
+/// than their bytes, docs/BENCHMARKS.md).
+pub const MESSAGE_COST: usize = size_of::<Message>() + size_of::<super::core::session::Delivery>() + 128;
+
 /// What user properties hold in memory: [`shared::proto::USER_PROPERTY_COST`] a pair and their
 /// bytes.
 pub fn user_properties_weight(user: &[(String, String)]) -> usize {
@@ -32,7 +39,8 @@ pub fn user_properties_weight(user: &[(String, String)]) -> usize {
 
 impl Message {
     /// Bytes it holds: what queue and retained-store bounds count. A user property pair
-    /// costs its two `String`s besides its bytes, so an empty one is not free.
+    /// costs its two `String`s besides its bytes, so an empty one is not free; the message
+    /// itself costs [`MESSAGE_COST`].
     pub fn weight(&self) -> usize {
         let p = &self.props;
         self.topic.len()
@@ -41,7 +49,7 @@ impl Message {
             + p.response_topic.as_ref().map_or(0, String::len)
             + p.correlation_data.as_ref().map_or(0, Bytes::len)
             + user_properties_weight(&p.user)
-            + 64
+            + MESSAGE_COST
     }
 
     /// Seconds of its expiry interval left at `now` (rounded up, so it never reads 0 before it

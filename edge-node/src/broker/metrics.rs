@@ -74,7 +74,7 @@ impl BrokerMetrics {
         );
         r.register(
             "session_store_pending_ops",
-            "Ops in the session store's current commit (while commits fail: waiting to be retried)",
+            "Ops waiting for the session store's thread after its last commit (past 65,536 client readers wait)",
             m.store_pending.clone(),
         );
         r.register("mqtt_sessions", "MQTT sessions held, connected or not", m.sessions.clone());

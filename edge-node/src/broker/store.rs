@@ -5,11 +5,18 @@
 //! `synchronous=NORMAL`: a commit survives the process dying at any point, a power cut may take
 //! the last ones.
 //!
-//! Written by one thread of its own, in group commits: it takes every op the core handed out
-//! so far, commits them in one transaction and reports the last op's number back
+//! Written by one thread of its own, in group commits: once ops come it waits
+//! [`COMMIT_INTERVAL`] for more, commits them in one transaction and reports the last op's
+//! number back
 //! ([`SessionStore::on_commit`]), which releases the acknowledgements that waited for them. An
 //! op that is undone within the same batch (a message queued and acknowledged before the commit,
-//! the common case for a subscriber that keeps up) costs no write at all.
+//! the common case for a subscriber that keeps up, which acknowledges within the interval)
+//! costs no write at all. The thread runs below the local path's priority, as the spool's
+//! writer does (`spool::sched`). Ops waiting for the
+//! thread are bounded: past [`MAX_PENDING_OPS`] the connections' readers wait
+//! ([`SessionStore::room`]), as they do for a full spool, so a disk slower than the clients (a
+//! flood of retained QoS 0 messages, whose publishers wait for nothing) holds the clients back
+//! instead of filling memory.
 //!
 //! On disk (schema version 2): `messages` holds each message body once, however many sessions
 //! it is queued for (and if it is retained or a will); `deliveries (sid, ord)` a session's
@@ -102,12 +109,20 @@ CREATE TABLE IF NOT EXISTS retained (topic TEXT PRIMARY KEY, msg INTEGER NOT NUL
 /// before the node refuses to start, naming it.
 const LOCK_WAIT: Duration = Duration::from_secs(5);
 
+/// How long the thread gathers ops after the first before it commits: what a durable-bound
+/// publish's acknowledgement waits at most besides the commit, and long enough for a subscriber
+/// that keeps up to acknowledge what was queued for it, so the pair cancels out unwritten.
+pub const COMMIT_INTERVAL: Duration = Duration::from_millis(5);
+
+/// Ops sent and not yet committed past which client readers wait for the store.
+pub const MAX_PENDING_OPS: usize = 65_536;
+
 /// Most ops in one transaction: a commit a burst made large still ends soon.
 const MAX_BATCH: usize = 16_384;
 
 enum Msg {
-    /// Ops that commit together or not at all (see [`SessionStore::send`]).
-    Ops(Vec<(u64, StoreOp)>),
+    /// Ops that commit together or not at all (see [`SessionStore::send`]), and when sent.
+    Ops(Vec<(u64, StoreOp)>, Instant),
     /// Answered once everything sent before it is committed (or failed to be).
     Flush(mpsc::Sender<()>),
 }
@@ -119,6 +134,14 @@ type Listener = Box<dyn Fn(u64) + Send + Sync>;
 pub struct SessionStore {
     tx: mpsc::Sender<Msg>,
     listener: Arc<OnceLock<Listener>>,
+    backlog: Arc<Backlog>,
+}
+
+/// Ops sent and not yet committed, and a wake-up for those waiting for room.
+#[derive(Default)]
+struct Backlog {
+    ops: std::sync::atomic::AtomicUsize,
+    drained: tokio::sync::Notify,
 }
 
 impl std::fmt::Debug for SessionStore {
@@ -157,12 +180,14 @@ impl SessionStore {
         let (tx, rx) = mpsc::channel();
         let listener: Arc<OnceLock<Listener>> = Arc::default();
         let heard = listener.clone();
+        let backlog = Arc::new(Backlog::default());
+        let kept = backlog.clone();
         let shown = path.to_owned();
         std::thread::Builder::new()
             .name("session-store".into())
-            .spawn(move || writer.run(rx, &heard, &metrics, &shown))
+            .spawn(move || writer.run(rx, &heard, &kept, &metrics, &shown))
             .map_err(|source| StoreError::Io { path: path.to_owned(), source })?;
-        Ok((SessionStore { tx, listener }, state))
+        Ok((SessionStore { tx, listener, backlog }, state))
     }
 
     /// Called with the number of the last op committed, after each commit (set once).
@@ -175,8 +200,20 @@ impl SessionStore {
     /// never be stored without the queue entries of its message (a resend would be taken for a
     /// duplicate of a message that is gone), nor those without the id (it would come twice).
     pub fn send(&self, ops: Vec<(u64, StoreOp)>) {
+        self.backlog.ops.fetch_add(ops.len(), std::sync::atomic::Ordering::Relaxed);
         // The thread ends only with the process.
-        let _ = self.tx.send(Msg::Ops(ops));
+        let _ = self.tx.send(Msg::Ops(ops, Instant::now()));
+    }
+
+    /// Waits while more than [`MAX_PENDING_OPS`] ops wait for the store's thread.
+    pub async fn room(&self) {
+        loop {
+            let drained = self.backlog.drained.notified();
+            if self.backlog.ops.load(std::sync::atomic::Ordering::Relaxed) <= MAX_PENDING_OPS {
+                return;
+            }
+            drained.await;
+        }
     }
 
     /// Blocks until everything sent so far is committed, or for 5 s at most.
@@ -347,37 +384,64 @@ impl Writer {
         Ok(state)
     }
 
-    fn run(mut self, rx: mpsc::Receiver<Msg>, listener: &OnceLock<Listener>, metrics: &BrokerMetrics, path: &Path) {
+    fn run(
+        mut self,
+        rx: mpsc::Receiver<Msg>,
+        listener: &OnceLock<Listener>,
+        backlog: &Backlog,
+        metrics: &BrokerMetrics,
+        path: &Path,
+    ) {
         let mut batch: Vec<(u64, StoreOp)> = Vec::new();
         let mut flushes: Vec<mpsc::Sender<()>> = Vec::new();
         let mut failing_since: Option<Instant> = None;
         let mut retry = Duration::from_millis(50);
+        let mut policy = crate::spool::sched::WriterPolicy::start();
         metrics.store_healthy.set(1);
         loop {
             // While a batch failed, wait a while for more before trying it again.
             let first = if batch.is_empty() { rx.recv().ok() } else { rx.recv_timeout(retry).ok() };
-            let mut take = |m: Msg, batch: &mut Vec<(u64, StoreOp)>| match m {
-                Msg::Ops(ops) => batch.extend(ops),
+            let mut oldest: Option<Instant> = None;
+            let mut take = |m: Msg, batch: &mut Vec<(u64, StoreOp)>, flushes: &mut Vec<mpsc::Sender<()>>| match m {
+                Msg::Ops(ops, sent) => {
+                    oldest.get_or_insert(sent);
+                    batch.extend(ops);
+                }
                 Msg::Flush(done) => flushes.push(done),
             };
             match first {
-                Some(m) => take(m, &mut batch),
+                Some(m) => take(m, &mut batch, &mut flushes),
                 None if batch.is_empty() => return,
                 None => {}
             }
-            while batch.len() < MAX_BATCH {
-                let Ok(m) = rx.try_recv() else { break };
-                take(m, &mut batch);
+            // Gather for the interval (a flush asked for goes at once): what is undone within it
+            // is never written.
+            let until = Instant::now() + COMMIT_INTERVAL;
+            loop {
+                while batch.len() < MAX_BATCH {
+                    let Ok(m) = rx.try_recv() else { break };
+                    take(m, &mut batch, &mut flushes);
+                }
+                let now = Instant::now();
+                if !flushes.is_empty() || batch.len() >= MAX_BATCH || now >= until {
+                    break;
+                }
+                std::thread::sleep((until - now).min(Duration::from_millis(1)));
+            }
+            if let Some(sent) = oldest {
+                policy.observe(sent.elapsed(), COMMIT_INTERVAL, Instant::now());
             }
             if !batch.is_empty() {
-                metrics.store_pending.set(batch.len() as i64);
                 let started = Instant::now();
                 match self.commit(&batch) {
                     Ok(()) => {
                         metrics.store_commit_seconds.observe(started.elapsed().as_secs_f64());
                         let last = batch.last().map_or(0, |(id, _)| *id);
+                        let left =
+                            backlog.ops.fetch_sub(batch.len(), std::sync::atomic::Ordering::Relaxed) - batch.len();
+                        backlog.drained.notify_waiters();
                         batch.clear();
-                        metrics.store_pending.set(0);
+                        metrics.store_pending.set(left as i64);
                         metrics.store_healthy.set(1);
                         retry = Duration::from_millis(50);
                         if let Some(since) = failing_since.take() {

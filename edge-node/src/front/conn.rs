@@ -27,6 +27,8 @@ pub(super) struct Entry<'a> {
     pub peer: SocketAddr,
     /// Held until the client is admitted or refused.
     pub pending: tokio::sync::OwnedSemaphorePermit,
+    /// The TCP socket underneath, for quick acks (see [`Reader::run`]).
+    pub quickack: Option<socket2::Socket>,
 }
 
 /// What the writer sends at a time, at most (and at least one message).
@@ -118,7 +120,16 @@ where
     let open = ctx.metrics.connections.get_or_create(&label).clone();
     open.inc();
 
-    let mut reader = Reader { conn, version, identity, client_id: client_id.clone(), generation, buf, ctx };
+    let mut reader = Reader {
+        conn,
+        version,
+        identity,
+        client_id: client_id.clone(),
+        generation,
+        buf,
+        ctx,
+        quickack: entry.quickack,
+    };
     let end = tokio::select! {
         biased;
         _ = ctx.shutdown.cancelled() => End::Shutdown,
@@ -158,6 +169,7 @@ struct Reader<'a> {
     generation: u64,
     buf: BytesMut,
     ctx: &'a Arc<FrontContext>,
+    quickack: Option<socket2::Socket>,
 }
 
 impl Reader<'_> {
@@ -191,6 +203,14 @@ impl Reader<'_> {
                 Ok(0) | Err(_) => return End::Lost,
                 Ok(n) => {
                     ctx.metrics.bytes_in.inc_by(n as u64);
+                    // What was read is acked at once, not with our next write: an answer may wait
+                    // (a PUBACK for the session store, a PUBREC for the spool) or never come (the
+                    // client's own PUBACK), and a client with Nagle on holds its next packets
+                    // until its last ones are acked, 40 ms behind a delayed ack.
+                    #[cfg(target_os = "linux")]
+                    if let Some(socket) = &self.quickack {
+                        let _ = socket.set_quickack(true);
+                    }
                 }
             }
         }
@@ -239,6 +259,7 @@ impl Reader<'_> {
             }
         });
         ctx.broker.run_spool(spool).await;
+        ctx.broker.store_room().await;
         fed
     }
 }

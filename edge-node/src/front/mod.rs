@@ -121,12 +121,15 @@ async fn handle(
     let keepalive =
         socket2::TcpKeepalive::new().with_time(Duration::from_secs(60)).with_interval(Duration::from_secs(10));
     let _ = socket2::SockRef::from(&stream).set_tcp_keepalive(&keepalive);
+    // A handle of its own on the socket (TLS and WebSocket take the stream), for the reader to
+    // ask for quick acks (`conn.rs`).
+    let quickack = socket2::SockRef::from(&stream).try_clone().ok();
 
     let refused = |reason: &'static str| {
         ctx.metrics.connects_refused.get_or_create(&RefusedLabels { listener: listener.name.clone(), reason }).inc();
     };
     match &listener.tls {
-        None => serve(stream, None, &listener, &ctx, peer, pending).await,
+        None => serve(stream, None, &listener, &ctx, peer, pending, quickack).await,
         Some(acceptor) => {
             let acceptor = acceptor.load_full();
             match tokio::time::timeout(ctx.connect_timeout, acceptor.accept(stream)).await {
@@ -138,7 +141,7 @@ async fn handle(
                         .and_then(|chain| chain.first())
                         .and_then(crate::tls::certificate_identity)
                         .map(Identity::Certificate);
-                    serve(tls, identity, &listener, &ctx, peer, pending).await
+                    serve(tls, identity, &listener, &ctx, peer, pending, quickack).await
                 }
                 Ok(Err(e)) => {
                     tracing::info!(listener = %listener.name, %peer, error = %e, "TLS handshake failed");
@@ -161,10 +164,12 @@ async fn serve<S>(
     ctx: &Arc<FrontContext>,
     peer: SocketAddr,
     pending: OwnedSemaphorePermit,
+    quickack: Option<socket2::Socket>,
 ) where
     S: AsyncRead + AsyncWrite + Send + Unpin,
 {
-    let entry = conn::Entry { listener: &listener.name, anonymous: listener.anonymous, cert_identity, peer, pending };
+    let entry =
+        conn::Entry { listener: &listener.name, anonymous: listener.anonymous, cert_identity, peer, pending, quickack };
     if !listener.websocket {
         return conn::serve(stream, entry, ctx).await;
     }

@@ -92,7 +92,7 @@ mod integrity;
 mod migrate;
 pub mod recovery;
 pub mod salvage;
-mod sched;
+pub(crate) mod sched;
 mod schema;
 mod seqs;
 mod sink;

@@ -1,4 +1,5 @@
-//! How the spool's threads share the CPU with the local path.
+//! How the spool's threads (and the broker's session store, `broker::store`) share the CPU with
+//! the local path.
 //!
 //! Both threads run at nice 10: on a busy two-core gateway a commit burst at the runtime's
 //! priority showed in the local path's p99 (1.6-1.8x the run without the spool at 5,000
@@ -31,7 +32,7 @@ const LAG: Duration = Duration::from_millis(100);
 const HOLD: Duration = Duration::from_secs(60);
 
 /// Lowers the calling thread's CPU priority to nice 10.
-pub(super) fn background_priority() {
+pub(crate) fn background_priority() {
     if let Err(e) = rustix::process::setpriority_process(Some(rustix::thread::gettid()), 10) {
         tracing::debug!(error = %e, "cannot lower the spool thread's priority");
     }
@@ -39,7 +40,7 @@ pub(super) fn background_priority() {
 
 /// The writer thread's scheduling policy. Lives on the writer thread and changes only it.
 #[derive(Debug)]
-pub(super) struct WriterPolicy {
+pub(crate) struct WriterPolicy {
     /// Whether this thread may leave `SCHED_IDLE` again, so may enter it.
     may_idle: bool,
     idle: bool,
@@ -48,7 +49,7 @@ pub(super) struct WriterPolicy {
 
 impl WriterPolicy {
     /// Sets the calling thread to nice 10 and, where it can be undone, `SCHED_IDLE`.
-    pub(super) fn start() -> Self {
+    pub(crate) fn start() -> Self {
         background_priority();
         let may_idle = can_leave_idle();
         if !may_idle {
@@ -67,7 +68,7 @@ impl WriterPolicy {
 
     /// Takes the longest wait of the requests in the batch the writer is about to commit: one
     /// that waited past the commit interval plus [`LAG`] means the thread is starved of CPU.
-    pub(super) fn observe(&mut self, waited: Duration, commit_interval: Duration, now: Instant) {
+    pub(crate) fn observe(&mut self, waited: Duration, commit_interval: Duration, now: Instant) {
         if waited > commit_interval + LAG {
             if self.idle {
                 tracing::info!(

@@ -2,8 +2,10 @@
 //! and one or more QoS1 subscribers (`--subscribers`, the fan-out case) on the same broker,
 //! 1 KiB payloads carrying a sequence number and a send time, at a fixed rate or as fast as the
 //! broker takes them. Prints one JSON line: latencies over every subscriber's deliveries, loss
-//! as deliveries missing from what every subscriber should have got. The same binary runs
-//! against every broker compared, so client overhead cancels out.
+//! as deliveries missing from what every subscriber should have got. With `--persistent 1` the
+//! subscribers keep a persistent session (MQTT 3.1.1 Clean Session 0), so the broker stores
+//! what it queues for them. The same binary runs against every broker compared, so client
+//! overhead cancels out.
 
 use std::collections::HashSet;
 use std::time::{Duration, Instant};
@@ -21,6 +23,7 @@ struct Args {
     payload: usize,
     subscribers: usize,
     label: String,
+    persistent: bool,
 }
 
 fn parse_args() -> anyhow::Result<Args> {
@@ -33,6 +36,7 @@ fn parse_args() -> anyhow::Result<Args> {
         payload: 1024,
         subscribers: 1,
         label: "broker".into(),
+        persistent: false,
     };
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
@@ -46,6 +50,7 @@ fn parse_args() -> anyhow::Result<Args> {
             "--payload" => a.payload = value.parse()?,
             "--subscribers" => a.subscribers = value.parse()?,
             "--label" => a.label = value,
+            "--persistent" => a.persistent = value == "1",
             other => bail!("unknown flag {other}"),
         }
     }
@@ -71,7 +76,9 @@ async fn main() -> anyhow::Result<()> {
     let total = args.warmup + args.duration;
     let mut receivers = Vec::new();
     for n in 0..args.subscribers {
-        let (sub, mut sub_loop) = AsyncClient::new(options(&args, &format!("bench-sub{n}")), 10_000);
+        let mut o = options(&args, &format!("bench-sub{n}"));
+        o.set_clean_session(!args.persistent);
+        let (sub, mut sub_loop) = AsyncClient::new(o, 10_000);
         sub.subscribe(&topic, QoS::AtLeastOnce).await?;
         loop {
             if let Event::Incoming(Packet::SubAck(_)) = sub_loop.poll().await.context("subscriber connect")? {
@@ -161,6 +168,7 @@ async fn main() -> anyhow::Result<()> {
             "rate": args.rate,
             "payload": args.payload,
             "subscribers": args.subscribers,
+            "persistent": args.persistent,
             "sent": measured_sent,
             "received": measured_received,
             "lost": expected.saturating_sub(measured_received),

@@ -251,8 +251,7 @@ impl Broker {
         let mut deliveries = state.deliveries.into_iter().peekable();
         let mut received = state.received;
         received.sort_unstable();
-        let mut wills = state.wills;
-        wills.sort_unstable_by_key(|(sid, _)| *sid);
+        let mut wills: std::collections::BTreeMap<Sid, StoredWill> = state.wills.into_iter().collect();
         for r in state.sessions {
             let sid = r.sid;
             self.next_sid = self.next_sid.max(sid);
@@ -263,7 +262,11 @@ impl Broker {
             let mine: Vec<StoredDelivery> = std::iter::from_fn(|| deliveries.next_if(|d| d.sid == sid)).collect();
             let away = r.disconnected_ms.map_or(0, |ms| wall.saturating_sub(ms) / 1000);
             let expiry = r.expiry.min(self.limits.max_session_expiry);
-            let will = wills.iter().position(|(s, _)| *s == sid).map(|at| wills.swap_remove(at).1);
+            let will = wills.remove(&sid);
+            // This session's ids: a run of the sorted list.
+            let first = received.partition_point(|(s, _)| *s < sid);
+            let end = received.partition_point(|(s, _)| *s <= sid);
+            let mine_received = &received[first..end];
             if expiry != u32::MAX && away >= u64::from(expiry) || self.by_client.contains_key(r.client_id.as_str()) {
                 let msgs: Vec<Arc<Message>> = mine.into_iter().map(|d| d.msg).collect();
                 if let Some(w) = will {
@@ -291,12 +294,7 @@ impl Broker {
                 s.disconnected_ms = r.disconnected_ms.or(Some(wall));
                 // The expiry counts from the disconnect, across the restart.
                 s.expiry = expiry;
-                s.qos2_in.extend(
-                    received
-                        .iter()
-                        .filter(|(s, _)| *s == sid)
-                        .map(|&(_, pkid)| (pkid, super::session::Qos2In::default())),
-                );
+                s.qos2_in.extend(mine_received.iter().map(|&(_, pkid)| (pkid, super::session::Qos2In::default())));
                 for d in mine {
                     s.next_ord = s.next_ord.max(d.ord);
                     let delivery = Delivery {
