@@ -137,6 +137,15 @@ fn default_probe_interval() -> HumanDuration {
 
 impl UplinkConfig {
     /// The configured bridges, `server` or `servers`, whichever is given.
+    /// What the protocol session takes of this config.
+    pub fn session_config(&self) -> shared::proto::edge::EdgeSessionConfig {
+        shared::proto::edge::EdgeSessionConfig {
+            window: self.window,
+            keepalive: self.keepalive.0,
+            ack_timeout: self.ack_timeout.0,
+        }
+    }
+
     pub fn server_list(&self) -> Vec<String> {
         self.server.iter().chain(&self.servers).cloned().collect()
     }

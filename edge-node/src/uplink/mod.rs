@@ -5,15 +5,15 @@
 //! and applying acks to the spool.
 
 mod config;
+pub mod core;
 pub mod dict;
 pub mod drain;
-mod pack;
+pub mod pack;
 pub mod quic;
 pub mod reach;
 
 pub use config::{Congestion, DEFAULT_BATCH_RECORDS, UplinkConfig};
 
-use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -23,16 +23,15 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use rand::Rng;
-use shared::proto::backoff::Backoff;
-use shared::proto::edge::{EdgeEvent, EdgeSession, EdgeSessionConfig, SessionError};
+use shared::proto::edge::{EdgeEvent, EdgeSession, SessionError};
 use shared::proto::io::{FrameIoError, spawn_reader, write_frame};
 use shared::proto::{Control, MAX_CONTROL_FRAME, ProtoError, WireGap, WireMessage, WireRecord, codec};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::AbortOnDropHandle;
 
-use self::dict::{DictBook, DictSettings};
-use self::drain::DrainOrder;
-use self::reach::{ProbeMetrics, Prober, Servers, Target};
+use self::core::{Attempt, Dialer, EndKind, Next, SendPolicy};
+use self::pack::{Packed, Packer};
+use self::reach::{ProbeMetrics, Prober, Target};
 use crate::labels::handle;
 use crate::models::sync::ModelJob;
 use crate::spool::{Body, Lane, ReadError, Record, Seq, SpoolWriter};
@@ -185,44 +184,12 @@ enum ConnEnd {
     Shutdown,
 }
 
-/// What a connection's end means for the next attempt.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum EndKind {
-    /// The bridge turned this edge away (a denied or unusable certificate, a refused hello):
-    /// retried at `backoff_max` only.
-    Refused,
-    /// The bridge refused the handshake before TLS, its admission spent: it is up and takes
-    /// the edge soon (`shared::proto::backoff`).
-    Busy,
-    /// The link or the session failed.
-    Failed,
-}
-
 impl ConnEnd {
     fn kind(&self) -> EndKind {
         match self {
             ConnEnd::Session(SessionError::Refused(_)) => EndKind::Refused,
-            // The bridge's refusal codes (cloud-bridge `server.rs`): 1 no usable identity, 2 a
-            // denied certificate, 3 replaced by a newer connection with this certificate (two
-            // gateways sharing one would otherwise take turns as fast as they can connect).
-            ConnEnd::Connection(quinn::ConnectionError::ApplicationClosed(close))
-                if matches!(u64::from(close.error_code), 1..=3) =>
-            {
-                EndKind::Refused
-            }
-            ConnEnd::Handshake(quinn::ConnectionError::ConnectionClosed(close))
-                if close.error_code == quinn::TransportErrorCode::CONNECTION_REFUSED =>
-            {
-                EndKind::Busy
-            }
-            // A TLS alert in the handshake: the bridge did not accept our certificate. Other
-            // closes in the handshake (a bridge giving up one that took too long in a storm)
-            // are failures, not refusals that wait out backoff_max.
-            ConnEnd::Handshake(quinn::ConnectionError::ConnectionClosed(close))
-                if shared::proto::is_tls_alert(close.error_code.into()) =>
-            {
-                EndKind::Refused
-            }
+            ConnEnd::Connection(e) => EndKind::of_connection(e),
+            ConnEnd::Handshake(e) => EndKind::of_handshake(e),
             _ => EndKind::Failed,
         }
     }
@@ -270,11 +237,7 @@ impl Uplink {
                 return None;
             }
         };
-        let session_config = EdgeSessionConfig {
-            window: self.config.window,
-            keepalive: self.config.keepalive.0,
-            ack_timeout: self.config.ack_timeout.0,
-        };
+        let session_config = self.config.session_config();
         let acked = heads.lanes.iter().map(|(l, a, _)| (l.0, a.0));
         let session = EdgeSession::new(session_config, heads.epoch.clone(), acked).with_models(self.models.clone());
         Some(Source { spool, session, recovering })
@@ -313,25 +276,12 @@ impl Uplink {
             }
         };
         endpoint.set_default_client_config(self.client.clone());
-        let mut dicts = DictBook::new(DictSettings {
-            size: self.config.dict_size.as_usize(),
-            samples: self.config.dict_samples.as_usize(),
-            retrain: self.config.dict_retrain.0,
-        });
+        let mut packer = Packer::new(&self.config);
         let list = self.config.server_list();
         let start = rand::thread_rng().gen_range(0..list.len().max(1));
-        let mut servers = Servers::new(list, start);
+        let backoff = (self.config.backoff_min.0, self.config.backoff_max.0);
         let prober = Prober::new(self.config.probe_interval.0, self.config.backoff_max.0, self.metrics.probes.clone());
-        let mut backoff = Backoff::new(self.config.backoff_min.0, self.config.backoff_max.0);
-        // A probe's answer cuts one wait short per welcomed session: a bridge that answers
-        // probes but whose handshakes time out (saturated) is then retried on backoff alone,
-        // not as fast as it answers.
-        let mut armed = true;
-        // Attempts since the last wait: a round tries every bridge once before waiting.
-        let mut tried = 0;
-        // The address of the bridge that answered a probe, for the attempt after it.
-        let mut pinned = None;
-        let mut attempts = 0;
+        let mut dialer = Dialer::new(list, start, backoff, prober.enabled());
         let mut first = true;
         loop {
             if !first {
@@ -343,16 +293,16 @@ impl Uplink {
             }
             let source = recovery.as_mut().unwrap_or(&mut main);
             let session = &mut source.session;
-            session.set_dicts(dicts.ids());
+            session.set_dicts(packer.dicts.ids());
             let welcomed = session.welcomes();
-            let server = servers.current().to_owned();
-            attempts += 1;
-            let end = match self.connect(&endpoint, &server, pinned.take(), attempts).await {
+            let attempt = dialer.attempt();
+            let server = attempt.server.clone();
+            let end = match self.connect(&endpoint, &attempt).await {
                 Ok(conn) => {
                     self.metrics.connected.set(1);
                     tracing::info!(server, "uplink connected");
                     let _learning = prober.learn(conn.remote_address());
-                    let end = self.connection(&conn, source, &prober, &mut dicts, &shutdown).await;
+                    let end = self.connection(&conn, source, &prober, &mut packer, &shutdown).await;
                     let session = &mut source.session;
                     session.disconnected();
                     self.metrics.connected.set(0);
@@ -382,11 +332,11 @@ impl Uplink {
                             tracing::error!(path = %path.display(), error = %e, "a sent recovered spool cannot be deleted");
                         }
                     }
-                    backoff.welcomed();
+                    dialer.switched();
                     continue;
                 }
                 ConnEnd::Recover => {
-                    backoff.welcomed();
+                    dialer.switched();
                     continue;
                 }
                 // The cloud will not take this epoch (retired there): set apart, or it would hold
@@ -403,50 +353,38 @@ impl Uplink {
                 _ => {}
             }
             let session = &mut recovery.as_mut().unwrap_or(&mut main).session;
-            // Only a session the bridge welcomed resets the backoff: a bridge that completes the
-            // handshake and then closes (a denied certificate) made every retry look like a
-            // success, and a refused edge came back six times a second.
-            if session.welcomes() > welcomed {
-                backoff.welcomed();
+            let welcomed = session.welcomes() > welcomed;
+            if welcomed {
                 prober.welcomed();
-                armed = true;
-                tried = 0;
             }
-            tried += 1;
-            servers.advance();
             let kind = end.kind();
             match kind {
                 EndKind::Refused => {
                     tracing::error!(server, error = %end, "uplink refused by the cloud bridge; retrying slowly");
                     self.metrics.refused.inc();
-                    backoff.refused();
                 }
                 EndKind::Busy => {
                     tracing::warn!(server, error = %end, "cloud bridge busy; retrying within a widening window");
                     self.metrics.busy.inc();
-                    backoff.busy();
                 }
-                EndKind::Failed => {
-                    tracing::warn!(server, error = %end, retry_in = ?backoff.step(), "uplink down");
-                    backoff.failed();
-                }
+                EndKind::Failed => {}
             }
-            // A dead or busy bridge is no reason to wait before the next one; every bridge
-            // refuses a certificate alike.
-            if tried < servers.len() && kind != EndKind::Refused {
-                continue;
+            let next = dialer.ended(kind, welcomed, rand::thread_rng().gen_range(0.0..1.0));
+            if kind == EndKind::Failed {
+                let retry_in = match next {
+                    Next::Now => Duration::ZERO,
+                    Next::Wait { wait, .. } => wait,
+                };
+                tracing::warn!(server, error = %end, ?retry_in, "uplink down");
             }
-            tried = 0;
-            let wait = backoff.wait(rand::thread_rng().gen_range(0.0..1.0));
+            let Next::Wait { wait, probe_for } = next else { continue };
             let resumed = tokio::select! {
-                r = self.wait_for_bridge(&prober, &servers, kind == EndKind::Failed && armed, wait) => r,
+                r = prober.wait(dialer.servers(), wait, probe_for) => r,
                 _ = shutdown.cancelled() => return,
             };
             if let Some(answered) = resumed {
-                armed = false;
-                servers.prefer(&answered.server);
+                dialer.answered(&answered.server, answered.addr);
                 tracing::info!(server = answered.server, addr = %answered.addr, "bridge answered a probe; reconnecting");
-                pinned = Some(answered.addr);
                 tokio::select! {
                     _ = tokio::time::sleep(prober.jitter()) => {}
                     _ = shutdown.cancelled() => return,
@@ -455,29 +393,11 @@ impl Uplink {
         }
     }
 
-    /// Waits `wait` before the next attempt. After a failure, with a bridge known to answer
-    /// probes, it waits for a probe's answer instead (the bridge that answered is returned), at
-    /// most `backoff_max` and at least `wait`, however long the handshakes would have taken.
-    async fn wait_for_bridge(&self, prober: &Prober, servers: &Servers, probe: bool, wait: Duration) -> Option<Target> {
-        let targets = if probe && prober.enabled() { reach::resolve(servers.all()).await } else { Vec::new() };
-        if !prober.trusted(&targets) {
-            tokio::time::sleep(wait).await;
-            return None;
-        }
-        let deadline = tokio::time::Instant::now() + wait.max(self.config.backoff_max.0);
-        prober.until_answer(&targets, deadline).await
-    }
-
     /// Connects to `server` at `pinned` if given, else at one of its addresses in turn (a name
     /// with several addresses names several bridges).
-    async fn connect(
-        &self,
-        endpoint: &quinn::Endpoint,
-        server: &str,
-        pinned: Option<std::net::SocketAddr>,
-        attempt: usize,
-    ) -> Result<quinn::Connection, ConnEnd> {
-        let addr = match pinned {
+    async fn connect(&self, endpoint: &quinn::Endpoint, attempt: &Attempt) -> Result<quinn::Connection, ConnEnd> {
+        let Attempt { server, pinned, number } = attempt;
+        let addr = match *pinned {
             Some(addr) => addr,
             None => {
                 let addrs: Vec<_> = tokio::net::lookup_host(server)
@@ -485,7 +405,7 @@ impl Uplink {
                     .map_err(|e| ConnEnd::Connect(format!("{server}: {e}")))?
                     .collect();
                 *addrs
-                    .get(attempt % addrs.len().max(1))
+                    .get(number % addrs.len().max(1))
                     .ok_or_else(|| ConnEnd::Connect(format!("{server}: no address")))?
             }
         };
@@ -506,7 +426,7 @@ impl Uplink {
         conn: &quinn::Connection,
         source: &mut Source,
         prober: &Prober,
-        dicts: &mut DictBook,
+        packer: &mut Packer,
         shutdown: &CancellationToken,
     ) -> ConnEnd {
         let (degraded, mut watch) = tokio::sync::watch::channel(false);
@@ -526,7 +446,7 @@ impl Uplink {
             }
         };
         tokio::select! {
-            r = self.drive(conn, source, dicts, &degraded, shutdown) => match r {
+            r = self.drive(conn, source, packer, &degraded, shutdown) => match r {
                 Ok(()) => ConnEnd::Shutdown,
                 Err(e) => e,
             },
@@ -538,7 +458,7 @@ impl Uplink {
         &self,
         conn: &quinn::Connection,
         source: &mut Source,
-        dicts: &mut DictBook,
+        packer: &mut Packer,
         degraded: &tokio::sync::watch::Sender<bool>,
         shutdown: &CancellationToken,
     ) -> Result<(), ConnEnd> {
@@ -550,11 +470,7 @@ impl Uplink {
         let (mut control_rx, reader) = spawn_reader::<_, Control>(recv, MAX_CONTROL_FRAME);
         let _reader = AbortOnDropHandle::new(reader);
         let notify = spool.committed_notify();
-        let mut order = DrainOrder::new(self.config.lower_lane_share);
-        // Per lane, the last committed seq known; refreshed on each commit signal.
-        let mut heads: BTreeMap<u8, u64> = BTreeMap::new();
-        // Per lane, since when records have waited to be sent.
-        let mut waiting_since: BTreeMap<u8, Instant> = BTreeMap::new();
+        let mut policy = SendPolicy::new(self.config.linger.0, self.config.batch_records, self.config.lower_lane_share);
         let report_every = self.tco.as_ref().map_or(Duration::from_secs(3600), |(_, every)| *every);
         let mut report_tick = tokio::time::interval(report_every);
         report_tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -562,88 +478,28 @@ impl Uplink {
             while let Some(frame) = session.poll_control() {
                 write_frame(&mut send, &frame).await?;
             }
-            let mut linger_until: Option<Instant> = None;
-            // Once one lane's linger is over, every lane with records goes with it: batches
-            // written together share UDP datagrams and acks, which at low rates cost more than
-            // the records themselves.
-            let mut flushing = false;
             // Partial batches of this pass, written together on one stream: one STREAM frame
-            // and one datagram instead of one per lane. Full batches keep a stream each, so a
-            // lost packet holds up only its own batch when the link is busy.
+            // and one datagram instead of one per lane.
             let mut small: Vec<u8> = Vec::new();
-            while session.can_send() {
-                // A lane is due when a full batch is waiting or its first waiting record has
-                // lingered long enough: fuller batches compress better and cost fewer streams.
-                let now = Instant::now();
-                let linger = self.config.linger.0;
-                let mut due = Vec::new();
-                linger_until = None;
-                let mut waiting = Vec::new();
-                for (lane, last) in &heads {
-                    let next = session.next_seq(*lane);
-                    if *last < next {
-                        waiting_since.remove(lane);
-                        continue;
-                    }
-                    let since = *waiting_since.entry(*lane).or_insert(now);
-                    flushing |= now >= since + linger;
-                    waiting.push((Lane(*lane), *last - next + 1 >= self.config.batch_records as u64, since + linger));
-                }
-                for (lane, full, until) in waiting {
-                    if full || flushing {
-                        due.push(lane);
-                    } else {
-                        linger_until = Some(linger_until.map_or(until, |t: Instant| t.min(until)));
-                    }
-                }
-                let Some(lane) = order.next(&due) else { break };
-                waiting_since.remove(&lane.0);
-                let after = session.next_seq(lane.0) - 1;
-                let records = spool.read(lane, Seq(after), self.config.batch_records).await?;
+            policy.begin();
+            while let Some(read) = policy.next(session, Instant::now()) {
+                let records = spool.read(Lane(read.lane), Seq(read.after), read.max).await?;
                 if records.is_empty() {
-                    heads.insert(lane.0, after);
+                    policy.nothing_after(read.lane, read.after);
                     continue;
                 }
-                let mut wire: Vec<WireRecord> = records.into_iter().map(into_wire).collect();
-                dicts.observe(&wire, now);
-                if let Some(d) = dicts.poll_training(now).await {
-                    tracing::info!(class = d.class, id = d.id, bytes = d.bytes.len(), "uplink dictionary trained");
-                    self.metrics.dicts_trained.inc();
-                }
-                let choice = dicts.choose(&wire);
-                if let Some(announce) = choice.announce {
-                    session.announce_dict(announce);
-                    self.metrics.dicts_announced.inc();
-                }
-                let (batch, refused) =
-                    pack::pack_within_cost(lane.0, after + 1, &mut wire, choice.dict, self.config.zstd_level)?;
-                if refused > 0 {
-                    tracing::warn!(
-                        lane = lane.0,
-                        seq = batch.first_seq,
-                        "record too costly to decode for any bridge; sent as a refused gap"
-                    );
-                    self.metrics.records_refused.inc_by(refused);
-                }
-                if batch.dict.is_some() {
-                    self.metrics.dict_batches.inc();
-                }
-                if wire.len() >= self.config.batch_records {
+                let wire: Vec<WireRecord> = records.into_iter().map(into_wire).collect();
+                let packed = packer.pack(session, read, wire, Instant::now()).await?;
+                self.count_packed(&packed);
+                let batch = &packed.batch;
+                if policy.is_full(packed.records) {
                     let mut stream = conn.open_uni().await?;
-                    write_frame(&mut stream, &batch).await?;
+                    write_frame(&mut stream, batch).await?;
                     stream.finish()?;
                 } else {
-                    small.extend(codec::encode(&batch)?);
+                    small.extend(codec::encode(batch)?);
                 }
-                session.sent(lane.0, batch.first_seq, batch.last_seq, Instant::now())?;
-                self.metrics.batches.inc();
-                self.metrics.records.inc_by(wire.len() as u64);
-                self.metrics.bytes_raw.inc_by(batch.raw_len);
-                self.metrics.bytes_sent.inc_by(batch.body.len() as u64);
-                let label = LaneLabel { lane: lane.0 };
-                handle(&self.metrics.lane_raw, &label).inc_by(batch.raw_len);
-                handle(&self.metrics.lane_sent, &label).inc_by(batch.body.len() as u64);
-                self.link.sent(lane.0, batch.raw_len, batch.body.len() as u64);
+                session.sent(read.lane, batch.first_seq, batch.last_seq, Instant::now())?;
                 self.metrics.in_flight.set(session.in_flight() as i64);
             }
             if !small.is_empty() {
@@ -661,7 +517,7 @@ impl Uplink {
                     session.handle(frame, Instant::now())?
                 }
                 _ = notify.notified() => {
-                    refresh(spool, session, &mut heads).await?;
+                    refresh(spool, session, &mut policy).await?;
                     Vec::new()
                 }
                 _ = sleep_until(timeout) => {
@@ -675,7 +531,7 @@ impl Uplink {
                     }
                     Vec::new()
                 }
-                _ = sleep_until(linger_until.map(tokio::time::Instant::from_std)) => Vec::new(),
+                _ = sleep_until(policy.poll_timeout().map(tokio::time::Instant::from_std)) => Vec::new(),
                 _ = report_tick.tick(), if self.tco.is_some() => {
                     self.report_classes(session);
                     Vec::new()
@@ -705,11 +561,11 @@ impl Uplink {
                         if recovering && sent_whole(spool).await? {
                             return Err(ConnEnd::Drained);
                         }
-                        dicts.connected(&known, version);
+                        packer.dicts.connected(&known, version);
                         self.report_classes(session);
-                        refresh(spool, session, &mut heads).await?;
+                        refresh(spool, session, &mut policy).await?;
                     }
-                    EdgeEvent::DictStored(id) => dicts.stored(id),
+                    EdgeEvent::DictStored(id) => packer.dicts.stored(id),
                     EdgeEvent::Model(announce) => {
                         let job = ModelJob { conn: conn.clone(), announce, received: Instant::now() };
                         match &self.model_jobs {
@@ -748,6 +604,37 @@ impl Uplink {
         }
     }
 
+    /// Counts a batch about to be sent.
+    fn count_packed(&self, packed: &Packed) {
+        let batch = &packed.batch;
+        if let Some(d) = &packed.trained {
+            tracing::info!(class = d.class, id = d.id, bytes = d.bytes.len(), "uplink dictionary trained");
+            self.metrics.dicts_trained.inc();
+        }
+        if packed.announced {
+            self.metrics.dicts_announced.inc();
+        }
+        if packed.refused > 0 {
+            tracing::warn!(
+                lane = batch.lane,
+                seq = batch.first_seq,
+                "record too costly to decode for any bridge; sent as a refused gap"
+            );
+            self.metrics.records_refused.inc_by(packed.refused);
+        }
+        if batch.dict.is_some() {
+            self.metrics.dict_batches.inc();
+        }
+        self.metrics.batches.inc();
+        self.metrics.records.inc_by(packed.records as u64);
+        self.metrics.bytes_raw.inc_by(batch.raw_len);
+        self.metrics.bytes_sent.inc_by(batch.body.len() as u64);
+        let label = LaneLabel { lane: batch.lane };
+        handle(&self.metrics.lane_raw, &label).inc_by(batch.raw_len);
+        handle(&self.metrics.lane_sent, &label).inc_by(batch.body.len() as u64);
+        self.link.sent(batch.lane, batch.raw_len, batch.body.len() as u64);
+    }
+
     fn report_classes(&self, session: &mut EdgeSession) {
         let Some((latest, _)) = &self.tco else { return };
         let snapshot = latest.borrow().clone();
@@ -760,10 +647,10 @@ impl Uplink {
     }
 }
 
-async fn refresh(spool: &SpoolWriter, session: &mut EdgeSession, heads: &mut BTreeMap<u8, u64>) -> Result<(), ConnEnd> {
+async fn refresh(spool: &SpoolWriter, session: &mut EdgeSession, policy: &mut SendPolicy) -> Result<(), ConnEnd> {
     let h = spool.heads().await.map_err(ReadError::from)?;
     for (lane, _, last) in h.lanes {
-        heads.insert(lane.0, last.0);
+        policy.set_head(lane.0, last.0);
         session.set_head(lane.0, last.0);
     }
     Ok(())
@@ -819,32 +706,5 @@ pub fn into_wire(r: Record) -> WireRecord {
                 count: g.count,
             }),
         },
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn closed_in_handshake(code: quinn::TransportErrorCode) -> ConnEnd {
-        ConnEnd::Handshake(quinn::ConnectionError::ConnectionClosed(quinn::ConnectionClose {
-            error_code: code,
-            frame_type: None,
-            reason: Default::default(),
-        }))
-    }
-
-    #[test]
-    fn only_a_tls_alert_in_the_handshake_is_a_refusal() {
-        // bad_certificate (42) and certificate_revoked (44) as QUIC CRYPTO_ERRORs (RFC 9001 §4.8).
-        for alert in [42, 44] {
-            assert_eq!(closed_in_handshake(quinn::TransportErrorCode::crypto(alert)).kind(), EndKind::Refused);
-        }
-        assert_eq!(closed_in_handshake(quinn::TransportErrorCode::CONNECTION_REFUSED).kind(), EndKind::Busy);
-        // A bridge that gave the handshake up, or any other close: retried on the short backoff.
-        for other in [quinn::TransportErrorCode::PROTOCOL_VIOLATION, quinn::TransportErrorCode::INTERNAL_ERROR] {
-            assert_eq!(closed_in_handshake(other).kind(), EndKind::Failed);
-        }
-        assert_eq!(ConnEnd::Handshake(quinn::ConnectionError::TimedOut).kind(), EndKind::Failed);
     }
 }

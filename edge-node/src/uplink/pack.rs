@@ -4,8 +4,67 @@
 //! batch. One record that cannot fit on its own is sent as a `refused` gap record, so the loss
 //! shows in the cloud and the lane moves on instead of stopping at it.
 
-use shared::proto::compress::{self, DictRef};
+use std::time::Instant;
+
+use shared::proto::compress::{self, Dict, DictRef};
+use shared::proto::edge::EdgeSession;
 use shared::proto::{Batch, ProtoError, WireGap, WireRecord};
+
+use super::core::Read;
+use super::dict::{DictBook, DictSettings};
+
+/// Makes batches of what the spool read: samples them for the dictionaries, picks one, packs
+/// within the decode cost. The real uplink and the fleet generator both send what it makes.
+#[derive(Debug)]
+pub struct Packer {
+    pub dicts: DictBook,
+    pub level: i32,
+}
+
+/// A batch and what went into it.
+#[derive(Debug)]
+pub struct Packed {
+    pub batch: Batch,
+    /// Records in it (a costly read is cut short; the rest goes in the next batch).
+    pub records: usize,
+    /// Of those, sent as `refused` gap records.
+    pub refused: u64,
+    /// A dictionary that became current while packing, for the log.
+    pub trained: Option<Dict>,
+    /// Whether a dictionary was announced to the session for later batches.
+    pub announced: bool,
+}
+
+impl Packer {
+    /// A packer as `config` says: its zstd level and dictionary settings.
+    pub fn new(config: &super::UplinkConfig) -> Self {
+        let dicts = DictBook::new(DictSettings {
+            size: config.dict_size.as_usize(),
+            samples: config.dict_samples.as_usize(),
+            retrain: config.dict_retrain.0,
+        });
+        Self { dicts, level: config.zstd_level }
+    }
+
+    /// The batch of `wire`, read for `read`; announcements go to `session`.
+    pub async fn pack(
+        &mut self,
+        session: &mut EdgeSession,
+        read: Read,
+        mut wire: Vec<WireRecord>,
+        now: Instant,
+    ) -> Result<Packed, ProtoError> {
+        self.dicts.observe(&wire, now);
+        let trained = self.dicts.poll_training(now).await;
+        let choice = self.dicts.choose(&wire);
+        let announced = choice.announce.is_some();
+        if let Some(announce) = choice.announce {
+            session.announce_dict(announce);
+        }
+        let (batch, refused) = pack_within_cost(read.lane, read.after + 1, &mut wire, choice.dict, self.level)?;
+        Ok(Packed { batch, records: wire.len(), refused, trained, announced })
+    }
+}
 
 /// The batch of `wire`'s first records from `first` on; `wire` is cut to what it holds.
 /// Returns the batch and how many records went as refused gap records.

@@ -160,6 +160,21 @@ impl Prober {
         })))
     }
 
+    /// Waits `wait` before the next attempt (`core::Next::Wait`); with `probe_for`, and a
+    /// bridge among `servers` known to answer, probes them for that long instead and returns
+    /// the one that answered.
+    pub async fn wait(&self, servers: &[String], wait: Duration, probe_for: Option<Duration>) -> Option<Target> {
+        let targets = match probe_for {
+            Some(_) if self.enabled() => resolve(servers).await,
+            _ => Vec::new(),
+        };
+        let Some(most) = probe_for.filter(|_| self.trusted(&targets)) else {
+            tokio::time::sleep(wait).await;
+            return None;
+        };
+        self.until_answer(&targets, Instant::now() + most).await
+    }
+
     /// Probes `targets` until one answers (it is returned) or `deadline` passes.
     pub async fn until_answer(&self, targets: &[Target], deadline: Instant) -> Option<Target> {
         let started = *self.silent_since.lock().unwrap_or_else(|e| e.into_inner()).get_or_insert_with(Instant::now);

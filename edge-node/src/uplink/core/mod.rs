@@ -1,0 +1,19 @@
+//! The uplink's policies without I/O or a clock, as `broker/core` is for the broker: fed what
+//! happened with `now`, asked what to do next. The driver in `uplink/mod.rs` does the I/O
+//! (QUIC, the spool, probes, timers); the fleet generator (`tests/src/simedge.rs`) drives the
+//! same policies over a synthetic spool, so its figures are the product's.
+//!
+//! - [`Dialer`]: where and when to connect (the ring of bridges, backoff, probe answers).
+//! - [`SendPolicy`]: what to read and send on a connection (heads, linger, fullness, lanes).
+//!
+//! The protocol's own state (window, acks, marks, pings, degradation) is
+//! `shared::proto::edge::EdgeSession`, also sans-IO.
+
+mod dial;
+mod send;
+
+pub use dial::{Attempt, Dialer, EndKind, Next};
+pub use send::{Read, SendPolicy};
+
+#[cfg(test)]
+mod tests;
