@@ -9,7 +9,6 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use cloud_bridge::certs::Pki;
-use shared::proto::edge::EdgeSessionConfig;
 use tokio_util::sync::CancellationToken;
 
 use crate::simedge::{FleetStats, SimEdge, SimReport};
@@ -127,15 +126,14 @@ pub struct FleetSpec {
     pub endpoints: usize,
     /// Edges that publish (the first ones); the rest only keep their sessions alive.
     pub active: usize,
-    /// Records a second per active edge, in batches of `batch`.
+    /// Records a second arriving at each active edge.
     pub rate: f64,
-    pub batch: usize,
     pub payload: usize,
-    /// Lanes each active edge sends on, and records each lane holds at start.
+    /// Lanes each active edge's records arrive on, and records each lane holds at start.
     pub lanes: u8,
     pub backlog: u64,
-    pub session: EdgeSessionConfig,
-    pub backoff: (Duration, Duration),
+    /// The `[uplink]` every edge follows (`simedge::uplink_defaults()`: as shipped).
+    pub uplink: edge_node::uplink::UplinkConfig,
     /// Edges started per second (0: all at once).
     pub ramp: f64,
 }
@@ -174,12 +172,10 @@ impl Fleet {
                 endpoint: endpoints[i % endpoints.len()].clone(),
                 client,
                 rate: if active { spec.rate } else { 0.0 },
-                batch: spec.batch,
                 payload: spec.payload,
                 lanes: spec.lanes,
                 backlog: if active { spec.backlog } else { 0 },
-                session: spec.session.clone(),
-                backoff: spec.backoff,
+                uplink: spec.uplink.clone(),
             };
             let (stats, stop) = (stats.clone(), stop.clone());
             edges.push(tokio::spawn(async move { edge.run(stop, &stats).await }));

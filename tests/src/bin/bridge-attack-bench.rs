@@ -29,7 +29,9 @@ async fn main() -> anyhow::Result<()> {
     let addr = cloud.bridge.quic_addr();
     let cert = |id: &str| keys.edges.iter().find(|(e, _, _)| e == id).expect("edge in the PKI").clone();
     let (_, c1, k1) = cert("edge-1");
-    let edge = SimEdge { rate, batch: 100, payload: 1024, ..SimEdge::from_files(addr, &keys.ca, &c1, &k1)? };
+    let mut edge = SimEdge { rate, payload: 1024, ..SimEdge::from_files(addr, &keys.ca, &c1, &k1)? };
+    // Batches of about 100 records at 1,000 a second.
+    edge.uplink.linger = shared::units::HumanDuration(Duration::from_millis(100));
     let bomb = codec::encode(&quic::zstd_batch(&quic::empty_pairs_record(10_000_000)))?;
     let rss = e2e_tests::PeakRss::start(std::process::id());
     let (mut quiet, mut attacked) = (Vec::new(), Vec::new());

@@ -9,10 +9,10 @@
 //! Usage: fleet-bench [EDGES=1000] [ACTIVE=100] [RATE=10] [SECONDS=20] [SINK=jetstream]
 //!        [STORM=0] [RAMP=400] [ENDPOINTS=8] [LANES=1] [BACKLOG=0]
 //! SINK is `jetstream` (a nats-server of its own) or `sqlite`. BRIDGE_CONFIG (env) is appended to
-//! the bridge's config, e.g. `BRIDGE_CONFIG='[limits]\nhandshakes_per_second = 300'`. Batches of RATE records (one a
-//! second, as an edge with the default 1 s linger sends them), 1 KiB each, on LANES lanes in
-//! turn; each active edge's lanes hold BACKLOG records each when the active phase begins, sent
-//! as fast as the session's window allows before the rate.
+//! the bridge's config, e.g. `BRIDGE_CONFIG='[limits]\nhandshakes_per_second = 300'`. Each edge drives
+//! the shipped uplink's policies with its default `[uplink]` (`e2e_tests::simedge`): RATE
+//! records of 1 KiB a second arrive on LANES lanes in turn and go as its linger and batch size
+//! say; each active edge's lanes hold BACKLOG records each when the active phase begins.
 
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
@@ -65,12 +65,10 @@ async fn main() -> anyhow::Result<()> {
         endpoints,
         active,
         rate,
-        batch: rate.max(1.0) as usize,
         payload: 1024,
         lanes,
         backlog,
-        session: Default::default(),
-        backoff: (Duration::from_millis(200), Duration::from_secs(30)),
+        uplink: e2e_tests::simedge::uplink_defaults(),
         ramp,
     };
     let t = Instant::now();

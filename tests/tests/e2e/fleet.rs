@@ -31,12 +31,10 @@ async fn five_hundred_edges_ride_out_a_bridge_restart_exactly_once() {
         endpoints: 4,
         active: 50,
         rate: 10.0,
-        batch: 10,
         payload: 256,
         lanes: 1,
         backlog: 0,
-        session: Default::default(),
-        backoff: (Duration::from_millis(200), Duration::from_secs(30)),
+        uplink: e2e_tests::simedge::uplink_defaults(),
         ramp: 0.0,
     };
     let fleet = Fleet::start(spec).await.unwrap();
@@ -116,12 +114,10 @@ async fn the_edges_of_a_killed_bridge_move_to_the_other_exactly_once() {
         endpoints: 2,
         active: ACTIVE,
         rate: 10.0,
-        batch: 10,
         payload: 256,
         lanes: LANES,
         backlog: BACKLOG,
-        session: Default::default(),
-        backoff: (Duration::from_millis(200), Duration::from_secs(30)),
+        uplink: e2e_tests::simedge::uplink_defaults(),
         ramp: 0.0,
     };
     let fleet = Fleet::start(spec).await.unwrap();

@@ -16,18 +16,23 @@ fn count(view: &FleetView, bridge: &str, status: Status) -> usize {
 }
 
 fn spec(addr: std::net::SocketAddr, edges: Vec<quinn::ClientConfig>, active: usize) -> FleetSpec {
+    use shared::units::HumanDuration;
+    let mut uplink = e2e_tests::simedge::uplink_defaults();
+    // Batches of about 5 records; pings and reconnects quick enough for the view to follow.
+    uplink.linger = HumanDuration(Duration::from_millis(250));
+    uplink.keepalive = HumanDuration(Duration::from_millis(200));
+    (uplink.backoff_min, uplink.backoff_max) =
+        (HumanDuration(Duration::from_millis(100)), HumanDuration(Duration::from_millis(500)));
     FleetSpec {
         servers: vec![addr],
         edges,
         endpoints: 2,
         active,
         rate: 20.0,
-        batch: 5,
         payload: 64,
         lanes: 1,
         backlog: 0,
-        session: shared::proto::edge::EdgeSessionConfig { keepalive: Duration::from_millis(200), ..Default::default() },
-        backoff: (Duration::from_millis(100), Duration::from_millis(500)),
+        uplink,
         ramp: 0.0,
     }
 }
