@@ -69,6 +69,22 @@ pub struct BrokerConfig {
     /// `drop-qos0-then-disconnect`.
     #[serde(default)]
     pub slow_subscriber: SlowSubscriber,
+    /// Publisher backpressure: a publisher whose message went to a connected subscriber
+    /// already this many messages behind (queued, past those in flight) is read no further
+    /// until that queue is half as long, so a subscriber slower than its publisher slows the
+    /// publisher (TCP pushes back) instead of filling its queue and meeting `slow_subscriber`.
+    /// A publisher with messages in flight to it is read on (their acknowledgements are needed
+    /// for its own queue to drain) and its own acknowledgements wait instead. 0 turns it off.
+    /// Default: 100 (one round each of `scripts/bench-local.sh`: an unthrottled MQTT.js client
+    /// at 1.3x Mosquitto's p99 with 100, 1.7x with 200; the unthrottled Rust generator at 4.9x
+    /// Mosquitto's throughput with 100, 3.7x with 50).
+    #[serde(default = "default_backpressure_queue")]
+    pub backpressure_queue: usize,
+    /// Longest a publisher waits for one subscriber's queue to drain; a subscriber that does not
+    /// drain in time holds no publisher again until its queue is half as long (so a client that
+    /// stops reading cannot hold publishers back for longer), and is counted. Default: 500ms.
+    #[serde(default = "default_backpressure_wait")]
+    pub backpressure_wait: HumanDuration,
     /// Retained messages held at most; a new retained topic past it is refused (MQTT 5 QoS 1/2:
     /// 0x97; otherwise delivered and not retained). Default: 10000.
     #[serde(default = "default_max_retained_messages")]
@@ -139,6 +155,8 @@ impl Default for BrokerConfig {
             max_queued_bytes: default_max_queued_bytes(),
             max_queued_bytes_total: default_max_queued_bytes_total(),
             slow_subscriber: SlowSubscriber::default(),
+            backpressure_queue: default_backpressure_queue(),
+            backpressure_wait: default_backpressure_wait(),
             max_retained_messages: default_max_retained_messages(),
             max_retained_bytes: default_max_retained_bytes(),
             max_user_properties: default_max_user_properties(),
@@ -243,6 +261,8 @@ impl BrokerConfig {
             max_session_expiry: u32::try_from(self.max_session_expiry.0.as_secs()).unwrap_or(u32::MAX - 1),
             client_ids: self.client_ids,
             slow_subscriber: self.slow_subscriber,
+            backpressure_queue: self.backpressure_queue,
+            backpressure_wait: self.backpressure_wait.0,
             max_client_id_length: self.max_client_id_length,
             max_control_queue: self.max_control_queue,
             internal_topics,
@@ -270,6 +290,12 @@ fn default_max_queued_bytes() -> ByteSize {
 }
 fn default_max_queued_bytes_total() -> ByteSize {
     ByteSize::mib(64)
+}
+fn default_backpressure_queue() -> usize {
+    100
+}
+fn default_backpressure_wait() -> HumanDuration {
+    HumanDuration(std::time::Duration::from_millis(500))
 }
 fn default_max_retained_messages() -> usize {
     10_000

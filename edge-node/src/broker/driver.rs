@@ -132,12 +132,14 @@ impl BrokerHandle {
         let before = core.poll_timeout();
         let result = f(&mut core);
         let mut wakes = Vec::new();
+        let mut resumes = Vec::new();
         let mut spool = Vec::new();
         let mut store = Vec::new();
         loop {
             while let Some(action) = core.poll_action() {
                 match action {
                     Action::Wake(conn) => wakes.push(conn),
+                    Action::Resume(conn) => resumes.push(conn),
                     Action::Spool(req) => spool.push(*req),
                     Action::Store { op_id, op } => store.push((op_id, op)),
                 }
@@ -160,11 +162,16 @@ impl BrokerHandle {
         if after.is_some() && (before.is_none() || after < before) {
             self.timer.notify_one();
         }
-        if !wakes.is_empty() {
+        if !wakes.is_empty() || !resumes.is_empty() {
             let wakers = lock(&self.wakers);
             for conn in wakes {
                 if let Some(w) = wakers.get(&conn) {
                     w.writer.notify_one();
+                }
+            }
+            for conn in resumes {
+                if let Some(w) = wakers.get(&conn) {
+                    w.reader.notify_one();
                 }
             }
         }

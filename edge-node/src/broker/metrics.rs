@@ -25,6 +25,9 @@ pub struct BrokerMetrics {
     publish_refused: Family<ReasonLabel, Counter>,
     subscribe_refused: Family<ReasonLabel, Counter>,
     disconnects: Family<ReasonLabel, Counter>,
+    /// Publisher backpressure (`core/backpressure.rs`).
+    pub backpressure_holds: Counter,
+    pub backpressure_stalls: Counter,
     /// The session store (`store.rs`).
     pub store_commit_seconds: Histogram,
     pub store_errors: Counter,
@@ -50,6 +53,8 @@ impl BrokerMetrics {
             publish_refused: Family::default(),
             subscribe_refused: Family::default(),
             disconnects: Family::default(),
+            backpressure_holds: Counter::default(),
+            backpressure_stalls: Counter::default(),
             // 50 µs .. ~1.6 s
             store_commit_seconds: Histogram::new(exponential_buckets(0.000_05, 2.0, 16)),
             store_errors: Counter::default(),
@@ -76,6 +81,16 @@ impl BrokerMetrics {
             "session_store_pending_ops",
             "Ops waiting for the session store's thread after its last commit (past 65,536 client readers wait)",
             m.store_pending.clone(),
+        );
+        r.register(
+            "mqtt_publishers_held",
+            "Times a publisher was read no further because a subscriber it reached was broker.backpressure_queue messages behind",
+            m.backpressure_holds.clone(),
+        );
+        r.register(
+            "mqtt_subscribers_stalled",
+            "Times a subscriber did not drain within broker.backpressure_wait while holding a publisher (it holds none until half drained)",
+            m.backpressure_stalls.clone(),
         );
         r.register("mqtt_sessions", "MQTT sessions held, connected or not", m.sessions.clone());
         r.register("mqtt_subscriptions", "Subscriptions held over all sessions", m.subscriptions.clone());

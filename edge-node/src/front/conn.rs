@@ -177,7 +177,7 @@ impl Reader<'_> {
     /// (the writer ends the task after the last packets).
     async fn run<R: AsyncRead + Unpin>(&mut self, rd: &mut R, wakers: &Wakers) -> End {
         let ctx = self.ctx;
-        let mut deadline = ctx.broker.with(|b| b.keep_alive_deadline(self.conn)).0;
+        let mut deadline = ctx.broker.with(|b| next_deadline(b, self.conn)).0;
         loop {
             let fed = self.feed().await;
             if fed.closing {
@@ -189,13 +189,29 @@ impl Reader<'_> {
                 wakers.reader.notified().await;
                 continue;
             }
+            if let Some(until) = fed.held {
+                // A subscriber it reached is behind (`broker::core::backpressure`): read on once
+                // that queue drained, or the wait is over.
+                tokio::select! {
+                    _ = wakers.reader.notified() => {}
+                    _ = tokio::time::sleep_until(until.into()) => {
+                        let (_, routed) = ctx.broker.with(|b| b.hold_expired(self.conn, Instant::now()));
+                        ctx.broker.run_spool(routed).await;
+                    }
+                }
+                continue;
+            }
             deadline = fed.deadline.or(deadline);
             let read = tokio::select! {
                 read = rd.read_buf(&mut self.buf) => read,
                 _ = sleep_until(deadline) => {
-                    let (_, spool) = ctx.broker.with(|b| b.check_keep_alive(self.conn, Instant::now()));
+                    let (_, spool) = ctx.broker.with(|b| {
+                        let now = Instant::now();
+                        b.check_keep_alive(self.conn, now);
+                        b.hold_expired(self.conn, now);
+                    });
                     ctx.broker.run_spool(spool).await;
-                    deadline = ctx.broker.with(|b| b.keep_alive_deadline(self.conn)).0;
+                    deadline = ctx.broker.with(|b| next_deadline(b, self.conn)).0;
                     continue;
                 }
             };
@@ -242,6 +258,10 @@ impl Reader<'_> {
                     fed.paused = true;
                     return fed;
                 }
+                if let Some(until) = b.held_until(conn) {
+                    fed.held = Some(until);
+                    return fed;
+                }
                 match codec::frame_len(buf, max) {
                     Ok(Some(len)) => {
                         let frame: Bytes = buf.split_to(len).freeze();
@@ -251,7 +271,7 @@ impl Reader<'_> {
                         }
                     }
                     Ok(None) => {
-                        fed.deadline = b.keep_alive_deadline(conn);
+                        fed.deadline = next_deadline(b, conn);
                         return fed;
                     }
                     Err(e) => b.decode_error(conn, &e, now),
@@ -271,6 +291,8 @@ struct Fed {
     closing: bool,
     /// Reading is paused (MQTT 3.1.1 past our Receive Maximum).
     paused: bool,
+    /// Reading is held until then by a subscriber's queue (`broker::core::backpressure`).
+    held: Option<Instant>,
     /// When the client's keep-alive runs out, if it has one: read under the same lock as the
     /// frames, which saves taking it once more per read.
     deadline: Option<Instant>,
@@ -317,6 +339,13 @@ async fn writer<W: AsyncWrite + Unpin>(
             }
         }
     }
+}
+
+/// The reader's next timer: the keep-alive, or the end of a hold on its acknowledgements
+/// (`broker::core::backpressure`).
+fn next_deadline(b: &crate::broker::core::Broker, conn: ConnId) -> Option<Instant> {
+    let keep_alive = b.keep_alive_deadline(conn);
+    b.hold_deadline(conn).into_iter().chain(keep_alive).min()
 }
 
 async fn sleep_until(deadline: Option<Instant>) {

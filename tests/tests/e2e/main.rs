@@ -13,6 +13,7 @@ mod bridge_jetstream;
 mod bridge_quota;
 mod bridge_security;
 mod bridge_versions;
+mod broker_backpressure;
 mod broker_durable;
 mod broker_hostile;
 mod broker_interop;

@@ -139,6 +139,8 @@ impl Broker {
             will,
             expiry_was_zero: c.session_expiry == 0,
             closing: false,
+            held: None,
+            acks_held: false,
         };
         self.conns.insert(conn, conn_state);
         if let Some(s) = self.session_mut(key) {
@@ -307,6 +309,8 @@ impl Broker {
         s.disconnected_at = Some(now);
         s.disconnected_ms = Some(shared::units::now_ms());
         let expiry = s.expiry;
+        // Publishers it held are read again: an offline session holds no one.
+        self.drained(key, now);
         if let Some(Will { msg, delay, expiry: msg_expiry }) = will {
             if delay == 0 || expiry == 0 {
                 self.publish_will(PendingWill { msg, expiry: msg_expiry, rules, due: now }, now);

@@ -93,7 +93,7 @@ impl Broker {
                     message,
                 })));
                 if local && !hold {
-                    self.accept_local(&msg, retain, now);
+                    self.accept_local(from, &msg, retain, now);
                 }
                 // The spool's answer releases the ack; the store's commit, too, if this made ops.
                 let op_id = self.last_op;
@@ -110,7 +110,7 @@ impl Broker {
             }
             None => {
                 if local {
-                    self.accept_local(&msg, retain, now);
+                    self.accept_local(from, &msg, retain, now);
                 }
                 if let (Some(conn), Some((qos, pkid))) = (from, ack) {
                     self.ack_after_store(conn, ack_packet(qos, pkid, reason::SUCCESS), since, now);
@@ -150,7 +150,7 @@ impl Broker {
         let since = self.last_op;
         if let (Spooled::Accepted, Some(msg)) = (outcome, &p.deliver) {
             let retain = p.retain && (msg.payload.is_empty() || self.retained.has_room(msg));
-            self.accept_local(msg, retain, now);
+            self.accept_local(p.conns.first().copied(), msg, retain, now);
         }
         let stored = if self.last_op > since { self.last_op } else { 0 };
         // A QoS 2 packet id stays received only if the message is in: any other outcome ends
@@ -232,6 +232,9 @@ impl Broker {
         let durable = self.durable;
         loop {
             let Some(c) = self.conns.get_mut(&conn) else { return };
+            if c.acks_held {
+                return;
+            }
             let ready = match c.acks.front() {
                 Some(AckSlot::Ready(_)) => true,
                 Some(AckSlot::Stored { op_id, .. }) => *op_id <= durable,
@@ -252,7 +255,7 @@ impl Broker {
     }
 
     /// Local delivery: the retained store, then every matching subscriber.
-    fn accept_local(&mut self, msg: &Arc<Message>, retain: bool, now: Instant) {
+    fn accept_local(&mut self, from: Option<ConnId>, msg: &Arc<Message>, retain: bool, now: Instant) {
         if retain {
             // Room was checked when the message came in.
             if self.retained.store(msg).is_ok() {
@@ -261,7 +264,9 @@ impl Broker {
             }
             self.metrics.retained(self.retained.len(), self.retained.bytes());
         }
+        self.congested = None;
         self.deliver(msg, now);
+        self.hold_publisher(from, now);
     }
 
     /// Sends `msg` to every session a subscription of which matches it: one copy per session
@@ -366,6 +371,7 @@ impl Broker {
         if s.has_room(weight, max_messages, max_bytes) {
             s.push(d);
             self.wake(conn);
+            self.note_queue(key);
             return;
         }
         match policy {
@@ -383,6 +389,7 @@ impl Broker {
                 self.metrics.dropped("queue_full_qos0", freed + u64::from(!room && qos0));
                 if room {
                     self.wake(conn);
+                    self.note_queue(key);
                 } else if !qos0 {
                     self.metrics.dropped("queue_full", 1);
                     self.metrics.disconnect("slow_subscriber");
@@ -512,6 +519,7 @@ impl Broker {
         self.metrics.dropped("too_large_for_client", too_large);
         let out = if internal { &self.metrics.publish_out_internal } else { &self.metrics.publish_out };
         out.inc_by(sent);
+        self.drained(key, now);
         Transmit { packets, closing: false, more }
     }
 }

@@ -21,6 +21,7 @@
 //! Every message that enters (a client's PUBLISH, a will, an in-process client's publish) goes
 //! through the same ingest: ACL, topic class and route, the spool for the cloud, local delivery.
 
+mod backpressure;
 mod connect;
 mod deliver;
 pub mod durable;
@@ -108,6 +109,11 @@ pub struct Limits {
     pub max_session_expiry: u32,
     pub client_ids: ClientIds,
     pub slow_subscriber: SlowSubscriber,
+    /// Queued messages of a connected subscriber past which its publishers are held
+    /// (`backpressure.rs`); 0: never.
+    pub backpressure_queue: usize,
+    /// Longest one hold lasts.
+    pub backpressure_wait: Duration,
     pub max_client_id_length: usize,
     /// Control packets (acks, SUBACKs) a client may leave unread before it is disconnected.
     pub max_control_queue: usize,
@@ -135,6 +141,8 @@ impl Default for Limits {
             max_session_expiry: 7 * 24 * 3600,
             client_ids: ClientIds::PerIdentity,
             slow_subscriber: SlowSubscriber::DropQos0ThenDisconnect,
+            backpressure_queue: 100,
+            backpressure_wait: Duration::from_millis(500),
             max_client_id_length: 256,
             max_control_queue: 4096,
             internal_topics: Vec::new(),
@@ -183,6 +191,8 @@ pub enum Spooled {
 pub enum Action {
     /// The connection has packets to send (or is closing): its writer should `poll_transmit`.
     Wake(ConnId),
+    /// A held publisher may be read again (`Broker::held_until`).
+    Resume(ConnId),
     Spool(Box<SpoolRequest>),
     /// Write `op` to the session store, after every op of a lower `op_id`, and report the commit
     /// with [`Broker::stored`].
@@ -244,6 +254,9 @@ pub struct Broker {
     /// What the cloud's sink stores of one record: a cloud-bound publish it could not store
     /// whole is refused.
     sink: Option<Arc<crate::spool::SinkFit>>,
+    /// A session the message being delivered left behind by `backpressure_queue`
+    /// (`backpressure.rs`).
+    congested: Option<SessionKey>,
 }
 
 impl Broker {
@@ -273,6 +286,7 @@ impl Broker {
             store_waiters: BTreeSet::new(),
             next_sid: 0,
             sink: None,
+            congested: None,
         }
     }
 
@@ -449,6 +463,13 @@ impl Broker {
         s.persisted = true;
         let record = s.record();
         self.store(StoreOp::Session(record));
+    }
+
+    /// Messages queued (not in flight) for the session of `conn`.
+    #[cfg(test)]
+    pub(crate) fn session_queue_len(&self, conn: ConnId) -> usize {
+        let key = self.conns.get(&conn).map(|c| c.session);
+        key.and_then(|k| self.session(k)).map_or(0, |s| s.queue.len())
     }
 
     /// The byte accounting of the queue bounds, recomputed: every session's held bytes are its

@@ -120,6 +120,10 @@ pub struct Session {
     /// delivered again ([MQTT-4.3.3-9]).
     pub qos2_in: HashMap<u16, Qos2In>,
     pub pending_will: Option<PendingWill>,
+    /// Publishers this session's queue holds back (`backpressure.rs`).
+    pub holding: Vec<ConnId>,
+    /// It did not drain within a hold: it holds no publisher until its queue is half the bound.
+    pub stalled: bool,
 }
 
 impl Session {
@@ -144,6 +148,8 @@ impl Session {
             next_pkid: 0,
             qos2_in: HashMap::new(),
             pending_will: None,
+            holding: Vec::new(),
+            stalled: false,
         }
     }
 
@@ -261,4 +267,8 @@ pub struct Conn {
     pub expiry_was_zero: bool,
     /// A DISCONNECT was decided; only what is in `control` goes out before the socket closes.
     pub closing: bool,
+    /// Held until then by the queue of that session (`backpressure.rs`): not read meanwhile,
+    /// or with `acks_held`, read but not acknowledged.
+    pub held: Option<(Instant, SessionKey)>,
+    pub acks_held: bool,
 }

@@ -25,6 +25,8 @@ pub(crate) struct Harness {
     pub stored: Vec<Vec<(u64, StoreOp)>>,
     /// While set, store ops are not reported committed (`commit_store` does it).
     pub hold_store: bool,
+    /// Held publishers the core resumed, in order.
+    pub resumed: Vec<ConnId>,
 }
 
 pub(crate) fn connect_packet(client_id: &str, version: Version) -> Connect {
@@ -107,6 +109,7 @@ impl Harness {
             spooled: Vec::new(),
             stored: Vec::new(),
             hold_store: false,
+            resumed: Vec::new(),
         }
     }
 
@@ -122,6 +125,7 @@ impl Harness {
             while let Some(a) = self.b.poll_action() {
                 match a {
                     Action::Wake(_) => {}
+                    Action::Resume(conn) => self.resumed.push(conn),
                     Action::Spool(r) => self.spooled.push(*r),
                     Action::Store { op_id, op } => group.push((op_id, op)),
                 }
@@ -245,6 +249,7 @@ pub(crate) fn sub_with(pkid: u16, filter: &str, qos: QoS, f: impl FnOnce(&mut Su
     Inbound::Subscribe { pkid, filters: vec![r], id: None }
 }
 
+mod backpressure;
 mod connect;
 pub(crate) mod durable;
 mod flow;
