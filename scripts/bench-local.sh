@@ -7,9 +7,13 @@
 #     sustained throughput);
 #   - paho-mqtt (Python, what many users run): 1 publisher and 1 subscriber at 1,000 and 2,500
 #     msg/s (paho itself is the bottleneck above that);
+#   - paho with 1 publisher and 10 subscribers at 300 msg/s (fan-out);
 #   - the Rust generator with a persistent-session subscriber (Clean Session 0) at 1,000 and
 #     2,500 msg/s, against a second Mosquitto with `persistence true` (edge-node stores what it
 #     queues for such a session, and acknowledges its publisher once stored);
+#   - MQTT.js (tests/node, Node and the `mqtt` package, with its defaults: Nagle on) with one
+#     connection that subscribes and publishes, over TCP and over WebSocket, at 1,000 msg/s
+#     and unthrottled (100 in flight);
 # all QoS1, 1 KiB payloads, loopback; plus edge-node's RSS idle and under load, and idle for the
 # `device` build the images ship (3 starts, 3 s after each is ready).
 # Usage: scripts/bench-local.sh [REPEATS=3] [SECONDS=8]. Prints a Markdown table of medians.
@@ -20,6 +24,11 @@ export PATH="$(scripts/install-test-deps.sh):$PATH"
 repeats=${1:-3}
 seconds=${2:-8}
 
+command -v node >/dev/null && command -v npm >/dev/null || {
+  SUDO=""; [ "$(id -u)" -eq 0 ] || SUDO="sudo"
+  $SUDO apt-get update -qq >&2 && DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq nodejs npm >&2
+}
+[ -d tests/node/node_modules/mqtt ] || (cd tests/node && npm ci --no-audit --no-fund --silent >&2)
 cargo build --release --locked --quiet -p edge-node -p e2e-tests --bin edge-node --bin mqtt-bench
 cargo build --profile device --locked --quiet -p edge-node
 bin=target/release
@@ -38,10 +47,21 @@ rss_kb() { awk '/^VmRSS/{print $2}' "/proc/$1/status"; }
 # edge-node with the example config (probe on, as in production) on free ports.
 sed -e 's/^bind = "127.0.0.1:1883"/bind = "127.0.0.1:0"/' -e 's/^bind = "127.0.0.1:9464"/bind = "127.0.0.1:0"/' \
   -e 's/^level = "info"/level = "warn"/' config/edge.toml > "$work/edge.toml"
+# A WebSocket listener beside the TCP one, for the MQTT.js cases.
+python3 - "$work/edge.toml" <<'EOP'
+import sys
+path = sys.argv[1]
+text = open(path).read()
+local = 'name = "local"\nbind = "127.0.0.1:0"\nanonymous = true\n'
+assert local in text, "config/edge.toml's local listener moved"
+ws = '\n[[listener]]\nname = "ws"\nbind = "127.0.0.1:0"\nanonymous = true\nwebsocket = true\n'
+open(path, "w").write(text.replace(local, local + ws, 1))
+EOP
 "$bin/edge-node" run --config "$work/edge.toml" --ready-file "$work/ready.json" 2> "$work/edge.log" &
 edge_pid=$!; pids+=("$edge_pid")
 
 mport=$(free_port)
+wsport=$(free_port)
 cat > "$work/mosquitto.conf" <<EOC
 listener $mport 127.0.0.1
 allow_anonymous true
@@ -50,6 +70,8 @@ set_tcp_nodelay true
 max_inflight_messages 100
 max_queued_messages 10000
 log_dest none
+listener $wsport 127.0.0.1
+protocol websockets
 EOC
 "$mosquitto_bin" -c "$work/mosquitto.conf" &
 mosq_pid=$!; pids+=("$mosq_pid")
@@ -57,13 +79,15 @@ mosq_pid=$!; pids+=("$mosq_pid")
 # autosave_interval, 30 min by default, and at a clean stop).
 pport=$(free_port)
 mkdir -p "$work/mosquitto-data"
-sed -e "s/^listener $mport /listener $pport /" -e 's/^persistence false/persistence true/' "$work/mosquitto.conf" > "$work/mosquitto-persist.conf"
+sed -e "s/^listener $mport /listener $pport /" -e 's/^persistence false/persistence true/' -e "/^listener $wsport /,\$d" \
+  "$work/mosquitto.conf" > "$work/mosquitto-persist.conf"
 echo "persistence_location $work/mosquitto-data/" >> "$work/mosquitto-persist.conf"
 "$mosquitto_bin" -c "$work/mosquitto-persist.conf" &
 pids+=("$!")
 
 for _ in $(seq 100); do [ -s "$work/ready.json" ] && break; sleep 0.1; done
 eport=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["mqtt"]["local"].rsplit(":",1)[1])' "$work/ready.json")
+ewsport=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["mqtt"]["ws"].rsplit(":",1)[1])' "$work/ready.json")
 sleep 3
 idle_rss=$(rss_kb "$edge_pid")
 mosq_idle_rss=$(rss_kb "$mosq_pid")
@@ -74,7 +98,8 @@ pids+=("$!")
 brokers=("mosquitto:$mport" "edge-node:$eport")
 # Each case: generator, rate (0 = unthrottled), subscribers.
 cases=("rust 1000 1" "rust 2500 1" "rust 5000 1" "rust 1000 10" "rust 0 1" "paho 1000 1" "paho 2500 1"
-  "persistent 1000 1" "persistent 2500 1")
+  "paho 300 10" "persistent 1000 1" "persistent 2500 1" "mqttjs-tcp 1000 1" "mqttjs-tcp 0 1" "mqttjs-ws 1000 1"
+  "mqttjs-ws 0 1")
 # BENCH_CASES="rust 2500 1;persistent 2500 1" runs only those.
 if [ -n "${BENCH_CASES:-}" ]; then IFS=';' read -r -a cases <<< "$BENCH_CASES"; fi
 for r in $(seq "$repeats"); do
@@ -91,8 +116,13 @@ for r in $(seq "$repeats"); do
       elif [ "$generator" = rust ]; then
         "$bin/mqtt-bench" --label "$label" --port "$port" --rate "$rate" --subscribers "$subs" --seconds "$seconds" \
           | python3 -c 'import json,sys; d=json.loads(sys.stdin.read()); d["generator"]="rust"; print(json.dumps(d))' >> "$work/results.jsonl"
+      elif [ "$generator" = mqttjs-tcp ]; then
+        node tests/node/mqttjs_bench.js "mqtt://127.0.0.1:$port" "$rate" "$seconds" "$label" "$generator" >> "$work/results.jsonl"
+      elif [ "$generator" = mqttjs-ws ]; then
+        [ "$label" = mosquitto ] && port=$wsport || port=$ewsport
+        node tests/node/mqttjs_bench.js "ws://127.0.0.1:$port/mqtt" "$rate" "$seconds" "$label" "$generator" >> "$work/results.jsonl"
       else
-        python3 tests/python/paho_bench.py 127.0.0.1 "$port" "$rate" "$seconds" "$label" >> "$work/results.jsonl"
+        python3 tests/python/paho_bench.py 127.0.0.1 "$port" "$rate" "$seconds" "$label" 5 "$subs" >> "$work/results.jsonl"
       fi
     done
   done

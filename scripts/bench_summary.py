@@ -13,7 +13,8 @@ def case(r):
     return (r.get("generator", "rust"), r["rate"], r.get("subscribers", 1))
 
 
-cases = sorted({case(r) for r in runs}, key=lambda c: ({"rust": 0, "paho": 1}.get(c[0], 2), c[1] == 0, c[2], c[1]))
+order = {"rust": 0, "paho": 1, "persistent": 2, "mqttjs-tcp": 3, "mqttjs-ws": 4}
+cases = sorted({case(r) for r in runs}, key=lambda c: (order.get(c[0], 5), c[1] == 0, c[2], c[1]))
 
 
 def med(c, label, field):

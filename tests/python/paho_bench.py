@@ -1,8 +1,8 @@
 """Local-latency load with paho-mqtt, what many users run: one QoS1 publisher at a fixed rate and
-one QoS1 subscriber, 1 KiB payloads carrying a sequence number and a send time. Prints one JSON
-line in mqtt-bench's format (scripts/bench-local.sh).
+SUBS QoS1 subscribers (fan-out), 1 KiB payloads carrying a sequence number and a send time.
+Prints one JSON line in mqtt-bench's format (scripts/bench-local.sh).
 
-Usage: paho_bench.py HOST PORT RATE SECONDS LABEL [VERSION=5]"""
+Usage: paho_bench.py HOST PORT RATE SECONDS LABEL [VERSION=5] [SUBS=1]"""
 import json
 import sys
 import threading
@@ -12,6 +12,7 @@ import paho.mqtt.client as mqtt
 
 host, port, rate, seconds, label = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), float(sys.argv[4]), sys.argv[5]
 version = mqtt.MQTTv5 if (sys.argv[6] if len(sys.argv) > 6 else "5") == "5" else mqtt.MQTTv311
+subscribers = int(sys.argv[7]) if len(sys.argv) > 7 else 1
 warmup = 1.0
 topic = f"paho-bench/{time.monotonic_ns()}"
 base = time.monotonic_ns()
@@ -19,7 +20,6 @@ latencies = []
 seen = set()
 duplicates = 0
 lock = threading.Lock()
-subscribed = threading.Event()
 window = [None, None]
 
 
@@ -29,10 +29,10 @@ def on_message(client, userdata, msg):
     seq = int.from_bytes(msg.payload[0:8], "big")
     sent = int.from_bytes(msg.payload[8:16], "big")
     with lock:
-        if seq in seen:
+        if (userdata, seq) in seen:
             duplicates += 1
             return
-        seen.add(seq)
+        seen.add((userdata, seq))
         if sent >= warmup * 1e9:
             if window[0] is None:
                 window[0] = time.monotonic()
@@ -48,13 +48,18 @@ def client(name):
     return c
 
 
-sub = client("paho-sub")
-sub.on_message = on_message
-sub.on_subscribe = lambda *a: subscribed.set()
-sub.loop_start()
-sub.subscribe(topic, qos=1)
-if not subscribed.wait(5):
-    sys.exit("no SUBACK")
+subs = []
+for i in range(subscribers):
+    sub = client(f"paho-sub{i}")
+    sub.user_data_set(i)
+    sub.on_message = on_message
+    done = threading.Event()
+    sub.on_subscribe = lambda *a, done=done: done.set()
+    sub.loop_start()
+    sub.subscribe(topic, qos=1)
+    if not done.wait(5):
+        sys.exit("no SUBACK")
+    subs.append(sub)
 
 pub = client("paho-pub")
 pub.loop_start()
@@ -81,11 +86,12 @@ while True:
 deadline = time.monotonic() + 3
 while time.monotonic() < deadline:
     with lock:
-        if len(seen) >= seq:
+        if len(seen) >= seq * subscribers:
             break
     time.sleep(0.05)
 pub.loop_stop()
-sub.loop_stop()
+for sub in subs:
+    sub.loop_stop()
 lat = sorted(latencies)
 
 
@@ -100,17 +106,17 @@ print(
             "label": label,
             "rate": rate,
             "payload": 1024,
-            "subscribers": 1,
+            "subscribers": subscribers,
             "sent": measured_sent,
             "received": len(lat),
-            "lost": max(measured_sent - len(lat), 0),
+            "lost": max(measured_sent * subscribers - len(lat), 0),
             "received_total": len(seen),
             "sent_total": seq,
             "duplicates": duplicates,
             "p50_us": pct(0.5),
             "p99_us": pct(0.99),
             "max_us": lat[-1] if lat else 0,
-            "achieved_rate": len(lat) / span if span else 0.0,
+            "achieved_rate": len(lat) / subscribers / span if span else 0.0,
             "generator": "paho",
         }
     )
