@@ -226,8 +226,12 @@ impl Node {
         // What the cloud's sink stores of one record: the uplink learns it, the broker refuses
         // a cloud-bound publish past it.
         let sink_fit = spool.as_ref().map(|_| Arc::new(spool::SinkFit::load(&config.spool.path)));
-        let mut core =
-            broker::core::Broker::new(config.broker.limits(internal_topics), classes.clone(), broker_metrics.clone());
+        let mut core = broker::core::Broker::new(
+            config.broker.limits(internal_topics),
+            classes.clone(),
+            broker_metrics.clone(),
+            broker::core::WallClock::read(),
+        );
         if let Some(fit) = &sink_fit {
             core = core.with_sink_limits(fit.clone());
         }
@@ -250,7 +254,6 @@ impl Node {
             auth: ArcSwap::from_pointee(auth),
             auth_generation: AtomicU64::new(0),
             metrics: front_metrics,
-            broker_metrics,
             permits: Arc::new(Semaphore::new(config.broker.max_connections)),
             pending: Arc::new(Semaphore::new(config.broker.max_pending_connections)),
             logins: LoginPool::start(

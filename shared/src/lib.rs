@@ -6,6 +6,8 @@
 
 #[cfg(feature = "fs")]
 pub mod fs;
+#[cfg(feature = "fs")]
+pub mod layout;
 pub mod model;
 pub mod proto;
 pub mod tco;

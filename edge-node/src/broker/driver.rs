@@ -16,7 +16,10 @@ use std::time::{Duration, Instant};
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 
-use super::core::{Action, Broker, ConnId, SpoolRequest, Spooled};
+use super::core::{Action, Broker, ConnId, SpoolRequest, Spooled, WallClock};
+
+/// How often the timer task gives the core the wall clock again, at least.
+const WALL_CLOCK_EVERY: Duration = Duration::from_secs(60);
 use super::store::SessionStore;
 use crate::spool::{AppendError, SpoolWriter};
 
@@ -179,6 +182,12 @@ impl BrokerHandle {
         (result, Routed { requests: spool, orphans })
     }
 
+    /// Counts a client the front disconnected for accepting no data for
+    /// `broker.slow_client_timeout` (`edge_mqtt_disconnects_total{reason="slow_client"}`).
+    pub fn count_slow_client(&self) {
+        lock(&self.core).count_disconnect("slow_client");
+    }
+
     /// Waits while the session store is far behind (`store::MAX_PENDING_OPS`): a client's
     /// reader calls it between reads, so a disk slower than the clients holds them back.
     pub async fn store_room(&self) {
@@ -228,8 +237,13 @@ impl BrokerHandle {
     /// no caller could ([`Routed`]), until `shutdown`; then makes those left.
     pub async fn run_timers(self: Arc<Self>, shutdown: CancellationToken) {
         loop {
-            let (next, _) = self.with(|b| b.poll_timeout());
-            let wait = next.map_or(Duration::from_secs(3600), |at| at.saturating_duration_since(Instant::now()));
+            // The core's wall clock follows the system's at least once a minute.
+            let (next, _) = self.with(|b| {
+                b.set_wall_clock(WallClock::read());
+                b.poll_timeout()
+            });
+            let wait =
+                next.map_or(WALL_CLOCK_EVERY, |at| at.saturating_duration_since(Instant::now()).min(WALL_CLOCK_EVERY));
             tokio::select! {
                 _ = shutdown.cancelled() => {
                     self.run_orphans().await;
@@ -290,7 +304,8 @@ mod tests {
             Durability::Normal,
             None,
         )]);
-        let core = Broker::new(Limits::default(), Arc::new(classes), BrokerMetrics::new(&mut Default::default()));
+        let metrics = BrokerMetrics::new(&mut Default::default());
+        let core = Broker::new(Limits::default(), Arc::new(classes), metrics, WallClock::read());
         let handle = BrokerHandle::new(core, Some(writer.clone()), None);
         let shutdown = CancellationToken::new();
         let timers = tokio::spawn(handle.clone().run_timers(shutdown.clone()));

@@ -21,7 +21,8 @@ pub fn client_bytes(data: &[u8]) {
     let Some((&selector, stream)) = data.split_first() else { return };
     let version = if selector % 2 == 0 { Version::V311 } else { Version::V5 };
     let limits = Limits { max_queued_messages: 16, max_retained_messages: 16, ..Limits::default() };
-    let mut core = Broker::new(limits, Arc::new(Classes::default()), BrokerMetrics::new(&mut Default::default()));
+    let metrics = BrokerMetrics::new(&mut Default::default());
+    let mut core = Broker::new(limits, Arc::new(Classes::default()), metrics, super::core::WallClock::read());
     let mut now = Instant::now();
     let identity = || Identity { owner: "fuzz".into(), internal: false, rules: None };
 

@@ -122,7 +122,8 @@ impl EdgeConfig {
             m.check(&mut p);
         }
         if let Some(tco) = &self.tco {
-            for (key, reason) in tco.problems(&self.classes) {
+            let routed = |name: &str| self.classes.iter().find(|c| c.name == name).map(|c| c.governance);
+            for (key, reason) in tco.problems(&routed) {
                 p.bad(key, reason);
             }
         }

@@ -149,7 +149,7 @@ where
         }
         End::SlowClient => {
             tracing::warn!(listener = entry.listener, peer = %entry.peer, %client_id, "slow client disconnected: accepted no data for broker.slow_client_timeout");
-            ctx.broker_metrics.disconnect("slow_client");
+            ctx.broker.count_slow_client();
         }
         End::Lost | End::Closed => {}
     }

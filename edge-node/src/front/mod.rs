@@ -29,7 +29,6 @@ use tokio_util::task::TaskTracker;
 
 use crate::auth::{AuthState, Identity, LoginPool};
 use crate::broker::driver::BrokerHandle;
-use crate::broker::metrics::BrokerMetrics;
 use crate::labels::RefusedLabels;
 
 pub use config::{ListenerConfig, check_listeners, default_listeners};
@@ -45,8 +44,6 @@ pub struct FrontContext {
     /// Bumped on every reload, so connections re-resolve their ACL rules.
     pub auth_generation: AtomicU64,
     pub metrics: FrontMetrics,
-    /// The core's counters, for what the front decides (a slow client).
-    pub broker_metrics: BrokerMetrics,
     /// Connections admitted (past CONNECT and the login): `broker.max_connections`.
     pub permits: Arc<Semaphore>,
     /// Connections not yet admitted: `broker.max_pending_connections`.

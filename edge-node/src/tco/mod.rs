@@ -21,7 +21,7 @@ use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
 use crate::labels::handle;
-use crate::route::{ClassConfig, Classes};
+use crate::route::Classes;
 
 /// `[tco]`: prices, the schedule and per-class figures.
 #[derive(Debug, Clone, Deserialize, Serialize)]
@@ -88,8 +88,10 @@ pub struct TcoClass {
 }
 
 impl TcoConfig {
-    /// Semantic problems, as `(key, reason)`.
-    pub fn problems(&self, classes: &[ClassConfig]) -> Vec<(String, String)> {
+    /// Semantic problems, as `(key, reason)`. `routed` is the governance of a class the edge
+    /// routes (a `[[class]]`), by name: the check across the two sections is `config`'s to
+    /// make, with what it reads from both.
+    pub fn problems(&self, routed: &dyn Fn(&str) -> Option<Governance>) -> Vec<(String, String)> {
         let mut out = Vec::new();
         let p = &self.prices;
         if p.months.is_nan() || p.months <= 0.0 {
@@ -120,13 +122,12 @@ impl TcoConfig {
         }
         for (name, c) in &self.classes {
             let key = |k: &str| format!("tco.class.{name}.{k}");
-            let edge_class = classes.iter().find(|e| &e.name == name);
-            let governance = match (edge_class, c.governance) {
+            let governance = match (routed(name), c.governance) {
                 (Some(_), Some(_)) => {
                     out.push((key("governance"), "set in [[class]] for classes the edge routes".into()));
                     continue;
                 }
-                (Some(e), None) => e.governance,
+                (Some(g), None) => g,
                 (None, g) => {
                     if c.msg_per_s.is_none() || c.bytes_per_msg.is_none() {
                         out.push((
@@ -415,6 +416,7 @@ fn publish(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::route::ClassConfig;
 
     /// The two sections the model reads, without the rest of a node's config.
     #[derive(Deserialize)]
@@ -461,7 +463,8 @@ bytes_per_msg = 1
         )
         .unwrap();
         let (tco, classes) = (config.tco.clone(), Classes::from_config(&config.classes));
-        assert!(tco.problems(&config.classes).is_empty(), "{:?}", tco.problems(&config.classes));
+        let routed = |n: &str| config.classes.iter().find(|c| c.name == n).map(|c| c.governance);
+        assert!(tco.problems(&routed).is_empty(), "{:?}", tco.problems(&routed));
         let lanes = |lane: Option<u8>| match lane {
             Some(3) => Some(0.25),
             Some(_) => None,

@@ -17,7 +17,7 @@ use anyhow::Context;
 use bytes::Bytes;
 use edge_node::broker::BrokerConfig;
 use edge_node::broker::codec::{Connect, Inbound, PublishPacket, PublishProps, QoS, SubscribeRequest, Version};
-use edge_node::broker::core::{Broker, ConnectRequest, Identity};
+use edge_node::broker::core::{Broker, ConnectRequest, Identity, WallClock};
 use edge_node::broker::driver::BrokerHandle;
 use edge_node::broker::metrics::BrokerMetrics;
 use edge_node::broker::store::SessionStore;
@@ -49,7 +49,8 @@ fn broker_config(sessions: usize) -> BrokerConfig {
 fn build(path: &Path, sessions: usize, messages: usize, payload: usize) -> anyhow::Result<()> {
     let metrics = BrokerMetrics::new(&mut Default::default());
     let (store, _) = SessionStore::open(path, metrics.clone())?;
-    let core = Broker::new(broker_config(sessions).limits(Vec::new()), Arc::new(Classes::default()), metrics);
+    let limits = broker_config(sessions).limits(Vec::new());
+    let core = Broker::new(limits, Arc::new(Classes::default()), metrics, WallClock::read());
     let handle = BrokerHandle::new(core, None, Some(store.clone()));
     let identity = || Identity { owner: "anonymous".into(), internal: false, rules: None };
     let now = Instant::now;

@@ -301,13 +301,14 @@ impl Broker {
     pub(super) fn detach(&mut self, conn: ConnId, now: Instant) {
         let Some(c) = self.conns.get_mut(&conn) else { return };
         let (key, will, rules) = (c.session, c.will.take(), c.rules.clone());
+        let wall = self.wall_ms(now);
         let Some(s) = self.session_mut(key) else { return };
         if s.conn != Some(conn) {
             return;
         }
         s.conn = None;
         s.disconnected_at = Some(now);
-        s.disconnected_ms = Some(shared::units::now_ms());
+        s.disconnected_ms = Some(wall);
         let expiry = s.expiry;
         // Publishers it held are read again: an offline session holds no one.
         self.drained(key, now);

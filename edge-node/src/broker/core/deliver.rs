@@ -85,7 +85,7 @@ impl Broker {
                     retain,
                 };
                 self.pending.insert(ticket, pending);
-                let message = spool_message(&msg, class, now);
+                let message = spool_message(&msg, class, now, self.wall_ms(now));
                 self.actions.push_back(Action::Spool(Box::new(SpoolRequest {
                     ticket,
                     lane: class.lane,
@@ -540,8 +540,7 @@ fn ack_packet(qos: QoS, pkid: u16, code: u8) -> Outbound {
 
 /// The spool record of a message: its class's expiry (TTL) or the message's own, whichever is
 /// sooner.
-fn spool_message(msg: &Message, class: &Class, now: Instant) -> crate::spool::Message {
-    let wall = shared::units::now_ms();
+fn spool_message(msg: &Message, class: &Class, now: Instant, wall: u64) -> crate::spool::Message {
     let from_message = msg.expires_at.map(|at| wall + at.saturating_duration_since(now).as_millis() as u64);
     let from_class = class.ttl_ms.map(|t| wall + t);
     let expires_ms = match (from_message, from_class) {

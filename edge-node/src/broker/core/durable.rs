@@ -221,8 +221,8 @@ impl Broker {
     /// The pending will of a durable session changed.
     pub(super) fn store_will(&mut self, key: SessionKey, now: Instant) {
         let Some(sid) = self.durable_sid(key) else { return };
+        let wall = self.wall_ms(now);
         let Some(s) = self.session(key) else { return };
-        let wall = shared::units::now_ms();
         let will = s.pending_will.as_ref().map(|w| StoredWill {
             msg: w.msg.clone(),
             expiry: w.expiry,
@@ -237,7 +237,7 @@ impl Broker {
     /// was down ends (its will goes, if it had one); a message whose expiry passed is dropped,
     /// unless it was in flight (a resend goes whatever its expiry, as before the restart).
     pub fn restore(&mut self, state: StoredState, now: Instant) {
-        let wall = shared::units::now_ms();
+        let wall = self.wall_ms(now);
         for msg in state.retained {
             if msg.expired(now) {
                 self.store(StoreOp::Retain { topic: msg.topic.clone(), msg: None });

@@ -2,7 +2,8 @@
 //! the retained store, as one deterministic state machine with no sockets and no clock.
 //!
 //! The glue feeds it (`connect`, `handle`, `closed`, `spooled`, `handle_timeout`, each with
-//! `now`) and drains it: `poll_transmit` gives a connection's next packets, `poll_action` what
+//! `now`; the wall clock as a [`WallClock`] it reads `now` against, refreshed by the glue) and
+//! drains it: `poll_transmit` gives a connection's next packets, `poll_action` what
 //! the glue must do for it (wake a connection's writer, append a message to the spool, store a
 //! session). Tests drive it the same way, without sockets and without sleeping.
 //!
@@ -216,6 +217,32 @@ struct PendingSpool {
     retain: bool,
 }
 
+/// The wall clock as the glue read it: at `at` (monotonic) it was `ms` since the Unix epoch. The
+/// core reads no clock: the wall times it keeps (a disconnect, a stored will's due time, a
+/// spool record's expiry) and compares (a restore) come from the `now` it is given, through
+/// this, so a test fixes both.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct WallClock {
+    pub at: Instant,
+    pub ms: u64,
+}
+
+impl WallClock {
+    /// The clocks now: for the glue, never the core.
+    pub fn read() -> Self {
+        Self { at: Instant::now(), ms: shared::units::now_ms() }
+    }
+
+    /// Milliseconds since the Unix epoch at `now`.
+    pub fn ms_at(&self, now: Instant) -> u64 {
+        if now >= self.at {
+            self.ms.saturating_add(now.duration_since(self.at).as_millis() as u64)
+        } else {
+            self.ms.saturating_sub(self.at.duration_since(now).as_millis() as u64)
+        }
+    }
+}
+
 /// The broker core. See the module doc.
 #[derive(Debug)]
 pub struct Broker {
@@ -257,10 +284,11 @@ pub struct Broker {
     /// A session the message being delivered left behind by `backpressure_queue`
     /// (`backpressure.rs`).
     congested: Option<SessionKey>,
+    wall: WallClock,
 }
 
 impl Broker {
-    pub fn new(limits: Limits, classes: Arc<Classes>, metrics: BrokerMetrics) -> Self {
+    pub fn new(limits: Limits, classes: Arc<Classes>, metrics: BrokerMetrics, wall: WallClock) -> Self {
         let retained = Retained::new(limits.max_retained_messages, limits.max_retained_bytes);
         Self {
             limits,
@@ -287,6 +315,7 @@ impl Broker {
             next_sid: 0,
             sink: None,
             congested: None,
+            wall,
         }
     }
 
@@ -368,6 +397,22 @@ impl Broker {
             c.will = None;
         }
         self.close(conn, Some(reason), now);
+    }
+
+    /// The glue read the clocks again: monotonic and wall time drift apart (NTP, a suspend), so
+    /// it does so now and then.
+    pub fn set_wall_clock(&mut self, wall: WallClock) {
+        self.wall = wall;
+    }
+
+    /// Milliseconds since the Unix epoch at `now`.
+    pub(crate) fn wall_ms(&self, now: Instant) -> u64 {
+        self.wall.ms_at(now)
+    }
+
+    /// Counts a disconnect the glue decided (a slow client), by reason.
+    pub fn count_disconnect(&self, reason: &'static str) {
+        self.metrics.disconnect(reason);
     }
 
     /// Whether the connection is gone or closing: its glue stops reading.

@@ -91,28 +91,23 @@ impl Replay {
 
 impl Harness {
     /// The node restarts (a crash: connections vanish, no will fires) from what the store holds
-    /// after every op made so far; `after` passes on the new core's clock, and on the wall clock
-    /// the store's times are read against (they are moved back by it).
+    /// after every op made so far; `after` passes on the new core's clock, and so on the wall
+    /// clock it reads the store's times against.
     pub fn restart(&mut self, after: Duration) {
         let state = Replay::of(self.ops()).state();
         self.restart_from(state, after);
     }
 
     /// [`Harness::restart`] from `state`, what a store loaded.
-    pub fn restart_from(&mut self, mut state: StoredState, after: Duration) {
-        let back = after.as_millis() as u64;
-        for r in &mut state.sessions {
-            r.disconnected_ms = r.disconnected_ms.map(|ms| ms.saturating_sub(back));
-        }
-        for (_, w) in &mut state.wills {
-            w.due_ms = w.due_ms.saturating_sub(back);
-        }
+    pub fn restart_from(&mut self, state: StoredState, after: Duration) {
         let limits = self.b.limits().clone();
         let classes = self.b.classes.clone();
         let stored = std::mem::take(&mut self.stored);
         let mut fresh = Harness::with(limits, Classes::default());
         fresh.b.classes = classes;
         fresh.now = self.now + after;
+        fresh.wall = self.wall;
+        fresh.b.set_wall_clock(self.wall);
         // The store's history goes on: the new core's ops follow the old ones'.
         fresh.stored = stored;
         fresh.b.restore(state, fresh.now);

@@ -27,6 +27,8 @@ pub(crate) struct Harness {
     pub hold_store: bool,
     /// Held publishers the core resumed, in order.
     pub resumed: Vec<ConnId>,
+    /// The wall clock the core reads `now` against, kept across restarts.
+    pub wall: WallClock,
 }
 
 pub(crate) fn connect_packet(client_id: &str, version: Version) -> Connect {
@@ -102,9 +104,12 @@ impl Harness {
 
     pub fn with(limits: Limits, classes: Classes) -> Self {
         let metrics = BrokerMetrics::new(&mut Default::default());
+        let now = Instant::now();
+        let wall = WallClock { at: now, ms: shared::units::now_ms() };
         Self {
-            b: Broker::new(limits, Arc::new(classes), metrics),
-            now: Instant::now(),
+            b: Broker::new(limits, Arc::new(classes), metrics, wall),
+            now,
+            wall,
             next_conn: 0,
             spooled: Vec::new(),
             stored: Vec::new(),

@@ -180,7 +180,12 @@ fn a_cloud_bound_publish_the_sink_could_not_store_is_refused() {
     let mut h = Harness::with(Limits::default(), central_classes(Durability::Normal, Route::Both));
     h.b = std::mem::replace(
         &mut h.b,
-        Broker::new(Limits::default(), Arc::new(Classes::default()), BrokerMetrics::new(&mut Default::default())),
+        Broker::new(
+            Limits::default(),
+            Arc::new(Classes::default()),
+            BrokerMetrics::new(&mut Default::default()),
+            h.wall,
+        ),
     )
     .with_sink_limits(fit);
     let s = h.connect("s", Version::V5);
