@@ -17,11 +17,12 @@ use anyhow::Context;
 use edge_node::uplink::UplinkConfig;
 use edge_node::uplink::core::{Dialer, EndKind, Next, Read, SendPolicy};
 use edge_node::uplink::pack::Packer;
+use edge_node::uplink::quic::PassWriter;
 use edge_node::uplink::reach::Prober;
 use rand::Rng;
 use shared::proto::edge::{EdgeEvent, EdgeSession, SessionError};
 use shared::proto::io::{spawn_reader, write_frame};
-use shared::proto::{Control, MAX_CONTROL_FRAME, WireMessage, WireRecord, codec};
+use shared::proto::{Control, MAX_CONTROL_FRAME, WireMessage, WireRecord};
 use tokio_util::sync::CancellationToken;
 
 /// How often the synthetic spool commits what arrived (the real one's `spool.commit_interval`
@@ -395,7 +396,7 @@ impl SimEdge {
         edge: &mut Edge<'_>,
         policy: &mut SendPolicy,
     ) -> anyhow::Result<()> {
-        let mut small = Vec::new();
+        let mut writer = PassWriter::default();
         policy.begin();
         while let Some(read) = policy.next(&edge.session, Instant::now()) {
             let records = edge.spool.read(read);
@@ -405,20 +406,10 @@ impl SimEdge {
             }
             let packed = edge.packer.pack(&mut edge.session, read, records, Instant::now()).await?;
             let batch = &packed.batch;
-            if policy.is_full(packed.records) {
-                let mut stream = conn.open_uni().await?;
-                write_frame(&mut stream, batch).await?;
-                stream.finish()?;
-            } else {
-                small.extend(codec::encode(batch)?);
-            }
+            writer.batch(conn, batch, policy.is_full(packed.records)).await?;
             edge.session.sent(read.lane, batch.first_seq, batch.last_seq, Instant::now())?;
         }
-        if !small.is_empty() {
-            let mut stream = conn.open_uni().await?;
-            stream.write_all(&small).await?;
-            stream.finish()?;
-        }
+        writer.finish(conn).await?;
         Ok(())
     }
 }

@@ -25,12 +25,13 @@ use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use rand::Rng;
 use shared::proto::edge::{EdgeEvent, EdgeSession, SessionError};
 use shared::proto::io::{FrameIoError, spawn_reader, write_frame};
-use shared::proto::{Control, MAX_CONTROL_FRAME, ProtoError, WireGap, WireMessage, WireRecord, codec};
+use shared::proto::{Control, MAX_CONTROL_FRAME, ProtoError, WireGap, WireMessage, WireRecord};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::AbortOnDropHandle;
 
 use self::core::{Attempt, Dialer, EndKind, Next, SendPolicy};
 use self::pack::{Packed, Packer};
+use self::quic::{PassWriter, SendError};
 use self::reach::{ProbeMetrics, Prober, Target};
 use crate::labels::handle;
 use crate::models::sync::ModelJob;
@@ -182,6 +183,18 @@ enum ConnEnd {
     Unreachable,
     #[error("shutting down")]
     Shutdown,
+}
+
+impl From<SendError> for ConnEnd {
+    fn from(e: SendError) -> Self {
+        match e {
+            SendError::Connection(e) => ConnEnd::Connection(e),
+            SendError::Write(e) => ConnEnd::Write(e),
+            SendError::Closed(e) => ConnEnd::Closed(e),
+            SendError::Frame(e) => ConnEnd::Frame(e),
+            SendError::Encode(e) => ConnEnd::Batch(e),
+        }
+    }
 }
 
 impl ConnEnd {
@@ -478,9 +491,7 @@ impl Uplink {
             while let Some(frame) = session.poll_control() {
                 write_frame(&mut send, &frame).await?;
             }
-            // Partial batches of this pass, written together on one stream: one STREAM frame
-            // and one datagram instead of one per lane.
-            let mut small: Vec<u8> = Vec::new();
+            let mut writer = PassWriter::default();
             policy.begin();
             while let Some(read) = policy.next(session, Instant::now()) {
                 let records = spool.read(Lane(read.lane), Seq(read.after), read.max).await?;
@@ -492,21 +503,11 @@ impl Uplink {
                 let packed = packer.pack(session, read, wire, Instant::now()).await?;
                 self.count_packed(&packed);
                 let batch = &packed.batch;
-                if policy.is_full(packed.records) {
-                    let mut stream = conn.open_uni().await?;
-                    write_frame(&mut stream, batch).await?;
-                    stream.finish()?;
-                } else {
-                    small.extend(codec::encode(batch)?);
-                }
+                writer.batch(conn, batch, policy.is_full(packed.records)).await?;
                 session.sent(read.lane, batch.first_seq, batch.last_seq, Instant::now())?;
                 self.metrics.in_flight.set(session.in_flight() as i64);
             }
-            if !small.is_empty() {
-                let mut stream = conn.open_uni().await?;
-                stream.write_all(&small).await?;
-                stream.finish()?;
-            }
+            writer.finish(conn).await?;
             while let Some(frame) = session.poll_control() {
                 write_frame(&mut send, &frame).await?;
             }

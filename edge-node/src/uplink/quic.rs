@@ -56,3 +56,54 @@ pub fn server_name(config: &UplinkConfig, server: &str) -> String {
         host.trim_start_matches('[').trim_end_matches(']').to_owned()
     })
 }
+
+/// Why a pass's batches could not be written.
+#[derive(Debug, thiserror::Error)]
+pub enum SendError {
+    #[error("connection lost: {0}")]
+    Connection(#[from] quinn::ConnectionError),
+    #[error("stream: {0}")]
+    Write(#[from] quinn::WriteError),
+    #[error("stream closed: {0}")]
+    Closed(#[from] quinn::ClosedStream),
+    #[error(transparent)]
+    Frame(#[from] shared::proto::io::FrameIoError),
+    #[error("batch: {0}")]
+    Encode(#[from] shared::proto::ProtoError),
+}
+
+/// One pass's batches as the uplink writes them: a full batch on a stream of its own, so a lost
+/// packet holds up only that batch when the link is busy; partial ones together on one stream
+/// when the pass ends, one STREAM frame and one datagram instead of one per lane.
+#[derive(Debug, Default)]
+pub struct PassWriter {
+    small: Vec<u8>,
+}
+
+impl PassWriter {
+    pub async fn batch(
+        &mut self,
+        conn: &quinn::Connection,
+        batch: &shared::proto::Batch,
+        full: bool,
+    ) -> Result<(), SendError> {
+        if full {
+            let mut stream = conn.open_uni().await?;
+            shared::proto::io::write_frame(&mut stream, batch).await?;
+            stream.finish()?;
+        } else {
+            self.small.extend(shared::proto::codec::encode(batch)?);
+        }
+        Ok(())
+    }
+
+    /// Writes the partial batches of the pass.
+    pub async fn finish(self, conn: &quinn::Connection) -> Result<(), SendError> {
+        if !self.small.is_empty() {
+            let mut stream = conn.open_uni().await?;
+            stream.write_all(&self.small).await?;
+            stream.finish()?;
+        }
+        Ok(())
+    }
+}
