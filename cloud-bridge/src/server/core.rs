@@ -1,0 +1,220 @@
+//! One edge session's policy on the bridge, without I/O: which batches are taken in, which
+//! wait ahead of a missing one and for how long, which publish now and in what order, and
+//! which marks follow. The connection task (`server::session`) feeds it what happened, with
+//! `now`, and does what it asks; [`CloudSession`] under it keeps the protocol's rules (hello,
+//! release order per lane, acks).
+//!
+//! Rules it adds:
+//! - A batch's records are held with what they cost (`H`, the driver's budget reservation)
+//!   until the batch publishes; a batch the session drops (a resend) or replaces gives both
+//!   back at once.
+//! - At most `pipeline` batches publish at once, started in release order; the driver reads a
+//!   batch ahead only while fewer than `pipeline + 1` are publishing or waiting to.
+//! - A lane's mark moves only over a prefix of batches all in the sink, one mark per lane for
+//!   every batch that finished together, and marks are written one round at a time; the
+//!   edge's ack follows the mark ([`CloudSession::committed`]).
+//! - A session that holds batches ahead of a missing one for `stall` ends: an edge that never
+//!   sends the missing batch cannot pin the memory of those behind it.
+
+use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::time::{Duration, Instant};
+
+use shared::proto::cloud::CloudSession;
+use shared::proto::edge::SessionError;
+use shared::proto::{Batch, Control, WireRecord};
+
+/// A batch to publish: its records above what the sink has, and what they cost, to give back
+/// once the publish ends either way.
+#[derive(Debug)]
+pub struct Publish<H> {
+    /// Names this publish in [`SessionCore::handle_published`].
+    pub id: u64,
+    pub epoch: String,
+    pub lane: u8,
+    pub records: Vec<WireRecord>,
+    pub held: H,
+}
+
+/// Why the core ended the session.
+#[derive(Debug, thiserror::Error)]
+pub enum CoreError {
+    #[error(transparent)]
+    Session(#[from] SessionError),
+    #[error("held batches ahead of a missing one for {0:?}")]
+    Stalled(Duration),
+}
+
+/// A publish started: where its mark goes, and whether it finished.
+#[derive(Debug)]
+struct Started {
+    id: u64,
+    lane: u8,
+    up_to: u64,
+    count: u64,
+    done: bool,
+}
+
+/// See the module doc.
+#[derive(Debug)]
+pub struct SessionCore<H> {
+    session: CloudSession,
+    pipeline: usize,
+    stall: Duration,
+    /// What batches taken in hold, by (lane, first seq), until they publish.
+    held: HashMap<(u8, u64), (Vec<WireRecord>, H)>,
+    /// Since when batches wait ahead of a missing one.
+    held_since: Option<Instant>,
+    /// Released, not yet publishing.
+    queued: VecDeque<Publish<H>>,
+    /// (lane, last seq, records) of each queued publish, by id.
+    queued_marks: HashMap<u64, (u8, u64, u64)>,
+    /// Publishing, in the order they started.
+    started: VecDeque<Started>,
+    next_id: u64,
+    /// Per lane, how far the sink has every record, not yet marked.
+    marks: BTreeMap<u8, u64>,
+    /// A round of marks is being written.
+    marking: bool,
+    /// Records published in order, not yet counted by the driver.
+    published: u64,
+}
+
+impl<H> SessionCore<H> {
+    /// A session that holds at most `max_held` batches ahead of a missing one, for at most
+    /// `stall`, and publishes `pipeline` at once.
+    pub fn new(session: CloudSession, pipeline: usize, stall: Duration) -> Self {
+        Self {
+            session,
+            pipeline: pipeline.max(1),
+            stall,
+            held: HashMap::new(),
+            held_since: None,
+            queued: VecDeque::new(),
+            queued_marks: HashMap::new(),
+            started: VecDeque::new(),
+            next_id: 0,
+            marks: BTreeMap::new(),
+            marking: false,
+            published: 0,
+        }
+    }
+
+    /// The protocol session under this core: the hello's lookups, dictionaries, models and
+    /// control frames go through it.
+    pub fn session(&self) -> &CloudSession {
+        &self.session
+    }
+
+    pub fn session_mut(&mut self) -> &mut CloudSession {
+        &mut self.session
+    }
+
+    /// Whether the driver may read the next batch: one is read ahead while the others publish.
+    pub fn wants_batch(&self) -> bool {
+        self.started.len() + self.queued.len() <= self.pipeline
+    }
+
+    /// A batch read and decoded, with what holding its records costs.
+    pub fn handle_batch(
+        &mut self,
+        batch: Batch,
+        records: Vec<WireRecord>,
+        held: H,
+        now: Instant,
+    ) -> Result<(), CoreError> {
+        self.held.insert((batch.lane, batch.first_seq), (records, held));
+        for release in self.session.handle_batch(batch)? {
+            let (lane, first, up_to) = (release.batch.lane, release.batch.first_seq, release.batch.last_seq);
+            let (records, held) = self.held.remove(&(lane, first)).expect("a released batch was taken in");
+            let records: Vec<WireRecord> = records.into_iter().filter(|r| r.seq > release.skip_through).collect();
+            let id = self.next_id;
+            self.next_id += 1;
+            self.queued_marks.insert(id, (lane, up_to, records.len() as u64));
+            self.queued.push_back(Publish { id, epoch: release.batch.epoch, lane, records, held });
+        }
+        // What the session dropped (a resend) or replaced gives its memory back.
+        let session = &self.session;
+        self.held.retain(|(lane, first), _| session.is_held(*lane, *first));
+        self.held_since = match (self.held.is_empty(), self.held_since) {
+            (true, _) => None,
+            (false, None) => Some(now),
+            (false, since) => since,
+        };
+        Ok(())
+    }
+
+    /// The next batch to publish, in release order, while fewer than `pipeline` are.
+    pub fn poll_publish(&mut self) -> Option<Publish<H>> {
+        if self.started.len() >= self.pipeline {
+            return None;
+        }
+        let publish = self.queued.pop_front()?;
+        let (lane, up_to, count) = self.queued_marks.remove(&publish.id).expect("a queued publish has its mark");
+        self.started.push_back(Started { id: publish.id, lane, up_to, count, done: false });
+        Some(publish)
+    }
+
+    /// Publish `id` is in the sink. (One that failed ends the session: the edge resends what
+    /// was not acked, on a new one.)
+    pub fn handle_published(&mut self, id: u64) {
+        if let Some(s) = self.started.iter_mut().find(|s| s.id == id) {
+            s.done = true;
+        }
+        // The batches in the sink over a prefix: one mark per lane for all of them.
+        while self.started.front().is_some_and(|s| s.done) {
+            let s = self.started.pop_front().expect("checked");
+            self.published += s.count;
+            let mark = self.marks.entry(s.lane).or_default();
+            *mark = (*mark).max(s.up_to);
+        }
+    }
+
+    /// Records that reached the sink in order since the last call.
+    pub fn take_published(&mut self) -> u64 {
+        std::mem::take(&mut self.published)
+    }
+
+    /// The marks to write now, (lane, up to) in lane order, if no round is being written:
+    /// write them in order, then call [`SessionCore::handle_marked`].
+    pub fn poll_marks(&mut self) -> Option<Vec<(u8, u64)>> {
+        if self.marking || self.marks.is_empty() {
+            return None;
+        }
+        self.marking = true;
+        Some(std::mem::take(&mut self.marks).into_iter().collect())
+    }
+
+    /// The round of marks from [`SessionCore::poll_marks`] is written: the edge gets its acks.
+    pub fn handle_marked(&mut self, marks: &[(u8, u64)]) {
+        self.marking = false;
+        for &(lane, up_to) in marks {
+            self.session.committed(lane, up_to);
+        }
+    }
+
+    /// When the core must hear of time passing: the stall deadline of held batches.
+    pub fn poll_timeout(&self) -> Option<Instant> {
+        self.held_since.map(|since| since + self.stall)
+    }
+
+    /// Time passed: a session held past its stall deadline ends.
+    pub fn handle_timeout(&mut self, now: Instant) -> Result<(), CoreError> {
+        match self.poll_timeout() {
+            Some(deadline) if now >= deadline => Err(CoreError::Stalled(self.stall)),
+            _ => Ok(()),
+        }
+    }
+
+    /// Batches waiting ahead of a missing one.
+    pub fn held(&self) -> usize {
+        self.held.len()
+    }
+
+    /// The next control frame to send the edge.
+    pub fn poll_control(&mut self) -> Option<Control> {
+        self.session.poll_control()
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,216 @@
+//! The bridge session's policy on a virtual clock: no sink, no connection; what the core asks
+//! to publish and mark, and what the edge is told, for batches in and publishes done.
+
+use std::rc::Rc;
+use std::time::{Duration, Instant};
+
+use shared::proto::cloud::CloudSession;
+use shared::proto::{Ack, Batch, Codec, Control, Hello, LaneSeq, WireRecord};
+
+use super::{CoreError, Publish, SessionCore};
+
+const EPOCH: &str = "e1";
+const STALL: Duration = Duration::from_secs(30);
+
+fn batch(lane: u8, first: u64, last: u64) -> (Batch, Vec<WireRecord>) {
+    let b = Batch {
+        epoch: EPOCH.into(),
+        lane,
+        first_seq: first,
+        last_seq: last,
+        codec: Codec::Cbor,
+        dict: None,
+        raw_len: 0,
+        body: vec![],
+    };
+    (b, (first..=last).map(|seq| WireRecord { seq, message: None, gap: None }).collect())
+}
+
+/// A core past its hello, with `committed` in the sink, publishing `pipeline` at once. What a
+/// batch holds is an `Rc`: its count says whether the core still keeps it.
+fn ready(pipeline: usize, committed: &[(u8, u64)]) -> SessionCore<Rc<()>> {
+    let mut session = CloudSession::new(4);
+    let hello = Hello {
+        versions: shared::proto::VERSIONS.to_vec(),
+        epoch: EPOCH.into(),
+        lanes: vec![],
+        models: vec![],
+        dicts: vec![],
+        caps: vec![],
+    };
+    session.handle(Control::Hello(hello)).unwrap();
+    session.welcome(committed.iter().map(|&(lane, seq)| LaneSeq { lane, seq }).collect(), vec![]);
+    let mut core = SessionCore::new(session, pipeline, STALL);
+    while core.poll_control().is_some() {}
+    core
+}
+
+fn take(core: &mut SessionCore<Rc<()>>, lane: u8, first: u64, last: u64, now: Instant) -> Rc<()> {
+    let (b, records) = batch(lane, first, last);
+    let held = Rc::new(());
+    core.handle_batch(b, records, held.clone(), now).unwrap();
+    held
+}
+
+fn publishes(core: &mut SessionCore<Rc<()>>) -> Vec<Publish<Rc<()>>> {
+    std::iter::from_fn(|| core.poll_publish()).collect()
+}
+
+fn seqs(p: &Publish<Rc<()>>) -> Vec<u64> {
+    p.records.iter().map(|r| r.seq).collect()
+}
+
+fn acks(core: &mut SessionCore<Rc<()>>) -> Vec<(u8, u64)> {
+    std::iter::from_fn(|| core.poll_control())
+        .filter_map(|c| match c {
+            Control::Ack(Ack { lane, up_to }) => Some((lane, up_to)),
+            _ => None,
+        })
+        .collect()
+}
+
+/// Batches in order publish in order, `pipeline` at once; one more is read ahead and the next
+/// waits for a slot; a slot that frees starts the next.
+#[test]
+fn batches_publish_in_order_up_to_the_pipeline_with_one_read_ahead() {
+    let now = Instant::now();
+    let mut core = ready(2, &[]);
+    assert!(core.wants_batch());
+    for (first, last) in [(1, 10), (11, 20), (21, 30)] {
+        take(&mut core, 0, first, last, now);
+    }
+    let started = publishes(&mut core);
+    assert_eq!(started.iter().map(|p| p.id).collect::<Vec<_>>(), [0, 1]);
+    assert_eq!(seqs(&started[1]), (11..=20).collect::<Vec<_>>());
+    assert!(!core.wants_batch(), "two publishing and one waiting: no more read ahead");
+    core.handle_published(0);
+    assert_eq!(publishes(&mut core).iter().map(|p| p.id).collect::<Vec<_>>(), [2]);
+    assert!(core.wants_batch());
+}
+
+/// A lane's mark moves over a prefix of batches in the sink only: the second finishing first
+/// marks nothing; then one mark covers both, and the edge's ack follows the mark, not the
+/// publish.
+#[test]
+fn marks_follow_a_prefix_of_published_batches_and_acks_follow_marks() {
+    let now = Instant::now();
+    let mut core = ready(2, &[]);
+    take(&mut core, 0, 1, 10, now);
+    take(&mut core, 0, 11, 20, now);
+    let started = publishes(&mut core);
+    core.handle_published(started[1].id);
+    assert_eq!(core.poll_marks(), None, "the batch before it is not in the sink");
+    core.handle_published(started[0].id);
+    assert_eq!(core.take_published(), 20);
+    let marks = core.poll_marks().expect("both are in the sink");
+    assert_eq!(marks, [(0, 20)]);
+    assert!(acks(&mut core).is_empty(), "no ack before the mark is written");
+    core.handle_marked(&marks);
+    assert_eq!(acks(&mut core), [(0, 20)]);
+}
+
+/// Marks are written one round at a time: what finishes while a round is written waits for
+/// the next, which covers every lane at once.
+#[test]
+fn one_round_of_marks_at_a_time_one_mark_per_lane() {
+    let now = Instant::now();
+    let mut core = ready(3, &[]);
+    take(&mut core, 0, 1, 5, now);
+    let first = publishes(&mut core);
+    core.handle_published(first[0].id);
+    let round = core.poll_marks().unwrap();
+    take(&mut core, 1, 1, 3, now);
+    take(&mut core, 0, 6, 9, now);
+    for p in publishes(&mut core) {
+        core.handle_published(p.id);
+    }
+    assert_eq!(core.poll_marks(), None, "a round is being written");
+    core.handle_marked(&round);
+    assert_eq!(core.poll_marks().unwrap(), [(0, 9), (1, 3)]);
+}
+
+/// A batch ahead of a missing one is held (not published); the missing one releases both, in
+/// seq order. Held past `stall`, the session ends; released in time, no deadline is left.
+#[test]
+fn a_batch_ahead_of_a_missing_one_waits_for_it_until_the_stall_deadline() {
+    let t0 = Instant::now();
+    let mut core = ready(4, &[]);
+    take(&mut core, 0, 11, 20, t0);
+    assert!(publishes(&mut core).is_empty());
+    assert_eq!(core.held(), 1);
+    assert_eq!(core.poll_timeout(), Some(t0 + STALL));
+    // A later batch held does not push the deadline back.
+    take(&mut core, 0, 21, 30, t0 + Duration::from_secs(10));
+    assert_eq!(core.poll_timeout(), Some(t0 + STALL));
+    assert!(core.handle_timeout(t0 + STALL - Duration::from_millis(1)).is_ok());
+
+    let mut late = ready(4, &[]);
+    take(&mut late, 0, 11, 20, t0);
+    assert!(matches!(late.handle_timeout(t0 + STALL), Err(CoreError::Stalled(d)) if d == STALL));
+
+    take(&mut core, 0, 1, 10, t0 + Duration::from_secs(20));
+    let started = publishes(&mut core);
+    assert_eq!(
+        started.iter().map(|p| (p.records[0].seq, p.records.last().unwrap().seq)).collect::<Vec<_>>(),
+        [(1, 10), (11, 20), (21, 30)]
+    );
+    assert_eq!((core.held(), core.poll_timeout()), (0, None));
+    assert!(core.handle_timeout(t0 + STALL * 10).is_ok());
+}
+
+/// A resend of what the sink has is not published again: a batch overlapping what was
+/// released publishes only the records above it, one wholly below gives its memory back at
+/// once, and the edge is re-acked what is committed.
+#[test]
+fn a_resend_publishes_only_what_the_sink_has_not() {
+    let now = Instant::now();
+    let mut core = ready(4, &[(0, 10)]);
+    let old = take(&mut core, 0, 5, 10, now);
+    assert!(publishes(&mut core).is_empty());
+    assert_eq!(Rc::strong_count(&old), 1, "the core keeps nothing of a resend");
+    assert_eq!(acks(&mut core), [(0, 10)]);
+    take(&mut core, 0, 8, 15, now);
+    let started = publishes(&mut core);
+    assert_eq!(seqs(&started[0]), (11..=15).collect::<Vec<_>>());
+}
+
+/// What a batch holds is given back when it publishes, not before: the core hands it over
+/// with the publish, and a held batch replaced by a resend of it gives back the first copy.
+#[test]
+fn what_a_batch_holds_goes_with_its_publish_or_when_replaced() {
+    let now = Instant::now();
+    let mut core = ready(4, &[]);
+    let first = take(&mut core, 0, 11, 20, now);
+    assert_eq!(Rc::strong_count(&first), 2);
+    let again = take(&mut core, 0, 11, 20, now);
+    assert_eq!(Rc::strong_count(&first), 1, "replaced by the resend");
+    assert_eq!(Rc::strong_count(&again), 2);
+    take(&mut core, 0, 1, 10, now);
+    let started = publishes(&mut core);
+    assert_eq!(Rc::strong_count(&again), 2, "the publish holds it now");
+    drop(started);
+    assert_eq!(Rc::strong_count(&again), 1);
+}
+
+/// More batches ahead of a missing one than the session may hold end it with a protocol error
+/// naming the lane and the seq it waits for.
+#[test]
+fn more_held_batches_than_the_bound_end_the_session() {
+    let now = Instant::now();
+    let mut core = ready(4, &[]);
+    for k in 1..=4u64 {
+        take(&mut core, 0, k * 10 + 1, k * 10 + 10, now);
+    }
+    let (b, records) = batch(0, 51, 60);
+    let e = core.handle_batch(b, records, Rc::new(()), now).unwrap_err();
+    assert!(e.to_string().contains("lane 0 waits for seq 1"), "{e}");
+}
+
+/// A batch before the hello is a protocol error, not a publish.
+#[test]
+fn a_batch_before_the_welcome_is_refused() {
+    let mut core: SessionCore<Rc<()>> = SessionCore::new(CloudSession::new(4), 1, STALL);
+    let (b, records) = batch(0, 1, 1);
+    assert!(matches!(core.handle_batch(b, records, Rc::new(()), Instant::now()), Err(CoreError::Session(_))));
+    assert!(core.poll_publish().is_none());
+}

@@ -1,0 +1,285 @@
+//! One edge session's connection task: the driver of [`SessionCore`]. It reads control frames
+//! and batches (each by a task of its own), asks the sink what the hello needs, runs the
+//! publishes and marks the core asks for, and sends what the core queued for the edge. What
+//! to do and when is the core's; this is I/O.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use futures_util::FutureExt;
+use futures_util::StreamExt;
+use futures_util::stream::FuturesOrdered;
+use shared::proto::cloud::{CloudSession, Request};
+use shared::proto::io::{FrameIoError, spawn_reader, write_frame};
+use shared::proto::{Control, MAX_CONTROL_FRAME, compress};
+use tokio::sync::mpsc;
+use tokio_util::task::AbortOnDropHandle;
+
+use super::core::{Publish, SessionCore};
+use super::{SessionEnd, SessionLimits, refuse};
+use crate::fleet::Presence;
+use crate::ingest::{self, Dicts, Ingested};
+use crate::limits::Reservation;
+use crate::metrics::Metrics;
+use crate::models::serve::{EdgeModels, ModelService};
+use crate::sink::{EpochVerdict, Sink, SinkError, Turn};
+
+/// Runs the session until it ends, saying why.
+#[allow(clippy::too_many_arguments)]
+pub(super) async fn session<S: Sink>(
+    conn: &quinn::Connection,
+    edge: &str,
+    limits: SessionLimits,
+    sink: &S,
+    models: Option<&Arc<ModelService>>,
+    metrics: &Metrics,
+    presence: &mut Presence,
+    lag: &mut i64,
+) -> SessionEnd {
+    match run_session(conn, edge, limits, sink, models, metrics, presence, lag).await {
+        Ok(()) => SessionEnd::Closed,
+        Err(e) => e,
+    }
+}
+
+/// A publish running on a task of its own: (its id, when it started, the sink's answer).
+type Writing = std::pin::Pin<Box<dyn Future<Output = (u64, Instant, Result<(), SinkError>)> + Send>>;
+
+/// The session's state lives in its connection's task for as long as the edge is connected:
+/// the sink's futures, large and awaited rarely (the hello, dictionaries, marks), are boxed so
+/// they do not size that state for every idle edge.
+#[allow(clippy::too_many_arguments)]
+async fn run_session<S: Sink>(
+    conn: &quinn::Connection,
+    edge: &str,
+    limits: SessionLimits,
+    sink: &S,
+    models: Option<&Arc<ModelService>>,
+    metrics: &Metrics,
+    presence: &mut Presence,
+    lag: &mut i64,
+) -> Result<(), SessionEnd> {
+    let (mut send, recv) = conn.accept_bi().await?;
+    let mut core: SessionCore<Reservation> =
+        SessionCore::new(CloudSession::new(limits.max_held), sink.pipeline(), limits.stall);
+    // Control frames and batches are read by their own tasks: a read cut short by `select!`
+    // would lose the bytes it had taken.
+    let (mut control_rx, reader) = spawn_reader::<_, Control>(recv, MAX_CONTROL_FRAME);
+    let _reader = AbortOnDropHandle::new(reader);
+    // Batches are read, paid for and decoded by a task of their own, in stream order.
+    let dicts = Arc::new(Dicts::default());
+    let (batch_tx, mut batch_rx) = mpsc::channel(1);
+    let _ingest =
+        AbortOnDropHandle::new(tokio::spawn(ingest::run(conn.clone(), limits.budget, dicts.clone(), batch_tx)));
+    // Publishes in the order the core started them. Each is a task of its own, so it goes on
+    // while this loop awaits a mark or reads the next batch, on the other core if there is
+    // one; the tasks end with the connection.
+    let mut writes: FuturesOrdered<Writing> = FuturesOrdered::new();
+    // What the next publish waits for before its records become visible: the one before it
+    // in the sink.
+    let mut turn = crate::sink::first_turn();
+    // The models this edge follows, once its hello named them, and their chunk server.
+    let mut edge_models: Option<(EdgeModels, AbortOnDropHandle<()>)> = None;
+    let mut model_poll = tokio::time::interval(models.map_or(Duration::from_secs(3600), |m| m.poll));
+    model_poll.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            frame = control_rx.recv() => {
+                let Some(frame) = frame.map(|f| *f).transpose()?.flatten() else { return Ok(()) };
+                let request = match core.session_mut().handle(frame) {
+                    Ok(r) => r,
+                    Err(e) => return Err(Box::pin(refused(conn, core.session_mut(), &mut send, e)).await),
+                };
+                match request {
+                    Some(Request::Hello(hello)) => {
+                        let session = core.session_mut();
+                        if let Some((reason, why)) = epoch_refusal(Box::pin(sink.admit_epoch(edge, &hello.epoch)).await?) {
+                            refuse(metrics, reason);
+                            if let Some(held_back) = limits.log.allow() {
+                                tracing::warn!(edge, epoch = hello.epoch, reason, held_back, "edge refused: {why}");
+                            }
+                            let error = session.refuse(format!("epoch {} of edge {edge}: {why}", hello.epoch));
+                            return Err(Box::pin(refused(conn, session, &mut send, error)).await);
+                        }
+                        let committed = Box::pin(sink.committed(edge, &hello.epoch)).await?;
+                        let mut known = Vec::new();
+                        for (id, bytes) in Box::pin(sink.load_dicts(edge, &hello.dicts)).await? {
+                            // Shared storage is trusted no more than the edge: the id is the hash.
+                            if compress::dict_id_for(session.version(), &bytes) == id {
+                                session.add_dict(id.clone(), bytes.clone());
+                                dicts.add(id.clone(), bytes);
+                                known.push(id);
+                            }
+                        }
+                        if let Some(held_back) = limits.log.allow() {
+                            tracing::info!(edge, epoch = hello.epoch, version = hello.version, ?committed, dicts = known.len(), held_back, "edge hello");
+                        }
+                        session.set_sink_limits(sink.record_limits(edge, &hello.epoch));
+                        session.welcome(committed, known);
+                        presence.welcomed(session);
+                        if let Some(service) = models.filter(|_| !hello.models.is_empty()) {
+                            let m = EdgeModels::new(service.clone(), hello.models.clone());
+                            let server = AbortOnDropHandle::new(m.serve(conn.clone(), metrics.models.clone()));
+                            edge_models = Some((m, server));
+                            Box::pin(announce_models(edge, &mut edge_models, session, metrics)).await;
+                        }
+                    }
+                    Some(Request::StoreDict(dict)) => {
+                        Box::pin(sink.store_dict(edge, &dict)).await?;
+                        tracing::info!(edge, id = dict.id, class = dict.class, bytes = dict.bytes.len(), "dictionary stored");
+                        metrics.dicts_stored.inc();
+                        dicts.add(dict.id.clone(), dict.bytes);
+                        core.session_mut().dict_stored(dict.id);
+                    }
+                    Some(Request::Classes(report)) => {
+                        let stored = crate::sink::StoredReport { edge: edge.to_owned(), received_ms: shared::units::now_ms(), report };
+                        // A report is advice for the fleet view: losing one must not cost the
+                        // edge its connection.
+                        if let Err(e) = Box::pin(sink.store_report(&stored)).await {
+                            tracing::warn!(edge, error = %e, "TCO report not stored");
+                        }
+                    }
+                    None => {}
+                }
+            }
+            Some(ingested) = batch_rx.recv(), if core.wants_batch() => {
+                let Ingested { batch, records, reservation, frame_bytes } = (*ingested)?;
+                metrics.batches.inc();
+                metrics.bytes.inc_by(frame_bytes as u64);
+                core.handle_batch(batch, records, reservation, Instant::now())?;
+            }
+            _ = sleep_until(core.poll_timeout().map(tokio::time::Instant::from_std)) => {
+                core.handle_timeout(Instant::now())?;
+            }
+            // The fleet view's news that waited for its interval.
+            _ = sleep_until(presence.due(core.session())) => {}
+            _ = model_poll.tick(), if edge_models.is_some() => {
+                Box::pin(announce_models(edge, &mut edge_models, core.session_mut(), metrics)).await;
+            }
+            Some(done) = writes.next(), if !writes.is_empty() => {
+                // This publish and any after it already done.
+                let mut next = Some(done);
+                while let Some((id, started, result)) = next.take() {
+                    metrics.sink_seconds.observe(started.elapsed().as_secs_f64());
+                    metrics.sink.wrote(result.is_ok());
+                    result?;
+                    core.handle_published(id);
+                    next = writes.next().now_or_never().flatten();
+                }
+                metrics.records.inc_by(core.take_published());
+                // The next batches publish while the marks are written.
+                start_writes(&mut core, &mut writes, &mut turn, sink, edge);
+                if let Some(marks) = core.poll_marks() {
+                    let epoch = core.session().epoch().unwrap_or_default().to_owned();
+                    for &(lane, up_to) in &marks {
+                        Box::pin(sink.mark(edge, &epoch, lane, up_to)).await?;
+                    }
+                    core.handle_marked(&marks);
+                }
+            }
+        }
+        start_writes(&mut core, &mut writes, &mut turn, sink, edge);
+        let now_lag =
+            core.session().lags().iter().fold(0u64, |sum, (_, l)| sum.saturating_add(*l)).min(i64::MAX as u64) as i64;
+        metrics.lag.inc_by(now_lag - *lag);
+        *lag = now_lag;
+        presence.update(core.session());
+        flush(core.session_mut(), &mut send).await?;
+    }
+}
+
+/// Starts the publishes the core asks for, in its order, each on a task of its own that waits
+/// for the one before it to be in the sink before anything it writes becomes visible.
+fn start_writes<S: Sink>(
+    core: &mut SessionCore<Reservation>,
+    writes: &mut FuturesOrdered<Writing>,
+    turn: &mut Turn,
+    sink: &S,
+    edge: &str,
+) {
+    while let Some(Publish { id, epoch, lane, records, held }) = core.poll_publish() {
+        let (done, next_turn) = tokio::sync::oneshot::channel();
+        let mine = std::mem::replace(turn, Box::pin(async move { next_turn.await.unwrap_or(false) }));
+        let publish = sink.publish(edge.to_owned(), epoch, lane, records, mine);
+        let started = Instant::now();
+        let task = AbortOnDropHandle::new(tokio::spawn(async move {
+            let result = publish.await;
+            // The records are in the sink (or not): their memory is free either way.
+            drop(held);
+            let _ = done.send(result.is_ok());
+            result
+        }));
+        writes.push_back(Box::pin(async move {
+            let result =
+                task.await.unwrap_or_else(|e| Err(SinkError::Failed { what: "publish task", reason: e.to_string() }));
+            (id, started, result)
+        }));
+    }
+}
+
+/// Announces followed models' versions the edge has not heard of on this connection. A store
+/// that cannot be read costs the edge a model update, not its telemetry session.
+async fn announce_models(
+    edge: &str,
+    models: &mut Option<(EdgeModels, AbortOnDropHandle<()>)>,
+    session: &mut CloudSession,
+    metrics: &Metrics,
+) {
+    let Some((m, _)) = models else { return };
+    match m.news().await {
+        Ok(news) => {
+            for a in news {
+                tracing::info!(edge, model = a.name, version = a.version, "model announced");
+                metrics.models.announced.inc();
+                session.announce_model(a);
+            }
+        }
+        Err(e) => tracing::warn!(edge, error = %e, "model store unreadable; models not announced"),
+    }
+}
+
+/// Sends the refusal `error` queued in `session`, then gives the edge a moment to read it
+/// before the connection closes (closing at once would discard the frame).
+async fn refused(
+    conn: &quinn::Connection,
+    session: &mut CloudSession,
+    send: &mut quinn::SendStream,
+    error: shared::proto::edge::SessionError,
+) -> SessionEnd {
+    if let Err(e) = flush(session, send).await {
+        return e.into();
+    }
+    let _ = send.finish();
+    let _ = tokio::time::timeout(Duration::from_secs(1), conn.closed()).await;
+    error.into()
+}
+
+/// The `connections_refused` reason for an epoch the sink would not admit, and why.
+fn epoch_refusal(verdict: EpochVerdict) -> Option<(&'static str, &'static str)> {
+    match verdict {
+        EpochVerdict::Known | EpochVerdict::Added { .. } => None,
+        EpochVerdict::Retired => Some((
+            "epoch_retired",
+            "retired after limits.epochs_per_edge newer ones; its marks are gone, so its records could not be told \
+             from new ones (a spool restored from an old copy?)",
+        )),
+        EpochVerdict::Exhausted => Some((
+            "epochs_exhausted",
+            "a new epoch, and the edge has used limits.epochs_per_edge + limits.retired_epochs_per_edge already",
+        )),
+    }
+}
+
+async fn sleep_until(deadline: Option<tokio::time::Instant>) {
+    match deadline {
+        Some(d) => tokio::time::sleep_until(d).await,
+        None => std::future::pending().await,
+    }
+}
+
+async fn flush(session: &mut CloudSession, send: &mut quinn::SendStream) -> Result<(), FrameIoError> {
+    while let Some(frame) = session.poll_control() {
+        write_frame(send, &frame).await?;
+    }
+    Ok(())
+}
