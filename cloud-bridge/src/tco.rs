@@ -8,7 +8,7 @@ use serde::Serialize;
 use shared::tco::{Route, money};
 
 use crate::config::SinkConfig;
-use crate::sink::{Sink, SinkError, StoredReport};
+use crate::sink::{FleetStore, SinkError, StoredReport};
 
 /// One class summed over the edges reporting it.
 #[derive(Debug, Clone, Default, Serialize)]

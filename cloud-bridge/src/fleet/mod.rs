@@ -35,7 +35,7 @@ use tokio_util::sync::CancellationToken;
 
 pub use presence::Presence;
 
-use crate::sink::{BridgeState, EdgeState, Sink};
+use crate::sink::{BridgeState, EdgeState, FleetStore};
 
 #[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
@@ -234,7 +234,7 @@ const FINAL_FLUSH: Duration = Duration::from_secs(2);
 /// Stores the recorder's states and the bridge's own until `stop`, then what is left within
 /// [`FINAL_FLUSH`] and the bridge's state as stopped. Cancel `stop` only after every session
 /// ended, so their ends are among what is left.
-pub async fn run<S: Sink>(recorder: Arc<Recorder>, sink: Arc<S>, info: BridgeInfo, stop: CancellationToken) {
+pub async fn run<S: FleetStore>(recorder: Arc<Recorder>, sink: Arc<S>, info: BridgeInfo, stop: CancellationToken) {
     let started_ms = now_ms();
     let per_tick = (info.writes_per_second as usize).div_ceil((1000 / TICK.as_millis()) as usize).max(1);
     let bridge_state = |stopped: bool| BridgeState {
@@ -271,7 +271,7 @@ pub async fn run<S: Sink>(recorder: Arc<Recorder>, sink: Arc<S>, info: BridgeInf
     store_bridge(&*sink, &bridge_state(true), &recorder).await;
 }
 
-async fn store_edges<S: Sink>(sink: &S, states: Vec<EdgeState>, recorder: &Recorder) {
+async fn store_edges<S: FleetStore>(sink: &S, states: Vec<EdgeState>, recorder: &Recorder) {
     if states.is_empty() {
         return;
     }
@@ -290,7 +290,7 @@ async fn store_edges<S: Sink>(sink: &S, states: Vec<EdgeState>, recorder: &Recor
     }
 }
 
-async fn store_bridge<S: Sink>(sink: &S, state: &BridgeState, recorder: &Recorder) {
+async fn store_bridge<S: FleetStore>(sink: &S, state: &BridgeState, recorder: &Recorder) {
     if let Err(e) = sink.store_bridge_state(state).await {
         recorder.metrics.errors.inc();
         tracing::warn!(error = %e, "fleet view: bridge state not written");

@@ -11,7 +11,7 @@ use shared::tco::Route;
 use shared::units::now_ms;
 
 use crate::config::SinkConfig;
-use crate::sink::{BridgeState, EdgeState, FleetStates, Sink, SinkError, StoredReport};
+use crate::sink::{BridgeState, EdgeState, FleetStates, FleetStore, SinkError, StoredReport};
 
 /// Where an edge stands.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -159,7 +159,7 @@ fn edge_row(e: &EdgeState, bridge: Option<&BridgeState>, reports: &BTreeMap<&str
 }
 
 /// The view from a running sink.
-pub async fn load_from<S: Sink>(sink: &S) -> Result<FleetView, SinkError> {
+pub async fn load_from<S: FleetStore>(sink: &S) -> Result<FleetView, SinkError> {
     let states = sink.load_fleet().await?;
     let reports = sink.load_reports().await?;
     Ok(join(states, &reports, now_ms()))
@@ -266,7 +266,7 @@ impl std::fmt::Debug for Served {
 }
 
 impl Served {
-    pub fn new<S: Sink>(sink: Arc<S>) -> Self {
+    pub fn new<S: FleetStore>(sink: Arc<S>) -> Self {
         let load = move || -> futures_util::future::BoxFuture<'static, Result<FleetView, SinkError>> {
             let sink = sink.clone();
             Box::pin(async move { load_from(&*sink).await })
@@ -283,10 +283,7 @@ impl Served {
             return Ok(json.clone());
         }
         let view = (self.load)().await?;
-        let json = Arc::new(
-            serde_json::to_string(&view)
-                .map_err(|e| SinkError::Failed { what: "fleet view", reason: e.to_string() })?,
-        );
+        let json = Arc::new(serde_json::to_string(&view).map_err(|e| SinkError::invalid("fleet view", e))?);
         *last = Some((Instant::now(), json.clone()));
         Ok(json)
     }

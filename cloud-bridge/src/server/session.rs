@@ -210,8 +210,7 @@ fn start_writes<S: Sink>(
             result
         }));
         writes.push_back(Box::pin(async move {
-            let result =
-                task.await.unwrap_or_else(|e| Err(SinkError::Failed { what: "publish task", reason: e.to_string() }));
+            let result = task.await.unwrap_or_else(|e| Err(SinkError::Task { what: "publish", reason: e.to_string() }));
             (id, started, result)
         }));
     }

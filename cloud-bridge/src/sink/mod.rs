@@ -1,7 +1,7 @@
-//! Where committed edge records go. A batch lands in two steps, not one: [`Sink::publish`]
+//! Where committed edge records go. A batch lands in two steps, not one: [`RecordSink::publish`]
 //! writes its records idempotently (a record written twice is kept once, by its
 //! `{edge}:{epoch}:{lane}:{seq}` key), then, once every batch before it in the lane published,
-//! the session calls [`Sink::mark`] to raise the committed mark of (edge, epoch, lane). A crash
+//! the session calls [`RecordSink::mark`] to raise the committed mark of (edge, epoch, lane). A crash
 //! between the two leaves records with no mark over them: the edge resends them, and the
 //! idempotent publish keeps one copy. The bridge acks an edge only after `mark` returned, and
 //! answers an edge's hello with `committed`, so any bridge instance can take over any edge.
@@ -46,10 +46,105 @@ pub struct StoredReport {
     pub report: ClassesReport,
 }
 
+/// Why a sink call failed, by kind, with the sink's own code where it gave one. `what` names
+/// the call (`mark`, `read dicts`, ...); `key` what it was about, where there is one.
 #[derive(Debug, thiserror::Error)]
 pub enum SinkError {
+    /// No answer: the connection is down, a request timed out, no server responded. The
+    /// moment's; a write is retried ([`Retry`]).
+    #[error("sink {what}: unavailable: {reason}")]
+    Unavailable { what: &'static str, reason: String },
+    /// JetStream answered with an API error: `code` is its `err_code` (nats-server's
+    /// `errors.json`), where it gave one.
+    #[error("sink {what}: JetStream error{}: {reason}", code.map(|c| format!(" {c}")).unwrap_or_default())]
+    JetStream { what: &'static str, code: Option<u64>, reason: String },
+    /// SQLite failed: `code` is its extended result code (`SQLITE_BUSY` 5, `SQLITE_FULL` 13, ...).
+    #[error("sink {what}: SQLite error {code}: {reason}")]
+    Sqlite { what: &'static str, code: i32, reason: String },
+    /// A value the sink holds does not parse (a mark, a state, an index, a report).
+    #[error("sink {what}: {key} unreadable: {reason}")]
+    Corrupt { what: &'static str, key: String, reason: String },
+    /// A compare-and-set found the value changed by another writer every time.
+    #[error("sink {what}: {key} changed under each of {attempts} attempts (other bridges writing it)")]
+    Conflict { what: &'static str, key: String, attempts: u32 },
+    /// The call cannot be done with what it was given (not a dictionary id, an empty record);
+    /// trying again changes nothing.
     #[error("sink {what}: {reason}")]
-    Failed { what: &'static str, reason: String },
+    Invalid { what: &'static str, reason: String },
+    /// A record JetStream refuses for itself that could not be set aside either.
+    #[error("sink publish: record refused ({reason}): {detail}")]
+    Refused { reason: &'static str, detail: String },
+    /// The batch before this one failed, so this one was not made visible.
+    #[error("sink publish: the batch before this one failed")]
+    Turn,
+    /// A file or directory of the sink.
+    #[error("sink {what}: {path}: {source}")]
+    Io {
+        what: &'static str,
+        path: std::path::PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    /// The bridge's own task doing the call ended without an answer (a panic, a cancel).
+    #[error("sink {what}: task ended: {reason}")]
+    Task { what: &'static str, reason: String },
+}
+
+impl SinkError {
+    /// The kind as a short label, for logs and metrics.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            SinkError::Unavailable { .. } => "unavailable",
+            SinkError::JetStream { .. } => "jetstream",
+            SinkError::Sqlite { .. } => "sqlite",
+            SinkError::Corrupt { .. } => "corrupt",
+            SinkError::Conflict { .. } => "conflict",
+            SinkError::Invalid { .. } => "invalid",
+            SinkError::Refused { .. } => "refused",
+            SinkError::Turn => "turn",
+            SinkError::Io { .. } => "io",
+            SinkError::Task { .. } => "task",
+        }
+    }
+
+    /// From a SQLite error: its extended code, or `Corrupt` for a value of the wrong type.
+    pub fn sqlite(what: &'static str, e: rusqlite::Error) -> Self {
+        match e {
+            rusqlite::Error::SqliteFailure(f, msg) => {
+                SinkError::Sqlite { what, code: f.extended_code, reason: msg.unwrap_or_else(|| f.to_string()) }
+            }
+            e @ (rusqlite::Error::FromSqlConversionFailure(..)
+            | rusqlite::Error::InvalidColumnType(..)
+            | rusqlite::Error::IntegralValueOutOfRange(..)) => {
+                SinkError::Corrupt { what, key: "a row".into(), reason: e.to_string() }
+            }
+            e => SinkError::Sqlite { what, code: 1, reason: e.to_string() },
+        }
+    }
+
+    /// From a NATS client error: `JetStream` with its code if the server answered with an API
+    /// error anywhere in the chain, `Unavailable` otherwise; `key` goes into the reason.
+    pub fn nats(what: &'static str, key: &str, e: &(dyn std::error::Error + 'static)) -> Self {
+        let reason = if key.is_empty() { e.to_string() } else { format!("{key}: {e}") };
+        let mut cause: Option<&(dyn std::error::Error + 'static)> = Some(e);
+        while let Some(c) = cause {
+            if let Some(j) = c.downcast_ref::<async_nats::jetstream::Error>() {
+                return SinkError::JetStream { what, code: Some(j.error_code().0), reason };
+            }
+            cause = c.source();
+        }
+        SinkError::Unavailable { what, reason }
+    }
+
+    /// A stored value of `key` that does not parse.
+    pub fn corrupt(what: &'static str, key: impl std::fmt::Display, e: impl std::fmt::Display) -> Self {
+        SinkError::Corrupt { what, key: key.to_string(), reason: e.to_string() }
+    }
+
+    /// A call given what it cannot take.
+    pub fn invalid(what: &'static str, reason: impl std::fmt::Display) -> Self {
+        SinkError::Invalid { what, reason: reason.to_string() }
+    }
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, prometheus_client::encoding::EncodeLabelSet)]
@@ -132,9 +227,9 @@ impl Retry {
         metrics.retries.inc();
         metrics.wrote(false);
         if self.attempts == 0 {
-            tracing::warn!(what, %error, "sink write failed; retrying");
+            tracing::warn!(what, kind = error.kind(), %error, "sink write failed; retrying");
         } else {
-            tracing::debug!(what, %error, attempts = self.attempts, "sink write failed again; retrying");
+            tracing::debug!(what, kind = error.kind(), %error, attempts = self.attempts, "sink write failed again; retrying");
         }
         self.attempts += 1;
         let wait = self.next.mul_f64(rand::thread_rng().gen_range(0.5..1.0));
@@ -155,7 +250,16 @@ pub fn first_turn() -> Turn {
     Box::pin(std::future::ready(true))
 }
 
-pub trait Sink: Send + Sync + 'static {
+/// A sink, by concern: edge records and their marks ([`RecordSink`]), the edges' compression
+/// dictionaries ([`DictStore`]) and what the fleet view shows ([`FleetStore`]). A session takes
+/// all three; the fleet writer and `edges list` only the last.
+pub trait Sink: RecordSink + DictStore + FleetStore {}
+
+impl<T: RecordSink + DictStore + FleetStore> Sink for T {}
+
+/// Edge records, exactly once: epochs admitted, records published idempotently, marks raised
+/// over what is published.
+pub trait RecordSink: Send + Sync + 'static {
     /// Batches of one edge this sink may publish at once. Each waits for its [`Turn`] before
     /// anything it writes becomes visible, so more than one helps only a sink with work to do
     /// before that (staging a batch, preparing messages).
@@ -196,6 +300,24 @@ pub trait Sink: Send + Sync + 'static {
     fn mark(&self, edge: &str, epoch: &str, lane: u8, up_to: u64)
     -> impl Future<Output = Result<(), SinkError>> + Send;
 
+    /// [`RecordSink::publish`], then [`RecordSink::mark`].
+    fn write(
+        &self,
+        edge: &str,
+        epoch: &str,
+        lane: u8,
+        records: Vec<WireRecord>,
+        up_to: u64,
+    ) -> impl Future<Output = Result<(), SinkError>> + Send {
+        async move {
+            self.publish(edge.to_owned(), epoch.to_owned(), lane, records, first_turn()).await?;
+            self.mark(edge, epoch, lane, up_to).await
+        }
+    }
+}
+
+/// The edges' compression dictionaries, where every bridge on the sink finds them.
+pub trait DictStore: Send + Sync + 'static {
     /// Of `edge`'s dictionaries `ids`, those stored, with their bytes.
     fn load_dicts(
         &self,
@@ -206,7 +328,10 @@ pub trait Sink: Send + Sync + 'static {
     /// Stores a dictionary of `edge` (by its id, a hash: storing one twice changes nothing)
     /// where every bridge on this sink finds it, evicting the edge's oldest past its quota.
     fn store_dict(&self, edge: &str, dict: &DictAnnounce) -> impl Future<Output = Result<(), SinkError>> + Send;
+}
 
+/// What the fleet view shows: each edge's state and TCO report, each bridge's state.
+pub trait FleetStore: Send + Sync + 'static {
     /// Keeps `report` as `edge`'s latest TCO classes, replacing the one before.
     fn store_report(&self, report: &StoredReport) -> impl Future<Output = Result<(), SinkError>> + Send;
 
@@ -223,19 +348,4 @@ pub trait Sink: Send + Sync + 'static {
 
     /// Every edge's and bridge's state, edges in id order.
     fn load_fleet(&self) -> impl Future<Output = Result<FleetStates, SinkError>> + Send;
-
-    /// [`Sink::publish`], then [`Sink::mark`].
-    fn write(
-        &self,
-        edge: &str,
-        epoch: &str,
-        lane: u8,
-        records: Vec<WireRecord>,
-        up_to: u64,
-    ) -> impl Future<Output = Result<(), SinkError>> + Send {
-        async move {
-            self.publish(edge.to_owned(), epoch.to_owned(), lane, records, first_turn()).await?;
-            self.mark(edge, epoch, lane, up_to).await
-        }
-    }
 }

@@ -17,7 +17,10 @@ use rusqlite::{Connection, OptionalExtension, params};
 use shared::proto::{DictAnnounce, LaneSeq, WireRecord};
 
 use super::quota::{DictIndex, EdgeQuota, EpochVerdict, Epochs, StoredDict};
-use super::{BridgeState, EdgeState, FleetStates, Retry, Sink, SinkError, SinkMetrics, StoredReport, Turn};
+use super::{
+    BridgeState, DictStore, EdgeState, FleetStates, FleetStore, RecordSink, Retry, SinkError, SinkMetrics,
+    StoredReport, Turn,
+};
 use shared::units::now_ms;
 
 const SCHEMA: &str = "
@@ -85,14 +88,14 @@ const BUSY_TIMEOUT: std::time::Duration = std::time::Duration::from_millis(250);
 
 /// One batch's records in one transaction; a record stored before is kept as it was.
 fn insert(conn: &mut Connection, edge: &str, epoch: &str, lane: u8, records: &[WireRecord]) -> Result<(), SinkError> {
-    let tx = conn.transaction().map_err(|e| failed("begin", e))?;
+    let tx = conn.transaction().map_err(|e| SinkError::sqlite("begin", e))?;
     {
         let mut insert = tx
             .prepare_cached(
                 "INSERT OR IGNORE INTO records (edge_id, epoch, lane, seq, kind, class, topic, payload, qos, \
                  enqueued_ms, headers, received_ms) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12)",
             )
-            .map_err(|e| failed("insert", e))?;
+            .map_err(|e| SinkError::sqlite("insert", e))?;
         let received = now_ms();
         for r in records {
             let result = match (&r.message, &r.gap) {
@@ -129,26 +132,36 @@ fn insert(conn: &mut Connection, edge: &str, epoch: &str, lane: u8, records: &[W
                 ]),
                 (None, None) => continue,
             };
-            result.map_err(|e| failed("insert", e))?;
+            result.map_err(|e| SinkError::sqlite("insert", e))?;
         }
     }
-    tx.commit().map_err(|e| failed("commit", e))
+    tx.commit().map_err(|e| SinkError::sqlite("commit", e))
 }
 
-fn failed(what: &'static str, e: impl std::fmt::Display) -> SinkError {
-    SinkError::Failed { what, reason: e.to_string() }
+/// A SQLite error of the file at `path`, naming it.
+fn at(what: &'static str, path: &Path) -> impl FnOnce(rusqlite::Error) -> SinkError {
+    move |e| match SinkError::sqlite(what, e) {
+        SinkError::Sqlite { what, code, reason } => {
+            SinkError::Sqlite { what, code, reason: format!("{}: {reason}", path.display()) }
+        }
+        other => other,
+    }
 }
 
 impl SqliteSink {
     pub fn open(path: &Path) -> Result<Self, SinkError> {
         if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
-            std::fs::create_dir_all(dir).map_err(|e| failed("directory", format!("{}: {e}", dir.display())))?;
+            std::fs::create_dir_all(dir).map_err(|source| SinkError::Io {
+                what: "directory",
+                path: dir.into(),
+                source,
+            })?;
         }
-        let conn = Connection::open(path).map_err(|e| failed("open", format!("{}: {e}", path.display())))?;
+        let conn = Connection::open(path).map_err(at("open", path))?;
         conn.execute_batch("PRAGMA journal_mode = WAL; PRAGMA synchronous = FULL;")
             .and_then(|_| conn.execute_batch(SCHEMA))
-            .map_err(|e| failed("schema", format!("{}: {e}", path.display())))?;
-        conn.busy_timeout(BUSY_TIMEOUT).map_err(|e| failed("open", e))?;
+            .map_err(at("schema", path))?;
+        conn.busy_timeout(BUSY_TIMEOUT).map_err(|e| SinkError::sqlite("open", e))?;
         Ok(Self {
             conn: Arc::new(Mutex::new(conn)),
             path: path.to_owned(),
@@ -179,15 +192,16 @@ impl SqliteSink {
     ) -> Result<T, SinkError> {
         let conn = self.conn.clone();
         tokio::task::spawn_blocking(move || {
-            let mut conn = conn.lock().map_err(|_| failed("lock", "poisoned"))?;
+            let mut conn =
+                conn.lock().map_err(|_| SinkError::Task { what: "lock", reason: "poisoned by a panic".into() })?;
             f(&mut conn)
         })
         .await
-        .map_err(|e| failed("task", e))?
+        .map_err(|e| SinkError::Task { what: "sqlite", reason: e.to_string() })?
     }
 }
 
-impl Sink for SqliteSink {
+impl RecordSink for SqliteSink {
     /// Rows are keyed and read by seq, so the order batches commit in does not matter.
     fn pipeline(&self) -> usize {
         8
@@ -196,25 +210,25 @@ impl Sink for SqliteSink {
     async fn admit_epoch(&self, edge: &str, epoch: &str) -> Result<EpochVerdict, SinkError> {
         let (edge, epoch, quota, metrics) = (edge.to_owned(), epoch.to_owned(), self.quota, self.metrics.clone());
         self.blocking(move |conn| {
-            let tx = conn.transaction().map_err(|e| failed("begin", e))?;
+            let tx = conn.transaction().map_err(|e| SinkError::sqlite("begin", e))?;
             let json: Option<String> = tx
                 .query_row("SELECT epochs FROM edge_epochs WHERE edge_id = ?1", [&edge], |r| r.get(0))
                 .optional()
-                .map_err(|e| failed("read epochs", e))?;
+                .map_err(|e| SinkError::sqlite("read epochs", e))?;
             let mut epochs: Epochs = match json {
-                Some(j) => serde_json::from_str(&j).map_err(|e| failed("read epochs", format!("{edge}: {e}")))?,
+                Some(j) => serde_json::from_str(&j).map_err(|e| SinkError::corrupt("read epochs", &edge, e))?,
                 None => Epochs::default(),
             };
             let verdict = epochs.admit(&epoch, now_ms(), &quota);
             let EpochVerdict::Added { retired } = &verdict else { return Ok(verdict) };
-            let json = serde_json::to_string(&epochs).map_err(|e| failed("register epoch", e))?;
+            let json = serde_json::to_string(&epochs).map_err(|e| SinkError::invalid("register epoch", e))?;
             tx.execute("INSERT OR REPLACE INTO edge_epochs (edge_id, epochs) VALUES (?1, ?2)", params![edge, json])
-                .map_err(|e| failed("register epoch", e))?;
+                .map_err(|e| SinkError::sqlite("register epoch", e))?;
             for old in retired {
                 tx.execute("DELETE FROM marks WHERE edge_id = ?1 AND epoch = ?2", params![edge, old])
-                    .map_err(|e| failed("retire epoch", e))?;
+                    .map_err(|e| SinkError::sqlite("retire epoch", e))?;
             }
-            tx.commit().map_err(|e| failed("commit", e))?;
+            tx.commit().map_err(|e| SinkError::sqlite("commit", e))?;
             metrics.epochs_registered.inc();
             for old in retired {
                 metrics.epochs_retired.inc();
@@ -230,11 +244,11 @@ impl Sink for SqliteSink {
         self.blocking(move |conn| {
             let mut stmt = conn
                 .prepare_cached("SELECT lane, committed FROM marks WHERE edge_id = ?1 AND epoch = ?2 ORDER BY lane")
-                .map_err(|e| failed("read marks", e))?;
+                .map_err(|e| SinkError::sqlite("read marks", e))?;
             let rows = stmt
                 .query_map(params![edge, epoch], |r| Ok(LaneSeq { lane: r.get(0)?, seq: r.get(1)? }))
-                .map_err(|e| failed("read marks", e))?;
-            rows.collect::<Result<Vec<_>, _>>().map_err(|e| failed("read marks", e))
+                .map_err(|e| SinkError::sqlite("read marks", e))?;
+            rows.collect::<Result<Vec<_>, _>>().map_err(|e| SinkError::sqlite("read marks", e))
         })
         .await
     }
@@ -266,16 +280,42 @@ impl Sink for SqliteSink {
         }
     }
 
+    async fn mark(&self, edge: &str, epoch: &str, lane: u8, up_to: u64) -> Result<(), SinkError> {
+        let mut retry = Retry::default();
+        loop {
+            let (edge, epoch) = (edge.to_owned(), epoch.to_owned());
+            let result = self
+                .blocking(move |conn| {
+                    conn.execute(
+                        "INSERT INTO marks (edge_id, epoch, lane, committed) VALUES (?1, ?2, ?3, ?4) \
+                         ON CONFLICT (edge_id, epoch, lane) DO UPDATE SET committed = max(committed, excluded.committed)",
+                        params![edge, epoch, lane, up_to],
+                    )
+                    .map(|_| ())
+                    .map_err(|e| SinkError::sqlite("mark", e))
+                })
+                .await;
+            match result {
+                Ok(()) => return Ok(()),
+                Err(e) => retry.wait("sqlite mark", &e, &self.metrics).await,
+            }
+        }
+    }
+}
+
+impl DictStore for SqliteSink {
     async fn load_dicts(&self, edge: &str, ids: &[String]) -> Result<Vec<(String, Vec<u8>)>, SinkError> {
         let (edge, ids) = (edge.to_owned(), ids.to_vec());
         self.blocking(move |conn| {
             let mut stmt = conn
                 .prepare_cached("SELECT bytes FROM edge_dicts WHERE edge_id = ?1 AND id = ?2")
-                .map_err(|e| failed("read dict", e))?;
+                .map_err(|e| SinkError::sqlite("read dict", e))?;
             let mut found = Vec::new();
             for id in ids {
-                let bytes: Option<Vec<u8>> =
-                    stmt.query_row([&edge, &id], |r| r.get(0)).optional().map_err(|e| failed("read dict", e))?;
+                let bytes: Option<Vec<u8>> = stmt
+                    .query_row([&edge, &id], |r| r.get(0))
+                    .optional()
+                    .map_err(|e| SinkError::sqlite("read dict", e))?;
                 if let Some(bytes) = bytes {
                     found.push((id, bytes));
                 }
@@ -285,8 +325,50 @@ impl Sink for SqliteSink {
         .await
     }
 
+    async fn store_dict(&self, edge: &str, dict: &DictAnnounce) -> Result<(), SinkError> {
+        let (edge, dict, quota, metrics) = (edge.to_owned(), dict.clone(), self.quota, self.metrics.clone());
+        self.blocking(move |conn| {
+            let tx = conn.transaction().map_err(|e| SinkError::sqlite("begin", e))?;
+            let mut index = DictIndex::default();
+            {
+                let mut stmt = tx
+                    .prepare_cached(
+                        "SELECT id, length(bytes), stored_ms FROM edge_dicts WHERE edge_id = ?1 ORDER BY stored_ms, id",
+                    )
+                    .map_err(|e| SinkError::sqlite("read dicts", e))?;
+                let rows = stmt
+                    .query_map([&edge], |r| Ok(StoredDict { id: r.get(0)?, bytes: r.get(1)?, stored_ms: r.get(2)? }))
+                    .map_err(|e| SinkError::sqlite("read dicts", e))?;
+                for row in rows {
+                    index.dicts.push(row.map_err(|e| SinkError::sqlite("read dicts", e))?);
+                }
+            }
+            // Rows are ordered by this time: a later store never sorts before an earlier one.
+            let now = now_ms().max(index.dicts.last().map_or(0, |d| d.stored_ms + 1));
+            let evicted = index.add(&dict.id, dict.bytes.len() as u64, now, &quota);
+            tx.execute(
+                "INSERT OR REPLACE INTO edge_dicts (edge_id, id, class, bytes, stored_ms) VALUES (?1, ?2, ?3, ?4, ?5)",
+                params![edge, dict.id, dict.class, dict.bytes, now],
+            )
+            .map_err(|e| SinkError::sqlite("store dict", e))?;
+            for id in &evicted {
+                tx.execute("DELETE FROM edge_dicts WHERE edge_id = ?1 AND id = ?2", params![edge, id])
+                    .map_err(|e| SinkError::sqlite("evict dict", e))?;
+            }
+            tx.commit().map_err(|e| SinkError::sqlite("commit", e))?;
+            for id in evicted {
+                metrics.dicts_evicted.inc();
+                tracing::info!(edge, id, "dictionary evicted: past the edge's dictionary quota");
+            }
+            Ok(())
+        })
+        .await
+    }
+}
+
+impl FleetStore for SqliteSink {
     async fn store_report(&self, report: &StoredReport) -> Result<(), SinkError> {
-        let json = serde_json::to_string(&report.report).map_err(|e| failed("store report", e))?;
+        let json = serde_json::to_string(&report.report).map_err(|e| SinkError::invalid("store report", e))?;
         let (edge, at) = (report.edge.clone(), report.received_ms);
         self.blocking(move |conn| {
             conn.execute(
@@ -294,7 +376,7 @@ impl Sink for SqliteSink {
                 params![edge, at, json],
             )
             .map(|_| ())
-            .map_err(|e| failed("store report", e))
+            .map_err(|e| SinkError::sqlite("store report", e))
         })
         .await
     }
@@ -303,14 +385,14 @@ impl Sink for SqliteSink {
         self.blocking(move |conn| {
             let mut stmt = conn
                 .prepare_cached("SELECT edge_id, received_ms, report FROM tco_reports ORDER BY edge_id")
-                .map_err(|e| failed("read reports", e))?;
+                .map_err(|e| SinkError::sqlite("read reports", e))?;
             let rows = stmt
                 .query_map([], |r| Ok((r.get::<_, String>(0)?, r.get::<_, u64>(1)?, r.get::<_, String>(2)?)))
-                .map_err(|e| failed("read reports", e))?;
+                .map_err(|e| SinkError::sqlite("read reports", e))?;
             let mut out = Vec::new();
             for row in rows {
-                let (edge, received_ms, json) = row.map_err(|e| failed("read reports", e))?;
-                let report = serde_json::from_str(&json).map_err(|e| failed("read reports", format!("{edge}: {e}")))?;
+                let (edge, received_ms, json) = row.map_err(|e| SinkError::sqlite("read reports", e))?;
+                let report = serde_json::from_str(&json).map_err(|e| SinkError::corrupt("read reports", &edge, e))?;
                 out.push(StoredReport { edge, received_ms, report });
             }
             Ok(out)
@@ -320,10 +402,10 @@ impl Sink for SqliteSink {
 
     async fn store_edge_states(&self, states: Vec<EdgeState>) -> Result<Vec<bool>, SinkError> {
         self.blocking(move |conn| {
-            let tx = conn.transaction().map_err(|e| failed("begin", e))?;
+            let tx = conn.transaction().map_err(|e| SinkError::sqlite("begin", e))?;
             let mut stored = Vec::with_capacity(states.len());
             for state in &states {
-                let json = serde_json::to_string(state).map_err(|e| failed("store edge state", e))?;
+                let json = serde_json::to_string(state).map_err(|e| SinkError::invalid("store edge state", e))?;
                 // The session id is random: its bits as SQLite's signed integer.
                 let session = state.session as i64;
                 let sql = if state.connected {
@@ -337,22 +419,22 @@ impl Sink for SqliteSink {
                 let changed = tx
                     .prepare_cached(sql)
                     .and_then(|mut stmt| stmt.execute(params![state.edge, session, json]))
-                    .map_err(|e| failed("store edge state", format!("{}: {e}", state.edge)))?;
+                    .map_err(|e| SinkError::sqlite("store edge state", e))?;
                 stored.push(changed > 0);
             }
-            tx.commit().map_err(|e| failed("commit", e))?;
+            tx.commit().map_err(|e| SinkError::sqlite("commit", e))?;
             Ok(stored)
         })
         .await
     }
 
     async fn store_bridge_state(&self, state: &BridgeState) -> Result<(), SinkError> {
-        let json = serde_json::to_string(state).map_err(|e| failed("store bridge state", e))?;
+        let json = serde_json::to_string(state).map_err(|e| SinkError::invalid("store bridge state", e))?;
         let name = state.name.clone();
         self.blocking(move |conn| {
             conn.execute("INSERT OR REPLACE INTO fleet_bridges (name, state) VALUES (?1, ?2)", params![name, json])
                 .map(|_| ())
-                .map_err(|e| failed("store bridge state", e))
+                .map_err(|e| SinkError::sqlite("store bridge state", e))
         })
         .await
     }
@@ -360,14 +442,14 @@ impl Sink for SqliteSink {
     async fn load_fleet(&self) -> Result<FleetStates, SinkError> {
         self.blocking(move |conn| {
             fn all<T: serde::de::DeserializeOwned>(conn: &Connection, sql: &str) -> Result<Vec<T>, SinkError> {
-                let mut stmt = conn.prepare_cached(sql).map_err(|e| failed("read fleet", e))?;
+                let mut stmt = conn.prepare_cached(sql).map_err(|e| SinkError::sqlite("read fleet", e))?;
                 let rows = stmt
                     .query_map([], |r| Ok((r.get::<_, String>(0)?, r.get::<_, String>(1)?)))
-                    .map_err(|e| failed("read fleet", e))?;
+                    .map_err(|e| SinkError::sqlite("read fleet", e))?;
                 let mut out = Vec::new();
                 for row in rows {
-                    let (key, json) = row.map_err(|e| failed("read fleet", e))?;
-                    out.push(serde_json::from_str(&json).map_err(|e| failed("read fleet", format!("{key}: {e}")))?);
+                    let (key, json) = row.map_err(|e| SinkError::sqlite("read fleet", e))?;
+                    out.push(serde_json::from_str(&json).map_err(|e| SinkError::corrupt("read fleet", &key, e))?);
                 }
                 Ok(out)
             }
@@ -377,68 +459,6 @@ impl Sink for SqliteSink {
             })
         })
         .await
-    }
-
-    async fn store_dict(&self, edge: &str, dict: &DictAnnounce) -> Result<(), SinkError> {
-        let (edge, dict, quota, metrics) = (edge.to_owned(), dict.clone(), self.quota, self.metrics.clone());
-        self.blocking(move |conn| {
-            let tx = conn.transaction().map_err(|e| failed("begin", e))?;
-            let mut index = DictIndex::default();
-            {
-                let mut stmt = tx
-                    .prepare_cached(
-                        "SELECT id, length(bytes), stored_ms FROM edge_dicts WHERE edge_id = ?1 ORDER BY stored_ms, id",
-                    )
-                    .map_err(|e| failed("read dicts", e))?;
-                let rows = stmt
-                    .query_map([&edge], |r| Ok(StoredDict { id: r.get(0)?, bytes: r.get(1)?, stored_ms: r.get(2)? }))
-                    .map_err(|e| failed("read dicts", e))?;
-                for row in rows {
-                    index.dicts.push(row.map_err(|e| failed("read dicts", e))?);
-                }
-            }
-            // Rows are ordered by this time: a later store never sorts before an earlier one.
-            let now = now_ms().max(index.dicts.last().map_or(0, |d| d.stored_ms + 1));
-            let evicted = index.add(&dict.id, dict.bytes.len() as u64, now, &quota);
-            tx.execute(
-                "INSERT OR REPLACE INTO edge_dicts (edge_id, id, class, bytes, stored_ms) VALUES (?1, ?2, ?3, ?4, ?5)",
-                params![edge, dict.id, dict.class, dict.bytes, now],
-            )
-            .map_err(|e| failed("store dict", e))?;
-            for id in &evicted {
-                tx.execute("DELETE FROM edge_dicts WHERE edge_id = ?1 AND id = ?2", params![edge, id])
-                    .map_err(|e| failed("evict dict", e))?;
-            }
-            tx.commit().map_err(|e| failed("commit", e))?;
-            for id in evicted {
-                metrics.dicts_evicted.inc();
-                tracing::info!(edge, id, "dictionary evicted: past the edge's dictionary quota");
-            }
-            Ok(())
-        })
-        .await
-    }
-
-    async fn mark(&self, edge: &str, epoch: &str, lane: u8, up_to: u64) -> Result<(), SinkError> {
-        let mut retry = Retry::default();
-        loop {
-            let (edge, epoch) = (edge.to_owned(), epoch.to_owned());
-            let result = self
-                .blocking(move |conn| {
-                    conn.execute(
-                        "INSERT INTO marks (edge_id, epoch, lane, committed) VALUES (?1, ?2, ?3, ?4) \
-                         ON CONFLICT (edge_id, epoch, lane) DO UPDATE SET committed = max(committed, excluded.committed)",
-                        params![edge, epoch, lane, up_to],
-                    )
-                    .map(|_| ())
-                    .map_err(|e| failed("mark", e))
-                })
-                .await;
-            match result {
-                Ok(()) => return Ok(()),
-                Err(e) => retry.wait("sqlite mark", &e, &self.metrics).await,
-            }
-        }
     }
 }
 

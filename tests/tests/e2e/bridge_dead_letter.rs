@@ -7,7 +7,7 @@
 use std::time::Duration;
 
 use cloud_bridge::sink::jetstream::{BatchPublish, JetStreamSink};
-use cloud_bridge::sink::{DeadLetterLabel, Sink, SinkMetrics, first_turn};
+use cloud_bridge::sink::{DeadLetterLabel, RecordSink, SinkMetrics, first_turn};
 use e2e_tests::client::Client;
 use e2e_tests::cloud::{TestCloud, pki};
 use e2e_tests::fixtures::{inference, with_spool};

@@ -202,7 +202,7 @@ async fn two_bridges_holding_one_edge_at_once_store_each_record_once() {
 /// other, with a stale cached revision, writes lower marks down to 1. A lower mark never wins.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_lower_mark_from_another_bridge_never_lowers_the_mark() {
-    use cloud_bridge::sink::Sink;
+    use cloud_bridge::sink::RecordSink;
     use cloud_bridge::sink::jetstream::{BatchPublish, JetStreamSink};
     let nats = NatsServer::start();
     let settings = e2e_tests::nats::sink_settings(nats.url(), BatchPublish::Fast);

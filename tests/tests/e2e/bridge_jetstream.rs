@@ -199,7 +199,7 @@ fn telemetry(seq: u64) -> shared::proto::WireRecord {
 /// turn fails lands nothing.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_batch_overlapping_stored_records_lands_only_the_new_ones_in_order() {
-    use cloud_bridge::sink::{Sink, first_turn};
+    use cloud_bridge::sink::{RecordSink, first_turn};
     for batches in [BatchPublish::Atomic, BatchPublish::Fast] {
         let nats = NatsServer::start();
         let settings = settings(nats.url(), batches);
@@ -230,7 +230,7 @@ async fn a_batch_overlapping_stored_records_lands_only_the_new_ones_in_order() {
 /// in flight must not refuse them (a refused batch would cost its edge the connection).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_thousand_edges_publishing_at_once_all_land() {
-    use cloud_bridge::sink::{Sink, first_turn};
+    use cloud_bridge::sink::{RecordSink, first_turn};
     const EDGES: u64 = 1_000;
     const RECORDS: u64 = 40;
     let nats = NatsServer::start();
@@ -303,7 +303,7 @@ async fn an_existing_stream_is_set_to_allow_batches() {
 /// TCO classes reports live in a KV bucket: the latest per edge, readable without the stream.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn tco_reports_are_kept_per_edge_in_kv() {
-    use cloud_bridge::sink::{Sink, StoredReport};
+    use cloud_bridge::sink::{FleetStore, StoredReport};
     let nats = NatsServer::start();
     assert!(cloud_bridge::sink::jetstream::load_reports_from(&nats.url(), "edge-tco").await.unwrap().is_empty());
     let sink =
@@ -326,7 +326,7 @@ async fn tco_reports_are_kept_per_edge_in_kv() {
 /// keep their one value.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn user_properties_named_like_reserved_headers_neither_stop_a_lane_nor_spoof_ours() {
-    use cloud_bridge::sink::{Sink, first_turn};
+    use cloud_bridge::sink::{RecordSink, first_turn};
     const POISON: [(&str, &str); 6] = [
         ("Nats-Expected-Last-Sequence", "1"),
         ("Nats-Rollup", "all"),

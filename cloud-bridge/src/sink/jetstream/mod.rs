@@ -39,12 +39,16 @@ use serde::Serialize;
 use shared::proto::{DictAnnounce, LaneSeq, WireRecord};
 
 use super::quota::{DictIndex, EdgeQuota, EpochVerdict, Epochs};
-use super::{BridgeState, EdgeState, FleetStates, Retry, Sink, SinkError, SinkMetrics, StoredReport, Turn};
+use super::{
+    BridgeState, DictStore, EdgeState, FleetStates, FleetStore, RecordSink, Retry, SinkError, SinkMetrics,
+    StoredReport, Turn,
+};
 use refused::Failure;
 use shared::units::now_ms;
 
-fn failed(what: &'static str, e: impl std::fmt::Display) -> SinkError {
-    SinkError::Failed { what, reason: e.to_string() }
+/// The moment's failure of `what`, no error value to classify (a timeout of our own).
+fn unavailable(what: &'static str, reason: impl std::fmt::Display) -> SinkError {
+    SinkError::Unavailable { what, reason: reason.to_string() }
 }
 
 /// Dictionaries not stored again for this long expire. An edge names the ones it uses in every
@@ -71,7 +75,7 @@ async fn bucket(
                 ..Default::default()
             })
             .await
-            .map_err(|e| failed(what, format!("{name}: {e}"))),
+            .map_err(|e| SinkError::nats(what, name, &e)),
     }
 }
 
@@ -120,7 +124,7 @@ const CAS_ATTEMPTS: usize = 16;
 
 impl JetStreamSink {
     pub async fn connect(s: &JetStreamSettings) -> Result<Self, SinkError> {
-        let client = async_nats::connect(&s.url).await.map_err(|e| failed("connect", format!("{}: {e}", s.url)))?;
+        let client = async_nats::connect(&s.url).await.map_err(|e| SinkError::nats("connect", &s.url, &e))?;
         let version = client.server_info().version;
         let js = jetstream::new(client.clone());
         let subjects = format!("{}.>", s.subject_prefix);
@@ -145,10 +149,10 @@ impl JetStreamSink {
                 ..Default::default()
             })
             .await
-            .map_err(|e| failed("stream", format!("{}: {e}", s.stream)))?;
-        let info = stream.info().await.map_err(|e| failed("stream", format!("{}: {e}", s.stream)))?;
+            .map_err(|e| SinkError::nats("stream", &s.stream, &e))?;
+        let info = stream.info().await.map_err(|e| SinkError::nats("stream", &s.stream, &e))?;
         if !info.config.subjects.contains(&subjects) {
-            return Err(failed(
+            return Err(SinkError::invalid(
                 "stream",
                 format!("{} exists with subjects {:?}, not {subjects:?}", s.stream, info.config.subjects),
             ));
@@ -162,7 +166,7 @@ impl JetStreamSink {
             };
             js.update_stream(config)
                 .await
-                .map_err(|e| failed("stream", format!("{}: allow batches: {e}", s.stream)))?;
+                .map_err(|e| SinkError::nats("stream", &format!("{}: allow batches", s.stream), &e))?;
             tracing::info!(stream = s.stream, ?publishing, "stream now allows batches");
         }
         let max_msg_size = usize::try_from(info.config.max_message_size).ok().filter(|n| *n > 0);
@@ -211,9 +215,9 @@ async fn read_doc<T: serde::de::DeserializeOwned + Default>(
     key: &str,
     what: &'static str,
 ) -> Result<(T, Option<u64>), SinkError> {
-    match kv.entry(key).await.map_err(|e| failed(what, format!("{key}: {e}")))? {
+    match kv.entry(key).await.map_err(|e| SinkError::nats(what, key, &e))? {
         Some(entry) if entry.operation == kv::Operation::Put => {
-            let doc = serde_json::from_slice(&entry.value).map_err(|e| failed(what, format!("{key}: {e}")))?;
+            let doc = serde_json::from_slice(&entry.value).map_err(|e| SinkError::corrupt(what, key, e))?;
             Ok((doc, Some(entry.revision)))
         }
         Some(entry) => Ok((T::default(), Some(entry.revision))),
@@ -221,13 +225,29 @@ async fn read_doc<T: serde::de::DeserializeOwned + Default>(
     }
 }
 
+/// Why a compare-and-set did not write.
+#[derive(Debug)]
+enum Cas {
+    /// Another writer came first: read again and retry.
+    Changed,
+    /// The server (or the value): retrying the compare-and-set does not help; the caller's
+    /// own retry, if it has one, does.
+    Failed(SinkError),
+}
+
 /// Writes `doc` at `key` if it is still at `revision` (none: not there yet); the new revision,
-/// or why not (another writer came first, or the server).
-async fn write_doc(kv: &kv::Store, key: &str, doc: &impl Serialize, revision: Option<u64>) -> Result<u64, String> {
-    let value = Bytes::from(serde_json::to_vec(doc).map_err(|e| e.to_string())?);
+/// or why not.
+async fn write_doc(kv: &kv::Store, key: &str, doc: &impl Serialize, revision: Option<u64>) -> Result<u64, Cas> {
+    let value = Bytes::from(serde_json::to_vec(doc).map_err(|e| Cas::Failed(SinkError::invalid("write", e)))?);
     match revision {
-        Some(rev) => kv.update(key, value, rev).await.map_err(|e| e.to_string()),
-        None => kv.create(key, value).await.map_err(|e| e.to_string()),
+        Some(rev) => kv.update(key, value, rev).await.map_err(|e| match e.kind() {
+            kv::UpdateErrorKind::WrongLastRevision => Cas::Changed,
+            _ => Cas::Failed(SinkError::nats("write", key, &e)),
+        }),
+        None => kv.create(key, value).await.map_err(|e| match e.kind() {
+            kv::CreateErrorKind::AlreadyExists => Cas::Changed,
+            _ => Cas::Failed(SinkError::nats("write", key, &e)),
+        }),
     }
 }
 
@@ -235,15 +255,15 @@ async fn write_doc(kv: &kv::Store, key: &str, doc: &impl Serialize, revision: Op
 /// round trip per key: 10,000 edges' entries in a fraction of a second).
 async fn read_all(kv: &kv::Store, what: &'static str) -> Result<Vec<(String, Bytes)>, SinkError> {
     // The store's own status is the stream info cached when it was opened: ask the server.
-    let info = kv.stream.clone().info().await.map_err(|e| failed(what, e))?.clone();
+    let info = kv.stream.clone().info().await.map_err(|e| SinkError::nats(what, "", &e))?.clone();
     if info.state.messages == 0 {
         return Ok(Vec::new());
     }
-    let mut watch = kv.watch_with_history(">").await.map_err(|e| failed(what, e))?;
+    let mut watch = kv.watch_with_history(">").await.map_err(|e| SinkError::nats(what, "", &e))?;
     let read = async {
         let mut out = Vec::new();
         while let Some(entry) = watch.next().await {
-            let entry = entry.map_err(|e| failed(what, e))?;
+            let entry = entry.map_err(|e| SinkError::nats(what, "", &e))?;
             if entry.operation == kv::Operation::Put {
                 out.push((entry.key, entry.value));
             }
@@ -257,13 +277,13 @@ async fn read_all(kv: &kv::Store, what: &'static str) -> Result<Vec<(String, Byt
     // A bucket purged between the two calls would deliver nothing and never say so.
     tokio::time::timeout(Duration::from_secs(30), read)
         .await
-        .map_err(|_| failed(what, "timed out reading the bucket"))?
+        .map_err(|_| unavailable(what, "timed out reading the bucket"))?
 }
 
 async fn read_reports(kv: &kv::Store) -> Result<Vec<StoredReport>, SinkError> {
     let mut out = Vec::new();
     for (key, value) in read_all(kv, "read reports").await? {
-        out.push(serde_json::from_slice(&value).map_err(|e| failed("read reports", format!("{key}: {e}")))?);
+        out.push(serde_json::from_slice(&value).map_err(|e| SinkError::corrupt("read reports", &key, e))?);
     }
     out.sort_by(|a: &StoredReport, b| a.edge.cmp(&b.edge));
     Ok(out)
@@ -272,7 +292,7 @@ async fn read_reports(kv: &kv::Store) -> Result<Vec<StoredReport>, SinkError> {
 /// Every edge's latest TCO report in `bucket` on the server at `url`, without touching the
 /// stream or the other buckets (for `cloud-bridge tco report`).
 pub async fn load_reports_from(url: &str, bucket: &str) -> Result<Vec<StoredReport>, SinkError> {
-    let client = async_nats::connect(url).await.map_err(|e| failed("connect", format!("{url}: {e}")))?;
+    let client = async_nats::connect(url).await.map_err(|e| SinkError::nats("connect", url, &e))?;
     let js = jetstream::new(client);
     match js.get_key_value(bucket).await {
         Ok(kv) => read_reports(&kv).await,
@@ -305,7 +325,7 @@ fn edge_key(edge: &str) -> String {
 /// JetStream refuses a message whose headers pass this (error 10097).
 const MAX_HEADERS: usize = 64 << 10;
 
-impl Sink for JetStreamSink {
+impl RecordSink for JetStreamSink {
     /// The server's `max_payload` and the stream's `max_msg_size` bound the whole message, and
     /// JetStream bounds its headers; the bridge's own headers (the message id, the QoS) and the
     /// header block's framing are taken off, as `publish::Outgoing::size` counts them.
@@ -331,9 +351,13 @@ impl Sink for JetStreamSink {
             let (mut epochs, revision): (Epochs, _) = read_doc(&self.marks, &key, "read epochs").await?;
             let verdict = epochs.admit(epoch, now_ms(), &self.quota);
             let EpochVerdict::Added { retired } = &verdict else { return Ok(verdict) };
-            if let Err(e) = write_doc(&self.marks, &key, &epochs, revision).await {
-                tracing::debug!(key, error = %e, "epochs changed under us; retrying");
-                continue;
+            match write_doc(&self.marks, &key, &epochs, revision).await {
+                Ok(_) => {}
+                Err(Cas::Changed) => {
+                    tracing::debug!(key, "epochs changed under us; retrying");
+                    continue;
+                }
+                Err(Cas::Failed(e)) => return Err(e),
             }
             self.metrics.epochs_registered.inc();
             for old in retired {
@@ -348,7 +372,7 @@ impl Sink for JetStreamSink {
             }
             return Ok(verdict);
         }
-        Err(failed("register epoch", format!("{key}: could not update after {CAS_ATTEMPTS} attempts")))
+        Err(SinkError::Conflict { what: "register epoch", key: key.to_string(), attempts: CAS_ATTEMPTS as u32 })
     }
 
     async fn committed(&self, edge: &str, epoch: &str) -> Result<Vec<LaneSeq>, SinkError> {
@@ -427,22 +451,78 @@ impl Sink for JetStreamSink {
         }
     }
 
+    async fn mark(&self, edge: &str, epoch: &str, lane: u8, up_to: u64) -> Result<(), SinkError> {
+        let mut retry = Retry::default();
+        loop {
+            match self.mark_once(edge, epoch, lane, up_to).await {
+                Ok(()) => return Ok(()),
+                Err(e) => retry.wait("mark", &e, &self.metrics).await,
+            }
+        }
+    }
+}
+
+impl DictStore for JetStreamSink {
     async fn load_dicts(&self, edge: &str, ids: &[String]) -> Result<Vec<(String, Vec<u8>)>, SinkError> {
         let edge = edge_key(edge);
         let mut found = Vec::new();
         for id in ids.iter().filter(|id| is_dict_key(id)) {
             let key = format!("{edge}.{id}");
-            if let Some(bytes) = self.dicts.get(&key).await.map_err(|e| failed("read dict", format!("{key}: {e}")))? {
+            if let Some(bytes) = self.dicts.get(&key).await.map_err(|e| SinkError::nats("read dict", &key, &e))? {
                 found.push((id.clone(), bytes.to_vec()));
             }
         }
         Ok(found)
     }
 
+    async fn store_dict(&self, edge: &str, dict: &DictAnnounce) -> Result<(), SinkError> {
+        if !is_dict_key(&dict.id) {
+            return Err(SinkError::invalid("store dict", format!("{:?} is not a dictionary id", dict.id)));
+        }
+        let index_key = edge_key(edge);
+        // Counted in the index first: a crash before the bytes are written leaves an entry no
+        // hello finds (the edge announces it again), never bytes the quota does not see.
+        let mut evicted = None;
+        for _ in 0..CAS_ATTEMPTS {
+            let (mut index, revision): (DictIndex, _) = read_doc(&self.dicts, &index_key, "read dicts").await?;
+            let out = index.add(&dict.id, dict.bytes.len() as u64, now_ms(), &self.quota);
+            match write_doc(&self.dicts, &index_key, &index, revision).await {
+                Ok(_) => {
+                    evicted = Some(out);
+                    break;
+                }
+                Err(Cas::Changed) => tracing::debug!(key = index_key, "dictionary index changed under us; retrying"),
+                Err(Cas::Failed(e)) => return Err(e),
+            }
+        }
+        let evicted = evicted.ok_or_else(|| SinkError::Conflict {
+            what: "store dict",
+            key: index_key.to_string(),
+            attempts: CAS_ATTEMPTS as u32,
+        })?;
+        let key = format!("{index_key}.{}", dict.id);
+        // A put refreshes the entry's age, so a dictionary in use does not expire.
+        self.dicts
+            .put(&key, Bytes::from(dict.bytes.clone()))
+            .await
+            .map_err(|e| SinkError::nats("store dict", &key, &e))?;
+        for id in evicted {
+            let key = format!("{index_key}.{id}");
+            if let Err(e) = self.dicts.purge(&key).await {
+                tracing::warn!(key, error = %e, "evicted dictionary not deleted; it expires");
+            }
+            self.metrics.dicts_evicted.inc();
+            tracing::info!(edge, id, "dictionary evicted: past the edge's dictionary quota");
+        }
+        Ok(())
+    }
+}
+
+impl FleetStore for JetStreamSink {
     async fn store_report(&self, report: &StoredReport) -> Result<(), SinkError> {
-        let value = Bytes::from(serde_json::to_vec(report).map_err(|e| failed("store report", e))?);
+        let value = Bytes::from(serde_json::to_vec(report).map_err(|e| SinkError::invalid("store report", e))?);
         let key = mark_key(&report.edge, "tco");
-        self.reports.put(&key, value).await.map(|_| ()).map_err(|e| failed("store report", format!("{key}: {e}")))
+        self.reports.put(&key, value).await.map(|_| ()).map_err(|e| SinkError::nats("store report", &key, &e))
     }
 
     async fn load_reports(&self) -> Result<Vec<StoredReport>, SinkError> {
@@ -460,55 +540,6 @@ impl Sink for JetStreamSink {
     async fn load_fleet(&self) -> Result<FleetStates, SinkError> {
         presence::load_fleet(&self.fleet).await
     }
-
-    async fn store_dict(&self, edge: &str, dict: &DictAnnounce) -> Result<(), SinkError> {
-        if !is_dict_key(&dict.id) {
-            return Err(failed("store dict", format!("{:?} is not a dictionary id", dict.id)));
-        }
-        let index_key = edge_key(edge);
-        // Counted in the index first: a crash before the bytes are written leaves an entry no
-        // hello finds (the edge announces it again), never bytes the quota does not see.
-        let mut evicted = None;
-        for _ in 0..CAS_ATTEMPTS {
-            let (mut index, revision): (DictIndex, _) = read_doc(&self.dicts, &index_key, "read dicts").await?;
-            let out = index.add(&dict.id, dict.bytes.len() as u64, now_ms(), &self.quota);
-            match write_doc(&self.dicts, &index_key, &index, revision).await {
-                Ok(_) => {
-                    evicted = Some(out);
-                    break;
-                }
-                Err(e) => tracing::debug!(key = index_key, error = %e, "dictionary index changed under us; retrying"),
-            }
-        }
-        let evicted = evicted.ok_or_else(|| {
-            failed("store dict", format!("{index_key}: could not update after {CAS_ATTEMPTS} attempts"))
-        })?;
-        let key = format!("{index_key}.{}", dict.id);
-        // A put refreshes the entry's age, so a dictionary in use does not expire.
-        self.dicts
-            .put(&key, Bytes::from(dict.bytes.clone()))
-            .await
-            .map_err(|e| failed("store dict", format!("{key}: {e}")))?;
-        for id in evicted {
-            let key = format!("{index_key}.{id}");
-            if let Err(e) = self.dicts.purge(&key).await {
-                tracing::warn!(key, error = %e, "evicted dictionary not deleted; it expires");
-            }
-            self.metrics.dicts_evicted.inc();
-            tracing::info!(edge, id, "dictionary evicted: past the edge's dictionary quota");
-        }
-        Ok(())
-    }
-
-    async fn mark(&self, edge: &str, epoch: &str, lane: u8, up_to: u64) -> Result<(), SinkError> {
-        let mut retry = Retry::default();
-        loop {
-            match self.mark_once(edge, epoch, lane, up_to).await {
-                Ok(()) => return Ok(()),
-                Err(e) => retry.wait("mark", &e, &self.metrics).await,
-            }
-        }
-    }
 }
 
 impl JetStreamSink {
@@ -518,7 +549,7 @@ impl JetStreamSink {
         let cached = self.last_marks.lock().unwrap_or_else(|e| e.into_inner()).get(&key).cloned();
         if let Some((mut marks, revision)) = cached {
             marks.insert(lane, up_to.max(marks.get(&lane).copied().unwrap_or(0)));
-            let value = Bytes::from(serde_json::to_vec(&marks).map_err(|e| failed("mark", e))?);
+            let value = Bytes::from(serde_json::to_vec(&marks).map_err(|e| SinkError::invalid("mark", e))?);
             if let Ok(revision) = self.marks.update(&key, value, revision).await {
                 self.remember(key, marks, revision);
                 return Ok(());
@@ -539,10 +570,11 @@ impl JetStreamSink {
                     self.remember(key, marks, revision);
                     return Ok(());
                 }
-                Err(e) => tracing::debug!(key, error = %e, "mark changed under us; retrying"),
+                Err(Cas::Changed) => tracing::debug!(key, "mark changed under us; retrying"),
+                Err(Cas::Failed(e)) => return Err(e),
             }
         }
-        Err(failed("mark", format!("{key}: could not update after {CAS_ATTEMPTS} attempts")))
+        Err(SinkError::Conflict { what: "mark", key: key.to_string(), attempts: CAS_ATTEMPTS as u32 })
     }
 
     fn remember(&self, key: String, marks: BTreeMap<u8, u64>, revision: u64) {

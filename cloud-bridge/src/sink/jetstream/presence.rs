@@ -7,7 +7,7 @@ use async_nats::jetstream::kv;
 use bytes::Bytes;
 use futures_util::future::join_all;
 
-use super::{edge_key, failed, read_all, read_doc, write_doc};
+use super::{Cas, edge_key, read_all, read_doc, write_doc};
 use crate::sink::{BridgeState, EdgeState, FleetStates, SinkError};
 
 const EDGE: &str = "edge.";
@@ -25,8 +25,8 @@ pub(super) async fn store_edge_states(kv: &kv::Store, states: Vec<EdgeState>) ->
 async fn store_edge_state(kv: &kv::Store, state: &EdgeState) -> Result<bool, SinkError> {
     let key = format!("{EDGE}{}", edge_key(&state.edge));
     if state.connected {
-        let value = Bytes::from(serde_json::to_vec(state).map_err(|e| failed("store edge state", e))?);
-        kv.put(&key, value).await.map_err(|e| failed("store edge state", format!("{key}: {e}")))?;
+        let value = Bytes::from(serde_json::to_vec(state).map_err(|e| SinkError::invalid("store edge state", e))?);
+        kv.put(&key, value).await.map_err(|e| SinkError::nats("store edge state", &key, &e))?;
         return Ok(true);
     }
     for _ in 0..CAS_ATTEMPTS {
@@ -36,22 +36,23 @@ async fn store_edge_state(kv: &kv::Store, state: &EdgeState) -> Result<bool, Sin
         }
         match write_doc(kv, &key, state, revision).await {
             Ok(_) => return Ok(true),
-            Err(e) => tracing::debug!(key, error = %e, "edge state changed under us; retrying"),
+            Err(Cas::Changed) => tracing::debug!(key, "edge state changed under us; retrying"),
+            Err(Cas::Failed(e)) => return Err(e),
         }
     }
-    Err(failed("store edge state", format!("{key}: could not update after {CAS_ATTEMPTS} attempts")))
+    Err(SinkError::Conflict { what: "store edge state", key: key.to_string(), attempts: CAS_ATTEMPTS as u32 })
 }
 
 pub(super) async fn store_bridge_state(kv: &kv::Store, state: &BridgeState) -> Result<(), SinkError> {
     let key = format!("{BRIDGE}{}", edge_key(&state.name));
-    let value = Bytes::from(serde_json::to_vec(state).map_err(|e| failed("store bridge state", e))?);
-    kv.put(&key, value).await.map(|_| ()).map_err(|e| failed("store bridge state", format!("{key}: {e}")))
+    let value = Bytes::from(serde_json::to_vec(state).map_err(|e| SinkError::invalid("store bridge state", e))?);
+    kv.put(&key, value).await.map(|_| ()).map_err(|e| SinkError::nats("store bridge state", &key, &e))
 }
 
 pub(super) async fn load_fleet(kv: &kv::Store) -> Result<FleetStates, SinkError> {
     let mut fleet = FleetStates::default();
     for (key, value) in read_all(kv, "read fleet").await? {
-        let bad = |e: serde_json::Error| failed("read fleet", format!("{key}: {e}"));
+        let bad = |e: serde_json::Error| SinkError::corrupt("read fleet", &key, e);
         if key.starts_with(EDGE) {
             fleet.edges.push(serde_json::from_slice(&value).map_err(bad)?);
         } else if key.starts_with(BRIDGE) {
@@ -66,7 +67,7 @@ pub(super) async fn load_fleet(kv: &kv::Store) -> Result<FleetStates, SinkError>
 /// The fleet states in `bucket` on the server at `url`, without touching the stream or the
 /// other buckets (for `cloud-bridge edges list`).
 pub async fn load_fleet_from(url: &str, bucket: &str) -> Result<FleetStates, SinkError> {
-    let client = async_nats::connect(url).await.map_err(|e| failed("connect", format!("{url}: {e}")))?;
+    let client = async_nats::connect(url).await.map_err(|e| SinkError::nats("connect", url, &e))?;
     let js = async_nats::jetstream::new(client);
     match js.get_key_value(bucket).await {
         Ok(kv) => load_fleet(&kv).await,

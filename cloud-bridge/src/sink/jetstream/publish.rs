@@ -13,9 +13,13 @@ use futures_util::StreamExt;
 use serde::{Deserialize, Serialize};
 use shared::proto::WireRecord;
 
-use super::failed;
 use super::refused::{self, Failure};
-use crate::sink::{SinkMetrics, Turn};
+use crate::sink::{SinkError, SinkMetrics, Turn};
+
+/// The server answered, but not as it should have (an unreadable ack, a count that is off).
+fn odd(what: &'static str, reason: impl std::fmt::Display) -> SinkError {
+    SinkError::JetStream { what, code: None, reason: reason.to_string() }
+}
 
 /// How batches are published, from the config's wish and what the server offers.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
@@ -132,13 +136,13 @@ pub(super) fn outgoing(
     epoch: &str,
     lane: u8,
     records: &mut [WireRecord],
-) -> Result<Vec<Outgoing>, crate::sink::SinkError> {
+) -> Result<Vec<Outgoing>, SinkError> {
     let mut messages = Vec::with_capacity(records.len());
     for r in records {
         let payload = match (&mut r.message, &r.gap) {
             (Some(m), _) => Bytes::from(std::mem::take(&mut m.payload)),
-            (None, Some(g)) => Bytes::from(serde_json::to_vec(g).map_err(|e| failed("gap record", e))?),
-            (None, None) => return Err(failed("publish", format!("record {} is empty", r.seq))),
+            (None, Some(g)) => Bytes::from(serde_json::to_vec(g).map_err(|e| SinkError::invalid("gap record", e))?),
+            (None, None) => return Err(SinkError::invalid("publish", format!("record {} is empty", r.seq))),
         };
         let (subject, headers) = addressed(prefix, edge, epoch, lane, r);
         messages.push(Outgoing { subject, headers, payload });
@@ -227,7 +231,7 @@ async fn publish_atomic(
     let reply = client
         .request_with_headers(subject, headers, last.payload.clone())
         .await
-        .map_err(|e| failed("publish batch", e))?;
+        .map_err(|e| SinkError::nats("publish batch", "", &e))?;
     batch_ack(&reply.payload, n)
 }
 
@@ -272,7 +276,7 @@ pub(super) async fn publish_messages(
 /// Reads a batch commit's reply: `{"stream":..,"seq":..,"batch":..,"count":N}` or an error.
 fn batch_ack(reply: &[u8], sent: usize) -> Result<Atomic, Failure> {
     let v: serde_json::Value = serde_json::from_slice(reply)
-        .map_err(|e| failed("publish batch", format!("unreadable ack {:?}: {e}", String::from_utf8_lossy(reply))))?;
+        .map_err(|e| odd("publish batch", format!("unreadable ack {:?}: {e}", String::from_utf8_lossy(reply))))?;
     if let Some(err) = v.get("error") {
         let code = err.get("err_code").and_then(serde_json::Value::as_u64);
         if code == Some(ERR_BATCH_DUPLICATE) {
@@ -285,7 +289,7 @@ fn batch_ack(reply: &[u8], sent: usize) -> Result<Atomic, Failure> {
     }
     match v.get("count").and_then(serde_json::Value::as_u64) {
         Some(count) if count == sent as u64 => Ok(Atomic::Stored),
-        _ => Err(failed("publish batch", format!("ack {v} does not count the {sent} messages sent")).into()),
+        _ => Err(odd("publish batch", format!("ack {v} does not count the {sent} messages sent")).into()),
     }
 }
 
@@ -399,7 +403,8 @@ pub(super) async fn publish_fast(
     }
     // The inbox's second token is the batch id; the subscription ends when `replies` drops.
     let inbox = client.new_inbox();
-    let mut replies = client.subscribe(format!("{inbox}.>")).await.map_err(|e| failed("fast batch", e))?;
+    let mut replies =
+        client.subscribe(format!("{inbox}.>")).await.map_err(|e| SinkError::nats("fast batch", "", &e))?;
     if !turn.await {
         return Err(Failure::Turn);
     }
@@ -410,7 +415,7 @@ pub(super) async fn publish_fast(
             match next_reply(&mut replies).await? {
                 FastReply::Flow { seq, msgs } => (stored, flow) = (stored.max(seq), msgs),
                 FastReply::Done { count } => {
-                    return Err(failed("fast batch", format!("ended after {count} of {n} messages")).into());
+                    return Err(odd("fast batch", format!("ended after {count} of {n} messages")).into());
                 }
                 FastReply::Failed { code, why } => return Err(Failure::coded("fast batch", code, why)),
             }
@@ -434,18 +439,21 @@ pub(super) async fn publish_fast(
             // Duplicates count as taken: the server keeps the first copy.
             FastReply::Done { count } if count == n => return Ok(()),
             FastReply::Done { count } => {
-                return Err(failed("fast batch", format!("ack counts {count} of the {n} messages sent")).into());
+                return Err(odd("fast batch", format!("ack counts {count} of the {n} messages sent")).into());
             }
             FastReply::Failed { code, why } => return Err(Failure::coded("fast batch", code, why)),
         }
     }
 }
 
-async fn next_reply(replies: &mut async_nats::Subscriber) -> Result<FastReply, crate::sink::SinkError> {
+async fn next_reply(replies: &mut async_nats::Subscriber) -> Result<FastReply, SinkError> {
     match tokio::time::timeout(FAST_TIMEOUT, replies.next()).await {
         Ok(Some(message)) => Ok(fast_reply(&message.payload)),
-        Ok(None) => Err(failed("fast batch", "the reply subscription ended")),
-        Err(_) => Err(failed("fast batch", format!("no reply from the server in {FAST_TIMEOUT:?}"))),
+        Ok(None) => Err(SinkError::Unavailable { what: "fast batch", reason: "the reply subscription ended".into() }),
+        Err(_) => Err(SinkError::Unavailable {
+            what: "fast batch",
+            reason: format!("no reply from the server in {FAST_TIMEOUT:?}"),
+        }),
     }
 }
 

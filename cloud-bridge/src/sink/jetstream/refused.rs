@@ -45,7 +45,7 @@ impl Failure {
     pub(super) fn coded(what: &'static str, code: Option<u64>, detail: String) -> Self {
         match code.and_then(record_reason) {
             Some(reason) => Failure::Record { reason, detail },
-            None => Failure::Transient(SinkError::Failed { what, reason: detail }),
+            None => Failure::Transient(SinkError::JetStream { what, code, reason: detail }),
         }
     }
 
@@ -55,7 +55,7 @@ impl Failure {
         match e.kind() {
             Kind::MaxPayloadExceeded => Failure::Record { reason: "too_large", detail: e.to_string() },
             Kind::InvalidSubject => Failure::Record { reason: "subject", detail: e.to_string() },
-            Kind::Send => Failure::Transient(SinkError::Failed { what, reason: e.to_string() }),
+            Kind::Send => Failure::Transient(SinkError::Unavailable { what, reason: e.to_string() }),
         }
     }
 
@@ -72,16 +72,14 @@ impl Failure {
                     .map(|j| j.error_code().0);
                 Self::coded(what, code, detail)
             }
-            _ => Failure::Transient(SinkError::Failed { what, reason: detail }),
+            _ => Failure::Transient(SinkError::nats(what, "", &e)),
         }
     }
 
     pub(super) fn into_error(self) -> SinkError {
         match self {
-            Failure::Record { reason, detail } => {
-                SinkError::Failed { what: "publish", reason: format!("record refused ({reason}): {detail}") }
-            }
-            Failure::Turn => super::failed("publish", "the batch before this one failed"),
+            Failure::Record { reason, detail } => SinkError::Refused { reason, detail },
+            Failure::Turn => SinkError::Turn,
             Failure::Transient(e) => e,
         }
     }
@@ -199,7 +197,13 @@ async fn set_aside(
         Ok(new) => new,
         Err(Failure::Record { .. }) => {
             publish_acked(js, dead.to_owned(), mark(ids), Bytes::new()).await.map_err(|e| {
-                Failure::Transient(super::failed("dead letter", format!("not even the record's ids are taken: {e:?}")))
+                Failure::Transient(match e {
+                    Failure::Record { reason, detail } => SinkError::Refused {
+                        reason,
+                        detail: format!("not even the record's ids are taken as a dead letter: {detail}"),
+                    },
+                    other => other.into_error(),
+                })
             })?
         }
         Err(e) => return Err(e),
