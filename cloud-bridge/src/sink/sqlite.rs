@@ -522,4 +522,35 @@ mod tests {
         assert!(metrics.healthy());
         assert_eq!(sink.committed("e1", "ep").await.unwrap(), vec![LaneSeq { lane: 0, seq: 3 }]);
     }
+
+    /// Errors say what kind they are: a stored value that does not parse is `Corrupt` naming
+    /// its key (not a SQLite failure, not retried as one); a file that is no database is
+    /// SQLite's own code (26, SQLITE_NOTADB) with the path; a missing parent directory that
+    /// cannot be made is `Io` naming it.
+    #[tokio::test]
+    async fn errors_are_typed_with_the_sinks_own_codes() {
+        let dir = tempfile::tempdir().unwrap();
+        let sink = SqliteSink::open(&dir.path().join("central.db")).unwrap();
+        let conn = Connection::open(sink.path()).unwrap();
+        conn.execute("INSERT INTO tco_reports (edge_id, received_ms, report) VALUES ('edge-7', 1, '{not json')", [])
+            .unwrap();
+        match sink.load_reports().await {
+            Err(SinkError::Corrupt { key, .. }) => assert_eq!(key, "edge-7"),
+            other => panic!("{other:?}"),
+        }
+
+        let garbage = dir.path().join("garbage.db");
+        std::fs::write(&garbage, vec![0x5a; 8192]).unwrap();
+        match SqliteSink::open(&garbage) {
+            Err(SinkError::Sqlite { code: 26, reason, .. }) => assert!(reason.contains("garbage.db"), "{reason}"),
+            other => panic!("{other:?}"),
+        }
+
+        let file = dir.path().join("a-file");
+        std::fs::write(&file, b"").unwrap();
+        match SqliteSink::open(&file.join("central.db")) {
+            Err(e @ SinkError::Io { .. }) => assert!(e.to_string().contains("a-file"), "{e}"),
+            other => panic!("{other:?}"),
+        }
+    }
 }
