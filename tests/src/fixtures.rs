@@ -88,9 +88,9 @@ pub fn with_spool(list: &[Class]) -> String {
 
 /// A `telemetry` QoS 1 record at `seq` as an edge sends it up, with no MQTT properties.
 pub fn wire_record(seq: u64, topic: &str, payload: impl Into<Vec<u8>>) -> shared::proto::WireRecord {
-    shared::proto::WireRecord {
+    shared::proto::WireRecord::message(
         seq,
-        message: Some(shared::proto::WireMessage {
+        shared::proto::WireMessage {
             class: "telemetry".into(),
             topic: topic.into(),
             payload: payload.into(),
@@ -100,7 +100,6 @@ pub fn wire_record(seq: u64, topic: &str, payload: impl Into<Vec<u8>>) -> shared
             user_properties: vec![],
             correlation_data: None,
             content_type: None,
-        }),
-        gap: None,
-    }
+        },
+    )
 }

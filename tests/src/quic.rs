@@ -94,9 +94,9 @@ pub async fn next_control(recv: &mut quinn::RecvStream) -> Option<shared::proto:
 /// caller must not hold the decoded form it attacks with): 3 bytes a pair, 48 decoded.
 pub fn empty_pairs_record(pairs: u32) -> Vec<u8> {
     use shared::proto::{WireMessage, WireRecord};
-    let one = vec![WireRecord {
-        seq: 1,
-        message: Some(WireMessage {
+    let one = vec![WireRecord::message(
+        1,
+        WireMessage {
             class: "telemetry".into(),
             topic: "t".into(),
             payload: Vec::new(),
@@ -106,9 +106,8 @@ pub fn empty_pairs_record(pairs: u32) -> Vec<u8> {
             user_properties: vec![(String::new(), String::new())],
             correlation_data: None,
             content_type: None,
-        }),
-        gap: None,
-    }];
+        },
+    )];
     let mut raw = Vec::new();
     ciborium::into_writer(&one, &mut raw).expect("encode a record");
     // The properties are the record's last field: an array of one pair, `81 82 60 60`.

@@ -147,9 +147,9 @@ impl SimSpool {
     fn record(&self, seq: u64) -> WireRecord {
         let mut payload = format!("{{\"seq\":{seq},\"temp_c\":41.{},\"fps\":29.97}}", seq % 10).into_bytes();
         payload.resize(self.payload.max(payload.len()), b' ');
-        WireRecord {
+        WireRecord::message(
             seq,
-            message: Some(WireMessage {
+            WireMessage {
                 class: "telemetry".into(),
                 topic: format!("telemetry/cam-{}/metrics", seq % 4),
                 payload,
@@ -159,9 +159,8 @@ impl SimSpool {
                 user_properties: Vec::new(),
                 correlation_data: None,
                 content_type: None,
-            }),
-            gap: None,
-        }
+            },
+        )
     }
 }
 

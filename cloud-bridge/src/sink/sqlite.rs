@@ -14,7 +14,7 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
 use rusqlite::{Connection, OptionalExtension, params};
-use shared::proto::{DictAnnounce, LaneSeq, WireRecord};
+use shared::proto::{DictAnnounce, LaneSeq, RecordBody, WireRecord};
 
 use super::quota::{DictIndex, EdgeQuota, EpochVerdict, Epochs, StoredDict};
 use super::{
@@ -98,8 +98,8 @@ fn insert(conn: &mut Connection, edge: &str, epoch: &str, lane: u8, records: &[W
             .map_err(|e| SinkError::sqlite("insert", e))?;
         let received = now_ms();
         for r in records {
-            let result = match (&r.message, &r.gap) {
-                (Some(m), _) => {
+            let result = match &r.body {
+                RecordBody::Message(m) => {
                     let headers = crate::names::headers(m);
                     insert.execute(params![
                         edge,
@@ -116,7 +116,7 @@ fn insert(conn: &mut Connection, edge: &str, epoch: &str, lane: u8, records: &[W
                         received
                     ])
                 }
-                (None, Some(g)) => insert.execute(params![
+                RecordBody::Gap(g) => insert.execute(params![
                     edge,
                     epoch,
                     lane,
@@ -130,7 +130,6 @@ fn insert(conn: &mut Connection, edge: &str, epoch: &str, lane: u8, records: &[W
                     None::<String>,
                     received
                 ]),
-                (None, None) => continue,
             };
             result.map_err(|e| SinkError::sqlite("insert", e))?;
         }
@@ -468,9 +467,9 @@ mod tests {
     use shared::proto::WireMessage;
 
     fn record(seq: u64) -> WireRecord {
-        WireRecord {
+        WireRecord::message(
             seq,
-            message: Some(WireMessage {
+            WireMessage {
                 class: "telemetry".into(),
                 topic: "inference/yolo-edge/v3.2.1/cam-03".into(),
                 payload: vec![seq as u8],
@@ -480,9 +479,8 @@ mod tests {
                 user_properties: vec![("trace-id".into(), "t".into())],
                 correlation_data: None,
                 content_type: None,
-            }),
-            gap: None,
-        }
+            },
+        )
     }
 
     #[tokio::test]

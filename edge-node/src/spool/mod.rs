@@ -148,21 +148,9 @@ pub struct Message {
     pub properties: Properties,
 }
 
-/// Why records were dropped before the cloud acknowledged them.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum GapReason {
-    /// Removed to keep the spool inside its byte budget.
-    Evicted,
-    /// Older than its class's TTL.
-    Expired,
-    /// Never committed: a `full` message whose commit failed (its client got no PUBACK and will
-    /// resend), or a `normal` one dropped while commits kept failing and the pending cap was hit.
-    Refused,
-    /// In a damaged page of the database that a salvage could not read (`salvage.rs`): an
-    /// upper bound, some of the seqs may never have been used.
-    Unreadable,
-}
+/// Why records were dropped before the cloud acknowledged them: the wire's type, so the
+/// reason is one value from the spool to the sink.
+pub use shared::proto::GapReason;
 
 /// A record that stands for records that are gone, so loss is visible at the other end.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]

@@ -273,6 +273,7 @@ fn view<S: Storage>(spool: &mut Spool<S>, lane: u8) -> LaneView {
                     GapReason::Expired => v.expired.extend(seqs),
                     GapReason::Refused => v.refused.extend(seqs),
                     GapReason::Unreadable => v.unreadable.extend(seqs),
+                    GapReason::Unknown => panic!("the spool wrote a gap of no reason it knows"),
                 }
             }
         }

@@ -405,13 +405,7 @@ fn count_dropped(spool: &mut DynSpool, counts: Counts<'_>) {
     for (class, reason, count) in spool.take_dropped() {
         counts.stats.dropped.fetch_add(count, Ordering::Relaxed);
         counts.stats.gaps.fetch_add(1, Ordering::Relaxed);
-        let reason = match reason {
-            super::GapReason::Evicted => "evicted",
-            super::GapReason::Expired => "expired",
-            super::GapReason::Refused => "refused",
-            super::GapReason::Unreadable => "unreadable",
-        };
-        handle(&metrics.dropped, &DropLabels { class, reason }).inc_by(count);
+        handle(&metrics.dropped, &DropLabels { class, reason: reason.as_str() }).inc_by(count);
     }
 }
 

@@ -113,7 +113,7 @@ impl DictBook {
         }
         let goal = self.settings.samples;
         for r in records {
-            let Some(m) = &r.message else { continue };
+            let Some(m) = r.as_message() else { continue };
             if self.training.as_ref().is_some_and(|(class, _)| *class == m.class) {
                 continue;
             }
@@ -183,7 +183,7 @@ impl DictBook {
             return Choice::default();
         }
         let mut counts: HashMap<&str, usize> = HashMap::new();
-        for m in records.iter().filter_map(|r| r.message.as_ref()) {
+        for m in records.iter().filter_map(WireRecord::as_message) {
             *counts.entry(m.class.as_str()).or_default() += 1;
         }
         let Some((class, _)) = counts.into_iter().max_by(|a, b| a.1.cmp(&b.1).then(b.0.cmp(a.0))) else {
@@ -219,9 +219,9 @@ mod tests {
             25 + seq % 6,
             seq % 3
         );
-        WireRecord {
+        WireRecord::message(
             seq,
-            message: Some(WireMessage {
+            WireMessage {
                 class: class.into(),
                 topic: format!("telemetry/cam-{}/metrics", seq % 7),
                 payload: payload.into_bytes(),
@@ -231,9 +231,8 @@ mod tests {
                 user_properties: vec![],
                 correlation_data: None,
                 content_type: None,
-            }),
-            gap: None,
-        }
+            },
+        )
     }
 
     fn settings(size: usize) -> DictSettings {

@@ -679,9 +679,9 @@ async fn sleep_until(deadline: Option<tokio::time::Instant>) {
 /// `Bytes` made from a `Vec` gives the `Vec` back).
 pub fn into_wire(r: Record) -> WireRecord {
     match r.body {
-        Body::Message(m) => WireRecord {
-            seq: r.seq.0,
-            message: Some(WireMessage {
+        Body::Message(m) => WireRecord::message(
+            r.seq.0,
+            WireMessage {
                 class: m.class,
                 topic: m.topic,
                 payload: m.payload.into(),
@@ -691,21 +691,10 @@ pub fn into_wire(r: Record) -> WireRecord {
                 user_properties: m.properties.user,
                 correlation_data: m.properties.correlation_data.map(Into::into),
                 content_type: m.properties.content_type,
-            }),
-            gap: None,
-        },
-        Body::Gap(g) => WireRecord {
-            seq: r.seq.0,
-            message: None,
-            gap: Some(WireGap {
-                class: g.class,
-                reason: serde_json::to_value(g.reason)
-                    .ok()
-                    .and_then(|v| v.as_str().map(str::to_owned))
-                    .unwrap_or_default(),
-                ranges: g.ranges,
-                count: g.count,
-            }),
-        },
+            },
+        ),
+        Body::Gap(g) => {
+            WireRecord::gap(r.seq.0, WireGap { class: g.class, reason: g.reason, ranges: g.ranges, count: g.count })
+        }
     }
 }

@@ -8,7 +8,7 @@ use std::time::Instant;
 
 use shared::proto::compress::{self, Dict, DictRef};
 use shared::proto::edge::EdgeSession;
-use shared::proto::{Batch, ProtoError, WireGap, WireRecord};
+use shared::proto::{Batch, GapReason, ProtoError, WireGap, WireRecord};
 
 use super::core::Read;
 use super::dict::{DictBook, DictSettings};
@@ -80,11 +80,15 @@ pub fn pack_within_cost(
         // The bridge knows the epoch from the hello; an empty one on the wire means that.
         match compress::pack("", lane, first, wire, dict, level) {
             Err(ProtoError::TooCostly { .. }) if wire.len() > 1 => wire.truncate(wire.len() / 2),
-            Err(ProtoError::TooCostly { .. }) if refused == 0 && wire[0].message.is_some() => {
-                let record = &mut wire[0];
-                let class = record.message.take().map(|m| m.class).unwrap_or_default();
-                record.gap =
-                    Some(WireGap { class, reason: "refused".into(), ranges: vec![(record.seq, record.seq)], count: 1 });
+            Err(ProtoError::TooCostly { .. }) if refused == 0 && wire[0].as_message().is_some() => {
+                let seq = wire[0].seq;
+                let gap = WireGap {
+                    class: wire[0].class().to_owned(),
+                    reason: GapReason::Refused,
+                    ranges: vec![(seq, seq)],
+                    count: 1,
+                };
+                wire[0] = WireRecord::gap(seq, gap);
                 refused = 1;
             }
             other => return other.map(|b| (b, refused)),
@@ -98,9 +102,9 @@ mod tests {
     use shared::proto::WireMessage;
 
     fn message(seq: u64, empty_properties: usize) -> WireRecord {
-        WireRecord {
+        WireRecord::message(
             seq,
-            message: Some(WireMessage {
+            WireMessage {
                 class: "telemetry".into(),
                 topic: "t".into(),
                 payload: vec![1; 16],
@@ -110,9 +114,8 @@ mod tests {
                 user_properties: vec![(String::new(), String::new()); empty_properties],
                 correlation_data: None,
                 content_type: None,
-            }),
-            gap: None,
-        }
+            },
+        )
     }
 
     #[test]
@@ -129,7 +132,7 @@ mod tests {
         let mut wire = vec![message(9, 200_000), message(10, 0)];
         let (batch, refused) = pack_within_cost(0, 9, &mut wire, None, 1).unwrap();
         assert_eq!((refused, wire.len(), batch.first_seq, batch.last_seq), (1, 1, 9, 9));
-        let gap = wire[0].gap.as_ref().unwrap();
+        let gap = wire[0].as_gap().unwrap();
         assert_eq!(
             (gap.class.as_str(), gap.reason.as_str(), gap.ranges.as_slice()),
             ("telemetry", "refused", &[(9, 9)][..])

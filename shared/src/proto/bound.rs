@@ -198,7 +198,7 @@ impl Reader<'_> {
 pub fn decoded_heap(records: &[WireRecord]) -> usize {
     let strings = |s: &str| s.len();
     records.iter().fold(size_of_val(records), |acc, r| {
-        let m = r.message.as_ref().map_or(0, |m| {
+        let m = r.as_message().map_or(0, |m| {
             strings(&m.class)
                 + strings(&m.topic)
                 + m.payload.len()
@@ -206,7 +206,7 @@ pub fn decoded_heap(records: &[WireRecord]) -> usize {
                 + m.correlation_data.as_ref().map_or(0, Vec::len)
                 + m.content_type.as_deref().map_or(0, strings)
         });
-        let g = r.gap.as_ref().map_or(0, |g| strings(&g.class) + strings(&g.reason) + 16 * g.ranges.len());
+        let g = r.as_gap().map_or(0, |g| strings(&g.class) + 16 * g.ranges.len());
         acc + m + g
     })
 }
@@ -214,7 +214,7 @@ pub fn decoded_heap(records: &[WireRecord]) -> usize {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::proto::{WireGap, WireMessage};
+    use crate::proto::{GapReason, RecordBody, WireGap, WireMessage};
     use proptest::prelude::*;
 
     fn cbor<T: serde::Serialize>(value: &T) -> Vec<u8> {
@@ -240,15 +240,12 @@ mod tests {
         );
         let gap = prop::collection::vec((any::<u64>(), any::<u64>()), 0..20).prop_map(|ranges| WireGap {
             class: "c".into(),
-            reason: "evicted".into(),
+            reason: GapReason::Evicted,
             count: ranges.len() as u64,
             ranges,
         });
-        (any::<u64>(), prop::option::of(message), prop::option::of(gap)).prop_map(|(seq, message, gap)| WireRecord {
-            seq,
-            message,
-            gap,
-        })
+        let body = prop_oneof![message.prop_map(RecordBody::Message), gap.prop_map(RecordBody::Gap)];
+        (any::<u64>(), body).prop_map(|(seq, body)| WireRecord { seq, body })
     }
 
     proptest! {
@@ -269,9 +266,9 @@ mod tests {
     #[test]
     fn empty_user_property_pairs_are_charged_for_what_they_decode_to() {
         let pairs = vec![(String::new(), String::new()); 10_000];
-        let records = vec![WireRecord {
-            seq: 1,
-            message: Some(WireMessage {
+        let records = vec![WireRecord::message(
+            1,
+            WireMessage {
                 class: "c".into(),
                 topic: "t".into(),
                 payload: Vec::new(),
@@ -281,9 +278,8 @@ mod tests {
                 user_properties: pairs,
                 correlation_data: None,
                 content_type: None,
-            }),
-            gap: None,
-        }];
+            },
+        )];
         let raw = cbor(&records);
         assert!(raw.len() < 31_000, "{} bytes on the wire", raw.len());
         // 480 KB of Strings from 30 KB of CBOR: the bound sees it.
@@ -293,11 +289,10 @@ mod tests {
     #[test]
     fn a_walk_with_a_limit_stops_past_it() {
         let records = vec![
-            WireRecord {
-                seq: 1,
-                message: None,
-                gap: Some(WireGap { class: "c".into(), reason: "r".into(), ranges: vec![(1, 1); 1000], count: 1 })
-            };
+            WireRecord::gap(
+                1,
+                WireGap { class: "c".into(), reason: GapReason::Refused, ranges: vec![(1, 1); 1000], count: 1 }
+            );
             50
         ];
         let raw = cbor(&records);

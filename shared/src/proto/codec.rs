@@ -141,9 +141,9 @@ mod tests {
 
         let ours = encode(&batch()).unwrap();
         assert_eq!(&ours[HEADER..], &serde_cbor::to_vec(&batch()).unwrap()[..]);
-        let record = WireRecord {
-            seq: 3,
-            message: Some(WireMessage {
+        let record = WireRecord::message(
+            3,
+            WireMessage {
                 class: "telemetry".into(),
                 topic: "inference/yolo-edge/v3.2.1/cam-03".into(),
                 payload: b"{\"p\":0.9}".to_vec(),
@@ -153,9 +153,8 @@ mod tests {
                 user_properties: vec![("trace-id".into(), "abc".into())],
                 correlation_data: Some(vec![1, 2]),
                 content_type: Some("application/json".into()),
-            }),
-            gap: None,
-        };
+            },
+        );
         let theirs = serde_cbor::to_vec(&vec![record.clone()]).unwrap();
         assert_eq!(decode::<Vec<WireRecord>>(&theirs).unwrap(), vec![record]);
     }

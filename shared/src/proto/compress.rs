@@ -198,9 +198,6 @@ fn check_range(first: u64, last: u64, records: &[WireRecord]) -> Result<(), Prot
             return Err(mismatch(format!("record {i} has seq {}", r.seq)));
         }
         previous = r.seq;
-        if r.message.is_some() == r.gap.is_some() {
-            return Err(mismatch(format!("record {} must be a message or a gap", r.seq)));
-        }
     }
     Ok(())
 }
@@ -208,12 +205,12 @@ fn check_range(first: u64, last: u64, records: &[WireRecord]) -> Result<(), Prot
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::proto::{WireGap, WireMessage};
+    use crate::proto::{GapReason, WireGap, WireMessage};
 
     fn telemetry(seq: u64) -> WireRecord {
-        WireRecord {
+        WireRecord::message(
             seq,
-            message: Some(WireMessage {
+            WireMessage {
                 class: "telemetry".into(),
                 topic: format!("telemetry/cam-{}/metrics", seq % 4),
                 payload: format!(
@@ -227,9 +224,8 @@ mod tests {
                 user_properties: vec![],
                 correlation_data: None,
                 content_type: None,
-            }),
-            gap: None,
-        }
+            },
+        )
     }
 
     #[test]
@@ -276,10 +272,11 @@ mod tests {
     fn a_batch_too_costly_to_decode_is_refused_by_its_sender() {
         // 600,000 records of nothing but a seq and an empty gap: small on the wire, large decoded.
         let records: Vec<WireRecord> = (1..=600_000)
-            .map(|seq| WireRecord {
-                seq,
-                message: None,
-                gap: Some(WireGap { class: String::new(), reason: String::new(), ranges: vec![], count: 0 }),
+            .map(|seq| {
+                WireRecord::gap(
+                    seq,
+                    WireGap { class: String::new(), reason: GapReason::Evicted, ranges: vec![], count: 0 },
+                )
             })
             .collect();
         let err = pack("e", 0, 1, &records, None, 1).unwrap_err();
@@ -301,10 +298,6 @@ mod tests {
         assert!(pack("e", 0, 4, &holes, None, 1).is_err(), "a record before the range");
         records[1].seq = 9;
         assert!(pack("e", 0, 5, &records, None, 1).is_err(), "out of order");
-        records[1].seq = 6;
-        records[1].gap =
-            Some(WireGap { class: "telemetry".into(), reason: "evicted".into(), ranges: vec![(1, 2)], count: 2 });
-        assert!(pack("e", 0, 5, &records, None, 1).is_err(), "both a message and a gap");
     }
 
     #[test]

@@ -147,20 +147,21 @@ mod tests {
             caps: vec!["zstd".into()],
         });
         let records: Vec<WireRecord> = (1..=40)
-            .map(|seq| WireRecord {
-                seq,
-                message: Some(WireMessage {
-                    class: "telemetry".into(),
-                    topic: format!("telemetry/cam-{}/metrics", seq % 4),
-                    payload: format!("{{\"temp_c\":{}}}", 40 + seq % 7).into_bytes(),
-                    qos: 1,
-                    enqueued_ms: 1_700_000_000_000 + seq,
-                    expires_ms: None,
-                    user_properties: vec![("trace-id".into(), format!("t{seq}"))],
-                    correlation_data: None,
-                    content_type: None,
-                }),
-                gap: None,
+            .map(|seq| {
+                WireRecord::message(
+                    seq,
+                    WireMessage {
+                        class: "telemetry".into(),
+                        topic: format!("telemetry/cam-{}/metrics", seq % 4),
+                        payload: format!("{{\"temp_c\":{}}}", 40 + seq % 7).into_bytes(),
+                        qos: 1,
+                        enqueued_ms: 1_700_000_000_000 + seq,
+                        expires_ms: None,
+                        user_properties: vec![("trace-id".into(), format!("t{seq}"))],
+                        correlation_data: None,
+                        content_type: None,
+                    },
+                )
             })
             .collect();
         let samples: Vec<Vec<u8>> = records.iter().map(compress::sample).collect();

@@ -40,6 +40,8 @@ pub mod fuzzing;
 #[cfg(feature = "io")]
 pub mod io;
 pub mod probe;
+pub mod record;
+pub use record::{GapReason, RecordBody, WireGap, WireMessage, WireRecord};
 #[cfg(test)]
 mod robustness_tests;
 #[cfg(test)]
@@ -363,46 +365,6 @@ pub struct Batch {
     pub raw_len: u64,
     #[serde(with = "serde_bytes")]
     pub body: Vec<u8>,
-}
-
-/// One spooled record on the wire: a message or a gap record.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct WireRecord {
-    pub seq: u64,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub message: Option<WireMessage>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub gap: Option<WireGap>,
-}
-
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct WireMessage {
-    pub class: String,
-    pub topic: String,
-    #[serde(with = "serde_bytes")]
-    pub payload: Vec<u8>,
-    pub qos: u8,
-    pub enqueued_ms: u64,
-    // Absent fields cost nothing on the wire: most messages carry no properties.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub expires_ms: Option<u64>,
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub user_properties: Vec<(String, String)>,
-    #[serde(default, with = "serde_bytes", skip_serializing_if = "Option::is_none")]
-    pub correlation_data: Option<Vec<u8>>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub content_type: Option<String>,
-}
-
-/// Records the edge dropped before the cloud had them, so loss is visible here.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct WireGap {
-    pub class: String,
-    /// `evicted`, `expired` or `refused`.
-    pub reason: String,
-    /// Inclusive seq ranges.
-    pub ranges: Vec<(u64, u64)>,
-    pub count: u64,
 }
 
 /// Protocol errors, each naming what was wrong.

@@ -24,9 +24,9 @@ fn sample_frames() -> Vec<Vec<u8>> {
         "00ff",
         1,
         1,
-        &[WireRecord {
-            seq: 1,
-            message: Some(WireMessage {
+        &[WireRecord::message(
+            1,
+            WireMessage {
                 class: "c".into(),
                 topic: "a/b".into(),
                 payload: vec![7; 300],
@@ -36,9 +36,8 @@ fn sample_frames() -> Vec<Vec<u8>> {
                 user_properties: vec![("k".into(), "v".into())],
                 correlation_data: None,
                 content_type: None,
-            }),
-            gap: None,
-        }],
+            },
+        )],
         None,
         3,
     )

@@ -85,9 +85,9 @@ async fn a_record_over_the_servers_max_payload_is_set_aside_and_the_lane_moves_o
 }
 
 fn record(seq: u64, payload: Vec<u8>) -> shared::proto::WireRecord {
-    shared::proto::WireRecord {
+    shared::proto::WireRecord::message(
         seq,
-        message: Some(shared::proto::WireMessage {
+        shared::proto::WireMessage {
             class: "telemetry".into(),
             topic: "telemetry/one".into(),
             payload,
@@ -97,9 +97,8 @@ fn record(seq: u64, payload: Vec<u8>) -> shared::proto::WireRecord {
             user_properties: vec![("trace".into(), format!("t{seq}"))],
             correlation_data: None,
             content_type: None,
-        }),
-        gap: None,
-    }
+        },
+    )
 }
 
 /// JetStream's own refusal (10054, the stream's `max_msg_size`) in every publishing mode, and

@@ -176,9 +176,9 @@ async fn a_nats_server_killed_and_restarted_mid_stream_loses_and_duplicates_noth
 }
 
 fn telemetry(seq: u64) -> shared::proto::WireRecord {
-    shared::proto::WireRecord {
+    shared::proto::WireRecord::message(
         seq,
-        message: Some(shared::proto::WireMessage {
+        shared::proto::WireMessage {
             class: "telemetry".into(),
             topic: "telemetry/one".into(),
             payload: format!("m{seq}").into_bytes(),
@@ -188,9 +188,8 @@ fn telemetry(seq: u64) -> shared::proto::WireRecord {
             user_properties: Vec::new(),
             correlation_data: None,
             content_type: None,
-        }),
-        gap: None,
-    }
+        },
+    )
 }
 
 /// The resend after a bridge died between publish and mark overlaps records already stored.
@@ -339,7 +338,7 @@ async fn user_properties_named_like_reserved_headers_neither_stop_a_lane_nor_spo
         let nats = NatsServer::start();
         let sink = cloud_bridge::sink::jetstream::JetStreamSink::connect(&settings(nats.url(), batches)).await.unwrap();
         let mut records: Vec<_> = (1..=11).map(telemetry).collect();
-        let first = records[0].message.as_mut().unwrap();
+        let first = records[0].as_message_mut().unwrap();
         first.user_properties = POISON.iter().map(|(n, v)| (n.to_string(), v.to_string())).collect();
         let stored = tokio::time::timeout(WAIT, sink.publish("edge-1".into(), "ep".into(), 3, records, first_turn()));
         stored.await.expect("the sink answers").expect("the batch is stored");

@@ -221,7 +221,7 @@ async fn other_version_bridge(
                 let mut got = received.lock().unwrap();
                 got.dict_batches += usize::from(batch.dict.is_some());
                 for r in records {
-                    let topic = r.message.map_or_else(|| "gap".to_owned(), |m| m.topic);
+                    let topic = r.as_message().map_or_else(|| "gap".to_owned(), |m| m.topic.clone());
                     got.records.insert((batch.lane, r.seq), topic);
                     got.arrivals += 1;
                 }

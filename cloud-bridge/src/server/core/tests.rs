@@ -5,7 +5,7 @@ use std::rc::Rc;
 use std::time::{Duration, Instant};
 
 use shared::proto::cloud::CloudSession;
-use shared::proto::{Ack, Batch, Codec, Control, Hello, LaneSeq, WireRecord};
+use shared::proto::{Ack, Batch, Codec, Control, GapReason, Hello, LaneSeq, WireGap, WireRecord};
 
 use super::{CoreError, Publish, SessionCore};
 
@@ -23,7 +23,8 @@ fn batch(lane: u8, first: u64, last: u64) -> (Batch, Vec<WireRecord>) {
         raw_len: 0,
         body: vec![],
     };
-    (b, (first..=last).map(|seq| WireRecord { seq, message: None, gap: None }).collect())
+    let gap = |seq| WireGap { class: "c".into(), reason: GapReason::Evicted, ranges: vec![(seq, seq)], count: 1 };
+    (b, (first..=last).map(|seq| WireRecord::gap(seq, gap(seq))).collect())
 }
 
 /// A core past its hello, with `committed` in the sink, publishing `pipeline` at once. What a

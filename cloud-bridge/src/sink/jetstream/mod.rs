@@ -394,7 +394,6 @@ impl RecordSink for JetStreamSink {
         // Built now, where the batch is received, not when its turn to publish comes: the
         // publish before it is still waiting for JetStream meanwhile.
         let mut records = records;
-        records.retain(|r| r.message.is_some() || r.gap.is_some());
         let messages = publish::outgoing(&self.prefix, &edge, &epoch, lane, &mut records);
         async move {
             let mut messages = messages?;

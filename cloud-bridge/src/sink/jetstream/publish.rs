@@ -11,7 +11,7 @@ use async_nats::jetstream;
 use bytes::Bytes;
 use futures_util::StreamExt;
 use serde::{Deserialize, Serialize};
-use shared::proto::WireRecord;
+use shared::proto::{RecordBody, WireRecord};
 
 use super::refused::{self, Failure};
 use crate::sink::{SinkError, SinkMetrics, Turn};
@@ -139,10 +139,9 @@ pub(super) fn outgoing(
 ) -> Result<Vec<Outgoing>, SinkError> {
     let mut messages = Vec::with_capacity(records.len());
     for r in records {
-        let payload = match (&mut r.message, &r.gap) {
-            (Some(m), _) => Bytes::from(std::mem::take(&mut m.payload)),
-            (None, Some(g)) => Bytes::from(serde_json::to_vec(g).map_err(|e| SinkError::invalid("gap record", e))?),
-            (None, None) => return Err(SinkError::invalid("publish", format!("record {} is empty", r.seq))),
+        let payload = match &mut r.body {
+            RecordBody::Message(m) => Bytes::from(std::mem::take(&mut m.payload)),
+            RecordBody::Gap(g) => Bytes::from(serde_json::to_vec(g).map_err(|e| SinkError::invalid("gap record", e))?),
         };
         let (subject, headers) = addressed(prefix, edge, epoch, lane, r);
         messages.push(Outgoing { subject, headers, payload });
@@ -174,7 +173,7 @@ pub(super) fn addressed(prefix: &str, edge: &str, epoch: &str, lane: u8, r: &Wir
     headers.insert(async_nats::header::NATS_MESSAGE_ID, format!("{edge}:{epoch}:{lane}:{}", r.seq));
     headers.insert(EDGE_ID, edge);
     headers.insert(EDGE_SEQ, format!("{epoch}:{lane}:{}", r.seq));
-    let subject = match &r.message {
+    let subject = match r.as_message() {
         Some(m) => {
             for (name, value) in crate::names::headers(m) {
                 headers.append(header_name(&name), header_safe(&value, false).into_owned());
@@ -469,9 +468,9 @@ mod tests {
 
     #[test]
     fn a_record_is_addressed_with_its_headers() {
-        let record = WireRecord {
-            seq: 7,
-            message: Some(shared::proto::WireMessage {
+        let record = WireRecord::message(
+            7,
+            shared::proto::WireMessage {
                 class: "inference".into(),
                 topic: "inference/yolo/v3.2/cam 1".into(),
                 payload: b"p".to_vec(),
@@ -481,9 +480,8 @@ mod tests {
                 user_properties: vec![("trace id:x".into(), "a\r\nb".into()), ("trace-id".into(), "t-1".into())],
                 correlation_data: Some(vec![0, 1, 2]),
                 content_type: Some("text/plain".into()),
-            }),
-            gap: None,
-        };
+            },
+        );
         let (subject, headers) = addressed("edge", "edge-1", "ep", 3, &record);
         assert_eq!(subject, "edge.edge-1.inference.yolo.v3%2E2.cam%201");
         let get = |name: &str| headers.get(name).map(|v| v.as_str().to_owned());
@@ -496,9 +494,13 @@ mod tests {
         assert_eq!(get("trace-id").as_deref(), Some("t-1"));
         assert_eq!(get("Mqtt-Correlation-Data").as_deref(), Some("AAEC"));
         assert_eq!(get("Mqtt-Content-Type").as_deref(), Some("text/plain"));
-        let lost =
-            shared::proto::WireGap { class: "t".into(), reason: "evicted".into(), ranges: vec![(1, 2)], count: 2 };
-        let gap = WireRecord { seq: 8, message: None, gap: Some(lost) };
+        let lost = shared::proto::WireGap {
+            class: "t".into(),
+            reason: shared::proto::GapReason::Evicted,
+            ranges: vec![(1, 2)],
+            count: 2,
+        };
+        let gap = WireRecord::gap(8, lost);
         assert_eq!(addressed("edge", "a.b", "ep", 3, &gap).0, "edge.a%2Eb.%gap");
     }
 
