@@ -14,7 +14,9 @@ use std::time::Duration;
 
 use shared::proto::codec::{self, HEADER};
 use shared::proto::io::FrameIoError;
-use shared::proto::{Batch, Codec, MAX_BATCH_FRAME, MAX_BATCH_RAW, ProtoError, WireRecord, bound, compress};
+use shared::proto::{
+    Batch, Codec, MAX_BATCH_FRAME, MAX_BATCH_RAW, ProtoError, WireRecord, batch_frame, bound, compress,
+};
 use tokio::sync::{Notify, mpsc};
 
 use crate::limits::{BudgetError, ConnectionBudget, Reservation};
@@ -118,17 +120,30 @@ async fn next(
 ) -> Result<Option<Ingested>, IngestError> {
     let Some((body, mut reservation)) = read_body(stream, budget).await? else { return Ok(None) };
     let frame_bytes = body.len();
-    // Decoding copies the body out of the frame: pay for the copy, then give the frame back.
-    reservation.merge(budget.reserve(body.len()).await?);
-    let mut batch: Batch = codec::decode(&body)?;
-    drop(body);
-    reservation.shrink_to(batch.body.len());
+    // Version 4 frames: the body is decompressed (or decoded) where it lies, after the head.
+    // Earlier ones: decoding the envelope copies the body out of the frame; pay for the copy,
+    // then give the frame back.
+    let (mut batch, mut body, at) = match batch_frame::decode_head(&body)? {
+        Some((batch, at)) => (batch, body, at),
+        None => {
+            reservation.merge(budget.reserve(body.len()).await?);
+            let mut batch: Batch = codec::decode(&body)?;
+            drop(body);
+            reservation.shrink_to(batch.body.len());
+            let body = std::mem::take(&mut batch.body);
+            (batch, body, 0)
+        }
+    };
 
     // A large batch takes tens of milliseconds to decompress, bound and decode: on a blocking
     // thread, or it would hold up every connection on this worker.
-    let big = batch.body.len().max(batch.raw_len as usize) > INLINE_DECODE;
+    let big = body.len().max(batch.raw_len as usize) > INLINE_DECODE;
     let raw = match batch.codec {
-        Codec::Cbor => std::mem::take(&mut batch.body),
+        Codec::Cbor => {
+            // In place: no second buffer.
+            body.drain(..at);
+            body
+        }
         Codec::Zstd => {
             if batch.raw_len > MAX_BATCH_RAW as u64 {
                 return Err(ProtoError::TooLargeDecompressed { max: MAX_BATCH_RAW }.into());
@@ -138,13 +153,13 @@ async fn next(
                 None => None,
             };
             reservation.merge(budget.reserve(batch.raw_len as usize).await?);
-            let (mut b, raw) = off_runtime(big, move || {
-                let raw = compress::decompress(&batch, dict.as_deref().map(Vec::as_slice), MAX_BATCH_RAW);
+            let (b, raw) = off_runtime(big, move || {
+                let dict = dict.as_deref().map(Vec::as_slice);
+                let raw = compress::decompress_body(&batch, &body[at..], dict, MAX_BATCH_RAW);
                 (batch, raw)
             })
             .await;
             let raw = raw?.expect("a zstd batch decompresses");
-            b.body = Vec::new();
             batch = b;
             reservation.shrink_to(raw.len());
             raw

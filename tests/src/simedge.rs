@@ -395,7 +395,7 @@ impl SimEdge {
         edge: &mut Edge<'_>,
         policy: &mut SendPolicy,
     ) -> anyhow::Result<()> {
-        let mut writer = PassWriter::default();
+        let mut writer = PassWriter::new(edge.session.version());
         policy.begin();
         while let Some(read) = policy.next(&edge.session, Instant::now()) {
             let records = edge.spool.read(read);

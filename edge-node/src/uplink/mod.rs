@@ -491,7 +491,7 @@ impl Uplink {
             while let Some(frame) = session.poll_control() {
                 write_frame(&mut send, &frame).await?;
             }
-            let mut writer = PassWriter::default();
+            let mut writer = PassWriter::new(session.version());
             policy.begin();
             while let Some(read) = policy.next(session, Instant::now()) {
                 let records = spool.read(Lane(read.lane), Seq(read.after), read.max).await?;

@@ -74,25 +74,41 @@ pub enum SendError {
 
 /// One pass's batches as the uplink writes them: a full batch on a stream of its own, so a lost
 /// packet holds up only that batch when the link is busy; partial ones together on one stream
-/// when the pass ends, one STREAM frame and one datagram instead of one per lane.
-#[derive(Debug, Default)]
+/// when the pass ends, one STREAM frame and one datagram instead of one per lane. From version
+/// 4 a batch is its head and its body as it is (`batch_frame`): the body is not copied into
+/// an envelope first.
+#[derive(Debug)]
 pub struct PassWriter {
+    version: u16,
     small: Vec<u8>,
 }
 
 impl PassWriter {
+    /// Writes batches for a session of `version` (`EdgeSession::version`).
+    pub fn new(version: u16) -> Self {
+        Self { version, small: Vec::new() }
+    }
+
     pub async fn batch(
         &mut self,
         conn: &quinn::Connection,
         batch: &shared::proto::Batch,
         full: bool,
     ) -> Result<(), SendError> {
-        if full {
-            let mut stream = conn.open_uni().await?;
-            shared::proto::io::write_frame(&mut stream, batch).await?;
-            stream.finish()?;
-        } else {
-            self.small.extend(shared::proto::codec::encode(batch)?);
+        use shared::proto::batch_frame;
+        match (full, self.version >= batch_frame::BINARY_SINCE) {
+            (true, true) => {
+                let mut stream = conn.open_uni().await?;
+                stream.write_all(&batch_frame::head(batch)?).await?;
+                stream.write_all(&batch.body).await?;
+                stream.finish()?;
+            }
+            (true, false) => {
+                let mut stream = conn.open_uni().await?;
+                shared::proto::io::write_frame(&mut stream, batch).await?;
+                stream.finish()?;
+            }
+            (false, _) => self.small.extend(batch_frame::encode(batch, self.version)?),
         }
         Ok(())
     }

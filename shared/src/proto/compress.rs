@@ -141,13 +141,24 @@ pub fn unpack(batch: &Batch, dicts: &HashMap<String, Vec<u8>>, max_raw: usize) -
 /// receiver can reserve the output before it decompresses; `None` for a plain CBOR batch,
 /// whose body is its CBOR. `dict` is the dictionary the batch names.
 pub fn decompress(batch: &Batch, dict: Option<&[u8]>, max_raw: usize) -> Result<Option<Vec<u8>>, ProtoError> {
+    decompress_body(batch, &batch.body, dict, max_raw)
+}
+
+/// [`decompress`] of a body that lies elsewhere than in `batch` (a version 4 frame's, after
+/// its head).
+pub fn decompress_body(
+    batch: &Batch,
+    body: &[u8],
+    dict: Option<&[u8]>,
+    max_raw: usize,
+) -> Result<Option<Vec<u8>>, ProtoError> {
     if batch.codec == Codec::Cbor {
         return Ok(None);
     }
     if batch.raw_len > max_raw as u64 {
         return Err(ProtoError::TooLargeDecompressed { max: max_raw });
     }
-    let decoder = zstd::stream::read::Decoder::with_dictionary(&batch.body[..], dict.unwrap_or_default())
+    let decoder = zstd::stream::read::Decoder::with_dictionary(body, dict.unwrap_or_default())
         .map_err(|e| ProtoError::Decompress(e.to_string()))?;
     let mut raw = Vec::with_capacity(batch.raw_len as usize);
     decoder.take(batch.raw_len + 1).read_to_end(&mut raw).map_err(|e| ProtoError::Decompress(e.to_string()))?;

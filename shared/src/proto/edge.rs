@@ -110,6 +110,8 @@ pub struct EdgeSession {
     spool: Option<SpoolReport>,
     /// Welcomes received over the session's life.
     welcomes: u64,
+    /// The version the last Welcome chose; 0 before one.
+    version: u16,
 }
 
 impl EdgeSession {
@@ -137,7 +139,14 @@ impl EdgeSession {
             heads: BTreeMap::new(),
             spool: None,
             welcomes: 0,
+            version: 0,
         }
+    }
+
+    /// The protocol version the cloud's Welcome chose (0 before one): what batches are framed
+    /// in.
+    pub fn version(&self) -> u16 {
+        self.version
     }
 
     /// Speaks these versions instead of this build's (for tests of mixed fleets).
@@ -224,6 +233,7 @@ impl EdgeSession {
                 }
                 self.phase = Phase::Ready;
                 self.welcomes += 1;
+                self.version = w.version;
                 events.push(EdgeEvent::Ready { version: w.version, dicts: w.dicts, sink: w.sink });
             }
             Control::Refused { reason } => {

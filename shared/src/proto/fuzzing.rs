@@ -9,13 +9,13 @@ use std::time::{Duration, Instant};
 use super::cloud::{CloudSession, Request};
 use super::codec::{self, FrameBuffer};
 use super::edge::{EdgeSession, EdgeSessionConfig};
-use super::{Batch, Control, LaneSeq, MAX_BATCH_FRAME, compress};
+use super::{Control, LaneSeq, MAX_BATCH_FRAME, compress};
 
 /// Output cap for unpacking in the fuzz targets: small, so a bomb is found fast.
 const MAX_RAW: usize = 1 << 20;
 
 /// `data` as a byte stream of frames, each decoded as a control frame, a fetch request, a chunk
-/// reply and as a batch, and each
+/// reply and as a batch of either framing, and each
 /// batch unpacked (decompressed with the output cap, checked against its seq range); each body
 /// also as a batch's records, which must fit the bound `bound::decoded_bound` reads.
 pub fn frames(data: &[u8]) {
@@ -25,7 +25,8 @@ pub fn frames(data: &[u8]) {
         let _ = codec::decode::<Control>(&body);
         let _ = codec::decode::<super::Fetch>(&body);
         let _ = codec::decode::<super::ChunkReply>(&body);
-        if let Ok(batch) = codec::decode::<Batch>(&body) {
+        // Either framing (the binary head of version 4, or CBOR), as the bridge's ingest reads.
+        if let Ok(batch) = super::batch_frame::decode(&body) {
             let _ = compress::unpack(&batch, &HashMap::new(), MAX_RAW);
         }
         // The body as a batch's CBOR: whatever decodes must fit the bound read from its headers.
@@ -68,7 +69,7 @@ pub fn session(data: &[u8]) {
                     }
                     Ok(Some(Request::Classes(_))) | Ok(None) | Err(_) => {}
                 }
-            } else if let Ok(batch) = codec::decode::<Batch>(rest)
+            } else if let Ok(batch) = super::batch_frame::decode(rest)
                 && let Ok(releases) = cloud.handle_batch(batch)
             {
                 for r in releases {
@@ -100,6 +101,7 @@ mod tests {
     use std::path::PathBuf;
 
     use super::*;
+    use crate::proto::Batch;
     use crate::proto::{Codec, DictAnnounce, Hello, WireMessage, WireRecord};
 
     fn corpus(target: &str) -> Vec<(PathBuf, Vec<u8>)> {

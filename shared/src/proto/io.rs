@@ -23,6 +23,22 @@ where
     R: AsyncRead + Unpin,
     T: DeserializeOwned,
 {
+    match read_frame_body(r, max).await? {
+        Some(body) => Ok(Some(codec::decode(&body)?)),
+        None => Ok(None),
+    }
+}
+
+/// Reads one batch frame of either framing (`super::batch_frame`).
+pub async fn read_batch<R: AsyncRead + Unpin>(r: &mut R, max: usize) -> Result<Option<super::Batch>, FrameIoError> {
+    match read_frame_body(r, max).await? {
+        Some(body) => Ok(Some(super::batch_frame::decode(&body)?)),
+        None => Ok(None),
+    }
+}
+
+/// One frame's body; `None` at a clean end of stream before a frame starts.
+pub async fn read_frame_body<R: AsyncRead + Unpin>(r: &mut R, max: usize) -> Result<Option<Vec<u8>>, FrameIoError> {
     let mut header = [0u8; HEADER];
     let mut got = 0;
     while got < HEADER {
@@ -43,7 +59,7 @@ where
         }
         return Err(e.into());
     }
-    Ok(Some(codec::decode(&body)?))
+    Ok(Some(body))
 }
 
 /// What [`spawn_reader`] hands on: a frame, the end of the stream, or the error that ended it.

@@ -30,6 +30,7 @@
 //! a virtual clock and no network.
 
 pub mod backoff;
+pub mod batch_frame;
 pub mod bound;
 pub mod cloud;
 pub mod codec;
@@ -52,8 +53,10 @@ use serde::{Deserialize, Serialize};
 /// The QUIC ALPN of the protocol family; the version inside is negotiated in `Hello`.
 pub const ALPN: &[u8] = b"ehb/1";
 
-/// Protocol versions this build speaks.
-pub const VERSIONS: &[u16] = &[1, 2, 3];
+/// Protocol versions this build speaks: 2 names dictionaries by the whole SHA-256, 3 has the
+/// Welcome say what the sink stores of one record, 4 sends batches in one framing level
+/// ([`batch_frame`]).
+pub const VERSIONS: &[u16] = &[1, 2, 3, 4];
 
 /// What the cloud's sink can store of one record (protocol version 3, in the Welcome), both as
 /// [`record_size`] counts: 0 is no limit but the protocol's.

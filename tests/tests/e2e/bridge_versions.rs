@@ -1,8 +1,10 @@
 //! A rolling upgrade: edges and bridges one protocol version apart keep working together. This
-//! build speaks 1 to 3 (2 names dictionaries by the whole SHA-256, 3 has the Welcome say what
-//! the sink stores of one record). The next version is played by peers that offer 1 to 4 and
-//! add what a newer build may add: fields this build does not know in every frame, control
-//! frames it has never seen; the previous one by peers that speak 1 and 2 (no sink limits in
+//! build speaks 1 to 4 (2 names dictionaries by the whole SHA-256, 3 has the Welcome say what
+//! the sink stores of one record, 4 sends batches as a binary head and the body as it is,
+//! `shared::proto::batch_frame`). The next version is played by peers that offer 1 to 5 and
+//! add what a newer build may add: fields this build does not know in every frame and in the
+//! batch head, control frames it has never seen; the previous one by peers that speak 1 to 3
+//! (batches in a CBOR envelope), older ones by peers that speak 1 and 2 (no sink limits in
 //! their Welcome), and the first by peers that speak only 1 and name dictionaries by 16 hex
 //! digits. A real edge against such a bridge, a real bridge against such an edge: they
 //! negotiate the highest common version, ignore the rest, use dictionaries by that version's
@@ -20,11 +22,11 @@ use e2e_tests::node::TestNode;
 use e2e_tests::quic;
 use rumqttc::QoS;
 use serde::Serialize;
-use shared::proto::io::read_frame;
+use shared::proto::io::{read_frame, read_frame_body};
 use shared::proto::{
     Batch, Codec, Control, DictAnnounce, Hello, MAX_BATCH_FRAME, MAX_BATCH_RAW, MAX_CONTROL_FRAME, WireRecord,
 };
-use shared::proto::{codec, compress};
+use shared::proto::{batch_frame, codec, compress};
 
 const WAIT: Duration = Duration::from_secs(20);
 const EPOCH: &str = "00112233445566778899aabbccddeeff";
@@ -49,8 +51,21 @@ fn unknown_control(kind: &str) -> Vec<u8> {
     ]))
 }
 
+/// An edge of the next version: welcomed at 4, its batch in the binary framing with a longer
+/// head than this build writes, records with fields this build does not know.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn this_bridge_serves_an_edge_of_the_next_version() {
+    serve_an_edge_offering(&[1, 2, 3, 4, 5], 4).await;
+}
+
+/// An edge of the previous version: welcomed at 3, its batch a CBOR envelope (with a field
+/// this build does not know, as such an edge's peers of its next version would add).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn this_bridge_serves_an_edge_of_the_previous_version() {
+    serve_an_edge_offering(&[1, 2, 3], 3).await;
+}
+
+async fn serve_an_edge_offering(versions: &[u16], chosen: u16) {
     let dir = tempfile::tempdir().unwrap();
     let keys = pki(dir.path(), &["edge-2"]);
     let cloud = TestCloud::start(dir.path(), keys.clone(), "127.0.0.1:0".parse().unwrap(), "").await;
@@ -59,7 +74,7 @@ async fn this_bridge_serves_an_edge_of_the_next_version() {
     let (mut send, mut recv) = conn.open_bi().await.unwrap();
 
     let hello = Control::Hello(Hello {
-        versions: vec![1, 2, 3, 4],
+        versions: versions.to_vec(),
         epoch: EPOCH.into(),
         lanes: vec![],
         models: vec![],
@@ -70,7 +85,7 @@ async fn this_bridge_serves_an_edge_of_the_next_version() {
     send.write_all(&frame(&hello)).await.unwrap();
     let welcome: Control = read_frame(&mut recv, MAX_CONTROL_FRAME).await.unwrap().unwrap();
     let Control::Welcome(welcome) = welcome else { panic!("{welcome:?}") };
-    assert_eq!(welcome.version, 3, "the highest version both speak");
+    assert_eq!(welcome.version, chosen, "the highest version both speak");
     assert_eq!(welcome.sink, None, "the SQLite sink stores whatever the protocol carries");
     send.write_all(&unknown_control("lane_stats")).await.unwrap();
 
@@ -93,9 +108,21 @@ async fn this_bridge_serves_an_edge_of_the_next_version() {
         raw_len: body.len() as u64,
         body,
     };
-    let batch = newer(&batch, &[("sent_at_ms", Value::Integer(12345.into()))]);
+    let bytes = if chosen >= batch_frame::BINARY_SINCE {
+        // A head two bytes longer than this build writes: a field it does not know.
+        let mut head = batch_frame::head(&batch).unwrap();
+        let head_len = u16::from_be_bytes([head[5], head[6]]) + 2;
+        head[5..7].copy_from_slice(&head_len.to_be_bytes());
+        head.extend_from_slice(&[0xee, 0xee]);
+        let len = u32::from_be_bytes(head[..4].try_into().unwrap()) + 2;
+        head[..4].copy_from_slice(&len.to_be_bytes());
+        head.extend_from_slice(&batch.body);
+        head
+    } else {
+        frame(&newer(&batch, &[("sent_at_ms", Value::Integer(12345.into()))]))
+    };
     let mut uni = conn.open_uni().await.unwrap();
-    uni.write_all(&frame(&batch)).await.unwrap();
+    uni.write_all(&bytes).await.unwrap();
     uni.finish().unwrap();
 
     let acked = tokio::time::timeout(WAIT, async {
@@ -117,11 +144,11 @@ async fn this_bridge_serves_an_edge_of_the_next_version() {
     assert!(conn.close_reason().is_none(), "the session is still up: {:?}", conn.close_reason());
 }
 
-/// An edge of the previous version: it speaks only 1, and names its dictionary by the first 16
+/// An edge of the first version: it speaks only 1, and names its dictionary by the first 16
 /// hex digits of its hash. This bridge welcomes it at 1, stores the dictionary under that id,
 /// decodes a batch compressed with it, and acks.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn this_bridge_serves_an_edge_of_the_previous_version_and_its_dictionary() {
+async fn this_bridge_serves_an_edge_of_the_first_version_and_its_dictionary() {
     let dir = tempfile::tempdir().unwrap();
     let keys = pki(dir.path(), &["edge-2"]);
     let cloud = TestCloud::start(dir.path(), keys.clone(), "127.0.0.1:0".parse().unwrap(), "").await;
@@ -179,6 +206,8 @@ struct Received {
     dict_ids: Vec<String>,
     /// Batches that named a dictionary.
     dict_batches: usize,
+    /// Batches in the binary framing (version 4 on).
+    binary_batches: usize,
 }
 
 /// A bridge that speaks `versions`, welcomes with a field this build does not know, sends an
@@ -215,11 +244,13 @@ async fn other_version_bridge(
         let conn = conn.clone();
         tokio::spawn(async move {
             while let Ok(mut uni) = conn.accept_uni().await {
-                let batch: Batch =
-                    read_frame(&mut uni, MAX_BATCH_FRAME).await?.ok_or_else(|| anyhow::anyhow!("empty"))?;
+                let body = read_frame_body(&mut uni, MAX_BATCH_FRAME).await?.ok_or_else(|| anyhow::anyhow!("empty"))?;
+                let binary = batch_frame::decode_head(&body)?.is_some();
+                let batch = batch_frame::decode(&body)?;
                 let records = compress::unpack(&batch, &dicts.lock().unwrap(), MAX_BATCH_RAW)?;
                 let mut got = received.lock().unwrap();
                 got.dict_batches += usize::from(batch.dict.is_some());
+                got.binary_batches += usize::from(binary);
                 for r in records {
                     let topic = r.as_message().map_or_else(|| "gap".to_owned(), |m| m.topic.clone());
                     got.records.insert((batch.lane, r.seq), topic);
@@ -346,14 +377,25 @@ async fn drain_into_a_bridge_speaking(versions: &'static [u16]) -> (Received, u8
 /// publish with 0x83 rather than acknowledge what the sink would not take.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn this_edge_drains_into_a_bridge_of_the_next_version() {
-    let (got, big) = drain_into_a_bridge_speaking(&[1, 2, 3, 4]).await;
-    assert_eq!(got.version, 3, "the highest version both speak");
+    let (got, big) = drain_into_a_bridge_speaking(&[1, 2, 3, 4, 5]).await;
+    assert_eq!(got.version, 4, "the highest version both speak");
+    assert!(got.binary_batches > 0, "version 4 batches go in the binary framing");
     assert!(!got.dict_ids.is_empty() && got.dict_ids.iter().all(|id| id.len() == 64), "{:?}", got.dict_ids);
     assert_eq!(big, 0x83, "refused: the sink could not store it whole");
 }
 
+/// A bridge of the previous version: batches in the CBOR envelope, and its sink's 4 KiB limit
+/// honoured.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn this_edge_drains_into_a_bridge_of_the_previous_version() {
+    let (got, big) = drain_into_a_bridge_speaking(&[1, 2, 3]).await;
+    assert_eq!(got.version, 3);
+    assert_eq!(got.binary_batches, 0, "no binary framing before version 4");
+    assert_eq!(big, 0x83, "refused: the sink could not store it whole");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn this_edge_drains_into_a_bridge_of_version_2() {
     let (got, big) = drain_into_a_bridge_speaking(&[1, 2]).await;
     assert_eq!(got.version, 2);
     assert!(!got.dict_ids.is_empty() && got.dict_ids.iter().all(|id| id.len() == 64), "{:?}", got.dict_ids);

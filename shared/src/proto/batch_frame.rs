@@ -1,0 +1,195 @@
+//! How a batch goes on a stream. Up to version 3 a batch frame's body is the CBOR of
+//! [`Batch`], its compressed body a byte string inside it: the sender copies the body into the
+//! CBOR, the receiver parses the envelope and copies the body out again before it can
+//! decompress. From version 4 it is one framing level: a fixed binary head, then the body as
+//! it is, to the end of the frame; the receiver decompresses it where it lies.
+//!
+//! A version 4 frame body:
+//!
+//! ```text
+//! u8      0x04, never the first byte of a CBOR map (0xa0..=0xbf), so the two tell apart
+//! u16 BE  the head's length after this field: a later version may append fields, which
+//!         this one skips
+//! u8      lane
+//! u8      codec: 0 CBOR, 1 zstd
+//! u64 BE  first seq, last seq, then the CBOR's length before compression
+//! u8 + n  the epoch (empty: the session's)
+//! u8 + n  the dictionary id (empty: none)
+//! ...     the body
+//! ```
+//!
+//! A receiver takes either framing from any session: the first byte says which it is. A
+//! sender uses this one only once the Welcome chose version 4 or later.
+
+use super::{Batch, Codec, ProtoError, codec};
+
+/// The first byte of a version 4 batch frame's body.
+pub const BINARY_BATCH: u8 = 0x04;
+
+/// The version from which batches go in this framing.
+pub const BINARY_SINCE: u16 = 4;
+
+/// The head's fixed fields after its length: lane, codec, three seqs or lengths, and the two
+/// string lengths.
+const FIXED: usize = 1 + 1 + 8 * 3 + 1 + 1;
+
+/// The frame's length prefix and the head of `batch` in the version 4 framing; the body goes
+/// right after it, as it is.
+pub fn head(batch: &Batch) -> Result<Vec<u8>, ProtoError> {
+    let short = |what: &str, s: &str| {
+        u8::try_from(s.len()).map_err(|_| ProtoError::Encode(format!("{what} of {} bytes in a batch head", s.len())))
+    };
+    let (epoch, dict) =
+        (short("an epoch", &batch.epoch)?, short("a dictionary id", batch.dict.as_deref().unwrap_or(""))?);
+    let head_len = FIXED + usize::from(epoch) + usize::from(dict);
+    let mut out = Vec::with_capacity(codec::HEADER + 3 + head_len);
+    let frame = 3 + head_len + batch.body.len();
+    let frame = u32::try_from(frame).map_err(|_| ProtoError::Encode("frame over 4 GiB".into()))?;
+    out.extend_from_slice(&frame.to_be_bytes());
+    out.push(BINARY_BATCH);
+    out.extend_from_slice(&(head_len as u16).to_be_bytes());
+    out.push(batch.lane);
+    out.push(match batch.codec {
+        Codec::Cbor => 0,
+        Codec::Zstd => 1,
+    });
+    for n in [batch.first_seq, batch.last_seq, batch.raw_len] {
+        out.extend_from_slice(&n.to_be_bytes());
+    }
+    out.push(epoch);
+    out.extend_from_slice(batch.epoch.as_bytes());
+    out.push(dict);
+    out.extend_from_slice(batch.dict.as_deref().unwrap_or("").as_bytes());
+    Ok(out)
+}
+
+/// The whole frame of `batch` as a session of `version` sends it.
+pub fn encode(batch: &Batch, version: u16) -> Result<Vec<u8>, ProtoError> {
+    if version < BINARY_SINCE {
+        return codec::encode(batch);
+    }
+    let mut out = head(batch)?;
+    out.extend_from_slice(&batch.body);
+    Ok(out)
+}
+
+/// A version 4 frame body's batch (its `body` left empty) and where its body starts; `None`
+/// if the frame is a CBOR batch of an earlier version.
+pub fn decode_head(frame: &[u8]) -> Result<Option<(Batch, usize)>, ProtoError> {
+    if frame.first() != Some(&BINARY_BATCH) {
+        return Ok(None);
+    }
+    let bad = |why: &str| ProtoError::Decode(format!("batch head: {why}"));
+    let head_len =
+        frame.get(1..3).map(|b| usize::from(u16::from_be_bytes([b[0], b[1]]))).ok_or_else(|| bad("cut short"))?;
+    let at = 3 + head_len;
+    let head = frame.get(3..at).ok_or_else(|| bad("longer than the frame"))?;
+    if head.len() < FIXED {
+        return Err(bad("shorter than its fields"));
+    }
+    let codec = match head[1] {
+        0 => Codec::Cbor,
+        1 => Codec::Zstd,
+        other => return Err(bad(&format!("codec {other}"))),
+    };
+    let u64_at = |i: usize| u64::from_be_bytes(head[i..i + 8].try_into().expect("eight bytes"));
+    let mut rest = &head[26..];
+    let mut text = |what: &str| -> Result<String, ProtoError> {
+        let (&n, tail) = rest.split_first().ok_or_else(|| bad(&format!("no {what}")))?;
+        let s = tail.get(..usize::from(n)).ok_or_else(|| bad(&format!("{what} longer than the head")))?;
+        rest = &tail[usize::from(n)..];
+        String::from_utf8(s.to_vec()).map_err(|_| bad(&format!("{what} is not UTF-8")))
+    };
+    let epoch = text("epoch")?;
+    let dict = Some(text("dictionary id")?).filter(|d| !d.is_empty());
+    // What is left of the head is a later version's: skipped.
+    let batch = Batch {
+        epoch,
+        lane: head[0],
+        first_seq: u64_at(2),
+        last_seq: u64_at(10),
+        codec,
+        dict,
+        raw_len: u64_at(18),
+        body: Vec::new(),
+    };
+    Ok(Some((batch, at)))
+}
+
+/// A batch frame body of either framing, its body copied out.
+pub fn decode(frame: &[u8]) -> Result<Batch, ProtoError> {
+    match decode_head(frame)? {
+        Some((mut batch, at)) => {
+            batch.body = frame[at..].to_vec();
+            Ok(batch)
+        }
+        None => codec::decode(frame),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn batch() -> Batch {
+        Batch {
+            epoch: "00112233445566778899aabbccddeeff".into(),
+            lane: 7,
+            first_seq: 1 << 40,
+            last_seq: (1 << 40) + 99,
+            codec: Codec::Zstd,
+            dict: Some("ab".repeat(32)),
+            raw_len: 123_456,
+            body: (0..=255u8).cycle().take(5000).collect(),
+        }
+    }
+
+    /// A batch goes and comes back whole in either framing; version 3 sends the CBOR it always
+    /// did, version 4 the binary head, and the receiver tells which by the first byte.
+    #[test]
+    fn either_framing_decodes_to_the_batch_sent() {
+        for b in [batch(), Batch { epoch: String::new(), dict: None, codec: Codec::Cbor, body: vec![], ..batch() }] {
+            let old = encode(&b, 3).unwrap();
+            assert_eq!(old, codec::encode(&b).unwrap());
+            assert_eq!(decode(&old[codec::HEADER..]).unwrap(), b);
+            let new = encode(&b, 4).unwrap();
+            assert_eq!(new[codec::HEADER], BINARY_BATCH);
+            let len = u32::from_be_bytes(new[..4].try_into().unwrap()) as usize;
+            assert_eq!(len, new.len() - codec::HEADER, "the prefix counts head and body");
+            assert_eq!(decode(&new[codec::HEADER..]).unwrap(), b);
+            let (_, at) = decode_head(&new[codec::HEADER..]).unwrap().unwrap();
+            assert_eq!(&new[codec::HEADER + at..], &b.body[..], "the body lies as it is after the head");
+        }
+    }
+
+    /// A head a later version made longer is read, its extra bytes skipped; a head cut short,
+    /// longer than its frame, of an unknown codec or with a string past its end is an error
+    /// naming it, never a panic.
+    #[test]
+    fn a_longer_head_is_read_and_a_broken_one_named() {
+        let b = batch();
+        let mut newer = head(&b).unwrap()[codec::HEADER..].to_vec();
+        let head_len = u16::from_be_bytes([newer[1], newer[2]]) + 3;
+        newer[1..3].copy_from_slice(&head_len.to_be_bytes());
+        newer.extend_from_slice(&[9, 9, 9]);
+        newer.extend_from_slice(&b.body);
+        assert_eq!(decode(&newer).unwrap(), b);
+
+        let good = encode(&b, 4).unwrap()[codec::HEADER..].to_vec();
+        let err = |frame: &[u8]| decode(frame).unwrap_err().to_string();
+        assert!(err(&good[..2]).contains("cut short"));
+        assert!(err(&good[..20]).contains("longer than the frame"));
+        let mut short = good.clone();
+        short[1..3].copy_from_slice(&5u16.to_be_bytes());
+        assert!(err(&short).contains("shorter than its fields"));
+        let mut codec = good.clone();
+        codec[4] = 9;
+        assert!(err(&codec).contains("codec 9"));
+        let mut epoch = good.clone();
+        epoch[29] = 200;
+        assert!(err(&epoch).contains("longer than the head"), "{}", err(&epoch));
+        for cut in 0..good.len().min(120) {
+            let _ = decode(&good[..cut]);
+        }
+    }
+}
