@@ -6,6 +6,10 @@ use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
+pub use crate::models::config::{ModelStoreKind, ModelsConfig};
+pub use crate::server::config::ServerConfig;
+pub use crate::sink::config::SinkConfig;
+
 #[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct CloudConfig {
@@ -25,173 +29,11 @@ pub struct CloudConfig {
     pub fleet: crate::fleet::FleetConfig,
 }
 
-/// `[models]`: where model versions are kept and the key that signs their manifests.
-#[derive(Debug, Clone, Deserialize, Serialize)]
-#[serde(deny_unknown_fields)]
-pub struct ModelsConfig {
-    /// `dir` (default: a directory) or `jetstream` (an object store bucket).
-    #[serde(default)]
-    pub store: ModelStoreKind,
-    /// The directory store: content-addressed chunks and signed manifests. Default: `models`.
-    #[serde(default = "default_models_dir")]
-    pub dir: PathBuf,
-    /// The JetStream store's bucket. Default: `edge-models`.
-    #[serde(default = "default_models_bucket")]
-    pub bucket: String,
-    /// The JetStream store's server. Default: the jetstream sink's.
-    pub url: Option<String>,
-    /// The bucket's replicas when it is created. Default: 1.
-    #[serde(default = "default_models_replicas")]
-    pub replicas: usize,
-    /// The fleet's ed25519 model signing key, PKCS#8 (`cloud-bridge model keygen`). Edges hold
-    /// its public half.
-    pub signing_key: PathBuf,
-    /// How often connected edges' models are checked for a newer version. Default: 2s.
-    #[serde(default = "default_models_poll")]
-    pub poll: shared::units::HumanDuration,
-}
-
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, Serialize)]
-#[serde(rename_all = "snake_case")]
-pub enum ModelStoreKind {
-    #[default]
-    Dir,
-    Jetstream,
-}
-
-fn default_models_dir() -> PathBuf {
-    PathBuf::from("models")
-}
-fn default_models_bucket() -> String {
-    "edge-models".into()
-}
-fn default_models_replicas() -> usize {
-    1
-}
-
-fn default_models_poll() -> shared::units::HumanDuration {
-    shared::units::HumanDuration(std::time::Duration::from_secs(2))
-}
-
-#[derive(Debug, Clone, Deserialize, Serialize)]
-#[serde(deny_unknown_fields)]
-pub struct ServerConfig {
-    /// UDP address of the QUIC listener.
-    pub bind: SocketAddr,
-    /// The bridge's certificate chain and key (PEM).
-    pub cert: PathBuf,
-    pub key: PathBuf,
-    /// The fleet CA: edges must present a client certificate it signed.
-    pub client_ca: PathBuf,
-    /// Serial numbers (hex) of edge certificates refused even though the CA signed them, as
-    /// `openssl x509 -serial` prints them or with colons; compared by value, so leading zeros
-    /// do not matter.
-    #[serde(default)]
-    pub deny_serials: Vec<String>,
-    /// Batches one connection may send ahead of a missing one. Default: 64.
-    #[serde(default = "default_max_held")]
-    pub max_held: usize,
-    /// QUIC congestion controller for what the bridge sends (model chunks): `bbr` (default),
-    /// `cubic` or `new-reno`. At 50 ms RTT and 1 % random loss cubic halves its rate at every
-    /// loss (docs/BENCHMARKS.md compares them on a model transfer).
-    #[serde(default)]
-    pub congestion: shared::proto::Congestion,
-    /// UDP receive and send buffer of the QUIC socket. A fleet reconnecting at once arrives as
-    /// bursts of 1,200-byte Initial packets; the kernel's default (208 KiB) drops them and their
-    /// handshakes time out. The kernel caps it at `net.core.rmem_max` and `wmem_max` (the bridge
-    /// warns when it got less). Default: 4 MiB.
-    #[serde(default = "default_socket_buffer")]
-    pub socket_buffer: shared::units::ByteSize,
-}
-
-fn default_max_held() -> usize {
-    64
-}
-
-fn default_socket_buffer() -> shared::units::ByteSize {
-    shared::units::ByteSize(4 << 20)
-}
-
 #[derive(Debug, Clone, Default, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct HttpConfig {
     /// `/metrics` and `/healthz`. Default: off.
     pub bind: Option<SocketAddr>,
-}
-
-#[derive(Debug, Clone, Deserialize, Serialize)]
-#[serde(tag = "kind", rename_all = "lowercase", deny_unknown_fields)]
-pub enum SinkConfig {
-    /// An embedded SQLite file: zero setup, one machine.
-    Sqlite { path: PathBuf },
-    /// NATS JetStream (2.10 or newer): the stream and the marks bucket are created if missing.
-    Jetstream {
-        /// Default: `nats://127.0.0.1:4222`.
-        #[serde(default = "default_nats_url")]
-        url: String,
-        /// Default: `EDGE`.
-        #[serde(default = "default_stream")]
-        stream: String,
-        /// Subjects are `<prefix>.<edge>.<topic levels>`. Default: `edge`.
-        #[serde(default = "default_prefix")]
-        subject_prefix: String,
-        /// KV bucket of the committed marks per (edge, epoch). Default: `edge-marks`.
-        #[serde(default = "default_bucket")]
-        marks_bucket: String,
-        /// KV bucket of the zstd dictionaries edges announced, so any bridge can decode their
-        /// batches. Default: `edge-dicts`.
-        #[serde(default = "default_dicts_bucket")]
-        dicts_bucket: String,
-        /// KV bucket of each edge's latest TCO classes report, for `cloud-bridge tco report`.
-        /// Default: `edge-tco`.
-        #[serde(default = "default_tco_bucket")]
-        tco_bucket: String,
-        /// KV bucket of the fleet view: each edge's last session state and each bridge's, for
-        /// `cloud-bridge edges list` and `GET /edges`. Default: `edge-fleet`.
-        #[serde(default = "default_fleet_bucket")]
-        fleet_bucket: String,
-        /// JetStream's Nats-Msg-Id dedup window. Default: 2m.
-        #[serde(default = "default_dup_window")]
-        duplicate_window: shared::units::HumanDuration,
-        /// Default: 1.
-        #[serde(default = "default_replicas")]
-        replicas: usize,
-        /// How batches are published: `auto` (default) takes fast ingest on nats-server 2.14
-        /// or newer, atomic batches on 2.12 and 2.13, message by message before; `fast` and
-        /// `atomic` go no further than the kind named; `off` publishes message by message. The
-        /// stream is set to allow the kind used. Each keeps the order per topic across
-        /// failures.
-        #[serde(default)]
-        batches: crate::sink::jetstream::BatchPublish,
-    },
-}
-
-fn default_nats_url() -> String {
-    "nats://127.0.0.1:4222".into()
-}
-fn default_stream() -> String {
-    "EDGE".into()
-}
-fn default_prefix() -> String {
-    "edge".into()
-}
-fn default_bucket() -> String {
-    "edge-marks".into()
-}
-fn default_dicts_bucket() -> String {
-    "edge-dicts".into()
-}
-fn default_tco_bucket() -> String {
-    "edge-tco".into()
-}
-fn default_fleet_bucket() -> String {
-    "edge-fleet".into()
-}
-fn default_dup_window() -> shared::units::HumanDuration {
-    shared::units::HumanDuration(std::time::Duration::from_secs(120))
-}
-fn default_replicas() -> usize {
-    1
 }
 
 #[derive(Debug, Clone, Deserialize, Serialize)]

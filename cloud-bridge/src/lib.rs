@@ -66,7 +66,7 @@ struct Parts {
 impl Bridge {
     pub async fn start(config: CloudConfig) -> Result<Bridge, StartError> {
         let metrics = Arc::new(Metrics::new());
-        let endpoint = server::endpoint(&config.server, &config.limits)?;
+        let endpoint = server::endpoint(&config.server, |t| config.limits.apply(t))?;
         let quic_addr =
             endpoint.local_addr().map_err(|source| server::ServerError::Bind { addr: config.server.bind, source })?;
         let http = match config.http.bind {
@@ -78,9 +78,11 @@ impl Bridge {
         let http_addr = http.as_ref().and_then(|l| l.local_addr().ok());
         let models = match &config.models {
             Some(m) => {
-                let store = Box::pin(models::open(&config)).await.map_err(|e| StartError::Models(e.to_string()))?;
+                let store = Box::pin(models::open(config.models.as_ref(), config.sink.nats_url()))
+                    .await
+                    .map_err(|e| StartError::Models(e.to_string()))?;
                 tracing::info!(store = ?m.store, "model store open");
-                Some(Arc::new(models::serve::ModelService::new(Arc::new(store), m.poll.0)))
+                Some(Arc::new(models::serve::ModelService::new(Arc::new(store), m.poll.0, metrics.models.clone())))
             }
             None => None,
         };
@@ -162,7 +164,7 @@ impl Bridge {
         let fleet_stop = CancellationToken::new();
         let info = fleet::BridgeInfo { quic: quic_addr, writes_per_second: parts.writes_per_second };
         let writer = tokio::spawn(fleet::run(parts.services.fleet.clone(), sink.clone(), info, fleet_stop.clone()));
-        let (m, stop, t) = (metrics.clone(), shutdown.clone(), tasks.clone());
+        let (m, stop, t) = (metrics.server.clone(), shutdown.clone(), tasks.clone());
         tasks.spawn(server::accept_loop(parts.endpoint, parts.server, parts.limits, sink, parts.services, m, stop, t));
         Bridge {
             quic_addr,

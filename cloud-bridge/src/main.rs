@@ -245,7 +245,7 @@ fn run(path: &std::path::Path, ready_file: Option<PathBuf>) -> ExitCode {
 fn tco_report(path: &std::path::Path, json: bool) -> anyhow::Result<()> {
     let config = CloudConfig::load(path)?;
     let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
-    let reports = runtime.block_on(cloud_bridge::tco::load(&config.sink))?;
+    let reports = runtime.block_on(config.sink.load_reports())?;
     let fleet = cloud_bridge::tco::fleet(&reports);
     if json {
         println!("{}", serde_json::to_string_pretty(&fleet)?);
@@ -258,7 +258,8 @@ fn tco_report(path: &std::path::Path, json: bool) -> anyhow::Result<()> {
 fn edges_list(path: &std::path::Path, json: bool) -> anyhow::Result<()> {
     let config = CloudConfig::load(path)?;
     let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
-    let view = runtime.block_on(cloud_bridge::fleet::view::load(&config.sink))?;
+    let (states, reports) = runtime.block_on(config.sink.load_fleet())?;
+    let view = cloud_bridge::fleet::view::of(states, &reports);
     if json {
         println!("{}", serde_json::to_string_pretty(&view)?);
     } else {
@@ -273,7 +274,7 @@ fn model(command: ModelCommand) -> anyhow::Result<()> {
     let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
     let open = |config: &std::path::Path| -> anyhow::Result<(Store, cloud_bridge::config::ModelsConfig)> {
         let config = CloudConfig::load(config)?;
-        let store = runtime.block_on(cloud_bridge::models::open(&config))?;
+        let store = runtime.block_on(cloud_bridge::models::open(config.models.as_ref(), config.sink.nats_url()))?;
         let models = config.models.ok_or_else(|| anyhow::anyhow!("the config has no [models] section"))?;
         Ok((store, models))
     };

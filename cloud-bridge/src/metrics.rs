@@ -10,31 +10,14 @@ use std::sync::Arc;
 use axum::extract::State;
 use axum::http::{StatusCode, header};
 use axum::response::IntoResponse;
-use prometheus_client::encoding::EncodeLabelSet;
-use prometheus_client::metrics::counter::Counter;
-use prometheus_client::metrics::family::Family;
-use prometheus_client::metrics::gauge::Gauge;
-use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
-use prometheus_client::registry::{Registry, Unit};
+use prometheus_client::registry::Registry;
 use tokio_util::sync::CancellationToken;
 
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct ReasonLabel {
-    pub reason: &'static str,
-}
-
+/// Every subsystem's metrics, in one registry with the prefix `bridge_`.
 #[derive(Debug)]
 pub struct Metrics {
     registry: Registry,
-    pub connected: Gauge,
-    pub lag: Gauge,
-    pub records: Counter,
-    pub batches: Counter,
-    pub bytes: Counter,
-    pub sink_seconds: Histogram,
-    pub dicts_stored: Counter,
-    pub refused: Family<ReasonLabel, Counter>,
-    pub closed: Family<ReasonLabel, Counter>,
+    pub server: Arc<crate::server::metrics::SessionMetrics>,
     pub sink: Arc<crate::sink::SinkMetrics>,
     pub models: Arc<crate::models::serve::ServeMetrics>,
     pub limits: Arc<crate::limits::LimitMetrics>,
@@ -46,15 +29,7 @@ impl Metrics {
         let mut registry = Registry::with_prefix("bridge");
         let m = Self {
             registry: Registry::default(),
-            connected: Gauge::default(),
-            lag: Gauge::default(),
-            records: Counter::default(),
-            batches: Counter::default(),
-            bytes: Counter::default(),
-            sink_seconds: Histogram::new(exponential_buckets(0.000_1, 2.0, 16)),
-            dicts_stored: Counter::default(),
-            refused: Family::default(),
-            closed: Family::default(),
+            server: Arc::default(),
             sink: Arc::default(),
             models: Arc::default(),
             limits: Arc::default(),
@@ -64,24 +39,7 @@ impl Metrics {
         m.limits.register(&mut registry);
         m.sink.register(&mut registry);
         m.fleet.register(&mut registry);
-        let r = &mut registry;
-        r.register("edges_connected", "Edge sessions on this bridge", m.connected.clone());
-        r.register(
-            "lag_records",
-            "Seqs the edges on this bridge hold beyond what the sink committed, all lanes, as of their last pings",
-            m.lag.clone(),
-        );
-        r.register("records", "Records written to the sink", m.records.clone());
-        r.register("batches", "Batches received", m.batches.clone());
-        r.register("received_bytes", "Batch bytes received (compressed)", m.bytes.clone());
-        r.register_with_unit("sink_write", "Sink write latency per batch", Unit::Seconds, m.sink_seconds.clone());
-        r.register("dicts_stored", "zstd dictionaries edges announced and this bridge stored", m.dicts_stored.clone());
-        r.register(
-            "connections_refused",
-            "Edge connections refused, by reason (rate, connections and handshakes before the handshake: limits.handshakes_per_second, limits.max_connections, limits.handshakes_in_flight; then handshake, no_identity, denied_serial; at the hello epoch_retired, epochs_exhausted)",
-            m.refused.clone(),
-        );
-        r.register("sessions_closed", "Edge sessions ended, by reason", m.closed.clone());
+        m.server.register(&mut registry);
         Self { registry, ..m }
     }
 

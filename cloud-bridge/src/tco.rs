@@ -7,8 +7,7 @@ use std::fmt::Write as _;
 use serde::Serialize;
 use shared::tco::{Route, money};
 
-use crate::config::SinkConfig;
-use crate::sink::{FleetStore, SinkError, StoredReport};
+use crate::sink::StoredReport;
 
 /// One class summed over the edges reporting it.
 #[derive(Debug, Clone, Default, Serialize)]
@@ -132,16 +131,6 @@ pub fn table(f: &Fleet) -> String {
         money(f.cost_model)
     );
     out
-}
-
-/// Every edge's latest report from the sink `config` names.
-pub async fn load(config: &SinkConfig) -> Result<Vec<StoredReport>, SinkError> {
-    match config {
-        SinkConfig::Sqlite { path } => crate::sink::sqlite::SqliteSink::open(path)?.load_reports().await,
-        SinkConfig::Jetstream { url, tco_bucket, .. } => {
-            crate::sink::jetstream::load_reports_from(url, tco_bucket).await
-        }
-    }
 }
 
 #[cfg(test)]

@@ -10,7 +10,6 @@ use serde::{Deserialize, Serialize};
 use shared::tco::Route;
 use shared::units::now_ms;
 
-use crate::config::SinkConfig;
 use crate::sink::{BridgeState, EdgeState, FleetStates, FleetStore, SinkError, StoredReport};
 
 /// Where an edge stands.
@@ -165,16 +164,9 @@ pub async fn load_from<S: FleetStore>(sink: &S) -> Result<FleetView, SinkError> 
     Ok(join(states, &reports, now_ms()))
 }
 
-/// The view from the sink `config` names, without running a bridge.
-pub async fn load(config: &SinkConfig) -> Result<FleetView, SinkError> {
-    match config {
-        SinkConfig::Sqlite { path } => load_from(&crate::sink::sqlite::SqliteSink::open(path)?).await,
-        SinkConfig::Jetstream { url, tco_bucket, fleet_bucket, .. } => {
-            let states = crate::sink::jetstream::load_fleet_from(url, fleet_bucket).await?;
-            let reports = crate::sink::jetstream::load_reports_from(url, tco_bucket).await?;
-            Ok(join(states, &reports, now_ms()))
-        }
-    }
+/// The view of what a sink holds, read without running a bridge (`sink::load_fleet`).
+pub fn of(states: FleetStates, reports: &[StoredReport]) -> FleetView {
+    join(states, reports, now_ms())
 }
 
 fn ago(now: u64, ms: u64) -> String {

@@ -6,6 +6,7 @@
 //! about that much to the store. A manifest is written last, after every chunk it names is
 //! durable, so a reader that finds a manifest finds its chunks.
 
+pub mod config;
 pub mod dir;
 pub mod js;
 pub mod serve;
@@ -77,18 +78,18 @@ pub enum Store {
     Jetstream(Box<js::JsStore>),
 }
 
-/// Opens the store `[models]` names: a directory, or a JetStream object store bucket on the
-/// sink's nats-server unless `url` says otherwise.
-pub async fn open(config: &crate::config::CloudConfig) -> Result<Store, StoreError> {
-    use crate::config::{ModelStoreKind, SinkConfig};
-    let models = config.models.as_ref().ok_or_else(|| failed("open", "the config has no [models] section"))?;
+/// Opens the store `[models]` names: a directory, or a JetStream object store bucket on
+/// `sink_nats` (the sink's nats-server, if it has one) unless `url` says otherwise.
+pub async fn open(models: Option<&config::ModelsConfig>, sink_nats: Option<&str>) -> Result<Store, StoreError> {
+    use config::ModelStoreKind;
+    let models = models.ok_or_else(|| failed("open", "the config has no [models] section"))?;
     match models.store {
         ModelStoreKind::Dir => Ok(Store::Dir(dir::DirStore::open(&models.dir)?)),
         ModelStoreKind::Jetstream => {
-            let url = match (&models.url, &config.sink) {
+            let url = match (&models.url, sink_nats) {
                 (Some(url), _) => url.clone(),
-                (None, SinkConfig::Jetstream { url, .. }) => url.clone(),
-                (None, _) => return Err(failed("open", "models.url is needed: the sink is not jetstream")),
+                (None, Some(url)) => url.to_owned(),
+                (None, None) => return Err(failed("open", "models.url is needed: the sink is not jetstream")),
             };
             Ok(Store::Jetstream(Box::new(js::JsStore::connect(&url, &models.bucket, models.replicas).await?)))
         }

@@ -31,11 +31,12 @@ pub struct ModelService {
     /// The store's listing, shared by every connection for half a `poll`: a thousand edges
     /// polling must not list the store a thousand times.
     listing: tokio::sync::Mutex<Option<(std::time::Instant, Arc<Vec<super::Listed>>)>>,
+    metrics: Arc<ServeMetrics>,
 }
 
 impl ModelService {
-    pub fn new(store: Arc<Store>, poll: Duration) -> Self {
-        Self { store, poll, listing: tokio::sync::Mutex::new(None) }
+    pub fn new(store: Arc<Store>, poll: Duration, metrics: Arc<ServeMetrics>) -> Self {
+        Self { store, poll, listing: tokio::sync::Mutex::new(None), metrics }
     }
 
     async fn listing(&self) -> Result<Arc<Vec<super::Listed>>, StoreError> {
@@ -105,6 +106,7 @@ impl EdgeModels {
             let manifest = signed.unverified()?;
             self.grants.lock().unwrap_or_else(|p| p.into_inner()).extend(manifest.chunks.into_iter().map(|c| c.hash));
             self.announced.insert(name.clone(), latest.version.clone());
+            self.service.metrics.announced.inc();
             out.push(ModelAnnounce {
                 name: name.clone(),
                 version: latest.version.clone(),
@@ -115,8 +117,8 @@ impl EdgeModels {
     }
 
     /// Serves chunk requests on the connection's bidirectional streams until it closes.
-    pub fn serve(&self, conn: quinn::Connection, metrics: Arc<ServeMetrics>) -> tokio::task::JoinHandle<()> {
-        let (store, grants) = (self.service.store.clone(), self.grants.clone());
+    pub fn serve(&self, conn: quinn::Connection) -> tokio::task::JoinHandle<()> {
+        let (store, grants, metrics) = (self.service.store.clone(), self.grants.clone(), self.service.metrics.clone());
         tokio::spawn(async move {
             while let Ok((send, recv)) = conn.accept_bi().await {
                 tokio::spawn(serve_one(send, recv, store.clone(), grants.clone(), metrics.clone()));
@@ -189,7 +191,7 @@ mod tests {
             std::fs::write(&file, shared::testing::noise(300 << 10, seed)).unwrap();
             super::super::publish(&store, &key, name, version, &file, |_| {}).await.unwrap();
         }
-        let service = Arc::new(ModelService::new(Arc::new(Store::Dir(store)), Duration::from_secs(2)));
+        let service = Arc::new(ModelService::new(Arc::new(Store::Dir(store)), Duration::from_secs(2), Arc::default()));
         let mut edge = EdgeModels::new(service, vec!["a".into(), "missing".into()]);
         let news = edge.news().await.unwrap();
         assert_eq!(news.iter().map(|a| (a.name.as_str(), a.version.as_str())).collect::<Vec<_>>(), [("a", "2")]);

@@ -2,7 +2,9 @@
 //! connection, writes released batches to the sink in order and acks what it committed.
 //! What a session does is [`core`]'s, without I/O; [`session`] drives it on the connection.
 
+pub mod config;
 pub mod core;
+pub mod metrics;
 mod session;
 
 use std::collections::HashMap;
@@ -17,13 +19,13 @@ use shared::proto::ALPN;
 use shared::proto::io::FrameIoError;
 use tokio_util::sync::CancellationToken;
 
-use crate::config::ServerConfig;
 use crate::fleet::{Presence, Recorder};
 use crate::ingest;
-use crate::limits::{Admission, Budget, ConnectionBudget, LimitsConfig, LogBudget};
-use crate::metrics::{Metrics, ReasonLabel};
+use crate::limits::{Admission, Budget, ConnectionBudget, LogBudget};
 use crate::models::serve::ModelService;
 use crate::sink::Sink;
+use config::ServerConfig;
+use metrics::{ReasonLabel, SessionMetrics as Metrics};
 
 #[derive(Debug, thiserror::Error)]
 pub enum ServerError {
@@ -87,7 +89,10 @@ impl SessionEnd {
 }
 
 /// The QUIC endpoint for edges: TLS 1.3, ALPN ehb/1, client certificates from the fleet CA.
-pub fn endpoint(config: &ServerConfig, limits: &LimitsConfig) -> Result<quinn::Endpoint, ServerError> {
+pub fn endpoint(
+    config: &ServerConfig,
+    limits: impl FnOnce(&mut quinn::TransportConfig),
+) -> Result<quinn::Endpoint, ServerError> {
     let provider = shared::tls::provider();
     let roots = Arc::new(shared::tls::load_roots(&config.client_ca)?);
     let verifier = WebPkiClientVerifier::builder_with_provider(roots, provider.clone())
@@ -108,7 +113,8 @@ pub fn endpoint(config: &ServerConfig, limits: &LimitsConfig) -> Result<quinn::E
     let mut server = quinn::ServerConfig::with_crypto(Arc::new(crypto));
     let mut transport = quinn::TransportConfig::default();
     transport.max_idle_timeout(Some(Duration::from_secs(30).try_into().map_err(|_| ServerError::Quic("idle".into()))?));
-    limits.apply(&mut transport);
+    // What edges may take (`limits`): streams, windows, memory.
+    limits(&mut transport);
     transport.congestion_controller_factory(config.congestion.factory());
     server.transport_config(Arc::new(transport));
     let socket =

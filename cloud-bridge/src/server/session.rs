@@ -16,11 +16,11 @@ use tokio::sync::mpsc;
 use tokio_util::task::AbortOnDropHandle;
 
 use super::core::{Publish, SessionCore};
+use super::metrics::SessionMetrics as Metrics;
 use super::{SessionEnd, SessionLimits, refuse};
 use crate::fleet::Presence;
 use crate::ingest::{self, Dicts, Ingested};
 use crate::limits::Reservation;
-use crate::metrics::Metrics;
 use crate::models::serve::{EdgeModels, ModelService};
 use crate::sink::{EpochVerdict, Sink, SinkError, Turn};
 
@@ -119,9 +119,9 @@ async fn run_session<S: Sink>(
                         presence.welcomed(session);
                         if let Some(service) = models.filter(|_| !hello.models.is_empty()) {
                             let m = EdgeModels::new(service.clone(), hello.models.clone());
-                            let server = AbortOnDropHandle::new(m.serve(conn.clone(), metrics.models.clone()));
+                            let server = AbortOnDropHandle::new(m.serve(conn.clone()));
                             edge_models = Some((m, server));
-                            Box::pin(announce_models(edge, &mut edge_models, session, metrics)).await;
+                            Box::pin(announce_models(edge, &mut edge_models, session)).await;
                         }
                     }
                     Some(Request::StoreDict(dict)) => {
@@ -154,14 +154,13 @@ async fn run_session<S: Sink>(
             // The fleet view's news that waited for its interval.
             _ = sleep_until(presence.due(core.session())) => {}
             _ = model_poll.tick(), if edge_models.is_some() => {
-                Box::pin(announce_models(edge, &mut edge_models, core.session_mut(), metrics)).await;
+                Box::pin(announce_models(edge, &mut edge_models, core.session_mut())).await;
             }
             Some(done) = writes.next(), if !writes.is_empty() => {
                 // This publish and any after it already done.
                 let mut next = Some(done);
                 while let Some((id, started, result)) = next.take() {
                     metrics.sink_seconds.observe(started.elapsed().as_secs_f64());
-                    metrics.sink.wrote(result.is_ok());
                     result?;
                     core.handle_published(id);
                     next = writes.next().now_or_never().flatten();
@@ -222,14 +221,12 @@ async fn announce_models(
     edge: &str,
     models: &mut Option<(EdgeModels, AbortOnDropHandle<()>)>,
     session: &mut CloudSession,
-    metrics: &Metrics,
 ) {
     let Some((m, _)) = models else { return };
     match m.news().await {
         Ok(news) => {
             for a in news {
                 tracing::info!(edge, model = a.name, version = a.version, "model announced");
-                metrics.models.announced.inc();
                 session.announce_model(a);
             }
         }

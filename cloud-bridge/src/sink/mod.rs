@@ -18,6 +18,7 @@
 //! per edge ([`quota`]). The fleet view's states ([`presence`]) are one per edge and one per
 //! bridge, replaced, never appended.
 
+pub mod config;
 pub mod jetstream;
 pub mod presence;
 pub mod quota;

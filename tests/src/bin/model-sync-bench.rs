@@ -143,7 +143,7 @@ async fn one_stream(
 ) -> anyhow::Result<serde_json::Value> {
     let mut cloud_config = cloud_bridge::config::CloudConfig::load(&dir.join("cloud.toml"))?;
     cloud_config.server.bind = "127.0.0.1:0".parse()?;
-    let endpoint = cloud_bridge::server::endpoint(&cloud_config.server, &cloud_config.limits)?;
+    let endpoint = cloud_bridge::server::endpoint(&cloud_config.server, |t| cloud_config.limits.apply(t))?;
     let addr = endpoint.local_addr()?;
     let server = tokio::spawn(async move {
         let conn = endpoint.accept().await.context("endpoint closed")?.await?;

@@ -304,7 +304,8 @@ async fn drain_into_a_bridge_speaking(versions: &'static [u16]) -> (Received, u8
         congestion: Default::default(),
         socket_buffer: shared::units::ByteSize(1 << 20),
     };
-    let endpoint = cloud_bridge::server::endpoint(&server, &Default::default()).unwrap();
+    let endpoint =
+        cloud_bridge::server::endpoint(&server, |t| cloud_bridge::limits::LimitsConfig::default().apply(t)).unwrap();
     let addr = endpoint.local_addr().unwrap();
     let received = std::sync::Arc::new(std::sync::Mutex::new(Received::default()));
     let bridge = tokio::spawn(other_version_bridge(endpoint, received.clone(), versions));

@@ -41,7 +41,7 @@ async fn setup_with(dir: &Path, store: &str) -> Setup {
     let config = cloud_bridge::config::CloudConfig::load(&dir.join("cloud.toml")).unwrap();
     Setup {
         cloud,
-        store: cloud_bridge::models::open(&config).await.unwrap(),
+        store: cloud_bridge::models::open(config.models.as_ref(), config.sink.nats_url()).await.unwrap(),
         key: cloud_bridge::models::signing_key(&private).unwrap(),
         public,
     }

@@ -444,7 +444,11 @@ impl RecordSink for JetStreamSink {
                         retry.wait("publish", &e, &metrics).await;
                         publish::readdress(&mut messages, &records, address);
                     }
-                    Err(e) => return Err(e.into_error()),
+                    Err(e) => {
+                        // Not the moment's: the session ends on it, and `/healthz` says so.
+                        metrics.wrote(false);
+                        return Err(e.into_error());
+                    }
                 }
             }
         }

@@ -1,0 +1,116 @@
+//! `[sink]`: where edge records go, the embedded SQLite file or a JetStream server, and the
+//! buckets beside the stream.
+
+use std::path::PathBuf;
+
+use serde::{Deserialize, Serialize};
+
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(tag = "kind", rename_all = "lowercase", deny_unknown_fields)]
+pub enum SinkConfig {
+    /// An embedded SQLite file: zero setup, one machine.
+    Sqlite { path: PathBuf },
+    /// NATS JetStream (2.10 or newer): the stream and the marks bucket are created if missing.
+    Jetstream {
+        /// Default: `nats://127.0.0.1:4222`.
+        #[serde(default = "default_nats_url")]
+        url: String,
+        /// Default: `EDGE`.
+        #[serde(default = "default_stream")]
+        stream: String,
+        /// Subjects are `<prefix>.<edge>.<topic levels>`. Default: `edge`.
+        #[serde(default = "default_prefix")]
+        subject_prefix: String,
+        /// KV bucket of the committed marks per (edge, epoch). Default: `edge-marks`.
+        #[serde(default = "default_bucket")]
+        marks_bucket: String,
+        /// KV bucket of the zstd dictionaries edges announced, so any bridge can decode their
+        /// batches. Default: `edge-dicts`.
+        #[serde(default = "default_dicts_bucket")]
+        dicts_bucket: String,
+        /// KV bucket of each edge's latest TCO classes report, for `cloud-bridge tco report`.
+        /// Default: `edge-tco`.
+        #[serde(default = "default_tco_bucket")]
+        tco_bucket: String,
+        /// KV bucket of the fleet view: each edge's last session state and each bridge's, for
+        /// `cloud-bridge edges list` and `GET /edges`. Default: `edge-fleet`.
+        #[serde(default = "default_fleet_bucket")]
+        fleet_bucket: String,
+        /// JetStream's Nats-Msg-Id dedup window. Default: 2m.
+        #[serde(default = "default_dup_window")]
+        duplicate_window: shared::units::HumanDuration,
+        /// Default: 1.
+        #[serde(default = "default_replicas")]
+        replicas: usize,
+        /// How batches are published: `auto` (default) takes fast ingest on nats-server 2.14
+        /// or newer, atomic batches on 2.12 and 2.13, message by message before; `fast` and
+        /// `atomic` go no further than the kind named; `off` publishes message by message. The
+        /// stream is set to allow the kind used. Each keeps the order per topic across
+        /// failures.
+        #[serde(default)]
+        batches: crate::sink::jetstream::BatchPublish,
+    },
+}
+
+fn default_nats_url() -> String {
+    "nats://127.0.0.1:4222".into()
+}
+fn default_stream() -> String {
+    "EDGE".into()
+}
+fn default_prefix() -> String {
+    "edge".into()
+}
+fn default_bucket() -> String {
+    "edge-marks".into()
+}
+fn default_dicts_bucket() -> String {
+    "edge-dicts".into()
+}
+fn default_tco_bucket() -> String {
+    "edge-tco".into()
+}
+fn default_fleet_bucket() -> String {
+    "edge-fleet".into()
+}
+fn default_dup_window() -> shared::units::HumanDuration {
+    shared::units::HumanDuration(std::time::Duration::from_secs(120))
+}
+fn default_replicas() -> usize {
+    1
+}
+
+impl SinkConfig {
+    /// Every edge's latest TCO report in the sink this names, without running a bridge.
+    pub async fn load_reports(&self) -> Result<Vec<super::StoredReport>, super::SinkError> {
+        use super::FleetStore;
+        match self {
+            SinkConfig::Sqlite { path } => super::sqlite::SqliteSink::open(path)?.load_reports().await,
+            SinkConfig::Jetstream { url, tco_bucket, .. } => super::jetstream::load_reports_from(url, tco_bucket).await,
+        }
+    }
+
+    /// Every edge's and bridge's state and every edge's report in the sink this names, for
+    /// the fleet view without running a bridge.
+    pub async fn load_fleet(&self) -> Result<(super::FleetStates, Vec<super::StoredReport>), super::SinkError> {
+        use super::FleetStore;
+        match self {
+            SinkConfig::Sqlite { path } => {
+                let sink = super::sqlite::SqliteSink::open(path)?;
+                Ok((sink.load_fleet().await?, sink.load_reports().await?))
+            }
+            SinkConfig::Jetstream { url, tco_bucket, fleet_bucket, .. } => Ok((
+                super::jetstream::load_fleet_from(url, fleet_bucket).await?,
+                super::jetstream::load_reports_from(url, tco_bucket).await?,
+            )),
+        }
+    }
+
+    /// The nats-server of a JetStream sink, for what else lives beside it (the models' bucket).
+    pub fn nats_url(&self) -> Option<&str> {
+        match self {
+            SinkConfig::Jetstream { url, .. } => Some(url),
+            SinkConfig::Sqlite { .. } => None,
+        }
+    }
+}
