@@ -81,6 +81,24 @@ impl Client {
         }
     }
 
+    /// Waits for `n` PUBACKs (publishes received meanwhile are kept for `recv`); whether they
+    /// came within `timeout`. [`Client::publish`] only queues: a test that needs its QoS 1
+    /// publishes stored before it goes on waits here.
+    pub async fn acked(&mut self, n: usize, timeout: Duration) -> bool {
+        let deadline = tokio::time::Instant::now() + timeout;
+        let mut got = 0;
+        while got < n {
+            let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+            match self.next(left).await {
+                Some(Ok(Packet::PubAck(_))) => got += 1,
+                Some(Ok(Packet::Publish(p))) => self.pending.push_back(p),
+                Some(Ok(_)) => {}
+                _ => return false,
+            }
+        }
+        true
+    }
+
     pub async fn publish(&self, topic: &str, qos: QoS, retain: bool, payload: impl Into<Vec<u8>>) {
         self.client.publish(topic, qos, retain, payload).await.expect("queue publish");
     }

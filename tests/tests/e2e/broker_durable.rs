@@ -56,11 +56,14 @@ async fn retained_messages_and_a_pending_will_survive_sigterm_and_sigkill() {
     let config = fixed_port_config("");
     let mut edge = EdgeProcess::start(dir.path(), &config);
     let addr = edge.addr("local");
-    let publisher = Client::anonymous(addr, "retainer").await;
+    let mut publisher = Client::anonymous(addr, "retainer").await;
     for i in 0..6 {
         publisher.publish(&format!("state/{i}"), QoS::AtLeastOnce, true, format!("v{i}")).await;
     }
     publisher.publish("state/5", QoS::AtLeastOnce, true, "").await;
+    // Acknowledged, so stored: a subscriber from here on gets them as retained messages, not
+    // live (a race that failed 2 runs in 8 under load).
+    assert!(publisher.acked(7, WAIT).await, "PUBACKs for the retained publishes");
     let want: BTreeSet<String> = (0..5).map(|i| format!("v{i}")).collect();
     assert_eq!(retained(addr, "before").await, want);
 
