@@ -3,10 +3,12 @@
 //! appends and session-store writes the core asks for, and the timer task for wills and
 //! session expiry.
 //!
-//! A publish costs its publisher one lock (route and queue to every subscriber) and each
-//! subscriber one wake-up and one lock (take its packets); the packets are encoded after the
-//! lock is released. A subscriber woken from the publisher's task usually runs next on the same
-//! worker thread (tokio's LIFO slot), so the local path rarely crosses threads.
+//! A publish costs its publisher one lock (route and queue to every subscriber, and take the
+//! packets of each subscriber whose socket it can write to itself, `Outlet`); the packets are
+//! encoded and written after the lock is released. A subscriber it cannot write to (TLS,
+//! WebSocket, a socket busy or full) gets a wake-up and takes its packets under the lock
+//! itself; woken from the publisher's task, it usually runs next on the same worker thread
+//! (tokio's LIFO slot).
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -24,12 +26,32 @@ use super::store::SessionStore;
 use crate::spool::{AppendError, SpoolWriter};
 
 /// What a connection's task waits on: its writer for packets to send, its reader (paused while
-/// an MQTT 3.1.1 client is past our Receive Maximum) for acknowledgements to have gone out.
+/// an MQTT 3.1.1 client is past our Receive Maximum) for acknowledgements to have gone out;
+/// and its socket, if the task that routes a message to it may write there itself.
 #[derive(Debug, Default)]
 pub struct Wakers {
     pub writer: Notify,
     pub reader: Notify,
+    pub outlet: std::sync::OnceLock<Arc<dyn Outlet>>,
 }
+
+/// A connection's socket that the task routing a message to it may write to itself while the
+/// connection's writer is idle (plain TCP, `front::direct`): with ten subscribers a PUBLISH
+/// would otherwise wake ten writer tasks, each to take the core's lock again for its packets.
+/// Whoever holds the socket is the only one taking the connection's packets from the core, so
+/// they go out in order.
+pub trait Outlet: Send + Sync + std::fmt::Debug {
+    /// Takes the socket if no one is writing to it; `false` leaves the packets to the writer.
+    /// Called with the core locked: it must not wait.
+    fn claim(&self) -> bool;
+    /// Writes what it can of `packets` without waiting, keeps the rest for the writer, and
+    /// gives the socket back; whether anything is left for the writer.
+    fn write_and_release(&self, packets: &[super::codec::Outbound]) -> bool;
+}
+
+/// What a routing task writes to another connection's socket at most, per message routed:
+/// more goes to that connection's writer.
+const DIRECT_BATCH: usize = 16 * 1024;
 
 /// The running broker, shared by the front's connections and the node's own clients.
 #[derive(Debug)]
@@ -137,6 +159,67 @@ impl BrokerHandle {
         let mut wakes = Vec::new();
         let mut resumes = Vec::new();
         let mut spool = Vec::new();
+        self.drain(&mut core, &mut wakes, &mut resumes, &mut spool);
+        // Connections to wake whose sockets this task can write to now: their packets are
+        // taken here (what taking them asks of the store goes with the rest), written below.
+        let mut direct = Vec::new();
+        if !wakes.is_empty() {
+            let wakers = lock(&self.wakers);
+            let now = Instant::now();
+            wakes.retain(|conn| {
+                let Some(outlet) = wakers.get(conn).and_then(|w| w.outlet.get()) else { return true };
+                if core.is_closing(*conn) || !outlet.claim() {
+                    return true;
+                }
+                let t = core.poll_transmit(*conn, now, DIRECT_BATCH);
+                direct.push((*conn, outlet.clone(), t));
+                false
+            });
+            drop(wakers);
+            if !direct.is_empty() {
+                self.drain(&mut core, &mut wakes, &mut resumes, &mut spool);
+            }
+        }
+        let after = core.poll_timeout();
+        drop(core);
+        if after.is_some() && (before.is_none() || after < before) {
+            self.timer.notify_one();
+        }
+        for (conn, outlet, t) in &direct {
+            let left = outlet.write_and_release(&t.packets);
+            if left || t.more || t.closing {
+                wakes.push(*conn);
+            } else {
+                // The reader may be paused waiting for these acknowledgements to go out.
+                resumes.push(*conn);
+            }
+        }
+        if !wakes.is_empty() || !resumes.is_empty() {
+            let wakers = lock(&self.wakers);
+            for conn in wakes {
+                if let Some(w) = wakers.get(&conn) {
+                    w.writer.notify_one();
+                }
+            }
+            for conn in resumes {
+                if let Some(w) = wakers.get(&conn) {
+                    w.reader.notify_one();
+                }
+            }
+        }
+        let orphans = (!spool.is_empty()).then(|| self.orphans.clone());
+        (result, Routed { requests: spool, orphans })
+    }
+
+    /// Carries out the core's actions but the spool appends (collected in `spool`) and the
+    /// wake-ups (collected for after the lock).
+    fn drain(
+        &self,
+        core: &mut Broker,
+        wakes: &mut Vec<ConnId>,
+        resumes: &mut Vec<ConnId>,
+        spool: &mut Vec<SpoolRequest>,
+    ) {
         let mut store = Vec::new();
         loop {
             while let Some(action) = core.poll_action() {
@@ -160,26 +243,6 @@ impl BrokerHandle {
             }
             break;
         }
-        let after = core.poll_timeout();
-        drop(core);
-        if after.is_some() && (before.is_none() || after < before) {
-            self.timer.notify_one();
-        }
-        if !wakes.is_empty() || !resumes.is_empty() {
-            let wakers = lock(&self.wakers);
-            for conn in wakes {
-                if let Some(w) = wakers.get(&conn) {
-                    w.writer.notify_one();
-                }
-            }
-            for conn in resumes {
-                if let Some(w) = wakers.get(&conn) {
-                    w.reader.notify_one();
-                }
-            }
-        }
-        let orphans = (!spool.is_empty()).then(|| self.orphans.clone());
-        (result, Routed { requests: spool, orphans })
     }
 
     /// Counts a client the front disconnected for accepting no data for

@@ -10,9 +10,11 @@ use std::time::{Duration, Instant};
 
 use bytes::{Bytes, BytesMut};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use tokio_util::either::Either;
 
 use super::FrontContext;
 use super::connect::{self, Refusal};
+use super::direct;
 use crate::auth::Identity;
 use crate::broker::codec::{self, DecodeError, Outbound, Version, reason};
 use crate::broker::core::{ConnId, ConnectRequest};
@@ -46,9 +48,24 @@ enum End {
 
 pub(super) async fn serve<S>(stream: S, entry: Entry<'_>, ctx: &Arc<FrontContext>)
 where
-    S: AsyncRead + AsyncWrite + Send + Unpin,
+    S: AsyncRead + AsyncWrite + Send + Unpin + 'static,
 {
-    let (mut rd, mut wr) = tokio::io::split(stream);
+    // A plain TCP socket is split into halves a routing task can write to (`direct`); TLS and
+    // WebSocket streams are not.
+    let mut slot = Some(stream);
+    let tcp =
+        (&mut slot as &mut dyn std::any::Any).downcast_mut::<Option<tokio::net::TcpStream>>().and_then(Option::take);
+    let (mut rd, mut wr) = match (tcp, slot) {
+        (Some(tcp), _) => {
+            let (rd, wr) = tcp.into_split();
+            (Either::Left(rd), Either::Left(wr))
+        }
+        (None, Some(stream)) => {
+            let (rd, wr) = tokio::io::split(stream);
+            (Either::Right(rd), Either::Right(wr))
+        }
+        (None, None) => unreachable!("the stream is in one of the two"),
+    };
     let mut buf = BytesMut::with_capacity(8 * 1024);
     let refused = |label: &'static str| {
         ctx.metrics
@@ -130,10 +147,29 @@ where
         ctx,
         quickack: entry.quickack,
     };
+    let (direct, mut wr) = match wr {
+        Either::Left(half) => {
+            let d = direct::Direct::new(half, version, ctx.metrics.bytes_out.clone());
+            let _ = wakers.outlet.set(d.clone());
+            (Some(d), None)
+        }
+        other => (None, Some(other)),
+    };
+    let writing = async {
+        match (&direct, wr.as_mut()) {
+            (Some(d), _) => match direct::writer(d, conn, &wakers, ctx, WRITE_BATCH).await {
+                direct::Ended::Lost => End::Lost,
+                direct::Ended::Closed => End::Closed,
+                direct::Ended::SlowClient => End::SlowClient,
+            },
+            (None, Some(w)) => writer(w, conn, version, &wakers, ctx).await,
+            (None, None) => unreachable!("a connection writes one way or the other"),
+        }
+    };
     let end = tokio::select! {
         biased;
         _ = ctx.shutdown.cancelled() => End::Shutdown,
-        end = writer(&mut wr, conn, version, &wakers, ctx) => end,
+        end = writing => end,
         end = reader.run(&mut rd, &wakers) => end,
     };
     match end {
@@ -143,9 +179,15 @@ where
                 b.disconnect(conn, reason::SERVER_SHUTTING_DOWN, Instant::now());
                 b.poll_transmit(conn, Instant::now(), WRITE_BATCH)
             });
-            let mut out = BytesMut::new();
-            t.packets.iter().for_each(|p| codec::encode(p, version, &mut out));
-            let _ = tokio::time::timeout(Duration::from_secs(1), write_flush(&mut wr, &out)).await;
+            match (&direct, wr.as_mut()) {
+                (Some(d), _) => direct::write_last(d, &t.packets, Duration::from_secs(1)).await,
+                (None, Some(w)) => {
+                    let mut out = BytesMut::new();
+                    t.packets.iter().for_each(|p| codec::encode(p, version, &mut out));
+                    let _ = tokio::time::timeout(Duration::from_secs(1), write_flush(w, &out)).await;
+                }
+                (None, None) => {}
+            }
         }
         End::SlowClient => {
             tracing::warn!(listener = entry.listener, peer = %entry.peer, %client_id, "slow client disconnected: accepted no data for broker.slow_client_timeout");
@@ -153,8 +195,12 @@ where
         }
         End::Lost | End::Closed => {}
     }
-    let _ = wr.shutdown().await;
+    if let Some(w) = wr.as_mut() {
+        let _ = w.shutdown().await;
+    }
+    // A direct socket closes once the broker forgets it (its last reference goes).
     ctx.broker.unregister(conn).await;
+    drop(direct);
     tracing::debug!(listener = entry.listener, %client_id, ?end, "connection closed");
     open.dec();
     drop(permit);

@@ -11,6 +11,7 @@
 mod config;
 mod conn;
 mod connect;
+mod direct;
 mod metrics;
 mod ws;
 
@@ -163,7 +164,7 @@ async fn serve<S>(
     pending: OwnedSemaphorePermit,
     quickack: Option<socket2::Socket>,
 ) where
-    S: AsyncRead + AsyncWrite + Send + Unpin,
+    S: AsyncRead + AsyncWrite + Send + Unpin + 'static,
 {
     let entry =
         conn::Entry { listener: &listener.name, anonymous: listener.anonymous, cert_identity, peer, pending, quickack };
