@@ -64,10 +64,8 @@ pub struct SessionCore<H> {
     held: HashMap<(u8, u64), (Vec<WireRecord>, H)>,
     /// Since when batches wait ahead of a missing one.
     held_since: Option<Instant>,
-    /// Released, not yet publishing.
-    queued: VecDeque<Publish<H>>,
-    /// (lane, last seq, records) of each queued publish, by id.
-    queued_marks: HashMap<u64, (u8, u64, u64)>,
+    /// Released, not yet publishing, with the last seq each marks.
+    queued: VecDeque<(Publish<H>, u64)>,
     /// Publishing, in the order they started.
     started: VecDeque<Started>,
     next_id: u64,
@@ -90,7 +88,6 @@ impl<H> SessionCore<H> {
             held: HashMap::new(),
             held_since: None,
             queued: VecDeque::new(),
-            queued_marks: HashMap::new(),
             started: VecDeque::new(),
             next_id: 0,
             marks: BTreeMap::new(),
@@ -129,8 +126,7 @@ impl<H> SessionCore<H> {
             let records: Vec<WireRecord> = records.into_iter().filter(|r| r.seq > release.skip_through).collect();
             let id = self.next_id;
             self.next_id += 1;
-            self.queued_marks.insert(id, (lane, up_to, records.len() as u64));
-            self.queued.push_back(Publish { id, epoch: release.batch.epoch, lane, records, held });
+            self.queued.push_back((Publish { id, epoch: release.batch.epoch, lane, records, held }, up_to));
         }
         // What the session dropped (a resend) or replaced gives its memory back.
         let session = &self.session;
@@ -148,9 +144,9 @@ impl<H> SessionCore<H> {
         if self.started.len() >= self.pipeline {
             return None;
         }
-        let publish = self.queued.pop_front()?;
-        let (lane, up_to, count) = self.queued_marks.remove(&publish.id).expect("a queued publish has its mark");
-        self.started.push_back(Started { id: publish.id, lane, up_to, count, done: false });
+        let (publish, up_to) = self.queued.pop_front()?;
+        let count = publish.records.len() as u64;
+        self.started.push_back(Started { id: publish.id, lane: publish.lane, up_to, count, done: false });
         Some(publish)
     }
 

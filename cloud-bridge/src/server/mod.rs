@@ -356,7 +356,9 @@ async fn serve_edge<S: Sink>(
     // What this session added to the bridge's lag gauge, taken back when it ends.
     let mut lag = 0;
     let end = tokio::select! {
-        end = session::session(&conn, edge, limits, &*sink, services.models.as_ref(), metrics, &mut presence, &mut lag) => end,
+        end = session::run(&conn, edge, limits, &*sink, services.models.as_ref(), metrics, &mut presence, &mut lag) => {
+            end.err().unwrap_or(SessionEnd::Closed)
+        }
         _ = shutdown.cancelled() => SessionEnd::Shutdown,
         _ = replaced.cancelled() => SessionEnd::Replaced,
     };

@@ -24,32 +24,16 @@ use crate::limits::Reservation;
 use crate::models::serve::{EdgeModels, ModelService};
 use crate::sink::{EpochVerdict, Sink, SinkError, Turn};
 
-/// Runs the session until it ends, saying why.
-#[allow(clippy::too_many_arguments)]
-pub(super) async fn session<S: Sink>(
-    conn: &quinn::Connection,
-    edge: &str,
-    limits: SessionLimits,
-    sink: &S,
-    models: Option<&Arc<ModelService>>,
-    metrics: &Metrics,
-    presence: &mut Presence,
-    lag: &mut i64,
-) -> SessionEnd {
-    match run_session(conn, edge, limits, sink, models, metrics, presence, lag).await {
-        Ok(()) => SessionEnd::Closed,
-        Err(e) => e,
-    }
-}
-
 /// A publish running on a task of its own: (its id, when it started, the sink's answer).
 type Writing = std::pin::Pin<Box<dyn Future<Output = (u64, Instant, Result<(), SinkError>)> + Send>>;
 
+/// Runs the session until the edge closes it (`Ok`) or something ends it (why).
+///
 /// The session's state lives in its connection's task for as long as the edge is connected:
 /// the sink's futures, large and awaited rarely (the hello, dictionaries, marks), are boxed so
 /// they do not size that state for every idle edge.
 #[allow(clippy::too_many_arguments)]
-async fn run_session<S: Sink>(
+pub(super) async fn run<S: Sink>(
     conn: &quinn::Connection,
     edge: &str,
     limits: SessionLimits,

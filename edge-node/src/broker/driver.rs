@@ -167,12 +167,13 @@ impl BrokerHandle {
             let wakers = lock(&self.wakers);
             let now = Instant::now();
             wakes.retain(|conn| {
-                let Some(outlet) = wakers.get(conn).and_then(|w| w.outlet.get()) else { return true };
+                let Some(w) = wakers.get(conn) else { return true };
+                let Some(outlet) = w.outlet.get() else { return true };
                 if core.is_closing(*conn) || !outlet.claim() {
                     return true;
                 }
                 let t = core.poll_transmit(*conn, now, DIRECT_BATCH);
-                direct.push((*conn, outlet.clone(), t));
+                direct.push((w.clone(), t));
                 false
             });
             drop(wakers);
@@ -185,13 +186,13 @@ impl BrokerHandle {
         if after.is_some() && (before.is_none() || after < before) {
             self.timer.notify_one();
         }
-        for (conn, outlet, t) in &direct {
-            let left = outlet.write_and_release(&t.packets);
-            if left || t.more || t.closing {
-                wakes.push(*conn);
+        for (w, t) in &direct {
+            let outlet = w.outlet.get().expect("claimed through it");
+            if outlet.write_and_release(&t.packets) || t.more || t.closing {
+                w.writer.notify_one();
             } else {
                 // The reader may be paused waiting for these acknowledgements to go out.
-                resumes.push(*conn);
+                w.reader.notify_one();
             }
         }
         if !wakes.is_empty() || !resumes.is_empty() {

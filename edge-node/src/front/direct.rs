@@ -135,65 +135,20 @@ pub(super) async fn writer(d: &Direct, conn: ConnId, wakers: &Wakers, ctx: &Fron
             tokio::task::yield_now().await;
         }
         loop {
-            if d.broken.load(Ordering::Relaxed) {
+            if let Err(end) = drain(d, ctx.slow_client_timeout).await {
                 d.release();
-                return Ended::Lost;
-            }
-            let left = {
-                let mut pending = d.pending.lock().unwrap_or_else(PoisonError::into_inner);
-                d.flush_some(&mut pending)
-            };
-            if left {
-                if d.broken.load(Ordering::Relaxed) {
-                    continue;
-                }
-                match tokio::time::timeout(ctx.slow_client_timeout, d.half.writable()).await {
-                    Ok(Ok(())) => continue,
-                    Ok(Err(_)) => {
-                        d.release();
-                        return Ended::Lost;
-                    }
-                    Err(_) => {
-                        d.release();
-                        return Ended::SlowClient;
-                    }
-                }
+                return end;
             }
             let (t, _) = ctx.broker.with(|b| b.poll_transmit(conn, Instant::now(), batch));
             if t.packets.is_empty() && !t.closing {
                 break;
             }
-            {
-                let mut pending = d.pending.lock().unwrap_or_else(PoisonError::into_inner);
-                d.encode(&t.packets, &mut pending);
-            }
+            d.encode(&t.packets, &mut d.pending.lock().unwrap_or_else(PoisonError::into_inner));
             if t.closing {
-                // The last packets: written (waiting for the socket as above), then closed.
-                loop {
-                    let left = {
-                        let mut pending = d.pending.lock().unwrap_or_else(PoisonError::into_inner);
-                        d.flush_some(&mut pending)
-                    };
-                    if !left {
-                        d.release();
-                        return Ended::Closed;
-                    }
-                    if d.broken.load(Ordering::Relaxed) {
-                        d.release();
-                        return Ended::Lost;
-                    }
-                    match tokio::time::timeout(ctx.slow_client_timeout, d.half.writable()).await {
-                        Ok(Ok(())) => {}
-                        Ok(Err(_)) => {
-                            d.release();
-                            return Ended::Lost;
-                        }
-                        Err(_) => {
-                            d.release();
-                            return Ended::SlowClient;
-                        }
-                    }
-                }
+                // The last packets: written, then closed.
+                let end = drain(d, ctx.slow_client_timeout).await.err().unwrap_or(Ended::Closed);
+                d.release();
+                return end;
             }
         }
         d.release();
@@ -202,31 +157,42 @@ pub(super) async fn writer(d: &Direct, conn: ConnId, wakers: &Wakers, ctx: &Fron
     }
 }
 
+/// Writes everything pending, waiting for the socket at most `wait` at a time; held by the
+/// caller.
+async fn drain(d: &Direct, wait: std::time::Duration) -> Result<(), Ended> {
+    loop {
+        if d.broken.load(Ordering::Relaxed) {
+            return Err(Ended::Lost);
+        }
+        let left = d.flush_some(&mut d.pending.lock().unwrap_or_else(PoisonError::into_inner));
+        if !left {
+            return Ok(());
+        }
+        if d.broken.load(Ordering::Relaxed) {
+            return Err(Ended::Lost);
+        }
+        match tokio::time::timeout(wait, d.half.writable()).await {
+            Ok(Ok(())) => {}
+            Ok(Err(_)) => return Err(Ended::Lost),
+            Err(_) => return Err(Ended::SlowClient),
+        }
+    }
+}
+
 /// Writes `packets` (the goodbye of a shutdown) through the socket, waiting for it at most
 /// `within`.
 pub(super) async fn write_last(d: &Direct, packets: &[Outbound], within: std::time::Duration) {
     let deadline = tokio::time::Instant::now() + within;
-    while !d.take() {
-        if tokio::time::Instant::now() > deadline {
-            return;
+    let taken = tokio::time::timeout_at(deadline, async {
+        while !d.take() {
+            tokio::task::yield_now().await;
         }
-        tokio::task::yield_now().await;
+    })
+    .await;
+    if taken.is_err() {
+        return;
     }
-    {
-        let mut pending = d.pending.lock().unwrap_or_else(PoisonError::into_inner);
-        d.encode(packets, &mut pending);
-    }
-    loop {
-        let left = {
-            let mut pending = d.pending.lock().unwrap_or_else(PoisonError::into_inner);
-            d.flush_some(&mut pending)
-        };
-        if !left || d.broken.load(Ordering::Relaxed) {
-            break;
-        }
-        if tokio::time::timeout_at(deadline, d.half.writable()).await.is_err() {
-            break;
-        }
-    }
+    d.encode(packets, &mut d.pending.lock().unwrap_or_else(PoisonError::into_inner));
+    let _ = tokio::time::timeout_at(deadline, drain(d, within)).await;
     d.release();
 }
