@@ -14,7 +14,8 @@
 #   - MQTT.js (tests/node, Node and the `mqtt` package, with its defaults: Nagle on) with one
 #     connection that subscribes and publishes, over TCP and over WebSocket, at 1,000 msg/s
 #     and unthrottled (100 in flight);
-# all QoS1, 1 KiB payloads, loopback; plus edge-node's RSS idle and under load, and idle for the
+# all QoS1, 1 KiB payloads, loopback; each broker's CPU time over each case (per delivered
+# message in the table); plus edge-node's RSS idle and under load, and idle for the
 # `device` build the images ship (3 starts, 3 s after each is ready).
 # Usage: scripts/bench-local.sh [REPEATS=3] [SECONDS=8]. Prints a Markdown table of medians.
 # BENCH_CASES (";"-separated "generator rate subscribers") picks cases.
@@ -43,6 +44,10 @@ cleanup() {
 trap cleanup EXIT
 free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
 rss_kb() { awk '/^VmRSS/{print $2}' "/proc/$1/status"; }
+# utime + stime of a process, in clock ticks (fields 14 and 15 of /proc/PID/stat; the command
+# name before them is in parentheses and may hold spaces).
+cpu_ticks() { sed 's/.*) //' "/proc/$1/stat" | awk '{print $12 + $13}'; }
+clk_tck=$(getconf CLK_TCK)
 
 # edge-node with the example config (probe on, as in production) on free ports.
 sed -e 's/^bind = "127.0.0.1:1883"/bind = "127.0.0.1:0"/' -e 's/^bind = "127.0.0.1:9464"/bind = "127.0.0.1:0"/' \
@@ -83,7 +88,7 @@ sed -e "s/^listener $mport /listener $pport /" -e 's/^persistence false/persiste
   "$work/mosquitto.conf" > "$work/mosquitto-persist.conf"
 echo "persistence_location $work/mosquitto-data/" >> "$work/mosquitto-persist.conf"
 "$mosquitto_bin" -c "$work/mosquitto-persist.conf" &
-pids+=("$!")
+mosq_persist_pid=$!; pids+=("$mosq_persist_pid")
 
 for _ in $(seq 100); do [ -s "$work/ready.json" ] && break; sleep 0.1; done
 eport=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["mqtt"]["local"].rsplit(":",1)[1])' "$work/ready.json")
@@ -109,21 +114,29 @@ for r in $(seq "$repeats"); do
     for i in 0 1; do
       entry=${brokers[$(( (i + r) % 2 ))]}
       label=${entry%%:*} port=${entry##*:}
+      broker_pid=$edge_pid
+      [ "$label" = mosquitto ] && broker_pid=$mosq_pid
       if [ "$generator" = persistent ]; then
-        [ "$label" = mosquitto ] && port=$pport
-        "$bin/mqtt-bench" --label "$label" --port "$port" --rate "$rate" --subscribers "$subs" --seconds "$seconds" --persistent 1 \
-          | python3 -c 'import json,sys; d=json.loads(sys.stdin.read()); d["generator"]="persistent"; print(json.dumps(d))' >> "$work/results.jsonl"
+        [ "$label" = mosquitto ] && port=$pport broker_pid=$mosq_persist_pid
+      fi
+      before=$(cpu_ticks "$broker_pid")
+      if [ "$generator" = persistent ]; then
+        "$bin/mqtt-bench" --label "$label" --port "$port" --rate "$rate" --subscribers "$subs" --seconds "$seconds" --persistent 1 > "$work/line"
       elif [ "$generator" = rust ]; then
-        "$bin/mqtt-bench" --label "$label" --port "$port" --rate "$rate" --subscribers "$subs" --seconds "$seconds" \
-          | python3 -c 'import json,sys; d=json.loads(sys.stdin.read()); d["generator"]="rust"; print(json.dumps(d))' >> "$work/results.jsonl"
+        "$bin/mqtt-bench" --label "$label" --port "$port" --rate "$rate" --subscribers "$subs" --seconds "$seconds" > "$work/line"
       elif [ "$generator" = mqttjs-tcp ]; then
-        node tests/node/mqttjs_bench.js "mqtt://127.0.0.1:$port" "$rate" "$seconds" "$label" "$generator" >> "$work/results.jsonl"
+        node tests/node/mqttjs_bench.js "mqtt://127.0.0.1:$port" "$rate" "$seconds" "$label" "$generator" > "$work/line"
       elif [ "$generator" = mqttjs-ws ]; then
         [ "$label" = mosquitto ] && port=$wsport || port=$ewsport
-        node tests/node/mqttjs_bench.js "ws://127.0.0.1:$port/mqtt" "$rate" "$seconds" "$label" "$generator" >> "$work/results.jsonl"
+        node tests/node/mqttjs_bench.js "ws://127.0.0.1:$port/mqtt" "$rate" "$seconds" "$label" "$generator" > "$work/line"
       else
-        python3 tests/python/paho_bench.py 127.0.0.1 "$port" "$rate" "$seconds" "$label" 5 "$subs" >> "$work/results.jsonl"
+        python3 tests/python/paho_bench.py 127.0.0.1 "$port" "$rate" "$seconds" "$label" 5 "$subs" > "$work/line"
       fi
+      # The broker's CPU time over the case (both its threads' user and system time): on two
+      # shared cores what a broker spends is taken from the generator, so it shows in latency.
+      used=$(( $(cpu_ticks "$broker_pid") - before ))
+      python3 -c 'import json,sys; d=json.loads(open(sys.argv[1]).read()); d["generator"]=sys.argv[2]; d["broker_cpu_s"]=int(sys.argv[3])/int(sys.argv[4]); print(json.dumps(d))' \
+        "$work/line" "$generator" "$used" "$clk_tck" >> "$work/results.jsonl"
     done
   done
 done

@@ -21,6 +21,17 @@ def med(c, label, field):
     return statistics.median(r[field] for r in runs if case(r) == c and r["label"] == label)
 
 
+def cpu_us(c, label):
+    """The broker's CPU time per delivered message (microseconds), median over rounds; None for
+    runs recorded before the script measured it."""
+    per = [
+        r["broker_cpu_s"] * 1e6 / max(r.get("received_total", r["received"]), 1)
+        for r in runs
+        if case(r) == c and r["label"] == label and "broker_cpu_s" in r
+    ]
+    return statistics.median(per) if per else None
+
+
 def name(c):
     generator, rate, subs = c
     what = "max" if rate == 0 else f"{rate} msg/s"
@@ -29,8 +40,8 @@ def name(c):
 
 
 print(f"{repeats} rounds of {seconds} s each (after 1 s warm-up), brokers interleaved, medians; QoS1, 1 KiB, loopback.\n")
-print("| case | broker | p50 (ms) | p99 (ms) | max (ms) | lost | achieved (msg/s) |")
-print("| --- | --- | --- | --- | --- | --- | --- |")
+print("| case | broker | p50 (ms) | p99 (ms) | max (ms) | lost | achieved (msg/s) | broker CPU (µs/msg) |")
+print("| --- | --- | --- | --- | --- | --- | --- | --- |")
 for c in cases:
     for label in ("edge-node", "mosquitto"):
         if not any(case(r) == c and r["label"] == label for r in runs):
@@ -38,7 +49,8 @@ for c in cases:
         lost = sum(r["lost"] for r in runs if case(r) == c and r["label"] == label)
         print(
             f"| {name(c)} | {label} | {med(c, label, 'p50_us') / 1000:.3f} | {med(c, label, 'p99_us') / 1000:.3f} | "
-            f"{med(c, label, 'max_us') / 1000:.1f} | {lost} | {med(c, label, 'achieved_rate'):.0f} |"
+            f"{med(c, label, 'max_us') / 1000:.1f} | {lost} | {med(c, label, 'achieved_rate'):.0f} | "
+            f"{'-' if cpu_us(c, label) is None else f'{cpu_us(c, label):.1f}'} |"
         )
 print()
 for c in cases:
@@ -50,6 +62,9 @@ for c in cases:
         continue
     peer = "Mosquitto (persistence true)" if c[0] == "persistent" else "Mosquitto"
     line = f"- {name(c)}: p99 edge-node / {peer} = {e99 / max(m99, 1):.2f}, p50 {e50 / max(m50, 1):.2f}"
+    ec, mc = cpu_us(c, "edge-node"), cpu_us(c, "mosquitto")
+    if ec is not None and mc is not None:
+        line += f"; CPU per message {ec / max(mc, 0.001):.2f}"
     if c[1] == 0:
         line += f"; throughput edge-node / Mosquitto = {et / max(mt, 1):.2f}"
     if c[0] == "persistent":

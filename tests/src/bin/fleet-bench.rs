@@ -9,7 +9,8 @@
 //! Usage: fleet-bench [EDGES=1000] [ACTIVE=100] [RATE=10] [SECONDS=20] [SINK=jetstream]
 //!        [STORM=0] [RAMP=400] [ENDPOINTS=8] [LANES=1] [BACKLOG=0]
 //! SINK is `jetstream` (a nats-server of its own) or `sqlite`. BRIDGE_CONFIG (env) is appended to
-//! the bridge's config, e.g. `BRIDGE_CONFIG='[limits]\nhandshakes_per_second = 300'`. Each edge drives
+//! the bridge's config, e.g. `BRIDGE_CONFIG='[limits]\nhandshakes_per_second = 300'`; EDGE_UPLINK
+//! (env, TOML) overrides keys of every edge's `[uplink]`, e.g. `EDGE_UPLINK='dict_size = 0'`. Each edge drives
 //! the shipped uplink's policies with its default `[uplink]` (`e2e_tests::simedge`): RATE
 //! records of 1 KiB a second arrive on LANES lanes in turn and go as its linger and batch size
 //! say; each active edge's lanes hold BACKLOG records each when the active phase begins.
@@ -28,6 +29,17 @@ static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 fn rss_mib(pid: u32) -> f64 {
     e2e_tests::rss_of(pid) as f64 / (1 << 20) as f64
+}
+
+/// The shipped `[uplink]` defaults with EDGE_UPLINK's keys on top.
+fn uplink() -> anyhow::Result<edge_node::uplink::UplinkConfig> {
+    let over = std::env::var("EDGE_UPLINK").unwrap_or_default().replace("\\n", "\n");
+    if over.is_empty() {
+        return Ok(e2e_tests::simedge::uplink_defaults());
+    }
+    let mut base = toml::Table::try_from(e2e_tests::simedge::uplink_defaults())?;
+    base.extend(over.parse::<toml::Table>().map_err(|e| anyhow::anyhow!("EDGE_UPLINK: {e}"))?);
+    Ok(base.try_into()?)
 }
 
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
@@ -68,7 +80,7 @@ async fn main() -> anyhow::Result<()> {
         payload: 1024,
         lanes,
         backlog,
-        uplink: e2e_tests::simedge::uplink_defaults(),
+        uplink: uplink()?,
         ramp,
     };
     let t = Instant::now();
