@@ -219,6 +219,13 @@ impl Node {
         // The broker core, with the sessions stored before a restart; the probe's topic is the
         // node's own.
         let internal_topics = if config.probe.enabled { vec![config.probe.topic.clone()] } else { Vec::new() };
+        // The node's namespace (docs/ARCHITECTURE.md): `_edge/`, the probe's topic wherever it
+        // is, and the model announcements, which tell local apps which file to load and so are
+        // the node's word alone.
+        let mut reserved_topics = vec![broker::core::RESERVED_TOPICS.to_owned(), config.probe.topic.clone()];
+        if let Some(m) = &config.models {
+            reserved_topics.push(format!("{}/#", m.topic_prefix));
+        }
         let store_path =
             config.broker.session_store.clone().unwrap_or_else(|| config.spool.path.with_file_name("sessions.db"));
         let opened = std::time::Instant::now();
@@ -227,7 +234,7 @@ impl Node {
         // a cloud-bound publish past it.
         let sink_fit = spool.as_ref().map(|_| Arc::new(spool::SinkFit::load(&config.spool.path)));
         let mut core = broker::core::Broker::new(
-            config.broker.limits(internal_topics),
+            config.broker.limits(internal_topics, reserved_topics),
             classes.clone(),
             broker_metrics.clone(),
             broker::core::WallClock::read(),
@@ -249,6 +256,7 @@ impl Node {
         tracker.spawn(broker.clone().run_timers(shutdown.clone()));
         let ctx = Arc::new(FrontContext {
             max_packet_size: config.broker.max_packet_size.as_usize(),
+            max_connect_size: config.broker.max_connect_size.as_usize().min(config.broker.max_packet_size.as_usize()),
             connect_timeout: config.broker.connect_timeout.0,
             slow_client_timeout: config.broker.slow_client_timeout.0,
             auth: ArcSwap::from_pointee(auth),

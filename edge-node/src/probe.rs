@@ -173,7 +173,8 @@ async fn session(
     node_id: &str,
     metrics: &ProbeMetrics,
 ) -> Result<(), ClientError> {
-    let mut client = connector.connect(&format!("_probe-{node_id}")).await?;
+    let mut client =
+        connector.connect(&format!("{}probe-{node_id}", crate::broker::core::INTERNAL_CLIENT_ID_PREFIX)).await?;
     client.subscribe(&config.topic).await?;
     let mut ticker = tokio::time::interval(config.interval.0);
     ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);

@@ -47,6 +47,17 @@ pub struct BrokerConfig {
     /// Sessions held, connected or not; a new client id past it is refused (CONNACK 0x97, MQTT
     /// 3.1.1: 3). Default: 1000, or `max_connections` if that is more.
     pub max_sessions: Option<usize>,
+    /// Sessions that outlive their connection (a Session Expiry above 0, MQTT 3.1.1's Clean
+    /// Session 0) one identity may hold: a user, a certificate, or every anonymous client
+    /// together. A new one past it is refused (CONNACK 0x97, MQTT 3.1.1: 3) and counted. Raise
+    /// it for many anonymous devices with persistent sessions. Default: 256.
+    #[serde(default = "default_max_stored_sessions_per_identity")]
+    pub max_stored_sessions_per_identity: usize,
+    /// Distinct topic filters one SUBSCRIBE may carry; past it the rest get 0x97 (MQTT 3.1.1:
+    /// 0x80) without being looked at. A filter repeated in one SUBSCRIBE counts once. Default:
+    /// 100.
+    #[serde(default = "default_max_subscribe_filters")]
+    pub max_subscribe_filters: usize,
     /// Subscriptions one session may hold; past it a filter gets 0x97. Default: 100.
     #[serde(default = "default_max_subscriptions")]
     pub max_subscriptions: usize,
@@ -130,6 +141,12 @@ pub struct BrokerConfig {
     /// No longer used: refused by name, as `segment_size`.
     #[serde(default, skip_serializing)]
     pub segment_count: Option<toml::Value>,
+    /// Largest CONNECT accepted, header included: it is read before the client is
+    /// authenticated, so up to `max_pending_connections` of them are held at once. A larger
+    /// one closes the connection (counted as `connect_too_large`); raise it for wills with
+    /// large payloads. At most `max_packet_size`. Default: 32 KiB.
+    #[serde(default = "default_max_connect_size")]
+    pub max_connect_size: ByteSize,
     /// Time a new connection has to send its CONNECT (and finish TLS). Default: 10s.
     #[serde(default = "default_connect_timeout")]
     pub connect_timeout: HumanDuration,
@@ -145,11 +162,14 @@ impl Default for BrokerConfig {
             max_connections: default_max_connections(),
             max_pending_connections: default_max_pending_connections(),
             max_packet_size: default_max_packet_size(),
+            max_connect_size: default_max_connect_size(),
             max_inflight: default_max_inflight(),
             receive_maximum: default_receive_maximum(),
             topic_alias_maximum: default_topic_alias_maximum(),
             max_topic_length: default_max_topic_length(),
             max_sessions: None,
+            max_stored_sessions_per_identity: default_max_stored_sessions_per_identity(),
+            max_subscribe_filters: default_max_subscribe_filters(),
             max_subscriptions: default_max_subscriptions(),
             max_queued_messages: default_max_queued_messages(),
             max_queued_bytes: default_max_queued_bytes(),
@@ -204,6 +224,8 @@ impl BrokerConfig {
             ("broker.receive_maximum", usize::from(self.receive_maximum)),
             ("broker.max_topic_length", self.max_topic_length),
             ("broker.max_sessions", self.max_sessions.unwrap_or(1)),
+            ("broker.max_stored_sessions_per_identity", self.max_stored_sessions_per_identity),
+            ("broker.max_subscribe_filters", self.max_subscribe_filters),
             ("broker.max_subscriptions", self.max_subscriptions),
             ("broker.max_queued_messages", self.max_queued_messages),
             ("broker.max_retained_messages", self.max_retained_messages),
@@ -241,9 +263,13 @@ impl BrokerConfig {
 }
 
 impl BrokerConfig {
-    /// The core's bounds from this section; `internal_topics` are the node's own (the probe's).
-    pub fn limits(&self, internal_topics: Vec<String>) -> Limits {
+    /// The core's bounds from this section; `internal_topics` are the node's own (the probe's),
+    /// `reserved_topics` the filters only the node publishes to.
+    pub fn limits(&self, internal_topics: Vec<String>, reserved_topics: Vec<String>) -> Limits {
         Limits {
+            max_stored_sessions_per_identity: self.max_stored_sessions_per_identity,
+            max_subscribe_filters: self.max_subscribe_filters,
+            reserved_topics,
             max_sessions: self.max_sessions.unwrap_or(self.max_connections.max(1000)),
             max_subscriptions: self.max_subscriptions,
             max_queued_messages: self.max_queued_messages,
@@ -309,6 +335,14 @@ fn default_max_user_properties() -> usize {
 fn default_max_session_expiry() -> HumanDuration {
     HumanDuration::from_secs(7 * 24 * 3600)
 }
+fn default_max_subscribe_filters() -> usize {
+    100
+}
+
+fn default_max_stored_sessions_per_identity() -> usize {
+    256
+}
+
 fn default_max_client_id_length() -> usize {
     256
 }
@@ -320,6 +354,9 @@ fn default_max_connections() -> usize {
 }
 fn default_max_pending_connections() -> usize {
     1000
+}
+fn default_max_connect_size() -> ByteSize {
+    ByteSize::kib(32)
 }
 fn default_max_packet_size() -> ByteSize {
     ByteSize::mib(1)

@@ -74,13 +74,15 @@ where
             .inc();
     };
 
-    let first = tokio::time::timeout(ctx.connect_timeout, read_first(&mut rd, &mut buf, ctx.max_packet_size)).await;
+    // Before the login the client is nobody: its CONNECT gets `max_connect_size`, not
+    // `max_packet_size` (1,000 pending connections at 1 MiB each held a gigabyte).
+    let first = tokio::time::timeout(ctx.connect_timeout, read_first(&mut rd, &mut buf, ctx.max_connect_size)).await;
     let frame = match first {
         Ok(Ok(Some(frame))) => frame,
         Ok(Ok(None)) => return refused("closed_before_connect"),
         Ok(Err(e)) => {
             tracing::info!(listener = entry.listener, peer = %entry.peer, error = %e, "bad first packet");
-            return refused(if matches!(e, DecodeError::TooLarge { .. }) { "packet_too_large" } else { "malformed" });
+            return refused(if matches!(e, DecodeError::TooLarge { .. }) { "connect_too_large" } else { "malformed" });
         }
         Err(_) => return refused("timeout"),
     };

@@ -39,6 +39,9 @@ pub use metrics::FrontMetrics;
 #[derive(Debug)]
 pub struct FrontContext {
     pub max_packet_size: usize,
+    /// `broker.max_connect_size`, at most `max_packet_size`: what a client not yet
+    /// authenticated may make the node buffer.
+    pub max_connect_size: usize,
     pub connect_timeout: Duration,
     pub slow_client_timeout: Duration,
     pub auth: ArcSwap<AuthState>,

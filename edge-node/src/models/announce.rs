@@ -20,7 +20,10 @@ impl Announcer {
         if currents.is_empty() {
             return Ok(());
         }
-        let mut client = self.connector.connect(&format!("_models-{}", self.node_id)).await?;
+        let mut client = self
+            .connector
+            .connect(&format!("{}models-{}", crate::broker::core::INTERNAL_CLIENT_ID_PREFIX, self.node_id))
+            .await?;
         for c in currents {
             let topic = format!("{}/{}/current", self.prefix, c.name);
             let payload = serde_json::to_vec(c).map_err(|e| ClientError::Codec(e.to_string()))?;

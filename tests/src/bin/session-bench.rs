@@ -49,7 +49,7 @@ fn broker_config(sessions: usize) -> BrokerConfig {
 fn build(path: &Path, sessions: usize, messages: usize, payload: usize) -> anyhow::Result<()> {
     let metrics = BrokerMetrics::new(&mut Default::default());
     let (store, _) = SessionStore::open(path, metrics.clone())?;
-    let limits = broker_config(sessions).limits(Vec::new());
+    let limits = broker_config(sessions).limits(Vec::new(), Vec::new());
     let core = Broker::new(limits, Arc::new(Classes::default()), metrics, WallClock::read());
     let handle = BrokerHandle::new(core, None, Some(store.clone()));
     let identity = || Identity { owner: "anonymous".into(), internal: false, rules: None };

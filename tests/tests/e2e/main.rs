@@ -20,6 +20,7 @@ mod broker_interop;
 mod broker_robustness;
 mod broker_security;
 mod broker_sessions;
+mod broker_trust;
 mod edge_cli;
 mod fleet;
 mod fleet_view;

@@ -185,4 +185,23 @@ async fn an_edge_stages_published_versions_lists_them_and_rolls_back() {
     assert_eq!(current["version"], "1");
     assert_eq!(current["sha256"], shared::model::chunk_hash(&noise(3 << 20, 42)));
     assert_eq!(std::fs::read(current["path"].as_str().unwrap()).unwrap(), noise(3 << 20, 42));
+
+    // The announcements are the node's word alone (issue 29): an anonymous client's retained
+    // forgery pointing at an unsigned file is refused, and the next app still gets the signed
+    // version.
+    let forger = e2e_tests::client::Client::anonymous(node.addr("local"), "forger").await;
+    let forged = serde_json::json!({"name": "yolo-edge", "version": "9", "path": "/tmp/evil.onnx"}).to_string();
+    forger.publish("models/yolo-edge/current", rumqttc::QoS::AtLeastOnce, true, forged).await;
+    assert!(
+        e2e_tests::eventually(std::time::Duration::from_secs(5), || {
+            node.metric("edge_mqtt_publish_refused_total{reason=\"reserved_topic\"}") == 1.0
+        })
+        .await
+    );
+    let mut later = e2e_tests::client::Client::anonymous(node.addr("local"), "later-app").await;
+    later.subscribe("models/+/current", rumqttc::QoS::AtLeastOnce).await;
+    let retained = later.recv(std::time::Duration::from_secs(10)).await.expect("the retained announcement");
+    let current: serde_json::Value = serde_json::from_slice(&retained.payload).unwrap();
+    assert_eq!(current["version"], "1", "{current}");
+    assert!(first.recv(std::time::Duration::from_millis(300)).await.is_none(), "nothing forged went live");
 }

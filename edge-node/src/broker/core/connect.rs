@@ -49,6 +49,9 @@ impl Broker {
         if c.client_id.len() > self.limits.max_client_id_length {
             return refuse(reason::CLIENT_ID_NOT_VALID, "client_id_invalid");
         }
+        if !identity.internal && c.client_id.starts_with(super::INTERNAL_CLIENT_ID_PREFIX) {
+            return refuse(reason::CLIENT_ID_NOT_VALID, "client_id_reserved");
+        }
         // MQTT 3.1.1 [MQTT-3.1.3-8]: no client id without a clean session; the same rule for
         // MQTT 5, where such a session could never be resumed.
         if c.client_id.is_empty() && !c.clean_start {
@@ -60,8 +63,8 @@ impl Broker {
                 if shared::topic::validate_name(topic).is_err() || topic.len() > self.limits.max_topic_length {
                     return refuse(reason::TOPIC_NAME_INVALID, "will_topic_invalid");
                 }
-                if !self.may_publish(&identity, topic) {
-                    return refuse(reason::NOT_AUTHORIZED, "not_authorized");
+                if let Some(label) = self.publish_refused(&identity, topic) {
+                    return refuse(reason::NOT_AUTHORIZED, if label == "acl" { "not_authorized" } else { label });
                 }
                 if w.props.user.len() > self.limits.max_user_properties {
                     return refuse(reason::QUOTA_EXCEEDED, "too_many_user_properties");
@@ -89,8 +92,17 @@ impl Broker {
                 tracing::info!(client_id = %client_id, "CONNECT refused: the client id belongs to another identity");
                 return refuse(reason::CLIENT_ID_NOT_VALID, "client_id_owned");
             }
-        } else if !identity.internal && self.user_sessions() >= self.limits.max_sessions {
-            return refuse(reason::QUOTA_EXCEEDED, "max_sessions");
+        } else if !identity.internal {
+            let (all, stored_by_owner) = self.user_sessions(&identity.owner);
+            if all >= self.limits.max_sessions {
+                return refuse(reason::QUOTA_EXCEEDED, "max_sessions");
+            }
+            // One identity (a user, a certificate, every anonymous client together) must not
+            // fill `max_sessions` with sessions that outlive it and come back at each restart.
+            if c.session_expiry > 0 && stored_by_owner >= self.limits.max_stored_sessions_per_identity {
+                tracing::info!(client_id = %client_id, owner = %identity.owner, "CONNECT refused: broker.max_stored_sessions_per_identity reached");
+                return refuse(reason::QUOTA_EXCEEDED, "max_stored_sessions_per_identity");
+            }
         }
 
         // [MQTT-3.1.4-3]: a connection holding this session is told and closed.
@@ -185,8 +197,13 @@ impl Broker {
         }
     }
 
-    fn user_sessions(&self) -> usize {
-        self.sessions.iter().flatten().filter(|s| !s.internal).count()
+    /// Clients' sessions, and how many of them `owner` holds that outlive their connection.
+    fn user_sessions(&self, owner: &str) -> (usize, usize) {
+        self.sessions
+            .iter()
+            .flatten()
+            .filter(|s| !s.internal)
+            .fold((0, 0), |(all, stored), s| (all + 1, stored + usize::from(s.expiry > 0 && *s.owner == *owner)))
     }
 
     pub(super) fn new_session(

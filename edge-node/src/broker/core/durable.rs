@@ -267,7 +267,13 @@ impl Broker {
             let first = received.partition_point(|(s, _)| *s < sid);
             let end = received.partition_point(|(s, _)| *s <= sid);
             let mine_received = &received[first..end];
-            if expiry != u32::MAX && away >= u64::from(expiry) || self.by_client.contains_key(r.client_id.as_str()) {
+            // A client's session under one of the node's own client ids (stored before they
+            // were reserved) would keep the node's client from its id: it ends here.
+            let squatted = r.client_id.starts_with(super::INTERNAL_CLIENT_ID_PREFIX);
+            if expiry != u32::MAX && away >= u64::from(expiry)
+                || self.by_client.contains_key(r.client_id.as_str())
+                || squatted
+            {
                 let msgs: Vec<Arc<Message>> = mine.into_iter().map(|d| d.msg).collect();
                 if let Some(w) = will {
                     // It was due by the end of its session at the latest.

@@ -1,6 +1,7 @@
 //! Packets from a connected client: PUBLISH and the QoS flows both ways, SUBSCRIBE,
 //! UNSUBSCRIBE, PINGREQ, DISCONNECT, and the errors that close a connection.
 
+use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -48,15 +49,25 @@ impl Broker {
         self.close(conn, Some(code), now);
     }
 
-    fn may_publish_with(&self, rules: Option<&Rules>, internal: bool, topic: &str) -> bool {
-        if self.limits.internal_topics.iter().any(|t| t == topic) {
-            return internal;
+    /// Why a client may not publish to `topic`, if it may not: the node's reserved namespace
+    /// first (no ACL opens it), then the ACL.
+    fn publish_refusal(&self, rules: Option<&Rules>, internal: bool, topic: &str) -> Option<&'static str> {
+        if internal {
+            return None;
         }
-        rules.is_none_or(|r| r.may_publish(topic))
+        let reserved = self.limits.internal_topics.iter().any(|t| t == topic)
+            || self.limits.reserved_topics.iter().any(|f| shared::topic::matches(f, topic));
+        if reserved {
+            Some("reserved_topic")
+        } else if rules.is_some_and(|r| !r.may_publish(topic)) {
+            Some("acl")
+        } else {
+            None
+        }
     }
 
-    pub(super) fn may_publish(&self, identity: &Identity, topic: &str) -> bool {
-        self.may_publish_with(identity.rules.as_deref(), identity.internal, topic)
+    pub(super) fn publish_refused(&self, identity: &Identity, topic: &str) -> Option<&'static str> {
+        self.publish_refusal(identity.rules.as_deref(), identity.internal, topic)
     }
 
     fn on_publish(&mut self, conn: ConnId, p: PublishPacket, now: Instant) {
@@ -107,10 +118,8 @@ impl Broker {
             Some(("topic_too_long", reason::TOPIC_NAME_INVALID))
         } else if p.excess_user_properties > 0 {
             Some(("too_many_user_properties", reason::QUOTA_EXCEEDED))
-        } else if !self.may_publish_with(rules.as_deref(), internal, &topic) {
-            Some(("acl", reason::NOT_AUTHORIZED))
         } else {
-            None
+            self.publish_refusal(rules.as_deref(), internal, &topic).map(|label| (label, reason::NOT_AUTHORIZED))
         };
         if let Some((label, code)) = refusal {
             self.metrics.refused(label);
@@ -288,9 +297,33 @@ impl Broker {
     fn on_subscribe(&mut self, conn: ConnId, pkid: u16, filters: Vec<SubscribeRequest>, id: Option<u32>, now: Instant) {
         let Some(c) = self.conns.get(&conn) else { return };
         let (key, rules, v5) = (c.session, c.rules.clone(), c.version == Version::V5);
+        // A filter repeated in one SUBSCRIBE is handled once, as its last copy asks (a later
+        // subscription to a filter replaces the earlier, [MQTT-3.8.4-3]); each copy is
+        // answered as the sequence of SUBSCRIBEs [MQTT-3.8.4-5] would have answered it: the
+        // QoS it asked for where the last copy was granted, the last copy's refusal where it
+        // was not. Past `max_subscribe_filters` distinct filters the rest get 0x97 unread. One
+        // packet costs its distinct filters, within that bound.
+        let mut last: HashMap<&str, usize> = HashMap::new();
+        for (i, f) in filters.iter().enumerate() {
+            if last.len() < self.limits.max_subscribe_filters || last.contains_key(f.filter.as_str()) {
+                last.insert(&f.filter, i);
+            }
+        }
+        let mut answered: HashMap<&str, u8> = HashMap::new();
         let mut codes = Vec::with_capacity(filters.len());
         let mut retained: Vec<Delivery> = Vec::new();
-        for f in &filters {
+        for (i, f) in filters.iter().enumerate() {
+            let Some(&at) = last.get(f.filter.as_str()) else {
+                self.metrics.subscribe_refused("max_subscribe_filters");
+                codes.push(if v5 { reason::QUOTA_EXCEEDED } else { reason::V4_SUBACK_FAILURE });
+                continue;
+            };
+            if let Some(&code) = answered.get(f.filter.as_str()) {
+                codes.push(if code <= 2 { f.qos as u8 } else { code });
+                continue;
+            }
+            let asked = f.qos as u8;
+            let f = &filters[at];
             let code = match self.subscribe_one(key, f, id, rules.as_deref(), now, &mut retained) {
                 Ok(code) => code,
                 Err(SubscribeError::Protocol) => {
@@ -302,7 +335,11 @@ impl Broker {
                     code
                 }
             };
-            codes.push(if v5 || code <= 2 { code } else { reason::V4_SUBACK_FAILURE });
+            let code = if v5 || code <= 2 { code } else { reason::V4_SUBACK_FAILURE };
+            if at != i {
+                answered.insert(&f.filter, code);
+            }
+            codes.push(if code <= 2 { asked } else { code });
         }
         // [MQTT-3.8.4-1], [MQTT-3.9.3-1]: one SUBACK, a code per filter in order.
         self.control(conn, Outbound::SubAck { pkid, codes }, now);
@@ -357,8 +394,12 @@ impl Broker {
         // [MQTT-3.3.1-9], [MQTT-3.3.1-10], [MQTT-3.3.1-11]; none for a shared subscription
         // (§4.8.2).
         let send_retained = parsed.share.is_none() && (f.retain_handling == 0 || (f.retain_handling == 1 && !existed));
+        // Only what the session's retained backlog can still take is looked up.
+        let room = self
+            .session(key)
+            .map_or(0, |s| self.limits.max_retained_messages.saturating_sub(s.retained_backlog.len() + retained.len()));
         if send_retained {
-            for msg in self.retained.matching(parsed.filter, now) {
+            for msg in self.retained.matching(parsed.filter, now, room) {
                 if !internal && self.limits.internal_topics.iter().any(|t| **t == *msg.topic) {
                     continue;
                 }

@@ -120,7 +120,23 @@ pub struct Limits {
     pub max_control_queue: usize,
     /// Topics only the node's own clients publish and receive (the SLO probe's).
     pub internal_topics: Vec<String>,
+    /// Topic filters only the node's own clients publish to, whatever the ACL says (its
+    /// namespace: [`RESERVED_TOPICS`], the probe's topic, the model announcements); clients
+    /// subscribe to them as their ACL allows.
+    pub reserved_topics: Vec<String>,
+    /// Sessions one identity may hold that outlive their connection (Session Expiry above 0);
+    /// a new one past it is refused with 0x97.
+    pub max_stored_sessions_per_identity: usize,
+    /// Distinct filters one SUBSCRIBE may carry; the rest get 0x97.
+    pub max_subscribe_filters: usize,
 }
+
+/// The node's own namespace: the probe and whatever else the node publishes for itself.
+pub const RESERVED_TOPICS: &str = "_edge/#";
+
+/// Client ids the node's own clients take (`_edge-probe-<node>`, `_edge-models-<node>`); a
+/// client's CONNECT with one is refused, so no persistent session can squat them.
+pub const INTERNAL_CLIENT_ID_PREFIX: &str = "_edge-";
 
 impl Default for Limits {
     fn default() -> Self {
@@ -147,6 +163,9 @@ impl Default for Limits {
             max_client_id_length: 256,
             max_control_queue: 4096,
             internal_topics: Vec::new(),
+            reserved_topics: vec![RESERVED_TOPICS.to_owned()],
+            max_stored_sessions_per_identity: 256,
+            max_subscribe_filters: 100,
         }
     }
 }

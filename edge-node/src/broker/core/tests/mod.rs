@@ -259,6 +259,7 @@ mod connect;
 pub(crate) mod durable;
 mod flow;
 mod model;
+mod namespace;
 mod publish;
 mod routing;
 mod subscribe;

@@ -291,3 +291,52 @@ fn the_retained_bound_refuses_new_topics() {
     assert_eq!(payloads(&h.recv(s)), ["one", "three"]);
     assert_eq!(h.b.retained_count(), 1);
 }
+
+/// One SUBSCRIBE with 20,000 copies of `t/#` over 1,000 retained messages took the node past
+/// 4 GiB (every copy scanned the store and collected every match): the copies are one
+/// subscription now, each answered with its QoS ([MQTT-3.8.4-5]), and the retained messages
+/// are queued once.
+#[test]
+fn repeated_filters_in_one_subscribe_are_one_subscription() {
+    let mut h = Harness::new();
+    let p = h.connect("p", Version::V5);
+    for i in 0..1000 {
+        let mut retained = publish(&format!("t/{i}"), QoS::AtMostOnce, 0, "r");
+        if let Inbound::Publish(p) = &mut retained {
+            p.retain = true;
+        }
+        h.send(p, retained);
+    }
+    let c = h.connect("c", Version::V5);
+    let mut filters = vec![sub_req("t/#", QoS::AtMostOnce); 20_000];
+    filters.push(sub_req("t/#", QoS::AtLeastOnce));
+    h.send(c, Inbound::Subscribe { pkid: 1, filters, id: None });
+    let out = h.recv(c);
+    let Outbound::SubAck { codes, .. } = &out[0] else { panic!("a SUBACK first: {:?}", out[0]) };
+    assert_eq!(codes.len(), 20_001);
+    assert!(codes[..20_000].iter().all(|&c| c == 0));
+    assert_eq!(codes[20_000], 1);
+    let mut delivered = payloads(&out).len();
+    for _ in 0..20 {
+        delivered += payloads(&h.recv(c)).len();
+    }
+    assert_eq!(delivered, 1000, "each retained message once");
+    assert_eq!(h.b.router.len(), 1);
+}
+
+/// Past `max_subscribe_filters` distinct filters in one SUBSCRIBE the rest get 0x97 (MQTT
+/// 3.1.1: 0x80) and are not subscribed; a repeat of an admitted filter is still answered.
+#[test]
+fn distinct_filters_per_subscribe_are_bounded() {
+    let mut h = Harness::limits(|l| l.max_subscribe_filters = 2);
+    let filters = ["a", "b", "c", "a"].map(|f| sub_req(f, QoS::AtMostOnce)).to_vec();
+    let c = h.connect("c", Version::V5);
+    h.send(c, Inbound::Subscribe { pkid: 1, filters: filters.clone(), id: None });
+    assert_eq!(h.recv(c), [Outbound::SubAck { pkid: 1, codes: vec![0, 0, 0x97, 0] }]);
+    let v4 = h.connect("v4", Version::V311);
+    h.send(v4, Inbound::Subscribe { pkid: 1, filters, id: None });
+    assert_eq!(h.recv(v4), [Outbound::SubAck { pkid: 1, codes: vec![0, 0, 0x80, 0] }]);
+    let p = h.connect("p", Version::V5);
+    h.send(p, publish("c", QoS::AtMostOnce, 0, "not for them"));
+    assert!(payloads(&h.recv(c)).is_empty());
+}

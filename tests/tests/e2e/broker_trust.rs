@@ -1,0 +1,162 @@
+//! Trust boundaries on the edge (issue 29), black-box on a real `edge-node` process: what an
+//! anonymous client may do to the node's own namespace, and what one packet or one pending
+//! connection may cost. The floods sample the process's RSS, so these run in nextest's
+//! `serial` group.
+
+use std::time::Duration;
+
+use e2e_tests::client::Client;
+use e2e_tests::node::{EdgeProcess, config_text};
+use e2e_tests::raw::{RawClient, connect_v5, connect_v5_will, publish_v5, string, subscribe_v5, varint};
+use rumqttc::QoS;
+
+const WAIT: Duration = Duration::from_secs(20);
+const MIB: u64 = 1 << 20;
+
+async fn an_ordinary_client_gets_through(edge: &EdgeProcess) {
+    let mut c = Client::anonymous(edge.addr("local"), "ordinary").await;
+    c.subscribe("ordinary/x", QoS::AtLeastOnce).await;
+    c.publish("ordinary/x", QoS::AtLeastOnce, false, "hi").await;
+    assert!(c.recv(WAIT).await.is_some(), "an ordinary client's message did not come back");
+}
+
+async fn healthy(edge: &EdgeProcess) -> bool {
+    e2e_tests::eventually(Duration::from_secs(10), || {
+        e2e_tests::http_get(edge.http.unwrap(), "/healthz").lines().next() == Some("ok")
+    })
+    .await
+}
+
+/// A CONNACK's reason code (MQTT 5).
+async fn connack(c: &mut RawClient) -> u8 {
+    c.until(2, WAIT).await.expect("CONNACK")[3]
+}
+
+/// The probe's client id was predictable: a persistent session squatting it came back at every
+/// start and `/healthz` answered 503 from then on. The node's client ids are refused to
+/// clients (0x85, counted), and the node stays healthy across a restart.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_nodes_client_ids_cannot_be_squatted() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = config_text("");
+    let edge = EdgeProcess::start(dir.path(), &config);
+    assert!(healthy(&edge).await);
+    for id in ["_edge-probe-test-edge", "_edge-models-test-edge", "_edge-anything"] {
+        let mut c = RawClient::connect(edge.addr("local")).await.unwrap();
+        // Session Expiry Interval: 7 days.
+        c.send(&connect_v5(id, false, &[0x11, 0, 0x09, 0x3A, 0x80])).await.unwrap();
+        assert_eq!(connack(&mut c).await, 0x85, "{id}");
+    }
+    assert_eq!(edge.metric("edge_mqtt_connects_refused_total{listener=\"local\",reason=\"client_id_reserved\"}"), 3.0);
+    drop(edge);
+    let edge = EdgeProcess::start(dir.path(), &config);
+    assert!(healthy(&edge).await, "{}", edge.stderr());
+    // Still healthy some probe intervals later, with nothing stealing its messages.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert!(healthy(&edge).await);
+}
+
+/// `_edge/` is the node's: no client publishes there, whatever the ACL (here: anonymous, no
+/// rules) allows; 0x87, counted as `reserved_topic`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn no_client_publishes_into_the_nodes_namespace() {
+    let dir = tempfile::tempdir().unwrap();
+    let edge = EdgeProcess::start(dir.path(), &config_text(""));
+    let mut c = RawClient::connect(edge.addr("local")).await.unwrap();
+    c.send(&connect_v5("forger", true, &[])).await.unwrap();
+    assert_eq!(connack(&mut c).await, 0);
+    c.send(&publish_v5(b"_edge/probe", 1, 7, false, &[], b"forged")).await.unwrap();
+    let puback = c.until(4, WAIT).await.expect("PUBACK");
+    assert_eq!((&puback[2..4], puback[4]), (&7u16.to_be_bytes()[..], 0x87));
+    assert_eq!(edge.metric("edge_mqtt_publish_refused_total{reason=\"reserved_topic\"}"), 1.0);
+    // A will there is refused at CONNECT.
+    let mut w = RawClient::connect(edge.addr("local")).await.unwrap();
+    w.send(&connect_v5_will("will-forger", true, &[], &[], "_edge/probe", b"forged")).await.unwrap();
+    assert_eq!(connack(&mut w).await, 0x87);
+}
+
+/// One SUBSCRIBE of 170,000 copies of `t/#` over 1,000 retained messages took the node past
+/// 4 GiB in 7 s while other clients stalled: the copies are one subscription, each answered,
+/// and the retained messages go once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_subscribe_with_a_filter_170000_times_is_one_subscription() {
+    let dir = tempfile::tempdir().unwrap();
+    let edge = EdgeProcess::start(dir.path(), &config_text(""));
+    let mut p = RawClient::connect(edge.addr("local")).await.unwrap();
+    p.send(&connect_v5("retainer", true, &[])).await.unwrap();
+    assert_eq!(connack(&mut p).await, 0);
+    let mut stream = Vec::new();
+    for i in 0..1000u16 {
+        stream.extend(publish_v5(format!("t/{i}").as_bytes(), 1, i + 1, true, &[], &[b'r'; 100]));
+    }
+    p.send(&stream).await.unwrap();
+    for _ in 0..1000 {
+        p.until(4, WAIT).await.expect("PUBACK");
+    }
+    let before = edge.rss();
+
+    let mut s = RawClient::connect(edge.addr("local")).await.unwrap();
+    s.send(&connect_v5("copies", true, &[])).await.unwrap();
+    assert_eq!(connack(&mut s).await, 0);
+    let copies = 170_000;
+    let filters = vec!["t/#".to_owned(); copies];
+    // QoS 0: the retained messages come without waiting for acknowledgements.
+    s.send(&subscribe_v5(1, &filters, 0)).await.unwrap();
+    let suback = s.until(9, WAIT).await.expect("SUBACK");
+    // Fixed header (1 + 3-byte length), packet id, empty properties, then a code per filter.
+    let codes = &suback[suback.len() - copies..];
+    assert!(codes.iter().all(|&c| c == 0), "every copy granted QoS 0");
+    let mut retained = 0;
+    while retained < 1000 {
+        let Some(packet) = s.packet(WAIT).await else { break };
+        if packet[0] >> 4 == 3 {
+            retained += 1;
+        }
+    }
+    assert_eq!(retained, 1000);
+    assert!(s.packet(Duration::from_millis(500)).await.is_none(), "each retained message once");
+    let grown = edge.rss().saturating_sub(before);
+    assert!(grown < 64 * MIB, "RSS grew {} MiB", grown / MIB);
+    an_ordinary_client_gets_through(&edge).await;
+}
+
+/// Before authentication a CONNECT may be `max_connect_size` (32 KiB), not `max_packet_size`:
+/// 1,000 pending connections declaring 1 MiB CONNECTs held a gigabyte for `connect_timeout`
+/// and kept real clients out. Each is closed at its header now, counted; a CONNECT within the
+/// bound (a 20 KiB will) is served.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_connect_is_bounded_before_the_login() {
+    let dir = tempfile::tempdir().unwrap();
+    let edge = EdgeProcess::start(dir.path(), &config_text(""));
+    let before = edge.rss();
+    let mut pending = Vec::new();
+    for _ in 0..1000 {
+        let mut c = RawClient::connect(edge.addr("local")).await.unwrap();
+        // A CONNECT header declaring 1 MiB - 1, and its first 16 KiB.
+        let mut head = vec![0x10];
+        head.extend(varint((1 << 20) - 1));
+        head.extend(string(b"MQTT"));
+        head.extend([5, 0b10, 0, 0, 0]);
+        head.resize(16 * 1024, b'x');
+        let _ = c.send(&head).await;
+        pending.push(c);
+    }
+    for c in &mut pending {
+        assert!(c.packet(WAIT).await.is_none(), "closed at its header");
+    }
+    assert_eq!(
+        edge.metric("edge_mqtt_connects_refused_total{listener=\"local\",reason=\"connect_too_large\"}"),
+        1000.0
+    );
+    let grown = edge.rss().saturating_sub(before);
+    assert!(grown < 64 * MIB, "RSS grew {} MiB", grown / MIB);
+
+    let mut w = RawClient::connect(edge.addr("local")).await.unwrap();
+    w.send(&connect_v5_will("big-will", true, &[], &[], "wills/big", &vec![b'w'; 20 * 1024])).await.unwrap();
+    assert_eq!(connack(&mut w).await, 0);
+    an_ordinary_client_gets_through(&edge).await;
+    // The bound is only the CONNECT's: after the login a packet may be `max_packet_size`.
+    w.send(&publish_v5(b"big/after", 0, 0, false, &[], &vec![b'p'; 512 * 1024])).await.unwrap();
+    w.send(&[0xC0, 0]).await.unwrap();
+    assert!(w.until(13, WAIT).await.is_some(), "PINGRESP after a 512 KiB PUBLISH");
+}
