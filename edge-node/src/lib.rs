@@ -165,6 +165,7 @@ impl Node {
                 name: l.name.clone(),
                 anonymous: l.anonymous,
                 websocket: l.websocket,
+                origins: front::ws::Origins::new(l.allowed_origins.clone()),
                 tls,
             }));
             sockets.push(socket);
@@ -244,6 +245,11 @@ impl Node {
         }
         let (sessions, queued, retained) = (state.sessions.len(), state.deliveries.len(), state.retained.len());
         core.restore(state, std::time::Instant::now());
+        // The stored sessions come back under today's ACL, not the one they were queued under.
+        core.reload_rules(
+            &|owner, client_id| front::rules_of_owner(&auth, owner, client_id),
+            std::time::Instant::now(),
+        );
         tracing::info!(
             path = %store_path.display(),
             sessions,
@@ -406,7 +412,7 @@ impl Node {
 
     /// Re-reads the password file, the ACL and every listener's certificates. All or nothing:
     /// on any error the running state is kept and the error returned. Connected clients stay;
-    /// their ACL rules are re-resolved at their next PUBLISH or SUBSCRIBE.
+    /// every session, connected or not, gets its new rules at once (`broker::core::revoke`).
     pub fn reload(&self) -> Result<(), ReloadError> {
         let auth = AuthState::load(&self.config.auth)?;
         let mut acceptors = Vec::new();
@@ -419,6 +425,12 @@ impl Node {
         }
         self.ctx.auth.store(Arc::new(auth));
         self.ctx.auth_generation.fetch_add(1, Ordering::AcqRel);
+        // Every session at once, connected or not: a subscriber that sends nothing (keep-alive
+        // 0) and an offline session both lose what the new rules no longer allow now.
+        let auth = self.ctx.auth.load();
+        let rules_of = |owner: &str, client_id: &str| front::rules_of_owner(&auth, owner, client_id);
+        let (_, routed) = self.ctx.broker.with(|b| b.reload_rules(&rules_of, std::time::Instant::now()));
+        drop(routed);
         for (slot, acceptor) in acceptors {
             slot.store(Arc::new(acceptor));
         }

@@ -64,6 +64,10 @@ impl Rules {
         Self { publish: all(), subscribe: all() }
     }
 
+    pub fn deny_all() -> Self {
+        Self { publish: Vec::new(), subscribe: Vec::new() }
+    }
+
     pub fn may_publish(&self, topic: &str) -> bool {
         self.publish.iter().any(|f| f.matches(topic))
     }

@@ -79,7 +79,7 @@ impl BrokerMetrics {
         );
         r.register(
             "session_store_pending_ops",
-            "Ops waiting for the session store's thread after its last commit (past 65,536 client readers wait)",
+            "Ops waiting for the session store's thread after its last commit (past 65,536, or 16 MiB of session records, client readers wait)",
             m.store_pending.clone(),
         );
         r.register(

@@ -13,7 +13,8 @@
 //! the common case for a subscriber that keeps up, which acknowledges within the interval)
 //! costs no write at all. The thread runs below the local path's priority, as the spool's
 //! writer does (`spool::sched`). Ops waiting for the
-//! thread are bounded: past [`MAX_PENDING_OPS`] the connections' readers wait
+//! thread are bounded: past [`MAX_PENDING_OPS`] (or [`MAX_PENDING_BYTES`] of session records)
+//! the connections' readers wait
 //! ([`SessionStore::room`]), as they do for a full spool, so a disk slower than the clients (a
 //! flood of retained QoS 0 messages, whose publishers wait for nothing) holds the clients back
 //! instead of filling memory.
@@ -117,6 +118,22 @@ pub const COMMIT_INTERVAL: Duration = Duration::from_millis(5);
 /// Ops sent and not yet committed past which client readers wait for the store.
 pub const MAX_PENDING_OPS: usize = 65_536;
 
+/// Bytes of session records sent and not yet committed past which client readers wait for the
+/// store: a record carries every subscription of its session (up to `max_subscriptions` x
+/// `max_topic_length`), so a SUBSCRIBE/UNSUBSCRIBE loop queued gigabytes within the op bound.
+pub const MAX_PENDING_BYTES: usize = 16 << 20;
+
+/// What an op holds that is its own (a session record's strings); messages are shared with
+/// the core and weigh nothing here.
+fn op_bytes(op: &StoreOp) -> usize {
+    match op {
+        StoreOp::Session(r) => {
+            64 + r.client_id.len() + r.owner.len() + r.subscriptions.iter().map(|(f, _)| f.len() + 32).sum::<usize>()
+        }
+        _ => 0,
+    }
+}
+
 /// Most ops in one transaction: a commit a burst made large still ends soon.
 const MAX_BATCH: usize = 16_384;
 
@@ -141,6 +158,7 @@ pub struct SessionStore {
 #[derive(Default)]
 struct Backlog {
     ops: std::sync::atomic::AtomicUsize,
+    bytes: std::sync::atomic::AtomicUsize,
     drained: tokio::sync::Notify,
 }
 
@@ -201,15 +219,21 @@ impl SessionStore {
     /// duplicate of a message that is gone), nor those without the id (it would come twice).
     pub fn send(&self, ops: Vec<(u64, StoreOp)>) {
         self.backlog.ops.fetch_add(ops.len(), std::sync::atomic::Ordering::Relaxed);
+        let bytes = ops.iter().map(|(_, op)| op_bytes(op)).sum();
+        self.backlog.bytes.fetch_add(bytes, std::sync::atomic::Ordering::Relaxed);
         // The thread ends only with the process.
         let _ = self.tx.send(Msg::Ops(ops, Instant::now()));
     }
 
-    /// Waits while more than [`MAX_PENDING_OPS`] ops wait for the store's thread.
+    /// Waits while more than [`MAX_PENDING_OPS`] ops, or [`MAX_PENDING_BYTES`] of session
+    /// records, wait for the store's thread.
     pub async fn room(&self) {
+        use std::sync::atomic::Ordering::Relaxed;
         loop {
             let drained = self.backlog.drained.notified();
-            if self.backlog.ops.load(std::sync::atomic::Ordering::Relaxed) <= MAX_PENDING_OPS {
+            if self.backlog.ops.load(Relaxed) <= MAX_PENDING_OPS
+                && self.backlog.bytes.load(Relaxed) <= MAX_PENDING_BYTES
+            {
                 return;
             }
             drained.await;
@@ -439,6 +463,8 @@ impl Writer {
                         let last = batch.last().map_or(0, |(id, _)| *id);
                         let left =
                             backlog.ops.fetch_sub(batch.len(), std::sync::atomic::Ordering::Relaxed) - batch.len();
+                        let bytes = batch.iter().map(|(_, op)| op_bytes(op)).sum();
+                        backlog.bytes.fetch_sub(bytes, std::sync::atomic::Ordering::Relaxed);
                         backlog.drained.notify_waiters();
                         batch.clear();
                         metrics.store_pending.set(left as i64);

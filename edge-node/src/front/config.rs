@@ -25,6 +25,14 @@ pub struct ListenerConfig {
     /// `[listener.tls]` it is `wss`. Same authentication, ACL and limits. Default: false.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub websocket: bool,
+    /// On a `websocket` listener, the browser origins (the handshake's `Origin`) served: exact
+    /// `scheme://host[:port]` values, or `"*"` for any. Default: pages of this host only
+    /// (`http` or `https` on `localhost`, `127.0.0.1` or `[::1]`, any port), so a page from
+    /// elsewhere opened in a browser on the gateway (a kiosk, a dashboard) cannot use the
+    /// listener's rights; it gets 403. Clients that are not browsers send no `Origin` and are
+    /// served as before.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub allowed_origins: Option<Vec<String>>,
 }
 
 /// The listeners when the file names none: one anonymous listener on `127.0.0.1:1883`.
@@ -35,6 +43,7 @@ pub fn default_listeners() -> Vec<ListenerConfig> {
         anonymous: true,
         tls: None,
         websocket: false,
+        allowed_origins: None,
     }]
 }
 
@@ -71,6 +80,23 @@ pub fn check_listeners(listeners: &[ListenerConfig], passwords: bool, p: &mut Pr
         }
         if let Some(tls) = &l.tls {
             tls.check(&format!("{key}.tls"), p);
+        }
+        match (&l.allowed_origins, l.websocket) {
+            (Some(_), false) => p.bad(format!("{key}.allowed_origins"), "only a websocket listener has origins"),
+            (Some(origins), true) => {
+                for o in origins.iter().filter(|o| *o != "*") {
+                    let ok = o.split_once("://").is_some_and(|(scheme, rest)| {
+                        matches!(scheme, "http" | "https") && !rest.is_empty() && !rest.contains('/')
+                    });
+                    if !ok {
+                        p.bad(
+                            format!("{key}.allowed_origins"),
+                            format!("{o:?} is not an origin: scheme://host[:port], or \"*\""),
+                        );
+                    }
+                }
+            }
+            (None, _) => {}
         }
     }
 }

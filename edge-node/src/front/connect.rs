@@ -62,3 +62,15 @@ pub(super) fn core_identity(identity: &Identity, rules: Arc<Rules>) -> core::Ide
         }
     }
 }
+
+/// The rules a session's owner ([`core_identity`]'s `owner`) has under `auth`: what a reload
+/// gives every session, connected or not. An owner this build does not know gets no rights.
+pub fn rules_of_owner(auth: &crate::auth::AuthState, owner: &str, client_id: &str) -> Arc<Rules> {
+    let identity = match owner.split_once(':') {
+        None if owner == "anonymous" => Identity::Anonymous,
+        Some(("user", name)) => Identity::User(name.to_owned()),
+        Some(("cert", name)) => Identity::Certificate(name.to_owned()),
+        _ => return Arc::new(Rules::deny_all()),
+    };
+    auth.rules_for(&identity, client_id)
+}

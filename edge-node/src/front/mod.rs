@@ -13,7 +13,7 @@ mod conn;
 mod connect;
 mod direct;
 mod metrics;
-mod ws;
+pub mod ws;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -33,6 +33,7 @@ use crate::broker::driver::BrokerHandle;
 use crate::labels::RefusedLabels;
 
 pub use config::{ListenerConfig, check_listeners, default_listeners};
+pub use connect::rules_of_owner;
 pub use metrics::FrontMetrics;
 
 /// Everything connections share.
@@ -65,6 +66,8 @@ pub struct Listener {
     pub anonymous: bool,
     /// MQTT over WebSocket.
     pub websocket: bool,
+    /// Browser origins served over WebSocket (`ListenerConfig::allowed_origins`).
+    pub origins: ws::Origins,
     /// Present for TLS listeners; swapped on reload.
     pub tls: Option<ArcSwap<TlsAcceptor>>,
 }
@@ -176,13 +179,14 @@ async fn serve<S>(
     }
     // A WebSocket message holds at most one largest packet and some of the next.
     let max_message = ctx.max_packet_size + 64 * 1024;
-    match tokio::time::timeout(ctx.connect_timeout, ws::accept(stream, max_message)).await {
+    match tokio::time::timeout(ctx.connect_timeout, ws::accept(stream, max_message, &listener.origins)).await {
         Ok(Ok(ws)) => conn::serve(ws, entry, ctx).await,
         Ok(Err(e)) => {
-            tracing::info!(listener = %listener.name, %peer, error = %e, "WebSocket handshake failed");
+            let reason = if ws::is_origin_refusal(&e) { "origin" } else { "websocket" };
+            tracing::info!(listener = %listener.name, %peer, error = %e, reason, "WebSocket handshake refused");
             ctx.metrics
                 .connects_refused
-                .get_or_create(&RefusedLabels { listener: listener.name.clone(), reason: "websocket" })
+                .get_or_create(&RefusedLabels { listener: listener.name.clone(), reason })
                 .inc();
         }
         Err(_) => {

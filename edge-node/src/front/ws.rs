@@ -18,15 +18,76 @@ use tokio_tungstenite::tungstenite::{Error as WsError, Message};
 /// [MQTT-6.0.0-3]: clients offer `mqtt`; [MQTT-6.0.0-4]: the server selects it.
 const SUBPROTOCOL: &str = "mqtt";
 
-/// Completes the WebSocket handshake on `stream`. A client that does not offer the `mqtt`
-/// subprotocol is refused with 400. No message or frame may be larger than `max_message`
-/// bytes; [MQTT-6.0.0-2]: packets need not align with messages.
-pub(super) async fn accept<S>(stream: S, max_message: usize) -> Result<WsStream<S>, WsError>
+/// The browser origins a WebSocket listener serves (`listener.allowed_origins`). A browser
+/// sends the page's origin with every WebSocket handshake and lets any page open one to any
+/// address, so without this a page from anywhere, opened in a browser on the gateway, has
+/// the listener's rights (on an anonymous listener, everything `[anonymous]` may do).
+#[derive(Debug, Clone)]
+pub enum Origins {
+    /// Pages of this host: `http` or `https` on `localhost`, `127.0.0.1` or `[::1]`, any port.
+    ThisHost,
+    Any,
+    /// Exactly these, compared without case.
+    Listed(Vec<String>),
+}
+
+impl Origins {
+    pub fn new(configured: Option<Vec<String>>) -> Self {
+        match configured {
+            None => Origins::ThisHost,
+            Some(list) if list.iter().any(|o| o == "*") => Origins::Any,
+            Some(list) => Origins::Listed(list),
+        }
+    }
+
+    /// Whether a handshake with this `Origin` (none: not a browser) is served.
+    pub fn allow(&self, origin: Option<&str>) -> bool {
+        let Some(origin) = origin else { return true };
+        match self {
+            Origins::Any => true,
+            Origins::Listed(list) => list.iter().any(|o| o.eq_ignore_ascii_case(origin)),
+            Origins::ThisHost => {
+                let Some((scheme, rest)) = origin.split_once("://") else { return false };
+                // The host, without a port: `[::1]` keeps its brackets.
+                let host = match rest.strip_prefix('[') {
+                    Some(v6) => v6.split_once(']').map(|(h, _)| h),
+                    None => rest.split(':').next(),
+                };
+                matches!(scheme.to_ascii_lowercase().as_str(), "http" | "https")
+                    && host.is_some_and(|h| h.eq_ignore_ascii_case("localhost") || h == "127.0.0.1" || h == "::1")
+            }
+        }
+    }
+}
+
+/// Whether the handshake failed on its `Origin` (for the refusal's counter).
+pub(super) fn is_origin_refusal(e: &WsError) -> bool {
+    matches!(e, WsError::Http(r) if r.status() == StatusCode::FORBIDDEN)
+}
+
+/// Completes the WebSocket handshake on `stream`. A browser page of an origin `origins` does
+/// not list is refused with 403, a client that does not offer the `mqtt` subprotocol with 400.
+/// No message or frame may be larger than `max_message` bytes; [MQTT-6.0.0-2]: packets need
+/// not align with messages.
+pub(super) async fn accept<S>(stream: S, max_message: usize, origins: &Origins) -> Result<WsStream<S>, WsError>
 where
     S: AsyncRead + AsyncWrite + Unpin,
 {
     let config = WebSocketConfig::default().max_message_size(Some(max_message)).max_frame_size(Some(max_message));
-    let ws = tokio_tungstenite::accept_hdr_async_with_config(stream, choose_subprotocol, Some(config)).await?;
+    #[allow(clippy::result_large_err, reason = "the signature is tungstenite's handshake Callback")]
+    let check = |request: &Request, response: Response| -> Result<Response, ErrorResponse> {
+        let origin = request.headers().get("origin").map(|v| v.to_str().unwrap_or("(not text)"));
+        if !origins.allow(origin) {
+            let mut refusal = ErrorResponse::new(Some(format!(
+                "pages of origin {} may not use this listener (listener.allowed_origins)\n",
+                origin.unwrap_or_default()
+            )));
+            *refusal.status_mut() = StatusCode::FORBIDDEN;
+            return Err(refusal);
+        }
+        choose_subprotocol(request, response)
+    };
+    let ws = tokio_tungstenite::accept_hdr_async_with_config(stream, check, Some(config)).await?;
     Ok(WsStream { ws, read: Bytes::new(), write: BytesMut::new() })
 }
 
@@ -111,5 +172,35 @@ impl<S: AsyncRead + AsyncWrite + Unpin> AsyncWrite for WsStream<S> {
     fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
         ready!(self.as_mut().poll_flush(cx))?;
         Pin::new(&mut self.ws).poll_close(cx).map_err(io_error)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Origins;
+
+    /// By default a page of this host is served and a page from elsewhere is not; a client
+    /// with no `Origin` (not a browser) always is; a list is exact, `*` is anything.
+    #[test]
+    fn origins_default_to_this_host() {
+        let default = Origins::new(None);
+        for ok in [None, Some("http://localhost:8080"), Some("https://127.0.0.1"), Some("http://[::1]:3000")] {
+            assert!(default.allow(ok), "{ok:?}");
+        }
+        for refused in [
+            "https://evil.example",
+            "http://localhost.evil.example",
+            "http://127.0.0.1.evil.example",
+            "file://",
+            "null",
+            "http://192.168.1.10:8080",
+        ] {
+            assert!(!default.allow(Some(refused)), "{refused}");
+        }
+        let listed = Origins::new(Some(vec!["http://hmi.plant:8080".into()]));
+        assert!(listed.allow(Some("HTTP://hmi.plant:8080")));
+        assert!(!listed.allow(Some("http://hmi.plant:8081")));
+        assert!(!listed.allow(Some("http://localhost")));
+        assert!(Origins::new(Some(vec!["*".into()])).allow(Some("https://anything.example")));
     }
 }

@@ -160,3 +160,147 @@ async fn a_connect_is_bounded_before_the_login() {
     w.send(&[0xC0, 0]).await.unwrap();
     assert!(w.until(13, WAIT).await.is_some(), "PINGRESP after a 512 KiB PUBLISH");
 }
+
+/// An MQTT 5 UNSUBSCRIBE of `filters`.
+fn unsubscribe_v5(pkid: u16, filters: &[&str]) -> Vec<u8> {
+    let mut body = pkid.to_be_bytes().to_vec();
+    body.push(0);
+    for f in filters {
+        body.extend(string(f.as_bytes()));
+    }
+    e2e_tests::raw::frame(0xA2, &body)
+}
+
+/// A persistent session with 100 long filters looping UNSUBSCRIBEs took the node from 12 MB to
+/// 3.8 GB in 5 s: each queued its whole session record for the store. An UNSUBSCRIBE that
+/// changes nothing writes nothing now, and a loop of real changes waits for the store beyond
+/// 16 MiB of records instead of queueing them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_subscribe_unsubscribe_loop_is_bounded_by_the_store() {
+    let dir = tempfile::tempdir().unwrap();
+    let edge = EdgeProcess::start(dir.path(), &config_text(""));
+    let mut c = RawClient::connect(edge.addr("local")).await.unwrap();
+    // Session Expiry Interval: 1 day.
+    c.send(&connect_v5("looper", false, &[0x11, 0, 0x01, 0x51, 0x80])).await.unwrap();
+    assert_eq!(connack(&mut c).await, 0);
+    let long: Vec<String> = (0..100).map(|i| format!("{i}/{}", "x".repeat(1000))).collect();
+    c.send(&subscribe_v5(1, &long, 1)).await.unwrap();
+    c.until(9, WAIT).await.expect("SUBACK");
+    let before = edge.rss();
+    let mut peak = before;
+    for (round, phase) in ["unknown", "real"].iter().cycle().take(40).enumerate() {
+        let mut stream = Vec::new();
+        for i in 0..500u16 {
+            let pkid = 2 + i;
+            if *phase == "unknown" {
+                stream.extend(unsubscribe_v5(pkid, &["never/subscribed"]));
+            } else if i % 2 == 0 {
+                stream.extend(subscribe_v5(pkid, &["flip".to_owned()], 0));
+            } else {
+                stream.extend(unsubscribe_v5(pkid, &["flip"]));
+            }
+        }
+        c.send(&stream).await.unwrap();
+        for _ in 0..500 {
+            assert!(c.packet(WAIT).await.is_some(), "round {round}: an answer per packet");
+        }
+        peak = peak.max(edge.rss());
+    }
+    let grown = peak.saturating_sub(before);
+    assert!(grown < 64 * MIB, "RSS grew {} MiB", grown / MIB);
+    an_ordinary_client_gets_through(&edge).await;
+}
+
+/// The status line of a WebSocket handshake on `addr` with `origin` (none: not a browser).
+async fn ws_handshake(addr: std::net::SocketAddr, origin: Option<&str>) -> String {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let origin = origin.map(|o| format!("Origin: {o}\r\n")).unwrap_or_default();
+    let request = format!(
+        "GET /mqtt HTTP/1.1\r\nHost: {addr}\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n\
+         Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\
+         Sec-WebSocket-Protocol: mqtt\r\n{origin}\r\n"
+    );
+    s.write_all(request.as_bytes()).await.unwrap();
+    let mut buf = vec![0u8; 1024];
+    let n = tokio::time::timeout(WAIT, s.read(&mut buf)).await.unwrap().unwrap();
+    String::from_utf8_lossy(&buf[..n]).lines().next().unwrap_or_default().to_owned()
+}
+
+/// Any web page could use a WebSocket listener: `Origin: https://evil.example` got 101 and
+/// then CONNACK 0 with `[anonymous]`'s rights. By default only pages of this host are served
+/// (403 otherwise, counted as `origin`); clients that send no Origin are not browsers and are
+/// served; `allowed_origins` lists others.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_web_page_from_elsewhere_cannot_use_a_websocket_listener() {
+    let dir = tempfile::tempdir().unwrap();
+    let listeners = "[[listener]]\nname = \"ws\"\nbind = \"127.0.0.1:0\"\nanonymous = true\nwebsocket = true\n\
+                     [[listener]]\nname = \"hmi\"\nbind = \"127.0.0.1:0\"\nanonymous = true\nwebsocket = true\n\
+                     allowed_origins = [\"http://hmi.plant:8080\"]\n";
+    let edge = EdgeProcess::start(dir.path(), &config_text(listeners));
+    let ws = edge.addr("ws");
+    assert!(ws_handshake(ws, Some("https://evil.example")).await.contains(" 403"));
+    assert!(ws_handshake(ws, Some("http://localhost.evil.example")).await.contains(" 403"));
+    assert!(ws_handshake(ws, Some("http://localhost:3000")).await.contains(" 101"));
+    assert!(ws_handshake(ws, None).await.contains(" 101"));
+    let hmi = edge.addr("hmi");
+    assert!(ws_handshake(hmi, Some("http://hmi.plant:8080")).await.contains(" 101"));
+    assert!(ws_handshake(hmi, Some("http://localhost:3000")).await.contains(" 403"));
+    assert_eq!(edge.metric("edge_mqtt_connects_refused_total{listener=\"ws\",reason=\"origin\"}"), 2.0);
+    assert_eq!(edge.metric("edge_mqtt_connects_refused_total{listener=\"hmi\",reason=\"origin\"}"), 1.0);
+}
+
+/// A SIGHUP that removed a grant reached a connection only when it next sent bytes (a
+/// keep-alive-0 subscriber kept receiving 10 of 10), and an offline session got its revoked
+/// queue on resume (10 of 10). Now the reload reaches both at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_acl_reload_reaches_idle_subscribers_and_offline_sessions_at_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let acl = dir.path().join("acl.toml");
+    std::fs::write(&acl, "[anonymous]\npublish = [\"#\"]\nsubscribe = [\"a/#\", \"b/#\"]\n").unwrap();
+    let edge = EdgeProcess::start(dir.path(), &config_text("[auth]\nacl_file = \"acl.toml\"\n"));
+    // Keep-alive 0 (connect_v5's), QoS 0, and it never sends a byte after its SUBSCRIBE.
+    let mut idle = RawClient::connect(edge.addr("local")).await.unwrap();
+    idle.send(&connect_v5("idle", true, &[])).await.unwrap();
+    assert_eq!(connack(&mut idle).await, 0);
+    idle.send(&subscribe_v5(1, &["a/#".to_owned(), "b/#".to_owned()], 0)).await.unwrap();
+    idle.until(9, WAIT).await.expect("SUBACK");
+    let mut away = RawClient::connect(edge.addr("local")).await.unwrap();
+    away.send(&connect_v5("away", false, &[0x11, 0, 0, 0x0E, 0x10])).await.unwrap();
+    assert_eq!(connack(&mut away).await, 0);
+    away.send(&subscribe_v5(1, &["a/#".to_owned(), "b/#".to_owned()], 1)).await.unwrap();
+    away.until(9, WAIT).await.expect("SUBACK");
+    drop(away);
+    let publisher = Client::anonymous(edge.addr("local"), "publisher").await;
+    for i in 0..10 {
+        publisher.publish(&format!("a/{i}"), QoS::AtLeastOnce, false, "before").await;
+    }
+    // The idle subscriber had those; the offline session queued them.
+    for _ in 0..10 {
+        assert!(idle.until(3, WAIT).await.is_some());
+    }
+    std::fs::write(&acl, "[anonymous]\npublish = [\"#\"]\nsubscribe = [\"b/#\"]\n").unwrap();
+    edge.signal("HUP");
+    assert!(e2e_tests::eventually(WAIT, || edge.stderr().contains("reloaded")).await, "no reload: {}", edge.stderr());
+    for i in 0..10 {
+        publisher.publish(&format!("a/{i}"), QoS::AtLeastOnce, false, "revoked").await;
+    }
+    publisher.publish("b/1", QoS::AtLeastOnce, false, "still allowed").await;
+    let p = idle.until(3, WAIT).await.expect("the allowed message");
+    assert!(String::from_utf8_lossy(&p).contains("b/1"), "the first after the reload is b/1");
+    let mut back = RawClient::connect(edge.addr("local")).await.unwrap();
+    back.send(&connect_v5("away", false, &[0x11, 0, 0, 0x0E, 0x10])).await.unwrap();
+    assert_eq!(connack(&mut back).await, 0);
+    let mut topics = Vec::new();
+    while let Some(p) = back.packet(Duration::from_millis(1500)).await {
+        if p[0] >> 4 == 3 {
+            let len = usize::from(u16::from_be_bytes([p[2], p[3]]));
+            topics.push(String::from_utf8_lossy(&p[4..4 + len]).into_owned());
+            // PUBACK, so the window moves on.
+            let pkid = [p[4 + len], p[5 + len]];
+            back.send(&[0x40, 2, pkid[0], pkid[1]]).await.unwrap();
+        }
+    }
+    assert_eq!(topics, ["b/1"], "nothing from a/ on resume");
+    assert_eq!(edge.metric("edge_mqtt_messages_dropped_total{reason=\"acl_revoked\"}"), 10.0);
+}

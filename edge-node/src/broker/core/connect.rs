@@ -148,6 +148,7 @@ impl Broker {
             acks: std::collections::VecDeque::new(),
             control: std::collections::VecDeque::new(),
             rules: identity.rules.clone(),
+            owner: identity.owner.clone(),
             will,
             expiry_was_zero: c.session_expiry == 0,
             closing: false,
@@ -180,6 +181,7 @@ impl Broker {
             self.resend_inflight(key, conn, now);
             if let Some(rules) = identity.rules {
                 self.prune_subscriptions(key, &rules, now);
+                self.drop_unreadable(key, &rules);
             }
         }
         self.persist(key);

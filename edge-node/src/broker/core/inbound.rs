@@ -311,7 +311,7 @@ impl Broker {
         }
         let mut answered: HashMap<&str, u8> = HashMap::new();
         let mut codes = Vec::with_capacity(filters.len());
-        let mut retained: Vec<Delivery> = Vec::new();
+        let mut out = Subscribed::default();
         for (i, f) in filters.iter().enumerate() {
             let Some(&at) = last.get(f.filter.as_str()) else {
                 self.metrics.subscribe_refused("max_subscribe_filters");
@@ -324,7 +324,7 @@ impl Broker {
             }
             let asked = f.qos as u8;
             let f = &filters[at];
-            let code = match self.subscribe_one(key, f, id, rules.as_deref(), now, &mut retained) {
+            let code = match self.subscribe_one(key, f, id, rules.as_deref(), now, &mut out) {
                 Ok(code) => code,
                 Err(SubscribeError::Protocol) => {
                     // [MQTT-3.8.3-4]: No Local on a shared subscription.
@@ -344,12 +344,14 @@ impl Broker {
         // [MQTT-3.8.4-1], [MQTT-3.9.3-1]: one SUBACK, a code per filter in order.
         self.control(conn, Outbound::SubAck { pkid, codes }, now);
         let cap = self.limits.max_retained_messages;
-        for d in retained {
+        for d in out.retained {
             let Some(s) = self.session_mut(key).filter(|s| s.retained_backlog.len() < cap) else { break };
             s.retained_backlog.push_back(d);
             self.store_pushed(key, true);
         }
-        self.persist(key);
+        if out.changed {
+            self.persist(key);
+        }
         self.metrics.subscriptions.set(self.router.len() as i64);
         self.wake(conn);
     }
@@ -361,7 +363,7 @@ impl Broker {
         id: Option<u32>,
         rules: Option<&Rules>,
         now: Instant,
-        retained: &mut Vec<Delivery>,
+        out: &mut Subscribed,
     ) -> Result<u8, SubscribeError> {
         let parsed =
             Filter::parse(&f.filter).ok_or(SubscribeError::Refused("invalid_filter", reason::TOPIC_FILTER_INVALID))?;
@@ -388,16 +390,18 @@ impl Broker {
             retain_handling: f.retain_handling,
             id,
         };
-        s.subs.insert(f.filter.clone(), opts);
+        if s.subs.insert(f.filter.clone(), opts) != Some(opts) {
+            out.changed = true;
+        }
         // [MQTT-3.8.4-3]: a subscription to the same filter replaces the one there was.
         let existed = self.router.subscribe(parsed, key, opts);
         // [MQTT-3.3.1-9], [MQTT-3.3.1-10], [MQTT-3.3.1-11]; none for a shared subscription
         // (§4.8.2).
         let send_retained = parsed.share.is_none() && (f.retain_handling == 0 || (f.retain_handling == 1 && !existed));
         // Only what the session's retained backlog can still take is looked up.
-        let room = self
-            .session(key)
-            .map_or(0, |s| self.limits.max_retained_messages.saturating_sub(s.retained_backlog.len() + retained.len()));
+        let room = self.session(key).map_or(0, |s| {
+            self.limits.max_retained_messages.saturating_sub(s.retained_backlog.len() + out.retained.len())
+        });
         if send_retained {
             for msg in self.retained.matching(parsed.filter, now, room) {
                 if !internal && self.limits.internal_topics.iter().any(|t| **t == *msg.topic) {
@@ -406,7 +410,7 @@ impl Broker {
                 // [MQTT-3.3.1-8] (MQTT 3.1.1 [MQTT-3.3.1-8]): sent because of a new
                 // subscription, with RETAIN set.
                 let qos = msg.qos.min(f.qos);
-                retained.push(Delivery::new(msg, qos, true, id.into_iter().collect()));
+                out.retained.push(Delivery::new(msg, qos, true, id.into_iter().collect()));
             }
         }
         Ok(f.qos as u8)
@@ -423,8 +427,13 @@ impl Broker {
             codes.push(if removed { reason::SUCCESS } else { reason::NO_SUBSCRIPTION_EXISTED });
         }
         // [MQTT-3.10.4-4], [MQTT-3.11.3-1]: an UNSUBACK, a code per filter.
+        let changed = codes.contains(&reason::SUCCESS);
         self.control(conn, Outbound::UnsubAck { pkid, codes }, now);
-        self.persist(key);
+        // An UNSUBSCRIBE of filters it does not hold writes nothing (a loop of them queued a
+        // whole session record each).
+        if changed {
+            self.persist(key);
+        }
         self.metrics.subscriptions.set(self.router.len() as i64);
     }
 
@@ -474,6 +483,15 @@ impl Broker {
             self.persist(key);
         }
     }
+}
+
+/// What a SUBSCRIBE's filters made, together.
+#[derive(Default)]
+struct Subscribed {
+    /// Retained messages to queue, at most what the session's backlog can take.
+    retained: Vec<Delivery>,
+    /// A subscription was added or changed: only then is the session record written.
+    changed: bool,
 }
 
 enum SubscribeError {

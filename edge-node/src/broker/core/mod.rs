@@ -28,6 +28,7 @@ mod deliver;
 pub mod durable;
 mod inbound;
 pub mod retained;
+mod revoke;
 pub mod router;
 pub mod session;
 
@@ -446,6 +447,7 @@ impl Broker {
         c.rules = Some(rules.clone());
         let key = c.session;
         self.prune_subscriptions(key, &rules, now);
+        self.drop_unreadable(key, &rules);
     }
 
     /// Sessions held, connected or not.

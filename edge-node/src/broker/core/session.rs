@@ -262,6 +262,9 @@ pub struct Conn {
     pub control: VecDeque<Outbound>,
     /// `None` for the node's own connections, which the ACL does not apply to.
     pub rules: Option<Arc<Rules>>,
+    /// The connected client's identity ([`super::Identity::owner`]): whose rules a reload
+    /// gives it.
+    pub owner: Arc<str>,
     pub will: Option<Will>,
     /// The CONNECT's Session Expiry Interval was 0 (§3.14.2.2.2: a DISCONNECT may not raise it).
     pub expiry_was_zero: bool,

@@ -324,3 +324,36 @@ fn a_damaged_store_is_moved_aside_and_a_locked_one_is_not() {
     holder.execute_batch("ROLLBACK").unwrap();
     assert!(Writer::open(&locked).is_ok());
 }
+
+/// A session record carries every subscription of its session: a SUBSCRIBE/UNSUBSCRIBE loop
+/// queued one per packet, gigabytes within the op bound while the disk lagged. Readers wait
+/// once [`MAX_PENDING_BYTES`] of records wait for the store, and go on when they are written.
+#[tokio::test]
+async fn session_records_waiting_for_the_store_hold_readers_back_by_their_bytes() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("sessions.db");
+    let (store, _) = SessionStore::open(&path, BrokerMetrics::new(&mut Default::default())).unwrap();
+    // The disk stalls: another connection holds the database.
+    let holder = Connection::open(&path).unwrap();
+    holder.execute_batch("BEGIN EXCLUSIVE").unwrap();
+    let opts =
+        SubOptions { qos: QoS::AtLeastOnce, no_local: false, retain_as_published: false, retain_handling: 0, id: None };
+    let record = |n: u64| SessionRecord {
+        sid: 1,
+        client_id: "looper".into(),
+        owner: "anonymous".into(),
+        expiry: 3600,
+        subscriptions: (0..100).map(|i| (format!("{i}/{}", "x".repeat(1000)), opts)).collect(),
+        disconnected_ms: Some(n),
+    };
+    // About 100 KiB each: 200 of them pass 16 MiB, far below the op bound.
+    for n in 0..200 {
+        store.send(vec![(n + 1, StoreOp::Session(record(n)))]);
+    }
+    assert!(
+        tokio::time::timeout(Duration::from_millis(300), store.room()).await.is_err(),
+        "readers go on while 20 MB of records wait"
+    );
+    holder.execute_batch("ROLLBACK").unwrap();
+    assert!(tokio::time::timeout(Duration::from_secs(15), store.room()).await.is_ok(), "written, the readers go on");
+}

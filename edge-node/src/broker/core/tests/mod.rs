@@ -261,6 +261,7 @@ mod flow;
 mod model;
 mod namespace;
 mod publish;
+mod revoke;
 mod routing;
 mod subscribe;
 mod wills;
