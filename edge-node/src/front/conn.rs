@@ -90,10 +90,13 @@ where
         Ok(c) => c,
         Err(e) => {
             tracing::info!(listener = entry.listener, peer = %entry.peer, error = %e, "CONNECT refused");
-            // [MQTT-3.1.2-2] (MQTT 3.1.1): an unsupported level is answered with return code 1,
-            // in the 3.1.1 form every client can read; anything else malformed is closed.
-            if let DecodeError::UnsupportedVersion(_) = e {
-                let _ = write_connack(&mut wr, Version::V311, e.reason()).await;
+            // [MQTT-3.1.2-2]: an unsupported level is answered before the close: a level below
+            // 4 (MQTT 3.1) with MQTT 3.1.1's return code 1 in the form those clients read, a
+            // later one than 5 with MQTT 5's 0x84 in MQTT 5's form. Anything else malformed is
+            // closed without an answer.
+            if let DecodeError::UnsupportedVersion(level) = e {
+                let form = if level > 5 { Version::V5 } else { Version::V311 };
+                let _ = write_connack(&mut wr, form, e.reason()).await;
             }
             return refused(e.label());
         }

@@ -32,6 +32,10 @@ pub(super) async fn authenticate(
 ) -> Result<Identity, Refusal> {
     match (cert_identity, &connect.username, &connect.password) {
         (Some(id), _, _) => Ok(id),
+        // Many industrial clients always send a user name: on an anonymous listener with no
+        // password file to check it against, the client is served anonymously, as Mosquitto
+        // serves it, instead of refused for credentials nobody could verify.
+        (None, Some(_), _) if anonymous_allowed && ctx.auth.load().passwords.is_none() => Ok(Identity::Anonymous),
         (None, Some(user), password) => verify_login(user, password.as_deref().unwrap_or_default(), ctx).await,
         // A password without a user name names nobody.
         (None, None, Some(_)) => Err(BAD_CREDENTIALS),

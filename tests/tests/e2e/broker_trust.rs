@@ -304,3 +304,42 @@ async fn an_acl_reload_reaches_idle_subscribers_and_offline_sessions_at_once() {
     assert_eq!(topics, ["b/1"], "nothing from a/ on resume");
     assert_eq!(edge.metric("edge_mqtt_messages_dropped_total{reason=\"acl_revoked\"}"), 10.0);
 }
+
+/// On an anonymous listener with no password file, a client that sends a user name (many
+/// industrial clients always do) was refused 0x86; Mosquitto serves it anonymously, and so does
+/// the node now, with `[anonymous]`'s rights. With a password file the name is checked.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_user_name_on_an_anonymous_listener_without_passwords_is_served_anonymously() {
+    use e2e_tests::raw::connect_v311_login;
+    let dir = tempfile::tempdir().unwrap();
+    let edge = EdgeProcess::start(dir.path(), &config_text(""));
+    let mut c = RawClient::connect(edge.addr("local")).await.unwrap();
+    c.send(&connect_v311_login("plc-7", "operator", b"whatever")).await.unwrap();
+    assert_eq!(c.until(2, WAIT).await.expect("CONNACK")[3], 0);
+    drop(edge);
+
+    let dir = tempfile::tempdir().unwrap();
+    edge_node::auth::PasswordFile::set_password(&dir.path().join("passwd"), "alice", b"wonderland").unwrap();
+    let edge = EdgeProcess::start(dir.path(), &config_text("[auth]\npassword_file = \"passwd\"\n"));
+    let mut c = RawClient::connect(edge.addr("local")).await.unwrap();
+    c.send(&connect_v311_login("plc-7", "operator", b"whatever")).await.unwrap();
+    assert_eq!(c.until(2, WAIT).await.expect("CONNACK")[3], 4, "3.1.1: bad user name or password");
+}
+
+/// [MQTT-3.1.2-2]: an unsupported protocol level is answered, then closed: MQTT 3.1 (level 3)
+/// with MQTT 3.1.1's return code 1 in the form it reads, a level after 5 with MQTT 5's 0x84
+/// (it was answered 1 in the 3.1.1 form whatever the level).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mqtt_3_1_2_2_an_unsupported_level_is_answered_in_its_form() {
+    let dir = tempfile::tempdir().unwrap();
+    let edge = EdgeProcess::start(dir.path(), &config_text(""));
+    for (level, name, want) in [(6u8, &b"MQTT"[..], vec![0x20, 3, 0, 0x84, 0]), (3, b"MQIsdp", vec![0x20, 2, 0, 1])] {
+        let mut body = string(name);
+        body.extend([level, 0b10, 0, 0]);
+        body.extend(string(b"c"));
+        let mut c = RawClient::connect(edge.addr("local")).await.unwrap();
+        c.send(&e2e_tests::raw::frame(0x10, &body)).await.unwrap();
+        assert_eq!(c.packet(WAIT).await, Some(want), "level {level}");
+        assert!(c.packet(WAIT).await.is_none(), "closed after it");
+    }
+}

@@ -127,6 +127,9 @@ pub fn decode_connect(frame: Bytes) -> Result<Connect, DecodeError> {
         _ => return Err(DecodeError::UnsupportedVersion(level)),
     };
     check_connect_flags(flags, version)?;
+    if version == Version::V5 {
+        super::props::check_connect(body, name_len, flags)?;
+    }
 
     let mut buf = BytesMut::from(&frame[..]);
     let packet = match version {

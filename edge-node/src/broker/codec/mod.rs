@@ -18,6 +18,7 @@
 
 mod inbound;
 mod outbound;
+mod props;
 pub mod publish;
 
 pub use inbound::{Connect, Inbound, SubscribeRequest, Will, decode, decode_connect};

@@ -164,6 +164,10 @@ fn read_props(
             }
             CONTENT_TYPE | RESPONSE_TOPIC => {
                 let (s, n) = string(i)?;
+                // [MQTT-3.3.2-14]: a Response Topic is a topic name, never a filter.
+                if id == RESPONSE_TOPIC && s.contains(['+', '#']) {
+                    return Err(DecodeError::Protocol("a Response Topic with a wildcard"));
+                }
                 let slot = if id == CONTENT_TYPE { &mut p.props.content_type } else { &mut p.props.response_topic };
                 if slot.replace(s).is_some() {
                     return Err(TWICE);

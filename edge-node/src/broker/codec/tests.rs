@@ -320,3 +320,47 @@ fn user_properties_past_the_cap_are_counted_not_kept() {
     bad[at] = 0xff;
     assert!(matches!(super::decode(frame(0x32, &bad), Version::V5, 64), Err(DecodeError::Malformed(_))));
 }
+
+/// §2.2.2.2, §3.1.2.11: a property other than User Property appears at most once in a
+/// CONNECT's properties and in its will's (rumqttd kept the last); User Property may repeat.
+/// [MQTT-3.1.4-1]: a CONNECT that does not match its format closes the connection.
+#[test]
+fn mqtt_3_1_4_1_a_connect_property_given_twice_is_a_protocol_error() {
+    let twice = [0x11, 0, 0, 0, 10, 0x11, 0, 0, 0, 20];
+    let e = decode_connect(frame(0x10, &connect_body(5, 0b10, &twice, &[0, 1, b'c']))).unwrap_err();
+    assert!(matches!(e, DecodeError::Protocol(_)), "{e}");
+    let users = [0x26, 0, 1, b'k', 0, 1, b'v', 0x26, 0, 1, b'k', 0, 1, b'w'];
+    assert!(decode_connect(frame(0x10, &connect_body(5, 0b10, &users, &[0, 1, b'c']))).is_ok());
+    // A will whose Will Delay Interval comes twice.
+    let will = |props: &[u8]| {
+        let mut rest = vec![0, 1, b'c', props.len() as u8];
+        rest.extend_from_slice(props);
+        rest.extend([0, 1, b'w', 0, 1, b'x']);
+        decode_connect(frame(0x10, &connect_body(5, 0b0000_0110, &[], &rest)))
+    };
+    assert!(will(&[0x18, 0, 0, 0, 1]).is_ok());
+    assert!(matches!(will(&[0x18, 0, 0, 0, 1, 0x18, 0, 0, 0, 2]), Err(DecodeError::Protocol(_))));
+    // [MQTT-3.3.2-14] for the will's Response Topic too.
+    assert!(matches!(will(&[0x08, 0, 3, b'r', b'/', b'#']), Err(DecodeError::Protocol(_))));
+    assert!(will(&[0x08, 0, 3, b'r', b'/', b'x']).is_ok());
+}
+
+/// [MQTT-3.3.2-14]: a Response Topic is a topic name: one with a wildcard is a protocol error.
+#[test]
+fn mqtt_3_3_2_14_a_response_topic_with_a_wildcard_is_a_protocol_error() {
+    let publish = |response: &[u8]| {
+        let mut body = BytesMut::new();
+        body.put_u16(1);
+        body.put_u8(b't');
+        body.put_u16(9);
+        put_varint(&mut body, 3 + response.len());
+        body.put_u8(0x08);
+        body.put_u16(response.len() as u16);
+        body.put_slice(response);
+        super::decode(frame(0x32, &body), Version::V5, 64)
+    };
+    assert!(publish(b"replies/me").is_ok());
+    for bad in [&b"replies/+"[..], b"replies/#", b"#"] {
+        assert!(matches!(publish(bad), Err(DecodeError::Protocol(_))), "{}", String::from_utf8_lossy(bad));
+    }
+}
