@@ -19,6 +19,7 @@ pub mod models;
 pub mod probe;
 pub mod route;
 pub mod spool;
+pub mod sys;
 pub mod tco;
 pub mod tls;
 pub mod uplink;
@@ -223,7 +224,8 @@ impl Node {
         // The node's namespace (docs/ARCHITECTURE.md): `_edge/`, the probe's topic wherever it
         // is, and the model announcements, which tell local apps which file to load and so are
         // the node's word alone.
-        let mut reserved_topics = vec![broker::core::RESERVED_TOPICS.to_owned(), config.probe.topic.clone()];
+        let mut reserved_topics =
+            vec![broker::core::RESERVED_TOPICS.to_owned(), config.probe.topic.clone(), "$SYS/#".to_owned()];
         if let Some(m) = &config.models {
             reserved_topics.push(format!("{}/#", m.topic_prefix));
         }
@@ -267,7 +269,7 @@ impl Node {
             slow_client_timeout: config.broker.slow_client_timeout.0,
             auth: ArcSwap::from_pointee(auth),
             auth_generation: AtomicU64::new(0),
-            metrics: front_metrics,
+            metrics: front_metrics.clone(),
             permits: Arc::new(Semaphore::new(config.broker.max_connections)),
             pending: Arc::new(Semaphore::new(config.broker.max_pending_connections)),
             logins: LoginPool::start(
@@ -331,6 +333,31 @@ impl Node {
                 config.probe.clone(),
                 config.node_id.clone(),
                 probe_metrics,
+                shutdown.clone(),
+            ));
+        }
+        if !config.broker.sys_interval.0.is_zero() {
+            let (handle, counts, front) = (broker.clone(), broker_metrics.clone(), front_metrics.clone());
+            let stats = move || {
+                let ((connected, total), _) = handle.with(|b| b.client_counts());
+                let ((subscriptions, retained), _) = handle.with(|b| (b.subscription_count(), b.retained_count()));
+                sys::Stats {
+                    clients_connected: connected as u64,
+                    clients_total: total as u64,
+                    subscriptions: subscriptions as u64,
+                    retained: retained as u64,
+                    messages_received: counts.publish_in.get(),
+                    messages_sent: counts.publish_out.get(),
+                    bytes_received: front.bytes_in.get(),
+                    bytes_sent: front.bytes_out.get(),
+                }
+            };
+            let client_id = format!("{}sys-{}", broker::core::INTERNAL_CLIENT_ID_PREFIX, config.node_id);
+            tracker.spawn(sys::run(
+                connector.clone(),
+                config.broker.sys_interval.0,
+                client_id,
+                stats,
                 shutdown.clone(),
             ));
         }

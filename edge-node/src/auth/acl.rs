@@ -59,9 +59,11 @@ pub struct Rules {
 }
 
 impl Rules {
+    /// Everything: with no ACL file, any topic, and `$SYS/#` too (a `#` does not cover `$`
+    /// topics, [MQTT-4.7.2-1], and the broker's statistics are there).
     pub fn allow_all() -> Self {
-        let all = || vec![TopicFilter::new("#").unwrap_or_else(|_| unreachable!("'#' is a valid filter"))];
-        Self { publish: all(), subscribe: all() }
+        let filter = |f: &str| TopicFilter::new(f).unwrap_or_else(|_| unreachable!("{f} is a valid filter"));
+        Self { publish: vec![filter("#")], subscribe: vec![filter("#"), filter("$SYS/#")] }
     }
 
     pub fn deny_all() -> Self {

@@ -147,6 +147,11 @@ pub struct BrokerConfig {
     /// large payloads. At most `max_packet_size`. Default: 32 KiB.
     #[serde(default = "default_max_connect_size")]
     pub max_connect_size: ByteSize,
+    /// How often the broker's statistics are published, retained, under `$SYS/broker/`
+    /// (Mosquitto's names: clients, subscriptions, retained messages, messages and bytes in
+    /// and out, uptime, version); `0s`: never. Default: 10s.
+    #[serde(default = "default_sys_interval")]
+    pub sys_interval: HumanDuration,
     /// Time a new connection has to send its CONNECT (and finish TLS). Default: 10s.
     #[serde(default = "default_connect_timeout")]
     pub connect_timeout: HumanDuration,
@@ -163,6 +168,7 @@ impl Default for BrokerConfig {
             max_pending_connections: default_max_pending_connections(),
             max_packet_size: default_max_packet_size(),
             max_connect_size: default_max_connect_size(),
+            sys_interval: default_sys_interval(),
             max_inflight: default_max_inflight(),
             receive_maximum: default_receive_maximum(),
             topic_alias_maximum: default_topic_alias_maximum(),
@@ -354,6 +360,9 @@ fn default_max_connections() -> usize {
 }
 fn default_max_pending_connections() -> usize {
     1000
+}
+fn default_sys_interval() -> HumanDuration {
+    HumanDuration(std::time::Duration::from_secs(10))
 }
 fn default_max_connect_size() -> ByteSize {
     ByteSize::kib(32)

@@ -343,3 +343,31 @@ async fn mqtt_3_1_2_2_an_unsupported_level_is_answered_in_its_form() {
         assert!(c.packet(WAIT).await.is_none(), "closed after it");
     }
 }
+
+/// `$SYS/#` had nothing behind it: the broker's statistics are there now, retained, with
+/// Mosquitto's names, and no client publishes into `$SYS` (0x87).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_brokers_statistics_are_under_sys_and_read_only() {
+    let dir = tempfile::tempdir().unwrap();
+    let edge = EdgeProcess::start(dir.path(), &config_text("[broker]\nsys_interval = \"200ms\"\n"));
+    let mut watcher = Client::anonymous(edge.addr("local"), "watcher").await;
+    watcher.subscribe("$SYS/#", QoS::AtMostOnce).await;
+    // The retained ones first, from before the watcher came; then fresh ones every 200 ms.
+    let mut seen = std::collections::BTreeMap::new();
+    let until = tokio::time::Instant::now() + Duration::from_millis(1500);
+    while tokio::time::Instant::now() < until || seen.len() < 10 {
+        let p = watcher.recv(WAIT).await.expect("a $SYS message");
+        seen.insert(p.topic.clone(), String::from_utf8_lossy(&p.payload).into_owned());
+    }
+    assert!(seen["$SYS/broker/version"].starts_with("edge-node "), "{seen:?}");
+    assert!(seen["$SYS/broker/uptime"].ends_with(" seconds"), "{seen:?}");
+    // The watcher itself, and no internal client, is what is connected.
+    assert_eq!(seen["$SYS/broker/clients/connected"], "1", "{seen:?}");
+    assert!(seen["$SYS/broker/bytes/received"].parse::<u64>().unwrap() > 0, "{seen:?}");
+
+    let mut forger = RawClient::connect(edge.addr("local")).await.unwrap();
+    forger.send(&connect_v5("sys-forger", true, &[])).await.unwrap();
+    assert_eq!(connack(&mut forger).await, 0);
+    forger.send(&publish_v5(b"$SYS/broker/uptime", 1, 1, true, &[], b"0 seconds")).await.unwrap();
+    assert_eq!(forger.until(4, WAIT).await.expect("PUBACK")[4], 0x87);
+}

@@ -450,6 +450,12 @@ impl Broker {
         self.drop_unreadable(key, &rules);
     }
 
+    /// Clients connected now and client sessions held, the node's own left out.
+    pub fn client_counts(&self) -> (usize, usize) {
+        let connected = self.conns.values().filter(|c| c.rules.is_some()).count();
+        (connected, self.sessions.iter().flatten().filter(|s| !s.internal).count())
+    }
+
     /// Sessions held, connected or not.
     pub fn session_count(&self) -> usize {
         self.by_client.len()
