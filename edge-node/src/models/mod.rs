@@ -132,6 +132,17 @@ fn write_durably(path: &Path, fill: impl FnOnce(&mut std::fs::File) -> std::io::
     shared::fs::write_durably(path, fill).map_err(io("write", path))
 }
 
+/// The file beside a model's versions holding the creation time of the newest one ever staged;
+/// `~` is in no version's name (`shared::model::valid_name`), so none can take it.
+const NEWEST: &str = "~newest";
+
+/// Why an announced version is not staged.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Refusal {
+    Staged,
+    Older { newest_ms: u64 },
+}
+
 /// What local apps are told of a model: the retained message's payload.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Current {
@@ -202,6 +213,11 @@ impl Models {
         })
         .map_err(|e| failure.take().unwrap_or(e))?;
         write_durably(&model_dir.join(format!("{}.manifest", m.version)), |f| f.write_all(&signed.to_bytes()))?;
+        // The newest ever staged outlives its file (pruned, deleted): a replayed older
+        // manifest is refused against it.
+        if self.kept_newest_ms(&m.name).is_none_or(|ms| ms < m.created_ms) {
+            write_durably(&model_dir.join(NEWEST), |f| f.write_all(m.created_ms.to_string().as_bytes()))?;
+        }
         self.switch(&m.name, &m.version)?;
         self.prune(&m.name);
         Ok(Current {
@@ -272,6 +288,30 @@ impl Models {
             .collect();
         names.sort();
         names
+    }
+
+    /// The creation time of the newest version of `name` ever staged here, kept in
+    /// `<dir>/<name>/~newest` across pruning and deleted versions.
+    pub fn newest_staged_ms(&self, name: &str) -> Option<u64> {
+        let held = self.versions(name).last().map(|m| m.created_ms);
+        held.max(self.kept_newest_ms(name))
+    }
+
+    fn kept_newest_ms(&self, name: &str) -> Option<u64> {
+        std::fs::read_to_string(self.dir.join(name).join(NEWEST)).ok().and_then(|t| t.trim().parse().ok())
+    }
+
+    /// Whether an announced version may be staged: `Err` says why not (staged already, or
+    /// older than the newest ever staged here: a signed manifest replayed to downgrade the
+    /// edge). The operator's own rollback (`edge-node models rollback`) is not a staging.
+    pub fn admits(&self, m: &Manifest) -> Result<(), Refusal> {
+        if self.has_version(&m.name, &m.version) {
+            return Err(Refusal::Staged);
+        }
+        match self.newest_staged_ms(&m.name) {
+            Some(newest) if newest > m.created_ms => Err(Refusal::Older { newest_ms: newest }),
+            _ => Ok(()),
+        }
     }
 
     /// Whether `version` of `name` is staged here (file and manifest).

@@ -12,7 +12,9 @@
 //!   where it stopped (after a node restart too: the cache is on disk).
 //! - A version already staged here is not switched to again: after `edge-node models
 //!   rollback` the operator's choice holds until a newer version is published. An announced
-//!   version older than the current one is ignored.
+//!   version older than the newest ever staged here (`Models::newest_staged_ms`, kept when
+//!   its file is pruned or deleted) is refused: a replayed signed manifest cannot downgrade
+//!   the edge.
 //! - `current` links changed outside the node (the rollback CLI) are noticed within
 //!   [`WATCH`] and announced on MQTT.
 
@@ -251,20 +253,22 @@ impl Syncer {
         if m.name != job.announce.name || !self.follows.contains(&m.name) {
             return Err(SyncError::NotFollowed(format!("{} is not a model this edge follows", m.name)));
         }
-        if self.models.has_version(&m.name, &m.version) {
-            tracing::debug!(model = m.name, version = m.version, "announced version already staged");
-            return Ok(None);
-        }
-        if let Some(newest) = self.models.versions(&m.name).last()
-            && newest.created_ms > m.created_ms
-        {
-            tracing::info!(
-                model = m.name,
-                version = m.version,
-                newest = newest.version,
-                "announced version is older than one held; ignored"
-            );
-            return Ok(None);
+        match self.models.admits(&m) {
+            Ok(()) => {}
+            Err(super::Refusal::Staged) => {
+                tracing::debug!(model = m.name, version = m.version, "announced version already staged");
+                return Ok(None);
+            }
+            Err(super::Refusal::Older { newest_ms }) => {
+                tracing::warn!(
+                    model = m.name,
+                    version = m.version,
+                    created_ms = m.created_ms,
+                    newest_ms,
+                    "announced version is older than the newest ever staged here; refused (a downgrade is `edge-node models rollback`)"
+                );
+                return Ok(None);
+            }
         }
         tracing::info!(
             model = m.name,

@@ -155,3 +155,29 @@ fn the_cache_refuses_bad_bytes_and_trims_to_its_budget() {
     assert_eq!(cache.trim(1500, &keep), 3000);
     assert!(cache.has(&chunks[0].0) && !cache.has(&chunks[1].0));
 }
+
+/// An edge refused an older version only while it still held a newer one: once the newer file
+/// was pruned or deleted, a replayed older signed manifest was staged (a downgrade). The newest
+/// ever staged is kept beside the versions, across pruning, deletion and restarts.
+#[test]
+fn a_replayed_older_manifest_is_refused_after_the_newer_file_is_gone() {
+    let dir = tempfile::tempdir().unwrap();
+    let fleet = Fleet::new();
+    let models = Models::open(dir.path(), fleet.key.public_key().to_vec(), 3).unwrap();
+    let cache = models.cache().unwrap();
+    let (old, old_chunks) = fleet.publish("1", &noise(64 << 10, 1), 1_000);
+    let (new, new_chunks) = fleet.publish("2", &noise(64 << 10, 2), 2_000);
+    fill(&cache, &old_chunks);
+    fill(&cache, &new_chunks);
+    let old_m = models.verify(&old).unwrap();
+    assert_eq!(models.admits(&old_m), Ok(()));
+    models.stage(&new, &cache).unwrap();
+    assert_eq!(models.admits(&models.verify(&new).unwrap()), Err(Refusal::Staged));
+    // The newer version's files go (an operator's cleanup, a damaged disk).
+    std::fs::remove_file(dir.path().join("yolo/2")).unwrap();
+    std::fs::remove_file(dir.path().join("yolo/2.manifest")).unwrap();
+    let reopened = Models::open(dir.path(), fleet.key.public_key().to_vec(), 3).unwrap();
+    assert_eq!(reopened.admits(&old_m), Err(Refusal::Older { newest_ms: 2_000 }));
+    let (newer, _) = fleet.publish("3", &noise(64 << 10, 3), 3_000);
+    assert_eq!(reopened.admits(&reopened.verify(&newer).unwrap()), Ok(()));
+}
