@@ -10,9 +10,12 @@
 //! [default]                         # authenticated users without a section of their own
 //! subscribe = ["models/#"]
 //!
-//! [users.camera-01]
+//! [users.camera-01]                 # a user of the password file
 //! publish = ["inference/+/+/%u", "telemetry/%u/#"]
 //! subscribe = ["models/#"]
+//!
+//! [certs.camera-02]                 # a client certificate, by its name (DNS SAN or CN)
+//! publish = ["inference/+/+/%u"]
 //! ```
 //!
 //! With an ACL file, a client whose section is missing may do nothing: deny by default. `%u`
@@ -44,6 +47,10 @@ struct AclFile {
     default: Option<Section>,
     #[serde(default)]
     users: BTreeMap<String, Section>,
+    /// Client certificates by name (first DNS SAN, or CN): apart from the password users, so
+    /// a certificate named like a user never gets that user's rights.
+    #[serde(default)]
+    certs: BTreeMap<String, Section>,
 }
 
 #[derive(Debug, Clone)]
@@ -92,7 +99,8 @@ impl Acl {
             .iter()
             .map(|s| ("anonymous".to_owned(), s))
             .chain(file.default.iter().map(|s| ("default".to_owned(), s)))
-            .chain(file.users.iter().map(|(u, s)| (format!("users.{u}"), s)));
+            .chain(file.users.iter().map(|(u, s)| (format!("users.{u}"), s)))
+            .chain(file.certs.iter().map(|(c, s)| (format!("certs.{c}"), s)));
         for (name, section) in sections {
             for (kind, list) in [("publish", &section.publish), ("subscribe", &section.subscribe)] {
                 for pattern in list {
@@ -108,7 +116,8 @@ impl Acl {
     pub fn rules_for(&self, identity: &Identity, client_id: &str) -> Rules {
         let section = match identity {
             Identity::Anonymous => self.file.anonymous.as_ref(),
-            Identity::User(u) | Identity::Certificate(u) => self.file.users.get(u).or(self.file.default.as_ref()),
+            Identity::User(u) => self.file.users.get(u).or(self.file.default.as_ref()),
+            Identity::Certificate(c) => self.file.certs.get(c).or(self.file.default.as_ref()),
             Identity::Internal => return Rules::allow_all(),
         };
         let Some(section) = section else {
@@ -175,6 +184,18 @@ mod tests {
         assert!(anon.may_subscribe("public/a"));
         assert!(!anon.may_subscribe("#"));
         assert!(!anon.may_publish("public/a"));
+    }
+
+    /// A certificate named like a password user got that user's section: certificates have
+    /// their own (`[certs.NAME]`), and fall back to `[default]`, never to `[users.NAME]`.
+    #[test]
+    fn a_certificate_never_gets_a_users_section() {
+        let acl = Acl::parse("[users.admin]\npublish = [\"#\"]\n[certs.cam]\npublish = [\"cams/%u/#\"]\n").unwrap();
+        let cert_admin = acl.rules_for(&Identity::Certificate("admin".into()), "c");
+        assert!(!cert_admin.may_publish("anything"));
+        let cam = acl.rules_for(&Identity::Certificate("cam".into()), "c");
+        assert!(cam.may_publish("cams/cam/x") && !cam.may_publish("cams/other/x"));
+        assert!(!acl.rules_for(&Identity::User("cam".into()), "c").may_publish("cams/cam/x"));
     }
 
     #[test]

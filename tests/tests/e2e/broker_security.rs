@@ -18,7 +18,7 @@ subscribe = ["#"]
 publish = ["alice/#"]
 subscribe = ["alice/#", "public/+"]
 
-[users.edge-cam-1]
+[certs.edge-cam-1]
 publish = ["cams/%u/#"]
 "##;
 
