@@ -132,6 +132,13 @@ enum CertsCommand {
         #[arg(long)]
         force: bool,
     },
+    /// Issue one more edge certificate from the CA `init` wrote in `dir` (`fleet-ca.key`).
+    AddEdge {
+        #[arg(long)]
+        dir: PathBuf,
+        /// The edge id (its certificate's DNS name).
+        id: String,
+    },
 }
 
 fn main() -> ExitCode {
@@ -184,6 +191,17 @@ fn main() -> ExitCode {
                 }
             }
         }
+        Command::Certs { command: CertsCommand::AddEdge { dir, id } } => match cloud_bridge::certs::add_edge(&dir, &id)
+        {
+            Ok((cert, key)) => {
+                println!("edge {id}: {} {}", cert.display(), key.display());
+                ExitCode::SUCCESS
+            }
+            Err(e) => {
+                eprintln!("cloud-bridge: {e}");
+                ExitCode::from(2)
+            }
+        },
     }
 }
 
@@ -230,9 +248,24 @@ fn run(path: &std::path::Path, ready_file: Option<PathBuf>) -> ExitCode {
                 return ExitCode::FAILURE;
             }
         };
-        tokio::select! {
-            _ = tokio::signal::ctrl_c() => {}
-            _ = term.recv() => {}
+        // SIGHUP reloads the certificates and the deny list; without a handler it killed the
+        // bridge, and the unit's Restart=on-failure left it down.
+        let mut hup = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup()) {
+            Ok(s) => s,
+            Err(e) => {
+                eprintln!("cloud-bridge: cannot watch SIGHUP: {e}");
+                return ExitCode::FAILURE;
+            }
+        };
+        loop {
+            tokio::select! {
+                _ = tokio::signal::ctrl_c() => break,
+                _ = term.recv() => break,
+                _ = hup.recv() => match CloudConfig::load(path).map_err(|e| e.to_string()).and_then(|c| bridge.reload(&c).map_err(|e| e.to_string())) {
+                    Ok(ended) => tracing::info!(?ended, "reloaded the certificates, the fleet CA and server.deny_serials; sessions of denied certificates closed"),
+                    Err(e) => tracing::error!(error = %e, "reload refused; the running certificates and deny list stay"),
+                },
+            }
         }
         tracing::info!("shutting down");
         if tokio::time::timeout(std::time::Duration::from_secs(5), bridge.stop()).await.is_err() {
