@@ -96,7 +96,9 @@ async fn a_hundred_thousand_retained_topics_keep_to_the_retained_bound() {
         "refused {}",
         edge.metric("edge_mqtt_publish_refused_total{reason=\"retained_full\"}")
     );
-    assert_eq!(edge.metric("edge_mqtt_retained_messages"), 10_000.0);
+    // The clients' 10,000, and the node's own `$SYS` topics, outside the bound.
+    let retained = edge.metric("edge_mqtt_retained_messages");
+    assert!((10_000.0..=10_010.0).contains(&retained), "{retained}");
     let grown = edge.rss().saturating_sub(before);
     eprintln!("RSS {} MiB before, grew {} KiB", before / MIB, grown / 1024);
     assert!(grown < 48 * MIB, "RSS grew {} MiB", grown / MIB);

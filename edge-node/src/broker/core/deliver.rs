@@ -46,7 +46,7 @@ impl Broker {
         let route = class.map_or(Route::EdgeDirect, Class::route);
         let local = route != Route::Central;
         let mut retain = msg.retain && local;
-        if retain && !msg.payload.is_empty() && !self.retained.has_room(&msg) {
+        if retain && !msg.payload.is_empty() && !self.is_internal(from) && !self.retained.has_room(&msg) {
             self.metrics.refused("retained_full");
             let v5 = from.and_then(|c| self.conns.get(&c)).is_some_and(|c| c.version == Version::V5);
             if v5 && ack.is_some() {
@@ -133,7 +133,7 @@ impl Broker {
         now: Instant,
     ) -> u8 {
         self.metrics.refused("too_large_for_sink");
-        tracing::info!(topic = %msg.topic, %misfit, "publish refused: the cloud's sink could not store it whole");
+        tracing::info!(topic = ?msg.topic, %misfit, "publish refused: the cloud's sink could not store it whole");
         if let Some(conn) = from.filter(|_| acked)
             && self.conns.get(&conn).is_some_and(|c| c.version == Version::V311)
         {
@@ -149,8 +149,9 @@ impl Broker {
         let Some(p) = self.pending.remove(&ticket) else { return };
         let since = self.last_op;
         if let (Spooled::Accepted, Some(msg)) = (outcome, &p.deliver) {
-            let retain = p.retain && (msg.payload.is_empty() || self.retained.has_room(msg));
-            self.accept_local(p.conns.first().copied(), msg, retain, now);
+            let from = p.conns.first().copied();
+            let retain = p.retain && (msg.payload.is_empty() || self.is_internal(from) || self.retained.has_room(msg));
+            self.accept_local(from, msg, retain, now);
         }
         let stored = if self.last_op > since { self.last_op } else { 0 };
         // A QoS 2 packet id stays received only if the message is in: any other outcome ends
@@ -254,11 +255,17 @@ impl Broker {
         }
     }
 
+    /// Whether a message comes from one of the node's own clients (wills have no connection
+    /// and are their client's).
+    fn is_internal(&self, from: Option<ConnId>) -> bool {
+        from.and_then(|c| self.conns.get(&c)).and_then(|c| self.session(c.session)).is_some_and(|s| s.internal)
+    }
+
     /// Local delivery: the retained store, then every matching subscriber.
     fn accept_local(&mut self, from: Option<ConnId>, msg: &Arc<Message>, retain: bool, now: Instant) {
         if retain {
             // Room was checked when the message came in.
-            if self.retained.store(msg).is_ok() {
+            if self.retained.store(msg, !self.is_internal(from)).is_ok() {
                 let kept = (!msg.payload.is_empty()).then(|| msg.clone());
                 self.store(StoreOp::Retain { topic: msg.topic.clone(), msg: kept });
             }

@@ -241,7 +241,7 @@ impl Broker {
         for msg in state.retained {
             if msg.expired(now) {
                 self.store(StoreOp::Retain { topic: msg.topic.clone(), msg: None });
-            } else if self.retained.store(&msg).is_err() {
+            } else if self.retained.store(&msg, true).is_err() {
                 // A lowered bound: the rest is not kept, and the store forgets it too.
                 self.metrics.refused("retained_full");
                 self.store(StoreOp::Retain { topic: msg.topic.clone(), msg: None });

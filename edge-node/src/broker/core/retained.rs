@@ -31,32 +31,56 @@ pub struct Retained {
     messages: HashMap<Arc<str>, Arc<Message>>,
     tree: Level,
     bytes: usize,
+    /// The node's own topics and their weights, outside the bounds (see [`Retained::store`]).
+    node: HashMap<Arc<str>, usize>,
+    node_bytes: usize,
     max_messages: usize,
     max_bytes: usize,
 }
 
 impl Retained {
     pub fn new(max_messages: usize, max_bytes: usize) -> Self {
-        Self { messages: HashMap::new(), tree: Level::default(), bytes: 0, max_messages, max_bytes }
+        Self {
+            messages: HashMap::new(),
+            tree: Level::default(),
+            bytes: 0,
+            node: HashMap::new(),
+            node_bytes: 0,
+            max_messages,
+            max_bytes,
+        }
     }
 
-    /// Stores (or, with an empty payload, clears) the topic's retained message.
-    pub fn store(&mut self, msg: &Arc<Message>) -> Result<(), RetainRefusal> {
+    /// Clients' messages and bytes: what the bounds are about.
+    fn clients(&self) -> (usize, usize) {
+        (self.messages.len() - self.node.len(), self.bytes - self.node_bytes)
+    }
+
+    /// Stores (or, with an empty payload, clears) the topic's retained message. `bounded`:
+    /// within the bounds; the node's own (model announcements, `$SYS`) are not, so a client
+    /// that filled the store cannot keep them from local apps (they are a few topics, fixed).
+    pub fn store(&mut self, msg: &Arc<Message>, bounded: bool) -> Result<(), RetainRefusal> {
         if msg.payload.is_empty() {
             self.remove(&msg.topic);
             return Ok(());
         }
-        let old = self.messages.get(&msg.topic).map_or(0, |m| m.weight());
-        if old == 0 && self.messages.len() >= self.max_messages {
-            return Err(RetainRefusal::Count);
+        if bounded && !self.has_room(msg) {
+            let new = !self.messages.contains_key(&msg.topic);
+            return Err(if new && self.clients().0 >= self.max_messages {
+                RetainRefusal::Count
+            } else {
+                RetainRefusal::Bytes
+            });
         }
-        if self.bytes - old + msg.weight() > self.max_bytes {
-            return Err(RetainRefusal::Bytes);
+        // Replaced as a whole: the old weight and its side go, the new ones come.
+        self.remove(&msg.topic);
+        self.bytes += msg.weight();
+        if !bounded {
+            self.node.insert(msg.topic.clone(), msg.weight());
+            self.node_bytes += msg.weight();
         }
-        self.bytes = self.bytes - old + msg.weight();
-        if self.messages.insert(msg.topic.clone(), msg.clone()).is_none() {
-            self.tree.insert(&msg.topic);
-        }
+        self.messages.insert(msg.topic.clone(), msg.clone());
+        self.tree.insert(&msg.topic);
         Ok(())
     }
 
@@ -65,13 +89,18 @@ impl Retained {
             self.bytes -= old.weight();
             self.tree.remove(topic);
         }
+        if let Some(weight) = self.node.remove(topic) {
+            self.node_bytes -= weight;
+        }
     }
 
-    /// Whether `msg` would be stored (a new topic within the count, and the bytes within
-    /// theirs).
+    /// Whether a client's `msg` would be stored (a new topic within the count, and the bytes
+    /// within theirs; the node's own messages count in neither).
     pub fn has_room(&self, msg: &Message) -> bool {
-        let old = self.messages.get(&msg.topic).map_or(0, |m| m.weight());
-        (old != 0 || self.messages.len() < self.max_messages) && self.bytes - old + msg.weight() <= self.max_bytes
+        let (count, bytes) = self.clients();
+        let old =
+            self.messages.get(&msg.topic).filter(|_| !self.node.contains_key(&msg.topic)).map_or(0, |m| m.weight());
+        (old != 0 || count < self.max_messages) && bytes - old + msg.weight() <= self.max_bytes
     }
 
     /// At most `limit` of the retained messages `filter` matches, in no particular order;
@@ -239,12 +268,12 @@ mod tests {
         proptest!(ProptestConfig::with_cases(2000), |((stored, removed, filter) in case)| {
             let mut r = Retained::new(1000, 1 << 20);
             for t in &stored {
-                r.store(&msg(t, "x")).unwrap();
+                r.store(&msg(t, "x"), true).unwrap();
             }
             let mut kept: BTreeSet<String> = stored.iter().cloned().collect();
             for i in removed {
                 if let Some(t) = stored.get(i) {
-                    r.store(&msg(t, "")).unwrap();
+                    r.store(&msg(t, ""), true).unwrap();
                     kept.remove(t);
                 }
             }
@@ -258,13 +287,35 @@ mod tests {
     fn a_lookup_stops_at_its_limit() {
         let mut r = Retained::new(10_000, 64 << 20);
         for i in 0..1000 {
-            r.store(&msg(&format!("t/{i}/v"), "x")).unwrap();
+            r.store(&msg(&format!("t/{i}/v"), "x"), true).unwrap();
         }
         assert_eq!(r.matching("t/#", Instant::now(), 10).len(), 10);
         assert_eq!(r.matching("t/+/v", Instant::now(), 7).len(), 7);
         assert_eq!(r.matching("#", Instant::now(), 0).len(), 0);
         assert_eq!(r.matching("#", Instant::now(), usize::MAX).len(), 1000);
         assert_eq!(r.matching("t/5/v", Instant::now(), 1).len(), 1);
+    }
+
+    /// The node's own messages (model announcements, `$SYS`) go in whatever clients filled,
+    /// and take nothing from the clients' bounds.
+    #[test]
+    fn the_nodes_own_messages_are_outside_the_bounds() {
+        let mut r = Retained::new(2, 1 << 20);
+        r.store(&msg("$SYS/broker/uptime", "1 seconds"), false).unwrap();
+        r.store(&msg("a", "x"), true).unwrap();
+        r.store(&msg("b", "x"), true).unwrap();
+        assert_eq!(r.store(&msg("c", "x"), true), Err(RetainRefusal::Count));
+        r.store(&msg("models/m/current", "v2"), false).unwrap();
+        r.store(&msg("$SYS/broker/uptime", "2 seconds"), false).unwrap();
+        assert_eq!(r.len(), 4);
+        r.store(&msg("a", ""), true).unwrap();
+        r.store(&msg("c", "x"), true).unwrap();
+        assert_eq!(r.store(&msg("d", "x"), true), Err(RetainRefusal::Count));
+        let weights: usize = ["$SYS/broker/uptime", "models/m/current", "b", "c"]
+            .iter()
+            .map(|t| r.matching(t, Instant::now(), 1)[0].weight())
+            .sum();
+        assert_eq!(r.bytes(), weights);
     }
 
     /// An expired message found by a lookup is dropped with its bytes and its branch.
@@ -274,8 +325,8 @@ mod tests {
         let now = Instant::now();
         let mut old = (*msg("a/b", "x")).clone();
         old.expires_at = Some(now);
-        r.store(&Arc::new(old)).unwrap();
-        r.store(&msg("a/c", "y")).unwrap();
+        r.store(&Arc::new(old), true).unwrap();
+        r.store(&msg("a/c", "y"), true).unwrap();
         assert_eq!(topics(r.matching("a/+", now + Duration::from_secs(1), 10)), BTreeSet::from(["a/c".to_owned()]));
         assert_eq!(r.len(), 1);
         assert_eq!(r.bytes(), msg("a/c", "y").weight());
