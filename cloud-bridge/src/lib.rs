@@ -51,6 +51,9 @@ pub struct Bridge {
     /// The fleet view's writer, stopped after every session ended so their ends are written.
     fleet_stop: CancellationToken,
     fleet_writer: tokio::sync::Mutex<Option<tokio::task::JoinHandle<()>>>,
+    /// For a reload: new handshakes' certificates, and the deny list (`server::trust`).
+    endpoint: quinn::Endpoint,
+    trust: Arc<server::trust::Trust>,
 }
 
 /// What `Bridge::start` made before the sink, for [`Bridge::serve`].
@@ -165,7 +168,19 @@ impl Bridge {
         let info = fleet::BridgeInfo { quic: quic_addr, writes_per_second: parts.writes_per_second };
         let writer = tokio::spawn(fleet::run(parts.services.fleet.clone(), sink.clone(), info, fleet_stop.clone()));
         let (m, stop, t) = (metrics.server.clone(), shutdown.clone(), tasks.clone());
-        tasks.spawn(server::accept_loop(parts.endpoint, parts.server, parts.limits, sink, parts.services, m, stop, t));
+        let trust = Arc::new(server::trust::Trust::new(&parts.server.deny_serials));
+        let endpoint = parts.endpoint.clone();
+        tasks.spawn(server::accept_loop(
+            parts.endpoint,
+            parts.server,
+            trust.clone(),
+            parts.limits,
+            sink,
+            parts.services,
+            m,
+            stop,
+            t,
+        ));
         Bridge {
             quic_addr,
             http_addr,
@@ -175,7 +190,16 @@ impl Bridge {
             tasks,
             fleet_stop,
             fleet_writer: tokio::sync::Mutex::new(Some(writer)),
+            endpoint,
+            trust,
         }
+    }
+
+    /// Takes `config`'s certificate, key, fleet CA and deny list (`server::trust`); the edge
+    /// ids whose sessions it ended because their certificates are denied now. On an error
+    /// nothing changed.
+    pub fn reload(&self, config: &CloudConfig) -> Result<Vec<String>, server::ServerError> {
+        server::trust::reload(&self.endpoint, &self.trust, &config.server, |t| config.limits.apply(t))
     }
 
     pub fn quic_addr(&self) -> SocketAddr {

@@ -252,25 +252,17 @@ impl LimitMetrics {
     }
 }
 
-/// The lines a second the bridge writes about single connections (`limits.log_lines_per_second`).
+/// The lines a second the bridge writes about single connections (`limits.log_lines_per_second`),
+/// those held back counted.
 #[derive(Debug)]
 pub struct LogBudget {
-    per_second: u32,
-    window: std::sync::Mutex<LogWindow>,
+    lines: shared::log_budget::LogBudget,
     metrics: Arc<LimitMetrics>,
-}
-
-#[derive(Debug)]
-struct LogWindow {
-    start: Instant,
-    used: u32,
-    held_back: u64,
 }
 
 impl LogBudget {
     pub fn new(config: &LimitsConfig, metrics: Arc<LimitMetrics>, now: Instant) -> Self {
-        let window = std::sync::Mutex::new(LogWindow { start: now, used: 0, held_back: 0 });
-        Self { per_second: config.log_lines_per_second, window, metrics }
+        Self { lines: shared::log_budget::LogBudget::new(config.log_lines_per_second, now), metrics }
     }
 
     /// Whether a line may be written now; if so, how many were held back since the last one.
@@ -279,17 +271,11 @@ impl LogBudget {
     }
 
     fn allow_at(&self, now: Instant) -> Option<u64> {
-        let mut w = self.window.lock().unwrap_or_else(|e| e.into_inner());
-        if now.saturating_duration_since(w.start) >= Duration::from_secs(1) {
-            (w.start, w.used) = (now, 0);
+        let allowed = self.lines.allow_at(now);
+        if allowed.is_none() {
+            self.metrics.log_suppressed.inc();
         }
-        if w.used < self.per_second {
-            w.used += 1;
-            return Some(std::mem::take(&mut w.held_back));
-        }
-        w.held_back += 1;
-        self.metrics.log_suppressed.inc();
-        None
+        allowed
     }
 }
 

@@ -270,6 +270,7 @@ impl Node {
             auth: ArcSwap::from_pointee(auth),
             auth_generation: AtomicU64::new(0),
             metrics: front_metrics.clone(),
+            log: shared::log_budget::LogBudget::new(config.log.peer_lines_per_second, std::time::Instant::now()),
             permits: Arc::new(Semaphore::new(config.broker.max_connections)),
             pending: Arc::new(Semaphore::new(config.broker.max_pending_connections)),
             logins: LoginPool::start(

@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use rustls::server::WebPkiClientVerifier;
 use serde::{Deserialize, Serialize};
-pub use shared::tls::{TlsError, certificate_identity, load_certs, load_key, load_roots, provider};
+pub use shared::tls::{TlsError, certificate_expiry, certificate_identity, load_certs, load_key, load_roots, provider};
 
 use crate::check::Problems;
 
@@ -68,9 +68,16 @@ pub fn server_config(config: &TlsConfig) -> Result<Arc<rustls::ServerConfig>, Tl
             builder.with_client_cert_verifier(verifier)
         }
     };
-    let server = builder.with_single_cert(certs, key).map_err(|e| TlsError::File {
+    let mut server = builder.with_single_cert(certs, key).map_err(|e| TlsError::File {
         path: config.key.clone(),
         reason: format!("does not fit the certificate in {}: {e}", config.cert.display()),
     })?;
+    if config.client_certs != ClientCertMode::Off {
+        // No resumption where a certificate is an identity: a resumed handshake takes the
+        // client certificate from the first one, without checking it again (an expired or
+        // revoked one would keep reconnecting).
+        server.session_storage = Arc::new(rustls::server::NoServerSessionStorage {});
+        server.send_tls13_tickets = 0;
+    }
     Ok(Arc::new(server))
 }

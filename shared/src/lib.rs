@@ -8,6 +8,7 @@
 pub mod fs;
 #[cfg(feature = "fs")]
 pub mod layout;
+pub mod log_budget;
 pub mod model;
 pub mod proto;
 pub mod tco;

@@ -76,6 +76,16 @@ pub fn certificate_serial(cert: &CertificateDer<'_>) -> Option<String> {
     canonical_serial(&hex)
 }
 
+/// The first moment a certificate is no longer valid: the second after its `notAfter` (RFC
+/// 5280 counts `notAfter` itself as valid, and so does a handshake's check), or `None` if it
+/// does not parse. A session authenticated by it ends then: TLS checks the dates only at the
+/// handshake.
+pub fn certificate_expiry(cert: &CertificateDer<'_>) -> Option<std::time::SystemTime> {
+    let (_, parsed) = x509_parser::parse_x509_certificate(cert.as_ref()).ok()?;
+    let secs = parsed.validity().not_after.timestamp().saturating_add(1);
+    Some(std::time::UNIX_EPOCH + std::time::Duration::from_secs(u64::try_from(secs).unwrap_or(0)))
+}
+
 /// A serial number as an operator writes it (`openssl x509 -serial` prints `serial=80D0...`;
 /// others write `80:d0:...` or `0x80d0...`), as its integer value in lowercase hex without
 /// leading zeros; `None` if it is not hexadecimal.

@@ -54,6 +54,16 @@ impl Ca {
         self.issue(dir, file, params)
     }
 
+    /// A client certificate named `name` that expires `valid_for` from now.
+    pub fn client_until(&self, dir: &Path, name: &str, valid_for: std::time::Duration) -> Issued {
+        let mut params = CertificateParams::new(vec![name.to_owned()]).expect("client params");
+        params.distinguished_name.push(DnType::CommonName, name);
+        params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ClientAuth];
+        params.not_before = time::OffsetDateTime::now_utc() - time::Duration::minutes(1);
+        params.not_after = time::OffsetDateTime::now_utc() + valid_for;
+        self.issue(dir, name, params)
+    }
+
     /// A client certificate whose first DNS name is `name`.
     pub fn client(&self, dir: &Path, name: &str) -> Issued {
         let mut params = CertificateParams::new(vec![name.to_owned()]).expect("client params");

@@ -6,10 +6,9 @@ pub mod config;
 pub mod core;
 pub mod metrics;
 mod session;
+pub mod trust;
 
-use std::collections::HashMap;
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use quinn::crypto::rustls::QuicServerConfig;
@@ -58,6 +57,10 @@ enum SessionEnd {
     Shutdown,
     #[error("replaced by a newer connection of this edge")]
     Replaced,
+    #[error("its certificate was put on the deny list (server.deny_serials, reloaded)")]
+    Denied,
+    #[error("its certificate expired (notAfter) during the session")]
+    Expired,
     #[error(transparent)]
     Ingest(#[from] ingest::IngestError),
     #[error("held batches ahead of a missing one for {0:?}")]
@@ -84,6 +87,8 @@ impl SessionEnd {
             SessionEnd::Sink(_) => "sink",
             SessionEnd::Shutdown => "shutdown",
             SessionEnd::Replaced => "replaced",
+            SessionEnd::Denied => "denied_serial",
+            SessionEnd::Expired => "certificate_expired",
         }
     }
 }
@@ -93,30 +98,9 @@ pub fn endpoint(
     config: &ServerConfig,
     limits: impl FnOnce(&mut quinn::TransportConfig),
 ) -> Result<quinn::Endpoint, ServerError> {
-    let provider = shared::tls::provider();
-    let roots = Arc::new(shared::tls::load_roots(&config.client_ca)?);
-    let verifier = WebPkiClientVerifier::builder_with_provider(roots, provider.clone())
-        .build()
-        .map_err(|e| ServerError::Quic(format!("fleet CA {}: {e}", config.client_ca.display())))?;
     let key = shared::tls::load_key(&config.key)?;
     let (reset, cids) = (reset_key(&key), cid_key(&key));
-    let mut tls = rustls::ServerConfig::builder_with_provider(provider)
-        .with_protocol_versions(&[&rustls::version::TLS13])
-        .map_err(|e| ServerError::Quic(e.to_string()))?
-        .with_client_cert_verifier(verifier)
-        .with_single_cert(shared::tls::load_certs(&config.cert)?, key)
-        .map_err(|e| {
-            ServerError::Quic(format!("{} does not fit {}: {e}", config.key.display(), config.cert.display()))
-        })?;
-    tls.alpn_protocols = vec![ALPN.to_vec()];
-    let crypto = QuicServerConfig::try_from(tls).map_err(|e| ServerError::Quic(e.to_string()))?;
-    let mut server = quinn::ServerConfig::with_crypto(Arc::new(crypto));
-    let mut transport = quinn::TransportConfig::default();
-    transport.max_idle_timeout(Some(Duration::from_secs(30).try_into().map_err(|_| ServerError::Quic("idle".into()))?));
-    // What edges may take (`limits`): streams, windows, memory.
-    limits(&mut transport);
-    transport.congestion_controller_factory(config.congestion.factory());
-    server.transport_config(Arc::new(transport));
+    let server = server_config(config, limits)?;
     let socket =
         std::net::UdpSocket::bind(config.bind).map_err(|source| ServerError::Bind { addr: config.bind, source })?;
     socket_buffers(&socket, config.socket_buffer.0);
@@ -134,6 +118,43 @@ pub fn endpoint(
     endpoint_config.cid_generator(move || Box::new(quinn_proto::HashedConnectionIdGenerator::from_key(cids)));
     quinn::Endpoint::new(endpoint_config, Some(server), socket, runtime)
         .map_err(|source| ServerError::Bind { addr: config.bind, source })
+}
+
+/// What a handshake is made with: the bridge's certificate and key, the fleet CA edges' client
+/// certificates must chain to, and the transport limits. Built at start and again at a reload
+/// (`trust::reload`).
+fn server_config(
+    config: &ServerConfig,
+    limits: impl FnOnce(&mut quinn::TransportConfig),
+) -> Result<quinn::ServerConfig, ServerError> {
+    let provider = shared::tls::provider();
+    let roots = Arc::new(shared::tls::load_roots(&config.client_ca)?);
+    let verifier = WebPkiClientVerifier::builder_with_provider(roots, provider.clone())
+        .build()
+        .map_err(|e| ServerError::Quic(format!("fleet CA {}: {e}", config.client_ca.display())))?;
+    let key = shared::tls::load_key(&config.key)?;
+    let mut tls = rustls::ServerConfig::builder_with_provider(provider)
+        .with_protocol_versions(&[&rustls::version::TLS13])
+        .map_err(|e| ServerError::Quic(e.to_string()))?
+        .with_client_cert_verifier(verifier)
+        .with_single_cert(shared::tls::load_certs(&config.cert)?, key)
+        .map_err(|e| {
+            ServerError::Quic(format!("{} does not fit {}: {e}", config.key.display(), config.cert.display()))
+        })?;
+    tls.alpn_protocols = vec![ALPN.to_vec()];
+    // No resumption: a resumed handshake takes the client certificate from the first one,
+    // without checking it again against the CA, its dates or the deny list.
+    tls.session_storage = Arc::new(rustls::server::NoServerSessionStorage {});
+    tls.send_tls13_tickets = 0;
+    let crypto = QuicServerConfig::try_from(tls).map_err(|e| ServerError::Quic(e.to_string()))?;
+    let mut server = quinn::ServerConfig::with_crypto(Arc::new(crypto));
+    let mut transport = quinn::TransportConfig::default();
+    transport.max_idle_timeout(Some(Duration::from_secs(30).try_into().map_err(|_| ServerError::Quic("idle".into()))?));
+    // What edges may take (`limits`): streams, windows, memory.
+    limits(&mut transport);
+    transport.congestion_controller_factory(config.congestion.factory());
+    server.transport_config(Arc::new(transport));
+    Ok(server)
 }
 
 /// Asks for `bytes` of UDP receive and send buffer on `socket` and logs what the kernel gave
@@ -202,6 +223,7 @@ pub struct Services {
 pub async fn accept_loop<S: Sink>(
     endpoint: quinn::Endpoint,
     config: Arc<ServerConfig>,
+    trust: Arc<trust::Trust>,
     mut limits: Limits,
     sink: Arc<S>,
     services: Services,
@@ -209,7 +231,6 @@ pub async fn accept_loop<S: Sink>(
     shutdown: CancellationToken,
     tasks: tokio_util::task::TaskTracker,
 ) {
-    let live = Arc::new(LiveSessions::default());
     loop {
         let incoming = tokio::select! {
             _ = shutdown.cancelled() => break,
@@ -230,7 +251,7 @@ pub async fn accept_loop<S: Sink>(
             }
         };
         let (config, sink, metrics, shutdown) = (config.clone(), sink.clone(), metrics.clone(), shutdown.clone());
-        let (services, live) = (services.clone(), live.clone());
+        let (services, trust) = (services.clone(), trust.clone());
         let (budget, stall, log) = (limits.budget.connection(), limits.stall, limits.log.clone());
         tasks.spawn(async move {
             let mut admitted = admitted;
@@ -264,7 +285,7 @@ pub async fn accept_loop<S: Sink>(
                 return;
             };
             let serial = shared::tls::certificate_serial(&cert).unwrap_or_default();
-            if config.deny_serials.contains(&serial) {
+            if trust.denied(&serial) {
                 refuse(&metrics, "denied_serial");
                 if let Some(held_back) = log.allow() {
                     tracing::warn!(%remote, edge, serial, held_back, "edge certificate is on the deny list");
@@ -272,10 +293,13 @@ pub async fn accept_loop<S: Sink>(
                 conn.close(2u32.into(), b"certificate denied");
                 return;
             }
-            let (ticket, replaced) = live.claim(&edge);
+            // TLS checks the validity only at the handshake (and there is no resumption to
+            // skip it): the session ends when the certificate does.
+            let expires = shared::tls::certificate_expiry(&cert);
+            let claim = trust.claim(&edge, &serial);
             let session = SessionLimits { max_held: config.max_held, budget, stall, log };
-            serve_edge(conn, &edge, session, sink, services, &metrics, shutdown, replaced).await;
-            live.release(&edge, ticket);
+            serve_edge(conn, &edge, session, sink, services, &metrics, shutdown, &claim, expires).await;
+            trust.release(&edge, claim.ticket);
         });
     }
     endpoint.close(0u32.into(), b"bridge shutting down");
@@ -287,35 +311,18 @@ pub async fn accept_loop<S: Sink>(
 /// the refusals above); the edge backs off as after a refusal.
 const CLOSE_REPLACED: u32 = 3;
 
-/// The live session of each edge id: one at a time. A newer connection with the same
-/// certificate id ends the older one, so one certificate (stolen, or a gateway cloned with its
-/// keys) cannot hold sessions, streams and their memory many times over, and two sessions of
-/// one edge never interleave marks on this bridge.
-#[derive(Debug, Default)]
-struct LiveSessions {
-    next: std::sync::atomic::AtomicU64,
-    live: std::sync::Mutex<HashMap<String, (u64, CancellationToken)>>,
-}
+/// QUIC close code of a session whose certificate a reload put on the deny list: the refusal
+/// a new handshake with it gets.
+const CLOSE_DENIED: u32 = 2;
 
-impl LiveSessions {
-    /// Makes this connection `edge`'s live session, ending the one before; returns its ticket
-    /// and the token that ends it in turn.
-    fn claim(&self, edge: &str) -> (u64, CancellationToken) {
-        let ticket = self.next.fetch_add(1, Ordering::Relaxed);
-        let token = CancellationToken::new();
-        let mut live = self.live.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-        if let Some((_, older)) = live.insert(edge.to_owned(), (ticket, token.clone())) {
-            older.cancel();
+/// Waits until `expires` (forever without one; at once if it passed).
+async fn until_expiry(expires: Option<std::time::SystemTime>) {
+    match expires {
+        Some(at) => {
+            let left = at.duration_since(std::time::SystemTime::now()).unwrap_or_default();
+            tokio::time::sleep(left).await;
         }
-        (ticket, token)
-    }
-
-    /// Forgets `edge`'s session if it is still the one with `ticket`.
-    fn release(&self, edge: &str, ticket: u64) {
-        let mut live = self.live.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-        if live.get(edge).is_some_and(|(t, _)| *t == ticket) {
-            live.remove(edge);
-        }
+        None => std::future::pending().await,
     }
 }
 
@@ -345,7 +352,8 @@ async fn serve_edge<S: Sink>(
     services: Services,
     metrics: &Metrics,
     shutdown: CancellationToken,
-    replaced: CancellationToken,
+    claim: &trust::Claim,
+    expires: Option<std::time::SystemTime>,
 ) {
     metrics.connected.inc();
     let log = limits.log.clone();
@@ -360,7 +368,8 @@ async fn serve_edge<S: Sink>(
             end.err().unwrap_or(SessionEnd::Closed)
         }
         _ = shutdown.cancelled() => SessionEnd::Shutdown,
-        _ = replaced.cancelled() => SessionEnd::Replaced,
+        _ = claim.ended.cancelled() => if claim.denied() { SessionEnd::Denied } else { SessionEnd::Replaced },
+        _ = until_expiry(expires) => SessionEnd::Expired,
     };
     presence.ended();
     metrics.lag.dec_by(lag);
@@ -372,6 +381,10 @@ async fn serve_edge<S: Sink>(
             _ => tracing::warn!(edge, held_back, "edge session ended: {end}"),
         }
     }
-    let code = if matches!(end, SessionEnd::Replaced) { CLOSE_REPLACED } else { 0 };
+    let code = match end {
+        SessionEnd::Replaced => CLOSE_REPLACED,
+        SessionEnd::Denied | SessionEnd::Expired => CLOSE_DENIED,
+        _ => 0,
+    };
     conn.close(code.into(), end.to_string().as_bytes());
 }

@@ -249,7 +249,13 @@ impl BrokerHandle {
     /// Counts a client the front disconnected for accepting no data for
     /// `broker.slow_client_timeout` (`edge_mqtt_disconnects_total{reason="slow_client"}`).
     pub fn count_slow_client(&self) {
-        lock(&self.core).count_disconnect("slow_client");
+        self.count_disconnect("slow_client");
+    }
+
+    /// Counts a client the front disconnected for `reason`
+    /// (`edge_mqtt_disconnects_total{reason}`).
+    pub fn count_disconnect(&self, reason: &'static str) {
+        lock(&self.core).count_disconnect(reason);
     }
 
     /// Waits while the session store is far behind (`store::MAX_PENDING_OPS`): a client's

@@ -74,12 +74,25 @@ pub struct LogConfig {
     /// `text` or `json`. Default: `text`.
     #[serde(default)]
     pub format: LogFormat,
+    /// Lines a second about what clients not yet logged in make happen (refused connections,
+    /// bad first packets, failed handshakes); past it they are held back, counted
+    /// (`edge_log_lines_suppressed_total`), and the next line says how many. Default: 20.
+    #[serde(default = "default_peer_lines_per_second")]
+    pub peer_lines_per_second: u32,
 }
 
 impl Default for LogConfig {
     fn default() -> Self {
-        Self { level: default_log_level(), format: LogFormat::Text }
+        Self {
+            level: default_log_level(),
+            format: LogFormat::Text,
+            peer_lines_per_second: default_peer_lines_per_second(),
+        }
     }
+}
+
+fn default_peer_lines_per_second() -> u32 {
+    20
 }
 
 /// Parses a level filter: comma-separated `level` or `target=level` directives. A bare word

@@ -22,10 +22,16 @@ use crate::broker::driver::Wakers;
 use crate::labels::{self, RefusedLabels};
 
 /// How a connection came in.
+/// A verified client certificate: who it says the client is, and until when.
+pub(super) struct CertIdentity {
+    pub identity: Identity,
+    pub expires: Option<std::time::SystemTime>,
+}
+
 pub(super) struct Entry<'a> {
     pub listener: &'a str,
     pub anonymous: bool,
-    pub cert_identity: Option<Identity>,
+    pub cert: Option<CertIdentity>,
     pub peer: SocketAddr,
     /// Held until the client is admitted or refused.
     pub pending: tokio::sync::OwnedSemaphorePermit,
@@ -44,6 +50,8 @@ enum End {
     Closed,
     SlowClient,
     Shutdown,
+    /// The client's certificate, its identity, expired.
+    Expired,
 }
 
 pub(super) async fn serve<S>(stream: S, entry: Entry<'_>, ctx: &Arc<FrontContext>)
@@ -81,7 +89,9 @@ where
         Ok(Ok(Some(frame))) => frame,
         Ok(Ok(None)) => return refused("closed_before_connect"),
         Ok(Err(e)) => {
-            tracing::info!(listener = entry.listener, peer = %entry.peer, error = %e, "bad first packet");
+            if let Some(held_back) = ctx.peer_line() {
+                tracing::info!(listener = entry.listener, peer = %entry.peer, error = %e, held_back, "bad first packet");
+            }
             return refused(if matches!(e, DecodeError::TooLarge { .. }) { "connect_too_large" } else { "malformed" });
         }
         Err(_) => return refused("timeout"),
@@ -89,7 +99,9 @@ where
     let connect = match codec::decode_connect(frame) {
         Ok(c) => c,
         Err(e) => {
-            tracing::info!(listener = entry.listener, peer = %entry.peer, error = %e, "CONNECT refused");
+            if let Some(held_back) = ctx.peer_line() {
+                tracing::info!(listener = entry.listener, peer = %entry.peer, error = %e, held_back, "CONNECT refused");
+            }
             // [MQTT-3.1.2-2]: an unsupported level is answered before the close: a level below
             // 4 (MQTT 3.1) with MQTT 3.1.1's return code 1 in the form those clients read, a
             // later one than 5 with MQTT 5's 0x84 in MQTT 5's form. Anything else malformed is
@@ -107,17 +119,22 @@ where
         refusal.code
     };
 
-    let identity = match connect::authenticate(&connect, entry.cert_identity.clone(), entry.anonymous, ctx).await {
+    let cert_identity = entry.cert.as_ref().map(|c| c.identity.clone());
+    let identity = match connect::authenticate(&connect, cert_identity, entry.anonymous, ctx).await {
         Ok(id) => id,
         Err(refusal) => {
-            tracing::info!(listener = entry.listener, peer = %entry.peer, reason = refusal.label, "CONNECT refused");
+            if let Some(held_back) = ctx.peer_line() {
+                tracing::info!(listener = entry.listener, peer = %entry.peer, reason = refusal.label, held_back, "CONNECT refused");
+            }
             let _ = write_connack(&mut wr, version, refuse(refusal)).await;
             return;
         }
     };
     // Admitted connections count against max_connections from here on, and only they do.
     let Ok(permit) = ctx.permits.clone().try_acquire_owned() else {
-        tracing::warn!(listener = entry.listener, peer = %entry.peer, "connection refused: broker.max_connections reached");
+        if let Some(held_back) = ctx.peer_line() {
+            tracing::warn!(listener = entry.listener, peer = %entry.peer, held_back, "connection refused: broker.max_connections reached");
+        }
         let _ = write_connack(&mut wr, version, refuse(connect::MAX_CONNECTIONS)).await;
         return;
     };
@@ -129,19 +146,22 @@ where
     let request = ConnectRequest { conn, connect, identity: connect::core_identity(&identity, rules) };
     let (admitted, spool) = ctx.broker.with(|b| b.connect(request, Instant::now()));
     if let Err(refusal) = admitted {
-        tracing::info!(listener = entry.listener, peer = %entry.peer, reason = refusal.label, "CONNECT refused");
+        if let Some(held_back) = ctx.peer_line() {
+            tracing::info!(listener = entry.listener, peer = %entry.peer, reason = refusal.label, held_back, "CONNECT refused");
+        }
         let _ = write_connack(&mut wr, version, refuse(Refusal { code: refusal.code, label: refusal.label })).await;
         ctx.broker.unregister(conn).await;
         return;
     }
     ctx.broker.run_spool(spool).await;
 
-    tracing::debug!(listener = entry.listener, peer = %entry.peer, user = identity.name(), %client_id, ?version, "connected");
+    tracing::debug!(listener = entry.listener, peer = %entry.peer, user = ?identity.name(), ?client_id, ?version, "connected");
     let label = labels::listener_label(entry.listener);
     ctx.metrics.connections_total.get_or_create(&label).inc();
     let open = ctx.metrics.connections.get_or_create(&label).clone();
     open.inc();
 
+    let logged_in_by_cert = matches!(identity, Identity::Certificate(_));
     let mut reader = Reader {
         conn,
         version,
@@ -171,17 +191,33 @@ where
             (None, None) => unreachable!("a connection writes one way or the other"),
         }
     };
+    // A client logged in by its certificate is served until the certificate expires: TLS
+    // checks the dates only at the handshake (and there is no resumption to skip that).
+    let expires = entry.cert.as_ref().filter(|_| logged_in_by_cert).and_then(|c| c.expires);
+    let expiry = async {
+        match expires {
+            Some(at) => tokio::time::sleep(at.duration_since(std::time::SystemTime::now()).unwrap_or_default()).await,
+            None => std::future::pending().await,
+        }
+    };
     let end = tokio::select! {
         biased;
         _ = ctx.shutdown.cancelled() => End::Shutdown,
+        _ = expiry => End::Expired,
         end = writing => end,
         end = reader.run(&mut rd, &wakers) => end,
     };
     match end {
-        End::Shutdown => {
-            // MQTT 5 clients hear 0x8B; the core fires no will for a server shutdown.
+        End::Shutdown | End::Expired => {
+            // MQTT 5 clients hear 0x8B at a shutdown, 0x87 (not authorized) when their
+            // certificate expired; the core fires no will for either.
+            let code = if end == End::Shutdown { reason::SERVER_SHUTTING_DOWN } else { reason::NOT_AUTHORIZED };
+            if end == End::Expired {
+                tracing::info!(listener = entry.listener, peer = %entry.peer, ?client_id, "client certificate expired: disconnected");
+                ctx.broker.count_disconnect("certificate_expired");
+            }
             let (t, _) = ctx.broker.with(|b| {
-                b.disconnect(conn, reason::SERVER_SHUTTING_DOWN, Instant::now());
+                b.disconnect(conn, code, Instant::now());
                 b.poll_transmit(conn, Instant::now(), WRITE_BATCH)
             });
             match (&direct, wr.as_mut()) {
@@ -195,7 +231,7 @@ where
             }
         }
         End::SlowClient => {
-            tracing::warn!(listener = entry.listener, peer = %entry.peer, %client_id, "slow client disconnected: accepted no data for broker.slow_client_timeout");
+            tracing::warn!(listener = entry.listener, peer = %entry.peer, ?client_id, "slow client disconnected: accepted no data for broker.slow_client_timeout");
             ctx.broker.count_slow_client();
         }
         End::Lost | End::Closed => {}
@@ -206,7 +242,7 @@ where
     // A direct socket closes once the broker forgets it (its last reference goes).
     ctx.broker.unregister(conn).await;
     drop(direct);
-    tracing::debug!(listener = entry.listener, %client_id, ?end, "connection closed");
+    tracing::debug!(listener = entry.listener, ?client_id, ?end, "connection closed");
     open.dec();
     drop(permit);
 }

@@ -20,6 +20,8 @@ pub struct FrontMetrics {
     pub qos1_inflight: Gauge,
     pub bytes_in: Counter,
     pub bytes_out: Counter,
+    /// Lines about unauthenticated peers held back by `log.peer_lines_per_second`.
+    pub log_suppressed: Counter,
 }
 
 impl FrontMetrics {
@@ -36,6 +38,7 @@ impl FrontMetrics {
             qos1_inflight: Gauge::default(),
             bytes_in: Counter::default(),
             bytes_out: Counter::default(),
+            log_suppressed: Counter::default(),
         };
         r.register("mqtt_connections_open", "Open MQTT client connections", m.connections.clone());
         r.register("mqtt_connections", "MQTT client connections accepted", m.connections_total.clone());
@@ -68,6 +71,11 @@ impl FrontMetrics {
         );
         r.register("mqtt_received_bytes", "Bytes read from MQTT clients", m.bytes_in.clone());
         r.register("mqtt_sent_bytes", "Bytes written to MQTT clients", m.bytes_out.clone());
+        r.register(
+            "log_lines_suppressed",
+            "Log lines about clients not yet logged in held back by log.peer_lines_per_second",
+            m.log_suppressed.clone(),
+        );
         m
     }
 }

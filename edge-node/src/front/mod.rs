@@ -36,6 +36,18 @@ pub use config::{ListenerConfig, check_listeners, default_listeners};
 pub use connect::rules_of_owner;
 pub use metrics::FrontMetrics;
 
+impl FrontContext {
+    /// Whether a line about a peer not yet logged in may be written now; if so, how many were
+    /// held back before it.
+    pub(crate) fn peer_line(&self) -> Option<u64> {
+        let allowed = self.log.allow_at(std::time::Instant::now());
+        if allowed.is_none() {
+            self.metrics.log_suppressed.inc();
+        }
+        allowed
+    }
+}
+
 /// Everything connections share.
 #[derive(Debug)]
 pub struct FrontContext {
@@ -49,6 +61,8 @@ pub struct FrontContext {
     /// Bumped on every reload, so connections re-resolve their ACL rules.
     pub auth_generation: AtomicU64,
     pub metrics: FrontMetrics,
+    /// `log.peer_lines_per_second`: what peers not yet logged in may make the node write.
+    pub log: shared::log_budget::LogBudget,
     /// Connections admitted (past CONNECT and the login): `broker.max_connections`.
     pub permits: Arc<Semaphore>,
     /// Connections not yet admitted: `broker.max_pending_connections`.
@@ -138,21 +152,23 @@ async fn handle(
             let acceptor = acceptor.load_full();
             match tokio::time::timeout(ctx.connect_timeout, acceptor.accept(stream)).await {
                 Ok(Ok(tls)) => {
-                    let identity = tls
-                        .get_ref()
-                        .1
-                        .peer_certificates()
-                        .and_then(|chain| chain.first())
-                        .and_then(crate::tls::certificate_identity)
-                        .map(Identity::Certificate);
-                    serve(tls, identity, &listener, &ctx, peer, pending, quickack).await
+                    let first = tls.get_ref().1.peer_certificates().and_then(|chain| chain.first());
+                    let cert = first.and_then(|c| {
+                        let identity = Identity::Certificate(crate::tls::certificate_identity(c)?);
+                        Some(conn::CertIdentity { identity, expires: crate::tls::certificate_expiry(c) })
+                    });
+                    serve(tls, cert, &listener, &ctx, peer, pending, quickack).await
                 }
                 Ok(Err(e)) => {
-                    tracing::info!(listener = %listener.name, %peer, error = %e, "TLS handshake failed");
+                    if let Some(held_back) = ctx.peer_line() {
+                        tracing::info!(listener = %listener.name, %peer, error = %e, held_back, "TLS handshake failed");
+                    }
                     refused("tls");
                 }
                 Err(_) => {
-                    tracing::info!(listener = %listener.name, %peer, "TLS handshake timed out");
+                    if let Some(held_back) = ctx.peer_line() {
+                        tracing::info!(listener = %listener.name, %peer, held_back, "TLS handshake timed out");
+                    }
                     refused("timeout");
                 }
             }
@@ -163,7 +179,7 @@ async fn handle(
 /// Serves the connection, over WebSocket on a WebSocket listener.
 async fn serve<S>(
     stream: S,
-    cert_identity: Option<Identity>,
+    cert: Option<conn::CertIdentity>,
     listener: &Listener,
     ctx: &Arc<FrontContext>,
     peer: SocketAddr,
@@ -172,8 +188,7 @@ async fn serve<S>(
 ) where
     S: AsyncRead + AsyncWrite + Send + Unpin + 'static,
 {
-    let entry =
-        conn::Entry { listener: &listener.name, anonymous: listener.anonymous, cert_identity, peer, pending, quickack };
+    let entry = conn::Entry { listener: &listener.name, anonymous: listener.anonymous, cert, peer, pending, quickack };
     if !listener.websocket {
         return conn::serve(stream, entry, ctx).await;
     }
@@ -183,7 +198,9 @@ async fn serve<S>(
         Ok(Ok(ws)) => conn::serve(ws, entry, ctx).await,
         Ok(Err(e)) => {
             let reason = if ws::is_origin_refusal(&e) { "origin" } else { "websocket" };
-            tracing::info!(listener = %listener.name, %peer, error = %e, reason, "WebSocket handshake refused");
+            if let Some(held_back) = ctx.peer_line() {
+                tracing::info!(listener = %listener.name, %peer, error = %e, reason, held_back, "WebSocket handshake refused");
+            }
             ctx.metrics
                 .connects_refused
                 .get_or_create(&RefusedLabels { listener: listener.name.clone(), reason })

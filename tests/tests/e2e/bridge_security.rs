@@ -206,3 +206,89 @@ async fn failed_handshakes_past_the_log_rate_are_counted_not_written() {
         .collect();
     assert!(said.iter().sum::<usize>() <= held_back, "{said:?} against {held_back}");
 }
+
+/// `deny_serials` took effect only after restarting every bridge, and a SIGHUP killed
+/// cloud-bridge (no handler; with the unit's `Restart=on-failure` it stayed down). A SIGHUP now
+/// re-reads the certificates and the deny list: a reload that cannot be used changes nothing
+/// and the bridge serves on; one that denies a serial closes that edge's live session (close
+/// code 2, counted `denied_serial`) and refuses its next handshake, while the other edge flows.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sighup_reloads_the_deny_list_and_closes_the_denied_edges_session() {
+    let dir = tempfile::tempdir().unwrap();
+    let keys = pki(dir.path(), &["edge-2"]);
+    let sink = format!("kind = \"sqlite\"\npath = \"{}\"\n", dir.path().join("central.db").display());
+    let bridge = e2e_tests::fleet::BridgeProcess::start(dir.path(), &keys, &sink, "").unwrap();
+    let up = |edge: &str| e2e_tests::cloud::uplink_section(&keys, edge, &[bridge.quic], "");
+    let one = TestNode::start(&format!("{}\n{}", classes_toml(), up("edge-1"))).await;
+    let two = TestNode::start(&format!("{}\n{}", classes_toml(), up("edge-2"))).await;
+    assert!(e2e_tests::eventually(WAIT, || bridge.metric("bridge_edges_connected") == 2.0).await);
+    let hup = |pid: u32| {
+        assert!(std::process::Command::new("kill").args(["-HUP", &pid.to_string()]).status().unwrap().success())
+    };
+
+    // A config whose certificate is gone: refused, nothing changes, the bridge lives.
+    let text = std::fs::read_to_string(bridge.config()).unwrap();
+    std::fs::write(bridge.config(), text.replace(&keys.server_cert.display().to_string(), "/nonexistent.pem")).unwrap();
+    hup(bridge.pid());
+    assert!(e2e_tests::eventually(WAIT, || bridge.stderr().contains("reload refused")).await, "{}", bridge.stderr());
+    assert_eq!(bridge.metric("bridge_edges_connected"), 2.0);
+
+    let cert = shared::tls::load_certs(&keys.edges[1].1).unwrap();
+    let serial = shared::tls::certificate_serial(&cert[0]).unwrap();
+    std::fs::write(bridge.config(), text.replace("[server]\n", &format!("[server]\ndeny_serials = [\"{serial}\"]\n")))
+        .unwrap();
+    hup(bridge.pid());
+    assert!(
+        e2e_tests::eventually(WAIT, || bridge.metric("bridge_sessions_closed_total{reason=\"denied_serial\"}") == 1.0)
+            .await,
+        "{}",
+        bridge.stderr()
+    );
+    assert!(
+        e2e_tests::eventually(WAIT, || bridge.metric("bridge_connections_refused_total{reason=\"denied_serial\"}")
+            >= 1.0)
+        .await
+    );
+    assert!(e2e_tests::eventually(WAIT, || two.metric("edge_uplink_refused_total") >= 1.0).await, "{}", two.metrics());
+    // The other edge flows on the same bridge.
+    let publisher = Client::anonymous(one.local(), "pub").await;
+    publisher.publish("telemetry/after", QoS::AtLeastOnce, false, "x").await;
+    assert!(
+        e2e_tests::eventually(WAIT, || one.metric("edge_spool_class_records{class=\"telemetry\"}") == 0.0
+            && bridge.metric("bridge_records_total") >= 1.0)
+        .await
+    );
+    assert_eq!(bridge.metric("bridge_edges_connected"), 1.0);
+}
+
+/// An edge certificate's session outlived its `notAfter` (dates are checked at the handshake,
+/// and a resumed handshake skipped the certificate): the bridge ends the session when the
+/// certificate expires (code 2, counted `certificate_expired`) and offers no resumption, so
+/// the edge's next handshake with it fails.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_edge_session_ends_when_its_certificate_expires() {
+    let dir = tempfile::tempdir().unwrap();
+    let ca = Ca::new(dir.path(), "fleet");
+    let server = ca.server(dir.path(), "cloud");
+    let short = ca.client_until(dir.path(), "edge-1", Duration::from_secs(5));
+    let keys = cloud_bridge::certs::Pki {
+        ca: ca.cert_path.clone(),
+        server_cert: server.cert,
+        server_key: server.key,
+        edges: vec![("edge-1".into(), short.cert, short.key)],
+    };
+    let cloud = TestCloud::start(dir.path(), keys, "127.0.0.1:0".parse().unwrap(), "").await;
+    let edge = TestNode::start(&format!("{}\n{}", classes_toml(), cloud.uplink_section("edge-1"))).await;
+    assert!(e2e_tests::eventually(WAIT, || cloud.metric("bridge_edges_connected") == 1.0).await);
+    let expired = "bridge_sessions_closed_total{reason=\"certificate_expired\"}";
+    assert!(e2e_tests::eventually(WAIT, || cloud.metric(expired) == 1.0).await, "{}", cloud.bridge.metrics().encode());
+    // Its handshakes fail from now on: the edge stays down, its records spooled.
+    assert!(
+        e2e_tests::eventually(WAIT, || cloud.metric("bridge_connections_refused_total{reason=\"handshake\"}") >= 1.0)
+            .await
+    );
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert_eq!(cloud.metric("bridge_edges_connected"), 0.0);
+    assert_eq!(cloud.metric(expired), 1.0, "no session again");
+    drop(edge);
+}

@@ -371,3 +371,90 @@ async fn the_brokers_statistics_are_under_sys_and_read_only() {
     forger.send(&publish_v5(b"$SYS/broker/uptime", 1, 1, true, &[], b"0 seconds")).await.unwrap();
     assert_eq!(forger.until(4, WAIT).await.expect("PUBACK")[4], 0x87);
 }
+
+/// Failures before the login logged a line each at `info` with no budget: 500 connections
+/// sending garbage write at most `log.peer_lines_per_second` lines a second, the rest counted
+/// and told with the next line.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lines_about_peers_not_logged_in_have_a_budget() {
+    let dir = tempfile::tempdir().unwrap();
+    let edge = EdgeProcess::start(dir.path(), &config_text("[log]\npeer_lines_per_second = 5\n"));
+    for _ in 0..500 {
+        let mut c = RawClient::connect(edge.addr("local")).await.unwrap();
+        let _ = c.send(b"GET / HTTP/1.1\r\n\r\n").await;
+        let _ = c.packet(WAIT).await;
+    }
+    assert!(
+        e2e_tests::eventually(WAIT, || edge
+            .metric("edge_mqtt_connects_refused_total{listener=\"local\",reason=\"malformed\"}")
+            == 500.0)
+        .await
+    );
+    let lines = edge.stderr().lines().filter(|l| l.contains("bad first packet")).count();
+    let suppressed = edge.metric("edge_log_lines_suppressed_total");
+    assert!(lines < 100, "{lines} lines");
+    assert_eq!(lines as f64 + suppressed, 500.0);
+}
+
+/// A TLS connection to `addr` presenting `client` (certificate and key) to a server of `ca`.
+async fn tls_client(
+    addr: std::net::SocketAddr,
+    ca: &std::path::Path,
+    client: &e2e_tests::certs::Issued,
+) -> std::io::Result<tokio_rustls::client::TlsStream<tokio::net::TcpStream>> {
+    let mut roots = rustls::RootCertStore::empty();
+    for c in shared::tls::load_certs(ca).unwrap() {
+        roots.add(c).unwrap();
+    }
+    let config = rustls::ClientConfig::builder_with_provider(shared::tls::provider())
+        .with_safe_default_protocol_versions()
+        .unwrap()
+        .with_root_certificates(roots)
+        .with_client_auth_cert(
+            shared::tls::load_certs(&client.cert).unwrap(),
+            shared::tls::load_key(&client.key).unwrap(),
+        )
+        .unwrap();
+    let tcp = tokio::net::TcpStream::connect(addr).await?;
+    let name = rustls::pki_types::ServerName::try_from("localhost").unwrap();
+    tokio_rustls::TlsConnector::from(std::sync::Arc::new(config)).connect(name, tcp).await
+}
+
+/// A client logged in by its certificate stayed connected past the certificate's `notAfter`
+/// (TLS checks dates at the handshake only): it is disconnected at the expiry now (MQTT 5:
+/// DISCONNECT 0x87, counted `certificate_expired`), and a new handshake with it fails, with no
+/// session resumption to skip the check.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_certificate_ends_its_connection_when_it_expires() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let dir = tempfile::tempdir().unwrap();
+    let ca = e2e_tests::certs::Ca::new(dir.path(), "fleet");
+    ca.server(dir.path(), "server");
+    let short = ca.client_until(dir.path(), "cam-9", Duration::from_secs(4));
+    let listener = "[[listener]]\nname = \"mtls\"\nbind = \"127.0.0.1:0\"\n[listener.tls]\ncert = \"server.pem\"\n\
+                    key = \"server.key\"\nclient_ca = \"fleet-ca.pem\"\nclient_certs = \"required\"\n";
+    let edge = EdgeProcess::start(dir.path(), &config_text(listener));
+    let mut tls = tls_client(edge.addr("mtls"), &ca.cert_path, &short).await.unwrap();
+    tls.write_all(&connect_v5("cam-9", true, &[])).await.unwrap();
+    let mut buf = vec![0u8; 64];
+    let n = tls.read(&mut buf).await.unwrap();
+    assert!(n >= 4 && buf[0] == 0x20 && buf[3] == 0, "CONNACK 0: {:?}", &buf[..n]);
+    // Nothing more until the certificate expires, then DISCONNECT 0x87 and the close.
+    let started = std::time::Instant::now();
+    let mut rest = Vec::new();
+    let _ = tokio::time::timeout(Duration::from_secs(15), tls.read_to_end(&mut rest)).await.expect("closed by now");
+    assert!(started.elapsed() >= Duration::from_secs(2), "not before the expiry: {:?}", started.elapsed());
+    assert_eq!(rest.get(..1), Some(&[0xE0][..]), "{rest:?}");
+    assert!(rest.contains(&0x87), "{rest:?}");
+    assert_eq!(edge.metric("edge_mqtt_disconnects_total{reason=\"certificate_expired\"}"), 1.0);
+    let again = async {
+        let mut t = tls_client(edge.addr("mtls"), &ca.cert_path, &short).await?;
+        t.write_all(&connect_v5("cam-9", true, &[])).await?;
+        let mut b = [0u8; 8];
+        match t.read(&mut b).await? {
+            0 => Err(std::io::Error::other("closed")),
+            _ => Ok(()),
+        }
+    };
+    assert!(again.await.is_err(), "an expired certificate gets no connection");
+}

@@ -89,7 +89,7 @@ impl Broker {
         if let Some(key) = existing {
             let owner = self.session(key).map(|s| s.owner.clone());
             if self.limits.client_ids == ClientIds::PerIdentity && owner.as_deref() != Some(&*identity.owner) {
-                tracing::info!(client_id = %client_id, "CONNECT refused: the client id belongs to another identity");
+                tracing::info!(client_id = ?client_id, "CONNECT refused: the client id belongs to another identity");
                 return refuse(reason::CLIENT_ID_NOT_VALID, "client_id_owned");
             }
         } else if !identity.internal {
@@ -100,7 +100,7 @@ impl Broker {
             // One identity (a user, a certificate, every anonymous client together) must not
             // fill `max_sessions` with sessions that outlive it and come back at each restart.
             if c.session_expiry > 0 && stored_by_owner >= self.limits.max_stored_sessions_per_identity {
-                tracing::info!(client_id = %client_id, owner = %identity.owner, "CONNECT refused: broker.max_stored_sessions_per_identity reached");
+                tracing::info!(client_id = ?client_id, owner = ?identity.owner, "CONNECT refused: broker.max_stored_sessions_per_identity reached");
                 return refuse(reason::QUOTA_EXCEEDED, "max_stored_sessions_per_identity");
             }
         }
@@ -386,7 +386,7 @@ impl Broker {
     /// Publishes a will now: its Message Expiry Interval starts here (§3.1.3.2.4: it is sent as
     /// the Publication Expiry Interval when the server publishes it).
     pub(super) fn publish_will(&mut self, will: PendingWill, now: Instant) {
-        tracing::debug!(topic = %will.msg.topic, "publishing a will");
+        tracing::debug!(topic = ?will.msg.topic, "publishing a will");
         self.metrics.wills.inc();
         if will.rules.as_ref().is_none_or(|r| r.may_publish(&will.msg.topic)) {
             let msg = match will.expiry {

@@ -123,7 +123,7 @@ impl Broker {
         };
         if let Some((label, code)) = refusal {
             self.metrics.refused(label);
-            tracing::debug!(conn = conn.0, topic = %topic, label, "publish refused");
+            tracing::debug!(conn = conn.0, topic = ?topic, label, "publish refused");
             return self.refuse_publish(conn, key, &p, version, code, now);
         }
         if p.qos != QoS::AtMostOnce
@@ -476,7 +476,7 @@ impl Broker {
             if let Some(parsed) = Filter::parse(f) {
                 self.router.unsubscribe(parsed, key);
             }
-            tracing::info!(filter = %f, "subscription removed: the ACL no longer allows it");
+            tracing::info!(filter = ?f, "subscription removed: the ACL no longer allows it");
         }
         if !denied.is_empty() {
             self.metrics.subscribe_refused("acl");
