@@ -217,6 +217,10 @@ impl BrokerConfig {
         if self.max_inflight == 0 {
             p.bad("broker.max_inflight", "must be at least 1");
         }
+        // A CONNECT with a client id, a user name and a password takes a few hundred bytes.
+        if self.max_connect_size.as_usize() < 1024 {
+            p.bad("broker.max_connect_size", "must be at least 1 KiB: smaller, ordinary clients could not connect");
+        }
         for (key, value) in [("broker.segment_size", &self.segment_size), ("broker.segment_count", &self.segment_count)]
         {
             if value.is_some() {

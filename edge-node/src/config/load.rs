@@ -268,11 +268,11 @@ mod tests {
 
     #[test]
     fn every_problem_is_listed() {
-        let text = "[broker]\nmax_connections = 0\nmax_inflight = 0\n";
+        let text = "[broker]\nmax_connections = 0\nmax_inflight = 0\nmax_connect_size = 100\n";
         match parse(text).unwrap_err() {
             ConfigError::Invalid { problems, .. } => {
                 let keys: Vec<_> = problems.iter().map(|p| p.key.as_str()).collect();
-                assert_eq!(keys, ["broker.max_connections", "broker.max_inflight"]);
+                assert_eq!(keys, ["broker.max_connections", "broker.max_inflight", "broker.max_connect_size"]);
             }
             other => panic!("unexpected {other}"),
         }

@@ -37,6 +37,9 @@ pub async fn read_batch<R: AsyncRead + Unpin>(r: &mut R, max: usize) -> Result<O
     }
 }
 
+/// What a frame's buffer starts at; it grows with the bytes that arrive.
+const FIRST_READ: usize = 64 << 10;
+
 /// One frame's body; `None` at a clean end of stream before a frame starts.
 pub async fn read_frame_body<R: AsyncRead + Unpin>(r: &mut R, max: usize) -> Result<Option<Vec<u8>>, FrameIoError> {
     let mut header = [0u8; HEADER];
@@ -52,12 +55,12 @@ pub async fn read_frame_body<R: AsyncRead + Unpin>(r: &mut R, max: usize) -> Res
         got += n;
     }
     let len = codec::body_len(header, max)?;
-    let mut body = vec![0u8; len];
-    if let Err(e) = r.read_exact(&mut body).await {
-        if e.kind() == std::io::ErrorKind::UnexpectedEof {
-            return Err(ProtoError::Truncated { got: 0, want: len }.into());
-        }
-        return Err(e.into());
+    // Grown as the bytes come, not allocated at the declared length: a peer that announces
+    // 4 MiB and sends nothing holds what it sent.
+    let mut body = Vec::with_capacity(len.min(FIRST_READ));
+    (&mut *r).take(len as u64).read_to_end(&mut body).await?;
+    if body.len() < len {
+        return Err(ProtoError::Truncated { got: body.len(), want: len }.into());
     }
     Ok(Some(body))
 }
@@ -77,9 +80,12 @@ where
     R: AsyncRead + Unpin + Send + 'static,
     T: DeserializeOwned + Send + 'static,
 {
-    // Boxed: a channel allocates room for 32 messages up front, and a control frame is a few
-    // hundred bytes; a bridge holds one channel per connection.
-    let (tx, rx) = tokio::sync::mpsc::channel(16);
+    // Boxed: a channel allocates room for its messages up front, and a control frame is
+    // usually a few hundred bytes; a bridge holds one channel per connection.
+    // Two decoded frames waiting at most, besides the one being read: a control frame may be
+    // a few MiB (a model manifest), and an edge that sends them faster than its session takes
+    // them holds three, not seventeen.
+    let (tx, rx) = tokio::sync::mpsc::channel(2);
     let task = tokio::spawn(async move {
         loop {
             let frame = read_frame::<_, T>(&mut r, max).await;
@@ -125,5 +131,24 @@ mod tests {
         let (a, mut b) = tokio::io::duplex(64);
         drop(a);
         assert_eq!(read_frame::<_, Control>(&mut b, MAX_CONTROL_FRAME).await.unwrap(), None);
+    }
+
+    /// A frame that announces more than it sends ends as truncated, saying how much came; its
+    /// buffer grew with what came (the body is read as it arrives, not allocated at the
+    /// announced length).
+    #[tokio::test]
+    async fn a_frame_shorter_than_announced_is_truncated() {
+        let (mut a, mut b) = tokio::io::duplex(64);
+        let mut frame = codec::encode(&Control::Ping { nonce: 7 }).unwrap();
+        let announced = MAX_CONTROL_FRAME as u32;
+        frame[..HEADER].copy_from_slice(&announced.to_be_bytes()[4 - HEADER..]);
+        a.write_all(&frame).await.unwrap();
+        drop(a);
+        let err = read_frame_body(&mut b, MAX_CONTROL_FRAME).await.unwrap_err();
+        let sent = frame.len() - HEADER;
+        assert!(
+            matches!(err, FrameIoError::Proto(ProtoError::Truncated { got, want }) if got == sent && want == MAX_CONTROL_FRAME),
+            "{err}"
+        );
     }
 }
