@@ -18,6 +18,7 @@ use shared::proto::io::{read_frame, write_frame};
 use shared::proto::{ChunkReply, Fetch, MAX_FETCH_FRAME, ModelAnnounce};
 
 use super::{ModelStore, Store, StoreError};
+use crate::limits::ConnectionBudget;
 
 /// Chunk streams' send priority; the control stream keeps quinn's default 0.
 const CHUNK_PRIORITY: i32 = -10;
@@ -116,12 +117,16 @@ impl EdgeModels {
         Ok(out)
     }
 
-    /// Serves chunk requests on the connection's bidirectional streams until it closes.
-    pub fn serve(&self, conn: quinn::Connection) -> tokio::task::JoinHandle<()> {
+    /// Serves chunk requests on the connection's bidirectional streams until it closes. Each
+    /// chunk is paid for from `budget` (the connection's batch memory) until it is written, so
+    /// an edge that asks and does not read holds at most its budget, not its streams' worth of
+    /// 2 MiB chunks.
+    pub fn serve(&self, conn: quinn::Connection, budget: ConnectionBudget) -> tokio::task::JoinHandle<()> {
         let (store, grants, metrics) = (self.service.store.clone(), self.grants.clone(), self.service.metrics.clone());
         tokio::spawn(async move {
             while let Ok((send, recv)) = conn.accept_bi().await {
-                tokio::spawn(serve_one(send, recv, store.clone(), grants.clone(), metrics.clone()));
+                let held = budget.clone();
+                tokio::spawn(serve_one(send, recv, store.clone(), grants.clone(), metrics.clone(), held));
             }
         })
     }
@@ -133,6 +138,7 @@ async fn serve_one(
     store: Arc<Store>,
     grants: Arc<Mutex<HashSet<String>>>,
     metrics: Arc<ServeMetrics>,
+    budget: ConnectionBudget,
 ) {
     let _ = send.set_priority(CHUNK_PRIORITY);
     let request =
@@ -148,6 +154,16 @@ async fn serve_one(
     let Fetch::Chunk { hash } = request else {
         let _ = send.reset(2u32.into());
         return;
+    };
+    // A chunk and its frame, reserved before it is read and held until it is written.
+    let _held = match budget.reserve(shared::model::CHUNK_MAX as usize + 1024).await {
+        Ok(r) => r,
+        Err(e) => {
+            metrics.refused.inc();
+            tracing::debug!(error = %e, "chunk not served: the connection's memory is taken");
+            let _ = send.reset(3u32.into());
+            return;
+        }
     };
     let granted = grants.lock().unwrap_or_else(|p| p.into_inner()).contains(&hash);
     let reply = if !granted {

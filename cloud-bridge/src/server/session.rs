@@ -53,6 +53,8 @@ pub(super) async fn run<S: Sink>(
     // Batches are read, paid for and decoded by a task of their own, in stream order.
     let dicts = Arc::new(Dicts::default());
     let (batch_tx, mut batch_rx) = mpsc::channel(1);
+    // Chunks served to the edge are paid from the same memory as its batches.
+    let chunk_budget = limits.budget.clone();
     let _ingest =
         AbortOnDropHandle::new(tokio::spawn(ingest::run(conn.clone(), limits.budget, dicts.clone(), batch_tx)));
     // Publishes in the order the core started them. Each is a task of its own, so it goes on
@@ -103,7 +105,7 @@ pub(super) async fn run<S: Sink>(
                         presence.welcomed(session);
                         if let Some(service) = models.filter(|_| !hello.models.is_empty()) {
                             let m = EdgeModels::new(service.clone(), hello.models.clone());
-                            let server = AbortOnDropHandle::new(m.serve(conn.clone()));
+                            let server = AbortOnDropHandle::new(m.serve(conn.clone(), chunk_budget.clone()));
                             edge_models = Some((m, server));
                             Box::pin(announce_models(edge, &mut edge_models, session)).await;
                         }

@@ -5,7 +5,7 @@
 
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use bytes::{Bytes, BytesMut};
@@ -37,6 +37,9 @@ pub(super) struct Entry<'a> {
     pub pending: tokio::sync::OwnedSemaphorePermit,
     /// The TCP socket underneath, for quick acks (see [`Reader::run`]).
     pub quickack: Option<socket2::Socket>,
+    /// What a WebSocket client may send before its login (`ws::Capped`), lifted once it is
+    /// admitted.
+    pub lift: Option<Arc<AtomicU64>>,
 }
 
 /// What the writer sends at a time, at most (and at least one message).
@@ -139,6 +142,9 @@ where
         return;
     };
     drop(entry.pending);
+    if let Some(cap) = &entry.lift {
+        cap.store(u64::MAX, Ordering::Release);
+    }
     let generation = ctx.auth_generation.load(Ordering::Acquire);
     let rules = ctx.auth.load().rules_for(&identity, &connect.client_id);
     let client_id = connect.client_id.clone();

@@ -176,6 +176,10 @@ async fn handle(
     }
 }
 
+/// What a WebSocket client may send before its login besides its CONNECT: the HTTP upgrade
+/// request (a browser's, cookies included) and the framing.
+const PRE_LOGIN_WEBSOCKET_BYTES: usize = 16 << 10;
+
 /// Serves the connection, over WebSocket on a WebSocket listener.
 async fn serve<S>(
     stream: S,
@@ -188,10 +192,22 @@ async fn serve<S>(
 ) where
     S: AsyncRead + AsyncWrite + Send + Unpin + 'static,
 {
-    let entry = conn::Entry { listener: &listener.name, anonymous: listener.anonymous, cert, peer, pending, quickack };
+    let mut entry = conn::Entry {
+        listener: &listener.name,
+        anonymous: listener.anonymous,
+        cert,
+        peer,
+        pending,
+        quickack,
+        lift: None,
+    };
     if !listener.websocket {
         return conn::serve(stream, entry, ctx).await;
     }
+    // Before the login, the handshake's headers and the CONNECT, not a whole largest message.
+    let cap = Arc::new(AtomicU64::new((ctx.max_connect_size + PRE_LOGIN_WEBSOCKET_BYTES) as u64));
+    entry.lift = Some(cap.clone());
+    let stream = ws::Capped::new(stream, cap);
     // A WebSocket message holds at most one largest packet and some of the next.
     let max_message = ctx.max_packet_size + 64 * 1024;
     match tokio::time::timeout(ctx.connect_timeout, ws::accept(stream, max_message, &listener.origins)).await {

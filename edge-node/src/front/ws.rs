@@ -4,6 +4,8 @@
 
 use std::io;
 use std::pin::Pin;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::task::{Context, Poll, ready};
 
 use bytes::{Buf, Bytes, BytesMut};
@@ -17,6 +19,59 @@ use tokio_tungstenite::tungstenite::{Error as WsError, Message};
 
 /// [MQTT-6.0.0-3]: clients offer `mqtt`; [MQTT-6.0.0-4]: the server selects it.
 const SUBPROTOCOL: &str = "mqtt";
+
+/// A stream whose reads stop `cap` bytes in until the cap is lifted. Under a WebSocket it
+/// bounds what a client not yet logged in can make the node buffer: tungstenite reads a whole
+/// message (up to `max_packet_size`) before the CONNECT in it is looked at, so without it a
+/// thousand pending connections held a gigabyte, as plain ones did before `max_connect_size`.
+#[derive(Debug)]
+pub(super) struct Capped<S> {
+    inner: S,
+    read: u64,
+    cap: Arc<AtomicU64>,
+}
+
+impl<S> Capped<S> {
+    /// `cap` is shared with whoever lifts it (the connection, once its client is admitted).
+    pub(super) fn new(inner: S, cap: Arc<AtomicU64>) -> Self {
+        Self { inner, read: 0, cap }
+    }
+}
+
+impl<S: AsyncRead + Unpin> AsyncRead for Capped<S> {
+    fn poll_read(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<io::Result<()>> {
+        let left = self.cap.load(Ordering::Acquire).saturating_sub(self.read);
+        if left == 0 {
+            return Poll::Ready(Err(io::Error::new(
+                io::ErrorKind::InvalidData,
+                "more than broker.max_connect_size before the login",
+            )));
+        }
+        let room = usize::try_from(left).unwrap_or(usize::MAX).min(buf.remaining());
+        // A window of `buf` of at most `room` bytes (initialized, so it can be advanced over
+        // without unsafe code; tokio zeroes only what was never initialized).
+        let mut window = ReadBuf::new(buf.initialize_unfilled_to(room));
+        ready!(Pin::new(&mut self.inner).poll_read(cx, &mut window))?;
+        let n = window.filled().len();
+        buf.advance(n);
+        self.read += n as u64;
+        Poll::Ready(Ok(()))
+    }
+}
+
+impl<S: AsyncWrite + Unpin> AsyncWrite for Capped<S> {
+    fn poll_write(mut self: Pin<&mut Self>, cx: &mut Context<'_>, data: &[u8]) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.inner).poll_write(cx, data)
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.inner).poll_flush(cx)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.inner).poll_shutdown(cx)
+    }
+}
 
 /// The browser origins a WebSocket listener serves (`listener.allowed_origins`). A browser
 /// sends the page's origin with every WebSocket handshake and lets any page open one to any

@@ -458,3 +458,79 @@ async fn a_client_certificate_ends_its_connection_when_it_expires() {
     };
     assert!(again.await.is_err(), "an expired certificate gets no connection");
 }
+
+/// Over WebSocket, the CONNECT's bound held only after tungstenite had read a whole message
+/// (up to `max_packet_size`): 300 pending connections, each sending 256 KiB of a message that
+/// announces 1 MiB, are closed once past `max_connect_size` and its handshake's allowance, and
+/// memory stays small; a browser-sized handshake and a CONNECT still get in.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_websocket_client_is_bounded_before_the_login_too() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let dir = tempfile::tempdir().unwrap();
+    // A CONNECT timeout past the test's wait: a connection closed in time was closed by the cap.
+    let ws = "[broker]\nconnect_timeout = \"60s\"\n\
+              [[listener]]\nname = \"ws\"\nbind = \"127.0.0.1:0\"\nanonymous = true\nwebsocket = true\n";
+    let edge = EdgeProcess::start(dir.path(), &config_text(ws));
+    let addr = edge.addr("ws");
+    let upgrade = |cookie: usize| {
+        format!(
+            "GET /mqtt HTTP/1.1\r\nHost: {addr}\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n\
+             Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\
+             Sec-WebSocket-Protocol: mqtt\r\nCookie: c={}\r\n\r\n",
+            "x".repeat(cookie)
+        )
+    };
+    /// A masked binary frame header announcing `len` bytes (client frames are masked; a zero
+    /// mask leaves the payload as it is).
+    fn frame_head(len: u64) -> Vec<u8> {
+        // RFC 6455 §5.2: the shortest length encoding.
+        let mut h = vec![0x82];
+        match len {
+            0..=125 => h.push(0x80 | len as u8),
+            126..=0xFFFF => {
+                h.push(0x80 | 126);
+                h.extend((len as u16).to_be_bytes());
+            }
+            _ => {
+                h.push(0x80 | 127);
+                h.extend(len.to_be_bytes());
+            }
+        }
+        h.extend([0, 0, 0, 0]);
+        h
+    }
+    let before = edge.rss();
+    let mut pending = Vec::new();
+    for _ in 0..300 {
+        let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
+        s.write_all(upgrade(0).as_bytes()).await.unwrap();
+        let mut response = vec![0u8; 1024];
+        let n = s.read(&mut response).await.unwrap();
+        assert!(String::from_utf8_lossy(&response[..n]).starts_with("HTTP/1.1 101"));
+        s.write_all(&frame_head(1 << 20)).await.unwrap();
+        // Written while the node reads; it stops reading (and closes) before the end.
+        let _ = tokio::time::timeout(Duration::from_secs(2), s.write_all(&vec![0u8; 256 << 10])).await;
+        pending.push(s);
+    }
+    let grown = edge.rss().saturating_sub(before);
+    assert!(grown < 64 * MIB, "RSS grew {} MiB", grown / MIB);
+    for s in &mut pending {
+        let mut b = [0u8; 64];
+        let closed = matches!(tokio::time::timeout(WAIT, s.read(&mut b)).await, Ok(Ok(0)) | Ok(Err(_)));
+        assert!(closed, "closed past its allowance");
+    }
+    drop(pending);
+    // An ordinary WebSocket client, with a browser's 8 KiB of cookies, gets in.
+    let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
+    s.write_all(upgrade(8 << 10).as_bytes()).await.unwrap();
+    let mut response = vec![0u8; 1024];
+    let n = s.read(&mut response).await.unwrap();
+    assert!(String::from_utf8_lossy(&response[..n]).starts_with("HTTP/1.1 101"));
+    let connect = connect_v5("ws-ok", true, &[]);
+    s.write_all(&frame_head(connect.len() as u64)).await.unwrap();
+    s.write_all(&connect).await.unwrap();
+    let mut b = [0u8; 16];
+    let n = tokio::time::timeout(WAIT, s.read(&mut b)).await.unwrap().unwrap();
+    // A binary frame with the CONNACK: 0x82, its length, then 0x20 .. 0x00 (success).
+    assert!(n >= 6 && b[0] == 0x82 && b[2] == 0x20 && b[5] == 0, "{:?}", &b[..n]);
+}
