@@ -155,6 +155,18 @@ impl LocalClient {
         Ok(pkid)
     }
 
+    /// Publishes and waits for the PUBACK; messages that come meanwhile are let go.
+    pub async fn publish_acked(&mut self, topic: &str, payload: &[u8], retain: bool) -> Result<(), ClientError> {
+        let pkid = self.publish(topic, payload, retain).await?;
+        loop {
+            match self.next().await? {
+                Event::PubAck(acked) if acked == pkid => return Ok(()),
+                Event::PubAck(_) => return Err(ClientError::Unexpected("PUBACK for another publish")),
+                Event::Message(_) => {}
+            }
+        }
+    }
+
     /// The next message or acknowledgement. Cancel-safe: what was taken from the broker stays
     /// in the client.
     pub async fn next(&mut self) -> Result<Event, ClientError> {
@@ -233,5 +245,27 @@ impl Drop for LocalClient {
     fn drop(&mut self) {
         // An internal session has no will and no expiry: nothing it leaves goes to the spool.
         self.broker.forget(self.conn);
+    }
+}
+
+/// Runs `session` (one connection of a node's own client: the probe, `$SYS`) until `shutdown`,
+/// again a second after each end, logging why it ended as `what`.
+pub async fn keep_running<F, Fut>(what: &str, shutdown: &tokio_util::sync::CancellationToken, mut session: F)
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Result<(), ClientError>>,
+{
+    loop {
+        let result = tokio::select! {
+            _ = shutdown.cancelled() => return,
+            r = session() => r,
+        };
+        if let Err(e) = result {
+            tracing::warn!(error = %e, "{what} ended; reconnecting");
+        }
+        tokio::select! {
+            _ = shutdown.cancelled() => return,
+            _ = tokio::time::sleep(std::time::Duration::from_secs(1)) => {}
+        }
     }
 }

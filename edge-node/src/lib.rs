@@ -340,8 +340,8 @@ impl Node {
         if !config.broker.sys_interval.0.is_zero() {
             let (handle, counts, front) = (broker.clone(), broker_metrics.clone(), front_metrics.clone());
             let stats = move || {
-                let ((connected, total), _) = handle.with(|b| b.client_counts());
-                let ((subscriptions, retained), _) = handle.with(|b| (b.subscription_count(), b.retained_count()));
+                let (((connected, total), subscriptions, retained), _) =
+                    handle.with(|b| (b.client_counts(), b.subscription_count(), b.retained_count()));
                 sys::Stats {
                     clients_connected: connected as u64,
                     clients_total: total as u64,

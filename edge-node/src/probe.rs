@@ -152,19 +152,8 @@ pub async fn run(
     metrics: ProbeMetrics,
     shutdown: CancellationToken,
 ) {
-    loop {
-        let result = tokio::select! {
-            _ = shutdown.cancelled() => return,
-            r = session(&connector, &config, &node_id, &metrics) => r,
-        };
-        if let Err(e) = result {
-            tracing::warn!(error = %e, "SLO probe session ended; reconnecting");
-        }
-        tokio::select! {
-            _ = shutdown.cancelled() => return,
-            _ = tokio::time::sleep(Duration::from_secs(1)) => {}
-        }
-    }
+    crate::client::keep_running("SLO probe session", &shutdown, || session(&connector, &config, &node_id, &metrics))
+        .await;
 }
 
 async fn session(

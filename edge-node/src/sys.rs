@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use tokio_util::sync::CancellationToken;
 
-use crate::client::{ClientError, Connector, Event};
+use crate::client::{ClientError, Connector};
 
 /// The figures, read at each interval.
 #[derive(Debug, Clone, Default)]
@@ -53,19 +53,10 @@ pub async fn run(
     shutdown: CancellationToken,
 ) {
     let started = Instant::now();
-    loop {
-        let result = tokio::select! {
-            r = session(&connector, interval, &client_id, &stats, started) => r,
-            _ = shutdown.cancelled() => return,
-        };
-        if let Err(e) = result {
-            tracing::warn!(error = %e, "$SYS publisher ended; reconnecting");
-        }
-        tokio::select! {
-            _ = shutdown.cancelled() => return,
-            _ = tokio::time::sleep(Duration::from_secs(1)) => {}
-        }
-    }
+    crate::client::keep_running("$SYS publisher", &shutdown, || {
+        session(&connector, interval, &client_id, &stats, started)
+    })
+    .await;
 }
 
 async fn session(
@@ -81,14 +72,7 @@ async fn session(
     loop {
         ticker.tick().await;
         for (topic, payload) in stats().topics(started.elapsed()) {
-            let pkid = client.publish(topic, payload.as_bytes(), true).await?;
-            loop {
-                match client.next().await? {
-                    Event::PubAck(acked) if acked == pkid => break,
-                    Event::PubAck(_) => return Err(ClientError::Unexpected("PUBACK for another publish")),
-                    Event::Message(_) => {}
-                }
-            }
+            client.publish_acked(topic, payload.as_bytes(), true).await?;
         }
     }
 }

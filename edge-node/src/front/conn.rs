@@ -167,7 +167,6 @@ where
     let open = ctx.metrics.connections.get_or_create(&label).clone();
     open.inc();
 
-    let logged_in_by_cert = matches!(identity, Identity::Certificate(_));
     let mut reader = Reader {
         conn,
         version,
@@ -197,9 +196,10 @@ where
             (None, None) => unreachable!("a connection writes one way or the other"),
         }
     };
-    // A client logged in by its certificate is served until the certificate expires: TLS
-    // checks the dates only at the handshake (and there is no resumption to skip that).
-    let expires = entry.cert.as_ref().filter(|_| logged_in_by_cert).and_then(|c| c.expires);
+    // A client logged in by its certificate (a verified one always is: `authenticate`) is
+    // served until the certificate expires: TLS checks the dates only at the handshake (and
+    // there is no resumption to skip that).
+    let expires = entry.cert.as_ref().and_then(|c| c.expires);
     let expiry = async {
         match expires {
             Some(at) => tokio::time::sleep(at.duration_since(std::time::SystemTime::now()).unwrap_or_default()).await,

@@ -40,7 +40,12 @@ impl<S> Capped<S> {
 
 impl<S: AsyncRead + Unpin> AsyncRead for Capped<S> {
     fn poll_read(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<io::Result<()>> {
-        let left = self.cap.load(Ordering::Acquire).saturating_sub(self.read);
+        let cap = self.cap.load(Ordering::Acquire);
+        if cap == u64::MAX {
+            // Lifted: the stream as it is, with no window to zero.
+            return Pin::new(&mut self.inner).poll_read(cx, buf);
+        }
+        let left = cap.saturating_sub(self.read);
         if left == 0 {
             return Poll::Ready(Err(io::Error::new(
                 io::ErrorKind::InvalidData,

@@ -4,7 +4,7 @@
 //! memory, so the node announces every model it holds at start, and again after each staging.
 
 use super::Current;
-use crate::client::{ClientError, Connector, Event};
+use crate::client::{ClientError, Connector};
 
 /// Publishes on behalf of the model syncer.
 #[derive(Debug, Clone)]
@@ -27,14 +27,7 @@ impl Announcer {
         for c in currents {
             let topic = format!("{}/{}/current", self.prefix, c.name);
             let payload = serde_json::to_vec(c).map_err(|e| ClientError::Codec(e.to_string()))?;
-            let pkid = client.publish(&topic, &payload, true).await?;
-            loop {
-                match client.next().await? {
-                    Event::PubAck(acked) if acked == pkid => break,
-                    Event::PubAck(_) => return Err(ClientError::Unexpected("PUBACK for another publish")),
-                    Event::Message(_) => {}
-                }
-            }
+            client.publish_acked(&topic, &payload, true).await?;
             tracing::info!(model = c.name, version = c.version, topic, "model announced");
         }
         client.disconnect().await

@@ -11,7 +11,7 @@
 //! instead of testing every retained topic under the core's lock (a SUBSCRIBE of thousands of
 //! filters scanned the whole store once per filter).
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -31,8 +31,8 @@ pub struct Retained {
     messages: HashMap<Arc<str>, Arc<Message>>,
     tree: Level,
     bytes: usize,
-    /// The node's own topics and their weights, outside the bounds (see [`Retained::store`]).
-    node: HashMap<Arc<str>, usize>,
+    /// The node's own topics, and their bytes, outside the bounds (see [`Retained::store`]).
+    node: HashSet<Arc<str>>,
     node_bytes: usize,
     max_messages: usize,
     max_bytes: usize,
@@ -44,7 +44,7 @@ impl Retained {
             messages: HashMap::new(),
             tree: Level::default(),
             bytes: 0,
-            node: HashMap::new(),
+            node: HashSet::new(),
             node_bytes: 0,
             max_messages,
             max_bytes,
@@ -72,24 +72,30 @@ impl Retained {
                 RetainRefusal::Bytes
             });
         }
-        // Replaced as a whole: the old weight and its side go, the new ones come.
-        self.remove(&msg.topic);
+        // A topic's level path is in the tree once, whatever replaces its message.
+        match self.messages.insert(msg.topic.clone(), msg.clone()) {
+            Some(old) => self.forget_weight(&msg.topic, old.weight()),
+            None => self.tree.insert(&msg.topic),
+        }
         self.bytes += msg.weight();
         if !bounded {
-            self.node.insert(msg.topic.clone(), msg.weight());
+            self.node.insert(msg.topic.clone());
             self.node_bytes += msg.weight();
         }
-        self.messages.insert(msg.topic.clone(), msg.clone());
-        self.tree.insert(&msg.topic);
         Ok(())
     }
 
     fn remove(&mut self, topic: &str) {
         if let Some(old) = self.messages.remove(topic) {
-            self.bytes -= old.weight();
             self.tree.remove(topic);
+            self.forget_weight(topic, old.weight());
         }
-        if let Some(weight) = self.node.remove(topic) {
+    }
+
+    /// Takes the bytes of `topic`'s message as it was out of the counts.
+    fn forget_weight(&mut self, topic: &str, weight: usize) {
+        self.bytes -= weight;
+        if self.node.remove(topic) {
             self.node_bytes -= weight;
         }
     }
@@ -98,8 +104,7 @@ impl Retained {
     /// within theirs; the node's own messages count in neither).
     pub fn has_room(&self, msg: &Message) -> bool {
         let (count, bytes) = self.clients();
-        let old =
-            self.messages.get(&msg.topic).filter(|_| !self.node.contains_key(&msg.topic)).map_or(0, |m| m.weight());
+        let old = self.messages.get(&msg.topic).filter(|_| !self.node.contains(&msg.topic)).map_or(0, |m| m.weight());
         (old != 0 || count < self.max_messages) && bytes - old + msg.weight() <= self.max_bytes
     }
 
