@@ -27,6 +27,9 @@ use crate::sink::EdgeQuota;
 use shared::units::{ByteSize, HumanDuration};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
+mod admission;
+pub use admission::{Admission, Admitted};
+
 #[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct LimitsConfig {
@@ -403,75 +406,6 @@ impl Drop for Reservation {
     }
 }
 
-/// Admission of new connections: a count and a token bucket, checked on a connection's first
-/// packet.
-#[derive(Debug)]
-pub struct Admission {
-    open: Arc<Semaphore>,
-    handshaking: Arc<Semaphore>,
-    rate: f64,
-    burst: f64,
-    tokens: f64,
-    last: Instant,
-    metrics: Arc<LimitMetrics>,
-}
-
-/// Held by an admitted connection until it ends.
-#[derive(Debug)]
-pub struct Admitted {
-    _permit: OwnedSemaphorePermit,
-    handshake: Option<OwnedSemaphorePermit>,
-    metrics: Arc<LimitMetrics>,
-}
-
-impl Admitted {
-    /// The handshake is over (done or failed): its place is free for another.
-    pub fn handshake_done(&mut self) {
-        if self.handshake.take().is_some() {
-            self.metrics.handshakes.dec();
-        }
-    }
-}
-
-impl Drop for Admitted {
-    fn drop(&mut self) {
-        self.handshake_done();
-        self.metrics.connections.dec();
-    }
-}
-
-impl Admission {
-    pub fn new(config: &LimitsConfig, metrics: Arc<LimitMetrics>, now: Instant) -> Self {
-        let burst = f64::from(config.handshake_burst);
-        Self {
-            open: Arc::new(Semaphore::new(config.max_connections)),
-            handshaking: Arc::new(Semaphore::new(config.handshakes_in_flight as usize)),
-            rate: f64::from(config.handshakes_per_second),
-            burst,
-            tokens: burst,
-            last: now,
-            metrics,
-        }
-    }
-
-    /// Admits a new connection at `now`, or says why not (`rate`, `connections` or
-    /// `handshakes`). A refusal takes no token.
-    pub fn admit(&mut self, now: Instant) -> Result<Admitted, &'static str> {
-        let elapsed = now.saturating_duration_since(self.last).as_secs_f64();
-        self.tokens = (self.tokens + elapsed * self.rate).min(self.burst);
-        self.last = now;
-        if self.tokens < 1.0 {
-            return Err("rate");
-        }
-        let permit = self.open.clone().try_acquire_owned().map_err(|_| "connections")?;
-        let handshake = self.handshaking.clone().try_acquire_owned().map_err(|_| "handshakes")?;
-        self.tokens -= 1.0;
-        self.metrics.connections.inc();
-        self.metrics.handshakes.inc();
-        Ok(Admitted { _permit: permit, handshake: Some(handshake), metrics: self.metrics.clone() })
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -489,25 +423,6 @@ mod tests {
         assert_eq!(next[0], Some(7), "the next line written says how many it follows");
         assert_eq!(next.iter().filter(|l| l.is_some()).count(), 3);
         assert_eq!(metrics.log_suppressed.get(), 14);
-    }
-
-    #[test]
-    fn handshakes_past_the_in_flight_bound_are_refused_without_a_token() {
-        let metrics = Arc::new(LimitMetrics::default());
-        let t0 = Instant::now();
-        let config = LimitsConfig { handshakes_in_flight: 2, handshake_burst: 10, ..Default::default() };
-        let mut a = Admission::new(&config, metrics.clone(), t0);
-        let mut first = a.admit(t0).unwrap();
-        let _second = a.admit(t0).unwrap();
-        assert_eq!(a.admit(t0).unwrap_err(), "handshakes");
-        assert_eq!(metrics.handshakes.get(), 2);
-        first.handshake_done();
-        assert_eq!(metrics.handshakes.get(), 1);
-        let _third = a.admit(t0).expect("a place came free");
-        assert_eq!(a.tokens as u32, 7, "three admitted, the refusal took no token");
-        assert_eq!(metrics.connections.get(), 3, "the first is connected still");
-        drop(first);
-        assert_eq!(metrics.connections.get(), 2);
     }
 
     fn config(memory: u64, connection: u64) -> LimitsConfig {
@@ -546,23 +461,6 @@ mod tests {
         drop((r1, r3));
         assert_eq!(metrics.memory_reserved.get(), 0);
         assert!(metrics.memory_waits.get() >= 2);
-    }
-
-    #[test]
-    fn admission_holds_the_rate_and_the_count() {
-        let metrics = Arc::new(LimitMetrics::default());
-        let limits =
-            LimitsConfig { max_connections: 3, handshakes_per_second: 10, handshake_burst: 2, ..Default::default() };
-        let t0 = Instant::now();
-        let mut admission = Admission::new(&limits, metrics.clone(), t0);
-        let a = admission.admit(t0).unwrap();
-        let _b = admission.admit(t0).unwrap();
-        assert_eq!(admission.admit(t0).unwrap_err(), "rate", "the burst is spent");
-        let _c = admission.admit(t0 + Duration::from_millis(100)).unwrap();
-        assert_eq!(admission.admit(t0 + Duration::from_secs(5)).unwrap_err(), "connections");
-        assert_eq!(metrics.connections.get(), 3);
-        drop(a);
-        assert!(admission.admit(t0 + Duration::from_secs(5)).is_ok());
     }
 
     #[test]
