@@ -12,12 +12,15 @@
 //!
 //! Handshakes cost the bridge TLS work before it knows who is calling, so both the number of
 //! connections and the rate of new ones are checked on the first packet and the excess is
-//! refused (QUIC CONNECTION_REFUSED) with no TLS done.
+//! refused (QUIC CONNECTION_REFUSED) with no TLS done. One certificate's share of that rate is
+//! bounded too ([`per_edge`]).
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::{Registry, Unit};
 use serde::{Deserialize, Serialize};
@@ -28,6 +31,7 @@ use shared::units::{ByteSize, HumanDuration};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 mod admission;
+mod per_edge;
 pub use admission::{Admission, Admitted};
 
 #[derive(Debug, Clone, Deserialize, Serialize)]
@@ -50,6 +54,26 @@ pub struct LimitsConfig {
     /// Default: 512 (500 a second of handshakes taking up to a second).
     #[serde(default = "default_handshakes_in_flight")]
     pub handshakes_in_flight: u32,
+    /// Sessions one certificate identity may start a minute, on average (`per_edge`): past it
+    /// the handshake is refused with QUIC close code 3, which edges wait out at their
+    /// `backoff_max`, and the address it came from cools down. Default: 60.
+    #[serde(default = "default_edge_handshakes")]
+    pub edge_handshakes_per_minute: u32,
+    /// Sessions one identity may start at once above that rate. Default: 30.
+    #[serde(default = "default_edge_burst")]
+    pub edge_handshake_burst: u32,
+    /// How long an address that presented a certificate over its rate is limited to
+    /// `cooldown_handshakes_per_second`, every edge behind it together. Default: 60s.
+    #[serde(default = "default_cooldown")]
+    pub cooldown: HumanDuration,
+    /// New connections a cooling address may start a second; the rest are refused before TLS.
+    /// Default: 2.
+    #[serde(default = "default_cooldown_rate")]
+    pub cooldown_handshakes_per_second: u32,
+    /// Addresses cooling down at once; past it a further one is not limited (counted in
+    /// `bridge_admission_untracked_total{what="address"}`). Default: 4,096.
+    #[serde(default = "default_cooldown_addresses")]
+    pub cooldown_addresses: usize,
     /// Memory for batches in transit, every edge together. Default: 512 MiB.
     #[serde(default = "default_memory")]
     pub memory: ByteSize,
@@ -104,6 +128,21 @@ fn default_handshake_rate() -> u32 {
 fn default_handshakes_in_flight() -> u32 {
     512
 }
+fn default_edge_handshakes() -> u32 {
+    60
+}
+fn default_edge_burst() -> u32 {
+    30
+}
+fn default_cooldown() -> HumanDuration {
+    HumanDuration(Duration::from_secs(60))
+}
+fn default_cooldown_rate() -> u32 {
+    2
+}
+fn default_cooldown_addresses() -> usize {
+    4096
+}
 fn default_memory() -> ByteSize {
     ByteSize(512 << 20)
 }
@@ -142,6 +181,11 @@ impl Default for LimitsConfig {
             handshakes_per_second: default_handshake_rate(),
             handshake_burst: default_handshake_rate(),
             handshakes_in_flight: default_handshakes_in_flight(),
+            edge_handshakes_per_minute: default_edge_handshakes(),
+            edge_handshake_burst: default_edge_burst(),
+            cooldown: default_cooldown(),
+            cooldown_handshakes_per_second: default_cooldown_rate(),
+            cooldown_addresses: default_cooldown_addresses(),
             memory: default_memory(),
             connection_memory: default_connection_memory(),
             connection_window: default_connection_window(),
@@ -164,6 +208,9 @@ impl LimitsConfig {
             ("limits.handshakes_per_second", self.handshakes_per_second.into()),
             ("limits.handshake_burst", self.handshake_burst.into()),
             ("limits.handshakes_in_flight", self.handshakes_in_flight.into()),
+            ("limits.edge_handshakes_per_minute", self.edge_handshakes_per_minute.into()),
+            ("limits.edge_handshake_burst", self.edge_handshake_burst.into()),
+            ("limits.cooldown_handshakes_per_second", self.cooldown_handshakes_per_second.into()),
             ("limits.streams_per_connection", self.streams_per_connection.into()),
             ("limits.stall", self.stall.0.as_millis() as u64),
             ("limits.epochs_per_edge", self.epochs_per_edge as u64),
@@ -226,6 +273,13 @@ pub struct LimitMetrics {
     pub connections: Gauge,
     pub handshakes: Gauge,
     pub log_suppressed: Counter,
+    pub cooling_addresses: Gauge,
+    pub untracked: Family<WhatLabel, Counter>,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct WhatLabel {
+    pub what: &'static str,
 }
 
 impl LimitMetrics {
@@ -251,6 +305,16 @@ impl LimitMetrics {
             "log_lines_suppressed",
             "Log lines about single connections not written, over limits.log_lines_per_second",
             self.log_suppressed.clone(),
+        );
+        r.register(
+            "cooling_addresses",
+            "Addresses limited to limits.cooldown_handshakes_per_second after a certificate from them went over its rate",
+            self.cooling_addresses.clone(),
+        );
+        r.register(
+            "admission_untracked",
+            "Identities admitted unlimited (what=edge) or addresses not cooled (what=address), their table full",
+            self.untracked.clone(),
         );
     }
 }

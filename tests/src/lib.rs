@@ -158,6 +158,13 @@ pub fn metric(text: &str, name_and_labels: &str) -> Option<f64> {
         .find_map(|l| l.strip_prefix(name_and_labels)?.strip_prefix(' ')?.trim().parse().ok())
 }
 
+/// The sum of a metric family's samples over every label set (`name{...} value` lines).
+pub fn metric_sum(text: &str, name: &str) -> f64 {
+    text.lines()
+        .filter_map(|l| l.strip_prefix(name)?.strip_prefix('{')?.rsplit_once(' ')?.1.trim().parse::<f64>().ok())
+        .sum()
+}
+
 /// Sets up tracing once for a test binary; `RUST_LOG` controls the output.
 pub fn init_tracing() {
     use tracing_subscriber::prelude::*;

@@ -8,6 +8,18 @@ use quinn::crypto::rustls::QuicClientConfig;
 
 /// Connects to a bridge with the given client certificate; the error as text if refused.
 pub async fn connect(addr: SocketAddr, ca: &Path, cert: &Path, key: &Path) -> Result<quinn::Connection, String> {
+    connect_from(std::net::Ipv4Addr::LOCALHOST.into(), addr, ca, cert, key).await
+}
+
+/// [`connect`] from another local address (any of 127.0.0.0/8 is loopback): the bridge sees
+/// another host.
+pub async fn connect_from(
+    from: std::net::IpAddr,
+    addr: SocketAddr,
+    ca: &Path,
+    cert: &Path,
+    key: &Path,
+) -> Result<quinn::Connection, String> {
     let roots = shared::tls::load_roots(ca).map_err(|e| e.to_string())?;
     let mut tls = rustls::ClientConfig::builder_with_provider(shared::tls::provider())
         .with_protocol_versions(&[&rustls::version::TLS13])
@@ -20,7 +32,7 @@ pub async fn connect(addr: SocketAddr, ca: &Path, cert: &Path, key: &Path) -> Re
         .map_err(|e| e.to_string())?;
     tls.alpn_protocols = vec![shared::proto::ALPN.to_vec()];
     let crypto = QuicClientConfig::try_from(tls).map_err(|e| e.to_string())?;
-    let mut endpoint = quinn::Endpoint::client(SocketAddr::from(([127, 0, 0, 1], 0))).map_err(|e| e.to_string())?;
+    let mut endpoint = quinn::Endpoint::client(SocketAddr::new(from, 0)).map_err(|e| e.to_string())?;
     endpoint.set_default_client_config(quinn::ClientConfig::new(Arc::new(crypto)));
     let conn = endpoint.connect(addr, "localhost").map_err(|e| e.to_string())?.await.map_err(|e| e.to_string())?;
     // With TLS 1.3 the server checks the client certificate after the client thinks the

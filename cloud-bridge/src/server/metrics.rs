@@ -61,7 +61,7 @@ impl SessionMetrics {
         );
         r.register(
             "connections_refused",
-            "Edge connections refused, by reason (rate, connections and handshakes before the handshake: limits.handshakes_per_second, limits.max_connections, limits.handshakes_in_flight; then handshake, no_identity, denied_serial; at the hello epoch_retired, epochs_exhausted)",
+            "Edge connections refused, by reason (rate, connections, handshakes and address_rate before the handshake: limits.handshakes_per_second, limits.max_connections, limits.handshakes_in_flight, limits.cooldown_handshakes_per_second; then handshake, no_identity, edge_rate (limits.edge_handshakes_per_minute), denied_serial; at the hello epoch_retired, epochs_exhausted)",
             self.refused.clone(),
         );
         r.register("sessions_closed", "Edge sessions ended, by reason", self.closed.clone());

@@ -241,7 +241,7 @@ pub async fn accept_loop<S: Sink>(
         };
         // Checked on the first packet, before any TLS work: a reconnect storm is refused
         // cheaply, and the edges come back after their backoff.
-        let admitted = match limits.admission.admit(Instant::now()) {
+        let admitted = match limits.admission.admit(incoming.remote_address().ip(), Instant::now()) {
             Ok(a) => a,
             Err(reason) => {
                 refuse(&metrics, reason);
@@ -284,6 +284,16 @@ pub async fn accept_loop<S: Sink>(
                 conn.close(1u32.into(), b"certificate names no edge");
                 return;
             };
+            // Before the deny list: a denied certificate that keeps calling cools its address
+            // down like any other.
+            if let Err(reason) = admitted.identified(&edge, Instant::now()) {
+                refuse(&metrics, reason);
+                if let Some(held_back) = log.allow() {
+                    tracing::warn!(%remote, edge, held_back, "edge refused: its certificate starts sessions faster than limits.edge_handshakes_per_minute");
+                }
+                conn.close(CLOSE_TOO_OFTEN.into(), b"too many sessions started with this certificate");
+                return;
+            }
             let serial = shared::tls::certificate_serial(&cert).unwrap_or_default();
             if trust.denied(&serial) {
                 refuse(&metrics, "denied_serial");
@@ -310,6 +320,10 @@ pub async fn accept_loop<S: Sink>(
 /// QUIC close code of a session replaced by a newer connection of the same edge (1 and 2 are
 /// the refusals above); the edge backs off as after a refusal.
 const CLOSE_REPLACED: u32 = 3;
+
+/// QUIC close code of a certificate that starts sessions faster than its rate: the code of a
+/// replaced session, which every edge version already waits out at its `backoff_max`.
+const CLOSE_TOO_OFTEN: u32 = CLOSE_REPLACED;
 
 /// QUIC close code of a session whose certificate a reload put on the deny list: the refusal
 /// a new handshake with it gets.

@@ -128,3 +128,64 @@ async fn a_handshake_storm_is_refused_before_tls_at_the_configured_rate_and_coun
     assert_eq!(cloud.metric("bridge_connections_refused_total{reason=\"rate\"}"), refused as f64);
     assert_eq!(cloud.metric("bridge_connections_refused_total{reason=\"handshake\"}"), 0.0);
 }
+
+/// A stolen certificate that calls as fast as it can gets its own rate, not the bridge's: past
+/// `edge_handshake_burst` it is refused after each handshake, and the address it calls from is
+/// limited before TLS for `cooldown`, while an edge on another address connects and delivers.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_certificate_cannot_spend_the_bridge_handshake_rate() {
+    let dir = tempfile::tempdir().unwrap();
+    let keys = pki(dir.path(), &["edge-2"]);
+    let limits = "[limits]\nhandshakes_per_second = 20\nhandshake_burst = 20\nedge_handshakes_per_minute = 6\n\
+                  edge_handshake_burst = 3\ncooldown_handshakes_per_second = 1\n";
+    let cloud = TestCloud::start(dir.path(), keys.clone(), "127.0.0.1:0".parse().unwrap(), limits).await;
+    let addr = cloud.bridge.quic_addr();
+    let (_, cert, key) = keys.edges.iter().find(|(id, _, _)| id == "edge-2").unwrap().clone();
+
+    let started = Instant::now();
+    let until = started + Duration::from_secs(8);
+    let hammer: Vec<_> = (0..4)
+        .map(|_| {
+            let (ca, cert, key) = (keys.ca.clone(), cert.clone(), key.clone());
+            tokio::spawn(async move {
+                let mut tries = 0;
+                while Instant::now() < until {
+                    tries += 1;
+                    let from = std::net::Ipv4Addr::new(127, 0, 0, 2).into();
+                    if let Ok(conn) = quic::connect_from(from, addr, &ca, &cert, &key).await {
+                        conn.close(0u32.into(), b"");
+                    }
+                    tokio::time::sleep(Duration::from_millis(5)).await;
+                }
+                ((), tries)
+            })
+        })
+        .collect();
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let edge = TestNode::start(&format!("{}\n{}", with_spool(&[telemetry()]), cloud.uplink_section("edge-1"))).await;
+    let publisher = Client::anonymous(edge.local(), "pub").await;
+    for i in 0..10 {
+        publisher.publish(&format!("telemetry/a/{i}"), QoS::AtLeastOnce, false, "during").await;
+    }
+    assert!(e2e_tests::eventually(WAIT, || sink_rows(&cloud.sink).len() == 10).await, "the real edge delivers");
+    let mut tries = 0;
+    for h in hammer {
+        tries += h.await.unwrap().1;
+    }
+    // Every session but the real edge's has ended (the stolen certificate's replaced each
+    // other): the sessions it started are those ended.
+    assert!(e2e_tests::eventually(WAIT, || cloud.metric("bridge_edges_connected") == 1.0).await);
+    let sessions = e2e_tests::metric_sum(&cloud.bridge.metrics().encode(), "bridge_sessions_closed_total") as usize;
+    // Three at once, then six a minute.
+    let most = 3 + (started.elapsed().as_secs_f64() / 10.0).ceil() as usize;
+    eprintln!("stolen certificate: {sessions} sessions in {tries} tries, {:?}", started.elapsed());
+    assert!((3..=most).contains(&sessions), "{sessions} sessions of one certificate, at most {most}");
+    let refused = |reason: &str| cloud.metric(&format!("bridge_connections_refused_total{{reason=\"{reason}\"}}"));
+    assert!(refused("edge_rate") >= 1.0);
+    // Most tries never reached TLS: its address cools down.
+    assert!(refused("address_rate") > tries as f64 / 2.0, "{} of {tries} refused before TLS", refused("address_rate"));
+    // Handshakes refused once done: one a second, its address's cooled rate, not the bridge's 20.
+    let handshakes = refused("edge_rate");
+    assert!(handshakes <= started.elapsed().as_secs_f64().ceil() + 1.0, "{handshakes} handshakes refused after TLS");
+    assert_eq!(cloud.metric("bridge_cooling_addresses"), 1.0);
+}
