@@ -4,6 +4,9 @@
 //! each allocation ([`crate::limits`]). The session gets records ready to publish and the
 //! reservation that pays for them.
 //!
+//! The control stream's frames are paid for the same way ([`spawn_control_reader`]): an edge's
+//! dictionary or hello is small, but the bridge reads whatever an edge sends.
+//!
 //! Reading streams in order costs nothing for an edge that sends in order (it does), and it
 //! means a connection's memory goes to its earliest batch first: later batches cannot take all
 //! of it while the one the session waits for cannot get any.
@@ -15,7 +18,8 @@ use std::time::Duration;
 use shared::proto::codec::{self, HEADER};
 use shared::proto::io::FrameIoError;
 use shared::proto::{
-    Batch, Codec, MAX_BATCH_FRAME, MAX_BATCH_RAW, ProtoError, WireRecord, batch_frame, bound, compress,
+    Batch, Codec, Control, MAX_BATCH_FRAME, MAX_BATCH_RAW, MAX_EDGE_CONTROL_FRAME, ProtoError, WireRecord, batch_frame,
+    bound, compress,
 };
 use tokio::sync::{Notify, mpsc};
 
@@ -118,7 +122,7 @@ async fn next(
     budget: &ConnectionBudget,
     dicts: &Dicts,
 ) -> Result<Option<Ingested>, IngestError> {
-    let Some((body, mut reservation)) = read_body(stream, budget).await? else { return Ok(None) };
+    let Some((body, mut reservation)) = read_body(stream, budget, MAX_BATCH_FRAME).await? else { return Ok(None) };
     let frame_bytes = body.len();
     // Version 4 frames: the body is decompressed (or decoded) where it lies, after the head.
     // Earlier ones: decoding the envelope copies the body out of the frame; pay for the copy,
@@ -198,10 +202,53 @@ async fn off_runtime<T: Send + 'static>(big: bool, work: impl FnOnce() -> T + Se
     }
 }
 
-/// One frame's body, with the memory it holds; `None` at a clean end of stream.
+/// What the control stream's reader hands on: a frame and the memory it holds until the
+/// session handled it, the end of the stream, or the error that ended it.
+pub type ControlRead = Box<Result<Option<(Control, Reservation)>, IngestError>>;
+
+/// Reads the edge's control frames on a task of its own (a read cut short by `select!` would
+/// lose the bytes it had taken), each paid for from `budget`: its bytes as they arrive, then
+/// what decoding them may take ([`bound::value_bound_up_to`]: a megabyte of empty strings
+/// decodes to tens). Two frames wait at most besides the one being read. Abort the handle to
+/// stop reading.
+pub fn spawn_control_reader(
+    mut stream: quinn::RecvStream,
+    budget: ConnectionBudget,
+) -> (mpsc::Receiver<ControlRead>, tokio::task::JoinHandle<()>) {
+    let (tx, rx) = mpsc::channel(2);
+    let task = tokio::spawn(async move {
+        loop {
+            let frame = read_control(&mut stream, &budget).await;
+            let end = !matches!(frame, Ok(Some(_)));
+            if tx.send(Box::new(frame)).await.is_err() || end {
+                return;
+            }
+        }
+    });
+    (rx, task)
+}
+
+async fn read_control(
+    stream: &mut quinn::RecvStream,
+    budget: &ConnectionBudget,
+) -> Result<Option<(Control, Reservation)>, IngestError> {
+    let Some((body, mut reservation)) = read_body(stream, budget, MAX_EDGE_CONTROL_FRAME).await? else {
+        return Ok(None);
+    };
+    let bound = bound::value_bound_up_to(&body, budget.limit())?;
+    reservation.merge(budget.reserve(bound).await?);
+    let control = codec::decode(&body)?;
+    drop(body);
+    reservation.shrink_to(bound);
+    Ok(Some((control, reservation)))
+}
+
+/// One frame's body of at most `max` bytes, with the memory it holds; `None` at a clean end of
+/// stream.
 async fn read_body(
     stream: &mut quinn::RecvStream,
     budget: &ConnectionBudget,
+    max: usize,
 ) -> Result<Option<(Vec<u8>, Reservation)>, IngestError> {
     let mut header = [0u8; HEADER];
     let mut got = 0;
@@ -213,7 +260,7 @@ async fn read_body(
             None => return Err(ProtoError::Truncated { got, want: HEADER }.into()),
         }
     }
-    let len = codec::body_len(header, MAX_BATCH_FRAME)?;
+    let len = codec::body_len(header, max)?;
     let mut reservation = budget.reserve(len.min(FIRST_STEP)).await?;
     let mut body = Vec::with_capacity(len.min(FIRST_STEP));
     while body.len() < len {

@@ -82,7 +82,8 @@ pub struct LimitsConfig {
     #[serde(default = "default_connection_memory")]
     pub connection_memory: ByteSize,
     /// What QUIC takes in for one connection before the bridge reads it (its flow-control
-    /// window). Default: 4 MiB.
+    /// window), and what it holds for one connection that the edge has not yet taken.
+    /// Default: 4 MiB.
     #[serde(default = "default_connection_window")]
     pub connection_window: ByteSize,
     /// Unidirectional (batch) streams an edge may have open at once, and as many model chunk
@@ -259,6 +260,9 @@ impl LimitsConfig {
         let window = quinn::VarInt::from_u64(self.connection_window.0).unwrap_or(quinn::VarInt::MAX);
         transport.receive_window(window);
         transport.stream_receive_window(window);
+        // What the bridge buffers for the edge: quinn's default is 10 MB a connection, outside
+        // any budget, for an edge that asks for model chunks and does not read them.
+        transport.send_window(self.connection_window.0);
         transport.max_concurrent_uni_streams(self.streams_per_connection.into());
         // quinn's default of 100 costs about 6 KiB a connection in stream state alone.
         transport.max_concurrent_bidi_streams((self.streams_per_connection + 1).into());
@@ -394,6 +398,11 @@ pub struct ConnectionBudget {
 }
 
 impl ConnectionBudget {
+    /// How long a connection may hold memory it does not move on with (`limits.stall`).
+    pub fn stall(&self) -> Duration {
+        self.bridge.stall
+    }
+
     /// The most one reservation may take.
     pub fn limit(&self) -> usize {
         (u64::from(self.bridge.connection_units) * UNIT) as usize

@@ -20,6 +20,26 @@ pub async fn connect_from(
     cert: &Path,
     key: &Path,
 ) -> Result<quinn::Connection, String> {
+    connect_with(from, addr, ca, cert, key, quinn::TransportConfig::default()).await
+}
+
+/// [`connect`] with a receive window of 16 KiB a stream: an edge that means to hold what the
+/// bridge sends it unread.
+pub async fn connect_tight(addr: SocketAddr, ca: &Path, cert: &Path, key: &Path) -> Result<quinn::Connection, String> {
+    let mut transport = quinn::TransportConfig::default();
+    transport.stream_receive_window(quinn::VarInt::from_u32(16 << 10));
+    transport.receive_window(quinn::VarInt::from_u32(256 << 10));
+    connect_with(std::net::Ipv4Addr::LOCALHOST.into(), addr, ca, cert, key, transport).await
+}
+
+async fn connect_with(
+    from: std::net::IpAddr,
+    addr: SocketAddr,
+    ca: &Path,
+    cert: &Path,
+    key: &Path,
+    transport: quinn::TransportConfig,
+) -> Result<quinn::Connection, String> {
     let roots = shared::tls::load_roots(ca).map_err(|e| e.to_string())?;
     let mut tls = rustls::ClientConfig::builder_with_provider(shared::tls::provider())
         .with_protocol_versions(&[&rustls::version::TLS13])
@@ -33,7 +53,9 @@ pub async fn connect_from(
     tls.alpn_protocols = vec![shared::proto::ALPN.to_vec()];
     let crypto = QuicClientConfig::try_from(tls).map_err(|e| e.to_string())?;
     let mut endpoint = quinn::Endpoint::client(SocketAddr::new(from, 0)).map_err(|e| e.to_string())?;
-    endpoint.set_default_client_config(quinn::ClientConfig::new(Arc::new(crypto)));
+    let mut client = quinn::ClientConfig::new(Arc::new(crypto));
+    client.transport_config(Arc::new(transport));
+    endpoint.set_default_client_config(client);
     let conn = endpoint.connect(addr, "localhost").map_err(|e| e.to_string())?.await.map_err(|e| e.to_string())?;
     // With TLS 1.3 the server checks the client certificate after the client thinks the
     // handshake is done; a refusal shows up as the connection closing right away.

@@ -69,7 +69,7 @@ impl ServeMetrics {
         r.register("model_chunk_bytes_served", "Model chunk bytes sent to edges", self.bytes.clone());
         r.register(
             "model_fetches_refused",
-            "Chunk requests refused (not announced on the connection, or missing from the store)",
+            "Chunk requests refused (not announced on the connection, missing from the store, no memory for it) or reset (not taken by the edge within limits.stall)",
             self.refused.clone(),
         );
     }
@@ -120,7 +120,8 @@ impl EdgeModels {
     /// Serves chunk requests on the connection's bidirectional streams until it closes. Each
     /// chunk is paid for from `budget` (the connection's batch memory) until it is written, so
     /// an edge that asks and does not read holds at most its budget, not its streams' worth of
-    /// 2 MiB chunks.
+    /// 2 MiB chunks, and that for `limits.stall` at most: a chunk not taken by then is reset
+    /// (stream error 4).
     pub fn serve(&self, conn: quinn::Connection, budget: ConnectionBudget) -> tokio::task::JoinHandle<()> {
         let (store, grants, metrics) = (self.service.store.clone(), self.grants.clone(), self.service.metrics.clone());
         tokio::spawn(async move {
@@ -188,8 +189,18 @@ async fn serve_one(
             }
         }
     };
-    if write_frame(&mut send, &reply).await.is_ok() {
-        let _ = send.finish();
+    // An edge that asks and does not read would hold the chunk's memory for as long as it
+    // keeps the connection: it has `limits.stall` to take it, like a batch it holds up.
+    match tokio::time::timeout(budget.stall(), write_frame(&mut send, &reply)).await {
+        Ok(Ok(())) => {
+            let _ = send.finish();
+        }
+        Ok(Err(_)) => {}
+        Err(_) => {
+            metrics.refused.inc();
+            tracing::debug!("chunk reset: the edge did not take it within limits.stall");
+            let _ = send.reset(4u32.into());
+        }
     }
 }
 

@@ -63,6 +63,8 @@ enum SessionEnd {
     Expired,
     #[error(transparent)]
     Ingest(#[from] ingest::IngestError),
+    #[error("control frame memory: {0}")]
+    ControlMemory(crate::limits::BudgetError),
     #[error("held batches ahead of a missing one for {0:?}")]
     Stalled(Duration),
 }
@@ -77,12 +79,23 @@ impl From<core::CoreError> for SessionEnd {
 }
 
 impl SessionEnd {
+    /// Why reading the control stream failed, as the session's end.
+    fn control(e: ingest::IngestError) -> Self {
+        match e {
+            ingest::IngestError::Frame(e) => SessionEnd::Frame(e),
+            ingest::IngestError::Batch(e) => SessionEnd::Frame(e.into()),
+            ingest::IngestError::Budget(e) => SessionEnd::ControlMemory(e),
+        }
+    }
+
     fn reason(&self) -> &'static str {
         match self {
             SessionEnd::Closed => "closed",
             SessionEnd::Connection(_) => "connection",
             SessionEnd::Frame(_) | SessionEnd::Session(_) => "protocol",
-            SessionEnd::Ingest(ingest::IngestError::Budget(_)) | SessionEnd::Stalled(_) => "stalled",
+            SessionEnd::Ingest(ingest::IngestError::Budget(_))
+            | SessionEnd::ControlMemory(_)
+            | SessionEnd::Stalled(_) => "stalled",
             SessionEnd::Ingest(_) => "protocol",
             SessionEnd::Sink(_) => "sink",
             SessionEnd::Shutdown => "shutdown",

@@ -10,8 +10,8 @@ use futures_util::FutureExt;
 use futures_util::StreamExt;
 use futures_util::stream::FuturesOrdered;
 use shared::proto::cloud::{CloudSession, Request};
-use shared::proto::io::{FrameIoError, spawn_reader, write_frame};
-use shared::proto::{Control, MAX_CONTROL_FRAME, compress};
+use shared::proto::compress;
+use shared::proto::io::{FrameIoError, write_frame};
 use tokio::sync::mpsc;
 use tokio_util::task::AbortOnDropHandle;
 
@@ -47,8 +47,8 @@ pub(super) async fn run<S: Sink>(
     let mut core: SessionCore<Reservation> =
         SessionCore::new(CloudSession::new(limits.max_held), sink.pipeline(), limits.stall);
     // Control frames and batches are read by their own tasks: a read cut short by `select!`
-    // would lose the bytes it had taken.
-    let (mut control_rx, reader) = spawn_reader::<_, Control>(recv, MAX_CONTROL_FRAME);
+    // would lose the bytes it had taken. Both are paid from the connection's memory.
+    let (mut control_rx, reader) = ingest::spawn_control_reader(recv, limits.budget.clone());
     let _reader = AbortOnDropHandle::new(reader);
     // Batches are read, paid for and decoded by a task of their own, in stream order.
     let dicts = Arc::new(Dicts::default());
@@ -71,7 +71,9 @@ pub(super) async fn run<S: Sink>(
     loop {
         tokio::select! {
             frame = control_rx.recv() => {
-                let Some(frame) = frame.map(|f| *f).transpose()?.flatten() else { return Ok(()) };
+                let read = frame.map(|f| *f).transpose().map_err(SessionEnd::control)?.flatten();
+                // The frame's memory is held until it is handled.
+                let Some((frame, _held)) = read else { return Ok(()) };
                 let request = match core.session_mut().handle(frame) {
                     Ok(r) => r,
                     Err(e) => return Err(Box::pin(refused(conn, core.session_mut(), &mut send, e)).await),

@@ -35,6 +35,17 @@ pub fn decoded_bound_up_to(cbor: &[u8], limit: usize) -> Result<usize, ProtoErro
     }
 }
 
+/// The same bound for any one CBOR value (a control frame's body): every item [`SLOT`], every
+/// string its length; the walk stops once past `limit`, as in [`decoded_bound_up_to`]. `SLOT`
+/// covers serde's buffering of a `flatten`ed struct too (a pair of `Content`s, 64 bytes).
+pub fn value_bound_up_to(cbor: &[u8], limit: usize) -> Result<usize, ProtoError> {
+    let mut r = Reader { bytes: cbor, at: 0, walked: 0, limit };
+    match r.item(0) {
+        Err(ProtoError::TooCostly { cost, .. }) => Ok(cost),
+        other => other,
+    }
+}
+
 fn walk(cbor: &[u8], limit: usize) -> Result<usize, ProtoError> {
     let mut r = Reader { bytes: cbor, at: 0, walked: 0, limit };
     let top = r.header()?;
@@ -246,6 +257,28 @@ mod tests {
         });
         let body = prop_oneof![message.prop_map(RecordBody::Message), gap.prop_map(RecordBody::Gap)];
         (any::<u64>(), body).prop_map(|(seq, body)| WireRecord { seq, body })
+    }
+
+    #[test]
+    fn a_control_frame_of_empty_strings_is_bounded_by_its_items_not_its_bytes() {
+        let mut hello = crate::proto::Hello {
+            versions: vec![],
+            epoch: String::new(),
+            lanes: vec![],
+            models: vec![String::new(); 100_000],
+            dicts: vec![],
+            caps: vec![],
+        };
+        let raw = cbor(&crate::proto::Control::Hello(hello.clone()));
+        assert!(raw.len() < 110_000, "a byte an empty name");
+        let bound = value_bound_up_to(&raw, usize::MAX).unwrap();
+        assert!(bound >= 100_000 * 2 * size_of::<String>(), "{bound}: the names' headers, grown by doubling");
+        // The walk stops past its limit, having counted more than it.
+        let stopped = value_bound_up_to(&raw, 1 << 20).unwrap();
+        assert!(stopped > 1 << 20 && stopped < bound);
+        hello.models.clear();
+        let small = value_bound_up_to(&cbor(&crate::proto::Control::Hello(hello)), usize::MAX).unwrap();
+        assert!(small < 2048, "{small}");
     }
 
     proptest! {

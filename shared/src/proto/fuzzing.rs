@@ -22,6 +22,8 @@ pub fn frames(data: &[u8]) {
     let mut buf = FrameBuffer::new(MAX_BATCH_FRAME);
     buf.extend(data);
     while let Ok(Some(body)) = buf.next_body() {
+        // The bridge walks an edge's control frame for its bound before it decodes it.
+        let _ = super::bound::value_bound_up_to(&body, MAX_RAW);
         let _ = codec::decode::<Control>(&body);
         let _ = codec::decode::<super::Fetch>(&body);
         let _ = codec::decode::<super::ChunkReply>(&body);

@@ -114,6 +114,9 @@ pub fn is_tls_alert(code: u64) -> bool {
 
 /// Largest control frame body accepted: a model announcement carries a whole manifest.
 pub const MAX_CONTROL_FRAME: usize = crate::model::MAX_MANIFEST_BYTES + (64 << 10);
+/// Largest control frame body a bridge accepts from an edge: a dictionary ([`MAX_DICT_BYTES`])
+/// is the largest an edge sends, a hello or a TCO report of the most classes a few KiB.
+pub const MAX_EDGE_CONTROL_FRAME: usize = 1 << 20;
 /// Largest batch frame body accepted (compressed).
 pub const MAX_BATCH_FRAME: usize = 16 << 20;
 /// The highest seq either side accepts from the other (the edge's spool keys hold 56 bits):
@@ -383,7 +386,7 @@ pub enum ProtoError {
     Encode(String),
     #[error("batch decompresses past the {max} byte limit")]
     TooLargeDecompressed { max: usize },
-    #[error("batch would take {cost} bytes of memory to decode, over the {max} byte limit")]
+    #[error("frame would take {cost} bytes of memory to decode, over the {max} byte limit")]
     TooCostly { cost: usize, max: usize },
     #[error("batch body is not valid zstd: {0}")]
     Decompress(String),

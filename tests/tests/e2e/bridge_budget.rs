@@ -189,3 +189,42 @@ async fn one_certificate_cannot_spend_the_bridge_handshake_rate() {
     assert!(handshakes <= started.elapsed().as_secs_f64().ceil() + 1.0, "{handshakes} handshakes refused after TLS");
     assert_eq!(cloud.metric("bridge_cooling_addresses"), 1.0);
 }
+
+/// Control frames are paid for like batches (issue 29): one that announces 1 MiB and sends
+/// little holds little; a hello of a million empty model names (1 MiB on the wire, tens of MiB
+/// decoded) is refused on its decoded bound before it is decoded; one over 1 MiB by its length.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn control_frames_are_paid_from_the_connection_budget() {
+    let dir = tempfile::tempdir().unwrap();
+    let keys = pki(dir.path(), &["edge-2"]);
+    let limits = "[limits]\nmemory = \"96 MiB\"\nconnection_memory = \"48 MiB\"\n";
+    let cloud = TestCloud::start(dir.path(), keys.clone(), "127.0.0.1:0".parse().unwrap(), limits).await;
+    let addr = cloud.bridge.quic_addr();
+    let (_, cert, key) = keys.edges.iter().find(|(id, _, _)| id == "edge-2").unwrap().clone();
+    let reserved = || cloud.metric("bridge_batch_memory_reserved_bytes");
+
+    let conn = quic::connect(addr, &keys.ca, &cert, &key).await.unwrap();
+    let (mut send, _recv) = conn.open_bi().await.unwrap();
+    send.write_all(&(1u32 << 20).to_be_bytes()).await.unwrap();
+    send.write_all(&[0u8; 1024]).await.unwrap();
+    assert!(e2e_tests::eventually(WAIT, || reserved() > 0.0).await, "the frame is paid for as it arrives");
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(reserved() <= (128 << 10) as f64, "{} bytes reserved for 1 KiB received", reserved());
+    conn.close(0u32.into(), b"");
+    assert!(e2e_tests::eventually(WAIT, || reserved() == 0.0).await);
+
+    let conn = quic::connect(addr, &keys.ca, &cert, &key).await.unwrap();
+    let mut hello = quic::hello_for(EPOCH);
+    hello.models = vec![String::new(); 1_000_000];
+    let frame = codec::encode(&shared::proto::Control::Hello(hello)).unwrap();
+    assert!(frame.len() <= shared::proto::MAX_EDGE_CONTROL_FRAME);
+    let reason = quic::send_control_and_wait_close(&conn, &frame).await;
+    assert!(reason.contains("control frame memory: needs"), "{reason}");
+    assert!(reason.contains("more than the connection's memory budget of 48.0 MiB"), "{reason}");
+    assert_eq!(cloud.metric("bridge_sessions_closed_total{reason=\"stalled\"}"), 1.0);
+
+    let conn = quic::connect(addr, &keys.ca, &cert, &key).await.unwrap();
+    let reason = quic::send_control_and_wait_close(&conn, &(2u32 << 20).to_be_bytes()).await;
+    assert!(reason.contains("frame of 2097152 bytes is over the 1048576 byte limit"), "{reason}");
+    assert!(e2e_tests::eventually(WAIT, || reserved() == 0.0).await);
+}

@@ -34,9 +34,14 @@ async fn setup(dir: &Path) -> Setup {
 
 /// A bridge whose `[models]` section has `store` (the store's keys) and a fresh signing key.
 async fn setup_with(dir: &Path, store: &str) -> Setup {
+    setup_limited(dir, store, "").await
+}
+
+/// [`setup_with`], the bridge's config starting with `limits` (its `[limits]` section).
+async fn setup_limited(dir: &Path, store: &str, limits: &str) -> Setup {
     let keys = dir.join("keys");
     let (private, public, _) = cloud_bridge::models::keygen(&keys).unwrap();
-    let extra = format!("\n[models]\n{store}\nsigning_key = \"{}\"\npoll = \"200ms\"\n", private.display());
+    let extra = format!("{limits}\n[models]\n{store}\nsigning_key = \"{}\"\npoll = \"200ms\"\n", private.display());
     let cloud = TestCloud::start(dir, pki(dir, &[]), "127.0.0.1:0".parse().unwrap(), &extra).await;
     let config = cloud_bridge::config::CloudConfig::load(&dir.join("cloud.toml")).unwrap();
     Setup {
@@ -306,4 +311,48 @@ async fn a_jetstream_object_store_serves_versions_and_the_cli_manages_them() {
     cloud_bridge::models::assemble(&s.store, &m2, &mut back).await.unwrap();
     assert!(back == v2, "version 2 damaged by removing version 1");
     assert!(s.store.get_manifest(MODEL, "1").await.unwrap().is_none());
+}
+
+/// An edge that asks for chunks and does not read them (issue 29) holds its connection's
+/// memory, not the bridge's, and for `limits.stall` at most: each chunk is paid from the
+/// connection's budget until written, and reset when the edge has not taken it by then.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn chunks_an_edge_does_not_take_are_paid_for_and_reset_after_the_stall() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = format!("dir = \"{}\"", dir.path().join("store").display());
+    let s = setup_limited(dir.path(), &store, "[limits]\nstall = \"3s\"\n").await;
+    s.publish(dir.path(), "1", &noise(40 << 20, 7)).await;
+    let pki = &s.cloud.pki;
+    let (_, cert, key) = pki.edges.iter().find(|(id, _, _)| id == "edge-1").unwrap().clone();
+    let conn = e2e_tests::quic::connect_tight(s.cloud.bridge.quic_addr(), &pki.ca, &cert, &key).await.unwrap();
+    let mut hello = e2e_tests::quic::hello_for("00112233445566778899aabbccddeeff");
+    hello.models = vec![MODEL.into()];
+    let (_control, mut control_rx, welcome) = e2e_tests::quic::hello(&conn, hello).await;
+    assert!(matches!(welcome, shared::proto::Control::Welcome(_)), "{welcome:?}");
+    let Some(shared::proto::Control::Model(announce)) = e2e_tests::quic::next_control(&mut control_rx).await else {
+        panic!("no announcement")
+    };
+    let manifest = SignedManifest::from_bytes(&announce.manifest).unwrap().unverified().unwrap();
+    assert!(manifest.chunks.len() >= 16, "{}", manifest.chunks.len());
+
+    // Sixteen fetches (the most streams an edge may open), none read.
+    let mut fetches = Vec::new();
+    for c in manifest.chunks.iter().take(16) {
+        let (mut send, recv) = conn.open_bi().await.unwrap();
+        let fetch = shared::proto::Fetch::Chunk { hash: c.hash.clone() };
+        send.write_all(&shared::proto::codec::encode(&fetch).unwrap()).await.unwrap();
+        fetches.push((send, recv));
+    }
+    let reserved = || s.cloud.metric("bridge_batch_memory_reserved_bytes");
+    // QUIC takes limits.connection_window (4 MiB) of what the edge does not read (it lets 16
+    // KiB a stream through); the rest waits, paid for (a chunk's most, 2 MiB, each), inside
+    // the connection's 64 MiB.
+    let held = (10u64 << 20) as f64;
+    assert!(e2e_tests::eventually(WAIT, || reserved() >= held).await, "{} bytes reserved", reserved());
+    assert!(reserved() <= (64u64 << 20) as f64, "{}", reserved());
+    // The stall passes: every chunk not taken is reset and its memory given back, while the
+    // connection stays up.
+    assert!(e2e_tests::eventually(Duration::from_secs(15), || reserved() == 0.0).await, "{}", reserved());
+    assert!(s.cloud.metric("bridge_model_fetches_refused_total") >= 10.0);
+    assert!(conn.close_reason().is_none(), "{:?}", conn.close_reason());
 }
