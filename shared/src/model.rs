@@ -89,19 +89,30 @@ impl Manifest {
 }
 
 /// Names and versions become path components on both sides: letters, digits, `.`, `_`, `-`,
-/// at most 128, not `.` or `..`.
+/// at most 128, starting with a letter or digit. Beside an edge's versions of a model lie
+/// their `<version>.manifest` files, the `current` link, `~newest` and temporary files
+/// (`.tmp*`, `.current.tmp`), and beside its models the chunk `cache`: none of these is a name
+/// or version, so a version can never overwrite another's manifest or the link.
 pub fn valid_name(what: &str, s: &str) -> Result<(), ModelError> {
-    let ok = !s.is_empty()
-        && s.len() <= 128
-        && s != "."
-        && s != ".."
+    let ok = s.len() <= 128
+        && s.as_bytes().first().is_some_and(u8::is_ascii_alphanumeric)
         && s.bytes().all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'));
-    if ok {
-        Ok(())
-    } else {
-        Err(ModelError::Invalid(format!("{what} {s:?}: use letters, digits, '.', '_', '-' (at most 128)")))
+    if !ok {
+        return Err(ModelError::Invalid(format!(
+            "{what} {s:?}: use letters, digits, '.', '_', '-' (at most 128, starting with a letter or digit)"
+        )));
     }
+    if RESERVED_NAMES.contains(&s) || s.ends_with(".manifest") {
+        return Err(ModelError::Invalid(format!(
+            "{what} {s:?}: reserved (the edge keeps {} and <version>.manifest files beside its models)",
+            RESERVED_NAMES.join(", ")
+        )));
+    }
+    Ok(())
 }
+
+/// Files an edge keeps beside its models and versions (`valid_name`).
+const RESERVED_NAMES: [&str; 2] = ["current", "cache"];
 
 /// A manifest as signed: its CBOR bytes, the signature over them, the signer's key id.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

@@ -103,3 +103,16 @@ fn unsound_manifests_are_refused_even_when_signed() {
     assert!(verify_chunk(4, &r, &bad).unwrap_err().to_string().starts_with("chunk 4 should hash to"));
     assert!(SigningKey::from_pkcs8(b"not a key").unwrap_err().to_string().contains("not an ed25519 PKCS#8 key"));
 }
+
+#[test]
+fn names_and_versions_cannot_take_the_files_beside_them() {
+    for ok in ["yolo-edge", "1", "2.0.1", "v1_rc-2", "current2", "1.manifests"] {
+        assert!(valid_name("version", ok).is_ok(), "{ok}");
+    }
+    for bad in ["", ".", "..", ".tmpA1b2", ".current.tmp", "~newest", "current", "cache", "1.manifest", "a/b", "-x"] {
+        let e = valid_name("version", bad).unwrap_err().to_string();
+        assert!(e.contains(&format!("version {bad:?}")), "{bad}: {e}");
+    }
+    assert!(valid_name("version", &"a".repeat(129)).is_err());
+    assert!(valid_name("version", "current").unwrap_err().to_string().contains("reserved"));
+}
