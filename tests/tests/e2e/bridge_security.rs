@@ -60,7 +60,7 @@ async fn hostile_peers_are_cut_off_one_by_one_while_the_real_edge_flows() {
     // A frame announcing more than the limit: refused on the length alone.
     let conn = quic::connect(addr, &keys.ca, &cert2, &key2).await.unwrap();
     let reason = quic::send_control_and_wait_close(&conn, &u32::MAX.to_be_bytes()).await;
-    assert!(reason.contains(&format!("over the {} byte limit", shared::proto::MAX_CONTROL_FRAME)), "{reason}");
+    assert!(reason.contains(&format!("over the {} byte limit", shared::proto::MAX_EDGE_CONTROL_FRAME)), "{reason}");
 
     // Malformed CBOR.
     let conn = quic::connect(addr, &keys.ca, &cert2, &key2).await.unwrap();
