@@ -33,8 +33,8 @@ if cloud:
 
 clients = total("edge_mqtt_connections_total") - total('edge_mqtt_connections_total{listener="_internal"}')
 print(f"   client connections accepted: {clients:.0f} (plus the built-in SLO probe)")
-pub_in = total('edge_mqtt_publish_in_total{class="default"}')
-pub_out = total('edge_mqtt_publish_out_total{class="default"}')
+pub_in = total('edge_mqtt_publish_in_total') - total('edge_mqtt_publish_in_total{class="internal"}')
+pub_out = total('edge_mqtt_publish_out_total{to="clients"}')
 print(f"   client publishes in: {pub_in:.0f}, deliveries out: {pub_out:.0f}, refused: {total('edge_mqtt_publish_refused_total'):.0f}")
 probes = total("edge_probe_latency_seconds_count")
 p50 = quantile("edge_probe_latency_seconds", 0.5)
@@ -44,7 +44,7 @@ print(f"   SLO probe: {probes:.0f} QoS1 round trips, p50 <= {p50:.2f} ms, p99 <=
 up = total("edge_uplink_connected")
 raw = total("edge_uplink_raw_bytes_total")
 sent = total("edge_uplink_sent_bytes_total")
-rtt = total("edge_uplink_rtt_microseconds") / 1000
+rtt = total("edge_uplink_rtt_seconds") * 1000
 print(f"   uplink: {'connected' if up else 'down'}, {total('edge_uplink_batches_total'):.0f} batches, "
       f"{total('edge_uplink_records_total'):.0f} records, {raw:.0f} bytes before zstd, {sent:.0f} after, "
       + (f"rtt {rtt:.2f} ms" if rtt else "no ping yet"))

@@ -13,7 +13,8 @@ use axum::response::IntoResponse;
 use prometheus_client::registry::Registry;
 use tokio_util::sync::CancellationToken;
 
-/// Every subsystem's metrics, in one registry with the prefix `bridge_`.
+/// Every subsystem's metrics, in one registry with the prefix `bridge_`, beside the process's
+/// (`process_*`) and `bridge_build_info` (`shared::process`).
 #[derive(Debug)]
 pub struct Metrics {
     registry: Registry,
@@ -26,7 +27,9 @@ pub struct Metrics {
 
 impl Metrics {
     pub fn new() -> Self {
-        let mut registry = Registry::with_prefix("bridge");
+        let mut root = Registry::default();
+        shared::process::register(&mut root, "bridge", env!("CARGO_PKG_VERSION"));
+        let registry = root.sub_registry_with_prefix("bridge");
         let m = Self {
             registry: Registry::default(),
             server: Arc::default(),
@@ -35,12 +38,12 @@ impl Metrics {
             limits: Arc::default(),
             fleet: Arc::default(),
         };
-        m.models.register(&mut registry);
-        m.limits.register(&mut registry);
-        m.sink.register(&mut registry);
-        m.fleet.register(&mut registry);
-        m.server.register(&mut registry);
-        Self { registry, ..m }
+        m.models.register(registry);
+        m.limits.register(registry);
+        m.sink.register(registry);
+        m.fleet.register(registry);
+        m.server.register(registry);
+        Self { registry: root, ..m }
     }
 
     pub fn encode(&self) -> String {
@@ -73,8 +76,10 @@ pub async fn serve(
     }
 }
 
-async fn metrics_handler(State(m): State<Arc<Metrics>>) -> impl IntoResponse {
-    ([(header::CONTENT_TYPE, "application/openmetrics-text; version=1.0.0; charset=utf-8")], m.encode())
+async fn metrics_handler(State(m): State<Arc<Metrics>>, headers: axum::http::HeaderMap) -> impl IntoResponse {
+    let accept = headers.get(header::ACCEPT).and_then(|v| v.to_str().ok());
+    let (content_type, body) = shared::exposition::respond(accept, m.encode());
+    ([(header::CONTENT_TYPE, content_type)], body)
 }
 
 async fn edges_handler(State(fleet): State<Arc<crate::fleet::view::Served>>) -> axum::response::Response {

@@ -134,15 +134,16 @@ impl Node {
         let auth = AuthState::load(&config.auth)?;
         // Every subsystem's metrics, registered whether or not the subsystem runs, so a scrape
         // always names the same metrics.
-        let mut registry = metrics::registry();
-        let front_metrics = FrontMetrics::new(&mut registry);
-        let broker_metrics = BrokerMetrics::new(&mut registry);
-        let probe_metrics = ProbeMetrics::new(&mut registry);
-        let spool_metrics = Arc::new(WriterMetrics::new(&mut registry));
-        let uplink_metrics = UplinkMetrics::new(&mut registry);
-        let tco_metrics = TcoMetrics::new(&mut registry);
-        let model_metrics = ModelMetrics::new(&mut registry);
-        let metrics = Arc::new(Metrics::new(registry));
+        let mut root = metrics::registry();
+        let registry = metrics::subsystems(&mut root);
+        let front_metrics = FrontMetrics::new(registry);
+        let broker_metrics = BrokerMetrics::new(registry);
+        let probe_metrics = ProbeMetrics::new(registry);
+        let spool_metrics = Arc::new(WriterMetrics::new(registry));
+        let uplink_metrics = UplinkMetrics::new(registry);
+        let tco_metrics = TcoMetrics::new(registry);
+        let model_metrics = ModelMetrics::new(registry);
+        let metrics = Arc::new(Metrics::new(root));
         let shutdown = CancellationToken::new();
         let tracker = TaskTracker::new();
 
@@ -347,7 +348,7 @@ impl Node {
                     clients_total: total as u64,
                     subscriptions: subscriptions as u64,
                     retained: retained as u64,
-                    messages_received: counts.publish_in.get(),
+                    messages_received: counts.received.get(),
                     messages_sent: counts.publish_out.get(),
                     bytes_received: front.bytes_in.get(),
                     bytes_sent: front.bytes_out.get(),
@@ -500,15 +501,17 @@ mod tests {
 
     #[test]
     fn encodes_registered_metrics() {
-        let mut registry = metrics::registry();
-        let front = FrontMetrics::new(&mut registry);
-        let probe = ProbeMetrics::new(&mut registry);
-        let m = Metrics::new(registry);
+        let mut root = metrics::registry();
+        let front = FrontMetrics::new(metrics::subsystems(&mut root));
+        let probe = ProbeMetrics::new(metrics::subsystems(&mut root));
+        let m = Metrics::new(root);
         front.connections_total.get_or_create(&listener_label("local")).inc();
         probe.delivered(Duration::from_micros(300));
         let text = m.encode();
         assert!(text.contains("edge_mqtt_connections_total{listener=\"local\"} 1"), "{text}");
         assert!(text.contains("edge_probe_latency_seconds_count 1"), "{text}");
         assert!(probe.since_delivery().is_some());
+        assert!(text.contains("process_resident_memory_bytes "), "{text}");
+        assert!(text.contains("edge_build_info{version=\""), "{text}");
     }
 }

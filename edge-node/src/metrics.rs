@@ -36,9 +36,17 @@ fn default_http_bind() -> Option<SocketAddr> {
     Some(SocketAddr::from(([127, 0, 0, 1], 9464)))
 }
 
-/// An empty registry with the node's metric prefix, for the subsystems to register into.
+/// The node's registry: the process's metrics (`process_*`) and `edge_build_info` at its root
+/// (`shared::process`), the subsystems' in [`subsystems`] under the prefix `edge_`.
 pub fn registry() -> Registry {
-    Registry::with_prefix("edge")
+    let mut root = Registry::default();
+    shared::process::register(&mut root, "edge", env!("CARGO_PKG_VERSION"));
+    root
+}
+
+/// Where the subsystems register theirs: `root`'s part with the node's prefix.
+pub fn subsystems(root: &mut Registry) -> &mut Registry {
+    root.sub_registry_with_prefix("edge")
 }
 
 /// The registry once every subsystem registered.
@@ -93,8 +101,10 @@ pub async fn serve(listener: tokio::net::TcpListener, state: Endpoints, shutdown
     }
 }
 
-async fn metrics_handler(State(state): State<Endpoints>) -> impl IntoResponse {
-    ([(header::CONTENT_TYPE, "application/openmetrics-text; version=1.0.0; charset=utf-8")], state.metrics.encode())
+async fn metrics_handler(State(state): State<Endpoints>, headers: axum::http::HeaderMap) -> impl IntoResponse {
+    let accept = headers.get(header::ACCEPT).and_then(|v| v.to_str().ok());
+    let (content_type, body) = shared::exposition::respond(accept, state.metrics.encode());
+    ([(header::CONTENT_TYPE, content_type)], body)
 }
 
 async fn tco_handler(State(state): State<Endpoints>) -> impl IntoResponse {

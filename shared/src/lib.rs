@@ -4,12 +4,16 @@
 //! protocol with its session state machines, and the TCO model. Both binaries and the
 //! tests build on it.
 
+#[cfg(feature = "metrics")]
+pub mod exposition;
 #[cfg(feature = "fs")]
 pub mod fs;
 #[cfg(feature = "fs")]
 pub mod layout;
 pub mod log_budget;
 pub mod model;
+#[cfg(feature = "metrics")]
+pub mod process;
 pub mod proto;
 pub mod tco;
 pub mod testing;

@@ -165,6 +165,12 @@ pub fn metric_sum(text: &str, name: &str) -> f64 {
         .sum()
 }
 
+/// PUBLISH packets an edge took from clients, every class together (not the node's own).
+pub fn client_publishes(text: &str) -> f64 {
+    let internal = metric(text, "edge_mqtt_publish_in_total{class=\"internal\"}").unwrap_or(0.0);
+    metric_sum(text, "edge_mqtt_publish_in_total") - internal
+}
+
 /// Sets up tracing once for a test binary; `RUST_LOG` controls the output.
 pub fn init_tracing() {
     use tracing_subscriber::prelude::*;

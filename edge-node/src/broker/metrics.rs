@@ -9,6 +9,11 @@ use prometheus_client::registry::{Registry, Unit};
 
 use crate::labels::{ClassLabel, ReasonLabel, class_label, handle, reason};
 
+#[derive(Clone, Debug, Hash, PartialEq, Eq, prometheus_client::encoding::EncodeLabelSet)]
+struct ToLabel {
+    to: &'static str,
+}
+
 #[derive(Debug, Clone)]
 pub struct BrokerMetrics {
     pub sessions: Gauge,
@@ -16,10 +21,18 @@ pub struct BrokerMetrics {
     retained_messages: Gauge,
     retained_bytes: Gauge,
     pub wills: Counter,
-    pub publish_in: Counter,
+    /// PUBLISH packets accepted, by the class their topic is in (`[[class]]`; `edge-direct`
+    /// when none matches, `internal` for the node's own clients), resolved per class once
+    /// ([`BrokerMetrics::resolve_classes`]) so a publish takes no label lookup.
+    publish_in: Family<ClassLabel, Counter>,
+    class_in: Vec<Counter>,
+    edge_direct_in: Counter,
+    publish_in_internal: Counter,
+    /// Every client's publishes together (not the node's own), for
+    /// `$SYS/broker/messages/received` (not exported).
+    pub received: Counter,
+    /// Deliveries to clients and to the node's own clients.
     pub publish_out: Counter,
-    /// The node's own clients' (the probe, the model announcer), apart.
-    pub publish_in_internal: Counter,
     pub publish_out_internal: Counter,
     dropped: Family<ReasonLabel, Counter>,
     publish_refused: Family<ReasonLabel, Counter>,
@@ -38,17 +51,20 @@ pub struct BrokerMetrics {
 impl BrokerMetrics {
     pub fn new(r: &mut Registry) -> Self {
         let publish_in: Family<ClassLabel, Counter> = Family::default();
-        let publish_out: Family<ClassLabel, Counter> = Family::default();
+        let publish_out: Family<ToLabel, Counter> = Family::default();
         let m = Self {
             sessions: Gauge::default(),
             subscriptions: Gauge::default(),
             retained_messages: Gauge::default(),
             retained_bytes: Gauge::default(),
             wills: Counter::default(),
-            publish_in: handle(&publish_in, &class_label("default")),
-            publish_out: handle(&publish_out, &class_label("default")),
+            class_in: Vec::new(),
+            edge_direct_in: handle(&publish_in, &class_label("edge-direct")),
             publish_in_internal: handle(&publish_in, &class_label("internal")),
-            publish_out_internal: handle(&publish_out, &class_label("internal")),
+            publish_in: publish_in.clone(),
+            received: Counter::default(),
+            publish_out: handle(&publish_out, &ToLabel { to: "clients" }),
+            publish_out_internal: handle(&publish_out, &ToLabel { to: "node" }),
             dropped: Family::default(),
             publish_refused: Family::default(),
             subscribe_refused: Family::default(),
@@ -99,12 +115,12 @@ impl BrokerMetrics {
         r.register("mqtt_wills", "Will messages published", m.wills.clone());
         r.register(
             "mqtt_publish_in",
-            "PUBLISH packets accepted from clients (class default) and from the node's own clients (internal)",
+            "PUBLISH packets accepted, by the [[class]] of their topic (edge-direct: none; internal: the node's own clients)",
             publish_in,
         );
         r.register(
             "mqtt_publish_out",
-            "PUBLISH packets sent to clients (class default) and to the node's own clients (internal)",
+            "PUBLISH packets sent, to clients or to the node's own clients (to=node)",
             publish_out,
         );
         r.register(
@@ -128,6 +144,25 @@ impl BrokerMetrics {
             m.disconnects.clone(),
         );
         m
+    }
+
+    /// Resolves the publish counter of each of `classes`, in their order.
+    pub fn resolve_classes(&mut self, classes: &crate::route::Classes) {
+        self.class_in = classes.iter().map(|c| handle(&self.publish_in, &class_label(&c.name))).collect();
+    }
+
+    /// A publish accepted from a client: from the node's own (`internal`), or in the class at
+    /// `class` (an index into the classes resolved), or in none.
+    pub fn published(&self, internal: bool, class: Option<usize>) {
+        let counter = match (internal, class.and_then(|i| self.class_in.get(i))) {
+            (true, _) => &self.publish_in_internal,
+            (false, Some(c)) => c,
+            (false, None) => &self.edge_direct_in,
+        };
+        counter.inc();
+        if !internal {
+            self.received.inc();
+        }
     }
 
     pub fn dropped(&self, why: &'static str, n: u64) {

@@ -1,22 +1,18 @@
-//! The front's metrics: connections, refusals, publishes in and out, bytes.
+//! The front's metrics: connections, refusals at CONNECT, bytes. What happens to publishes and
+//! subscriptions is the broker core's to count (`broker::metrics`).
 
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
 
-use crate::labels::{ClassLabel, ListenerLabel, ReasonLabel, RefusedLabels};
+use crate::labels::{ListenerLabel, RefusedLabels};
 
 #[derive(Debug, Clone)]
 pub struct FrontMetrics {
     pub connections: Family<ListenerLabel, Gauge>,
     pub connections_total: Family<ListenerLabel, Counter>,
     pub connects_refused: Family<RefusedLabels, Counter>,
-    pub disconnects: Family<ReasonLabel, Counter>,
-    pub publish_in: Family<ClassLabel, Counter>,
-    pub publish_out: Family<ClassLabel, Counter>,
-    pub publish_refused: Family<ReasonLabel, Counter>,
-    pub subscribe_refused: Family<ReasonLabel, Counter>,
     pub qos1_inflight: Gauge,
     pub bytes_in: Counter,
     pub bytes_out: Counter,
@@ -30,11 +26,6 @@ impl FrontMetrics {
             connections: Family::default(),
             connections_total: Family::default(),
             connects_refused: Family::default(),
-            disconnects: Family::default(),
-            publish_in: Family::default(),
-            publish_out: Family::default(),
-            publish_refused: Family::default(),
-            subscribe_refused: Family::default(),
             qos1_inflight: Gauge::default(),
             bytes_in: Counter::default(),
             bytes_out: Counter::default(),
@@ -46,23 +37,6 @@ impl FrontMetrics {
             "mqtt_connects_refused",
             "Connections refused at CONNECT or TLS, by reason",
             m.connects_refused.clone(),
-        );
-        r.register(
-            "mqtt_disconnects",
-            "Client connections closed by the broker for a limit or an error, by reason",
-            m.disconnects.clone(),
-        );
-        r.register("mqtt_publish_in", "PUBLISH packets accepted from clients, by topic class", m.publish_in.clone());
-        r.register("mqtt_publish_out", "PUBLISH packets delivered to clients, by topic class", m.publish_out.clone());
-        r.register(
-            "mqtt_publish_refused",
-            "PUBLISH packets not delivered, by reason (acl, invalid_topic)",
-            m.publish_refused.clone(),
-        );
-        r.register(
-            "mqtt_subscribe_refused",
-            "Subscription filters refused, by reason (acl, invalid_filter)",
-            m.subscribe_refused.clone(),
         );
         r.register(
             "mqtt_qos1_inflight",

@@ -120,7 +120,12 @@ impl Classes {
 
     /// The first class matching `topic`, if any.
     pub fn classify(&self, topic: &str) -> Option<&Class> {
-        self.classes.iter().find(|c| c.filters.iter().any(|f| f.matches(topic)))
+        self.classify_at(topic).map(|(_, c)| c)
+    }
+
+    /// [`Classes::classify`] with the class's place in [`Classes::iter`].
+    pub fn classify_at(&self, topic: &str) -> Option<(usize, &Class)> {
+        self.classes.iter().enumerate().find(|(_, c)| c.filters.iter().any(|f| f.matches(topic)))
     }
 
     pub fn is_empty(&self) -> bool {

@@ -360,7 +360,7 @@ async fn drain_into_a_bridge_speaking(versions: &'static [u16]) -> (Received, u8
     }
     // A ping answered by the newer pong (it set the RTT), unknown frames ignored: one session,
     // never cut.
-    let ponged = e2e_tests::eventually(WAIT, || edge.metric("edge_uplink_rtt_microseconds") > 0.0).await;
+    let ponged = e2e_tests::eventually(WAIT, || edge.metric("edge_uplink_rtt_seconds") > 0.0).await;
     assert!(ponged, "no pong accepted: {}", edge.metrics());
     assert_eq!(edge.metric("edge_uplink_connected"), 1.0, "{}", edge.metrics());
     assert_eq!(edge.metric("edge_uplink_reconnects_total"), 0.0, "{}", edge.metrics());

@@ -33,7 +33,7 @@ async fn qos0_and_qos1_round_trip_with_wildcards() {
     let second = sub.recv(WAIT).await.expect("QoS0 message");
     assert_eq!((second.topic.as_str(), &second.payload[..]), ("alarms/zone1/door", &b"open"[..]));
     assert!(sub.recv(Duration::from_millis(300)).await.is_none(), "unsubscribed topic delivered");
-    assert!(t.metric("edge_mqtt_publish_in_total{class=\"default\"}") >= 3.0);
+    assert!(e2e_tests::client_publishes(&t.metrics()) >= 3.0);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -76,7 +76,7 @@ async fn persistent_session_keeps_messages_while_offline() {
     );
     publisher.publish("jobs/1", QoS::AtLeastOnce, false, "queued").await;
     // The publisher's PUBACK comes back once the broker appended the message.
-    assert!(e2e_tests::eventually(WAIT, || t.metric("edge_mqtt_publish_in_total{class=\"default\"}") >= 1.0).await);
+    assert!(e2e_tests::eventually(WAIT, || e2e_tests::client_publishes(&t.metrics()) >= 1.0).await);
 
     let mut back = Client::connect(opts).await.unwrap();
     let p = back.recv(WAIT).await.expect("message kept for the persistent session");

@@ -26,6 +26,7 @@ mod fleet;
 mod fleet_view;
 mod model_sync;
 mod models;
+mod ops_metrics;
 mod spool_damage;
 mod spool_faults;
 mod spool_routes;

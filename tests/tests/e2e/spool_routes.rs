@@ -129,10 +129,7 @@ async fn sigterm_loses_nothing_that_was_acknowledged() {
             .unwrap_or_default()
     };
     assert!(
-        e2e_tests::eventually(Duration::from_secs(20), || {
-            e2e_tests::metric(&metrics(), "edge_mqtt_publish_in_total{class=\"default\"}") == Some(2000.0)
-        })
-        .await,
+        e2e_tests::eventually(Duration::from_secs(20), || { e2e_tests::client_publishes(&metrics()) == 2000.0 }).await,
         "publishes not all accepted"
     );
     edge.signal("TERM");

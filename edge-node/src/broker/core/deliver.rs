@@ -39,9 +39,14 @@ impl Broker {
         now: Instant,
     ) -> Result<(), u8> {
         let classes = self.classes.clone();
-        let class = classes.classify(&msg.topic);
+        let at = classes.classify_at(&msg.topic);
+        let class = at.map(|(_, c)| c);
         if let Some(class) = class {
             class.count(2 + msg.topic.len() + msg.payload.len());
+        }
+        // A client's publish (a will, with no connection, is not one).
+        if from.is_some() {
+            self.metrics.published(self.is_internal(from), at.map(|(i, _)| i));
         }
         let route = class.map_or(Route::EdgeDirect, Class::route);
         let local = route != Route::Central;

@@ -136,8 +136,6 @@ impl Broker {
         if p.qos == QoS::ExactlyOnce {
             self.receive_qos2(key, p.pkid);
         }
-        let counter = if internal { &self.metrics.publish_in_internal } else { &self.metrics.publish_in };
-        counter.inc();
         let msg = Arc::new(Message {
             topic,
             // A copy, not a slice of the read buffer: a queued message would otherwise pin the

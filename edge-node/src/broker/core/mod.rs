@@ -308,7 +308,8 @@ pub struct Broker {
 }
 
 impl Broker {
-    pub fn new(limits: Limits, classes: Arc<Classes>, metrics: BrokerMetrics, wall: WallClock) -> Self {
+    pub fn new(limits: Limits, classes: Arc<Classes>, mut metrics: BrokerMetrics, wall: WallClock) -> Self {
+        metrics.resolve_classes(&classes);
         let retained = Retained::new(limits.max_retained_messages, limits.max_retained_bytes);
         Self {
             limits,
