@@ -48,7 +48,7 @@ pub struct LaneLabel {
 pub struct UplinkMetrics {
     pub connected: Gauge,
     pub degraded: Gauge,
-    pub rtt_micros: Gauge,
+    pub rtt: Gauge<f64, std::sync::atomic::AtomicU64>,
     pub in_flight: Gauge,
     pub batches: Counter,
     pub records: Counter,
@@ -77,7 +77,7 @@ impl UplinkMetrics {
         let m = Self {
             connected: Gauge::default(),
             degraded: Gauge::default(),
-            rtt_micros: Gauge::default(),
+            rtt: Gauge::default(),
             in_flight: Gauge::default(),
             batches: Counter::default(),
             records: Counter::default(),
@@ -103,7 +103,12 @@ impl UplinkMetrics {
             "1 while connected but a batch or ping waits longer than ack_timeout for its answer",
             m.degraded.clone(),
         );
-        r.register("uplink_rtt_microseconds", "Last ping round trip to the cloud bridge", m.rtt_micros.clone());
+        r.register_with_unit(
+            "uplink_rtt",
+            "Last ping round trip to the cloud bridge",
+            prometheus_client::registry::Unit::Seconds,
+            m.rtt.clone(),
+        );
         r.register("uplink_batches_in_flight", "Batches sent and not yet acked", m.in_flight.clone());
         r.register("uplink_batches", "Batches sent", m.batches.clone());
         r.register("uplink_records", "Records sent (resends included)", m.records.clone());
@@ -359,7 +364,14 @@ impl Uplink {
                         r.spool.shutdown().await;
                         let path = r.recovering.unwrap_or_default();
                         let apart = crate::spool::recovery::refuse(&path);
-                        tracing::error!(path = %path.display(), reason, apart = ?apart, "the cloud refuses a recovered spool's epoch; set apart");
+                        match apart {
+                            Ok(to) => {
+                                tracing::error!(path = %path.display(), reason, apart = %to.display(), "the cloud refuses a recovered spool's epoch; set apart")
+                            }
+                            Err(e) => {
+                                tracing::error!(path = %path.display(), reason, error = %e, "the cloud refuses a recovered spool's epoch; it could not be set apart")
+                            }
+                        }
                     }
                     continue;
                 }
@@ -388,7 +400,7 @@ impl Uplink {
                     Next::Now => Duration::ZERO,
                     Next::Wait { wait, .. } => wait,
                 };
-                tracing::warn!(server, error = %end, ?retry_in, "uplink down");
+                tracing::warn!(server, error = %end, retry_in = %shared::units::HumanDuration(retry_in), "uplink down");
             }
             let Next::Wait { wait, probe_for } = next else { continue };
             let resumed = tokio::select! {
@@ -587,7 +599,7 @@ impl Uplink {
                         self.link.committed(latency);
                     }
                     EdgeEvent::Rtt(rtt) => {
-                        self.metrics.rtt_micros.set(rtt.as_micros() as i64);
+                        self.metrics.rtt.set(rtt.as_secs_f64());
                         self.link.rtt(rtt);
                     }
                     EdgeEvent::Degraded(d) => {
