@@ -41,11 +41,22 @@ pub struct HttpConfig {
 pub struct LogConfig {
     #[serde(default = "default_level")]
     pub level: String,
+    /// `text` (colour only on a terminal) or `json` (one object a line). Default: text.
+    #[serde(default)]
+    pub format: LogFormat,
+}
+
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum LogFormat {
+    #[default]
+    Text,
+    Json,
 }
 
 impl Default for LogConfig {
     fn default() -> Self {
-        Self { level: default_level() }
+        Self { level: default_level(), format: LogFormat::Text }
     }
 }
 

@@ -84,7 +84,7 @@ impl Bridge {
                 let store = Box::pin(models::open(config.models.as_ref(), config.sink.nats_url()))
                     .await
                     .map_err(|e| StartError::Models(e.to_string()))?;
-                tracing::info!(store = ?m.store, "model store open");
+                tracing::info!(store = m.store.name(), "model store open");
                 Some(Arc::new(models::serve::ModelService::new(Arc::new(store), m.poll.0, metrics.models.clone())))
             }
             None => None,

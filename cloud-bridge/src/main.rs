@@ -21,7 +21,7 @@ struct Cli {
 enum Command {
     /// Serve edges until SIGINT or SIGTERM.
     Run {
-        #[arg(long, default_value = "config/cloud.toml")]
+        #[arg(long, default_value_os_t = default_config())]
         config: PathBuf,
         /// Write {"quic": addr, "http": addr} here once listening (for scripts and tests).
         #[arg(long)]
@@ -29,7 +29,7 @@ enum Command {
     },
     /// Load and check a config, print the first problem found.
     CheckConfig {
-        #[arg(long, default_value = "config/cloud.toml")]
+        #[arg(long, default_value_os_t = default_config())]
         config: PathBuf,
     },
     /// Development certificates.
@@ -59,7 +59,7 @@ enum EdgesCommand {
     /// One line per edge: status (connected, lost, disconnected), bridge, protocol version,
     /// last seen, backlog, oldest unacked record, drops and gaps, routes per class.
     List {
-        #[arg(long, default_value = "config/cloud.toml")]
+        #[arg(long, default_value_os_t = default_config())]
         config: PathBuf,
         /// JSON (the same document as `GET /edges`) instead of the table.
         #[arg(long)]
@@ -71,7 +71,7 @@ enum EdgesCommand {
 enum ModelCommand {
     /// Chunk FILE, store the chunks the store lacks, sign the manifest and store it.
     Publish {
-        #[arg(long, default_value = "config/cloud.toml")]
+        #[arg(long, default_value_os_t = default_config())]
         config: PathBuf,
         #[arg(long)]
         name: String,
@@ -81,14 +81,14 @@ enum ModelCommand {
     },
     /// Every published version.
     List {
-        #[arg(long, default_value = "config/cloud.toml")]
+        #[arg(long, default_value_os_t = default_config())]
         config: PathBuf,
         #[arg(long)]
         json: bool,
     },
     /// Remove a version, and the chunks no other version uses.
     Rm {
-        #[arg(long, default_value = "config/cloud.toml")]
+        #[arg(long, default_value_os_t = default_config())]
         config: PathBuf,
         #[arg(long)]
         name: String,
@@ -108,7 +108,7 @@ enum TcoCommand {
     /// Per class across the fleet: edges, traffic, each route's monthly cost, the routes the
     /// edges have now and the ones their models chose.
     Report {
-        #[arg(long, default_value = "config/cloud.toml")]
+        #[arg(long, default_value_os_t = default_config())]
         config: PathBuf,
         /// JSON instead of the table.
         #[arg(long)]
@@ -141,19 +141,16 @@ enum CertsCommand {
     },
 }
 
+/// The config file a command reads without `--config`: `$CLOUD_BRIDGE_CONFIG`, else the packaged
+/// `/etc/cloud-bridge/cloud.toml` where it exists, else `config/cloud.toml` (a checkout).
+fn default_config() -> PathBuf {
+    shared::units::default_config("CLOUD_BRIDGE_CONFIG", "/etc/cloud-bridge/cloud.toml", "config/cloud.toml")
+}
+
 fn main() -> ExitCode {
     match Cli::parse().command {
         Command::Run { config, ready_file } => run(&config, ready_file),
-        Command::CheckConfig { config } => match CloudConfig::load(&config) {
-            Ok(_) => {
-                println!("{}: ok", config.display());
-                ExitCode::SUCCESS
-            }
-            Err(e) => {
-                eprintln!("cloud-bridge: {e}");
-                ExitCode::from(2)
-            }
-        },
+        Command::CheckConfig { config } => check_config(&config),
         Command::Model { command } => match model(command) {
             Ok(()) => ExitCode::SUCCESS,
             Err(e) => {
@@ -205,6 +202,41 @@ fn main() -> ExitCode {
     }
 }
 
+/// Loads the config and every certificate and key it names: the file's problems, a key that
+/// is not its certificate's, a client certificate where the server's belongs, an expired one
+/// (exit 2); certificates expiring within 30 days are named (exit 0).
+fn check_config(path: &std::path::Path) -> ExitCode {
+    let config = match CloudConfig::load(path) {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("cloud-bridge: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    let s = &config.server;
+    let mut problems = Vec::new();
+    match shared::tls::config_check("server", &s.cert, &s.key, shared::tls::Role::Server) {
+        Ok(Some(warning)) => eprintln!("cloud-bridge: warning: {warning}"),
+        Ok(None) => {}
+        Err(e) => problems.push(e),
+    }
+    if let Err(e) = shared::tls::load_roots(&s.client_ca) {
+        problems.push(format!("server.client_ca: {e}"));
+    }
+    if problems.is_empty() {
+        println!("{}: ok", path.display());
+        ExitCode::SUCCESS
+    } else {
+        eprintln!(
+            "cloud-bridge: config file {} has {} problem(s):\n  {}",
+            path.display(),
+            problems.len(),
+            problems.join("\n  ")
+        );
+        ExitCode::from(2)
+    }
+}
+
 fn run(path: &std::path::Path, ready_file: Option<PathBuf>) -> ExitCode {
     let config = match CloudConfig::load(path) {
         Ok(c) => c,
@@ -215,7 +247,15 @@ fn run(path: &std::path::Path, ready_file: Option<PathBuf>) -> ExitCode {
     };
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(&config.log.level));
-    tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).init();
+    // Colour codes only where a person reads them: not in journald or a log file.
+    let fmt = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()));
+    match config.log.format {
+        cloud_bridge::config::LogFormat::Json => fmt.json().init(),
+        cloud_bridge::config::LogFormat::Text => fmt.init(),
+    }
     let runtime = match tokio::runtime::Runtime::new() {
         Ok(r) => r,
         Err(e) => {
@@ -262,7 +302,7 @@ fn run(path: &std::path::Path, ready_file: Option<PathBuf>) -> ExitCode {
                 _ = tokio::signal::ctrl_c() => break,
                 _ = term.recv() => break,
                 _ = hup.recv() => match CloudConfig::load(path).map_err(|e| e.to_string()).and_then(|c| bridge.reload(&c).map_err(|e| e.to_string())) {
-                    Ok(ended) => tracing::info!(?ended, "reloaded the certificates, the fleet CA and server.deny_serials; sessions of denied certificates closed"),
+                    Ok(ended) => tracing::info!(ended = ended.join(","), "reloaded the certificates, the fleet CA and server.deny_serials; sessions of denied certificates closed"),
                     Err(e) => tracing::error!(error = %e, "reload refused; the running certificates and deny list stay"),
                 },
             }

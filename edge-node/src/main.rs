@@ -20,7 +20,7 @@ struct Cli {
 enum Command {
     /// Run the gateway until SIGINT or SIGTERM; SIGHUP reloads credentials, ACL and certificates.
     Run {
-        #[arg(long, short)]
+        #[arg(long, short, default_value_os_t = default_config())]
         config: PathBuf,
         /// Write the bound addresses as JSON to this file once serving (for scripts and tests).
         #[arg(long)]
@@ -28,7 +28,7 @@ enum Command {
     },
     /// Load and check a config (and the files it names); print it resolved, or every problem.
     CheckConfig {
-        #[arg(long, short)]
+        #[arg(long, short, default_value_os_t = default_config())]
         config: PathBuf,
     },
     /// Print the built-in defaults as a config file.
@@ -64,12 +64,12 @@ enum Command {
 enum ModelsCommand {
     /// Each model: its current version (path, SHA-256) and the versions kept, as JSON.
     List {
-        #[arg(long, short)]
+        #[arg(long, short, default_value_os_t = default_config())]
         config: PathBuf,
     },
     /// Make the version before the current one of NAME current again.
     Rollback {
-        #[arg(long, short)]
+        #[arg(long, short, default_value_os_t = default_config())]
         config: PathBuf,
         name: String,
     },
@@ -81,7 +81,7 @@ enum TcoCommand {
     /// architectures' totals. From the running node (its `/tco`) when the config's HTTP
     /// endpoint answers, else from the config's declared traffic.
     Report {
-        #[arg(long, short)]
+        #[arg(long, short, default_value_os_t = default_config())]
         config: PathBuf,
         /// JSON instead of the table.
         #[arg(long)]
@@ -96,12 +96,12 @@ enum TcoCommand {
 enum SpoolCommand {
     /// Records, bytes and seqs per lane and class, as JSON.
     Stats {
-        #[arg(long, short)]
+        #[arg(long, short, default_value_os_t = default_config())]
         config: PathBuf,
     },
     /// Every unacked record as JSON lines on stdout, for recovering data by hand.
     Export {
-        #[arg(long, short)]
+        #[arg(long, short, default_value_os_t = default_config())]
         config: PathBuf,
     },
     /// Queue a spool database of another epoch (one an earlier version moved aside as
@@ -109,11 +109,17 @@ enum SpoolCommand {
     /// salvaged into `recover/` beside the spool, and the node sends it under its own epoch
     /// before its own records (within 5 s while it runs), then deletes it.
     Recover {
-        #[arg(long, short)]
+        #[arg(long, short, default_value_os_t = default_config())]
         config: PathBuf,
         /// The spool database to send.
         file: PathBuf,
     },
+}
+
+/// The config file a command reads without `--config`: `$EDGE_NODE_CONFIG`, else the packaged
+/// `/etc/edge-node/edge.toml` where it exists, else `config/edge.toml` (a checkout).
+fn default_config() -> PathBuf {
+    shared::units::default_config("EDGE_NODE_CONFIG", "/etc/edge-node/edge.toml", "config/edge.toml")
 }
 
 fn main() -> ExitCode {
@@ -171,7 +177,9 @@ fn init_tracing(config: &EdgeConfig) {
     // brings the regex engine, about 5 % of the binary, and the binary is most of the idle RSS.
     let from_env = std::env::var("RUST_LOG").ok().and_then(|v| parse_log_filter(&v).ok());
     let filter = from_env.unwrap_or_else(|| parse_log_filter(&config.log.level).unwrap_or_default());
-    let fmt = tracing_subscriber::fmt::layer().with_writer(std::io::stderr);
+    // Colour codes only where a person reads them: not in journald or a log file.
+    let ansi = IsTerminal::is_terminal(&std::io::stderr());
+    let fmt = tracing_subscriber::fmt::layer().with_writer(std::io::stderr).with_ansi(ansi);
     let fmt = match config.log.format {
         LogFormat::Json => fmt.json().boxed(),
         LogFormat::Text => fmt.boxed(),
@@ -239,12 +247,34 @@ fn check_config(path: &Path) -> ExitCode {
     };
     // Beyond the file's own checks: can the named files actually be used?
     let mut problems = Vec::new();
+    let mut warnings = Vec::new();
+    let mut pair =
+        |key: String, cert: &Path, pem_key: &Path, role| match shared::tls::config_check(&key, cert, pem_key, role) {
+            Ok(warning) => warnings.extend(warning),
+            Err(e) => problems.push(e),
+        };
+    for (i, l) in config.listeners.iter().enumerate() {
+        if let Some(t) = &l.tls {
+            pair(format!("listener[{i}].tls"), &t.cert, &t.key, shared::tls::Role::Server);
+        }
+    }
+    if let Some(u) = &config.uplink {
+        pair("uplink".into(), &u.cert, &u.key, shared::tls::Role::Client);
+    }
     for (i, l) in config.listeners.iter().enumerate() {
         if let Some(t) = &l.tls
             && let Err(e) = edge_node::tls::server_config(t)
         {
             problems.push(format!("listener[{i}].tls: {e}"));
         }
+    }
+    if let Some(u) = &config.uplink
+        && let Err(e) = shared::tls::load_roots(&u.ca)
+    {
+        problems.push(format!("uplink.ca: {e}"));
+    }
+    for w in &warnings {
+        eprintln!("edge-node: warning: {w}");
     }
     if let Err(e) = edge_node::auth::AuthState::load(&config.auth) {
         problems.push(format!("auth: {e}"));

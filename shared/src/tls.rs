@@ -101,6 +101,92 @@ pub fn canonical_serial(text: &str) -> Option<String> {
     Some(if value.is_empty() { "0".into() } else { value })
 }
 
+/// What a certificate is for: the role its extended key usage must allow.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Role {
+    /// Presented by a TLS client (an edge to its bridge, an MQTT client to the edge).
+    Client,
+    /// Presented by a TLS server (a bridge, an edge's TLS listener).
+    Server,
+}
+
+/// What [`check_pair`] found of a certificate and key that can be used.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PairReport {
+    /// The certificate's name ([`certificate_identity`]).
+    pub name: Option<String>,
+    /// Its `notAfter`.
+    pub not_after: std::time::SystemTime,
+}
+
+/// Checks a certificate and key as a process would load them at start, and more: both parse,
+/// the key is the certificate's, the certificate is valid now and made for `role` (a swapped
+/// client and server certificate is caught here, not at the first handshake). The error names
+/// the file and what is wrong.
+pub fn check_pair(cert: &Path, key: &Path, role: Role, now: std::time::SystemTime) -> Result<PairReport, TlsError> {
+    let chain = load_certs(cert)?;
+    let der = load_key(key)?;
+    let signing = provider()
+        .key_provider
+        .load_private_key(der)
+        .map_err(|e| TlsError::File { path: key.to_owned(), reason: format!("unusable private key: {e}") })?;
+    let bad = |reason: String| TlsError::File { path: cert.to_owned(), reason };
+    rustls::sign::CertifiedKey::new(chain.clone(), signing)
+        .keys_match()
+        .map_err(|e| bad(format!("is not the certificate of the key {}: {e}", key.display())))?;
+    let (_, parsed) =
+        x509_parser::parse_x509_certificate(chain[0].as_ref()).map_err(|e| bad(format!("cannot parse: {e}")))?;
+    let validity = parsed.validity();
+    let at = |t: &x509_parser::time::ASN1Time| {
+        std::time::UNIX_EPOCH + std::time::Duration::from_secs(u64::try_from(t.timestamp()).unwrap_or(0))
+    };
+    let (not_before, not_after) = (at(&validity.not_before), at(&validity.not_after));
+    let utc = |t: std::time::SystemTime| humantime::format_rfc3339_seconds(t).to_string();
+    if now < not_before {
+        return Err(bad(format!("not valid before {}", utc(not_before))));
+    }
+    if now > not_after {
+        return Err(bad(format!("expired at {}", utc(not_after))));
+    }
+    if let Ok(Some(eku)) = parsed.extended_key_usage() {
+        let eku = &eku.value;
+        let (allowed, what) = match role {
+            Role::Client => (eku.any || eku.client_auth, "client (clientAuth)"),
+            Role::Server => (eku.any || eku.server_auth, "server (serverAuth)"),
+        };
+        if !allowed {
+            let other = if eku.server_auth {
+                "a server certificate"
+            } else if eku.client_auth {
+                "a client certificate"
+            } else {
+                "not"
+            };
+            return Err(bad(format!("is {other}; here it must be a {what} certificate")));
+        }
+    }
+    Ok(PairReport { name: certificate_identity(&chain[0]), not_after })
+}
+
+/// Certificates closer to their `notAfter` than this are named by `check-config`.
+pub const EXPIRY_WARNING: std::time::Duration = std::time::Duration::from_secs(30 * 24 * 3600);
+
+/// `check-config`'s word on a certificate and key named by `key` in a config: an error, a
+/// warning when it expires within [`EXPIRY_WARNING`], or nothing.
+pub fn config_check(key: &str, cert: &Path, pem_key: &Path, role: Role) -> Result<Option<String>, String> {
+    let now = std::time::SystemTime::now();
+    let report = check_pair(cert, pem_key, role, now).map_err(|e| format!("{key}: {e}"))?;
+    let left = report.not_after.duration_since(now).unwrap_or_default();
+    Ok((left < EXPIRY_WARNING).then(|| {
+        format!(
+            "{key}: {} expires in {} days ({})",
+            cert.display(),
+            left.as_secs() / 86_400,
+            humantime::format_rfc3339_seconds(report.not_after)
+        )
+    }))
+}
+
 #[cfg(test)]
 mod tests {
     use super::canonical_serial;

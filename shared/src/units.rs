@@ -124,6 +124,16 @@ impl Serialize for ByteSize {
     }
 }
 
+/// A binary's config file when none is named: the path in the environment variable `var`,
+/// else `packaged` where it exists, else `checkout`.
+pub fn default_config(var: &str, packaged: &str, checkout: &str) -> std::path::PathBuf {
+    if let Some(path) = std::env::var_os(var).filter(|v| !v.is_empty()) {
+        return path.into();
+    }
+    let packaged = std::path::Path::new(packaged);
+    if packaged.exists() { packaged.to_owned() } else { checkout.into() }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

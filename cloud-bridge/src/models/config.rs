@@ -38,6 +38,16 @@ pub enum ModelStoreKind {
     Jetstream,
 }
 
+impl ModelStoreKind {
+    /// As in the config.
+    pub fn name(self) -> &'static str {
+        match self {
+            ModelStoreKind::Dir => "dir",
+            ModelStoreKind::Jetstream => "jetstream",
+        }
+    }
+}
+
 fn default_models_dir() -> PathBuf {
     PathBuf::from("models")
 }

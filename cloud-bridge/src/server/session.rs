@@ -100,7 +100,8 @@ pub(super) async fn run<S: Sink>(
                             }
                         }
                         if let Some(held_back) = limits.log.allow() {
-                            tracing::info!(edge, epoch = hello.epoch, version = hello.version, ?committed, dicts = known.len(), held_back, "edge hello");
+                            let committed = committed.iter().map(|l| format!("{}:{}", l.lane, l.seq)).collect::<Vec<_>>().join(",");
+                            tracing::info!(edge, epoch = hello.epoch, version = hello.version, committed, dicts = known.len(), held_back, "edge hello");
                         }
                         session.set_sink_limits(sink.record_limits(edge, &hello.epoch));
                         session.welcome(committed, known);

@@ -240,3 +240,67 @@ async fn sigterm_shuts_down_cleanly_with_clients_connected() {
     assert!(c.closed(WAIT).await.is_some(), "client not disconnected");
     assert!(edge.stderr().contains("shutting down"));
 }
+
+/// `check-config` on both binaries loads every certificate and key as a start would, and more
+/// (issue 30): a key that is not its certificate's, the bridge's server certificate where the
+/// edge's client certificate belongs, and the reverse, exit 2 naming the key and the file; a
+/// certificate expiring within 30 days is named as a warning and the check passes.
+#[test]
+fn check_config_catches_swapped_mismatched_and_expiring_certificates() {
+    use e2e_tests::certs::Ca;
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let ca = Ca::new(d, "fleet");
+    let server = ca.server(d, "bridge");
+    let edge = ca.client(d, "edge-1");
+    let soon = ca.client_until(d, "edge-soon", Duration::from_secs(10 * 24 * 3600));
+    let uplink = |cert: &Path, key: &Path| {
+        let path = d.join("edge.toml");
+        let text = format!(
+            "[uplink]\nserver = \"127.0.0.1:4433\"\nca = \"{}\"\ncert = \"{}\"\nkey = \"{}\"\n",
+            ca.cert_path.display(),
+            cert.display(),
+            key.display()
+        );
+        std::fs::write(&path, text).unwrap();
+        edge_node(&["check-config", "--config", path.to_str().unwrap()])
+    };
+    let ok = uplink(&edge.cert, &edge.key);
+    assert!(ok.status.success(), "{}", String::from_utf8_lossy(&ok.stderr));
+    let cases = [
+        (&server.cert, &server.key, "is a server certificate; here it must be a client (clientAuth) certificate"),
+        (&edge.cert, &server.key, "is not the certificate of the key"),
+    ];
+    for (cert, key, want) in cases {
+        let out = uplink(cert, key);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{stderr}");
+        assert!(stderr.contains("uplink: ") && stderr.contains(want), "{want}: {stderr}");
+    }
+    let out = uplink(&soon.cert, &soon.key);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    assert!(stderr.contains("warning: uplink: ") && stderr.contains("expires in 9 days"), "{stderr}");
+
+    let bridge = |cert: &Path, key: &Path| {
+        let path = d.join("cloud.toml");
+        let text = format!(
+            "[server]\nbind = \"127.0.0.1:0\"\ncert = \"{}\"\nkey = \"{}\"\nclient_ca = \"{}\"\n[sink]\nkind = \"sqlite\"\npath = \"{}\"\n",
+            cert.display(),
+            key.display(),
+            ca.cert_path.display(),
+            d.join("central.db").display()
+        );
+        std::fs::write(&path, text).unwrap();
+        Command::new(workspace_bin("cloud-bridge"))
+            .args(["check-config", "--config", path.to_str().unwrap()])
+            .output()
+            .unwrap()
+    };
+    let ok = bridge(&server.cert, &server.key);
+    assert!(ok.status.success(), "{}", String::from_utf8_lossy(&ok.stderr));
+    let out = bridge(&edge.cert, &edge.key);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(stderr.contains("server: ") && stderr.contains("is a client certificate"), "{stderr}");
+}
