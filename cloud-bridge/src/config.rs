@@ -120,6 +120,11 @@ impl CloudConfig {
         if let Err((key, problem)) = config.limits.check().and_then(|()| config.fleet.check()) {
             return Err(ConfigError::Invalid { path: path.to_owned(), key: key.into(), problem });
         }
+        if let SinkConfig::Jetstream { url, .. } = &config.sink
+            && let Err(e) = crate::sink::jetstream::check_url(url)
+        {
+            return Err(ConfigError::Invalid { path: path.to_owned(), key: "sink.url".into(), problem: e.to_string() });
+        }
         if config.models.as_ref().is_some_and(|m| m.poll.0.is_zero()) {
             return Err(ConfigError::Invalid {
                 path: path.to_owned(),
@@ -197,6 +202,19 @@ mod tests {
             config.sink,
             SinkConfig::Jetstream { batches: crate::sink::jetstream::BatchPublish::Atomic, .. }
         ));
+        // One server or several, as a string or a list; a bad one named before the start.
+        std::fs::write(&bad, jetstream("url = \"nats://a:4222, nats://b:4223\"")).unwrap();
+        assert!(
+            matches!(CloudConfig::load(&bad).unwrap().sink, SinkConfig::Jetstream { url, .. } if url.contains("b:4223"))
+        );
+        std::fs::write(&bad, jetstream("url = [\"nats://a:4222\", \"nats://b:4223\"]\nreplicas = 3")).unwrap();
+        let config = CloudConfig::load(&bad).unwrap();
+        assert!(
+            matches!(config.sink, SinkConfig::Jetstream { ref url, replicas: Some(3), .. } if url == "nats://a:4222,nats://b:4223")
+        );
+        std::fs::write(&bad, jetstream("url = \"nats://a:4222,nats://b:port\"")).unwrap();
+        let err = CloudConfig::load(&bad).unwrap_err().to_string();
+        assert!(err.contains("sink.url") && err.contains("\"nats://b:port\""), "{err}");
         std::fs::write(&bad, "[server]\nbind = \"nowhere\"\n").unwrap();
         let err = CloudConfig::load(&bad).unwrap_err().to_string();
         assert!(err.contains("bind"), "{err}");

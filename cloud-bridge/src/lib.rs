@@ -125,6 +125,7 @@ impl Bridge {
                 duplicate_window,
                 replicas,
                 batches,
+                startup_retry,
             } => {
                 let settings = sink::jetstream::JetStreamSettings {
                     url: url.clone(),
@@ -137,6 +138,7 @@ impl Bridge {
                     duplicate_window: duplicate_window.0,
                     replicas: *replicas,
                     batches: *batches,
+                    startup_retry: startup_retry.0,
                 };
                 let sink = Box::pin(sink::jetstream::JetStreamSink::connect(&settings))
                     .await?

@@ -69,6 +69,138 @@ impl Drop for NatsServer {
     }
 }
 
+/// Three nats-servers with JetStream as one cluster on loopback, each with its own store;
+/// killed on drop.
+pub struct NatsCluster {
+    nodes: Vec<Node>,
+}
+
+struct Node {
+    child: Option<Child>,
+    port: u16,
+    args: Vec<String>,
+    _store: tempfile::TempDir,
+}
+
+impl Node {
+    fn spawn(&mut self) {
+        let child = Command::new(binary())
+            .args(&self.args)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap_or_else(|e| panic!("cannot start nats-server ({}): {e}", binary().display()));
+        self.child = Some(child);
+    }
+
+    fn kill(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+impl NatsCluster {
+    /// Starts three servers and waits until their JetStream has a meta leader.
+    pub async fn start() -> NatsCluster {
+        let ports: Vec<(u16, u16)> = (0..3).map(|_| (crate::free_port(), crate::free_port())).collect();
+        let routes = ports.iter().map(|(_, r)| format!("nats://127.0.0.1:{r}")).collect::<Vec<_>>().join(",");
+        let nodes = ports
+            .iter()
+            .enumerate()
+            .map(|(i, (port, route))| {
+                let store = tempfile::tempdir().expect("nats store dir");
+                let args = vec![
+                    "-js".into(),
+                    "-a".into(),
+                    "127.0.0.1".into(),
+                    "-p".into(),
+                    port.to_string(),
+                    "-sd".into(),
+                    store.path().display().to_string(),
+                    "-n".into(),
+                    format!("n{i}"),
+                    "--cluster_name".into(),
+                    "test".into(),
+                    "--cluster".into(),
+                    format!("nats://127.0.0.1:{route}"),
+                    "--routes".into(),
+                    routes.clone(),
+                ];
+                let mut node = Node { child: None, port: *port, args, _store: store };
+                node.spawn();
+                node
+            })
+            .collect();
+        let cluster = NatsCluster { nodes };
+        cluster.wait_ready().await;
+        cluster
+    }
+
+    /// Waits until JetStream answers on every running server.
+    pub async fn wait_ready(&self) {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        for node in self.nodes.iter().filter(|n| n.child.is_some()) {
+            let url = format!("nats://127.0.0.1:{}", node.port);
+            loop {
+                assert!(Instant::now() < deadline, "the cluster's JetStream did not come up on {url}");
+                if let Ok(client) = async_nats::connect(&url).await
+                    && async_nats::jetstream::new(client).query_account().await.is_ok()
+                {
+                    break;
+                }
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+        }
+    }
+
+    /// The client URL of server `i`.
+    pub fn url(&self, i: usize) -> String {
+        format!("nats://127.0.0.1:{}", self.nodes[i].port)
+    }
+
+    /// Every server's client URL, comma-separated (what a bridge's `url` takes).
+    pub fn urls(&self) -> String {
+        (0..self.nodes.len()).map(|i| self.url(i)).collect::<Vec<_>>().join(",")
+    }
+
+    /// SIGKILLs server `i`.
+    pub fn kill(&mut self, i: usize) {
+        self.nodes[i].kill();
+    }
+
+    /// Starts server `i` again on its port and store.
+    pub fn start_again(&mut self, i: usize) {
+        self.nodes[i].spawn();
+    }
+
+    /// The index of the server leading stream `name`, as the cluster says.
+    pub async fn stream_leader(&self, name: &str) -> usize {
+        for i in 0..self.nodes.len() {
+            if self.nodes[i].child.is_none() {
+                continue;
+            }
+            let Ok(client) = async_nats::connect(self.url(i)).await else { continue };
+            let js = async_nats::jetstream::new(client);
+            let Ok(mut stream) = js.get_stream(name).await else { continue };
+            let Ok(info) = stream.info().await else { continue };
+            if let Some(leader) = info.cluster.as_ref().and_then(|c| c.leader.clone()) {
+                return leader.trim_start_matches('n').parse().expect("a server named n<i>");
+            }
+        }
+        panic!("no leader for stream {name}")
+    }
+}
+
+impl Drop for NatsCluster {
+    fn drop(&mut self) {
+        for n in &mut self.nodes {
+            n.kill();
+        }
+    }
+}
+
 /// Every message of stream `name`, in stream order, through an ordered consumer (one request
 /// per message would take minutes for a large stream).
 pub async fn read_stream(url: &str, name: &str) -> Vec<async_nats::Message> {
@@ -111,8 +243,9 @@ pub fn sink_settings(
         tco_bucket: "edge-tco".into(),
         fleet_bucket: "edge-fleet".into(),
         duplicate_window: Duration::from_secs(120),
-        replicas: 1,
+        replicas: None,
         batches,
+        startup_retry: Duration::from_secs(10),
     }
 }
 

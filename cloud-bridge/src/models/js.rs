@@ -39,7 +39,9 @@ fn manifest_name(name: &str, version: &str) -> Result<String, StoreError> {
 impl JsStore {
     /// Connects and opens `bucket`, creating it (file storage, `replicas`) if missing.
     pub async fn connect(url: &str, bucket: &str, replicas: usize) -> Result<Self, StoreError> {
-        let client = async_nats::connect(url).await.map_err(|e| failed("connect", format!("{url}: {e}")))?;
+        let client = crate::sink::jetstream::client(url, std::time::Duration::from_secs(30))
+            .await
+            .map_err(|e| failed("connect", e.to_string()))?;
         let js = async_nats::jetstream::new(client);
         let store = match js.get_object_store(bucket).await {
             Ok(s) => s,

@@ -12,8 +12,9 @@ pub enum SinkConfig {
     Sqlite { path: PathBuf },
     /// NATS JetStream (2.10 or newer): the stream and the marks bucket are created if missing.
     Jetstream {
-        /// Default: `nats://127.0.0.1:4222`.
-        #[serde(default = "default_nats_url")]
+        /// One server, or several of a cluster: comma-separated, or a list. Default:
+        /// `nats://127.0.0.1:4222`.
+        #[serde(default = "default_nats_url", deserialize_with = "one_or_several")]
         url: String,
         /// Default: `EDGE`.
         #[serde(default = "default_stream")]
@@ -39,9 +40,15 @@ pub enum SinkConfig {
         /// JetStream's Nats-Msg-Id dedup window. Default: 2m.
         #[serde(default = "default_dup_window")]
         duplicate_window: shared::units::HumanDuration,
-        /// Default: 1.
-        #[serde(default = "default_replicas")]
-        replicas: usize,
+        /// Copies of the stream and the buckets. Required on a clustered server (3 keeps every
+        /// acknowledged record through the loss of one); 1 on a single server when absent.
+        /// An existing stream or bucket with other replicas is scaled to it at start.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        replicas: Option<usize>,
+        /// How long a starting bridge keeps trying the servers and JetStream's first requests
+        /// (a server down, a cluster electing its leader) before it gives up. Default: 60s.
+        #[serde(default = "default_startup_retry")]
+        startup_retry: shared::units::HumanDuration,
         /// How batches are published: `auto` (default) takes fast ingest on nats-server 2.14
         /// or newer, atomic batches on 2.12 and 2.13, message by message before; `fast` and
         /// `atomic` go no further than the kind named; `off` publishes message by message. The
@@ -76,8 +83,22 @@ fn default_fleet_bucket() -> String {
 fn default_dup_window() -> shared::units::HumanDuration {
     shared::units::HumanDuration(std::time::Duration::from_secs(120))
 }
-fn default_replicas() -> usize {
-    1
+fn default_startup_retry() -> shared::units::HumanDuration {
+    shared::units::HumanDuration(std::time::Duration::from_secs(60))
+}
+
+/// A server list given as one string (comma-separated) or as a TOML list, kept as the string.
+fn one_or_several<'de, D: serde::Deserializer<'de>>(d: D) -> Result<String, D::Error> {
+    #[derive(Deserialize)]
+    #[serde(untagged)]
+    enum Servers {
+        One(String),
+        Several(Vec<String>),
+    }
+    Ok(match Servers::deserialize(d)? {
+        Servers::One(s) => s,
+        Servers::Several(list) => list.join(","),
+    })
 }
 
 impl SinkConfig {

@@ -5,6 +5,7 @@
 mod bridge;
 mod bridge_budget;
 mod bridge_chaos;
+mod bridge_cluster;
 mod bridge_crash;
 mod bridge_dead_letter;
 mod bridge_failover;

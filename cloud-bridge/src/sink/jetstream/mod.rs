@@ -25,13 +25,20 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
+mod cluster;
 mod presence;
 mod publish;
 mod refused;
 
 use async_nats::jetstream::{self, kv, stream};
 use bytes::Bytes;
+pub use cluster::connect as client;
 use futures_util::StreamExt;
+
+/// Whether `url` (one server or several, comma-separated) names servers a client can use.
+pub fn check_url(url: &str) -> Result<(), SinkError> {
+    cluster::servers(url).map(drop)
+}
 pub use presence::load_fleet_from;
 pub use publish::BatchPublish;
 use publish::Publishing;
@@ -56,7 +63,8 @@ fn unavailable(what: &'static str, reason: impl std::fmt::Display) -> SinkError 
 /// (of dictionaries stored before they were per edge, too).
 const DICT_MAX_AGE: Duration = Duration::from_secs(30 * 24 * 3600);
 
-/// The KV bucket `name`, created if missing (`max_age` zero: entries never expire).
+/// The KV bucket `name`, created if missing (`max_age` zero: entries never expire), with
+/// `replicas`.
 async fn bucket(
     js: &jetstream::Context,
     what: &'static str,
@@ -65,7 +73,11 @@ async fn bucket(
     max_age: Duration,
 ) -> Result<kv::Store, SinkError> {
     match js.get_key_value(name).await {
-        Ok(kv) => Ok(kv),
+        Ok(kv) => {
+            let info = kv.stream.clone().info().await.map_err(|e| SinkError::nats(what, name, &e))?.clone();
+            cluster::ensure_replicas(js, what, &info.config.name, &info.config, replicas).await?;
+            Ok(kv)
+        }
         Err(_) => js
             .create_key_value(kv::Config {
                 bucket: name.to_owned(),
@@ -89,9 +101,12 @@ pub struct JetStreamSettings {
     pub tco_bucket: String,
     pub fleet_bucket: String,
     pub duplicate_window: Duration,
-    pub replicas: usize,
+    /// Required on a clustered server (`cluster::replicas`); 1 on a single one when absent.
+    pub replicas: Option<usize>,
     /// Batch publishing, as far as the server has it.
     pub batches: BatchPublish,
+    /// How long connecting and the first JetStream requests are retried at start.
+    pub startup_retry: Duration,
 }
 
 /// Marks per lane of one (edge, epoch), and the KV revision they were written at.
@@ -119,12 +134,22 @@ pub struct JetStreamSink {
     quota: EdgeQuota,
 }
 
+/// How long a command (not the bridge) tries the servers before it gives up.
+const CLI_CONNECT: Duration = Duration::from_secs(10);
+
 /// Attempts of a compare-and-set before the write counts as failed (and is retried later).
 const CAS_ATTEMPTS: usize = 16;
 
 impl JetStreamSink {
+    /// Connects to the servers in `s.url` and opens (or creates) the stream and the buckets,
+    /// retrying what a cluster still starting answers for `s.startup_retry`.
     pub async fn connect(s: &JetStreamSettings) -> Result<Self, SinkError> {
-        let client = async_nats::connect(&s.url).await.map_err(|e| SinkError::nats("connect", &s.url, &e))?;
+        let client = cluster::connect(&s.url, s.startup_retry).await?;
+        let replicas = cluster::replicas(s.replicas, &client.server_info())?;
+        cluster::retrying("start", s.startup_retry, || Box::pin(Self::open(client.clone(), s, replicas))).await
+    }
+
+    async fn open(client: async_nats::Client, s: &JetStreamSettings, replicas: usize) -> Result<Self, SinkError> {
         let version = client.server_info().version;
         let js = jetstream::new(client.clone());
         let subjects = format!("{}.>", s.subject_prefix);
@@ -135,7 +160,12 @@ impl JetStreamSink {
                 | (BatchPublish::Fast, Publishing::Fast)
                 | (BatchPublish::Atomic, Publishing::Atomic)
         ) {
-            tracing::warn!(version, wanted = ?s.batches, using = ?publishing, "nats-server lacks the batch publishing asked for");
+            tracing::warn!(
+                version,
+                wanted = s.batches.name(),
+                using = publishing.name(),
+                "nats-server lacks the batch publishing asked for"
+            );
         }
         let (fast, atomic) = (publishing == Publishing::Fast, publishing == Publishing::Atomic);
         let mut stream = js
@@ -143,20 +173,21 @@ impl JetStreamSink {
                 name: s.stream.clone(),
                 subjects: vec![subjects.clone()],
                 duplicate_window: s.duplicate_window,
-                num_replicas: s.replicas,
+                num_replicas: replicas,
                 allow_atomic_publish: atomic,
                 allow_batch_publish: fast,
                 ..Default::default()
             })
             .await
             .map_err(|e| SinkError::nats("stream", &s.stream, &e))?;
-        let info = stream.info().await.map_err(|e| SinkError::nats("stream", &s.stream, &e))?;
+        let info = stream.info().await.map_err(|e| SinkError::nats("stream", &s.stream, &e))?.clone();
         if !info.config.subjects.contains(&subjects) {
             return Err(SinkError::invalid(
                 "stream",
                 format!("{} exists with subjects {:?}, not {subjects:?}", s.stream, info.config.subjects),
             ));
         }
+
         // Allowing either kind of batch changes nothing for the stream's other publishers.
         if (atomic && !info.config.allow_atomic_publish) || (fast && !info.config.allow_batch_publish) {
             let config = stream::Config {
@@ -167,13 +198,15 @@ impl JetStreamSink {
             js.update_stream(config)
                 .await
                 .map_err(|e| SinkError::nats("stream", &format!("{}: allow batches", s.stream), &e))?;
-            tracing::info!(stream = s.stream, ?publishing, "stream now allows batches");
+            tracing::info!(stream = s.stream, publishing = publishing.name(), "stream now allows batches");
         }
+        let config = stream.info().await.map_err(|e| SinkError::nats("stream", &s.stream, &e))?.config.clone();
+        cluster::ensure_replicas(&js, "stream", &s.stream, &config, replicas).await?;
         let max_msg_size = usize::try_from(info.config.max_message_size).ok().filter(|n| *n > 0);
-        let marks = bucket(&js, "marks bucket", &s.marks_bucket, s.replicas, Duration::ZERO).await?;
-        let dicts = bucket(&js, "dictionary bucket", &s.dicts_bucket, s.replicas, DICT_MAX_AGE).await?;
-        let reports = bucket(&js, "TCO report bucket", &s.tco_bucket, s.replicas, Duration::ZERO).await?;
-        let fleet = bucket(&js, "fleet bucket", &s.fleet_bucket, s.replicas, Duration::ZERO).await?;
+        let marks = bucket(&js, "marks bucket", &s.marks_bucket, replicas, Duration::ZERO).await?;
+        let dicts = bucket(&js, "dictionary bucket", &s.dicts_bucket, replicas, DICT_MAX_AGE).await?;
+        let reports = bucket(&js, "TCO report bucket", &s.tco_bucket, replicas, Duration::ZERO).await?;
+        let fleet = bucket(&js, "fleet bucket", &s.fleet_bucket, replicas, Duration::ZERO).await?;
         Ok(Self {
             js,
             publishing,
@@ -292,7 +325,7 @@ async fn read_reports(kv: &kv::Store) -> Result<Vec<StoredReport>, SinkError> {
 /// Every edge's latest TCO report in `bucket` on the server at `url`, without touching the
 /// stream or the other buckets (for `cloud-bridge tco report`).
 pub async fn load_reports_from(url: &str, bucket: &str) -> Result<Vec<StoredReport>, SinkError> {
-    let client = async_nats::connect(url).await.map_err(|e| SinkError::nats("connect", url, &e))?;
+    let client = cluster::connect(url, CLI_CONNECT).await?;
     let js = jetstream::new(client);
     match js.get_key_value(bucket).await {
         Ok(kv) => read_reports(&kv).await,

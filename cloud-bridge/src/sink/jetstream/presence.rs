@@ -67,7 +67,7 @@ pub(super) async fn load_fleet(kv: &kv::Store) -> Result<FleetStates, SinkError>
 /// The fleet states in `bucket` on the server at `url`, without touching the stream or the
 /// other buckets (for `cloud-bridge edges list`).
 pub async fn load_fleet_from(url: &str, bucket: &str) -> Result<FleetStates, SinkError> {
-    let client = async_nats::connect(url).await.map_err(|e| SinkError::nats("connect", url, &e))?;
+    let client = super::cluster::connect(url, super::CLI_CONNECT).await?;
     let js = async_nats::jetstream::new(client);
     match js.get_key_value(bucket).await {
         Ok(kv) => load_fleet(&kv).await,

@@ -36,6 +36,18 @@ pub enum BatchPublish {
     Off,
 }
 
+impl BatchPublish {
+    /// As the config names it.
+    pub fn name(self) -> &'static str {
+        match self {
+            BatchPublish::Auto => "auto",
+            BatchPublish::Fast => "fast",
+            BatchPublish::Atomic => "atomic",
+            BatchPublish::Off => "off",
+        }
+    }
+}
+
 /// The way a sink publishes, chosen once at connect.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) enum Publishing {
@@ -52,6 +64,15 @@ pub(super) enum Publishing {
 }
 
 impl Publishing {
+    /// As the logs name it.
+    pub(super) fn name(self) -> &'static str {
+        match self {
+            Publishing::Fast => "fast",
+            Publishing::Atomic => "atomic",
+            Publishing::Messages => "messages",
+        }
+    }
+
     /// The best of what `wish` allows that a server of `version` has.
     pub(super) fn choose(wish: BatchPublish, version: &str) -> Self {
         let mut parts = version.split(['.', '-']).map(|p| p.parse::<u64>().unwrap_or(0));
