@@ -175,14 +175,19 @@ pub fn fleet_view(http: SocketAddr) -> FleetView {
 /// An `[uplink]` section for `edge` (its certificate from `pki`) with fast test timings, to
 /// `servers` (`server` for one, `servers` for more); `extra` is appended to it.
 pub fn uplink_section(pki: &Pki, edge: &str, servers: &[SocketAddr], extra: &str) -> String {
+    let fast = "keepalive = \"500ms\"\nack_timeout = \"2s\"\nbackoff_min = \"50ms\"\nbackoff_max = \"500ms\"\n";
+    uplink_section_with_defaults(pki, edge, servers, &format!("{fast}{extra}"))
+}
+
+/// [`uplink_section`] with the shipped timings (keepalive, ack timeout, backoff, probes).
+pub fn uplink_section_with_defaults(pki: &Pki, edge: &str, servers: &[SocketAddr], extra: &str) -> String {
     let (_, cert, key) = pki.edges.iter().find(|(id, _, _)| id == edge).expect("edge in the PKI");
     let servers = match servers {
         [one] => format!("server = \"{one}\""),
         many => format!("servers = [{}]", many.iter().map(|s| format!("\"{s}\"")).collect::<Vec<_>>().join(", ")),
     };
     format!(
-        "[uplink]\n{servers}\nserver_name = \"localhost\"\nca = \"{}\"\ncert = \"{}\"\nkey = \"{}\"\n\
-         keepalive = \"500ms\"\nack_timeout = \"2s\"\nbackoff_min = \"50ms\"\nbackoff_max = \"500ms\"\n{extra}\n",
+        "[uplink]\n{servers}\nserver_name = \"localhost\"\nca = \"{}\"\ncert = \"{}\"\nkey = \"{}\"\n{extra}\n",
         pki.ca.display(),
         cert.display(),
         key.display()

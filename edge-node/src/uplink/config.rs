@@ -70,7 +70,9 @@ pub struct UplinkConfig {
     /// Ping interval. Default: 5s.
     #[serde(default = "default_keepalive")]
     pub keepalive: HumanDuration,
-    /// Connected but no ack or pong for this long: the link is reported degraded. Default: 10s.
+    /// Connected but no ack or pong for this long: the link is reported degraded, and a bridge
+    /// known to answer probes is probed; three unanswered rounds end the session so the edge
+    /// moves on (a slow bridge answers its probes and keeps the edge). Default: 2s.
     #[serde(default = "default_ack_timeout")]
     pub ack_timeout: HumanDuration,
     /// Reconnect backoff, doubled per failure with jitter, between these bounds.
@@ -123,7 +125,7 @@ fn default_keepalive() -> HumanDuration {
     HumanDuration(Duration::from_secs(5))
 }
 fn default_ack_timeout() -> HumanDuration {
-    HumanDuration(Duration::from_secs(10))
+    HumanDuration(Duration::from_secs(2))
 }
 fn default_backoff_min() -> HumanDuration {
     HumanDuration(Duration::from_millis(200))

@@ -443,9 +443,11 @@ impl Uplink {
     }
 
     /// Drives a session until it ends. While it is degraded (no ack or pong for
-    /// `ack_timeout`), a bridge known to answer probes is probed: when none of three rounds is
-    /// answered the path is taken for dead and the connection given up, before QUIC's 15 s idle
-    /// timeout would, so the edge moves to another bridge or waits for this one's answer.
+    /// `ack_timeout`), a bridge known to answer probes is probed: when none of three rounds
+    /// (each four round trips, `Prober::round_wait`) is answered the path is taken for dead and
+    /// the connection given up, before QUIC's 15 s idle timeout would, so the edge moves to
+    /// another bridge or waits for this one's answer. A slow bridge that answers its probes is
+    /// only reported degraded.
     async fn connection(
         &self,
         conn: &quinn::Connection,
@@ -463,7 +465,7 @@ impl Uplink {
             }
             loop {
                 let _ = watch.wait_for(|d| *d).await;
-                if prober.trusted(&target) && !prober.answers_within(&target, 3).await {
+                if prober.trusted(&target) && !prober.answers_within(&target, 3, prober.round_wait(conn.rtt())).await {
                     return;
                 }
                 // Alive: look again once acks have flowed and stopped, or after ack_timeout.

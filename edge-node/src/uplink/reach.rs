@@ -137,6 +137,15 @@ impl Prober {
     }
 
     /// Whether any of `targets` is known to answer probes.
+    /// How long a round waits for an answer from a bridge `rtt` away before it counts as
+    /// unanswered: four round trips, at least 200 ms, at most the probe interval. A bridge on
+    /// the path the session measured answers in one; waiting the whole interval (2 s) made a
+    /// dead bridge cost three of them before the edge moved on.
+    pub fn round_wait(&self, rtt: Duration) -> Duration {
+        let floor = Duration::from_millis(200);
+        (rtt * 4).max(floor).min(self.interval.max(floor))
+    }
+
     pub fn trusted(&self, targets: &[Target]) -> bool {
         let answering = self.answering.lock().unwrap_or_else(|e| e.into_inner());
         targets.iter().any(|t| answering.contains(&t.addr))
@@ -192,10 +201,10 @@ impl Prober {
         }
     }
 
-    /// Whether any of `targets` answers within `rounds` probe intervals.
-    pub async fn answers_within(&self, targets: &[Target], rounds: u32) -> bool {
+    /// Whether any of `targets` answers within `rounds` rounds of `per_round` each.
+    pub async fn answers_within(&self, targets: &[Target], rounds: u32, per_round: Duration) -> bool {
         for _ in 0..rounds {
-            if self.round(targets, Instant::now() + self.interval).await.is_some() {
+            if self.round(targets, Instant::now() + per_round).await.is_some() {
                 return true;
             }
         }

@@ -29,7 +29,7 @@ pub struct EdgeSessionConfig {
 
 impl Default for EdgeSessionConfig {
     fn default() -> Self {
-        Self { window: 8, keepalive: Duration::from_secs(5), ack_timeout: Duration::from_secs(10) }
+        Self { window: 8, keepalive: Duration::from_secs(5), ack_timeout: Duration::from_secs(2) }
     }
 }
 

@@ -104,7 +104,7 @@ async fn an_edge_with_three_bridges_moves_on_when_one_dies_and_loses_nothing() {
     let Cloud { nats, pki, mut bridges, _dir } = cloud(3);
     let addrs: Vec<_> = bridges.iter().map(|b| b.quic).collect();
     let LoadedEdge { edge, publisher, progress, _dir: _edge_dir } =
-        loaded_edge(&uplink_section(&pki, "edge-1", &addrs, "probe_interval = \"200ms\""));
+        loaded_edge(&e2e_tests::cloud::uplink_section_with_defaults(&pki, "edge-1", &addrs, ""));
     let first = wait_for_holder(&bridges, None, Duration::from_secs(20)).await.expect("the edge connected");
     let records = || edge.metric("edge_uplink_records_total");
     assert!(e2e_tests::eventually(Duration::from_secs(20), || records() > 100.0).await, "records flow");
@@ -117,8 +117,9 @@ async fn an_edge_with_three_bridges_moves_on_when_one_dies_and_loses_nothing() {
     eprintln!("re-homed from bridge {first} to {second} after {moved:?}");
     let sent = records();
     assert!(e2e_tests::eventually(Duration::from_secs(10), || records() > sent).await, "records flow again");
-    // Seen dead after ack_timeout (2 s) and three unanswered probe rounds (0.6 s), not at the
-    // 15 s idle timeout; then the next bridge at once (backoff_max 0.5 s for a whole round).
+    // With the shipped defaults: seen dead after ack_timeout (2 s) and three unanswered probe
+    // rounds (0.2 s each on loopback), not at the 15 s idle timeout; then the next bridge at
+    // once.
     assert!(moved < Duration::from_secs(8), "re-homed after {moved:?}");
     assert!(progress.load(Ordering::Relaxed) < u64::from(MESSAGES), "the load was still running when it moved");
 
