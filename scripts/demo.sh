@@ -118,7 +118,7 @@ for m in json.load(sys.stdin):
 sleep 1
 echo "== what the node measured"
 curl -s "http://$http/metrics" | python3 scripts/metrics_summary.py
-echo "   /healthz: $(curl -s "http://$http/healthz")"
+echo "   /readyz: $(curl -s "http://$http/readyz" | python3 -c 'import json,sys; r=json.load(sys.stdin); print(r["status"], "-", "; ".join(c["name"]+": "+c["detail"] for c in r["checks"]))')"
 curl -s "http://$chttp/metrics" | python3 scripts/metrics_summary.py --cloud
 kill -TERM "$edge_pid"
 wait "$edge_pid" && echo "== edge-node stopped cleanly on SIGTERM"

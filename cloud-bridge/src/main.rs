@@ -297,6 +297,7 @@ fn run(path: &std::path::Path, ready_file: Option<PathBuf>) -> ExitCode {
                 return ExitCode::FAILURE;
             }
         };
+        shared::service::tell("READY=1\nSTATUS=serving edges");
         loop {
             tokio::select! {
                 _ = tokio::signal::ctrl_c() => break,
@@ -308,6 +309,7 @@ fn run(path: &std::path::Path, ready_file: Option<PathBuf>) -> ExitCode {
             }
         }
         tracing::info!("shutting down");
+        shared::service::tell("STOPPING=1");
         if tokio::time::timeout(std::time::Duration::from_secs(5), bridge.stop()).await.is_err() {
             tracing::warn!("sessions still open after 5 s; exiting anyway");
         }

@@ -1,6 +1,6 @@
-//! The bridge's Prometheus metrics and its HTTP endpoint: `/metrics`, `/healthz` for a load
-//! balancer (healthy while the QUIC endpoint runs and the sink took its last write), and the
-//! fleet view's `/edges` (`fleet::view`).
+//! The bridge's Prometheus metrics and its HTTP endpoint: `/metrics`, `/healthz` (alive: the
+//! QUIC endpoint accepts edges) and `/readyz` for a load balancer (alive, and the sink took its
+//! last write), each a JSON naming its checks, and the fleet view's `/edges` (`fleet::view`).
 //!
 //! No series carries an edge id: with 10,000 edges a bridge would export tens of thousands of
 //! series, and a scrape would cost more than the traffic. Per-edge detail is the fleet view's.
@@ -59,7 +59,7 @@ impl Default for Metrics {
     }
 }
 
-/// Serves `/metrics`, `/healthz` and `/edges` until `shutdown`.
+/// Serves `/metrics`, `/healthz`, `/readyz` and `/edges` until `shutdown`.
 pub async fn serve(
     listener: tokio::net::TcpListener,
     metrics: Arc<Metrics>,
@@ -68,7 +68,8 @@ pub async fn serve(
 ) {
     let app = axum::Router::new()
         .route("/metrics", axum::routing::get(metrics_handler))
-        .route("/healthz", axum::routing::get(health_handler))
+        .route("/healthz", axum::routing::get(alive_handler))
+        .route("/readyz", axum::routing::get(ready_handler))
         .with_state(metrics)
         .merge(axum::Router::new().route("/edges", axum::routing::get(edges_handler)).with_state(fleet));
     if let Err(e) = axum::serve(listener, app).with_graceful_shutdown(shutdown.cancelled_owned()).await {
@@ -89,10 +90,49 @@ async fn edges_handler(State(fleet): State<Arc<crate::fleet::view::Served>>) -> 
     }
 }
 
-async fn health_handler(State(m): State<Arc<Metrics>>) -> impl IntoResponse {
-    if m.sink.healthy() {
-        (StatusCode::OK, "ok\n")
-    } else {
-        (StatusCode::SERVICE_UNAVAILABLE, "unhealthy: the sink's last write failed\n")
+/// One check of `/healthz` or `/readyz`.
+#[derive(Debug, serde::Serialize)]
+struct Check {
+    name: &'static str,
+    ok: bool,
+    detail: &'static str,
+}
+
+impl Metrics {
+    fn quic_check(&self) -> Check {
+        match self.server.accepting.load(std::sync::atomic::Ordering::Relaxed) {
+            true => Check { name: "quic", ok: true, detail: "accepting edges" },
+            false => {
+                Check { name: "quic", ok: false, detail: "the QUIC endpoint is not accepting (starting or stopping)" }
+            }
+        }
     }
+
+    fn sink_check(&self) -> Check {
+        match self.sink.healthy() {
+            true => Check { name: "sink", ok: true, detail: "the last write succeeded" },
+            false => Check {
+                name: "sink",
+                ok: false,
+                detail: "the last write failed (see bridge_sink_retries_total and the log)",
+            },
+        }
+    }
+}
+
+fn health_response(checks: Vec<Check>) -> axum::response::Response {
+    let ok = checks.iter().all(|c| c.ok);
+    let body = serde_json::json!({ "status": if ok { "ok" } else { "failing" }, "checks": checks });
+    let status = if ok { StatusCode::OK } else { StatusCode::SERVICE_UNAVAILABLE };
+    (status, [(header::CONTENT_TYPE, "application/json")], format!("{body:#}\n")).into_response()
+}
+
+/// `/healthz`: alive (the QUIC endpoint accepts edges).
+async fn alive_handler(State(m): State<Arc<Metrics>>) -> axum::response::Response {
+    health_response(vec![m.quic_check()])
+}
+
+/// `/readyz`: alive, and the sink took its last write.
+async fn ready_handler(State(m): State<Arc<Metrics>>) -> axum::response::Response {
+    health_response(vec![m.quic_check(), m.sink_check()])
 }

@@ -13,6 +13,7 @@ pub mod check;
 pub mod client;
 pub mod config;
 pub mod front;
+pub mod health;
 pub mod labels;
 pub mod metrics;
 pub mod models;
@@ -296,26 +297,34 @@ impl Node {
             mqtt_addrs.push((listener.name.clone(), addr));
             tracker.spawn(front::accept_loop(socket, listener.clone(), ctx.clone()));
         }
+        // What the uplink measures of its link: the TCO model and readiness read it.
+        let link = Arc::new(LinkFigures::default());
         // The TCO model's last answer: the model writes it, the uplink and `/tco` read it.
         let (tco_latest, tco_snapshot) = tokio::sync::watch::channel(Snapshot::default());
         let http_addr = match http {
             Some(socket) => {
                 let addr = socket.local_addr().ok();
-                let health = Health {
-                    metrics: probe_metrics.clone(),
-                    interval: config.probe.enabled.then_some(config.probe.interval.0),
-                };
-                let spool_health = spool.clone();
-                let health = move || {
-                    if let Some(problem) = spool_health.as_ref().and_then(spool::SpoolWriter::problem) {
-                        return Err(problem);
-                    }
-                    health.check()
-                };
+                let checks = Arc::new(health::Checks {
+                    config: config.health.clone(),
+                    probe: Health {
+                        metrics: probe_metrics.clone(),
+                        interval: config.probe.enabled.then_some(config.probe.interval.0),
+                    },
+                    spool: spool.clone().map(|s| (s, config.spool.budget.bytes())),
+                    link: config.uplink.as_ref().map(|_| link.clone()),
+                });
+                let ready = checks.clone();
                 let snapshot = tco_snapshot.clone();
                 let endpoints = Endpoints {
                     metrics: metrics.clone(),
-                    health: Arc::new(health),
+                    alive: Arc::new(move || {
+                        let r = checks.alive();
+                        (r.ok(), r.json())
+                    }),
+                    ready: Arc::new(move || {
+                        let r = ready.ready();
+                        (r.ok(), r.json())
+                    }),
                     tco: Arc::new(move || {
                         let snapshot = snapshot.borrow();
                         (!snapshot.classes.is_empty())
@@ -389,7 +398,6 @@ impl Node {
             model_jobs = Some(tx);
             tracker.spawn(syncer.run(rx, shutdown.clone()));
         }
-        let link = Arc::new(LinkFigures::default());
         if let Some(uplink) = &config.uplink {
             match &spool {
                 Some(spool) => {
@@ -443,9 +451,19 @@ impl Node {
     /// on any error the running state is kept and the error returned. Connected clients stay;
     /// every session, connected or not, gets its new rules at once (`broker::core::revoke`).
     pub fn reload(&self) -> Result<(), ReloadError> {
-        let auth = AuthState::load(&self.config.auth)?;
+        self.reload_from(&self.config).map(drop)
+    }
+
+    /// Applies `now` (edge.toml read again) where it can change live: the password and ACL
+    /// files its `[auth]` names and the certificates its listeners name (the same listeners,
+    /// by name). Returns the keys that changed and wait for a restart.
+    pub fn reload_from(&self, now: &EdgeConfig) -> Result<Vec<String>, ReloadError> {
+        let auth = AuthState::load(&now.auth)?;
         let mut acceptors = Vec::new();
-        for (listener, lc) in self.listeners.iter().zip(&self.config.listeners) {
+        let by_name = |name: &str| now.listeners.iter().find(|l| l.name == name);
+        for (listener, lc) in
+            self.listeners.iter().zip(self.config.listeners.iter().map(|l| by_name(&l.name).unwrap_or(l)))
+        {
             if let (Some(slot), Some(tc)) = (&listener.tls, &lc.tls) {
                 let server =
                     tls::server_config(tc).map_err(|source| ReloadError::Tls { name: lc.name.clone(), source })?;
@@ -464,7 +482,7 @@ impl Node {
             slot.store(Arc::new(acceptor));
         }
         tracing::info!("reloaded credentials, ACL and certificates");
-        Ok(())
+        Ok(self.config.restart_needed(now))
     }
 
     /// Stops accepting, disconnects clients (MQTT 5 clients get reason 0x8B) and waits up to

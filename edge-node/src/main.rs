@@ -18,7 +18,9 @@ struct Cli {
 
 #[derive(Debug, Subcommand)]
 enum Command {
-    /// Run the gateway until SIGINT or SIGTERM; SIGHUP reloads credentials, ACL and certificates.
+    /// Run the gateway until SIGINT or SIGTERM. SIGHUP reads the config again: the password and
+    /// ACL files and the listeners' certificates change live; other changed keys are named
+    /// and wait for a restart.
     Run {
         #[arg(long, short, default_value_os_t = default_config())]
         config: PathBuf,
@@ -207,21 +209,35 @@ fn run(path: &Path, ready_file: Option<&Path>) -> anyhow::Result<()> {
             write_ready_file(path, &node).with_context(|| format!("cannot write {}", path.display()))?;
         }
         tracing::info!(node_id = %node.config().node_id, "edge-node running");
+        shared::service::tell("READY=1\nSTATUS=serving");
         loop {
             tokio::select! {
                 _ = term.recv() => break,
                 _ = int.recv() => break,
-                _ = hup.recv() => {
-                    if let Err(e) = node.reload() {
-                        tracing::error!(error = %e, "reload failed; keeping the running credentials, ACL and certificates");
-                    }
-                }
+                _ = hup.recv() => reload(path, &node),
             }
         }
         tracing::info!("shutting down");
+        shared::service::tell("STOPPING=1");
         node.shutdown(Duration::from_secs(5)).await;
         Ok(())
     })
+}
+
+/// SIGHUP: edge.toml read again; what can change live applied, the rest named.
+fn reload(path: &Path, node: &edge_node::Node) {
+    let now = match load(path) {
+        Ok(c) => c,
+        Err(e) => {
+            tracing::error!(error = %error_chain(&e), "reload refused: edge.toml does not load; the running config stays");
+            return;
+        }
+    };
+    match node.reload_from(&now) {
+        Ok(waiting) if waiting.is_empty() => {}
+        Ok(waiting) => tracing::warn!(keys = waiting.join(", "), "changed in edge.toml; applied at the next restart"),
+        Err(e) => tracing::error!(error = %e, "reload failed; keeping the running credentials, ACL and certificates"),
+    }
 }
 
 fn write_ready_file(path: &Path, node: &edge_node::Node) -> std::io::Result<()> {

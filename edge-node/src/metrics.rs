@@ -1,4 +1,4 @@
-//! The node's metrics registry and its HTTP endpoint (`/metrics`, `/healthz`, `/tco`).
+//! The node's metrics registry and its HTTP endpoint (`/metrics`, `/healthz`, `/readyz`, `/tco`).
 //!
 //! One registry per node (not a global), so several nodes in one test process keep their own
 //! counts. Each subsystem builds and registers its own metrics into it at start (`lib.rs` hands
@@ -70,8 +70,8 @@ impl Metrics {
     }
 }
 
-/// `/healthz`'s answer: `Err(reason)` when the node should be taken out of service.
-pub type HealthCheck = Arc<dyn Fn() -> Result<(), String> + Send + Sync>;
+/// A health endpoint's answer: whether every check passed, and the JSON naming each.
+pub type HealthCheck = Arc<dyn Fn() -> (bool, String) + Send + Sync>;
 /// `/tco`'s body: the TCO model's last answer as JSON, `None` without a `[tco]` section.
 pub type TcoJson = Arc<dyn Fn() -> Option<String> + Send + Sync>;
 
@@ -79,7 +79,10 @@ pub type TcoJson = Arc<dyn Fn() -> Option<String> + Send + Sync>;
 #[derive(Clone)]
 pub struct Endpoints {
     pub metrics: Arc<Metrics>,
-    pub health: HealthCheck,
+    /// `/healthz`: alive.
+    pub alive: HealthCheck,
+    /// `/readyz`: serving and making progress.
+    pub ready: HealthCheck,
     pub tco: TcoJson,
 }
 
@@ -93,7 +96,8 @@ impl std::fmt::Debug for Endpoints {
 pub async fn serve(listener: tokio::net::TcpListener, state: Endpoints, shutdown: CancellationToken) {
     let app = axum::Router::new()
         .route("/metrics", axum::routing::get(metrics_handler))
-        .route("/healthz", axum::routing::get(health_handler))
+        .route("/healthz", axum::routing::get(alive_handler))
+        .route("/readyz", axum::routing::get(ready_handler))
         .route("/tco", axum::routing::get(tco_handler))
         .with_state(state);
     if let Err(e) = axum::serve(listener, app).with_graceful_shutdown(shutdown.cancelled_owned()).await {
@@ -114,9 +118,15 @@ async fn tco_handler(State(state): State<Endpoints>) -> impl IntoResponse {
     }
 }
 
-async fn health_handler(State(state): State<Endpoints>) -> impl IntoResponse {
-    match (state.health)() {
-        Ok(()) => (StatusCode::OK, "ok\n".to_owned()),
-        Err(reason) => (StatusCode::SERVICE_UNAVAILABLE, format!("unhealthy: {reason}\n")),
-    }
+async fn alive_handler(State(state): State<Endpoints>) -> impl IntoResponse {
+    health_response((state.alive)())
+}
+
+async fn ready_handler(State(state): State<Endpoints>) -> impl IntoResponse {
+    health_response((state.ready)())
+}
+
+fn health_response((ok, json): (bool, String)) -> impl IntoResponse {
+    let status = if ok { StatusCode::OK } else { StatusCode::SERVICE_UNAVAILABLE };
+    (status, [(header::CONTENT_TYPE, "application/json")], json)
 }

@@ -129,17 +129,19 @@ pub struct Health {
 }
 
 impl Health {
-    /// `Err(reason)` when the node should be taken out of service.
-    pub fn check(&self) -> Result<(), String> {
+    /// What the probe saw, or `Err(reason)` when the node should be taken out of service.
+    pub fn check(&self) -> Result<String, String> {
         let Some(interval) = self.interval else {
-            return Ok(());
+            return Ok("probe off ([probe] enabled = false)".into());
         };
         // Allow a start-up grace and a few missed probes before calling the broker unhealthy.
         let limit = interval * 10 + Duration::from_secs(2);
+        let ms = |d: Duration| format!("{:.0} ms", d.as_secs_f64() * 1000.0);
         match self.metrics.since_delivery() {
-            Some(age) if age > limit => Err(format!("no probe message delivered for {age:?}")),
+            Some(age) if age > limit => Err(format!("no probe message delivered for {}", ms(age))),
+            Some(age) => Ok(format!("last probe message delivered {} ago", ms(age))),
             None if self.metrics.started.elapsed() > limit => Err("no probe message delivered yet".into()),
-            _ => Ok(()),
+            None => Ok("starting: no probe message delivered yet".into()),
         }
     }
 }

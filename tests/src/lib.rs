@@ -152,6 +152,28 @@ pub fn http_get(addr: std::net::SocketAddr, path: &str) -> String {
     out.split_once("\r\n\r\n").map(|(_, body)| body.to_owned()).unwrap_or_default()
 }
 
+/// A health endpoint's status code and its JSON (`/healthz`, `/readyz`); `(0, Null)` if it
+/// cannot be reached.
+pub fn health(addr: std::net::SocketAddr, path: &str) -> (u16, serde_json::Value) {
+    use std::io::{Read, Write};
+    let Ok(mut s) = std::net::TcpStream::connect_timeout(&addr, Duration::from_secs(2)) else {
+        return (0, serde_json::Value::Null);
+    };
+    let _ = s.set_read_timeout(Some(Duration::from_secs(5)));
+    let _ = write!(s, "GET {path} HTTP/1.0\r\nHost: test\r\n\r\n");
+    let mut out = String::new();
+    let _ = s.read_to_string(&mut out);
+    let status = out.split_whitespace().nth(1).and_then(|c| c.parse().ok()).unwrap_or(0);
+    let body = out.split_once("\r\n\r\n").map(|(_, b)| b).unwrap_or_default();
+    (status, serde_json::from_str(body).unwrap_or(serde_json::Value::Null))
+}
+
+/// The check named `name` in a health endpoint's JSON: whether it passed, and its detail.
+pub fn health_check(json: &serde_json::Value, name: &str) -> Option<(bool, String)> {
+    let check = json["checks"].as_array()?.iter().find(|c| c["name"] == name)?;
+    Some((check["ok"].as_bool()?, check["detail"].as_str()?.to_owned()))
+}
+
 pub fn metric(text: &str, name_and_labels: &str) -> Option<f64> {
     text.lines()
         .filter(|l| !l.starts_with('#'))

@@ -90,13 +90,29 @@ impl EdgeProcess {
         Self::try_start_as(dir, config, &[crate::workspace_bin("edge-node").display().to_string()])
     }
 
+    /// [`EdgeProcess::start`] with `env` set for the process.
+    pub fn start_with_env(dir: &Path, config: &str, env: &[(&str, &std::ffi::OsStr)]) -> EdgeProcess {
+        let command = [crate::workspace_bin("edge-node").display().to_string()];
+        Self::try_start_env(dir, config, &command, env).unwrap_or_else(|e| panic!("edge-node {e}"))
+    }
+
     fn try_start_as(dir: &Path, config: &str, command: &[String]) -> Result<EdgeProcess, String> {
+        Self::try_start_env(dir, config, command, &[])
+    }
+
+    fn try_start_env(
+        dir: &Path,
+        config: &str,
+        command: &[String],
+        env: &[(&str, &std::ffi::OsStr)],
+    ) -> Result<EdgeProcess, String> {
         let config_path = dir.join("edge.toml");
         std::fs::write(&config_path, config).expect("write config");
         let stderr_path = dir.join("edge.stderr");
         let stderr = std::fs::File::create(&stderr_path).expect("stderr file");
         let mut program = Command::new(&command[0]);
         program.args(&command[1..]);
+        program.envs(env.iter().copied());
         // Emulated builds start slower.
         let ready = dir.join("ready.json");
         let started = crate::run_until_ready(program, &config_path, &ready, stderr, "info", Duration::from_secs(60));

@@ -24,6 +24,8 @@ pub struct SessionMetrics {
     pub dicts_stored: Counter,
     pub refused: Family<ReasonLabel, Counter>,
     pub closed: Family<ReasonLabel, Counter>,
+    /// Whether the QUIC accept loop runs (for `/healthz`; not exported).
+    pub accepting: std::sync::atomic::AtomicBool,
 }
 
 impl Default for SessionMetrics {
@@ -38,6 +40,7 @@ impl Default for SessionMetrics {
             dicts_stored: Counter::default(),
             refused: Family::default(),
             closed: Family::default(),
+            accepting: std::sync::atomic::AtomicBool::new(false),
         }
     }
 }

@@ -244,6 +244,7 @@ pub async fn accept_loop<S: Sink>(
     shutdown: CancellationToken,
     tasks: tokio_util::task::TaskTracker,
 ) {
+    metrics.accepting.store(true, std::sync::atomic::Ordering::Relaxed);
     loop {
         let incoming = tokio::select! {
             _ = shutdown.cancelled() => break,
@@ -325,6 +326,7 @@ pub async fn accept_loop<S: Sink>(
             trust.release(&edge, claim.ticket);
         });
     }
+    metrics.accepting.store(false, std::sync::atomic::Ordering::Relaxed);
     endpoint.close(0u32.into(), b"bridge shutting down");
     // The socket is released once every connection is gone.
     endpoint.wait_idle().await;

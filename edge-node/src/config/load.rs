@@ -118,6 +118,7 @@ impl EdgeConfig {
             }
         }
         self.probe.check(&mut p);
+        self.health.check(&mut p);
         if let Some(m) = &self.models {
             m.check(&mut p);
         }

@@ -6,6 +6,7 @@
 //! Relative paths in the file are resolved against the file's own directory, so a config and its
 //! certificates can be moved together.
 
+mod diff;
 mod load;
 
 use serde::{Deserialize, Serialize};
@@ -44,12 +45,15 @@ pub struct EdgeConfig {
     /// Password file and topic ACLs.
     #[serde(default)]
     pub auth: AuthConfig,
-    /// The HTTP endpoint serving `/metrics` and `/healthz`.
+    /// The HTTP endpoint serving `/metrics`, `/healthz` and `/readyz`.
     #[serde(default)]
     pub http: HttpConfig,
     /// The built-in SLO probe.
     #[serde(default)]
     pub probe: ProbeConfig,
+    /// What `/readyz` holds the node to.
+    #[serde(default)]
+    pub health: crate::health::HealthConfig,
     /// The store-and-forward spool.
     #[serde(default)]
     pub spool: SpoolConfig,

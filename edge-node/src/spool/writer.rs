@@ -208,6 +208,11 @@ impl WriterMetrics {
 struct Stats {
     /// When the oldest record not yet acked was enqueued, ms since the Unix epoch; 0 if none.
     oldest_unacked_ms: AtomicU64,
+    /// The bytes of the records held, every class together.
+    bytes: AtomicU64,
+    /// The kind of error the last commit failed with (`SpoolError::kind`); none once one
+    /// succeeds.
+    failing: Mutex<Option<&'static str>>,
     dropped: AtomicU64,
     gaps: AtomicU64,
 }
@@ -221,6 +226,10 @@ pub struct SpoolFigures {
     pub dropped: u64,
     /// Gap records written for those, since start.
     pub gaps: u64,
+    /// The bytes of the records held.
+    pub bytes: u64,
+    /// The kind of error commits fail with while they do.
+    pub failing: Option<&'static str>,
 }
 
 /// A handle to the spool thread.
@@ -349,6 +358,8 @@ impl SpoolWriter {
             oldest_unacked_ms: (oldest > 0).then_some(oldest),
             dropped: self.stats.dropped.load(Ordering::Relaxed),
             gaps: self.stats.gaps.load(Ordering::Relaxed),
+            bytes: self.stats.bytes.load(Ordering::Relaxed),
+            failing: *self.stats.failing.lock().unwrap_or_else(std::sync::PoisonError::into_inner),
         }
     }
 
@@ -413,11 +424,14 @@ fn count_dropped(spool: &mut DynSpool, counts: Counts<'_>) {
 /// the expiry tick (it costs a query per lane).
 fn update_gauges(spool: &mut DynSpool, counts: Counts<'_>, with_age: bool) {
     let metrics = counts.metrics;
+    let mut bytes = 0;
     for u in spool.usage() {
         let class = class_label(&u.class);
         handle(&metrics.class_records, &class).set(u.records as i64);
         handle(&metrics.class_bytes, &class).set(u.bytes as i64);
+        bytes += u.bytes;
     }
+    counts.stats.bytes.store(bytes, Ordering::Relaxed);
     if with_age {
         match spool.oldest_unacked_ms() {
             Ok(oldest) => {
@@ -628,6 +642,7 @@ fn run(
             Ok(()) => {
                 failures.succeeded();
                 metrics.healthy.set(1);
+                *counts.stats.failing.lock().unwrap_or_else(std::sync::PoisonError::into_inner) = None;
                 for queued in uncommitted.drain(..) {
                     metrics.window_seconds.observe(queued.elapsed().as_secs_f64());
                 }
@@ -635,6 +650,7 @@ fn run(
             Err(e) => {
                 handle(&metrics.commit_errors, &KindLabel { kind: e.kind() }).inc();
                 metrics.healthy.set(0);
+                *counts.stats.failing.lock().unwrap_or_else(std::sync::PoisonError::into_inner) = Some(e.kind());
                 failures.failed(e, spool.pending());
             }
         }

@@ -287,11 +287,27 @@ impl TcoMetrics {
 pub struct LinkFigures {
     rtt_micros: AtomicU64,
     commit_micros: AtomicU64,
+    /// Whether a session is up, and since when it is up or down (ms since the Unix epoch; 0:
+    /// never connected), for readiness (`health`).
+    up: std::sync::atomic::AtomicBool,
+    since_ms: AtomicU64,
     /// Batch bytes before and after compression, per lane.
     lanes: Mutex<BTreeMap<u8, (u64, u64)>>,
 }
 
 impl LinkFigures {
+    /// A session came up (`true`) or ended.
+    pub fn set_up(&self, up: bool) {
+        self.up.store(up, Ordering::Relaxed);
+        self.since_ms.store(shared::units::now_ms(), Ordering::Relaxed);
+    }
+
+    /// Whether a session is up, and since when (ms since the Unix epoch; `None`: never was).
+    pub fn up(&self) -> (bool, Option<u64>) {
+        let since = self.since_ms.load(Ordering::Relaxed);
+        (self.up.load(Ordering::Relaxed), (since > 0).then_some(since))
+    }
+
     pub fn rtt(&self, rtt: Duration) {
         self.rtt_micros.store(rtt.as_micros() as u64, Ordering::Relaxed);
     }

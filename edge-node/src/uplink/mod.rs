@@ -318,12 +318,14 @@ impl Uplink {
             let end = match self.connect(&endpoint, &attempt).await {
                 Ok(conn) => {
                     self.metrics.connected.set(1);
+                    self.link.set_up(true);
                     tracing::info!(server, "uplink connected");
                     let _learning = prober.learn(conn.remote_address());
                     let end = self.connection(&conn, source, &prober, &mut packer, &shutdown).await;
                     let session = &mut source.session;
                     session.disconnected();
                     self.metrics.connected.set(0);
+                    self.link.set_up(false);
                     self.metrics.in_flight.set(0);
                     self.metrics.degraded.set(0);
                     conn.close(0u32.into(), end.to_string().as_bytes());

@@ -21,10 +21,7 @@ async fn an_ordinary_client_gets_through(edge: &EdgeProcess) {
 }
 
 async fn healthy(edge: &EdgeProcess) -> bool {
-    e2e_tests::eventually(Duration::from_secs(10), || {
-        e2e_tests::http_get(edge.http.unwrap(), "/healthz").lines().next() == Some("ok")
-    })
-    .await
+    e2e_tests::eventually(Duration::from_secs(10), || e2e_tests::health(edge.http.unwrap(), "/healthz").0 == 200).await
 }
 
 /// A CONNACK's reason code (MQTT 5).

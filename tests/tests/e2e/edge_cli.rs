@@ -304,3 +304,53 @@ fn check_config_catches_swapped_mismatched_and_expiring_certificates() {
     assert_eq!(out.status.code(), Some(2), "{stderr}");
     assert!(stderr.contains("server: ") && stderr.contains("is a client certificate"), "{stderr}");
 }
+
+/// What systemd sees, and edge.toml on SIGHUP (issue 30): the node says `READY=1` on
+/// `$NOTIFY_SOCKET` once it listens and `STOPPING=1` when it stops (the units are
+/// `Type=notify`); a SIGHUP reads edge.toml again: a new `acl_file` applies at once, and a
+/// changed spool budget is named as waiting for a restart (before, the reload said "reloaded"
+/// and ignored every change to edge.toml).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_service_manager_hears_ready_and_stopping_and_a_sighup_rereads_edge_toml() {
+    let dir = tempfile::tempdir().unwrap();
+    let socket = dir.path().join("notify");
+    let manager = std::os::unix::net::UnixDatagram::bind(&socket).unwrap();
+    manager.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    std::fs::write(dir.path().join("a.toml"), "[anonymous]\npublish = [\"#\"]\nsubscribe = [\"#\"]\n").unwrap();
+    std::fs::write(dir.path().join("b.toml"), "[anonymous]\nsubscribe = [\"#\"]\n").unwrap();
+    let edge = EdgeProcess::start_with_env(
+        dir.path(),
+        &config_text("[auth]\nacl_file = \"a.toml\"\n"),
+        &[("NOTIFY_SOCKET", socket.as_os_str())],
+    );
+    let mut buf = [0u8; 256];
+    let n = manager.recv(&mut buf).expect("READY=1 on the notify socket");
+    assert!(buf[..n].starts_with(b"READY=1"), "{:?}", String::from_utf8_lossy(&buf[..n]));
+
+    let local = edge.addr("local");
+    let mut watcher = Client::anonymous(local, "watcher").await;
+    watcher.subscribe("plant/#", QoS::AtLeastOnce).await;
+    let publisher = Client::anonymous(local, "publisher").await;
+    publisher.publish("plant/a", QoS::AtLeastOnce, false, "before").await;
+    assert_eq!(watcher.recv(WAIT).await.expect("allowed by a.toml").payload, "before");
+
+    std::fs::write(
+        dir.path().join("edge.toml"),
+        config_text("[auth]\nacl_file = \"b.toml\"\n[spool]\nbudget = \"128MiB\"\n"),
+    )
+    .unwrap();
+    edge.signal("HUP");
+    let named = e2e_tests::eventually(WAIT, || {
+        let log = edge.stderr();
+        log.contains("applied at the next restart") && log.contains("spool.budget")
+    })
+    .await;
+    assert!(named, "{}", edge.stderr());
+    assert!(!edge.stderr().contains("auth.acl_file"), "auth is applied, not named: {}", edge.stderr());
+    publisher.publish("plant/b", QoS::AtLeastOnce, false, "after").await;
+    assert!(watcher.recv(Duration::from_millis(500)).await.is_none(), "b.toml takes publish away");
+
+    edge.signal("TERM");
+    let n = manager.recv(&mut buf).expect("STOPPING=1 on the notify socket");
+    assert_eq!(&buf[..n], b"STOPPING=1");
+}

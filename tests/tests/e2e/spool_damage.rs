@@ -146,10 +146,9 @@ async fn a_garbage_page_found_while_running_costs_its_records_as_a_gap_and_not_t
     assert_eq!(edge.metric("edge_spool_rebuilds_total{outcome=\"salvaged\"}"), 1.0, "{}", edge.stderr());
     assert_eq!(edge.metric("edge_spool_unreadable_seqs_total"), gaps.len() as f64);
     assert_eq!(edge.metric("edge_spool_damaged"), 0.0);
-    assert_eq!(
-        e2e_tests::http_get(edge.http.unwrap(), "/healthz").lines().next().map(str::to_owned),
-        Some("ok".into())
-    );
+    let (status, ready) = e2e_tests::health(edge.http.unwrap(), "/readyz");
+    assert_eq!(status, 200, "{ready}");
+    assert_eq!(e2e_tests::health_check(&ready, "spool").map(|c| c.0), Some(true), "{ready}");
     assert_eq!(epoch_of(&db), epoch, "the rebuilt spool keeps its epoch");
     assert_eq!(sink_epochs(&cloud.sink), std::slice::from_ref(&epoch), "everything went under it");
     let lane_end = u64::from(COUNT) + 1;
