@@ -47,10 +47,72 @@ enum Command {
         #[command(subcommand)]
         command: TcoCommand,
     },
+    /// What reached the sink: the last records, counts per edge.
+    Records {
+        #[command(subcommand)]
+        command: RecordsCommand,
+    },
+    /// Records the JetStream sink refused for themselves and set aside: list, replay.
+    DeadLetters {
+        #[command(subcommand)]
+        command: DeadLettersCommand,
+    },
     /// The fleet view: every edge's bridge, backlog and routes, across all bridges on the sink.
     Edges {
         #[command(subcommand)]
         command: EdgesCommand,
+    },
+}
+
+#[derive(Subcommand)]
+enum RecordsCommand {
+    /// The last records stored (of one edge), oldest first: edge, epoch:lane:seq, kind, topic,
+    /// size and payload.
+    Tail {
+        #[arg(long, default_value_os_t = default_config())]
+        config: PathBuf,
+        /// Only this edge's records.
+        #[arg(long)]
+        edge: Option<String>,
+        /// How many.
+        #[arg(short = 'n', long, default_value_t = 10)]
+        count: usize,
+        /// JSON (with every header) instead of a line each.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Records stored per edge.
+    Count {
+        #[arg(long, default_value_os_t = default_config())]
+        config: PathBuf,
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+#[derive(Subcommand)]
+enum DeadLettersCommand {
+    /// Records JetStream refused for themselves (too large for the server, a header the stream
+    /// refuses), set aside with the reason: their stream sequence, reason, subject and record.
+    List {
+        #[arg(long, default_value_os_t = default_config())]
+        config: PathBuf,
+        #[arg(long)]
+        edge: Option<String>,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Publishes dead letters again on their subjects (after raising the limit that refused
+    /// them) and deletes each once JetStream acked it.
+    Replay {
+        #[arg(long, default_value_os_t = default_config())]
+        config: PathBuf,
+        /// Their stream sequences (`dead-letters list`).
+        #[arg(required_unless_present = "all")]
+        seqs: Vec<u64>,
+        /// Every dead letter.
+        #[arg(long)]
+        all: bool,
     },
 }
 
@@ -159,6 +221,20 @@ fn main() -> ExitCode {
             }
         },
         Command::Tco { command: TcoCommand::Report { config, json } } => match tco_report(&config, json) {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => {
+                eprintln!("cloud-bridge: {e:#}");
+                ExitCode::from(2)
+            }
+        },
+        Command::Records { command } => match records(command) {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => {
+                eprintln!("cloud-bridge: {e:#}");
+                ExitCode::from(2)
+            }
+        },
+        Command::DeadLetters { command } => match dead_letters(command) {
             Ok(()) => ExitCode::SUCCESS,
             Err(e) => {
                 eprintln!("cloud-bridge: {e:#}");
@@ -326,6 +402,77 @@ fn tco_report(path: &std::path::Path, json: bool) -> anyhow::Result<()> {
         println!("{}", serde_json::to_string_pretty(&fleet)?);
     } else {
         print!("{}", cloud_bridge::tco::table(&fleet));
+    }
+    Ok(())
+}
+
+fn records(command: RecordsCommand) -> anyhow::Result<()> {
+    use cloud_bridge::sink::inspect;
+    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+    match command {
+        RecordsCommand::Tail { config, edge, count, json } => {
+            let config = CloudConfig::load(&config)?;
+            let seen = runtime.block_on(inspect::tail(&config.sink, edge.as_deref(), count))?;
+            if json {
+                println!("{}", serde_json::to_string_pretty(&seen)?);
+            } else {
+                seen.iter().for_each(|r| println!("{}", r.line()));
+            }
+        }
+        RecordsCommand::Count { config, json } => {
+            let config = CloudConfig::load(&config)?;
+            let counts = runtime.block_on(inspect::count(&config.sink))?;
+            if json {
+                println!("{}", serde_json::to_string_pretty(&counts)?);
+            } else {
+                counts.iter().for_each(|(edge, n)| println!("{edge} {n}"));
+                println!("total {}", counts.values().sum::<u64>());
+            }
+        }
+    }
+    Ok(())
+}
+
+fn dead_letters(command: DeadLettersCommand) -> anyhow::Result<()> {
+    use cloud_bridge::sink::inspect;
+    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+    match command {
+        DeadLettersCommand::List { config, edge, json } => {
+            let config = CloudConfig::load(&config)?;
+            if config.sink.nats_url().is_none() {
+                println!("the SQLite sink stores every record: it has no dead letters");
+                return Ok(());
+            }
+            let letters = runtime.block_on(inspect::dead_letters(&config.sink, edge.as_deref()))?;
+            if json {
+                println!("{}", serde_json::to_string_pretty(&letters)?);
+            } else {
+                for d in &letters {
+                    let kept = if d.whole { "kept whole" } else { "ids only" };
+                    println!("{} {} {kept} {}: {}", d.seq, d.reason, d.record.line(), d.error);
+                }
+                println!("{} dead letters", letters.len());
+            }
+        }
+        DeadLettersCommand::Replay { config, seqs, all } => {
+            let config = CloudConfig::load(&config)?;
+            let seqs = if all {
+                runtime.block_on(inspect::dead_letters(&config.sink, None))?.into_iter().map(|d| d.seq).collect()
+            } else {
+                seqs
+            };
+            let mut failed = 0;
+            for seq in seqs {
+                match runtime.block_on(inspect::replay(&config.sink, seq)) {
+                    Ok(subject) => println!("{seq}: published again on {subject}; dead letter deleted"),
+                    Err(e) => {
+                        failed += 1;
+                        eprintln!("{seq}: {e}");
+                    }
+                }
+            }
+            anyhow::ensure!(failed == 0, "{failed} dead letters not replayed (they stay)");
+        }
     }
     Ok(())
 }

@@ -106,6 +106,16 @@ enum SpoolCommand {
         #[arg(long, short, default_value_os_t = default_config())]
         config: PathBuf,
     },
+    /// Write a consistent copy of the spool to FILE, while the node runs or not (copying
+    /// spool.db alone misses what is still in its WAL). To restore: stop the node, put FILE in
+    /// place of spool.db (removing spool.db-wal and spool.db-shm), start it; it notices the
+    /// copy is older than its seq reservations and the cloud's marks decide what to resend.
+    Backup {
+        #[arg(long, short, default_value_os_t = default_config())]
+        config: PathBuf,
+        /// Where the copy goes; must not exist.
+        file: PathBuf,
+    },
     /// Queue a spool database of another epoch (one an earlier version moved aside as
     /// `spool.db.corrupt-<ms>`, or a replaced gateway's) to be sent: what can be read of it is
     /// salvaged into `recover/` beside the spool, and the node sends it under its own epoch
@@ -330,6 +340,17 @@ fn spool(command: SpoolCommand) -> anyhow::Result<()> {
             let n = edge_node::spool::inspect::export(&config.spool.path, &mut out)?;
             std::io::Write::flush(&mut out)?;
             eprintln!("exported {n} records");
+        }
+        SpoolCommand::Backup { config, file } => {
+            let config = load(&config)?;
+            let copy = edge_node::spool::inspect::backup(&config.spool.path, &file)?;
+            let records: u64 = copy.lanes.iter().map(|l| l.messages + l.gap_records).sum();
+            println!(
+                "backed up {records} records of epoch {} to {} ({} bytes)",
+                copy.epoch,
+                file.display(),
+                copy.database_bytes
+            );
         }
         SpoolCommand::Recover { config, file } => {
             let config = load(&config)?;

@@ -19,6 +19,7 @@
 //! bridge, replaced, never appended.
 
 pub mod config;
+pub mod inspect;
 pub mod jetstream;
 pub mod presence;
 pub mod quota;

@@ -77,6 +77,26 @@ fn records(conn: &Connection) -> rusqlite::Result<(String, &'static str)> {
     Ok(("records".to_owned(), if keyed_by_id { "id" } else { "lane, seq" }))
 }
 
+/// Writes a consistent copy of the spool at `path` to `to` (which must not exist), while the
+/// node runs or not: one read transaction (`VACUUM INTO`), so the copy holds every commit up
+/// to a moment, the WAL's included, and none after. Copying `spool.db` alone is no backup: its
+/// last commits may still be in the WAL. Returns the copy's stats.
+pub fn backup(path: &Path, to: &Path) -> Result<Stats, SpoolError> {
+    if to.exists() {
+        return Err(SpoolError::Io {
+            path: to.to_owned(),
+            source: std::io::Error::new(std::io::ErrorKind::AlreadyExists, "the backup file exists; name a new one"),
+        });
+    }
+    let conn = open(path)?;
+    let target = to.to_str().ok_or_else(|| SpoolError::Io {
+        path: to.to_owned(),
+        source: std::io::Error::new(std::io::ErrorKind::InvalidInput, "not a UTF-8 path"),
+    })?;
+    conn.execute("VACUUM INTO ?1", [target]).map_err(|source| SpoolError::Sqlite { path: to.to_owned(), source })?;
+    stats(to)
+}
+
 pub fn stats(path: &Path) -> Result<Stats, SpoolError> {
     let conn = open(path)?;
     let err = |source| SpoolError::Sqlite { path: path.to_owned(), source };

@@ -147,3 +147,102 @@ async fn a_record_over_the_streams_max_msg_size_is_set_aside_once_through_resend
         assert!(metrics.healthy());
     }
 }
+
+/// What an operator runs (issue 30): `cloud-bridge records count|tail` and `dead-letters
+/// list|replay` against a real nats-server. A record over the stream's `max_msg_size` is set
+/// aside with its ids only, listed, and its replay refused naming why; a dead letter kept whole
+/// (as the sink writes one a stream refused for a header) is published again on its subject
+/// and deleted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_operator_lists_and_replays_dead_letters_and_reads_what_reached_the_sink() {
+    let nats = NatsServer::start();
+    let js = async_nats::jetstream::new(async_nats::connect(nats.url()).await.unwrap());
+    js.create_stream(async_nats::jetstream::stream::Config {
+        name: "EDGE".into(),
+        subjects: vec!["edge.>".into()],
+        max_message_size: 4096,
+        duplicate_window: Duration::from_secs(120),
+        ..Default::default()
+    })
+    .await
+    .unwrap();
+    let sink = JetStreamSink::connect(&sink_settings(nats.url(), BatchPublish::Off)).await.unwrap();
+    let batch = (1..=5u64)
+        .map(|s| record(s, if s == 3 { vec![1u8; 8192] } else { format!("m{s}").into_bytes() }))
+        .collect::<Vec<_>>();
+    sink.publish("edge-1".into(), "ep".into(), 0, batch, first_turn()).await.unwrap();
+    // A dead letter kept whole, with the headers the sink sets.
+    let mut headers = async_nats::HeaderMap::new();
+    headers.insert("Nats-Msg-Id", "edge-1:ep:0:9");
+    headers.insert("Edge-Id", "edge-1");
+    headers.insert("Edge-Seq", "ep:0:9");
+    headers.insert("Mqtt-Topic", "telemetry/one");
+    headers.insert("Edge-Dead-Letter-Reason", "header");
+    headers.insert("Edge-Dead-Letter-Error", "a header the stream refused");
+    headers.insert("Edge-Dead-Letter-Subject", "edge.edge-1.telemetry.one");
+    headers.insert("Edge-Dead-Letter-Payload-Bytes", "6");
+    js.publish_with_headers("edge.edge-1.%dead", headers, "kept!!".into()).await.unwrap().await.unwrap();
+
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("cloud.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "[server]\nbind = \"127.0.0.1:0\"\ncert = \"c\"\nkey = \"k\"\nclient_ca = \"ca\"\n\
+             [sink]\nkind = \"jetstream\"\nurl = \"{}\"\n",
+            nats.url()
+        ),
+    )
+    .unwrap();
+    let bridge = |args: &[&str]| {
+        let out = std::process::Command::new(e2e_tests::workspace_bin("cloud-bridge"))
+            .args(args)
+            .args(["--config", config.to_str().unwrap()])
+            .output()
+            .unwrap();
+        (
+            out.status.success(),
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    };
+    let (ok, out, err) = bridge(&["records", "count"]);
+    assert!(ok, "{err}");
+    assert!(out.contains("edge-1 4\n") && out.contains("total 4"), "{out}");
+    let (ok, out, err) = bridge(&["records", "tail", "-n", "2"]);
+    assert!(ok, "{err}");
+    let lines: Vec<&str> = out.lines().collect();
+    assert_eq!(lines.len(), 2, "{out}");
+    assert!(lines[0].starts_with("edge-1 ep:0:4 message telemetry/one (2 bytes) m4"), "{out}");
+    assert!(lines[1].contains("ep:0:5") && lines[1].ends_with("m5"), "{out}");
+
+    let (ok, out, err) = bridge(&["dead-letters", "list", "--json"]);
+    assert!(ok, "{err}");
+    let letters: serde_json::Value = serde_json::from_str(&out).unwrap();
+    let letters = letters.as_array().unwrap();
+    assert_eq!(letters.len(), 2, "{out}");
+    assert_eq!(letters[0]["reason"], "too_large");
+    assert_eq!(letters[0]["whole"], false, "a record over max_msg_size keeps its ids only");
+    assert_eq!(letters[0]["record"]["bytes"], 8192);
+    assert_eq!(letters[1]["whole"], true);
+    let (first, second) = (letters[0]["seq"].to_string(), letters[1]["seq"].to_string());
+    let (ok, _, err) = bridge(&["dead-letters", "replay", &first]);
+    assert!(!ok && err.contains("kept only the record's ids"), "{err}");
+    let (ok, out, err) = bridge(&["dead-letters", "replay", &second]);
+    assert!(ok, "{err}");
+    assert!(out.contains("published again on edge.edge-1.telemetry.one"), "{out}");
+    // Read in order through a consumer: the deleted dead letter leaves a hole in the sequence.
+    let messages = e2e_tests::nats::read_stream(&nats.url(), "EDGE").await;
+    let replayed: Vec<_> = messages.iter().filter(|m| &m.payload[..] == b"kept!!").collect();
+    assert_eq!(replayed.len(), 1);
+    assert_eq!(replayed[0].subject.as_str(), "edge.edge-1.telemetry.one");
+    let got = |name: &str| replayed[0].headers.as_ref().and_then(|h| h.get(name)).map(|v| v.as_str().to_owned());
+    assert_eq!(
+        got("Nats-Msg-Id").as_deref(),
+        Some("edge-1:ep:0:9:replay"),
+        "not the dead letter's own, or it is dropped as its duplicate"
+    );
+    assert!(got("Edge-Dead-Letter-Reason").is_none());
+    let (_, out, _) = bridge(&["dead-letters", "list"]);
+    assert!(out.ends_with("1 dead letters\n"), "the replayed one is gone: {out}");
+}

@@ -58,4 +58,19 @@ async fn both_endpoints_pass_promtool_with_real_classes_base_units_and_process_m
     assert!(cloud.metric("process_cpu_seconds_total") > 0.0, "{text}");
     assert!(text.contains("bridge_build_info{version="), "{text}");
     assert_eq!(cloud.metric("bridge_records_total"), 5.0);
+
+    // What reached the SQLite sink, as an operator reads it.
+    let cli = |args: &[&str]| {
+        let out = Command::new(e2e_tests::workspace_bin("cloud-bridge"))
+            .args(args)
+            .args(["--config", dir.path().join("cloud.toml").to_str().unwrap()])
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    assert_eq!(cli(&["records", "count"]), "edge-1 5\ntotal 5\n");
+    let last = cli(&["records", "tail", "-n", "1", "--edge", "edge-1"]);
+    assert!(last.starts_with("edge-1 ") && last.contains(" message telemetry/a/4 (1 bytes) t"), "{last}");
+    assert!(cli(&["dead-letters", "list"]).contains("no dead letters"));
 }
