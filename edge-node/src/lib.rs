@@ -141,6 +141,7 @@ impl Node {
         let broker_metrics = BrokerMetrics::new(registry);
         let probe_metrics = ProbeMetrics::new(registry);
         let spool_metrics = Arc::new(WriterMetrics::new(registry));
+        spool_metrics.budget.set(i64::try_from(config.spool.budget.bytes()).unwrap_or(i64::MAX));
         let uplink_metrics = UplinkMetrics::new(registry);
         let tco_metrics = TcoMetrics::new(registry);
         let model_metrics = ModelMetrics::new(registry);

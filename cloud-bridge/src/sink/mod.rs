@@ -31,6 +31,7 @@ use std::time::Duration;
 
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
 
 use serde::{Deserialize, Serialize};
@@ -163,6 +164,8 @@ pub struct SinkMetrics {
     pub epochs_retired: Counter,
     pub dicts_evicted: Counter,
     pub ok: AtomicBool,
+    /// `ok` for Prometheus (alerts); `ok` is what `/readyz` reads.
+    pub healthy: Gauge,
 }
 
 impl Default for SinkMetrics {
@@ -174,6 +177,11 @@ impl Default for SinkMetrics {
             epochs_retired: Counter::default(),
             dicts_evicted: Counter::default(),
             ok: AtomicBool::new(true),
+            healthy: {
+                let g = Gauge::default();
+                g.set(1);
+                g
+            },
         }
     }
 }
@@ -181,6 +189,11 @@ impl Default for SinkMetrics {
 impl SinkMetrics {
     pub fn register(&self, r: &mut Registry) {
         r.register("sink_retries", "Sink writes retried after failing for the moment", self.retries.clone());
+        r.register(
+            "sink_healthy",
+            "1 while the sink's last write succeeded, 0 while writes fail",
+            self.healthy.clone(),
+        );
         r.register(
             "dead_letters",
             "Records the sink refused for themselves, set aside in its dead-letter subject, by reason",
@@ -205,6 +218,7 @@ impl SinkMetrics {
 
     pub fn wrote(&self, ok: bool) {
         self.ok.store(ok, Ordering::Relaxed);
+        self.healthy.set(i64::from(ok));
     }
 }
 

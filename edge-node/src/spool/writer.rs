@@ -106,6 +106,8 @@ pub struct WriterMetrics {
     pub unreadable: Counter,
     /// 1 while the database is known damaged and not rebuilt.
     pub damaged: Gauge,
+    /// `spool.budget`, for alerts on the share used (`class_bytes` over it).
+    pub budget: Gauge,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -132,6 +134,7 @@ impl WriterMetrics {
             class_bytes: Family::default(),
             oldest_unacked_seconds: Gauge::default(),
             healthy: Gauge::default(),
+            budget: Gauge::default(),
             moved_aside: Counter::default(),
             renumbered: Counter::default(),
             rebuilds: Family::default(),
@@ -191,6 +194,12 @@ impl WriterMetrics {
             "spool_moved_aside",
             "Spool databases found damaged (corrupt, not a database, a failed integrity check) and moved aside to <path>.damaged-<ms> once what they held was salvaged into the new one",
             m.moved_aside.clone(),
+        );
+        r.register_with_unit(
+            "spool_budget",
+            "spool.budget: the bytes the spool may take",
+            Unit::Bytes,
+            m.budget.clone(),
         );
         r.register(
             "spool_healthy",

@@ -1,6 +1,7 @@
 //! What an operator scrapes (issue 30): both `/metrics` endpoints pass `promtool check metrics`
 //! while traffic flows, with one family per name, publishes by their real class, base units,
-//! `process_*` and build info.
+//! `process_*` and build info; the alert rules pass `promtool check rules`, and every metric
+//! they and the Grafana board name is in a scrape.
 
 use std::io::Write;
 use std::process::{Command, Stdio};
@@ -29,6 +30,16 @@ fn promtool(text: &str) -> Result<(), String> {
     if out.status.success() && said.trim().is_empty() { Ok(()) } else { Err(said) }
 }
 
+/// The metric names in a rules file or a dashboard: every `edge_`, `bridge_` or `process_`
+/// word.
+fn metric_names(text: &str) -> std::collections::BTreeSet<String> {
+    let word = |c: char| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_';
+    text.split(|c: char| !word(c))
+        .filter(|w| ["edge_", "bridge_", "process_"].iter().any(|p| w.starts_with(p)))
+        .map(str::to_owned)
+        .collect()
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn both_endpoints_pass_promtool_with_real_classes_base_units_and_process_metrics() {
     let dir = tempfile::tempdir().unwrap();
@@ -44,6 +55,7 @@ async fn both_endpoints_pass_promtool_with_real_classes_base_units_and_process_m
 
     // As curl and promtool get it (no Accept header): the Prometheus text format.
     let text = e2e_tests::http_get(edge.node.http_addr().expect("the node's HTTP endpoint"), "/metrics");
+    let edge_text = text.clone();
     promtool(&text).unwrap_or_else(|e| panic!("promtool on the edge's /metrics: {e}\n{text}"));
     assert_eq!(edge.metric("edge_mqtt_publish_in_total{class=\"telemetry\"}"), 5.0, "{text}");
     assert_eq!(edge.metric("edge_mqtt_publish_in_total{class=\"edge-direct\"}"), 5.0, "{text}");
@@ -58,6 +70,34 @@ async fn both_endpoints_pass_promtool_with_real_classes_base_units_and_process_m
     assert!(cloud.metric("process_cpu_seconds_total") > 0.0, "{text}");
     assert!(text.contains("bridge_build_info{version="), "{text}");
     assert_eq!(cloud.metric("bridge_records_total"), 5.0);
+
+    // The alert rules pass promtool, and every metric they or the Grafana board name is in
+    // one of the two scrapes (a renamed family would leave an alert that never fires).
+    let monitoring = e2e_tests::workspace_root().join("config/monitoring");
+    let rules = monitoring.join("alerts.yml");
+    let check = Command::new("promtool").args(["check", "rules"]).arg(&rules).output().unwrap();
+    assert!(
+        check.status.success(),
+        "{}{}",
+        String::from_utf8_lossy(&check.stdout),
+        String::from_utf8_lossy(&check.stderr)
+    );
+    let scraped: std::collections::BTreeSet<String> = [&edge_text, &text]
+        .iter()
+        .flat_map(|t| t.lines())
+        .filter_map(|l| match l.strip_prefix("# TYPE ") {
+            Some(rest) => rest.split(' ').next().map(str::to_owned),
+            None if !l.starts_with('#') => l.split(['{', ' ']).next().map(str::to_owned),
+            None => None,
+        })
+        .collect();
+    for file in [rules, monitoring.join("grafana-dashboard.json")] {
+        let body = std::fs::read_to_string(&file).unwrap();
+        let named = metric_names(&body);
+        assert!(named.len() > 8, "{}: {named:?}", file.display());
+        let missing: Vec<_> = named.iter().filter(|n| !scraped.contains(*n)).collect();
+        assert!(missing.is_empty(), "{} names metrics no scrape has: {missing:?}", file.display());
+    }
 
     // What reached the SQLite sink, as an operator reads it.
     let cli = |args: &[&str]| {
