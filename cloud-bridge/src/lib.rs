@@ -4,6 +4,7 @@
 
 pub mod certs;
 pub mod config;
+pub mod console;
 pub mod fleet;
 pub mod ingest;
 pub mod limits;
@@ -64,6 +65,8 @@ struct Parts {
     services: server::Services,
     http: Option<tokio::net::TcpListener>,
     writes_per_second: u32,
+    /// The `[sink]` section, for what the console reads beside the running sink.
+    sink: SinkConfig,
 }
 
 impl Bridge {
@@ -107,6 +110,7 @@ impl Bridge {
             services: server::Services { models, fleet: recorder },
             http,
             writes_per_second: config.fleet.state_writes_per_second,
+            sink: config.sink.clone(),
         };
         let bridge = match &config.sink {
             SinkConfig::Sqlite { path } => {
@@ -164,7 +168,8 @@ impl Bridge {
         let tasks = tokio_util::task::TaskTracker::new();
         if let Some(listener) = parts.http {
             let view = Arc::new(fleet::view::Served::new(sink.clone()));
-            tasks.spawn(metrics::serve(listener, metrics.clone(), view, shutdown.clone()));
+            let console = Arc::new(console::Console::new(sink.clone(), parts.sink.clone()));
+            tasks.spawn(metrics::serve(listener, metrics.clone(), view, console, shutdown.clone()));
         }
         let fleet_stop = CancellationToken::new();
         let info = fleet::BridgeInfo { quic: quic_addr, writes_per_second: parts.writes_per_second };

@@ -59,11 +59,13 @@ impl Default for Metrics {
     }
 }
 
-/// Serves `/metrics`, `/healthz`, `/readyz` and `/edges` until `shutdown`.
+/// Serves `/metrics`, `/healthz`, `/readyz`, `/edges` and the console (`/console`, `/tco`,
+/// `/dead-letters`) until `shutdown`.
 pub async fn serve(
     listener: tokio::net::TcpListener,
     metrics: Arc<Metrics>,
     fleet: Arc<crate::fleet::view::Served>,
+    console: Arc<crate::console::Console>,
     shutdown: CancellationToken,
 ) {
     let app = axum::Router::new()
@@ -71,7 +73,8 @@ pub async fn serve(
         .route("/healthz", axum::routing::get(alive_handler))
         .route("/readyz", axum::routing::get(ready_handler))
         .with_state(metrics)
-        .merge(axum::Router::new().route("/edges", axum::routing::get(edges_handler)).with_state(fleet));
+        .merge(axum::Router::new().route("/edges", axum::routing::get(edges_handler)).with_state(fleet))
+        .merge(crate::console::routes(console));
     if let Err(e) = axum::serve(listener, app).with_graceful_shutdown(shutdown.cancelled_owned()).await {
         tracing::error!(error = %e, "metrics endpoint failed");
     }

@@ -66,14 +66,17 @@ pub fn fleet(reports: &[StoredReport]) -> Fleet {
             for cost in d.costs.iter().filter(|c| c.infeasible.is_none()) {
                 *f.route_costs.entry(cost.route).or_default() += cost.monthly;
             }
+            // Reports are checked when they arrive (`proto::report_problem`); one stored by an
+            // older bridge is summed without the routes it does not price, not a panic.
+            let monthly = |route: Route| d.costs.iter().find(|c| c.route == route).map_or(0.0, |c| c.monthly);
             let now = c.route.or(d.chosen);
             if let Some(route) = now {
                 *f.routes_now.entry(route).or_default() += 1;
-                f.cost_now += d.cost(route).monthly;
+                f.cost_now += monthly(route);
             }
             if let Some(best) = d.best {
                 *f.model_choice.entry(best).or_default() += 1;
-                f.cost_model += d.cost(best).monthly;
+                f.cost_model += monthly(best);
             }
         }
     }

@@ -221,6 +221,9 @@ impl CloudSession {
                         super::MAX_REPORT_CLASSES
                     )));
                 }
+                if let Some(problem) = report.classes.iter().find_map(super::report_problem) {
+                    return Err(SessionError::Protocol(format!("a classes report: {problem}")));
+                }
                 Ok(Some(Request::Classes(report)))
             }
             Control::Dict(d) if self.phase == CloudPhase::Ready => {

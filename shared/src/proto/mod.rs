@@ -274,6 +274,29 @@ pub struct ClassesReport {
     pub classes: Vec<ClassReport>,
 }
 
+/// Longest class name a classes report may carry.
+pub const MAX_REPORT_CLASS_NAME: usize = 256;
+
+/// What is wrong with one class of an edge's report, if anything: the bridge keeps reports and
+/// sums them for the fleet (`cloud-bridge tco report`, the console), so a class must name its
+/// routes' costs and carry finite numbers, or one edge's report would break the fleet's.
+pub fn report_problem(c: &ClassReport) -> Option<String> {
+    let d = &c.decision;
+    if d.class.is_empty() || d.class.len() > MAX_REPORT_CLASS_NAME {
+        return Some(format!("a class name of {} bytes (1 ..= {MAX_REPORT_CLASS_NAME})", d.class.len()));
+    }
+    let numbers = [d.msg_per_s, d.gb_month, d.wire_gb_month, d.saving];
+    let costs = d.costs.iter().flat_map(|r| [r.monthly, r.fixed, r.uplink, r.central, r.edge]);
+    if numbers.into_iter().chain(costs).any(|v| !v.is_finite() || v < 0.0) {
+        return Some(format!("class {:?}: a figure that is negative or not a number", d.class));
+    }
+    let priced = |r: crate::tco::Route| d.costs.iter().any(|c| c.route == r);
+    if let Some(r) = [d.best, d.chosen, c.route].into_iter().flatten().find(|r| !priced(*r)) {
+        return Some(format!("class {:?}: route {r:?} named but not priced", d.class));
+    }
+    None
+}
+
 /// One class as the edge's TCO model saw it last.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct ClassReport {

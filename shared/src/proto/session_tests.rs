@@ -586,6 +586,22 @@ fn classes_reports_reach_the_bridge_only_when_connected_and_bounded() {
     assert_eq!(super::codec::decode_frame::<Control>(&bytes, super::MAX_CONTROL_FRAME).unwrap(), frame);
     let err = cloud.control(Control::Classes(report(super::MAX_REPORT_CLASSES + 1))).unwrap_err();
     assert!(err.to_string().contains("more than 256"), "{err}");
+    // A hostile edge's report that would break the fleet's sums is refused by name: a route
+    // named and not priced, a figure that is not a number, a name past the bound.
+    let mut unpriced = report(1);
+    unpriced.classes[0].decision.costs.clear();
+    let mut nan = report(1);
+    nan.classes[0].decision.msg_per_s = f64::NAN;
+    let mut long = report(1);
+    long.classes[0].decision.class = "x".repeat(super::MAX_REPORT_CLASS_NAME + 1);
+    for (bad, why) in [(unpriced, "named but not priced"), (nan, "not a number"), (long, "a class name of 257 bytes")] {
+        let mut cloud = Cloud::connect(BTreeMap::new());
+        let mut edge = EdgeSession::new(EdgeSessionConfig::default(), EPOCH, [(0, 0)]);
+        edge.connected(t0);
+        pump(&mut edge, &mut cloud, t0);
+        let err = cloud.control(Control::Classes(bad)).unwrap_err();
+        assert!(err.to_string().contains(why), "{why}: {err}");
+    }
 }
 
 #[test]

@@ -27,6 +27,7 @@ mod fleet;
 mod fleet_view;
 mod model_sync;
 mod models;
+mod ops_console;
 mod ops_health;
 mod ops_metrics;
 mod spool_damage;
