@@ -24,11 +24,14 @@ const CACHE: Duration = Duration::from_secs(2);
 
 type Load = Box<dyn Fn() -> BoxFuture<'static, Result<String, SinkError>> + Send + Sync>;
 
+/// A JSON document and when it was read.
+type Cached = Option<(Instant, Arc<String>)>;
+
 /// What the console's JSON endpoints read.
 pub struct Console {
     tco: Load,
     dead: Load,
-    last: tokio::sync::Mutex<[Option<(Instant, Arc<String>)>; 2]>,
+    last: tokio::sync::Mutex<[Cached; 2]>,
 }
 
 impl std::fmt::Debug for Console {
