@@ -168,7 +168,12 @@ impl Bridge {
         let tasks = tokio_util::task::TaskTracker::new();
         if let Some(listener) = parts.http {
             let view = Arc::new(fleet::view::Served::new(sink.clone()));
-            let console = Arc::new(console::Console::new(sink.clone(), parts.sink.clone()));
+            let sink_config = Arc::new(parts.sink.clone());
+            let dead: console::Load = Box::new(move || {
+                let config = sink_config.clone();
+                Box::pin(async move { sink::inspect::dead_letters_doc(&config).await })
+            });
+            let console = Arc::new(console::Console::new(sink.clone(), dead));
             tasks.spawn(metrics::serve(listener, metrics.clone(), view, console, shutdown.clone()));
         }
         let fleet_stop = CancellationToken::new();

@@ -12,7 +12,6 @@ use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Redirect, Response};
 use futures_util::future::BoxFuture;
 
-use crate::sink::config::SinkConfig;
 use crate::sink::{FleetStore, SinkError};
 
 const PAGE: &str = include_str!("index.html");
@@ -22,7 +21,8 @@ const STYLE: &str = include_str!("console.css");
 /// The fleet's TCO report and the dead letters are read again at most this often.
 const CACHE: Duration = Duration::from_secs(2);
 
-type Load = Box<dyn Fn() -> BoxFuture<'static, Result<String, SinkError>> + Send + Sync>;
+/// A JSON document read on demand.
+pub type Load = Box<dyn Fn() -> BoxFuture<'static, Result<String, SinkError>> + Send + Sync>;
 
 /// A JSON document and when it was read.
 type Cached = Option<(Instant, Arc<String>)>;
@@ -41,26 +41,14 @@ impl std::fmt::Debug for Console {
 }
 
 impl Console {
-    /// Reads the reports from `sink` and the dead letters from the sink `config` names.
-    pub fn new<S: FleetStore>(sink: Arc<S>, config: SinkConfig) -> Self {
+    /// Reads the reports from `sink`, and the dead letters with `dead` (a JSON document
+    /// `{"letters": [...], "note": ...}`, `sink::inspect::dead_letters_doc`).
+    pub fn new<S: FleetStore>(sink: Arc<S>, dead: Load) -> Self {
         let tco: Load = Box::new(move || {
             let sink = sink.clone();
             Box::pin(async move {
                 let fleet = crate::tco::fleet(&sink.load_reports().await?);
                 serde_json::to_string(&fleet).map_err(|e| SinkError::invalid("tco", e))
-            })
-        });
-        let config = Arc::new(config);
-        let dead: Load = Box::new(move || {
-            let config = config.clone();
-            Box::pin(async move {
-                let note = match &*config {
-                    SinkConfig::Sqlite { .. } => Some("the SQLite sink stores every record: it has no dead letters"),
-                    SinkConfig::Jetstream { .. } => None,
-                };
-                let letters = crate::sink::inspect::dead_letters(&config, None).await?;
-                let doc = serde_json::json!({ "letters": letters, "note": note });
-                Ok(doc.to_string())
             })
         });
         Self { tco, dead, last: Default::default() }

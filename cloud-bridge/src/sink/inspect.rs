@@ -161,6 +161,17 @@ pub async fn dead_letters(sink: &SinkConfig, edge: Option<&str>) -> Result<Vec<D
     Ok(out)
 }
 
+/// The dead letters as the console serves them: `{"letters": [...], "note": ...}` (a note for
+/// a sink that has none).
+pub async fn dead_letters_doc(sink: &SinkConfig) -> Result<String, SinkError> {
+    let note = match sink {
+        SinkConfig::Sqlite { .. } => Some("the SQLite sink stores every record: it has no dead letters"),
+        SinkConfig::Jetstream { .. } => None,
+    };
+    let letters = dead_letters(sink, None).await?;
+    Ok(serde_json::json!({ "letters": letters, "note": note }).to_string())
+}
+
 /// Publishes the dead letter at `seq` again on its subject, with its headers (its
 /// `Nats-Msg-Id` as `<id>:replay`, so a repeated replay is stored once) and, once JetStream
 /// acked it, deletes the dead letter. What JetStream still refuses stays where it is, and the
