@@ -462,8 +462,8 @@ fn dead_letters(command: DeadLettersCommand) -> anyhow::Result<()> {
                 seqs
             };
             let mut failed = 0;
-            for seq in seqs {
-                match runtime.block_on(inspect::replay(&config.sink, seq)) {
+            for (seq, outcome) in runtime.block_on(inspect::replay(&config.sink, &seqs))? {
+                match outcome {
                     Ok(subject) => println!("{seq}: published again on {subject}; dead letter deleted"),
                     Err(e) => {
                         failed += 1;

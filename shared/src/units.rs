@@ -124,6 +124,16 @@ impl Serialize for ByteSize {
     }
 }
 
+/// `[log] format` of both binaries: `text` (colour only on a terminal) or `json` (one object a
+/// line, for a log shipper).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum LogFormat {
+    #[default]
+    Text,
+    Json,
+}
+
 /// A binary's config file when none is named: the path in the environment variable `var`,
 /// else `packaged` where it exists, else `checkout`.
 pub fn default_config(var: &str, packaged: &str, checkout: &str) -> std::path::PathBuf {

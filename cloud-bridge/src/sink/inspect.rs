@@ -130,20 +130,24 @@ pub async fn dead_letters(sink: &SinkConfig, edge: Option<&str>) -> Result<Vec<D
     let js = jetstream::new(super::jetstream::client(url, CONNECT).await?);
     let filter = format!("{subject_prefix}.{}.%dead", edge.map_or("*".to_owned(), crate::names::token));
     let s = js.get_stream(stream).await.map_err(|e| SinkError::nats("dead letters", stream, &e))?;
-    let consumer = s
+    let mut consumer = s
         .create_consumer(jetstream::consumer::pull::OrderedConfig { filter_subject: filter, ..Default::default() })
         .await
         .map_err(|e| SinkError::nats("dead letters", stream, &e))?;
-    let mut s = s;
-    let pending = s.info().await.map_err(|e| SinkError::nats("dead letters", stream, &e))?.state.messages;
+    // Exactly as many as the filter matched when the consumer was made: the read neither stops
+    // at a pause of a slow server nor waits for letters set aside since.
+    let pending = consumer.info().await.map_err(|e| SinkError::nats("dead letters", stream, &e))?.num_pending;
     let mut out = Vec::new();
     if pending == 0 {
         return Ok(out);
     }
     let mut messages = consumer.messages().await.map_err(|e| SinkError::nats("dead letters", stream, &e))?;
-    loop {
-        let next = tokio::time::timeout(std::time::Duration::from_millis(500), messages.next()).await;
-        let Ok(Some(Ok(m))) = next else { break };
+    while (out.len() as u64) < pending {
+        let m = match tokio::time::timeout(CONNECT, messages.next()).await {
+            Ok(Some(Ok(m))) => m,
+            Ok(Some(Err(e))) => return Err(SinkError::nats("dead letters", stream, &e)),
+            Ok(None) | Err(_) => return Err(unavailable(format!("{} of {pending} dead letters read", out.len()))),
+        };
         let seq = m.info().map(|i| i.stream_sequence).unwrap_or(0);
         let header = |name: &str| m.headers.as_ref().and_then(|h| h.get(name)).map(|v| v.as_str().to_owned());
         let bytes = header("Edge-Dead-Letter-Payload-Bytes").and_then(|b| b.parse::<usize>().ok()).unwrap_or(0);
@@ -172,16 +176,25 @@ pub async fn dead_letters_doc(sink: &SinkConfig) -> Result<String, SinkError> {
     Ok(serde_json::json!({ "letters": letters, "note": note }).to_string())
 }
 
-/// Publishes the dead letter at `seq` again on its subject, with its headers (its
+/// Publishes the dead letters at `seqs` again on their subjects, with their headers (the
 /// `Nats-Msg-Id` as `<id>:replay`, so a repeated replay is stored once) and, once JetStream
-/// acked it, deletes the dead letter. What JetStream still refuses stays where it is, and the
-/// error says why (raise the limit it names first).
-pub async fn replay(sink: &SinkConfig, seq: u64) -> Result<String, SinkError> {
+/// acked each, deletes it; one connection for all. What JetStream still refuses stays where
+/// it is, and its error says why (raise the limit it names first). Each letter's outcome: the
+/// subject it went to, or why not.
+pub async fn replay(sink: &SinkConfig, seqs: &[u64]) -> Result<Vec<(u64, Result<String, SinkError>)>, SinkError> {
     let SinkConfig::Jetstream { url, stream, .. } = sink else {
         return Err(SinkError::Invalid { what: "replay", reason: "the SQLite sink has no dead letters".into() });
     };
     let js = jetstream::new(super::jetstream::client(url, CONNECT).await?);
     let s = js.get_stream(stream).await.map_err(|e| SinkError::nats("replay", stream, &e))?;
+    let mut out = Vec::with_capacity(seqs.len());
+    for &seq in seqs {
+        out.push((seq, replay_one(&js, &s, seq).await));
+    }
+    Ok(out)
+}
+
+async fn replay_one(js: &jetstream::Context, s: &jetstream::stream::Stream, seq: u64) -> Result<String, SinkError> {
     let m = s.get_raw_message(seq).await.map_err(|e| SinkError::nats("replay", &seq.to_string(), &e))?;
     if !m.subject.ends_with(".%dead") {
         return Err(SinkError::Invalid { what: "replay", reason: format!("message {seq} is not a dead letter") });
@@ -221,6 +234,10 @@ pub async fn replay(sink: &SinkConfig, seq: u64) -> Result<String, SinkError> {
 
 /// How long a command tries the servers.
 const CONNECT: std::time::Duration = std::time::Duration::from_secs(10);
+
+fn unavailable(reason: String) -> SinkError {
+    SinkError::Unavailable { what: "dead letters", reason }
+}
 
 /// Messages `tail` looks back through at most.
 const SCAN: u64 = 100_000;

@@ -114,13 +114,7 @@ pub fn parse_log_filter(text: &str) -> Result<tracing_subscriber::filter::Target
     text.parse().map_err(|e| format!("{e}"))
 }
 
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, Serialize)]
-#[serde(rename_all = "lowercase")]
-pub enum LogFormat {
-    #[default]
-    Text,
-    Json,
-}
+pub use shared::units::LogFormat;
 
 fn default_node_id() -> String {
     std::fs::read_to_string("/etc/hostname")

@@ -17,6 +17,19 @@ use rumqttc::QoS;
 
 const WAIT: Duration = Duration::from_secs(30);
 
+/// Stream `EDGE` on `edge.>` taking messages of 4 KiB at most.
+async fn small_messages_stream(js: &async_nats::jetstream::Context) {
+    js.create_stream(async_nats::jetstream::stream::Config {
+        name: "EDGE".into(),
+        subjects: vec!["edge.>".into()],
+        max_message_size: 4096,
+        duplicate_window: Duration::from_secs(120),
+        ..Default::default()
+    })
+    .await
+    .unwrap();
+}
+
 fn header(m: &async_nats::jetstream::message::StreamMessage, name: &str) -> Option<String> {
     m.headers.get(name).map(|v| v.as_str().to_owned())
 }
@@ -109,15 +122,7 @@ async fn a_record_over_the_streams_max_msg_size_is_set_aside_once_through_resend
     for batches in [BatchPublish::Fast, BatchPublish::Atomic, BatchPublish::Off] {
         let nats = NatsServer::start();
         let js = async_nats::jetstream::new(async_nats::connect(nats.url()).await.unwrap());
-        js.create_stream(async_nats::jetstream::stream::Config {
-            name: "EDGE".into(),
-            subjects: vec!["edge.>".into()],
-            max_message_size: 4096,
-            duplicate_window: Duration::from_secs(120),
-            ..Default::default()
-        })
-        .await
-        .unwrap();
+        small_messages_stream(&js).await;
         let settings = sink_settings(nats.url(), batches);
         let metrics = std::sync::Arc::new(SinkMetrics::default());
         let sink = JetStreamSink::connect(&settings).await.unwrap().with_metrics(metrics.clone());
@@ -157,15 +162,7 @@ async fn a_record_over_the_streams_max_msg_size_is_set_aside_once_through_resend
 async fn an_operator_lists_and_replays_dead_letters_and_reads_what_reached_the_sink() {
     let nats = NatsServer::start();
     let js = async_nats::jetstream::new(async_nats::connect(nats.url()).await.unwrap());
-    js.create_stream(async_nats::jetstream::stream::Config {
-        name: "EDGE".into(),
-        subjects: vec!["edge.>".into()],
-        max_message_size: 4096,
-        duplicate_window: Duration::from_secs(120),
-        ..Default::default()
-    })
-    .await
-    .unwrap();
+    small_messages_stream(&js).await;
     let sink = JetStreamSink::connect(&sink_settings(nats.url(), BatchPublish::Off)).await.unwrap();
     let batch = (1..=5u64)
         .map(|s| record(s, if s == 3 { vec![1u8; 8192] } else { format!("m{s}").into_bytes() }))

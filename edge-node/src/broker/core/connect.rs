@@ -396,7 +396,7 @@ impl Broker {
                 }),
                 None => will.msg,
             };
-            let _ = self.ingest(None, msg, None, self.last_op, now);
+            let _ = self.ingest(None, None, msg, None, self.last_op, now);
         }
     }
 }

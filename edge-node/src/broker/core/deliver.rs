@@ -30,9 +30,12 @@ impl Broker {
     /// the message is where it must be: in the spool, and in the session store with every op
     /// made since `since` (its queue entries in durable sessions, its retained copy, its QoS 2
     /// id). `Err(code)`: refused before anything happened, for an MQTT 5 acknowledgement.
+    /// `client` is a client's publish (whether the client is the node's own), counted by class;
+    /// `None` for a will.
     pub(super) fn ingest(
         &mut self,
         from: Option<ConnId>,
+        client: Option<bool>,
         msg: Arc<Message>,
         ack: Option<(QoS, u16)>,
         since: u64,
@@ -44,9 +47,8 @@ impl Broker {
         if let Some(class) = class {
             class.count(2 + msg.topic.len() + msg.payload.len());
         }
-        // A client's publish (a will, with no connection, is not one).
-        if from.is_some() {
-            self.metrics.published(self.is_internal(from), at.map(|(i, _)| i));
+        if let Some(internal) = client {
+            self.metrics.published(internal, at.map(|(i, _)| i));
         }
         let route = class.map_or(Route::EdgeDirect, Class::route);
         let local = route != Route::Central;

@@ -148,7 +148,7 @@ impl Broker {
             origin: Some(client_id),
         });
         let ack = (p.qos != QoS::AtMostOnce).then_some((p.qos, p.pkid));
-        if let Err(code) = self.ingest(Some(conn), msg, ack, since, now) {
+        if let Err(code) = self.ingest(Some(conn), Some(internal), msg, ack, since, now) {
             if p.qos == QoS::ExactlyOnce {
                 self.settle_qos2(key, p.pkid);
             }
