@@ -22,4 +22,6 @@ pub mod testing;
 #[cfg(feature = "tls")]
 pub mod tls;
 pub mod topic;
+#[cfg(feature = "otlp")]
+pub mod trace;
 pub mod units;
