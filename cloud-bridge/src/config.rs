@@ -27,6 +27,9 @@ pub struct CloudConfig {
     /// The fleet view: this bridge's name, how often edge states are written.
     #[serde(default)]
     pub fleet: crate::fleet::FleetConfig,
+    /// Span export over OTLP for messages that carry a trace context. Default: off.
+    #[serde(default)]
+    pub tracing: shared::trace::TracingConfig,
 }
 
 #[derive(Debug, Clone, Default, Deserialize, Serialize)]
@@ -112,6 +115,9 @@ impl CloudConfig {
             });
         }
         if let Err((key, problem)) = config.limits.check().and_then(|()| config.fleet.check()) {
+            return Err(ConfigError::Invalid { path: path.to_owned(), key: key.into(), problem });
+        }
+        if let Some((key, problem)) = config.tracing.problems().into_iter().next() {
             return Err(ConfigError::Invalid { path: path.to_owned(), key: key.into(), problem });
         }
         if let SinkConfig::Jetstream { url, .. } = &config.sink

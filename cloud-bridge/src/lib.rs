@@ -37,6 +37,8 @@ pub enum StartError {
         #[source]
         source: std::io::Error,
     },
+    #[error("tracing: {0}")]
+    Tracing(String),
 }
 
 /// A running bridge.
@@ -55,6 +57,8 @@ pub struct Bridge {
     /// For a reload: new handshakes' certificates, and the deny list (`server::trust`).
     endpoint: quinn::Endpoint,
     trust: Arc<server::trust::Trust>,
+    /// Exports `sink commit` spans; flushed at the stop.
+    tracer: shared::trace::Tracer,
 }
 
 /// What `Bridge::start` made before the sink, for [`Bridge::serve`].
@@ -92,6 +96,13 @@ impl Bridge {
             }
             None => None,
         };
+        let tracer = shared::trace::Tracer::start(
+            &config.tracing,
+            "cloud-bridge",
+            env!("CARGO_PKG_VERSION"),
+            metrics.trace.clone(),
+        )
+        .map_err(StartError::Tracing)?;
         let name = config.fleet.bridge_name(quic_addr.port());
         let recorder = Arc::new(fleet::Recorder::new(&config.fleet, name, metrics.fleet.clone()));
         let parts = Parts {
@@ -107,7 +118,7 @@ impl Bridge {
                     std::time::Instant::now(),
                 )),
             },
-            services: server::Services { models, fleet: recorder },
+            services: server::Services { models, fleet: recorder, tracer: tracer.clone() },
             http,
             writes_per_second: config.fleet.state_writes_per_second,
             sink: config.sink.clone(),
@@ -179,6 +190,7 @@ impl Bridge {
         let fleet_stop = CancellationToken::new();
         let info = fleet::BridgeInfo { quic: quic_addr, writes_per_second: parts.writes_per_second };
         let writer = tokio::spawn(fleet::run(parts.services.fleet.clone(), sink.clone(), info, fleet_stop.clone()));
+        let tracer = parts.services.tracer.clone();
         let (m, stop, t) = (metrics.server.clone(), shutdown.clone(), tasks.clone());
         let trust = Arc::new(server::trust::Trust::new(&parts.server.deny_serials));
         let endpoint = parts.endpoint.clone();
@@ -204,6 +216,7 @@ impl Bridge {
             fleet_writer: tokio::sync::Mutex::new(Some(writer)),
             endpoint,
             trust,
+            tracer,
         }
     }
 
@@ -241,6 +254,9 @@ impl Bridge {
         if let Some(writer) = self.fleet_writer.lock().await.take() {
             let _ = writer.await;
         }
+        // The last spans go out; bounded by `tracing.timeout`.
+        let tracer = self.tracer.clone();
+        let _ = tokio::task::spawn_blocking(move || tracer.shutdown()).await;
     }
 }
 

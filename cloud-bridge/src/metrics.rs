@@ -23,6 +23,7 @@ pub struct Metrics {
     pub models: Arc<crate::models::serve::ServeMetrics>,
     pub limits: Arc<crate::limits::LimitMetrics>,
     pub fleet: Arc<crate::fleet::FleetMetrics>,
+    pub trace: Arc<shared::trace::TraceCounts>,
 }
 
 impl Metrics {
@@ -37,12 +38,14 @@ impl Metrics {
             models: Arc::default(),
             limits: Arc::default(),
             fleet: Arc::default(),
+            trace: Arc::default(),
         };
         m.models.register(registry);
         m.limits.register(registry);
         m.sink.register(registry);
         m.fleet.register(registry);
         m.server.register(registry);
+        m.trace.register(registry);
         Self { registry: root, ..m }
     }
 

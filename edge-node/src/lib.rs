@@ -83,6 +83,8 @@ pub enum StartError {
     },
     #[error("models {path}: {reason}")]
     Models { path: std::path::PathBuf, reason: String },
+    #[error("tracing: {0}")]
+    Tracing(String),
     #[error("http endpoint cannot bind {addr}: {source}")]
     HttpBind {
         addr: SocketAddr,
@@ -145,7 +147,12 @@ impl Node {
         let uplink_metrics = UplinkMetrics::new(registry);
         let tco_metrics = TcoMetrics::new(registry);
         let model_metrics = ModelMetrics::new(registry);
+        let trace_counts = Arc::new(shared::trace::TraceCounts::default());
+        trace_counts.register(registry);
         let metrics = Arc::new(Metrics::new(root));
+        let tracer =
+            shared::trace::Tracer::start(&config.tracing, "edge-node", env!("CARGO_PKG_VERSION"), trace_counts)
+                .map_err(StartError::Tracing)?;
         let shutdown = CancellationToken::new();
         let tracker = TaskTracker::new();
 
@@ -263,7 +270,7 @@ impl Node {
             took = ?opened.elapsed(),
             "session store open"
         );
-        let broker = BrokerHandle::new(core, spool.clone(), Some(store.clone()));
+        let broker = BrokerHandle::traced(core, spool.clone(), Some(store.clone()), tracer.clone());
         tracker.spawn(broker.clone().run_timers(shutdown.clone()));
         let ctx = Arc::new(FrontContext {
             max_packet_size: config.broker.max_packet_size.as_usize(),
@@ -285,6 +292,7 @@ impl Node {
             broker: broker.clone(),
             shutdown: shutdown.clone(),
             tracker: tracker.clone(),
+            tracer: tracer.clone(),
         });
 
         let mut mqtt_addrs = Vec::new();
@@ -413,6 +421,7 @@ impl Node {
                         tco: config.tco.as_ref().map(|t| (tco_snapshot.clone(), t.interval.0)),
                         spool_path: Some(config.spool.path.clone()),
                         sink_fit: sink_fit.clone(),
+                        tracer: tracer.clone(),
                     };
                     tracker.spawn(task.run(shutdown.clone()));
                 }
@@ -502,6 +511,9 @@ impl Node {
         }
         let store = self.store.clone();
         let _ = tokio::task::spawn_blocking(move || store.flush()).await;
+        // The last spans go out; bounded by `tracing.timeout`.
+        let tracer = self.ctx.tracer.clone();
+        let _ = tokio::task::spawn_blocking(move || tracer.shutdown()).await;
     }
 }
 

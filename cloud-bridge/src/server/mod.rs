@@ -6,6 +6,7 @@ pub mod config;
 pub mod core;
 pub mod metrics;
 mod session;
+mod traced;
 pub mod trust;
 
 use std::sync::Arc;
@@ -229,6 +230,8 @@ pub struct Limits {
 pub struct Services {
     pub models: Option<Arc<ModelService>>,
     pub fleet: Arc<Recorder>,
+    /// `sink commit` spans of traced records (`[tracing]`).
+    pub tracer: shared::trace::Tracer,
 }
 
 /// Accepts edges until `shutdown`.
@@ -393,7 +396,7 @@ async fn serve_edge<S: Sink>(
     // What this session added to the bridge's lag gauge, taken back when it ends.
     let mut lag = 0;
     let end = tokio::select! {
-        end = session::run(&conn, edge, limits, &*sink, services.models.as_ref(), metrics, &mut presence, &mut lag) => {
+        end = session::run(&conn, edge, limits, &*sink, services.models.as_ref(), metrics, &mut presence, &mut lag, &services.tracer) => {
             end.err().unwrap_or(SessionEnd::Closed)
         }
         _ = shutdown.cancelled() => SessionEnd::Shutdown,

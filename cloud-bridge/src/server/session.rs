@@ -15,8 +15,11 @@ use shared::proto::io::{FrameIoError, write_frame};
 use tokio::sync::mpsc;
 use tokio_util::task::AbortOnDropHandle;
 
+use shared::trace::Tracer;
+
 use super::core::{Publish, SessionCore};
 use super::metrics::SessionMetrics as Metrics;
+use super::traced::SinkSpans;
 use super::{SessionEnd, SessionLimits, refuse};
 use crate::fleet::Presence;
 use crate::ingest::{self, Dicts, Ingested};
@@ -42,6 +45,7 @@ pub(super) async fn run<S: Sink>(
     metrics: &Metrics,
     presence: &mut Presence,
     lag: &mut i64,
+    tracer: &Tracer,
 ) -> Result<(), SessionEnd> {
     let (mut send, recv) = conn.accept_bi().await?;
     let mut core: SessionCore<Reservation> =
@@ -156,7 +160,7 @@ pub(super) async fn run<S: Sink>(
                 }
                 metrics.records.inc_by(core.take_published());
                 // The next batches publish while the marks are written.
-                start_writes(&mut core, &mut writes, &mut turn, sink, edge);
+                start_writes(&mut core, &mut writes, &mut turn, sink, edge, tracer);
                 if let Some(marks) = core.poll_marks() {
                     let epoch = core.session().epoch().unwrap_or_default().to_owned();
                     for &(lane, up_to) in &marks {
@@ -166,7 +170,7 @@ pub(super) async fn run<S: Sink>(
                 }
             }
         }
-        start_writes(&mut core, &mut writes, &mut turn, sink, edge);
+        start_writes(&mut core, &mut writes, &mut turn, sink, edge, tracer);
         let now_lag =
             core.session().lags().iter().fold(0u64, |sum, (_, l)| sum.saturating_add(*l)).min(i64::MAX as u64) as i64;
         metrics.lag.inc_by(now_lag - *lag);
@@ -184,14 +188,20 @@ fn start_writes<S: Sink>(
     turn: &mut Turn,
     sink: &S,
     edge: &str,
+    tracer: &Tracer,
 ) {
     while let Some(Publish { id, epoch, lane, records, held }) = core.poll_publish() {
         let (done, next_turn) = tokio::sync::oneshot::channel();
         let mine = std::mem::replace(turn, Box::pin(async move { next_turn.await.unwrap_or(false) }));
+        let spans = SinkSpans::of(tracer, edge, &epoch, lane, &records);
         let publish = sink.publish(edge.to_owned(), epoch, lane, records, mine);
         let started = Instant::now();
+        let tracer = tracer.clone();
         let task = AbortOnDropHandle::new(tokio::spawn(async move {
             let result = publish.await;
+            if let Some(spans) = spans {
+                spans.record(&tracer, result.is_ok());
+            }
             // The records are in the sink (or not): their memory is free either way.
             drop(held);
             let _ = done.send(result.is_ok());

@@ -13,8 +13,9 @@
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime};
 
+use shared::trace::{KeyValue, Kind as SpanKind, SpanRecord, TraceParent, Tracer};
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 
@@ -23,7 +24,7 @@ use super::core::{Action, Broker, ConnId, SpoolRequest, Spooled, WallClock};
 /// How often the timer task gives the core the wall clock again, at least.
 const WALL_CLOCK_EVERY: Duration = Duration::from_secs(60);
 use super::store::SessionStore;
-use crate::spool::{AppendError, SpoolWriter};
+use crate::spool::{AppendError, Durability, SpoolWriter};
 
 /// What a connection's task waits on: its writer for packets to send, its reader (paused while
 /// an MQTT 3.1.1 client is past our Receive Maximum) for acknowledgements to have gone out;
@@ -65,6 +66,8 @@ pub struct BrokerHandle {
     timer: Notify,
     /// Spool appends whose [`Routed`] was dropped unrun; the timer task makes them.
     orphans: Arc<Orphans>,
+    /// `spool commit` spans of messages with a trace context.
+    tracer: Tracer,
 }
 
 /// Spool appends the core asked for during one [`BrokerHandle::with`], in order: the caller
@@ -104,7 +107,13 @@ struct Orphans {
 impl BrokerHandle {
     /// Without a store (tests), every store op counts as committed at once.
     pub fn new(core: Broker, spool: Option<SpoolWriter>, store: Option<SessionStore>) -> Arc<Self> {
+        Self::traced(core, spool, store, Tracer::off())
+    }
+
+    /// [`BrokerHandle::new`] recording a span for each traced message's spool append.
+    pub fn traced(core: Broker, spool: Option<SpoolWriter>, store: Option<SessionStore>, tracer: Tracer) -> Arc<Self> {
         let handle = Arc::new(Self {
+            tracer,
             core: Mutex::new(core),
             wakers: Mutex::new(HashMap::new()),
             next_conn: AtomicU64::new(1),
@@ -277,21 +286,30 @@ impl BrokerHandle {
                 continue;
             };
             let ticket = req.ticket;
-            match spool.append(req.lane, req.message, req.durability).await {
-                Ok(None) => self.report(ticket, Spooled::Accepted),
+            let traced = self.tracer.is_on().then(|| SpoolSpan::of(&self.tracer, &req)).flatten();
+            let (outcome, seq) = match spool.append(req.lane, req.message, req.durability).await {
+                Ok(None) => (Spooled::Accepted, None),
                 Ok(Some(done)) => {
                     let this = self.clone();
                     tokio::spawn(async move {
-                        let outcome = match done.await {
-                            Ok(Ok(_)) => Spooled::Accepted,
-                            Ok(Err(AppendError::Refused)) => Spooled::Refused,
-                            Ok(Err(_)) | Err(_) => Spooled::Failed,
+                        let (outcome, seq) = match done.await {
+                            Ok(Ok(seq)) => (Spooled::Accepted, Some(seq.0)),
+                            Ok(Err(AppendError::Refused)) => (Spooled::Refused, None),
+                            Ok(Err(_)) | Err(_) => (Spooled::Failed, None),
                         };
                         this.report(ticket, outcome);
+                        if let Some(span) = traced {
+                            span.record(&this.tracer, outcome, seq);
+                        }
                     });
+                    continue;
                 }
-                Err(AppendError::Refused) => self.report(ticket, Spooled::Refused),
-                Err(_) => self.report(ticket, Spooled::Failed),
+                Err(AppendError::Refused) => (Spooled::Refused, None),
+                Err(_) => (Spooled::Failed, None),
+            };
+            self.report(ticket, outcome);
+            if let Some(span) = traced {
+                span.record(&self.tracer, outcome, seq);
             }
         }
     }
@@ -337,6 +355,45 @@ impl BrokerHandle {
         if !requests.is_empty() {
             self.run_spool(Routed { requests, orphans: None }).await;
         }
+    }
+}
+
+/// A traced message's spool append: from the append to the spool having it (`normal`) or
+/// having committed it (`full`), under the publisher's span.
+struct SpoolSpan {
+    parent: TraceParent,
+    class: String,
+    lane: u8,
+    durability: Durability,
+    start: SystemTime,
+}
+
+impl SpoolSpan {
+    fn of(tracer: &Tracer, req: &SpoolRequest) -> Option<Self> {
+        let parent = tracer.admitted(&req.message.properties.user)?;
+        let (class, lane, durability) = (req.message.class.clone(), req.lane.0, req.durability);
+        Some(Self { parent, class, lane, durability, start: SystemTime::now() })
+    }
+
+    fn record(self, tracer: &Tracer, outcome: Spooled, seq: Option<u64>) {
+        let mut attributes = vec![
+            KeyValue::new("edge.class", self.class),
+            KeyValue::new("edge.lane", i64::from(self.lane)),
+            KeyValue::new("edge.durability", if self.durability == Durability::Full { "full" } else { "normal" }),
+            KeyValue::new("edge.outcome", format!("{outcome:?}").to_lowercase()),
+        ];
+        if let Some(seq) = seq {
+            attributes.push(KeyValue::new("edge.seq", i64::try_from(seq).unwrap_or(i64::MAX)));
+        }
+        tracer.record(SpanRecord {
+            name: "spool commit",
+            kind: SpanKind::Internal,
+            parent: &self.parent,
+            start: self.start,
+            end: SystemTime::now(),
+            attributes,
+            id: None,
+        });
     }
 }
 

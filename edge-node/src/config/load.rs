@@ -119,6 +119,9 @@ impl EdgeConfig {
         }
         self.probe.check(&mut p);
         self.health.check(&mut p);
+        for (key, reason) in self.tracing.problems() {
+            p.bad(key, reason);
+        }
         if let Some(m) = &self.models {
             m.check(&mut p);
         }

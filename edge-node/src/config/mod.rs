@@ -66,6 +66,9 @@ pub struct EdgeConfig {
     pub tco: Option<TcoConfig>,
     /// Model parameters this edge follows. Default: none.
     pub models: Option<ModelsConfig>,
+    /// Span export over OTLP for messages that carry a trace context. Default: off.
+    #[serde(default)]
+    pub tracing: shared::trace::TracingConfig,
 }
 
 #[derive(Debug, Clone, Deserialize, Serialize)]

@@ -6,9 +6,10 @@
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime};
 
 use bytes::{Bytes, BytesMut};
+use shared::trace::{KeyValue, Kind as SpanKind, SpanRecord, TraceParent, Tracer};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio_util::either::Either;
 
@@ -16,7 +17,7 @@ use super::FrontContext;
 use super::connect::{self, Refusal};
 use super::direct;
 use crate::auth::Identity;
-use crate::broker::codec::{self, DecodeError, Outbound, Version, reason};
+use crate::broker::codec::{self, DecodeError, Inbound, Outbound, Version, reason};
 use crate::broker::core::{ConnId, ConnectRequest};
 use crate::broker::driver::Wakers;
 use crate::labels::{self, RefusedLabels};
@@ -25,7 +26,7 @@ use crate::labels::{self, RefusedLabels};
 /// A verified client certificate: who it says the client is, and until when.
 pub(super) struct CertIdentity {
     pub identity: Identity,
-    pub expires: Option<std::time::SystemTime>,
+    pub expires: Option<SystemTime>,
 }
 
 pub(super) struct Entry<'a> {
@@ -202,7 +203,7 @@ where
     let expires = entry.cert.as_ref().and_then(|c| c.expires);
     let expiry = async {
         match expires {
-            Some(at) => tokio::time::sleep(at.duration_since(std::time::SystemTime::now()).unwrap_or_default()).await,
+            Some(at) => tokio::time::sleep(at.duration_since(SystemTime::now()).unwrap_or_default()).await,
             None => std::future::pending().await,
         }
     };
@@ -335,7 +336,8 @@ impl Reader<'_> {
         });
         let (conn, version, max) = (self.conn, self.version, ctx.max_packet_size);
         let buf = &mut self.buf;
-        let (fed, spool) = ctx.broker.with(|b| {
+        let tracer = &ctx.tracer;
+        let (mut fed, spool) = ctx.broker.with(|b| {
             let now = Instant::now();
             let max_user_properties = b.limits().max_user_properties;
             if let Some(rules) = rules {
@@ -358,7 +360,27 @@ impl Reader<'_> {
                 match codec::frame_len(buf, max) {
                     Ok(Some(len)) => {
                         let frame: Bytes = buf.split_to(len).freeze();
+                        // Read only with tracing on: a message with a trace context gets spans.
+                        let start = tracer.is_on().then(SystemTime::now);
                         match codec::decode(frame, version, max_user_properties) {
+                            Ok(Inbound::Publish(p)) if start.is_some() && !p.props.user.is_empty() => {
+                                let Some(parent) = tracer.message(&p.props.user) else {
+                                    b.handle(conn, Inbound::Publish(p), now);
+                                    continue;
+                                };
+                                let (topic, qos) = (p.topic_str().to_owned(), p.qos as u8);
+                                let decoded = SystemTime::now();
+                                b.handle(conn, Inbound::Publish(p), now);
+                                let start = start.unwrap_or(decoded);
+                                fed.traced.push(Received {
+                                    parent,
+                                    topic,
+                                    qos,
+                                    start,
+                                    decoded,
+                                    handled: SystemTime::now(),
+                                });
+                            }
                             Ok(packet) => b.handle(conn, packet, now),
                             Err(e) => b.decode_error(conn, &e, now),
                         }
@@ -371,9 +393,57 @@ impl Reader<'_> {
                 }
             }
         });
+        for r in std::mem::take(&mut fed.traced) {
+            r.record(tracer, &self.client_id);
+        }
         ctx.broker.run_spool(spool).await;
         ctx.broker.store_room().await;
         fed
+    }
+}
+
+/// A traced PUBLISH as the reader handled it: when its frame was taken, decoded, and handed
+/// to the core (which checked it against the ACL, delivered it locally and routed it).
+#[derive(Debug)]
+struct Received {
+    parent: TraceParent,
+    topic: String,
+    qos: u8,
+    start: SystemTime,
+    decoded: SystemTime,
+    handled: SystemTime,
+}
+
+impl Received {
+    /// `receive` (the frame to the core's answer) and its child `route` (the core's part),
+    /// under the publisher's span.
+    fn record(self, tracer: &Tracer, client_id: &str) {
+        let topic = KeyValue::new("messaging.destination.name", self.topic);
+        let receive_id = tracer.new_span_id();
+        tracer.record(SpanRecord {
+            name: "route",
+            kind: SpanKind::Internal,
+            parent: &self.parent.child(receive_id),
+            start: self.decoded,
+            end: self.handled,
+            attributes: vec![topic.clone()],
+            id: None,
+        });
+        tracer.record(SpanRecord {
+            name: "receive",
+            kind: SpanKind::Consumer,
+            parent: &self.parent,
+            start: self.start,
+            end: self.handled,
+            attributes: vec![
+                KeyValue::new("messaging.system", "mqtt"),
+                KeyValue::new("messaging.operation.type", "receive"),
+                topic,
+                KeyValue::new("messaging.client.id", client_id.to_owned()),
+                KeyValue::new("mqtt.qos", i64::from(self.qos)),
+            ],
+            id: Some(receive_id),
+        });
     }
 }
 
@@ -389,6 +459,8 @@ struct Fed {
     /// When the client's keep-alive runs out, if it has one: read under the same lock as the
     /// frames, which saves taking it once more per read.
     deadline: Option<Instant>,
+    /// Traced PUBLISHes, whose spans are recorded once the core's lock is released.
+    traced: Vec<Received>,
 }
 
 /// Sends what the core has for the client whenever it says there is some; returns once the

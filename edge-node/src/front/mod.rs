@@ -72,6 +72,8 @@ pub struct FrontContext {
     pub broker: Arc<BrokerHandle>,
     pub shutdown: CancellationToken,
     pub tracker: TaskTracker,
+    /// Spans for PUBLISHes with a trace context (`[tracing]`).
+    pub tracer: shared::trace::Tracer,
 }
 
 /// One bound listener.

@@ -11,6 +11,7 @@ pub mod drain;
 pub mod pack;
 pub mod quic;
 pub mod reach;
+mod traced;
 
 pub use config::{Congestion, DEFAULT_BATCH_RECORDS, UplinkConfig};
 
@@ -232,12 +233,16 @@ pub struct Uplink {
     pub spool_path: Option<std::path::PathBuf>,
     /// Where what the cloud's sink stores of one record goes, as each Welcome says it.
     pub sink_fit: Option<Arc<crate::spool::SinkFit>>,
+    /// `uplink send` spans of traced records.
+    pub tracer: shared::trace::Tracer,
 }
 
 /// A spool being sent and its session with the cloud (one per epoch).
 struct Source {
     spool: SpoolWriter,
     session: EdgeSession,
+    /// Traced records sent and not yet acked.
+    traced: traced::InFlight,
     /// A spool of another epoch, sent whole and then deleted: its path.
     recovering: Option<std::path::PathBuf>,
 }
@@ -258,7 +263,8 @@ impl Uplink {
         let session_config = self.config.session_config();
         let acked = heads.lanes.iter().map(|(l, a, _)| (l.0, a.0));
         let session = EdgeSession::new(session_config, heads.epoch.clone(), acked).with_models(self.models.clone());
-        Some(Source { spool, session, recovering })
+        let traced = traced::InFlight::new(self.tracer.clone(), heads.epoch);
+        Some(Source { spool, session, traced, recovering })
     }
 
     /// The next recovered spool waiting to be sent, opened, if there is one.
@@ -491,7 +497,7 @@ impl Uplink {
         degraded: &tokio::sync::watch::Sender<bool>,
         shutdown: &CancellationToken,
     ) -> Result<(), ConnEnd> {
-        let Source { spool, session, recovering } = source;
+        let Source { spool, session, traced, recovering } = source;
         let (spool, recovering) = (&*spool, recovering.is_some());
         let mut recovery_check = tokio::time::interval_at(tokio::time::Instant::now() + RECOVERY_CHECK, RECOVERY_CHECK);
         let (mut send, recv) = conn.open_bi().await?;
@@ -515,6 +521,7 @@ impl Uplink {
                     policy.nothing_after(read.lane, read.after);
                     continue;
                 }
+                traced.reading(&records);
                 let wire: Vec<WireRecord> = records.into_iter().map(into_wire).collect();
                 let packed = packer.pack(session, read, wire, Instant::now()).await?;
                 self.count_packed(&packed);
@@ -563,6 +570,7 @@ impl Uplink {
                     }
                     EdgeEvent::Acked { lane, up_to } => {
                         spool.ack(Lane(lane), Seq(up_to)).await?;
+                        traced.acked(lane, up_to);
                         self.metrics.acked.get_or_create(&LaneLabel { lane }).set(up_to as i64);
                         if recovering && sent_whole(spool).await? {
                             return Err(ConnEnd::Drained);

@@ -30,6 +30,7 @@ mod models;
 mod ops_console;
 mod ops_health;
 mod ops_metrics;
+mod ops_tracing;
 mod spool_damage;
 mod spool_faults;
 mod spool_routes;

@@ -1,0 +1,120 @@
+//! `uplink send` spans: from reading a traced record out of the spool to the cloud's ack of it.
+//!
+//! Each span's id is derived from the record's place ([`shared::trace::uplink_span_id`]), so
+//! the bridge's `sink commit` span of the same record is its child.
+
+use std::collections::BTreeMap;
+use std::time::SystemTime;
+
+use shared::trace::{KeyValue, Kind as SpanKind, SpanRecord, TraceParent, Tracer, uplink_span_id};
+
+use crate::spool::Record;
+
+/// Traced records tracked at most: each holds its context and class until acked. Past it a
+/// record goes untraced on the uplink (its other spans are kept).
+const MAX_TRACKED: usize = 16_384;
+
+/// Traced records read for sending and not yet acked, of one spool epoch.
+#[derive(Debug)]
+pub struct InFlight {
+    tracer: Tracer,
+    epoch: String,
+    /// By (lane, seq): the context, the class and when the record was first read to send.
+    pending: BTreeMap<(u8, u64), (TraceParent, String, SystemTime)>,
+}
+
+impl InFlight {
+    pub fn new(tracer: Tracer, epoch: String) -> Self {
+        Self { tracer, epoch, pending: BTreeMap::new() }
+    }
+
+    /// Records read to be sent: a resent one keeps the time it was first read.
+    pub fn reading(&mut self, records: &[Record]) {
+        if !self.tracer.is_on() {
+            return;
+        }
+        let now = SystemTime::now();
+        for r in records {
+            let Some(m) = r.message() else { continue };
+            if m.properties.user.is_empty() || self.pending.len() >= MAX_TRACKED {
+                continue;
+            }
+            if let Some(parent) = self.tracer.admitted(&m.properties.user) {
+                self.pending.entry((r.lane.0, r.seq.0)).or_insert((parent, m.class.clone(), now));
+            }
+        }
+    }
+
+    /// The cloud acked `lane` through `up_to`: those records' spans end now.
+    pub fn acked(&mut self, lane: u8, up_to: u64) {
+        if self.pending.is_empty() {
+            return;
+        }
+        // Split into below this lane (kept), this lane through `up_to` (ending), the rest (kept).
+        let above = self.pending.split_off(&(lane, up_to.saturating_add(1)));
+        let mut below = std::mem::replace(&mut self.pending, above);
+        let ending = below.split_off(&(lane, 0));
+        self.pending.extend(below);
+        let end = SystemTime::now();
+        for ((lane, seq), (parent, class, start)) in ending {
+            self.tracer.record(SpanRecord {
+                name: "uplink send",
+                kind: SpanKind::Producer,
+                parent: &parent,
+                start,
+                end,
+                attributes: vec![
+                    KeyValue::new("edge.class", class),
+                    KeyValue::new("edge.lane", i64::from(lane)),
+                    KeyValue::new("edge.seq", i64::try_from(seq).unwrap_or(i64::MAX)),
+                    KeyValue::new("edge.epoch", self.epoch.clone()),
+                ],
+                id: Some(uplink_span_id(&parent.trace_id, &self.epoch, lane, seq)),
+            });
+        }
+    }
+
+    #[cfg(test)]
+    fn pending(&self) -> Vec<(u8, u64)> {
+        self.pending.keys().copied().collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::spool::{Body, Durability, Lane, Message, Properties, Seq};
+
+    fn record(lane: u8, seq: u64, traced: bool) -> Record {
+        let user = if traced {
+            vec![("traceparent".into(), "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01".into())]
+        } else {
+            Vec::new()
+        };
+        let message = Message {
+            class: "c".into(),
+            topic: "t".into(),
+            payload: Default::default(),
+            qos: 1,
+            enqueued_ms: 0,
+            expires_ms: None,
+            properties: Properties { user, ..Default::default() },
+        };
+        Record { lane: Lane(lane), seq: Seq(seq), durability: Durability::Normal, body: Body::Message(message) }
+    }
+
+    #[test]
+    fn an_ack_ends_its_lanes_spans_through_its_seq_and_no_others() {
+        let config = shared::trace::TracingConfig { endpoint: Some("http://127.0.0.1:9".into()), ..Default::default() };
+        let tracer = Tracer::start(&config, "test", "0", Default::default()).unwrap();
+        let mut f = InFlight::new(tracer.clone(), "e".into());
+        f.reading(&[record(0, 1, true), record(0, 2, false), record(0, 3, true), record(1, 1, true)]);
+        f.reading(&[record(2, 5, true)]);
+        assert_eq!(f.pending(), [(0, 1), (0, 3), (1, 1), (2, 5)]);
+        f.acked(1, 9);
+        assert_eq!(f.pending(), [(0, 1), (0, 3), (2, 5)]);
+        f.acked(0, 1);
+        assert_eq!(f.pending(), [(0, 3), (2, 5)]);
+        tracer.shutdown();
+    }
+}
