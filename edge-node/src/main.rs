@@ -183,12 +183,21 @@ fn load(path: &Path) -> anyhow::Result<EdgeConfig> {
     })
 }
 
-fn init_tracing(config: &EdgeConfig) {
+/// `RUST_LOG`, when set and not empty.
+fn rust_log() -> Option<String> {
+    std::env::var("RUST_LOG").ok().filter(|v| !v.trim().is_empty())
+}
+
+/// The log filter as SIGHUP may change it: `log.level` applies live unless `RUST_LOG` is set.
+type LogLevel = tracing_subscriber::reload::Handle<tracing_subscriber::filter::Targets, tracing_subscriber::Registry>;
+
+fn init_tracing(config: &EdgeConfig) -> LogLevel {
     use tracing_subscriber::prelude::*;
     // `target=level` directives (Targets), not EnvFilter's span and field filters: EnvFilter
     // brings the regex engine, about 5 % of the binary, and the binary is most of the idle RSS.
-    let from_env = std::env::var("RUST_LOG").ok().and_then(|v| parse_log_filter(&v).ok());
+    let from_env = rust_log().and_then(|v| parse_log_filter(&v).ok());
     let filter = from_env.unwrap_or_else(|| parse_log_filter(&config.log.level).unwrap_or_default());
+    let (filter, level) = tracing_subscriber::reload::Layer::new(filter);
     // Colour codes only where a person reads them: not in journald or a log file.
     let ansi = IsTerminal::is_terminal(&std::io::stderr());
     let fmt = tracing_subscriber::fmt::layer().with_writer(std::io::stderr).with_ansi(ansi);
@@ -197,11 +206,12 @@ fn init_tracing(config: &EdgeConfig) {
         LogFormat::Text => fmt.boxed(),
     };
     tracing_subscriber::registry().with(fmt.with_filter(filter)).init();
+    level
 }
 
 fn run(path: &Path, ready_file: Option<&Path>) -> anyhow::Result<()> {
     let config = load(path)?;
-    init_tracing(&config);
+    let level = init_tracing(&config);
     // Each client costs a descriptor, and SQLite, the listeners and the uplink a few more; a
     // default soft limit of 1024 would cap broker.max_connections below what it says.
     match rlimit::increase_nofile_limit(u64::MAX) {
@@ -224,7 +234,7 @@ fn run(path: &Path, ready_file: Option<&Path>) -> anyhow::Result<()> {
             tokio::select! {
                 _ = term.recv() => break,
                 _ = int.recv() => break,
-                _ = hup.recv() => reload(path, &node),
+                _ = hup.recv() => reload(path, &node, &level),
             }
         }
         tracing::info!("shutting down");
@@ -235,7 +245,7 @@ fn run(path: &Path, ready_file: Option<&Path>) -> anyhow::Result<()> {
 }
 
 /// SIGHUP: edge.toml read again; what can change live applied, the rest named.
-fn reload(path: &Path, node: &edge_node::Node) {
+fn reload(path: &Path, node: &edge_node::Node, level: &LogLevel) {
     let now = match load(path) {
         Ok(c) => c,
         Err(e) => {
@@ -243,6 +253,17 @@ fn reload(path: &Path, node: &edge_node::Node) {
             return;
         }
     };
+    if now.log.level != node.config().log.level {
+        if rust_log().is_some() {
+            tracing::warn!(level = now.log.level, "log.level changed, but RUST_LOG is set and takes precedence");
+        } else if let Ok(filter) = parse_log_filter(&now.log.level) {
+            // Checked by `load` already; a filter that did not parse never gets here.
+            match level.reload(filter) {
+                Ok(()) => tracing::info!(level = now.log.level, "log level changed"),
+                Err(e) => tracing::error!(error = %e, "log level not changed"),
+            }
+        }
+    }
     match node.reload_from(&now) {
         Ok(waiting) if waiting.is_empty() => {}
         Ok(waiting) => tracing::warn!(keys = waiting.join(", "), "changed in edge.toml; applied at the next restart"),

@@ -101,7 +101,8 @@ pub async fn eventually(timeout: Duration, mut check: impl FnMut() -> bool) -> b
 /// The value of one metric line (exact name and labels) in Prometheus text.
 /// `GET path` over plain HTTP/1.0; the body, or an empty string if the endpoint is down.
 /// Runs `command run --config <config> --ready-file <ready>` (edge-node and cloud-bridge take
-/// both), its stdout dropped and its stderr to `stderr`, with `RUST_LOG` as set or `log`, and
+/// both), its stdout dropped and its stderr to `stderr`, with `RUST_LOG` as the command or the
+/// test's environment sets it, or `log`, and
 /// waits up to `timeout` for the ready file; the child and the file's JSON.
 pub fn run_until_ready(
     mut command: std::process::Command,
@@ -112,12 +113,15 @@ pub fn run_until_ready(
     timeout: Duration,
 ) -> anyhow::Result<(std::process::Child, serde_json::Value)> {
     let _ = std::fs::remove_file(ready);
+    // A caller that set RUST_LOG for the process (even empty: unset) keeps it.
+    if !command.get_envs().any(|(k, _)| k == "RUST_LOG") {
+        command.env("RUST_LOG", std::env::var("RUST_LOG").unwrap_or_else(|_| log.into()));
+    }
     let mut child = command
         .args(["run", "--config"])
         .arg(config)
         .arg("--ready-file")
         .arg(ready)
-        .env("RUST_LOG", std::env::var("RUST_LOG").unwrap_or_else(|_| log.into()))
         .stdout(std::process::Stdio::null())
         .stderr(stderr)
         .spawn()?;

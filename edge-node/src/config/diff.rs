@@ -3,9 +3,11 @@
 
 use super::EdgeConfig;
 
-/// The keys a reload applies without a restart: the password and ACL files (`auth`) and each
-/// listener's certificate files (`listener[i].tls`, the same listeners in the same order).
+/// The keys a reload applies without a restart: the password and ACL files (`auth`), each
+/// listener's certificate files (`listener[i].tls`, the same listeners in the same order) and
+/// the log level (`log.level`, applied by `main`, which owns the log subscriber).
 const LIVE: [&str; 1] = ["auth"];
+const LIVE_KEYS: [&str; 1] = ["log.level"];
 
 impl EdgeConfig {
     /// The dotted keys (two levels: `uplink.servers`, `listener[1].bind`) whose values differ
@@ -19,7 +21,7 @@ impl EdgeConfig {
         out.retain(|key| {
             let top = key.split(['.', '[']).next().unwrap_or_default();
             let tls = key.starts_with("listener[") && key.contains("].tls");
-            !LIVE.contains(&top) && !tls
+            !LIVE.contains(&top) && !LIVE_KEYS.contains(&key.as_str()) && !tls
         });
         out
     }
@@ -63,9 +65,14 @@ mod tests {
         let old = parse(base);
         assert!(old.restart_needed(&parse(base)).is_empty());
         let now = parse(&format!(
-            "{base}[auth]\nacl_file = \"acl.toml\"\n[spool]\nbudget = \"1GiB\"\n[probe]\ninterval = \"5s\"\n"
+            "{base}[auth]\nacl_file = \"acl.toml\"\n[spool]\nbudget = \"1GiB\"\n[probe]\ninterval = \"5s\"\n\
+             [log]\nlevel = \"debug\"\nformat = \"json\"\n"
         ));
-        assert_eq!(now.restart_needed(&old), ["probe.interval", "spool.budget"], "auth is applied live");
+        assert_eq!(
+            now.restart_needed(&old),
+            ["log.format", "probe.interval", "spool.budget"],
+            "auth and the log level are applied live"
+        );
         let moved = parse(&base.replace("1883", "1884"));
         assert_eq!(old.restart_needed(&moved), ["listener[0].bind"]);
     }

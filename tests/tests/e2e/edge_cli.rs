@@ -309,7 +309,7 @@ fn check_config_catches_swapped_mismatched_and_expiring_certificates() {
 /// `$NOTIFY_SOCKET` once it listens and `STOPPING=1` when it stops (the units are
 /// `Type=notify`); a SIGHUP reads edge.toml again: a new `acl_file` applies at once, and a
 /// changed spool budget is named as waiting for a restart (before, the reload said "reloaded"
-/// and ignored every change to edge.toml).
+/// and ignored every change to edge.toml), and a new `log.level` applies at once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_service_manager_hears_ready_and_stopping_and_a_sighup_rereads_edge_toml() {
     let dir = tempfile::tempdir().unwrap();
@@ -321,7 +321,8 @@ async fn the_service_manager_hears_ready_and_stopping_and_a_sighup_rereads_edge_
     let edge = EdgeProcess::start_with_env(
         dir.path(),
         &config_text("[auth]\nacl_file = \"a.toml\"\n"),
-        &[("NOTIFY_SOCKET", socket.as_os_str())],
+        // No RUST_LOG: it would take precedence over log.level.
+        &[("NOTIFY_SOCKET", socket.as_os_str()), ("RUST_LOG", "".as_ref())],
     );
     let mut buf = [0u8; 256];
     let n = manager.recv(&mut buf).expect("READY=1 on the notify socket");
@@ -336,9 +337,11 @@ async fn the_service_manager_hears_ready_and_stopping_and_a_sighup_rereads_edge_
 
     std::fs::write(
         dir.path().join("edge.toml"),
-        config_text("[auth]\nacl_file = \"b.toml\"\n[spool]\nbudget = \"128MiB\"\n"),
+        config_text("[auth]\nacl_file = \"b.toml\"\n[spool]\nbudget = \"128MiB\"\n[log]\nlevel = \"debug\"\n"),
     )
     .unwrap();
+    // At `info`, a client's connection is not logged.
+    assert!(!edge.stderr().contains("connected"), "{}", edge.stderr());
     edge.signal("HUP");
     let named = e2e_tests::eventually(WAIT, || {
         let log = edge.stderr();
@@ -347,6 +350,12 @@ async fn the_service_manager_hears_ready_and_stopping_and_a_sighup_rereads_edge_
     .await;
     assert!(named, "{}", edge.stderr());
     assert!(!edge.stderr().contains("auth.acl_file"), "auth is applied, not named: {}", edge.stderr());
+    assert!(edge.stderr().contains("log level changed"), "{}", edge.stderr());
+    assert!(!edge.stderr().contains("log.level"), "the level is applied, not named: {}", edge.stderr());
+    // At `debug` it is.
+    let _late = Client::anonymous(local, "late").await;
+    let debug = e2e_tests::eventually(WAIT, || edge.stderr().contains("\"late\"")).await;
+    assert!(debug, "{}", edge.stderr());
     publisher.publish("plant/b", QoS::AtLeastOnce, false, "after").await;
     assert!(watcher.recv(Duration::from_millis(500)).await.is_none(), "b.toml takes publish away");
 
