@@ -93,6 +93,7 @@ pub fn hello_for(epoch: &str) -> shared::proto::Hello {
         models: vec![],
         dicts: vec![],
         caps: vec![],
+        down_mark: 0,
     }
 }
 

@@ -132,7 +132,8 @@ pub(super) async fn run<S: Sink>(
                             tracing::warn!(edge, error = %e, "TCO report not stored");
                         }
                     }
-                    None => {}
+                    // Only on a version 5 session, which this build does not offer yet.
+                    Some(Request::DownAcked(_)) | None => {}
                 }
             }
             Some(ingested) = batch_rx.recv(), if core.wants_batch() => {

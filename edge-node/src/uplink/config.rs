@@ -145,6 +145,7 @@ impl UplinkConfig {
             window: self.window,
             keepalive: self.keepalive.0,
             ack_timeout: self.ack_timeout.0,
+            ..Default::default()
         }
     }
 

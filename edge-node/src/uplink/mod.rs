@@ -24,6 +24,7 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use rand::Rng;
+use shared::proto::down::DownOutcome;
 use shared::proto::edge::{EdgeEvent, EdgeSession, SessionError};
 use shared::proto::io::{FrameIoError, spawn_reader, write_frame};
 use shared::proto::{Control, MAX_CONTROL_FRAME, ProtoError, WireGap, WireMessage, WireRecord};
@@ -606,6 +607,13 @@ impl Uplink {
                             ),
                         }
                     }
+                    // Version 5, which this build does not offer yet: refused until the
+                    // downlink delivers (issue 31); nothing is marked to keep.
+                    EdgeEvent::Down(d) => {
+                        session
+                            .down_done(d.seq, DownOutcome::Refused("this edge takes no downlink messages".into()))?;
+                    }
+                    EdgeEvent::DownMarked(_) => {}
                     EdgeEvent::Committed { latency, .. } => {
                         self.metrics.commit_latency.observe(latency.as_secs_f64());
                         self.link.committed(latency);

@@ -268,6 +268,7 @@ mod tests {
             models: vec![String::new(); 100_000],
             dicts: vec![],
             caps: vec![],
+            down_mark: 0,
         };
         let raw = cbor(&crate::proto::Control::Hello(hello.clone()));
         assert!(raw.len() < 110_000, "a byte an empty name");

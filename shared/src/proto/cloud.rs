@@ -12,12 +12,17 @@
 //! - An ack goes out only for what the driver reports committed, and acks are cumulative.
 //! - A dictionary is checked against its id (a hash of its bytes) and size, and confirmed to
 //!   the edge only after the driver stored it where every bridge finds it.
+//! - Downlink messages (version 5, [`super::down`]) go out in increasing seq order from the
+//!   position the driver starts them at, at most a window (messages and bytes) unanswered; an
+//!   ack may not claim more than was sent, and moves the window.
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
 
+use super::down::{DownAck, MAX_DOWN_REPORT, MAX_REFUSAL_REASON};
 use super::edge::{SessionError, name};
 use super::{
-    Ack, Batch, Control, DictAnnounce, LaneSeq, MAX_DICT_BYTES, MAX_DICTS, SpoolReport, VERSIONS, Welcome, negotiate,
+    Ack, Batch, Control, DOWNLINK_VERSION, DictAnnounce, LaneSeq, MAX_DICT_BYTES, MAX_DICTS, SpoolReport, VERSIONS,
+    Welcome, negotiate,
 };
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -39,6 +44,8 @@ pub struct HelloReceived {
     pub models: Vec<String>,
     /// Dictionaries the edge may use: load those the cloud holds before the welcome.
     pub dicts: Vec<String>,
+    /// The edge's downlink position (version 5; 0 from older edges).
+    pub down_mark: u64,
 }
 
 /// What the driver must do for a control frame.
@@ -50,6 +57,35 @@ pub enum Request {
     StoreDict(DictAnnounce),
     /// Keep this edge's TCO classes for the fleet report (the latest replaces the last).
     Classes(super::ClassesReport),
+    /// The edge is done with its downlink through `up_to`: record that position and the
+    /// refusals, then call [`CloudSession::down_marked`].
+    DownAcked(DownAck),
+}
+
+/// How much of the downlink may be unanswered at once.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DownWindow {
+    pub messages: usize,
+    pub bytes: usize,
+}
+
+impl Default for DownWindow {
+    fn default() -> Self {
+        Self { messages: 64, bytes: 4 << 20 }
+    }
+}
+
+/// The downlink's progress on the cloud's side.
+#[derive(Debug, Default)]
+struct CloudDown {
+    /// Started by the driver, at the position it read.
+    started: bool,
+    sent: u64,
+    acked: u64,
+    /// Sent and not acked: seq and weight.
+    inflight: VecDeque<(u64, usize)>,
+    bytes: usize,
+    window: DownWindow,
 }
 
 /// A batch the sink may take now: write its records with seq above `skip_through`, in order,
@@ -90,6 +126,7 @@ pub struct CloudSession {
     changes: u64,
     /// What the sink can store of one record, told to version 3 edges in the Welcome.
     sink: Option<super::SinkLimits>,
+    down: CloudDown,
 }
 
 impl CloudSession {
@@ -110,7 +147,14 @@ impl CloudSession {
             spool: None,
             changes: 0,
             sink: None,
+            down: CloudDown::default(),
         }
+    }
+
+    /// Sends the downlink within `window`.
+    pub fn with_down_window(mut self, window: DownWindow) -> Self {
+        self.down.window = window;
+        self
     }
 
     /// The sink's limits on one record, for the Welcome of a version 3 session; before
@@ -194,6 +238,7 @@ impl CloudSession {
                     lanes: h.lanes,
                     models: h.models,
                     dicts: h.dicts,
+                    down_mark: if version >= DOWNLINK_VERSION { h.down_mark } else { 0 },
                 })))
             }
             Control::Ping { nonce } => {
@@ -244,6 +289,9 @@ impl CloudSession {
                 }
                 self.dicts.insert(d.id.clone(), d.bytes.clone());
                 Ok(Some(Request::StoreDict(d)))
+            }
+            Control::DownAck(ack) if self.phase == CloudPhase::Ready && self.version >= DOWNLINK_VERSION => {
+                self.handle_down_ack(ack).map(|a| Some(Request::DownAcked(a)))
             }
             other => Err(SessionError::Protocol(format!(
                 "unexpected {} from the edge in phase {:?}",
@@ -400,5 +448,101 @@ impl CloudSession {
     /// The next control frame to send.
     pub fn poll_control(&mut self) -> Option<Control> {
         self.out.pop_front()
+    }
+
+    fn handle_down_ack(&mut self, ack: DownAck) -> Result<DownAck, SessionError> {
+        let d = &mut self.down;
+        if !d.started || ack.up_to < d.acked || ack.up_to > d.sent {
+            return Err(SessionError::Protocol(format!(
+                "downlink ack through {}, but {} was acked and {} the last sent",
+                ack.up_to, d.acked, d.sent
+            )));
+        }
+        if ack.refused.len() > MAX_DOWN_REPORT || ack.expired.len() > MAX_DOWN_REPORT {
+            return Err(SessionError::Protocol(format!(
+                "a downlink ack naming {} refused and {} expired messages, more than {MAX_DOWN_REPORT}",
+                ack.refused.len(),
+                ack.expired.len()
+            )));
+        }
+        let past = ack.refused.iter().map(|r| r.seq).chain(ack.expired.iter().copied()).find(|s| *s > ack.up_to);
+        if let Some(seq) = past {
+            return Err(SessionError::Protocol(format!(
+                "a downlink ack through {} names message {seq} after it",
+                ack.up_to
+            )));
+        }
+        if let Some(r) = ack.refused.iter().find(|r| r.reason.len() > MAX_REFUSAL_REASON) {
+            return Err(SessionError::Protocol(format!(
+                "a downlink refusal of {} bytes, more than {MAX_REFUSAL_REASON}",
+                r.reason.len()
+            )));
+        }
+        d.acked = ack.up_to;
+        while d.inflight.front().is_some_and(|(seq, _)| *seq <= ack.up_to) {
+            let (_, weight) = d.inflight.pop_front().expect("checked");
+            d.bytes -= weight;
+        }
+        self.changes += 1;
+        Ok(ack)
+    }
+
+    /// Starts the downlink after `position` (the sink's mark, or the edge's if it is further):
+    /// only on a version 5 session, after the welcome.
+    pub fn start_down(&mut self, position: u64) -> bool {
+        if self.phase != CloudPhase::Ready || self.version < DOWNLINK_VERSION {
+            return false;
+        }
+        self.down = CloudDown {
+            started: true,
+            sent: position,
+            acked: position,
+            window: self.down.window,
+            ..CloudDown::default()
+        };
+        true
+    }
+
+    /// Whether a downlink message may be sent now.
+    pub fn down_room(&self) -> bool {
+        let d = &self.down;
+        d.started
+            && self.phase == CloudPhase::Ready
+            && d.inflight.len() < d.window.messages
+            && (d.bytes < d.window.bytes || d.inflight.is_empty())
+    }
+
+    /// The position the next downlink message must come after.
+    pub fn down_sent(&self) -> u64 {
+        self.down.sent
+    }
+
+    /// The edge's downlink position, as acked on this connection (or started at).
+    pub fn down_acked(&self) -> u64 {
+        self.down.acked
+    }
+
+    /// Queues downlink message `d`, the next in order.
+    pub fn send_down(&mut self, d: super::down::Down) -> Result<(), SessionError> {
+        if !self.down_room() {
+            return Err(SessionError::Protocol("downlink message sent without room for it".into()));
+        }
+        if d.seq <= self.down.sent || d.seq > super::MAX_SEQ {
+            return Err(SessionError::Protocol(format!(
+                "downlink message {} does not follow {}",
+                d.seq, self.down.sent
+            )));
+        }
+        let weight = d.weight();
+        self.down.sent = d.seq;
+        self.down.bytes += weight;
+        self.down.inflight.push_back((d.seq, weight));
+        self.out.push_back(Control::Down(Box::new(d)));
+        Ok(())
+    }
+
+    /// The sink recorded the downlink position and the refusals through `up_to`.
+    pub fn down_marked(&mut self, up_to: u64) {
+        self.out.push_back(Control::DownMarked { up_to });
     }
 }

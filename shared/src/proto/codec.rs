@@ -97,6 +97,7 @@ mod tests {
             models: vec!["yolo".into()],
             dicts: vec![],
             caps: vec!["zstd".into()],
+            down_mark: 0,
         })
     }
 

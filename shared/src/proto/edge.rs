@@ -13,11 +13,17 @@
 //! - At most `window` batches are unacked at a time (backpressure).
 //! - A ping goes out every `keepalive`; the link is *degraded* while a batch or a ping has
 //!   waited longer than `ack_timeout` for its answer (connected, but not acking).
+//! - Downlink messages (version 5, [`super::down`]) come in increasing seq order; one at or
+//!   below the edge's position is a resend and only re-acked; at most `max_down_pending` may
+//!   wait for the driver. The driver finishes them in order ([`EdgeSession::down_done`]) once
+//!   each is durable; refusals and expiries are reported until the cloud marks them, across
+//!   reconnects.
 
 use std::collections::{BTreeMap, VecDeque};
 use std::time::{Duration, Instant};
 
-use super::{Control, DictAnnounce, Hello, LaneSeq, SpoolReport, VERSIONS};
+use super::down::{Down, DownAck, DownOutcome, DownRefusal, MAX_DOWN_REPORT, clip_reason};
+use super::{Control, DOWNLINK_VERSION, DictAnnounce, Hello, LaneSeq, SpoolReport, VERSIONS};
 
 #[derive(Debug, Clone)]
 pub struct EdgeSessionConfig {
@@ -25,11 +31,19 @@ pub struct EdgeSessionConfig {
     pub window: usize,
     pub keepalive: Duration,
     pub ack_timeout: Duration,
+    /// Downlink messages received and not yet done, at most: past it the bridge broke its
+    /// window and the session ends.
+    pub max_down_pending: usize,
 }
 
 impl Default for EdgeSessionConfig {
     fn default() -> Self {
-        Self { window: 8, keepalive: Duration::from_secs(5), ack_timeout: Duration::from_secs(2) }
+        Self {
+            window: 8,
+            keepalive: Duration::from_secs(5),
+            ack_timeout: Duration::from_secs(2),
+            max_down_pending: 256,
+        }
     }
 }
 
@@ -63,6 +77,11 @@ pub enum EdgeEvent {
     Degraded(bool),
     /// The cloud announced a model version (unverified: check its signature before use).
     Model(super::ModelAnnounce),
+    /// A downlink message to deliver (or refuse); answer with [`EdgeSession::down_done`].
+    Down(Box<Down>),
+    /// The cloud recorded the downlink position and its refusals through this seq: the
+    /// driver may forget the refusals it kept.
+    DownMarked(u64),
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -112,6 +131,26 @@ pub struct EdgeSession {
     welcomes: u64,
     /// The version the last Welcome chose; 0 before one.
     version: u16,
+    down: DownState,
+}
+
+/// The downlink's progress on this side.
+#[derive(Debug, Default)]
+struct DownState {
+    /// Every message through this one is done and durable (persisted by the driver).
+    done: u64,
+    /// The highest seq received on this connection (at least `done`).
+    received: u64,
+    /// Received and not yet done, in order.
+    pending: VecDeque<u64>,
+    /// Not delivered and not yet marked by the cloud: reported in every first ack of a
+    /// connection, and new ones in the next ack.
+    refused: Vec<DownRefusal>,
+    expired: Vec<u64>,
+    /// Of those, how many this connection's acks already carried.
+    reported: (usize, usize),
+    /// An ack is owed.
+    ack_due: bool,
 }
 
 impl EdgeSession {
@@ -140,7 +179,15 @@ impl EdgeSession {
             spool: None,
             welcomes: 0,
             version: 0,
+            down: DownState::default(),
         }
+    }
+
+    /// Starts the downlink at the edge's persisted position, with the refusals and expiries
+    /// it kept that the cloud has not marked.
+    pub fn with_down(mut self, done: u64, refused: Vec<DownRefusal>, expired: Vec<u64>) -> Self {
+        self.down = DownState { done, received: done, refused, expired, ..DownState::default() };
+        self
     }
 
     /// The protocol version the cloud's Welcome chose (0 before one): what batches are framed
@@ -177,6 +224,7 @@ impl EdgeSession {
             models: self.models.clone(),
             dicts: self.dicts.clone(),
             caps: vec!["zstd".into(), "zstd-dict".into()],
+            down_mark: self.down.done,
         }));
         self.next_ping = Some(now + self.config.keepalive);
     }
@@ -197,6 +245,12 @@ impl EdgeSession {
         for p in self.lanes.values_mut() {
             p.sent = p.acked;
         }
+        // Messages received and not done are sent again by the next bridge; what was not
+        // marked is reported again.
+        let d = &mut self.down;
+        (d.received, d.reported) = (d.done, (0, 0));
+        d.pending.clear();
+        d.ack_due = !d.refused.is_empty() || !d.expired.is_empty();
     }
 
     pub fn phase(&self) -> Phase {
@@ -234,6 +288,9 @@ impl EdgeSession {
                 self.phase = Phase::Ready;
                 self.welcomes += 1;
                 self.version = w.version;
+                // The position goes to the cloud on every connection: the sink may be behind
+                // what the edge made durable (an ack lost with the last connection).
+                self.down.ack_due = w.version >= DOWNLINK_VERSION;
                 events.push(EdgeEvent::Ready { version: w.version, dicts: w.dicts, sink: w.sink });
             }
             Control::Refused { reason } => {
@@ -266,6 +323,22 @@ impl EdgeSession {
             }
             Control::DictStored { id } if self.phase == Phase::Ready => events.push(EdgeEvent::DictStored(id)),
             Control::Model(announce) if self.phase == Phase::Ready => events.push(EdgeEvent::Model(announce)),
+            Control::Down(d) if self.phase == Phase::Ready => self.handle_down(d, &mut events)?,
+            Control::DownMarked { up_to } if self.phase == Phase::Ready => {
+                if up_to > self.down.done {
+                    return Err(SessionError::Protocol(format!(
+                        "downlink marked through {up_to}, but this edge is done only through {}",
+                        self.down.done
+                    )));
+                }
+                let d = &mut self.down;
+                let (refused, expired) = (d.refused.len(), d.expired.len());
+                d.refused.retain(|r| r.seq > up_to);
+                d.expired.retain(|s| *s > up_to);
+                d.reported.0 -= (refused - d.refused.len()).min(d.reported.0);
+                d.reported.1 -= (expired - d.expired.len()).min(d.reported.1);
+                events.push(EdgeEvent::DownMarked(up_to));
+            }
             Control::Ping { nonce } => self.out.push_back(Control::Pong { nonce }),
             Control::Pong { nonce } => {
                 if let Some((sent_nonce, sent)) = self.ping
@@ -288,7 +361,81 @@ impl EdgeSession {
 
     /// The next control frame to send.
     pub fn poll_control(&mut self) -> Option<Control> {
+        if self.down.ack_due && self.phase == Phase::Ready && self.version >= DOWNLINK_VERSION {
+            let d = &mut self.down;
+            d.ack_due = false;
+            let ack = DownAck {
+                up_to: d.done,
+                refused: d.refused[d.reported.0..].iter().take(MAX_DOWN_REPORT).cloned().collect(),
+                expired: d.expired[d.reported.1..].iter().take(MAX_DOWN_REPORT).copied().collect(),
+            };
+            d.reported.0 += ack.refused.len();
+            d.reported.1 += ack.expired.len();
+            // More than one ack's worth goes in the next one.
+            d.ack_due = d.reported.0 < d.refused.len() || d.reported.1 < d.expired.len();
+            self.out.push_back(Control::DownAck(ack));
+        }
         self.out.pop_front()
+    }
+
+    fn handle_down(&mut self, d: Box<Down>, events: &mut Vec<EdgeEvent>) -> Result<(), SessionError> {
+        if self.version < DOWNLINK_VERSION {
+            return Err(SessionError::Protocol(format!("a downlink message on a version {} session", self.version)));
+        }
+        let state = &mut self.down;
+        if d.seq <= state.done {
+            // Sent again after a reconnect: done already, the cloud only needs to hear it.
+            state.ack_due = true;
+            return Ok(());
+        }
+        if d.seq <= state.received {
+            return Err(SessionError::Protocol(format!(
+                "downlink message {} after {}: out of order",
+                d.seq, state.received
+            )));
+        }
+        if state.pending.len() >= self.config.max_down_pending {
+            return Err(SessionError::Protocol(format!(
+                "more than {} downlink messages unanswered",
+                self.config.max_down_pending
+            )));
+        }
+        state.received = d.seq;
+        state.pending.push_back(d.seq);
+        events.push(EdgeEvent::Down(d));
+        Ok(())
+    }
+
+    /// The driver finished downlink message `seq` (the oldest one not done) and made that
+    /// durable; an ack goes out with the next control frames.
+    pub fn down_done(&mut self, seq: u64, outcome: DownOutcome) -> Result<(), SessionError> {
+        let d = &mut self.down;
+        if d.pending.front() != Some(&seq) {
+            return Err(SessionError::Protocol(format!(
+                "downlink message {seq} finished, but the oldest waiting is {:?} (done through {})",
+                d.pending.front(),
+                d.done
+            )));
+        }
+        d.pending.pop_front();
+        d.done = seq;
+        match outcome {
+            DownOutcome::Delivered => {}
+            DownOutcome::Refused(reason) => d.refused.push(DownRefusal { seq, reason: clip_reason(reason) }),
+            DownOutcome::Expired => d.expired.push(seq),
+        }
+        d.ack_due = true;
+        Ok(())
+    }
+
+    /// The downlink position: done through this seq.
+    pub fn down_position(&self) -> u64 {
+        self.down.done
+    }
+
+    /// Refusals the cloud has not marked yet, for the driver to keep across a restart.
+    pub fn down_unmarked(&self) -> (&[DownRefusal], &[u64]) {
+        (&self.down.refused, &self.down.expired)
     }
 
     /// Queues the TCO model's classes for the bridge's fleet report; dropped unless connected.
@@ -417,6 +564,9 @@ pub(crate) fn name(frame: &Control) -> &'static str {
         Control::Heads { .. } => "heads",
         Control::Classes(_) => "classes",
         Control::Model(_) => "model",
+        Control::Down(_) => "down",
+        Control::DownAck(_) => "down ack",
+        Control::DownMarked { .. } => "down marked",
         Control::Unknown => "unknown frame",
     }
 }

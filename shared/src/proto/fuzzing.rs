@@ -48,8 +48,10 @@ pub fn session(data: &[u8]) {
     let mut buf = FrameBuffer::new(MAX_BATCH_FRAME);
     buf.extend(data);
     let now = Instant::now();
-    let mut cloud = CloudSession::new(8);
-    let mut edge = EdgeSession::new(EdgeSessionConfig::default(), "e", [(0, 0), (3, 5)]);
+    // Every version there is, the downlink's too, whether or not the binaries offer it yet.
+    let versions: Vec<u16> = (1..=super::DOWNLINK_VERSION).collect();
+    let mut cloud = CloudSession::new(8).with_versions(versions.clone());
+    let mut edge = EdgeSession::new(EdgeSessionConfig::default(), "e", [(0, 0), (3, 5)]).with_versions(versions);
     edge.connected(now);
     let mut clock = Duration::ZERO;
     let mut dicts: BTreeMap<String, Vec<u8>> = BTreeMap::new();
@@ -64,11 +66,13 @@ pub fn session(data: &[u8]) {
                         let committed = h.lanes.iter().map(|l| LaneSeq { lane: l.lane, seq: l.seq / 2 }).collect();
                         let known: Vec<String> = h.dicts.into_iter().filter(|d| dicts.contains_key(d)).collect();
                         cloud.welcome(committed, known);
+                        cloud.start_down(h.down_mark);
                     }
                     Ok(Some(Request::StoreDict(d))) => {
                         cloud.dict_stored(d.id.clone());
                         dicts.insert(d.id, d.bytes);
                     }
+                    Ok(Some(Request::DownAcked(ack))) => cloud.down_marked(ack.up_to),
                     Ok(Some(Request::Classes(_))) | Ok(None) | Err(_) => {}
                 }
             } else if let Ok(batch) = super::batch_frame::decode(rest)
@@ -80,11 +84,37 @@ pub fn session(data: &[u8]) {
                     }
                 }
             }
+            // The downlink: a message a step while there is room.
+            if cloud.down_room() {
+                let seq = cloud.down_sent().saturating_add(1 + u64::from(selector % 3));
+                let _ = cloud.send_down(super::down::Down {
+                    seq,
+                    topic: "cmd/x".into(),
+                    payload: rest.get(..rest.len().min(64)).unwrap_or_default().to_vec(),
+                    qos: selector % 3,
+                    retain: false,
+                    expires_in_ms: None,
+                    user_properties: vec![],
+                    response_topic: None,
+                    correlation_data: None,
+                    content_type: None,
+                });
+            }
             let _ = cloud.lags();
             while cloud.poll_control().is_some() {}
         } else {
             if let Ok(frame) = codec::decode::<Control>(rest) {
-                let _ = edge.handle(frame, at);
+                // Downlink messages are finished at once: delivered, refused or expired by seq.
+                for event in edge.handle(frame, at).unwrap_or_default() {
+                    if let super::edge::EdgeEvent::Down(d) = event {
+                        let outcome = match d.seq % 3 {
+                            0 => super::down::DownOutcome::Delivered,
+                            1 => super::down::DownOutcome::Refused("x".repeat(d.payload.len() * 8)),
+                            _ => super::down::DownOutcome::Expired,
+                        };
+                        let _ = edge.down_done(d.seq, outcome);
+                    }
+                }
             }
             let _ = edge.handle_timeout(at);
             for lane in [0u8, 3] {
@@ -149,6 +179,7 @@ mod tests {
             models: vec!["yolo".into()],
             dicts: vec![],
             caps: vec!["zstd".into()],
+            down_mark: 0,
         });
         let records: Vec<WireRecord> = (1..=40)
             .map(|seq| {
@@ -217,7 +248,54 @@ mod tests {
                 .concat(),
             ),
         ];
-        seeds.into_iter().chain(near_max_seeds()).collect()
+        seeds.into_iter().chain(near_max_seeds()).chain(downlink_seeds()).collect()
+    }
+
+    /// A version 5 conversation with downlink messages, acks and marks.
+    fn downlink_seeds() -> Vec<(&'static str, Vec<u8>)> {
+        let hello = Control::Hello(Hello {
+            versions: vec![4, 5],
+            epoch: "e".into(),
+            lanes: vec![],
+            models: vec![],
+            dicts: vec![],
+            caps: vec![],
+            down_mark: 3,
+        });
+        let down = |seq| {
+            Control::Down(Box::new(crate::proto::down::Down {
+                seq,
+                topic: "cmd/reboot".into(),
+                payload: b"now".to_vec(),
+                qos: 2,
+                retain: true,
+                expires_in_ms: Some(60_000),
+                user_properties: vec![("k".into(), "v".into())],
+                response_topic: Some("reply/1".into()),
+                correlation_data: Some(vec![1, 2]),
+                content_type: Some("text/plain".into()),
+            }))
+        };
+        let ack = Control::DownAck(crate::proto::down::DownAck {
+            up_to: 5,
+            refused: vec![crate::proto::down::DownRefusal { seq: 4, reason: "not allowed".into() }],
+            expired: vec![5],
+        });
+        let welcome =
+            Control::Welcome(crate::proto::Welcome { version: 5, committed: vec![], dicts: vec![], sink: None });
+        vec![(
+            "downlink",
+            [
+                frame(Some(0), &hello),
+                frame(Some(1), &welcome),
+                frame(Some(1), &down(4)),
+                frame(Some(1), &down(5)),
+                frame(Some(0), &ack),
+                frame(Some(1), &Control::DownMarked { up_to: 5 }),
+                frame(Some(1), &down(u64::MAX)),
+            ]
+            .concat(),
+        )]
     }
 
     /// Seqs at the top of the range, where a peer's `+ 1` would overflow: a hello, a Welcome,
@@ -242,6 +320,7 @@ mod tests {
             models: vec![],
             dicts: vec![],
             caps: vec![],
+            down_mark: 0,
         });
         let welcome = |seq| {
             Control::Welcome(crate::proto::Welcome {

@@ -35,6 +35,7 @@ pub mod bound;
 pub mod cloud;
 pub mod codec;
 pub mod compress;
+pub mod down;
 pub mod edge;
 #[doc(hidden)]
 pub mod fuzzing;
@@ -43,6 +44,8 @@ pub mod io;
 pub mod probe;
 pub mod record;
 pub use record::{GapReason, RecordBody, WireGap, WireMessage, WireRecord};
+#[cfg(test)]
+mod down_tests;
 #[cfg(test)]
 mod robustness_tests;
 #[cfg(test)]
@@ -57,6 +60,11 @@ pub const ALPN: &[u8] = b"ehb/1";
 /// Welcome say what the sink stores of one record, 4 sends batches in one framing level
 /// ([`batch_frame`]).
 pub const VERSIONS: &[u16] = &[1, 2, 3, 4];
+
+/// The first version with the downlink ([`down`]): a bridge sends `Down` frames only on such a
+/// session, an edge takes them only on one. The sessions keep its rules; the binaries offer it
+/// once both drivers carry it out (issue 31).
+pub const DOWNLINK_VERSION: u16 = 5;
 
 /// What the cloud's sink can store of one record (protocol version 3, in the Welcome), both as
 /// [`record_size`] counts: 0 is no limit but the protocol's.
@@ -183,6 +191,15 @@ pub enum Control {
     /// of each model named in the hello, then each new version as it is published. The edge
     /// trusts nothing in it before the signature checks against its fleet key.
     Model(ModelAnnounce),
+    /// A message for a local topic (version 5, cloud to edge), in downlink order.
+    Down(Box<down::Down>),
+    /// Downlink messages done on the edge (version 5, edge to cloud), cumulative.
+    DownAck(down::DownAck),
+    /// The sink recorded the edge's downlink position and its refusals through `up_to`
+    /// (version 5, cloud to edge): the edge may forget them.
+    DownMarked {
+        up_to: u64,
+    },
     /// A frame of a newer version this build does not know; ignored.
     #[serde(other)]
     Unknown,
@@ -327,6 +344,14 @@ pub struct Hello {
     /// Optional features the edge supports.
     #[serde(default)]
     pub caps: Vec<String>,
+    /// The edge's downlink position (version 5): every message for it through this one is
+    /// delivered or refused and durable on the edge. Absent (0) from older edges.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub down_mark: u64,
+}
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

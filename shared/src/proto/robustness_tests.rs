@@ -19,6 +19,7 @@ fn sample_frames() -> Vec<Vec<u8>> {
         models: vec!["m".into()],
         dicts: vec![],
         caps: vec![],
+        down_mark: 0,
     });
     let batch = compress::pack(
         "00ff",
@@ -87,6 +88,7 @@ proptest! {
                     models: vec![],
                     dicts: vec![],
                     caps: vec![],
+                    down_mark: 0,
                 })).map(|h| if matches!(h, Some(Request::Hello(_))) { session.welcome(vec![LaneSeq { lane, seq: b % 10 }], vec![]) }),
                 1 => session.handle(Control::Ack(Ack { lane, up_to: a })).map(|_| ()),
                 2 => session.handle(Control::Ping { nonce: a }).map(|_| ()),

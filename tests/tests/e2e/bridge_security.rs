@@ -28,6 +28,7 @@ fn hello(versions: Vec<u16>) -> Control {
         models: vec![],
         dicts: vec![],
         caps: vec![],
+        down_mark: 0,
     })
 }
 

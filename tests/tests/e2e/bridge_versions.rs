@@ -80,6 +80,7 @@ async fn serve_an_edge_offering(versions: &[u16], chosen: u16) {
         models: vec![],
         dicts: vec![],
         caps: vec!["lane-stats".into()],
+        down_mark: 0,
     });
     let hello = newer(&hello, &[("region", Value::Text("eu-west".into()))]);
     send.write_all(&frame(&hello)).await.unwrap();

@@ -38,6 +38,7 @@ fn ready(pipeline: usize, committed: &[(u8, u64)]) -> SessionCore<Rc<()>> {
         models: vec![],
         dicts: vec![],
         caps: vec![],
+        down_mark: 0,
     };
     session.handle(Control::Hello(hello)).unwrap();
     session.welcome(committed.iter().map(|&(lane, seq)| LaneSeq { lane, seq }).collect(), vec![]);

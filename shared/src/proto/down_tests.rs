@@ -1,0 +1,402 @@
+//! The downlink (version 5) through both sessions: in order, each message done once on the
+//! edge whatever the link and the restarts do, refusals reaching the sink, and the rules an
+//! older peer relies on (an edge of version 4 never receives a downlink frame).
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::time::Instant;
+
+use proptest::prelude::*;
+
+use super::cloud::{CloudSession, DownWindow, Request};
+use super::down::{Down, DownOutcome, DownRefusal};
+use super::edge::{EdgeEvent, EdgeSession, EdgeSessionConfig, SessionError};
+use super::{Control, DOWNLINK_VERSION};
+
+const EPOCH: &str = "0123456789abcdef";
+
+fn versions() -> Vec<u16> {
+    (1..=DOWNLINK_VERSION).collect()
+}
+
+fn down(seq: u64) -> Down {
+    Down {
+        seq,
+        topic: format!("cmd/{seq}"),
+        payload: seq.to_be_bytes().to_vec(),
+        qos: 1,
+        retain: false,
+        expires_in_ms: None,
+        user_properties: vec![],
+        response_topic: None,
+        correlation_data: None,
+        content_type: None,
+    }
+}
+
+/// What the edge's driver does with message `seq` in these tests.
+fn outcome(seq: u64) -> DownOutcome {
+    if seq.is_multiple_of(5) {
+        DownOutcome::Refused(format!("topic cmd/{seq} is not allowed"))
+    } else if seq.is_multiple_of(7) {
+        DownOutcome::Expired
+    } else {
+        DownOutcome::Delivered
+    }
+}
+
+/// The sink's side: the messages for this edge, its recorded position and refusals.
+#[derive(Debug, Default)]
+struct Sink {
+    messages: Vec<u64>,
+    mark: u64,
+    refused: BTreeMap<u64, String>,
+    expired: BTreeSet<u64>,
+}
+
+/// The edge's durable state: what it delivered (with the position, in one commit), and the
+/// refusals and expiries the cloud has not marked.
+#[derive(Debug, Default, Clone)]
+struct Edge {
+    delivered: Vec<u64>,
+    done: u64,
+    refused: Vec<DownRefusal>,
+    expired: Vec<u64>,
+}
+
+impl Edge {
+    fn session(&self) -> EdgeSession {
+        EdgeSession::new(EdgeSessionConfig { max_down_pending: 8, ..Default::default() }, EPOCH, [])
+            .with_versions(versions())
+            .with_down(self.done, self.refused.clone(), self.expired.clone())
+    }
+
+    /// Carries out the session's events, persisting each outcome before it is acked.
+    fn events(&mut self, session: &mut EdgeSession, events: Vec<EdgeEvent>) {
+        for event in events {
+            match event {
+                EdgeEvent::Down(d) => {
+                    let outcome = outcome(d.seq);
+                    if outcome == DownOutcome::Delivered {
+                        self.delivered.push(d.seq);
+                    }
+                    session.down_done(d.seq, outcome).unwrap();
+                    self.persist(session);
+                }
+                EdgeEvent::DownMarked(_) => self.persist(session),
+                _ => {}
+            }
+        }
+    }
+
+    fn persist(&mut self, session: &EdgeSession) {
+        self.done = session.down_position();
+        let (refused, expired) = session.down_unmarked();
+        (self.refused, self.expired) = (refused.to_vec(), expired.to_vec());
+    }
+}
+
+/// The bridge's driver over the sink.
+fn cloud_handle(cloud: &mut CloudSession, sink: &mut Sink, frame: Control) -> Result<(), SessionError> {
+    match cloud.handle(frame)? {
+        Some(Request::Hello(h)) => {
+            cloud.welcome(vec![], vec![]);
+            // The edge may be further than the sink: it made those durable.
+            let position = sink.mark.max(h.down_mark);
+            cloud.start_down(position);
+        }
+        Some(Request::DownAcked(ack)) => {
+            for r in ack.refused {
+                sink.refused.insert(r.seq, r.reason);
+            }
+            sink.expired.extend(ack.expired);
+            sink.mark = sink.mark.max(ack.up_to);
+            cloud.down_marked(ack.up_to);
+        }
+        _ => {}
+    }
+    Ok(())
+}
+
+/// Sends what the window allows, in order.
+fn fill(cloud: &mut CloudSession, sink: &Sink) {
+    while cloud.down_room() {
+        let after = cloud.down_sent();
+        let Some(&next) = sink.messages.iter().find(|s| **s > after) else { break };
+        cloud.send_down(down(next)).unwrap();
+    }
+}
+
+/// Both ends on one connection until nothing moves.
+fn settle(cloud: &mut CloudSession, edge: &mut EdgeSession, sink: &mut Sink, durable: &mut Edge, now: Instant) {
+    loop {
+        fill(cloud, sink);
+        let mut moved = false;
+        while let Some(f) = cloud.poll_control() {
+            let events = edge.handle(f, now).unwrap();
+            durable.events(edge, events);
+            moved = true;
+        }
+        while let Some(f) = edge.poll_control() {
+            cloud_handle(cloud, sink, f).unwrap();
+            moved = true;
+        }
+        if !moved {
+            return;
+        }
+    }
+}
+
+fn connect(durable: &Edge, now: Instant) -> (CloudSession, EdgeSession) {
+    let cloud =
+        CloudSession::new(8).with_versions(versions()).with_down_window(DownWindow { messages: 4, bytes: 1 << 20 });
+    let mut edge = durable.session();
+    edge.connected(now);
+    (cloud, edge)
+}
+
+#[test]
+fn messages_are_delivered_in_order_and_refusals_reach_the_sink_then_are_forgotten() {
+    let now = Instant::now();
+    let mut sink = Sink { messages: vec![1, 3, 5, 6, 7, 9, 10, 12], ..Sink::default() };
+    let mut durable = Edge::default();
+    let (mut cloud, mut edge) = connect(&durable, now);
+    settle(&mut cloud, &mut edge, &mut sink, &mut durable, now);
+    assert_eq!(durable.delivered, [1, 3, 6, 9, 12]);
+    assert_eq!(sink.refused.keys().copied().collect::<Vec<_>>(), [5, 10]);
+    assert_eq!(sink.refused[&5], "topic cmd/5 is not allowed");
+    assert_eq!(sink.expired.iter().copied().collect::<Vec<_>>(), [7]);
+    assert_eq!(sink.mark, 12);
+    // Marked: the edge keeps nothing more.
+    assert!(durable.refused.is_empty() && durable.expired.is_empty(), "{durable:?}");
+}
+
+#[test]
+fn a_resend_after_a_reconnect_is_acked_not_delivered_again() {
+    let now = Instant::now();
+    let mut sink = Sink { messages: (1..=6).collect(), ..Sink::default() };
+    let mut durable = Edge::default();
+    let (mut cloud, mut edge) = connect(&durable, now);
+    // The edge finishes 1..=4 but its acks are lost with the connection.
+    fill(&mut cloud, &sink);
+    cloud_handle(&mut cloud, &mut sink, edge.poll_control().unwrap()).unwrap();
+    fill(&mut cloud, &sink);
+    while let Some(f) = cloud.poll_control() {
+        let events = edge.handle(f, now).unwrap();
+        durable.events(&mut edge, events);
+    }
+    assert_eq!(durable.delivered, [1, 2, 3, 4]);
+    assert_eq!(sink.mark, 0, "no ack got through");
+    // A new bridge (the sink still at 0) starts from the edge's position in its hello.
+    edge.disconnected();
+    let (mut cloud, _) = connect(&durable, now);
+    edge.connected(now);
+    settle(&mut cloud, &mut edge, &mut sink, &mut durable, now);
+    assert_eq!(durable.delivered, [1, 2, 3, 4, 6], "nothing twice, 5 refused");
+    assert_eq!(sink.mark, 6);
+    assert_eq!(sink.refused.keys().copied().collect::<Vec<_>>(), [5]);
+    // A bridge that did not read the edge's mark resends from its own: acked, not delivered.
+    let mut stale = CloudSession::new(8).with_versions(versions());
+    stale.handle(Control::Hello(super::Hello { down_mark: 0, ..hello() })).unwrap();
+    stale.welcome(vec![], vec![]);
+    stale.start_down(2);
+    stale.send_down(down(3)).unwrap();
+    let mut edge = durable.session();
+    edge.connected(now);
+    while edge.poll_control().is_some() {}
+    edge.handle(welcome(), now).unwrap();
+    let _ = stale.poll_control();
+    let events = edge.handle(stale.poll_control().unwrap(), now).unwrap();
+    assert!(events.is_empty(), "{events:?}");
+    let Some(Control::DownAck(ack)) = edge.poll_control() else { panic!("a re-ack") };
+    assert_eq!(ack.up_to, 6);
+}
+
+fn hello() -> super::Hello {
+    super::Hello {
+        versions: versions(),
+        epoch: EPOCH.into(),
+        lanes: vec![],
+        models: vec![],
+        dicts: vec![],
+        caps: vec![],
+        down_mark: 0,
+    }
+}
+
+fn welcome() -> Control {
+    Control::Welcome(super::Welcome { version: DOWNLINK_VERSION, committed: vec![], dicts: vec![], sink: None })
+}
+
+#[test]
+fn an_older_peer_never_sees_a_downlink_frame_and_a_misbehaving_one_is_named() {
+    let now = Instant::now();
+    // A version 4 edge: the bridge does not start the downlink, and a Down is a violation.
+    let mut cloud = CloudSession::new(8).with_versions(versions());
+    cloud.handle(Control::Hello(super::Hello { versions: vec![1, 2, 3, 4], down_mark: 9, ..hello() })).unwrap();
+    cloud.welcome(vec![], vec![]);
+    assert!(!cloud.start_down(0), "no downlink on version 4");
+    assert!(!cloud.down_room());
+    assert!(cloud.send_down(down(1)).is_err());
+    let mut old = EdgeSession::new(EdgeSessionConfig::default(), EPOCH, []).with_versions(vec![1, 2, 3, 4]);
+    old.connected(now);
+    old.handle(Control::Welcome(super::Welcome { version: 4, committed: vec![], dicts: vec![], sink: None }), now)
+        .unwrap();
+    let e = old.handle(Control::Down(Box::new(down(1))), now).unwrap_err();
+    assert!(e.to_string().contains("version 4"), "{e}");
+    // A version 4 hello's mark is not taken (an older edge cannot mean it).
+    let mut cloud = CloudSession::new(8).with_versions(versions());
+    let Some(Request::Hello(h)) =
+        cloud.handle(Control::Hello(super::Hello { versions: vec![4], down_mark: 9, ..hello() })).unwrap()
+    else {
+        panic!()
+    };
+    assert_eq!(h.down_mark, 0);
+
+    // On version 5: out of order, past the window, an ack of what was not sent.
+    let mut edge = Edge::default().session();
+    edge.connected(now);
+    edge.handle(welcome(), now).unwrap();
+    edge.handle(Control::Down(Box::new(down(5))), now).unwrap();
+    let e = edge.handle(Control::Down(Box::new(down(4))), now).unwrap_err();
+    assert!(e.to_string().contains("out of order"), "{e}");
+    let mut edge = Edge::default().session();
+    edge.connected(now);
+    edge.handle(welcome(), now).unwrap();
+    for seq in 1..=8 {
+        edge.handle(Control::Down(Box::new(down(seq))), now).unwrap();
+    }
+    let e = edge.handle(Control::Down(Box::new(down(9))), now).unwrap_err();
+    assert!(e.to_string().contains("more than 8 downlink messages unanswered"), "{e}");
+    let e = edge.down_done(2, DownOutcome::Delivered).unwrap_err();
+    assert!(e.to_string().contains("the oldest waiting is Some(1)"), "{e}");
+    edge.down_done(1, DownOutcome::Delivered).unwrap();
+    let e = edge.down_done(1, DownOutcome::Delivered).unwrap_err();
+    assert!(e.to_string().contains("done through 1"), "{e}");
+    let e = edge.handle(Control::DownMarked { up_to: 3 }, now).unwrap_err();
+    assert!(e.to_string().contains("done only through 1"), "{e}");
+
+    let mut cloud = CloudSession::new(8).with_versions(versions());
+    cloud.handle(Control::Hello(hello())).unwrap();
+    cloud.welcome(vec![], vec![]);
+    assert!(cloud.start_down(10));
+    cloud.send_down(down(11)).unwrap();
+    assert!(cloud.send_down(down(11)).is_err(), "the same seq twice");
+    let ack =
+        |up_to, refused: Vec<DownRefusal>| Control::DownAck(super::down::DownAck { up_to, refused, expired: vec![] });
+    let e = cloud.handle(ack(12, vec![])).unwrap_err();
+    assert!(e.to_string().contains("12"), "{e}");
+    let e = cloud.handle(ack(11, vec![DownRefusal { seq: 12, reason: "x".into() }])).unwrap_err();
+    assert!(e.to_string().contains("after it"), "{e}");
+    let e = cloud.handle(ack(11, vec![DownRefusal { seq: 11, reason: "x".repeat(300) }])).unwrap_err();
+    assert!(e.to_string().contains("300 bytes"), "{e}");
+    assert!(matches!(cloud.handle(ack(11, vec![])).unwrap(), Some(Request::DownAcked(_))));
+    let e = cloud.handle(ack(10, vec![])).unwrap_err();
+    assert!(e.to_string().contains("11 was acked"), "{e}");
+}
+
+#[test]
+fn the_window_bounds_messages_and_bytes_unanswered() {
+    let mut cloud =
+        CloudSession::new(8).with_versions(versions()).with_down_window(DownWindow { messages: 3, bytes: 1000 });
+    cloud.handle(Control::Hello(hello())).unwrap();
+    cloud.welcome(vec![], vec![]);
+    cloud.start_down(0);
+    let big = |seq| Down { payload: vec![0; 600], ..down(seq) };
+    cloud.send_down(big(1)).unwrap();
+    cloud.send_down(big(2)).unwrap();
+    assert!(!cloud.down_room(), "over the bytes");
+    let ack = |up_to| Control::DownAck(super::down::DownAck { up_to, ..Default::default() });
+    cloud.handle(ack(2)).unwrap();
+    for seq in 3..=5 {
+        cloud.send_down(down(seq)).unwrap();
+    }
+    assert!(!cloud.down_room(), "over the count");
+    // A message larger than the whole window still goes, alone.
+    cloud.handle(ack(5)).unwrap();
+    cloud.send_down(Down { payload: vec![0; 5000], ..down(6) }).unwrap();
+    assert!(!cloud.down_room());
+}
+
+#[derive(Debug, Clone)]
+enum Step {
+    /// The bridge's sink gets messages for the edge: this many, spaced by this much.
+    Publish(u8, u8),
+    /// Frames move both ways until nothing moves.
+    Settle,
+    /// One frame from the cloud to the edge.
+    ToEdge,
+    /// One frame from the edge to the cloud.
+    ToCloud,
+    /// The connection drops with whatever was in flight; the next one goes to another bridge.
+    Reconnect,
+    /// The edge process dies: only what it persisted remains.
+    EdgeCrash,
+}
+
+fn step() -> impl Strategy<Value = Step> {
+    prop_oneof![
+        2 => (1u8..6, 1u8..4).prop_map(|(n, gap)| Step::Publish(n, gap)),
+        2 => Just(Step::Settle),
+        4 => Just(Step::ToEdge),
+        4 => Just(Step::ToCloud),
+        1 => Just(Step::Reconnect),
+        1 => Just(Step::EdgeCrash),
+    ]
+}
+
+proptest! {
+    /// Whatever the link and the restarts do, every message the sink holds for the edge is
+    /// done exactly once, in order: delivered ones delivered once, refused and expired ones
+    /// recorded in the sink, and the sink's position at the last message.
+    #[test]
+    fn each_downlink_message_is_done_exactly_once_over_a_misbehaving_link(steps in prop::collection::vec(step(), 1..80)) {
+        let now = Instant::now();
+        let mut sink = Sink::default();
+        let mut durable = Edge::default();
+        let (mut cloud, mut edge) = connect(&durable, now);
+        for step in steps {
+            match step {
+                Step::Publish(n, gap) => {
+                    let mut last = sink.messages.last().copied().unwrap_or(0);
+                    for _ in 0..n {
+                        last += u64::from(gap);
+                        sink.messages.push(last);
+                    }
+                }
+                Step::Settle => settle(&mut cloud, &mut edge, &mut sink, &mut durable, now),
+                Step::ToEdge => {
+                    fill(&mut cloud, &sink);
+                    if let Some(f) = cloud.poll_control() {
+                        let events = edge.handle(f, now).unwrap();
+                        durable.events(&mut edge, events);
+                    }
+                }
+                Step::ToCloud => {
+                    if let Some(f) = edge.poll_control() {
+                        cloud_handle(&mut cloud, &mut sink, f).unwrap();
+                    }
+                }
+                Step::Reconnect => {
+                    edge.disconnected();
+                    (cloud, edge) = {
+                        let (c, _) = connect(&durable, now);
+                        edge.connected(now);
+                        (c, edge)
+                    };
+                }
+                Step::EdgeCrash => (cloud, edge) = connect(&durable, now),
+            }
+        }
+        settle(&mut cloud, &mut edge, &mut sink, &mut durable, now);
+        let want: Vec<u64> =
+            sink.messages.iter().copied().filter(|s| outcome(*s) == DownOutcome::Delivered).collect();
+        prop_assert_eq!(&durable.delivered, &want);
+        let refused: Vec<u64> =
+            sink.messages.iter().copied().filter(|s| matches!(outcome(*s), DownOutcome::Refused(_))).collect();
+        prop_assert_eq!(sink.refused.keys().copied().collect::<Vec<_>>(), refused);
+        let expired: Vec<u64> = sink.messages.iter().copied().filter(|s| outcome(*s) == DownOutcome::Expired).collect();
+        prop_assert_eq!(sink.expired.iter().copied().collect::<Vec<_>>(), expired);
+        prop_assert_eq!(sink.mark, sink.messages.last().copied().unwrap_or(0));
+        prop_assert!(durable.refused.is_empty() && durable.expired.is_empty());
+    }
+}
