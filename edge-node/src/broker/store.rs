@@ -104,6 +104,7 @@ CREATE TABLE IF NOT EXISTS deliveries (
 CREATE TABLE IF NOT EXISTS received (sid INTEGER NOT NULL, pkid INTEGER NOT NULL, PRIMARY KEY (sid, pkid)) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS wills (sid INTEGER PRIMARY KEY, msg INTEGER NOT NULL, expiry INTEGER, due_ms INTEGER NOT NULL);
 CREATE TABLE IF NOT EXISTS retained (topic TEXT PRIMARY KEY, msg INTEGER NOT NULL) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS marks (key TEXT PRIMARY KEY, value TEXT NOT NULL) WITHOUT ROWID;
 ";
 
 /// How long an open waits for a lock another process holds (someone's `sqlite3` on the file)
@@ -130,6 +131,7 @@ fn op_bytes(op: &StoreOp) -> usize {
         StoreOp::Session(r) => {
             64 + r.client_id.len() + r.owner.len() + r.subscriptions.iter().map(|(f, _)| f.len() + 32).sum::<usize>()
         }
+        StoreOp::Mark { value, .. } => 32 + value.len(),
         _ => 0,
     }
 }
@@ -394,6 +396,10 @@ impl Writer {
                 state.retained.push(msg);
             }
         }
+        {
+            let mut stmt = self.conn.prepare("SELECT key, value FROM marks")?;
+            state.marks = stmt.query_map([], |r| Ok((r.get(0)?, r.get(1)?)))?.collect::<rusqlite::Result<_>>()?;
+        }
         // Bodies nothing refers to (a crash between writes cannot leave them, an older build
         // might have): gone.
         let live: std::collections::HashSet<i64> = self.rows.values().map(|r| r.id).collect();
@@ -528,6 +534,8 @@ struct Plan {
     changes: Vec<Change>,
     /// QoS 2 ids: kept (true) or gone (false).
     received: BTreeMap<(Sid, u16), bool>,
+    /// Marks, the last value of each.
+    marks: BTreeMap<&'static str, String>,
 }
 
 enum Change {
@@ -580,6 +588,9 @@ impl Plan {
                 }
                 StoreOp::Settled { sid, pkid } => {
                     p.received.insert((*sid, *pkid), false);
+                }
+                StoreOp::Mark { key, value } => {
+                    p.marks.insert(key, value.clone());
                 }
                 StoreOp::Will { sid, will } => {
                     if let Some(old) = p.will_of(w, *sid) {
@@ -655,6 +666,10 @@ impl Plan {
 
     fn write(&self, tx: &Transaction<'_>) -> rusqlite::Result<()> {
         let id_of = |at: usize| self.rows.get(&at).and_then(|r| r.as_ref().map(|r| r.id));
+        for (key, value) in &self.marks {
+            tx.prepare_cached("INSERT OR REPLACE INTO marks (key, value) VALUES (?1, ?2)")?
+                .execute(params![key, value])?;
+        }
         for sid in &self.forget {
             for table in ["deliveries", "received", "wills", "sessions"] {
                 tx.prepare_cached(&format!("DELETE FROM {table} WHERE sid = ?1"))?.execute([sid])?;

@@ -269,7 +269,7 @@ impl Broker {
     }
 
     /// Local delivery: the retained store, then every matching subscriber.
-    fn accept_local(&mut self, from: Option<ConnId>, msg: &Arc<Message>, retain: bool, now: Instant) {
+    pub(super) fn accept_local(&mut self, from: Option<ConnId>, msg: &Arc<Message>, retain: bool, now: Instant) {
         if retain {
             // Room was checked when the message came in.
             if self.retained.store(msg, !self.is_internal(from)).is_ok() {

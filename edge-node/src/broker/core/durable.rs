@@ -23,6 +23,7 @@
 //! `synchronous=NORMAL`: a crash of the process loses nothing committed, a power cut may lose
 //! the last commits (as the spool's `normal` class).
 
+use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -60,6 +61,9 @@ pub enum StoreOp {
     Will { sid: Sid, will: Option<StoredWill> },
     /// The topic's retained message, or none.
     Retain { topic: Arc<str>, msg: Option<Arc<Message>> },
+    /// A value another part of the node keeps in the same commits as the messages it hands
+    /// the broker (the downlink's position, `core::downlink`): written with them or not at all.
+    Mark { key: &'static str, value: String },
 }
 
 /// A message on its way to a durable session, as stored.
@@ -99,6 +103,8 @@ pub struct StoredState {
     pub received: Vec<(Sid, u16)>,
     pub wills: Vec<(Sid, StoredWill)>,
     pub retained: Vec<Arc<Message>>,
+    /// The marks ([`StoreOp::Mark`]) by key.
+    pub marks: BTreeMap<String, String>,
 }
 
 impl Broker {
@@ -251,7 +257,7 @@ impl Broker {
         let mut deliveries = state.deliveries.into_iter().peekable();
         let mut received = state.received;
         received.sort_unstable();
-        let mut wills: std::collections::BTreeMap<Sid, StoredWill> = state.wills.into_iter().collect();
+        let mut wills: BTreeMap<Sid, StoredWill> = state.wills.into_iter().collect();
         for r in state.sessions {
             let sid = r.sid;
             self.next_sid = self.next_sid.max(sid);

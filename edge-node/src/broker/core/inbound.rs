@@ -51,7 +51,7 @@ impl Broker {
 
     /// Why a client may not publish to `topic`, if it may not: the node's reserved namespace
     /// first (no ACL opens it), then the ACL.
-    fn publish_refusal(&self, rules: Option<&Rules>, internal: bool, topic: &str) -> Option<&'static str> {
+    pub(super) fn publish_refusal(&self, rules: Option<&Rules>, internal: bool, topic: &str) -> Option<&'static str> {
         if internal {
             return None;
         }

@@ -25,6 +25,7 @@
 mod backpressure;
 mod connect;
 mod deliver;
+mod downlink;
 pub mod durable;
 mod inbound;
 pub mod retained;

@@ -57,6 +57,7 @@ fn view(s: &StoredState) -> Vec<String> {
     let mut retained: Vec<_> = s.retained.iter().map(|m| format!("retained {}", msg(m))).collect();
     retained.sort();
     out.extend(retained);
+    out.push(format!("marks {:?}", s.marks));
     out
 }
 
@@ -93,6 +94,11 @@ enum Step {
     Wait {
         secs: u64,
     },
+    /// A downlink message (retained or not) with the downlink's mark; or the mark alone.
+    Downlink {
+        retain: bool,
+        alone: bool,
+    },
 }
 
 fn step() -> impl Strategy<Value = Step> {
@@ -106,6 +112,7 @@ fn step() -> impl Strategy<Value = Step> {
         1 => any::<bool>().prop_map(|release| Step::Qos2In { release }),
         1 => (0..3usize).prop_map(|client| Step::Clean { client }),
         1 => (0u64..700).prop_map(|secs| Step::Wait { secs }),
+        1 => (any::<bool>(), proptest::bool::weighted(0.2)).prop_map(|(retain, alone)| Step::Downlink { retain, alone }),
     ]
 }
 
@@ -152,6 +159,24 @@ fn drive(h: &mut Harness, steps: &[Step]) {
                     if let Outbound::PubRec { pkid, .. } = o {
                         h.send(p, Inbound::PubRel { pkid });
                     }
+                }
+                h.recv(p);
+            }
+            Step::Downlink { retain, alone } => {
+                let now = h.now;
+                if alone {
+                    h.b.store_mark("downlink", format!("{n}"));
+                } else {
+                    let msg = Message {
+                        topic: format!("t/d{}", n % 2).into(),
+                        payload: Bytes::from(format!("d{n}")),
+                        qos: QoS::ExactlyOnce,
+                        retain,
+                        props: Default::default(),
+                        expires_at: None,
+                        origin: None,
+                    };
+                    h.b.publish_downlink(None, msg, "downlink", format!("{n}"), now).expect("allowed");
                 }
                 h.recv(p);
             }

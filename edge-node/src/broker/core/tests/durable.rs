@@ -15,6 +15,7 @@ pub(crate) struct Replay {
     pub received: BTreeSet<(Sid, u16)>,
     pub wills: BTreeMap<Sid, StoredWill>,
     pub retained: BTreeMap<Arc<str>, Arc<crate::broker::message::Message>>,
+    pub marks: BTreeMap<String, String>,
 }
 
 impl Replay {
@@ -56,6 +57,9 @@ impl Replay {
             StoreOp::Received { sid, pkid } => {
                 self.received.insert((*sid, *pkid));
             }
+            StoreOp::Mark { key, value } => {
+                self.marks.insert((*key).to_owned(), value.clone());
+            }
             StoreOp::Settled { sid, pkid } => {
                 self.received.remove(&(*sid, *pkid));
             }
@@ -85,6 +89,7 @@ impl Replay {
             received: self.received.iter().copied().collect(),
             wills: self.wills.iter().map(|(s, w)| (*s, w.clone())).collect(),
             retained: self.retained.values().cloned().collect(),
+            marks: self.marks.clone(),
         }
     }
 }

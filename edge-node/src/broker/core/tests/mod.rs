@@ -256,6 +256,7 @@ pub(crate) fn sub_with(pkid: u16, filter: &str, qos: QoS, f: impl FnOnce(&mut Su
 
 mod backpressure;
 mod connect;
+mod downlink;
 pub(crate) mod durable;
 mod flow;
 mod model;
