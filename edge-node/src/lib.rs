@@ -12,6 +12,7 @@ pub mod broker;
 pub mod check;
 pub mod client;
 pub mod config;
+pub mod downlink;
 pub mod front;
 pub mod health;
 pub mod labels;
