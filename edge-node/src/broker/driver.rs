@@ -68,6 +68,8 @@ pub struct BrokerHandle {
     orphans: Arc<Orphans>,
     /// `spool commit` spans of messages with a trace context.
     tracer: Tracer,
+    /// The last op the session store committed, for [`BrokerHandle::wait_stored`].
+    committed: tokio::sync::watch::Sender<u64>,
 }
 
 /// Spool appends the core asked for during one [`BrokerHandle::with`], in order: the caller
@@ -114,6 +116,7 @@ impl BrokerHandle {
     pub fn traced(core: Broker, spool: Option<SpoolWriter>, store: Option<SessionStore>, tracer: Tracer) -> Arc<Self> {
         let handle = Arc::new(Self {
             tracer,
+            committed: tokio::sync::watch::Sender::new(0),
             core: Mutex::new(core),
             wakers: Mutex::new(HashMap::new()),
             next_conn: AtomicU64::new(1),
@@ -129,6 +132,7 @@ impl BrokerHandle {
                 if let Some(handle) = weak.upgrade() {
                     let (_, routed) = handle.with(|b| b.stored(op_id, Instant::now()));
                     drop(routed);
+                    handle.committed.send_replace(op_id);
                 }
             });
         }
@@ -265,6 +269,16 @@ impl BrokerHandle {
     /// (`edge_mqtt_disconnects_total{reason}`).
     pub fn count_disconnect(&self, reason: &'static str) {
         lock(&self.core).count_disconnect(reason);
+    }
+
+    /// Waits until the session store committed op `op_id` (at once without a store: tests).
+    pub async fn wait_stored(&self, op_id: u64) {
+        if self.store.is_none() {
+            return;
+        }
+        let mut rx = self.committed.subscribe();
+        // The sender lives as long as this handle.
+        let _ = rx.wait_for(|done| *done >= op_id).await;
     }
 
     /// Waits while the session store is far behind (`store::MAX_PENDING_OPS`): a client's

@@ -10,8 +10,10 @@
 //! store commits with the message (`broker::core::downlink`): only then is it acked upstream.
 
 mod config;
+mod deliver;
 
 pub use config::{DownlinkEntry, RetainPolicy, problems};
+pub use deliver::{Deliverer, RulesOf};
 
 use std::time::{Duration, Instant};
 
