@@ -257,6 +257,7 @@ impl Node {
             core = core.with_sink_limits(fit.clone());
         }
         let (sessions, queued, retained) = (state.sessions.len(), state.deliveries.len(), state.retained.len());
+        let down_mark = downlink::DownMark::parse(state.marks.get(downlink::MARK_KEY).map(String::as_str));
         core.restore(state, std::time::Instant::now());
         // The stored sessions come back under today's ACL, not the one they were queued under.
         core.reload_rules(
@@ -408,6 +409,20 @@ impl Node {
             model_jobs = Some(tx);
             tracker.spawn(syncer.run(rx, shutdown.clone()));
         }
+        // The user whose ACL a downlink entry names, as `[auth]` is now.
+        let auth_of = ctx.clone();
+        let rules_of: downlink::RulesOf = Arc::new(move |user: &str| {
+            let identity = auth::Identity::User(user.to_owned());
+            Some(auth_of.auth.load().rules_for(&identity, downlink::CLIENT_ID))
+        });
+        let downlink = Arc::new(downlink::Downlink::new(
+            downlink::Deliverer {
+                broker: broker.clone(),
+                governance: downlink::Governance::new(&config.downlink),
+                rules_of,
+            },
+            down_mark,
+        ));
         if let Some(uplink) = &config.uplink {
             match &spool {
                 Some(spool) => {
@@ -423,6 +438,7 @@ impl Node {
                         spool_path: Some(config.spool.path.clone()),
                         sink_fit: sink_fit.clone(),
                         tracer: tracer.clone(),
+                        downlink: downlink.clone(),
                     };
                     tracker.spawn(task.run(shutdown.clone()));
                 }

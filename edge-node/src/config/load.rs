@@ -122,6 +122,9 @@ impl EdgeConfig {
         for (key, reason) in self.tracing.problems() {
             p.bad(key, reason);
         }
+        for (key, reason) in crate::downlink::problems(&self.downlink) {
+            p.bad(key, reason);
+        }
         if let Some(m) = &self.models {
             m.check(&mut p);
         }

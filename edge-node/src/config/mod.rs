@@ -69,6 +69,9 @@ pub struct EdgeConfig {
     /// Span export over OTLP for messages that carry a trace context. Default: off.
     #[serde(default)]
     pub tracing: shared::trace::TracingConfig,
+    /// Local topics the cloud may publish to (protocol version 5). Default: none.
+    #[serde(default, rename = "downlink", skip_serializing_if = "Vec::is_empty")]
+    pub downlink: Vec<crate::downlink::DownlinkEntry>,
 }
 
 #[derive(Debug, Clone, Deserialize, Serialize)]

@@ -28,6 +28,45 @@ use crate::broker::message::Message;
 /// The key of the downlink's mark in the session store.
 pub const MARK_KEY: &str = "downlink";
 
+/// The client id a `[[downlink]]` entry's user is resolved with (for `%c` in the ACL).
+pub const CLIENT_ID: &str = "_edge-downlink";
+
+/// The node's downlink: the deliverer and the mark as last stored, which each new session
+/// with the cloud starts from.
+#[derive(Debug)]
+pub struct Downlink {
+    deliverer: Deliverer,
+    mark: std::sync::Mutex<DownMark>,
+}
+
+impl Downlink {
+    pub fn new(deliverer: Deliverer, mark: DownMark) -> Self {
+        Self { deliverer, mark: std::sync::Mutex::new(mark) }
+    }
+
+    /// The position and the refusals and expiries not yet marked by the cloud.
+    pub fn mark(&self) -> DownMark {
+        self.mark.lock().unwrap_or_else(std::sync::PoisonError::into_inner).clone()
+    }
+
+    /// Carries out `d` ([`Deliverer::deliver`]) and keeps the mark it stored.
+    pub async fn deliver(&self, d: &Down, unmarked: (&[DownRefusal], &[u64])) -> DownOutcome {
+        let outcome = self.deliverer.deliver(d, unmarked).await;
+        let mark = DownMark::after(unmarked, d.seq, &outcome);
+        *self.mark.lock().unwrap_or_else(std::sync::PoisonError::into_inner) = mark;
+        outcome
+    }
+
+    /// The cloud marked everything through `up_to`: a new session need not report it again.
+    /// (The stored mark keeps it until the next message; a restart reports it once more, which
+    /// the cloud takes as the same.)
+    pub fn marked(&self, up_to: u64) {
+        let mut m = self.mark.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        m.refused.retain(|(seq, _)| *seq > up_to);
+        m.expired.retain(|seq| *seq > up_to);
+    }
+}
+
 /// The entries of `[[downlink]]`, parsed.
 #[derive(Debug, Clone, Default)]
 pub struct Governance {

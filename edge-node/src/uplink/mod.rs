@@ -24,7 +24,6 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use rand::Rng;
-use shared::proto::down::DownOutcome;
 use shared::proto::edge::{EdgeEvent, EdgeSession, SessionError};
 use shared::proto::io::{FrameIoError, spawn_reader, write_frame};
 use shared::proto::{Control, MAX_CONTROL_FRAME, ProtoError, WireGap, WireMessage, WireRecord};
@@ -236,6 +235,8 @@ pub struct Uplink {
     pub sink_fit: Option<Arc<crate::spool::SinkFit>>,
     /// `uplink send` spans of traced records.
     pub tracer: shared::trace::Tracer,
+    /// Where messages from the cloud go (protocol version 5).
+    pub downlink: Arc<crate::downlink::Downlink>,
 }
 
 /// A spool being sent and its session with the cloud (one per epoch).
@@ -502,6 +503,8 @@ impl Uplink {
         let (spool, recovering) = (&*spool, recovering.is_some());
         let mut recovery_check = tokio::time::interval_at(tokio::time::Instant::now() + RECOVERY_CHECK, RECOVERY_CHECK);
         let (mut send, recv) = conn.open_bi().await?;
+        let mark = self.downlink.mark();
+        session.catch_up_down(mark.done, mark.refusals(), mark.expired);
         session.connected(Instant::now());
         let (mut control_rx, reader) = spawn_reader::<_, Control>(recv, MAX_CONTROL_FRAME);
         let _reader = AbortOnDropHandle::new(reader);
@@ -607,13 +610,12 @@ impl Uplink {
                             ),
                         }
                     }
-                    // Version 5, which this build does not offer yet: refused until the
-                    // downlink delivers (issue 31); nothing is marked to keep.
+                    // Only on a version 5 session, which this build does not offer yet.
                     EdgeEvent::Down(d) => {
-                        session
-                            .down_done(d.seq, DownOutcome::Refused("this edge takes no downlink messages".into()))?;
+                        let outcome = self.downlink.deliver(&d, session.down_unmarked()).await;
+                        session.down_done(d.seq, outcome)?;
                     }
-                    EdgeEvent::DownMarked(_) => {}
+                    EdgeEvent::DownMarked(up_to) => self.downlink.marked(up_to),
                     EdgeEvent::Committed { latency, .. } => {
                         self.metrics.commit_latency.observe(latency.as_secs_f64());
                         self.link.committed(latency);

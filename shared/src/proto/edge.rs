@@ -23,7 +23,7 @@ use std::collections::{BTreeMap, VecDeque};
 use std::time::{Duration, Instant};
 
 use super::down::{Down, DownAck, DownOutcome, DownRefusal, MAX_DOWN_REPORT, clip_reason};
-use super::{Control, DOWNLINK_VERSION, DictAnnounce, Hello, LaneSeq, SpoolReport, VERSIONS};
+use super::{Control, DOWNLINK_VERSION, DictAnnounce, EDGE_VERSIONS, Hello, LaneSeq, SpoolReport};
 
 #[derive(Debug, Clone)]
 pub struct EdgeSessionConfig {
@@ -162,7 +162,7 @@ impl EdgeSession {
     ) -> Self {
         Self {
             config,
-            versions: VERSIONS.to_vec(),
+            versions: EDGE_VERSIONS.to_vec(),
             epoch: epoch.into(),
             models: Vec::new(),
             dicts: Vec::new(),
@@ -426,6 +426,15 @@ impl EdgeSession {
         }
         d.ack_due = true;
         Ok(())
+    }
+
+    /// Takes the downlink's state as the driver last stored it, if it is further than this
+    /// session's (another session of the node, for a spool of another epoch, went on meanwhile):
+    /// before [`EdgeSession::connected`].
+    pub fn catch_up_down(&mut self, done: u64, refused: Vec<DownRefusal>, expired: Vec<u64>) {
+        if done > self.down.done {
+            self.down = DownState { done, received: done, refused, expired, ..DownState::default() };
+        }
     }
 
     /// The downlink position: done through this seq.

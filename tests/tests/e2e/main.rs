@@ -22,6 +22,7 @@ mod broker_robustness;
 mod broker_security;
 mod broker_sessions;
 mod broker_trust;
+mod downlink_edge;
 mod edge_cli;
 mod fleet;
 mod fleet_view;
