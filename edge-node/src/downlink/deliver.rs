@@ -10,6 +10,15 @@ use super::{DownMark, Governance, MARK_KEY, message};
 use crate::auth::Rules;
 use crate::broker::driver::BrokerHandle;
 
+/// How long a downlink message waits for the session store's commit before its connection
+/// ends: far above a commit (5 ms of gathering and a write), far below the bridge's patience.
+pub const COMMIT_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// The session store did not commit a downlink message in time.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[error("downlink message {0} not committed by the session store within {COMMIT_WAIT:?}")]
+pub struct NotStored(pub u64);
+
 /// The ACL of a user of `[auth]`, as it is now (a reload changes it); `None`: no such user.
 pub type RulesOf = Arc<dyn Fn(&str) -> Option<Arc<Rules>> + Send + Sync>;
 
@@ -29,12 +38,15 @@ impl std::fmt::Debug for Deliverer {
 impl Deliverer {
     /// Delivers, refuses or expires `d` (the next message after the session's position, whose
     /// refusals and expiries not yet marked are `unmarked`) and returns how, once the outcome
-    /// and the new mark are committed.
-    pub async fn deliver(&self, d: &Down, unmarked: (&[DownRefusal], &[u64])) -> DownOutcome {
+    /// and the new mark are committed. A store that has not committed within
+    /// [`COMMIT_WAIT`] (a failing disk) is an error: nothing may be acked, and the connection
+    /// ends rather than hold the uplink's telemetry behind it; the bridge sends the message
+    /// again, and the mark, once committed, tells it apart.
+    pub async fn deliver(&self, d: &Down, unmarked: (&[DownRefusal], &[u64])) -> Result<DownOutcome, NotStored> {
         let now = Instant::now();
         let (outcome, op) = self.hand_over(d, unmarked, now);
-        self.broker.wait_stored(op).await;
-        outcome
+        tokio::time::timeout(COMMIT_WAIT, self.broker.wait_stored(op)).await.map_err(|_| NotStored(d.seq))?;
+        Ok(outcome)
     }
 
     fn hand_over(&self, d: &Down, unmarked: (&[DownRefusal], &[u64]), now: Instant) -> (DownOutcome, u64) {
@@ -123,7 +135,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("sessions.db");
         let mut d = deliverer(&path, entry(None));
-        assert_eq!(d.deliver(&down(4, "config/threshold", true), (&[], &[])).await, DownOutcome::Delivered);
+        assert_eq!(d.deliver(&down(4, "config/threshold", true), (&[], &[])).await, Ok(DownOutcome::Delivered));
         // Read at once, from another connection: the commit is behind the outcome, not 5 ms
         // (the store's commit interval) after it.
         let on_disk = |sql: &str| -> Option<String> {
@@ -133,14 +145,17 @@ mod tests {
         let mark = on_disk("SELECT value FROM marks WHERE key = 'downlink'");
         assert_eq!(DownMark::parse(mark.as_deref()).done, 4);
         assert_eq!(on_disk("SELECT topic FROM retained").as_deref(), Some("config/threshold"));
-        let refused = d.deliver(&down(6, "cmd/reboot", false), (&[], &[])).await;
+        let refused = d.deliver(&down(6, "cmd/reboot", false), (&[], &[])).await.unwrap();
         let DownOutcome::Refused(reason) = &refused else { panic!("{refused:?}") };
         assert!(reason.contains("not allowed"), "{reason}");
-        let expired = d.deliver(&Down { expires_in_ms: Some(0), ..down(7, "config/x", false) }, (&[], &[])).await;
+        let expired =
+            d.deliver(&Down { expires_in_ms: Some(0), ..down(7, "config/x", false) }, (&[], &[])).await.unwrap();
         assert_eq!(expired, DownOutcome::Expired);
         // A user the ACL does not know: refused, not published without an ACL.
         d.governance = Governance::new(&[entry(Some("ghost"))]);
-        let DownOutcome::Refused(reason) = d.deliver(&down(8, "config/y", true), (&[], &[])).await else { panic!() };
+        let DownOutcome::Refused(reason) = d.deliver(&down(8, "config/y", true), (&[], &[])).await.unwrap() else {
+            panic!()
+        };
         assert!(reason.contains("\"ghost\" is not in [auth]"), "{reason}");
         // No flush, no shutdown: what came back is committed already.
         drop(d);

@@ -13,7 +13,7 @@ mod config;
 mod deliver;
 
 pub use config::{DownlinkEntry, RetainPolicy, problems};
-pub use deliver::{Deliverer, RulesOf};
+pub use deliver::{COMMIT_WAIT, Deliverer, NotStored, RulesOf};
 
 use std::time::{Duration, Instant};
 
@@ -50,11 +50,11 @@ impl Downlink {
     }
 
     /// Carries out `d` ([`Deliverer::deliver`]) and keeps the mark it stored.
-    pub async fn deliver(&self, d: &Down, unmarked: (&[DownRefusal], &[u64])) -> DownOutcome {
-        let outcome = self.deliverer.deliver(d, unmarked).await;
+    pub async fn deliver(&self, d: &Down, unmarked: (&[DownRefusal], &[u64])) -> Result<DownOutcome, NotStored> {
+        let outcome = self.deliverer.deliver(d, unmarked).await?;
         let mark = DownMark::after(unmarked, d.seq, &outcome);
         *self.mark.lock().unwrap_or_else(std::sync::PoisonError::into_inner) = mark;
-        outcome
+        Ok(outcome)
     }
 
     /// The cloud marked everything through `up_to`: a new session need not report it again.

@@ -189,6 +189,8 @@ enum ConnEnd {
     Unreachable,
     #[error("shutting down")]
     Shutdown,
+    #[error(transparent)]
+    Downlink(#[from] crate::downlink::NotStored),
 }
 
 impl From<SendError> for ConnEnd {
@@ -612,7 +614,7 @@ impl Uplink {
                     }
                     // Only on a version 5 session, which this build does not offer yet.
                     EdgeEvent::Down(d) => {
-                        let outcome = self.downlink.deliver(&d, session.down_unmarked()).await;
+                        let outcome = self.downlink.deliver(&d, session.down_unmarked()).await?;
                         session.down_done(d.seq, outcome)?;
                     }
                     EdgeEvent::DownMarked(up_to) => self.downlink.marked(up_to),
