@@ -294,6 +294,24 @@ fn an_older_peer_never_sees_a_downlink_frame_and_a_misbehaving_one_is_named() {
     assert!(e.to_string().contains("11 was acked"), "{e}");
 }
 
+/// A bridge that never marks cannot make the edge keep refusals without end: past
+/// `MAX_DOWN_REPORT` unmarked, the next message ends the session.
+#[test]
+fn refusals_the_cloud_never_marks_are_bounded() {
+    let now = Instant::now();
+    let many: Vec<DownRefusal> =
+        (1..=super::down::MAX_DOWN_REPORT as u64).map(|seq| DownRefusal { seq, reason: "no".into() }).collect();
+    let mut edge = EdgeSession::new(EdgeSessionConfig::default(), EPOCH, []).with_versions(versions()).with_down(
+        many.len() as u64,
+        many,
+        vec![],
+    );
+    edge.connected(now);
+    edge.handle(welcome(), now).unwrap();
+    let e = edge.handle(Control::Down(Box::new(down(5000))), now).unwrap_err();
+    assert!(e.to_string().contains("4096 downlink refusals and expiries the cloud has not marked"), "{e}");
+}
+
 #[test]
 fn the_window_bounds_messages_and_bytes_unanswered() {
     let mut cloud =

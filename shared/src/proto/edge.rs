@@ -394,6 +394,14 @@ impl EdgeSession {
                 d.seq, state.received
             )));
         }
+        // What the cloud has not marked is kept (and rewritten with every mark): a bridge that
+        // never marks must not grow it without end.
+        if state.refused.len() + state.expired.len() >= MAX_DOWN_REPORT {
+            return Err(SessionError::Protocol(format!(
+                "{} downlink refusals and expiries the cloud has not marked",
+                state.refused.len() + state.expired.len()
+            )));
+        }
         if state.pending.len() >= self.config.max_down_pending {
             return Err(SessionError::Protocol(format!(
                 "more than {} downlink messages unanswered",
