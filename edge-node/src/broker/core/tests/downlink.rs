@@ -1,7 +1,7 @@
 //! Downlink messages entering the broker (issue 31): the message and the downlink's mark in
 //! the same store call, local delivery only, and the same ACL and namespace as a client's.
 
-use super::durable::Replay;
+use super::durable::{Replay, durable};
 use super::*;
 use crate::auth::{Acl, Identity as AuthIdentity, Rules};
 use crate::broker::message::Message;
@@ -18,20 +18,13 @@ fn message(topic: &str, qos: QoS, retain: bool) -> Message {
     }
 }
 
-fn durable(id: &str) -> Connect {
-    let mut c = connect_packet(id, Version::V5);
-    c.clean_start = false;
-    c.session_expiry = 3600;
-    c
-}
-
 /// The mark and what the message queued for an offline durable session are made in one call
 /// (so the store commits them together), and a restart from the store finds both: the message
 /// comes to its subscriber and the mark says it was done.
 #[test]
 fn a_downlink_message_and_its_mark_are_stored_together_and_survive_a_restart() {
     let mut h = Harness::new();
-    let (s, _) = h.connect_as(durable("app"), user("u"));
+    let (s, _) = h.connect_as(durable("app", Version::V5), user("u"));
     h.send(s, sub(1, "cmd/#", QoS::ExactlyOnce));
     h.recv(s);
     h.drop_conn(s);
@@ -50,7 +43,7 @@ fn a_downlink_message_and_its_mark_are_stored_together_and_survive_a_restart() {
     let state = Replay::of(h.ops()).state();
     assert_eq!(state.marks.get("downlink").map(String::as_str), Some("7"));
     h.restart_from(state, Duration::from_secs(1));
-    let (s, out) = h.connect_as(durable("app"), user("u"));
+    let (s, out) = h.connect_as(durable("app", Version::V5), user("u"));
     assert!(Harness::connack(&out).0);
     let got = [out, h.recv(s)].concat();
     assert_eq!(payloads(&got), ["set 42"], "delivered once after the restart");

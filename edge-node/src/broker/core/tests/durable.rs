@@ -122,7 +122,8 @@ impl Harness {
     }
 }
 
-fn durable(client_id: &str, version: Version) -> Connect {
+/// A CONNECT keeping its session an hour (Clean Start 0).
+pub(crate) fn durable(client_id: &str, version: Version) -> Connect {
     let mut c = connect_packet(client_id, version);
     c.clean_start = false;
     c.session_expiry = 3600;
