@@ -30,6 +30,9 @@ pub struct CloudConfig {
     /// Span export over OTLP for messages that carry a trace context. Default: off.
     #[serde(default)]
     pub tracing: shared::trace::TracingConfig,
+    /// Messages to edges: windows, backlog bounds, groups.
+    #[serde(default)]
+    pub downlink: crate::downlink::DownlinkConfig,
 }
 
 #[derive(Debug, Clone, Default, Deserialize, Serialize)]
@@ -116,6 +119,9 @@ impl CloudConfig {
         }
         if let Err((key, problem)) = config.limits.check().and_then(|()| config.fleet.check()) {
             return Err(ConfigError::Invalid { path: path.to_owned(), key: key.into(), problem });
+        }
+        if let Err((key, problem)) = config.downlink.check() {
+            return Err(ConfigError::Invalid { path: path.to_owned(), key, problem });
         }
         if let Some((key, problem)) = config.tracing.problems().into_iter().next() {
             return Err(ConfigError::Invalid { path: path.to_owned(), key: key.into(), problem });

@@ -5,6 +5,7 @@
 pub mod certs;
 pub mod config;
 pub mod console;
+pub mod downlink;
 pub mod fleet;
 pub mod ingest;
 pub mod limits;
@@ -118,7 +119,12 @@ impl Bridge {
                     std::time::Instant::now(),
                 )),
             },
-            services: server::Services { models, fleet: recorder, tracer: tracer.clone() },
+            services: server::Services {
+                models,
+                fleet: recorder,
+                tracer: tracer.clone(),
+                downlink: Arc::new(downlink::Downlink::new(config.downlink.clone(), metrics.downlink.clone())),
+            },
             http,
             writes_per_second: config.fleet.state_writes_per_second,
             sink: config.sink.clone(),
@@ -129,32 +135,8 @@ impl Bridge {
                 tracing::info!(path = %path.display(), "sink: sqlite");
                 Self::serve(Arc::new(sink.with_quota(config.limits.quota())), parts, metrics, quic_addr, http_addr)
             }
-            SinkConfig::Jetstream {
-                url,
-                stream,
-                subject_prefix,
-                marks_bucket,
-                dicts_bucket,
-                tco_bucket,
-                fleet_bucket,
-                duplicate_window,
-                replicas,
-                batches,
-                startup_retry,
-            } => {
-                let settings = sink::jetstream::JetStreamSettings {
-                    url: url.clone(),
-                    stream: stream.clone(),
-                    subject_prefix: subject_prefix.clone(),
-                    marks_bucket: marks_bucket.clone(),
-                    dicts_bucket: dicts_bucket.clone(),
-                    tco_bucket: tco_bucket.clone(),
-                    fleet_bucket: fleet_bucket.clone(),
-                    duplicate_window: duplicate_window.0,
-                    replicas: *replicas,
-                    batches: *batches,
-                    startup_retry: startup_retry.0,
-                };
+            SinkConfig::Jetstream { url, stream, marks_bucket, .. } => {
+                let settings = config.sink.jetstream_settings().expect("a jetstream sink");
                 let sink = Box::pin(sink::jetstream::JetStreamSink::connect(&settings))
                     .await?
                     .with_metrics(metrics.sink.clone());
@@ -190,6 +172,7 @@ impl Bridge {
         let fleet_stop = CancellationToken::new();
         let info = fleet::BridgeInfo { quic: quic_addr, writes_per_second: parts.writes_per_second };
         let writer = tokio::spawn(fleet::run(parts.services.fleet.clone(), sink.clone(), info, fleet_stop.clone()));
+        tasks.spawn(parts.services.downlink.clone().watch(sink.clone(), shutdown.clone()));
         let tracer = parts.services.tracer.clone();
         let (m, stop, t) = (metrics.server.clone(), shutdown.clone(), tasks.clone());
         let trust = Arc::new(server::trust::Trust::new(&parts.server.deny_serials));

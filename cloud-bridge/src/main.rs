@@ -62,6 +62,80 @@ enum Command {
         #[command(subcommand)]
         command: EdgesCommand,
     },
+    /// Stores a message for a local MQTT topic of one edge, a group or every edge; each edge's
+    /// bridge delivers it once the edge is connected. Exit 1 if any edge's backlog refused it.
+    Send(SendArgs),
+    /// Messages to edges: an edge's position and backlog, what edges refused.
+    Downlink {
+        #[command(subcommand)]
+        command: DownlinkCommand,
+    },
+}
+
+#[derive(clap::Args)]
+#[command(group = clap::ArgGroup::new("target").required(true).args(["edge", "group", "all"]))]
+#[command(group = clap::ArgGroup::new("body").required(true).args(["payload", "file"]))]
+struct SendArgs {
+    #[arg(long, default_value_os_t = default_config())]
+    config: PathBuf,
+    /// One edge, by id.
+    #[arg(long)]
+    edge: Option<String>,
+    /// Each edge of a group of `downlink.groups`.
+    #[arg(long)]
+    group: Option<String>,
+    /// Every edge the fleet view knows.
+    #[arg(long)]
+    all: bool,
+    /// The local MQTT topic.
+    #[arg(long)]
+    topic: String,
+    #[arg(long, default_value_t = 1)]
+    qos: u8,
+    #[arg(long)]
+    retain: bool,
+    /// Not delivered after this long (`30s`, `1h`); the local message's expiry carries what is
+    /// left.
+    #[arg(long)]
+    expiry: Option<shared::units::HumanDuration>,
+    /// `name=value`, repeatable.
+    #[arg(long = "user-property")]
+    user_properties: Vec<String>,
+    #[arg(long)]
+    response_topic: Option<String>,
+    #[arg(long)]
+    correlation_data: Option<String>,
+    #[arg(long)]
+    content_type: Option<String>,
+    #[arg(long)]
+    payload: Option<String>,
+    /// The payload, from a file.
+    #[arg(long)]
+    file: Option<PathBuf>,
+}
+
+#[derive(Subcommand)]
+enum DownlinkCommand {
+    /// One edge's position, what it did with its messages, and what waits for it.
+    Status {
+        #[arg(long, default_value_os_t = default_config())]
+        config: PathBuf,
+        #[arg(long)]
+        edge: String,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Messages edges refused or let expire (the downlink's dead letters), oldest first.
+    Refused {
+        #[arg(long, default_value_os_t = default_config())]
+        config: PathBuf,
+        #[arg(long)]
+        edge: Option<String>,
+        #[arg(long, default_value_t = 100)]
+        limit: usize,
+        #[arg(long)]
+        json: bool,
+    },
 }
 
 #[derive(Subcommand)]
@@ -241,6 +315,21 @@ fn main() -> ExitCode {
                 ExitCode::from(2)
             }
         },
+        Command::Send(args) => match send(args) {
+            Ok(true) => ExitCode::SUCCESS,
+            Ok(false) => ExitCode::FAILURE,
+            Err(e) => {
+                eprintln!("cloud-bridge: {e:#}");
+                ExitCode::from(2)
+            }
+        },
+        Command::Downlink { command } => match downlink(command) {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => {
+                eprintln!("cloud-bridge: {e:#}");
+                ExitCode::from(2)
+            }
+        },
         Command::Edges { command: EdgesCommand::List { config, json } } => match edges_list(&config, json) {
             Ok(()) => ExitCode::SUCCESS,
             Err(e) => {
@@ -391,6 +480,110 @@ fn run(path: &std::path::Path, ready_file: Option<PathBuf>) -> ExitCode {
         }
         ExitCode::SUCCESS
     })
+}
+
+/// Runs `$body` with `$s` bound to the sink `$config` names (a command's, not a bridge's: it
+/// gives a JetStream cluster 10 s to answer).
+macro_rules! with_sink {
+    ($config:expr, $s:ident => $body:expr) => {
+        match &$config {
+            cloud_bridge::config::SinkConfig::Sqlite { path } => {
+                let $s = cloud_bridge::sink::sqlite::SqliteSink::open(path)?;
+                $body
+            }
+            jetstream => {
+                let mut settings = jetstream.jetstream_settings().expect("not SQLite");
+                settings.startup_retry = std::time::Duration::from_secs(10);
+                let $s = cloud_bridge::sink::jetstream::JetStreamSink::connect(&settings).await?;
+                $body
+            }
+        }
+    };
+}
+
+fn send(args: SendArgs) -> anyhow::Result<bool> {
+    use cloud_bridge::downlink::send::{self, Flags, Target};
+    let config = CloudConfig::load(&args.config)?;
+    let payload = match (&args.payload, &args.file) {
+        (Some(p), _) => p.clone().into_bytes(),
+        (None, Some(f)) => std::fs::read(f).map_err(|e| anyhow::anyhow!("--file {}: {e}", f.display()))?,
+        (None, None) => unreachable!("clap requires one"),
+    };
+    let msg = send::message(Flags {
+        topic: args.topic,
+        qos: args.qos,
+        retain: args.retain,
+        expiry: args.expiry.map(|d| d.0),
+        user_properties: args.user_properties,
+        response_topic: args.response_topic,
+        correlation_data: args.correlation_data,
+        content_type: args.content_type,
+        payload,
+    })?;
+    let target = match (args.edge, args.group) {
+        (Some(e), _) => Target::Edge(e),
+        (None, Some(g)) => Target::Group(g),
+        (None, None) => Target::All,
+    };
+    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+    runtime.block_on(async {
+        with_sink!(config.sink, sink => {
+            let edges = send::edges(&sink, &config.downlink, &target).await?;
+            let sent = send::send(&sink, &config.downlink, &edges, &msg).await?;
+            let mut all = true;
+            for (edge, what) in &sent {
+                println!("{}", send::describe(&config.downlink, &msg.topic, edge, what));
+                all &= matches!(what, cloud_bridge::sink::downlink::Enqueued::Stored { .. });
+            }
+            Ok(all)
+        })
+    })
+}
+
+fn downlink(command: DownlinkCommand) -> anyhow::Result<()> {
+    use cloud_bridge::sink::DownlinkStore;
+    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+    match command {
+        DownlinkCommand::Status { config, edge, json } => {
+            let config = CloudConfig::load(&config)?;
+            runtime.block_on(async {
+                with_sink!(config.sink, sink => {
+                    let state = sink.down_state(&edge).await?;
+                    let backlog = sink.down_backlog(&edge).await?;
+                    if json {
+                        println!("{}", serde_json::json!({ "edge": edge, "state": state, "backlog": backlog }));
+                    } else {
+                        let oldest = backlog
+                            .oldest_ms
+                            .map(|t| format!(", oldest {} s old", shared::units::now_ms().saturating_sub(t) / 1000))
+                            .unwrap_or_default();
+                        println!(
+                            "{edge}: position {}, delivered {}, refused {}, expired {}; waiting {} messages, {} bytes{oldest}",
+                            state.position, state.delivered, state.refused, state.expired, backlog.messages, backlog.bytes
+                        );
+                    }
+                    Ok(())
+                })
+            })
+        }
+        DownlinkCommand::Refused { config, edge, limit, json } => {
+            let config = CloudConfig::load(&config)?;
+            runtime.block_on(async {
+                with_sink!(config.sink, sink => {
+                    let dead = sink.down_dead_letters(edge.as_deref(), limit).await?;
+                    if json {
+                        println!("{}", serde_json::to_string_pretty(&dead)?);
+                    } else {
+                        for d in &dead {
+                            println!("{} {} {} {} ({} bytes): {}", d.edge, d.seq, d.outcome, d.topic, d.bytes, d.reason);
+                        }
+                        println!("{} downlink dead letters", dead.len());
+                    }
+                    Ok(())
+                })
+            })
+        }
+    }
 }
 
 fn tco_report(path: &std::path::Path, json: bool) -> anyhow::Result<()> {

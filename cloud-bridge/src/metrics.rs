@@ -24,6 +24,7 @@ pub struct Metrics {
     pub limits: Arc<crate::limits::LimitMetrics>,
     pub fleet: Arc<crate::fleet::FleetMetrics>,
     pub trace: Arc<shared::trace::TraceCounts>,
+    pub downlink: Arc<crate::downlink::DownlinkMetrics>,
 }
 
 impl Metrics {
@@ -39,6 +40,7 @@ impl Metrics {
             limits: Arc::default(),
             fleet: Arc::default(),
             trace: Arc::default(),
+            downlink: Arc::default(),
         };
         m.models.register(registry);
         m.limits.register(registry);
@@ -46,6 +48,7 @@ impl Metrics {
         m.fleet.register(registry);
         m.server.register(registry);
         m.trace.register(registry);
+        m.downlink.register(registry);
         Self { registry: root, ..m }
     }
 

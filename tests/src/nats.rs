@@ -246,6 +246,7 @@ pub fn sink_settings(
         replicas: None,
         batches,
         startup_retry: Duration::from_secs(10),
+        down: Default::default(),
     }
 }
 

@@ -70,6 +70,15 @@ enum SessionEnd {
     Stalled(Duration),
 }
 
+impl From<crate::downlink::session::DownError> for SessionEnd {
+    fn from(e: crate::downlink::session::DownError) -> Self {
+        match e {
+            crate::downlink::session::DownError::Sink(e) => SessionEnd::Sink(e),
+            crate::downlink::session::DownError::Session(e) => SessionEnd::Session(e),
+        }
+    }
+}
+
 impl From<core::CoreError> for SessionEnd {
     fn from(e: core::CoreError) -> Self {
         match e {
@@ -232,6 +241,8 @@ pub struct Services {
     pub fleet: Arc<Recorder>,
     /// `sink commit` spans of traced records (`[tracing]`).
     pub tracer: shared::trace::Tracer,
+    /// Messages for the edges (`[downlink]`).
+    pub downlink: Arc<crate::downlink::Downlink>,
 }
 
 /// Accepts edges until `shutdown`.
@@ -396,7 +407,7 @@ async fn serve_edge<S: Sink>(
     // What this session added to the bridge's lag gauge, taken back when it ends.
     let mut lag = 0;
     let end = tokio::select! {
-        end = session::run(&conn, edge, limits, &*sink, services.models.as_ref(), metrics, &mut presence, &mut lag, &services.tracer) => {
+        end = session::run(&conn, edge, limits, &*sink, &services, metrics, &mut presence, &mut lag) => {
             end.err().unwrap_or(SessionEnd::Closed)
         }
         _ = shutdown.cancelled() => SessionEnd::Shutdown,

@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 use futures_util::FutureExt;
 use futures_util::StreamExt;
 use futures_util::stream::FuturesOrdered;
-use shared::proto::cloud::{CloudSession, Request};
+use shared::proto::cloud::{CloudSession, DownWindow, Request};
 use shared::proto::compress;
 use shared::proto::io::{FrameIoError, write_frame};
 use tokio::sync::mpsc;
@@ -17,14 +17,16 @@ use tokio_util::task::AbortOnDropHandle;
 
 use shared::trace::Tracer;
 
+use crate::downlink::session::EdgeDown;
+
 use super::core::{Publish, SessionCore};
 use super::metrics::SessionMetrics as Metrics;
 use super::traced::SinkSpans;
-use super::{SessionEnd, SessionLimits, refuse};
+use super::{Services, SessionEnd, SessionLimits, refuse};
 use crate::fleet::Presence;
 use crate::ingest::{self, Dicts, Ingested};
 use crate::limits::Reservation;
-use crate::models::serve::{EdgeModels, ModelService};
+use crate::models::serve::EdgeModels;
 use crate::sink::{EpochVerdict, Sink, SinkError, Turn};
 
 /// A publish running on a task of its own: (its id, when it started, the sink's answer).
@@ -41,15 +43,21 @@ pub(super) async fn run<S: Sink>(
     edge: &str,
     limits: SessionLimits,
     sink: &S,
-    models: Option<&Arc<ModelService>>,
+    services: &Services,
     metrics: &Metrics,
     presence: &mut Presence,
     lag: &mut i64,
-    tracer: &Tracer,
 ) -> Result<(), SessionEnd> {
+    let (models, tracer) = (services.models.as_ref(), &services.tracer);
     let (mut send, recv) = conn.accept_bi().await?;
-    let mut core: SessionCore<Reservation> =
-        SessionCore::new(CloudSession::new(limits.max_held), sink.pipeline(), limits.stall);
+    let window = DownWindow {
+        messages: services.downlink.config.window_messages,
+        bytes: services.downlink.config.window_bytes.as_usize(),
+    };
+    let session = CloudSession::new(limits.max_held).with_down_window(window);
+    let mut core: SessionCore<Reservation> = SessionCore::new(session, sink.pipeline(), limits.stall);
+    // The edge's downlink, once its hello said it speaks it.
+    let mut down: Option<EdgeDown> = None;
     // Control frames and batches are read by their own tasks: a read cut short by `select!`
     // would lose the bytes it had taken. Both are paid from the connection's memory.
     let (mut control_rx, reader) = ingest::spawn_control_reader(recv, limits.budget.clone());
@@ -116,6 +124,7 @@ pub(super) async fn run<S: Sink>(
                             edge_models = Some((m, server));
                             Box::pin(announce_models(edge, &mut edge_models, session)).await;
                         }
+                        down = Box::pin(EdgeDown::start(&services.downlink, sink, edge, session, hello.down_mark)).await?;
                     }
                     Some(Request::StoreDict(dict)) => {
                         Box::pin(sink.store_dict(edge, &dict)).await?;
@@ -132,8 +141,13 @@ pub(super) async fn run<S: Sink>(
                             tracing::warn!(edge, error = %e, "TCO report not stored");
                         }
                     }
-                    // Only on a version 5 session, which this build does not offer yet.
-                    Some(Request::DownAcked(_)) | None => {}
+                    // The session refuses an ack before the downlink started.
+                    Some(Request::DownAcked(ack)) => {
+                        if let Some(d) = down.as_mut() {
+                            Box::pin(d.acked(sink, edge, core.session_mut(), ack)).await?;
+                        }
+                    }
+                    None => {}
                 }
             }
             Some(ingested) = batch_rx.recv(), if core.wants_batch() => {
@@ -147,6 +161,11 @@ pub(super) async fn run<S: Sink>(
             }
             // The fleet view's news that waited for its interval.
             _ = sleep_until(presence.due(core.session())) => {}
+            _ = down_due(&mut down), if down.is_some() && core.session().down_room() => {
+                if let Some(d) = down.as_mut() {
+                    Box::pin(d.read(sink, edge, core.session_mut())).await?;
+                }
+            }
             _ = model_poll.tick(), if edge_models.is_some() => {
                 Box::pin(announce_models(edge, &mut edge_models, core.session_mut())).await;
             }
@@ -263,6 +282,14 @@ fn epoch_refusal(verdict: EpochVerdict) -> Option<(&'static str, &'static str)> 
             "epochs_exhausted",
             "a new epoch, and the edge has used limits.epochs_per_edge + limits.retired_epochs_per_edge already",
         )),
+    }
+}
+
+/// When the downlink wants a read (never without one).
+async fn down_due(down: &mut Option<EdgeDown>) {
+    match down {
+        Some(d) => d.due().await,
+        None => std::future::pending().await,
     }
 }
 

@@ -5,6 +5,8 @@ use std::path::PathBuf;
 
 use serde::{Deserialize, Serialize};
 
+// One per process, read at start: the size of its largest variant costs nothing.
+#[allow(clippy::large_enum_variant)]
 #[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(tag = "kind", rename_all = "lowercase", deny_unknown_fields)]
 pub enum SinkConfig {
@@ -56,6 +58,12 @@ pub enum SinkConfig {
         /// failures.
         #[serde(default)]
         batches: crate::sink::jetstream::BatchPublish,
+        /// The downlink's stream (`stream`, default `DOWN`), its subjects'
+        /// `subject_prefix` (default `down`: `down.<edge>.<topic levels>`), the KV `bucket` of
+        /// each edge's position (default `edge-down`), and `max_age`, after which what was not
+        /// delivered is deleted (default 7d).
+        #[serde(default)]
+        downlink: crate::sink::downlink::jetstream::DownSettings,
     },
 }
 
@@ -124,6 +132,40 @@ impl SinkConfig {
                 super::jetstream::load_fleet_from(url, fleet_bucket).await?,
                 super::jetstream::load_reports_from(url, tco_bucket).await?,
             )),
+        }
+    }
+
+    /// What a JetStream sink connects with; none for SQLite.
+    pub fn jetstream_settings(&self) -> Option<super::jetstream::JetStreamSettings> {
+        match self {
+            SinkConfig::Sqlite { .. } => None,
+            SinkConfig::Jetstream {
+                url,
+                stream,
+                subject_prefix,
+                marks_bucket,
+                dicts_bucket,
+                tco_bucket,
+                fleet_bucket,
+                duplicate_window,
+                replicas,
+                batches,
+                startup_retry,
+                downlink,
+            } => Some(super::jetstream::JetStreamSettings {
+                url: url.clone(),
+                stream: stream.clone(),
+                subject_prefix: subject_prefix.clone(),
+                marks_bucket: marks_bucket.clone(),
+                dicts_bucket: dicts_bucket.clone(),
+                tco_bucket: tco_bucket.clone(),
+                fleet_bucket: fleet_bucket.clone(),
+                duplicate_window: duplicate_window.0,
+                replicas: *replicas,
+                batches: *batches,
+                startup_retry: startup_retry.0,
+                down: downlink.clone(),
+            }),
         }
     }
 

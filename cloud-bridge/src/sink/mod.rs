@@ -19,6 +19,7 @@
 //! bridge, replaced, never appended.
 
 pub mod config;
+pub mod downlink;
 pub mod inspect;
 pub mod jetstream;
 pub mod presence;
@@ -37,6 +38,7 @@ use prometheus_client::registry::Registry;
 use serde::{Deserialize, Serialize};
 use shared::proto::{ClassesReport, DictAnnounce, LaneSeq, WireRecord};
 
+pub use downlink::DownlinkStore;
 pub use presence::{BridgeState, EdgeState, FleetStates, LaneState};
 pub use quota::{EdgeQuota, EpochVerdict};
 
@@ -269,9 +271,9 @@ pub fn first_turn() -> Turn {
 /// A sink, by concern: edge records and their marks ([`RecordSink`]), the edges' compression
 /// dictionaries ([`DictStore`]) and what the fleet view shows ([`FleetStore`]). A session takes
 /// all three; the fleet writer and `edges list` only the last.
-pub trait Sink: RecordSink + DictStore + FleetStore {}
+pub trait Sink: RecordSink + DictStore + FleetStore + DownlinkStore {}
 
-impl<T: RecordSink + DictStore + FleetStore> Sink for T {}
+impl<T: RecordSink + DictStore + FleetStore + DownlinkStore> Sink for T {}
 
 /// Edge records, exactly once: epochs admitted, records published idempotently, marks raised
 /// over what is published.

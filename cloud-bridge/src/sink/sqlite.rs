@@ -78,7 +78,7 @@ CREATE TABLE IF NOT EXISTS edge_dicts (
 pub struct SqliteSink {
     conn: Arc<Mutex<Connection>>,
     path: PathBuf,
-    metrics: Arc<SinkMetrics>,
+    pub(super) metrics: Arc<SinkMetrics>,
     quota: EdgeQuota,
 }
 
@@ -159,6 +159,7 @@ impl SqliteSink {
         let conn = Connection::open(path).map_err(at("open", path))?;
         conn.execute_batch("PRAGMA journal_mode = WAL; PRAGMA synchronous = FULL;")
             .and_then(|_| conn.execute_batch(SCHEMA))
+            .and_then(|_| conn.execute_batch(super::downlink::sqlite::SCHEMA))
             .map_err(at("schema", path))?;
         conn.busy_timeout(BUSY_TIMEOUT).map_err(|e| SinkError::sqlite("open", e))?;
         Ok(Self {
@@ -185,7 +186,7 @@ impl SqliteSink {
         &self.path
     }
 
-    async fn blocking<T: Send + 'static>(
+    pub(super) async fn blocking<T: Send + 'static>(
         &self,
         f: impl FnOnce(&mut Connection) -> Result<T, SinkError> + Send + 'static,
     ) -> Result<T, SinkError> {

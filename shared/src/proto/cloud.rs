@@ -291,7 +291,7 @@ impl CloudSession {
                 Ok(Some(Request::StoreDict(d)))
             }
             Control::DownAck(ack) if self.phase == CloudPhase::Ready && self.version >= DOWNLINK_VERSION => {
-                self.handle_down_ack(ack).map(|a| Some(Request::DownAcked(a)))
+                self.handle_down_ack(ack).map(|a| a.map(Request::DownAcked))
             }
             other => Err(SessionError::Protocol(format!(
                 "unexpected {} from the edge in phase {:?}",
@@ -450,9 +450,14 @@ impl CloudSession {
         self.out.pop_front()
     }
 
-    fn handle_down_ack(&mut self, ack: DownAck) -> Result<DownAck, SessionError> {
+    /// An ack before the driver started the downlink (the one an edge sends after every
+    /// welcome, to a bridge that does not deliver) asks nothing of it: `None`.
+    fn handle_down_ack(&mut self, ack: DownAck) -> Result<Option<DownAck>, SessionError> {
         let d = &mut self.down;
-        if !d.started || ack.up_to < d.acked || ack.up_to > d.sent {
+        if !d.started {
+            return Ok(None);
+        }
+        if ack.up_to < d.acked || ack.up_to > d.sent {
             return Err(SessionError::Protocol(format!(
                 "downlink ack through {}, but {} was acked and {} the last sent",
                 ack.up_to, d.acked, d.sent
@@ -484,7 +489,7 @@ impl CloudSession {
             d.bytes -= weight;
         }
         self.changes += 1;
-        Ok(ack)
+        Ok(Some(ack))
     }
 
     /// Starts the downlink after `position` (the sink's mark, or the edge's if it is further):

@@ -19,6 +19,10 @@ pub const MAX_REFUSAL_REASON: usize = 256;
 /// marked; the bridge's window keeps that far lower).
 pub const MAX_DOWN_REPORT: usize = 4096;
 
+/// The most a downlink message may weigh ([`Down::weight`] without its fixed part): its frame
+/// stays within [`super::MAX_CONTROL_FRAME`], whose last 64 KiB cover the encoding.
+pub const MAX_DOWN_BYTES: usize = crate::model::MAX_MANIFEST_BYTES;
+
 /// A message from the cloud for a local topic.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Down {

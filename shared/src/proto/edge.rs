@@ -23,7 +23,7 @@ use std::collections::{BTreeMap, VecDeque};
 use std::time::{Duration, Instant};
 
 use super::down::{Down, DownAck, DownOutcome, DownRefusal, MAX_DOWN_REPORT, clip_reason};
-use super::{Control, DOWNLINK_VERSION, DictAnnounce, EDGE_VERSIONS, Hello, LaneSeq, SpoolReport};
+use super::{Control, DOWNLINK_VERSION, DictAnnounce, Hello, LaneSeq, SpoolReport, VERSIONS};
 
 #[derive(Debug, Clone)]
 pub struct EdgeSessionConfig {
@@ -162,7 +162,7 @@ impl EdgeSession {
     ) -> Self {
         Self {
             config,
-            versions: EDGE_VERSIONS.to_vec(),
+            versions: VERSIONS.to_vec(),
             epoch: epoch.into(),
             models: Vec::new(),
             dicts: Vec::new(),

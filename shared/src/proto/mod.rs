@@ -58,16 +58,12 @@ pub const ALPN: &[u8] = b"ehb/1";
 
 /// Protocol versions this build speaks: 2 names dictionaries by the whole SHA-256, 3 has the
 /// Welcome say what the sink stores of one record, 4 sends batches in one framing level
-/// ([`batch_frame`]).
-pub const VERSIONS: &[u16] = &[1, 2, 3, 4];
+/// ([`batch_frame`]), 5 carries the downlink ([`down`]).
+pub const VERSIONS: &[u16] = &[1, 2, 3, 4, DOWNLINK_VERSION];
 
 /// The first version with the downlink ([`down`]): a bridge sends `Down` frames only on such a
 /// session, an edge takes them only on one.
 pub const DOWNLINK_VERSION: u16 = 5;
-
-/// What an edge offers: [`VERSIONS`] and the downlink's, whose edge side is built (a bridge of
-/// this build still chooses 4; one that delivers downlink messages chooses 5).
-pub const EDGE_VERSIONS: &[u16] = &[1, 2, 3, 4, DOWNLINK_VERSION];
 
 /// What the cloud's sink can store of one record (protocol version 3, in the Welcome), both as
 /// [`record_size`] counts: 0 is no limit but the protocol's.

@@ -1,12 +1,13 @@
 //! A rolling upgrade: edges and bridges one protocol version apart keep working together. This
-//! build speaks 1 to 4 (2 names dictionaries by the whole SHA-256, 3 has the Welcome say what
+//! build speaks 1 to 5 (2 names dictionaries by the whole SHA-256, 3 has the Welcome say what
 //! the sink stores of one record, 4 sends batches as a binary head and the body as it is,
-//! `shared::proto::batch_frame`). The next version is played by peers that offer 1 to 5 and
-//! add what a newer build may add: fields this build does not know in every frame and in the
-//! batch head, control frames it has never seen; the previous one by peers that speak 1 to 3
-//! (batches in a CBOR envelope), older ones by peers that speak 1 and 2 (no sink limits in
-//! their Welcome), and the first by peers that speak only 1 and name dictionaries by 16 hex
-//! digits. A real edge against such a bridge, a real bridge against such an edge: they
+//! `shared::proto::batch_frame`, 5 carries the downlink). The next version is played by peers
+//! that offer 1 to 6 and add what a newer build may add: fields this build does not know in
+//! every frame and in the batch head, control frames it has never seen; the previous one by
+//! peers that speak 1 to 4 (no downlink: a bridge never sends one a downlink frame, though a
+//! message waits for it), older ones by peers that speak 1 to 3 (batches in a CBOR envelope) or
+//! 1 and 2 (no sink limits in their Welcome), and the first by peers that speak only 1 and name
+//! dictionaries by 16 hex digits. A real edge against such a bridge, a real bridge against such an edge: they
 //! negotiate the highest common version, ignore the rest, use dictionaries by that version's
 //! ids, and every record arrives and is acked.
 
@@ -15,6 +16,8 @@ use std::net::SocketAddr;
 use std::time::Duration;
 
 use ciborium::Value;
+use cloud_bridge::sink::DownlinkStore;
+use cloud_bridge::sink::downlink::{DownBounds, Enqueued, Outgoing};
 use e2e_tests::client::Client;
 use e2e_tests::cloud::{TestCloud, pki, sink_rows};
 use e2e_tests::fixtures::{telemetry, wire_record, with_spool};
@@ -24,7 +27,8 @@ use rumqttc::QoS;
 use serde::Serialize;
 use shared::proto::io::{read_frame, read_frame_body};
 use shared::proto::{
-    Batch, Codec, Control, DictAnnounce, Hello, MAX_BATCH_FRAME, MAX_BATCH_RAW, MAX_CONTROL_FRAME, WireRecord,
+    Batch, Codec, Control, DOWNLINK_VERSION, DictAnnounce, Hello, MAX_BATCH_FRAME, MAX_BATCH_RAW, MAX_CONTROL_FRAME,
+    WireRecord,
 };
 use shared::proto::{batch_frame, codec, compress};
 
@@ -51,17 +55,25 @@ fn unknown_control(kind: &str) -> Vec<u8> {
     ]))
 }
 
-/// An edge of the next version: welcomed at 4, its batch in the binary framing with a longer
-/// head than this build writes, records with fields this build does not know.
+/// An edge of the next version: welcomed at 5, its batch in the binary framing with a longer
+/// head than this build writes, records with fields this build does not know; the message
+/// waiting for it is sent.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn this_bridge_serves_an_edge_of_the_next_version() {
-    serve_an_edge_offering(&[1, 2, 3, 4, 5], 4).await;
+    serve_an_edge_offering(&[1, 2, 3, 4, 5, 6], 5).await;
 }
 
-/// An edge of the previous version: welcomed at 3, its batch a CBOR envelope (with a field
-/// this build does not know, as such an edge's peers of its next version would add).
+/// An edge of the previous version: welcomed at 4, batches in the binary framing, and no
+/// downlink frame though a message waits for it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn this_bridge_serves_an_edge_of_the_previous_version() {
+    serve_an_edge_offering(&[1, 2, 3, 4], 4).await;
+}
+
+/// An edge of version 3: its batch a CBOR envelope (with a field this build does not know, as
+/// such an edge's peers of its next version would add).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn this_bridge_serves_an_edge_of_version_3() {
     serve_an_edge_offering(&[1, 2, 3], 3).await;
 }
 
@@ -69,6 +81,11 @@ async fn serve_an_edge_offering(versions: &[u16], chosen: u16) {
     let dir = tempfile::tempdir().unwrap();
     let keys = pki(dir.path(), &["edge-2"]);
     let cloud = TestCloud::start(dir.path(), keys.clone(), "127.0.0.1:0".parse().unwrap(), "").await;
+    // A message waits for this edge: only a session of the downlink's version may carry it.
+    let sink = cloud_bridge::sink::sqlite::SqliteSink::open(&cloud.sink).unwrap();
+    let waiting = Outgoing { topic: "config/x".into(), payload: b"v".to_vec(), qos: 1, ..Default::default() };
+    let bounds = DownBounds { messages: 10, bytes: 1 << 20 };
+    assert!(matches!(sink.enqueue("edge-2", &waiting, bounds).await.unwrap(), Enqueued::Stored { .. }));
     let (_, cert, key) = keys.edges.iter().find(|(id, _, _)| id == "edge-2").unwrap().clone();
     let conn = quic::connect(cloud.bridge.quic_addr(), &keys.ca, &cert, &key).await.unwrap();
     let (mut send, mut recv) = conn.open_bi().await.unwrap();
@@ -126,10 +143,14 @@ async fn serve_an_edge_offering(versions: &[u16], chosen: u16) {
     uni.write_all(&bytes).await.unwrap();
     uni.finish().unwrap();
 
+    let mut downs = Vec::new();
     let acked = tokio::time::timeout(WAIT, async {
-        loop {
+        let mut acked = false;
+        // On the downlink's version, until both the ack and the waiting message came.
+        while !acked || (chosen >= DOWNLINK_VERSION && downs.is_empty()) {
             match read_frame::<_, Control>(&mut recv, MAX_CONTROL_FRAME).await.unwrap() {
-                Some(Control::Ack(a)) if a.lane == 0 && a.up_to == 3 => return,
+                Some(Control::Ack(a)) if a.lane == 0 && a.up_to == 3 => acked = true,
+                Some(Control::Down(d)) => downs.push(d.topic),
                 Some(_) => continue,
                 None => panic!("the bridge closed the control stream"),
             }
@@ -137,6 +158,18 @@ async fn serve_an_edge_offering(versions: &[u16], chosen: u16) {
     })
     .await;
     assert!(acked.is_ok(), "no ack for the batch: {}", cloud.bridge.metrics().encode());
+    if chosen < DOWNLINK_VERSION {
+        // Whatever the bridge would send comes within its poll; none may be a downlink frame.
+        let more =
+            tokio::time::timeout(Duration::from_millis(500), read_frame::<_, Control>(&mut recv, MAX_CONTROL_FRAME))
+                .await;
+        if let Ok(Ok(Some(frame))) = &more {
+            assert!(!matches!(frame, Control::Down(_)), "a downlink frame on version {chosen}: {frame:?}");
+        }
+        assert!(downs.is_empty(), "a downlink frame on version {chosen}: {downs:?}");
+    } else {
+        assert_eq!(downs, ["config/x"]);
+    }
     let rows: Vec<_> = sink_rows(&cloud.sink).into_iter().map(|r| (r.edge, r.seq, r.topic, r.payload)).collect();
     let want: Vec<_> = (1..=3u64)
         .map(|s| ("edge-2".to_owned(), s, Some(format!("telemetry/next/{s}")), format!("v2-{s}").into_bytes()))
@@ -153,6 +186,11 @@ async fn this_bridge_serves_an_edge_of_the_first_version_and_its_dictionary() {
     let dir = tempfile::tempdir().unwrap();
     let keys = pki(dir.path(), &["edge-2"]);
     let cloud = TestCloud::start(dir.path(), keys.clone(), "127.0.0.1:0".parse().unwrap(), "").await;
+    // A message waits for this edge: only a session of the downlink's version may carry it.
+    let sink = cloud_bridge::sink::sqlite::SqliteSink::open(&cloud.sink).unwrap();
+    let waiting = Outgoing { topic: "config/x".into(), payload: b"v".to_vec(), qos: 1, ..Default::default() };
+    let bounds = DownBounds { messages: 10, bytes: 1 << 20 };
+    assert!(matches!(sink.enqueue("edge-2", &waiting, bounds).await.unwrap(), Enqueued::Stored { .. }));
     let (_, cert, key) = keys.edges.iter().find(|(id, _, _)| id == "edge-2").unwrap().clone();
     let conn = quic::connect(cloud.bridge.quic_addr(), &keys.ca, &cert, &key).await.unwrap();
     let hello = Hello { versions: vec![1], ..quic::hello_for(EPOCH) };
@@ -387,10 +425,19 @@ async fn this_edge_drains_into_a_bridge_of_the_next_version() {
     assert_eq!(big, 0x83, "refused: the sink could not store it whole");
 }
 
-/// A bridge of the previous version: batches in the CBOR envelope, and its sink's 4 KiB limit
-/// honoured.
+/// A bridge of the previous version (no downlink): batches in the binary framing, and its
+/// sink's 4 KiB limit honoured.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn this_edge_drains_into_a_bridge_of_the_previous_version() {
+    let (got, big) = drain_into_a_bridge_speaking(&[1, 2, 3, 4]).await;
+    assert_eq!(got.version, 4);
+    assert!(got.binary_batches > 0, "version 4 batches go in the binary framing");
+    assert_eq!(big, 0x83, "refused: the sink could not store it whole");
+}
+
+/// A bridge of version 3: batches in the CBOR envelope, and its sink's 4 KiB limit honoured.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn this_edge_drains_into_a_bridge_of_version_3() {
     let (got, big) = drain_into_a_bridge_speaking(&[1, 2, 3]).await;
     assert_eq!(got.version, 3);
     assert_eq!(got.binary_batches, 0, "no binary framing before version 4");

@@ -1,6 +1,7 @@
 //! The edge's side of the downlink (issue 31), against a bridge stand-in that speaks protocol
 //! version 5 through the protocol's own session (`CloudSession`), on the bridge's QUIC endpoint
-//! with the fleet's certificates: the bridge of this build does not send downlink messages yet.
+//! with the fleet's certificates, so the test chooses what is sent and when (`downlink.rs` runs
+//! the real bridge).
 //! An allowed message reaches a local MQTT 5 subscriber with its properties; a topic no
 //! `[[downlink]]` entry allows and an expired message are refused back with their reasons; the
 //! acks come only for what is done; after a restart the edge's hello carries its position, and a

@@ -22,6 +22,7 @@ mod broker_robustness;
 mod broker_security;
 mod broker_sessions;
 mod broker_trust;
+mod downlink;
 mod downlink_edge;
 mod edge_cli;
 mod fleet;

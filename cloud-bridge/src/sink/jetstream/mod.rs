@@ -33,6 +33,7 @@ mod refused;
 use async_nats::jetstream::{self, kv, stream};
 use bytes::Bytes;
 pub use cluster::connect as client;
+pub(in crate::sink) use cluster::ensure_replicas as ensure_stream_replicas;
 use futures_util::StreamExt;
 
 /// Whether `url` (one server or several, comma-separated) names servers a client can use.
@@ -65,7 +66,7 @@ const DICT_MAX_AGE: Duration = Duration::from_secs(30 * 24 * 3600);
 
 /// The KV bucket `name`, created if missing (`max_age` zero: entries never expire), with
 /// `replicas`.
-async fn bucket(
+pub(in crate::sink) async fn bucket(
     js: &jetstream::Context,
     what: &'static str,
     name: &str,
@@ -107,6 +108,8 @@ pub struct JetStreamSettings {
     pub batches: BatchPublish,
     /// How long connecting and the first JetStream requests are retried at start.
     pub startup_retry: Duration,
+    /// The downlink's stream and bucket.
+    pub down: crate::sink::downlink::jetstream::DownSettings,
 }
 
 /// Marks per lane of one (edge, epoch), and the KV revision they were written at.
@@ -132,13 +135,14 @@ pub struct JetStreamSink {
     max_msg_size: Option<usize>,
     metrics: std::sync::Arc<SinkMetrics>,
     quota: EdgeQuota,
+    down: std::sync::Arc<crate::sink::downlink::jetstream::JsDown>,
 }
 
 /// How long a command (not the bridge) tries the servers before it gives up.
 const CLI_CONNECT: Duration = Duration::from_secs(10);
 
 /// Attempts of a compare-and-set before the write counts as failed (and is retried later).
-const CAS_ATTEMPTS: usize = 16;
+pub(in crate::sink) const CAS_ATTEMPTS: usize = 16;
 
 impl JetStreamSink {
     /// Connects to the servers in `s.url` and opens (or creates) the stream and the buckets,
@@ -207,6 +211,15 @@ impl JetStreamSink {
         let dicts = bucket(&js, "dictionary bucket", &s.dicts_bucket, replicas, DICT_MAX_AGE).await?;
         let reports = bucket(&js, "TCO report bucket", &s.tco_bucket, replicas, Duration::ZERO).await?;
         let fleet = bucket(&js, "fleet bucket", &s.fleet_bucket, replicas, Duration::ZERO).await?;
+        let down = crate::sink::downlink::jetstream::open(
+            &client,
+            &js,
+            &s.down,
+            &s.subject_prefix,
+            replicas,
+            s.duplicate_window,
+        )
+        .await?;
         Ok(Self {
             js,
             publishing,
@@ -220,6 +233,7 @@ impl JetStreamSink {
             max_msg_size,
             metrics: Default::default(),
             quota: EdgeQuota::default(),
+            down: std::sync::Arc::new(down),
             client,
         })
     }
@@ -236,6 +250,10 @@ impl JetStreamSink {
         self
     }
 
+    pub(in crate::sink) fn down(&self) -> &crate::sink::downlink::jetstream::JsDown {
+        &self.down
+    }
+
     async fn read_marks(&self, key: &str) -> Result<(BTreeMap<u8, u64>, Option<u64>), SinkError> {
         read_doc(&self.marks, key, "read mark").await
     }
@@ -243,7 +261,7 @@ impl JetStreamSink {
 
 /// The JSON document at `key` and its revision; a deleted or missing one is the default (with
 /// the deletion's revision, or none).
-async fn read_doc<T: serde::de::DeserializeOwned + Default>(
+pub(in crate::sink) async fn read_doc<T: serde::de::DeserializeOwned + Default>(
     kv: &kv::Store,
     key: &str,
     what: &'static str,
@@ -260,7 +278,7 @@ async fn read_doc<T: serde::de::DeserializeOwned + Default>(
 
 /// Why a compare-and-set did not write.
 #[derive(Debug)]
-enum Cas {
+pub(in crate::sink) enum Cas {
     /// Another writer came first: read again and retry.
     Changed,
     /// The server (or the value): retrying the compare-and-set does not help; the caller's
@@ -270,7 +288,12 @@ enum Cas {
 
 /// Writes `doc` at `key` if it is still at `revision` (none: not there yet); the new revision,
 /// or why not.
-async fn write_doc(kv: &kv::Store, key: &str, doc: &impl Serialize, revision: Option<u64>) -> Result<u64, Cas> {
+pub(in crate::sink) async fn write_doc(
+    kv: &kv::Store,
+    key: &str,
+    doc: &impl Serialize,
+    revision: Option<u64>,
+) -> Result<u64, Cas> {
     let value = Bytes::from(serde_json::to_vec(doc).map_err(|e| Cas::Failed(SinkError::invalid("write", e)))?);
     match revision {
         Some(rev) => kv.update(key, value, rev).await.map_err(|e| match e.kind() {
@@ -350,7 +373,7 @@ fn mark_key(edge: &str, epoch: &str) -> String {
 
 /// An edge's own KV key: its id if that is a valid key token, else `=` and the id in hex. With
 /// no `.` in it, it is distinct from every `<edge>.<x>` key.
-fn edge_key(edge: &str) -> String {
+pub(in crate::sink) fn edge_key(edge: &str) -> String {
     let plain = !edge.is_empty() && edge.chars().all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_');
     if plain { edge.to_owned() } else { format!("={}", edge.bytes().map(|b| format!("{b:02x}")).collect::<String>()) }
 }

@@ -1,0 +1,97 @@
+//! `[downlink]`: how much of an edge's downlink may be unanswered on its session, how much may
+//! wait for it in the sink, how often a session looks for messages no news told it of, and the
+//! groups `cloud-bridge send --group` addresses.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+use shared::units::{ByteSize, HumanDuration};
+
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct DownlinkConfig {
+    /// Messages sent to an edge and not yet acked, at most. Default: 64.
+    pub window_messages: usize,
+    /// Their bytes, at most (one message is sent whatever its size). Default: 4 MiB.
+    pub window_bytes: ByteSize,
+    /// Messages waiting in the sink for one edge, at most: `send` refuses the next one with a
+    /// clear error. Default: 10,000.
+    pub max_backlog_messages: u64,
+    /// Their bytes (topic, payload and properties), at most. Default: 64 MiB.
+    pub max_backlog_bytes: ByteSize,
+    /// How often a connected edge's session reads the sink without news of a message for it
+    /// (news comes at once; this covers news lost in a reconnect). Default: 5s.
+    pub poll: HumanDuration,
+    /// Named groups of edges for `cloud-bridge send --group NAME`: `name = ["edge-1", ...]`.
+    /// Kept here, in the config of the bridge (and of `send`), not in the sink: a group is an
+    /// operator's decision, reviewed like the rest of the config.
+    pub groups: BTreeMap<String, Vec<String>>,
+}
+
+impl Default for DownlinkConfig {
+    fn default() -> Self {
+        Self {
+            window_messages: 64,
+            window_bytes: ByteSize::mib(4),
+            max_backlog_messages: 10_000,
+            max_backlog_bytes: ByteSize::mib(64),
+            poll: HumanDuration(Duration::from_secs(5)),
+            groups: BTreeMap::new(),
+        }
+    }
+}
+
+impl DownlinkConfig {
+    /// The first problem, with its key.
+    pub fn check(&self) -> Result<(), (String, String)> {
+        let zero = [
+            ("downlink.window_messages", self.window_messages as u64),
+            ("downlink.window_bytes", self.window_bytes.bytes()),
+            ("downlink.max_backlog_messages", self.max_backlog_messages),
+            ("downlink.max_backlog_bytes", self.max_backlog_bytes.bytes()),
+        ];
+        if let Some((key, _)) = zero.iter().find(|(_, v)| *v == 0) {
+            return Err((key.to_string(), "must be at least 1".into()));
+        }
+        if self.poll.0.is_zero() {
+            return Err(("downlink.poll".into(), "must be more than 0".into()));
+        }
+        for (name, edges) in &self.groups {
+            if edges.is_empty() {
+                return Err((format!("downlink.groups.{name}"), "names no edge".into()));
+            }
+            if let Some(e) = edges.iter().find(|e| e.is_empty()) {
+                return Err((format!("downlink.groups.{name}"), format!("{e:?} is not an edge id")));
+            }
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sizes_take_units_and_each_problem_is_named_by_its_key() {
+        let c: DownlinkConfig =
+            toml::from_str("window_bytes = \"1MiB\"\nmax_backlog_bytes = 4096\n[groups]\nlab = [\"a\", \"b\"]\n")
+                .unwrap();
+        assert_eq!((c.window_bytes.bytes(), c.max_backlog_bytes.bytes()), (1 << 20, 4096));
+        assert_eq!(c.groups["lab"], ["a", "b"]);
+        assert_eq!(c.check(), Ok(()));
+        let bad = [
+            ("window_messages = 0", "downlink.window_messages"),
+            ("max_backlog_bytes = \"0B\"", "downlink.max_backlog_bytes"),
+            ("poll = \"0s\"", "downlink.poll"),
+            ("[groups]\nnone = []", "downlink.groups.none"),
+            ("[groups]\nblank = [\"\"]", "downlink.groups.blank"),
+        ];
+        for (text, key) in bad {
+            let c: DownlinkConfig = toml::from_str(text).unwrap();
+            assert_eq!(c.check().unwrap_err().0, key, "{text}");
+        }
+        assert!(toml::from_str::<DownlinkConfig>("windows = 3").is_err(), "unknown keys are refused");
+    }
+}

@@ -1,0 +1,44 @@
+//! What the downlink counts, all edges together (no metric names an edge: the fleet view does).
+//! Registered by the bridge's `metrics` with the prefix `bridge_`.
+
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::registry::Registry;
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct OutcomeLabel {
+    pub outcome: &'static str,
+}
+
+#[derive(Debug, Default)]
+pub struct DownlinkMetrics {
+    /// Messages sent to edges (a resend on a new session counts again).
+    pub sent: Counter,
+    /// Messages edges acked, by outcome: delivered, refused, expired.
+    pub done: Family<OutcomeLabel, Counter>,
+    /// Messages the bridge set aside itself (headers that do not parse).
+    pub invalid: Counter,
+}
+
+impl DownlinkMetrics {
+    pub fn register(&self, r: &mut Registry) {
+        r.register("downlink_sent", "Downlink messages sent to edges, resends included", self.sent.clone());
+        r.register(
+            "downlink_done",
+            "Downlink messages edges finished, by outcome (delivered, refused, expired)",
+            self.done.clone(),
+        );
+        r.register(
+            "downlink_invalid",
+            "Downlink messages set aside by the bridge: stored with headers that do not parse",
+            self.invalid.clone(),
+        );
+    }
+
+    pub fn count(&self, outcome: &'static str, n: u64) {
+        if n > 0 {
+            self.done.get_or_create(&OutcomeLabel { outcome }).inc_by(n);
+        }
+    }
+}

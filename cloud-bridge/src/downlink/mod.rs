@@ -1,0 +1,104 @@
+//! The downlink on the bridge: messages from the central cluster to edges' local MQTT topics.
+//!
+//! `cloud-bridge send` (or any NATS client, on JetStream) stores a message per edge in the sink
+//! (`sink::downlink`). The bridge an edge is connected to reads that edge's messages after its
+//! position and sends them on the session, in order, at most a window unanswered
+//! ([`session::EdgeDown`]); the edge acks once each is durable on its side, and only then does
+//! the bridge record the position (and the refusals, as dead letters) in the sink. Any bridge
+//! serves any edge from there; a resend after a crash on either side is recognised by the
+//! edge's own stored position.
+//!
+//! A session learns of new messages from the sink's news ([`Downlink::watch`], one reader per
+//! bridge, waking the sessions of the edges named) and, in case news was lost, every
+//! `downlink.poll`.
+
+pub mod config;
+pub mod metrics;
+pub mod send;
+pub mod session;
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use tokio::sync::Notify;
+use tokio_util::sync::CancellationToken;
+
+use crate::sink::DownlinkStore;
+pub use config::DownlinkConfig;
+pub use metrics::DownlinkMetrics;
+
+/// The bridge's downlink: its config, its counters and the sessions news wakes.
+#[derive(Debug)]
+pub struct Downlink {
+    pub config: DownlinkConfig,
+    pub metrics: Arc<DownlinkMetrics>,
+    /// Per connected edge, what wakes its session. One per edge: a newer session of an edge
+    /// replaces the older's, which ends soon after.
+    waiting: Mutex<HashMap<String, Arc<Notify>>>,
+}
+
+/// A session's place among those news wakes; leaving it (on drop) takes it out.
+#[derive(Debug)]
+pub struct Registration {
+    downlink: Arc<Downlink>,
+    edge: String,
+    pub wake: Arc<Notify>,
+}
+
+impl Drop for Registration {
+    fn drop(&mut self) {
+        let mut waiting = self.downlink.waiting.lock().unwrap_or_else(|e| e.into_inner());
+        if waiting.get(&self.edge).is_some_and(|w| Arc::ptr_eq(w, &self.wake)) {
+            waiting.remove(&self.edge);
+        }
+    }
+}
+
+impl Downlink {
+    pub fn new(config: DownlinkConfig, metrics: Arc<DownlinkMetrics>) -> Self {
+        Self { config, metrics, waiting: Mutex::default() }
+    }
+
+    /// Registers `edge`'s session for news of its messages.
+    pub fn register(self: &Arc<Self>, edge: &str) -> Registration {
+        let wake = Arc::new(Notify::new());
+        self.waiting.lock().unwrap_or_else(|e| e.into_inner()).insert(edge.to_owned(), wake.clone());
+        Registration { downlink: self.clone(), edge: edge.to_owned(), wake }
+    }
+
+    fn wake(&self, edges: &[String]) {
+        let waiting = self.waiting.lock().unwrap_or_else(|e| e.into_inner());
+        for edge in edges {
+            if let Some(w) = waiting.get(edge) {
+                w.notify_one();
+            }
+        }
+    }
+
+    /// Reads the sink's news until `stop`, waking the sessions of the edges it names. A sink
+    /// that fails is asked again after a pause; the sessions' own polls carry on meanwhile.
+    pub async fn watch<S: DownlinkStore>(self: Arc<Self>, sink: Arc<S>, stop: CancellationToken) {
+        let mut cursor = None;
+        loop {
+            let news = tokio::select! {
+                _ = stop.cancelled() => return,
+                news = sink.down_news(cursor, Duration::from_secs(1)) => news,
+            };
+            match news {
+                Ok((next, edges)) => {
+                    cursor = Some(next);
+                    self.wake(&edges);
+                }
+                Err(e) => {
+                    tracing::debug!(error = %e, "downlink news unreadable; sessions poll meanwhile");
+                    cursor = None;
+                    tokio::select! {
+                        _ = stop.cancelled() => return,
+                        _ = tokio::time::sleep(Duration::from_secs(1)) => {}
+                    }
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,190 @@
+//! `cloud-bridge send`: stores a message for one edge, for each edge of a group
+//! (`downlink.groups`), or for every edge the fleet view knows, each within its backlog bound.
+//! What was stored and where, or why not, is said per edge; a full backlog is refused, never
+//! dropped.
+
+use std::time::Duration;
+
+use shared::proto::down::MAX_DOWN_BYTES;
+use shared::units::now_ms;
+
+use super::DownlinkConfig;
+use crate::sink::downlink::{DownBounds, Enqueued, Outgoing};
+use crate::sink::{DownlinkStore, FleetStore, SinkError};
+
+/// Whom a message is for.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Target {
+    Edge(String),
+    Group(String),
+    /// Every edge the fleet view has seen (as of the send: an edge that first connects later
+    /// does not get it).
+    All,
+}
+
+/// What the command was given beyond the target, as flags.
+#[derive(Debug, Clone, Default)]
+pub struct Flags {
+    pub topic: String,
+    pub qos: u8,
+    pub retain: bool,
+    pub expiry: Option<Duration>,
+    /// `name=value` each.
+    pub user_properties: Vec<String>,
+    pub response_topic: Option<String>,
+    pub correlation_data: Option<String>,
+    pub content_type: Option<String>,
+    pub payload: Vec<u8>,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum SendError {
+    /// A flag the message cannot be made from.
+    #[error("{0}")]
+    Invalid(String),
+    #[error("no group {0:?} in downlink.groups")]
+    NoGroup(String),
+    #[error("the fleet view knows no edge yet: nothing to send to")]
+    NoEdges,
+    #[error(transparent)]
+    Sink(#[from] SinkError),
+}
+
+/// The message the flags describe, each checked: a topic name MQTT allows, QoS 0 to 2, user
+/// properties as `name=value`, a response topic only with correlation data's use in mind.
+pub fn message(f: Flags) -> Result<Outgoing, SendError> {
+    let invalid = |s: String| SendError::Invalid(s);
+    shared::topic::validate_name(&f.topic).map_err(|e| invalid(format!("--topic: {e}")))?;
+    if f.topic.len() > u16::MAX as usize {
+        return Err(invalid(format!("--topic: {} bytes, more than MQTT's 65535", f.topic.len())));
+    }
+    if f.qos > 2 {
+        return Err(invalid(format!("--qos {}: must be 0, 1 or 2", f.qos)));
+    }
+    if let Some(t) = &f.response_topic {
+        shared::topic::validate_name(t).map_err(|e| invalid(format!("--response-topic: {e}")))?;
+    }
+    if f.correlation_data.is_some() && f.response_topic.is_none() {
+        return Err(invalid("--correlation-data needs --response-topic: a reply is matched by both".into()));
+    }
+    let mut user_properties = Vec::with_capacity(f.user_properties.len());
+    for p in &f.user_properties {
+        let Some((k, v)) = p.split_once('=') else {
+            return Err(invalid(format!("--user-property {p:?}: expected name=value")));
+        };
+        user_properties.push((k.to_owned(), v.to_owned()));
+    }
+    let expires_at_ms = match f.expiry {
+        Some(d) if d.is_zero() => return Err(invalid("--expiry 0: the message would never be delivered".into())),
+        Some(d) => Some(now_ms().saturating_add(d.as_millis().min(u64::MAX as u128) as u64)),
+        None => None,
+    };
+    let msg = Outgoing {
+        topic: f.topic,
+        payload: f.payload,
+        qos: f.qos,
+        retain: f.retain,
+        expires_at_ms,
+        user_properties,
+        response_topic: f.response_topic,
+        correlation_data: f.correlation_data.map(String::into_bytes),
+        content_type: f.content_type,
+    };
+    if msg.bytes() > MAX_DOWN_BYTES as u64 {
+        return Err(invalid(format!(
+            "the message is {} bytes (topic, payload and properties), more than a downlink message may hold \
+             ({MAX_DOWN_BYTES})",
+            msg.bytes()
+        )));
+    }
+    Ok(msg)
+}
+
+/// The edges `target` names, in order, each once.
+pub async fn edges<S: FleetStore>(
+    sink: &S,
+    config: &DownlinkConfig,
+    target: &Target,
+) -> Result<Vec<String>, SendError> {
+    let mut edges = match target {
+        Target::Edge(e) if e.is_empty() => return Err(SendError::Invalid("--edge: an empty edge id".into())),
+        Target::Edge(e) => vec![e.clone()],
+        Target::Group(g) => config.groups.get(g).cloned().ok_or_else(|| SendError::NoGroup(g.clone()))?,
+        Target::All => sink.load_fleet().await?.edges.into_iter().map(|e| e.edge).collect(),
+    };
+    edges.sort();
+    edges.dedup();
+    if edges.is_empty() {
+        return Err(SendError::NoEdges);
+    }
+    Ok(edges)
+}
+
+/// Stores `msg` for each of `edges`, each within the bounds of `config`: what happened for
+/// each, in order. One refused does not stop the others.
+pub async fn send<S: DownlinkStore>(
+    sink: &S,
+    config: &DownlinkConfig,
+    edges: &[String],
+    msg: &Outgoing,
+) -> Result<Vec<(String, Enqueued)>, SendError> {
+    let bounds = DownBounds { messages: config.max_backlog_messages, bytes: config.max_backlog_bytes.bytes() };
+    let mut out = Vec::with_capacity(edges.len());
+    for edge in edges {
+        out.push((edge.clone(), sink.enqueue(edge, msg, bounds).await?));
+    }
+    Ok(out)
+}
+
+/// One line per edge for the operator.
+pub fn describe(config: &DownlinkConfig, topic: &str, edge: &str, what: &Enqueued) -> String {
+    match what {
+        Enqueued::Stored { seq } => format!("{edge}: stored as downlink message {seq} for {topic}"),
+        Enqueued::Full(b) => format!(
+            "{edge}: refused: its backlog holds {} messages, {} bytes; one more passes downlink.max_backlog_messages \
+             {} or downlink.max_backlog_bytes {}",
+            b.messages,
+            b.bytes,
+            config.max_backlog_messages,
+            config.max_backlog_bytes.bytes()
+        ),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn flags() -> Flags {
+        Flags { topic: "cmd/reboot".into(), qos: 1, payload: b"now".to_vec(), ..Default::default() }
+    }
+
+    #[test]
+    fn each_bad_flag_is_named() {
+        let bad = [
+            (Flags { topic: "cmd/+".into(), ..flags() }, "--topic"),
+            (Flags { topic: String::new(), ..flags() }, "--topic"),
+            (Flags { qos: 3, ..flags() }, "--qos 3"),
+            (Flags { user_properties: vec!["novalue".into()], ..flags() }, "--user-property \"novalue\""),
+            (Flags { correlation_data: Some("c".into()), ..flags() }, "--correlation-data needs --response-topic"),
+            (Flags { response_topic: Some("r/#".into()), ..flags() }, "--response-topic"),
+            (Flags { expiry: Some(Duration::ZERO), ..flags() }, "--expiry 0"),
+            (Flags { payload: vec![0; MAX_DOWN_BYTES], ..flags() }, "more than a downlink message may hold"),
+        ];
+        for (f, named) in bad {
+            let e = message(f).unwrap_err().to_string();
+            assert!(e.contains(named), "{e} should name {named}");
+        }
+        let ok = message(Flags {
+            user_properties: vec!["k=v=w".into()],
+            response_topic: Some("reply/1".into()),
+            correlation_data: Some("abc".into()),
+            expiry: Some(Duration::from_secs(60)),
+            ..flags()
+        })
+        .unwrap();
+        assert_eq!(ok.user_properties, [("k".to_string(), "v=w".to_string())]);
+        assert_eq!(ok.correlation_data.as_deref(), Some(&b"abc"[..]));
+        assert!(ok.expires_at_ms.unwrap() > now_ms() + 59_000);
+    }
+}

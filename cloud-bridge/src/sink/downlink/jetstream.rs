@@ -1,0 +1,508 @@
+//! The downlink in JetStream: a stream of its own (`DOWN` by default) with subjects
+//! `<prefix>.<edge>.<topic levels>` (`down` by default; tokens as `names` makes them for the
+//! uplink), so anyone with a NATS client can send an edge a message:
+//! `nats pub down.edge-1.config.threshold 0.7` reaches topic `config/threshold` on edge
+//! `edge-1`. What MQTT has beyond topic and payload travels as headers, named as the uplink
+//! names them (`Mqtt-Qos`, default 1; `Mqtt-Retain: 1`; `Mqtt-Expires-At`, ms since the Unix
+//! epoch; `Mqtt-Response-Topic`; `Mqtt-Correlation-Data`, base64; `Mqtt-Content-Type`;
+//! `Mqtt-User-Properties`, a JSON list of `[name, value]` pairs in order; any other header not
+//! reserved is a user property too, after those, by name). A message whose headers do not
+//! parse is set aside with the reason, not delivered.
+//!
+//! - An edge's position and counts are a JSON document in a KV bucket (`edge-down`), raised
+//!   with compare-and-set, never lowered; the messages at or below it are purged.
+//! - Dead letters go to `<prefix>.%dead.<edge>` in the same stream (no edge token starts with a
+//!   bare `%`: `names` encodes it), with the message's payload and headers and the reason.
+//! - News: a core subscription to the prefix tells the bridge which edges got messages, at once.
+//! - A send's bound is checked against the edge's backlog read headers-only (JetStream keeps
+//!   no byte count per subject); two sends racing for one edge's last room may both get in.
+
+use std::collections::VecDeque;
+use std::time::Duration;
+
+use async_nats::HeaderMap;
+use async_nats::jetstream::consumer::{DeliverPolicy, pull::OrderedConfig};
+use async_nats::jetstream::{self, kv, stream};
+use base64::Engine;
+use bytes::Bytes;
+use futures_util::StreamExt;
+
+use super::{Backlog, DownBounds, DownDeadLetter, DownDone, DownState, DownlinkStore, Enqueued, Outgoing, Pending};
+use crate::names::{self, user_property_name};
+use crate::sink::SinkError;
+use crate::sink::jetstream::JetStreamSink;
+
+/// The token dead letters go under, after the prefix.
+const DEAD: &str = "%dead";
+
+/// How long a scan of one edge's backlog or of the dead letters may take.
+const SCAN: Duration = Duration::from_secs(30);
+
+/// Where the downlink lives beside the uplink's stream.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Deserialize, serde::Serialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct DownSettings {
+    pub stream: String,
+    pub subject_prefix: String,
+    pub bucket: String,
+    /// What is not delivered by then is deleted by JetStream.
+    pub max_age: shared::units::HumanDuration,
+}
+
+impl Default for DownSettings {
+    fn default() -> Self {
+        Self {
+            stream: "DOWN".into(),
+            subject_prefix: "down".into(),
+            bucket: "edge-down".into(),
+            max_age: shared::units::HumanDuration(Duration::from_secs(7 * 24 * 3600)),
+        }
+    }
+}
+
+/// The downlink's stream, bucket and news subscription.
+#[derive(Debug)]
+pub(in crate::sink) struct JsDown {
+    client: async_nats::Client,
+    js: jetstream::Context,
+    stream: stream::Stream,
+    prefix: String,
+    positions: kv::Store,
+    news: tokio::sync::Mutex<Option<async_nats::Subscriber>>,
+}
+
+/// Opens (or creates) the downlink's stream and bucket; `uplink_prefix` must not overlap.
+pub(in crate::sink) async fn open(
+    client: &async_nats::Client,
+    js: &jetstream::Context,
+    s: &DownSettings,
+    uplink_prefix: &str,
+    replicas: usize,
+    duplicate_window: Duration,
+) -> Result<JsDown, SinkError> {
+    let overlaps = |a: &str, b: &str| a == b || a.starts_with(&format!("{b}."));
+    if overlaps(&s.subject_prefix, uplink_prefix) || overlaps(uplink_prefix, &s.subject_prefix) {
+        return Err(SinkError::invalid(
+            "downlink stream",
+            format!("down_subject_prefix {:?} overlaps subject_prefix {uplink_prefix:?}", s.subject_prefix),
+        ));
+    }
+    let subjects = format!("{}.>", s.subject_prefix);
+    let mut stream = js
+        .get_or_create_stream(stream::Config {
+            name: s.stream.clone(),
+            subjects: vec![subjects.clone()],
+            duplicate_window,
+            max_age: s.max_age.0,
+            num_replicas: replicas,
+            ..Default::default()
+        })
+        .await
+        .map_err(|e| SinkError::nats("downlink stream", &s.stream, &e))?;
+    let config = stream.info().await.map_err(|e| SinkError::nats("downlink stream", &s.stream, &e))?.config.clone();
+    if !config.subjects.contains(&subjects) {
+        return Err(SinkError::invalid(
+            "downlink stream",
+            format!("{} exists with subjects {:?}, not {subjects:?}", s.stream, config.subjects),
+        ));
+    }
+    crate::sink::jetstream::ensure_stream_replicas(js, "downlink stream", &s.stream, &config, replicas).await?;
+    let positions = crate::sink::jetstream::bucket(js, "downlink bucket", &s.bucket, replicas, Duration::ZERO).await?;
+    Ok(JsDown {
+        client: client.clone(),
+        js: js.clone(),
+        stream,
+        prefix: s.subject_prefix.clone(),
+        positions,
+        news: tokio::sync::Mutex::new(None),
+    })
+}
+
+fn unavailable(what: &'static str, reason: impl std::fmt::Display) -> SinkError {
+    SinkError::Unavailable { what, reason: reason.to_string() }
+}
+
+fn headers(msg: &Outgoing) -> HeaderMap {
+    let mut h = HeaderMap::new();
+    h.insert("Mqtt-Topic", msg.topic.as_str());
+    h.insert("Mqtt-Qos", msg.qos.to_string().as_str());
+    if msg.retain {
+        h.insert("Mqtt-Retain", "1");
+    }
+    if let Some(at) = msg.expires_at_ms {
+        h.insert("Mqtt-Expires-At", at.to_string().as_str());
+    }
+    if let Some(t) = &msg.response_topic {
+        h.insert("Mqtt-Response-Topic", t.as_str());
+    }
+    if let Some(c) = &msg.correlation_data {
+        h.insert("Mqtt-Correlation-Data", base64::engine::general_purpose::STANDARD.encode(c).as_str());
+    }
+    if let Some(c) = &msg.content_type {
+        h.insert("Mqtt-Content-Type", c.as_str());
+    }
+    // One header, in order: MQTT keeps user properties in order (MQTT 5.0 §3.3.2.3.7), and a
+    // header map does not.
+    if !msg.user_properties.is_empty() {
+        h.insert("Mqtt-User-Properties", serde_json::to_string(&msg.user_properties).unwrap_or_default().as_str());
+    }
+    h
+}
+
+/// The message `headers` and `payload` stand for, read from `subject`'s topic tokens when no
+/// `Mqtt-Topic` names it; or why not.
+fn parse(topic_tokens: &[&str], headers: &HeaderMap, payload: Vec<u8>) -> (Outgoing, Option<String>) {
+    let mut msg = Outgoing { payload, qos: 1, ..Default::default() };
+    let (mut ordered, mut plain) = (Vec::new(), Vec::new());
+    let mut problem = None;
+    let mut bad = |what: &str, value: &str| {
+        problem.get_or_insert_with(|| format!("header {what}: {value:?} does not parse"));
+    };
+    msg.topic = match headers.get("Mqtt-Topic") {
+        Some(t) => t.as_str().to_owned(),
+        None => names::topic_of(topic_tokens).unwrap_or_else(|| {
+            bad("subject", &topic_tokens.join("."));
+            String::new()
+        }),
+    };
+    for (name, values) in headers.iter() {
+        let name: &str = name.as_ref();
+        for value in values {
+            let v = value.as_str();
+            match name {
+                "Mqtt-Topic" => {}
+                "Mqtt-Qos" => match v {
+                    "0" | "1" | "2" => msg.qos = v.as_bytes()[0] - b'0',
+                    _ => bad(name, v),
+                },
+                "Mqtt-Retain" => match v {
+                    "1" | "true" => msg.retain = true,
+                    "0" | "false" => msg.retain = false,
+                    _ => bad(name, v),
+                },
+                "Mqtt-Expires-At" => match v.parse() {
+                    Ok(at) => msg.expires_at_ms = Some(at),
+                    Err(_) => bad(name, v),
+                },
+                "Mqtt-Response-Topic" => msg.response_topic = Some(v.to_owned()),
+                "Mqtt-Correlation-Data" => match base64::engine::general_purpose::STANDARD.decode(v) {
+                    Ok(c) => msg.correlation_data = Some(c),
+                    Err(_) => bad(name, v),
+                },
+                "Mqtt-Content-Type" => msg.content_type = Some(v.to_owned()),
+                "Mqtt-User-Properties" => match serde_json::from_str::<Vec<(String, String)>>(v) {
+                    Ok(props) => ordered = props,
+                    Err(_) => bad(name, v),
+                },
+                _ => {
+                    if let Some(prop) = user_property_name(name) {
+                        plain.push((prop.to_owned(), v.to_owned()));
+                    }
+                }
+            }
+        }
+    }
+    // Headers of another publisher come in no order: by name, after the ordered ones.
+    plain.sort();
+    msg.user_properties = ordered;
+    msg.user_properties.extend(plain);
+    (msg, problem)
+}
+
+fn time_ms(t: time::OffsetDateTime) -> u64 {
+    u64::try_from(t.unix_timestamp_nanos() / 1_000_000).unwrap_or(0)
+}
+
+impl JsDown {
+    fn filter(&self, edge: &str) -> String {
+        format!("{}.{}.>", self.prefix, names::token(edge))
+    }
+
+    fn topic_tokens<'a>(&self, subject: &'a str) -> Vec<&'a str> {
+        subject.split('.').skip(self.prefix.split('.').count() + 1).collect()
+    }
+
+    async fn state(&self, edge: &str) -> Result<(DownState, Option<u64>), SinkError> {
+        crate::sink::jetstream::read_doc(&self.positions, &crate::sink::jetstream::edge_key(edge), "downlink position")
+            .await
+    }
+
+    /// `edge`'s messages after `position`, headers only: what its backlog holds.
+    async fn backlog(&self, edge: &str, position: u64) -> Result<Backlog, SinkError> {
+        let what = "downlink backlog";
+        let consumer = self
+            .stream
+            .create_consumer(OrderedConfig {
+                filter_subject: self.filter(edge),
+                deliver_policy: DeliverPolicy::ByStartSequence { start_sequence: position + 1 },
+                headers_only: true,
+                ..Default::default()
+            })
+            .await
+            .map_err(|e| SinkError::nats(what, edge, &e))?;
+        if consumer.cached_info().num_pending == 0 {
+            return Ok(Backlog::default());
+        }
+        let mut messages = consumer.messages().await.map_err(|e| SinkError::nats(what, edge, &e))?;
+        let scan = async {
+            let mut b = Backlog::default();
+            while let Some(m) = messages.next().await {
+                let m = m.map_err(|e| SinkError::nats(what, edge, &e))?;
+                let info = m.info().map_err(|e| unavailable(what, e))?;
+                let size =
+                    m.headers.as_ref().and_then(|h| h.get("Nats-Msg-Size")).and_then(|s| s.as_str().parse().ok());
+                let (msg, _) =
+                    parse(&self.topic_tokens(&m.subject), m.headers.as_ref().unwrap_or(&HeaderMap::new()), Vec::new());
+                b.messages += 1;
+                b.bytes += msg.bytes() + size.unwrap_or(0u64);
+                b.oldest_ms.get_or_insert(time_ms(info.published));
+                if info.pending == 0 {
+                    break;
+                }
+            }
+            Ok(b)
+        };
+        tokio::time::timeout(SCAN, scan).await.map_err(|_| unavailable(what, "timed out reading the backlog"))?
+    }
+
+    async fn set_aside(&self, edge: &str, seq: u64, outcome: &str, reason: &str) -> Result<(), SinkError> {
+        let what = "downlink dead letter";
+        let m = match self.stream.get_raw_message(seq).await {
+            Ok(m) => m,
+            Err(e) if e.kind() == stream::RawMessageErrorKind::NoMessageFound => return Ok(()),
+            Err(e) => return Err(SinkError::nats(what, edge, &e)),
+        };
+        // Only a message the sink holds for this edge: an edge cannot set aside another's.
+        if !m.subject.starts_with(&self.filter(edge)[..self.filter(edge).len() - 1]) {
+            return Ok(());
+        }
+        let (msg, _) = parse(&self.topic_tokens(&m.subject), &m.headers, Vec::new());
+        let mut h = m.headers.clone();
+        h.insert("Mqtt-Topic", msg.topic.as_str());
+        h.insert("Edge-Id", edge);
+        h.insert("Edge-Down-Seq", seq.to_string().as_str());
+        h.insert("Edge-Outcome", outcome);
+        h.insert("Edge-Reason", reason);
+        h.insert("Edge-At-Ms", shared::units::now_ms().to_string().as_str());
+        h.insert("Edge-Bytes", (msg.bytes() + m.payload.len() as u64).to_string().as_str());
+        h.insert("Nats-Msg-Id", format!("dead:{edge}:{seq}").as_str());
+        let subject = format!("{}.{DEAD}.{}", self.prefix, names::token(edge));
+        self.js
+            .publish_with_headers(subject, h, m.payload)
+            .await
+            .map_err(|e| SinkError::nats(what, edge, &e))?
+            .await
+            .map_err(|e| SinkError::nats(what, edge, &e))?;
+        Ok(())
+    }
+}
+
+impl DownlinkStore for JetStreamSink {
+    async fn enqueue(&self, edge: &str, msg: &Outgoing, bounds: DownBounds) -> Result<Enqueued, SinkError> {
+        let d = self.down();
+        let (state, _) = d.state(edge).await?;
+        let waiting = d.backlog(edge, state.position).await?;
+        if waiting.messages + 1 > bounds.messages || waiting.bytes + msg.bytes() > bounds.bytes {
+            return Ok(Enqueued::Full(waiting));
+        }
+        let mut h = headers(msg);
+        // A retried publish of this send is stored once.
+        h.insert("Nats-Msg-Id", format!("send:{edge}:{:032x}", rand::random::<u128>()).as_str());
+        let ack =
+            d.js.publish_with_headers(names::subject(&d.prefix, edge, &msg.topic), h, Bytes::from(msg.payload.clone()))
+                .await
+                .map_err(|e| SinkError::nats("downlink enqueue", edge, &e))?
+                .await
+                .map_err(|e| SinkError::nats("downlink enqueue", edge, &e))?;
+        Ok(Enqueued::Stored { seq: ack.sequence })
+    }
+
+    async fn down_state(&self, edge: &str) -> Result<DownState, SinkError> {
+        Ok(self.down().state(edge).await?.0)
+    }
+
+    async fn down_read(&self, edge: &str, after: u64, max: usize) -> Result<Vec<Pending>, SinkError> {
+        let d = self.down();
+        let filter = d.filter(edge);
+        let mut out = Vec::new();
+        let mut next = after + 1;
+        while out.len() < max {
+            let m = match d.stream.raw_message_builder().sequence(next).next_by_subject(filter.clone()).send().await {
+                Ok(m) => m,
+                Err(e) if e.kind() == stream::RawMessageErrorKind::NoMessageFound => break,
+                Err(e) => return Err(SinkError::nats("downlink read", edge, &e)),
+            };
+            let (msg, invalid) = parse(&d.topic_tokens(&m.subject), &m.headers, m.payload.to_vec());
+            next = m.sequence + 1;
+            out.push(Pending { seq: m.sequence, stored_ms: time_ms(m.time), msg, invalid });
+        }
+        Ok(out)
+    }
+
+    async fn down_record(&self, edge: &str, done: &DownDone) -> Result<(), SinkError> {
+        let d = self.down();
+        for r in &done.refused {
+            d.set_aside(edge, r.seq, "refused", &r.reason).await?;
+        }
+        for seq in &done.expired {
+            d.set_aside(edge, *seq, "expired", "its expiry ran out before the edge could deliver it").await?;
+        }
+        let key = crate::sink::jetstream::edge_key(edge);
+        for _ in 0..crate::sink::jetstream::CAS_ATTEMPTS {
+            let (state, revision) = d.state(edge).await?;
+            if state.position >= done.up_to {
+                break;
+            }
+            let next = DownState {
+                position: done.up_to,
+                delivered: state.delivered + done.counts.delivered,
+                refused: state.refused + done.counts.refused,
+                expired: state.expired + done.counts.expired,
+            };
+            match crate::sink::jetstream::write_doc(&d.positions, &key, &next, revision).await {
+                Ok(_) => break,
+                Err(crate::sink::jetstream::Cas::Changed) => continue,
+                Err(crate::sink::jetstream::Cas::Failed(e)) => return Err(e),
+            }
+        }
+        // What the edge has is storage no one needs; the stream's max_age frees it otherwise.
+        if let Err(e) = d.stream.purge().filter(d.filter(edge)).sequence(done.up_to + 1).await {
+            tracing::debug!(edge, error = %e, "delivered downlink messages not purged");
+        }
+        Ok(())
+    }
+
+    async fn down_set_aside(&self, edge: &str, seq: u64, outcome: &'static str, reason: &str) -> Result<(), SinkError> {
+        self.down().set_aside(edge, seq, outcome, reason).await
+    }
+
+    async fn down_backlog(&self, edge: &str) -> Result<Backlog, SinkError> {
+        let d = self.down();
+        let (state, _) = d.state(edge).await?;
+        d.backlog(edge, state.position).await
+    }
+
+    async fn down_dead_letters(&self, edge: Option<&str>, limit: usize) -> Result<Vec<DownDeadLetter>, SinkError> {
+        let d = self.down();
+        let what = "downlink dead letters";
+        let filter = match edge {
+            Some(e) => format!("{}.{DEAD}.{}", d.prefix, names::token(e)),
+            None => format!("{}.{DEAD}.*", d.prefix),
+        };
+        let consumer = d
+            .stream
+            .create_consumer(OrderedConfig { filter_subject: filter.clone(), headers_only: true, ..Default::default() })
+            .await
+            .map_err(|e| SinkError::nats(what, &filter, &e))?;
+        let mut out = VecDeque::new();
+        if consumer.cached_info().num_pending == 0 {
+            return Ok(Vec::new());
+        }
+        let mut messages = consumer.messages().await.map_err(|e| SinkError::nats(what, &filter, &e))?;
+        let scan = async {
+            while let Some(m) = messages.next().await {
+                let m = m.map_err(|e| SinkError::nats(what, &filter, &e))?;
+                let pending = m.info().map_err(|e| unavailable(what, e))?.pending;
+                let h = m.headers.clone().unwrap_or_default();
+                let get = |k: &str| h.get(k).map(|v| v.as_str().to_owned()).unwrap_or_default();
+                out.push_back(DownDeadLetter {
+                    edge: get("Edge-Id"),
+                    seq: get("Edge-Down-Seq").parse().unwrap_or(0),
+                    topic: get("Mqtt-Topic"),
+                    outcome: get("Edge-Outcome"),
+                    reason: get("Edge-Reason"),
+                    at_ms: get("Edge-At-Ms").parse().unwrap_or(0),
+                    bytes: get("Edge-Bytes").parse().unwrap_or(0),
+                });
+                if out.len() > limit {
+                    out.pop_front();
+                }
+                if pending == 0 {
+                    break;
+                }
+            }
+            Ok::<_, SinkError>(())
+        };
+        tokio::time::timeout(SCAN, scan).await.map_err(|_| unavailable(what, "timed out"))??;
+        Ok(out.into())
+    }
+
+    async fn down_news(&self, cursor: Option<u64>, wait: Duration) -> Result<(u64, Vec<String>), SinkError> {
+        let d = self.down();
+        let mut news = d.news.lock().await;
+        if news.is_none() || cursor.is_none() {
+            let sub =
+                d.client.subscribe(format!("{}.>", d.prefix)).await.map_err(|e| unavailable("downlink news", e))?;
+            *news = Some(sub);
+            if cursor.is_none() {
+                return Ok((0, Vec::new()));
+            }
+        }
+        let sub = news.as_mut().expect("subscribed above");
+        let mut edges = Vec::new();
+        let mut take = |m: async_nats::Message| {
+            let skip = d.prefix.split('.').count();
+            if let Some(token) = m.subject.split('.').nth(skip).filter(|t| *t != DEAD)
+                && let Some(edge) = names::topic_of(&[token])
+            {
+                edges.push(edge);
+            }
+        };
+        match tokio::time::timeout(wait, sub.next()).await {
+            Ok(Some(m)) => take(m),
+            Ok(None) => {
+                *news = None;
+                return Err(unavailable("downlink news", "subscription ended"));
+            }
+            Err(_) => return Ok((0, Vec::new())),
+        }
+        while let Some(Some(m)) = futures_util::FutureExt::now_or_never(sub.next()) {
+            take(m);
+        }
+        edges.sort();
+        edges.dedup();
+        Ok((0, edges))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn headers_round_trip_and_a_bad_one_is_named() {
+        let m = Outgoing {
+            topic: "cmd/a.b".into(),
+            payload: b"x".to_vec(),
+            qos: 2,
+            retain: true,
+            expires_at_ms: Some(1_700_000_000_000),
+            user_properties: vec![("Nats-Rollup".into(), "sub".into()), ("k".into(), "v".into())],
+            response_topic: Some("reply/1".into()),
+            correlation_data: Some(vec![0, 255]),
+            content_type: Some("application/json".into()),
+        };
+        let (back, problem) = parse(&[], &headers(&m), b"x".to_vec());
+        assert_eq!((back, problem), (m, None));
+        // In order, whatever the names.
+        let many: Vec<_> = (0..20).rev().map(|i| (format!("p{i}"), i.to_string())).collect();
+        let m = Outgoing { user_properties: many.clone(), ..Default::default() };
+        assert_eq!(parse(&["t"], &headers(&m), Vec::new()).0.user_properties, many);
+        let mut raw = HeaderMap::new();
+        raw.insert("zeta", "1");
+        raw.insert("alpha", "2");
+        assert_eq!(
+            parse(&["t"], &raw, Vec::new()).0.user_properties,
+            [("alpha".to_owned(), "2".to_owned()), ("zeta".to_owned(), "1".to_owned())]
+        );
+
+        // A publisher other than `send`: topic from the subject, QoS 1 by default.
+        let (raw, problem) = parse(&["config", "threshold%2Ehigh"], &HeaderMap::new(), b"0.7".to_vec());
+        assert_eq!((raw.topic.as_str(), raw.qos, problem), ("config/threshold.high", 1, None));
+
+        let mut h = HeaderMap::new();
+        h.insert("Mqtt-Qos", "3");
+        let (_, problem) = parse(&["t"], &h, Vec::new());
+        assert_eq!(problem.as_deref(), Some("header Mqtt-Qos: \"3\" does not parse"));
+    }
+}

@@ -1,0 +1,266 @@
+//! The downlink in the sink: messages for edges' local MQTT topics, each edge's position (the
+//! last seq it acked: never lowered), and the messages an edge refused or let expire (the
+//! downlink's dead letters).
+//!
+//! - A message is stored once per edge. A send to a group or to every edge is written once for
+//!   each of them by `cloud-bridge send`: each edge then reads one place, in order, and its
+//!   backlog bound counts what it alone holds.
+//! - A message's seq is the sink's own (SQLite's row id, JetStream's stream sequence): it
+//!   increases in the order messages were stored, with other edges' messages between.
+//! - An edge's backlog is what lies after its position. Past [`DownBounds`] a send is refused
+//!   with the backlog it met ([`Enqueued::Full`]), never dropped.
+//! - A refusal or an expiry is kept only for a message the sink holds for that edge: an edge
+//!   cannot invent dead letters.
+//!
+//! `sqlite` and `jetstream` say where each lives.
+
+pub mod jetstream;
+pub mod sqlite;
+
+use std::future::Future;
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+use shared::proto::USER_PROPERTY_COST;
+use shared::proto::down::{Down, DownRefusal};
+
+use super::SinkError;
+
+/// A message for an edge's local topic, as `send` stores it and the bridge reads it back.
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub struct Outgoing {
+    pub topic: String,
+    pub payload: Vec<u8>,
+    pub qos: u8,
+    #[serde(default)]
+    pub retain: bool,
+    /// When it expires, ms since the Unix epoch; none: never.
+    #[serde(default)]
+    pub expires_at_ms: Option<u64>,
+    #[serde(default)]
+    pub user_properties: Vec<(String, String)>,
+    #[serde(default)]
+    pub response_topic: Option<String>,
+    #[serde(default)]
+    pub correlation_data: Option<Vec<u8>>,
+    #[serde(default)]
+    pub content_type: Option<String>,
+}
+
+impl Outgoing {
+    /// What it counts for in an edge's backlog bound: its variable bytes, as the session's
+    /// window weighs them.
+    pub fn bytes(&self) -> u64 {
+        let props: usize = self.user_properties.iter().map(|(k, v)| k.len() + v.len() + USER_PROPERTY_COST).sum();
+        (self.topic.len()
+            + self.payload.len()
+            + props
+            + self.response_topic.as_ref().map_or(0, String::len)
+            + self.correlation_data.as_ref().map_or(0, Vec::len)
+            + self.content_type.as_ref().map_or(0, String::len)) as u64
+    }
+
+    /// The frame for it at `now_ms`: what is left of its expiry, or, once that ran out, an
+    /// empty message expiring at once (the edge reports it expired and its position passes it;
+    /// the payload is not worth sending).
+    pub fn to_down(&self, seq: u64, now_ms: u64) -> Down {
+        let left = self.expires_at_ms.map(|at| at.saturating_sub(now_ms));
+        if left == Some(0) {
+            return Down {
+                seq,
+                topic: self.topic.clone(),
+                payload: Vec::new(),
+                qos: self.qos,
+                retain: false,
+                expires_in_ms: Some(0),
+                user_properties: Vec::new(),
+                response_topic: None,
+                correlation_data: None,
+                content_type: None,
+            };
+        }
+        Down {
+            seq,
+            topic: self.topic.clone(),
+            payload: self.payload.clone(),
+            qos: self.qos,
+            retain: self.retain,
+            expires_in_ms: left,
+            user_properties: self.user_properties.clone(),
+            response_topic: self.response_topic.clone(),
+            correlation_data: self.correlation_data.clone(),
+            content_type: self.content_type.clone(),
+        }
+    }
+}
+
+/// A stored message for one edge, read back.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Pending {
+    pub seq: u64,
+    /// When it was stored, ms since the Unix epoch.
+    pub stored_ms: u64,
+    pub msg: Outgoing,
+    /// Why what was stored is not a message (a header that does not parse, from a publisher
+    /// other than `send`): the bridge sets it aside with this reason and lets it expire.
+    pub invalid: Option<String>,
+}
+
+/// How much one edge may have waiting.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DownBounds {
+    pub messages: u64,
+    pub bytes: u64,
+}
+
+/// What an edge has waiting after its position.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub struct Backlog {
+    pub messages: u64,
+    pub bytes: u64,
+    /// When the oldest was stored, ms since the Unix epoch.
+    pub oldest_ms: Option<u64>,
+}
+
+/// What a send did for one edge.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Enqueued {
+    Stored {
+        seq: u64,
+    },
+    /// Refused: the edge's backlog was this, and one more would pass its bound.
+    Full(Backlog),
+}
+
+/// An edge's downlink as the sink keeps it: its position and what it did so far.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub struct DownState {
+    pub position: u64,
+    pub delivered: u64,
+    pub refused: u64,
+    pub expired: u64,
+}
+
+/// What an edge's ack finished: the position, the refusals and expiries it names (an edge names
+/// them again until it hears they were recorded), and how many of the messages it newly covers
+/// ended each way.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct DownDone {
+    pub up_to: u64,
+    pub refused: Vec<DownRefusal>,
+    pub expired: Vec<u64>,
+    pub counts: DoneCounts,
+}
+
+/// Messages an ack newly covers, by outcome.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct DoneCounts {
+    pub delivered: u64,
+    pub refused: u64,
+    pub expired: u64,
+}
+
+/// A message an edge did not deliver, kept where an operator finds it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DownDeadLetter {
+    pub edge: String,
+    pub seq: u64,
+    pub topic: String,
+    /// `refused`, `expired` or `invalid` (set aside by the bridge).
+    pub outcome: String,
+    pub reason: String,
+    /// When it was set aside, ms since the Unix epoch.
+    pub at_ms: u64,
+    pub bytes: u64,
+}
+
+/// The downlink's storage. See the module doc.
+pub trait DownlinkStore: Send + Sync + 'static {
+    /// Stores `msg` for `edge` after what it has waiting, unless that would pass `bounds`.
+    fn enqueue(
+        &self,
+        edge: &str,
+        msg: &Outgoing,
+        bounds: DownBounds,
+    ) -> impl Future<Output = Result<Enqueued, SinkError>> + Send;
+
+    /// `edge`'s position and counts (all zero for an edge never written).
+    fn down_state(&self, edge: &str) -> impl Future<Output = Result<DownState, SinkError>> + Send;
+
+    /// Up to `max` of `edge`'s messages after seq `after`, in order.
+    fn down_read(
+        &self,
+        edge: &str,
+        after: u64,
+        max: usize,
+    ) -> impl Future<Output = Result<Vec<Pending>, SinkError>> + Send;
+
+    /// Records `done`: the dead letters it names (of messages stored for `edge` only), then the
+    /// position and counts, unless a position as far or further is there already.
+    fn down_record(&self, edge: &str, done: &DownDone) -> impl Future<Output = Result<(), SinkError>> + Send;
+
+    /// Sets aside message `seq` of `edge` as `outcome` with `reason`, if the sink holds it.
+    fn down_set_aside(
+        &self,
+        edge: &str,
+        seq: u64,
+        outcome: &'static str,
+        reason: &str,
+    ) -> impl Future<Output = Result<(), SinkError>> + Send;
+
+    /// What `edge` has waiting after its position.
+    fn down_backlog(&self, edge: &str) -> impl Future<Output = Result<Backlog, SinkError>> + Send;
+
+    /// The newest `limit` dead letters of the downlink, of `edge` or of all, oldest first.
+    fn down_dead_letters(
+        &self,
+        edge: Option<&str>,
+        limit: usize,
+    ) -> impl Future<Output = Result<Vec<DownDeadLetter>, SinkError>> + Send;
+
+    /// The edges that got messages since `cursor` (none: since now), and the cursor to ask
+    /// with next; waits up to `wait` for some. Wakes the sessions of those edges; a session
+    /// also reads on a timer of its own, so news a sink misses is late, not lost.
+    fn down_news(
+        &self,
+        cursor: Option<u64>,
+        wait: Duration,
+    ) -> impl Future<Output = Result<(u64, Vec<String>), SinkError>> + Send;
+}
+
+/// An ack through `up_to` that newly covers `count` messages after `from`: those of its
+/// refusals and expiries after `from` are new, the rest were delivered.
+pub fn done(from: u64, count: u64, up_to: u64, refused: Vec<DownRefusal>, expired: Vec<u64>) -> DownDone {
+    let new_refused = refused.iter().filter(|r| r.seq > from).count() as u64;
+    let new_expired = expired.iter().filter(|s| **s > from).count() as u64;
+    let counts = DoneCounts {
+        delivered: count.saturating_sub(new_refused + new_expired),
+        refused: new_refused,
+        expired: new_expired,
+    };
+    DownDone { up_to, refused, expired, counts }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_expired_message_goes_as_an_empty_one_that_expires_at_once() {
+        let m = Outgoing {
+            topic: "cmd/x".into(),
+            payload: vec![1; 100],
+            qos: 2,
+            retain: true,
+            expires_at_ms: Some(10_000),
+            user_properties: vec![("k".into(), "v".into())],
+            ..Default::default()
+        };
+        let live = m.to_down(7, 9_000);
+        assert_eq!((live.seq, live.expires_in_ms, live.payload.len(), live.retain), (7, Some(1_000), 100, true));
+        let dead = m.to_down(7, 10_000);
+        assert_eq!((dead.expires_in_ms, dead.payload.len(), dead.retain), (Some(0), 0, false));
+        assert_eq!(m.bytes(), 5 + 100 + 2 + USER_PROPERTY_COST as u64);
+        assert_eq!(Outgoing { expires_at_ms: None, ..m }.to_down(1, u64::MAX).expires_in_ms, None);
+    }
+}

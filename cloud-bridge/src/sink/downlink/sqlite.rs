@@ -1,0 +1,283 @@
+//! The downlink in the SQLite sink: a `downlink` table of messages, one row per edge, read by
+//! `(edge_id, seq)`; `downlink_edges`, each edge's position and counts; `downlink_dead`, what
+//! edges refused or let expire, copied from the message row with its payload. Rows at or
+//! below an edge's position are deleted when it moves, so what an edge has in `downlink` is
+//! its backlog.
+//!
+//! `seq` is an AUTOINCREMENT row id, never handed out twice even after deletes. A file put back
+//! from an older copy would hand out seqs an edge already passed; when an edge's own position
+//! is further than the file's, recording it raises the counter past it.
+
+use std::time::{Duration, Instant};
+
+use rusqlite::{Connection, OptionalExtension, TransactionBehavior, params};
+use shared::units::now_ms;
+
+use super::{Backlog, DownBounds, DownDeadLetter, DownDone, DownState, DownlinkStore, Enqueued, Outgoing, Pending};
+use crate::sink::sqlite::SqliteSink;
+use crate::sink::{Retry, SinkError};
+
+pub(in crate::sink) const SCHEMA: &str = "
+CREATE TABLE IF NOT EXISTS downlink (
+    seq INTEGER PRIMARY KEY AUTOINCREMENT,
+    edge_id TEXT NOT NULL,
+    topic TEXT NOT NULL,
+    payload BLOB NOT NULL,
+    message TEXT NOT NULL,
+    bytes INTEGER NOT NULL,
+    stored_ms INTEGER NOT NULL
+);
+CREATE INDEX IF NOT EXISTS downlink_by_edge ON downlink (edge_id, seq);
+CREATE TABLE IF NOT EXISTS downlink_edges (
+    edge_id TEXT PRIMARY KEY,
+    position INTEGER NOT NULL,
+    delivered INTEGER NOT NULL,
+    refused INTEGER NOT NULL,
+    expired INTEGER NOT NULL
+);
+CREATE TABLE IF NOT EXISTS downlink_dead (
+    edge_id TEXT NOT NULL,
+    seq INTEGER NOT NULL,
+    topic TEXT NOT NULL,
+    outcome TEXT NOT NULL,
+    reason TEXT NOT NULL,
+    payload BLOB NOT NULL,
+    message TEXT NOT NULL,
+    bytes INTEGER NOT NULL,
+    at_ms INTEGER NOT NULL,
+    PRIMARY KEY (edge_id, seq)
+);
+";
+
+/// How often `down_news` looks for new rows while it waits.
+const NEWS_POLL: Duration = Duration::from_millis(25);
+
+/// The message columns but topic and payload, as JSON.
+fn message_json(msg: &Outgoing) -> String {
+    let rest = Outgoing { topic: String::new(), payload: Vec::new(), ..msg.clone() };
+    serde_json::to_string(&rest).unwrap_or_default()
+}
+
+fn backlog(conn: &Connection, edge: &str) -> Result<Backlog, SinkError> {
+    conn.query_row(
+        "SELECT count(*), coalesce(sum(bytes), 0), min(stored_ms) FROM downlink \
+         WHERE edge_id = ?1 AND seq > coalesce((SELECT position FROM downlink_edges WHERE edge_id = ?1), 0)",
+        params![edge],
+        |r| Ok(Backlog { messages: r.get(0)?, bytes: r.get(1)?, oldest_ms: r.get(2)? }),
+    )
+    .map_err(|e| SinkError::sqlite("downlink backlog", e))
+}
+
+fn set_aside(conn: &Connection, edge: &str, seq: u64, outcome: &str, reason: &str, at: u64) -> Result<(), SinkError> {
+    conn.prepare_cached(
+        "INSERT OR IGNORE INTO downlink_dead (edge_id, seq, topic, outcome, reason, payload, message, bytes, at_ms) \
+         SELECT edge_id, seq, topic, ?3, ?4, payload, message, bytes, ?5 FROM downlink WHERE edge_id = ?1 AND seq = ?2",
+    )
+    .and_then(|mut s| s.execute(params![edge, seq, outcome, reason, at]))
+    .map(|_| ())
+    .map_err(|e| SinkError::sqlite("downlink dead letter", e))
+}
+
+fn record(conn: &mut Connection, edge: &str, done: &DownDone) -> Result<(), SinkError> {
+    let tx =
+        conn.transaction_with_behavior(TransactionBehavior::Immediate).map_err(|e| SinkError::sqlite("begin", e))?;
+    let now = now_ms();
+    for r in &done.refused {
+        set_aside(&tx, edge, r.seq, "refused", &r.reason, now)?;
+    }
+    for seq in &done.expired {
+        set_aside(&tx, edge, *seq, "expired", "its expiry ran out before the edge could deliver it", now)?;
+    }
+    let c = done.counts;
+    tx.execute(
+        "INSERT INTO downlink_edges (edge_id, position, delivered, refused, expired) VALUES (?1, ?2, ?3, ?4, ?5) \
+         ON CONFLICT (edge_id) DO UPDATE SET position = excluded.position, \
+         delivered = delivered + excluded.delivered, refused = refused + excluded.refused, \
+         expired = expired + excluded.expired WHERE excluded.position > position",
+        params![edge, done.up_to, c.delivered, c.refused, c.expired],
+    )
+    .map_err(|e| SinkError::sqlite("downlink position", e))?;
+    tx.execute("DELETE FROM downlink WHERE edge_id = ?1 AND seq <= ?2", params![edge, done.up_to])
+        .map_err(|e| SinkError::sqlite("downlink delete", e))?;
+    // No seq at or below a position an edge holds may be handed out again (a file restored
+    // from a copy older than the edge's position).
+    let counter: Option<u64> = tx
+        .query_row("SELECT seq FROM sqlite_sequence WHERE name = 'downlink'", [], |r| r.get(0))
+        .optional()
+        .map_err(|e| SinkError::sqlite("downlink counter", e))?;
+    if counter.is_none_or(|c| c < done.up_to) {
+        tx.execute("DELETE FROM sqlite_sequence WHERE name = 'downlink'", [])
+            .and_then(|_| tx.execute("INSERT INTO sqlite_sequence (name, seq) VALUES ('downlink', ?1)", [done.up_to]))
+            .map_err(|e| SinkError::sqlite("downlink counter", e))?;
+    }
+    tx.commit().map_err(|e| SinkError::sqlite("commit", e))
+}
+
+fn pending(r: &rusqlite::Row<'_>) -> rusqlite::Result<(u64, u64, String, Vec<u8>, String)> {
+    Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?, r.get(4)?))
+}
+
+impl SqliteSink {
+    /// `f` on the connection, retried with backoff while it fails for the moment.
+    async fn retried<T: Send + 'static>(
+        &self,
+        what: &'static str,
+        f: impl Fn(&mut Connection) -> Result<T, SinkError> + Send + Sync + Clone + 'static,
+    ) -> Result<T, SinkError> {
+        let mut retry = Retry::default();
+        loop {
+            match self.blocking(f.clone()).await {
+                Err(e @ SinkError::Sqlite { code, .. }) if is_transient(code) => {
+                    retry.wait(what, &e, &self.metrics).await
+                }
+                other => return other,
+            }
+        }
+    }
+}
+
+/// Busy, locked, full, I/O: the file's moment, not the call's fault.
+fn is_transient(code: i32) -> bool {
+    matches!(code & 0xff, 5 | 6 | 10 | 13)
+}
+
+impl DownlinkStore for SqliteSink {
+    async fn enqueue(&self, edge: &str, msg: &Outgoing, bounds: DownBounds) -> Result<Enqueued, SinkError> {
+        let (edge, msg) = (edge.to_owned(), msg.clone());
+        let json = message_json(&msg);
+        self.retried("downlink enqueue", move |conn| {
+            let tx = conn
+                .transaction_with_behavior(TransactionBehavior::Immediate)
+                .map_err(|e| SinkError::sqlite("begin", e))?;
+            let waiting = backlog(&tx, &edge)?;
+            let bytes = msg.bytes();
+            if waiting.messages + 1 > bounds.messages || waiting.bytes + bytes > bounds.bytes {
+                return Ok(Enqueued::Full(waiting));
+            }
+            tx.execute(
+                "INSERT INTO downlink (edge_id, topic, payload, message, bytes, stored_ms) VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
+                params![edge, msg.topic, msg.payload, json, bytes, now_ms()],
+            )
+            .map_err(|e| SinkError::sqlite("downlink enqueue", e))?;
+            let seq = tx.last_insert_rowid() as u64;
+            tx.commit().map_err(|e| SinkError::sqlite("commit", e))?;
+            Ok(Enqueued::Stored { seq })
+        })
+        .await
+    }
+
+    async fn down_state(&self, edge: &str) -> Result<DownState, SinkError> {
+        let edge = edge.to_owned();
+        self.retried("downlink position", move |conn| {
+            conn.query_row(
+                "SELECT position, delivered, refused, expired FROM downlink_edges WHERE edge_id = ?1",
+                params![edge],
+                |r| Ok(DownState { position: r.get(0)?, delivered: r.get(1)?, refused: r.get(2)?, expired: r.get(3)? }),
+            )
+            .optional()
+            .map(Option::unwrap_or_default)
+            .map_err(|e| SinkError::sqlite("downlink position", e))
+        })
+        .await
+    }
+
+    async fn down_read(&self, edge: &str, after: u64, max: usize) -> Result<Vec<Pending>, SinkError> {
+        let edge = edge.to_owned();
+        self.retried("downlink read", move |conn| {
+            let mut read = conn
+                .prepare_cached(
+                    "SELECT seq, stored_ms, topic, payload, message FROM downlink \
+                     WHERE edge_id = ?1 AND seq > ?2 ORDER BY seq LIMIT ?3",
+                )
+                .map_err(|e| SinkError::sqlite("downlink read", e))?;
+            let rows = read
+                .query_map(params![edge, after, max as u64], pending)
+                .and_then(Iterator::collect::<Result<Vec<_>, _>>)
+                .map_err(|e| SinkError::sqlite("downlink read", e))?;
+            rows.into_iter()
+                .map(|(seq, stored_ms, topic, payload, message)| {
+                    let rest: Outgoing = serde_json::from_str(&message)
+                        .map_err(|e| SinkError::corrupt("downlink read", format!("message {seq}"), e))?;
+                    Ok(Pending { seq, stored_ms, msg: Outgoing { topic, payload, ..rest }, invalid: None })
+                })
+                .collect()
+        })
+        .await
+    }
+
+    async fn down_record(&self, edge: &str, done: &DownDone) -> Result<(), SinkError> {
+        let (edge, done) = (edge.to_owned(), done.clone());
+        self.retried("downlink record", move |conn| record(conn, &edge, &done)).await
+    }
+
+    async fn down_set_aside(&self, edge: &str, seq: u64, outcome: &'static str, reason: &str) -> Result<(), SinkError> {
+        let (edge, reason) = (edge.to_owned(), reason.to_owned());
+        self.retried("downlink dead letter", move |conn| set_aside(conn, &edge, seq, outcome, &reason, now_ms())).await
+    }
+
+    async fn down_backlog(&self, edge: &str) -> Result<Backlog, SinkError> {
+        let edge = edge.to_owned();
+        self.retried("downlink backlog", move |conn| backlog(conn, &edge)).await
+    }
+
+    async fn down_dead_letters(&self, edge: Option<&str>, limit: usize) -> Result<Vec<DownDeadLetter>, SinkError> {
+        let edge = edge.map(str::to_owned);
+        self.retried("downlink dead letters", move |conn| {
+            let mut read = conn
+                .prepare_cached(
+                    "SELECT * FROM (SELECT edge_id, seq, topic, outcome, reason, at_ms, bytes FROM downlink_dead \
+                     WHERE ?1 IS NULL OR edge_id = ?1 ORDER BY at_ms DESC, seq DESC LIMIT ?2) ORDER BY at_ms, seq",
+                )
+                .map_err(|e| SinkError::sqlite("downlink dead letters", e))?;
+            read.query_map(params![edge, limit as u64], |r| {
+                Ok(DownDeadLetter {
+                    edge: r.get(0)?,
+                    seq: r.get(1)?,
+                    topic: r.get(2)?,
+                    outcome: r.get(3)?,
+                    reason: r.get(4)?,
+                    at_ms: r.get(5)?,
+                    bytes: r.get(6)?,
+                })
+            })
+            .and_then(Iterator::collect)
+            .map_err(|e| SinkError::sqlite("downlink dead letters", e))
+        })
+        .await
+    }
+
+    async fn down_news(&self, cursor: Option<u64>, wait: Duration) -> Result<(u64, Vec<String>), SinkError> {
+        let Some(cursor) = cursor else {
+            return self
+                .retried("downlink news", |conn| {
+                    conn.query_row("SELECT coalesce(max(seq), 0) FROM downlink", [], |r| r.get(0))
+                        .map_err(|e| SinkError::sqlite("downlink news", e))
+                })
+                .await
+                .map(|head| (head, Vec::new()));
+        };
+        let deadline = Instant::now() + wait;
+        loop {
+            let news = self
+                .retried("downlink news", move |conn| {
+                    let mut read = conn
+                        .prepare_cached("SELECT seq, edge_id FROM downlink WHERE seq > ?1 ORDER BY seq LIMIT 4096")
+                        .map_err(|e| SinkError::sqlite("downlink news", e))?;
+                    read.query_map([cursor], |r| Ok((r.get::<_, u64>(0)?, r.get::<_, String>(1)?)))
+                        .and_then(Iterator::collect::<Result<Vec<_>, _>>)
+                        .map_err(|e| SinkError::sqlite("downlink news", e))
+                })
+                .await?;
+            if let Some(&(head, _)) = news.last() {
+                let mut edges: Vec<String> = news.into_iter().map(|(_, e)| e).collect();
+                edges.sort();
+                edges.dedup();
+                return Ok((head, edges));
+            }
+            if Instant::now() >= deadline {
+                return Ok((cursor, Vec::new()));
+            }
+            tokio::time::sleep(NEWS_POLL).await;
+        }
+    }
+}

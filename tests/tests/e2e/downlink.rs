@@ -1,0 +1,214 @@
+//! The downlink end to end (issue 31): `cloud-bridge send` stores a message in the sink, the
+//! bridge the edge is connected to sends it, the edge hands it to a local durable MQTT 5
+//! subscriber, and the edge's ack moves its position in the sink. Run on the SQLite sink and on
+//! a real nats-server with JetStream, through the shipped binary's commands:
+//! - a message reaches the subscriber with its MQTT 5 properties (MQTT 5.0 §3.3.2.3.5-§3.3.2.3.9:
+//!   the Response Topic, Correlation Data, User Properties and Content Type are forwarded);
+//! - a topic the edge's `[[downlink]]` does not allow is refused and listed with the reason;
+//! - messages sent while the edge is down wait within `downlink.max_backlog_messages`, the one
+//!   past it is refused at `send` with a clear error, the one whose expiry ran out meanwhile is
+//!   never delivered, and the rest arrive once each, in order;
+//! - a group send stores one message per edge of the group.
+
+use std::net::SocketAddr;
+use std::path::Path;
+use std::time::Duration;
+
+use e2e_tests::cloud::{TestCloud, pki};
+use e2e_tests::fixtures::{telemetry, with_spool};
+use e2e_tests::nats::NatsServer;
+use e2e_tests::node::TestNode;
+use rumqttc::v5::mqttbytes::v5::{ConnectProperties, Packet, Publish};
+use rumqttc::v5::{AsyncClient, Event, MqttOptions, mqttbytes::QoS};
+
+const WAIT: Duration = Duration::from_secs(20);
+
+const DOWNLINK: &str = "[downlink]\nmax_backlog_messages = 4\npoll = \"500ms\"\n\
+                        [downlink.groups]\nlab = [\"edge-1\", \"edge-2\"]\n";
+
+/// `cloud-bridge ARGS --config CONFIG`: success, stdout, stderr.
+fn bridge(config: &Path, args: &[&str]) -> (bool, String, String) {
+    let out = std::process::Command::new(e2e_tests::workspace_bin("cloud-bridge"))
+        .args(args)
+        .args(["--config", config.to_str().unwrap()])
+        .output()
+        .unwrap();
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+fn send(config: &Path, topic: &str, payload: &str, more: &[&str]) -> (bool, String, String) {
+    let mut args = vec!["send", "--edge", "edge-1", "--topic", topic, "--payload", payload];
+    args.extend_from_slice(more);
+    bridge(config, &args)
+}
+
+/// A durable MQTT 5 subscriber to `config/#` (client id `app`, session kept an hour) and what
+/// it receives.
+async fn subscriber(addr: SocketAddr) -> (AsyncClient, tokio::sync::mpsc::UnboundedReceiver<Publish>) {
+    let mut options = MqttOptions::new("app", addr.ip().to_string(), addr.port());
+    options.set_clean_start(false);
+    options.set_connect_properties(ConnectProperties { session_expiry_interval: Some(3600), ..Default::default() });
+    let (client, mut events) = AsyncClient::new(options, 100);
+    client.subscribe("config/#", QoS::AtLeastOnce).await.unwrap();
+    let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+    let (subscribed_tx, subscribed) = tokio::sync::oneshot::channel();
+    tokio::spawn(async move {
+        let mut subscribed_tx = Some(subscribed_tx);
+        while let Ok(event) = events.poll().await {
+            match event {
+                Event::Incoming(Packet::Publish(p)) => {
+                    let _ = tx.send(p);
+                }
+                Event::Incoming(Packet::SubAck(_)) => {
+                    if let Some(s) = subscribed_tx.take() {
+                        let _ = s.send(());
+                    }
+                }
+                _ => {}
+            }
+        }
+    });
+    tokio::time::timeout(WAIT, subscribed).await.expect("SUBACK").unwrap();
+    (client, rx)
+}
+
+async fn next(got: &mut tokio::sync::mpsc::UnboundedReceiver<Publish>) -> (String, String) {
+    let p = tokio::time::timeout(WAIT, got.recv()).await.expect("a message in time").unwrap();
+    (String::from_utf8_lossy(&p.topic).into_owned(), String::from_utf8_lossy(&p.payload).into_owned())
+}
+
+/// Waits until `downlink status` of edge-1 contains `want`.
+async fn status_shows(config: &Path, want: &str) -> String {
+    let deadline = tokio::time::Instant::now() + WAIT;
+    loop {
+        let (ok, out, err) = bridge(config, &["downlink", "status", "--edge", "edge-1"]);
+        assert!(ok, "{err}");
+        if out.contains(want) {
+            return out;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "status never showed {want:?}: {out}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+async fn delivered_refused_bounded_and_expired(cloud: TestCloud, dir: &Path) {
+    let config = dir.join("cloud.toml");
+    let extra = format!(
+        "{}\n{}\n[[downlink]]\nfilter = \"config/#\"\n",
+        with_spool(&[telemetry()]),
+        cloud.uplink_section("edge-1")
+    );
+    let edge = TestNode::start_in(tempfile::tempdir().unwrap(), &extra).await;
+    let (_client, mut got) = subscriber(edge.local()).await;
+
+    let (ok, out, err) = send(
+        &config,
+        "config/threshold",
+        "0.7",
+        &[
+            "--user-property",
+            "origin=central",
+            "--user-property",
+            "zone=b",
+            "--user-property",
+            "alpha=c",
+            "--response-topic",
+            "reply/edge-1",
+            "--correlation-data",
+            "c-1",
+            "--content-type",
+            "text/plain",
+        ],
+    );
+    assert!(ok, "{out}{err}");
+    assert!(out.starts_with("edge-1: stored as downlink message "), "{out}");
+    let p = tokio::time::timeout(WAIT, got.recv()).await.expect("delivered").unwrap();
+    assert_eq!((&p.topic[..], &p.payload[..]), (&b"config/threshold"[..], &b"0.7"[..]));
+    let props = p.properties.expect("MQTT 5 properties");
+    // In the order sent (MQTT 5.0 §3.3.2.3.7).
+    let pairs = [("origin", "central"), ("zone", "b"), ("alpha", "c")].map(|(k, v)| (k.to_owned(), v.to_owned()));
+    assert_eq!(props.user_properties, pairs);
+    assert_eq!(props.response_topic.as_deref(), Some("reply/edge-1"));
+    assert_eq!(props.correlation_data.as_deref(), Some(&b"c-1"[..]));
+    assert_eq!(props.content_type.as_deref(), Some("text/plain"));
+
+    // Not allowed on this edge: refused back, kept where an operator finds it.
+    let (ok, out, err) = send(&config, "cmd/reboot", "now", &[]);
+    assert!(ok, "{out}{err}");
+    status_shows(&config, "refused 1").await;
+    let (ok, out, err) = bridge(&config, &["downlink", "refused", "--edge", "edge-1"]);
+    assert!(ok, "{err}");
+    assert!(out.contains("edge-1") && out.contains("refused cmd/reboot"), "{out}");
+    assert!(out.contains("not allowed by this edge's [[downlink]]"), "{out}");
+
+    // The edge goes down; what is sent meanwhile waits within its bound.
+    let TestNode { node, dir: edge_dir } = edge;
+    node.shutdown(Duration::from_secs(5)).await;
+    for (topic, more) in
+        [("config/a", &["--expiry", "1s"][..]), ("config/b", &[]), ("config/c", &[]), ("config/d", &[])]
+    {
+        let (ok, out, err) = send(&config, topic, &topic[7..], more);
+        assert!(ok, "{topic}: {out}{err}");
+    }
+    let (ok, out, _) = send(&config, "config/e", "e", &[]);
+    assert!(!ok, "past the bound: refused");
+    assert!(out.contains("edge-1: refused: its backlog holds 4 messages"), "{out}");
+    assert!(out.contains("downlink.max_backlog_messages 4"), "{out}");
+    let waiting = status_shows(&config, "waiting 4 messages").await;
+    assert!(waiting.contains("delivered 1, refused 1, expired 0"), "{waiting}");
+    tokio::time::sleep(Duration::from_millis(1200)).await;
+
+    // Back: the expired one never arrives; the rest once each, in order.
+    let edge = TestNode::start_in(edge_dir, &extra).await;
+    let (_client, mut got) = subscriber(edge.local()).await;
+    for want in ["b", "c", "d"] {
+        let (topic, payload) = next(&mut got).await;
+        assert_eq!((topic.as_str(), payload.as_str()), (format!("config/{want}").as_str(), want));
+    }
+    // Acked after the subscriber had them: waited for.
+    status_shows(&config, "delivered 4, refused 1, expired 1; waiting 0 messages").await;
+    let again = tokio::time::timeout(Duration::from_millis(800), got.recv()).await;
+    assert!(again.is_err(), "nothing delivered twice: {again:?}");
+    let (_, out, _) = bridge(&config, &["downlink", "refused"]);
+    assert!(out.contains("expired config/a"), "{out}");
+
+    // A group: one message per edge, whether connected or not.
+    let (ok, out, err) = bridge(&config, &["send", "--group", "lab", "--topic", "config/all", "--payload", "x"]);
+    assert!(ok, "{out}{err}");
+    assert_eq!(out.lines().filter(|l| l.contains(": stored as downlink message")).count(), 2, "{out}");
+    assert!(out.contains("edge-2: stored"), "{out}");
+    assert_eq!(next(&mut got).await, ("config/all".to_owned(), "x".to_owned()));
+    // Every edge the fleet view knows: edge-2 never connected.
+    let (ok, out, err) = bridge(&config, &["send", "--all", "--topic", "config/every", "--payload", "y"]);
+    assert!(ok, "{out}{err}");
+    assert_eq!(out.lines().collect::<Vec<_>>().len(), 1, "{out}");
+    assert!(out.starts_with("edge-1: stored"), "{out}");
+    assert_eq!(next(&mut got).await, ("config/every".to_owned(), "y".to_owned()));
+    let (ok, _, err) = bridge(&config, &["send", "--group", "nope", "--topic", "config/all", "--payload", "x"]);
+    assert!(!ok && err.contains("no group \"nope\" in downlink.groups"), "{err}");
+    let (ok, _, err) = send(&config, "config/+", "x", &[]);
+    assert!(!ok && err.contains("--topic") && err.contains("wildcard"), "{err}");
+    cloud.bridge.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn messages_reach_an_edge_once_in_order_within_bounds_on_sqlite() {
+    let dir = tempfile::tempdir().unwrap();
+    let keys = pki(dir.path(), &["edge-2"]);
+    let cloud = TestCloud::start(dir.path(), keys, "127.0.0.1:0".parse().unwrap(), DOWNLINK).await;
+    delivered_refused_bounded_and_expired(cloud, dir.path()).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn messages_reach_an_edge_once_in_order_within_bounds_on_jetstream() {
+    let nats = NatsServer::start();
+    let dir = tempfile::tempdir().unwrap();
+    let keys = pki(dir.path(), &["edge-2"]);
+    let cloud =
+        TestCloud::start_on_jetstream(dir.path(), keys, "127.0.0.1:0".parse().unwrap(), DOWNLINK, &nats.url()).await;
+    delivered_refused_bounded_and_expired(cloud, dir.path()).await;
+}
