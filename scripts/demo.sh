@@ -61,6 +61,11 @@ key = "$work/certs/edge-edge-1.key"
 dir = "$work/models"
 public_key = "$work/certs/model-signing.pub"
 follow = ["yolo-edge"]
+
+# The cloud may publish to ops/# here, nothing else.
+[[downlink]]
+filter = "ops/#"
+max_qos = 1
 EOC
 "$bin" check-config --config "$work/edge.toml" > /dev/null
 
@@ -114,6 +119,23 @@ cmp -s "$work/yolo-v2.bin" "$work/models/yolo-edge/2" && echo "   staged file $w
 "$bin" models list --config "$work/edge.toml" | python3 -c 'import json, sys
 for m in json.load(sys.stdin):
     print("   edge-node models list:", m["name"], "current", m["current"]["version"], "kept", m["versions"])'
+
+echo "== a command from the cloud: stored in the sink, delivered to a local app, its reply back through the spool"
+# The local app: answers one request on its response topic with its correlation data.
+mosquitto_sub -h 127.0.0.1 -p "$port" -V mqttv5 -q 1 -t 'ops/#' -C 1 -W 30 -F '%R %D %p' | while read -r rt cd asked; do
+  mosquitto_pub -h 127.0.0.1 -p "$port" -V mqttv5 -q 1 -t "$rt" -D publish correlation-data "$cd" \
+    -m "edge-1 up $(cut -d' ' -f1 /proc/uptime) s (asked: $asked)"
+done &
+app_pid=$!
+sleep 0.5
+"$cloud" send --config "$work/cloud.toml" --edge edge-1 --topic ops/uptime --payload "how long up?" --wait 20s | sed 's/^/   /'
+wait "$app_pid" || true
+"$cloud" send --config "$work/cloud.toml" --edge edge-1 --topic admin/reboot --payload now | sed 's/^/   /'
+for _ in $(seq 100); do
+  "$cloud" downlink status --config "$work/cloud.toml" --edge edge-1 | grep -q "refused 1" && break; sleep 0.1
+done
+"$cloud" downlink status --config "$work/cloud.toml" --edge edge-1 | sed 's/^/   /'
+"$cloud" downlink refused --config "$work/cloud.toml" | head -1 | sed 's/^/   refused by the edge: /'
 
 sleep 1
 echo "== what the node measured"

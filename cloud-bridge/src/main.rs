@@ -112,6 +112,10 @@ struct SendArgs {
     /// The payload, from a file.
     #[arg(long)]
     file: Option<PathBuf>,
+    /// Waits this long for a local app's reply (to `--response-topic`, or one made up, with
+    /// the correlation data) and prints it; exit 1 without one. Only with `--edge`.
+    #[arg(long, requires = "edge")]
+    wait: Option<shared::units::HumanDuration>,
 }
 
 #[derive(Subcommand)]
@@ -509,7 +513,7 @@ fn send(args: SendArgs) -> anyhow::Result<bool> {
         (None, Some(f)) => std::fs::read(f).map_err(|e| anyhow::anyhow!("--file {}: {e}", f.display()))?,
         (None, None) => unreachable!("clap requires one"),
     };
-    let msg = send::message(Flags {
+    let mut msg = send::message(Flags {
         topic: args.topic,
         qos: args.qos,
         retain: args.retain,
@@ -520,6 +524,10 @@ fn send(args: SendArgs) -> anyhow::Result<bool> {
         content_type: args.content_type,
         payload,
     })?;
+    let request = match (&args.wait, &args.edge) {
+        (Some(wait), Some(edge)) => Some((send::as_request(edge, &mut msg)?, wait.0)),
+        _ => None,
+    };
     let target = match (args.edge, args.group) {
         (Some(e), _) => Target::Edge(e),
         (None, Some(g)) => Target::Group(g),
@@ -528,12 +536,26 @@ fn send(args: SendArgs) -> anyhow::Result<bool> {
     let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
     runtime.block_on(async {
         with_sink!(config.sink, sink => {
+            use cloud_bridge::sink::DownlinkStore;
+            let cursor = match request {
+                Some(_) => sink.reply_cursor().await?,
+                None => 0,
+            };
             let edges = send::edges(&sink, &config.downlink, &target).await?;
             let sent = send::send(&sink, &config.downlink, &edges, &msg).await?;
             let mut all = true;
             for (edge, what) in &sent {
                 println!("{}", send::describe(&config.downlink, &msg.topic, edge, what));
                 all &= matches!(what, cloud_bridge::sink::downlink::Enqueued::Stored { .. });
+            }
+            if let (true, Some(((topic, correlation), wait)), [edge]) = (all, &request, &edges[..]) {
+                match send::wait_reply(&sink, edge, (topic, correlation), cursor, *wait).await? {
+                    Some(reply) => println!("reply from {edge} on {topic}: {}", String::from_utf8_lossy(&reply.payload)),
+                    None => {
+                        eprintln!("cloud-bridge: no reply from {edge} on {topic} within {}", shared::units::HumanDuration(*wait));
+                        all = false;
+                    }
+                }
             }
             Ok(all)
         })

@@ -114,6 +114,11 @@ pub fn user_property_name(header: &str) -> Option<&str> {
     (!RESERVED_PREFIXES.iter().any(|p| has_prefix(header, p))).then_some(header)
 }
 
+/// The `Mqtt-Correlation-Data` header value of `data`.
+pub fn correlation_header(data: &[u8]) -> String {
+    base64::engine::general_purpose::STANDARD.encode(data)
+}
+
 /// Headers carrying what MQTT had beyond topic and payload, borrowed from `m` where they can be
 /// (they are built for every record a bridge writes).
 pub fn headers(m: &WireMessage) -> Vec<(Cow<'_, str>, Cow<'_, str>)> {
@@ -127,10 +132,7 @@ pub fn headers(m: &WireMessage) -> Vec<(Cow<'_, str>, Cow<'_, str>)> {
     h.extend([(Cow::Borrowed("Mqtt-Topic"), Cow::Borrowed(m.topic.as_str())), (Cow::Borrowed("Mqtt-Qos"), qos)]);
     h.extend(m.user_properties.iter().map(|(name, value)| (user_property_header(name), Cow::Borrowed(value.as_str()))));
     if let Some(c) = &m.correlation_data {
-        h.push((
-            Cow::Borrowed("Mqtt-Correlation-Data"),
-            Cow::Owned(base64::engine::general_purpose::STANDARD.encode(c)),
-        ));
+        h.push((Cow::Borrowed("Mqtt-Correlation-Data"), Cow::Owned(correlation_header(c))));
     }
     if let Some(ct) = &m.content_type {
         h.push((Cow::Borrowed("Mqtt-Content-Type"), Cow::Borrowed(ct.as_str())));

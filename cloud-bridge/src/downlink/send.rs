@@ -9,7 +9,7 @@ use shared::proto::down::MAX_DOWN_BYTES;
 use shared::units::now_ms;
 
 use super::DownlinkConfig;
-use crate::sink::downlink::{DownBounds, Enqueued, Outgoing};
+use crate::sink::downlink::{DownBounds, Enqueued, Outgoing, Reply};
 use crate::sink::{DownlinkStore, FleetStore, SinkError};
 
 /// Whom a message is for.
@@ -136,6 +136,38 @@ pub async fn send<S: DownlinkStore>(
     Ok(out)
 }
 
+/// Makes `msg` a request: its response topic and correlation data as given, or made up
+/// (`reply/<edge>/<random>`, 16 random hex digits), so a reply can be told from any other.
+pub fn as_request(edge: &str, msg: &mut Outgoing) -> Result<(String, Vec<u8>), SendError> {
+    let topic =
+        msg.response_topic.get_or_insert_with(|| format!("reply/{edge}/{:016x}", rand::random::<u64>())).clone();
+    shared::topic::validate_name(&topic).map_err(|e| SendError::Invalid(format!("response topic: {e}")))?;
+    let correlation =
+        msg.correlation_data.get_or_insert_with(|| format!("{:016x}", rand::random::<u64>()).into_bytes()).clone();
+    Ok((topic, correlation))
+}
+
+/// Waits up to `timeout` for `edge`'s reply on `topic` with `correlation`, stored after
+/// `cursor` (taken before the request was stored).
+pub async fn wait_reply<S: DownlinkStore>(
+    sink: &S,
+    edge: &str,
+    (topic, correlation): (&str, &[u8]),
+    cursor: u64,
+    timeout: Duration,
+) -> Result<Option<Reply>, SinkError> {
+    let deadline = tokio::time::Instant::now() + timeout;
+    loop {
+        if let Some(reply) = sink.find_reply(edge, topic, correlation, cursor).await? {
+            return Ok(Some(reply));
+        }
+        if tokio::time::Instant::now() >= deadline {
+            return Ok(None);
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
 /// One line per edge for the operator.
 pub fn describe(config: &DownlinkConfig, topic: &str, edge: &str, what: &Enqueued) -> String {
     match what {
@@ -186,5 +218,17 @@ mod tests {
         assert_eq!(ok.user_properties, [("k".to_string(), "v=w".to_string())]);
         assert_eq!(ok.correlation_data.as_deref(), Some(&b"abc"[..]));
         assert!(ok.expires_at_ms.unwrap() > now_ms() + 59_000);
+    }
+
+    #[test]
+    fn a_request_keeps_what_was_given_and_makes_up_the_rest() {
+        let mut m = message(flags()).unwrap();
+        let (topic, correlation) = as_request("edge-1", &mut m).unwrap();
+        assert!(topic.starts_with("reply/edge-1/") && topic.len() == "reply/edge-1/".len() + 16, "{topic}");
+        assert_eq!((m.response_topic.as_deref(), correlation.len()), (Some(topic.as_str()), 16));
+        let mut given = Outgoing { response_topic: Some("r/1".into()), correlation_data: Some(b"c".to_vec()), ..m };
+        assert_eq!(as_request("edge-1", &mut given).unwrap(), ("r/1".to_owned(), b"c".to_vec()));
+        let mut bad = message(flags()).unwrap();
+        assert!(as_request("edge+1", &mut bad).is_err(), "an id that makes no topic name");
     }
 }

@@ -8,17 +8,20 @@
 //! - messages sent while the edge is down wait within `downlink.max_backlog_messages`, the one
 //!   past it is refused at `send` with a clear error, the one whose expiry ran out meanwhile is
 //!   never delivered, and the rest arrive once each, in order;
-//! - a group send stores one message per edge of the group.
+//! - a group send stores one message per edge of the group;
+//! - a request (`send --wait`) reaches a local app with a response topic and correlation data,
+//!   its reply goes up through the spool (a `full` class) and `send` prints it (MQTT 5.0 §4.10:
+//!   the responder publishes to the Response Topic with the request's Correlation Data).
 
 use std::net::SocketAddr;
 use std::path::Path;
 use std::time::Duration;
 
 use e2e_tests::cloud::{TestCloud, pki};
-use e2e_tests::fixtures::{telemetry, with_spool};
+use e2e_tests::fixtures::{class, telemetry, with_spool};
 use e2e_tests::nats::NatsServer;
 use e2e_tests::node::TestNode;
-use rumqttc::v5::mqttbytes::v5::{ConnectProperties, Packet, Publish};
+use rumqttc::v5::mqttbytes::v5::{ConnectProperties, Packet, Publish, PublishProperties};
 use rumqttc::v5::{AsyncClient, Event, MqttOptions, mqttbytes::QoS};
 
 const WAIT: Duration = Duration::from_secs(20);
@@ -76,6 +79,38 @@ async fn subscriber(addr: SocketAddr) -> (AsyncClient, tokio::sync::mpsc::Unboun
     (client, rx)
 }
 
+/// A local app that answers each request on `ops/ping` with `pong <payload>` on its response
+/// topic, with its correlation data (and nothing on other topics).
+async fn responder(addr: SocketAddr) -> AsyncClient {
+    let (client, mut events) = AsyncClient::new(MqttOptions::new("responder", addr.ip().to_string(), addr.port()), 100);
+    client.subscribe("ops/ping", QoS::AtLeastOnce).await.unwrap();
+    let (subscribed_tx, subscribed) = tokio::sync::oneshot::channel();
+    let answer = client.clone();
+    tokio::spawn(async move {
+        let mut subscribed_tx = Some(subscribed_tx);
+        while let Ok(event) = events.poll().await {
+            match event {
+                Event::Incoming(Packet::Publish(p)) => {
+                    let props = p.properties.unwrap_or_default();
+                    let Some(topic) = props.response_topic else { continue };
+                    let reply = PublishProperties { correlation_data: props.correlation_data, ..Default::default() };
+                    let mut payload = b"pong ".to_vec();
+                    payload.extend_from_slice(&p.payload);
+                    answer.publish_with_properties(topic, QoS::AtLeastOnce, false, payload, reply).await.unwrap();
+                }
+                Event::Incoming(Packet::SubAck(_)) => {
+                    if let Some(s) = subscribed_tx.take() {
+                        let _ = s.send(());
+                    }
+                }
+                _ => {}
+            }
+        }
+    });
+    tokio::time::timeout(WAIT, subscribed).await.expect("SUBACK").unwrap();
+    client
+}
+
 async fn next(got: &mut tokio::sync::mpsc::UnboundedReceiver<Publish>) -> (String, String) {
     let p = tokio::time::timeout(WAIT, got.recv()).await.expect("a message in time").unwrap();
     (String::from_utf8_lossy(&p.topic).into_owned(), String::from_utf8_lossy(&p.payload).into_owned())
@@ -97,13 +132,24 @@ async fn status_shows(config: &Path, want: &str) -> String {
 
 async fn delivered_refused_bounded_and_expired(cloud: TestCloud, dir: &Path) {
     let config = dir.join("cloud.toml");
+    let replies = class("replies", "reply/#", "central").durability("full");
     let extra = format!(
-        "{}\n{}\n[[downlink]]\nfilter = \"config/#\"\n",
-        with_spool(&[telemetry()]),
+        "{}\n{}\n[[downlink]]\nfilter = \"config/#\"\n[[downlink]]\nfilter = \"ops/#\"\n",
+        with_spool(&[telemetry(), replies]),
         cloud.uplink_section("edge-1")
     );
     let edge = TestNode::start_in(tempfile::tempdir().unwrap(), &extra).await;
     let (_client, mut got) = subscriber(edge.local()).await;
+
+    // A command with --wait: a local app answers, the reply comes back up.
+    let _responder = responder(edge.local()).await;
+    let (ok, out, err) =
+        bridge(&config, &["send", "--edge", "edge-1", "--topic", "ops/ping", "--payload", "hi", "--wait", "15s"]);
+    assert!(ok, "{out}{err}");
+    assert!(out.contains("reply from edge-1 on reply/edge-1/") && out.trim_end().ends_with(": pong hi"), "{out}");
+    let (ok, _, err) =
+        bridge(&config, &["send", "--edge", "edge-1", "--topic", "ops/silent", "--payload", "x", "--wait", "1s"]);
+    assert!(!ok && err.contains("no reply from edge-1 on reply/edge-1/") && err.contains("within 1s"), "{err}");
 
     let (ok, out, err) = send(
         &config,
@@ -159,7 +205,7 @@ async fn delivered_refused_bounded_and_expired(cloud: TestCloud, dir: &Path) {
     assert!(out.contains("edge-1: refused: its backlog holds 4 messages"), "{out}");
     assert!(out.contains("downlink.max_backlog_messages 4"), "{out}");
     let waiting = status_shows(&config, "waiting 4 messages").await;
-    assert!(waiting.contains("delivered 1, refused 1, expired 0"), "{waiting}");
+    assert!(waiting.contains("delivered 3, refused 1, expired 0"), "{waiting}");
     tokio::time::sleep(Duration::from_millis(1200)).await;
 
     // Back: the expired one never arrives; the rest once each, in order.
@@ -170,7 +216,7 @@ async fn delivered_refused_bounded_and_expired(cloud: TestCloud, dir: &Path) {
         assert_eq!((topic.as_str(), payload.as_str()), (format!("config/{want}").as_str(), want));
     }
     // Acked after the subscriber had them: waited for.
-    status_shows(&config, "delivered 4, refused 1, expired 1; waiting 0 messages").await;
+    status_shows(&config, "delivered 6, refused 1, expired 1; waiting 0 messages").await;
     let again = tokio::time::timeout(Duration::from_millis(800), got.recv()).await;
     assert!(again.is_err(), "nothing delivered twice: {again:?}");
     let (_, out, _) = bridge(&config, &["downlink", "refused"]);

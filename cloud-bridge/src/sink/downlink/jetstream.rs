@@ -27,7 +27,9 @@ use base64::Engine;
 use bytes::Bytes;
 use futures_util::StreamExt;
 
-use super::{Backlog, DownBounds, DownDeadLetter, DownDone, DownState, DownlinkStore, Enqueued, Outgoing, Pending};
+use super::{
+    Backlog, DownBounds, DownDeadLetter, DownDone, DownState, DownlinkStore, Enqueued, Outgoing, Pending, Reply,
+};
 use crate::names::{self, user_property_name};
 use crate::sink::SinkError;
 use crate::sink::jetstream::JetStreamSink;
@@ -69,6 +71,9 @@ pub(in crate::sink) struct JsDown {
     prefix: String,
     positions: kv::Store,
     news: tokio::sync::Mutex<Option<async_nats::Subscriber>>,
+    /// The uplink's stream and subject prefix, where replies arrive.
+    uplink: stream::Stream,
+    uplink_prefix: String,
 }
 
 /// Opens (or creates) the downlink's stream and bucket; `uplink_prefix` must not overlap.
@@ -76,7 +81,7 @@ pub(in crate::sink) async fn open(
     client: &async_nats::Client,
     js: &jetstream::Context,
     s: &DownSettings,
-    uplink_prefix: &str,
+    (uplink_stream, uplink_prefix): (&str, &str),
     replicas: usize,
     duplicate_window: Duration,
 ) -> Result<JsDown, SinkError> {
@@ -108,6 +113,7 @@ pub(in crate::sink) async fn open(
     }
     crate::sink::jetstream::ensure_stream_replicas(js, "downlink stream", &s.stream, &config, replicas).await?;
     let positions = crate::sink::jetstream::bucket(js, "downlink bucket", &s.bucket, replicas, Duration::ZERO).await?;
+    let uplink = js.get_stream(uplink_stream).await.map_err(|e| SinkError::nats("stream", uplink_stream, &e))?;
     Ok(JsDown {
         client: client.clone(),
         js: js.clone(),
@@ -115,6 +121,8 @@ pub(in crate::sink) async fn open(
         prefix: s.subject_prefix.clone(),
         positions,
         news: tokio::sync::Mutex::new(None),
+        uplink,
+        uplink_prefix: uplink_prefix.to_owned(),
     })
 }
 
@@ -425,6 +433,39 @@ impl DownlinkStore for JetStreamSink {
         };
         tokio::time::timeout(SCAN, scan).await.map_err(|_| unavailable(what, "timed out"))??;
         Ok(out.into())
+    }
+
+    async fn reply_cursor(&self) -> Result<u64, SinkError> {
+        let info = self.down().uplink.get_info().await.map_err(|e| SinkError::nats("reply cursor", "", &e))?;
+        Ok(info.state.last_sequence)
+    }
+
+    async fn find_reply(
+        &self,
+        edge: &str,
+        topic: &str,
+        correlation: &[u8],
+        cursor: u64,
+    ) -> Result<Option<Reply>, SinkError> {
+        let d = self.down();
+        // The response topic is the request's own: the last record on its subject is the reply.
+        let subject = names::subject(&d.uplink_prefix, edge, topic);
+        let m = match d.uplink.get_last_raw_message_by_subject(&subject).await {
+            Ok(m) => m,
+            Err(e) if e.kind() == stream::LastRawMessageErrorKind::NoMessageFound => return Ok(None),
+            Err(e) => return Err(SinkError::nats("find reply", &subject, &e)),
+        };
+        let want = names::correlation_header(correlation);
+        let matches = m.headers.get("Mqtt-Correlation-Data").is_some_and(|v| v.as_str() == want);
+        if m.sequence <= cursor || !matches {
+            return Ok(None);
+        }
+        let headers = m
+            .headers
+            .iter()
+            .flat_map(|(k, vs)| vs.iter().map(move |v| (k.to_string(), v.as_str().to_owned())))
+            .collect();
+        Ok(Some(Reply { payload: m.payload.to_vec(), headers }))
     }
 
     async fn down_news(&self, cursor: Option<u64>, wait: Duration) -> Result<(u64, Vec<String>), SinkError> {

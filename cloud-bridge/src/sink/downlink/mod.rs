@@ -174,6 +174,14 @@ pub struct DownDeadLetter {
     pub bytes: u64,
 }
 
+/// A local app's reply to a message, as it reached the sink.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Reply {
+    pub payload: Vec<u8>,
+    /// Its headers as the uplink stored them (`Mqtt-Topic`, user properties, ...).
+    pub headers: Vec<(String, String)>,
+}
+
 /// The downlink's storage. See the module doc.
 pub trait DownlinkStore: Send + Sync + 'static {
     /// Stores `msg` for `edge` after what it has waiting, unless that would pass `bounds`.
@@ -217,6 +225,19 @@ pub trait DownlinkStore: Send + Sync + 'static {
         edge: Option<&str>,
         limit: usize,
     ) -> impl Future<Output = Result<Vec<DownDeadLetter>, SinkError>> + Send;
+
+    /// Where the sink's records end now: [`DownlinkStore::find_reply`] looks only after it.
+    fn reply_cursor(&self) -> impl Future<Output = Result<u64, SinkError>> + Send;
+
+    /// A record of `edge` on `topic`, stored after `cursor`, whose correlation data is
+    /// `correlation`: a local app's reply to a message sent with that response topic.
+    fn find_reply(
+        &self,
+        edge: &str,
+        topic: &str,
+        correlation: &[u8],
+        cursor: u64,
+    ) -> impl Future<Output = Result<Option<Reply>, SinkError>> + Send;
 
     /// The edges that got messages since `cursor` (none: since now), and the cursor to ask
     /// with next; waits up to `wait` for some. Wakes the sessions of those edges; a session

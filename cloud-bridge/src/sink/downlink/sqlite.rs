@@ -13,7 +13,9 @@ use std::time::{Duration, Instant};
 use rusqlite::{Connection, OptionalExtension, TransactionBehavior, params};
 use shared::units::now_ms;
 
-use super::{Backlog, DownBounds, DownDeadLetter, DownDone, DownState, DownlinkStore, Enqueued, Outgoing, Pending};
+use super::{
+    Backlog, DownBounds, DownDeadLetter, DownDone, DownState, DownlinkStore, Enqueued, Outgoing, Pending, Reply,
+};
 use crate::sink::sqlite::SqliteSink;
 use crate::sink::{Retry, SinkError};
 
@@ -242,6 +244,44 @@ impl DownlinkStore for SqliteSink {
             })
             .and_then(Iterator::collect)
             .map_err(|e| SinkError::sqlite("downlink dead letters", e))
+        })
+        .await
+    }
+
+    async fn reply_cursor(&self) -> Result<u64, SinkError> {
+        self.retried("reply cursor", |conn| {
+            conn.query_row("SELECT coalesce(max(rowid), 0) FROM records", [], |r| r.get(0))
+                .map_err(|e| SinkError::sqlite("reply cursor", e))
+        })
+        .await
+    }
+
+    async fn find_reply(
+        &self,
+        edge: &str,
+        topic: &str,
+        correlation: &[u8],
+        cursor: u64,
+    ) -> Result<Option<Reply>, SinkError> {
+        let (edge, topic, want) = (edge.to_owned(), topic.to_owned(), crate::names::correlation_header(correlation));
+        self.retried("find reply", move |conn| {
+            // Only rows after the cursor: the rowid range, not the table.
+            let mut read = conn
+                .prepare_cached(
+                    "SELECT payload, headers FROM records WHERE rowid > ?1 AND edge_id = ?2 AND topic = ?3 ORDER BY rowid",
+                )
+                .map_err(|e| SinkError::sqlite("find reply", e))?;
+            let rows = read
+                .query_map(params![cursor, edge, topic], |r| Ok((r.get::<_, Vec<u8>>(0)?, r.get::<_, Option<String>>(1)?)))
+                .and_then(Iterator::collect::<Result<Vec<_>, _>>)
+                .map_err(|e| SinkError::sqlite("find reply", e))?;
+            for (payload, headers) in rows {
+                let headers: Vec<(String, String)> = headers.and_then(|h| serde_json::from_str(&h).ok()).unwrap_or_default();
+                if headers.iter().any(|(k, v)| k == "Mqtt-Correlation-Data" && *v == want) {
+                    return Ok(Some(Reply { payload, headers }));
+                }
+            }
+            Ok(None)
         })
         .await
     }

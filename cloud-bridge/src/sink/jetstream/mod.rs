@@ -215,7 +215,7 @@ impl JetStreamSink {
             &client,
             &js,
             &s.down,
-            &s.subject_prefix,
+            (&s.stream, &s.subject_prefix),
             replicas,
             s.duplicate_window,
         )
