@@ -695,8 +695,8 @@ fn dead_letters(command: DeadLettersCommand) -> anyhow::Result<()> {
 fn edges_list(path: &std::path::Path, json: bool) -> anyhow::Result<()> {
     let config = CloudConfig::load(path)?;
     let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
-    let (states, reports) = runtime.block_on(config.sink.load_fleet())?;
-    let view = cloud_bridge::fleet::view::of(states, &reports);
+    let data = runtime.block_on(config.sink.load_fleet())?;
+    let view = cloud_bridge::fleet::view::of(data);
     if json {
         println!("{}", serde_json::to_string_pretty(&view)?);
     } else {

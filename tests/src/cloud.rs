@@ -169,7 +169,13 @@ impl TestCloud {
 /// The fleet view served at `http` (`GET /edges`); empty if it cannot be read.
 pub fn fleet_view(http: SocketAddr) -> FleetView {
     let body = crate::http_get(http, "/edges");
-    serde_json::from_str(&body).unwrap_or(FleetView { taken_ms: 0, bridges: Vec::new(), edges: Vec::new() })
+    serde_json::from_str(&body).unwrap_or(FleetView {
+        taken_ms: 0,
+        bridges: Vec::new(),
+        edges: Vec::new(),
+        downlink: Vec::new(),
+        downlink_refused: Vec::new(),
+    })
 }
 
 /// An `[uplink]` section for `edge` (its certificate from `pki`) with fast test timings, to

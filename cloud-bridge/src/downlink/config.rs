@@ -23,6 +23,9 @@ pub struct DownlinkConfig {
     /// How often a connected edge's session reads the sink without news of a message for it
     /// (news comes at once; this covers news lost in a reconnect). Default: 5s.
     pub poll: HumanDuration,
+    /// How often the bridge reads the fleet's downlink summary for its backlog gauges.
+    /// Default: 15s.
+    pub summary_interval: HumanDuration,
     /// Named groups of edges for `cloud-bridge send --group NAME`: `name = ["edge-1", ...]`.
     /// Kept here, in the config of the bridge (and of `send`), not in the sink: a group is an
     /// operator's decision, reviewed like the rest of the config.
@@ -37,6 +40,7 @@ impl Default for DownlinkConfig {
             max_backlog_messages: 10_000,
             max_backlog_bytes: ByteSize::mib(64),
             poll: HumanDuration(Duration::from_secs(5)),
+            summary_interval: HumanDuration(Duration::from_secs(15)),
             groups: BTreeMap::new(),
         }
     }
@@ -56,6 +60,9 @@ impl DownlinkConfig {
         }
         if self.poll.0.is_zero() {
             return Err(("downlink.poll".into(), "must be more than 0".into()));
+        }
+        if self.summary_interval.0.is_zero() {
+            return Err(("downlink.summary_interval".into(), "must be more than 0".into()));
         }
         for (name, edges) in &self.groups {
             if edges.is_empty() {

@@ -4,6 +4,7 @@
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -19,6 +20,10 @@ pub struct DownlinkMetrics {
     pub done: Family<OutcomeLabel, Counter>,
     /// Messages the bridge set aside itself (headers that do not parse).
     pub invalid: Counter,
+    /// Messages waiting for edges, the whole fleet, as of the last summary.
+    pub backlog: Gauge,
+    /// How long the oldest of them has waited, seconds.
+    pub oldest: Gauge,
 }
 
 impl DownlinkMetrics {
@@ -28,6 +33,17 @@ impl DownlinkMetrics {
             "downlink_done",
             "Downlink messages edges finished, by outcome (delivered, refused, expired)",
             self.done.clone(),
+        );
+        r.register(
+            "downlink_backlog_messages",
+            "Downlink messages waiting in the sink for edges, all edges (every downlink.summary_interval)",
+            self.backlog.clone(),
+        );
+        r.register_with_unit(
+            "downlink_oldest_pending",
+            "How long the oldest downlink message waiting for any edge has waited",
+            prometheus_client::registry::Unit::Seconds,
+            self.oldest.clone(),
         );
         r.register(
             "downlink_invalid",

@@ -27,6 +27,7 @@ use tokio_util::sync::CancellationToken;
 use crate::sink::DownlinkStore;
 pub use config::DownlinkConfig;
 pub use metrics::DownlinkMetrics;
+use shared::units::now_ms;
 
 /// The bridge's downlink: its config, its counters and the sessions news wakes.
 #[derive(Debug)]
@@ -76,9 +77,12 @@ impl Downlink {
         }
     }
 
-    /// Reads the sink's news until `stop`, waking the sessions of the edges it names. A sink
-    /// that fails is asked again after a pause; the sessions' own polls carry on meanwhile.
+    /// Reads the sink's news until `stop`, waking the sessions of the edges it names, and the
+    /// fleet's summary every `summary_interval` for the backlog gauges. A sink that fails is
+    /// asked again after a pause; the sessions' own polls carry on meanwhile.
     pub async fn watch<S: DownlinkStore>(self: Arc<Self>, sink: Arc<S>, stop: CancellationToken) {
+        let summaries = tokio::spawn(self.clone().summarize(sink.clone(), stop.clone()));
+        let _summaries = tokio_util::task::AbortOnDropHandle::new(summaries);
         let mut cursor = None;
         loop {
             let news = tokio::select! {
@@ -98,6 +102,28 @@ impl Downlink {
                         _ = tokio::time::sleep(Duration::from_secs(1)) => {}
                     }
                 }
+            }
+        }
+    }
+
+    /// Sets the backlog gauges from the sink's summary every `summary_interval`.
+    async fn summarize<S: DownlinkStore>(self: Arc<Self>, sink: Arc<S>, stop: CancellationToken) {
+        let mut every = tokio::time::interval(self.config.summary_interval.0);
+        every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tokio::select! {
+                _ = stop.cancelled() => return,
+                _ = every.tick() => {}
+            }
+            match sink.down_summary().await {
+                Ok(edges) => {
+                    let waiting: u64 = edges.iter().map(|e| e.waiting).sum();
+                    let oldest = edges.iter().filter_map(|e| e.oldest_ms).min();
+                    let age = oldest.map_or(0, |ms| now_ms().saturating_sub(ms) / 1000);
+                    self.metrics.backlog.set(waiting.min(i64::MAX as u64) as i64);
+                    self.metrics.oldest.set(age.min(i64::MAX as u64) as i64);
+                }
+                Err(e) => tracing::debug!(error = %e, "downlink summary unreadable; gauges kept"),
             }
         }
     }

@@ -10,7 +10,8 @@ use serde::{Deserialize, Serialize};
 use shared::tco::Route;
 use shared::units::now_ms;
 
-use crate::sink::{BridgeState, EdgeState, FleetStates, FleetStore, SinkError, StoredReport};
+use crate::sink::downlink::{DownDeadLetter, DownSummary};
+use crate::sink::{BridgeState, DownlinkStore, EdgeState, FleetData, FleetStates, FleetStore, SinkError, StoredReport};
 
 /// Where an edge stands.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -79,6 +80,13 @@ pub struct FleetView {
     pub taken_ms: u64,
     pub bridges: Vec<BridgeRow>,
     pub edges: Vec<EdgeRow>,
+    /// Per edge with a downlink: its position, what it did, what waits for it (an edge that
+    /// never connected too).
+    #[serde(default)]
+    pub downlink: Vec<DownSummary>,
+    /// The newest downlink messages edges refused or let expire.
+    #[serde(default)]
+    pub downlink_refused: Vec<DownDeadLetter>,
 }
 
 /// A bridge counts as writing while its last state is at most this many of its intervals old.
@@ -107,7 +115,7 @@ pub fn join(states: FleetStates, reports: &[StoredReport], now: u64) -> FleetVie
             edges: b.edges,
         })
         .collect();
-    FleetView { taken_ms: now, bridges, edges }
+    FleetView { taken_ms: now, bridges, edges, downlink: Vec::new(), downlink_refused: Vec::new() }
 }
 
 fn edge_row(e: &EdgeState, bridge: Option<&BridgeState>, reports: &BTreeMap<&str, &StoredReport>, now: u64) -> EdgeRow {
@@ -158,15 +166,21 @@ fn edge_row(e: &EdgeState, bridge: Option<&BridgeState>, reports: &BTreeMap<&str
 }
 
 /// The view from a running sink.
-pub async fn load_from<S: FleetStore>(sink: &S) -> Result<FleetView, SinkError> {
+pub async fn load_from<S: FleetStore + DownlinkStore>(sink: &S) -> Result<FleetView, SinkError> {
     let states = sink.load_fleet().await?;
     let reports = sink.load_reports().await?;
-    Ok(join(states, &reports, now_ms()))
+    let downlink = sink.down_summary().await?;
+    let refused = sink.down_dead_letters(None, crate::sink::downlink::REFUSED_SHOWN).await?;
+    Ok(FleetView { downlink, downlink_refused: refused, ..join(states, &reports, now_ms()) })
 }
 
 /// The view of what a sink holds, read without running a bridge (`sink::load_fleet`).
-pub fn of(states: FleetStates, reports: &[StoredReport]) -> FleetView {
-    join(states, reports, now_ms())
+pub fn of(data: FleetData) -> FleetView {
+    FleetView {
+        downlink: data.downlink,
+        downlink_refused: data.downlink_refused,
+        ..join(data.states, &data.reports, now_ms())
+    }
 }
 
 fn ago(now: u64, ms: u64) -> String {
@@ -236,6 +250,31 @@ pub fn table(v: &FleetView) -> String {
             if routes.is_empty() { "-".into() } else { routes }
         );
     }
+    if !v.downlink.is_empty() {
+        let _ = writeln!(out, "downlink: {} edges", v.downlink.len());
+        let _ = writeln!(
+            out,
+            "{:<24} {:>10} {:>10} {:>8} {:>8} {:>8} {:>8}",
+            "edge", "position", "delivered", "refused", "expired", "waiting", "oldest"
+        );
+        for d in &v.downlink {
+            let _ = writeln!(
+                out,
+                "{:<24} {:>10} {:>10} {:>8} {:>8} {:>8} {:>8}",
+                d.edge,
+                d.state.position,
+                d.state.delivered,
+                d.state.refused,
+                d.state.expired,
+                d.waiting,
+                d.oldest_ms.map_or_else(|| "-".to_owned(), |ms| ago(now, ms))
+            );
+        }
+    }
+    for r in &v.downlink_refused {
+        let _ =
+            writeln!(out, "  {} {} {} {} ({} ago): {}", r.edge, r.seq, r.outcome, r.topic, ago(now, r.at_ms), r.reason);
+    }
     out
 }
 
@@ -258,7 +297,7 @@ impl std::fmt::Debug for Served {
 }
 
 impl Served {
-    pub fn new<S: FleetStore>(sink: Arc<S>) -> Self {
+    pub fn new<S: FleetStore + DownlinkStore>(sink: Arc<S>) -> Self {
         let load = move || -> futures_util::future::BoxFuture<'static, Result<FleetView, SinkError>> {
             let sink = sink.clone();
             Box::pin(async move { load_from(&*sink).await })

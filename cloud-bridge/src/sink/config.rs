@@ -119,19 +119,27 @@ impl SinkConfig {
         }
     }
 
-    /// Every edge's and bridge's state and every edge's report in the sink this names, for
-    /// the fleet view without running a bridge.
-    pub async fn load_fleet(&self) -> Result<(super::FleetStates, Vec<super::StoredReport>), super::SinkError> {
-        use super::FleetStore;
+    /// Everything the fleet view shows of the sink this names (states, reports, the downlink),
+    /// read without running a bridge.
+    pub async fn load_fleet(&self) -> Result<super::FleetData, super::SinkError> {
+        use super::{DownlinkStore, FleetStore};
+        let shown = crate::sink::downlink::REFUSED_SHOWN;
         match self {
             SinkConfig::Sqlite { path } => {
                 let sink = super::sqlite::SqliteSink::open(path)?;
-                Ok((sink.load_fleet().await?, sink.load_reports().await?))
+                Ok(super::FleetData {
+                    states: sink.load_fleet().await?,
+                    reports: sink.load_reports().await?,
+                    downlink: sink.down_summary().await?,
+                    downlink_refused: sink.down_dead_letters(None, shown).await?,
+                })
             }
-            SinkConfig::Jetstream { url, tco_bucket, fleet_bucket, .. } => Ok((
-                super::jetstream::load_fleet_from(url, fleet_bucket).await?,
-                super::jetstream::load_reports_from(url, tco_bucket).await?,
-            )),
+            SinkConfig::Jetstream { url, tco_bucket, fleet_bucket, downlink, .. } => Ok(super::FleetData {
+                states: super::jetstream::load_fleet_from(url, fleet_bucket).await?,
+                reports: super::jetstream::load_reports_from(url, tco_bucket).await?,
+                downlink: super::downlink::jetstream::summary_from(url, downlink).await?,
+                downlink_refused: super::downlink::jetstream::dead_letters_from(url, downlink, shown).await?,
+            }),
         }
     }
 

@@ -39,7 +39,7 @@ use serde::{Deserialize, Serialize};
 use shared::proto::{ClassesReport, DictAnnounce, LaneSeq, WireRecord};
 
 pub use downlink::DownlinkStore;
-pub use presence::{BridgeState, EdgeState, FleetStates, LaneState};
+pub use presence::{BridgeState, EdgeState, FleetData, FleetStates, LaneState};
 pub use quota::{EdgeQuota, EpochVerdict};
 
 /// An edge's latest TCO classes report as a sink keeps it.

@@ -85,6 +85,15 @@ pub struct FleetStates {
     pub bridges: Vec<BridgeState>,
 }
 
+/// Everything the fleet view shows, read from a sink without running a bridge.
+#[derive(Debug, Clone, Default)]
+pub struct FleetData {
+    pub states: FleetStates,
+    pub reports: Vec<super::StoredReport>,
+    pub downlink: Vec<super::downlink::DownSummary>,
+    pub downlink_refused: Vec<super::downlink::DownDeadLetter>,
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -26,7 +26,7 @@ use rumqttc::v5::{AsyncClient, Event, MqttOptions, mqttbytes::QoS};
 
 const WAIT: Duration = Duration::from_secs(20);
 
-const DOWNLINK: &str = "[downlink]\nmax_backlog_messages = 4\npoll = \"500ms\"\n\
+const DOWNLINK: &str = "[downlink]\nmax_backlog_messages = 4\npoll = \"500ms\"\nsummary_interval = \"200ms\"\n\
                         [downlink.groups]\nlab = [\"edge-1\", \"edge-2\"]\n";
 
 /// `cloud-bridge ARGS --config CONFIG`: success, stdout, stderr.
@@ -206,6 +206,22 @@ async fn delivered_refused_bounded_and_expired(cloud: TestCloud, dir: &Path) {
     assert!(out.contains("downlink.max_backlog_messages 4"), "{out}");
     let waiting = status_shows(&config, "waiting 4 messages").await;
     assert!(waiting.contains("delivered 3, refused 1, expired 0"), "{waiting}");
+    // The fleet view and the bridge's gauges (no edge label) show what waits.
+    let (ok, out, err) = bridge(&config, &["edges", "list"]);
+    assert!(ok, "{err}");
+    let row = out.lines().find(|l| l.starts_with("edge-1 ") && l.split_whitespace().count() == 7).unwrap_or_default();
+    assert_eq!(row.split_whitespace().skip(2).take(4).collect::<Vec<_>>(), ["3", "1", "0", "4"], "{out}");
+    assert!(out.contains("edge-1 4 refused cmd/reboot"), "{out}");
+    let http = cloud.bridge.http_addr().unwrap();
+    let deadline = tokio::time::Instant::now() + WAIT;
+    while !e2e_tests::http_get(http, "/metrics").contains("bridge_downlink_backlog_messages 4\n") {
+        assert!(tokio::time::Instant::now() < deadline, "{}", e2e_tests::http_get(http, "/metrics"));
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let edges: serde_json::Value = serde_json::from_str(&e2e_tests::http_get(http, "/edges")).unwrap();
+    assert_eq!(edges["downlink"][0]["edge"], "edge-1", "{edges}");
+    assert_eq!(edges["downlink"][0]["waiting"], 4, "{edges}");
+    assert_eq!(edges["downlink_refused"][0]["topic"], "cmd/reboot", "{edges}");
     tokio::time::sleep(Duration::from_millis(1200)).await;
 
     // Back: the expired one never arrives; the rest once each, in order.

@@ -28,7 +28,8 @@ use bytes::Bytes;
 use futures_util::StreamExt;
 
 use super::{
-    Backlog, DownBounds, DownDeadLetter, DownDone, DownState, DownlinkStore, Enqueued, Outgoing, Pending, Reply,
+    Backlog, DownBounds, DownDeadLetter, DownDone, DownState, DownSummary, DownlinkStore, Enqueued, Outgoing, Pending,
+    Reply,
 };
 use crate::names::{self, user_property_name};
 use crate::sink::SinkError;
@@ -221,6 +222,118 @@ fn time_ms(t: time::OffsetDateTime) -> u64 {
     u64::try_from(t.unix_timestamp_nanos() / 1_000_000).unwrap_or(0)
 }
 
+/// Every edge's position and counts (the positions bucket) and what waits for it (the stream's
+/// message count per subject: what an edge acked is purged; the oldest's time read per edge
+/// that has one).
+async fn summary(stream: &stream::Stream, positions: &kv::Store, prefix: &str) -> Result<Vec<DownSummary>, SinkError> {
+    let what = "downlink summary";
+    let mut edges: std::collections::BTreeMap<String, DownSummary> = std::collections::BTreeMap::new();
+    let blank = |edge: &str| DownSummary {
+        edge: edge.to_owned(),
+        state: DownState::default(),
+        waiting: 0,
+        waiting_bytes: None,
+        oldest_ms: None,
+    };
+    for (_, value) in crate::sink::jetstream::read_all(positions, what).await? {
+        let Ok(doc) = serde_json::from_slice::<PositionDoc>(&value) else { continue };
+        edges.entry(doc.edge.clone()).or_insert_with(|| blank(&doc.edge)).state = doc.state;
+    }
+    let skip = prefix.split('.').count();
+    let mut subjects =
+        stream.info_with_subjects(format!("{prefix}.*.>")).await.map_err(|e| SinkError::nats(what, prefix, &e))?;
+    while let Some(entry) = subjects.next().await {
+        let (subject, count) = entry.map_err(|e| SinkError::nats(what, prefix, &e))?;
+        let Some(token) = subject.split('.').nth(skip).filter(|t| *t != DEAD) else { continue };
+        let Some(edge) = names::topic_of(&[token]) else { continue };
+        edges.entry(edge.clone()).or_insert_with(|| blank(&edge)).waiting += count as u64;
+    }
+    for s in edges.values_mut().filter(|s| s.waiting > 0) {
+        let filter = format!("{prefix}.{}.>", names::token(&s.edge));
+        match stream.raw_message_builder().sequence(s.state.position + 1).next_by_subject(filter).send().await {
+            Ok(m) => s.oldest_ms = Some(time_ms(m.time)),
+            Err(e) if e.kind() == stream::RawMessageErrorKind::NoMessageFound => s.waiting = 0,
+            Err(e) => return Err(SinkError::nats(what, &s.edge, &e)),
+        }
+    }
+    Ok(edges.into_values().collect())
+}
+
+/// An edge's entry in the positions bucket: its id (the key is made safe from it) and state.
+#[derive(Debug, serde::Serialize, serde::Deserialize)]
+struct PositionDoc {
+    edge: String,
+    #[serde(flatten)]
+    state: DownState,
+}
+
+/// The downlink summary of the sink at `url`, read without creating anything (for `edges
+/// list`): empty where no bridge made the downlink's stream yet.
+pub async fn summary_from(url: &str, s: &DownSettings) -> Result<Vec<DownSummary>, SinkError> {
+    let client = crate::sink::jetstream::client(url, Duration::from_secs(10)).await?;
+    let js = jetstream::new(client);
+    let (Ok(stream), Ok(positions)) = (js.get_stream(&s.stream).await, js.get_key_value(&s.bucket).await) else {
+        return Ok(Vec::new());
+    };
+    summary(&stream, &positions, &s.subject_prefix).await
+}
+
+/// The newest `limit` dead letters on `stream` (of `edge`, or of all), oldest first.
+async fn dead_letters(
+    stream: &stream::Stream,
+    prefix: &str,
+    edge: Option<&str>,
+    limit: usize,
+) -> Result<Vec<DownDeadLetter>, SinkError> {
+    let what = "downlink dead letters";
+    let filter = match edge {
+        Some(e) => format!("{}.{DEAD}.{}", prefix, names::token(e)),
+        None => format!("{}.{DEAD}.*", prefix),
+    };
+    let consumer = stream
+        .create_consumer(OrderedConfig { filter_subject: filter.clone(), headers_only: true, ..Default::default() })
+        .await
+        .map_err(|e| SinkError::nats(what, &filter, &e))?;
+    let mut out = VecDeque::new();
+    if consumer.cached_info().num_pending == 0 {
+        return Ok(Vec::new());
+    }
+    let mut messages = consumer.messages().await.map_err(|e| SinkError::nats(what, &filter, &e))?;
+    let scan = async {
+        while let Some(m) = messages.next().await {
+            let m = m.map_err(|e| SinkError::nats(what, &filter, &e))?;
+            let pending = m.info().map_err(|e| unavailable(what, e))?.pending;
+            let h = m.headers.clone().unwrap_or_default();
+            let get = |k: &str| h.get(k).map(|v| v.as_str().to_owned()).unwrap_or_default();
+            out.push_back(DownDeadLetter {
+                edge: get("Edge-Id"),
+                seq: get("Edge-Down-Seq").parse().unwrap_or(0),
+                topic: get("Mqtt-Topic"),
+                outcome: get("Edge-Outcome"),
+                reason: get("Edge-Reason"),
+                at_ms: get("Edge-At-Ms").parse().unwrap_or(0),
+                bytes: get("Edge-Bytes").parse().unwrap_or(0),
+            });
+            if out.len() > limit {
+                out.pop_front();
+            }
+            if pending == 0 {
+                break;
+            }
+        }
+        Ok::<_, SinkError>(())
+    };
+    tokio::time::timeout(SCAN, scan).await.map_err(|_| unavailable(what, "timed out"))??;
+    Ok(out.into())
+}
+
+/// The newest `limit` downlink dead letters of the sink at `url`, read without creating anything.
+pub async fn dead_letters_from(url: &str, s: &DownSettings, limit: usize) -> Result<Vec<DownDeadLetter>, SinkError> {
+    let client = crate::sink::jetstream::client(url, Duration::from_secs(10)).await?;
+    let Ok(stream) = jetstream::new(client).get_stream(&s.stream).await else { return Ok(Vec::new()) };
+    dead_letters(&stream, &s.subject_prefix, None, limit).await
+}
+
 impl JsDown {
     fn filter(&self, edge: &str) -> String {
         format!("{}.{}.>", self.prefix, names::token(edge))
@@ -231,8 +344,10 @@ impl JsDown {
     }
 
     async fn state(&self, edge: &str) -> Result<(DownState, Option<u64>), SinkError> {
-        crate::sink::jetstream::read_doc(&self.positions, &crate::sink::jetstream::edge_key(edge), "downlink position")
-            .await
+        let key = crate::sink::jetstream::edge_key(edge);
+        let (doc, revision): (Option<PositionDoc>, _) =
+            crate::sink::jetstream::read_doc(&self.positions, &key, "downlink position").await?;
+        Ok((doc.map(|d| d.state).unwrap_or_default(), revision))
     }
 
     /// `edge`'s messages after `position`, headers only: what its backlog holds.
@@ -252,11 +367,33 @@ impl JsDown {
             return Ok(Backlog::default());
         }
         let mut messages = consumer.messages().await.map_err(|e| SinkError::nats(what, edge, &e))?;
+        let filter = self.filter(edge);
         let scan = async {
             let mut b = Backlog::default();
-            while let Some(m) = messages.next().await {
+            let mut last = position;
+            loop {
+                // A message counted when the consumer was made may be purged before it is
+                // delivered (the edge acked it meanwhile): past a quiet moment, ask the stream
+                // whether anything is left after the last one seen.
+                let m = match tokio::time::timeout(Duration::from_millis(500), messages.next()).await {
+                    Ok(Some(m)) => m,
+                    Ok(None) => break,
+                    Err(_) => match self
+                        .stream
+                        .raw_message_builder()
+                        .sequence(last + 1)
+                        .next_by_subject(filter.clone())
+                        .send()
+                        .await
+                    {
+                        Ok(_) => continue,
+                        Err(e) if e.kind() == stream::RawMessageErrorKind::NoMessageFound => break,
+                        Err(e) => return Err(SinkError::nats(what, edge, &e)),
+                    },
+                };
                 let m = m.map_err(|e| SinkError::nats(what, edge, &e))?;
                 let info = m.info().map_err(|e| unavailable(what, e))?;
+                last = info.stream_sequence;
                 let size =
                     m.headers.as_ref().and_then(|h| h.get("Nats-Msg-Size")).and_then(|s| s.as_str().parse().ok());
                 let (msg, _) =
@@ -367,7 +504,8 @@ impl DownlinkStore for JetStreamSink {
                 refused: state.refused + done.counts.refused,
                 expired: state.expired + done.counts.expired,
             };
-            match crate::sink::jetstream::write_doc(&d.positions, &key, &next, revision).await {
+            let doc = PositionDoc { edge: edge.to_owned(), state: next };
+            match crate::sink::jetstream::write_doc(&d.positions, &key, &doc, revision).await {
                 Ok(_) => break,
                 Err(crate::sink::jetstream::Cas::Changed) => continue,
                 Err(crate::sink::jetstream::Cas::Failed(e)) => return Err(e),
@@ -390,49 +528,9 @@ impl DownlinkStore for JetStreamSink {
         d.backlog(edge, state.position).await
     }
 
-    async fn down_dead_letters(&self, edge: Option<&str>, limit: usize) -> Result<Vec<DownDeadLetter>, SinkError> {
+    async fn down_summary(&self) -> Result<Vec<DownSummary>, SinkError> {
         let d = self.down();
-        let what = "downlink dead letters";
-        let filter = match edge {
-            Some(e) => format!("{}.{DEAD}.{}", d.prefix, names::token(e)),
-            None => format!("{}.{DEAD}.*", d.prefix),
-        };
-        let consumer = d
-            .stream
-            .create_consumer(OrderedConfig { filter_subject: filter.clone(), headers_only: true, ..Default::default() })
-            .await
-            .map_err(|e| SinkError::nats(what, &filter, &e))?;
-        let mut out = VecDeque::new();
-        if consumer.cached_info().num_pending == 0 {
-            return Ok(Vec::new());
-        }
-        let mut messages = consumer.messages().await.map_err(|e| SinkError::nats(what, &filter, &e))?;
-        let scan = async {
-            while let Some(m) = messages.next().await {
-                let m = m.map_err(|e| SinkError::nats(what, &filter, &e))?;
-                let pending = m.info().map_err(|e| unavailable(what, e))?.pending;
-                let h = m.headers.clone().unwrap_or_default();
-                let get = |k: &str| h.get(k).map(|v| v.as_str().to_owned()).unwrap_or_default();
-                out.push_back(DownDeadLetter {
-                    edge: get("Edge-Id"),
-                    seq: get("Edge-Down-Seq").parse().unwrap_or(0),
-                    topic: get("Mqtt-Topic"),
-                    outcome: get("Edge-Outcome"),
-                    reason: get("Edge-Reason"),
-                    at_ms: get("Edge-At-Ms").parse().unwrap_or(0),
-                    bytes: get("Edge-Bytes").parse().unwrap_or(0),
-                });
-                if out.len() > limit {
-                    out.pop_front();
-                }
-                if pending == 0 {
-                    break;
-                }
-            }
-            Ok::<_, SinkError>(())
-        };
-        tokio::time::timeout(SCAN, scan).await.map_err(|_| unavailable(what, "timed out"))??;
-        Ok(out.into())
+        summary(&d.stream, &d.positions, &d.prefix).await
     }
 
     async fn reply_cursor(&self) -> Result<u64, SinkError> {
@@ -466,6 +564,11 @@ impl DownlinkStore for JetStreamSink {
             .flat_map(|(k, vs)| vs.iter().map(move |v| (k.to_string(), v.as_str().to_owned())))
             .collect();
         Ok(Some(Reply { payload: m.payload.to_vec(), headers }))
+    }
+
+    async fn down_dead_letters(&self, edge: Option<&str>, limit: usize) -> Result<Vec<DownDeadLetter>, SinkError> {
+        let d = self.down();
+        dead_letters(&d.stream, &d.prefix, edge, limit).await
     }
 
     async fn down_news(&self, cursor: Option<u64>, wait: Duration) -> Result<(u64, Vec<String>), SinkError> {

@@ -174,6 +174,22 @@ pub struct DownDeadLetter {
     pub bytes: u64,
 }
 
+/// Downlink dead letters the fleet view lists: the newest.
+pub const REFUSED_SHOWN: usize = 20;
+
+/// One edge's downlink in the fleet view: its state and what waits for it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DownSummary {
+    pub edge: String,
+    pub state: DownState,
+    pub waiting: u64,
+    /// Their bytes, where the sink counts them cheaply (SQLite; JetStream keeps no byte count
+    /// per subject, and `downlink status` reads one edge's).
+    pub waiting_bytes: Option<u64>,
+    /// When the oldest waiting was stored, ms since the Unix epoch.
+    pub oldest_ms: Option<u64>,
+}
+
 /// A local app's reply to a message, as it reached the sink.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Reply {
@@ -225,6 +241,9 @@ pub trait DownlinkStore: Send + Sync + 'static {
         edge: Option<&str>,
         limit: usize,
     ) -> impl Future<Output = Result<Vec<DownDeadLetter>, SinkError>> + Send;
+
+    /// Every edge with a downlink position or a message waiting, in id order.
+    fn down_summary(&self) -> impl Future<Output = Result<Vec<DownSummary>, SinkError>> + Send;
 
     /// Where the sink's records end now: [`DownlinkStore::find_reply`] looks only after it.
     fn reply_cursor(&self) -> impl Future<Output = Result<u64, SinkError>> + Send;

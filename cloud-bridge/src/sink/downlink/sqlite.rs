@@ -14,7 +14,8 @@ use rusqlite::{Connection, OptionalExtension, TransactionBehavior, params};
 use shared::units::now_ms;
 
 use super::{
-    Backlog, DownBounds, DownDeadLetter, DownDone, DownState, DownlinkStore, Enqueued, Outgoing, Pending, Reply,
+    Backlog, DownBounds, DownDeadLetter, DownDone, DownState, DownSummary, DownlinkStore, Enqueued, Outgoing, Pending,
+    Reply,
 };
 use crate::sink::sqlite::SqliteSink;
 use crate::sink::{Retry, SinkError};
@@ -113,6 +114,32 @@ fn record(conn: &mut Connection, edge: &str, done: &DownDone) -> Result<(), Sink
             .map_err(|e| SinkError::sqlite("downlink counter", e))?;
     }
     tx.commit().map_err(|e| SinkError::sqlite("commit", e))
+}
+
+/// Every edge's position, counts and backlog, in one pass over each table.
+pub(in crate::sink) fn summary(conn: &Connection) -> Result<Vec<DownSummary>, SinkError> {
+    let what = "downlink summary";
+    let mut read = conn
+        .prepare_cached(
+            "WITH edges AS (SELECT edge_id FROM downlink_edges UNION SELECT DISTINCT edge_id FROM downlink) \
+             SELECT e.edge_id, coalesce(p.position, 0), coalesce(p.delivered, 0), coalesce(p.refused, 0), \
+             coalesce(p.expired, 0), count(m.seq), coalesce(sum(m.bytes), 0), min(m.stored_ms) \
+             FROM edges e LEFT JOIN downlink_edges p ON p.edge_id = e.edge_id \
+             LEFT JOIN downlink m ON m.edge_id = e.edge_id AND m.seq > coalesce(p.position, 0) \
+             GROUP BY e.edge_id ORDER BY e.edge_id",
+        )
+        .map_err(|e| SinkError::sqlite(what, e))?;
+    read.query_map([], |r| {
+        Ok(DownSummary {
+            edge: r.get(0)?,
+            state: DownState { position: r.get(1)?, delivered: r.get(2)?, refused: r.get(3)?, expired: r.get(4)? },
+            waiting: r.get(5)?,
+            waiting_bytes: Some(r.get(6)?),
+            oldest_ms: r.get(7)?,
+        })
+    })
+    .and_then(Iterator::collect)
+    .map_err(|e| SinkError::sqlite(what, e))
 }
 
 fn pending(r: &rusqlite::Row<'_>) -> rusqlite::Result<(u64, u64, String, Vec<u8>, String)> {
@@ -246,6 +273,10 @@ impl DownlinkStore for SqliteSink {
             .map_err(|e| SinkError::sqlite("downlink dead letters", e))
         })
         .await
+    }
+
+    async fn down_summary(&self) -> Result<Vec<DownSummary>, SinkError> {
+        self.retried("downlink summary", |conn| summary(conn)).await
     }
 
     async fn reply_cursor(&self) -> Result<u64, SinkError> {

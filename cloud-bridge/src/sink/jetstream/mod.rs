@@ -309,7 +309,7 @@ pub(in crate::sink) async fn write_doc(
 
 /// Every key's latest value in `kv`, in one pass over the bucket's stream (one consumer, not a
 /// round trip per key: 10,000 edges' entries in a fraction of a second).
-async fn read_all(kv: &kv::Store, what: &'static str) -> Result<Vec<(String, Bytes)>, SinkError> {
+pub(in crate::sink) async fn read_all(kv: &kv::Store, what: &'static str) -> Result<Vec<(String, Bytes)>, SinkError> {
     // The store's own status is the stream info cached when it was opened: ask the server.
     let info = kv.stream.clone().info().await.map_err(|e| SinkError::nats(what, "", &e))?.clone();
     if info.state.messages == 0 {
