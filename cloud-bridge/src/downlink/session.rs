@@ -32,8 +32,8 @@ pub struct EdgeDown {
     registration: Registration,
     /// Read from the sink, not yet sent for want of room.
     ready: VecDeque<Pending>,
-    /// Sent on this connection and not yet acked, in order.
-    sent: VecDeque<u64>,
+    /// Sent on this connection and not yet acked, in order, with their bytes.
+    sent: VecDeque<(u64, u64)>,
     /// The position as of the last ack (or the start).
     acked: u64,
     /// The last read filled its request: read again without waiting for news.
@@ -118,6 +118,7 @@ impl EdgeDown {
         let now = now_ms();
         while session.down_room() {
             let Some(p) = self.ready.pop_front() else { break };
+            let bytes = p.msg.bytes();
             let too_large = (p.msg.bytes() > MAX_DOWN_BYTES as u64)
                 .then(|| format!("{} bytes, more than a downlink message may hold ({MAX_DOWN_BYTES})", p.msg.bytes()));
             let down = match p.invalid.as_ref().or(too_large.as_ref()) {
@@ -130,7 +131,7 @@ impl EdgeDown {
                 None => p.msg.to_down(p.seq, now),
             };
             session.send_down(down)?;
-            self.sent.push_back(p.seq);
+            self.sent.push_back((p.seq, bytes));
             self.downlink.metrics.sent.inc();
         }
         Ok(())
@@ -145,13 +146,14 @@ impl EdgeDown {
         session: &mut CloudSession,
         ack: DownAck,
     ) -> Result<(), DownError> {
-        let mut count = 0;
-        while self.sent.front().is_some_and(|s| *s <= ack.up_to) {
+        let (mut count, mut bytes) = (0, 0);
+        while let Some((_, b)) = self.sent.front().copied().filter(|(seq, _)| *seq <= ack.up_to) {
             self.sent.pop_front();
             count += 1;
+            bytes += b;
         }
         let up_to = ack.up_to;
-        let done = done(self.acked, count, up_to, ack.refused, ack.expired);
+        let done = done(self.acked, (count, bytes), up_to, ack.refused, ack.expired);
         for r in done.refused.iter().filter(|r| r.seq > self.acked) {
             tracing::info!(edge, seq = r.seq, reason = r.reason, "downlink message refused by the edge");
         }

@@ -26,7 +26,7 @@ use rumqttc::v5::{AsyncClient, Event, MqttOptions, mqttbytes::QoS};
 
 const WAIT: Duration = Duration::from_secs(20);
 
-const DOWNLINK: &str = "[downlink]\nmax_backlog_messages = 4\npoll = \"500ms\"\nsummary_interval = \"200ms\"\n\
+const DOWNLINK: &str = "[downlink]\nmax_backlog_messages = 4\nmax_backlog_bytes = \"8KiB\"\npoll = \"500ms\"\nsummary_interval = \"200ms\"\n\
                         [downlink.groups]\nlab = [\"edge-1\", \"edge-2\"]\n";
 
 /// `cloud-bridge ARGS --config CONFIG`: success, stdout, stderr.
@@ -250,6 +250,16 @@ async fn delivered_refused_bounded_and_expired(cloud: TestCloud, dir: &Path) {
     assert_eq!(out.lines().collect::<Vec<_>>().len(), 1, "{out}");
     assert!(out.starts_with("edge-1: stored"), "{out}");
     assert_eq!(next(&mut got).await, ("config/every".to_owned(), "y".to_owned()));
+    // The bound on bytes, on an edge that never connected: two of 3,000 bytes fit in 8 KiB beside the group message.
+    let big = "x".repeat(3000);
+    for n in 0..3 {
+        let (ok, out, _) = bridge(&config, &["send", "--edge", "edge-2", "--topic", "config/big", "--payload", &big]);
+        assert_eq!(ok, n < 2, "{out}");
+        if n == 2 {
+            assert!(out.contains("edge-2: refused: its backlog holds 3 messages, 6031 bytes"), "{out}");
+            assert!(out.contains("max_backlog_bytes 8192"), "{out}");
+        }
+    }
     let (ok, _, err) = bridge(&config, &["send", "--group", "nope", "--topic", "config/all", "--payload", "x"]);
     assert!(!ok && err.contains("no group \"nope\" in downlink.groups"), "{err}");
     let (ok, _, err) = send(&config, "config/+", "x", &[]);

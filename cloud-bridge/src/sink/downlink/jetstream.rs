@@ -259,12 +259,20 @@ async fn summary(stream: &stream::Stream, positions: &kv::Store, prefix: &str) -
     Ok(edges.into_values().collect())
 }
 
-/// An edge's entry in the positions bucket: its id (the key is made safe from it) and state.
-#[derive(Debug, serde::Serialize, serde::Deserialize)]
+/// An edge's entry in the positions bucket: its id (the key is made safe from it), state, and
+/// the bytes `send` stored for it and its acks covered, whose difference is its backlog's bytes
+/// (JetStream keeps no byte count per subject, and reading the backlog per send costs as much
+/// as the backlog). Messages another publisher stored are not in `stored_bytes`: their bytes
+/// are not bounded, their count is.
+#[derive(Debug, Default, serde::Serialize, serde::Deserialize)]
 struct PositionDoc {
     edge: String,
     #[serde(flatten)]
     state: DownState,
+    #[serde(default)]
+    stored_bytes: u64,
+    #[serde(default)]
+    done_bytes: u64,
 }
 
 /// The downlink summary of the sink at `url`, read without creating anything (for `edges
@@ -344,10 +352,48 @@ impl JsDown {
     }
 
     async fn state(&self, edge: &str) -> Result<(DownState, Option<u64>), SinkError> {
+        let (doc, revision) = self.doc(edge).await?;
+        Ok((doc.state, revision))
+    }
+
+    async fn doc(&self, edge: &str) -> Result<(PositionDoc, Option<u64>), SinkError> {
         let key = crate::sink::jetstream::edge_key(edge);
         let (doc, revision): (Option<PositionDoc>, _) =
             crate::sink::jetstream::read_doc(&self.positions, &key, "downlink position").await?;
-        Ok((doc.map(|d| d.state).unwrap_or_default(), revision))
+        Ok((doc.unwrap_or_else(|| PositionDoc { edge: edge.to_owned(), ..Default::default() }), revision))
+    }
+
+    /// Applies `change` to `edge`'s document by compare-and-set; `false` if another writer kept
+    /// changing it.
+    async fn update(&self, edge: &str, change: impl Fn(&mut PositionDoc) -> bool) -> Result<bool, SinkError> {
+        let key = crate::sink::jetstream::edge_key(edge);
+        for _ in 0..crate::sink::jetstream::CAS_ATTEMPTS {
+            let (mut doc, revision) = self.doc(edge).await?;
+            if !change(&mut doc) {
+                return Ok(true);
+            }
+            match crate::sink::jetstream::write_doc(&self.positions, &key, &doc, revision).await {
+                Ok(_) => return Ok(true),
+                Err(crate::sink::jetstream::Cas::Changed) => continue,
+                Err(crate::sink::jetstream::Cas::Failed(e)) => return Err(e),
+            }
+        }
+        Ok(false)
+    }
+
+    /// How many messages the stream holds for `edge`: what it acked is purged, so this is its
+    /// backlog (and what a purge has not reached yet).
+    async fn count(&self, edge: &str) -> Result<u64, SinkError> {
+        let mut subjects = self
+            .stream
+            .info_with_subjects(self.filter(edge))
+            .await
+            .map_err(|e| SinkError::nats("downlink count", edge, &e))?;
+        let mut n = 0u64;
+        while let Some(entry) = subjects.next().await {
+            n += entry.map_err(|e| SinkError::nats("downlink count", edge, &e))?.1 as u64;
+        }
+        Ok(n)
     }
 
     /// `edge`'s messages after `position`, headers only: what its backlog holds.
@@ -445,8 +491,12 @@ impl JsDown {
 impl DownlinkStore for JetStreamSink {
     async fn enqueue(&self, edge: &str, msg: &Outgoing, bounds: DownBounds) -> Result<Enqueued, SinkError> {
         let d = self.down();
-        let (state, _) = d.state(edge).await?;
-        let waiting = d.backlog(edge, state.position).await?;
+        let (doc, _) = d.doc(edge).await?;
+        let waiting = Backlog {
+            messages: d.count(edge).await?,
+            bytes: doc.stored_bytes.saturating_sub(doc.done_bytes),
+            oldest_ms: None,
+        };
         if waiting.messages + 1 > bounds.messages || waiting.bytes + msg.bytes() > bounds.bytes {
             return Ok(Enqueued::Full(waiting));
         }
@@ -459,6 +509,20 @@ impl DownlinkStore for JetStreamSink {
                 .map_err(|e| SinkError::nats("downlink enqueue", edge, &e))?
                 .await
                 .map_err(|e| SinkError::nats("downlink enqueue", edge, &e))?;
+        let bytes = msg.bytes();
+        let counted = d
+            .update(edge, |doc| {
+                doc.stored_bytes = doc.stored_bytes.saturating_add(bytes);
+                true
+            })
+            .await;
+        if !matches!(counted, Ok(true)) {
+            tracing::warn!(
+                edge,
+                seq = ack.sequence,
+                "downlink message stored but its bytes not counted in the backlog"
+            );
+        }
         Ok(Enqueued::Stored { seq: ack.sequence })
     }
 
@@ -492,24 +556,26 @@ impl DownlinkStore for JetStreamSink {
         for seq in &done.expired {
             d.set_aside(edge, *seq, "expired", "its expiry ran out before the edge could deliver it").await?;
         }
-        let key = crate::sink::jetstream::edge_key(edge);
-        for _ in 0..crate::sink::jetstream::CAS_ATTEMPTS {
-            let (state, revision) = d.state(edge).await?;
-            if state.position >= done.up_to {
-                break;
-            }
-            let next = DownState {
-                position: done.up_to,
-                delivered: state.delivered + done.counts.delivered,
-                refused: state.refused + done.counts.refused,
-                expired: state.expired + done.counts.expired,
-            };
-            let doc = PositionDoc { edge: edge.to_owned(), state: next };
-            match crate::sink::jetstream::write_doc(&d.positions, &key, &doc, revision).await {
-                Ok(_) => break,
-                Err(crate::sink::jetstream::Cas::Changed) => continue,
-                Err(crate::sink::jetstream::Cas::Failed(e)) => return Err(e),
-            }
+        let updated = d
+            .update(edge, |doc| {
+                if doc.state.position >= done.up_to {
+                    return false;
+                }
+                let s = &mut doc.state;
+                s.position = done.up_to;
+                s.delivered += done.counts.delivered;
+                s.refused += done.counts.refused;
+                s.expired += done.counts.expired;
+                doc.done_bytes = doc.done_bytes.saturating_add(done.counts.bytes);
+                true
+            })
+            .await?;
+        if !updated {
+            return Err(SinkError::Conflict {
+                what: "downlink position",
+                key: edge.to_owned(),
+                attempts: crate::sink::jetstream::CAS_ATTEMPTS as u32,
+            });
         }
         // What the edge has is storage no one needs; the stream's max_age frees it otherwise.
         if let Err(e) = d.stream.purge().filter(d.filter(edge)).sequence(done.up_to + 1).await {

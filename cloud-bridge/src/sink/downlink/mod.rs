@@ -158,6 +158,8 @@ pub struct DoneCounts {
     pub delivered: u64,
     pub refused: u64,
     pub expired: u64,
+    /// Their bytes ([`Outgoing::bytes`]), all outcomes.
+    pub bytes: u64,
 }
 
 /// A message an edge did not deliver, kept where an operator finds it.
@@ -268,15 +270,22 @@ pub trait DownlinkStore: Send + Sync + 'static {
     ) -> impl Future<Output = Result<(u64, Vec<String>), SinkError>> + Send;
 }
 
-/// An ack through `up_to` that newly covers `count` messages after `from`: those of its
-/// refusals and expiries after `from` are new, the rest were delivered.
-pub fn done(from: u64, count: u64, up_to: u64, refused: Vec<DownRefusal>, expired: Vec<u64>) -> DownDone {
+/// An ack through `up_to` that newly covers `count` messages of `bytes` after `from`: those of
+/// its refusals and expiries after `from` are new, the rest were delivered.
+pub fn done(
+    from: u64,
+    (count, bytes): (u64, u64),
+    up_to: u64,
+    refused: Vec<DownRefusal>,
+    expired: Vec<u64>,
+) -> DownDone {
     let new_refused = refused.iter().filter(|r| r.seq > from).count() as u64;
     let new_expired = expired.iter().filter(|s| **s > from).count() as u64;
     let counts = DoneCounts {
         delivered: count.saturating_sub(new_refused + new_expired),
         refused: new_refused,
         expired: new_expired,
+        bytes,
     };
     DownDone { up_to, refused, expired, counts }
 }
