@@ -23,6 +23,7 @@ mod broker_security;
 mod broker_sessions;
 mod broker_trust;
 mod downlink;
+mod downlink_chaos;
 mod downlink_edge;
 mod edge_cli;
 mod fleet;
