@@ -527,7 +527,7 @@ impl Node {
             spool.shutdown().await;
         }
         let store = self.store.clone();
-        let _ = tokio::task::spawn_blocking(move || store.flush()).await;
+        let _ = tokio::task::spawn_blocking(move || store.close()).await;
         // The last spans go out; bounded by `tracing.timeout`.
         let tracer = self.ctx.tracer.clone();
         let _ = tokio::task::spawn_blocking(move || tracer.shutdown()).await;

@@ -144,6 +144,8 @@ enum Msg {
     Ops(Vec<(u64, StoreOp)>, Instant),
     /// Answered once everything sent before it is committed (or failed to be).
     Flush(mpsc::Sender<()>),
+    /// [`Msg::Flush`], then the store is marked closed cleanly: the process is about to exit.
+    Close(mpsc::Sender<()>),
 }
 
 type Listener = Box<dyn Fn(u64) + Send + Sync>;
@@ -246,6 +248,14 @@ impl SessionStore {
     pub fn flush(&self) {
         let (tx, rx) = mpsc::channel();
         let _ = self.tx.send(Msg::Flush(tx));
+        let _ = rx.recv_timeout(Duration::from_secs(5));
+    }
+
+    /// [`SessionStore::flush`], then marks the store closed cleanly, so the next open knows no
+    /// message went out unrecorded. Only when nothing is sent after it.
+    pub fn close(&self) {
+        let (tx, rx) = mpsc::channel();
+        let _ = self.tx.send(Msg::Close(tx));
         let _ = rx.recv_timeout(Duration::from_secs(5));
     }
 }
@@ -411,6 +421,11 @@ impl Writer {
             }
             tx.commit()?;
         }
+        // Present while a run has the store open: found at open, the last run ended without
+        // closing it.
+        state.unclean =
+            self.conn.query_row("SELECT 1 FROM meta WHERE key = 'running'", [], |_| Ok(())).optional()?.is_some();
+        self.conn.execute("INSERT OR REPLACE INTO meta (key, value) VALUES ('running', '1')", [])?;
         Ok(state)
     }
 
@@ -423,7 +438,8 @@ impl Writer {
         path: &Path,
     ) {
         let mut batch: Vec<(u64, StoreOp)> = Vec::new();
-        let mut flushes: Vec<mpsc::Sender<()>> = Vec::new();
+        // Each with whether it closes the store.
+        let mut flushes: Vec<(mpsc::Sender<()>, bool)> = Vec::new();
         let mut failing_since: Option<Instant> = None;
         let mut retry = Duration::from_millis(50);
         let mut policy = crate::spool::sched::WriterPolicy::start();
@@ -432,13 +448,15 @@ impl Writer {
             // While a batch failed, wait a while for more before trying it again.
             let first = if batch.is_empty() { rx.recv().ok() } else { rx.recv_timeout(retry).ok() };
             let mut oldest: Option<Instant> = None;
-            let mut take = |m: Msg, batch: &mut Vec<(u64, StoreOp)>, flushes: &mut Vec<mpsc::Sender<()>>| match m {
-                Msg::Ops(ops, sent) => {
-                    oldest.get_or_insert(sent);
-                    batch.extend(ops);
-                }
-                Msg::Flush(done) => flushes.push(done),
-            };
+            let mut take =
+                |m: Msg, batch: &mut Vec<(u64, StoreOp)>, flushes: &mut Vec<(mpsc::Sender<()>, bool)>| match m {
+                    Msg::Ops(ops, sent) => {
+                        oldest.get_or_insert(sent);
+                        batch.extend(ops);
+                    }
+                    Msg::Flush(done) => flushes.push((done, false)),
+                    Msg::Close(done) => flushes.push((done, true)),
+                };
             match first {
                 Some(m) => take(m, &mut batch, &mut flushes),
                 None if batch.is_empty() => return,
@@ -495,7 +513,10 @@ impl Writer {
                 }
             }
             if batch.is_empty() {
-                for done in flushes.drain(..) {
+                for (done, close) in flushes.drain(..) {
+                    if close && let Err(e) = self.conn.execute("DELETE FROM meta WHERE key = 'running'", []) {
+                        tracing::warn!(path = %path.display(), error = %e, "session store not marked closed; the next start resends with DUP");
+                    }
                     let _ = done.send(());
                 }
             }

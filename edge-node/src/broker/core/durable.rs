@@ -105,6 +105,10 @@ pub struct StoredState {
     pub retained: Vec<Arc<Message>>,
     /// The marks ([`StoreOp::Mark`]) by key.
     pub marks: BTreeMap<String, String>,
+    /// The last run did not close the store (a crash, a kill, a power cut): a queued message
+    /// may have gone out before the record of its sending was committed, so each is resent
+    /// with DUP ([MQTT-3.3.1-1]: it might be a re-delivery).
+    pub unclean: bool,
 }
 
 impl Broker {
@@ -244,6 +248,7 @@ impl Broker {
     /// unless it was in flight (a resend goes whatever its expiry, as before the restart).
     pub fn restore(&mut self, state: StoredState, now: Instant) {
         let wall = self.wall_ms(now);
+        let unclean = state.unclean;
         for msg in state.retained {
             if msg.expired(now) {
                 self.store(StoreOp::Retain { topic: msg.topic.clone(), msg: None });
@@ -315,7 +320,7 @@ impl Broker {
                         retain: d.retain,
                         sub_ids: d.sub_ids,
                         pkid: d.pkid,
-                        dup: d.pkid.is_some(),
+                        dup: d.pkid.is_some() || (unclean && d.qos != QoS::AtMostOnce),
                         ord: d.ord,
                         hold: 0,
                     };

@@ -350,6 +350,29 @@ fn a_damaged_store_is_moved_aside_and_a_locked_one_is_not() {
     assert!(Writer::open(&locked).is_ok());
 }
 
+/// A store the last run did not close says so at the next open, so queued messages go out
+/// with DUP (they may have gone out before the crash); one closed cleanly does not.
+#[test]
+fn an_open_after_a_crash_is_told_from_one_after_a_clean_close() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("sessions.db");
+    let metrics = BrokerMetrics::new(&mut Default::default());
+    let (store, state) = SessionStore::open(&path, metrics.clone()).unwrap();
+    assert!(!state.unclean, "a new store");
+    store.close();
+    drop(store);
+    let (store, state) = SessionStore::open(&path, metrics.clone()).unwrap();
+    assert!(!state.unclean, "closed cleanly");
+    // Killed: never closed.
+    drop(store);
+    let (store, state) = SessionStore::open(&path, metrics.clone()).unwrap();
+    assert!(state.unclean, "the last run never closed it");
+    store.close();
+    drop(store);
+    let (_, state) = SessionStore::open(&path, metrics).unwrap();
+    assert!(!state.unclean);
+}
+
 /// A session record carries every subscription of its session: a SUBSCRIBE/UNSUBSCRIBE loop
 /// queued one per packet, gigabytes within the op bound while the disk lagged. Readers wait
 /// once [`MAX_PENDING_BYTES`] of records wait for the store, and go on when they are written.

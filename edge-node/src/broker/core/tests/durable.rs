@@ -90,6 +90,7 @@ impl Replay {
             wills: self.wills.iter().map(|(s, w)| (*s, w.clone())).collect(),
             retained: self.retained.values().cloned().collect(),
             marks: self.marks.clone(),
+            unclean: false,
         }
     }
 }
@@ -154,6 +155,35 @@ fn mqtt_3_1_2_5_queued_messages_of_an_offline_session_survive_a_restart() {
     let mut got = payloads(&out);
     got.extend(payloads(&h.recv(s)));
     assert_eq!(got, ["one", "two"]);
+}
+
+/// [MQTT-3.3.1-1] after a crash: a queued message may have gone out before the record of its
+/// sending was committed, so after an unclean stop it goes with DUP (it might be a
+/// re-delivery); after a clean one, without.
+#[test]
+fn mqtt_3_3_1_1_queued_messages_restored_after_a_crash_go_with_dup() {
+    for unclean in [false, true] {
+        let mut h = Harness::new();
+        let (s, _) = h.connect_as(durable("sub", Version::V5), user("u"));
+        h.send(s, sub(1, "t/#", QoS::ExactlyOnce));
+        h.recv(s);
+        h.drop_conn(s);
+        let p = h.connect("p", Version::V5);
+        h.send(p, publish("t/1", QoS::AtLeastOnce, 1, "one"));
+        h.send(p, publish("t/2", QoS::ExactlyOnce, 2, "two"));
+        let state = StoredState { unclean, ..Replay::of(h.ops()).state() };
+        h.restart_from(state, Duration::from_secs(1));
+        let (s, mut out) = h.connect_as(durable("sub", Version::V5), user("u"));
+        out.extend(h.recv(s));
+        let dups: Vec<bool> = out
+            .iter()
+            .filter_map(|o| match o {
+                Outbound::Publish { dup, .. } => Some(*dup),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(dups, [unclean, unclean], "unclean: {unclean}");
+    }
 }
 
 /// [MQTT-4.4.0-1] across a restart: a message sent and not acknowledged goes again with its
