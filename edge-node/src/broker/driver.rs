@@ -281,6 +281,14 @@ impl BrokerHandle {
         let _ = rx.wait_for(|done| *done >= op_id).await;
     }
 
+    /// The store op the session store has committed through (every op, without a store).
+    pub fn stored_through(&self) -> u64 {
+        if self.store.is_none() {
+            return u64::MAX;
+        }
+        *self.committed.borrow()
+    }
+
     /// Waits while the session store is far behind (`store::MAX_PENDING_OPS`): a client's
     /// reader calls it between reads, so a disk slower than the clients holds them back.
     pub async fn store_room(&self) {

@@ -4,7 +4,7 @@
 use std::sync::Arc;
 use std::time::Instant;
 
-use shared::proto::down::{Down, DownOutcome, DownRefusal};
+use shared::proto::down::{Down, DownOutcome, DownRefusal, clip_reason};
 
 use super::{DownMark, Governance, MARK_KEY, message};
 use crate::auth::Rules;
@@ -18,6 +18,24 @@ pub const COMMIT_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
 #[error("downlink message {0} not committed by the session store within {COMMIT_WAIT:?}")]
 pub struct NotStored(pub u64);
+
+/// Downlink messages handed to the broker, waiting for the session store's commit, in order:
+/// (seq, outcome, store op). Their refusals and expiries, which the session learns only once
+/// they are committed, go into the marks of the ones after.
+#[derive(Debug, Default)]
+pub struct Handed {
+    queue: std::collections::VecDeque<(u64, DownOutcome, u64)>,
+    refused: Vec<DownRefusal>,
+    expired: Vec<u64>,
+    /// Since when the oldest has waited (the first of them, or the last commit).
+    since: Option<Instant>,
+}
+
+impl Handed {
+    pub fn is_empty(&self) -> bool {
+        self.queue.is_empty()
+    }
+}
 
 /// The ACL of a user of `[auth]`, as it is now (a reload changes it); `None`: no such user.
 pub type RulesOf = Arc<dyn Fn(&str) -> Option<Arc<Rules>> + Send + Sync>;
@@ -43,10 +61,66 @@ impl Deliverer {
     /// ends rather than hold the uplink's telemetry behind it; the bridge sends the message
     /// again, and the mark, once committed, tells it apart.
     pub async fn deliver(&self, d: &Down, unmarked: (&[DownRefusal], &[u64])) -> Result<DownOutcome, NotStored> {
+        let mut handed = Handed::default();
+        self.hand_over_next(d, unmarked, &mut handed);
+        self.committed(&handed).await?;
+        let mut done = self.take_committed(&mut handed);
+        Ok(done.pop().map(|(_, outcome)| outcome).expect("the one handed over is committed"))
+    }
+
+    /// Hands `d` to the broker with the mark after it, and queues it in `handed` until the
+    /// store commits it; `unmarked` are the session's refusals and expiries not yet marked,
+    /// those of the messages still in `handed` go after them. Messages come on while earlier
+    /// ones wait for their commit, so a window of them shares the store's commits.
+    pub fn hand_over_next(&self, d: &Down, unmarked: (&[DownRefusal], &[u64]), handed: &mut Handed) {
         let now = Instant::now();
-        let (outcome, op) = self.hand_over(d, unmarked, now);
-        tokio::time::timeout(COMMIT_WAIT, self.broker.wait_stored(op)).await.map_err(|_| NotStored(d.seq))?;
-        Ok(outcome)
+        let (outcome, op) = if handed.refused.is_empty() && handed.expired.is_empty() {
+            self.hand_over(d, unmarked, now)
+        } else {
+            let refused: Vec<DownRefusal> = unmarked.0.iter().chain(&handed.refused).cloned().collect();
+            let expired: Vec<u64> = unmarked.1.iter().chain(&handed.expired).copied().collect();
+            self.hand_over(d, (&refused, &expired), now)
+        };
+        match &outcome {
+            DownOutcome::Delivered => {}
+            DownOutcome::Refused(reason) => {
+                handed.refused.push(DownRefusal { seq: d.seq, reason: clip_reason(reason.clone()) })
+            }
+            DownOutcome::Expired => handed.expired.push(d.seq),
+        }
+        handed.queue.push_back((d.seq, outcome, op));
+        handed.since.get_or_insert(now);
+    }
+
+    /// Resolves once the store committed the newest message in `handed` (never while it is
+    /// empty); a store that has not committed the oldest within [`COMMIT_WAIT`] of its hand-over
+    /// is an error: nothing may be acked, and the connection ends rather than hold the
+    /// uplink's telemetry behind it; the bridge sends the messages again, and the mark, once
+    /// committed, tells them apart.
+    pub async fn committed(&self, handed: &Handed) -> Result<(), NotStored> {
+        let (Some(&(oldest, _, _)), Some(&(_, _, op)), Some(since)) =
+            (handed.queue.front(), handed.queue.back(), handed.since)
+        else {
+            return std::future::pending().await;
+        };
+        let left = COMMIT_WAIT.saturating_sub(since.elapsed());
+        tokio::time::timeout(left, self.broker.wait_stored(op)).await.map_err(|_| NotStored(oldest))
+    }
+
+    /// The messages of `handed` the store has committed, in order, taken off it.
+    pub fn take_committed(&self, handed: &mut Handed) -> Vec<(u64, DownOutcome)> {
+        let through = self.broker.stored_through();
+        let mut done = Vec::new();
+        while handed.queue.front().is_some_and(|(_, _, op)| *op <= through) {
+            let (seq, outcome, _) = handed.queue.pop_front().expect("checked");
+            done.push((seq, outcome));
+        }
+        if let Some(&(last, _)) = done.last() {
+            handed.refused.retain(|r| r.seq > last);
+            handed.expired.retain(|s| *s > last);
+            handed.since = (!handed.queue.is_empty()).then(Instant::now);
+        }
+        done
     }
 
     fn hand_over(&self, d: &Down, unmarked: (&[DownRefusal], &[u64]), now: Instant) -> (DownOutcome, u64) {

@@ -13,7 +13,7 @@ mod config;
 mod deliver;
 
 pub use config::{DownlinkEntry, RetainPolicy, problems};
-pub use deliver::{COMMIT_WAIT, Deliverer, NotStored, RulesOf};
+pub use deliver::{COMMIT_WAIT, Deliverer, Handed, NotStored, RulesOf};
 
 use std::time::{Duration, Instant};
 
@@ -55,6 +55,32 @@ impl Downlink {
         let mark = DownMark::after(unmarked, d.seq, &outcome);
         *self.mark.lock().unwrap_or_else(std::sync::PoisonError::into_inner) = mark;
         Ok(outcome)
+    }
+
+    /// Hands `d` to the broker ([`Deliverer::hand_over_next`]).
+    pub fn hand_over(&self, d: &Down, unmarked: (&[DownRefusal], &[u64]), handed: &mut Handed) {
+        self.deliverer.hand_over_next(d, unmarked, handed);
+    }
+
+    /// Resolves once the newest handed over is committed ([`Deliverer::committed`]).
+    pub async fn committed(&self, handed: &Handed) -> Result<(), NotStored> {
+        self.deliverer.committed(handed).await
+    }
+
+    /// What the store committed of `handed`, in order, taken off it.
+    pub fn take_committed(&self, handed: &mut Handed) -> Vec<(u64, DownOutcome)> {
+        self.deliverer.take_committed(handed)
+    }
+
+    /// Keeps the session's position and unmarked refusals and expiries as the mark: what the
+    /// store holds after the commits just taken.
+    pub fn sync_mark(&self, done: u64, unmarked: (&[DownRefusal], &[u64])) {
+        let mark = DownMark {
+            done,
+            refused: unmarked.0.iter().map(|r| (r.seq, r.reason.clone())).collect(),
+            expired: unmarked.1.to_vec(),
+        };
+        *self.mark.lock().unwrap_or_else(std::sync::PoisonError::into_inner) = mark;
     }
 
     /// The cloud marked everything through `up_to`: a new session need not report it again.

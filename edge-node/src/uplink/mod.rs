@@ -507,6 +507,8 @@ impl Uplink {
         let (mut send, recv) = conn.open_bi().await?;
         let mark = self.downlink.mark();
         session.catch_up_down(mark.done, mark.refusals(), mark.expired);
+        // Downlink messages handed to the broker, until the session store commits them.
+        let mut handed = crate::downlink::Handed::default();
         session.connected(Instant::now());
         let (mut control_rx, reader) = spawn_reader::<_, Control>(recv, MAX_CONTROL_FRAME);
         let _reader = AbortOnDropHandle::new(reader);
@@ -548,6 +550,14 @@ impl Uplink {
                 }
                 _ = notify.notified() => {
                     refresh(spool, session, &mut policy).await?;
+                    Vec::new()
+                }
+                committed = self.downlink.committed(&handed), if !handed.is_empty() => {
+                    committed?;
+                    for (seq, outcome) in self.downlink.take_committed(&mut handed) {
+                        session.down_done(seq, outcome)?;
+                    }
+                    self.downlink.sync_mark(session.down_position(), session.down_unmarked());
                     Vec::new()
                 }
                 _ = sleep_until(timeout) => {
@@ -612,11 +622,9 @@ impl Uplink {
                             ),
                         }
                     }
-                    // Only on a version 5 session, which this build does not offer yet.
-                    EdgeEvent::Down(d) => {
-                        let outcome = self.downlink.deliver(&d, session.down_unmarked()).await?;
-                        session.down_done(d.seq, outcome)?;
-                    }
+                    // Acked once the store committed it (the branch above), while the next ones
+                    // come in: a window of them shares the store's commits.
+                    EdgeEvent::Down(d) => self.downlink.hand_over(&d, session.down_unmarked(), &mut handed),
                     EdgeEvent::DownMarked(up_to) => self.downlink.marked(up_to),
                     EdgeEvent::Committed { latency, .. } => {
                         self.metrics.commit_latency.observe(latency.as_secs_f64());
