@@ -20,6 +20,7 @@ use edge_node::uplink::pack::Packer;
 use edge_node::uplink::quic::PassWriter;
 use edge_node::uplink::reach::Prober;
 use rand::Rng;
+use shared::proto::down::DownOutcome;
 use shared::proto::edge::{EdgeEvent, EdgeSession, SessionError};
 use shared::proto::io::{spawn_reader, write_frame};
 use shared::proto::{Control, MAX_CONTROL_FRAME, WireMessage, WireRecord};
@@ -79,6 +80,10 @@ pub struct FleetStats {
     pub reconnects: Mutex<Vec<Duration>>,
     /// Set to hold the active edges idle (a bench measuring the idle fleet first).
     pub hold: std::sync::atomic::AtomicBool,
+    /// Downlink messages taken (each acked as delivered at once), and for each whose payload
+    /// is the ms since the Unix epoch it was sent at, how long it took.
+    pub downs: AtomicU64,
+    pub down_latencies: Mutex<Vec<Duration>>,
 }
 
 /// What one simulated edge saw.
@@ -373,6 +378,16 @@ impl SimEdge {
                 stats.reconnects.lock().unwrap_or_else(|e| e.into_inner()).push(edge.down_since.elapsed());
             }
             EdgeEvent::DictStored(id) => edge.packer.dicts.stored(id),
+            EdgeEvent::Down(d) => {
+                // A simulated app takes it at once: its durable hand-over is the real edge's.
+                if edge.session.down_done(d.seq, DownOutcome::Delivered).is_ok() {
+                    stats.downs.fetch_add(1, Ordering::Relaxed);
+                }
+                if let Some(sent) = std::str::from_utf8(&d.payload).ok().and_then(|p| p.parse::<u64>().ok()) {
+                    let took = Duration::from_millis(shared::units::now_ms().saturating_sub(sent));
+                    stats.down_latencies.lock().unwrap_or_else(|e| e.into_inner()).push(took);
+                }
+            }
             EdgeEvent::Committed { latency, .. } => {
                 edge.report.latencies.push(latency);
                 stats.latencies.lock().unwrap_or_else(|e| e.into_inner()).push(latency);

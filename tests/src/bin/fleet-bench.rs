@@ -14,6 +14,11 @@
 //! the shipped uplink's policies with its default `[uplink]` (`e2e_tests::simedge`): RATE
 //! records of 1 KiB a second arrive on LANES lanes in turn and go as its linger and batch size
 //! say; each active edge's lanes hold BACKLOG records each when the active phase begins.
+//! BROADCAST (env, a count) adds a phase after the idle one: that many downlink messages to
+//! every edge the fleet view knows, stored one after another through `downlink::send` (the code
+//! `cloud-bridge send --all` runs), each edge taking each at once; it prints how long storing
+//! took, when every edge had every message, the per-message latency and the bridge's CPU and
+//! RSS meanwhile.
 
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
@@ -40,6 +45,64 @@ fn uplink() -> anyhow::Result<edge_node::uplink::UplinkConfig> {
     let mut base = toml::Table::try_from(e2e_tests::simedge::uplink_defaults())?;
     base.extend(over.parse::<toml::Table>().map_err(|e| anyhow::anyhow!("EDGE_UPLINK: {e}"))?);
     Ok(base.try_into()?)
+}
+
+/// BROADCAST messages to every edge the fleet view knows, through `downlink::send`; the phase's
+/// JSON line.
+async fn broadcast<S: cloud_bridge::sink::DownlinkStore + cloud_bridge::sink::FleetStore>(
+    sink: &S,
+    fleet: &Fleet,
+    bridge: &BridgeProcess,
+    edges: usize,
+    count: usize,
+    nats_cpu: &dyn Fn() -> Duration,
+) -> anyhow::Result<serde_json::Value> {
+    use cloud_bridge::downlink::send::{self, Flags, Target};
+    let config = cloud_bridge::downlink::DownlinkConfig::default();
+    // The fleet view has every edge once the bridge wrote their states (paced writes).
+    let deadline = Instant::now() + Duration::from_secs(120);
+    let all = loop {
+        let known = send::edges(sink, &config, &Target::All).await.unwrap_or_default();
+        if known.len() >= edges || Instant::now() > deadline {
+            break known;
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    };
+    fleet.stats.down_latencies.lock().unwrap().clear();
+    let (downs0, cpu0, nats0, t0) =
+        (fleet.stats.downs.load(Ordering::Relaxed), cpu_of(bridge.pid()), nats_cpu(), Instant::now());
+    let mut stored = 0;
+    for _ in 0..count {
+        let payload = shared::units::now_ms().to_string().into_bytes();
+        let msg = send::message(Flags { topic: "config/fleet".into(), qos: 1, payload, ..Default::default() })?;
+        let sent = send::send(sink, &config, &all, &msg).await?;
+        stored +=
+            sent.iter().filter(|(_, e)| matches!(e, cloud_bridge::sink::downlink::Enqueued::Stored { .. })).count();
+    }
+    let store_s = t0.elapsed().as_secs_f64();
+    let want = (all.len() * count) as u64;
+    let mut rss_peak = 0f64;
+    let done = loop {
+        rss_peak = rss_peak.max(rss_mib(bridge.pid()));
+        if fleet.stats.downs.load(Ordering::Relaxed) - downs0 >= want {
+            break Some(t0.elapsed());
+        }
+        if t0.elapsed() > Duration::from_secs(300) {
+            break None;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    let wall = t0.elapsed().as_secs_f64();
+    let mut latencies = std::mem::take(&mut *fleet.stats.down_latencies.lock().unwrap());
+    Ok(json!({"phase": "broadcast", "edges": all.len(), "messages": count, "stored": stored,
+              "store_s": store_s, "all_have_s": done.map(|d| d.as_secs_f64()),
+              "taken": fleet.stats.downs.load(Ordering::Relaxed) - downs0,
+              "latency_p50_ms": quantile(&mut latencies, 0.5).as_secs_f64() * 1e3,
+              "latency_p99_ms": quantile(&mut latencies, 0.99).as_secs_f64() * 1e3,
+              "latency_max_ms": quantile(&mut latencies, 1.0).as_secs_f64() * 1e3,
+              "bridge_cpu": (cpu_of(bridge.pid()) - cpu0).as_secs_f64() / wall,
+              "nats_cpu": (nats_cpu() - nats0).as_secs_f64() / wall,
+              "bridge_rss_peak_mib": rss_peak}))
 }
 
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
@@ -106,6 +169,24 @@ async fn main() -> anyhow::Result<()> {
                "bridge_cpu": (bridge_cpu(&bridge) - cpu0).as_secs_f64() / wall,
                "generator_cpu": (cpu_of(own) - own0).as_secs_f64() / wall})
     );
+
+    let broadcasts: usize = std::env::var("BROADCAST").ok().and_then(|b| b.parse().ok()).unwrap_or(0);
+    if broadcasts > 0 {
+        let store_url = nats.as_ref().map(|n| n.url());
+        let db = dir.path().join("central.db");
+        let phase = match store_url {
+            Some(url) => {
+                let settings = e2e_tests::nats::sink_settings(url, cloud_bridge::sink::jetstream::BatchPublish::Auto);
+                let sink = cloud_bridge::sink::jetstream::JetStreamSink::connect(&settings).await?;
+                broadcast(&sink, &fleet, &bridge, edges, broadcasts, &nats_cpu).await?
+            }
+            None => {
+                let sink = cloud_bridge::sink::sqlite::SqliteSink::open(&db)?;
+                broadcast(&sink, &fleet, &bridge, edges, broadcasts, &nats_cpu).await?
+            }
+        };
+        println!("{phase}");
+    }
 
     // Active: the first ACTIVE edges send.
     fleet.stats.hold.store(false, Ordering::Relaxed);

@@ -13,7 +13,8 @@
 //!   with compare-and-set, never lowered; the messages at or below it are purged.
 //! - Dead letters go to `<prefix>.%dead.<edge>` in the same stream (no edge token starts with a
 //!   bare `%`: `names` encodes it), with the message's payload and headers and the reason.
-//! - News: a core subscription to the prefix tells the bridge which edges got messages, at once.
+//! - News: an ordered consumer of the stream, headers only, from the bridge's start, tells it
+//!   which edges got messages as soon as they are stored.
 //! - A send's bound is checked against the edge's backlog read headers-only (JetStream keeps
 //!   no byte count per subject); two sends racing for one edge's last room may both get in.
 
@@ -66,20 +67,28 @@ impl Default for DownSettings {
 /// The downlink's stream, bucket and news subscription.
 #[derive(Debug)]
 pub(in crate::sink) struct JsDown {
-    client: async_nats::Client,
     js: jetstream::Context,
     stream: stream::Stream,
     prefix: String,
     positions: kv::Store,
-    news: tokio::sync::Mutex<Option<async_nats::Subscriber>>,
+    news: tokio::sync::Mutex<News>,
     /// The uplink's stream and subject prefix, where replies arrive.
     uplink: stream::Stream,
     uplink_prefix: String,
 }
 
+/// The news consumer's messages, once made.
+#[derive(Default)]
+struct News(Option<jetstream::consumer::pull::Ordered>);
+
+impl std::fmt::Debug for News {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_tuple("News").field(&self.0.is_some()).finish()
+    }
+}
+
 /// Opens (or creates) the downlink's stream and bucket; `uplink_prefix` must not overlap.
 pub(in crate::sink) async fn open(
-    client: &async_nats::Client,
     js: &jetstream::Context,
     s: &DownSettings,
     (uplink_stream, uplink_prefix): (&str, &str),
@@ -116,12 +125,11 @@ pub(in crate::sink) async fn open(
     let positions = crate::sink::jetstream::bucket(js, "downlink bucket", &s.bucket, replicas, Duration::ZERO).await?;
     let uplink = js.get_stream(uplink_stream).await.map_err(|e| SinkError::nats("stream", uplink_stream, &e))?;
     Ok(JsDown {
-        client: client.clone(),
         js: js.clone(),
         stream,
         prefix: s.subject_prefix.clone(),
         positions,
-        news: tokio::sync::Mutex::new(None),
+        news: tokio::sync::Mutex::new(News::default()),
         uplink,
         uplink_prefix: uplink_prefix.to_owned(),
     })
@@ -640,34 +648,49 @@ impl DownlinkStore for JetStreamSink {
     async fn down_news(&self, cursor: Option<u64>, wait: Duration) -> Result<(u64, Vec<String>), SinkError> {
         let d = self.down();
         let mut news = d.news.lock().await;
-        if news.is_none() || cursor.is_none() {
-            let sub =
-                d.client.subscribe(format!("{}.>", d.prefix)).await.map_err(|e| unavailable("downlink news", e))?;
-            *news = Some(sub);
+        if news.0.is_none() || cursor.is_none() {
+            // A consumer, not a core subscription: a core subscriber hears a message before the
+            // stream stored it, and a session woken then read nothing and slept until its poll.
+            let consumer = d
+                .stream
+                .create_consumer(OrderedConfig {
+                    filter_subject: format!("{}.*.>", d.prefix),
+                    deliver_policy: DeliverPolicy::New,
+                    headers_only: true,
+                    ..Default::default()
+                })
+                .await
+                .map_err(|e| SinkError::nats("downlink news", &d.prefix, &e))?;
+            let messages = consumer.messages().await.map_err(|e| SinkError::nats("downlink news", &d.prefix, &e))?;
+            news.0 = Some(messages);
             if cursor.is_none() {
                 return Ok((0, Vec::new()));
             }
         }
-        let sub = news.as_mut().expect("subscribed above");
+        let messages = news.0.as_mut().expect("made above");
+        let skip = d.prefix.split('.').count();
         let mut edges = Vec::new();
-        let mut take = |m: async_nats::Message| {
-            let skip = d.prefix.split('.').count();
-            if let Some(token) = m.subject.split('.').nth(skip).filter(|t| *t != DEAD)
+        let mut take = |subject: &str| {
+            if let Some(token) = subject.split('.').nth(skip).filter(|t| *t != DEAD)
                 && let Some(edge) = names::topic_of(&[token])
             {
                 edges.push(edge);
             }
         };
-        match tokio::time::timeout(wait, sub.next()).await {
-            Ok(Some(m)) => take(m),
+        match tokio::time::timeout(wait, messages.next()).await {
+            Ok(Some(Ok(m))) => take(&m.subject),
+            Ok(Some(Err(e))) => {
+                news.0 = None;
+                return Err(SinkError::nats("downlink news", &d.prefix, &e));
+            }
             Ok(None) => {
-                *news = None;
-                return Err(unavailable("downlink news", "subscription ended"));
+                news.0 = None;
+                return Err(unavailable("downlink news", "the consumer ended"));
             }
             Err(_) => return Ok((0, Vec::new())),
         }
-        while let Some(Some(m)) = futures_util::FutureExt::now_or_never(sub.next()) {
-            take(m);
+        while let Some(Some(Ok(m))) = futures_util::FutureExt::now_or_never(messages.next()) {
+            take(&m.subject);
         }
         edges.sort();
         edges.dedup();

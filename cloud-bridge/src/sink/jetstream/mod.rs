@@ -212,7 +212,6 @@ impl JetStreamSink {
         let reports = bucket(&js, "TCO report bucket", &s.tco_bucket, replicas, Duration::ZERO).await?;
         let fleet = bucket(&js, "fleet bucket", &s.fleet_bucket, replicas, Duration::ZERO).await?;
         let down = crate::sink::downlink::jetstream::open(
-            &client,
             &js,
             &s.down,
             (&s.stream, &s.subject_prefix),
