@@ -188,7 +188,10 @@ impl Node {
         };
 
         let classes = Arc::new(route::Classes::from_config(&config.classes));
-        let spool = if classes.is_empty() {
+        // No class routes to the cloud and no uplink: nothing would ever be spooled or sent. With
+        // an uplink the spool is opened even without classes: the uplink session is also how
+        // models and downlink messages come.
+        let spool = if classes.is_empty() && config.uplink.is_none() {
             None
         } else {
             let sqlite = spool::SqliteStorage::open(&config.spool.path)?;
@@ -423,27 +426,23 @@ impl Node {
             },
             down_mark,
         ));
-        if let Some(uplink) = &config.uplink {
-            match &spool {
-                Some(spool) => {
-                    let task = uplink::Uplink {
-                        client: uplink::quic::client_config(uplink)?,
-                        config: uplink.clone(),
-                        spool: spool.clone(),
-                        metrics: uplink_metrics,
-                        link: link.clone(),
-                        models: config.models.as_ref().map(|m| m.follow.clone()).unwrap_or_default(),
-                        model_jobs: model_jobs.clone(),
-                        tco: config.tco.as_ref().map(|t| (tco_snapshot.clone(), t.interval.0)),
-                        spool_path: Some(config.spool.path.clone()),
-                        sink_fit: sink_fit.clone(),
-                        tracer: tracer.clone(),
-                        downlink: downlink.clone(),
-                    };
-                    tracker.spawn(task.run(shutdown.clone()));
-                }
-                None => tracing::warn!("[uplink] is configured but no class routes to the cloud: nothing to send"),
-            }
+        // A spool is opened whenever [uplink] is configured (above).
+        if let (Some(uplink), Some(spool)) = (&config.uplink, &spool) {
+            let task = uplink::Uplink {
+                client: uplink::quic::client_config(uplink)?,
+                config: uplink.clone(),
+                spool: spool.clone(),
+                metrics: uplink_metrics,
+                link: link.clone(),
+                models: config.models.as_ref().map(|m| m.follow.clone()).unwrap_or_default(),
+                model_jobs: model_jobs.clone(),
+                tco: config.tco.as_ref().map(|t| (tco_snapshot.clone(), t.interval.0)),
+                spool_path: Some(config.spool.path.clone()),
+                sink_fit: sink_fit.clone(),
+                tracer: tracer.clone(),
+                downlink: downlink.clone(),
+            };
+            tracker.spawn(task.run(shutdown.clone()));
         }
         if let Some(tco) = &config.tco {
             let task = tco::run(tco.clone(), classes.clone(), link, tco_metrics, tco_latest, shutdown.clone());

@@ -284,3 +284,20 @@ async fn messages_reach_an_edge_once_in_order_within_bounds_on_jetstream() {
         TestCloud::start_on_jetstream(dir.path(), keys, "127.0.0.1:0".parse().unwrap(), DOWNLINK, &nats.url()).await;
     delivered_refused_bounded_and_expired(cloud, dir.path()).await;
 }
+
+/// An edge whose classes keep everything local (here: none at all) has nothing to send, but its
+/// uplink session is still how the cloud reaches it: a message for it arrives.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_edge_with_nothing_to_send_still_takes_the_downlink() {
+    let dir = tempfile::tempdir().unwrap();
+    let keys = pki(dir.path(), &[]);
+    let cloud = TestCloud::start(dir.path(), keys, "127.0.0.1:0".parse().unwrap(), DOWNLINK).await;
+    let extra =
+        format!("{}\n{}\n[[downlink]]\nfilter = \"config/#\"\n", with_spool(&[]), cloud.uplink_section("edge-1"));
+    let edge = TestNode::start_in(tempfile::tempdir().unwrap(), &extra).await;
+    let (_client, mut got) = subscriber(edge.local()).await;
+    let (ok, out, err) = send(&dir.path().join("cloud.toml"), "config/only", "down", &[]);
+    assert!(ok, "{out}{err}");
+    assert_eq!(next(&mut got).await, ("config/only".to_owned(), "down".to_owned()));
+    cloud.bridge.stop().await;
+}
