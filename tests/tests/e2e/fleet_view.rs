@@ -75,8 +75,14 @@ async fn the_fleet_view_shows_every_edge_across_bridges_and_the_edges_of_a_kille
     };
     let config = dir.path().join("bridge-0/cloud.toml");
     assert!(e2e_tests::eventually(WAIT, || all_in(&edges_list(&config))).await, "{:?}", edges_list(&config));
-    let from_1 = e2e_tests::cloud::fleet_view(bridges[1].http);
-    assert!(all_in(&from_1), "GET /edges on bridge-1 shows bridge-0's edges too: {from_1:?}");
+    // Bridge-1 answers from a view up to a second old (its cache): waited for too.
+    let on_1 = || e2e_tests::cloud::fleet_view(bridges[1].http);
+    assert!(
+        e2e_tests::eventually(WAIT, || all_in(&on_1())).await,
+        "GET /edges on bridge-1 shows bridge-0's edges too: {:?}",
+        on_1()
+    );
+    let from_1 = on_1();
     assert_eq!(from_1.bridges.iter().filter(|b| b.live).count(), 2);
     // The welcome is written first; the marks follow once a batch is committed and its state's
     // turn comes (one interval later at most), so they are waited for, not expected at once.
