@@ -38,6 +38,9 @@ pub struct EdgeDown {
     acked: u64,
     /// The last read filled its request: read again without waiting for news.
     more: bool,
+    /// No ack came on this connection yet: the first may name refusals an earlier bridge did
+    /// not record.
+    first_ack: bool,
     poll: tokio::time::Interval,
 }
 
@@ -74,6 +77,7 @@ impl EdgeDown {
             sent: VecDeque::new(),
             acked: position,
             more: false,
+            first_ack: true,
             poll,
         }))
     }
@@ -153,15 +157,17 @@ impl EdgeDown {
             bytes += b;
         }
         let up_to = ack.up_to;
-        let done = done(self.acked, (count, bytes), up_to, ack.refused, ack.expired);
-        for r in done.refused.iter().filter(|r| r.seq > self.acked) {
-            tracing::info!(edge, seq = r.seq, reason = r.reason, "downlink message refused by the edge");
+        let catch_up = std::mem::replace(&mut self.first_ack, false);
+        if let Some(done) = done(self.acked, (count, bytes), up_to, (ack.refused, ack.expired), catch_up) {
+            for r in done.refused.iter().filter(|r| r.seq > self.acked) {
+                tracing::info!(edge, seq = r.seq, reason = r.reason, "downlink message refused by the edge");
+            }
+            sink.down_record(edge, &done).await?;
+            let m = &self.downlink.metrics;
+            m.count("delivered", done.counts.delivered);
+            m.count("refused", done.counts.refused);
+            m.count("expired", done.counts.expired);
         }
-        sink.down_record(edge, &done).await?;
-        let m = &self.downlink.metrics;
-        m.count("delivered", done.counts.delivered);
-        m.count("refused", done.counts.refused);
-        m.count("expired", done.counts.expired);
         self.acked = up_to;
         session.down_marked(up_to);
         self.feed(sink, edge, session).await

@@ -270,15 +270,26 @@ pub trait DownlinkStore: Send + Sync + 'static {
     ) -> impl Future<Output = Result<(u64, Vec<String>), SinkError>> + Send;
 }
 
-/// An ack through `up_to` that newly covers `count` messages of `bytes` after `from`: those of
-/// its refusals and expiries after `from` are new, the rest were delivered.
+/// What to record of an ack through `up_to` that newly covers `count` messages of `bytes`
+/// after `from`: those of its refusals and expiries after `from` are new, the rest were
+/// delivered. Refusals and expiries at or below `from` are kept only with `catch_up` (the
+/// first ack of a connection, naming what an earlier bridge may have failed to record); an
+/// edge repeats them in every ack until told they are recorded, and recording them again would
+/// let one frame cost thousands of sink calls. `None`: nothing new to record.
 pub fn done(
     from: u64,
     (count, bytes): (u64, u64),
     up_to: u64,
-    refused: Vec<DownRefusal>,
-    expired: Vec<u64>,
-) -> DownDone {
+    (mut refused, mut expired): (Vec<DownRefusal>, Vec<u64>),
+    catch_up: bool,
+) -> Option<DownDone> {
+    if !catch_up {
+        refused.retain(|r| r.seq > from);
+        expired.retain(|s| *s > from);
+    }
+    if up_to == from && refused.is_empty() && expired.is_empty() {
+        return None;
+    }
     let new_refused = refused.iter().filter(|r| r.seq > from).count() as u64;
     let new_expired = expired.iter().filter(|s| **s > from).count() as u64;
     let counts = DoneCounts {
@@ -287,12 +298,30 @@ pub fn done(
         expired: new_expired,
         bytes,
     };
-    DownDone { up_to, refused, expired, counts }
+    Some(DownDone { up_to, refused, expired, counts })
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_ack_records_only_what_is_new_after_the_first_of_its_connection() {
+        let refusal = |seq| DownRefusal { seq, reason: "no".into() };
+        let old: Vec<DownRefusal> = (1..=4096).map(refusal).collect();
+        // The first ack of a connection catches up what an earlier bridge may not have recorded.
+        let first = done(5000, (0, 0), 5000, (old.clone(), vec![4097]), true).expect("old ones to record");
+        assert_eq!((first.refused.len(), first.expired, first.counts), (4096, vec![4097], DoneCounts::default()));
+        // Later acks repeating them cost nothing.
+        assert_eq!(done(5000, (0, 0), 5000, (old.clone(), vec![4097]), false), None);
+        // New messages: only what lies after the position is recorded and counted.
+        let mut listed = old;
+        listed.push(refusal(5002));
+        let next = done(5000, (3, 30), 5003, (listed, vec![4097, 5003]), false).unwrap();
+        assert_eq!(next.refused, [refusal(5002)]);
+        assert_eq!(next.expired, [5003]);
+        assert_eq!(next.counts, DoneCounts { delivered: 1, refused: 1, expired: 1, bytes: 30 });
+    }
 
     #[test]
     fn an_expired_message_goes_as_an_empty_one_that_expires_at_once() {
