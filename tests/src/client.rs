@@ -218,3 +218,38 @@ fn packet(header: u8, body: &[u8]) -> Vec<u8> {
     out.extend_from_slice(body);
     out
 }
+
+/// A durable MQTT 5 subscriber to `filter` at QoS 1 (client id `app`, session kept an hour), once
+/// its SUBACK came, and what it receives.
+pub async fn durable_v5_subscriber(
+    addr: SocketAddr,
+    filter: &str,
+) -> (rumqttc::v5::AsyncClient, mpsc::UnboundedReceiver<rumqttc::v5::mqttbytes::v5::Publish>) {
+    use rumqttc::v5::mqttbytes::v5::{ConnectProperties, Packet as V5Packet};
+    use rumqttc::v5::{Event as V5Event, MqttOptions as V5Options};
+    let mut options = V5Options::new("app", addr.ip().to_string(), addr.port());
+    options.set_clean_start(false);
+    options.set_connect_properties(ConnectProperties { session_expiry_interval: Some(3600), ..Default::default() });
+    let (client, mut events) = rumqttc::v5::AsyncClient::new(options, 100);
+    client.subscribe(filter, rumqttc::v5::mqttbytes::QoS::AtLeastOnce).await.unwrap();
+    let (tx, rx) = mpsc::unbounded_channel();
+    let (subscribed_tx, subscribed) = tokio::sync::oneshot::channel();
+    tokio::spawn(async move {
+        let mut subscribed_tx = Some(subscribed_tx);
+        while let Ok(event) = events.poll().await {
+            match event {
+                V5Event::Incoming(V5Packet::Publish(p)) => {
+                    let _ = tx.send(p);
+                }
+                V5Event::Incoming(V5Packet::SubAck(_)) => {
+                    if let Some(s) = subscribed_tx.take() {
+                        let _ = s.send(());
+                    }
+                }
+                _ => {}
+            }
+        }
+    });
+    tokio::time::timeout(Duration::from_secs(20), subscribed).await.expect("SUBACK").unwrap();
+    (client, rx)
+}

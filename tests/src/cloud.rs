@@ -236,3 +236,17 @@ pub fn sink_rows(path: &Path) -> Vec<SinkRow> {
     .map(|rows| rows.filter_map(Result::ok).collect())
     .unwrap_or_default()
 }
+
+/// `cloud-bridge ARGS --config CONFIG`, as an operator runs it: success, stdout, stderr.
+pub fn cli(config: &Path, args: &[&str]) -> (bool, String, String) {
+    let out = std::process::Command::new(crate::workspace_bin("cloud-bridge"))
+        .args(args)
+        .args(["--config", config.to_str().expect("a UTF-8 path")])
+        .output()
+        .expect("run cloud-bridge");
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}

@@ -191,18 +191,7 @@ async fn an_operator_lists_and_replays_dead_letters_and_reads_what_reached_the_s
         ),
     )
     .unwrap();
-    let bridge = |args: &[&str]| {
-        let out = std::process::Command::new(e2e_tests::workspace_bin("cloud-bridge"))
-            .args(args)
-            .args(["--config", config.to_str().unwrap()])
-            .output()
-            .unwrap();
-        (
-            out.status.success(),
-            String::from_utf8_lossy(&out.stdout).into_owned(),
-            String::from_utf8_lossy(&out.stderr).into_owned(),
-        )
-    };
+    let bridge = |args: &[&str]| e2e_tests::cloud::cli(&config, args);
     let (ok, out, err) = bridge(&["records", "count"]);
     assert!(ok, "{err}");
     assert!(out.contains("edge-1 4\n") && out.contains("total 4"), "{out}");

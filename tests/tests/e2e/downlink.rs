@@ -17,11 +17,12 @@ use std::net::SocketAddr;
 use std::path::Path;
 use std::time::Duration;
 
-use e2e_tests::cloud::{TestCloud, pki};
+use e2e_tests::client::durable_v5_subscriber;
+use e2e_tests::cloud::{TestCloud, cli, pki};
 use e2e_tests::fixtures::{class, telemetry, with_spool};
 use e2e_tests::nats::NatsServer;
 use e2e_tests::node::TestNode;
-use rumqttc::v5::mqttbytes::v5::{ConnectProperties, Packet, Publish, PublishProperties};
+use rumqttc::v5::mqttbytes::v5::{Packet, Publish, PublishProperties};
 use rumqttc::v5::{AsyncClient, Event, MqttOptions, mqttbytes::QoS};
 
 const WAIT: Duration = Duration::from_secs(20);
@@ -29,54 +30,10 @@ const WAIT: Duration = Duration::from_secs(20);
 const DOWNLINK: &str = "[downlink]\nmax_backlog_messages = 4\nmax_backlog_bytes = \"8KiB\"\npoll = \"500ms\"\nsummary_interval = \"200ms\"\n\
                         [downlink.groups]\nlab = [\"edge-1\", \"edge-2\"]\n";
 
-/// `cloud-bridge ARGS --config CONFIG`: success, stdout, stderr.
-fn bridge(config: &Path, args: &[&str]) -> (bool, String, String) {
-    let out = std::process::Command::new(e2e_tests::workspace_bin("cloud-bridge"))
-        .args(args)
-        .args(["--config", config.to_str().unwrap()])
-        .output()
-        .unwrap();
-    (
-        out.status.success(),
-        String::from_utf8_lossy(&out.stdout).into_owned(),
-        String::from_utf8_lossy(&out.stderr).into_owned(),
-    )
-}
-
 fn send(config: &Path, topic: &str, payload: &str, more: &[&str]) -> (bool, String, String) {
     let mut args = vec!["send", "--edge", "edge-1", "--topic", topic, "--payload", payload];
     args.extend_from_slice(more);
-    bridge(config, &args)
-}
-
-/// A durable MQTT 5 subscriber to `config/#` (client id `app`, session kept an hour) and what
-/// it receives.
-async fn subscriber(addr: SocketAddr) -> (AsyncClient, tokio::sync::mpsc::UnboundedReceiver<Publish>) {
-    let mut options = MqttOptions::new("app", addr.ip().to_string(), addr.port());
-    options.set_clean_start(false);
-    options.set_connect_properties(ConnectProperties { session_expiry_interval: Some(3600), ..Default::default() });
-    let (client, mut events) = AsyncClient::new(options, 100);
-    client.subscribe("config/#", QoS::AtLeastOnce).await.unwrap();
-    let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
-    let (subscribed_tx, subscribed) = tokio::sync::oneshot::channel();
-    tokio::spawn(async move {
-        let mut subscribed_tx = Some(subscribed_tx);
-        while let Ok(event) = events.poll().await {
-            match event {
-                Event::Incoming(Packet::Publish(p)) => {
-                    let _ = tx.send(p);
-                }
-                Event::Incoming(Packet::SubAck(_)) => {
-                    if let Some(s) = subscribed_tx.take() {
-                        let _ = s.send(());
-                    }
-                }
-                _ => {}
-            }
-        }
-    });
-    tokio::time::timeout(WAIT, subscribed).await.expect("SUBACK").unwrap();
-    (client, rx)
+    cli(config, &args)
 }
 
 /// A local app that answers each request on `ops/ping` with `pong <payload>` on its response
@@ -120,7 +77,7 @@ async fn next(got: &mut tokio::sync::mpsc::UnboundedReceiver<Publish>) -> (Strin
 async fn status_shows(config: &Path, want: &str) -> String {
     let deadline = tokio::time::Instant::now() + WAIT;
     loop {
-        let (ok, out, err) = bridge(config, &["downlink", "status", "--edge", "edge-1"]);
+        let (ok, out, err) = cli(config, &["downlink", "status", "--edge", "edge-1"]);
         assert!(ok, "{err}");
         if out.contains(want) {
             return out;
@@ -139,16 +96,16 @@ async fn delivered_refused_bounded_and_expired(cloud: TestCloud, dir: &Path) {
         cloud.uplink_section("edge-1")
     );
     let edge = TestNode::start_in(tempfile::tempdir().unwrap(), &extra).await;
-    let (_client, mut got) = subscriber(edge.local()).await;
+    let (_client, mut got) = durable_v5_subscriber(edge.local(), "config/#").await;
 
     // A command with --wait: a local app answers, the reply comes back up.
     let _responder = responder(edge.local()).await;
     let (ok, out, err) =
-        bridge(&config, &["send", "--edge", "edge-1", "--topic", "ops/ping", "--payload", "hi", "--wait", "15s"]);
+        cli(&config, &["send", "--edge", "edge-1", "--topic", "ops/ping", "--payload", "hi", "--wait", "15s"]);
     assert!(ok, "{out}{err}");
     assert!(out.contains("reply from edge-1 on reply/edge-1/") && out.trim_end().ends_with(": pong hi"), "{out}");
     let (ok, _, err) =
-        bridge(&config, &["send", "--edge", "edge-1", "--topic", "ops/silent", "--payload", "x", "--wait", "1s"]);
+        cli(&config, &["send", "--edge", "edge-1", "--topic", "ops/silent", "--payload", "x", "--wait", "1s"]);
     assert!(!ok && err.contains("no reply from edge-1 on reply/edge-1/") && err.contains("within 1s"), "{err}");
 
     let (ok, out, err) = send(
@@ -186,7 +143,7 @@ async fn delivered_refused_bounded_and_expired(cloud: TestCloud, dir: &Path) {
     let (ok, out, err) = send(&config, "cmd/reboot", "now", &[]);
     assert!(ok, "{out}{err}");
     status_shows(&config, "refused 1").await;
-    let (ok, out, err) = bridge(&config, &["downlink", "refused", "--edge", "edge-1"]);
+    let (ok, out, err) = cli(&config, &["downlink", "refused", "--edge", "edge-1"]);
     assert!(ok, "{err}");
     assert!(out.contains("edge-1") && out.contains("refused cmd/reboot"), "{out}");
     assert!(out.contains("not allowed by this edge's [[downlink]]"), "{out}");
@@ -207,7 +164,7 @@ async fn delivered_refused_bounded_and_expired(cloud: TestCloud, dir: &Path) {
     let waiting = status_shows(&config, "waiting 4 messages").await;
     assert!(waiting.contains("delivered 3, refused 1, expired 0"), "{waiting}");
     // The fleet view and the bridge's gauges (no edge label) show what waits.
-    let (ok, out, err) = bridge(&config, &["edges", "list"]);
+    let (ok, out, err) = cli(&config, &["edges", "list"]);
     assert!(ok, "{err}");
     let row = out.lines().find(|l| l.starts_with("edge-1 ") && l.split_whitespace().count() == 7).unwrap_or_default();
     assert_eq!(row.split_whitespace().skip(2).take(4).collect::<Vec<_>>(), ["3", "1", "0", "4"], "{out}");
@@ -226,7 +183,7 @@ async fn delivered_refused_bounded_and_expired(cloud: TestCloud, dir: &Path) {
 
     // Back: the expired one never arrives; the rest once each, in order.
     let edge = TestNode::start_in(edge_dir, &extra).await;
-    let (_client, mut got) = subscriber(edge.local()).await;
+    let (_client, mut got) = durable_v5_subscriber(edge.local(), "config/#").await;
     for want in ["b", "c", "d"] {
         let (topic, payload) = next(&mut got).await;
         assert_eq!((topic.as_str(), payload.as_str()), (format!("config/{want}").as_str(), want));
@@ -235,17 +192,17 @@ async fn delivered_refused_bounded_and_expired(cloud: TestCloud, dir: &Path) {
     status_shows(&config, "delivered 6, refused 1, expired 1; waiting 0 messages").await;
     let again = tokio::time::timeout(Duration::from_millis(800), got.recv()).await;
     assert!(again.is_err(), "nothing delivered twice: {again:?}");
-    let (_, out, _) = bridge(&config, &["downlink", "refused"]);
+    let (_, out, _) = cli(&config, &["downlink", "refused"]);
     assert!(out.contains("expired config/a"), "{out}");
 
     // A group: one message per edge, whether connected or not.
-    let (ok, out, err) = bridge(&config, &["send", "--group", "lab", "--topic", "config/all", "--payload", "x"]);
+    let (ok, out, err) = cli(&config, &["send", "--group", "lab", "--topic", "config/all", "--payload", "x"]);
     assert!(ok, "{out}{err}");
     assert_eq!(out.lines().filter(|l| l.contains(": stored as downlink message")).count(), 2, "{out}");
     assert!(out.contains("edge-2: stored"), "{out}");
     assert_eq!(next(&mut got).await, ("config/all".to_owned(), "x".to_owned()));
     // Every edge the fleet view knows: edge-2 never connected.
-    let (ok, out, err) = bridge(&config, &["send", "--all", "--topic", "config/every", "--payload", "y"]);
+    let (ok, out, err) = cli(&config, &["send", "--all", "--topic", "config/every", "--payload", "y"]);
     assert!(ok, "{out}{err}");
     assert_eq!(out.lines().collect::<Vec<_>>().len(), 1, "{out}");
     assert!(out.starts_with("edge-1: stored"), "{out}");
@@ -253,14 +210,14 @@ async fn delivered_refused_bounded_and_expired(cloud: TestCloud, dir: &Path) {
     // The bound on bytes, on an edge that never connected: two of 3,000 bytes fit in 8 KiB beside the group message.
     let big = "x".repeat(3000);
     for n in 0..3 {
-        let (ok, out, _) = bridge(&config, &["send", "--edge", "edge-2", "--topic", "config/big", "--payload", &big]);
+        let (ok, out, _) = cli(&config, &["send", "--edge", "edge-2", "--topic", "config/big", "--payload", &big]);
         assert_eq!(ok, n < 2, "{out}");
         if n == 2 {
             assert!(out.contains("edge-2: refused: its backlog holds 3 messages, 6031 bytes"), "{out}");
             assert!(out.contains("max_backlog_bytes 8192"), "{out}");
         }
     }
-    let (ok, _, err) = bridge(&config, &["send", "--group", "nope", "--topic", "config/all", "--payload", "x"]);
+    let (ok, _, err) = cli(&config, &["send", "--group", "nope", "--topic", "config/all", "--payload", "x"]);
     assert!(!ok && err.contains("no group \"nope\" in downlink.groups"), "{err}");
     let (ok, _, err) = send(&config, "config/+", "x", &[]);
     assert!(!ok && err.contains("--topic") && err.contains("wildcard"), "{err}");
@@ -295,7 +252,7 @@ async fn an_edge_with_nothing_to_send_still_takes_the_downlink() {
     let extra =
         format!("{}\n{}\n[[downlink]]\nfilter = \"config/#\"\n", with_spool(&[]), cloud.uplink_section("edge-1"));
     let edge = TestNode::start_in(tempfile::tempdir().unwrap(), &extra).await;
-    let (_client, mut got) = subscriber(edge.local()).await;
+    let (_client, mut got) = durable_v5_subscriber(edge.local(), "config/#").await;
     let (ok, out, err) = send(&dir.path().join("cloud.toml"), "config/only", "down", &[]);
     assert!(ok, "{out}{err}");
     assert_eq!(next(&mut got).await, ("config/only".to_owned(), "down".to_owned()));

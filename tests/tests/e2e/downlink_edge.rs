@@ -7,15 +7,13 @@
 //! acks come only for what is done; after a restart the edge's hello carries its position, and a
 //! stale bridge resending from the start gets acks, not a second delivery.
 
-use std::net::SocketAddr;
 use std::time::Duration;
 
 use cloud_bridge::config::ServerConfig;
+use e2e_tests::client::durable_v5_subscriber;
 use e2e_tests::cloud::{pki, uplink_section};
 use e2e_tests::fixtures::{telemetry, with_spool};
 use e2e_tests::node::TestNode;
-use rumqttc::v5::mqttbytes::v5::{ConnectProperties, Packet, Publish};
-use rumqttc::v5::{AsyncClient, Event, MqttOptions, mqttbytes::QoS};
 use shared::proto::cloud::{CloudSession, Request};
 use shared::proto::down::{Down, DownAck};
 use shared::proto::io::{read_frame, write_frame};
@@ -88,36 +86,6 @@ async fn serve_once(endpoint: &quinn::Endpoint, start: Option<u64>, messages: Ve
     }
 }
 
-/// A durable MQTT 5 subscriber to `config/#` (client id `app`, session kept an hour) and what
-/// it receives.
-async fn subscriber(addr: SocketAddr) -> (AsyncClient, tokio::sync::mpsc::UnboundedReceiver<Publish>) {
-    let mut options = MqttOptions::new("app", addr.ip().to_string(), addr.port());
-    options.set_clean_start(false);
-    options.set_connect_properties(ConnectProperties { session_expiry_interval: Some(3600), ..Default::default() });
-    let (client, mut events) = AsyncClient::new(options, 100);
-    client.subscribe("config/#", QoS::AtLeastOnce).await.unwrap();
-    let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
-    let (subscribed_tx, subscribed) = tokio::sync::oneshot::channel();
-    tokio::spawn(async move {
-        let mut subscribed_tx = Some(subscribed_tx);
-        while let Ok(event) = events.poll().await {
-            match event {
-                Event::Incoming(Packet::Publish(p)) => {
-                    let _ = tx.send(p);
-                }
-                Event::Incoming(Packet::SubAck(_)) => {
-                    if let Some(s) = subscribed_tx.take() {
-                        let _ = s.send(());
-                    }
-                }
-                _ => {}
-            }
-        }
-    });
-    tokio::time::timeout(WAIT, subscribed).await.expect("SUBACK").unwrap();
-    (client, rx)
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_edge_delivers_refuses_and_expires_downlink_messages_once_across_a_restart() {
     let dir = tempfile::tempdir().unwrap();
@@ -139,7 +107,7 @@ async fn the_edge_delivers_refuses_and_expires_downlink_messages_once_across_a_r
     let edge_dir = tempfile::tempdir().unwrap();
     let edge = TestNode::start_in(edge_dir, &extra).await;
     // The subscriber's session outlives its connection: what comes meanwhile is queued for it.
-    let (client, _) = subscriber(edge.local()).await;
+    let (client, _) = durable_v5_subscriber(edge.local(), "config/#").await;
     client.disconnect().await.unwrap();
     tokio::time::sleep(Duration::from_millis(200)).await;
 
@@ -164,7 +132,7 @@ async fn the_edge_delivers_refuses_and_expires_downlink_messages_once_across_a_r
     assert!(acks.iter().all(|a| a.refused.is_empty() || a.refused.iter().all(|r| r.seq == 5)), "{acks:?}");
 
     // The subscriber comes back: each allowed message once, with its properties.
-    let (_client, mut got) = subscriber(edge.local()).await;
+    let (_client, mut got) = durable_v5_subscriber(edge.local(), "config/#").await;
     let first = tokio::time::timeout(WAIT, got.recv()).await.expect("delivered").unwrap();
     assert_eq!(&first.topic[..], b"config/threshold");
     assert_eq!(&first.payload[..], b"value 2");
