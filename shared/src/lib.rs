@@ -15,6 +15,8 @@ pub mod model;
 #[cfg(feature = "metrics")]
 pub mod process;
 pub mod proto;
+#[cfg(feature = "schema")]
+pub mod schema;
 #[cfg(feature = "fs")]
 pub mod service;
 pub mod tco;

@@ -1,0 +1,281 @@
+//! JSON Schema: validation by `jsonschema`, compatibility by our rules.
+//!
+//! `reads(reader, writer)` asks whether every document the writer schema accepts is accepted by
+//! the reader schema. The rules follow Confluent's list for JSON Schema (type narrowed,
+//! required property added, property added to an open content model, property removed from a
+//! closed content model, additional properties narrowed, enum narrowed, bounds tightened),
+//! applied recursively through `properties`, `additionalProperties` and `items`. A keyword the
+//! rules do not model (`$ref`, `oneOf`, `pattern`, ...) that differs between the two versions
+//! is a problem of its own: the check reports what it cannot prove, so a pass is never a guess.
+
+use serde_json::{Map, Value};
+
+use super::{Invalid, Problem, problem};
+
+pub(super) struct Json {
+    schema: Value,
+    validator: jsonschema::Validator,
+}
+
+impl Json {
+    pub(super) fn parse(text: &str) -> Result<Self, String> {
+        let schema: Value = serde_json::from_str(text).map_err(|e| format!("not JSON: {e}"))?;
+        if !schema.is_object() && !schema.is_boolean() {
+            return Err("a JSON Schema is an object or a boolean".into());
+        }
+        // The `regex` crate runs in time linear in the input: a schema's `pattern` cannot make
+        // one payload cost more than its length.
+        let validator = jsonschema::options()
+            .with_pattern_options(jsonschema::PatternOptions::regex())
+            .build(&schema)
+            .map_err(|e| e.to_string())?;
+        Ok(Json { schema, validator })
+    }
+
+    /// Sorted keys, no spaces.
+    pub(super) fn normal(&self) -> String {
+        let mut out = String::new();
+        canonical(&self.schema, &mut out);
+        out
+    }
+
+    pub(super) fn validate(&self, payload: &[u8]) -> Result<(), Invalid> {
+        let value: Value = serde_json::from_slice(payload)
+            .map_err(|e| Invalid { path: String::new(), reason: format!("not JSON: {e}") })?;
+        self.validator
+            .validate(&value)
+            .map_err(|e| Invalid { path: e.instance_path().to_string(), reason: e.to_string() })
+    }
+
+    pub(super) fn reads(&self, writer: &Json) -> Vec<Problem> {
+        let mut out = Vec::new();
+        reads(&self.schema, &writer.schema, "", &mut out);
+        out
+    }
+}
+
+fn canonical(v: &Value, out: &mut String) {
+    match v {
+        Value::Object(m) => {
+            out.push('{');
+            let mut keys: Vec<&String> = m.keys().collect();
+            keys.sort();
+            for (i, k) in keys.into_iter().enumerate() {
+                if i > 0 {
+                    out.push(',');
+                }
+                out.push_str(&Value::String(k.clone()).to_string());
+                out.push(':');
+                canonical(&m[k], out);
+            }
+            out.push('}');
+        }
+        Value::Array(a) => {
+            out.push('[');
+            for (i, x) in a.iter().enumerate() {
+                if i > 0 {
+                    out.push(',');
+                }
+                canonical(x, out);
+            }
+            out.push(']');
+        }
+        other => out.push_str(&other.to_string()),
+    }
+}
+
+/// Keywords that only annotate: they never change what is accepted.
+const ANNOTATIONS: &[&str] = &[
+    "$schema",
+    "$id",
+    "$comment",
+    "title",
+    "description",
+    "default",
+    "examples",
+    "deprecated",
+    "readOnly",
+    "writeOnly",
+];
+
+/// Keywords the rules below model.
+const MODELLED: &[&str] = &[
+    "type",
+    "enum",
+    "const",
+    "properties",
+    "required",
+    "additionalProperties",
+    "items",
+    "minimum",
+    "maximum",
+    "exclusiveMinimum",
+    "exclusiveMaximum",
+    "minLength",
+    "maxLength",
+    "minItems",
+    "maxItems",
+    "minProperties",
+    "maxProperties",
+];
+
+const TYPES: [&str; 7] = ["null", "boolean", "object", "array", "number", "string", "integer"];
+
+/// The types a schema allows (`integer` stands for itself; `number` includes it).
+fn types(s: &Map<String, Value>) -> Vec<&str> {
+    match s.get("type") {
+        Some(Value::String(t)) => vec![t.as_str()],
+        Some(Value::Array(a)) => a.iter().filter_map(Value::as_str).collect(),
+        _ => TYPES.to_vec(),
+    }
+}
+
+fn allows(types: &[&str], t: &str) -> bool {
+    types.contains(&t) || (t == "integer" && types.contains(&"number"))
+}
+
+fn values(s: &Map<String, Value>) -> Option<Vec<&Value>> {
+    match (s.get("enum"), s.get("const")) {
+        (_, Some(c)) => Some(vec![c]),
+        (Some(Value::Array(a)), None) => Some(a.iter().collect()),
+        _ => None,
+    }
+}
+
+fn join(path: &str, key: &str) -> String {
+    format!("{path}/{}", key.replace('~', "~0").replace('/', "~1"))
+}
+
+/// The schema a property name gets under `s`: its own, else `additionalProperties` (absent =
+/// anything).
+fn property<'a>(s: &'a Map<String, Value>, name: &str) -> &'a Value {
+    static TRUE: Value = Value::Bool(true);
+    s.get("properties").and_then(|p| p.get(name)).or_else(|| s.get("additionalProperties")).unwrap_or(&TRUE)
+}
+
+fn reads(reader: &Value, writer: &Value, path: &str, out: &mut Vec<Problem>) {
+    if reader == writer {
+        return;
+    }
+    let (r, w) = match (reader, writer) {
+        (_, Value::Bool(false)) | (Value::Bool(true), _) => return,
+        (Value::Bool(false), _) => return out.push(problem(path, "narrowed to nothing", "the new schema is `false`")),
+        (Value::Object(r), Value::Bool(true)) => {
+            if r.keys().all(|k| ANNOTATIONS.contains(&k.as_str())) {
+                return;
+            }
+            return out.push(problem(path, "constrained", "the other version accepted any value here"));
+        }
+        (Value::Object(r), Value::Object(w)) => (r, w),
+        _ => return out.push(problem(path, "not a schema", "a schema is an object or a boolean")),
+    };
+    for (k, rv) in r {
+        if !ANNOTATIONS.contains(&k.as_str()) && !MODELLED.contains(&k.as_str()) && w.get(k) != Some(rv) {
+            out.push(problem(path, "keyword not checked", format!("`{k}` differs; only identical values are taken")));
+        }
+    }
+    for k in w.keys() {
+        if !ANNOTATIONS.contains(&k.as_str()) && !MODELLED.contains(&k.as_str()) && !r.contains_key(k) {
+            out.push(problem(path, "keyword not checked", format!("`{k}` differs; only identical values are taken")));
+        }
+    }
+    let (rt, wt) = (types(r), types(w));
+    let lost: Vec<&str> = wt.iter().copied().filter(|t| !allows(&rt, t)).collect();
+    if !lost.is_empty() {
+        out.push(problem(path, "type narrowed", format!("{} no longer accepted", lost.join(", "))));
+    }
+    if let Some(rv) = values(r) {
+        match values(w) {
+            Some(wv) => {
+                let gone: Vec<String> = wv.iter().filter(|v| !rv.contains(v)).map(|v| v.to_string()).collect();
+                if !gone.is_empty() {
+                    out.push(problem(path, "enum narrowed", format!("{} no longer accepted", gone.join(", "))));
+                }
+            }
+            None => out.push(problem(path, "enum added", "values outside the enum were accepted")),
+        }
+    }
+    bounds(r, w, path, out);
+    if wt.contains(&"object") && rt.contains(&"object") {
+        objects(r, w, path, out);
+    }
+    if wt.contains(&"array") && rt.contains(&"array") {
+        static TRUE: Value = Value::Bool(true);
+        let (ri, wi) = (r.get("items").unwrap_or(&TRUE), w.get("items").unwrap_or(&TRUE));
+        reads(ri, wi, &format!("{path}/items"), out);
+    }
+}
+
+fn bounds(r: &Map<String, Value>, w: &Map<String, Value>, path: &str, out: &mut Vec<Problem>) {
+    // A reader's lower bound above the writer's, or upper bound below it, refuses what was taken.
+    const LOWER: [&str; 5] = ["minimum", "exclusiveMinimum", "minLength", "minItems", "minProperties"];
+    const UPPER: [&str; 5] = ["maximum", "exclusiveMaximum", "maxLength", "maxItems", "maxProperties"];
+    for k in LOWER {
+        if let Some(rb) = r.get(k).and_then(Value::as_f64) {
+            match w.get(k).and_then(Value::as_f64) {
+                Some(wb) if wb >= rb => {}
+                Some(wb) => out.push(problem(path, "bound tightened", format!("{k} raised from {wb} to {rb}"))),
+                None => out.push(problem(path, "bound added", format!("{k} {rb}"))),
+            }
+        }
+    }
+    for k in UPPER {
+        if let Some(rb) = r.get(k).and_then(Value::as_f64) {
+            match w.get(k).and_then(Value::as_f64) {
+                Some(wb) if wb <= rb => {}
+                Some(wb) => out.push(problem(path, "bound tightened", format!("{k} lowered from {wb} to {rb}"))),
+                None => out.push(problem(path, "bound added", format!("{k} {rb}"))),
+            }
+        }
+    }
+}
+
+fn objects(r: &Map<String, Value>, w: &Map<String, Value>, path: &str, out: &mut Vec<Problem>) {
+    let required = |s: &Map<String, Value>| -> Vec<String> {
+        s.get("required")
+            .and_then(Value::as_array)
+            .map(|a| a.iter().filter_map(|v| v.as_str().map(str::to_owned)).collect())
+            .unwrap_or_default()
+    };
+    let (rr, wr) = (required(r), required(w));
+    for name in rr.iter().filter(|n| !wr.contains(n)) {
+        out.push(problem(&join(path, name), "required property added", format!("`{name}` could be absent before")));
+    }
+    let names = |s: &Map<String, Value>| -> Vec<String> {
+        s.get("properties").and_then(Value::as_object).map(|p| p.keys().cloned().collect()).unwrap_or_default()
+    };
+    let (rn, wn) = (names(r), names(w));
+    let open = |s: &Map<String, Value>| s.get("additionalProperties") != Some(&Value::Bool(false));
+    for name in &rn {
+        let p = join(path, name);
+        if wn.contains(name) {
+            reads(property(r, name), property(w, name), &p, out);
+        } else if open(w) {
+            let before = property(w, name);
+            if before == &Value::Bool(true) {
+                let rp = property(r, name);
+                let any = rp == &Value::Bool(true) || rp.as_object().is_some_and(|o| o.is_empty());
+                if !any {
+                    out.push(problem(&p, "property added to an open content model", "any value was accepted here"));
+                }
+            } else {
+                reads(property(r, name), before, &p, out);
+            }
+        }
+    }
+    for name in wn.iter().filter(|n| !rn.contains(n)) {
+        let p = join(path, name);
+        if open(r) {
+            reads(property(r, name), property(w, name), &p, out);
+        } else if property(w, name) != &Value::Bool(false) {
+            out.push(problem(&p, "property removed from a closed content model", format!("`{name}` was accepted")));
+        }
+    }
+    static TRUE: Value = Value::Bool(true);
+    let (ra, wa) = (r.get("additionalProperties").unwrap_or(&TRUE), w.get("additionalProperties").unwrap_or(&TRUE));
+    if ra == &Value::Bool(false) && wa != &Value::Bool(false) {
+        out.push(problem(path, "additional properties narrowed", "other property names were accepted"));
+    } else {
+        reads(ra, wa, &format!("{path}/additionalProperties"), out);
+    }
+}

@@ -1,0 +1,344 @@
+//! Schemas for message payloads: parsing, validation of one payload, and the compatibility of
+//! one version with the ones before it. Three kinds, each on a maintained crate:
+//!
+//! - `json`: JSON Schema (draft 2020-12 unless `$schema` says otherwise; `jsonschema`), with
+//!   linear-time regexes and no remote or file references; the compatibility rules are ours
+//!   (`json`), after Confluent's published list for JSON Schema, over the keywords that constrain
+//!   data shapes; any other keyword that differs between two versions is reported, never assumed
+//!   harmless;
+//! - `avro`: an Avro schema (`apache-avro`); a payload is one binary-encoded datum, all of its
+//!   bytes; compatibility is the Avro specification's schema resolution (the crate's);
+//! - `protobuf`: a `.proto` file and the message a payload holds (`protox` compiles it, no
+//!   `protoc`; `prost-reflect` decodes); compatibility is wire compatibility (ours, `proto`).
+//!
+//! A schema's id is derived from its content (kind, message and the normalised text), so the
+//! same schema registered twice has one id, on every machine.
+//!
+//! One payload must never cost more than its size: schemas whose validation could loop or
+//! recurse without bound on a small payload are refused when parsed (an Avro array of
+//! zero-byte items, a recursive Avro type).
+
+mod avro;
+mod json;
+mod proto;
+#[cfg(test)]
+mod tests;
+
+use std::fmt;
+use std::str::FromStr;
+
+use serde::{Deserialize, Serialize};
+
+/// What a schema describes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Kind {
+    Json,
+    Avro,
+    Protobuf,
+}
+
+impl Kind {
+    pub fn name(self) -> &'static str {
+        match self {
+            Kind::Json => "json",
+            Kind::Avro => "avro",
+            Kind::Protobuf => "protobuf",
+        }
+    }
+}
+
+impl fmt::Display for Kind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl FromStr for Kind {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "json" => Ok(Kind::Json),
+            "avro" => Ok(Kind::Avro),
+            "protobuf" | "proto" => Ok(Kind::Protobuf),
+            _ => Err(format!("schema kind {s:?}: use json, avro or protobuf")),
+        }
+    }
+}
+
+/// Which earlier versions a new version must be compatible with, and how. `backward`: the new
+/// version reads everything the previous one accepted (consumers upgrade first); `forward`:
+/// the previous version reads everything the new one accepts (producers upgrade first);
+/// `full`: both. The transitive modes check every earlier version, not only the latest.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Compatibility {
+    None,
+    #[default]
+    Backward,
+    BackwardTransitive,
+    Forward,
+    ForwardTransitive,
+    Full,
+    FullTransitive,
+}
+
+impl Compatibility {
+    pub const ALL: [Compatibility; 7] = [
+        Compatibility::None,
+        Compatibility::Backward,
+        Compatibility::BackwardTransitive,
+        Compatibility::Forward,
+        Compatibility::ForwardTransitive,
+        Compatibility::Full,
+        Compatibility::FullTransitive,
+    ];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Compatibility::None => "none",
+            Compatibility::Backward => "backward",
+            Compatibility::BackwardTransitive => "backward-transitive",
+            Compatibility::Forward => "forward",
+            Compatibility::ForwardTransitive => "forward-transitive",
+            Compatibility::Full => "full",
+            Compatibility::FullTransitive => "full-transitive",
+        }
+    }
+
+    fn transitive(self) -> bool {
+        matches!(
+            self,
+            Compatibility::BackwardTransitive | Compatibility::ForwardTransitive | Compatibility::FullTransitive
+        )
+    }
+
+    /// (the new version must read the old, the old must read the new)
+    fn directions(self) -> (bool, bool) {
+        match self {
+            Compatibility::None => (false, false),
+            Compatibility::Backward | Compatibility::BackwardTransitive => (true, false),
+            Compatibility::Forward | Compatibility::ForwardTransitive => (false, true),
+            Compatibility::Full | Compatibility::FullTransitive => (true, true),
+        }
+    }
+}
+
+impl fmt::Display for Compatibility {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl FromStr for Compatibility {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        Compatibility::ALL.into_iter().find(|c| c.name() == s).ok_or_else(|| {
+            let names: Vec<_> = Compatibility::ALL.iter().map(|c| c.name()).collect();
+            format!("compatibility {s:?}: use one of {}", names.join(", "))
+        })
+    }
+}
+
+/// A schema as registered and as edges stage it: what it is parsed from.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Source {
+    pub kind: Kind,
+    pub text: String,
+    /// Protobuf: the message type a payload holds (`package.Name`); the file's first message
+    /// when not given.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub message: Option<String>,
+}
+
+/// The longest schema text taken: schemas travel to every edge and are parsed there.
+pub const MAX_SOURCE_BYTES: usize = 256 * 1024;
+
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{kind} schema: {reason}")]
+pub struct SchemaError {
+    pub kind: Kind,
+    pub reason: String,
+}
+
+/// Why a payload does not match: where (a JSON pointer, or a field path) and what.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Invalid {
+    pub path: String,
+    pub reason: String,
+}
+
+impl fmt::Display for Invalid {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.path.is_empty() { f.write_str(&self.reason) } else { write!(f, "{}: {}", self.path, self.reason) }
+    }
+}
+
+/// One reason a reader cannot read everything a writer accepts: where, and which rule.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Problem {
+    pub path: String,
+    pub rule: &'static str,
+    pub detail: String,
+}
+
+impl fmt::Display for Problem {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let path = if self.path.is_empty() { "/" } else { &self.path };
+        write!(f, "{path}: {} ({})", self.rule, self.detail)
+    }
+}
+
+/// A new version refused by a compatibility mode: against which earlier version (its index,
+/// oldest first), in which direction, and every problem found.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Incompatible {
+    pub mode: Compatibility,
+    pub against: usize,
+    /// "new reads old" or "old reads new".
+    pub direction: &'static str,
+    pub problems: Vec<Problem>,
+}
+
+impl fmt::Display for Incompatible {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "not {} compatible with version {} ({}): ", self.mode, self.against + 1, self.direction)?;
+        for (i, p) in self.problems.iter().enumerate() {
+            if i > 0 {
+                f.write_str("; ")?;
+            }
+            write!(f, "{p}")?;
+        }
+        Ok(())
+    }
+}
+
+impl std::error::Error for Incompatible {}
+
+enum Compiled {
+    Json(json::Json),
+    Avro(avro::Avro),
+    Protobuf(proto::Proto),
+}
+
+/// A parsed schema, ready to validate payloads.
+pub struct Schema {
+    source: Source,
+    id: String,
+    compiled: Compiled,
+}
+
+impl fmt::Debug for Schema {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Schema").field("kind", &self.source.kind).field("id", &self.id).finish_non_exhaustive()
+    }
+}
+
+impl Schema {
+    pub fn parse(source: Source) -> Result<Self, SchemaError> {
+        let kind = source.kind;
+        let err = |reason: String| SchemaError { kind, reason };
+        if source.text.len() > MAX_SOURCE_BYTES {
+            return Err(err(format!("{} bytes, at most {MAX_SOURCE_BYTES} are taken", source.text.len())));
+        }
+        if source.message.is_some() && kind != Kind::Protobuf {
+            return Err(err("a message type is given only for protobuf".into()));
+        }
+        let (compiled, normal) = match kind {
+            Kind::Json => {
+                let j = json::Json::parse(&source.text).map_err(err)?;
+                let normal = j.normal();
+                (Compiled::Json(j), normal)
+            }
+            Kind::Avro => {
+                let a = avro::Avro::parse(&source.text).map_err(err)?;
+                let normal = a.normal();
+                (Compiled::Avro(a), normal)
+            }
+            Kind::Protobuf => {
+                let p = proto::Proto::parse(&source.text, source.message.as_deref()).map_err(err)?;
+                let normal = format!("{}\n{}", p.message_name(), source.text);
+                (Compiled::Protobuf(p), normal)
+            }
+        };
+        let id = content_id(kind, &normal);
+        Ok(Schema { source, id, compiled })
+    }
+
+    /// Derived from the content: 16 hex digits of SHA-256 over the kind and the normalised
+    /// schema (JSON with sorted keys and no spaces, Avro's Parsing Canonical Form, Protobuf's
+    /// message name and file text).
+    pub fn id(&self) -> &str {
+        &self.id
+    }
+
+    pub fn kind(&self) -> Kind {
+        self.source.kind
+    }
+
+    pub fn source(&self) -> &Source {
+        &self.source
+    }
+
+    /// Whether `payload` matches, and if not, where and why.
+    pub fn validate(&self, payload: &[u8]) -> Result<(), Invalid> {
+        match &self.compiled {
+            Compiled::Json(j) => j.validate(payload),
+            Compiled::Avro(a) => a.validate(payload),
+            Compiled::Protobuf(p) => p.validate(payload),
+        }
+    }
+
+    /// Every reason `self` (the reader) could not read a payload `writer` accepts; empty when
+    /// it reads them all. Schemas of different kinds never read each other.
+    pub fn reads(&self, writer: &Schema) -> Vec<Problem> {
+        match (&self.compiled, &writer.compiled) {
+            (Compiled::Json(r), Compiled::Json(w)) => r.reads(w),
+            (Compiled::Avro(r), Compiled::Avro(w)) => r.reads(w),
+            (Compiled::Protobuf(r), Compiled::Protobuf(w)) => r.reads(w),
+            _ => vec![Problem {
+                path: String::new(),
+                rule: "kind changed",
+                detail: format!("{} after {}", self.kind(), writer.kind()),
+            }],
+        }
+    }
+}
+
+/// Checks `new` against the earlier versions of its subject (oldest first) under `mode`.
+pub fn check(mode: Compatibility, new: &Schema, earlier: &[Schema]) -> Result<(), Incompatible> {
+    let (new_reads_old, old_reads_new) = mode.directions();
+    let against: Vec<usize> = match (mode.transitive(), earlier.len()) {
+        (_, 0) => vec![],
+        (true, n) => (0..n).rev().collect(),
+        (false, n) => vec![n - 1],
+    };
+    for i in against {
+        let old = &earlier[i];
+        if new_reads_old {
+            let problems = new.reads(old);
+            if !problems.is_empty() {
+                return Err(Incompatible { mode, against: i, direction: "new reads old", problems });
+            }
+        }
+        if old_reads_new {
+            let problems = old.reads(new);
+            if !problems.is_empty() {
+                return Err(Incompatible { mode, against: i, direction: "old reads new", problems });
+            }
+        }
+    }
+    Ok(())
+}
+
+fn content_id(kind: Kind, normal: &str) -> String {
+    let mut ctx = ring::digest::Context::new(&ring::digest::SHA256);
+    ctx.update(kind.name().as_bytes());
+    ctx.update(b"\0");
+    ctx.update(normal.as_bytes());
+    crate::model::hex(&ctx.finish().as_ref()[..8])
+}
+
+fn problem(path: &str, rule: &'static str, detail: impl Into<String>) -> Problem {
+    Problem { path: path.to_owned(), rule, detail: detail.into() }
+}
