@@ -203,7 +203,7 @@ impl LocalClient {
                     received: Instant::now(),
                 }))
             }
-            Outbound::PubAck { pkid, .. } => Some(Event::PubAck(pkid)),
+            Outbound::PubAck { pkid, .. } | Outbound::PubRefused { pkid, qos2: false, .. } => Some(Event::PubAck(pkid)),
             _ => None,
         }
     }

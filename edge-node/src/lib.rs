@@ -20,6 +20,7 @@ pub mod metrics;
 pub mod models;
 pub mod probe;
 pub mod route;
+pub mod schema;
 pub mod spool;
 pub mod sys;
 pub mod tco;
@@ -148,6 +149,7 @@ impl Node {
         let uplink_metrics = UplinkMetrics::new(registry);
         let tco_metrics = TcoMetrics::new(registry);
         let model_metrics = ModelMetrics::new(registry);
+        let schema_metrics = schema::SchemaMetrics::new(registry);
         let trace_counts = Arc::new(shared::trace::TraceCounts::default());
         trace_counts.register(registry);
         let metrics = Arc::new(Metrics::new(root));
@@ -259,6 +261,26 @@ impl Node {
         if let Some(fit) = &sink_fit {
             core = core.with_sink_limits(fit.clone());
         }
+        // Schema bindings check publishes against the versions staged under [models] (the
+        // config check refuses bindings without it).
+        let schemas =
+            config.models.as_ref().map(|m| Arc::new(schema::Validator::new(&config.schemas, &m.dir, schema_metrics)));
+        if let Some(v) = &schemas {
+            core = core.with_schemas(v.clone());
+            tracker.spawn(v.clone().run(shutdown.clone()));
+        }
+        // The models to follow: the configured ones and each bound subject's versions.
+        let follows: Vec<String> = config
+            .models
+            .as_ref()
+            .map(|m| {
+                m.follow
+                    .iter()
+                    .cloned()
+                    .chain(schemas.iter().flat_map(|v| v.subjects()).map(|s| shared::schema::model_name(&s)))
+                    .collect()
+            })
+            .unwrap_or_default();
         let (sessions, queued, retained) = (state.sessions.len(), state.deliveries.len(), state.retained.len());
         let down_mark = downlink::DownMark::parse(state.marks.get(downlink::MARK_KEY).map(String::as_str));
         core.restore(state, std::time::Instant::now());
@@ -398,7 +420,7 @@ impl Node {
             let syncer = models::sync::Syncer {
                 cache: staged.cache().map_err(bad_dir)?,
                 models: staged,
-                follows: m.follow.clone(),
+                follows: follows.clone(),
                 parallel: m.parallel,
                 cache_budget: m.cache_budget.bytes(),
                 metrics: model_metrics,
@@ -434,7 +456,7 @@ impl Node {
                 spool: spool.clone(),
                 metrics: uplink_metrics,
                 link: link.clone(),
-                models: config.models.as_ref().map(|m| m.follow.clone()).unwrap_or_default(),
+                models: follows.clone(),
                 model_jobs: model_jobs.clone(),
                 tco: config.tco.as_ref().map(|t| (tco_snapshot.clone(), t.interval.0)),
                 spool_path: Some(config.spool.path.clone()),

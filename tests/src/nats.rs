@@ -242,6 +242,7 @@ pub fn sink_settings(
         dicts_bucket: "edge-dicts".into(),
         tco_bucket: "edge-tco".into(),
         fleet_bucket: "edge-fleet".into(),
+        schemas_bucket: "edge-schemas".into(),
         duplicate_window: Duration::from_secs(120),
         replicas: None,
         batches,

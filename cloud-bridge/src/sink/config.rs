@@ -39,6 +39,9 @@ pub enum SinkConfig {
         /// `cloud-bridge edges list` and `GET /edges`. Default: `edge-fleet`.
         #[serde(default = "default_fleet_bucket")]
         fleet_bucket: String,
+        /// KV bucket of the schema registry (`cloud-bridge schema`). Default: `edge-schemas`.
+        #[serde(default = "default_schemas_bucket")]
+        schemas_bucket: String,
         /// JetStream's Nats-Msg-Id dedup window. Default: 2m.
         #[serde(default = "default_dup_window")]
         duplicate_window: shared::units::HumanDuration,
@@ -84,6 +87,9 @@ fn default_dicts_bucket() -> String {
 }
 fn default_tco_bucket() -> String {
     "edge-tco".into()
+}
+fn default_schemas_bucket() -> String {
+    "edge-schemas".into()
 }
 fn default_fleet_bucket() -> String {
     "edge-fleet".into()
@@ -155,6 +161,7 @@ impl SinkConfig {
                 dicts_bucket,
                 tco_bucket,
                 fleet_bucket,
+                schemas_bucket,
                 duplicate_window,
                 replicas,
                 batches,
@@ -168,6 +175,7 @@ impl SinkConfig {
                 dicts_bucket: dicts_bucket.clone(),
                 tco_bucket: tco_bucket.clone(),
                 fleet_bucket: fleet_bucket.clone(),
+                schemas_bucket: schemas_bucket.clone(),
                 duplicate_window: duplicate_window.0,
                 replicas: *replicas,
                 batches: *batches,

@@ -24,6 +24,7 @@ pub mod inspect;
 pub mod jetstream;
 pub mod presence;
 pub mod quota;
+pub mod schemas;
 pub mod sqlite;
 
 use std::future::Future;
@@ -41,6 +42,7 @@ use shared::proto::{ClassesReport, DictAnnounce, LaneSeq, WireRecord};
 pub use downlink::DownlinkStore;
 pub use presence::{BridgeState, EdgeState, FleetData, FleetStates, LaneState};
 pub use quota::{EdgeQuota, EpochVerdict};
+pub use schemas::SchemaStore;
 
 /// An edge's latest TCO classes report as a sink keeps it.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

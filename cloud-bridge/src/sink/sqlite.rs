@@ -160,6 +160,7 @@ impl SqliteSink {
         conn.execute_batch("PRAGMA journal_mode = WAL; PRAGMA synchronous = FULL;")
             .and_then(|_| conn.execute_batch(SCHEMA))
             .and_then(|_| conn.execute_batch(super::downlink::sqlite::SCHEMA))
+            .and_then(|_| conn.execute_batch(super::schemas::sqlite::SCHEMA))
             .map_err(at("schema", path))?;
         conn.busy_timeout(BUSY_TIMEOUT).map_err(|e| SinkError::sqlite("open", e))?;
         Ok(Self {

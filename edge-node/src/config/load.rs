@@ -128,6 +128,9 @@ impl EdgeConfig {
         if let Some(m) = &self.models {
             m.check(&mut p);
         }
+        for (key, reason) in crate::schema::problems(&self.schemas, self.models.is_some()) {
+            p.bad(key, reason);
+        }
         if let Some(tco) = &self.tco {
             let routed = |name: &str| self.classes.iter().find(|c| c.name == name).map(|c| c.governance);
             for (key, reason) in tco.problems(&routed) {

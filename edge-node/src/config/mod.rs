@@ -72,6 +72,9 @@ pub struct EdgeConfig {
     /// Local topics the cloud may publish to (protocol version 5). Default: none.
     #[serde(default, rename = "downlink", skip_serializing_if = "Vec::is_empty")]
     pub downlink: Vec<crate::downlink::DownlinkEntry>,
+    /// Topic filters bound to schema subjects, checked on PUBLISH. Default: none.
+    #[serde(default, rename = "schema", skip_serializing_if = "Vec::is_empty")]
+    pub schemas: Vec<crate::schema::SchemaBinding>,
 }
 
 #[derive(Debug, Clone, Deserialize, Serialize)]

@@ -342,3 +342,28 @@ fn content_id(kind: Kind, normal: &str) -> String {
 fn problem(path: &str, rule: &'static str, detail: impl Into<String>) -> Problem {
     Problem { path: path.to_owned(), rule, detail: detail.into() }
 }
+
+/// One registered version, as the registry keeps it and as edges stage it (the file of the
+/// signed model version `schema.<subject>` / `<version>`, JSON).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Version {
+    pub subject: String,
+    pub version: u32,
+    pub id: String,
+    pub source: Source,
+    /// When it was registered, ms since the Unix epoch.
+    pub created_ms: u64,
+}
+
+/// Subjects name files on both sides: the characters of a model name.
+pub fn valid_subject(subject: &str) -> Result<(), String> {
+    crate::model::valid_name("subject", &model_name(subject)).map_err(|e| e.to_string())
+}
+
+/// The model a subject's versions are delivered as: `schema.<subject>`.
+pub fn model_name(subject: &str) -> String {
+    format!("{MODEL_PREFIX}{subject}")
+}
+
+/// Model names that carry schemas; `cloud-bridge model publish` refuses them.
+pub const MODEL_PREFIX: &str = "schema.";

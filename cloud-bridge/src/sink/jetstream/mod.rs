@@ -101,6 +101,8 @@ pub struct JetStreamSettings {
     pub dicts_bucket: String,
     pub tco_bucket: String,
     pub fleet_bucket: String,
+    /// The schema registry's bucket.
+    pub schemas_bucket: String,
     pub duplicate_window: Duration,
     /// Required on a clustered server (`cluster::replicas`); 1 on a single one when absent.
     pub replicas: Option<usize>,
@@ -128,6 +130,7 @@ pub struct JetStreamSink {
     dicts: kv::Store,
     reports: kv::Store,
     fleet: kv::Store,
+    schemas: kv::Store,
     prefix: String,
     /// The server's `max_payload`: a message over it is refused for itself before it is sent.
     max_payload: usize,
@@ -211,6 +214,7 @@ impl JetStreamSink {
         let dicts = bucket(&js, "dictionary bucket", &s.dicts_bucket, replicas, DICT_MAX_AGE).await?;
         let reports = bucket(&js, "TCO report bucket", &s.tco_bucket, replicas, Duration::ZERO).await?;
         let fleet = bucket(&js, "fleet bucket", &s.fleet_bucket, replicas, Duration::ZERO).await?;
+        let schemas = bucket(&js, "schema bucket", &s.schemas_bucket, replicas, Duration::ZERO).await?;
         let down = crate::sink::downlink::jetstream::open(
             &js,
             &s.down,
@@ -227,6 +231,7 @@ impl JetStreamSink {
             dicts,
             reports,
             fleet,
+            schemas,
             prefix: s.subject_prefix.clone(),
             max_payload: client.server_info().max_payload,
             max_msg_size,
@@ -247,6 +252,10 @@ impl JetStreamSink {
     pub fn with_metrics(mut self, metrics: std::sync::Arc<SinkMetrics>) -> Self {
         self.metrics = metrics;
         self
+    }
+
+    pub(in crate::sink) fn schemas(&self) -> &kv::Store {
+        &self.schemas
     }
 
     pub(in crate::sink) fn down(&self) -> &crate::sink::downlink::jetstream::JsDown {

@@ -47,6 +47,15 @@ pub enum Outbound {
         pkid: u16,
         reason: u8,
     },
+    /// A refused publish's PUBACK (QoS 1) or PUBREC (QoS 2) with an MQTT 5 Reason String
+    /// (§3.4.2.2.2): the core leaves `text` out when it would make the packet larger than the
+    /// client's Maximum Packet Size ([MQTT-3.4.2-2]). MQTT 3.1.1 clients get a plain success.
+    PubRefused {
+        pkid: u16,
+        qos2: bool,
+        reason: u8,
+        text: Option<String>,
+    },
     PubRel {
         pkid: u16,
         reason: u8,
@@ -269,6 +278,26 @@ pub fn encode(packet: &Outbound, version: Version, out: &mut BytesMut) {
         Outbound::PubRec { pkid, reason } => {
             let reason = if v5 { pubrec_reason(*reason) } else { rp::PubRecReason::Success };
             Packet::PubRec(rp::PubRec { pkid: *pkid, reason }, None)
+        }
+        Outbound::PubRefused { pkid, qos2: false, reason, text } => {
+            let (reason, props) = match v5 {
+                true => (
+                    puback_reason(*reason),
+                    text.clone().map(|t| rp::PubAckProperties { reason_string: Some(t), user_properties: Vec::new() }),
+                ),
+                false => (rp::PubAckReason::Success, None),
+            };
+            Packet::PubAck(rp::PubAck { pkid: *pkid, reason }, props)
+        }
+        Outbound::PubRefused { pkid, qos2: true, reason, text } => {
+            let (reason, props) = match v5 {
+                true => (
+                    pubrec_reason(*reason),
+                    text.clone().map(|t| rp::PubRecProperties { reason_string: Some(t), user_properties: Vec::new() }),
+                ),
+                false => (rp::PubRecReason::Success, None),
+            };
+            Packet::PubRec(rp::PubRec { pkid: *pkid, reason }, props)
         }
         Outbound::PubRel { pkid, reason } => {
             let reason = match (v5, *reason) {

@@ -13,6 +13,7 @@ use super::{Broker, ConnId, SessionKey};
 use crate::auth::Rules;
 use crate::broker::codec::{DecodeError, Inbound, Outbound, PublishPacket, QoS, SubscribeRequest, Version, reason};
 use crate::broker::message::Message;
+use crate::schema::Verdict;
 
 impl Broker {
     /// A packet the connection's client sent.
@@ -124,7 +125,17 @@ impl Broker {
         if let Some((label, code)) = refusal {
             self.metrics.refused(label);
             tracing::debug!(conn = conn.0, topic = ?topic, label, "publish refused");
-            return self.refuse_publish(conn, key, &p, version, code, now);
+            return self.refuse_publish(conn, key, &p, version, (code, None), now);
+        }
+        // Schema validation: before anything is stored or acknowledged, never for the node's
+        // own clients, and for unbound topics nothing beyond the filter match.
+        if !internal
+            && let Some(v) = &self.schemas
+            && let Verdict::Refused(text) = v.check(&topic, &p.payload)
+        {
+            self.metrics.refused("schema");
+            tracing::debug!(conn = conn.0, topic = ?topic, reason = text, "publish refused by its schema");
+            return self.refuse_publish(conn, key, &p, version, (reason::PAYLOAD_FORMAT_INVALID, Some(text)), now);
         }
         if p.qos != QoS::AtMostOnce
             && let Some(c) = self.conns.get_mut(&conn)
@@ -163,18 +174,32 @@ impl Broker {
         }
     }
 
-    /// A publish not taken: MQTT 5 hears the reason; MQTT 3.1.1 has no way to hear it and
-    /// gets a positive acknowledgement ([MQTT-3.3.5-2]); QoS 0 hears nothing.
+    /// A publish not taken: MQTT 5 hears the reason code and, when given, a Reason String;
+    /// MQTT 3.1.1 has no way to hear it and gets a positive acknowledgement ([MQTT-3.3.5-2]);
+    /// QoS 0 hears nothing.
     fn refuse_publish(
         &mut self,
         conn: ConnId,
         key: SessionKey,
         p: &PublishPacket,
         version: Version,
-        code: u8,
+        (code, text): (u8, Option<String>),
         now: Instant,
     ) {
         let code = if version == Version::V5 { code } else { reason::SUCCESS };
+        if let (Some(text), true) = (text, version == Version::V5 && p.qos != QoS::AtMostOnce) {
+            let max = self.conns.get(&conn).map_or(usize::MAX, |c| c.max_packet_out);
+            let mut packet =
+                Outbound::PubRefused { pkid: p.pkid, qos2: p.qos == QoS::ExactlyOnce, reason: code, text: Some(text) };
+            // [MQTT-3.4.2-2], [MQTT-3.5.2-2]: no Reason String that would pass the client's
+            // Maximum Packet Size.
+            if packet.encoded_len(version) > max
+                && let Outbound::PubRefused { text, .. } = &mut packet
+            {
+                *text = None;
+            }
+            return self.control(conn, packet, now);
+        }
         match p.qos {
             QoS::AtMostOnce => {}
             QoS::AtLeastOnce => self.control(conn, Outbound::PubAck { pkid: p.pkid, reason: code }, now),

@@ -302,6 +302,8 @@ pub struct Broker {
     /// What the cloud's sink stores of one record: a cloud-bound publish it could not store
     /// whole is refused.
     sink: Option<Arc<crate::spool::SinkFit>>,
+    /// `[[schema]]` bindings and the staged versions they check publishes against.
+    schemas: Option<Arc<crate::schema::Validator>>,
     /// A session the message being delivered left behind by `backpressure_queue`
     /// (`backpressure.rs`).
     congested: Option<SessionKey>,
@@ -336,6 +338,7 @@ impl Broker {
             store_waiters: BTreeSet::new(),
             next_sid: 0,
             sink: None,
+            schemas: None,
             congested: None,
             wall,
         }
@@ -344,6 +347,12 @@ impl Broker {
     /// Refuses cloud-bound publishes the cloud's sink could not store whole, as `sink` says.
     pub fn with_sink_limits(mut self, sink: Arc<crate::spool::SinkFit>) -> Self {
         self.sink = Some(sink);
+        self
+    }
+
+    /// Checks publishes to bound topics before they are taken (`schema`).
+    pub fn with_schemas(mut self, schemas: Arc<crate::schema::Validator>) -> Self {
+        self.schemas = (!schemas.is_empty()).then_some(schemas);
         self
     }
 

@@ -118,6 +118,11 @@ impl Harness {
         }
     }
 
+    pub fn with_schemas(mut self, v: Arc<crate::schema::Validator>) -> Self {
+        self.b = self.b.with_schemas(v);
+        self
+    }
+
     pub fn limits(f: impl FnOnce(&mut Limits)) -> Self {
         let mut limits = Limits::default();
         f(&mut limits);
@@ -264,5 +269,6 @@ mod namespace;
 mod publish;
 mod revoke;
 mod routing;
+mod schema;
 mod subscribe;
 mod wills;

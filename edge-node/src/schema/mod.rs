@@ -1,0 +1,268 @@
+//! Schema validation on PUBLISH: `[[schema]]` binds topic filters to subjects of the cloud's
+//! registry; a publish to a bound topic is checked against the newest version of its subject
+//! staged on this edge, before it is acknowledged (the broker core asks [`Validator::check`]).
+//!
+//! - Versions arrive as signed model versions `schema.<subject>` (the models subsystem follows
+//!   them for every bound subject, verifies the fleet key's signature and stages them
+//!   atomically); `reload` reads what is staged, so validation works offline and across
+//!   restarts with what was last staged.
+//! - Unbound topics pay one filter match per binding and nothing else.
+//! - A subject with nothing staged yet is a state of its own (`unstaged`, counted): refused
+//!   or passed as the binding says.
+//! - A staged file that does not parse (a disk that went bad) leaves the version before it in
+//!   use, counted and logged.
+
+mod config;
+
+pub use config::{Mode, SchemaBinding, Unstaged, problems};
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use arc_swap::ArcSwap;
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use shared::schema::{Schema, Version};
+use tokio_util::sync::CancellationToken;
+
+/// How often the staged versions are looked at again.
+pub const RELOAD_EVERY: Duration = Duration::from_secs(1);
+
+/// The longest Reason String a refusal carries; longer reasons are cut at a character.
+pub const MAX_REASON_BYTES: usize = 256;
+
+/// One staged version, parsed.
+#[derive(Debug)]
+pub struct Staged {
+    pub version: u32,
+    pub schema: Schema,
+    /// The version's file name, to see a newer one without parsing it again.
+    file: String,
+    id: Arc<str>,
+}
+
+/// What a publish to `topic` gets.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Verdict {
+    /// No binding governs the topic.
+    Unbound,
+    /// It matches the version with this id.
+    Valid(Arc<str>),
+    /// Taken without a match: a `warn` binding, or nothing staged under `unstaged = "pass"`.
+    Passed,
+    /// Refused, with the reason for the publisher.
+    Refused(String),
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct CheckLabels {
+    pub subject: String,
+    /// `valid`, `invalid` (refused), `warned` (invalid, taken), `unstaged_refused`,
+    /// `unstaged_passed`.
+    pub outcome: &'static str,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct SubjectLabel {
+    pub subject: String,
+}
+
+#[derive(Debug, Clone, Default)]
+pub struct SchemaMetrics {
+    pub checked: Family<CheckLabels, Counter>,
+    pub staged_version: Family<SubjectLabel, Gauge>,
+    pub reload_errors: Counter,
+}
+
+impl SchemaMetrics {
+    pub fn new(r: &mut prometheus_client::registry::Registry) -> Self {
+        let m = Self::default();
+        r.register("schema_checked", "Publishes to schema-bound topics, by subject and outcome", m.checked.clone());
+        r.register(
+            "schema_staged_version",
+            "The version of each bound subject validation uses (0: none staged yet)",
+            m.staged_version.clone(),
+        );
+        r.register(
+            "schema_reload_errors",
+            "Staged schema files that could not be read or parsed (the version before stays in use)",
+            m.reload_errors.clone(),
+        );
+        m
+    }
+}
+
+pub struct Validator {
+    bindings: Vec<SchemaBinding>,
+    /// `<models.dir>`: each subject's versions are in `schema.<subject>/`.
+    dir: PathBuf,
+    staged: ArcSwap<HashMap<String, Arc<Staged>>>,
+    /// The file of each subject that last failed to load: not tried again until it changes.
+    failed: std::sync::Mutex<HashMap<String, String>>,
+    metrics: SchemaMetrics,
+}
+
+impl std::fmt::Debug for Validator {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Validator").field("bindings", &self.bindings.len()).finish_non_exhaustive()
+    }
+}
+
+impl Validator {
+    /// Bindings switched `off` are dropped here; what is staged is read at once.
+    pub fn new(bindings: &[SchemaBinding], dir: &Path, metrics: SchemaMetrics) -> Self {
+        let bindings: Vec<SchemaBinding> = bindings.iter().filter(|b| b.mode != Mode::Off).cloned().collect();
+        for b in &bindings {
+            metrics.staged_version.get_or_create(&SubjectLabel { subject: b.subject.clone() }).set(0);
+        }
+        let v = Validator {
+            bindings,
+            dir: dir.to_owned(),
+            staged: ArcSwap::default(),
+            failed: Default::default(),
+            metrics,
+        };
+        v.reload();
+        v
+    }
+
+    /// The subjects the bindings name, each once: the models to follow.
+    pub fn subjects(&self) -> Vec<String> {
+        let mut out: Vec<String> = self.bindings.iter().map(|b| b.subject.clone()).collect();
+        out.sort();
+        out.dedup();
+        out
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.bindings.is_empty()
+    }
+
+    /// Reads each subject's current staged version where it changed; returns the subjects
+    /// whose version changed.
+    pub fn reload(&self) -> Vec<String> {
+        let before = self.staged.load_full();
+        let mut now = (*before).clone();
+        let mut changed = Vec::new();
+        for subject in self.subjects() {
+            let dir = self.dir.join(shared::schema::model_name(&subject));
+            let Ok(file) = std::fs::read_link(dir.join("current")) else { continue };
+            let file = file.to_string_lossy().into_owned();
+            let mut failed = self.failed.lock().unwrap_or_else(|p| p.into_inner());
+            if before.get(&subject).is_some_and(|s| s.file == file) || failed.get(&subject) == Some(&file) {
+                continue;
+            }
+            match load(&dir.join(&file), &subject) {
+                Ok((version, schema)) => {
+                    tracing::info!(subject, version, id = schema.id(), "schema staged for validation");
+                    self.metrics
+                        .staged_version
+                        .get_or_create(&SubjectLabel { subject: subject.clone() })
+                        .set(i64::from(version));
+                    let id = schema.id().into();
+                    now.insert(subject.clone(), Arc::new(Staged { version, schema, file, id }));
+                    changed.push(subject);
+                }
+                Err(reason) => {
+                    self.metrics.reload_errors.inc();
+                    failed.insert(subject.clone(), file.clone());
+                    tracing::warn!(subject, file, %reason, "a staged schema version cannot be used; the one before stays");
+                }
+            }
+        }
+        if !changed.is_empty() {
+            self.staged.store(Arc::new(now));
+        }
+        changed
+    }
+
+    /// Reloads every [`RELOAD_EVERY`] until shutdown (versions are staged by the models
+    /// subsystem, or rolled back by `edge-node models rollback` from another process).
+    pub async fn run(self: Arc<Self>, shutdown: CancellationToken) {
+        let mut tick = tokio::time::interval(RELOAD_EVERY);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tokio::select! {
+                _ = shutdown.cancelled() => return,
+                _ = tick.tick() => {}
+            }
+            let me = self.clone();
+            let _ = tokio::task::spawn_blocking(move || me.reload()).await;
+        }
+    }
+
+    /// The staged version of `subject`, if any.
+    pub fn staged(&self, subject: &str) -> Option<Arc<Staged>> {
+        self.staged.load().get(subject).cloned()
+    }
+
+    /// What a publish of `payload` to `topic` gets.
+    pub fn check(&self, topic: &str, payload: &[u8]) -> Verdict {
+        let Some(b) = self.bindings.iter().find(|b| shared::topic::matches(&b.topic, topic)) else {
+            return Verdict::Unbound;
+        };
+        let count = |outcome: &'static str| {
+            self.metrics.checked.get_or_create(&CheckLabels { subject: b.subject.clone(), outcome }).inc();
+        };
+        let staged = self.staged.load();
+        let Some(s) = staged.get(&b.subject) else {
+            return match (b.unstaged, b.mode) {
+                (Unstaged::Pass, _) | (_, Mode::Warn) => {
+                    count("unstaged_passed");
+                    Verdict::Passed
+                }
+                _ => {
+                    count("unstaged_refused");
+                    Verdict::Refused(format!("schema {} is not staged on this edge yet", b.subject))
+                }
+            };
+        };
+        match s.schema.validate(payload) {
+            Ok(()) => {
+                count("valid");
+                Verdict::Valid(s.id.clone())
+            }
+            Err(invalid) if b.mode == Mode::Warn => {
+                count("warned");
+                tracing::debug!(topic, subject = b.subject, %invalid, "payload does not match its schema (warn)");
+                Verdict::Passed
+            }
+            Err(invalid) => {
+                count("invalid");
+                let mut reason = format!("schema {} v{}: {invalid}", b.subject, s.version);
+                truncate(&mut reason, MAX_REASON_BYTES);
+                Verdict::Refused(reason)
+            }
+        }
+    }
+}
+
+fn load(path: &Path, subject: &str) -> Result<(u32, Schema), String> {
+    let bytes = std::fs::read(path).map_err(|e| format!("{}: {e}", path.display()))?;
+    let v: Version = serde_json::from_slice(&bytes).map_err(|e| format!("{}: {e}", path.display()))?;
+    if v.subject != subject {
+        return Err(format!("{} holds subject {}, not {subject}", path.display(), v.subject));
+    }
+    let schema = Schema::parse(v.source).map_err(|e| e.to_string())?;
+    if schema.id() != v.id {
+        return Err(format!("{}: the schema's id is {}, the file says {}", path.display(), schema.id(), v.id));
+    }
+    Ok((v.version, schema))
+}
+
+fn truncate(s: &mut String, max: usize) {
+    if s.len() > max {
+        let mut at = max;
+        while !s.is_char_boundary(at) {
+            at -= 1;
+        }
+        s.truncate(at);
+    }
+}
+
+#[cfg(test)]
+pub(crate) mod tests;
