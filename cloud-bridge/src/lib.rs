@@ -12,6 +12,7 @@ pub mod limits;
 pub mod metrics;
 pub mod models;
 pub mod names;
+pub mod schemas;
 pub mod server;
 pub mod sink;
 pub mod tco;

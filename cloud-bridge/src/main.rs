@@ -65,6 +65,11 @@ enum Command {
     /// Stores a message for a local MQTT topic of one edge, a group or every edge; each edge's
     /// bridge delivers it once the edge is connected. Exit 1 if any edge's backlog refused it.
     Send(SendArgs),
+    /// The schema registry: register and check versions of a subject, list, show.
+    Schema {
+        #[command(subcommand)]
+        command: cloud_bridge::schemas::cli::SchemaCommand,
+    },
     /// Messages to edges: an edge's position and backlog, what edges refused.
     Downlink {
         #[command(subcommand)]
@@ -281,10 +286,8 @@ enum CertsCommand {
     },
 }
 
-/// The config file a command reads without `--config`: `$CLOUD_BRIDGE_CONFIG`, else the packaged
-/// `/etc/cloud-bridge/cloud.toml` where it exists, else `config/cloud.toml` (a checkout).
 fn default_config() -> PathBuf {
-    shared::units::default_config("CLOUD_BRIDGE_CONFIG", "/etc/cloud-bridge/cloud.toml", "config/cloud.toml")
+    CloudConfig::default_path()
 }
 
 fn main() -> ExitCode {
@@ -314,6 +317,14 @@ fn main() -> ExitCode {
         },
         Command::DeadLetters { command } => match dead_letters(command) {
             Ok(()) => ExitCode::SUCCESS,
+            Err(e) => {
+                eprintln!("cloud-bridge: {e:#}");
+                ExitCode::from(2)
+            }
+        },
+        Command::Schema { command } => match schema(command) {
+            Ok(true) => ExitCode::SUCCESS,
+            Ok(false) => ExitCode::from(1),
             Err(e) => {
                 eprintln!("cloud-bridge: {e:#}");
                 ExitCode::from(2)
@@ -562,6 +573,14 @@ fn send(args: SendArgs) -> anyhow::Result<bool> {
     })
 }
 
+fn schema(command: cloud_bridge::schemas::cli::SchemaCommand) -> anyhow::Result<bool> {
+    let config = CloudConfig::load(command.config())?;
+    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+    runtime.block_on(async {
+        with_sink!(config.sink, sink => cloud_bridge::schemas::cli::run(&sink, &config, command).await)
+    })
+}
+
 fn downlink(command: DownlinkCommand) -> anyhow::Result<()> {
     use cloud_bridge::sink::DownlinkStore;
     let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
@@ -725,6 +744,12 @@ fn model(command: ModelCommand) -> anyhow::Result<()> {
             );
         }
         ModelCommand::Publish { config, name, version, file } => {
+            if name.starts_with(shared::schema::MODEL_PREFIX) {
+                anyhow::bail!(
+                    "model {name}: names starting with {:?} carry the schema registry's versions; use `cloud-bridge schema register`",
+                    shared::schema::MODEL_PREFIX
+                );
+            }
             let (store, models) = open(&config)?;
             let key = cloud_bridge::models::signing_key(&models.signing_key)?;
             let total = std::fs::metadata(&file).map(|m| m.len()).unwrap_or(0).max(1);

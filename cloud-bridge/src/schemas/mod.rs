@@ -1,0 +1,191 @@
+//! The schema registry: subjects, their immutable versions and compatibility modes, kept in the
+//! sink (`sink::schemas`), and the delivery of each version to the edges that bind its subject.
+//!
+//! - A version is registered only if it is compatible with the subject's earlier versions under
+//!   the subject's mode (`backward` unless set); the refusal names the version, the field and
+//!   the rule.
+//! - Registering what a subject already has (the same content id) changes nothing and says so.
+//! - A subject keeps one kind: a JSON subject never gets an Avro version.
+//! - Delivery: each version is published into the model store as model `schema.<subject>`,
+//!   version `<n>`, a JSON file signed by the fleet key like any model; edges that bind the
+//!   subject follow that model, verify and stage it atomically, and validate offline with it.
+
+pub mod cli;
+
+use std::path::Path;
+
+use shared::schema::{Compatibility, Incompatible, Schema, SchemaError, Source, Version};
+
+use crate::models::{ModelStore, Published, StoreError};
+use crate::sink::{SchemaStore, SinkError};
+
+#[derive(Debug, thiserror::Error)]
+pub enum RegistryError {
+    #[error("subject: {0}")]
+    Subject(String),
+    #[error(transparent)]
+    Schema(#[from] SchemaError),
+    #[error("subject {subject} holds {had} schemas; this one is {kind}")]
+    KindChanged { subject: String, had: shared::schema::Kind, kind: shared::schema::Kind },
+    #[error("subject {subject}: {e}")]
+    Incompatible { subject: String, e: Incompatible },
+    #[error("subject {subject} version {version} in the sink does not parse: {e}")]
+    Stored { subject: String, version: u32, e: SchemaError },
+    #[error("subject {0}: other registrations kept taking the next version; try again")]
+    Busy(String),
+    #[error("no subject {0}")]
+    NoSubject(String),
+    #[error("subject {subject} has no version {version}")]
+    NoVersion { subject: String, version: u32 },
+    #[error(transparent)]
+    Sink(#[from] SinkError),
+}
+
+/// What `register` did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Registered {
+    New(Version),
+    /// The subject already had this schema, as this version.
+    Exists(Version),
+}
+
+impl Registered {
+    pub fn version(&self) -> &Version {
+        match self {
+            Registered::New(v) | Registered::Exists(v) => v,
+        }
+    }
+}
+
+/// The subject's versions parsed, oldest first, with the mode a new one is checked under
+/// (`mode` when given, else the subject's, else the default).
+async fn earlier<S: SchemaStore>(
+    store: &S,
+    subject: &str,
+    mode: Option<Compatibility>,
+) -> Result<(Vec<Version>, Vec<Schema>, Compatibility), RegistryError> {
+    shared::schema::valid_subject(subject).map_err(RegistryError::Subject)?;
+    let versions = store.schema_versions(subject).await?;
+    let parsed = versions
+        .iter()
+        .map(|v| {
+            Schema::parse(v.source.clone()).map_err(|e| RegistryError::Stored {
+                subject: subject.into(),
+                version: v.version,
+                e,
+            })
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    let mode = match mode {
+        Some(m) => m,
+        None => store.schema_mode(subject).await?.unwrap_or_default(),
+    };
+    Ok((versions, parsed, mode))
+}
+
+/// Whether `schema` could be registered under `subject`: the version it would become, or the
+/// version that already holds it.
+pub async fn check<S: SchemaStore>(
+    store: &S,
+    subject: &str,
+    schema: &Schema,
+    mode: Option<Compatibility>,
+) -> Result<Registered, RegistryError> {
+    let (versions, parsed, mode) = earlier(store, subject, mode).await?;
+    judge(subject, schema, &versions, &parsed, mode)
+}
+
+fn judge(
+    subject: &str,
+    schema: &Schema,
+    versions: &[Version],
+    parsed: &[Schema],
+    mode: Compatibility,
+) -> Result<Registered, RegistryError> {
+    if let Some(v) = versions.iter().find(|v| v.id == schema.id()) {
+        return Ok(Registered::Exists(v.clone()));
+    }
+    if let Some(first) = versions.first()
+        && first.source.kind != schema.kind()
+    {
+        return Err(RegistryError::KindChanged {
+            subject: subject.into(),
+            had: first.source.kind,
+            kind: schema.kind(),
+        });
+    }
+    shared::schema::check(mode, schema, parsed)
+        .map_err(|e| RegistryError::Incompatible { subject: subject.into(), e })?;
+    Ok(Registered::New(Version {
+        subject: subject.into(),
+        version: versions.last().map_or(1, |v| v.version + 1),
+        id: schema.id().into(),
+        source: schema.source().clone(),
+        created_ms: shared::units::now_ms(),
+    }))
+}
+
+/// Registers `source` under `subject`; `mode`, when given, becomes the subject's mode (and is
+/// what this version is checked under).
+pub async fn register<S: SchemaStore>(
+    store: &S,
+    subject: &str,
+    source: Source,
+    mode: Option<Compatibility>,
+) -> Result<Registered, RegistryError> {
+    let schema = Schema::parse(source)?;
+    // A version number is taken by create-if-absent: a registration that loses the race reads
+    // the subject again and is checked against the winner too.
+    for _ in 0..16 {
+        let (versions, parsed, effective) = earlier(store, subject, mode).await?;
+        let outcome = judge(subject, &schema, &versions, &parsed, effective)?;
+        let stored = match &outcome {
+            Registered::Exists(_) => true,
+            Registered::New(v) => store.schema_put(v).await?,
+        };
+        if stored {
+            if let Some(m) = mode {
+                store.schema_set_mode(subject, m).await?;
+            }
+            return Ok(outcome);
+        }
+    }
+    Err(RegistryError::Busy(subject.into()))
+}
+
+/// One version of a subject (the newest when `version` is none).
+pub async fn show<S: SchemaStore>(store: &S, subject: &str, version: Option<u32>) -> Result<Version, RegistryError> {
+    let versions = store.schema_versions(subject).await?;
+    match version {
+        None => versions.last().cloned().ok_or_else(|| RegistryError::NoSubject(subject.into())),
+        Some(n) => versions
+            .into_iter()
+            .find(|v| v.version == n)
+            .ok_or(RegistryError::NoVersion { subject: subject.into(), version: n }),
+    }
+}
+
+/// Publishes `v` for the edges: model `schema.<subject>`, version `<n>`, signed by `key`. A
+/// version already in the model store is left as it is (registering again repairs a delivery
+/// that failed half way).
+pub async fn deliver<M: ModelStore>(
+    models: &M,
+    key: &shared::model::SigningKey,
+    v: &Version,
+    scratch: &Path,
+) -> Result<Option<Published>, StoreError> {
+    let name = shared::schema::model_name(&v.subject);
+    let version = v.version.to_string();
+    if models.get_manifest(&name, &version).await?.is_some() {
+        return Ok(None);
+    }
+    let file = scratch.join(format!("{name}-{version}.json"));
+    let doc = serde_json::to_vec_pretty(v).map_err(|e| crate::models::failed("schema file", e))?;
+    std::fs::write(&file, doc).map_err(|e| crate::models::failed("schema file", format!("{}: {e}", file.display())))?;
+    let published = crate::models::publish(models, key, &name, &version, &file, |_| {}).await;
+    let _ = std::fs::remove_file(&file);
+    published.map(Some)
+}
+
+#[cfg(test)]
+mod tests;
