@@ -34,6 +34,7 @@ mod ops_console;
 mod ops_health;
 mod ops_metrics;
 mod ops_tracing;
+mod schemas;
 mod spool_damage;
 mod spool_faults;
 mod spool_routes;

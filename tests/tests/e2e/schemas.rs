@@ -1,0 +1,246 @@
+//! Schemas end to end (issue 32), through the shipped binaries: registered with `cloud-bridge
+//! schema register`, delivered to a real edge-node as a signed model, staged, and enforced on
+//! PUBLISH against paho-mqtt clients; a new compatible version rolled out while a client
+//! publishes; the edge restarted with no bridge to reach still enforcing what it staged.
+//!
+//! MQTT 5.0 §3.4.2.1: a PUBACK reason code of 0x80 or more means the publish was not taken
+//! (0x99, Payload format invalid); §3.4.2.2.2: the Reason String is for diagnostics. MQTT 3.1.1
+//! §3.4 has no reason code: a refused publish is dropped and counted (README).
+
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::time::Duration;
+
+use e2e_tests::client::Client;
+use e2e_tests::cloud::{TestCloud, cli, pki, sink_rows};
+use e2e_tests::fixtures::{telemetry, with_spool};
+use e2e_tests::node::{EdgeProcess, config_text};
+use rumqttc::QoS;
+use tokio::io::AsyncWriteExt;
+
+const WAIT: Duration = Duration::from_secs(60);
+const PUBLISHER: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/python/paho_publish_v5.py");
+const TOPIC: &str = "telemetry/cam-1/reading";
+
+/// Version 1: a reading with a number and a unit of "C"; version 2 widens the unit to "F"
+/// (backward compatible: it accepts everything version 1 did).
+const V1: &str = r#"{"type":"object","required":["temp","unit"],
+  "properties":{"temp":{"type":"number"},"unit":{"enum":["C"]},"n":{"type":"integer"}}}"#;
+const V2: &str = r#"{"type":"object","required":["temp","unit"],
+  "properties":{"temp":{"type":"number"},"unit":{"enum":["C","F"]},"n":{"type":"integer"}}}"#;
+
+struct Setup {
+    cloud: TestCloud,
+    config: PathBuf,
+    public: PathBuf,
+}
+
+async fn setup(dir: &Path) -> Setup {
+    let (private, public, _) = cloud_bridge::models::keygen(&dir.join("keys")).unwrap();
+    let extra = format!(
+        "[models]\ndir = \"{}\"\nsigning_key = \"{}\"\npoll = \"200ms\"\n",
+        dir.join("store").display(),
+        private.display()
+    );
+    let cloud = TestCloud::start(dir, pki(dir, &[]), "127.0.0.1:0".parse().unwrap(), &extra).await;
+    Setup { cloud, config: dir.join("cloud.toml"), public }
+}
+
+impl Setup {
+    fn register(&self, dir: &Path, name: &str, text: &str, more: &[&str]) -> (bool, String, String) {
+        let file = dir.join(name);
+        std::fs::write(&file, text).unwrap();
+        let mut args = vec!["schema", "register", "--subject", "reading", "--kind", "json"];
+        args.extend_from_slice(more);
+        args.push(file.to_str().unwrap());
+        cli(&self.config, &args)
+    }
+}
+
+/// An edge binding `telemetry/+/reading` to subject `reading` (enforce), its telemetry class
+/// central, with `uplink` (its `[uplink]` section).
+fn edge(dir: &Path, public: &Path, uplink: &str) -> EdgeProcess {
+    std::fs::create_dir_all(dir).unwrap();
+    let extra = format!(
+        "{}\n{uplink}\n[models]\ndir = \"models\"\npublic_key = \"{}\"\n\n\
+         [[schema]]\ntopic = \"telemetry/+/reading\"\nsubject = \"reading\"\nmode = \"enforce\"\n",
+        with_spool(&[telemetry()]),
+        public.display()
+    );
+    EdgeProcess::start(dir, &config_text(&extra))
+}
+
+fn staged(edge: &EdgeProcess) -> f64 {
+    edge.metric("edge_schema_staged_version{subject=\"reading\"}")
+}
+
+fn checked(edge: &EdgeProcess, outcome: &str) -> f64 {
+    edge.metric(&format!("edge_schema_checked_total{{subject=\"reading\",outcome=\"{outcome}\"}}"))
+}
+
+/// Publishes `payloads` to [`TOPIC`] at `qos` with paho; each acknowledgement's reason code and
+/// Reason String.
+async fn paho(edge: &EdgeProcess, qos: u8, v311: bool, payloads: &[&str]) -> Vec<(u64, Option<String>)> {
+    let addr = edge.addr("local");
+    let mut cmd = tokio::process::Command::new("python3");
+    cmd.arg(PUBLISHER).args(["127.0.0.1", &addr.port().to_string(), &qos.to_string()]);
+    if v311 {
+        cmd.arg("--v311");
+    }
+    let mut child = cmd
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("python3 with paho-mqtt (scripts/install-test-deps.sh)");
+    let mut stdin = child.stdin.take().unwrap();
+    for p in payloads {
+        stdin.write_all(format!("{}\n", serde_json::json!([TOPIC, p])).as_bytes()).await.unwrap();
+    }
+    drop(stdin);
+    let out = tokio::time::timeout(WAIT, child.wait_with_output()).await.expect("paho finished").unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    text.lines()
+        .map(|l| {
+            let v: serde_json::Value = serde_json::from_str(l).unwrap_or_else(|e| panic!("{e}: {l}"));
+            (v[0].as_u64().unwrap_or_else(|| panic!("{l}")), v[1].as_str().map(str::to_owned))
+        })
+        .collect()
+}
+
+/// How many sink rows carry exactly `payload`.
+fn in_sink(s: &Setup, payload: &str) -> usize {
+    sink_rows(&s.cloud.sink).iter().filter(|r| r.payload == payload.as_bytes()).count()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_registered_schema_reaches_the_edge_and_refuses_invalid_publishes_with_0x99_and_a_reason() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = setup(dir.path()).await;
+    let (ok, out, err) = s.register(dir.path(), "v1.json", V1, &[]);
+    assert!(ok, "{out}{err}");
+    assert!(out.contains("registered reading version 1") && out.contains("delivered to edges"), "{out}");
+    let edge_dir = dir.path().join("edge");
+    let edge = edge(&edge_dir, &s.public, &s.cloud.uplink_section_via("edge-1", s.cloud.bridge.quic_addr()));
+    assert!(e2e_tests::eventually(WAIT, || staged(&edge) == 1.0).await, "{}", edge.stderr());
+
+    let valid = r#"{"temp":21.5,"unit":"C","n":1}"#;
+    let acks = paho(&edge, 1, false, &[r#"{"temp":"hot","unit":"C"}"#, valid, r#"{"temp":3,"unit":"F"}"#]).await;
+    assert_eq!(acks.len(), 3, "{acks:?}");
+    assert_eq!(acks[0].0, 0x99, "{acks:?}");
+    let reason = acks[0].1.as_deref().unwrap_or_default();
+    assert!(reason.starts_with("schema reading v1: /temp: "), "the reason names the field: {reason}");
+    assert_eq!(acks[1], (0, None));
+    assert_eq!(acks[2].0, 0x99);
+    assert!(acks[2].1.as_deref().unwrap_or_default().contains("/unit"), "{acks:?}");
+    // QoS 2: refused at the PUBREC (0x99, the core's unit tests read it). paho 2 ignores a
+    // PUBREC's reason code and sends PUBREL anyway; the exchange is over, so the broker answers
+    // PUBCOMP 0x92, Packet Identifier not found (MQTT 5.0 §4.3.3), which paho reports.
+    let acks = paho(&edge, 2, false, &["[]"]).await;
+    assert_eq!(acks[0].0, 0x92, "{acks:?}");
+    // MQTT 3.1.1 cannot hear a refusal: acknowledged, dropped, counted.
+    let dropped = r#"{"temp":"v311"}"#;
+    assert_eq!(paho(&edge, 1, true, &[dropped]).await, [(0, None)]);
+    assert_eq!(checked(&edge, "invalid"), 4.0);
+    assert_eq!(edge.metric("edge_mqtt_publish_refused_total{reason=\"schema\"}"), 4.0);
+    assert!(e2e_tests::eventually(WAIT, || in_sink(&s, valid) == 1).await, "the valid reading reaches the sink");
+    let rows = sink_rows(&s.cloud.sink);
+    assert!(rows.iter().all(|r| !String::from_utf8_lossy(&r.payload).contains("hot")), "nothing refused was stored");
+    assert_eq!(in_sink(&s, dropped), 0);
+
+    // An incompatible version is refused by the registry, with the rule it breaks.
+    let narrowed = V1.replace(r#""temp":{"type":"number"}"#, r#""temp":{"type":"string"}"#);
+    let (ok, _, err) = s.register(dir.path(), "bad.json", &narrowed, &[]);
+    assert!(!ok && err.contains("/temp") && err.contains("type narrowed"), "{err}");
+
+    // Version 2 rolled out while a client publishes: every reading valid under both is taken,
+    // and once version 2 is staged "F" is too.
+    let publisher = {
+        let addr = edge.addr("local");
+        tokio::spawn(async move {
+            let mut c = Client::anonymous(addr, "rollout").await;
+            for n in 0..300 {
+                c.publish(TOPIC, QoS::AtLeastOnce, false, format!(r#"{{"temp":1,"unit":"C","n":{n}}}"#)).await;
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+            assert!(c.acked(300, WAIT).await, "every rollout publish acknowledged");
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let (ok, out, err) = s.register(dir.path(), "v2.json", V2, &[]);
+    assert!(ok && out.contains("version 2"), "{out}{err}");
+    assert!(e2e_tests::eventually(WAIT, || staged(&edge) == 2.0).await, "{}", edge.stderr());
+    publisher.await.unwrap();
+    assert_eq!(checked(&edge, "invalid"), 4.0, "nothing valid was refused during the rollout");
+    let f = r#"{"temp":3,"unit":"F"}"#;
+    assert_eq!(paho(&edge, 1, false, &[f]).await, [(0, None)]);
+    assert!(
+        e2e_tests::eventually(WAIT, || (0..300)
+            .all(|n| in_sink(&s, &format!(r#"{{"temp":1,"unit":"C","n":{n}}}"#)) == 1))
+        .await,
+        "every rollout reading in the sink once"
+    );
+
+    // The edge restarted with no bridge to reach: validation goes on with what it staged.
+    let mut edge = edge;
+    edge.signal("TERM");
+    edge.wait_exit(WAIT).expect("edge stopped");
+    let offline = s.cloud.uplink_section_via("edge-1", "127.0.0.1:9".parse().unwrap());
+    drop(s.cloud);
+    let edge = self::edge(&edge_dir, &s.public, &offline);
+    assert!(e2e_tests::eventually(WAIT, || staged(&edge) == 2.0).await, "{}", edge.stderr());
+    let acks = paho(&edge, 1, false, &[r#"{"temp":"offline","unit":"C"}"#, f]).await;
+    assert_eq!((acks[0].0, acks[1].0), (0x99, 0), "{acks:?}");
+}
+
+/// The registry on a real nats-server (JetStream KV): versions numbered, the same schema twice
+/// stored once, an incompatible one refused, and `list`/`show` reading what is there. A second
+/// bridge config on the same server sees the same registry (bridges are stateless).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_registry_lives_in_jetstream_when_the_sink_does() {
+    let dir = tempfile::tempdir().unwrap();
+    let nats = e2e_tests::nats::NatsServer::start();
+    let p = pki(dir.path(), &[]);
+    let config = dir.path().join("cloud.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "[server]\nbind = \"127.0.0.1:0\"\ncert = \"{}\"\nkey = \"{}\"\nclient_ca = \"{}\"\n\
+             [sink]\nkind = \"jetstream\"\nurl = \"{}\"\n",
+            p.server_cert.display(),
+            p.server_key.display(),
+            p.ca.display(),
+            nats.url()
+        ),
+    )
+    .unwrap();
+    let file = |name: &str, text: &str| {
+        let f = dir.path().join(name);
+        std::fs::write(&f, text).unwrap();
+        f.to_str().unwrap().to_owned()
+    };
+    let (v1, v2) = (file("v1.json", V1), file("v2.json", V2));
+    let register = |f: &str| cli(&config, &["schema", "register", "--subject", "reading", "--kind", "json", f]);
+    let (ok, out, err) = register(&v1);
+    assert!(ok && out.contains("version 1") && out.contains("no [models] section"), "{out}{err}");
+    let (ok, out, _) = register(&v1);
+    assert!(ok && out.contains("already has this schema as version 1"), "{out}");
+    let (ok, out, _) = cli(&config, &["schema", "check", "--subject", "reading", "--kind", "json", &v2]);
+    assert!(ok && out.contains("would be reading version 2"), "{out}");
+    let (ok, out, _) = register(&v2);
+    assert!(ok && out.contains("version 2"), "{out}");
+    let narrowed = file("bad.json", &V2.replace(r#"["C","F"]"#, r#"["F"]"#));
+    let (ok, _, err) = register(&narrowed);
+    assert!(!ok && err.contains("enum narrowed") && err.contains("/unit"), "{err}");
+    let (ok, out, _) = cli(&config, &["schema", "list", "--json"]);
+    let list: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert!(ok && list[0]["versions"] == 2 && list[0]["latest"]["version"] == 2, "{out}");
+    let (ok, out, _) = cli(&config, &["schema", "show", "--subject", "reading", "--version", "1"]);
+    assert!(ok && out.contains(r#""enum":["C"]"#), "{out}");
+    // Full compatibility from now on: widening the enum again is one-way, so it is refused.
+    let wider = file("v3.json", &V2.replace(r#"["C","F"]"#, r#"["C","F","K"]"#));
+    let (ok, _, err) = cli(
+        &config,
+        &["schema", "register", "--subject", "reading", "--kind", "json", "--compatibility", "full", &wider],
+    );
+    assert!(!ok && err.contains("old reads new") && err.contains("enum narrowed"), "{err}");
+}
