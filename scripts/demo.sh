@@ -45,6 +45,13 @@ for _ in $(seq 100); do [ -s "$work/cloud-ready.json" ] && break; sleep 0.1; don
 read -r quic chttp < <(python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); print(d["quic"], d["http"])' "$work/cloud-ready.json")
 echo "   cloud-bridge running: QUIC on udp/$quic, metrics on http://$chttp/metrics"
 
+echo "== a schema registered in the cloud for the edge's telemetry (JSON Schema; delivered to edges as a signed model)"
+cat > "$work/telemetry.schema.json" <<'EOS'
+{"type": "object", "required": ["cpu", "temp_c"],
+ "properties": {"cpu": {"type": "number", "minimum": 0}, "temp_c": {"type": "number"}}}
+EOS
+"$cloud" schema register --config "$work/cloud.toml" --subject telemetry --kind json "$work/telemetry.schema.json" | sed 's/^/   /'
+
 # The example config, on free ports so the demo never collides with a running broker.
 sed -e 's/^bind = "127.0.0.1:1883"/bind = "127.0.0.1:0"/' -e 's/^bind = "127.0.0.1:9464"/bind = "127.0.0.1:0"/' \
   -e "s|^path = \"spool/spool.db\"|path = \"$work/spool/spool.db\"|" config/edge.toml > "$work/edge.toml"
@@ -66,6 +73,12 @@ follow = ["yolo-edge"]
 [[downlink]]
 filter = "ops/#"
 max_qos = 1
+
+# Telemetry must match the registry's newest version of subject "telemetry".
+[[schema]]
+topic = "telemetry/+/metrics"
+subject = "telemetry"
+mode = "enforce"
 EOC
 "$bin" check-config --config "$work/edge.toml" > /dev/null
 
@@ -76,6 +89,12 @@ for _ in $(seq 100); do [ -s "$work/ready.json" ] && break; sleep 0.1; done
 read -r mqtt http < <(python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); print(d["mqtt"]["local"], d["http"])' "$work/ready.json")
 port=${mqtt##*:}
 echo "== edge-node running: MQTT on $mqtt, metrics on http://$http/metrics"
+
+for _ in $(seq 300); do
+  staged=$(curl -s "http://$http/metrics" | sed -n 's/^edge_schema_staged_version{subject="telemetry"} //p')
+  [ "${staged:-0}" != 0 ] && break; sleep 0.1
+done
+echo "   schema telemetry staged on the edge and in use for telemetry/+/metrics: version $staged"
 
 echo "== a subscriber on inference/# and two publishers (MQTT 3.1.1 and 5), QoS1"
 mosquitto_sub -h 127.0.0.1 -p "$port" -V mqttv5 -q 1 -t 'inference/#' -v -C 6 -W 15 > "$work/received" &
@@ -95,6 +114,12 @@ for i in 1 2 3 4 5; do
   mosquitto_pub -h 127.0.0.1 -p "$port" -V mqttv5 -q 1 -t "telemetry/cam-0$i/metrics" \
     -D publish user-property trace-id "demo-$i" -m "{\"cpu\":0.$i,\"temp_c\":4$i}"
 done
+echo "   a reading that does not match the schema, from an MQTT 5 client (paho):"
+echo '["telemetry/cam-09/metrics", "{\"cpu\": \"high\", \"temp_c\": 41}"]' \
+  | python3 tests/python/paho_publish_v5.py 127.0.0.1 "$port" 1 \
+  | python3 -c 'import json, sys
+code, reason = json.loads(sys.stdin.readline())
+print(f"   refused: PUBACK reason code 0x{code:02x} (Payload format invalid), Reason String: {reason}")'
 for _ in $(seq 100); do
   n=$(python3 -c 'import sqlite3,sys; print(sqlite3.connect(sys.argv[1]).execute("select count(*) from records where topic like \"telemetry/%\"").fetchone()[0])' "$work/central.db" 2>/dev/null || echo 0)
   [ "$n" -ge 5 ] && break; sleep 0.1
@@ -104,7 +129,7 @@ sleep 0.3
 "$bin" spool stats --config "$work/edge.toml" | python3 scripts/spool_summary.py
 
 echo "== a model published in the cloud: announced over the bridge, fetched, verified, staged, announced on MQTT"
-mosquitto_sub -h 127.0.0.1 -p "$port" -q 1 -t 'models/+/current' -v -C 2 -W 60 > "$work/models-seen" &
+mosquitto_sub -h 127.0.0.1 -p "$port" -q 1 -t 'models/yolo-edge/current' -v -C 2 -W 60 > "$work/models-seen" &
 msub_pid=$!
 head -c $((16 << 20)) /dev/urandom > "$work/yolo-v1.bin"
 "$cloud" model publish --config "$work/cloud.toml" --name yolo-edge --version 1 "$work/yolo-v1.bin" | sed 's/^/   /'

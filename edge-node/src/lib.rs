@@ -265,9 +265,10 @@ impl Node {
         // config check refuses bindings without it).
         let schemas =
             config.models.as_ref().map(|m| Arc::new(schema::Validator::new(&config.schemas, &m.dir, schema_metrics)));
+        let staged_news = Arc::new(tokio::sync::Notify::new());
         if let Some(v) = &schemas {
             core = core.with_schemas(v.clone());
-            tracker.spawn(v.clone().run(shutdown.clone()));
+            tracker.spawn(v.clone().run(staged_news.clone(), shutdown.clone()));
         }
         // The models to follow: the configured ones and each bound subject's versions.
         let follows: Vec<String> = config
@@ -429,6 +430,7 @@ impl Node {
                     prefix: m.topic_prefix.clone(),
                     node_id: config.node_id.clone(),
                 },
+                staged: staged_news.clone(),
             };
             let (tx, rx) = tokio::sync::mpsc::channel(16);
             model_jobs = Some(tx);

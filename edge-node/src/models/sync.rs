@@ -177,6 +177,8 @@ pub struct Syncer {
     pub cache_budget: u64,
     pub metrics: ModelMetrics,
     pub announcer: Announcer,
+    /// Told after each version staged (schema validation reads staged schemas at once).
+    pub staged: std::sync::Arc<tokio::sync::Notify>,
 }
 
 impl Syncer {
@@ -193,7 +195,10 @@ impl Syncer {
                     let Some(job) = job else { return };
                     let (name, version) = (job.announce.name.clone(), job.announce.version.clone());
                     match self.sync(job, &shutdown).await {
-                        Ok(Some(_)) => self.announce_changes(&mut announced).await,
+                        Ok(Some(_)) => {
+                            self.staged.notify_one();
+                            self.announce_changes(&mut announced).await
+                        }
                         Ok(None) => {}
                         Err(e) => {
                             self.metrics.refused.get_or_create(&RefusedLabel { reason: e.reason() }).inc();

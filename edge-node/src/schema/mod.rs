@@ -180,15 +180,17 @@ impl Validator {
         changed
     }
 
-    /// Reloads every [`RELOAD_EVERY`] until shutdown (versions are staged by the models
-    /// subsystem, or rolled back by `edge-node models rollback` from another process).
-    pub async fn run(self: Arc<Self>, shutdown: CancellationToken) {
+    /// Reloads as soon as `staged` is told a version was staged (the models subsystem does),
+    /// and every [`RELOAD_EVERY`] (`edge-node models rollback` runs in another process), until
+    /// shutdown.
+    pub async fn run(self: Arc<Self>, staged: Arc<tokio::sync::Notify>, shutdown: CancellationToken) {
         let mut tick = tokio::time::interval(RELOAD_EVERY);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             tokio::select! {
                 _ = shutdown.cancelled() => return,
                 _ = tick.tick() => {}
+                _ = staged.notified() => {}
             }
             let me = self.clone();
             let _ = tokio::task::spawn_blocking(move || me.reload()).await;
