@@ -24,6 +24,11 @@ struct Args {
     subscribers: usize,
     label: String,
     persistent: bool,
+    /// `--topic`: the topic published to (default `bench/<pid>`).
+    topic: Option<String>,
+    /// `--json 1`: JSON payloads (`{"seq":..,"sent":..,"device":..,"cpu_pct":..,"pad":".."}`,
+    /// padded to `--payload` bytes), for topics a schema governs.
+    json: bool,
 }
 
 fn parse_args() -> anyhow::Result<Args> {
@@ -37,6 +42,8 @@ fn parse_args() -> anyhow::Result<Args> {
         subscribers: 1,
         label: "broker".into(),
         persistent: false,
+        topic: None,
+        json: false,
     };
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
@@ -51,6 +58,8 @@ fn parse_args() -> anyhow::Result<Args> {
             "--subscribers" => a.subscribers = value.parse()?,
             "--label" => a.label = value,
             "--persistent" => a.persistent = value == "1",
+            "--topic" => a.topic = Some(value),
+            "--json" => a.json = value == "1",
             other => bail!("unknown flag {other}"),
         }
     }
@@ -69,7 +78,7 @@ fn options(args: &Args, id: &str) -> MqttOptions {
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
 async fn main() -> anyhow::Result<()> {
     let args = parse_args()?;
-    let topic = format!("bench/{}", std::process::id());
+    let topic = args.topic.clone().unwrap_or_else(|| format!("bench/{}", std::process::id()));
     let base = Instant::now();
 
     // Subscribers first, each waiting for its SUBACK, so nothing published is missed.
@@ -86,6 +95,7 @@ async fn main() -> anyhow::Result<()> {
             }
         }
         let warmup = args.warmup;
+        let json = args.json;
         receivers.push(tokio::spawn(async move {
             let _keep = sub;
             let mut latencies_us: Vec<u32> = Vec::new();
@@ -98,8 +108,13 @@ async fn main() -> anyhow::Result<()> {
                 let Ok(Ok(event)) = event else { break };
                 if let Event::Incoming(Packet::Publish(p)) = event {
                     let now = base.elapsed().as_nanos() as u64;
-                    let seq = u64::from_be_bytes(p.payload[0..8].try_into().unwrap_or_default());
-                    let sent = u64::from_be_bytes(p.payload[8..16].try_into().unwrap_or_default());
+                    let (seq, sent) = match json {
+                        true => read_json(&p.payload),
+                        false => (
+                            u64::from_be_bytes(p.payload[0..8].try_into().unwrap_or_default()),
+                            u64::from_be_bytes(p.payload[8..16].try_into().unwrap_or_default()),
+                        ),
+                    };
                     if !seen.insert(seq) {
                         duplicates += 1;
                         continue;
@@ -133,8 +148,12 @@ async fn main() -> anyhow::Result<()> {
         let due = if args.rate == 0 { seq + 1 } else { (start.elapsed().as_secs_f64() * args.rate as f64) as u64 };
         while seq < due {
             let sent_at = base.elapsed();
-            payload[0..8].copy_from_slice(&seq.to_be_bytes());
-            payload[8..16].copy_from_slice(&(sent_at.as_nanos() as u64).to_be_bytes());
+            if args.json {
+                payload = json_payload(seq, sent_at.as_nanos() as u64, args.payload);
+            } else {
+                payload[0..8].copy_from_slice(&seq.to_be_bytes());
+                payload[8..16].copy_from_slice(&(sent_at.as_nanos() as u64).to_be_bytes());
+            }
             // With rate 0 this awaits the client's queue, which drains as PUBACKs return: the
             // broker's QoS1 acknowledgement rate sets the pace.
             publisher.publish(&topic, QoS::AtLeastOnce, false, payload.clone()).await?;
@@ -183,4 +202,19 @@ async fn main() -> anyhow::Result<()> {
         })
     );
     Ok(())
+}
+
+/// A JSON reading carrying `seq` and `sent`, padded to about `size` bytes.
+fn json_payload(seq: u64, sent: u64, size: usize) -> Vec<u8> {
+    let head = format!(r#"{{"seq":{seq},"sent":{sent},"device":"cam-01","cpu_pct":61.5,"pad":""#);
+    let pad = size.saturating_sub(head.len() + 2);
+    let mut out = head.into_bytes();
+    out.resize(out.len() + pad, b'a');
+    out.extend_from_slice(b"\"}");
+    out
+}
+
+fn read_json(payload: &[u8]) -> (u64, u64) {
+    let v: serde_json::Value = serde_json::from_slice(payload).unwrap_or_default();
+    (v["seq"].as_u64().unwrap_or_default(), v["sent"].as_u64().unwrap_or_default())
 }
