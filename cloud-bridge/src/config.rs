@@ -79,13 +79,6 @@ pub enum ConfigError {
 }
 
 impl CloudConfig {
-    /// The config file a command reads without `--config`: `$CLOUD_BRIDGE_CONFIG`, else the
-    /// packaged `/etc/cloud-bridge/cloud.toml` where it exists, else `config/cloud.toml` (a
-    /// checkout).
-    pub fn default_path() -> PathBuf {
-        shared::units::default_config("CLOUD_BRIDGE_CONFIG", "/etc/cloud-bridge/cloud.toml", "config/cloud.toml")
-    }
-
     pub fn load(path: &Path) -> Result<Self, ConfigError> {
         let text =
             std::fs::read_to_string(path).map_err(|source| ConfigError::Read { path: path.to_owned(), source })?;

@@ -143,12 +143,12 @@ async fn next(
     // thread, or it would hold up every connection on this worker.
     let big = body.len().max(batch.raw_len as usize) > INLINE_DECODE;
     let raw = match batch.codec {
-        Codec::Cbor => {
+        Codec::Cbor | Codec::Columns => {
             // In place: no second buffer.
             body.drain(..at);
             body
         }
-        Codec::Zstd => {
+        Codec::Zstd | Codec::ZstdColumns => {
             if batch.raw_len > MAX_BATCH_RAW as u64 {
                 return Err(ProtoError::TooLargeDecompressed { max: MAX_BATCH_RAW }.into());
             }
@@ -169,8 +169,22 @@ async fn next(
             raw
         }
     };
-    // A bomb is walked only as far as the connection's budget.
     let limit = budget.limit();
+    if batch.codec.columns() {
+        // Column-wise (version 6): the decoder stops at the connection's budget, whatever the
+        // body claims; what the records take is then paid for before they go on.
+        let (batch, records) = off_runtime(big, move || {
+            let records = compress::decode_columns(&batch, &raw, limit);
+            (batch, records)
+        })
+        .await;
+        let records = records?;
+        let decoded = compress::records_cost(&records);
+        reservation.merge(budget.reserve(decoded).await?);
+        reservation.shrink_to(decoded);
+        return Ok(Some(Ingested { batch, records, reservation, frame_bytes }));
+    }
+    // A bomb is walked only as far as the connection's budget.
     let (raw, decoded) = off_runtime(big, move || {
         let bound = bound::decoded_bound_up_to(&raw, limit);
         (raw, bound)

@@ -67,6 +67,8 @@ enum Command {
     Send(SendArgs),
     /// The schema registry: register and check versions of a subject, list, show.
     Schema {
+        #[arg(long, global = true, default_value_os_t = default_config())]
+        config: PathBuf,
         #[command(subcommand)]
         command: cloud_bridge::schemas::cli::SchemaCommand,
     },
@@ -286,8 +288,10 @@ enum CertsCommand {
     },
 }
 
+/// The config file a command reads without `--config`: `$CLOUD_BRIDGE_CONFIG`, else the packaged
+/// `/etc/cloud-bridge/cloud.toml` where it exists, else `config/cloud.toml` (a checkout).
 fn default_config() -> PathBuf {
-    CloudConfig::default_path()
+    shared::units::default_config("CLOUD_BRIDGE_CONFIG", "/etc/cloud-bridge/cloud.toml", "config/cloud.toml")
 }
 
 fn main() -> ExitCode {
@@ -322,7 +326,7 @@ fn main() -> ExitCode {
                 ExitCode::from(2)
             }
         },
-        Command::Schema { command } => match schema(command) {
+        Command::Schema { config, command } => match schema(&config, command) {
             Ok(true) => ExitCode::SUCCESS,
             Ok(false) => ExitCode::from(1),
             Err(e) => {
@@ -573,11 +577,18 @@ fn send(args: SendArgs) -> anyhow::Result<bool> {
     })
 }
 
-fn schema(command: cloud_bridge::schemas::cli::SchemaCommand) -> anyhow::Result<bool> {
-    let config = CloudConfig::load(command.config())?;
+fn schema(config: &std::path::Path, command: cloud_bridge::schemas::cli::SchemaCommand) -> anyhow::Result<bool> {
+    let config = CloudConfig::load(config)?;
     let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
     runtime.block_on(async {
-        with_sink!(config.sink, sink => cloud_bridge::schemas::cli::run(&sink, &config, command).await)
+        let delivery = match (&config.models, command.registers()) {
+            (Some(models), true) => Some(cloud_bridge::schemas::cli::Delivery {
+                store: cloud_bridge::models::open(Some(models), config.sink.nats_url()).await?,
+                key: cloud_bridge::models::signing_key(&models.signing_key)?,
+            }),
+            _ => None,
+        };
+        with_sink!(config.sink, sink => cloud_bridge::schemas::cli::run(&sink, delivery.as_ref(), command).await)
     })
 }
 

@@ -6,8 +6,21 @@ use clap::Subcommand;
 use shared::schema::{Compatibility, Kind, Source};
 
 use super::{Registered, RegistryError};
-use crate::config::CloudConfig;
 use crate::sink::SchemaStore;
+
+/// Where `register` delivers versions to edges: the model store and the fleet's signing key
+/// (`[models]`); none: the config has no `[models]`.
+pub struct Delivery {
+    pub store: crate::models::Store,
+    pub key: shared::model::SigningKey,
+}
+
+impl std::fmt::Debug for Delivery {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // The key stays out of logs.
+        f.debug_struct("Delivery").field("store", &self.store).finish_non_exhaustive()
+    }
+}
 
 #[derive(Debug, Subcommand)]
 pub enum SchemaCommand {
@@ -33,15 +46,11 @@ pub enum SchemaCommand {
     },
     /// Every subject: its kind, versions, newest id and mode.
     List {
-        #[arg(long, default_value_os_t = CloudConfig::default_path())]
-        config: PathBuf,
         #[arg(long)]
         json: bool,
     },
     /// One version of a subject (the newest unless --version): its id, kind and text.
     Show {
-        #[arg(long, default_value_os_t = CloudConfig::default_path())]
-        config: PathBuf,
         #[arg(long)]
         subject: String,
         #[arg(long)]
@@ -53,8 +62,6 @@ pub enum SchemaCommand {
 
 #[derive(Debug, clap::Args)]
 pub struct SchemaArgs {
-    #[arg(long, default_value_os_t = CloudConfig::default_path())]
-    pub config: PathBuf,
     #[arg(long)]
     pub subject: String,
     /// json (JSON Schema), avro, or protobuf (a .proto file).
@@ -75,11 +82,9 @@ impl SchemaArgs {
 }
 
 impl SchemaCommand {
-    pub fn config(&self) -> &std::path::Path {
-        match self {
-            SchemaCommand::Register { schema, .. } | SchemaCommand::Check { schema, .. } => &schema.config,
-            SchemaCommand::List { config, .. } | SchemaCommand::Show { config, .. } => config,
-        }
+    /// Whether the command stores versions (and so delivers them).
+    pub fn registers(&self) -> bool {
+        matches!(self, SchemaCommand::Register { .. })
     }
 }
 
@@ -88,7 +93,11 @@ fn mode_name(m: Option<Compatibility>) -> String {
 }
 
 /// Runs `command` against `sink`; false: what was asked for was refused (exit 1).
-pub async fn run<S: SchemaStore>(sink: &S, config: &CloudConfig, command: SchemaCommand) -> anyhow::Result<bool> {
+pub async fn run<S: SchemaStore>(
+    sink: &S,
+    delivery: Option<&Delivery>,
+    command: SchemaCommand,
+) -> anyhow::Result<bool> {
     match command {
         SchemaCommand::Register { schema, compatibility } => {
             let source = schema.source()?;
@@ -118,7 +127,7 @@ pub async fn run<S: SchemaStore>(sink: &S, config: &CloudConfig, command: Schema
                     println!("{} already has this schema as version {} (id {})", v.subject, v.version, v.id)
                 }
             }
-            deliver(config, v).await?;
+            deliver(delivery, v).await?;
             Ok(true)
         }
         SchemaCommand::Check { schema, compatibility } => {
@@ -179,17 +188,15 @@ pub async fn run<S: SchemaStore>(sink: &S, config: &CloudConfig, command: Schema
     }
 }
 
-/// Delivers `v` to the edges through the model store, when the config has one.
-async fn deliver(config: &CloudConfig, v: &shared::schema::Version) -> anyhow::Result<()> {
-    let Some(models) = &config.models else {
+/// Delivers `v` to the edges through the model store, when there is one.
+async fn deliver(delivery: Option<&Delivery>, v: &shared::schema::Version) -> anyhow::Result<()> {
+    let Some(d) = delivery else {
         println!("not delivered to edges: the config has no [models] section (schemas travel as signed models)");
         return Ok(());
     };
-    let store = crate::models::open(Some(models), config.sink.nats_url()).await?;
-    let key = crate::models::signing_key(&models.signing_key)?;
     let scratch = tempfile::tempdir()?;
     let name = shared::schema::model_name(&v.subject);
-    match super::deliver(&store, &key, v, scratch.path()).await? {
+    match super::deliver(&d.store, &d.key, v, scratch.path()).await? {
         Some(p) => println!("delivered to edges as model {name} version {} (signed by {})", p.version, p.key_id),
         None => println!("model {name} version {} is already in the model store", v.version),
     }

@@ -130,6 +130,12 @@ impl Validator {
         v
     }
 
+    /// [`Validator::new`] counting into metrics no registry holds (other subsystems' tests).
+    #[cfg(test)]
+    pub(crate) fn uncounted(bindings: &[SchemaBinding], dir: &Path) -> Self {
+        Self::new(bindings, dir, SchemaMetrics::default())
+    }
+
     /// The subjects the bindings name, each once: the models to follow.
     pub fn subjects(&self) -> Vec<String> {
         let mut out: Vec<String> = self.bindings.iter().map(|b| b.subject.clone()).collect();

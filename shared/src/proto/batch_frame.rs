@@ -52,6 +52,8 @@ pub fn head(batch: &Batch) -> Result<Vec<u8>, ProtoError> {
     out.push(match batch.codec {
         Codec::Cbor => 0,
         Codec::Zstd => 1,
+        Codec::Columns => 2,
+        Codec::ZstdColumns => 3,
     });
     for n in [batch.first_seq, batch.last_seq, batch.raw_len] {
         out.extend_from_slice(&n.to_be_bytes());
@@ -90,6 +92,8 @@ pub fn decode_head(frame: &[u8]) -> Result<Option<(Batch, usize)>, ProtoError> {
     let codec = match head[1] {
         0 => Codec::Cbor,
         1 => Codec::Zstd,
+        2 => Codec::Columns,
+        3 => Codec::ZstdColumns,
         other => return Err(bad(&format!("codec {other}"))),
     };
     let u64_at = |i: usize| u64::from_be_bytes(head[i..i + 8].try_into().expect("eight bytes"));

@@ -87,19 +87,59 @@ pub fn pack(
     dict: Option<DictRef<'_>>,
     level: i32,
 ) -> Result<Batch, ProtoError> {
+    pack_as(epoch, lane, first, records, dict, (level, false))
+}
+
+/// Batches of at most this many records are packed both ways when columns are allowed, and the
+/// smaller goes: a column-wise body carries its tables (topics, classes, shapes) in every batch,
+/// which a handful of records does not pay back, while a dictionary trained on rows does.
+const BOTH_WAYS_UP_TO: usize = 64;
+
+/// [`pack`], the records column-wise when `columns` (a session of [`super::COLUMNS_VERSION`]
+/// on) unless rows come out smaller.
+pub fn pack_as(
+    epoch: &str,
+    lane: u8,
+    first: u64,
+    records: &[WireRecord],
+    dict: Option<DictRef<'_>>,
+    (level, columns): (i32, bool),
+) -> Result<Batch, ProtoError> {
+    let packed = pack_one((epoch, lane, first), records, dict, (level, columns))?;
+    if columns && records.len() <= BOTH_WAYS_UP_TO {
+        let rows = pack_one((epoch, lane, first), records, dict, (level, false))?;
+        if rows.body.len() < packed.body.len() {
+            return Ok(rows);
+        }
+    }
+    Ok(packed)
+}
+
+/// One body of `records`: (epoch, lane, first seq), (zstd level, column-wise or rows).
+fn pack_one(
+    (epoch, lane, first): (&str, u8, u64),
+    records: &[WireRecord],
+    dict: Option<DictRef<'_>>,
+    (level, columns): (i32, bool),
+) -> Result<Batch, ProtoError> {
     let Some(last) = records.last() else {
         return Err(ProtoError::Encode("an empty batch".into()));
     };
     check_range(first, last.seq, records)?;
-    let mut raw = Vec::new();
-    ciborium::into_writer(&records, &mut raw).map_err(|e| ProtoError::Encode(e.to_string()))?;
-    let bound = super::bound::decoded_bound(&raw)?;
+    let (raw, bound) = if columns {
+        (super::columns::encode(records), records_cost(records))
+    } else {
+        let mut raw = Vec::new();
+        ciborium::into_writer(&records, &mut raw).map_err(|e| ProtoError::Encode(e.to_string()))?;
+        let bound = super::bound::decoded_bound(&raw)?;
+        (raw, bound)
+    };
     let mut batch = Batch {
         epoch: epoch.to_owned(),
         lane,
         first_seq: first,
         last_seq: last.seq,
-        codec: Codec::Cbor,
+        codec: if columns { Codec::Columns } else { Codec::Cbor },
         dict: None,
         raw_len: raw.len() as u64,
         body: Vec::new(),
@@ -112,7 +152,7 @@ pub fn pack(
         .map_err(|e| ProtoError::Encode(e.to_string()))?;
         let packed = compressor.compress(&raw).map_err(|e| ProtoError::Encode(e.to_string()))?;
         if packed.len() < raw.len() {
-            batch.codec = Codec::Zstd;
+            batch.codec = if columns { Codec::ZstdColumns } else { Codec::Zstd };
             batch.dict = dict.map(|d| d.id.to_owned());
             within_cost(packed.len() + raw.len() + bound)?;
             batch.body = packed;
@@ -132,9 +172,42 @@ pub fn unpack(batch: &Batch, dicts: &HashMap<String, Vec<u8>>, max_raw: usize) -
         None => None,
     };
     match decompress(batch, dict, max_raw)? {
-        Some(raw) => decode_records(batch, &raw),
-        None => decode_records(batch, &batch.body),
+        Some(raw) => decode_any(batch, &raw, max_raw),
+        None => decode_any(batch, &batch.body, max_raw),
     }
+}
+
+fn decode_any(batch: &Batch, raw: &[u8], max_out: usize) -> Result<Vec<WireRecord>, ProtoError> {
+    if batch.codec.columns() { decode_columns(batch, raw, max_out) } else { decode_records(batch, raw) }
+}
+
+/// Decodes a column-wise batch's records (at most `max_out` bytes of them) and checks them
+/// against the range the batch claims.
+pub fn decode_columns(batch: &Batch, raw: &[u8], max_out: usize) -> Result<Vec<WireRecord>, ProtoError> {
+    let records = super::columns::decode(raw, max_out)?;
+    check_range(batch.first_seq, batch.last_seq, &records)?;
+    Ok(records)
+}
+
+/// What decoded records take in memory: each record's struct and the bytes it owns.
+pub fn records_cost(records: &[WireRecord]) -> usize {
+    records
+        .iter()
+        .map(|r| {
+            size_of::<WireRecord>()
+                + match &r.body {
+                    super::RecordBody::Message(m) => {
+                        m.class.len()
+                            + m.topic.len()
+                            + m.payload.len()
+                            + m.user_properties.iter().map(|(k, v)| k.len() + v.len() + 48).sum::<usize>()
+                            + m.correlation_data.as_ref().map_or(0, Vec::len)
+                            + m.content_type.as_ref().map_or(0, String::len)
+                    }
+                    super::RecordBody::Gap(g) => g.class.len() + g.ranges.len() * 16,
+                }
+        })
+        .sum()
 }
 
 /// A zstd batch's CBOR, exactly the `raw_len` bytes it declares (at most `max_raw`), so a
@@ -152,7 +225,7 @@ pub fn decompress_body(
     dict: Option<&[u8]>,
     max_raw: usize,
 ) -> Result<Option<Vec<u8>>, ProtoError> {
-    if batch.codec == Codec::Cbor {
+    if !batch.codec.compressed() {
         return Ok(None);
     }
     if batch.raw_len > max_raw as u64 {
@@ -183,7 +256,7 @@ pub fn decode_records(batch: &Batch, raw: &[u8]) -> Result<Vec<WireRecord>, Prot
 /// The memory a receiver needs to take `batch` in: its body, the decompressed CBOR when it is
 /// compressed, and the decoded records' bound ([`super::bound`]), given its CBOR `raw`.
 pub fn cost(batch: &Batch, raw: &[u8]) -> Result<usize, ProtoError> {
-    let decompressed = if batch.codec == Codec::Zstd { raw.len() } else { 0 };
+    let decompressed = if batch.codec.compressed() { raw.len() } else { 0 };
     Ok(batch.body.len() + decompressed + super::bound::decoded_bound(raw)?)
 }
 

@@ -17,7 +17,9 @@ const MAX_RAW: usize = 1 << 20;
 /// `data` as a byte stream of frames, each decoded as a control frame, a fetch request, a chunk
 /// reply and as a batch of either framing, and each
 /// batch unpacked (decompressed with the output cap, checked against its seq range); each body
-/// also as a batch's records, which must fit the bound `bound::decoded_bound` reads.
+/// also as a batch's records, which must fit the bound `bound::decoded_bound` reads, and as a
+/// column-wise body (version 6), which stops at its output cap and holds no more records than
+/// it has bytes.
 pub fn frames(data: &[u8]) {
     let mut buf = FrameBuffer::new(MAX_BATCH_FRAME);
     buf.extend(data);
@@ -37,6 +39,9 @@ pub fn frames(data: &[u8]) {
         {
             assert!(bound >= super::bound::decoded_heap(&records), "bound {bound} below what decoding took");
         }
+        if let Ok(records) = super::columns::decode(&body, MAX_RAW) {
+            assert!(records.len() <= body.len(), "{} records from {} bytes", records.len(), body.len());
+        }
     }
 }
 
@@ -49,7 +54,7 @@ pub fn session(data: &[u8]) {
     buf.extend(data);
     let now = Instant::now();
     // Every version there is, the downlink's too, whether or not the binaries offer it yet.
-    let versions: Vec<u16> = (1..=super::DOWNLINK_VERSION).collect();
+    let versions: Vec<u16> = (1..=super::COLUMNS_VERSION).collect();
     let mut cloud = CloudSession::new(8).with_versions(versions.clone());
     let mut edge = EdgeSession::new(EdgeSessionConfig::default(), "e", [(0, 0), (3, 5)]).with_versions(versions);
     edge.connected(now);

@@ -34,6 +34,7 @@ pub mod batch_frame;
 pub mod bound;
 pub mod cloud;
 pub mod codec;
+pub mod columns;
 pub mod compress;
 pub mod down;
 pub mod edge;
@@ -58,8 +59,13 @@ pub const ALPN: &[u8] = b"ehb/1";
 
 /// Protocol versions this build speaks: 2 names dictionaries by the whole SHA-256, 3 has the
 /// Welcome say what the sink stores of one record, 4 sends batches in one framing level
-/// ([`batch_frame`]), 5 carries the downlink ([`down`]).
-pub const VERSIONS: &[u16] = &[1, 2, 3, 4, DOWNLINK_VERSION];
+/// ([`batch_frame`]), 5 carries the downlink ([`down`]), 6 sends batch bodies column-wise
+/// ([`columns`]).
+pub const VERSIONS: &[u16] = &[1, 2, 3, 4, DOWNLINK_VERSION, COLUMNS_VERSION];
+
+/// The first version whose batches may be column-wise ([`Codec::Columns`],
+/// [`Codec::ZstdColumns`]): an edge sends them only on such a session.
+pub const COLUMNS_VERSION: u16 = 6;
 
 /// The first version with the downlink ([`down`]): a bridge sends `Down` frames only on such a
 /// session, an edge takes them only on one.
@@ -396,6 +402,20 @@ pub enum Codec {
     Cbor,
     /// zstd of the CBOR, with the dictionary named in the batch if any.
     Zstd,
+    /// The records column-wise ([`columns`], version 6 on).
+    Columns,
+    /// zstd of the column-wise records, with the dictionary named in the batch if any.
+    ZstdColumns,
+}
+
+impl Codec {
+    pub fn compressed(self) -> bool {
+        matches!(self, Codec::Zstd | Codec::ZstdColumns)
+    }
+
+    pub fn columns(self) -> bool {
+        matches!(self, Codec::Columns | Codec::ZstdColumns)
+    }
 }
 
 /// Records of one lane covering `first_seq ..= last_seq`, in seq order, the last one at

@@ -102,7 +102,14 @@ fn protobuf(readings: &[Value]) -> anyhow::Result<Vec<Vec<u8>>> {
         .collect())
 }
 
-fn run(case: &str, kind: Kind, text: &str, message: Option<&str>, payloads: &[Vec<u8>], seconds: f64) -> anyhow::Result<()> {
+fn run(
+    case: &str,
+    kind: Kind,
+    text: &str,
+    message: Option<&str>,
+    payloads: &[Vec<u8>],
+    seconds: f64,
+) -> anyhow::Result<()> {
     let schema = Schema::parse(Source { kind, text: text.into(), message: message.map(str::to_owned) })?;
     // Every payload must be valid: a benchmark of refusals would measure the wrong thing.
     for p in payloads {

@@ -7,7 +7,8 @@
 //! - JetStream: the KV bucket `sink.schemas_bucket` (default `edge-schemas`), keys
 //!   `v.<subject>.<version>` (the version as JSON) and `m.<subject>` (the mode).
 //!
-//! What a version means, and whether one may follow another, is `crate::schemas`' business.
+//! What a version means, and whether one may follow another, is the registry's business
+//! (`cloud-bridge schema`).
 
 mod jetstream;
 pub(in crate::sink) mod sqlite;

@@ -6,7 +6,7 @@
 
 use super::*;
 use crate::schema::tests::stage;
-use crate::schema::{Mode, SchemaBinding, SchemaMetrics, Unstaged, Validator};
+use crate::schema::{Mode, SchemaBinding, Unstaged, Validator};
 
 const READING: &str = r#"{"type":"object","required":["temp"],"properties":{"temp":{"type":"number"}}}"#;
 
@@ -18,7 +18,7 @@ fn harness(dir: &std::path::Path) -> Harness {
         mode: Mode::Enforce,
         unstaged: Unstaged::Refuse,
     };
-    let v = Validator::new(&[binding], dir, SchemaMetrics::default());
+    let v = Validator::uncounted(&[binding], dir);
     Harness::new().with_schemas(Arc::new(v))
 }
 
