@@ -96,8 +96,33 @@ impl SchemaMetrics {
     }
 }
 
+/// One binding's counters, resolved once: a check never builds a label set.
+#[derive(Debug)]
+struct Counts {
+    valid: Counter,
+    invalid: Counter,
+    warned: Counter,
+    unstaged_refused: Counter,
+    unstaged_passed: Counter,
+}
+
+impl Counts {
+    fn of(metrics: &SchemaMetrics, subject: &str) -> Self {
+        let c = |outcome| metrics.checked.get_or_create(&CheckLabels { subject: subject.to_owned(), outcome }).clone();
+        Counts {
+            valid: c("valid"),
+            invalid: c("invalid"),
+            warned: c("warned"),
+            unstaged_refused: c("unstaged_refused"),
+            unstaged_passed: c("unstaged_passed"),
+        }
+    }
+}
+
 pub struct Validator {
     bindings: Vec<SchemaBinding>,
+    /// Each binding's counters, in the same order.
+    counts: Vec<Counts>,
     /// `<models.dir>`: each subject's versions are in `schema.<subject>/`.
     dir: PathBuf,
     staged: ArcSwap<HashMap<String, Arc<Staged>>>,
@@ -119,8 +144,10 @@ impl Validator {
         for b in &bindings {
             metrics.staged_version.get_or_create(&SubjectLabel { subject: b.subject.clone() }).set(0);
         }
+        let counts = bindings.iter().map(|b| Counts::of(&metrics, &b.subject)).collect();
         let v = Validator {
             bindings,
+            counts,
             dir: dir.to_owned(),
             staged: ArcSwap::default(),
             failed: Default::default(),
@@ -210,37 +237,35 @@ impl Validator {
 
     /// What a publish of `payload` to `topic` gets.
     pub fn check(&self, topic: &str, payload: &[u8]) -> Verdict {
-        let Some(b) = self.bindings.iter().find(|b| shared::topic::matches(&b.topic, topic)) else {
+        let Some(i) = self.bindings.iter().position(|b| shared::topic::matches(&b.topic, topic)) else {
             return Verdict::Unbound;
         };
-        let count = |outcome: &'static str| {
-            self.metrics.checked.get_or_create(&CheckLabels { subject: b.subject.clone(), outcome }).inc();
-        };
+        let (b, counts) = (&self.bindings[i], &self.counts[i]);
         let staged = self.staged.load();
         let Some(s) = staged.get(&b.subject) else {
             return match (b.unstaged, b.mode) {
                 (Unstaged::Pass, _) | (_, Mode::Warn) => {
-                    count("unstaged_passed");
+                    counts.unstaged_passed.inc();
                     Verdict::Passed
                 }
                 _ => {
-                    count("unstaged_refused");
+                    counts.unstaged_refused.inc();
                     Verdict::Refused(format!("schema {} is not staged on this edge yet", b.subject))
                 }
             };
         };
         match s.schema.validate(payload) {
             Ok(()) => {
-                count("valid");
+                counts.valid.inc();
                 Verdict::Valid(s.id.clone())
             }
             Err(invalid) if b.mode == Mode::Warn => {
-                count("warned");
+                counts.warned.inc();
                 tracing::debug!(topic, subject = b.subject, %invalid, "payload does not match its schema (warn)");
                 Verdict::Passed
             }
             Err(invalid) => {
-                count("invalid");
+                counts.invalid.inc();
                 let mut reason = format!("schema {} v{}: {invalid}", b.subject, s.version);
                 truncate(&mut reason, MAX_REASON_BYTES);
                 Verdict::Refused(reason)

@@ -165,7 +165,8 @@ async fn a_registered_schema_reaches_the_edge_and_refuses_invalid_publishes_with
             assert!(c.acked(300, WAIT).await, "every rollout publish acknowledged");
         })
     };
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    // The new version is registered once the rollout publisher is under way.
+    assert!(e2e_tests::eventually(WAIT, || checked(&edge, "valid") >= 21.0).await, "{}", edge.stderr());
     let (ok, out, err) = s.register(dir.path(), "v2.json", V2, &[]);
     assert!(ok && out.contains("version 2"), "{out}{err}");
     assert!(e2e_tests::eventually(WAIT, || staged(&edge) == 2.0).await, "{}", edge.stderr());
