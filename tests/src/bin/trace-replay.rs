@@ -17,7 +17,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::Context;
 use e2e_tests::client::Client;
-use e2e_tests::cloud::{TestCloud, pki, sink_rows};
+use e2e_tests::cloud::{TestCloud, pki, sink_rows, uplink_section_with_defaults};
 use e2e_tests::node::TestNode;
 use e2e_tests::relay::UdpRelay;
 use rumqttc::QoS;
@@ -98,7 +98,10 @@ async fn main() -> anyhow::Result<()> {
     let dir = tempfile::tempdir()?;
     let cloud = TestCloud::start(dir.path(), pki(dir.path(), &[]), "127.0.0.1:0".parse()?, "").await;
     let relay = UdpRelay::start(cloud.bridge.quic_addr()).await;
-    let extra = format!("{CLASSES}\n{}{uplink_extra}", cloud.uplink_section_via("edge-1", relay.addr));
+    // The shipped timings (keepalive 5s, probes), not the tests' fast ones: a 500 ms
+    // keepalive alone sent 16 KB of pings and heads over the trace's 40 s.
+    let uplink = uplink_section_with_defaults(&cloud.pki, "edge-1", &[relay.addr], "");
+    let extra = format!("{CLASSES}\n{uplink}{uplink_extra}");
     let edge = TestNode::start(&extra).await;
     let publisher = Client::anonymous(edge.local(), "trace-replay").await;
 
