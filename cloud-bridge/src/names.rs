@@ -1,7 +1,8 @@
 //! Names in the central cluster (see docs/ARCHITECTURE.md): an MQTT topic becomes the subject
 //! `edge.<edge_id>.<levels>`, one NATS token per MQTT level, with the characters a token cannot
 //! hold percent-encoded, so the mapping is reversible and a level never splits in two. MQTT 5
-//! properties become headers; a user property whose name the sink or this bridge gives meaning
+//! properties become headers, and the schema version the edge validated a message against
+//! `Edge-Schema` (`subject/version`) and `Edge-Schema-Id` (its content id); a user property whose name the sink or this bridge gives meaning
 //! to is renamed on the way ([`user_property_header`]), the same way for every sink.
 
 use std::borrow::Cow;
@@ -137,6 +138,10 @@ pub fn headers(m: &WireMessage) -> Vec<(Cow<'_, str>, Cow<'_, str>)> {
     if let Some(ct) = &m.content_type {
         h.push((Cow::Borrowed("Mqtt-Content-Type"), Cow::Borrowed(ct.as_str())));
     }
+    if let Some(s) = &m.schema {
+        h.push((Cow::Borrowed("Edge-Schema"), Cow::Owned(format!("{}/{}", s.subject, s.version))));
+        h.push((Cow::Borrowed("Edge-Schema-Id"), Cow::Borrowed(s.id.as_str())));
+    }
     h
 }
 
@@ -190,8 +195,21 @@ mod tests {
             user_properties: vec![("Mqtt-Topic".into(), "spoof".into()), ("k".into(), "v".into())],
             correlation_data: None,
             content_type: None,
+            schema: None,
         };
         let names: Vec<String> = headers(&m).into_iter().map(|(n, _)| n.into_owned()).collect();
         assert_eq!(names, ["Mqtt-Topic", "Mqtt-Qos", "Mqtt-Prop-Mqtt-Topic", "k"]);
+        // The schema the edge validated against is ours; a user property of that name is not.
+        let m = WireMessage {
+            user_properties: vec![("Edge-Schema".into(), "spoof".into())],
+            schema: Some("telemetry/3/0123456789abcdef".parse().unwrap()),
+            ..m
+        };
+        let h: Vec<(String, String)> = headers(&m).into_iter().map(|(n, v)| (n.into_owned(), v.into_owned())).collect();
+        assert_eq!(h[2], ("Mqtt-Prop-Edge-Schema".into(), "spoof".into()));
+        assert_eq!(
+            h[3..],
+            [("Edge-Schema".into(), "telemetry/3".into()), ("Edge-Schema-Id".into(), "0123456789abcdef".into())]
+        );
     }
 }

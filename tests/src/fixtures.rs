@@ -100,6 +100,7 @@ pub fn wire_record(seq: u64, topic: &str, payload: impl Into<Vec<u8>>) -> shared
             user_properties: vec![],
             correlation_data: None,
             content_type: None,
+            schema: None,
         },
     )
 }

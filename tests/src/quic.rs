@@ -141,6 +141,7 @@ pub fn empty_pairs_record(pairs: u32) -> Vec<u8> {
             user_properties: vec![(String::new(), String::new())],
             correlation_data: None,
             content_type: None,
+            schema: None,
         },
     )];
     let mut raw = Vec::new();

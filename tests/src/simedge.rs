@@ -164,6 +164,7 @@ impl SimSpool {
                 user_properties: Vec::new(),
                 correlation_data: None,
                 content_type: None,
+                schema: None,
             },
         )
     }

@@ -481,6 +481,7 @@ mod tests {
                 user_properties: vec![("trace-id".into(), "t".into())],
                 correlation_data: None,
                 content_type: None,
+                schema: None,
             },
         )
     }

@@ -22,6 +22,8 @@ pub struct Message {
     pub expires_at: Option<Instant>,
     /// The publishing session's client id, for No Local; `None` for the node's own messages.
     pub origin: Option<Arc<str>>,
+    /// The schema version a `[[schema]]` binding validated it against, for the sink's headers.
+    pub schema: Option<Arc<shared::proto::SchemaRef>>,
 }
 
 /// What a message costs in memory besides its bytes, so that the byte bounds bound the memory

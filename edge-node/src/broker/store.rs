@@ -330,6 +330,7 @@ impl Writer {
                     },
                     expires_at: expires_ms.map(|ms| at_wall(ms, now, wall)),
                     origin: r.get::<_, Option<String>>(6)?.map(Into::into),
+                    schema: None,
                 };
                 Ok((r.get::<_, i64>(0)?, Arc::new(msg)))
             })?;

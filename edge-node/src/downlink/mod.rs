@@ -155,6 +155,7 @@ pub fn message(d: &Down, decision: &Decision, now: Instant) -> Message {
         },
         expires_at: d.expires_in_ms.map(|ms| now + Duration::from_millis(ms)),
         origin: None,
+        schema: None,
     }
 }
 

@@ -26,6 +26,7 @@ use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
+use shared::proto::SchemaRef;
 use shared::schema::{Schema, Version};
 use tokio_util::sync::CancellationToken;
 
@@ -42,7 +43,8 @@ pub struct Staged {
     pub schema: Schema,
     /// The version's file name, to see a newer one without parsing it again.
     file: String,
-    id: Arc<str>,
+    /// What a message validated against it carries to the sink.
+    tag: Arc<SchemaRef>,
 }
 
 /// What a publish to `topic` gets.
@@ -50,8 +52,8 @@ pub struct Staged {
 pub enum Verdict {
     /// No binding governs the topic.
     Unbound,
-    /// It matches the version with this id.
-    Valid(Arc<str>),
+    /// It matches this version, which the message names on its way to the sink.
+    Valid(Arc<SchemaRef>),
     /// Taken without a match: a `warn` binding, or nothing staged under `unstaged = "pass"`.
     Passed,
     /// Refused, with the reason for the publisher.
@@ -196,8 +198,8 @@ impl Validator {
                         .staged_version
                         .get_or_create(&SubjectLabel { subject: subject.clone() })
                         .set(i64::from(version));
-                    let id = schema.id().into();
-                    now.insert(subject.clone(), Arc::new(Staged { version, schema, file, id }));
+                    let tag = Arc::new(SchemaRef { subject: subject.clone(), version, id: schema.id().to_owned() });
+                    now.insert(subject.clone(), Arc::new(Staged { version, schema, file, tag }));
                     changed.push(subject);
                 }
                 Err(reason) => {
@@ -257,7 +259,7 @@ impl Validator {
         match s.schema.validate(payload) {
             Ok(()) => {
                 counts.valid.inc();
-                Verdict::Valid(s.id.clone())
+                Verdict::Valid(s.tag.clone())
             }
             Err(invalid) if b.mode == Mode::Warn => {
                 counts.warned.inc();

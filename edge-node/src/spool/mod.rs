@@ -134,6 +134,9 @@ pub struct Properties {
     pub user: Vec<(String, String)>,
     pub correlation_data: Option<Bytes>,
     pub content_type: Option<String>,
+    /// The schema version the payload was validated against on PUBLISH, for the sink's
+    /// headers (`[[schema]]`).
+    pub schema: Option<shared::proto::SchemaRef>,
 }
 
 /// A message to spool.

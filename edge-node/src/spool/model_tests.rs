@@ -184,6 +184,7 @@ fn properties_and_fields_round_trip() {
         user: vec![("trace-id".into(), "t-1".into()), ("attempt".into(), "2".into())],
         correlation_data: Some(Bytes::from_static(b"\x00\x01")),
         content_type: Some("application/json".into()),
+        schema: Some("telemetry/3/0123456789abcdef".parse().unwrap()),
     };
     spool.append(Lane(2), m.clone(), Durability::Full);
     spool.flush().unwrap();

@@ -115,7 +115,9 @@ pub fn salvage(src: &Path, dst: &Path, known: &BTreeMap<u8, u64>) -> Result<Salv
         tx.execute("INSERT INTO meta VALUES (?1, ?2)", params![k, v]).map_err(sqlite(dst))?;
     }
 
-    let mut scan = Scan { src: &conn, copied: 0, last_seq: BTreeMap::new(), bad: Vec::new() };
+    // A spool from before the schema column has none to copy.
+    let columns = if super::schema::has_schema_column(&conn) { format!("{COLUMNS}, schema") } else { COLUMNS.into() };
+    let mut scan = Scan { src: &conn, columns, copied: 0, last_seq: BTreeMap::new(), bad: Vec::new() };
     scan.run(&tx).map_err(sqlite(dst))?;
 
     // Per lane: the highest seq the old database may have handed out, and its next one anew.
@@ -263,6 +265,8 @@ const WINDOW: i64 = 256;
 
 struct Scan<'a> {
     src: &'a Connection,
+    /// [`COLUMNS`], and the schema column if the source has it.
+    columns: String,
     copied: u64,
     /// Per lane, the highest seq read.
     last_seq: BTreeMap<u8, u64>,
@@ -271,10 +275,13 @@ struct Scan<'a> {
 }
 
 impl Scan<'_> {
+    fn width(&self) -> usize {
+        self.columns.split(',').count()
+    }
+
     fn run(&mut self, out: &Connection) -> rusqlite::Result<()> {
-        let mut insert = out.prepare(&format!(
-            "INSERT INTO records ({COLUMNS}) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12)"
-        ))?;
+        let marks = (1..=self.width()).map(|i| format!("?{i}")).collect::<Vec<_>>().join(", ");
+        let mut insert = out.prepare(&format!("INSERT INTO records ({}) VALUES ({marks})", self.columns))?;
         // Keys start at 0 (lane 0, seq 0); what is below is no record of ours.
         let mut pos: i64 = -1;
         loop {
@@ -310,16 +317,19 @@ impl Scan<'_> {
     /// Up to [`WINDOW`] rows after `pos`, and whether reading stopped at an error.
     fn window(&self, pos: i64) -> (Vec<Vec<Value>>, bool) {
         let mut rows = Vec::new();
-        let stmt =
-            self.src.prepare_cached(&format!("SELECT {COLUMNS} FROM records WHERE id > ?1 ORDER BY id LIMIT ?2"));
+        let stmt = self
+            .src
+            .prepare_cached(&format!("SELECT {} FROM records WHERE id > ?1 ORDER BY id LIMIT ?2", self.columns));
         let Ok(mut stmt) = stmt else { return (rows, true) };
         let Ok(mut found) = stmt.query(params![pos, WINDOW]) else { return (rows, true) };
         loop {
             match found.next() {
-                Ok(Some(r)) => match (0..12).map(|i| r.get::<_, Value>(i)).collect::<rusqlite::Result<Vec<_>>>() {
-                    Ok(row) => rows.push(row),
-                    Err(_) => return (rows, true),
-                },
+                Ok(Some(r)) => {
+                    match (0..self.width()).map(|i| r.get::<_, Value>(i)).collect::<rusqlite::Result<Vec<_>>>() {
+                        Ok(row) => rows.push(row),
+                        Err(_) => return (rows, true),
+                    }
+                }
                 Ok(None) => return (rows, false),
                 Err(_) => return (rows, true),
             }
@@ -328,8 +338,8 @@ impl Scan<'_> {
 
     fn row(&self, key: i64) -> rusqlite::Result<Option<Vec<Value>>> {
         self.src
-            .query_row(&format!("SELECT {COLUMNS} FROM records WHERE id = ?1"), [key], |r| {
-                (0..12).map(|i| r.get::<_, Value>(i)).collect()
+            .query_row(&format!("SELECT {} FROM records WHERE id = ?1", self.columns), [key], |r| {
+                (0..self.width()).map(|i| r.get::<_, Value>(i)).collect()
             })
             .optional()
     }

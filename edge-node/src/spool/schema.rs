@@ -27,9 +27,21 @@ CREATE TABLE records (
     expires_ms INTEGER,
     user_properties TEXT,
     correlation_data BLOB,
-    content_type TEXT
+    content_type TEXT,
+    schema TEXT
 );
 ";
+
+/// The schema a message was validated against (`subject/version/id`), added without a version
+/// step: a spool without the column gets it at its next open (SQLite adds a column without
+/// rewriting a row), and an older build, which names the columns it writes and reads, leaves
+/// it empty and ignores it.
+pub(super) const SCHEMA_COLUMN: &str = "ALTER TABLE records ADD COLUMN schema TEXT";
+
+/// Whether `conn`'s records table has the schema column.
+pub(super) fn has_schema_column(conn: &rusqlite::Connection) -> bool {
+    conn.prepare("SELECT schema FROM records LIMIT 0").is_ok()
+}
 
 /// Message records and their bytes per class, kept in the same transaction as every change of
 /// the records (with the lanes they match in `meta.usage_lanes`), so no open has to count them.

@@ -215,6 +215,9 @@ impl SqliteStorage {
         // spool made before the index gets it here, in one pass; older binaries ignore it.
         conn.execute_batch(EXPIRY_INDEX).map_err(err)?;
         conn.execute_batch(USAGE).map_err(err)?;
+        if !super::schema::has_schema_column(&conn) {
+            conn.execute_batch(super::schema::SCHEMA_COLUMN).map_err(err)?;
+        }
         // From here on a crash must lead to a check at the next open.
         conn.execute("INSERT OR REPLACE INTO meta VALUES ('closed_cleanly', '0')", []).map_err(err)?;
         let epoch: String =
@@ -329,8 +332,8 @@ impl Storage for SqliteStorage {
             let mut insert = tx
                 .prepare_cached(
                     "INSERT INTO records (id, kind, class, topic, payload, qos, enqueued_ms, expires_ms, \
-                     user_properties, correlation_data, content_type, durability) \
-                     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12)",
+                     user_properties, correlation_data, content_type, durability, schema) \
+                     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13)",
                 )
                 .map_err(|e| self.err(e))?;
             for r in records {
@@ -352,6 +355,7 @@ impl Storage for SqliteStorage {
                             m.properties.correlation_data.as_deref(),
                             m.properties.content_type,
                             i64::from(r.durability == Durability::Full),
+                            m.properties.schema.as_ref().map(ToString::to_string),
                         ])
                     }
                     Body::Gap(g) => {
@@ -368,7 +372,8 @@ impl Storage for SqliteStorage {
                             None::<String>,
                             None::<Vec<u8>>,
                             None::<String>,
-                            0
+                            0,
+                            None::<String>
                         ])
                     }
                 };
@@ -416,7 +421,7 @@ impl Storage for SqliteStorage {
             .conn
             .prepare_cached(
                 "SELECT id, class, topic, payload, qos, enqueued_ms, expires_ms, user_properties, correlation_data, \
-                 content_type, kind, durability FROM records WHERE id > ?1 AND id < ?2 ORDER BY id LIMIT ?3",
+                 content_type, kind, durability, schema FROM records WHERE id > ?1 AND id < ?2 ORDER BY id LIMIT ?3",
             )
             .map_err(|e| self.err(e))?;
         // A seq past the key range has no records after it.
@@ -448,6 +453,9 @@ impl Storage for SqliteStorage {
                             user: user.and_then(|u| serde_json::from_str(&u).ok()).unwrap_or_default(),
                             correlation_data: r.get::<_, Option<Vec<u8>>>(8)?.map(Bytes::from),
                             content_type: r.get(9)?,
+                            // Only this build writes it, in its own form; anything else (a bad
+                            // page) costs the header, not the record.
+                            schema: r.get::<_, Option<String>>(12)?.and_then(|s| s.parse().ok()),
                         },
                     }),
                 })

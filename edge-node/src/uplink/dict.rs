@@ -14,6 +14,10 @@
 //!   announced it on this connection. Batches and control frames travel on different streams,
 //!   so a batch may never name a dictionary the bridge could still be waiting for, and a
 //!   bridge that takes over after a reconnect finds every dictionary in shared storage.
+//! - On a session of protocol version 7 or later (column-wise bodies in format 2), a class's
+//!   dictionary is made of the table entries its samples repeat (topics, JSON shapes,
+//!   strings: `columns::dictionary`), not trained by zstd: the bodies' values are bit-packed
+//!   and their tables are what each batch would otherwise send again.
 //! - A dictionary's id is the SHA-256 of its bytes; a session of protocol version 1 names it
 //!   by the first 16 hex digits. The hello names the full ids (it goes before the version is
 //!   chosen), so a version 1 bridge knows none of them and is sent each again.
@@ -21,6 +25,7 @@
 use std::collections::{HashMap, HashSet};
 use std::time::{Duration, Instant};
 
+use shared::proto::columns::Format;
 use shared::proto::compress::{self, Dict, DictRef};
 use shared::proto::{DictAnnounce, ProtoError, WireRecord};
 use tokio::task::JoinHandle;
@@ -170,7 +175,16 @@ impl DictBook {
                 let samples = std::mem::take(&mut state.samples);
                 state.sample_bytes = 0;
                 let (name, size) = (class.clone(), self.settings.size);
-                let handle = tokio::task::spawn_blocking(move || compress::train(&name, &samples, size));
+                // Column-wise bodies carry their values bit-packed: what a dictionary can
+                // give them is the table entries they repeat, not what zstd's trainer finds.
+                let columns = Format::of_version(self.version) == Some(Format::V2);
+                let handle = tokio::task::spawn_blocking(move || {
+                    if columns {
+                        compress::train_columns(&name, &samples, size)
+                    } else {
+                        compress::train(&name, &samples, size)
+                    }
+                });
                 self.training = Some((class.clone(), handle));
             }
         }
@@ -231,6 +245,7 @@ mod tests {
                 user_properties: vec![],
                 correlation_data: None,
                 content_type: None,
+                schema: None,
             },
         )
     }

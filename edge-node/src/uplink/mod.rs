@@ -735,6 +735,7 @@ pub fn into_wire(r: Record) -> WireRecord {
                 user_properties: m.properties.user,
                 correlation_data: m.properties.correlation_data.map(Into::into),
                 content_type: m.properties.content_type,
+                schema: m.properties.schema,
             },
         ),
         Body::Gap(g) => {

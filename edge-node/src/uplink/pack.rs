@@ -61,7 +61,7 @@ impl Packer {
         if let Some(announce) = choice.announce {
             session.announce_dict(announce);
         }
-        let columns = session.version() >= shared::proto::COLUMNS_VERSION;
+        let columns = shared::proto::columns::Format::of_version(session.version());
         let (batch, refused) =
             pack_within_cost(read.lane, read.after + 1, &mut wire, choice.dict, (self.level, columns))?;
         Ok(Packed { batch, records: wire.len(), refused, trained, announced })
@@ -75,7 +75,7 @@ pub fn pack_within_cost(
     first: u64,
     wire: &mut Vec<WireRecord>,
     dict: Option<DictRef<'_>>,
-    (level, columns): (i32, bool),
+    (level, columns): (i32, Option<shared::proto::columns::Format>),
 ) -> Result<(Batch, u64), ProtoError> {
     let mut refused = 0;
     loop {
@@ -116,6 +116,7 @@ mod tests {
                 user_properties: vec![(String::new(), String::new()); empty_properties],
                 correlation_data: None,
                 content_type: None,
+                schema: None,
             },
         )
     }
@@ -125,14 +126,14 @@ mod tests {
         // 8 messages of 40,000 empty pairs each: ~1 MB of CBOR, ~35 MB of bound, too much for
         // one batch together.
         let mut wire: Vec<WireRecord> = (1..=8).map(|s| message(s, 40_000)).collect();
-        let (batch, refused) = pack_within_cost(0, 1, &mut wire, None, (1, false)).unwrap();
+        let (batch, refused) = pack_within_cost(0, 1, &mut wire, None, (1, None)).unwrap();
         assert_eq!(refused, 0);
         assert!(wire.len() < 8 && !wire.is_empty(), "{} records kept", wire.len());
         assert_eq!(batch.last_seq, wire.last().unwrap().seq);
 
         // One message of 200,000 empty pairs cannot go at all: the cloud gets a gap for it.
         let mut wire = vec![message(9, 200_000), message(10, 0)];
-        let (batch, refused) = pack_within_cost(0, 9, &mut wire, None, (1, false)).unwrap();
+        let (batch, refused) = pack_within_cost(0, 9, &mut wire, None, (1, None)).unwrap();
         assert_eq!((refused, wire.len(), batch.first_seq, batch.last_seq), (1, 1, 9, 9));
         let gap = wire[0].as_gap().unwrap();
         assert_eq!(

@@ -99,7 +99,7 @@ impl PassWriter {
         match (full, self.version >= batch_frame::BINARY_SINCE) {
             (true, true) => {
                 let mut stream = conn.open_uni().await?;
-                stream.write_all(&batch_frame::head(batch)?).await?;
+                stream.write_all(&batch_frame::head(batch, self.version)?).await?;
                 stream.write_all(&batch.body).await?;
                 stream.finish()?;
             }

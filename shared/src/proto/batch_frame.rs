@@ -14,7 +14,8 @@
 //! u8      codec: 0 CBOR, 1 zstd
 //! u64 BE  first seq, last seq, then the CBOR's length before compression
 //! u8 + n  the epoch (empty: the session's)
-//! u8 + n  the dictionary id (empty: none)
+//! u8 + n  the dictionary id (empty: none); from version 7 a SHA-256 id goes as its 32
+//!         bytes, not its 64 hex digits (read back by its length: no text id is 32 bytes)
 //! ...     the body
 //! ```
 //!
@@ -29,18 +30,34 @@ pub const BINARY_BATCH: u8 = 0x04;
 /// The version from which batches go in this framing.
 pub const BINARY_SINCE: u16 = 4;
 
+/// The version from which a dictionary id goes in the head as the 32 bytes of its hash.
+pub const BINARY_DICT_SINCE: u16 = 7;
+
 /// The head's fixed fields after its length: lane, codec, three seqs or lengths, and the two
 /// string lengths.
 const FIXED: usize = 1 + 1 + 8 * 3 + 1 + 1;
 
-/// The frame's length prefix and the head of `batch` in the version 4 framing; the body goes
-/// right after it, as it is.
-pub fn head(batch: &Batch) -> Result<Vec<u8>, ProtoError> {
-    let short = |what: &str, s: &str| {
-        u8::try_from(s.len()).map_err(|_| ProtoError::Encode(format!("{what} of {} bytes in a batch head", s.len())))
+/// The 32 bytes of an id of 64 lowercase hex digits (as `compress::dict_id` makes it, and as
+/// the receiver writes it back).
+fn id_bytes(id: &str) -> Option<Vec<u8>> {
+    if id.len() != 64 || !id.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f')) {
+        return None;
+    }
+    (0..32).map(|i| u8::from_str_radix(id.get(2 * i..2 * i + 2)?, 16).ok()).collect()
+}
+
+/// The frame's length prefix and the head of `batch` in the version 4 framing, as a session of
+/// `version` sends it; the body goes right after it, as it is.
+pub fn head(batch: &Batch, version: u16) -> Result<Vec<u8>, ProtoError> {
+    let short = |what: &str, n: usize| {
+        u8::try_from(n).map_err(|_| ProtoError::Encode(format!("{what} of {n} bytes in a batch head")))
     };
-    let (epoch, dict) =
-        (short("an epoch", &batch.epoch)?, short("a dictionary id", batch.dict.as_deref().unwrap_or(""))?);
+    let text = batch.dict.as_deref().unwrap_or("");
+    let dict_bytes = match id_bytes(text) {
+        Some(b) if version >= BINARY_DICT_SINCE => b,
+        _ => text.as_bytes().to_vec(),
+    };
+    let (epoch, dict) = (short("an epoch", batch.epoch.len())?, short("a dictionary id", dict_bytes.len())?);
     let head_len = FIXED + usize::from(epoch) + usize::from(dict);
     let mut out = Vec::with_capacity(codec::HEADER + 3 + head_len);
     let frame = 3 + head_len + batch.body.len();
@@ -61,7 +78,7 @@ pub fn head(batch: &Batch) -> Result<Vec<u8>, ProtoError> {
     out.push(epoch);
     out.extend_from_slice(batch.epoch.as_bytes());
     out.push(dict);
-    out.extend_from_slice(batch.dict.as_deref().unwrap_or("").as_bytes());
+    out.extend_from_slice(&dict_bytes);
     Ok(out)
 }
 
@@ -70,7 +87,7 @@ pub fn encode(batch: &Batch, version: u16) -> Result<Vec<u8>, ProtoError> {
     if version < BINARY_SINCE {
         return codec::encode(batch);
     }
-    let mut out = head(batch)?;
+    let mut out = head(batch, version)?;
     out.extend_from_slice(&batch.body);
     Ok(out)
 }
@@ -98,14 +115,19 @@ pub fn decode_head(frame: &[u8]) -> Result<Option<(Batch, usize)>, ProtoError> {
     };
     let u64_at = |i: usize| u64::from_be_bytes(head[i..i + 8].try_into().expect("eight bytes"));
     let mut rest = &head[26..];
-    let mut text = |what: &str| -> Result<String, ProtoError> {
+    let mut field = |what: &str| -> Result<&[u8], ProtoError> {
         let (&n, tail) = rest.split_first().ok_or_else(|| bad(&format!("no {what}")))?;
         let s = tail.get(..usize::from(n)).ok_or_else(|| bad(&format!("{what} longer than the head")))?;
         rest = &tail[usize::from(n)..];
-        String::from_utf8(s.to_vec()).map_err(|_| bad(&format!("{what} is not UTF-8")))
+        Ok(s)
     };
-    let epoch = text("epoch")?;
-    let dict = Some(text("dictionary id")?).filter(|d| !d.is_empty());
+    let text = |what: &str, s: &[u8]| String::from_utf8(s.to_vec()).map_err(|_| bad(&format!("{what} is not UTF-8")));
+    let epoch = text("epoch", field("epoch")?)?;
+    let dict = match field("dictionary id")? {
+        [] => None,
+        b if b.len() == 32 => Some(b.iter().map(|x| format!("{x:02x}")).collect()),
+        b => Some(text("dictionary id", b)?),
+    };
     // What is left of the head is a later version's: skipped.
     let batch = Batch {
         epoch,
@@ -158,6 +180,10 @@ mod tests {
             assert_eq!(decode(&old[codec::HEADER..]).unwrap(), b);
             let new = encode(&b, 4).unwrap();
             assert_eq!(new[codec::HEADER], BINARY_BATCH);
+            // Version 7 sends the id's 32 bytes; every version reads both.
+            let v7 = encode(&b, 7).unwrap();
+            assert_eq!(new.len() - v7.len(), if b.dict.is_some() { 32 } else { 0 });
+            assert_eq!(decode(&v7[codec::HEADER..]).unwrap(), b);
             let len = u32::from_be_bytes(new[..4].try_into().unwrap()) as usize;
             assert_eq!(len, new.len() - codec::HEADER, "the prefix counts head and body");
             assert_eq!(decode(&new[codec::HEADER..]).unwrap(), b);
@@ -172,7 +198,7 @@ mod tests {
     #[test]
     fn a_longer_head_is_read_and_a_broken_one_named() {
         let b = batch();
-        let mut newer = head(&b).unwrap()[codec::HEADER..].to_vec();
+        let mut newer = head(&b, 4).unwrap()[codec::HEADER..].to_vec();
         let head_len = u16::from_be_bytes([newer[1], newer[2]]) + 3;
         newer[1..3].copy_from_slice(&head_len.to_be_bytes());
         newer.extend_from_slice(&[9, 9, 9]);

@@ -247,6 +247,7 @@ mod tests {
                 user_properties,
                 correlation_data: extra.then(|| vec![1, 2]),
                 content_type: extra.then(|| "a".into()),
+                schema: None,
             },
         );
         let gap = prop::collection::vec((any::<u64>(), any::<u64>()), 0..20).prop_map(|ranges| WireGap {
@@ -312,6 +313,7 @@ mod tests {
                 user_properties: pairs,
                 correlation_data: None,
                 content_type: None,
+                schema: None,
             },
         )];
         let raw = cbor(&records);

@@ -154,6 +154,7 @@ mod tests {
                 user_properties: vec![("trace-id".into(), "abc".into())],
                 correlation_data: Some(vec![1, 2]),
                 content_type: Some("application/json".into()),
+                schema: None,
             },
         );
         let theirs = serde_cbor::to_vec(&vec![record.clone()]).unwrap();

@@ -7,6 +7,7 @@
 use std::collections::HashMap;
 use std::io::Read;
 
+use super::columns::Format;
 use super::{Batch, Codec, MAX_BATCH_COST, ProtoError, WireRecord, codec};
 
 /// Bodies shorter than this are sent as plain CBOR: zstd's frame header would eat the gain.
@@ -76,6 +77,21 @@ pub fn train(class: &str, samples: &[Vec<u8>], max_size: usize) -> Result<Dict, 
     Ok(Dict::new(class, bytes))
 }
 
+/// A dictionary of at most `max_size` bytes for the column-wise bodies of one class
+/// ([`super::columns::dictionary`]: the table entries its records repeat), from samples as
+/// [`sample`] takes them; an error when nothing in them repeats.
+pub fn train_columns(class: &str, samples: &[Vec<u8>], max_size: usize) -> Result<Dict, ProtoError> {
+    let records = samples
+        .iter()
+        .map(|s| ciborium::from_reader::<WireRecord, _>(s.as_slice()).map_err(|e| ProtoError::Encode(e.to_string())))
+        .collect::<Result<Vec<_>, _>>()?;
+    let bytes = super::columns::dictionary(&records, max_size);
+    if bytes.is_empty() {
+        return Err(ProtoError::Encode("nothing repeats in these samples".into()));
+    }
+    Ok(Dict::new(class, bytes))
+}
+
 /// Builds the batch of `lane` covering seqs `first ..= ` the last record's: `records` in seq
 /// order, seqs missing in between only where the spool dropped records (a gap record with a
 /// later seq accounts for them).
@@ -87,7 +103,7 @@ pub fn pack(
     dict: Option<DictRef<'_>>,
     level: i32,
 ) -> Result<Batch, ProtoError> {
-    pack_as(epoch, lane, first, records, dict, (level, false))
+    pack_as(epoch, lane, first, records, dict, (level, None))
 }
 
 /// Batches of at most this many records are packed both ways when columns are allowed, and the
@@ -95,19 +111,19 @@ pub fn pack(
 /// which a handful of records does not pay back, while a dictionary trained on rows does.
 const BOTH_WAYS_UP_TO: usize = 64;
 
-/// [`pack`], the records column-wise when `columns` (a session of [`super::COLUMNS_VERSION`]
-/// on) unless rows come out smaller.
+/// [`pack`], the records column-wise in format `columns` (for a session's version,
+/// [`Format::of_version`]) unless rows come out smaller.
 pub fn pack_as(
     epoch: &str,
     lane: u8,
     first: u64,
     records: &[WireRecord],
     dict: Option<DictRef<'_>>,
-    (level, columns): (i32, bool),
+    (level, columns): (i32, Option<Format>),
 ) -> Result<Batch, ProtoError> {
     let packed = pack_one((epoch, lane, first), records, dict, (level, columns))?;
-    if columns && records.len() <= BOTH_WAYS_UP_TO {
-        let rows = pack_one((epoch, lane, first), records, dict, (level, false))?;
+    if columns.is_some() && records.len() <= BOTH_WAYS_UP_TO {
+        let rows = pack_one((epoch, lane, first), records, dict, (level, None))?;
         if rows.body.len() < packed.body.len() {
             return Ok(rows);
         }
@@ -115,19 +131,19 @@ pub fn pack_as(
     Ok(packed)
 }
 
-/// One body of `records`: (epoch, lane, first seq), (zstd level, column-wise or rows).
+/// One body of `records`: (epoch, lane, first seq), (zstd level, the column format or rows).
 fn pack_one(
     (epoch, lane, first): (&str, u8, u64),
     records: &[WireRecord],
     dict: Option<DictRef<'_>>,
-    (level, columns): (i32, bool),
+    (level, columns): (i32, Option<Format>),
 ) -> Result<Batch, ProtoError> {
     let Some(last) = records.last() else {
         return Err(ProtoError::Encode("an empty batch".into()));
     };
     check_range(first, last.seq, records)?;
-    let (raw, bound) = if columns {
-        (super::columns::encode(records), records_cost(records))
+    let (raw, bound) = if let Some(format) = columns {
+        (super::columns::encode(records, format), records_cost(records))
     } else {
         let mut raw = Vec::new();
         ciborium::into_writer(&records, &mut raw).map_err(|e| ProtoError::Encode(e.to_string()))?;
@@ -139,7 +155,7 @@ fn pack_one(
         lane,
         first_seq: first,
         last_seq: last.seq,
-        codec: if columns { Codec::Columns } else { Codec::Cbor },
+        codec: if columns.is_some() { Codec::Columns } else { Codec::Cbor },
         dict: None,
         raw_len: raw.len() as u64,
         body: Vec::new(),
@@ -152,7 +168,7 @@ fn pack_one(
         .map_err(|e| ProtoError::Encode(e.to_string()))?;
         let packed = compressor.compress(&raw).map_err(|e| ProtoError::Encode(e.to_string()))?;
         if packed.len() < raw.len() {
-            batch.codec = if columns { Codec::ZstdColumns } else { Codec::Zstd };
+            batch.codec = if columns.is_some() { Codec::ZstdColumns } else { Codec::Zstd };
             batch.dict = dict.map(|d| d.id.to_owned());
             within_cost(packed.len() + raw.len() + bound)?;
             batch.body = packed;
@@ -203,6 +219,7 @@ pub fn records_cost(records: &[WireRecord]) -> usize {
                             + m.user_properties.iter().map(|(k, v)| k.len() + v.len() + 48).sum::<usize>()
                             + m.correlation_data.as_ref().map_or(0, Vec::len)
                             + m.content_type.as_ref().map_or(0, String::len)
+                            + m.schema.as_ref().map_or(0, |s| s.subject.len() + s.id.len())
                     }
                     super::RecordBody::Gap(g) => g.class.len() + g.ranges.len() * 16,
                 }
@@ -308,6 +325,7 @@ mod tests {
                 user_properties: vec![],
                 correlation_data: None,
                 content_type: None,
+                schema: None,
             },
         )
     }

@@ -54,7 +54,7 @@ pub fn session(data: &[u8]) {
     buf.extend(data);
     let now = Instant::now();
     // Every version there is, the downlink's too, whether or not the binaries offer it yet.
-    let versions: Vec<u16> = (1..=super::COLUMNS_VERSION).collect();
+    let versions: Vec<u16> = (1..=super::SCHEMA_VERSION).collect();
     let mut cloud = CloudSession::new(8).with_versions(versions.clone());
     let mut edge = EdgeSession::new(EdgeSessionConfig::default(), "e", [(0, 0), (3, 5)]).with_versions(versions);
     edge.connected(now);
@@ -200,6 +200,7 @@ mod tests {
                         user_properties: vec![("trace-id".into(), format!("t{seq}"))],
                         correlation_data: None,
                         content_type: None,
+                        schema: None,
                     },
                 )
             })

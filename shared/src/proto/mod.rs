@@ -44,7 +44,7 @@ pub mod fuzzing;
 pub mod io;
 pub mod probe;
 pub mod record;
-pub use record::{GapReason, RecordBody, WireGap, WireMessage, WireRecord};
+pub use record::{GapReason, RecordBody, SchemaRef, WireGap, WireMessage, WireRecord};
 #[cfg(test)]
 mod down_tests;
 #[cfg(test)]
@@ -60,8 +60,13 @@ pub const ALPN: &[u8] = b"ehb/1";
 /// Protocol versions this build speaks: 2 names dictionaries by the whole SHA-256, 3 has the
 /// Welcome say what the sink stores of one record, 4 sends batches in one framing level
 /// ([`batch_frame`]), 5 carries the downlink ([`down`]), 6 sends batch bodies column-wise
-/// ([`columns`]).
-pub const VERSIONS: &[u16] = &[1, 2, 3, 4, DOWNLINK_VERSION, COLUMNS_VERSION];
+/// ([`columns`]), 7 bit-packs them and names the schema a message was validated against
+/// ([`SchemaRef`]).
+pub const VERSIONS: &[u16] = &[1, 2, 3, 4, DOWNLINK_VERSION, COLUMNS_VERSION, SCHEMA_VERSION];
+
+/// The first version whose records name their schema ([`WireMessage::schema`]) and whose
+/// column-wise bodies are in format 2 ([`columns::Format::V2`]).
+pub const SCHEMA_VERSION: u16 = 7;
 
 /// The first version whose batches may be column-wise ([`Codec::Columns`],
 /// [`Codec::ZstdColumns`]): an edge sends them only on such a session.
@@ -80,6 +85,12 @@ pub struct SinkLimits {
     /// Its headers alone.
     pub header_bytes: u64,
 }
+
+/// The most the schema headers of a record take (`Edge-Schema: <subject>/<version>`, a subject
+/// of at most 128 bytes, and `Edge-Schema-Id: <16 hex digits>`): a sink announces its limits
+/// with this taken off, as it does its own headers, so a record the edge found to fit still
+/// fits once it names its schema.
+pub const SCHEMA_HEADERS_MAX: usize = ("Edge-Schema".len() + 128 + 1 + 10 + 4) + ("Edge-Schema-Id".len() + 16 + 4);
 
 /// A record's headers and its whole size as a sink stores it (a JetStream message: its
 /// payload, and a header per MQTT property as `cloud_bridge::names::headers` writes them), at

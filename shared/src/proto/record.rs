@@ -115,6 +115,74 @@ pub struct WireMessage {
     pub correlation_data: Option<Vec<u8>>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub content_type: Option<String>,
+    /// The schema the edge validated the payload against (protocol version 7; an older bridge
+    /// skips the field, an older edge sends none).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub schema: Option<SchemaRef>,
+}
+
+/// A version of a subject in the cloud's schema registry, as a record names it. Checked as it
+/// is decoded ([`SchemaRef::check`]): it becomes headers in the sink, where a line break or a
+/// name of any length would be a header of the edge's making.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(try_from = "SchemaRefRepr")]
+pub struct SchemaRef {
+    pub subject: String,
+    pub version: u32,
+    /// The version's content id (16 hex digits).
+    pub id: String,
+}
+
+#[derive(Deserialize)]
+struct SchemaRefRepr {
+    subject: String,
+    version: u32,
+    id: String,
+}
+
+impl TryFrom<SchemaRefRepr> for SchemaRef {
+    type Error = String;
+
+    fn try_from(r: SchemaRefRepr) -> Result<Self, String> {
+        let s = SchemaRef { subject: r.subject, version: r.version, id: r.id };
+        s.check()?;
+        Ok(s)
+    }
+}
+
+impl std::fmt::Display for SchemaRef {
+    /// `subject/version/id`: the form the edge's spool keeps.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}/{}/{}", self.subject, self.version, self.id)
+    }
+}
+
+impl std::str::FromStr for SchemaRef {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, String> {
+        let mut parts = s.split('/');
+        let (Some(subject), Some(version), Some(id), None) = (parts.next(), parts.next(), parts.next(), parts.next())
+        else {
+            return Err(format!("schema {s:?} is not subject/version/id"));
+        };
+        let version = version.parse().map_err(|_| format!("schema {s:?}: version {version:?}"))?;
+        let r = SchemaRef { subject: subject.to_owned(), version, id: id.to_owned() };
+        r.check()?;
+        Ok(r)
+    }
+}
+
+impl SchemaRef {
+    /// Refuses what no registry gives: an empty or overlong subject, a subject or id with
+    /// characters a header value or subject may not hold, or an id that is not 16 hex digits.
+    pub fn check(&self) -> Result<(), String> {
+        crate::model::valid_name("subject", &format!("schema.{}", self.subject)).map_err(|e| e.to_string())?;
+        if self.id.len() != 16 || !self.id.bytes().all(|b| b.is_ascii_hexdigit()) {
+            return Err(format!("schema id {:?} is not 16 hex digits", self.id));
+        }
+        Ok(())
+    }
 }
 
 /// Records the edge dropped before the cloud had them, so loss is visible here.
@@ -205,6 +273,7 @@ mod tests {
             user_properties: vec![],
             correlation_data: None,
             content_type: None,
+            schema: None,
         }
     }
 

@@ -37,6 +37,7 @@ fn sample_frames() -> Vec<Vec<u8>> {
                 user_properties: vec![("k".into(), "v".into())],
                 correlation_data: None,
                 content_type: None,
+                schema: None,
             },
         )],
         None,

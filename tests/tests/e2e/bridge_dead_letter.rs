@@ -110,6 +110,7 @@ fn record(seq: u64, payload: Vec<u8>) -> shared::proto::WireRecord {
             user_properties: vec![("trace".into(), format!("t{seq}"))],
             correlation_data: None,
             content_type: None,
+            schema: None,
         },
     )
 }

@@ -188,6 +188,7 @@ fn telemetry(seq: u64) -> shared::proto::WireRecord {
             user_properties: Vec::new(),
             correlation_data: None,
             content_type: None,
+            schema: None,
         },
     )
 }

@@ -1,11 +1,13 @@
 //! A rolling upgrade: edges and bridges one protocol version apart keep working together. This
-//! build speaks 1 to 6 (2 names dictionaries by the whole SHA-256, 3 has the Welcome say what
+//! build speaks 1 to 7 (2 names dictionaries by the whole SHA-256, 3 has the Welcome say what
 //! the sink stores of one record, 4 sends batches as a binary head and the body as it is,
 //! `shared::proto::batch_frame`, 5 carries the downlink, 6 sends batch bodies column-wise,
-//! `shared::proto::columns`). The next version is played by peers that offer 1 to 7 and add
-//! what a newer build may add: fields this build does not know in every frame and in the batch
-//! head, control frames it has never seen; the previous one by peers that speak 1 to 5 (rows:
-//! an edge never sends one a column-wise batch), version 4 by peers that speak 1 to 4 (no
+//! `shared::proto::columns`, 7 bit-packs them (format 2), names a record's schema and a
+//! dictionary in a batch head by its 32 bytes). The next version is played by peers that offer
+//! 1 to 8 and add what a newer build may add: fields this build does not know in every frame
+//! and in the batch head, control frames it has never seen; the previous one by peers that
+//! speak 1 to 6 (column-wise bodies in format 1 only, dictionary ids as hex), version 5 by
+//! peers that speak 1 to 5 (rows: an edge never sends one a column-wise batch), version 4 by peers that speak 1 to 4 (no
 //! downlink: a bridge never sends one a downlink frame, though a message waits for it), older
 //! ones by peers that speak 1 to 3 (batches in a CBOR envelope) or
 //! 1 and 2 (no sink limits in their Welcome), and the first by peers that speak only 1 and name
@@ -57,17 +59,23 @@ fn unknown_control(kind: &str) -> Vec<u8> {
     ]))
 }
 
-/// An edge of the next version: welcomed at 6, its batch in the binary framing with a longer
+/// An edge of the next version: welcomed at 7, its batch in the binary framing with a longer
 /// head than this build writes, records with fields this build does not know (a row batch,
-/// which version 6 still takes); the message waiting for it is sent.
+/// which version 7 still takes); the message waiting for it is sent.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn this_bridge_serves_an_edge_of_the_next_version() {
-    serve_an_edge_offering(&[1, 2, 3, 4, 5, 6, 7], 6).await;
+    serve_an_edge_offering(&[1, 2, 3, 4, 5, 6, 7, 8], 7).await;
 }
 
-/// An edge of the previous version: welcomed at 5, row batches, the downlink.
+/// An edge of the previous version: welcomed at 6, the downlink.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn this_bridge_serves_an_edge_of_the_previous_version() {
+    serve_an_edge_offering(&[1, 2, 3, 4, 5, 6], 6).await;
+}
+
+/// An edge of version 5: welcomed at 5, row batches, the downlink.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn this_bridge_serves_an_edge_of_version_5() {
     serve_an_edge_offering(&[1, 2, 3, 4, 5], 5).await;
 }
 
@@ -136,7 +144,7 @@ async fn serve_an_edge_offering(versions: &[u16], chosen: u16) {
     };
     let bytes = if chosen >= batch_frame::BINARY_SINCE {
         // A head two bytes longer than this build writes: a field it does not know.
-        let mut head = batch_frame::head(&batch).unwrap();
+        let mut head = batch_frame::head(&batch, 4).unwrap();
         let head_len = u16::from_be_bytes([head[5], head[6]]) + 2;
         head[5..7].copy_from_slice(&head_len.to_be_bytes());
         head.extend_from_slice(&[0xee, 0xee]);
@@ -257,6 +265,8 @@ struct Received {
     binary_batches: usize,
     /// Column-wise batches (version 6 on).
     column_batches: usize,
+    /// Column-wise bodies in format 2 (version 7 on).
+    format2_batches: usize,
 }
 
 /// A bridge that speaks `versions`, welcomes with a field this build does not know, sends an
@@ -297,10 +307,17 @@ async fn other_version_bridge(
                 let binary = batch_frame::decode_head(&body)?.is_some();
                 let batch = batch_frame::decode(&body)?;
                 let records = compress::unpack(&batch, &dicts.lock().unwrap(), MAX_BATCH_RAW)?;
+                let raw = compress::decompress(
+                    &batch,
+                    batch.dict.as_ref().and_then(|d| dicts.lock().unwrap().get(d).cloned()).as_deref(),
+                    MAX_BATCH_RAW,
+                )?;
+                let format2 = batch.codec.columns() && raw.as_deref().unwrap_or(&batch.body).first() == Some(&2);
                 let mut got = received.lock().unwrap();
                 got.dict_batches += usize::from(batch.dict.is_some());
                 got.binary_batches += usize::from(binary);
                 got.column_batches += usize::from(batch.codec.columns());
+                got.format2_batches += usize::from(format2);
                 for r in records {
                     let topic = r.as_message().map_or_else(|| "gap".to_owned(), |m| m.topic.clone());
                     got.records.insert((batch.lane, r.seq), topic);
@@ -424,22 +441,33 @@ async fn drain_into_a_bridge_speaking(versions: &'static [u16]) -> (Received, u8
     (std::mem::take(&mut *received.lock().unwrap()), code)
 }
 
-/// The next version's bridge (this edge speaks up to 6) says its sink stores 4 KiB a record:
-/// the edge sends column-wise batches, and refuses a larger publish with 0x83 rather than
-/// acknowledge what the sink would not take.
+/// The next version's bridge (this edge speaks up to 7) says its sink stores 4 KiB a record:
+/// the edge sends column-wise batches in format 2, and refuses a larger publish with 0x83
+/// rather than acknowledge what the sink would not take.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn this_edge_drains_into_a_bridge_of_the_next_version() {
-    let (got, big) = drain_into_a_bridge_speaking(&[1, 2, 3, 4, 5, 6, 7]).await;
-    assert_eq!(got.version, 6, "the highest version both speak");
+    let (got, big) = drain_into_a_bridge_speaking(&[1, 2, 3, 4, 5, 6, 7, 8]).await;
+    assert_eq!(got.version, 7, "the highest version both speak");
     assert!(got.binary_batches > 0, "version 4 batches go in the binary framing");
-    assert!(got.column_batches > 0, "version 6 batches go column-wise");
+    assert!(got.format2_batches > 0, "version 7 batches go column-wise in format 2");
     assert!(!got.dict_ids.is_empty() && got.dict_ids.iter().all(|id| id.len() == 64), "{:?}", got.dict_ids);
     assert_eq!(big, 0x83, "refused: the sink could not store it whole");
 }
 
-/// A bridge of the previous version (5): row batches only, in the binary framing.
+/// A bridge of the previous version (6): column-wise batches, in format 1 only.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn this_edge_drains_into_a_bridge_of_the_previous_version() {
+    let (got, big) = drain_into_a_bridge_speaking(&[1, 2, 3, 4, 5, 6]).await;
+    assert_eq!(got.version, 6);
+    assert!(got.column_batches > 0, "version 6 batches go column-wise");
+    assert_eq!(got.format2_batches, 0, "format 2 only from version 7");
+    assert!(!got.dict_ids.is_empty() && got.dict_ids.iter().all(|id| id.len() == 64), "{:?}", got.dict_ids);
+    assert_eq!(big, 0x83, "refused: the sink could not store it whole");
+}
+
+/// A bridge of version 5: row batches only, in the binary framing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn this_edge_drains_into_a_bridge_of_version_5() {
     let (got, big) = drain_into_a_bridge_speaking(&[1, 2, 3, 4, 5]).await;
     assert_eq!(got.version, 5);
     assert_eq!(got.column_batches, 0, "no column-wise batch before version 6");

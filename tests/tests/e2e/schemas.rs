@@ -108,6 +108,20 @@ async fn paho(edge: &EdgeProcess, qos: u8, v311: bool, payloads: &[&str]) -> Vec
 }
 
 /// How many sink rows carry exactly `payload`.
+/// The id a `schema register` output names: "... (id 0123456789abcdef, ...".
+fn id_in(out: &str) -> String {
+    let at = out.find("(id ").expect("an id in the output") + 4;
+    out[at..at + 16].to_owned()
+}
+
+/// The schema headers of the sink's row of `payload`: `Edge-Schema` and `Edge-Schema-Id`.
+fn schema_headers(s: &Setup, payload: &str) -> Option<(String, String)> {
+    let row = sink_rows(&s.cloud.sink).into_iter().find(|r| r.payload == payload.as_bytes())?;
+    let headers: Vec<(String, String)> = serde_json::from_str(row.headers.as_deref()?).ok()?;
+    let get = |name: &str| headers.iter().find(|(k, _)| k == name).map(|(_, v)| v.clone());
+    Some((get("Edge-Schema")?, get("Edge-Schema-Id")?))
+}
+
 fn in_sink(s: &Setup, payload: &str) -> usize {
     sink_rows(&s.cloud.sink).iter().filter(|r| r.payload == payload.as_bytes()).count()
 }
@@ -119,6 +133,7 @@ async fn a_registered_schema_reaches_the_edge_and_refuses_invalid_publishes_with
     let (ok, out, err) = s.register(dir.path(), "v1.json", V1, &[]);
     assert!(ok, "{out}{err}");
     assert!(out.contains("registered reading version 1") && out.contains("delivered to edges"), "{out}");
+    let v1_id = id_in(&out);
     let edge_dir = dir.path().join("edge");
     let edge = edge(&edge_dir, &s.public, &s.cloud.uplink_section_via("edge-1", s.cloud.bridge.quic_addr()));
     assert!(e2e_tests::eventually(WAIT, || staged(&edge) == 1.0).await, "{}", edge.stderr());
@@ -143,6 +158,8 @@ async fn a_registered_schema_reaches_the_edge_and_refuses_invalid_publishes_with
     assert_eq!(checked(&edge, "invalid"), 4.0);
     assert_eq!(edge.metric("edge_mqtt_publish_refused_total{reason=\"schema\"}"), 4.0);
     assert!(e2e_tests::eventually(WAIT, || in_sink(&s, valid) == 1).await, "the valid reading reaches the sink");
+    // With the version it was validated against, as headers (protocol version 7).
+    assert_eq!(schema_headers(&s, valid), Some(("reading/1".into(), v1_id.clone())));
     let rows = sink_rows(&s.cloud.sink);
     assert!(rows.iter().all(|r| !String::from_utf8_lossy(&r.payload).contains("hot")), "nothing refused was stored");
     assert_eq!(in_sink(&s, dropped), 0);
@@ -169,6 +186,7 @@ async fn a_registered_schema_reaches_the_edge_and_refuses_invalid_publishes_with
     assert!(e2e_tests::eventually(WAIT, || checked(&edge, "valid") >= 21.0).await, "{}", edge.stderr());
     let (ok, out, err) = s.register(dir.path(), "v2.json", V2, &[]);
     assert!(ok && out.contains("version 2"), "{out}{err}");
+    let v2_id = id_in(&out);
     assert!(e2e_tests::eventually(WAIT, || staged(&edge) == 2.0).await, "{}", edge.stderr());
     publisher.await.unwrap();
     assert_eq!(checked(&edge, "invalid"), 4.0, "nothing valid was refused during the rollout");
@@ -180,6 +198,8 @@ async fn a_registered_schema_reaches_the_edge_and_refuses_invalid_publishes_with
         .await,
         "every rollout reading in the sink once"
     );
+    assert!(e2e_tests::eventually(WAIT, || in_sink(&s, f) == 1).await);
+    assert_eq!(schema_headers(&s, f), Some(("reading/2".into(), v2_id)), "taken under version 2, named so");
 
     // The edge restarted with no bridge to reach: validation goes on with what it staged.
     let mut edge = edge;

@@ -395,7 +395,11 @@ impl RecordSink for JetStreamSink {
     /// header block's framing are taken off, as `publish::Outgoing::size` counts them.
     fn record_limits(&self, edge: &str, epoch: &str) -> Option<shared::proto::SinkLimits> {
         let id = format!("{edge}:{epoch}:255:{}", shared::proto::MAX_SEQ);
-        let own = ("Nats-Msg-Id".len() + id.len() + 4) + ("Mqtt-Qos".len() + 1 + 4) + "NATS/1.0\r\n\r\n".len() + 16;
+        let own = ("Nats-Msg-Id".len() + id.len() + 4)
+            + ("Mqtt-Qos".len() + 1 + 4)
+            + shared::proto::SCHEMA_HEADERS_MAX
+            + "NATS/1.0\r\n\r\n".len()
+            + 16;
         let whole = self.max_msg_size.map_or(self.max_payload, |m| m.min(self.max_payload));
         Some(shared::proto::SinkLimits {
             record_bytes: whole.saturating_sub(own) as u64,

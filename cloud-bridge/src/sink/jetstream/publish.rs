@@ -501,6 +501,7 @@ mod tests {
                 user_properties: vec![("trace id:x".into(), "a\r\nb".into()), ("trace-id".into(), "t-1".into())],
                 correlation_data: Some(vec![0, 1, 2]),
                 content_type: Some("text/plain".into()),
+                schema: None,
             },
         );
         let (subject, headers) = addressed("edge", "edge-1", "ep", 3, &record);

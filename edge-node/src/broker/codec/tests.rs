@@ -170,6 +170,7 @@ fn message(topic: &str, payload: &[u8], props: PublishProps) -> Arc<Message> {
         props,
         expires_at: None,
         origin: None,
+        schema: None,
     })
 }
 

@@ -77,6 +77,7 @@ impl Broker {
                     props: w.props.clone(),
                     expires_at: None,
                     origin: None,
+                    schema: None,
                 };
                 Some(Will { msg: Arc::new(msg), delay: w.delay, expiry: w.expiry })
             }

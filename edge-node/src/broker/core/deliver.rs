@@ -572,6 +572,7 @@ fn spool_message(msg: &Message, class: &Class, now: Instant, wall: u64) -> crate
             user: msg.props.user.clone(),
             correlation_data: msg.props.correlation_data.clone(),
             content_type: msg.props.content_type.clone(),
+            schema: msg.schema.as_deref().cloned(),
         },
     }
 }

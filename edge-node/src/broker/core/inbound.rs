@@ -128,15 +128,21 @@ impl Broker {
             return self.refuse_publish(conn, key, &p, version, (code, None), now);
         }
         // Schema validation: before anything is stored or acknowledged, never for the node's
-        // own clients, and for unbound topics nothing beyond the filter match.
-        if !internal
-            && let Some(v) = &self.schemas
-            && let Verdict::Refused(text) = v.check(&topic, &p.payload)
-        {
-            self.metrics.refused("schema");
-            tracing::debug!(conn = conn.0, topic = ?topic, reason = text, "publish refused by its schema");
-            return self.refuse_publish(conn, key, &p, version, (reason::PAYLOAD_FORMAT_INVALID, Some(text)), now);
-        }
+        // own clients, and for unbound topics nothing beyond the filter match. A valid message
+        // names the version it matched on its way to the sink.
+        let verdict = match &self.schemas {
+            Some(v) if !internal => v.check(&topic, &p.payload),
+            _ => Verdict::Unbound,
+        };
+        let schema = match verdict {
+            Verdict::Refused(text) => {
+                self.metrics.refused("schema");
+                tracing::debug!(conn = conn.0, topic = ?topic, reason = text, "publish refused by its schema");
+                return self.refuse_publish(conn, key, &p, version, (reason::PAYLOAD_FORMAT_INVALID, Some(text)), now);
+            }
+            Verdict::Valid(tag) => Some(tag),
+            Verdict::Unbound | Verdict::Passed => None,
+        };
         if p.qos != QoS::AtMostOnce
             && let Some(c) = self.conns.get_mut(&conn)
         {
@@ -157,6 +163,7 @@ impl Broker {
             props: p.props,
             expires_at: p.message_expiry.map(|s| now + Duration::from_secs(u64::from(s))),
             origin: Some(client_id),
+            schema,
         });
         let ack = (p.qos != QoS::AtMostOnce).then_some((p.qos, p.pkid));
         if let Err(code) = self.ingest(Some(conn), Some(internal), msg, ack, since, now) {

@@ -251,6 +251,7 @@ mod tests {
             props: Default::default(),
             expires_at: None,
             origin: None,
+            schema: None,
         })
     }
 

@@ -175,6 +175,7 @@ fn drive(h: &mut Harness, steps: &[Step]) {
                         props: Default::default(),
                         expires_at: None,
                         origin: None,
+                        schema: None,
                     };
                     h.b.publish_downlink(None, msg, "downlink", format!("{n}"), now).expect("allowed");
                 }

@@ -1,13 +1,18 @@
-//! Column-wise batch bodies (protocol version 6): what `compress` sends zstd-compressed instead
-//! of the CBOR array of records, when the session speaks version 6.
+//! Column-wise batch bodies (protocol version 6 on): what `compress` sends zstd-compressed
+//! instead of the CBOR array of records, when the session speaks version 6 or later.
 //!
 //! Records are taken apart into streams, each of one kind of value, so zstd sees runs of alike
-//! bytes: seqs and enqueue times as deltas, classes and topics as ids into batch tables, and
-//! each payload that is compact JSON as a *shape* (its text with every scalar value cut out:
-//! keys, brackets and punctuation) plus one column per value slot of the shape. A number
-//! column holds each value's decimal scale and its digits as a delta from the slot's value
-//! before; a string column holds an id into the slot's own table of the strings it has seen,
-//! the string text (as escaped in the payload) only the first time.
+//! bytes: seqs and enqueue times, classes and topics as ids into batch tables, and each
+//! payload that is compact JSON as a *shape* (its text with every scalar value cut out: keys,
+//! brackets and punctuation) plus one column per value slot of the shape. A number column
+//! holds each value's decimal scale and its digits; a string column holds an id into the
+//! slot's own table of the strings it has seen, the string text (as escaped in the payload)
+//! only the first time.
+//!
+//! Two formats, named by the body's first byte ([`ints::Format`]): 1 (version 6) writes
+//! integers as bytes and varints; 2 (version 7) bit-packs each integer column, puts a number
+//! column's values at one scale (`14.2` next to `14.25` is 1420 next to 1425), and names the
+//! schema each message was validated against through a batch table.
 //!
 //! Byte for byte: a payload is cut into a shape only if putting it back yields exactly its
 //! bytes (compact JSON, numbers without exponents, leading zeros or `-0`, at most 18 digits);
@@ -19,12 +24,17 @@ use std::collections::HashMap;
 
 use serde::{Deserialize, Serialize};
 
+mod dict;
+mod ints;
 mod json;
 
-use super::{ProtoError, RecordBody, WireGap, WireMessage, WireRecord};
+pub use dict::dictionary;
+pub use ints::Format;
+
+use super::{ProtoError, RecordBody, SchemaRef, WireGap, WireMessage, WireRecord};
+use ints::{IntsIn, IntsOut, V1};
 use json::{SLOT, Val, cut, render};
 
-const FORMAT: u8 = 1;
 /// Shapes one batch keeps; a payload of a shape beyond these travels whole.
 const MAX_SHAPES: usize = 256;
 
@@ -34,7 +44,29 @@ const T_TRUE: u8 = 2;
 const T_FALSE: u8 = 3;
 const T_NULL: u8 = 4;
 
-/// What a record carries beyond class, topic, payload, QoS and enqueue time.
+/// A number column whose values could not be put at one scale (one would overflow an i64).
+const UNSCALED: u8 = 255;
+
+impl Format {
+    fn byte(self) -> u8 {
+        match self {
+            Format::V1 => 1,
+            Format::V2 => 2,
+        }
+    }
+
+    /// The format a session of protocol `version` sends, if any.
+    pub fn of_version(version: u16) -> Option<Format> {
+        match version {
+            v if v >= super::SCHEMA_VERSION => Some(Format::V2),
+            v if v >= super::COLUMNS_VERSION => Some(Format::V1),
+            _ => None,
+        }
+    }
+}
+
+/// What a record carries beyond class, topic, payload, QoS and enqueue time. In format 1 the
+/// schema rides here too (a version 6 bridge skips the field); format 2 has a table for it.
 #[derive(Debug, Default, Serialize, Deserialize)]
 struct Props {
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -45,6 +77,8 @@ struct Props {
     correlation_data: Option<Vec<u8>>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     content_type: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    schema: Option<SchemaRef>,
 }
 
 fn put_varint(out: &mut Vec<u8>, mut v: u64) {
@@ -53,10 +87,6 @@ fn put_varint(out: &mut Vec<u8>, mut v: u64) {
         v >>= 7;
     }
     out.push(v as u8);
-}
-
-fn put_signed(out: &mut Vec<u8>, v: i64) {
-    put_varint(out, ((v << 1) ^ (v >> 63)) as u64);
 }
 
 fn put_bytes(out: &mut Vec<u8>, b: &[u8]) {
@@ -81,42 +111,122 @@ impl<'a> Table<'a> {
             self.count - 1
         })
     }
+
+    fn bytes(&self) -> Vec<u8> {
+        let mut head = Vec::new();
+        put_varint(&mut head, self.count);
+        head.extend_from_slice(&self.entries);
+        head
+    }
 }
 
-/// One value slot of a shape: its streams, and what the next value is a delta from.
-#[derive(Default)]
+/// One value slot of a shape: its streams.
 struct Slot<'a> {
-    tags: Vec<u8>,
-    scales: Vec<u8>,
-    nums: Vec<u8>,
+    tags: IntsOut,
+    scales: IntsOut,
+    /// Mantissas and scales, written at the end (format 2 puts them at one scale first).
+    nums: Vec<(i64, u8)>,
     /// String ids: 0 for a string not seen before in this slot (its text in `lits`), k for the
     /// k-th string the slot has seen.
-    ids: Vec<u8>,
+    ids: IntsOut,
     lits: Vec<u8>,
-    last: i64,
     seen: HashMap<&'a [u8], u64>,
 }
 
-/// The column-wise body of `records`.
-pub fn encode(records: &[WireRecord]) -> Vec<u8> {
-    let (mut seqs, mut kinds, mut gaps, mut class_ids, mut topic_ids) =
-        (Vec::new(), Vec::new(), Vec::new(), Vec::new(), Vec::new());
-    let (mut qos, mut times, mut props, mut shape_ids, mut raws) =
-        (Vec::new(), Vec::new(), Vec::new(), Vec::new(), Vec::new());
-    let (mut classes, mut topics, mut shapes) = (Table::default(), Table::default(), Table::default());
+impl Slot<'_> {
+    fn new(f: Format) -> Self {
+        Slot {
+            tags: IntsOut::new(f, V1::Byte),
+            scales: IntsOut::new(f, V1::Byte),
+            nums: Vec::new(),
+            ids: IntsOut::new(f, V1::Varint),
+            lits: Vec::new(),
+            seen: HashMap::new(),
+        }
+    }
+
+    fn nums(&self, f: Format) -> Vec<u8> {
+        let mut col = IntsOut::new(f, V1::Signed);
+        if f == Format::V1 {
+            self.nums.iter().for_each(|(m, _)| col.push(*m));
+            return col.finish();
+        }
+        let top = self.nums.iter().map(|(_, s)| *s).max().unwrap_or(0);
+        let scaled: Option<Vec<i64>> =
+            self.nums.iter().map(|(m, s)| m.checked_mul(10i64.checked_pow(u32::from(top - s))?)).collect();
+        let (head, vals) = match scaled {
+            Some(v) => (top, v),
+            None => (UNSCALED, self.nums.iter().map(|(m, _)| *m).collect()),
+        };
+        vals.into_iter().for_each(|v| col.push(v));
+        let mut out = vec![head];
+        out.extend(col.finish());
+        out
+    }
+}
+
+/// What a format 2 slot holds, its stream's first byte: most slots hold one kind of value,
+/// and leave out the tags and the columns of the other kind.
+const ONLY_NUMBERS: u8 = 0;
+const ONLY_STRINGS: u8 = 1;
+const MIXED: u8 = 2;
+
+impl Slot<'_> {
+    /// The slot as one format 2 stream: its kind, then the columns it needs, the strings last.
+    fn v2(self) -> Vec<u8> {
+        let kind = if self.tags.only(i64::from(T_NUM)) {
+            ONLY_NUMBERS
+        } else if self.tags.only(i64::from(T_STR)) {
+            ONLY_STRINGS
+        } else {
+            MIXED
+        };
+        let nums = self.nums(Format::V2);
+        let mut out = vec![kind];
+        if kind == MIXED {
+            out.extend(self.tags.finish());
+        }
+        if kind != ONLY_STRINGS {
+            out.extend(self.scales.finish());
+            out.extend(nums);
+        }
+        if kind != ONLY_NUMBERS {
+            out.extend(self.ids.finish());
+            out.extend(self.lits);
+        }
+        out
+    }
+}
+
+/// The column-wise body of `records` in format `f`.
+pub fn encode(records: &[WireRecord], f: Format) -> Vec<u8> {
+    let (mut seqs, mut kinds, mut gaps) = (IntsOut::new(f, V1::Delta), IntsOut::new(f, V1::Byte), Vec::new());
+    let (mut class_ids, mut topic_ids) = (IntsOut::new(f, V1::Varint), IntsOut::new(f, V1::Varint));
+    let (mut qos, mut times, mut props) = (IntsOut::new(f, V1::Byte), IntsOut::new(f, V1::Signed), Vec::new());
+    let (mut shape_ids, mut schema_ids, mut raws) =
+        (IntsOut::new(f, V1::Varint), IntsOut::new(f, V1::Varint), Vec::new());
+    let (mut classes, mut topics, mut shapes, mut schemas) =
+        (Table::default(), Table::default(), Table::default(), Table::default());
+    let mut schema_cbor: Vec<Vec<u8>> = Vec::new();
     let mut shape_texts: Vec<Vec<u8>> = Vec::new();
     let mut slots: Vec<Vec<Slot<'_>>> = Vec::new();
-    let (mut last_seq, mut last_ms) = (0u64, 0i64);
     let mut cuts = Vec::with_capacity(records.len());
     for r in records {
         cuts.push(match &r.body {
             RecordBody::Message(m) => cut(&m.payload),
             RecordBody::Gap(_) => None,
         });
+        if let RecordBody::Message(WireMessage { schema: Some(s), .. }) = &r.body
+            && f == Format::V2
+        {
+            let mut cbor = Vec::new();
+            let _ = ciborium::into_writer(s, &mut cbor);
+            schema_cbor.push(cbor);
+        }
     }
+    let mut next_schema = schema_cbor.iter();
     for (i, (r, cut)) in records.iter().zip(cuts.iter()).enumerate() {
-        put_varint(&mut seqs, r.seq.wrapping_sub(last_seq));
-        last_seq = r.seq;
+        seqs.push(r.seq as i64);
         let m = match &r.body {
             RecordBody::Gap(g) => {
                 kinds.push(1);
@@ -128,21 +238,28 @@ pub fn encode(records: &[WireRecord]) -> Vec<u8> {
             RecordBody::Message(m) => m,
         };
         kinds.push(0);
-        put_varint(&mut class_ids, classes.id(m.class.as_bytes()));
-        put_varint(&mut topic_ids, topics.id(m.topic.as_bytes()));
-        qos.push(m.qos);
-        put_signed(&mut times, (m.enqueued_ms as i64).wrapping_sub(last_ms));
-        last_ms = m.enqueued_ms as i64;
+        class_ids.push(classes.id(m.class.as_bytes()) as i64);
+        topic_ids.push(topics.id(m.topic.as_bytes()) as i64);
+        qos.push(i64::from(m.qos));
+        times.push(m.enqueued_ms as i64);
+        let schema_in_props = f == Format::V1 && m.schema.is_some();
+        if f == Format::V2 {
+            // The CBOR lives in `schema_cbor` for the whole function: the table may borrow it.
+            let id = m.schema.as_ref().and(next_schema.next()).map_or(0, |c| schemas.id(c) + 1);
+            schema_ids.push(id as i64);
+        }
         if m.expires_ms.is_some()
             || !m.user_properties.is_empty()
             || m.correlation_data.is_some()
             || m.content_type.is_some()
+            || schema_in_props
         {
             let p = Props {
                 expires_ms: m.expires_ms,
                 user_properties: m.user_properties.clone(),
                 correlation_data: m.correlation_data.clone(),
                 content_type: m.content_type.clone(),
+                schema: m.schema.clone().filter(|_| schema_in_props),
             };
             let mut cbor = Vec::new();
             let _ = ciborium::into_writer(&p, &mut cbor);
@@ -154,7 +271,7 @@ pub fn encode(records: &[WireRecord]) -> Vec<u8> {
             (known || shape_texts.len() < MAX_SHAPES).then_some((shape, vals))
         });
         let Some((shape, vals)) = shaped else {
-            put_varint(&mut shape_ids, 0);
+            shape_ids.push(0);
             put_bytes(&mut raws, &m.payload);
             continue;
         };
@@ -163,57 +280,73 @@ pub fn encode(records: &[WireRecord]) -> Vec<u8> {
         let id = shapes.id(shape.as_slice());
         if shapes.count > before {
             shape_texts.push(shape.clone());
-            slots.push((0..vals.len()).map(|_| Slot::default()).collect());
+            slots.push((0..vals.len()).map(|_| Slot::new(f)).collect());
         }
-        put_varint(&mut shape_ids, id + 1);
+        shape_ids.push(id as i64 + 1);
         for (slot, v) in slots[id as usize].iter_mut().zip(vals) {
             match v {
                 Val::Num { mantissa, scale } => {
-                    slot.tags.push(T_NUM);
-                    slot.scales.push(*scale);
-                    put_signed(&mut slot.nums, mantissa.wrapping_sub(slot.last));
-                    slot.last = *mantissa;
+                    slot.tags.push(i64::from(T_NUM));
+                    slot.scales.push(i64::from(*scale));
+                    slot.nums.push((*mantissa, *scale));
                 }
                 Val::Str(s) => {
-                    slot.tags.push(T_STR);
+                    slot.tags.push(i64::from(T_STR));
                     let next = slot.seen.len() as u64 + 1;
                     match slot.seen.get(s) {
-                        Some(k) => put_varint(&mut slot.ids, *k),
+                        Some(k) => slot.ids.push(*k as i64),
                         None => {
-                            put_varint(&mut slot.ids, 0);
+                            slot.ids.push(0);
                             put_bytes(&mut slot.lits, s);
                             slot.seen.insert(s, next);
                         }
                     }
                 }
-                Val::True => slot.tags.push(T_TRUE),
-                Val::False => slot.tags.push(T_FALSE),
-                Val::Null => slot.tags.push(T_NULL),
+                Val::True => slot.tags.push(i64::from(T_TRUE)),
+                Val::False => slot.tags.push(i64::from(T_FALSE)),
+                Val::Null => slot.tags.push(i64::from(T_NULL)),
             }
         }
     }
-    let mut out = vec![FORMAT];
-    put_varint(&mut out, records.len() as u64);
-    let mut stream = |s: &[u8]| put_bytes(&mut out, s);
-    for s in [&seqs, &kinds, &gaps] {
-        stream(s);
+    let mut streams: Vec<(&'static str, Vec<u8>)> = vec![
+        ("seqs", seqs.finish()),
+        ("kinds", kinds.finish()),
+        ("gaps", gaps),
+        ("classes", classes.bytes()),
+        ("class ids", class_ids.finish()),
+        ("topics", topics.bytes()),
+        ("topic ids", topic_ids.finish()),
+        ("qos", qos.finish()),
+        ("times", times.finish()),
+        ("props", props),
+        ("shapes", shapes.bytes()),
+        ("shape ids", shape_ids.finish()),
+        ("payloads", raws),
+    ];
+    if f == Format::V2 {
+        streams.push(("schemas", schemas.bytes()));
+        streams.push(("schema ids", schema_ids.finish()));
     }
-    let table = |t: &Table<'_>| {
-        let mut head = Vec::new();
-        put_varint(&mut head, t.count);
-        head.extend_from_slice(&t.entries);
-        head
-    };
-    let (ct, tt, st) = (table(&classes), table(&topics), table(&shapes));
-    for s in [&ct, &class_ids, &tt, &topic_ids, &qos, &times, &props, &st, &shape_ids, &raws] {
-        stream(s);
-    }
-    for shape in &slots {
+    for shape in slots {
         for slot in shape {
-            for s in [&slot.tags, &slot.scales, &slot.nums, &slot.ids, &slot.lits] {
-                stream(s);
+            if f == Format::V2 {
+                streams.push(("slot", slot.v2()));
+                continue;
             }
+            let nums = slot.nums(f);
+            streams.extend([
+                ("slot tags", slot.tags.finish()),
+                ("slot scales", slot.scales.finish()),
+                ("slot numbers", nums),
+                ("slot string ids", slot.ids.finish()),
+                ("slot strings", slot.lits),
+            ]);
         }
+    }
+    let mut out = vec![f.byte()];
+    put_varint(&mut out, records.len() as u64);
+    for (_, s) in &streams {
+        put_bytes(&mut out, s);
     }
     out
 }
@@ -249,11 +382,6 @@ impl<'a> Rd<'a> {
             }
         }
         Err(bad(self.what, "a varint longer than 10 bytes"))
-    }
-
-    fn signed(&mut self) -> Result<i64, ProtoError> {
-        let v = self.varint()?;
-        Ok((v >> 1) as i64 ^ -((v & 1) as i64))
     }
 
     fn bytes(&mut self) -> Result<&'a [u8], ProtoError> {
@@ -309,48 +437,129 @@ fn pick<'a>(t: &[&'a [u8]], id: u64, what: &'static str) -> Result<&'a [u8], Pro
 }
 
 struct SlotRd<'a> {
-    tags: Rd<'a>,
-    scales: Rd<'a>,
-    nums: Rd<'a>,
-    ids: Rd<'a>,
+    tags: IntsIn<'a>,
+    scales: IntsIn<'a>,
+    /// The column's scale in format 2 ([`UNSCALED`] if none), 0 in format 1.
+    top: u8,
+    nums: IntsIn<'a>,
+    ids: IntsIn<'a>,
     lits: Rd<'a>,
-    last: i64,
     seen: Vec<&'a [u8]>,
 }
 
-/// The records of a column-wise body; at most `max_out` bytes of topics, classes, payloads and
-/// properties in all.
-pub fn decode(raw: &[u8], max_out: usize) -> Result<Vec<WireRecord>, ProtoError> {
-    let mut r = Rd::new(raw, "head");
-    if r.byte()? != FORMAT {
-        return Err(bad("head", "an unknown format"));
+impl<'a> SlotRd<'a> {
+    /// A format 2 slot's stream.
+    fn v2(mut r: Rd<'a>) -> Result<Self, ProtoError> {
+        let kind = r.byte()?;
+        if kind > MIXED {
+            return Err(bad("slot", format!("kind {kind}")));
+        }
+        let mixed = (kind == MIXED).then(|| IntsIn::packed(&mut r)).transpose()?;
+        let (scales, top, nums) = if kind == ONLY_STRINGS {
+            (IntsIn::constant("slot scales", 0, 0), 0, IntsIn::constant("slot numbers", 0, 0))
+        } else {
+            r.what = "slot scales";
+            let scales = IntsIn::packed(&mut r)?;
+            r.what = "slot numbers";
+            (scales, r.byte()?, IntsIn::packed(&mut r)?)
+        };
+        let ids = if kind == ONLY_NUMBERS {
+            IntsIn::constant("slot string ids", 0, 0)
+        } else {
+            r.what = "slot string ids";
+            IntsIn::packed(&mut r)?
+        };
+        let tags = match (kind, mixed) {
+            (_, Some(tags)) => tags,
+            (ONLY_NUMBERS, None) => IntsIn::constant("slot tags", i64::from(T_NUM), nums.len()),
+            _ => IntsIn::constant("slot tags", i64::from(T_STR), ids.len()),
+        };
+        r.what = "slot strings";
+        Ok(SlotRd { tags, scales, top, nums, ids, lits: r, seen: Vec::new() })
     }
+
+    /// The next number's mantissa and scale.
+    fn number(&mut self, f: Format) -> Result<(i64, u8), ProtoError> {
+        let (v, scale) = (self.nums.next()?, self.scales.byte()?);
+        if f == Format::V1 || self.top == UNSCALED {
+            return Ok((v, scale));
+        }
+        let pow = self
+            .top
+            .checked_sub(scale)
+            .and_then(|d| 10i64.checked_pow(u32::from(d)))
+            .ok_or_else(|| bad("slot scales", format!("scale {scale} above the column's {}", self.top)))?;
+        if v % pow != 0 {
+            return Err(bad("slot numbers", format!("{v} is not at scale {scale}")));
+        }
+        Ok((v / pow, scale))
+    }
+}
+
+/// The records of a column-wise body; at most `max_out` bytes of records in all, as
+/// `compress::records_cost` counts them (each record's struct, its strings and payload).
+pub fn decode<'a>(raw: &'a [u8], max_out: usize) -> Result<Vec<WireRecord>, ProtoError> {
+    let mut r = Rd::new(raw, "head");
+    let f = match r.byte()? {
+        1 => Format::V1,
+        2 => Format::V2,
+        other => return Err(bad("head", format!("format {other}, not one this build knows"))),
+    };
     let n = r.varint()?;
-    // Every record takes a byte in the kinds stream at least.
-    if n > raw.len() as u64 {
+    // Every record takes a byte in the kinds stream at least (a bit, in format 2).
+    if n > (raw.len() as u64).saturating_mul(8) {
         return Err(bad("head", format!("{n} records in {} bytes", raw.len())));
     }
     let mut stream = |what| r.bytes().map(|b| Rd::new(b, what));
-    let (mut seqs, mut kinds, mut gaps) = (stream("seqs")?, stream("kinds")?, stream("gaps")?);
+    let ints = |rd: Rd<'a>, v1| IntsIn::new(rd.b, rd.what, f, v1);
+    let mut seqs = ints(stream("seqs")?, V1::Delta)?;
+    let mut kinds = ints(stream("kinds")?, V1::Byte)?;
+    let mut gaps = stream("gaps")?;
     let classes = table(stream("classes")?.b, "classes")?;
-    let mut class_ids = stream("class ids")?;
+    let mut class_ids = ints(stream("class ids")?, V1::Varint)?;
     let topics = table(stream("topics")?.b, "topics")?;
-    let mut topic_ids = stream("topic ids")?;
-    let (mut qos, mut times, mut props) = (stream("qos")?, stream("times")?, stream("props")?);
+    let mut topic_ids = ints(stream("topic ids")?, V1::Varint)?;
+    let mut qos = ints(stream("qos")?, V1::Byte)?;
+    let mut times = ints(stream("times")?, V1::Signed)?;
+    let mut props = stream("props")?;
     let shapes = table(stream("shapes")?.b, "shapes")?;
-    let (mut shape_ids, mut raws) = (stream("shape ids")?, stream("payloads")?);
+    let mut shape_ids = ints(stream("shape ids")?, V1::Varint)?;
+    let mut raws = stream("payloads")?;
+    let (schemas, mut schema_ids) = match f {
+        Format::V1 => (Vec::new(), None),
+        Format::V2 => {
+            let t = table(stream("schemas")?.b, "schemas")?;
+            let refs = t
+                .iter()
+                .map(|c| {
+                    let s: SchemaRef = ciborium::from_reader(*c).map_err(|e| bad("schemas", e))?;
+                    s.check().map_err(|e| bad("schemas", e))?;
+                    Ok(s)
+                })
+                .collect::<Result<Vec<_>, ProtoError>>()?;
+            (refs, Some(ints(stream("schema ids")?, V1::Varint)?))
+        }
+    };
     let mut slots: Vec<Vec<SlotRd<'_>>> = Vec::with_capacity(shapes.len());
     for s in &shapes {
         let count = s.iter().filter(|b| **b == SLOT).count();
         let mut these = Vec::with_capacity(count.min(raw.len()));
         for _ in 0..count {
+            if f == Format::V2 {
+                these.push(SlotRd::v2(stream("slot")?)?);
+                continue;
+            }
+            let tags = ints(stream("slot tags")?, V1::Byte)?;
+            let scales = ints(stream("slot scales")?, V1::Byte)?;
+            let mut nums = stream("slot numbers")?;
+            let top = if f == Format::V2 { nums.byte()? } else { 0 };
             these.push(SlotRd {
-                tags: stream("slot tags")?,
-                scales: stream("slot scales")?,
-                nums: stream("slot numbers")?,
-                ids: stream("slot string ids")?,
+                tags,
+                scales,
+                top,
+                nums: ints(nums, V1::Signed)?,
+                ids: ints(stream("slot string ids")?, V1::Varint)?,
                 lits: stream("slot strings")?,
-                last: 0,
                 seen: Vec::new(),
             });
         }
@@ -359,21 +568,23 @@ pub fn decode(raw: &[u8], max_out: usize) -> Result<Vec<WireRecord>, ProtoError>
     r.done()?;
     let mut budget = Budget { used: 0, max: max_out };
     let mut next_props = if props.b.is_empty() { None } else { Some(props.varint()?) };
-    let (mut seq, mut ms) = (0u64, 0i64);
-    let mut records = Vec::with_capacity(n as usize);
+    let each = size_of::<WireRecord>();
+    let mut records = Vec::with_capacity((n as usize).min(max_out / each));
     for i in 0..n {
-        seq = seq.wrapping_add(seqs.varint()?);
+        // As `compress::records_cost` counts: a record's struct, then the bytes it owns.
+        budget.spend(each)?;
+        let seq = seqs.next()? as u64;
         if kinds.byte()? == 1 {
             let g: WireGap = ciborium::from_reader(gaps.bytes()?).map_err(|e| bad("gaps", e))?;
             budget.spend(g.ranges.len() * 16 + g.class.len())?;
             records.push(WireRecord::gap(seq, g));
             continue;
         }
-        let class = pick(&classes, class_ids.varint()?, "class ids")?;
-        let topic = pick(&topics, topic_ids.varint()?, "topic ids")?;
+        let class = pick(&classes, class_ids.next()? as u64, "class ids")?;
+        let topic = pick(&topics, topic_ids.next()? as u64, "topic ids")?;
         budget.spend(class.len() + topic.len())?;
         let q = qos.byte()?;
-        ms = ms.wrapping_add(times.signed()?);
+        let ms = times.next()?;
         let mut m = WireMessage {
             class: utf8(class, "classes")?,
             topic: utf8(topic, "topics")?,
@@ -384,16 +595,28 @@ pub fn decode(raw: &[u8], max_out: usize) -> Result<Vec<WireRecord>, ProtoError>
             user_properties: Vec::new(),
             correlation_data: None,
             content_type: None,
+            schema: None,
         };
+        if let Some(ids) = schema_ids.as_mut() {
+            m.schema = match ids.next()? as u64 {
+                0 => None,
+                k => Some(schemas.get(k as usize - 1).cloned().ok_or_else(|| bad("schema ids", k))?),
+            };
+            budget.spend(m.schema.as_ref().map_or(0, |s| s.subject.len() + s.id.len()))?;
+        }
         if next_props == Some(i) {
             let cbor = props.bytes()?;
             budget.spend(cbor.len())?;
             let p: Props = ciborium::from_reader(cbor).map_err(|e| bad("props", e))?;
             (m.expires_ms, m.user_properties, m.correlation_data, m.content_type) =
                 (p.expires_ms, p.user_properties, p.correlation_data, p.content_type);
+            if let Some(s) = p.schema {
+                s.check().map_err(|e| bad("props", e))?;
+                m.schema = Some(s);
+            }
             next_props = if props.b.is_empty() { None } else { Some(props.varint()?) };
         }
-        match shape_ids.varint()? {
+        match shape_ids.next()? as u64 {
             0 => {
                 let p = raws.bytes()?;
                 budget.spend(p.len())?;
@@ -418,12 +641,11 @@ pub fn decode(raw: &[u8], max_out: usize) -> Result<Vec<WireRecord>, ProtoError>
                     k += 1;
                     match s.tags.byte()? {
                         T_NUM => {
-                            s.last = s.last.wrapping_add(s.nums.signed()?);
-                            render(s.last, s.scales.byte()?, &mut m.payload)
-                                .ok_or_else(|| bad("slot scales", "over 18"))?;
+                            let (mantissa, scale) = s.number(f)?;
+                            render(mantissa, scale, &mut m.payload).ok_or_else(|| bad("slot scales", "over 18"))?;
                         }
                         T_STR => {
-                            let text = match s.ids.varint()? {
+                            let text = match s.ids.next()? as u64 {
                                 0 => {
                                     let t = s.lits.bytes()?;
                                     s.seen.push(t);
@@ -446,13 +668,20 @@ pub fn decode(raw: &[u8], max_out: usize) -> Result<Vec<WireRecord>, ProtoError>
         }
         records.push(WireRecord::message(seq, m));
     }
-    for s in [&seqs, &kinds, &gaps, &class_ids, &topic_ids, &qos, &times, &props, &shape_ids, &raws] {
+    for s in [&seqs, &kinds, &class_ids, &topic_ids, &qos, &times, &shape_ids] {
         s.done()?;
     }
+    for s in [&gaps, &props, &raws] {
+        s.done()?;
+    }
+    if let Some(ids) = &schema_ids {
+        ids.done()?;
+    }
     for s in slots.iter().flatten() {
-        for r in [&s.tags, &s.scales, &s.nums, &s.ids, &s.lits] {
+        for r in [&s.tags, &s.scales, &s.nums, &s.ids] {
             r.done()?;
         }
+        s.lits.done()?;
     }
     Ok(records)
 }

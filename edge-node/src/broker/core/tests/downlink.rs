@@ -15,6 +15,7 @@ fn message(topic: &str, qos: QoS, retain: bool) -> Message {
         props: PublishProps::default(),
         expires_at: None,
         origin: None,
+        schema: None,
     }
 }
 
