@@ -165,13 +165,15 @@ pub struct Measured {
 
 /// The model's inputs for every class: the routed classes in config order, then report-only
 /// classes. A class's measured traffic wins over its declared traffic once it has any; its
-/// compression is the declared one, else its lane's as measured (`compression(Some(lane))`),
-/// else all lanes' (`compression(None)`: the edge-direct classes never went up), else 1.
+/// compression is the declared one, else its own as the uplink measured it
+/// (`compression(Some(class))`: bytes sent per byte of its messages, in the encoding its
+/// batches went in), else all classes' (`compression(None)`: the edge-direct classes never went
+/// up), else 1.
 pub fn inputs(
     tco: &TcoConfig,
     classes: &Classes,
     measured: &BTreeMap<String, Measured>,
-    compression: &dyn Fn(Option<u8>) -> Option<f64>,
+    compression: &dyn Fn(Option<&str>) -> Option<f64>,
 ) -> Vec<ClassInput> {
     let declared = |name: &str| tco.classes.get(name).cloned().unwrap_or_default();
     let mut out: Vec<ClassInput> = classes
@@ -185,7 +187,7 @@ pub fn inputs(
                 bytes_per_msg: m.map_or(d.bytes_per_msg.unwrap_or(0.0), |m| m.bytes_per_msg),
                 compression: d
                     .compression
-                    .or_else(|| compression(Some(c.lane.0)))
+                    .or_else(|| compression(Some(&c.name)))
                     .or_else(|| compression(None))
                     .unwrap_or(1.0),
                 sla_ms: d.sla_ms,
@@ -291,8 +293,9 @@ pub struct LinkFigures {
     /// never connected), for readiness (`health`).
     up: std::sync::atomic::AtomicBool,
     since_ms: AtomicU64,
-    /// Batch bytes before and after compression, per lane.
-    lanes: Mutex<BTreeMap<u8, (u64, u64)>>,
+    /// Per class: its messages' bytes as the classes count them (topic, payload and 2) and
+    /// the batch body bytes they took on the wire, their share of each batch's.
+    classes: Mutex<BTreeMap<String, (u64, u64)>>,
 }
 
 impl LinkFigures {
@@ -316,12 +319,27 @@ impl LinkFigures {
         self.commit_micros.store(latency.as_micros() as u64, Ordering::Relaxed);
     }
 
-    /// A batch of `raw` bytes went out on `lane` as `sent` bytes.
-    pub fn sent(&self, lane: u8, raw: u64, sent: u64) {
-        if let Ok(mut lanes) = self.lanes.lock() {
-            let (r, s) = lanes.entry(lane).or_default();
-            *r += raw;
-            *s += sent;
+    /// A batch body of `sent` bytes carried `classes`' messages, each class's bytes as
+    /// [`crate::route`] counts a publish: each class is charged its share of `sent`.
+    pub fn sent(&self, classes: &[(String, u64)], sent: u64) {
+        let total: u64 = classes.iter().map(|(_, b)| *b).sum();
+        if total == 0 {
+            return;
+        }
+        if let Ok(mut figures) = self.classes.lock() {
+            for (class, bytes) in classes {
+                let share = (u128::from(sent) * u128::from(*bytes) / u128::from(total)) as u64;
+                // Looked up before inserting: a class name is cloned once, not once a batch.
+                match figures.get_mut(class) {
+                    Some((m, s)) => {
+                        *m += bytes;
+                        *s += share;
+                    }
+                    None => {
+                        figures.insert(class.clone(), (*bytes, share));
+                    }
+                }
+            }
         }
     }
 
@@ -331,12 +349,12 @@ impl LinkFigures {
         (rtt > 0).then(|| Link { rtt_ms: rtt as f64 / 1000.0, commit_ms: commit as f64 / 1000.0 })
     }
 
-    /// Bytes sent per batch byte so far, on `lane` (a class's priority) or over all lanes.
-    pub fn compression(&self, lane: Option<u8>) -> Option<f64> {
-        let lanes = self.lanes.lock().ok()?;
-        let (raw, sent) = match lane {
-            Some(lane) => lanes.get(&lane).copied().unwrap_or_default(),
-            None => lanes.values().fold((0, 0), |(r, s), (lr, ls)| (r + lr, s + ls)),
+    /// Batch bytes sent per message byte so far, of `class` or of all classes.
+    pub fn compression(&self, class: Option<&str>) -> Option<f64> {
+        let figures = self.classes.lock().ok()?;
+        let (raw, sent) = match class {
+            Some(class) => figures.get(class).copied().unwrap_or_default(),
+            None => figures.values().fold((0, 0), |(r, s), (lr, ls)| (r + lr, s + ls)),
         };
         (raw > 0).then(|| sent as f64 / raw as f64)
     }
@@ -411,7 +429,7 @@ fn publish(
     latest: &watch::Sender<Snapshot>,
 ) -> Snapshot {
     let measured_link = link.link().unwrap_or(Link { rtt_ms: tco.link.rtt_ms, commit_ms: tco.link.commit_ms });
-    let inputs = inputs(tco, classes, measured, &|lane| link.compression(lane));
+    let inputs = inputs(tco, classes, measured, &|class| link.compression(class));
     let routes: BTreeMap<String, (Route, u64)> =
         classes.iter().map(|c| (c.name.clone(), (c.route(), switches.get(&c.name).copied().unwrap_or(0)))).collect();
     let snap = snapshot(tco, measured_link, &inputs, &routes);
@@ -443,7 +461,7 @@ mod tests {
     }
 
     #[test]
-    fn measured_traffic_and_lane_compression_win_over_defaults() {
+    fn measured_traffic_and_class_compression_win_over_defaults() {
         let config: Sections = toml::from_str(
             r#"
 [[class]]
@@ -481,16 +499,18 @@ bytes_per_msg = 1
         let (tco, classes) = (config.tco.clone(), Classes::from_config(&config.classes));
         let routed = |n: &str| config.classes.iter().find(|c| c.name == n).map(|c| c.governance);
         assert!(tco.problems(&routed).is_empty(), "{:?}", tco.problems(&routed));
-        let lanes = |lane: Option<u8>| match lane {
-            Some(3) => Some(0.25),
-            Some(_) => None,
-            None => Some(0.5),
-        };
-        let declared = inputs(&tco, &classes, &BTreeMap::new(), &lanes);
+        // As the uplink measures them: class a's 4000 message bytes took 1000 body bytes, b's
+        // none yet; all classes together 0.25 of theirs.
+        let link = LinkFigures::default();
+        link.sent(&[("a".into(), 3000)], 750);
+        link.sent(&[("a".into(), 1000), ("other".into(), 1000)], 500);
+        assert_eq!(link.compression(Some("a")), Some(0.25));
+        assert_eq!(link.compression(Some("b")), None);
+        let declared = inputs(&tco, &classes, &BTreeMap::new(), &|c| link.compression(c));
         assert_eq!(declared.iter().map(|c| c.name.as_str()).collect::<Vec<_>>(), ["a", "b", "sync"]);
-        assert_eq!((declared[0].msg_per_s, declared[0].compression), (5.0, 0.25), "declared rate, lane 3's ratio");
+        assert_eq!((declared[0].msg_per_s, declared[0].compression), (5.0, 0.25), "declared rate, a's measured ratio");
         assert_eq!(declared[1].compression, 0.9, "declared compression wins");
-        assert_eq!((declared[2].compression, declared[2].governance), (0.5, Governance::CentralOnly));
+        assert_eq!((declared[2].compression, declared[2].governance), (0.25, Governance::CentralOnly));
         let measured = BTreeMap::from([("a".to_owned(), Measured { msg_per_s: 50.0, bytes_per_msg: 100.0 })]);
         let live = inputs(&tco, &classes, &measured, &|_| None);
         assert_eq!((live[0].msg_per_s, live[0].bytes_per_msg, live[0].compression), (50.0, 100.0, 1.0));

@@ -40,6 +40,9 @@ pub struct DictSettings {
     pub retrain: Duration,
 }
 
+/// Sample bytes for a dictionary of table entries (about 50 telemetry records).
+const COLUMN_SAMPLES: usize = 8 << 10;
+
 /// Each failed training doubles a class's sample goal, up to this many times the setting.
 const MAX_GOAL_FACTOR: usize = 8;
 
@@ -89,6 +92,17 @@ impl DictBook {
         self.settings.size > 0
     }
 
+    /// Sample bytes a class collects before its dictionary is made: on a version 7 session at
+    /// most [`COLUMN_SAMPLES`], since a dictionary of repeated table entries needs only enough
+    /// records to see them repeat, and the batches before it go without.
+    fn goal(&self) -> usize {
+        if Format::of_version(self.version) == Some(Format::V2) {
+            self.settings.samples.min(COLUMN_SAMPLES)
+        } else {
+            self.settings.samples
+        }
+    }
+
     /// The ids of the dictionaries in use, for the hello.
     pub fn ids(&self) -> Vec<String> {
         let mut ids: Vec<String> =
@@ -116,7 +130,7 @@ impl DictBook {
         if !self.enabled() {
             return;
         }
-        let goal = self.settings.samples;
+        let goal = self.goal();
         for r in records {
             let Some(m) = r.as_message() else { continue };
             if self.training.as_ref().is_some_and(|(class, _)| *class == m.class) {
@@ -166,7 +180,7 @@ impl DictBook {
             }
         }
         if self.training.is_none() {
-            let goal = self.settings.samples;
+            let goal = self.goal();
             let ready = self
                 .classes
                 .iter_mut()
@@ -302,6 +316,28 @@ mod tests {
         let with = compress::pack("e", 0, 1, &records[..20], Some(dict.on(2)), 3).unwrap();
         let without = compress::pack("e", 0, 1, &records[..20], None, 3).unwrap();
         assert!(with.body.len() * 4 < without.body.len() * 3, "{} vs {} bytes", with.body.len(), without.body.len());
+    }
+
+    /// On a version 7 session a class's dictionary is its repeated table entries (raw content,
+    /// no zstd header), made from fewer samples, and it pays on column-wise batches.
+    #[tokio::test]
+    async fn a_version_7_session_makes_dictionaries_of_table_entries() {
+        let now = Instant::now();
+        let mut book = DictBook::new(settings(4096));
+        book.connected(&[], 7);
+        assert_eq!(book.goal(), COLUMN_SAMPLES);
+        let records: Vec<_> = (1..=400).map(|s| record(s, "telemetry")).collect();
+        book.observe(&records, now);
+        let dict = trained(&mut book, now).await;
+        assert_ne!(&dict.bytes[..4], &[0x37, 0xa4, 0x30, 0xec], "not a zstd-trained dictionary");
+        let text = String::from_utf8_lossy(&dict.bytes);
+        assert!(text.contains("telemetry/cam-3/metrics") && text.contains("cam-5"), "{text:?}");
+        let columns = Some(Format::V2);
+        let with = compress::pack_as("e", 0, 100, &records[99..149], Some(dict.on(7)), (3, columns)).unwrap();
+        let without = compress::pack_as("e", 0, 100, &records[99..149], None, (3, columns)).unwrap();
+        assert!(with.body.len() < without.body.len(), "{} vs {} bytes", with.body.len(), without.body.len());
+        let dicts = HashMap::from([(dict.id.clone(), dict.bytes.clone())]);
+        assert_eq!(compress::unpack(&with, &dicts, 1 << 20).unwrap(), &records[99..149]);
     }
 
     #[tokio::test]

@@ -677,7 +677,7 @@ impl Uplink {
         let label = LaneLabel { lane: batch.lane };
         handle(&self.metrics.lane_raw, &label).inc_by(batch.raw_len);
         handle(&self.metrics.lane_sent, &label).inc_by(batch.body.len() as u64);
-        self.link.sent(batch.lane, batch.raw_len, batch.body.len() as u64);
+        self.link.sent(&packed.classes, batch.body.len() as u64);
     }
 
     fn report_classes(&self, session: &mut EdgeSession) {

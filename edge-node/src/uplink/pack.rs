@@ -33,6 +33,22 @@ pub struct Packed {
     pub trained: Option<Dict>,
     /// Whether a dictionary was announced to the session for later batches.
     pub announced: bool,
+    /// Per class, its messages' bytes in the batch as the classes count a publish (topic,
+    /// payload and 2), for the TCO model's measured compression.
+    pub classes: Vec<(String, u64)>,
+}
+
+/// Each class's message bytes in `records`, as `route::Class::count` counts a publish.
+fn class_bytes(records: &[WireRecord]) -> Vec<(String, u64)> {
+    let mut out: Vec<(String, u64)> = Vec::new();
+    for m in records.iter().filter_map(WireRecord::as_message) {
+        let bytes = (2 + m.topic.len() + m.payload.len()) as u64;
+        match out.iter_mut().find(|(c, _)| *c == m.class) {
+            Some((_, b)) => *b += bytes,
+            None => out.push((m.class.clone(), bytes)),
+        }
+    }
+    out
 }
 
 impl Packer {
@@ -64,7 +80,8 @@ impl Packer {
         let columns = shared::proto::columns::Format::of_version(session.version());
         let (batch, refused) =
             pack_within_cost(read.lane, read.after + 1, &mut wire, choice.dict, (self.level, columns))?;
-        Ok(Packed { batch, records: wire.len(), refused, trained, announced })
+        let classes = class_bytes(&wire);
+        Ok(Packed { batch, records: wire.len(), refused, trained, announced, classes })
     }
 }
 

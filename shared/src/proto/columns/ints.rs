@@ -123,7 +123,8 @@ fn frame(vals: impl Iterator<Item = i64> + Clone) -> (i64, u64, u64) {
 const DELTAS: u8 = 1;
 const STEPPED: u8 = 2;
 
-fn pack(vals: &[i64]) -> Vec<u8> {
+/// A format 2 column of `vals`.
+pub(super) fn pack(vals: &[i64]) -> Vec<u8> {
     let mut out = Vec::new();
     put_varint(&mut out, vals.len() as u64);
     let Some(&first) = vals.first() else { return out };

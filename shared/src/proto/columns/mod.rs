@@ -47,6 +47,10 @@ const T_NULL: u8 = 4;
 /// A number column whose values could not be put at one scale (one would overflow an i64).
 const UNSCALED: u8 = 255;
 
+/// The largest power of ten a number column may be sent relative to its records' enqueue
+/// times in ms by (format 2).
+const MAX_CLOCK_EXP: u32 = 9;
+
 impl Format {
     fn byte(self) -> u8 {
         match self {
@@ -124,8 +128,9 @@ impl<'a> Table<'a> {
 struct Slot<'a> {
     tags: IntsOut,
     scales: IntsOut,
-    /// Mantissas and scales, written at the end (format 2 puts them at one scale first).
-    nums: Vec<(i64, u8)>,
+    /// Mantissas and scales, written at the end (format 2 puts them at one scale first), and
+    /// the enqueue time (ms) of the record each is in.
+    nums: Vec<(i64, u8, i64)>,
     /// String ids: 0 for a string not seen before in this slot (its text in `lits`), k for the
     /// k-th string the slot has seen.
     ids: IntsOut,
@@ -148,19 +153,31 @@ impl Slot<'_> {
     fn nums(&self, f: Format) -> Vec<u8> {
         let mut col = IntsOut::new(f, V1::Signed);
         if f == Format::V1 {
-            self.nums.iter().for_each(|(m, _)| col.push(*m));
+            self.nums.iter().for_each(|(m, _, _)| col.push(*m));
             return col.finish();
         }
-        let top = self.nums.iter().map(|(_, s)| *s).max().unwrap_or(0);
+        let top = self.nums.iter().map(|(_, s, _)| *s).max().unwrap_or(0);
         let scaled: Option<Vec<i64>> =
-            self.nums.iter().map(|(m, s)| m.checked_mul(10i64.checked_pow(u32::from(top - s))?)).collect();
+            self.nums.iter().map(|(m, s, _)| m.checked_mul(10i64.checked_pow(u32::from(top - s))?)).collect();
         let (head, vals) = match scaled {
             Some(v) => (top, v),
-            None => (UNSCALED, self.nums.iter().map(|(m, _)| *m).collect()),
+            None => (UNSCALED, self.nums.iter().map(|(m, _, _)| *m).collect()),
         };
-        vals.into_iter().for_each(|v| col.push(v));
-        let mut out = vec![head];
-        out.extend(col.finish());
+        // A timestamp in a payload follows the record's enqueue time more closely than the
+        // timestamp before it: sent as its difference from that time in ms times 10^k (k up
+        // to 9: ms to ps), when that packs smaller. The clock byte says which: 0 for none.
+        let mut best = (0u8, ints::pack(&vals));
+        for k in 0..=MAX_CLOCK_EXP {
+            let unit = 10i64.pow(k);
+            let off: Vec<i64> =
+                vals.iter().zip(&self.nums).map(|(v, (_, _, ms))| v.wrapping_sub(ms.wrapping_mul(unit))).collect();
+            let packed = ints::pack(&off);
+            if packed.len() < best.1.len() {
+                best = (k as u8 + 1, packed);
+            }
+        }
+        let mut out = vec![head, best.0];
+        out.extend(best.1);
         out
     }
 }
@@ -288,7 +305,7 @@ pub fn encode(records: &[WireRecord], f: Format) -> Vec<u8> {
                 Val::Num { mantissa, scale } => {
                     slot.tags.push(i64::from(T_NUM));
                     slot.scales.push(i64::from(*scale));
-                    slot.nums.push((*mantissa, *scale));
+                    slot.nums.push((*mantissa, *scale, m.enqueued_ms as i64));
                 }
                 Val::Str(s) => {
                     slot.tags.push(i64::from(T_STR));
@@ -441,6 +458,9 @@ struct SlotRd<'a> {
     scales: IntsIn<'a>,
     /// The column's scale in format 2 ([`UNSCALED`] if none), 0 in format 1.
     top: u8,
+    /// Format 2: 0, or k + 1 when the column holds each value less its record's enqueue time
+    /// in ms times 10^k.
+    clock: u8,
     nums: IntsIn<'a>,
     ids: IntsIn<'a>,
     lits: Rd<'a>,
@@ -456,12 +476,17 @@ impl<'a> SlotRd<'a> {
         }
         let mixed = (kind == MIXED).then(|| IntsIn::packed(&mut r)).transpose()?;
         let (scales, top, nums) = if kind == ONLY_STRINGS {
-            (IntsIn::constant("slot scales", 0, 0), 0, IntsIn::constant("slot numbers", 0, 0))
+            (IntsIn::constant("slot scales", 0, 0), (0, 0), IntsIn::constant("slot numbers", 0, 0))
         } else {
             r.what = "slot scales";
             let scales = IntsIn::packed(&mut r)?;
             r.what = "slot numbers";
-            (scales, r.byte()?, IntsIn::packed(&mut r)?)
+            let top = r.byte()?;
+            let clock = r.byte()?;
+            if u32::from(clock) > MAX_CLOCK_EXP + 1 {
+                return Err(bad("slot numbers", format!("clock {clock}")));
+            }
+            (scales, (top, clock), IntsIn::packed(&mut r)?)
         };
         let ids = if kind == ONLY_NUMBERS {
             IntsIn::constant("slot string ids", 0, 0)
@@ -475,12 +500,15 @@ impl<'a> SlotRd<'a> {
             _ => IntsIn::constant("slot tags", i64::from(T_STR), ids.len()),
         };
         r.what = "slot strings";
-        Ok(SlotRd { tags, scales, top, nums, ids, lits: r, seen: Vec::new() })
+        Ok(SlotRd { tags, scales, top: top.0, clock: top.1, nums, ids, lits: r, seen: Vec::new() })
     }
 
-    /// The next number's mantissa and scale.
-    fn number(&mut self, f: Format) -> Result<(i64, u8), ProtoError> {
-        let (v, scale) = (self.nums.next()?, self.scales.byte()?);
+    /// The next number's mantissa and scale, in a record enqueued at `ms`.
+    fn number(&mut self, f: Format, ms: i64) -> Result<(i64, u8), ProtoError> {
+        let (mut v, scale) = (self.nums.next()?, self.scales.byte()?);
+        if self.clock > 0 {
+            v = v.wrapping_add(ms.wrapping_mul(10i64.pow(u32::from(self.clock) - 1)));
+        }
         if f == Format::V1 || self.top == UNSCALED {
             return Ok((v, scale));
         }
@@ -551,13 +579,12 @@ pub fn decode<'a>(raw: &'a [u8], max_out: usize) -> Result<Vec<WireRecord>, Prot
             }
             let tags = ints(stream("slot tags")?, V1::Byte)?;
             let scales = ints(stream("slot scales")?, V1::Byte)?;
-            let mut nums = stream("slot numbers")?;
-            let top = if f == Format::V2 { nums.byte()? } else { 0 };
             these.push(SlotRd {
                 tags,
                 scales,
-                top,
-                nums: ints(nums, V1::Signed)?,
+                top: 0,
+                clock: 0,
+                nums: ints(stream("slot numbers")?, V1::Signed)?,
                 ids: ints(stream("slot string ids")?, V1::Varint)?,
                 lits: stream("slot strings")?,
                 seen: Vec::new(),
@@ -641,7 +668,7 @@ pub fn decode<'a>(raw: &'a [u8], max_out: usize) -> Result<Vec<WireRecord>, Prot
                     k += 1;
                     match s.tags.byte()? {
                         T_NUM => {
-                            let (mantissa, scale) = s.number(f)?;
+                            let (mantissa, scale) = s.number(f, ms)?;
                             render(mantissa, scale, &mut m.payload).ok_or_else(|| bad("slot scales", "over 18"))?;
                         }
                         T_STR => {
