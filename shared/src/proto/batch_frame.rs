@@ -14,10 +14,15 @@
 //! u8      codec: 0 CBOR, 1 zstd
 //! u64 BE  first seq, last seq, then the CBOR's length before compression
 //! u8 + n  the epoch (empty: the session's)
-//! u8 + n  the dictionary id (empty: none); from version 7 a SHA-256 id goes as its 32
-//!         bytes, not its 64 hex digits (read back by its length: no text id is 32 bytes)
+//! u8 + n  the dictionary id (empty: none)
 //! ...     the body
 //! ```
+//!
+//! From version 7 the head is compact (about 30 bytes fewer a batch, which at a second's
+//! linger is several records' worth): 0x05, the head's length as a varint, lane, codec, the
+//! first seq, the last seq's distance from it and the raw length as varints, the epoch, and
+//! the dictionary id, a SHA-256 id as its 32 bytes (read back by its length: no text id is 32
+//! bytes), then the fields a later version appends, skipped.
 //!
 //! A receiver takes either framing from any session: the first byte says which it is. A
 //! sender uses this one only once the Welcome chose version 4 or later.
@@ -30,12 +35,12 @@ pub const BINARY_BATCH: u8 = 0x04;
 /// The version from which batches go in this framing.
 pub const BINARY_SINCE: u16 = 4;
 
-/// The version from which a dictionary id goes in the head as the 32 bytes of its hash.
-pub const BINARY_DICT_SINCE: u16 = 7;
+/// The first byte of a version 7 batch frame's body: the compact head.
+pub const COMPACT_BATCH: u8 = 0x05;
 
-/// The head's fixed fields after its length: lane, codec, three seqs or lengths, and the two
-/// string lengths.
-const FIXED: usize = 1 + 1 + 8 * 3 + 1 + 1;
+/// The version from which batches go with the compact head ([`COMPACT_BATCH`]): seqs and lengths as varints, the
+/// last seq as its distance from the first, a dictionary id as the 32 bytes of its hash.
+pub const BINARY_DICT_SINCE: u16 = 7;
 
 /// The 32 bytes of an id of 64 lowercase hex digits (as `compress::dict_id` makes it, and as
 /// the receiver writes it back).
@@ -46,39 +51,68 @@ fn id_bytes(id: &str) -> Option<Vec<u8>> {
     (0..32).map(|i| u8::from_str_radix(id.get(2 * i..2 * i + 2)?, 16).ok()).collect()
 }
 
-/// The frame's length prefix and the head of `batch` in the version 4 framing, as a session of
-/// `version` sends it; the body goes right after it, as it is.
+fn put_varint(out: &mut Vec<u8>, mut v: u64) {
+    while v >= 0x80 {
+        out.push((v as u8) | 0x80);
+        v >>= 7;
+    }
+    out.push(v as u8);
+}
+
+fn codec_byte(codec: Codec) -> u8 {
+    match codec {
+        Codec::Cbor => 0,
+        Codec::Zstd => 1,
+        Codec::Columns => 2,
+        Codec::ZstdColumns => 3,
+    }
+}
+
+/// The frame's length prefix and the head of `batch` as a session of `version` sends it: the
+/// version 4 framing, or from version 7 the compact one; the body goes right after it, as it
+/// is.
 pub fn head(batch: &Batch, version: u16) -> Result<Vec<u8>, ProtoError> {
     let short = |what: &str, n: usize| {
         u8::try_from(n).map_err(|_| ProtoError::Encode(format!("{what} of {n} bytes in a batch head")))
     };
     let text = batch.dict.as_deref().unwrap_or("");
+    let compact = version >= BINARY_DICT_SINCE;
     let dict_bytes = match id_bytes(text) {
-        Some(b) if version >= BINARY_DICT_SINCE => b,
+        Some(b) if compact => b,
         _ => text.as_bytes().to_vec(),
     };
     let (epoch, dict) = (short("an epoch", batch.epoch.len())?, short("a dictionary id", dict_bytes.len())?);
-    let head_len = FIXED + usize::from(epoch) + usize::from(dict);
-    let mut out = Vec::with_capacity(codec::HEADER + 3 + head_len);
-    let frame = 3 + head_len + batch.body.len();
-    let frame = u32::try_from(frame).map_err(|_| ProtoError::Encode("frame over 4 GiB".into()))?;
-    out.extend_from_slice(&frame.to_be_bytes());
-    out.push(BINARY_BATCH);
-    out.extend_from_slice(&(head_len as u16).to_be_bytes());
-    out.push(batch.lane);
-    out.push(match batch.codec {
-        Codec::Cbor => 0,
-        Codec::Zstd => 1,
-        Codec::Columns => 2,
-        Codec::ZstdColumns => 3,
-    });
-    for n in [batch.first_seq, batch.last_seq, batch.raw_len] {
-        out.extend_from_slice(&n.to_be_bytes());
+    let mut fields = vec![batch.lane, codec_byte(batch.codec)];
+    if compact {
+        let count = batch
+            .last_seq
+            .checked_sub(batch.first_seq)
+            .ok_or_else(|| ProtoError::Encode(format!("batch {}..={}", batch.first_seq, batch.last_seq)))?;
+        for n in [batch.first_seq, count, batch.raw_len] {
+            put_varint(&mut fields, n);
+        }
+    } else {
+        for n in [batch.first_seq, batch.last_seq, batch.raw_len] {
+            fields.extend_from_slice(&n.to_be_bytes());
+        }
     }
-    out.push(epoch);
-    out.extend_from_slice(batch.epoch.as_bytes());
-    out.push(dict);
-    out.extend_from_slice(&dict_bytes);
+    fields.push(epoch);
+    fields.extend_from_slice(batch.epoch.as_bytes());
+    fields.push(dict);
+    fields.extend_from_slice(&dict_bytes);
+    let mut head_len = Vec::new();
+    if compact {
+        put_varint(&mut head_len, fields.len() as u64);
+    } else {
+        head_len.extend_from_slice(&(fields.len() as u16).to_be_bytes());
+    }
+    let frame = 1 + head_len.len() + fields.len() + batch.body.len();
+    let frame = u32::try_from(frame).map_err(|_| ProtoError::Encode("frame over 4 GiB".into()))?;
+    let mut out = Vec::with_capacity(codec::HEADER + 1 + head_len.len() + fields.len());
+    out.extend_from_slice(&frame.to_be_bytes());
+    out.push(if compact { COMPACT_BATCH } else { BINARY_BATCH });
+    out.extend_from_slice(&head_len);
+    out.extend_from_slice(&fields);
     Ok(out)
 }
 
@@ -95,51 +129,81 @@ pub fn encode(batch: &Batch, version: u16) -> Result<Vec<u8>, ProtoError> {
 /// A version 4 frame body's batch (its `body` left empty) and where its body starts; `None`
 /// if the frame is a CBOR batch of an earlier version.
 pub fn decode_head(frame: &[u8]) -> Result<Option<(Batch, usize)>, ProtoError> {
-    if frame.first() != Some(&BINARY_BATCH) {
-        return Ok(None);
-    }
+    let compact = match frame.first() {
+        Some(&BINARY_BATCH) => false,
+        Some(&COMPACT_BATCH) => true,
+        _ => return Ok(None),
+    };
     let bad = |why: &str| ProtoError::Decode(format!("batch head: {why}"));
-    let head_len =
-        frame.get(1..3).map(|b| usize::from(u16::from_be_bytes([b[0], b[1]]))).ok_or_else(|| bad("cut short"))?;
-    let at = 3 + head_len;
-    let head = frame.get(3..at).ok_or_else(|| bad("longer than the frame"))?;
-    if head.len() < FIXED {
-        return Err(bad("shorter than its fields"));
-    }
-    let codec = match head[1] {
+    let mut r = Cursor { b: frame.get(1..).unwrap_or_default() };
+    let head_len = if compact {
+        usize::try_from(r.varint().ok_or_else(|| bad("cut short"))?).map_err(|_| bad("longer than the frame"))?
+    } else {
+        usize::from(u16::from_be_bytes(r.take(2).ok_or_else(|| bad("cut short"))?.try_into().expect("two bytes")))
+    };
+    let at = frame.len() - r.b.len() + head_len;
+    let head = r.take(head_len).ok_or_else(|| bad("longer than the frame"))?;
+    let mut h = Cursor { b: head };
+    let short = || bad("shorter than its fields");
+    let (lane, codec) = (h.byte().ok_or_else(short)?, h.byte().ok_or_else(short)?);
+    let codec = match codec {
         0 => Codec::Cbor,
         1 => Codec::Zstd,
         2 => Codec::Columns,
         3 => Codec::ZstdColumns,
         other => return Err(bad(&format!("codec {other}"))),
     };
-    let u64_at = |i: usize| u64::from_be_bytes(head[i..i + 8].try_into().expect("eight bytes"));
-    let mut rest = &head[26..];
+    let (first_seq, last_seq, raw_len) = if compact {
+        let (first, count, raw) = (h.varint(), h.varint(), h.varint());
+        let (first, count, raw) = (first.ok_or_else(short)?, count.ok_or_else(short)?, raw.ok_or_else(short)?);
+        (first, first.checked_add(count).ok_or_else(|| bad("a last seq past 2^64"))?, raw)
+    } else {
+        let mut n = || h.take(8).map(|b| u64::from_be_bytes(b.try_into().expect("eight bytes"))).ok_or_else(short);
+        (n()?, n()?, n()?)
+    };
     let mut field = |what: &str| -> Result<&[u8], ProtoError> {
-        let (&n, tail) = rest.split_first().ok_or_else(|| bad(&format!("no {what}")))?;
-        let s = tail.get(..usize::from(n)).ok_or_else(|| bad(&format!("{what} longer than the head")))?;
-        rest = &tail[usize::from(n)..];
-        Ok(s)
+        let n = h.byte().ok_or_else(|| if compact { short() } else { bad(&format!("no {what}")) })?;
+        h.take(usize::from(n)).ok_or_else(|| bad(&format!("{what} longer than the head")))
     };
     let text = |what: &str, s: &[u8]| String::from_utf8(s.to_vec()).map_err(|_| bad(&format!("{what} is not UTF-8")));
     let epoch = text("epoch", field("epoch")?)?;
     let dict = match field("dictionary id")? {
         [] => None,
-        b if b.len() == 32 => Some(b.iter().map(|x| format!("{x:02x}")).collect()),
+        b if compact && b.len() == 32 => Some(b.iter().map(|x| format!("{x:02x}")).collect()),
         b => Some(text("dictionary id", b)?),
     };
     // What is left of the head is a later version's: skipped.
-    let batch = Batch {
-        epoch,
-        lane: head[0],
-        first_seq: u64_at(2),
-        last_seq: u64_at(10),
-        codec,
-        dict,
-        raw_len: u64_at(18),
-        body: Vec::new(),
-    };
+    let batch = Batch { epoch, lane, first_seq, last_seq, codec, dict, raw_len, body: Vec::new() };
     Ok(Some((batch, at)))
+}
+
+/// A reader over a head's bytes; every read checks what is left.
+struct Cursor<'a> {
+    b: &'a [u8],
+}
+
+impl<'a> Cursor<'a> {
+    fn take(&mut self, n: usize) -> Option<&'a [u8]> {
+        let (head, rest) = (self.b.get(..n)?, self.b.get(n..)?);
+        self.b = rest;
+        Some(head)
+    }
+
+    fn byte(&mut self) -> Option<u8> {
+        self.take(1).map(|b| b[0])
+    }
+
+    fn varint(&mut self) -> Option<u64> {
+        let mut v = 0u64;
+        for shift in (0..64).step_by(7) {
+            let b = self.byte()?;
+            v |= u64::from(b & 0x7f) << shift;
+            if b & 0x80 == 0 {
+                return Some(v);
+            }
+        }
+        None
+    }
 }
 
 /// A batch frame body of either framing, its body copied out.
@@ -180,10 +244,18 @@ mod tests {
             assert_eq!(decode(&old[codec::HEADER..]).unwrap(), b);
             let new = encode(&b, 4).unwrap();
             assert_eq!(new[codec::HEADER], BINARY_BATCH);
-            // Version 7 sends the id's 32 bytes; every version reads both.
+            // Version 7's compact head: varints, the id's 32 bytes; every version reads all.
             let v7 = encode(&b, 7).unwrap();
-            assert_eq!(new.len() - v7.len(), if b.dict.is_some() { 32 } else { 0 });
+            assert_eq!(v7[codec::HEADER], COMPACT_BATCH);
+            assert!(
+                new.len() - v7.len() >= if b.dict.is_some() { 32 + 14 } else { 14 },
+                "{} vs {}",
+                v7.len(),
+                new.len()
+            );
             assert_eq!(decode(&v7[codec::HEADER..]).unwrap(), b);
+            let (_, at) = decode_head(&v7[codec::HEADER..]).unwrap().unwrap();
+            assert_eq!(&v7[codec::HEADER + at..], &b.body[..]);
             let len = u32::from_be_bytes(new[..4].try_into().unwrap()) as usize;
             assert_eq!(len, new.len() - codec::HEADER, "the prefix counts head and body");
             assert_eq!(decode(&new[codec::HEADER..]).unwrap(), b);
@@ -221,5 +293,18 @@ mod tests {
         for cut in 0..good.len().min(120) {
             let _ = decode(&good[..cut]);
         }
+
+        // The compact head: cut anywhere, an error; a last seq past 2^64, named.
+        let compact = encode(&b, 7).unwrap()[codec::HEADER..].to_vec();
+        let (_, at) = decode_head(&compact).unwrap().unwrap();
+        for cut in 1..at {
+            assert!(decode_head(&compact[..cut]).is_err(), "a head cut at {cut}");
+        }
+        let far = Batch { first_seq: u64::MAX - 1, last_seq: u64::MAX, ..b.clone() };
+        let mut over = encode(&far, 7).unwrap()[codec::HEADER..].to_vec();
+        let count_at = 2 + 2 + 10;
+        assert_eq!(over[count_at], 1, "the distance to the last seq");
+        over[count_at] = 5;
+        assert!(err(&over).contains("past 2^64"), "{}", err(&over));
     }
 }

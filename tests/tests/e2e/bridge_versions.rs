@@ -142,7 +142,18 @@ async fn serve_an_edge_offering(versions: &[u16], chosen: u16) {
         raw_len: body.len() as u64,
         body,
     };
-    let bytes = if chosen >= batch_frame::BINARY_SINCE {
+    let bytes = if chosen >= batch_frame::BINARY_DICT_SINCE {
+        // A compact head two bytes longer than this build writes: a field it does not know.
+        let mut head = batch_frame::head(&batch, chosen).unwrap();
+        assert_eq!(head[4], batch_frame::COMPACT_BATCH);
+        assert!(head[5] < 0x7e, "a one-byte varint");
+        head[5] += 2;
+        head.extend_from_slice(&[0xee, 0xee]);
+        let len = u32::from_be_bytes(head[..4].try_into().unwrap()) + 2;
+        head[..4].copy_from_slice(&len.to_be_bytes());
+        head.extend_from_slice(&batch.body);
+        head
+    } else if chosen >= batch_frame::BINARY_SINCE {
         // A head two bytes longer than this build writes: a field it does not know.
         let mut head = batch_frame::head(&batch, 4).unwrap();
         let head_len = u16::from_be_bytes([head[5], head[6]]) + 2;
@@ -267,6 +278,8 @@ struct Received {
     column_batches: usize,
     /// Column-wise bodies in format 2 (version 7 on).
     format2_batches: usize,
+    /// Batches with the compact head (version 7 on).
+    compact_batches: usize,
 }
 
 /// A bridge that speaks `versions`, welcomes with a field this build does not know, sends an
@@ -305,6 +318,7 @@ async fn other_version_bridge(
             while let Ok(mut uni) = conn.accept_uni().await {
                 let body = read_frame_body(&mut uni, MAX_BATCH_FRAME).await?.ok_or_else(|| anyhow::anyhow!("empty"))?;
                 let binary = batch_frame::decode_head(&body)?.is_some();
+                let compact = body.first() == Some(&batch_frame::COMPACT_BATCH);
                 let batch = batch_frame::decode(&body)?;
                 let records = compress::unpack(&batch, &dicts.lock().unwrap(), MAX_BATCH_RAW)?;
                 let raw = compress::decompress(
@@ -316,6 +330,7 @@ async fn other_version_bridge(
                 let mut got = received.lock().unwrap();
                 got.dict_batches += usize::from(batch.dict.is_some());
                 got.binary_batches += usize::from(binary);
+                got.compact_batches += usize::from(compact);
                 got.column_batches += usize::from(batch.codec.columns());
                 got.format2_batches += usize::from(format2);
                 for r in records {
@@ -450,6 +465,7 @@ async fn this_edge_drains_into_a_bridge_of_the_next_version() {
     assert_eq!(got.version, 7, "the highest version both speak");
     assert!(got.binary_batches > 0, "version 4 batches go in the binary framing");
     assert!(got.format2_batches > 0, "version 7 batches go column-wise in format 2");
+    assert!(got.compact_batches > 0 && got.compact_batches == got.binary_batches, "version 7 heads are compact");
     assert!(!got.dict_ids.is_empty() && got.dict_ids.iter().all(|id| id.len() == 64), "{:?}", got.dict_ids);
     assert_eq!(big, 0x83, "refused: the sink could not store it whole");
 }
@@ -461,6 +477,7 @@ async fn this_edge_drains_into_a_bridge_of_the_previous_version() {
     assert_eq!(got.version, 6);
     assert!(got.column_batches > 0, "version 6 batches go column-wise");
     assert_eq!(got.format2_batches, 0, "format 2 only from version 7");
+    assert_eq!(got.compact_batches, 0, "the compact head only from version 7");
     assert!(!got.dict_ids.is_empty() && got.dict_ids.iter().all(|id| id.len() == 64), "{:?}", got.dict_ids);
     assert_eq!(big, 0x83, "refused: the sink could not store it whole");
 }
