@@ -3,16 +3,17 @@
 # messages, about 40 s) into an edge gateway at its own pace; inference results stay
 # edge-direct, the cloud-bound rest (telemetry, pre-processing counters, feedback; 5,984
 # messages) goes over QUIC through a UDP relay that counts every datagram into a cloud bridge.
-# One run per uplink setting below; prints a Markdown table of UDP payload bytes up against the
-# messages' topic plus payload bytes. Usage: scripts/bench-uplink-bytes.sh [SPEED=1]
+# One run per uplink setting below; prints a Markdown table of the batch frames the edge wrote
+# (head and compressed body) and of UDP payload bytes up (everything: QUIC handshake, acks,
+# pings, dictionaries), each against the messages' topic plus payload bytes. Usage: scripts/bench-uplink-bytes.sh [SPEED=1]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 speed=${1:-1}
 trace=../shared/data/edge-trace-20k.jsonl
 cargo build --release --locked --quiet -p e2e-tests --bin trace-replay
 
-echo "| uplink setting | messages | topic+payload bytes | UDP bytes up | ratio | bytes/msg | batches | with dict | UDP bytes down |"
-echo "|---|---|---|---|---|---|---|---|---|"
+echo "| uplink setting | messages | topic+payload bytes | batch frame bytes | ratio | UDP bytes up | ratio | bytes/msg | batches | with dict | UDP bytes down |"
+echo "|---|---|---|---|---|---|---|---|---|---|---|"
 run() {
   local label=$1; shift
   local args=()
@@ -22,7 +23,9 @@ run() {
   python3 - "$label" "$out" <<'PY'
 import json, sys
 label, r = sys.argv[1], json.loads(sys.argv[2])
-print(f"| {label} | {r['messages']:,} | {r['topic_payload_bytes']:,} | {r['udp_up_bytes']:,} | "
+frames = int(r['batch_frame_bytes'])
+print(f"| {label} | {r['messages']:,} | {r['topic_payload_bytes']:,} | {frames:,} | "
+      f"**{frames / r['topic_payload_bytes']:.3f}** | {r['udp_up_bytes']:,} | "
       f"**{r['up_ratio']:.3f}** | {r['up_bytes_per_msg']:.1f} | {r['batches']:.0f} | {r['dict_batches']:.0f} | "
       f"{r['udp_down_bytes']:,} |")
 PY

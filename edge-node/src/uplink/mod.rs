@@ -56,6 +56,8 @@ pub struct UplinkMetrics {
     /// Batch bytes before compression (CBOR) and as sent.
     pub bytes_raw: Counter,
     pub bytes_sent: Counter,
+    /// Batch frames as written to their streams: head and body.
+    pub frame_bytes: Counter,
     /// The same per lane.
     pub lane_raw: Family<LaneLabel, Counter>,
     pub lane_sent: Family<LaneLabel, Counter>,
@@ -84,6 +86,7 @@ impl UplinkMetrics {
             records: Counter::default(),
             bytes_raw: Counter::default(),
             bytes_sent: Counter::default(),
+            frame_bytes: Counter::default(),
             lane_raw: Family::default(),
             lane_sent: Family::default(),
             acked: Family::default(),
@@ -115,6 +118,7 @@ impl UplinkMetrics {
         r.register("uplink_records", "Records sent (resends included)", m.records.clone());
         r.register("uplink_raw_bytes", "Batch bytes before compression", m.bytes_raw.clone());
         r.register("uplink_sent_bytes", "Batch bytes sent, after compression", m.bytes_sent.clone());
+        r.register("uplink_frame_bytes", "Batch frames sent: head and compressed body", m.frame_bytes.clone());
         r.register("uplink_lane_raw_bytes", "Batch bytes before compression, by lane", m.lane_raw.clone());
         r.register("uplink_lane_sent_bytes", "Batch bytes sent, after compression, by lane", m.lane_sent.clone());
         r.register("uplink_acked_seq", "Highest seq the cloud acked, by lane", m.acked.clone());
@@ -534,7 +538,8 @@ impl Uplink {
                 let packed = packer.pack(session, read, wire, Instant::now()).await?;
                 self.count_packed(&packed);
                 let batch = &packed.batch;
-                writer.batch(conn, batch, policy.is_full(packed.records)).await?;
+                let frame = writer.batch(conn, batch, policy.is_full(packed.records)).await?;
+                self.metrics.frame_bytes.inc_by(frame as u64);
                 session.sent(read.lane, batch.first_seq, batch.last_seq, Instant::now())?;
                 self.metrics.in_flight.set(session.in_flight() as i64);
             }

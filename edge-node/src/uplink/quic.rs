@@ -89,28 +89,38 @@ impl PassWriter {
         Self { version, small: Vec::new() }
     }
 
+    /// Sends `batch` (a full one on a stream of its own, others gathered); returns its frame's
+    /// bytes, head and body.
     pub async fn batch(
         &mut self,
         conn: &quinn::Connection,
         batch: &shared::proto::Batch,
         full: bool,
-    ) -> Result<(), SendError> {
+    ) -> Result<usize, SendError> {
         use shared::proto::batch_frame;
-        match (full, self.version >= batch_frame::BINARY_SINCE) {
+        let bytes = match (full, self.version >= batch_frame::BINARY_SINCE) {
             (true, true) => {
                 let mut stream = conn.open_uni().await?;
-                stream.write_all(&batch_frame::head(batch, self.version)?).await?;
+                let head = batch_frame::head(batch, self.version)?;
+                stream.write_all(&head).await?;
                 stream.write_all(&batch.body).await?;
                 stream.finish()?;
+                head.len() + batch.body.len()
             }
             (true, false) => {
                 let mut stream = conn.open_uni().await?;
-                shared::proto::io::write_frame(&mut stream, batch).await?;
+                let frame = shared::proto::codec::encode(batch)?;
+                stream.write_all(&frame).await?;
                 stream.finish()?;
+                frame.len()
             }
-            (false, _) => self.small.extend(batch_frame::encode(batch, self.version)?),
-        }
-        Ok(())
+            (false, _) => {
+                let frame = batch_frame::encode(batch, self.version)?;
+                self.small.extend_from_slice(&frame);
+                frame.len()
+            }
+        };
+        Ok(bytes)
     }
 
     /// Writes the partial batches of the pass.

@@ -134,7 +134,7 @@ async fn main() -> anyhow::Result<()> {
     println!(
         "{{\"messages\": {messages}, \"topic_payload_bytes\": {bytes}, \"udp_up_bytes\": {up}, \"udp_down_bytes\": {down}, \"datagrams_up\": {}, \
          \"up_ratio\": {:.4}, \"up_bytes_per_msg\": {:.1}, \"batches\": {}, \"dict_batches\": {}, \"raw_bytes\": {}, \
-         \"batch_body_bytes\": {}, \"replay_seconds\": {:.1}}}",
+         \"batch_body_bytes\": {}, \"batch_frame_bytes\": {}, \"replay_seconds\": {:.1}}}",
         relay.impairment.datagrams_up.load(Ordering::Relaxed),
         up as f64 / bytes as f64,
         up as f64 / messages as f64,
@@ -142,6 +142,7 @@ async fn main() -> anyhow::Result<()> {
         edge.metric("edge_uplink_dict_batches_total"),
         edge.metric("edge_uplink_raw_bytes_total"),
         edge.metric("edge_uplink_sent_bytes_total"),
+        edge.metric("edge_uplink_frame_bytes_total"),
         replayed.as_secs_f64(),
     );
     if let Some(path) = tco_config {
