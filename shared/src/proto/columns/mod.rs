@@ -262,7 +262,7 @@ pub fn encode(records: &[WireRecord], f: Format) -> Vec<u8> {
         let schema_in_props = f == Format::V1 && m.schema.is_some();
         if f == Format::V2 {
             // The CBOR lives in `schema_cbor` for the whole function: the table may borrow it.
-            let id = m.schema.as_ref().and(next_schema.next()).map_or(0, |c| schemas.id(c) + 1);
+            let id = m.schema.as_ref().and_then(|_| next_schema.next()).map_or(0, |c| schemas.id(c) + 1);
             schema_ids.push(id as i64);
         }
         if m.expires_ms.is_some()

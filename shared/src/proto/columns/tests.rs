@@ -128,6 +128,35 @@ fn properties_gaps_and_classes_come_back() {
     round_trip(&[msg(1, "a/b", br#"{"v":2}"#), a, gap, msg(9, "a/c", b"raw")]);
 }
 
+/// The schema each message was validated against comes back with it, whichever of its
+/// neighbours name one (a batch table in format 2, the properties in format 1).
+#[test]
+fn schemas_come_back_with_their_messages() {
+    let named = |seq: u64, schema: Option<&str>| {
+        let mut r = msg(seq, "t/x", format!(r#"{{"v":{seq}}}"#).as_bytes());
+        if let RecordBody::Message(m) = &mut r.body {
+            m.schema = schema.map(|s| s.parse().unwrap());
+        }
+        r
+    };
+    let records = [
+        named(1, None),
+        named(2, Some("telemetry/1/0123456789abcdef")),
+        named(3, None),
+        named(4, Some("telemetry/2/fedcba9876543210")),
+        named(5, Some("telemetry/1/0123456789abcdef")),
+        named(6, None),
+    ];
+    round_trip(&records);
+    // An id a made-up body names beyond its table, or a table entry that is no schema, is refused.
+    let mut bad = records.clone();
+    if let RecordBody::Message(m) = &mut bad[1].body {
+        m.schema.as_mut().unwrap().subject = "tele\r\nX-Injected: 1".into();
+    }
+    assert!(decode(&encode(&bad, Format::V2), usize::MAX).is_err());
+    assert!(decode(&encode(&bad, Format::V1), usize::MAX).is_err());
+}
+
 #[test]
 fn a_made_up_body_is_refused_within_its_bound() {
     let records: Vec<WireRecord> =
