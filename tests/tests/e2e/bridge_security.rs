@@ -70,8 +70,10 @@ async fn hostile_peers_are_cut_off_one_by_one_while_the_real_edge_flows() {
 
     // A version this bridge does not speak: refused with both lists named.
     let conn = quic::connect(addr, &keys.ca, &cert2, &key2).await.unwrap();
-    let reason = quic::send_control_and_wait_close(&conn, &codec::encode(&hello(vec![7])).unwrap()).await;
-    let want = format!("no common protocol version: this side speaks {:?}, the peer [7]", shared::proto::VERSIONS);
+    let unknown = shared::proto::VERSIONS.iter().max().unwrap() + 1;
+    let reason = quic::send_control_and_wait_close(&conn, &codec::encode(&hello(vec![unknown])).unwrap()).await;
+    let want =
+        format!("no common protocol version: this side speaks {:?}, the peer [{unknown}]", shared::proto::VERSIONS);
     assert!(reason.contains(&want), "{reason}");
 
     // A zstd bomb in a batch, after a proper hello.
