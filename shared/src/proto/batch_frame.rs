@@ -27,6 +27,7 @@
 //! A receiver takes either framing from any session: the first byte says which it is. A
 //! sender uses this one only once the Welcome chose version 4 or later.
 
+use super::varint::put as put_varint;
 use super::{Batch, Codec, ProtoError, codec};
 
 /// The first byte of a version 4 batch frame's body.
@@ -49,14 +50,6 @@ fn id_bytes(id: &str) -> Option<Vec<u8>> {
         return None;
     }
     (0..32).map(|i| u8::from_str_radix(id.get(2 * i..2 * i + 2)?, 16).ok()).collect()
-}
-
-fn put_varint(out: &mut Vec<u8>, mut v: u64) {
-    while v >= 0x80 {
-        out.push((v as u8) | 0x80);
-        v >>= 7;
-    }
-    out.push(v as u8);
 }
 
 fn codec_byte(codec: Codec) -> u8 {
@@ -194,15 +187,7 @@ impl<'a> Cursor<'a> {
     }
 
     fn varint(&mut self) -> Option<u64> {
-        let mut v = 0u64;
-        for shift in (0..64).step_by(7) {
-            let b = self.byte()?;
-            v |= u64::from(b & 0x7f) << shift;
-            if b & 0x80 == 0 {
-                return Some(v);
-            }
-        }
-        None
+        super::varint::take(&mut self.b).ok()
     }
 }
 

@@ -44,6 +44,7 @@ pub mod fuzzing;
 pub mod io;
 pub mod probe;
 pub mod record;
+mod varint;
 pub use record::{GapReason, RecordBody, SchemaRef, WireGap, WireMessage, WireRecord};
 #[cfg(test)]
 mod down_tests;

@@ -31,6 +31,7 @@ mod json;
 pub use dict::dictionary;
 pub use ints::Format;
 
+use super::varint::put as put_varint;
 use super::{ProtoError, RecordBody, SchemaRef, WireGap, WireMessage, WireRecord};
 use ints::{IntsIn, IntsOut, V1};
 use json::{SLOT, Val, cut, render};
@@ -83,14 +84,6 @@ struct Props {
     content_type: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     schema: Option<SchemaRef>,
-}
-
-fn put_varint(out: &mut Vec<u8>, mut v: u64) {
-    while v >= 0x80 {
-        out.push((v as u8) | 0x80);
-        v >>= 7;
-    }
-    out.push(v as u8);
 }
 
 fn put_bytes(out: &mut Vec<u8>, b: &[u8]) {
@@ -390,15 +383,8 @@ impl<'a> Rd<'a> {
     }
 
     fn varint(&mut self) -> Result<u64, ProtoError> {
-        let mut v = 0u64;
-        for shift in (0..64).step_by(7) {
-            let b = self.byte()?;
-            v |= u64::from(b & 0x7f) << shift;
-            if b & 0x80 == 0 {
-                return Ok(v);
-            }
-        }
-        Err(bad(self.what, "a varint longer than 10 bytes"))
+        super::varint::take(&mut self.b)
+            .map_err(|cut| bad(self.what, if cut { "ends early" } else { "a varint longer than 10 bytes" }))
     }
 
     fn bytes(&mut self) -> Result<&'a [u8], ProtoError> {
