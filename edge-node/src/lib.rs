@@ -465,6 +465,9 @@ impl Node {
                 sink_fit: sink_fit.clone(),
                 tracer: tracer.clone(),
                 downlink: downlink.clone(),
+                // Avro and Protobuf payloads go column-wise by the version they were validated
+                // against, while it is the one staged.
+                shapes: schemas.clone().map(|v| v as Arc<dyn shared::proto::columns::Shapes + Send + Sync>),
             };
             tracker.spawn(task.run(shutdown.clone()));
         }

@@ -78,6 +78,10 @@ pub struct SchemaMetrics {
     pub checked: Family<CheckLabels, Counter>,
     pub staged_version: Family<SubjectLabel, Gauge>,
     pub reload_errors: Counter,
+    /// Binary payloads the uplink walked by their schema (protocol version 8), by subject and
+    /// outcome: `apart` (the walk took it apart) or `whole` (the version is no longer the one
+    /// staged, or the walk could not hold the payload).
+    pub walked: Family<CheckLabels, Counter>,
 }
 
 impl SchemaMetrics {
@@ -93,6 +97,11 @@ impl SchemaMetrics {
             "schema_reload_errors",
             "Staged schema files that could not be read or parsed (the version before stays in use)",
             m.reload_errors.clone(),
+        );
+        r.register(
+            "schema_walked",
+            "Avro and Protobuf payloads the uplink walked by their schema for column-wise batches: taken apart, or sent whole",
+            m.walked.clone(),
         );
         m
     }
@@ -296,6 +305,22 @@ fn truncate(s: &mut String, max: usize) {
             at -= 1;
         }
         s.truncate(at);
+    }
+}
+
+/// The uplink takes a binary payload apart by the version it was validated against, while that
+/// version is the one staged (a message validated before a rollout goes whole).
+impl shared::proto::columns::Shapes for Validator {
+    fn cut<'p>(&self, schema: &SchemaRef, payload: &'p [u8], out: &mut shared::proto::columns::Shaper<'p>) -> bool {
+        let staged = self.staged(&schema.subject).filter(|s| s.schema.id() == schema.id);
+        if staged.as_ref().is_some_and(|s| s.schema.kind() == shared::schema::Kind::Json) {
+            // JSON text is cut by its own shape; what does not cut goes whole, not walked.
+            return false;
+        }
+        let apart = staged.is_some_and(|s| s.schema.cut(payload, out));
+        let outcome = if apart { "apart" } else { "whole" };
+        self.metrics.walked.get_or_create(&CheckLabels { subject: schema.subject.clone(), outcome }).inc();
+        apart
     }
 }
 

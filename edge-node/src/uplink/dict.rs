@@ -96,7 +96,7 @@ impl DictBook {
     /// most [`COLUMN_SAMPLES`], since a dictionary of repeated table entries needs only enough
     /// records to see them repeat, and the batches before it go without.
     fn goal(&self) -> usize {
-        if Format::of_version(self.version) == Some(Format::V2) {
+        if matches!(Format::of_version(self.version), Some(Format::V2 | Format::V3)) {
             self.settings.samples.min(COLUMN_SAMPLES)
         } else {
             self.settings.samples
@@ -191,7 +191,7 @@ impl DictBook {
                 let (name, size) = (class.clone(), self.settings.size);
                 // Column-wise bodies carry their values bit-packed: what a dictionary can
                 // give them is the table entries they repeat, not what zstd's trainer finds.
-                let columns = Format::of_version(self.version) == Some(Format::V2);
+                let columns = matches!(Format::of_version(self.version), Some(Format::V2 | Format::V3));
                 let handle = tokio::task::spawn_blocking(move || {
                     if columns {
                         compress::train_columns(&name, &samples, size)

@@ -243,6 +243,9 @@ pub struct Uplink {
     pub tracer: shared::trace::Tracer,
     /// Where messages from the cloud go (protocol version 5).
     pub downlink: Arc<crate::downlink::Downlink>,
+    /// The staged schemas that take binary payloads apart (protocol version 8); none without
+    /// `[[schema]]` bindings.
+    pub shapes: Option<Arc<dyn shared::proto::columns::Shapes + Send + Sync>>,
 }
 
 /// A spool being sent and its session with the cloud (one per epoch).
@@ -309,6 +312,9 @@ impl Uplink {
         };
         endpoint.set_default_client_config(self.client.clone());
         let mut packer = Packer::new(&self.config);
+        if let Some(shapes) = &self.shapes {
+            packer.shapes = shapes.clone();
+        }
         let list = self.config.server_list();
         let start = rand::thread_rng().gen_range(0..list.len().max(1));
         let backoff = (self.config.backoff_min.0, self.config.backoff_max.0);

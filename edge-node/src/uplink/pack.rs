@@ -4,8 +4,10 @@
 //! batch. One record that cannot fit on its own is sent as a `refused` gap record, so the loss
 //! shows in the cloud and the lane moves on instead of stopping at it.
 
+use std::sync::Arc;
 use std::time::Instant;
 
+use shared::proto::columns::{NoShapes, Shapes};
 use shared::proto::compress::{self, Dict, DictRef};
 use shared::proto::edge::EdgeSession;
 use shared::proto::{Batch, GapReason, ProtoError, WireGap, WireRecord};
@@ -19,6 +21,8 @@ use super::dict::{DictBook, DictSettings};
 pub struct Packer {
     pub dicts: DictBook,
     pub level: i32,
+    /// Walks Avro and Protobuf payloads by their staged schema (protocol version 8).
+    pub shapes: Arc<dyn Shapes + Send + Sync>,
 }
 
 /// A batch and what went into it.
@@ -59,7 +63,7 @@ impl Packer {
             samples: config.dict_samples.as_usize(),
             retrain: config.dict_retrain.0,
         });
-        Self { dicts, level: config.zstd_level }
+        Self { dicts, level: config.zstd_level, shapes: Arc::new(NoShapes) }
     }
 
     /// The batch of `wire`, read for `read`; announcements go to `session`.
@@ -79,7 +83,7 @@ impl Packer {
         }
         let columns = shared::proto::columns::Format::of_version(session.version());
         let (batch, refused) =
-            pack_within_cost(read.lane, read.after + 1, &mut wire, choice.dict, (self.level, columns))?;
+            pack_within_cost(read.lane, read.after + 1, &mut wire, choice.dict, (self.level, columns), &*self.shapes)?;
         let classes = class_bytes(&wire);
         Ok(Packed { batch, records: wire.len(), refused, trained, announced, classes })
     }
@@ -93,11 +97,12 @@ pub fn pack_within_cost(
     wire: &mut Vec<WireRecord>,
     dict: Option<DictRef<'_>>,
     (level, columns): (i32, Option<shared::proto::columns::Format>),
+    shapes: &dyn Shapes,
 ) -> Result<(Batch, u64), ProtoError> {
     let mut refused = 0;
     loop {
         // The bridge knows the epoch from the hello; an empty one on the wire means that.
-        match compress::pack_as("", lane, first, wire, dict, (level, columns)) {
+        match compress::pack_shaped(("", lane, first), wire, dict, (level, columns), shapes) {
             Err(ProtoError::TooCostly { .. }) if wire.len() > 1 => wire.truncate(wire.len() / 2),
             Err(ProtoError::TooCostly { .. }) if refused == 0 && wire[0].as_message().is_some() => {
                 let seq = wire[0].seq;
@@ -143,14 +148,14 @@ mod tests {
         // 8 messages of 40,000 empty pairs each: ~1 MB of CBOR, ~35 MB of bound, too much for
         // one batch together.
         let mut wire: Vec<WireRecord> = (1..=8).map(|s| message(s, 40_000)).collect();
-        let (batch, refused) = pack_within_cost(0, 1, &mut wire, None, (1, None)).unwrap();
+        let (batch, refused) = pack_within_cost(0, 1, &mut wire, None, (1, None), &NoShapes).unwrap();
         assert_eq!(refused, 0);
         assert!(wire.len() < 8 && !wire.is_empty(), "{} records kept", wire.len());
         assert_eq!(batch.last_seq, wire.last().unwrap().seq);
 
         // One message of 200,000 empty pairs cannot go at all: the cloud gets a gap for it.
         let mut wire = vec![message(9, 200_000), message(10, 0)];
-        let (batch, refused) = pack_within_cost(0, 9, &mut wire, None, (1, None)).unwrap();
+        let (batch, refused) = pack_within_cost(0, 9, &mut wire, None, (1, None), &NoShapes).unwrap();
         assert_eq!((refused, wire.len(), batch.first_seq, batch.last_seq), (1, 1, 9, 9));
         let gap = wire[0].as_gap().unwrap();
         assert_eq!(

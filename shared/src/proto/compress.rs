@@ -7,7 +7,7 @@
 use std::collections::HashMap;
 use std::io::Read;
 
-use super::columns::Format;
+use super::columns::{Format, NoShapes, Shapes};
 use super::{Batch, Codec, MAX_BATCH_COST, ProtoError, WireRecord, codec};
 
 /// Bodies shorter than this are sent as plain CBOR: zstd's frame header would eat the gain.
@@ -121,9 +121,20 @@ pub fn pack_as(
     dict: Option<DictRef<'_>>,
     (level, columns): (i32, Option<Format>),
 ) -> Result<Batch, ProtoError> {
-    let packed = pack_one((epoch, lane, first), records, dict, (level, columns))?;
+    pack_shaped((epoch, lane, first), records, dict, (level, columns), &NoShapes)
+}
+
+/// [`pack_as`], binary payloads taken apart as `shapes` walks them in format 3.
+pub fn pack_shaped(
+    (epoch, lane, first): (&str, u8, u64),
+    records: &[WireRecord],
+    dict: Option<DictRef<'_>>,
+    (level, columns): (i32, Option<Format>),
+    shapes: &dyn Shapes,
+) -> Result<Batch, ProtoError> {
+    let packed = pack_one((epoch, lane, first), records, dict, (level, columns), shapes)?;
     if columns.is_some() && records.len() <= BOTH_WAYS_UP_TO {
-        let rows = pack_one((epoch, lane, first), records, dict, (level, None))?;
+        let rows = pack_one((epoch, lane, first), records, dict, (level, None), shapes)?;
         if rows.body.len() < packed.body.len() {
             return Ok(rows);
         }
@@ -137,13 +148,14 @@ fn pack_one(
     records: &[WireRecord],
     dict: Option<DictRef<'_>>,
     (level, columns): (i32, Option<Format>),
+    shapes: &dyn Shapes,
 ) -> Result<Batch, ProtoError> {
     let Some(last) = records.last() else {
         return Err(ProtoError::Encode("an empty batch".into()));
     };
     check_range(first, last.seq, records)?;
     let (raw, bound) = if let Some(format) = columns {
-        (super::columns::encode(records, format), records_cost(records))
+        (super::columns::encode_with(records, format, shapes), records_cost(records))
     } else {
         let mut raw = Vec::new();
         ciborium::into_writer(&records, &mut raw).map_err(|e| ProtoError::Encode(e.to_string()))?;

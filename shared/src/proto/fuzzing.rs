@@ -54,7 +54,7 @@ pub fn session(data: &[u8]) {
     buf.extend(data);
     let now = Instant::now();
     // Every version there is, the downlink's too, whether or not the binaries offer it yet.
-    let versions: Vec<u16> = (1..=super::SCHEMA_VERSION).collect();
+    let versions: Vec<u16> = (1..=super::SHAPES_VERSION).collect();
     let mut cloud = CloudSession::new(8).with_versions(versions.clone());
     let mut edge = EdgeSession::new(EdgeSessionConfig::default(), "e", [(0, 0), (3, 5)]).with_versions(versions);
     edge.connected(now);
@@ -254,7 +254,21 @@ mod tests {
                 .concat(),
             ),
         ];
-        seeds.into_iter().chain(near_max_seeds()).chain(downlink_seeds()).collect()
+        seeds.into_iter().chain(near_max_seeds()).chain(downlink_seeds()).chain([format_3_seed()]).collect()
+    }
+
+    /// A format 3 column-wise body with binary shapes (parts, literals, varints, strings), as
+    /// one frame's body: what the bridge's column decoder reads after zstd.
+    fn format_3_seed() -> (&'static str, Vec<u8>) {
+        use crate::proto::columns::tests::{Pairs, msg, with_schema};
+        let records: Vec<WireRecord> = (1..=12u8)
+            .map(|i| with_schema(msg(u64::from(i), "t", &[2, i, 0xff, 3, 1, 1, b'a' + i % 3, 0xfe, 3, 1, b'z'])))
+            .collect();
+        let body = crate::proto::columns::encode_with(&records, crate::proto::columns::Format::V3, &Pairs);
+        assert_eq!(crate::proto::columns::decode(&body, usize::MAX).unwrap(), records);
+        let mut out = (body.len() as u32).to_be_bytes().to_vec();
+        out.extend(body);
+        ("columns-format-3", out)
     }
 
     /// A version 5 conversation with downlink messages, acks and marks.

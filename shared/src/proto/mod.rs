@@ -44,7 +44,7 @@ pub mod fuzzing;
 pub mod io;
 pub mod probe;
 pub mod record;
-mod varint;
+pub(crate) mod varint;
 pub use record::{GapReason, RecordBody, SchemaRef, WireGap, WireMessage, WireRecord};
 #[cfg(test)]
 mod down_tests;
@@ -62,8 +62,12 @@ pub const ALPN: &[u8] = b"ehb/1";
 /// Welcome say what the sink stores of one record, 4 sends batches in one framing level
 /// ([`batch_frame`]), 5 carries the downlink ([`down`]), 6 sends batch bodies column-wise
 /// ([`columns`]), 7 bit-packs them and names the schema a message was validated against
-/// ([`SchemaRef`]).
-pub const VERSIONS: &[u16] = &[1, 2, 3, 4, DOWNLINK_VERSION, COLUMNS_VERSION, SCHEMA_VERSION];
+/// ([`SchemaRef`]), 8 takes binary payloads apart by that schema ([`columns::Shapes`]).
+pub const VERSIONS: &[u16] = &[1, 2, 3, 4, DOWNLINK_VERSION, COLUMNS_VERSION, SCHEMA_VERSION, SHAPES_VERSION];
+
+/// The first version whose column-wise bodies are in format 3 ([`columns::Format::V3`]):
+/// Avro and Protobuf payloads taken apart by the schema they were validated against.
+pub const SHAPES_VERSION: u16 = 8;
 
 /// The first version whose records name their schema ([`WireMessage::schema`]) and whose
 /// column-wise bodies are in format 2 ([`columns::Format::V2`]).

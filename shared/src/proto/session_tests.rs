@@ -9,7 +9,7 @@ use proptest::prelude::*;
 
 use super::cloud::{CloudPhase, CloudSession, Request};
 use super::edge::{EdgeEvent, EdgeSession, EdgeSessionConfig, Phase, SessionError};
-use super::{Batch, Codec, Control, DictAnnounce, LaneSeq};
+use super::{Batch, Codec, Control, DictAnnounce, LaneSeq, SHAPES_VERSION};
 
 const EPOCH: &str = "0123456789abcdef";
 
@@ -115,7 +115,7 @@ fn handshake_batches_and_cumulative_acks() {
     edge.connected(t0);
     assert!(!edge.can_send(), "nothing before the welcome");
     let events = pump(&mut edge, &mut cloud, t0);
-    assert_eq!(events, [EdgeEvent::Ready { version: 7, dicts: vec![], sink: None }]);
+    assert_eq!(events, [EdgeEvent::Ready { version: SHAPES_VERSION, dicts: vec![], sink: None }]);
     assert_eq!(edge.next_seq(0), 1);
     edge.sent(0, 1, 10, t0).unwrap();
     edge.sent(0, 11, 20, t0).unwrap();
@@ -159,7 +159,7 @@ fn a_reconnect_resends_only_what_the_cloud_does_not_have() {
         [
             EdgeEvent::Mark { lane: 2, committed: 5 },
             EdgeEvent::Acked { lane: 2, up_to: 5 },
-            EdgeEvent::Ready { version: 7, dicts: vec![], sink: None }
+            EdgeEvent::Ready { version: SHAPES_VERSION, dicts: vec![], sink: None }
         ]
     );
     assert_eq!(edge.next_seq(2), 6, "resume after what the cloud committed");
@@ -197,21 +197,25 @@ fn batches_overtaking_each_other_are_held_and_released_in_order() {
 #[test]
 fn versions_are_negotiated_and_a_mismatch_is_refused_clearly() {
     let t0 = Instant::now();
-    // An edge of the next version against a bridge of this one: they meet at 7, and the
-    // edge's batches go in that version's framing.
-    let mut edge =
-        EdgeSession::new(EdgeSessionConfig::default(), EPOCH, []).with_versions(vec![1, 2, 3, 4, 5, 6, 7, 8]);
+    // An edge of the next version against a bridge of this one: they meet at this build's
+    // newest, and the edge's batches go in that version's framing.
+    let newest = *crate::proto::VERSIONS.last().unwrap();
+    let next: Vec<u16> = crate::proto::VERSIONS.iter().copied().chain([newest + 1]).collect();
+    let mut edge = EdgeSession::new(EdgeSessionConfig::default(), EPOCH, []).with_versions(next);
     let mut cloud = Cloud::connect(BTreeMap::new());
     edge.connected(t0);
     assert_eq!(edge.version(), 0, "no version before the welcome");
-    assert_eq!(pump(&mut edge, &mut cloud, t0), [EdgeEvent::Ready { version: 7, dicts: vec![], sink: None }]);
-    assert_eq!(edge.version(), 7);
+    assert_eq!(pump(&mut edge, &mut cloud, t0), [EdgeEvent::Ready { version: newest, dicts: vec![], sink: None }]);
+    assert_eq!(edge.version(), newest);
 
-    let mut edge = EdgeSession::new(EdgeSessionConfig::default(), EPOCH, []).with_versions(vec![8]);
+    let mut edge = EdgeSession::new(EdgeSessionConfig::default(), EPOCH, []).with_versions(vec![newest + 1]);
     let mut cloud = Cloud::connect(BTreeMap::new());
     edge.connected(t0);
     let err = cloud.control(edge.poll_control().unwrap()).unwrap_err();
-    assert_eq!(err.to_string(), "no common protocol version: this side speaks [1, 2, 3, 4, 5, 6, 7], the peer [8]");
+    assert_eq!(
+        err.to_string(),
+        format!("no common protocol version: this side speaks {:?}, the peer [{}]", crate::proto::VERSIONS, newest + 1)
+    );
     assert_eq!(cloud.session.phase(), CloudPhase::Refused);
     let refused = cloud.session.poll_control().unwrap();
     let err = edge.handle(refused, t0).unwrap_err();
@@ -533,7 +537,10 @@ fn dictionaries_are_confirmed_once_stored_and_known_to_the_next_bridge() {
     let mut cloud = cloud.reconnect();
     edge.set_dicts(vec![id.clone(), "0000000000000000".into()]);
     edge.connected(t0);
-    assert_eq!(pump(&mut edge, &mut cloud, t0), [EdgeEvent::Ready { version: 7, dicts: vec![id.clone()], sink: None }]);
+    assert_eq!(
+        pump(&mut edge, &mut cloud, t0),
+        [EdgeEvent::Ready { version: SHAPES_VERSION, dicts: vec![id.clone()], sink: None }]
+    );
     assert_eq!(cloud.session.dicts().get(&id), Some(&bytes));
 }
 

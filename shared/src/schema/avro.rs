@@ -14,6 +14,7 @@ use apache_avro::schema::{Name, UuidSchema};
 use apache_avro::schema_compatibility::SchemaCompatibility;
 
 use super::{Invalid, Problem, problem};
+use crate::proto::columns::{Int, Len, Shaper};
 
 /// Deepest nesting a payload may reach (records in records, arrays in arrays, recursive types).
 const MAX_DEPTH: usize = 64;
@@ -71,7 +72,16 @@ impl Avro {
     }
 
     pub(super) fn validate(&self, payload: &[u8]) -> Result<(), Invalid> {
-        let mut w = Walk { rest: payload, items: payload.len() as u64 + MAX_EMPTY_ITEMS, names: &self.names };
+        self.walk(payload, None)
+    }
+
+    /// The same walk, telling `out` each value and the structure around it.
+    pub(super) fn cut<'p>(&self, payload: &'p [u8], out: &mut Shaper<'p>) -> bool {
+        self.walk(payload, Some(out)).is_ok()
+    }
+
+    fn walk<'p>(&self, payload: &'p [u8], out: Option<&mut Shaper<'p>>) -> Result<(), Invalid> {
+        let mut w = Walk { rest: payload, items: payload.len() as u64 + MAX_EMPTY_ITEMS, names: &self.names, out };
         let mut path = String::new();
         w.value(&self.schema, &mut path, 0).map_err(|reason| Invalid { path: path.clone(), reason })?;
         if !w.rest.is_empty() {
@@ -125,17 +135,34 @@ fn collect(s: &AvroSchema, names: &mut HashMap<Name, AvroSchema>) {
     }
 }
 
-struct Walk<'a> {
+struct Walk<'a, 'w> {
     rest: &'a [u8],
     /// Array and map items the payload may still hold: every item but a zero-byte one takes a
     /// byte, so a valid payload never runs out; a lying block count does, before its items
     /// are walked.
     items: u64,
-    names: &'a HashMap<Name, AvroSchema>,
+    names: &'w HashMap<Name, AvroSchema>,
+    /// Where a cut goes (`Avro::cut`); none when only validating.
+    out: Option<&'w mut Shaper<'a>>,
 }
 
-impl Walk<'_> {
-    fn take(&mut self, n: usize, what: &str) -> Result<&[u8], String> {
+impl<'a> Walk<'a, '_> {
+    fn emit(&mut self, f: impl FnOnce(&mut Shaper<'a>)) {
+        if let Some(out) = self.out.as_deref_mut() {
+            f(out);
+        }
+    }
+
+    /// A zig-zag varint kept in the shape as it is (a union branch, a block count).
+    fn structure(&mut self, what: &str) -> Result<i64, String> {
+        let before = self.rest;
+        let v = self.int(what)?;
+        let raw = &before[..before.len() - self.rest.len()];
+        self.emit(|s| s.lit(raw));
+        Ok(v)
+    }
+
+    fn take(&mut self, n: usize, what: &str) -> Result<&'a [u8], String> {
         if self.rest.len() < n {
             return Err(format!("{what} needs {n} bytes, {} left", self.rest.len()));
         }
@@ -164,6 +191,12 @@ impl Walk<'_> {
         self.varint(10, what)
     }
 
+    fn fixed(&mut self, n: usize, what: &str) -> Result<(), String> {
+        let b = self.take(n, what)?;
+        self.emit(|s| s.bytes(b, Len::Fixed));
+        Ok(())
+    }
+
     fn len(&mut self, what: &str) -> Result<usize, String> {
         let n = self.int(what)?;
         usize::try_from(n).map_err(|_| format!("{what} has a negative length {n}"))
@@ -176,11 +209,15 @@ impl Walk<'_> {
         match s {
             AvroSchema::Null => Ok(()),
             AvroSchema::Boolean => match self.take(1, "a boolean")?[0] {
-                0 | 1 => Ok(()),
+                b @ (0 | 1) => {
+                    self.emit(|s| s.int(i64::from(b), Int::Varint));
+                    Ok(())
+                }
                 b => Err(format!("a boolean is 0 or 1, not {b}")),
             },
             AvroSchema::Int | AvroSchema::Date | AvroSchema::TimeMillis => {
                 let v = self.varint(5, "an int")?;
+                self.emit(|s| s.int(v, Int::Zigzag));
                 i32::try_from(v).map(|_| ()).map_err(|_| format!("{v} does not fit an int"))
             }
             AvroSchema::Long
@@ -190,34 +227,50 @@ impl Walk<'_> {
             | AvroSchema::TimestampNanos
             | AvroSchema::LocalTimestampMillis
             | AvroSchema::LocalTimestampMicros
-            | AvroSchema::LocalTimestampNanos => self.varint(10, "a long").map(|_| ()),
-            AvroSchema::Float => self.take(4, "a float").map(|_| ()),
-            AvroSchema::Double => self.take(8, "a double").map(|_| ()),
+            | AvroSchema::LocalTimestampNanos => {
+                let v = self.varint(10, "a long")?;
+                self.emit(|s| s.int(v, Int::Zigzag));
+                Ok(())
+            }
+            AvroSchema::Float => {
+                let b = self.take(4, "a float")?;
+                self.emit(|s| s.f32(f32::from_le_bytes([b[0], b[1], b[2], b[3]])));
+                Ok(())
+            }
+            AvroSchema::Double => {
+                let b = self.take(8, "a double")?;
+                self.emit(|s| s.f64(f64::from_le_bytes([b[0], b[1], b[2], b[3], b[4], b[5], b[6], b[7]])));
+                Ok(())
+            }
             AvroSchema::Bytes | AvroSchema::BigDecimal | AvroSchema::Uuid(UuidSchema::Bytes) => {
                 let n = self.len("bytes")?;
-                self.take(n, "bytes").map(|_| ())
+                let b = self.take(n, "bytes")?;
+                self.emit(|s| s.bytes(b, Len::Zigzag));
+                Ok(())
             }
             AvroSchema::String | AvroSchema::Uuid(UuidSchema::String) => {
                 let n = self.len("a string")?;
                 let bytes = self.take(n, "a string")?;
+                self.emit(|s| s.bytes(bytes, Len::Zigzag));
                 std::str::from_utf8(bytes).map(|_| ()).map_err(|e| format!("a string that is not UTF-8: {e}"))
             }
             AvroSchema::Fixed(f) | AvroSchema::Duration(f) | AvroSchema::Uuid(UuidSchema::Fixed(f)) => {
-                self.take(f.size, "a fixed").map(|_| ())
+                self.fixed(f.size, "a fixed")
             }
             AvroSchema::Decimal(d) => match &d.inner {
                 apache_avro::schema::InnerDecimalSchema::Bytes => self.value(&AvroSchema::Bytes, path, depth),
-                apache_avro::schema::InnerDecimalSchema::Fixed(f) => self.take(f.size, "a decimal").map(|_| ()),
+                apache_avro::schema::InnerDecimalSchema::Fixed(f) => self.fixed(f.size, "a decimal"),
             },
             AvroSchema::Enum(e) => {
                 let i = self.int("an enum index")?;
+                self.emit(|s| s.int(i, Int::Zigzag));
                 if i < 0 || i as u64 >= e.symbols.len() as u64 {
                     return Err(format!("enum index {i}, {} has {} symbols", e.name, e.symbols.len()));
                 }
                 Ok(())
             }
             AvroSchema::Union(u) => {
-                let i = self.int("a union index")?;
+                let i = self.structure("a union index")?;
                 let variants = u.variants();
                 match usize::try_from(i).ok().and_then(|i| variants.get(i)) {
                     Some(v) => self.value(v, path, depth + 1),
@@ -248,11 +301,13 @@ impl Walk<'_> {
     fn blocks(&mut self, item: &AvroSchema, map: bool, path: &mut String, depth: usize) -> Result<(), String> {
         let mut index = 0u64;
         loop {
-            let mut count = self.int("a block count")?;
+            let mut count = self.structure("a block count")?;
             if count == 0 {
                 return Ok(());
             }
             if count < 0 {
+                // The byte size that follows changes with the values: no shape holds it.
+                self.emit(Shaper::fail);
                 count = count.checked_neg().ok_or("a block count out of range")?;
                 let size = self.len("a block size")?;
                 if size > self.rest.len() {
@@ -269,6 +324,7 @@ impl Walk<'_> {
                 if map {
                     let n = self.len("a map key")?;
                     let key = self.take(n, "a map key")?;
+                    self.emit(|s| s.bytes(key, Len::Zigzag));
                     let key = String::from_utf8_lossy(key).into_owned();
                     path.push('/');
                     path.push_str(&key);

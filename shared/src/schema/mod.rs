@@ -22,6 +22,8 @@ mod avro;
 mod json;
 mod proto;
 #[cfg(test)]
+mod shape_tests;
+#[cfg(test)]
 mod tests;
 
 use std::fmt;
@@ -286,6 +288,17 @@ impl Schema {
             Compiled::Json(j) => j.validate(payload),
             Compiled::Avro(a) => a.validate(payload),
             Compiled::Protobuf(p) => p.validate(payload),
+        }
+    }
+
+    /// Tells `out` the shape and values of `payload`, which this schema validated (format 3
+    /// column-wise bodies); false for JSON (its text is cut without a schema) and for a
+    /// payload the walk cannot hold.
+    pub fn cut<'p>(&self, payload: &'p [u8], out: &mut crate::proto::columns::Shaper<'p>) -> bool {
+        match &self.compiled {
+            Compiled::Json(_) => false,
+            Compiled::Avro(a) => a.cut(payload, out),
+            Compiled::Protobuf(p) => p.cut(payload, out),
         }
     }
 

@@ -16,12 +16,14 @@ use prost_reflect::{Cardinality, DynamicMessage, Kind as FieldKind, MessageDescr
 use protox::file::{ChainFileResolver, File, FileResolver, GoogleFileResolver};
 
 use super::{Invalid, Problem, problem};
+use crate::proto::columns::{Int, Len, Shaper};
+use crate::proto::varint;
 
 /// The name the schema's own file has while compiling.
 const FILE: &str = "schema.proto";
 
 pub(super) struct Proto {
-    message: MessageDescriptor,
+    pub(super) message: MessageDescriptor,
 }
 
 struct One(String);
@@ -59,11 +61,94 @@ impl Proto {
             .map_err(|e| Invalid { path: String::new(), reason: e.to_string() })
     }
 
+    /// The payload's fields as a shape and values (format 3 bodies): each field's tag kept as
+    /// it is, sub-messages and packed fields as parts whose length the bridge writes back.
+    pub(super) fn cut<'p>(&self, payload: &'p [u8], out: &mut Shaper<'p>) -> bool {
+        cut(&self.message, payload, out, 0).is_some()
+    }
+
     pub(super) fn reads(&self, writer: &Proto) -> Vec<Problem> {
         let mut out = Vec::new();
         reads(&self.message, &writer.message, "", &mut HashSet::new(), &mut out);
         out
     }
+}
+
+/// Sub-messages a cut walks into; a payload nested deeper travels whole.
+const MAX_CUT_DEPTH: usize = 32;
+
+fn take<'p>(b: &mut &'p [u8], n: usize) -> Option<&'p [u8]> {
+    let head = b.get(..n)?;
+    *b = &b[n..];
+    Some(head)
+}
+
+fn le<const N: usize>(b: &mut &[u8]) -> Option<[u8; N]> {
+    take(b, N)?.try_into().ok()
+}
+
+/// One field's value of wire type `wire` as a `kind` field (or an unknown one) holds it.
+fn value<'p>(kind: Option<&FieldKind>, wire: u64, b: &mut &'p [u8], out: &mut Shaper<'p>, depth: usize) -> Option<()> {
+    match (wire, kind) {
+        (0, Some(FieldKind::Sint32 | FieldKind::Sint64)) => {
+            let v = varint::take(b).ok()?;
+            out.int((v >> 1) as i64 ^ -((v & 1) as i64), Int::Zigzag);
+        }
+        (0, _) => out.int(varint::take(b).ok()? as i64, Int::Varint),
+        (1, Some(FieldKind::Double)) => out.f64(f64::from_le_bytes(le(b)?)),
+        (1, _) => out.int(i64::from_le_bytes(le(b)?), Int::Fixed64),
+        (5, Some(FieldKind::Float)) => out.f32(f32::from_le_bytes(le(b)?)),
+        (5, _) => out.int(i64::from(u32::from_le_bytes(le(b)?)), Int::Fixed32),
+        (2, _) => {
+            let n = usize::try_from(varint::take(b).ok()?).ok()?;
+            let body = take(b, n)?;
+            match kind {
+                Some(FieldKind::Message(m)) => {
+                    out.open();
+                    cut(m, body, out, depth + 1)?;
+                    out.close();
+                }
+                // A packed repeated field: values of the field's own wire type, one after another.
+                Some(k) if packed_wire(k).is_some() => {
+                    let w = packed_wire(k)?;
+                    out.open();
+                    let mut rest = body;
+                    while !rest.is_empty() {
+                        value(Some(k), w, &mut rest, out, depth)?;
+                    }
+                    out.close();
+                }
+                _ => out.bytes(body, Len::Varint),
+            }
+        }
+        // Groups (3, 4) are deprecated and have no length: the payload travels whole.
+        _ => return None,
+    }
+    Some(())
+}
+
+/// The wire type a packed field of `k` holds its values in; none for a kind never packed.
+fn packed_wire(k: &FieldKind) -> Option<u64> {
+    match k {
+        FieldKind::Double | FieldKind::Fixed64 | FieldKind::Sfixed64 => Some(1),
+        FieldKind::Float | FieldKind::Fixed32 | FieldKind::Sfixed32 => Some(5),
+        FieldKind::String | FieldKind::Bytes | FieldKind::Message(_) => None,
+        _ => Some(0),
+    }
+}
+
+fn cut<'p>(desc: &MessageDescriptor, mut b: &'p [u8], out: &mut Shaper<'p>, depth: usize) -> Option<()> {
+    if depth > MAX_CUT_DEPTH {
+        return None;
+    }
+    while !b.is_empty() {
+        let before = b;
+        let key = varint::take(&mut b).ok()?;
+        out.lit(&before[..before.len() - b.len()]);
+        let field = u32::try_from(key >> 3).ok().and_then(|n| desc.get_field(n));
+        value(field.map(|f| f.kind()).as_ref(), key & 7, &mut b, out, depth)?;
+    }
+    Some(())
 }
 
 /// Wire-compatible groups; a reader's type reads a writer's within one group.

@@ -1,12 +1,14 @@
 //! A rolling upgrade: edges and bridges one protocol version apart keep working together. This
-//! build speaks 1 to 7 (2 names dictionaries by the whole SHA-256, 3 has the Welcome say what
+//! build speaks 1 to 8 (2 names dictionaries by the whole SHA-256, 3 has the Welcome say what
 //! the sink stores of one record, 4 sends batches as a binary head and the body as it is,
 //! `shared::proto::batch_frame`, 5 carries the downlink, 6 sends batch bodies column-wise,
 //! `shared::proto::columns`, 7 bit-packs them (format 2), names a record's schema and a
-//! dictionary in a batch head by its 32 bytes). The next version is played by peers that offer
-//! 1 to 8 and add what a newer build may add: fields this build does not know in every frame
-//! and in the batch head, control frames it has never seen; the previous one by peers that
-//! speak 1 to 6 (column-wise bodies in format 1 only, dictionary ids as hex), version 5 by
+//! dictionary in a batch head by its 32 bytes, 8 takes Avro and Protobuf payloads apart by their
+//! schema, format 3). The next version is played by peers that offer 1 to 9 and add what a
+//! newer build may add: fields this build does not know in every frame and in the batch head,
+//! control frames it has never seen; the previous one by peers that speak 1 to 7 (format 2,
+//! binary payloads whole), version 6 by peers that speak 1 to 6 (column-wise bodies in format 1
+//! only, dictionary ids as hex), version 5 by
 //! peers that speak 1 to 5 (rows: an edge never sends one a column-wise batch), version 4 by peers that speak 1 to 4 (no
 //! downlink: a bridge never sends one a downlink frame, though a message waits for it), older
 //! ones by peers that speak 1 to 3 (batches in a CBOR envelope) or
@@ -29,14 +31,63 @@ use e2e_tests::node::TestNode;
 use e2e_tests::quic;
 use rumqttc::QoS;
 use serde::Serialize;
+use shared::proto::columns::{Format, Shaper, Shapes};
 use shared::proto::io::{read_frame, read_frame_body};
 use shared::proto::{
     Batch, Codec, Control, DOWNLINK_VERSION, DictAnnounce, Hello, MAX_BATCH_FRAME, MAX_BATCH_RAW, MAX_CONTROL_FRAME,
     WireRecord,
 };
-use shared::proto::{batch_frame, codec, compress};
+use shared::proto::{SHAPES_VERSION, SchemaRef, batch_frame, codec, compress};
 
 const WAIT: Duration = Duration::from_secs(20);
+
+const AVRO: &str = r#"{"type":"record","name":"Reading","fields":[{"name":"camera","type":"string"},
+ {"name":"at","type":"long"},{"name":"temp_c","type":"double"},{"name":"status","type":["null","string"]}]}"#;
+
+fn avro_schema() -> shared::schema::Schema {
+    let source = shared::schema::Source { kind: shared::schema::Kind::Avro, text: AVRO.into(), message: None };
+    shared::schema::Schema::parse(source).unwrap()
+}
+
+/// The staged version an edge of version 8 walks payloads with.
+#[derive(Debug)]
+struct OneSchema(shared::schema::Schema);
+
+impl Shapes for OneSchema {
+    fn cut<'p>(&self, schema: &SchemaRef, payload: &'p [u8], out: &mut Shaper<'p>) -> bool {
+        schema.id == self.0.id() && self.0.cut(payload, out)
+    }
+}
+
+/// Records `first..first + n` of Avro readings, each naming the schema it was validated against.
+fn avro_batch(first: u64, n: u64) -> Vec<WireRecord> {
+    let id = avro_schema().id().to_owned();
+    (first..first + n)
+        .map(|seq| {
+            let mut payload = Vec::new();
+            let camera = format!("cam-{}", seq % 3);
+            payload.push((camera.len() * 2) as u8);
+            payload.extend_from_slice(camera.as_bytes());
+            let at = 1_700_000_000_000i64 + seq as i64 * 250;
+            let mut z = ((at << 1) ^ (at >> 63)) as u64;
+            while z >= 0x80 {
+                payload.push(z as u8 | 0x80);
+                z >>= 7;
+            }
+            payload.push(z as u8);
+            payload.extend_from_slice(&(20.0 + (seq % 9) as f64 / 4.0).to_le_bytes());
+            payload.extend_from_slice(if seq % 2 == 0 { &[2, 4, b'o', b'k'] } else { &[0] });
+            let mut r = wire_record(seq, &format!("telemetry/avro/{}", seq % 2), String::new());
+            let m = match &mut r.body {
+                shared::proto::RecordBody::Message(m) => m,
+                shared::proto::RecordBody::Gap(_) => unreachable!(),
+            };
+            m.payload = payload;
+            m.schema = Some(SchemaRef { subject: "reading".into(), version: 1, id: id.clone() });
+            r
+        })
+        .collect()
+}
 const EPOCH: &str = "00112233445566778899aabbccddeeff";
 
 /// `value` as the next version would send it: its CBOR map with `extra` fields added.
@@ -59,17 +110,23 @@ fn unknown_control(kind: &str) -> Vec<u8> {
     ]))
 }
 
-/// An edge of the next version: welcomed at 7, its batch in the binary framing with a longer
+/// An edge of the next version: welcomed at 8, its batch in the binary framing with a longer
 /// head than this build writes, records with fields this build does not know (a row batch,
-/// which version 7 still takes); the message waiting for it is sent.
+/// which version 8 still takes); the message waiting for it is sent.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn this_bridge_serves_an_edge_of_the_next_version() {
-    serve_an_edge_offering(&[1, 2, 3, 4, 5, 6, 7, 8], 7).await;
+    serve_an_edge_offering(&[1, 2, 3, 4, 5, 6, 7, 8, 9], 8).await;
 }
 
-/// An edge of the previous version: welcomed at 6, the downlink.
+/// An edge of the previous version: welcomed at 7, the downlink.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn this_bridge_serves_an_edge_of_the_previous_version() {
+    serve_an_edge_offering(&[1, 2, 3, 4, 5, 6, 7], 7).await;
+}
+
+/// An edge of version 6: welcomed at 6, the downlink.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn this_bridge_serves_an_edge_of_version_6() {
     serve_an_edge_offering(&[1, 2, 3, 4, 5, 6], 6).await;
 }
 
@@ -197,10 +254,44 @@ async fn serve_an_edge_offering(versions: &[u16], chosen: u16) {
     } else {
         assert_eq!(downs, ["config/x"]);
     }
-    let rows: Vec<_> = sink_rows(&cloud.sink).into_iter().map(|r| (r.edge, r.seq, r.topic, r.payload)).collect();
-    let want: Vec<_> = (1..=3u64)
+    let mut want: Vec<_> = (1..=3u64)
         .map(|s| ("edge-2".to_owned(), s, Some(format!("telemetry/next/{s}")), format!("v2-{s}").into_bytes()))
         .collect();
+    if chosen >= SHAPES_VERSION {
+        // Version 8: Avro payloads taken apart by their schema (format 3) reach the sink as
+        // they were published.
+        let avro = avro_batch(4, 70);
+        want.extend(avro.iter().filter_map(|r| {
+            let m = r.as_message()?;
+            Some(("edge-2".to_owned(), r.seq, Some(m.topic.clone()), m.payload.clone()))
+        }));
+        let batch =
+            compress::pack_shaped(("", 0, 4), &avro, None, (3, Some(Format::V3)), &OneSchema(avro_schema())).unwrap();
+        let raw = compress::decompress(&batch, None, MAX_BATCH_RAW).unwrap().unwrap();
+        assert_eq!(raw[0], 3, "a format 3 body");
+        let whole = shared::proto::columns::encode(&avro, Format::V2);
+        assert!(
+            raw.len() * 2 < whole.len(),
+            "taken apart: {} bytes, {} with the payloads whole",
+            raw.len(),
+            whole.len()
+        );
+        let mut uni = conn.open_uni().await.unwrap();
+        uni.write_all(&batch_frame::encode(&batch, chosen).unwrap()).await.unwrap();
+        uni.finish().unwrap();
+        let acked = tokio::time::timeout(WAIT, async {
+            loop {
+                match read_frame::<_, Control>(&mut recv, MAX_CONTROL_FRAME).await.unwrap() {
+                    Some(Control::Ack(a)) if a.lane == 0 && a.up_to == 73 => break,
+                    Some(_) => continue,
+                    None => panic!("the bridge closed the control stream"),
+                }
+            }
+        })
+        .await;
+        assert!(acked.is_ok(), "no ack for the format 3 batch: {}", cloud.bridge.metrics().encode());
+    }
+    let rows: Vec<_> = sink_rows(&cloud.sink).into_iter().map(|r| (r.edge, r.seq, r.topic, r.payload)).collect();
     assert_eq!(rows, want);
     assert!(conn.close_reason().is_none(), "the session is still up: {:?}", conn.close_reason());
 }
@@ -276,8 +367,10 @@ struct Received {
     binary_batches: usize,
     /// Column-wise batches (version 6 on).
     column_batches: usize,
-    /// Column-wise bodies in format 2 (version 7 on).
+    /// Column-wise bodies in format 2 (version 7).
     format2_batches: usize,
+    /// Column-wise bodies in format 3 (version 8 on).
+    format3_batches: usize,
     /// Batches with the compact head (version 7 on).
     compact_batches: usize,
 }
@@ -326,13 +419,15 @@ async fn other_version_bridge(
                     batch.dict.as_ref().and_then(|d| dicts.lock().unwrap().get(d).cloned()).as_deref(),
                     MAX_BATCH_RAW,
                 )?;
-                let format2 = batch.codec.columns() && raw.as_deref().unwrap_or(&batch.body).first() == Some(&2);
+                let format = batch.codec.columns().then(|| raw.as_deref().unwrap_or(&batch.body).first().copied());
+                let (format2, format3) = (format == Some(Some(2)), format == Some(Some(3)));
                 let mut got = received.lock().unwrap();
                 got.dict_batches += usize::from(batch.dict.is_some());
                 got.binary_batches += usize::from(binary);
                 got.compact_batches += usize::from(compact);
                 got.column_batches += usize::from(batch.codec.columns());
                 got.format2_batches += usize::from(format2);
+                got.format3_batches += usize::from(format3);
                 for r in records {
                     let topic = r.as_message().map_or_else(|| "gap".to_owned(), |m| m.topic.clone());
                     got.records.insert((batch.lane, r.seq), topic);
@@ -456,27 +551,38 @@ async fn drain_into_a_bridge_speaking(versions: &'static [u16]) -> (Received, u8
     (std::mem::take(&mut *received.lock().unwrap()), code)
 }
 
-/// The next version's bridge (this edge speaks up to 7) says its sink stores 4 KiB a record:
-/// the edge sends column-wise batches in format 2, and refuses a larger publish with 0x83
+/// The next version's bridge (this edge speaks up to 8) says its sink stores 4 KiB a record:
+/// the edge sends column-wise batches in format 3, and refuses a larger publish with 0x83
 /// rather than acknowledge what the sink would not take.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn this_edge_drains_into_a_bridge_of_the_next_version() {
-    let (got, big) = drain_into_a_bridge_speaking(&[1, 2, 3, 4, 5, 6, 7, 8]).await;
-    assert_eq!(got.version, 7, "the highest version both speak");
+    let (got, big) = drain_into_a_bridge_speaking(&[1, 2, 3, 4, 5, 6, 7, 8, 9]).await;
+    assert_eq!(got.version, 8, "the highest version both speak");
     assert!(got.binary_batches > 0, "version 4 batches go in the binary framing");
-    assert!(got.format2_batches > 0, "version 7 batches go column-wise in format 2");
+    assert!(got.format3_batches > 0 && got.format2_batches == 0, "version 8 batches go column-wise in format 3");
     assert!(got.compact_batches > 0 && got.compact_batches == got.binary_batches, "version 7 heads are compact");
     assert!(!got.dict_ids.is_empty() && got.dict_ids.iter().all(|id| id.len() == 64), "{:?}", got.dict_ids);
     assert_eq!(big, 0x83, "refused: the sink could not store it whole");
 }
 
-/// A bridge of the previous version (6): column-wise batches, in format 1 only.
+/// A bridge of the previous version (7): format 2, compact heads, no format 3.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn this_edge_drains_into_a_bridge_of_the_previous_version() {
+    let (got, big) = drain_into_a_bridge_speaking(&[1, 2, 3, 4, 5, 6, 7]).await;
+    assert_eq!(got.version, 7);
+    assert!(got.format2_batches > 0 && got.format3_batches == 0, "version 7 batches go in format 2");
+    assert!(got.compact_batches > 0 && got.compact_batches == got.binary_batches, "version 7 heads are compact");
+    assert!(!got.dict_ids.is_empty() && got.dict_ids.iter().all(|id| id.len() == 64), "{:?}", got.dict_ids);
+    assert_eq!(big, 0x83, "refused: the sink could not store it whole");
+}
+
+/// A bridge of version 6: column-wise batches, in format 1 only.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn this_edge_drains_into_a_bridge_of_version_6() {
     let (got, big) = drain_into_a_bridge_speaking(&[1, 2, 3, 4, 5, 6]).await;
     assert_eq!(got.version, 6);
     assert!(got.column_batches > 0, "version 6 batches go column-wise");
-    assert_eq!(got.format2_batches, 0, "format 2 only from version 7");
+    assert_eq!(got.format2_batches + got.format3_batches, 0, "formats 2 and 3 only from versions 7 and 8");
     assert_eq!(got.compact_batches, 0, "the compact head only from version 7");
     assert!(!got.dict_ids.is_empty() && got.dict_ids.iter().all(|id| id.len() == 64), "{:?}", got.dict_ids);
     assert_eq!(big, 0x83, "refused: the sink could not store it whole");

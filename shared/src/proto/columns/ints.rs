@@ -25,6 +25,8 @@ pub enum Format {
     V1,
     /// Bit-packed with a frame of reference or of deltas (protocol version 7).
     V2,
+    /// As format 2, and binary payloads taken apart by their schema (protocol version 8).
+    V3,
 }
 
 /// How a column's values are written in format 1.
@@ -38,7 +40,7 @@ pub(super) enum V1 {
     Signed,
 }
 
-fn zigzag(v: i64) -> u64 {
+pub(super) fn zigzag(v: i64) -> u64 {
     ((v << 1) ^ (v >> 63)) as u64
 }
 
@@ -61,7 +63,7 @@ impl IntsOut {
     }
 
     pub(super) fn push(&mut self, v: i64) {
-        if self.format == Format::V2 {
+        if self.format != Format::V1 {
             self.vals.push(v);
             return;
         }
@@ -77,14 +79,14 @@ impl IntsOut {
 
     /// Whether every value is `v` (format 2, which holds them).
     pub(super) fn only(&self, v: i64) -> bool {
-        self.format == Format::V2 && self.vals.iter().all(|x| *x == v)
+        self.format != Format::V1 && self.vals.iter().all(|x| *x == v)
     }
 
     /// The column's bytes.
     pub(super) fn finish(self) -> Vec<u8> {
         match self.format {
             Format::V1 => self.bytes,
-            Format::V2 => pack(&self.vals),
+            Format::V2 | Format::V3 => pack(&self.vals),
         }
     }
 }

@@ -7,6 +7,7 @@ const MAX_DEPTH: usize = 32;
 /// Digits of a number kept as an integer (below 2^63).
 const MAX_DIGITS: usize = 18;
 
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) enum Val<'a> {
     Num { mantissa: i64, scale: u8 },
     Str(&'a [u8]),
@@ -154,6 +155,32 @@ impl<'a> Cut<'a> {
         }
         self.slot(Val::Num { mantissa: if neg { -m } else { m }, scale })
     }
+}
+
+/// The mantissa and scale of `text`, a whole JSON number that [`render`] gives back as it is.
+pub(super) fn decimal(text: &[u8]) -> Option<(i64, u8)> {
+    let mut c = Cut { p: text, i: 0, shape: Vec::new(), vals: Vec::new() };
+    c.number()?;
+    match c.vals.pop() {
+        Some(Val::Num { mantissa, scale }) if c.i == text.len() => Some((mantissa, scale)),
+        _ => None,
+    }
+}
+
+/// A value as JSON text.
+pub(super) fn put(v: &Val<'_>, out: &mut Vec<u8>) -> Option<()> {
+    match v {
+        Val::Num { mantissa, scale } => render(*mantissa, *scale, out)?,
+        Val::Str(s) => {
+            out.push(b'"');
+            out.extend_from_slice(s);
+            out.push(b'"');
+        }
+        Val::True => out.extend_from_slice(b"true"),
+        Val::False => out.extend_from_slice(b"false"),
+        Val::Null => out.extend_from_slice(b"null"),
+    }
+    Some(())
 }
 
 /// A number as its text: sign, integer digits, and `scale` fraction digits.

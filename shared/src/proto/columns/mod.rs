@@ -24,17 +24,19 @@ use std::collections::HashMap;
 
 use serde::{Deserialize, Serialize};
 
+mod bin;
 mod dict;
 mod ints;
 mod json;
 
+pub use bin::{Int, Len, NoShapes, Shaper, Shapes};
 pub use dict::dictionary;
 pub use ints::Format;
 
 use super::varint::put as put_varint;
 use super::{ProtoError, RecordBody, SchemaRef, WireGap, WireMessage, WireRecord};
 use ints::{IntsIn, IntsOut, V1};
-use json::{SLOT, Val, cut, render};
+use json::{SLOT, Val, cut};
 
 /// Shapes one batch keeps; a payload of a shape beyond these travels whole.
 const MAX_SHAPES: usize = 256;
@@ -57,12 +59,14 @@ impl Format {
         match self {
             Format::V1 => 1,
             Format::V2 => 2,
+            Format::V3 => 3,
         }
     }
 
     /// The format a session of protocol `version` sends, if any.
     pub fn of_version(version: u16) -> Option<Format> {
         match version {
+            v if v >= super::SHAPES_VERSION => Some(Format::V3),
             v if v >= super::SCHEMA_VERSION => Some(Format::V2),
             v if v >= super::COLUMNS_VERSION => Some(Format::V1),
             _ => None,
@@ -208,8 +212,14 @@ impl Slot<'_> {
     }
 }
 
-/// The column-wise body of `records` in format `f`.
+/// The column-wise body of `records` in format `f`, binary payloads whole.
 pub fn encode(records: &[WireRecord], f: Format) -> Vec<u8> {
+    encode_with(records, f, &NoShapes)
+}
+
+/// The column-wise body of `records` in format `f`; in format 3, a binary payload that names
+/// its schema is taken apart as `walker` walks it.
+pub fn encode_with(records: &[WireRecord], f: Format, walker: &dyn Shapes) -> Vec<u8> {
     let (mut seqs, mut kinds, mut gaps) = (IntsOut::new(f, V1::Delta), IntsOut::new(f, V1::Byte), Vec::new());
     let (mut class_ids, mut topic_ids) = (IntsOut::new(f, V1::Varint), IntsOut::new(f, V1::Varint));
     let (mut qos, mut times, mut props) = (IntsOut::new(f, V1::Byte), IntsOut::new(f, V1::Signed), Vec::new());
@@ -223,11 +233,15 @@ pub fn encode(records: &[WireRecord], f: Format) -> Vec<u8> {
     let mut cuts = Vec::with_capacity(records.len());
     for r in records {
         cuts.push(match &r.body {
-            RecordBody::Message(m) => cut(&m.payload),
+            RecordBody::Message(m) => cut(&m.payload).or_else(|| {
+                let schema = m.schema.as_ref().filter(|_| f == Format::V3)?;
+                let mut shaper = Shaper::default();
+                walker.cut(schema, &m.payload, &mut shaper).then(|| shaper.finish(&m.payload))?
+            }),
             RecordBody::Gap(_) => None,
         });
         if let RecordBody::Message(WireMessage { schema: Some(s), .. }) = &r.body
-            && f == Format::V2
+            && f != Format::V1
         {
             let mut cbor = Vec::new();
             let _ = ciborium::into_writer(s, &mut cbor);
@@ -253,7 +267,7 @@ pub fn encode(records: &[WireRecord], f: Format) -> Vec<u8> {
         qos.push(i64::from(m.qos));
         times.push(m.enqueued_ms as i64);
         let schema_in_props = f == Format::V1 && m.schema.is_some();
-        if f == Format::V2 {
+        if f != Format::V1 {
             // The CBOR lives in `schema_cbor` for the whole function: the table may borrow it.
             let id = m.schema.as_ref().and_then(|_| next_schema.next()).map_or(0, |c| schemas.id(c) + 1);
             schema_ids.push(id as i64);
@@ -333,13 +347,13 @@ pub fn encode(records: &[WireRecord], f: Format) -> Vec<u8> {
         ("shape ids", shape_ids.finish()),
         ("payloads", raws),
     ];
-    if f == Format::V2 {
+    if f != Format::V1 {
         streams.push(("schemas", schemas.bytes()));
         streams.push(("schema ids", schema_ids.finish()));
     }
     for shape in slots {
         for slot in shape {
-            if f == Format::V2 {
+            if f != Format::V1 {
                 streams.push(("slot", slot.v2()));
                 continue;
             }
@@ -510,6 +524,30 @@ impl<'a> SlotRd<'a> {
     }
 }
 
+impl<'a> SlotRd<'a> {
+    /// The slot's next value, in a record enqueued at `ms`.
+    fn val(&mut self, f: Format, ms: i64) -> Result<Val<'a>, ProtoError> {
+        Ok(match self.tags.byte()? {
+            T_NUM => {
+                let (mantissa, scale) = self.number(f, ms)?;
+                Val::Num { mantissa, scale }
+            }
+            T_STR => Val::Str(match self.ids.next()? as u64 {
+                0 => {
+                    let t = self.lits.bytes()?;
+                    self.seen.push(t);
+                    t
+                }
+                k => self.seen.get(k as usize - 1).copied().ok_or_else(|| bad("slot string ids", k))?,
+            }),
+            T_TRUE => Val::True,
+            T_FALSE => Val::False,
+            T_NULL => Val::Null,
+            t => return Err(bad("slot tags", format!("tag {t}"))),
+        })
+    }
+}
+
 /// The records of a column-wise body; at most `max_out` bytes of records in all, as
 /// `compress::records_cost` counts them (each record's struct, its strings and payload).
 pub fn decode<'a>(raw: &'a [u8], max_out: usize) -> Result<Vec<WireRecord>, ProtoError> {
@@ -517,6 +555,7 @@ pub fn decode<'a>(raw: &'a [u8], max_out: usize) -> Result<Vec<WireRecord>, Prot
     let f = match r.byte()? {
         1 => Format::V1,
         2 => Format::V2,
+        3 => Format::V3,
         other => return Err(bad("head", format!("format {other}, not one this build knows"))),
     };
     let n = r.varint()?;
@@ -541,7 +580,7 @@ pub fn decode<'a>(raw: &'a [u8], max_out: usize) -> Result<Vec<WireRecord>, Prot
     let mut raws = stream("payloads")?;
     let (schemas, mut schema_ids) = match f {
         Format::V1 => (Vec::new(), None),
-        Format::V2 => {
+        Format::V2 | Format::V3 => {
             let t = table(stream("schemas")?.b, "schemas")?;
             let refs = t
                 .iter()
@@ -554,12 +593,22 @@ pub fn decode<'a>(raw: &'a [u8], max_out: usize) -> Result<Vec<WireRecord>, Prot
             (refs, Some(ints(stream("schema ids")?, V1::Varint)?))
         }
     };
-    let mut slots: Vec<Vec<SlotRd<'_>>> = Vec::with_capacity(shapes.len());
+    // A shape is JSON text with slots, or in format 3 a binary shape's ops.
+    let mut binary: Vec<Option<Vec<bin::Op<'_>>>> = Vec::with_capacity(shapes.len().min(MAX_SHAPES));
+    let mut slots: Vec<Vec<SlotRd<'_>>> = Vec::with_capacity(shapes.len().min(MAX_SHAPES));
     for s in &shapes {
-        let count = s.iter().filter(|b| **b == SLOT).count();
+        let ops = match s.first() {
+            Some(&bin::BIN) if f == Format::V3 => Some(bin::ops(s).map_err(|e| bad("shapes", e))?),
+            _ => None,
+        };
+        let count = match &ops {
+            Some(ops) => bin::slots(ops),
+            None => s.iter().filter(|b| **b == SLOT).count(),
+        };
+        binary.push(ops);
         let mut these = Vec::with_capacity(count.min(raw.len()));
         for _ in 0..count {
-            if f == Format::V2 {
+            if f != Format::V1 {
                 these.push(SlotRd::v2(stream("slot")?)?);
                 continue;
             }
@@ -638,42 +687,29 @@ pub fn decode<'a>(raw: &'a [u8], max_out: usize) -> Result<Vec<WireRecord>, Prot
             id => {
                 let shape = pick(&shapes, id - 1, "shape ids")?;
                 let these = &mut slots[id as usize - 1];
-                let mut k = 0;
                 // What is left of `max_out` bounds the payload while it is put together: a shape
                 // of many slots repeating one long string would otherwise grow it first.
                 let room = budget.max.saturating_sub(budget.used);
-                for &b in shape {
-                    if m.payload.len() > room {
-                        return Err(ProtoError::TooLargeDecompressed { max: max_out });
-                    }
-                    if b != SLOT {
-                        m.payload.push(b);
-                        continue;
-                    }
-                    let s = &mut these[k];
-                    k += 1;
-                    match s.tags.byte()? {
-                        T_NUM => {
-                            let (mantissa, scale) = s.number(f, ms)?;
-                            render(mantissa, scale, &mut m.payload).ok_or_else(|| bad("slot scales", "over 18"))?;
+                let too_large = || ProtoError::TooLargeDecompressed { max: max_out };
+                if let Some(ops) = &binary[id as usize - 1] {
+                    let mut k = 0;
+                    bin::render(ops, &mut m.payload, (room, max_out), || {
+                        k += 1;
+                        these[k - 1].val(f, ms)
+                    })?;
+                } else {
+                    let mut k = 0;
+                    for &b in shape {
+                        if m.payload.len() > room {
+                            return Err(too_large());
                         }
-                        T_STR => {
-                            let text = match s.ids.next()? as u64 {
-                                0 => {
-                                    let t = s.lits.bytes()?;
-                                    s.seen.push(t);
-                                    t
-                                }
-                                k => s.seen.get(k as usize - 1).copied().ok_or_else(|| bad("slot string ids", k))?,
-                            };
-                            m.payload.push(b'"');
-                            m.payload.extend_from_slice(text);
-                            m.payload.push(b'"');
+                        if b != SLOT {
+                            m.payload.push(b);
+                            continue;
                         }
-                        T_TRUE => m.payload.extend_from_slice(b"true"),
-                        T_FALSE => m.payload.extend_from_slice(b"false"),
-                        T_NULL => m.payload.extend_from_slice(b"null"),
-                        t => return Err(bad("slot tags", format!("tag {t}"))),
+                        let v = these[k].val(f, ms)?;
+                        k += 1;
+                        json::put(&v, &mut m.payload).ok_or_else(|| bad("slot scales", "over 18"))?;
                     }
                 }
                 budget.spend(m.payload.len())?;
@@ -700,4 +736,4 @@ pub fn decode<'a>(raw: &'a [u8], max_out: usize) -> Result<Vec<WireRecord>, Prot
 }
 
 #[cfg(test)]
-mod tests;
+pub(crate) mod tests;

@@ -7,7 +7,7 @@ use proptest::prelude::*;
 use super::*;
 use crate::proto::record::GapReason;
 
-fn msg(seq: u64, topic: &str, payload: &[u8]) -> WireRecord {
+pub(crate) fn msg(seq: u64, topic: &str, payload: &[u8]) -> WireRecord {
     WireRecord::message(
         seq,
         WireMessage {
@@ -25,7 +25,7 @@ fn msg(seq: u64, topic: &str, payload: &[u8]) -> WireRecord {
     )
 }
 
-const FORMATS: [Format; 2] = [Format::V1, Format::V2];
+const FORMATS: [Format; 3] = [Format::V1, Format::V2, Format::V3];
 
 /// Both formats give `records` back; the format 2 body.
 fn round_trip(records: &[WireRecord]) -> Vec<u8> {
@@ -236,7 +236,91 @@ proptest! {
             good[at] ^= flip.1 | 1;
             let _ = decode(&good, 1 << 20);
         }
+        let pairs: Vec<WireRecord> =
+            (1..=8).map(|i| with_schema(msg(i, "t", &[2, i as u8, 0xff, 3, 1, 1, b'a', 0xfe, 3, 1, b'z']))).collect();
+        let mut good = encode_with(&pairs, Format::V3, &Pairs);
+        let at = flip.0 % good.len();
+        good[at] ^= flip.1 | 1;
+        let _ = decode(&good, 1 << 20);
     }
+}
+
+/// A walk by a made-up schema: pairs of a tag byte and a varint (even tags) or a string with a
+/// one-byte length (odd tags); tag 0xff opens a part (its varint length after it), 0xfe closes
+/// it. Enough to exercise every op without a real schema.
+#[derive(Debug)]
+pub(crate) struct Pairs;
+
+impl Shapes for Pairs {
+    fn cut<'p>(&self, _: &SchemaRef, mut p: &'p [u8], out: &mut Shaper<'p>) -> bool {
+        while let Some((&tag, rest)) = p.split_first() {
+            p = rest;
+            match tag {
+                0xff => {
+                    let Ok(_) = crate::proto::varint::take(&mut p) else { return false };
+                    out.open();
+                }
+                0xfe => out.close(),
+                t if t % 2 == 0 => {
+                    out.lit(&[t]);
+                    let Ok(v) = crate::proto::varint::take(&mut p) else { return false };
+                    out.int(v as i64, Int::Varint);
+                }
+                t => {
+                    out.lit(&[t]);
+                    let Some((&n, rest)) = p.split_first() else { return false };
+                    let Some(s) = rest.get(..usize::from(n)) else { return false };
+                    p = &rest[usize::from(n)..];
+                    out.bytes(s, Len::Varint);
+                }
+            }
+        }
+        true
+    }
+}
+
+pub(crate) fn with_schema(mut r: WireRecord) -> WireRecord {
+    if let RecordBody::Message(m) = &mut r.body {
+        m.schema = Some(SchemaRef { subject: "pairs".into(), version: 1, id: "0123456789abcdef".into() });
+    }
+    r
+}
+
+#[test]
+fn binary_shapes_come_back_and_a_made_up_one_is_refused() {
+    let payloads: Vec<Vec<u8>> = vec![
+        vec![2, 0x96, 0x01, 3, 2, b'h', b'i'],
+        vec![2, 7, 3, 2, b'y', b'o'],
+        // A part: its length (here 4) is written back from what it holds.
+        vec![4, 1, 0xff, 4, 6, 9, 5, 0, 0xfe],
+        // An overlong varint: would come back shorter, so it goes whole.
+        vec![2, 0x81, 0x00],
+        b"not pairs at all".to_vec(),
+    ];
+    let records: Vec<WireRecord> =
+        payloads.iter().enumerate().map(|(i, p)| with_schema(msg(i as u64 + 1, "t", p))).collect();
+    let raw = encode_with(&records, Format::V3, &Pairs);
+    assert_eq!(decode(&raw, usize::MAX).unwrap(), records);
+    assert!(matches!(decode(&raw, 300), Err(ProtoError::TooLargeDecompressed { .. })));
+    for cut in 0..raw.len() {
+        assert!(decode(&raw[..cut], usize::MAX).is_err(), "a body cut at {cut} is refused");
+    }
+    // Formats 1 and 2 never take a binary payload apart.
+    assert_eq!(encode_with(&records, Format::V2, &Pairs), encode(&records, Format::V2));
+
+    // Shapes a peer made up.
+    let mut open = vec![bin::BIN];
+    open.extend(std::iter::repeat_n(1u8, bin::MAX_OPEN + 1));
+    open.extend(std::iter::repeat_n(2u8, bin::MAX_OPEN + 1));
+    assert!(bin::ops(&open).unwrap_err().contains("deeper"));
+    assert!(bin::ops(&[bin::BIN, 1]).unwrap_err().contains("left open"));
+    assert!(bin::ops(&[bin::BIN, 2]).unwrap_err().contains("not open"));
+    assert!(bin::ops(&[bin::BIN, 0, 5, 1]).unwrap_err().contains("literal"));
+    assert!(bin::ops(&[bin::BIN, 99]).unwrap_err().contains("op 99"));
+    // A string where the shape writes an integer.
+    let mut out = Vec::new();
+    let ops = bin::ops(&[bin::BIN, 4]).unwrap();
+    assert!(bin::render(&ops, &mut out, (100, 100), || Ok(Val::Str(b"x"))).is_err());
 }
 
 /// The trace as the uplink sends it by default: per class, batches of about 50 records (a
