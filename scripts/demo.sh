@@ -157,10 +157,11 @@ sleep 0.5
 wait "$app_pid" || true
 "$cloud" send --config "$work/cloud.toml" --edge edge-1 --topic admin/reboot --payload now | sed 's/^/   /'
 for _ in $(seq 100); do
-  "$cloud" downlink status --config "$work/cloud.toml" --edge edge-1 | grep -q "refused 1" && break; sleep 0.1
+  "$cloud" downlink status --config "$work/cloud.toml" --edge edge-1 | grep "refused 1" > /dev/null && break; sleep 0.1
 done
 "$cloud" downlink status --config "$work/cloud.toml" --edge edge-1 | sed 's/^/   /'
-"$cloud" downlink refused --config "$work/cloud.toml" | head -1 | sed 's/^/   refused by the edge: /'
+# sed reads the whole listing: `head` would close the pipe early, and the CLI fails writing into it.
+"$cloud" downlink refused --config "$work/cloud.toml" | sed -n "1s/^/   refused by the edge: /p"
 
 sleep 1
 echo "== what the node measured"
