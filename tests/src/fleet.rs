@@ -51,7 +51,13 @@ impl BridgeProcess {
     /// Starts it again on the same UDP port.
     pub fn restart(&mut self) -> anyhow::Result<()> {
         self.kill();
-        let (child, quic, http) = spawn(&self.dir, &self.config.replace("{port}", &self.quic.port().to_string()))?;
+        // Its stderr tells why a restart failed (another process may have taken the freed port).
+        let (child, quic, http) = spawn(&self.dir, &self.config.replace("{port}", &self.quic.port().to_string()))
+            .map_err(|e| {
+                let stderr = self.stderr();
+                let tail: Vec<&str> = stderr.lines().rev().take(5).collect();
+                anyhow::anyhow!("{e}; its stderr ends: {}", tail.into_iter().rev().collect::<Vec<_>>().join(" | "))
+            })?;
         (self.child, self.quic, self.http) = (child, quic, http);
         Ok(())
     }
