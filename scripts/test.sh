@@ -25,8 +25,4 @@ HIL_EDGE_BIN=$(scripts/cross-build.sh aarch64-unknown-linux-gnu hil edge-node)
 export HIL_EDGE_BIN
 echo "== tests (checks and build took $((SECONDS - started)) s; target dir $(du -sh target | cut -f1), $(df -h --output=avail . | tail -1 | tr -d ' ') free)"
 # The test runner's summary stays the last line of the output.
-if cargo nextest --version >/dev/null 2>&1; then
-  cargo nextest run --workspace --locked --no-fail-fast
-else
-  cargo test --workspace --locked --no-fail-fast
-fi
+cargo nextest run --workspace --locked --no-fail-fast

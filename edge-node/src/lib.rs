@@ -442,14 +442,7 @@ impl Node {
             let identity = auth::Identity::User(user.to_owned());
             Some(auth_of.auth.load().rules_for(&identity, downlink::CLIENT_ID))
         });
-        let downlink = Arc::new(downlink::Downlink::new(
-            downlink::Deliverer {
-                broker: broker.clone(),
-                governance: downlink::Governance::new(&config.downlink),
-                rules_of,
-            },
-            down_mark,
-        ));
+        let down = downlink::DownCore::new(downlink::Governance::new(&config.downlink), rules_of, down_mark);
         // A spool is opened whenever [uplink] is configured (above).
         if let (Some(uplink), Some(spool)) = (&config.uplink, &spool) {
             let task = uplink::Uplink {
@@ -464,12 +457,12 @@ impl Node {
                 spool_path: Some(config.spool.path.clone()),
                 sink_fit: sink_fit.clone(),
                 tracer: tracer.clone(),
-                downlink: downlink.clone(),
+                broker: broker.clone(),
                 // Avro and Protobuf payloads go column-wise by the version they were validated
                 // against, while it is the one staged.
                 shapes: schemas.clone().map(|v| v as Arc<dyn shared::proto::columns::Shapes + Send + Sync>),
             };
-            tracker.spawn(task.run(shutdown.clone()));
+            tracker.spawn(task.run(down, shutdown.clone()));
         }
         if let Some(tco) = &config.tco {
             let task = tco::run(tco.clone(), classes.clone(), link, tco_metrics, tco_latest, shutdown.clone());

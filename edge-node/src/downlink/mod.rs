@@ -5,15 +5,14 @@
 //! its topic sets the local QoS (at most `max_qos`), what its retain flag does and the user it
 //! is published as; a topic no entry matches, a topic that is not a valid MQTT topic name or a
 //! QoS out of range is refused with a reason, which goes back to the cloud and is kept there.
-//! An allowed message is handed to the broker with the downlink's next mark
-//! ([`DownMark`]: the position and the refusals the cloud has not marked), which the session
-//! store commits with the message (`broker::core::downlink`): only then is it acked upstream.
+//! The policy of handing messages to the broker and taking their commits is [`core`]'s, without
+//! I/O; [`Live`] is the running broker as its target.
 
 mod config;
-mod deliver;
+pub mod core;
 
+pub use self::core::{COMMIT_WAIT, DownCore, Handed, NotStored, RulesOf, Target};
 pub use config::{DownlinkEntry, RetainPolicy, problems};
-pub use deliver::{COMMIT_WAIT, Deliverer, Handed, NotStored, RulesOf};
 
 use std::time::{Duration, Instant};
 
@@ -22,7 +21,9 @@ use serde::{Deserialize, Serialize};
 use shared::proto::down::{Down, DownOutcome, DownRefusal, clip_reason};
 use shared::topic::TopicFilter;
 
+use crate::auth::Rules;
 use crate::broker::codec::{PublishProps, QoS};
+use crate::broker::driver::BrokerHandle;
 use crate::broker::message::Message;
 
 /// The key of the downlink's mark in the session store.
@@ -31,65 +32,30 @@ pub const MARK_KEY: &str = "downlink";
 /// The client id a `[[downlink]]` entry's user is resolved with (for `%c` in the ACL).
 pub const CLIENT_ID: &str = "_edge-downlink";
 
-/// The node's downlink: the deliverer and the mark as last stored, which each new session
-/// with the cloud starts from.
-#[derive(Debug)]
-pub struct Downlink {
-    deliverer: Deliverer,
-    mark: std::sync::Mutex<DownMark>,
-}
+/// The running broker as the downlink's [`Target`]: each call takes the core's lock for a
+/// moment.
+#[derive(Debug, Clone, Copy)]
+pub struct Live<'a>(pub &'a BrokerHandle);
 
-impl Downlink {
-    pub fn new(deliverer: Deliverer, mark: DownMark) -> Self {
-        Self { deliverer, mark: std::sync::Mutex::new(mark) }
+impl Target for Live<'_> {
+    fn publish_downlink(
+        &mut self,
+        rules: Option<&Rules>,
+        msg: Message,
+        mark: String,
+        now: Instant,
+    ) -> Result<u64, &'static str> {
+        let (done, routed) = self.0.with(|b| Target::publish_downlink(b, rules, msg, mark, now));
+        // A downlink message is never spooled; what `routed` could hold (a will a slow
+        // subscriber's end fired) goes to the timer task.
+        drop(routed);
+        done
     }
 
-    /// The position and the refusals and expiries not yet marked by the cloud.
-    pub fn mark(&self) -> DownMark {
-        self.mark.lock().unwrap_or_else(std::sync::PoisonError::into_inner).clone()
-    }
-
-    /// Carries out `d` ([`Deliverer::deliver`]) and keeps the mark it stored.
-    pub async fn deliver(&self, d: &Down, unmarked: (&[DownRefusal], &[u64])) -> Result<DownOutcome, NotStored> {
-        let outcome = self.deliverer.deliver(d, unmarked).await?;
-        let mark = DownMark::after(unmarked, d.seq, &outcome);
-        *self.mark.lock().unwrap_or_else(std::sync::PoisonError::into_inner) = mark;
-        Ok(outcome)
-    }
-
-    /// Hands `d` to the broker ([`Deliverer::hand_over_next`]).
-    pub fn hand_over(&self, d: &Down, unmarked: (&[DownRefusal], &[u64]), handed: &mut Handed) {
-        self.deliverer.hand_over_next(d, unmarked, handed);
-    }
-
-    /// Resolves once the newest handed over is committed ([`Deliverer::committed`]).
-    pub async fn committed(&self, handed: &Handed) -> Result<(), NotStored> {
-        self.deliverer.committed(handed).await
-    }
-
-    /// What the store committed of `handed`, in order, taken off it.
-    pub fn take_committed(&self, handed: &mut Handed) -> Vec<(u64, DownOutcome)> {
-        self.deliverer.take_committed(handed)
-    }
-
-    /// Keeps the session's position and unmarked refusals and expiries as the mark: what the
-    /// store holds after the commits just taken.
-    pub fn sync_mark(&self, done: u64, unmarked: (&[DownRefusal], &[u64])) {
-        let mark = DownMark {
-            done,
-            refused: unmarked.0.iter().map(|r| (r.seq, r.reason.clone())).collect(),
-            expired: unmarked.1.to_vec(),
-        };
-        *self.mark.lock().unwrap_or_else(std::sync::PoisonError::into_inner) = mark;
-    }
-
-    /// The cloud marked everything through `up_to`: a new session need not report it again.
-    /// (The stored mark keeps it until the next message; a restart reports it once more, which
-    /// the cloud takes as the same.)
-    pub fn marked(&self, up_to: u64) {
-        let mut m = self.mark.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-        m.refused.retain(|(seq, _)| *seq > up_to);
-        m.expired.retain(|seq| *seq > up_to);
+    fn store_mark(&mut self, mark: String) -> u64 {
+        let (op, routed) = self.0.with(|b| Target::store_mark(b, mark));
+        drop(routed);
+        op
     }
 }
 
@@ -299,5 +265,104 @@ mod tests {
         assert_eq!(DownMark::parse(Some("garbage")), DownMark::default());
         assert_eq!(DownMark::parse(None).done, 0);
         assert_eq!(m.refusals()[0], earlier[0]);
+    }
+
+    mod delivered {
+        use std::sync::Arc;
+
+        use super::super::*;
+        use crate::broker::BrokerConfig;
+        use crate::broker::core::{Broker, WallClock};
+        use crate::broker::metrics::BrokerMetrics;
+        use crate::broker::store::SessionStore;
+        use crate::route::Classes;
+
+        fn down(seq: u64, topic: &str, retain: bool) -> Down {
+            Down {
+                seq,
+                topic: topic.into(),
+                payload: format!("p{seq}").into_bytes(),
+                qos: 1,
+                retain,
+                expires_in_ms: None,
+                user_properties: vec![],
+                response_topic: None,
+                correlation_data: None,
+                content_type: None,
+            }
+        }
+
+        fn broker(path: &std::path::Path) -> Arc<BrokerHandle> {
+            let metrics = BrokerMetrics::new(&mut Default::default());
+            let (store, _) = SessionStore::open(path, metrics.clone()).unwrap();
+            let limits = BrokerConfig::default().limits(Vec::new(), Vec::new());
+            let core = Broker::new(limits, Arc::new(Classes::default()), metrics, WallClock::read());
+            BrokerHandle::new(core, None, Some(store))
+        }
+
+        fn core(entry: DownlinkEntry) -> DownCore {
+            // No user is in [auth] here.
+            let rules_of: RulesOf = Arc::new(|_| None);
+            DownCore::new(Governance::new(&[entry]), rules_of, DownMark::default())
+        }
+
+        fn entry(user: Option<&str>) -> DownlinkEntry {
+            DownlinkEntry {
+                filter: "config/#".into(),
+                max_qos: 2,
+                retain: RetainPolicy::Keep,
+                user: user.map(Into::into),
+            }
+        }
+
+        /// Hands `d` over and waits for its commit, as the uplink's connection does.
+        async fn deliver(core: &DownCore, broker: &BrokerHandle, d: &Down) -> DownOutcome {
+            let mut handed = Handed::default();
+            core.hand_over(&mut Live(broker), d, (&[], &[]), &mut handed, Instant::now());
+            broker.wait_stored(handed.waiting_for().expect("handed over")).await;
+            let mut done = core.take_committed(&mut handed, broker.stored_through(), Instant::now());
+            assert!(handed.is_empty());
+            done.pop().expect("committed").1
+        }
+
+        /// What a delivery committed is in the SQLite store when its outcome comes back: the
+        /// retained message and the mark together; a refusal's mark too, with its reason.
+        #[tokio::test]
+        async fn an_outcome_comes_back_only_once_the_store_has_the_message_and_the_mark() {
+            let dir = tempfile::tempdir().unwrap();
+            let path = dir.path().join("sessions.db");
+            let b = broker(&path);
+            let c = core(entry(None));
+            assert_eq!(deliver(&c, &b, &down(4, "config/threshold", true)).await, DownOutcome::Delivered);
+            // Read at once, from another connection: the commit is behind the outcome, not 5 ms
+            // (the store's commit interval) after it.
+            let on_disk = |sql: &str| -> Option<String> {
+                let conn =
+                    rusqlite::Connection::open_with_flags(&path, rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY).ok()?;
+                conn.query_row(sql, [], |r| r.get(0)).ok()
+            };
+            let mark = on_disk("SELECT value FROM marks WHERE key = 'downlink'");
+            assert_eq!(DownMark::parse(mark.as_deref()).done, 4);
+            assert_eq!(on_disk("SELECT topic FROM retained").as_deref(), Some("config/threshold"));
+            let DownOutcome::Refused(reason) = deliver(&c, &b, &down(6, "cmd/reboot", false)).await else { panic!() };
+            assert!(reason.contains("not allowed"), "{reason}");
+            let expired = Down { expires_in_ms: Some(0), ..down(7, "config/x", false) };
+            assert_eq!(deliver(&c, &b, &expired).await, DownOutcome::Expired);
+            // A user the ACL does not know: refused, not published without an ACL.
+            let c = core(entry(Some("ghost")));
+            let DownOutcome::Refused(reason) = deliver(&c, &b, &down(8, "config/y", true)).await else { panic!() };
+            assert!(reason.contains("\"ghost\" is not in [auth]"), "{reason}");
+            // No flush, no shutdown: what came back is committed already.
+            drop(b);
+            let metrics = BrokerMetrics::new(&mut Default::default());
+            let (_, state) = SessionStore::open(&path, metrics).unwrap();
+            let topics: Vec<&str> = state.retained.iter().map(|m| &*m.topic).collect();
+            assert_eq!(topics, ["config/threshold"]);
+            let mark = DownMark::parse(state.marks.get(MARK_KEY).map(String::as_str));
+            assert_eq!(mark.done, 8);
+            // The caller's unmarked list was empty each time: the last mark holds only its own.
+            assert_eq!(mark.refused.len(), 1);
+            assert!(mark.expired.is_empty());
+        }
     }
 }

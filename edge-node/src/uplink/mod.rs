@@ -24,16 +24,17 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use rand::Rng;
-use shared::proto::edge::{EdgeEvent, EdgeSession, SessionError};
+use shared::proto::edge::{EdgeSession, SessionError};
 use shared::proto::io::{FrameIoError, spawn_reader, write_frame};
 use shared::proto::{Control, MAX_CONTROL_FRAME, ProtoError, WireGap, WireMessage, WireRecord};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::AbortOnDropHandle;
 
-use self::core::{Attempt, Dialer, EndKind, Next, SendPolicy};
+use self::core::{Attempt, Conn, ConnError, Dialer, EndKind, Io, Next, SendPolicy};
 use self::pack::{Packed, Packer};
 use self::quic::{PassWriter, SendError};
 use self::reach::{ProbeMetrics, Prober, Target};
+use crate::downlink::{DownCore, Live};
 use crate::labels::handle;
 use crate::models::sync::ModelJob;
 use crate::spool::{Body, Lane, ReadError, Record, Seq, SpoolWriter};
@@ -209,6 +210,15 @@ impl From<SendError> for ConnEnd {
     }
 }
 
+impl From<ConnError> for ConnEnd {
+    fn from(e: ConnError) -> Self {
+        match e {
+            ConnError::Session(e) => ConnEnd::Session(e),
+            ConnError::Downlink(e) => ConnEnd::Downlink(e),
+        }
+    }
+}
+
 impl ConnEnd {
     fn kind(&self) -> EndKind {
         match self {
@@ -241,8 +251,8 @@ pub struct Uplink {
     pub sink_fit: Option<Arc<crate::spool::SinkFit>>,
     /// `uplink send` spans of traced records.
     pub tracer: shared::trace::Tracer,
-    /// Where messages from the cloud go (protocol version 5).
-    pub downlink: Arc<crate::downlink::Downlink>,
+    /// The broker downlink messages go into (protocol version 5).
+    pub broker: Arc<crate::broker::driver::BrokerHandle>,
     /// The staged schemas that take binary payloads apart (protocol version 8); none without
     /// `[[schema]]` bindings.
     pub shapes: Option<Arc<dyn shared::proto::columns::Shapes + Send + Sync>>,
@@ -256,6 +266,18 @@ struct Source {
     traced: traced::InFlight,
     /// A spool of another epoch, sent whole and then deleted: its path.
     recovering: Option<std::path::PathBuf>,
+}
+
+/// What one connection's driver carries the core's [`Io`] out with.
+struct Driving<'a> {
+    conn: &'a quinn::Connection,
+    send: quinn::SendStream,
+    spool: &'a SpoolWriter,
+    /// The spool is one of another epoch, sent whole and then deleted.
+    recovering: bool,
+    traced: &'a mut traced::InFlight,
+    packer: &'a mut Packer,
+    degraded: &'a tokio::sync::watch::Sender<bool>,
 }
 
 /// How often a running session looks for a recovered spool waiting to be sent.
@@ -297,7 +319,7 @@ impl Uplink {
 
     /// Runs until `shutdown`: connects, drains, reconnects. Recovered spools of other epochs
     /// go first, each in a session of its own epoch.
-    pub async fn run(self, shutdown: CancellationToken) {
+    pub async fn run(self, mut down: DownCore, shutdown: CancellationToken) {
         let Some(mut main) = self.source(self.spool.clone(), None).await else {
             tracing::error!("uplink cannot read the spool; not starting");
             return;
@@ -341,7 +363,7 @@ impl Uplink {
                     self.link.set_up(true);
                     tracing::info!(server, "uplink connected");
                     let _learning = prober.learn(conn.remote_address());
-                    let end = self.connection(&conn, source, &prober, &mut packer, &shutdown).await;
+                    let end = self.connection(&conn, source, &prober, (&mut packer, &mut down), &shutdown).await;
                     let session = &mut source.session;
                     session.disconnected();
                     self.metrics.connected.set(0);
@@ -475,7 +497,7 @@ impl Uplink {
         conn: &quinn::Connection,
         source: &mut Source,
         prober: &Prober,
-        packer: &mut Packer,
+        io: (&mut Packer, &mut DownCore),
         shutdown: &CancellationToken,
     ) -> ConnEnd {
         let (degraded, mut watch) = tokio::sync::watch::channel(false);
@@ -495,7 +517,7 @@ impl Uplink {
             }
         };
         tokio::select! {
-            r = self.drive(conn, source, packer, &degraded, shutdown) => match r {
+            r = self.drive(conn, source, io, &degraded, shutdown) => match r {
                 Ok(()) => ConnEnd::Shutdown,
                 Err(e) => e,
             },
@@ -507,157 +529,139 @@ impl Uplink {
         &self,
         conn: &quinn::Connection,
         source: &mut Source,
-        packer: &mut Packer,
+        (packer, down): (&mut Packer, &mut DownCore),
         degraded: &tokio::sync::watch::Sender<bool>,
         shutdown: &CancellationToken,
     ) -> Result<(), ConnEnd> {
         let Source { spool, session, traced, recovering } = source;
-        let (spool, recovering) = (&*spool, recovering.is_some());
         let mut recovery_check = tokio::time::interval_at(tokio::time::Instant::now() + RECOVERY_CHECK, RECOVERY_CHECK);
-        let (mut send, recv) = conn.open_bi().await?;
-        let mark = self.downlink.mark();
-        session.catch_up_down(mark.done, mark.refusals(), mark.expired);
-        // Downlink messages handed to the broker, until the session store commits them.
-        let mut handed = crate::downlink::Handed::default();
-        session.connected(Instant::now());
+        let (send, recv) = conn.open_bi().await?;
+        let policy = SendPolicy::new(self.config.linger.0, self.config.batch_records, self.config.lower_lane_share);
+        let mut core = Conn::start(session, down, policy, Instant::now());
         let (mut control_rx, reader) = spawn_reader::<_, Control>(recv, MAX_CONTROL_FRAME);
         let _reader = AbortOnDropHandle::new(reader);
         let notify = spool.committed_notify();
-        let mut policy = SendPolicy::new(self.config.linger.0, self.config.batch_records, self.config.lower_lane_share);
         let report_every = self.tco.as_ref().map_or(Duration::from_secs(3600), |(_, every)| *every);
         let mut report_tick = tokio::time::interval(report_every);
         report_tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut io = Driving { conn, send, spool, recovering: recovering.is_some(), traced, packer, degraded };
         loop {
-            while let Some(frame) = session.poll_control() {
-                write_frame(&mut send, &frame).await?;
-            }
+            // What the last input asked for, in order, then the control frames it made.
+            self.carry_out(&mut core, session, &mut io).await?;
             let mut writer = PassWriter::new(session.version());
-            policy.begin();
-            while let Some(read) = policy.next(session, Instant::now()) {
-                let records = spool.read(Lane(read.lane), Seq(read.after), read.max).await?;
+            core.begin_pass();
+            while let Some(read) = core.next_read(session, Instant::now()) {
+                let records = io.spool.read(Lane(read.lane), Seq(read.after), read.max).await?;
                 if records.is_empty() {
-                    policy.nothing_after(read.lane, read.after);
+                    core.nothing_after(read.lane, read.after);
                     continue;
                 }
-                traced.reading(&records);
+                io.traced.reading(&records);
                 let wire: Vec<WireRecord> = records.into_iter().map(into_wire).collect();
-                let packed = packer.pack(session, read, wire, Instant::now()).await?;
+                let packed = io.packer.pack(session, read, wire, Instant::now()).await?;
                 self.count_packed(&packed);
                 let batch = &packed.batch;
-                let frame = writer.batch(conn, batch, policy.is_full(packed.records)).await?;
+                let frame = writer.batch(conn, batch, core.is_full(packed.records)).await?;
                 self.metrics.frame_bytes.inc_by(frame as u64);
-                session.sent(read.lane, batch.first_seq, batch.last_seq, Instant::now())?;
+                core.sent(session, read.lane, batch.first_seq, batch.last_seq, Instant::now())?;
                 self.metrics.in_flight.set(session.in_flight() as i64);
             }
             writer.finish(conn).await?;
-            while let Some(frame) = session.poll_control() {
-                write_frame(&mut send, &frame).await?;
-            }
-            let timeout = session.poll_timeout().map(tokio::time::Instant::from_std);
-            let events = tokio::select! {
+            self.carry_out(&mut core, session, &mut io).await?;
+            let timeout = core.poll_timeout(session).map(tokio::time::Instant::from_std);
+            let waiting = core.waiting_for();
+            tokio::select! {
                 frame = control_rx.recv() => {
                     let Some(frame) = frame.map(|f| *f).transpose()?.flatten() else { return Err(ConnEnd::ControlClosed) };
-                    session.handle(frame, Instant::now())?
+                    core.handle_control(session, down, &mut Live(&self.broker), frame, Instant::now())?;
                 }
-                _ = notify.notified() => {
-                    refresh(spool, session, &mut policy).await?;
-                    Vec::new()
-                }
-                committed = self.downlink.committed(&handed), if !handed.is_empty() => {
-                    committed?;
-                    for (seq, outcome) in self.downlink.take_committed(&mut handed) {
-                        session.down_done(seq, outcome)?;
-                    }
-                    self.downlink.sync_mark(session.down_position(), session.down_unmarked());
-                    Vec::new()
+                _ = notify.notified() => refresh(io.spool, session, &mut core).await?,
+                _ = self.broker.wait_stored(waiting.unwrap_or(0)), if waiting.is_some() => {
+                    core.handle_stored(session, down, self.broker.stored_through(), Instant::now())?;
                 }
                 _ = sleep_until(timeout) => {
                     // What the spool says of itself rides with the next heads, for the fleet view.
-                    session.set_spool_report(spool_report(spool.figures()));
-                    session.handle_timeout(Instant::now())
+                    session.set_spool_report(spool_report(io.spool.figures()));
+                    core.handle_timeout(session, Instant::now())?;
                 }
-                _ = recovery_check.tick(), if !recovering => {
+                _ = recovery_check.tick(), if !io.recovering => {
                     if self.spool_path.as_deref().and_then(crate::spool::recovery::next).is_some() {
                         return Err(ConnEnd::Recover);
                     }
-                    Vec::new()
                 }
-                _ = sleep_until(policy.poll_timeout().map(tokio::time::Instant::from_std)) => Vec::new(),
-                _ = report_tick.tick(), if self.tco.is_some() => {
-                    self.report_classes(session);
-                    Vec::new()
-                }
+                _ = report_tick.tick(), if self.tco.is_some() => self.report_classes(session),
                 e = conn.closed() => return Err(e.into()),
                 _ = shutdown.cancelled() => return Ok(()),
-            };
-            for event in events {
-                match event {
-                    EdgeEvent::Mark { lane, committed } => {
-                        spool.check_mark(Lane(lane), Seq(committed)).await?;
-                    }
-                    EdgeEvent::Acked { lane, up_to } => {
-                        spool.ack(Lane(lane), Seq(up_to)).await?;
-                        traced.acked(lane, up_to);
-                        self.metrics.acked.get_or_create(&LaneLabel { lane }).set(up_to as i64);
-                        if recovering && sent_whole(spool).await? {
-                            return Err(ConnEnd::Drained);
-                        }
-                    }
-                    EdgeEvent::Ready { version, dicts: known, sink } => {
-                        // After every Mark of this Welcome (they come first).
-                        spool.welcomed().await?;
-                        if let Some(fit) = self.sink_fit.as_ref().filter(|_| !recovering) {
-                            fit.update(sink);
-                        }
-                        tracing::info!(version, dicts = known.len(), "uplink session ready");
-                        if recovering && sent_whole(spool).await? {
-                            return Err(ConnEnd::Drained);
-                        }
-                        packer.dicts.connected(&known, version);
-                        self.report_classes(session);
-                        refresh(spool, session, &mut policy).await?;
-                    }
-                    EdgeEvent::DictStored(id) => packer.dicts.stored(id),
-                    EdgeEvent::Model(announce) => {
-                        let job = ModelJob { conn: conn.clone(), announce, received: Instant::now() };
-                        match &self.model_jobs {
-                            // A full queue drops the announcement: the next connection repeats it.
-                            Some(jobs) => {
-                                if let Err(e) = jobs.try_send(job) {
-                                    tracing::warn!(error = %e, "model announcement dropped");
-                                }
-                            }
-                            None => tracing::warn!(
-                                model = job.announce.name,
-                                "model announced, but this node has no [models]"
-                            ),
-                        }
-                    }
-                    // Acked once the store committed it (the branch above), while the next ones
-                    // come in: a window of them shares the store's commits.
-                    EdgeEvent::Down(d) => self.downlink.hand_over(&d, session.down_unmarked(), &mut handed),
-                    EdgeEvent::DownMarked(up_to) => self.downlink.marked(up_to),
-                    EdgeEvent::Committed { latency, .. } => {
-                        self.metrics.commit_latency.observe(latency.as_secs_f64());
-                        self.link.committed(latency);
-                    }
-                    EdgeEvent::Rtt(rtt) => {
-                        self.metrics.rtt.set(rtt.as_secs_f64());
-                        self.link.rtt(rtt);
-                    }
-                    EdgeEvent::Degraded(d) => {
-                        self.metrics.degraded.set(i64::from(d));
-                        degraded.send_replace(d);
-                        if d {
-                            tracing::warn!("uplink degraded: connected, but the bridge does not ack");
-                        } else {
-                            tracing::info!("uplink acks flow again");
-                        }
-                    }
-                }
             }
             self.metrics.in_flight.set(session.in_flight() as i64);
         }
+    }
+
+    /// Does what the connection's core asked for, in order.
+    async fn carry_out(&self, core: &mut Conn, session: &mut EdgeSession, io: &mut Driving<'_>) -> Result<(), ConnEnd> {
+        while let Some(next) = core.poll_io(session) {
+            match next {
+                Io::Control(frame) => write_frame(&mut io.send, &frame).await?,
+                Io::CheckMark { lane, committed } => {
+                    io.spool.check_mark(Lane(lane), Seq(committed)).await?;
+                }
+                Io::Ack { lane, up_to } => {
+                    io.spool.ack(Lane(lane), Seq(up_to)).await?;
+                    io.traced.acked(lane, up_to);
+                    self.metrics.acked.get_or_create(&LaneLabel { lane }).set(up_to as i64);
+                    if io.recovering && sent_whole(io.spool).await? {
+                        return Err(ConnEnd::Drained);
+                    }
+                }
+                Io::Ready { version, dicts: known, sink } => {
+                    // After every Mark of this Welcome (they come first).
+                    io.spool.welcomed().await?;
+                    if let Some(fit) = self.sink_fit.as_ref().filter(|_| !io.recovering) {
+                        fit.update(sink);
+                    }
+                    tracing::info!(version, dicts = known.len(), "uplink session ready");
+                    if io.recovering && sent_whole(io.spool).await? {
+                        return Err(ConnEnd::Drained);
+                    }
+                    io.packer.dicts.connected(&known, version);
+                    self.report_classes(session);
+                    refresh(io.spool, session, core).await?;
+                }
+                Io::DictStored(id) => io.packer.dicts.stored(id),
+                Io::Model(announce) => {
+                    let job = ModelJob { conn: io.conn.clone(), announce, received: Instant::now() };
+                    match &self.model_jobs {
+                        // A full queue drops the announcement: the next connection repeats it.
+                        Some(jobs) => {
+                            if let Err(e) = jobs.try_send(job) {
+                                tracing::warn!(error = %e, "model announcement dropped");
+                            }
+                        }
+                        None => {
+                            tracing::warn!(model = job.announce.name, "model announced, but this node has no [models]")
+                        }
+                    }
+                }
+                Io::Committed(latency) => {
+                    self.metrics.commit_latency.observe(latency.as_secs_f64());
+                    self.link.committed(latency);
+                }
+                Io::Rtt(rtt) => {
+                    self.metrics.rtt.set(rtt.as_secs_f64());
+                    self.link.rtt(rtt);
+                }
+                Io::Degraded(d) => {
+                    self.metrics.degraded.set(i64::from(d));
+                    io.degraded.send_replace(d);
+                    if d {
+                        tracing::warn!("uplink degraded: connected, but the bridge does not ack");
+                    } else {
+                        tracing::info!("uplink acks flow again");
+                    }
+                }
+            }
+        }
+        Ok(())
     }
 
     /// Counts a batch about to be sent.
@@ -703,12 +707,9 @@ impl Uplink {
     }
 }
 
-async fn refresh(spool: &SpoolWriter, session: &mut EdgeSession, policy: &mut SendPolicy) -> Result<(), ConnEnd> {
+async fn refresh(spool: &SpoolWriter, session: &mut EdgeSession, core: &mut Conn) -> Result<(), ConnEnd> {
     let h = spool.heads().await.map_err(ReadError::from)?;
-    for (lane, _, last) in h.lanes {
-        policy.set_head(lane.0, last.0);
-        session.set_head(lane.0, last.0);
-    }
+    core.set_heads(session, h.lanes.into_iter().map(|(lane, _, last)| (lane.0, last.0)));
     Ok(())
 }
 

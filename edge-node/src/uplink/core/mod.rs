@@ -5,13 +5,18 @@
 //!
 //! - [`Dialer`]: where and when to connect (the ring of bridges, backoff, probe answers).
 //! - [`SendPolicy`]: what to read and send on a connection (heads, linger, fullness, lanes).
+//! - [`Conn`]: one connection: control frames, store and spool commits and time passing into
+//!   what the driver does ([`Io`]); downlink messages handed to the broker and acked once
+//!   committed.
 //!
 //! The protocol's own state (window, acks, marks, pings, degradation) is
 //! `shared::proto::edge::EdgeSession`, also sans-IO.
 
+mod conn;
 mod dial;
 mod send;
 
+pub use conn::{Conn, ConnError, Io};
 pub use dial::{Attempt, Dialer, EndKind, Next};
 pub use send::{Read, SendPolicy};
 

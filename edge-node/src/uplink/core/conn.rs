@@ -1,0 +1,206 @@
+//! One connection of the uplink, without I/O or a clock: what a control frame, a store commit, a
+//! spool commit or time passing means for the session, the send policy and the downlink, and
+//! what the driver must do about it ([`Io`]). The driver in `uplink/mod.rs` reads the QUIC
+//! streams and the spool and carries the `Io` out; the simulation does the same over its own
+//! link and spool.
+//!
+//! Per connection it keeps the [`SendPolicy`] and the downlink messages handed to the broker
+//! and not yet committed ([`Handed`]); the protocol state ([`EdgeSession`]) and the downlink's
+//! rules and mark ([`DownCore`]) outlive it and are lent to each call.
+
+use std::collections::VecDeque;
+use std::time::{Duration, Instant};
+
+use shared::proto::edge::{EdgeEvent, EdgeSession, SessionError};
+use shared::proto::{Control, ModelAnnounce, SinkLimits};
+
+use super::send::{Read, SendPolicy};
+use crate::downlink::{DownCore, Handed, NotStored, Target};
+
+/// What the driver must do, in order.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Io {
+    /// Write this frame on the control stream.
+    Control(Control),
+    /// The Welcome says the cloud committed `lane` through `committed`: check that against the
+    /// spool before it counts as an ack (its disk may have gone back in time).
+    CheckMark { lane: u8, committed: u64 },
+    /// The cloud committed `lane` through `up_to`: delete those records from the spool.
+    Ack { lane: u8, up_to: u64 },
+    /// The session is ready, in `version`: every mark was checked (tell the spool), the cloud
+    /// holds `dicts` and its sink stores records within `sink`; read the heads
+    /// ([`Conn::set_heads`]) and send.
+    Ready { version: u16, dicts: Vec<String>, sink: Option<SinkLimits> },
+    /// The cloud stored a dictionary this edge announced.
+    DictStored(String),
+    /// The cloud announced a model version (unverified).
+    Model(ModelAnnounce),
+    /// A batch was acked this long after it was sent.
+    Committed(Duration),
+    /// A ping's round trip.
+    Rtt(Duration),
+    /// The link became degraded (connected, no acks) or recovered.
+    Degraded(bool),
+}
+
+/// Why the connection must end.
+#[derive(Debug, thiserror::Error)]
+pub enum ConnError {
+    #[error(transparent)]
+    Session(#[from] SessionError),
+    #[error(transparent)]
+    Downlink(#[from] NotStored),
+}
+
+/// See the module doc.
+#[derive(Debug)]
+pub struct Conn {
+    policy: SendPolicy,
+    handed: Handed,
+    io: VecDeque<Io>,
+}
+
+impl Conn {
+    /// A connection is up: the session starts from the downlink's mark and says hello.
+    pub fn start(session: &mut EdgeSession, down: &DownCore, policy: SendPolicy, now: Instant) -> Self {
+        let mark = down.mark();
+        session.catch_up_down(mark.done, mark.refusals(), mark.expired.clone());
+        session.connected(now);
+        Self { policy, handed: Handed::default(), io: VecDeque::new() }
+    }
+
+    /// A control frame from the bridge. Downlink messages are handed to the broker here;
+    /// everything else becomes [`Io`].
+    pub fn handle_control(
+        &mut self,
+        session: &mut EdgeSession,
+        down: &mut DownCore,
+        target: &mut dyn Target,
+        frame: Control,
+        now: Instant,
+    ) -> Result<(), ConnError> {
+        let events = session.handle(frame, now)?;
+        for event in events {
+            let io = match event {
+                EdgeEvent::Mark { lane, committed } => Io::CheckMark { lane, committed },
+                EdgeEvent::Acked { lane, up_to } => Io::Ack { lane, up_to },
+                EdgeEvent::Ready { version, dicts, sink } => Io::Ready { version, dicts, sink },
+                EdgeEvent::DictStored(id) => Io::DictStored(id),
+                EdgeEvent::Model(announce) => Io::Model(announce),
+                EdgeEvent::Committed { latency, .. } => Io::Committed(latency),
+                EdgeEvent::Rtt(rtt) => Io::Rtt(rtt),
+                EdgeEvent::Degraded(d) => Io::Degraded(d),
+                // Acked once the store committed it ([`Conn::handle_stored`]), while the next
+                // ones come in: a window of them shares the store's commits.
+                EdgeEvent::Down(d) => {
+                    down.hand_over(target, &d, session.down_unmarked(), &mut self.handed, now);
+                    continue;
+                }
+                EdgeEvent::DownMarked(up_to) => {
+                    down.marked(up_to);
+                    continue;
+                }
+            };
+            self.io.push_back(io);
+        }
+        Ok(())
+    }
+
+    /// The session store committed every op through `through`: the downlink messages it holds
+    /// are done, and their acks go with the next control frames.
+    pub fn handle_stored(
+        &mut self,
+        session: &mut EdgeSession,
+        down: &mut DownCore,
+        through: u64,
+        now: Instant,
+    ) -> Result<(), ConnError> {
+        let done = down.take_committed(&mut self.handed, through, now);
+        if done.is_empty() {
+            return Ok(());
+        }
+        for (seq, outcome) in done {
+            session.down_done(seq, outcome)?;
+        }
+        down.sync_mark(session.down_position(), session.down_unmarked());
+        Ok(())
+    }
+
+    /// The store op whose commit the downlink waits for, if it waits.
+    pub fn waiting_for(&self) -> Option<u64> {
+        self.handed.waiting_for()
+    }
+
+    /// The spool committed these lanes through these seqs.
+    pub fn set_heads(&mut self, session: &mut EdgeSession, heads: impl IntoIterator<Item = (u8, u64)>) {
+        for (lane, last) in heads {
+            self.policy.set_head(lane, last);
+            session.set_head(lane, last);
+        }
+    }
+
+    /// When [`Conn::handle_timeout`] has work: a ping, a late ack, a lingering lane, a
+    /// downlink message waiting too long for its commit.
+    pub fn poll_timeout(&self, session: &EdgeSession) -> Option<Instant> {
+        let commit = self.handed.deadline().map(|(at, _)| at);
+        [session.poll_timeout(), self.policy.poll_timeout(), commit].into_iter().flatten().min()
+    }
+
+    /// Time passed: pings, the degraded state; a downlink message the store did not commit
+    /// within [`crate::downlink::COMMIT_WAIT`] ends the connection (nothing may be acked, and the
+    /// connection ends rather than hold the uplink's telemetry behind it; the bridge sends the
+    /// message again, and the mark, once committed, tells it apart).
+    pub fn handle_timeout(&mut self, session: &mut EdgeSession, now: Instant) -> Result<(), ConnError> {
+        if let Some((at, seq)) = self.handed.deadline()
+            && now >= at
+        {
+            return Err(NotStored(seq).into());
+        }
+        if session.poll_timeout().is_some_and(|t| now >= t) {
+            for event in session.handle_timeout(now) {
+                if let EdgeEvent::Degraded(d) = event {
+                    self.io.push_back(Io::Degraded(d));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Starts a send pass: the reads [`Conn::next_read`] asks for until it says none go
+    /// together.
+    pub fn begin_pass(&mut self) {
+        self.policy.begin();
+    }
+
+    /// The next read of this pass (see [`SendPolicy::next`]).
+    pub fn next_read(&mut self, session: &EdgeSession, now: Instant) -> Option<Read> {
+        self.policy.next(session, now)
+    }
+
+    /// The spool had nothing of `lane` after `after`.
+    pub fn nothing_after(&mut self, lane: u8, after: u64) {
+        self.policy.nothing_after(lane, after);
+    }
+
+    /// Whether a batch of `records` is full (a stream of its own).
+    pub fn is_full(&self, records: usize) -> bool {
+        self.policy.is_full(records)
+    }
+
+    /// A batch of `lane` with seqs `first..=last` was sent.
+    pub fn sent(
+        &mut self,
+        session: &mut EdgeSession,
+        lane: u8,
+        first: u64,
+        last: u64,
+        now: Instant,
+    ) -> Result<(), ConnError> {
+        Ok(session.sent(lane, first, last, now)?)
+    }
+
+    /// The next thing to do: what the last inputs asked for, then the control frames to write.
+    pub fn poll_io(&mut self, session: &mut EdgeSession) -> Option<Io> {
+        self.io.pop_front().or_else(|| session.poll_control().map(Io::Control))
+    }
+}
