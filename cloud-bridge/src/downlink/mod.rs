@@ -3,7 +3,7 @@
 //! `cloud-bridge send` (or any NATS client, on JetStream) stores a message per edge in the sink
 //! (`sink::downlink`). The bridge an edge is connected to reads that edge's messages after its
 //! position and sends them on the session, in order, at most a window unanswered
-//! ([`session::EdgeDown`]); the edge acks once each is durable on its side, and only then does
+//! ([`core::DownCore`], driven by the edge's session); the edge acks once each is durable on its side, and only then does
 //! the bridge record the position (and the refusals, as dead letters) in the sink. Any bridge
 //! serves any edge from there; a resend after a crash on either side is recognised by the
 //! edge's own stored position.
@@ -13,9 +13,9 @@
 //! `downlink.poll`.
 
 pub mod config;
+pub mod core;
 pub mod metrics;
 pub mod send;
-pub mod session;
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};

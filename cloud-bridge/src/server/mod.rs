@@ -70,19 +70,11 @@ enum SessionEnd {
     Stalled(Duration),
 }
 
-impl From<crate::downlink::session::DownError> for SessionEnd {
-    fn from(e: crate::downlink::session::DownError) -> Self {
-        match e {
-            crate::downlink::session::DownError::Sink(e) => SessionEnd::Sink(e),
-            crate::downlink::session::DownError::Session(e) => SessionEnd::Session(e),
-        }
-    }
-}
-
 impl From<core::CoreError> for SessionEnd {
     fn from(e: core::CoreError) -> Self {
         match e {
-            core::CoreError::Session(e) => SessionEnd::Session(e),
+            core::CoreError::Refused { error, .. } | core::CoreError::Session(error) => SessionEnd::Session(error),
+            core::CoreError::Sink(e) => SessionEnd::Sink(e),
             core::CoreError::Stalled(d) => SessionEnd::Stalled(d),
         }
     }

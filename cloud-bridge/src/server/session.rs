@@ -9,17 +9,17 @@ use std::time::{Duration, Instant};
 use futures_util::FutureExt;
 use futures_util::StreamExt;
 use futures_util::stream::FuturesOrdered;
-use shared::proto::cloud::{CloudSession, DownWindow, Request};
-use shared::proto::compress;
+use shared::proto::cloud::{CloudSession, DownWindow};
 use shared::proto::io::{FrameIoError, write_frame};
 use tokio::sync::mpsc;
 use tokio_util::task::AbortOnDropHandle;
 
 use shared::trace::Tracer;
 
-use crate::downlink::session::EdgeDown;
+use crate::downlink::Registration;
+use crate::downlink::core::{DownAnswer, DownCall, DownCore};
 
-use super::core::{Publish, SessionCore};
+use super::core::{Answer, Call, CoreError, Event, Publish, SessionCore};
 use super::metrics::SessionMetrics as Metrics;
 use super::traced::SinkSpans;
 use super::{Services, SessionEnd, SessionLimits, refuse};
@@ -27,7 +27,7 @@ use crate::fleet::Presence;
 use crate::ingest::{self, Dicts, Ingested};
 use crate::limits::Reservation;
 use crate::models::serve::EdgeModels;
-use crate::sink::{EpochVerdict, Sink, SinkError, Turn};
+use crate::sink::{Sink, SinkError, Turn};
 
 /// A publish running on a task of its own: (its id, when it started, the sink's answer).
 type Writing = std::pin::Pin<Box<dyn Future<Output = (u64, Instant, Result<(), SinkError>)> + Send>>;
@@ -50,14 +50,14 @@ pub(super) async fn run<S: Sink>(
 ) -> Result<(), SessionEnd> {
     let (models, tracer) = (services.models.as_ref(), &services.tracer);
     let (mut send, recv) = conn.accept_bi().await?;
-    let window = DownWindow {
-        messages: services.downlink.config.window_messages,
-        bytes: services.downlink.config.window_bytes.as_usize(),
-    };
+    let config = &services.downlink.config;
+    let window = DownWindow { messages: config.window_messages, bytes: config.window_bytes.as_usize() };
     let session = CloudSession::new(limits.max_held).with_down_window(window);
-    let mut core: SessionCore<Reservation> = SessionCore::new(session, sink.pipeline(), limits.stall);
-    // The edge's downlink, once its hello said it speaks it.
-    let mut down: Option<EdgeDown> = None;
+    let down = DownCore::new(edge, services.downlink.metrics.clone(), config.window_messages, config.poll.0);
+    let mut core: SessionCore<Reservation> =
+        SessionCore::new(session, sink.pipeline(), limits.stall).with_edge(edge, Some(down));
+    // What wakes the edge's downlink when news of its messages comes, once it runs.
+    let mut news: Option<Registration> = None;
     // Control frames and batches are read by their own tasks: a read cut short by `select!`
     // would lose the bytes it had taken. Both are paid from the connection's memory.
     let (mut control_rx, reader) = ingest::spawn_control_reader(recv, limits.budget.clone());
@@ -81,73 +81,14 @@ pub(super) async fn run<S: Sink>(
     let mut model_poll = tokio::time::interval(models.map_or(Duration::from_secs(3600), |m| m.poll));
     model_poll.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
+        core.set_wall_clock(Instant::now(), shared::units::now_ms());
         tokio::select! {
             frame = control_rx.recv() => {
                 let read = frame.map(|f| *f).transpose().map_err(SessionEnd::control)?.flatten();
                 // The frame's memory is held until it is handled.
                 let Some((frame, _held)) = read else { return Ok(()) };
-                let request = match core.session_mut().handle(frame) {
-                    Ok(r) => r,
-                    Err(e) => return Err(Box::pin(refused(conn, core.session_mut(), &mut send, e)).await),
-                };
-                match request {
-                    Some(Request::Hello(hello)) => {
-                        let session = core.session_mut();
-                        if let Some((reason, why)) = epoch_refusal(Box::pin(sink.admit_epoch(edge, &hello.epoch)).await?) {
-                            refuse(metrics, reason);
-                            if let Some(held_back) = limits.log.allow() {
-                                tracing::warn!(edge, epoch = hello.epoch, reason, held_back, "edge refused: {why}");
-                            }
-                            let error = session.refuse(format!("epoch {} of edge {edge}: {why}", hello.epoch));
-                            return Err(Box::pin(refused(conn, session, &mut send, error)).await);
-                        }
-                        let committed = Box::pin(sink.committed(edge, &hello.epoch)).await?;
-                        let mut known = Vec::new();
-                        for (id, bytes) in Box::pin(sink.load_dicts(edge, &hello.dicts)).await? {
-                            // Shared storage is trusted no more than the edge: the id is the hash.
-                            if compress::dict_id_for(session.version(), &bytes) == id {
-                                session.add_dict(id.clone(), bytes.clone());
-                                dicts.add(id.clone(), bytes);
-                                known.push(id);
-                            }
-                        }
-                        if let Some(held_back) = limits.log.allow() {
-                            let committed = committed.iter().map(|l| format!("{}:{}", l.lane, l.seq)).collect::<Vec<_>>().join(",");
-                            tracing::info!(edge, epoch = hello.epoch, version = hello.version, committed, dicts = known.len(), held_back, "edge hello");
-                        }
-                        session.set_sink_limits(sink.record_limits(edge, &hello.epoch));
-                        session.welcome(committed, known);
-                        presence.welcomed(session);
-                        if let Some(service) = models.filter(|_| !hello.models.is_empty()) {
-                            let m = EdgeModels::new(service.clone(), hello.models.clone());
-                            let server = AbortOnDropHandle::new(m.serve(conn.clone(), chunk_budget.clone()));
-                            edge_models = Some((m, server));
-                            Box::pin(announce_models(edge, &mut edge_models, session)).await;
-                        }
-                        down = Box::pin(EdgeDown::start(&services.downlink, sink, edge, session, hello.down_mark)).await?;
-                    }
-                    Some(Request::StoreDict(dict)) => {
-                        Box::pin(sink.store_dict(edge, &dict)).await?;
-                        tracing::info!(edge, id = dict.id, class = dict.class, bytes = dict.bytes.len(), "dictionary stored");
-                        metrics.dicts_stored.inc();
-                        dicts.add(dict.id.clone(), dict.bytes);
-                        core.session_mut().dict_stored(dict.id);
-                    }
-                    Some(Request::Classes(report)) => {
-                        let stored = crate::sink::StoredReport { edge: edge.to_owned(), received_ms: shared::units::now_ms(), report };
-                        // A report is advice for the fleet view: losing one must not cost the
-                        // edge its connection.
-                        if let Err(e) = Box::pin(sink.store_report(&stored)).await {
-                            tracing::warn!(edge, error = %e, "TCO report not stored");
-                        }
-                    }
-                    // The session refuses an ack before the downlink started.
-                    Some(Request::DownAcked(ack)) => {
-                        if let Some(d) = down.as_mut() {
-                            Box::pin(d.acked(sink, edge, core.session_mut(), ack)).await?;
-                        }
-                    }
-                    None => {}
+                if let Err(e) = core.handle_control(frame, Instant::now()) {
+                    return Err(Box::pin(ended(conn, &mut core, &mut send, e, metrics, &limits.log, edge)).await);
                 }
             }
             Some(ingested) = batch_rx.recv(), if core.wants_batch() => {
@@ -161,11 +102,7 @@ pub(super) async fn run<S: Sink>(
             }
             // The fleet view's news that waited for its interval.
             _ = sleep_until(presence.due(core.session())) => {}
-            _ = down_due(&mut down), if down.is_some() && core.session().down_room() => {
-                if let Some(d) = down.as_mut() {
-                    Box::pin(d.read(sink, edge, core.session_mut())).await?;
-                }
-            }
+            _ = woken(&news), if news.is_some() => core.woken(),
             _ = model_poll.tick(), if edge_models.is_some() => {
                 Box::pin(announce_models(edge, &mut edge_models, core.session_mut())).await;
             }
@@ -190,6 +127,38 @@ pub(super) async fn run<S: Sink>(
                 }
             }
         }
+        // The sink calls the core asks for, one at a time, and what their answers ask for.
+        while let Some(call) = core.poll_call(Instant::now()) {
+            let answer = Box::pin(make_call(sink, edge, call)).await;
+            if let Err(e) = core.handle_answer(answer, Instant::now()) {
+                return Err(Box::pin(ended(conn, &mut core, &mut send, e, metrics, &limits.log, edge)).await);
+            }
+            while let Some(event) = core.poll_event() {
+                match event {
+                    Event::Welcomed { epoch, version, committed, dicts: known, models: followed } => {
+                        if let Some(held_back) = limits.log.allow() {
+                            let committed =
+                                committed.iter().map(|l| format!("{}:{}", l.lane, l.seq)).collect::<Vec<_>>().join(",");
+                            tracing::info!(edge, epoch, version, committed, dicts = known, held_back, "edge hello");
+                        }
+                        presence.welcomed(core.session());
+                        if let Some(service) = models.filter(|_| !followed.is_empty()) {
+                            let m = EdgeModels::new(service.clone(), followed);
+                            let server = AbortOnDropHandle::new(m.serve(conn.clone(), chunk_budget.clone()));
+                            edge_models = Some((m, server));
+                            Box::pin(announce_models(edge, &mut edge_models, core.session_mut())).await;
+                        }
+                    }
+                    Event::Dict { id, bytes, stored } => {
+                        if stored {
+                            metrics.dicts_stored.inc();
+                        }
+                        dicts.add(id, bytes);
+                    }
+                    Event::DownStarted => news = Some(services.downlink.register(edge)),
+                }
+            }
+        }
         start_writes(&mut core, &mut writes, &mut turn, sink, edge, tracer);
         let now_lag =
             core.session().lags().iter().fold(0u64, |sum, (_, l)| sum.saturating_add(*l)).min(i64::MAX as u64) as i64;
@@ -197,6 +166,73 @@ pub(super) async fn run<S: Sink>(
         *lag = now_lag;
         presence.update(core.session());
         flush(core.session_mut(), &mut send).await?;
+    }
+}
+
+/// Makes a sink call the core asked for.
+async fn make_call<S: Sink>(sink: &S, edge: &str, call: Call) -> Result<Answer, SinkError> {
+    Ok(match call {
+        Call::AdmitEpoch { epoch } => Answer::Admitted(sink.admit_epoch(edge, &epoch).await?),
+        Call::Committed { epoch } => {
+            let lanes = sink.committed(edge, &epoch).await?;
+            Answer::Committed { lanes, limits: sink.record_limits(edge, &epoch) }
+        }
+        Call::LoadDicts { ids } => Answer::Dicts(sink.load_dicts(edge, &ids).await?),
+        Call::StoreDict(dict) => {
+            sink.store_dict(edge, &dict).await?;
+            Answer::DictStored
+        }
+        Call::StoreReport(report) => {
+            let stored =
+                crate::sink::StoredReport { edge: edge.to_owned(), received_ms: shared::units::now_ms(), report };
+            sink.store_report(&stored).await?;
+            Answer::ReportStored
+        }
+        Call::Down(call) => Answer::Down(match call {
+            DownCall::State => DownAnswer::State(sink.down_state(edge).await?),
+            DownCall::Record(done) => {
+                sink.down_record(edge, &done).await?;
+                DownAnswer::Recorded
+            }
+            DownCall::Read { after, max } => DownAnswer::Read(sink.down_read(edge, after, max).await?),
+            DownCall::SetAside { seq, outcome, reason } => {
+                sink.down_set_aside(edge, seq, outcome, &reason).await?;
+                DownAnswer::SetAside
+            }
+        }),
+    })
+}
+
+/// How the session ends for `error` from the core: a refusal or a protocol error is sent to the
+/// edge first.
+async fn ended(
+    conn: &quinn::Connection,
+    core: &mut SessionCore<Reservation>,
+    send: &mut quinn::SendStream,
+    error: CoreError,
+    metrics: &Metrics,
+    log: &crate::limits::LogBudget,
+    edge: &str,
+) -> SessionEnd {
+    match error {
+        CoreError::Refused { label, error } => {
+            if let Some(label) = label {
+                refuse(metrics, label);
+                if let Some(held_back) = log.allow() {
+                    tracing::warn!(edge, reason = label, held_back, "edge refused: {error}");
+                }
+            }
+            refused(conn, core.session_mut(), send, error).await
+        }
+        other => other.into(),
+    }
+}
+
+/// Resolves when news of the edge's downlink messages came.
+async fn woken(news: &Option<Registration>) {
+    match news {
+        Some(r) => r.wake.notified().await,
+        None => std::future::pending().await,
     }
 }
 
@@ -267,30 +303,6 @@ async fn refused(
     let _ = send.finish();
     let _ = tokio::time::timeout(Duration::from_secs(1), conn.closed()).await;
     error.into()
-}
-
-/// The `connections_refused` reason for an epoch the sink would not admit, and why.
-fn epoch_refusal(verdict: EpochVerdict) -> Option<(&'static str, &'static str)> {
-    match verdict {
-        EpochVerdict::Known | EpochVerdict::Added { .. } => None,
-        EpochVerdict::Retired => Some((
-            "epoch_retired",
-            "retired after limits.epochs_per_edge newer ones; its marks are gone, so its records could not be told \
-             from new ones (a spool restored from an old copy?)",
-        )),
-        EpochVerdict::Exhausted => Some((
-            "epochs_exhausted",
-            "a new epoch, and the edge has used limits.epochs_per_edge + limits.retired_epochs_per_edge already",
-        )),
-    }
-}
-
-/// When the downlink wants a read (never without one).
-async fn down_due(down: &mut Option<EdgeDown>) {
-    match down {
-        Some(d) => d.due().await,
-        None => std::future::pending().await,
-    }
 }
 
 async fn sleep_until(deadline: Option<tokio::time::Instant>) {

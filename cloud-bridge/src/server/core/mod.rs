@@ -1,8 +1,9 @@
 //! One edge session's policy on the bridge, without I/O: which batches are taken in, which
 //! wait ahead of a missing one and for how long, which publish now and in what order, and
-//! which marks follow. The connection task (`server::session`) feeds it what happened, with
-//! `now`, and does what it asks; [`CloudSession`] under it keeps the protocol's rules (hello,
-//! release order per lane, acks).
+//! which marks follow; what the hello, the edge's dictionaries and reports and the downlink ask
+//! of the sink (`calls.rs`). The connection task (`server::session`) feeds it what happened,
+//! with `now`, and does what it asks; [`CloudSession`] under it keeps the protocol's rules
+//! (hello, release order per lane, acks), the downlink's policy is [`DownCore`]'s.
 //!
 //! Rules it adds:
 //! - A batch's records are held with what they cost (`H`, the driver's budget reservation)
@@ -16,12 +17,18 @@
 //! - A session that holds batches ahead of a missing one for `stall` ends: an edge that never
 //!   sends the missing batch cannot pin the memory of those behind it.
 
+mod calls;
+
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::time::{Duration, Instant};
 
 use shared::proto::cloud::CloudSession;
 use shared::proto::edge::SessionError;
 use shared::proto::{Batch, Control, WireRecord};
+
+pub use calls::{Answer, Call, Event};
+
+use crate::downlink::core::DownCore;
 
 /// A batch to publish: its records above what the sink has, and what they cost, to give back
 /// once the publish ends either way.
@@ -38,8 +45,14 @@ pub struct Publish<H> {
 /// Why the core ended the session.
 #[derive(Debug, thiserror::Error)]
 pub enum CoreError {
+    /// The edge broke the protocol or was refused (`label`: the `connections_refused` reason
+    /// of a refusal the bridge decided): send what is queued for it, then end.
+    #[error("{error}")]
+    Refused { label: Option<&'static str>, error: SessionError },
     #[error(transparent)]
     Session(#[from] SessionError),
+    #[error(transparent)]
+    Sink(#[from] crate::sink::SinkError),
     #[error("held batches ahead of a missing one for {0:?}")]
     Stalled(Duration),
 }
@@ -75,6 +88,19 @@ pub struct SessionCore<H> {
     marking: bool,
     /// Records published in order, not yet counted by the driver.
     published: u64,
+    /// The edge, for the log.
+    edge: String,
+    /// The hello being looked up.
+    hello: Option<calls::Hello>,
+    /// Sink calls to make, in order, with what their answers are for.
+    calls: VecDeque<(Call, calls::Asked)>,
+    /// The call in flight.
+    asked: Option<calls::Asked>,
+    events: VecDeque<Event>,
+    /// The edge's downlink, if the bridge delivers one.
+    down: Option<DownCore>,
+    /// The wall clock as the driver last read it: at `.0` it was `.1` ms since the Unix epoch.
+    wall: (Instant, u64),
 }
 
 impl<H> SessionCore<H> {
@@ -93,7 +119,33 @@ impl<H> SessionCore<H> {
             marks: BTreeMap::new(),
             marking: false,
             published: 0,
+            edge: String::new(),
+            hello: None,
+            calls: VecDeque::new(),
+            asked: None,
+            events: VecDeque::new(),
+            down: None,
+            wall: (Instant::now(), 0),
         }
+    }
+
+    /// The session of `edge` (named in the log), with its downlink run by `down` once the
+    /// hello is answered.
+    pub fn with_edge(mut self, edge: &str, down: Option<DownCore>) -> Self {
+        self.edge = edge.to_owned();
+        self.down = down;
+        self
+    }
+
+    /// The driver read the clocks: at `at` it was `ms` since the Unix epoch. What is left of a
+    /// downlink message's expiry is counted from them.
+    pub fn set_wall_clock(&mut self, at: Instant, ms: u64) {
+        self.wall = (at, ms);
+    }
+
+    fn wall_ms(&self, now: Instant) -> u64 {
+        let (at, ms) = self.wall;
+        ms.saturating_add(now.saturating_duration_since(at).as_millis() as u64)
     }
 
     /// The protocol session under this core: the hello's lookups, dictionaries, models and
@@ -188,14 +240,21 @@ impl<H> SessionCore<H> {
         }
     }
 
-    /// When the core must hear of time passing: the stall deadline of held batches.
+    /// When the core must hear of time passing: the stall deadline of held batches, the
+    /// downlink's next read without news.
     pub fn poll_timeout(&self) -> Option<Instant> {
+        let down = self.down.as_ref().and_then(|d| d.poll_timeout(&self.session));
+        self.stall_deadline().into_iter().chain(down).min()
+    }
+
+    fn stall_deadline(&self) -> Option<Instant> {
         self.held_since.map(|since| since + self.stall)
     }
 
-    /// Time passed: a session held past its stall deadline ends.
+    /// Time passed: a session held past its stall deadline ends; a downlink read may be due
+    /// ([`SessionCore::poll_call`]).
     pub fn handle_timeout(&mut self, now: Instant) -> Result<(), CoreError> {
-        match self.poll_timeout() {
+        match self.stall_deadline() {
             Some(deadline) if now >= deadline => Err(CoreError::Stalled(self.stall)),
             _ => Ok(()),
         }

@@ -1,0 +1,337 @@
+//! One edge's downlink on its session, without I/O or a clock: when to read the sink, what of
+//! it to send, what to set aside, and what an ack records. [`CloudSession`] keeps the
+//! protocol's rules (order, window, acks); this decides the sink calls around them
+//! ([`DownCall`]), which the session's driver makes and answers, one at a time.
+//!
+//! - Started after the hello, at the sink's position or the edge's (its hello's `down_mark`),
+//!   whichever is further; an edge further than the sink has its position recorded first (the
+//!   bridge that sent those ended before it could).
+//! - A read is due while the window has room and what was read is sent, the last read was
+//!   full, news came ([`DownCore::woken`]) or `downlink.poll` passed.
+//! - A message the sink could not make sense of (or too large to send) is set aside with its
+//!   reason and sent empty, expiring at once, so the edge's position passes it.
+//! - An ack's refusals and position are recorded in the sink before the session tells the edge
+//!   they are ([`CloudSession::down_marked`]).
+
+use std::collections::VecDeque;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use shared::proto::cloud::CloudSession;
+use shared::proto::down::{DownAck, MAX_DOWN_BYTES};
+use shared::proto::edge::SessionError;
+
+use super::DownlinkMetrics;
+use crate::sink::downlink::{DownDone, DownState, Outgoing, Pending, done};
+
+/// A sink call the downlink needs, for `edge`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum DownCall {
+    /// The edge's position and counts ([`crate::sink::DownlinkStore::down_state`]).
+    State,
+    /// Record an ack ([`crate::sink::DownlinkStore::down_record`]).
+    Record(DownDone),
+    /// Up to `max` messages after `after` ([`crate::sink::DownlinkStore::down_read`]).
+    Read { after: u64, max: usize },
+    /// Set message `seq` aside ([`crate::sink::DownlinkStore::down_set_aside`]).
+    SetAside { seq: u64, outcome: &'static str, reason: String },
+}
+
+/// What the sink answered.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum DownAnswer {
+    State(DownState),
+    Recorded,
+    Read(Vec<Pending>),
+    SetAside,
+}
+
+/// Where the downlink stands.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Phase {
+    /// Asked the sink for the position; the hello's mark waits.
+    Starting {
+        edge_mark: u64,
+    },
+    /// Recording the edge's mark, further than the sink's, before starting there.
+    Raising {
+        edge_mark: u64,
+    },
+    Running,
+}
+
+/// The call in flight, to know what its answer means.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Asked {
+    State,
+    Raise,
+    Read {
+        want: usize,
+    },
+    /// The ack through `up_to` being recorded, with its counts.
+    Record {
+        up_to: u64,
+    },
+    SetAside,
+}
+
+/// See the module doc.
+#[derive(Debug)]
+pub struct DownCore {
+    edge: String,
+    metrics: Arc<DownlinkMetrics>,
+    window_messages: usize,
+    poll: Duration,
+    phase: Phase,
+    asked: Option<Asked>,
+    /// Calls to make, in order, with what their answers mean.
+    calls: VecDeque<(DownCall, Asked)>,
+    /// Acks waiting for the one being recorded.
+    acks: VecDeque<DownAck>,
+    /// Read from the sink, not yet sent for want of room.
+    ready: VecDeque<Pending>,
+    /// Sent on this connection and not yet acked, in order, with their bytes.
+    sent: VecDeque<(u64, u64)>,
+    /// The position as of the last ack (or the start).
+    acked: u64,
+    /// The last read filled its request: read again without waiting for news.
+    more: bool,
+    /// No ack came on this connection yet: the first may name refusals an earlier bridge did
+    /// not record.
+    first_ack: bool,
+    /// News came for this edge since the last read.
+    woken: bool,
+    /// When the next read is due without news.
+    poll_at: Option<Instant>,
+    /// The invalid message being set aside, sent (empty) once that is done.
+    aside: Option<Pending>,
+}
+
+impl DownCore {
+    /// The downlink of `edge`, reading `window_messages` at a time and every `poll` without
+    /// news. Nothing happens before [`DownCore::start`].
+    pub fn new(edge: &str, metrics: Arc<DownlinkMetrics>, window_messages: usize, poll: Duration) -> Self {
+        Self {
+            edge: edge.to_owned(),
+            metrics,
+            window_messages: window_messages.max(1),
+            poll,
+            phase: Phase::Starting { edge_mark: 0 },
+            asked: None,
+            calls: VecDeque::new(),
+            acks: VecDeque::new(),
+            ready: VecDeque::new(),
+            sent: VecDeque::new(),
+            acked: 0,
+            more: false,
+            first_ack: true,
+            woken: false,
+            poll_at: None,
+            aside: None,
+        }
+    }
+
+    /// The hello said the edge is done through `edge_mark`: ask the sink where it stands.
+    pub fn start(&mut self, edge_mark: u64) {
+        self.phase = Phase::Starting { edge_mark };
+        self.calls.push_back((DownCall::State, Asked::State));
+    }
+
+    /// Whether the downlink runs (started on a session that speaks it).
+    pub fn is_running(&self) -> bool {
+        self.phase == Phase::Running
+    }
+
+    /// News came for this edge: read at the next chance.
+    pub fn woken(&mut self) {
+        self.woken = true;
+    }
+
+    /// The next sink call to make, once the one before it was answered. A read is asked for
+    /// only here, when it is due at `now` and the window has room.
+    pub fn poll_call(&mut self, session: &CloudSession, now: Instant) -> Option<DownCall> {
+        if self.asked.is_some() {
+            return None;
+        }
+        if let Some((call, asked)) = self.calls.pop_front() {
+            self.asked = Some(asked);
+            return Some(call);
+        }
+        if self.phase != Phase::Running || !self.ready.is_empty() || !session.down_room() || !self.due(now) {
+            return None;
+        }
+        self.woken = false;
+        if self.poll_at.is_none_or(|at| now >= at) {
+            self.poll_at = Some(now + self.poll);
+        }
+        let want = self.window_messages;
+        self.asked = Some(Asked::Read { want });
+        Some(DownCall::Read { after: session.down_sent(), max: want })
+    }
+
+    fn due(&self, now: Instant) -> bool {
+        self.more || self.woken || self.poll_at.is_none_or(|at| now >= at)
+    }
+
+    /// When a read falls due without news, if the downlink waits for one.
+    pub fn poll_timeout(&self, session: &CloudSession) -> Option<Instant> {
+        (self.phase == Phase::Running && self.asked.is_none() && self.ready.is_empty() && session.down_room())
+            .then_some(self.poll_at)
+            .flatten()
+    }
+
+    /// The answer to the call made last. `wall_ms` is the wall clock, ms since the Unix epoch:
+    /// what is left of a message's expiry is counted from it.
+    pub fn handle_answer(
+        &mut self,
+        session: &mut CloudSession,
+        answer: DownAnswer,
+        wall_ms: u64,
+    ) -> Result<(), SessionError> {
+        let Some(asked) = self.asked.take() else { return Ok(()) };
+        match (asked, answer) {
+            (Asked::State, DownAnswer::State(state)) => {
+                let Phase::Starting { edge_mark } = self.phase else { return Ok(()) };
+                if edge_mark > state.position {
+                    self.phase = Phase::Raising { edge_mark };
+                    let raise = DownCall::Record(DownDone { up_to: edge_mark, ..Default::default() });
+                    self.calls.push_front((raise, Asked::Raise));
+                } else {
+                    self.run(session, state.position);
+                }
+            }
+            (Asked::Raise, DownAnswer::Recorded) => {
+                if let Phase::Raising { edge_mark } = self.phase {
+                    self.run(session, edge_mark);
+                }
+            }
+            (Asked::Read { want }, DownAnswer::Read(read)) => {
+                self.more = read.len() >= want;
+                self.ready.extend(read);
+                self.feed(session, wall_ms)?;
+            }
+            (Asked::Record { up_to }, DownAnswer::Recorded) => {
+                self.acked = up_to;
+                session.down_marked(up_to);
+                self.next_ack(session, wall_ms)?;
+            }
+            (Asked::SetAside, DownAnswer::SetAside) => {
+                if let Some(p) = self.aside.take() {
+                    self.metrics.invalid.inc();
+                    let bytes = p.msg.bytes();
+                    let down = Outgoing { expires_at_ms: Some(0), ..p.msg }.to_down(p.seq, wall_ms);
+                    self.send(session, down, bytes)?;
+                }
+                self.feed(session, wall_ms)?;
+            }
+            (asked, answer) => {
+                return Err(SessionError::Protocol(format!(
+                    "downlink: the sink answered {answer:?} to {asked:?} (a bug)"
+                )));
+            }
+        }
+        Ok(())
+    }
+
+    /// The edge's ack, checked by the session: its refusals and position are recorded in the
+    /// sink, then the session tells the edge so, and what the window freed is filled.
+    pub fn handle_ack(&mut self, session: &mut CloudSession, ack: DownAck, wall_ms: u64) -> Result<(), SessionError> {
+        if self.phase != Phase::Running {
+            return Ok(());
+        }
+        self.acks.push_back(ack);
+        if self.asked.is_none() && self.calls.is_empty() {
+            self.next_ack(session, wall_ms)?;
+        }
+        Ok(())
+    }
+
+    /// Takes the next ack waiting: records it, or, with nothing new, moves on at once.
+    fn next_ack(&mut self, session: &mut CloudSession, wall_ms: u64) -> Result<(), SessionError> {
+        while let Some(ack) = self.acks.pop_front() {
+            let (mut count, mut bytes) = (0, 0);
+            while let Some((_, b)) = self.sent.front().copied().filter(|(seq, _)| *seq <= ack.up_to) {
+                self.sent.pop_front();
+                count += 1;
+                bytes += b;
+            }
+            let up_to = ack.up_to;
+            let catch_up = std::mem::replace(&mut self.first_ack, false);
+            match done(self.acked, (count, bytes), up_to, (ack.refused, ack.expired), catch_up) {
+                Some(done) => {
+                    for r in done.refused.iter().filter(|r| r.seq > self.acked) {
+                        tracing::info!(
+                            edge = self.edge,
+                            seq = r.seq,
+                            reason = r.reason,
+                            "downlink message refused by the edge"
+                        );
+                    }
+                    let m = &self.metrics;
+                    m.count("delivered", done.counts.delivered);
+                    m.count("refused", done.counts.refused);
+                    m.count("expired", done.counts.expired);
+                    let up_to = done.up_to;
+                    self.calls.push_back((DownCall::Record(done), Asked::Record { up_to }));
+                    return Ok(());
+                }
+                None => {
+                    self.acked = up_to;
+                    session.down_marked(up_to);
+                }
+            }
+        }
+        self.feed(session, wall_ms)
+    }
+
+    /// Starts the downlink after `position`, if the session speaks it.
+    fn run(&mut self, session: &mut CloudSession, position: u64) {
+        if !session.start_down(position) {
+            self.phase = Phase::Starting { edge_mark: 0 };
+            return;
+        }
+        self.phase = Phase::Running;
+        self.acked = position;
+    }
+
+    /// Sends what was read while the window has room; stops at a message to set aside first.
+    fn feed(&mut self, session: &mut CloudSession, wall_ms: u64) -> Result<(), SessionError> {
+        while self.asked.is_none() && self.calls.is_empty() && session.down_room() {
+            let Some(p) = self.ready.pop_front() else { break };
+            let bytes = p.msg.bytes();
+            let too_large = (bytes > MAX_DOWN_BYTES as u64)
+                .then(|| format!("{bytes} bytes, more than a downlink message may hold ({MAX_DOWN_BYTES})"));
+            match p.invalid.clone().or(too_large) {
+                Some(reason) => {
+                    tracing::warn!(
+                        edge = self.edge,
+                        seq = p.seq,
+                        reason,
+                        "downlink message set aside: it does not parse"
+                    );
+                    let call = DownCall::SetAside { seq: p.seq, outcome: "invalid", reason };
+                    self.calls.push_back((call, Asked::SetAside));
+                    self.aside = Some(p);
+                }
+                None => {
+                    let down = p.msg.to_down(p.seq, wall_ms);
+                    self.send(session, down, bytes)?;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn send(
+        &mut self,
+        session: &mut CloudSession,
+        down: shared::proto::down::Down,
+        bytes: u64,
+    ) -> Result<(), SessionError> {
+        let seq = down.seq;
+        session.send_down(down)?;
+        self.sent.push_back((seq, bytes));
+        self.metrics.sent.inc();
+        Ok(())
+    }
+}
