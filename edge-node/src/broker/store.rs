@@ -125,8 +125,8 @@ pub const MAX_PENDING_OPS: usize = 65_536;
 pub const MAX_PENDING_BYTES: usize = 16 << 20;
 
 /// What an op holds that is its own (a session record's strings); messages are shared with
-/// the core and weigh nothing here.
-fn op_bytes(op: &StoreOp) -> usize {
+/// the core and weigh nothing here. What [`MAX_PENDING_BYTES`] counts.
+pub fn op_bytes(op: &StoreOp) -> usize {
     match op {
         StoreOp::Session(r) => {
             64 + r.client_id.len() + r.owner.len() + r.subscriptions.iter().map(|(f, _)| f.len() + 32).sum::<usize>()
@@ -134,6 +134,12 @@ fn op_bytes(op: &StoreOp) -> usize {
         StoreOp::Mark { value, .. } => 32 + value.len(),
         _ => 0,
     }
+}
+
+/// Whether `ops` waiting for the store, holding `bytes` ([`op_bytes`]), leave room for the
+/// clients' readers to go on.
+pub fn within_bounds(ops: usize, bytes: usize) -> bool {
+    ops <= MAX_PENDING_OPS && bytes <= MAX_PENDING_BYTES
 }
 
 /// Most ops in one transaction: a commit a burst made large still ends soon.
@@ -235,9 +241,7 @@ impl SessionStore {
         use std::sync::atomic::Ordering::Relaxed;
         loop {
             let drained = self.backlog.drained.notified();
-            if self.backlog.ops.load(Relaxed) <= MAX_PENDING_OPS
-                && self.backlog.bytes.load(Relaxed) <= MAX_PENDING_BYTES
-            {
+            if within_bounds(self.backlog.ops.load(Relaxed), self.backlog.bytes.load(Relaxed)) {
                 return;
             }
             drained.await;
@@ -257,6 +261,44 @@ impl SessionStore {
         let (tx, rx) = mpsc::channel();
         let _ = self.tx.send(Msg::Close(tx));
         let _ = rx.recv_timeout(Duration::from_secs(5));
+    }
+}
+
+/// The store's writes on the caller's thread, for the whole-system simulation: it decides when
+/// a group commits, fails or stalls, and what a crash keeps (what committed). The same writes,
+/// loads and migrations as [`SessionStore`]'s thread.
+pub struct Inline {
+    writer: Writer,
+    path: PathBuf,
+}
+
+impl std::fmt::Debug for Inline {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Inline").field("path", &self.path).finish_non_exhaustive()
+    }
+}
+
+impl Inline {
+    /// Opens (or creates) the store at `path` and returns what it holds, expiries read against
+    /// `clock` (an instant and the wall clock then, ms).
+    pub fn open(path: &Path, clock: (Instant, u64)) -> Result<(Inline, StoredState), StoreError> {
+        let sqlite = |source| StoreError::Sqlite { path: path.to_owned(), source };
+        let (writer, state) = Writer::open_waiting(path, Duration::ZERO, clock).map_err(sqlite)?;
+        Ok((Inline { writer, path: path.to_owned() }, state))
+    }
+
+    /// Commits `ops` in one transaction, or none of them.
+    pub fn commit(&mut self, ops: &[(u64, StoreOp)]) -> Result<(), StoreError> {
+        self.writer.commit(ops).map_err(|source| StoreError::Sqlite { path: self.path.clone(), source })
+    }
+
+    /// Marks the store closed cleanly (a graceful stop): the next open resends without DUP.
+    pub fn close(self) -> Result<(), StoreError> {
+        self.writer
+            .conn
+            .execute("DELETE FROM meta WHERE key = 'running'", [])
+            .map(|_| ())
+            .map_err(|source| StoreError::Sqlite { path: self.path.clone(), source })
     }
 }
 
@@ -287,11 +329,16 @@ fn addr(msg: &Arc<Message>) -> usize {
 
 impl Writer {
     fn open(path: &Path) -> rusqlite::Result<(Writer, StoredState)> {
-        Self::open_waiting(path, LOCK_WAIT)
+        Self::open_waiting(path, LOCK_WAIT, (Instant::now(), shared::units::now_ms()))
     }
 
-    /// Opens, waiting up to `lock_wait` for a lock another process holds.
-    fn open_waiting(path: &Path, lock_wait: Duration) -> rusqlite::Result<(Writer, StoredState)> {
+    /// Opens, waiting up to `lock_wait` for a lock another process holds; what expires is read
+    /// against `clock` (an instant and the wall clock then, ms).
+    fn open_waiting(
+        path: &Path,
+        lock_wait: Duration,
+        clock: (Instant, u64),
+    ) -> rusqlite::Result<(Writer, StoredState)> {
         let conn = Connection::open(path)?;
         conn.busy_timeout(lock_wait)?;
         conn.execute_batch(
@@ -299,14 +346,13 @@ impl Writer {
         )?;
         migrate(&conn)?;
         let mut w = Writer { conn, rows: HashMap::new(), next_id: 1, retained: HashMap::new(), wills: HashMap::new() };
-        let state = w.load()?;
+        let state = w.load(clock)?;
         Ok((w, state))
     }
 
     /// Reads everything back, counts the references of each message and deletes rows nothing
     /// refers to any more.
-    fn load(&mut self) -> rusqlite::Result<StoredState> {
-        let (now, wall) = (Instant::now(), shared::units::now_ms());
+    fn load(&mut self, (now, wall): (Instant, u64)) -> rusqlite::Result<StoredState> {
         let mut by_id: HashMap<i64, Arc<Message>> = HashMap::new();
         {
             let mut stmt = self.conn.prepare(

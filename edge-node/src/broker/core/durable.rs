@@ -14,6 +14,8 @@
 //! - a PUBCOMP, for its packet id's release: else a restored id would take the client's next
 //!   message of that id for a resend;
 //! - a PUBREL to a subscriber, for its message's release;
+//! - a SUBACK or UNSUBACK of a durable session, for its record: a session present after a crash
+//!   holds every subscription acknowledged and none whose removal was;
 //! - a QoS 2 PUBLISH to a durable session, for its packet id: a resend after a crash must carry
 //!   the same id, or a client that delivers on PUBLISH would deliver it twice.
 //!
@@ -168,6 +170,16 @@ impl Broker {
             c.acks.push_back(AckSlot::Ready(packet));
         }
         self.flush_acks(conn, now);
+    }
+
+    /// Sends control packet `packet` at once, or, when it promises store op `op_id` not yet
+    /// committed, among the acknowledgements once that op is.
+    pub(super) fn control_when_stored(&mut self, conn: ConnId, packet: Outbound, op_id: u64, now: Instant) {
+        if op_id > self.durable {
+            self.ack_when_stored(conn, packet, op_id, now);
+        } else {
+            self.control(conn, packet, now);
+        }
     }
 
     /// Stores the delivery just pushed to the back of a durable session's queue (or retained

@@ -327,6 +327,8 @@ impl Broker {
     fn on_subscribe(&mut self, conn: ConnId, pkid: u16, filters: Vec<SubscribeRequest>, id: Option<u32>, now: Instant) {
         let Some(c) = self.conns.get(&conn) else { return };
         let (key, rules, v5) = (c.session, c.rules.clone(), c.version == Version::V5);
+        // What this makes the store keep is what the SUBACK promises.
+        let since = self.last_op;
         // A filter repeated in one SUBSCRIBE is handled once, as its last copy asks (a later
         // subscription to a filter replaces the earlier, [MQTT-3.8.4-3]); each copy is
         // answered as the sequence of SUBSCRIBEs [MQTT-3.8.4-5] would have answered it: the
@@ -371,16 +373,30 @@ impl Broker {
             }
             codes.push(if code <= 2 { asked } else { code });
         }
-        // [MQTT-3.8.4-1], [MQTT-3.9.3-1]: one SUBACK, a code per filter in order.
-        self.control(conn, Outbound::SubAck { pkid, codes }, now);
         let cap = self.limits.max_retained_messages;
+        let mut backlog = 0;
         for d in out.retained {
             let Some(s) = self.session_mut(key).filter(|s| s.retained_backlog.len() < cap) else { break };
             s.retained_backlog.push_back(d);
+            backlog += 1;
             self.store_pushed(key, true);
         }
         if out.changed {
             self.persist(key);
+        }
+        // [MQTT-3.8.4-1], [MQTT-3.9.3-1]: one SUBACK, a code per filter in order; for a durable
+        // session, once the record holding the new subscriptions is committed: a Session Present
+        // after a crash must hold every subscription acknowledged ([MQTT-3.2.2-2]). The retained
+        // messages it matched go after it.
+        let op_id = if self.last_op > since { self.last_op } else { 0 };
+        self.control_when_stored(conn, Outbound::SubAck { pkid, codes }, op_id, now);
+        if op_id > self.durable
+            && let Some(s) = self.session_mut(key)
+        {
+            let from = s.retained_backlog.len() - backlog;
+            for d in s.retained_backlog.iter_mut().skip(from) {
+                d.hold = d.hold.max(op_id);
+            }
         }
         self.metrics.subscriptions.set(self.router.len() as i64);
         self.wake(conn);
@@ -448,6 +464,7 @@ impl Broker {
 
     fn on_unsubscribe(&mut self, conn: ConnId, pkid: u16, filters: Vec<String>, now: Instant) {
         let Some(key) = self.conns.get(&conn).map(|c| c.session) else { return };
+        let since = self.last_op;
         let mut codes = Vec::with_capacity(filters.len());
         for filter in filters {
             let removed = self.session_mut(key).is_some_and(|s| s.subs.remove(&filter).is_some());
@@ -456,14 +473,16 @@ impl Broker {
             }
             codes.push(if removed { reason::SUCCESS } else { reason::NO_SUBSCRIPTION_EXISTED });
         }
-        // [MQTT-3.10.4-4], [MQTT-3.11.3-1]: an UNSUBACK, a code per filter.
-        let changed = codes.contains(&reason::SUCCESS);
-        self.control(conn, Outbound::UnsubAck { pkid, codes }, now);
         // An UNSUBSCRIBE of filters it does not hold writes nothing (a loop of them queued a
         // whole session record each).
-        if changed {
+        if codes.contains(&reason::SUCCESS) {
             self.persist(key);
         }
+        // [MQTT-3.10.4-4], [MQTT-3.11.3-1]: an UNSUBACK, a code per filter; for a durable
+        // session once the record without the filters is committed, so a crash never brings
+        // back a subscription the client was told is gone.
+        let op_id = if self.last_op > since { self.last_op } else { 0 };
+        self.control_when_stored(conn, Outbound::UnsubAck { pkid, codes }, op_id, now);
         self.metrics.subscriptions.set(self.router.len() as i64);
     }
 

@@ -467,6 +467,17 @@ impl Broker {
         (connected, self.sessions.iter().flatten().filter(|s| !s.internal).count())
     }
 
+    /// The subscriptions of the session of `client_id` (filter and granted QoS), in filter
+    /// order; `None` without such a session. For inspection: the simulation checks a resumed
+    /// session against what its client was acknowledged.
+    pub fn session_subscriptions(&self, client_id: &str) -> Option<Vec<(String, u8)>> {
+        let key = *self.by_client.get(client_id)?;
+        let mut subs: Vec<(String, u8)> =
+            self.session(key)?.subs.iter().map(|(f, o)| (f.clone(), o.qos as u8)).collect();
+        subs.sort();
+        Some(subs)
+    }
+
     /// Sessions held, connected or not.
     pub fn session_count(&self) -> usize {
         self.by_client.len()

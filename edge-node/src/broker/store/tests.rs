@@ -344,7 +344,9 @@ fn a_damaged_store_is_moved_aside_and_a_locked_one_is_not() {
     drop(Writer::open(&locked).unwrap());
     let holder = Connection::open(&locked).unwrap();
     holder.execute_batch("BEGIN EXCLUSIVE").unwrap();
-    let e = Writer::open_waiting(&locked, Duration::from_millis(200)).err().expect("a held lock refuses the open");
+    let e = Writer::open_waiting(&locked, Duration::from_millis(200), (Instant::now(), 0))
+        .err()
+        .expect("a held lock refuses the open");
     assert!(!is_damaged(&e), "{e}");
     assert!(e.to_string().contains("locked"), "{e}");
     holder.execute_batch("ROLLBACK").unwrap();

@@ -408,3 +408,49 @@ fn a_session_resumed_with_expiry_zero_is_forgotten_by_the_store() {
     let (_, out) = h.connect_as(durable("sub", Version::V5), user("u"));
     assert!(!Harness::connack(&out).0);
 }
+
+impl Harness {
+    /// The node crashes and restarts from what the store committed (the ops it had not are
+    /// lost with the process).
+    pub fn crash(&mut self, after: Duration) {
+        let committed = self.b.durable;
+        let ops = self.stored.iter().flatten().filter(|(id, _)| *id <= committed).map(|(_, op)| op);
+        let state = Replay::of(ops).state();
+        self.hold_store = false;
+        self.restart_from(state, after);
+    }
+}
+
+/// [MQTT-3.2.2-2] with [MQTT-3.8.4-1] and [MQTT-3.11.3-1]: a durable session's SUBACK and
+/// UNSUBACK go once its record with the change is committed, so a crash right after either
+/// restarts into a session that holds what was acknowledged: Session Present 1 never comes with
+/// an acknowledged subscription lost, nor with one the client was told is gone.
+#[test]
+fn mqtt_3_2_2_2_a_present_session_holds_what_suback_and_unsuback_acknowledged() {
+    let mut h = Harness::new();
+    let (s, _) = h.connect_as(durable("sub", Version::V5), user("u"));
+    h.send(s, sub(1, "a/#", QoS::AtLeastOnce));
+    h.recv(s);
+    h.hold_store = true;
+    h.send(s, sub(2, "b/#", QoS::AtLeastOnce));
+    assert!(h.recv(s).is_empty(), "the SUBACK waits for the session's record");
+    h.commit_store();
+    assert_eq!(h.recv(s), [Outbound::SubAck { pkid: 2, codes: vec![1] }]);
+    h.send(s, Inbound::Unsubscribe { pkid: 3, filters: vec!["a/#".into()] });
+    assert!(h.recv(s).is_empty(), "the UNSUBACK waits for the session's record");
+    h.commit_store();
+    assert_eq!(h.recv(s), [Outbound::UnsubAck { pkid: 3, codes: vec![0] }]);
+    // Asked and not acknowledged when the node dies: either way is the client's to find out.
+    h.send(s, sub(4, "c/#", QoS::AtLeastOnce));
+    h.crash(Duration::from_secs(1));
+    let (s, out) = h.connect_as(durable("sub", Version::V5), user("u"));
+    assert!(Harness::connack(&out).0);
+    assert_eq!(h.b.session_subscriptions("sub").unwrap(), [("b/#".to_owned(), 1)]);
+    // A clean session has nothing to wait for, and neither has a SUBSCRIBE that changes nothing.
+    h.hold_store = true;
+    h.send(s, sub(5, "b/#", QoS::AtLeastOnce));
+    assert_eq!(h.recv(s), [Outbound::SubAck { pkid: 5, codes: vec![1] }]);
+    let c = h.connect("clean", Version::V5);
+    h.send(c, sub(1, "x", QoS::AtLeastOnce));
+    assert_eq!(h.recv(c), [Outbound::SubAck { pkid: 1, codes: vec![1] }]);
+}
