@@ -12,6 +12,7 @@ pub mod node;
 pub mod quic;
 pub mod raw;
 pub mod relay;
+pub mod sim;
 pub mod simedge;
 
 use std::path::PathBuf;

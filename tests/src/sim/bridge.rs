@@ -1,0 +1,380 @@
+//! The simulated cloud bridge and its sink: one bridge process with a session per connected
+//! edge, each the shipped `server::core::SessionCore` (its hello's lookups, publishes, marks and
+//! the downlink's calls), and the shipped SQLite sink on a file in memory behind a layer that
+//! fails as a cluster does.
+//!
+//! The driver keeps the real one's shape: a sink call or a round of marks is awaited before the
+//! session reads its next frame; publishes run beside it, `pipeline` at once. A call's effect
+//! is made when it is asked; its answer comes after a latency, or, while the part of the sink it
+//! needs is down, a read fails after a timeout and a write waits (the sinks retry writes) until
+//! the part is back.
+
+use std::collections::{BTreeMap, VecDeque};
+use std::path::Path;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use cloud_bridge::downlink::DownlinkMetrics;
+use cloud_bridge::downlink::core::{DownAnswer, DownCall, DownCore};
+use cloud_bridge::server::core::{Answer, Call, CoreError, Event, SessionCore};
+use cloud_bridge::sink::sqlite::SqliteSink;
+use cloud_bridge::sink::{DictStore, DownlinkStore, FleetStore, RecordSink, SinkError, SinkMetrics, first_turn};
+use shared::proto::cloud::{CloudSession, DownWindow};
+use shared::proto::compress;
+
+use super::{Ctx, Frame};
+
+/// A read the sink cannot answer fails after this (a request timeout).
+const READ_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// A sink call that has not returned after this much real time is stuck (the SQLite sink
+/// retries what it takes for a failure of the moment, for ever).
+const STUCK: Duration = Duration::from_secs(3);
+
+/// The sink: the shipped SQLite sink, and when each part of it is down.
+pub struct Sink {
+    rt: tokio::runtime::Runtime,
+    pub sqlite: SqliteSink,
+    pub metrics: Arc<SinkMetrics>,
+    /// Records, marks, epochs, dictionaries, reports are unavailable until then.
+    pub records_down_until: Option<Instant>,
+    /// The downlink's storage is unavailable until then.
+    pub downlink_down_until: Option<Instant>,
+}
+
+impl std::fmt::Debug for Sink {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Sink").finish_non_exhaustive()
+    }
+}
+
+impl Sink {
+    pub fn open(path: &Path) -> Self {
+        let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("a runtime");
+        let metrics = Arc::new(SinkMetrics::default());
+        let sqlite = SqliteSink::open(path).expect("the sink").with_metrics(metrics.clone());
+        Self { rt, sqlite, metrics, records_down_until: None, downlink_down_until: None }
+    }
+
+    /// Runs a sink future to its end; `Err` names a call that never returned.
+    pub fn run<T>(&self, what: &str, fut: impl Future<Output = T>) -> Result<T, String> {
+        let retries = self.metrics.retries.get();
+        let out = self.rt.block_on(async { tokio::time::timeout(STUCK, fut).await });
+        out.map_err(|_| {
+            format!(
+                "the sink's {what} did not return: retried {} times for a failure of the moment that does not pass",
+                self.metrics.retries.get() - retries
+            )
+        })
+    }
+
+    /// When a call of the records' part asked at `now` may be answered.
+    fn records_ready(&self, now: Instant) -> Option<Instant> {
+        self.records_down_until.filter(|until| *until > now)
+    }
+
+    fn downlink_ready(&self, now: Instant) -> Option<Instant> {
+        self.downlink_down_until.filter(|until| *until > now)
+    }
+}
+
+/// What a session awaits before it reads on: a call's answer or a round of marks.
+#[derive(Debug)]
+enum Awaited {
+    Call(Result<Answer, SinkError>),
+    Marks(Vec<(u8, u64)>),
+}
+
+/// One edge's session on the bridge.
+#[derive(Debug)]
+pub struct Session {
+    pub cid: u64,
+    core: SessionCore<()>,
+    /// Frames arrived, read in order as the session takes them.
+    inbox: VecDeque<Frame>,
+    awaited: Option<(Instant, Awaited)>,
+    /// Publishes in flight, in the order started: when each is done, and its id.
+    publishing: VecDeque<(Instant, u64)>,
+    /// News of the edge's downlink wakes it.
+    pub news: bool,
+}
+
+/// The bridge process.
+#[derive(Debug, Default)]
+pub struct Bridge {
+    pub up: bool,
+    pub restart_at: Option<Instant>,
+    pub sessions: BTreeMap<usize, Session>,
+}
+
+impl Bridge {
+    /// A new connection of `edge`: a newer one replaces the one it had.
+    pub fn accept(&mut self, edge: usize, name: &str, cid: u64, cx: &mut Ctx<'_>) {
+        if let Some(old) = self.sessions.remove(&edge) {
+            cx.net.down_closed.push((edge, old.cid, false));
+        }
+        let window = DownWindow { messages: 16, bytes: 1 << 20 };
+        let session = CloudSession::new(64).with_down_window(window);
+        let down = DownCore::new(name, Arc::new(DownlinkMetrics::default()), 16, Duration::from_secs(5));
+        let mut core = SessionCore::new(session, 8, Duration::from_secs(30)).with_edge(name, Some(down));
+        core.set_wall_clock(cx.now, cx.wall_ms);
+        self.sessions.insert(
+            edge,
+            Session { cid, core, inbox: VecDeque::new(), awaited: None, publishing: VecDeque::new(), news: false },
+        );
+    }
+
+    /// The bridge dies: every session with it.
+    pub fn crash(&mut self, cx: &mut Ctx<'_>) {
+        self.up = false;
+        for (edge, s) in std::mem::take(&mut self.sessions) {
+            cx.net.down_closed.push((edge, s.cid, false));
+        }
+    }
+
+    /// The connection `cid` of `edge` is gone.
+    pub fn closed(&mut self, edge: usize, cid: u64) {
+        if self.sessions.get(&edge).is_some_and(|s| s.cid == cid) {
+            self.sessions.remove(&edge);
+        }
+    }
+
+    pub fn receive(&mut self, edge: usize, cid: u64, frame: Frame) {
+        if let Some(s) = self.sessions.get_mut(&edge).filter(|s| s.cid == cid) {
+            s.inbox.push_back(frame);
+        }
+    }
+
+    /// News of messages for `edge`.
+    pub fn news(&mut self, edge: usize) {
+        if let Some(s) = self.sessions.get_mut(&edge).filter(|s| s.news) {
+            s.core.woken();
+        }
+    }
+
+    pub fn deadline(&self) -> Option<Instant> {
+        if !self.up {
+            return self.restart_at;
+        }
+        self.sessions
+            .values()
+            .flat_map(|s| {
+                // While a call or a round of marks is awaited, nothing else happens.
+                if let Some((at, _)) = &s.awaited {
+                    return [Some(*at), None, None];
+                }
+                let published = s.publishing.front().map(|(at, _)| *at);
+                [None, published, s.core.poll_timeout()]
+            })
+            .flatten()
+            .min()
+    }
+
+    /// Runs every session as far as it goes at `cx.now`.
+    pub fn pump(&mut self, sink: &Sink, names: &[String], cx: &mut Ctx<'_>) {
+        if !self.up {
+            return;
+        }
+        let edges: Vec<usize> = self.sessions.keys().copied().collect();
+        for edge in edges {
+            let Some(s) = self.sessions.get_mut(&edge) else { continue };
+            let name = &names[edge];
+            s.core.set_wall_clock(cx.now, cx.wall_ms);
+            if let Err(why) = s.run(edge, name, sink, cx) {
+                cx.trace.line(format!("bridge: session of {name} ends: {why}"));
+                let refused = matches!(why, End::Refused);
+                // What was queued for the edge (a refusal) goes before the close.
+                while let Some(frame) = s.core.poll_control() {
+                    cx.net.down.push((edge, s.cid, frame));
+                }
+                cx.net.down_closed.push((edge, s.cid, refused));
+                self.sessions.remove(&edge);
+            }
+        }
+    }
+}
+
+/// Why a session ended.
+#[derive(Debug)]
+enum End {
+    Refused,
+    Other(String),
+}
+
+impl std::fmt::Display for End {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            End::Refused => write!(f, "refused"),
+            End::Other(why) => write!(f, "{why}"),
+        }
+    }
+}
+
+fn ended(e: CoreError) -> End {
+    match e {
+        CoreError::Refused { label: Some(_), .. } => End::Refused,
+        other => End::Other(other.to_string()),
+    }
+}
+
+impl Session {
+    fn run(&mut self, edge: usize, name: &str, sink: &Sink, cx: &mut Ctx<'_>) -> Result<(), End> {
+        let now = cx.now;
+        for _ in 0..10_000 {
+            let mut progress = false;
+            // What is awaited comes back first.
+            if let Some((at, _)) = &self.awaited
+                && *at <= now
+            {
+                let Some((_, awaited)) = self.awaited.take() else { break };
+                progress = true;
+                match awaited {
+                    Awaited::Call(answer) => self.core.handle_answer(answer, now).map_err(ended)?,
+                    Awaited::Marks(marks) => self.core.handle_marked(&marks),
+                }
+                self.events(name, cx);
+            }
+            if self.awaited.is_none() {
+                // Publishes done, in the order started.
+                while self.publishing.front().is_some_and(|(at, _)| *at <= now) {
+                    let Some((_, id)) = self.publishing.pop_front() else { break };
+                    self.core.handle_published(id);
+                    progress = true;
+                }
+                self.start_publishes(name, sink, cx)?;
+                if let Some(marks) = self.core.poll_marks() {
+                    let epoch = self.core.session().epoch().unwrap_or_default().to_owned();
+                    for &(lane, up_to) in &marks {
+                        sink.run("mark", sink.sqlite.mark(name, &epoch, lane, up_to))
+                            .map_err(|e| cx.fail(e))
+                            .and_then(|r| r.map_err(|e| cx.fail(format!("mark: {e}"))))
+                            .map_err(End::Other)?;
+                    }
+                    let at = sink.records_ready(now).unwrap_or(now) + cx.rng.millis(1, 8);
+                    self.awaited = Some((at, Awaited::Marks(marks)));
+                    progress = true;
+                }
+            }
+            if self.awaited.is_none() {
+                if let Some(call) = self.core.poll_call(now) {
+                    let (at, answer) = self.call(name, call, sink, cx)?;
+                    self.awaited = Some((at, Awaited::Call(answer)));
+                    progress = true;
+                } else if let Some(frame) = self.inbox.front() {
+                    match frame {
+                        Frame::Control(_) => {
+                            let Some(Frame::Control(c)) = self.inbox.pop_front() else { break };
+                            self.core.handle_control(c, now).map_err(ended)?;
+                            progress = true;
+                        }
+                        Frame::Batch(_) if self.core.wants_batch() => {
+                            let Some(Frame::Batch(batch)) = self.inbox.pop_front() else { break };
+                            let records = compress::unpack(&batch, self.core.session().dicts(), 64 << 20)
+                                .map_err(|e| End::Other(format!("batch: {e}")))?;
+                            self.core.handle_batch(*batch, records, (), now).map_err(ended)?;
+                            progress = true;
+                        }
+                        Frame::Batch(_) => {}
+                    }
+                }
+            }
+            if self.core.poll_timeout().is_some_and(|at| at <= now) {
+                self.core.handle_timeout(now).map_err(ended)?;
+            }
+            while let Some(frame) = self.core.poll_control() {
+                cx.net.down.push((edge, self.cid, frame));
+                progress = true;
+            }
+            if !progress {
+                return Ok(());
+            }
+        }
+        Err(End::Other("the session never settled".into()))
+    }
+
+    fn events(&mut self, name: &str, cx: &mut Ctx<'_>) {
+        while let Some(event) = self.core.poll_event() {
+            match event {
+                Event::Welcomed { version, .. } => cx.trace.line(format!("bridge: {name} welcomed, version {version}")),
+                Event::Dict { .. } => {}
+                Event::DownStarted => self.news = true,
+            }
+        }
+    }
+
+    fn start_publishes(&mut self, name: &str, sink: &Sink, cx: &mut Ctx<'_>) -> Result<(), End> {
+        while let Some(p) = self.core.poll_publish() {
+            let count = p.records.len();
+            let publish = sink.sqlite.publish(name.to_owned(), p.epoch, p.lane, p.records, first_turn());
+            sink.run("publish", publish)
+                .map_err(|e| cx.fail(e))
+                .and_then(|r| r.map_err(|e| cx.fail(format!("publish: {e}"))))
+                .map_err(End::Other)?;
+            let at = sink.records_ready(cx.now).unwrap_or(cx.now) + cx.rng.millis(1, 10);
+            cx.trace.line(format!("bridge: {name} lane {} publishes {count} records", p.lane));
+            self.publishing.push_back((at, p.id));
+        }
+        Ok(())
+    }
+
+    /// Makes `call` on the sink now; when its answer comes and what it is.
+    fn call(
+        &mut self,
+        name: &str,
+        call: Call,
+        sink: &Sink,
+        cx: &mut Ctx<'_>,
+    ) -> Result<(Instant, Result<Answer, SinkError>), End> {
+        let now = cx.now;
+        let latency = cx.rng.millis(1, 8);
+        let unavailable = |what: &'static str| SinkError::Unavailable { what, reason: "timed out".into() };
+        // A read the part that is down cannot answer fails after a timeout; a write waits.
+        let (down, read, what) = match &call {
+            Call::AdmitEpoch { .. } => (sink.records_ready(now), false, "admit epoch"),
+            Call::Committed { .. } => (sink.records_ready(now), true, "committed"),
+            Call::LoadDicts { .. } => (sink.records_ready(now), true, "load dicts"),
+            Call::StoreDict(_) => (sink.records_ready(now), false, "store dict"),
+            Call::StoreReport(_) => (sink.records_ready(now), false, "store report"),
+            Call::Down(DownCall::State) => (sink.downlink_ready(now), true, "downlink position"),
+            Call::Down(DownCall::Read { .. }) => (sink.downlink_ready(now), true, "downlink read"),
+            Call::Down(DownCall::Record(_)) => (sink.downlink_ready(now), false, "downlink record"),
+            Call::Down(DownCall::SetAside { .. }) => (sink.downlink_ready(now), false, "downlink set aside"),
+        };
+        if let (Some(_), true) = (down, read) {
+            cx.trace.line(format!("bridge: {name}: sink {what} times out"));
+            return Ok((now + READ_TIMEOUT, Err(unavailable(what))));
+        }
+        let at = down.unwrap_or(now) + latency;
+        let s = &sink.sqlite;
+        let answer = match call {
+            Call::AdmitEpoch { epoch } => sink.run(what, s.admit_epoch(name, &epoch)).map(|r| r.map(Answer::Admitted)),
+            Call::Committed { epoch } => sink
+                .run(what, s.committed(name, &epoch))
+                .map(|r| r.map(|lanes| Answer::Committed { lanes, limits: s.record_limits(name, &epoch) })),
+            Call::LoadDicts { ids } => sink.run(what, s.load_dicts(name, &ids)).map(|r| r.map(Answer::Dicts)),
+            Call::StoreDict(dict) => sink.run(what, s.store_dict(name, &dict)).map(|r| r.map(|_| Answer::DictStored)),
+            Call::StoreReport(report) => {
+                let stored =
+                    cloud_bridge::sink::StoredReport { edge: name.to_owned(), received_ms: cx.wall_ms, report };
+                sink.run(what, s.store_report(&stored)).map(|r| r.map(|_| Answer::ReportStored))
+            }
+            Call::Down(DownCall::State) => {
+                sink.run(what, s.down_state(name)).map(|r| r.map(|st| Answer::Down(DownAnswer::State(st))))
+            }
+            Call::Down(DownCall::Read { after, max }) => {
+                sink.run(what, s.down_read(name, after, max)).map(|r| r.map(|p| Answer::Down(DownAnswer::Read(p))))
+            }
+            Call::Down(DownCall::Record(done)) => {
+                sink.run(what, s.down_record(name, &done)).map(|r| r.map(|_| Answer::Down(DownAnswer::Recorded)))
+            }
+            Call::Down(DownCall::SetAside { seq, outcome, reason }) => sink
+                .run(what, s.down_set_aside(name, seq, outcome, &reason))
+                .map(|r| r.map(|_| Answer::Down(DownAnswer::SetAside))),
+        };
+        let answer = answer.map_err(|e| End::Other(cx.fail(e)))?;
+        if let Err(e) = &answer {
+            cx.trace.line(format!("bridge: {name}: sink {what}: {e}"));
+        }
+        Ok((at, answer))
+    }
+}
