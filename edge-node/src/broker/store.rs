@@ -119,24 +119,43 @@ pub const COMMIT_INTERVAL: Duration = Duration::from_millis(5);
 /// Ops sent and not yet committed past which client readers wait for the store.
 pub const MAX_PENDING_OPS: usize = 65_536;
 
-/// Bytes of session records sent and not yet committed past which client readers wait for the
-/// store: a record carries every subscription of its session (up to `max_subscriptions` x
-/// `max_topic_length`), so a SUBSCRIBE/UNSUBSCRIBE loop queued gigabytes within the op bound.
+/// Bytes that ops sent and not yet committed hold ([`backlog_bytes`]) past which client readers
+/// wait for the store: a record carries every subscription of its session (up to
+/// `max_subscriptions` x `max_topic_length`), so a SUBSCRIBE/UNSUBSCRIBE loop queued gigabytes
+/// within the op bound; and an op keeps its message alive until it commits, so a flood of
+/// retained QoS 0 messages, each replacing the last, held a gigabyte of messages no one else
+/// held while the store was slow.
 pub const MAX_PENDING_BYTES: usize = 16 << 20;
 
-/// What an op holds that is its own (a session record's strings); messages are shared with
-/// the core and weigh nothing here. What [`MAX_PENDING_BYTES`] counts.
-pub fn op_bytes(op: &StoreOp) -> usize {
-    match op {
-        StoreOp::Session(r) => {
-            64 + r.client_id.len() + r.owner.len() + r.subscriptions.iter().map(|(f, _)| f.len() + 32).sum::<usize>()
+/// What `ops`, made by one call on the core and sent together, hold until they commit: each
+/// session record's strings and mark's value, and each message once however many of them
+/// refer to it (a publish queued for twenty durable sessions is one message). What
+/// [`MAX_PENDING_BYTES`] counts.
+pub fn backlog_bytes(ops: &[(u64, StoreOp)]) -> usize {
+    let mut messages: Vec<&Arc<Message>> = Vec::new();
+    let mut bytes = 0;
+    for (_, op) in ops {
+        match op {
+            StoreOp::Session(r) => {
+                bytes += 64
+                    + r.client_id.len()
+                    + r.owner.len()
+                    + r.subscriptions.iter().map(|(f, _)| f.len() + 32).sum::<usize>()
+            }
+            StoreOp::Mark { value, .. } => bytes += 32 + value.len(),
+            StoreOp::Queue(d) => messages.push(&d.msg),
+            StoreOp::Done { msg, .. } | StoreOp::Retain { msg: Some(msg), .. } => messages.push(msg),
+            StoreOp::Will { will: Some(w), .. } => messages.push(&w.msg),
+            StoreOp::Forget { msgs, .. } => messages.extend(msgs),
+            _ => {}
         }
-        StoreOp::Mark { value, .. } => 32 + value.len(),
-        _ => 0,
     }
+    messages.sort_unstable_by_key(|m| Arc::as_ptr(m));
+    messages.dedup_by_key(|m| Arc::as_ptr(m));
+    bytes + messages.iter().map(|m| m.weight()).sum::<usize>()
 }
 
-/// Whether `ops` waiting for the store, holding `bytes` ([`op_bytes`]), leave room for the
+/// Whether `ops` waiting for the store, holding `bytes` ([`backlog_bytes`]), leave room for the
 /// clients' readers to go on.
 pub fn within_bounds(ops: usize, bytes: usize) -> bool {
     ops <= MAX_PENDING_OPS && bytes <= MAX_PENDING_BYTES
@@ -146,8 +165,9 @@ pub fn within_bounds(ops: usize, bytes: usize) -> bool {
 const MAX_BATCH: usize = 16_384;
 
 enum Msg {
-    /// Ops that commit together or not at all (see [`SessionStore::send`]), and when sent.
-    Ops(Vec<(u64, StoreOp)>, Instant),
+    /// Ops that commit together or not at all (see [`SessionStore::send`]), when sent, and
+    /// what they hold ([`backlog_bytes`]).
+    Ops(Vec<(u64, StoreOp)>, Instant, usize),
     /// Answered once everything sent before it is committed (or failed to be).
     Flush(mpsc::Sender<()>),
     /// [`Msg::Flush`], then the store is marked closed cleanly: the process is about to exit.
@@ -229,14 +249,14 @@ impl SessionStore {
     /// duplicate of a message that is gone), nor those without the id (it would come twice).
     pub fn send(&self, ops: Vec<(u64, StoreOp)>) {
         self.backlog.ops.fetch_add(ops.len(), std::sync::atomic::Ordering::Relaxed);
-        let bytes = ops.iter().map(|(_, op)| op_bytes(op)).sum();
+        let bytes = backlog_bytes(&ops);
         self.backlog.bytes.fetch_add(bytes, std::sync::atomic::Ordering::Relaxed);
         // The thread ends only with the process.
-        let _ = self.tx.send(Msg::Ops(ops, Instant::now()));
+        let _ = self.tx.send(Msg::Ops(ops, Instant::now(), bytes));
     }
 
-    /// Waits while more than [`MAX_PENDING_OPS`] ops, or [`MAX_PENDING_BYTES`] of session
-    /// records, wait for the store's thread.
+    /// Waits while more than [`MAX_PENDING_OPS`] ops, or ops holding [`MAX_PENDING_BYTES`],
+    /// wait for the store's thread.
     pub async fn room(&self) {
         use std::sync::atomic::Ordering::Relaxed;
         loop {
@@ -485,6 +505,8 @@ impl Writer {
         path: &Path,
     ) {
         let mut batch: Vec<(u64, StoreOp)> = Vec::new();
+        // What the batch's groups hold, as they were counted in.
+        let mut batch_bytes = 0;
         // Each with whether it closes the store.
         let mut flushes: Vec<(mpsc::Sender<()>, bool)> = Vec::new();
         let mut failing_since: Option<Instant> = None;
@@ -497,9 +519,10 @@ impl Writer {
             let mut oldest: Option<Instant> = None;
             let mut take =
                 |m: Msg, batch: &mut Vec<(u64, StoreOp)>, flushes: &mut Vec<(mpsc::Sender<()>, bool)>| match m {
-                    Msg::Ops(ops, sent) => {
+                    Msg::Ops(ops, sent, bytes) => {
                         oldest.get_or_insert(sent);
                         batch.extend(ops);
+                        batch_bytes += bytes;
                     }
                     Msg::Flush(done) => flushes.push((done, false)),
                     Msg::Close(done) => flushes.push((done, true)),
@@ -534,8 +557,7 @@ impl Writer {
                         let last = batch.last().map_or(0, |(id, _)| *id);
                         let left =
                             backlog.ops.fetch_sub(batch.len(), std::sync::atomic::Ordering::Relaxed) - batch.len();
-                        let bytes = batch.iter().map(|(_, op)| op_bytes(op)).sum();
-                        backlog.bytes.fetch_sub(bytes, std::sync::atomic::Ordering::Relaxed);
+                        backlog.bytes.fetch_sub(std::mem::take(&mut batch_bytes), std::sync::atomic::Ordering::Relaxed);
                         backlog.drained.notify_waiters();
                         batch.clear();
                         metrics.store_pending.set(left as i64);

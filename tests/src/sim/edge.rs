@@ -17,7 +17,7 @@ use std::time::{Duration, Instant};
 use edge_node::broker::codec::{Inbound, QoS};
 use edge_node::broker::core::{Action, Broker, ConnId, ConnectRequest, Identity, Limits, Spooled, StoreOp};
 use edge_node::broker::metrics::BrokerMetrics;
-use edge_node::broker::store::{COMMIT_INTERVAL, Inline, op_bytes, within_bounds};
+use edge_node::broker::store::{COMMIT_INTERVAL, Inline, backlog_bytes, within_bounds};
 use edge_node::downlink::{DownCore, DownMark, DownlinkEntry, Governance, MARK_KEY, RetainPolicy, RulesOf};
 use edge_node::route::{Class, Classes, Governance as ClassGovernance, Route};
 use edge_node::schema::{Mode, SchemaBinding, SchemaMetrics, Unstaged, Validator};
@@ -71,6 +71,8 @@ struct Store {
     inline: Inline,
     /// Sent, not committed: (op id, op), in order.
     pending: Vec<(u64, StoreOp)>,
+    /// What they hold, as the store's backlog counts it.
+    counted: usize,
     since: Option<Instant>,
     retry_at: Option<Instant>,
     retry: Duration,
@@ -179,6 +181,7 @@ impl Edge {
             store: Store {
                 inline,
                 pending: Vec::new(),
+                counted: 0,
                 since: None,
                 retry_at: None,
                 retry: Duration::from_millis(50),
@@ -262,6 +265,7 @@ impl Edge {
                 p.store.inline.commit(&ops).expect("a commit on the sim's disk");
                 let last = ops.last().map_or(0, |(id, _)| *id);
                 p.store.committed = last;
+                p.store.counted = 0;
                 p.store.since = None;
                 p.store.retry_at = None;
                 p.store.retry = Duration::from_millis(50);
@@ -359,12 +363,11 @@ impl Edge {
         self.proc.as_ref().is_some_and(|p| p.link.is_none() && p.dial_at.is_some_and(|at| at <= now))
     }
 
-    /// Ops sent to the store and not committed, as the store's backlog counts them, and the
-    /// bytes of messages only they hold.
+    /// Ops sent to the store and not committed, what the store's backlog counts of them, and
+    /// the bytes of messages only they hold.
     pub fn store_backlog(&self) -> Option<(usize, usize, usize)> {
         let p = self.proc.as_ref()?;
-        let counted = p.store.pending.iter().map(|(_, op)| op_bytes(op)).sum();
-        Some((p.store.pending.len(), counted, held_only_by(&p.store.pending)))
+        Some((p.store.pending.len(), p.store.counted, held_only_by(&p.store.pending)))
     }
 
     /// The spool's oldest record not yet acked, ms since the Unix epoch.
@@ -463,12 +466,13 @@ impl EdgeProc {
     /// on each turn anyway).
     fn drain(&mut self, cx: &mut Ctx<'_>) -> bool {
         let mut progress = false;
+        let mut group = Vec::new();
         while let Some(action) = self.broker.poll_action() {
             progress = true;
             match action {
                 Action::Wake(_) | Action::Resume(_) => {}
                 Action::Store { op_id, op } => {
-                    self.store.pending.push((op_id, op));
+                    group.push((op_id, op));
                     self.store.since.get_or_insert(cx.now);
                 }
                 Action::Spool(req) => {
@@ -486,6 +490,9 @@ impl EdgeProc {
                 }
             }
         }
+        // Sent together, as the driver sends what one call on the core made.
+        self.store.counted += backlog_bytes(&group);
+        self.store.pending.append(&mut group);
         progress
     }
 
@@ -521,9 +528,9 @@ impl EdgeProc {
         }
         // The reader waits while the store is far behind, and while the broker holds it.
         while c.ready && !c.outbox.is_empty() {
-            let (ops, bytes) =
-                (self.store.pending.len(), self.store.pending.iter().map(|(_, op)| op_bytes(op)).sum::<usize>());
-            if !within_bounds(ops, bytes) || self.broker.held_until(conn).is_some_and(|t| t > cx.now) {
+            if !within_bounds(self.store.pending.len(), self.store.counted)
+                || self.broker.held_until(conn).is_some_and(|t| t > cx.now)
+            {
                 break;
             }
             let Some(packet) = c.outbox.pop_front() else { break };

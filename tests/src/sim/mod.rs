@@ -781,14 +781,13 @@ impl World {
     /// The session store's backlog stays within its bounds, whatever the clients send.
     fn check_bounds(&mut self) {
         for e in 0..self.edges.len() {
-            let Some((ops, counted, only)) = self.edges[e].store_backlog() else { continue };
-            let bytes = counted + only;
+            let Some((ops, counted, bytes)) = self.edges[e].store_backlog() else { continue };
             let (max_ops, max_bytes) =
                 (edge_node::broker::store::MAX_PENDING_OPS, edge_node::broker::store::MAX_PENDING_BYTES);
             // One packet may pass a bound: its reader looked before it was read.
             if ops > max_ops + 1_000 || bytes > max_bytes + (1 << 20) {
                 let why = format!(
-                    "edge-{e}: the session store's backlog holds {ops} ops and {} KiB ({} KiB counted), past its bounds of {max_ops} ops and {} KiB",
+                    "edge-{e}: the session store's backlog holds {ops} ops and {} KiB of messages nothing else holds ({} KiB counted), past its bounds of {max_ops} ops and {} KiB",
                     bytes >> 10,
                     counted >> 10,
                     max_bytes >> 10
