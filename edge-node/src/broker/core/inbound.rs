@@ -385,10 +385,11 @@ impl Broker {
             self.persist(key);
         }
         // [MQTT-3.8.4-1], [MQTT-3.9.3-1]: one SUBACK, a code per filter in order; for a durable
-        // session, once the record holding the new subscriptions is committed: a Session Present
-        // after a crash must hold every subscription acknowledged ([MQTT-3.2.2-2]). The retained
-        // messages it matched go after it.
-        let op_id = if self.last_op > since { self.last_op } else { 0 };
+        // session, once the record holding the subscriptions it reports is committed (this
+        // one's, or an earlier one's not yet): a Session Present after a crash must hold every
+        // subscription acknowledged ([MQTT-3.2.2-2]). The retained messages it matched go after
+        // it.
+        let op_id = self.reported_op(key, since);
         self.control_when_stored(conn, Outbound::SubAck { pkid, codes }, op_id, now);
         if op_id > self.durable
             && let Some(s) = self.session_mut(key)
@@ -479,11 +480,19 @@ impl Broker {
             self.persist(key);
         }
         // [MQTT-3.10.4-4], [MQTT-3.11.3-1]: an UNSUBACK, a code per filter; for a durable
-        // session once the record without the filters is committed, so a crash never brings
-        // back a subscription the client was told is gone.
-        let op_id = if self.last_op > since { self.last_op } else { 0 };
+        // session once the record without the filters is committed (even when this one removed
+        // nothing: an earlier removal may not be), so a crash never brings back a subscription
+        // the client was told is gone.
+        let op_id = self.reported_op(key, since);
         self.control_when_stored(conn, Outbound::UnsubAck { pkid, codes }, op_id, now);
         self.metrics.subscriptions.set(self.router.len() as i64);
+    }
+
+    /// The store op a SUBACK or UNSUBACK of session `key` waits for: the last made since
+    /// `since` (its retained backlog, its record), or the record as last written.
+    fn reported_op(&self, key: SessionKey, since: u64) -> u64 {
+        let made = if self.last_op > since { self.last_op } else { 0 };
+        self.session(key).map_or(made, |s| made.max(s.record_op))
     }
 
     fn on_disconnect(&mut self, conn: ConnId, code: u8, session_expiry: Option<u32>, now: Instant) {

@@ -556,7 +556,10 @@ impl Broker {
         }
         s.persisted = true;
         let record = s.record();
-        self.store(StoreOp::Session(record));
+        let op = self.store(StoreOp::Session(record));
+        if let Some(s) = self.session_mut(key) {
+            s.record_op = op;
+        }
     }
 
     /// Messages queued (not in flight) for the session of `conn`.

@@ -92,6 +92,9 @@ pub struct Session {
     pub next_ord: u64,
     /// The store holds something of it: its end must forget it.
     pub persisted: bool,
+    /// The store op of its record as last written: what a SUBACK or UNSUBACK reporting its
+    /// subscriptions waits for, even one that changed nothing.
+    pub record_op: u64,
     pub client_id: Arc<str>,
     pub owner: Arc<str>,
     /// The node's own SLO probe or model announcer.
@@ -132,6 +135,7 @@ impl Session {
             sid,
             next_ord: 0,
             persisted: false,
+            record_op: 0,
             client_id,
             owner,
             internal,

@@ -424,7 +424,7 @@ async fn messages_waiting_for_the_store_hold_readers_back_by_their_bytes() {
     let retained = |n: u64| {
         let msg = Message {
             topic: "flood".into(),
-            payload: bytes::Bytes::from(vec![b'x'; 1 << 20]),
+            payload: Bytes::from(vec![b'x'; 1 << 20]),
             qos: QoS::AtMostOnce,
             retain: true,
             props: PublishProps::default(),

@@ -454,3 +454,23 @@ fn mqtt_3_2_2_2_a_present_session_holds_what_suback_and_unsuback_acknowledged() 
     h.send(c, sub(1, "x", QoS::AtLeastOnce));
     assert_eq!(h.recv(c), [Outbound::SubAck { pkid: 1, codes: vec![1] }]);
 }
+
+/// The same for a SUBSCRIBE or UNSUBSCRIBE that changes nothing: its answer reports the
+/// session's subscriptions, which an earlier packet may have changed without the change being
+/// committed yet (its own answer lost with the connection): it waits for that record.
+#[test]
+fn an_answer_that_changed_nothing_waits_for_the_record_it_reports() {
+    let mut h = Harness::new();
+    let (s, _) = h.connect_as(durable("sub", Version::V5), user("u"));
+    h.send(s, sub(1, "a/#", QoS::AtLeastOnce));
+    h.recv(s);
+    h.hold_store = true;
+    h.send(s, Inbound::Unsubscribe { pkid: 2, filters: vec!["a/#".into()] });
+    h.drop_conn(s);
+    let (s, out) = h.connect_as(durable("sub", Version::V5), user("u"));
+    assert!(Harness::connack(&out).0);
+    h.send(s, Inbound::Unsubscribe { pkid: 3, filters: vec!["a/#".into()] });
+    assert!(h.recv(s).is_empty(), "\"no subscription\" is not true on disk yet");
+    h.commit_store();
+    assert_eq!(h.recv(s), [Outbound::UnsubAck { pkid: 3, codes: vec![0x11] }]);
+}
