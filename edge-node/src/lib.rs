@@ -438,10 +438,8 @@ impl Node {
         }
         // The user whose ACL a downlink entry names, as `[auth]` is now.
         let auth_of = ctx.clone();
-        let rules_of: downlink::RulesOf = Arc::new(move |user: &str| {
-            let identity = auth::Identity::User(user.to_owned());
-            Some(auth_of.auth.load().rules_for(&identity, downlink::CLIENT_ID))
-        });
+        let rules_of: downlink::RulesOf =
+            Arc::new(move |user: &str| auth_of.auth.load().rules_of_user(user, downlink::CLIENT_ID));
         let down = downlink::DownCore::new(downlink::Governance::new(&config.downlink), rules_of, down_mark);
         // A spool is opened whenever [uplink] is configured (above).
         if let (Some(uplink), Some(spool)) = (&config.uplink, &spool) {

@@ -113,6 +113,11 @@ impl Acl {
         Ok(Self { file })
     }
 
+    /// Whether the file has a `[users.<user>]` section.
+    pub fn names_user(&self, user: &str) -> bool {
+        self.file.users.contains_key(user)
+    }
+
     pub fn rules_for(&self, identity: &Identity, client_id: &str) -> Rules {
         let section = match identity {
             Identity::Anonymous => self.file.anonymous.as_ref(),

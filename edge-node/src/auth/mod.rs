@@ -135,6 +135,16 @@ impl AuthState {
         Ok(Self { passwords, acl })
     }
 
+    /// The rules of `user` as the node itself acts for them (a `[[downlink]]` entry's user),
+    /// with `%c` as `client_id`: `None` unless the password file or the ACL's `[users.<user>]`
+    /// names them, so a misspelt user is refused rather than given the `[default]` rules (or,
+    /// without an ACL, every topic).
+    pub fn rules_of_user(&self, user: &str, client_id: &str) -> Option<Arc<Rules>> {
+        let known = self.passwords.as_ref().is_some_and(|p| p.has_user(user))
+            || self.acl.as_ref().is_some_and(|a| a.names_user(user));
+        known.then(|| self.rules_for(&Identity::User(user.to_owned()), client_id))
+    }
+
     /// The rules for one connection, with `%u` and `%c` substituted.
     pub fn rules_for(&self, identity: &Identity, client_id: &str) -> Arc<Rules> {
         match (identity, &self.acl) {

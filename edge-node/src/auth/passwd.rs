@@ -52,6 +52,11 @@ impl PasswordFile {
         self.hashes.len()
     }
 
+    /// Whether the file has an entry for `user`.
+    pub fn has_user(&self, user: &str) -> bool {
+        self.hashes.contains_key(user)
+    }
+
     pub fn is_empty(&self) -> bool {
         self.hashes.is_empty()
     }

@@ -87,6 +87,29 @@ impl EdgeConfig {
 
     /// Every semantic problem in the config; empty when it is usable. Each section checks
     /// itself; the checks here are the ones that span sections.
+    /// A `[[downlink]]` entry's user must be one `[auth]` knows (its password file or a
+    /// `[users.<name>]` section of its ACL): a misspelt one would have every message refused.
+    /// The files are read here; one that cannot be is `auth`'s problem, named there.
+    fn check_downlink_users(&self, p: &mut Problems) {
+        let named: Vec<(usize, &str)> =
+            self.downlink.iter().enumerate().filter_map(|(i, e)| Some((i, e.user.as_deref()?))).collect();
+        if named.is_empty() {
+            return;
+        }
+        let Ok(auth) = crate::auth::AuthState::load(&self.auth) else { return };
+        for (i, user) in named {
+            if auth.rules_of_user(user, crate::downlink::CLIENT_ID).is_none() {
+                p.bad(
+                    format!("downlink[{i}].user"),
+                    format!(
+                        "{user:?} is no user of [auth] (its password file or the ACL's [users.{user}]): every message \
+                         for this entry would be refused"
+                    ),
+                );
+            }
+        }
+    }
+
     pub fn problems(&self) -> Vec<Problem> {
         let mut p = Problems::default();
         if self.node_id.is_empty() || self.node_id.contains(['/', '+', '#', ' ']) {
@@ -125,6 +148,7 @@ impl EdgeConfig {
         for (key, reason) in crate::downlink::problems(&self.downlink) {
             p.bad(key, reason);
         }
+        self.check_downlink_users(&mut p);
         if let Some(m) = &self.models {
             m.check(&mut p);
         }
@@ -182,6 +206,34 @@ mod tests {
         let text = EdgeConfig::default_toml();
         let c = parse(&text).unwrap();
         assert_eq!(c.broker.max_inflight, 100);
+    }
+
+    /// A `[[downlink]]` user `[auth]` does not know is a problem at `check-config`, and the
+    /// production lookup the downlink uses refuses it (it once fell back to the `[default]`
+    /// rules, or to every topic without an ACL).
+    #[test]
+    fn a_downlink_user_auth_does_not_know_is_named() {
+        let dir = tempfile::tempdir().unwrap();
+        let hash = crate::auth::hash_password(b"pw").unwrap();
+        std::fs::write(dir.path().join("passwd"), format!("ops:{hash}\n")).unwrap();
+        std::fs::write(dir.path().join("acl.toml"), "[default]\npublish = [\"#\"]\n[users.acl-only]\npublish = []\n")
+            .unwrap();
+        let text = |user: &str| {
+            format!(
+                "[auth]\npassword_file = \"passwd\"\nacl_file = \"acl.toml\"\n\
+                 [[downlink]]\nfilter = \"cmd/#\"\nuser = \"{user}\"\n"
+            )
+        };
+        let parse_in = |t: &str| EdgeConfig::from_toml(t, dir.path());
+        assert!(parse_in(&text("ops")).is_ok());
+        assert!(parse_in(&text("acl-only")).is_ok());
+        let err = parse_in(&text("opps")).unwrap_err().to_string();
+        assert!(err.contains("downlink[0].user") && err.contains("\"opps\" is no user of [auth]"), "{err}");
+        let err = parse("[[downlink]]\nfilter = \"cmd/#\"\nuser = \"ops\"\n").unwrap_err().to_string();
+        assert!(err.contains("downlink[0].user"), "no [auth] at all: {err}");
+        let auth = crate::auth::AuthState::load(&parse_in(&text("ops")).unwrap().auth).unwrap();
+        assert!(auth.rules_of_user("ops", crate::downlink::CLIENT_ID).is_some());
+        assert!(auth.rules_of_user("opps", crate::downlink::CLIENT_ID).is_none());
     }
 
     #[test]

@@ -18,7 +18,7 @@ use shared::proto::down::{Down, DownOutcome, DownRefusal, clip_reason};
 
 use super::{DownMark, Governance, MARK_KEY, message};
 use crate::auth::Rules;
-use crate::broker::core::Broker;
+use crate::broker::core::{Broker, Refused};
 use crate::broker::message::Message;
 
 /// How long a downlink message waits for the session store's commit before its connection
@@ -43,7 +43,7 @@ pub trait Target {
         msg: Message,
         mark: String,
         now: Instant,
-    ) -> Result<u64, &'static str>;
+    ) -> Result<u64, Refused>;
 
     /// [`Broker::store_mark`] under [`MARK_KEY`].
     fn store_mark(&mut self, mark: String) -> u64;
@@ -56,7 +56,7 @@ impl Target for Broker {
         msg: Message,
         mark: String,
         now: Instant,
-    ) -> Result<u64, &'static str> {
+    ) -> Result<u64, Refused> {
         Broker::publish_downlink(self, rules, msg, MARK_KEY, mark, now)
     }
 
@@ -211,7 +211,7 @@ impl DownCore {
         let msg = message(d, &decision, now);
         match target.publish_downlink(rules.as_deref(), msg, mark, now) {
             Ok(op) => (DownOutcome::Delivered, op),
-            Err(label) => refuse(target, DownOutcome::Refused(format!("refused by the broker: {label}"))),
+            Err(refused) => refuse(target, DownOutcome::Refused(format!("refused by the broker: {refused}"))),
         }
     }
 }

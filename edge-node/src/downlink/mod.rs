@@ -44,7 +44,7 @@ impl Target for Live<'_> {
         msg: Message,
         mark: String,
         now: Instant,
-    ) -> Result<u64, &'static str> {
+    ) -> Result<u64, crate::broker::core::Refused> {
         let (done, routed) = self.0.with(|b| Target::publish_downlink(b, rules, msg, mark, now));
         // A downlink message is never spooled; what `routed` could hold (a will a slow
         // subscriber's end fired) goes to the timer task.

@@ -13,30 +13,29 @@ use std::time::Instant;
 
 use super::Broker;
 use super::durable::StoreOp;
+use super::inbound::Refused;
 use crate::auth::Rules;
+use crate::broker::codec::reason;
 use crate::broker::message::Message;
 
 impl Broker {
-    /// Delivers `msg` as a client holding `rules` may publish it (its ACL and the node's
-    /// reserved namespace apply; `None`: no ACL), with `mark` under `key` in the same commit.
-    /// Returns the last op made, which the caller waits for before it acknowledges the
-    /// message upstream; or why the message was refused (nothing made, the mark neither).
+    /// Delivers `msg` as a client holding `rules` may publish it, held to everything a local
+    /// publish is (`Broker::admit`: the topic's length, the user-property cap, the node's
+    /// reserved namespace and the ACL (`None`: no ACL), a Response Topic that is a topic name,
+    /// the schema the topic is bound to), with `mark` under `key` in the same commit. Returns
+    /// the last op made, which the caller waits for before it acknowledges the message
+    /// upstream; or why the message was refused (nothing made, the mark neither).
     pub fn publish_downlink(
         &mut self,
         rules: Option<&Rules>,
-        msg: Message,
+        mut msg: Message,
         key: &'static str,
         mark: String,
         now: Instant,
-    ) -> Result<u64, &'static str> {
-        if msg.topic.len() > self.limits.max_topic_length {
-            return Err("topic_too_long");
-        }
-        if let Some(label) = self.publish_refusal(rules, false, &msg.topic) {
-            return Err(label);
-        }
+    ) -> Result<u64, Refused> {
+        msg.schema = self.admit(rules, false, &msg.topic, &msg.props, 0, &msg.payload)?;
         if msg.retain && !msg.payload.is_empty() && !self.retained.has_room(&msg) {
-            return Err("retained_full");
+            return Err(Refused { label: "retained_full", code: reason::QUOTA_EXCEEDED, text: None });
         }
         self.store(StoreOp::Mark { key, value: mark });
         let msg = Arc::new(msg);

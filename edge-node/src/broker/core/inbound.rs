@@ -11,9 +11,30 @@ use super::router::{Filter, SubOptions};
 use super::session::{AckSlot, Delivery, Qos2In};
 use super::{Broker, ConnId, SessionKey};
 use crate::auth::Rules;
-use crate::broker::codec::{DecodeError, Inbound, Outbound, PublishPacket, QoS, SubscribeRequest, Version, reason};
+use crate::broker::codec::{
+    DecodeError, Inbound, Outbound, PublishPacket, PublishProps, QoS, SubscribeRequest, Version, reason,
+};
 use crate::broker::message::Message;
 use crate::schema::Verdict;
+use shared::proto::SchemaRef;
+
+/// A message the broker would not take: the metric label, the MQTT 5 reason code a publisher
+/// hears, and a Reason String where there is more to say.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Refused {
+    pub label: &'static str,
+    pub code: u8,
+    pub text: Option<String>,
+}
+
+impl std::fmt::Display for Refused {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match &self.text {
+            Some(text) => write!(f, "{}: {text}", self.label),
+            None => write!(f, "{}", self.label),
+        }
+    }
+}
 
 impl Broker {
     /// A packet the connection's client sent.
@@ -71,6 +92,48 @@ impl Broker {
         self.publish_refusal(identity.rules.as_deref(), identity.internal, topic)
     }
 
+    /// Whether a message may enter as its publisher holding `rules` sent it, whatever way it
+    /// came (a client's PUBLISH, the cloud's downlink): its topic's length, its user
+    /// properties (`excess`: those past the decoder's cap), the node's namespace and the ACL,
+    /// a Response Topic that is a topic name ([MQTT-3.3.2-14]), and the schema its topic is
+    /// bound to. A valid message names the schema version it matched.
+    pub(super) fn admit(
+        &self,
+        rules: Option<&Rules>,
+        internal: bool,
+        topic: &str,
+        props: &PublishProps,
+        excess: usize,
+        payload: &[u8],
+    ) -> Result<Option<Arc<SchemaRef>>, Refused> {
+        let refused = |label, code, text| Err(Refused { label, code, text });
+        if topic.len() > self.limits.max_topic_length {
+            return refused("topic_too_long", reason::TOPIC_NAME_INVALID, None);
+        }
+        if excess > 0 || props.user.len() > self.limits.max_user_properties {
+            return refused("too_many_user_properties", reason::QUOTA_EXCEEDED, None);
+        }
+        if let Some(label) = self.publish_refusal(rules, internal, topic) {
+            return refused(label, reason::NOT_AUTHORIZED, None);
+        }
+        if let Some(rt) = &props.response_topic
+            && let Err(e) = shared::topic::validate_name(rt)
+        {
+            let text = format!("Response Topic {rt:?}: {e}");
+            return refused("response_topic_invalid", reason::TOPIC_NAME_INVALID, Some(text));
+        }
+        // Schema validation: before anything is stored or acknowledged, never for the node's
+        // own clients, and for unbound topics nothing beyond the filter match.
+        match &self.schemas {
+            Some(v) if !internal => match v.check(topic, payload) {
+                Verdict::Refused(text) => refused("schema", reason::PAYLOAD_FORMAT_INVALID, Some(text)),
+                Verdict::Valid(tag) => Ok(Some(tag)),
+                Verdict::Unbound | Verdict::Passed => Ok(None),
+            },
+            _ => Ok(None),
+        }
+    }
+
     fn on_publish(&mut self, conn: ConnId, p: PublishPacket, now: Instant) {
         let Some(c) = self.conns.get_mut(&conn) else { return };
         let (key, version) = (c.session, c.version);
@@ -115,33 +178,14 @@ impl Broker {
         }
         let (internal, client_id) = (s.internal, s.client_id.clone());
         let rules = self.conns.get(&conn).and_then(|c| c.rules.clone());
-        let refusal = if topic.len() > self.limits.max_topic_length {
-            Some(("topic_too_long", reason::TOPIC_NAME_INVALID))
-        } else if p.excess_user_properties > 0 {
-            Some(("too_many_user_properties", reason::QUOTA_EXCEEDED))
-        } else {
-            self.publish_refusal(rules.as_deref(), internal, &topic).map(|label| (label, reason::NOT_AUTHORIZED))
-        };
-        if let Some((label, code)) = refusal {
-            self.metrics.refused(label);
-            tracing::debug!(conn = conn.0, topic = ?topic, label, "publish refused");
-            return self.refuse_publish(conn, key, &p, version, (code, None), now);
-        }
-        // Schema validation: before anything is stored or acknowledged, never for the node's
-        // own clients, and for unbound topics nothing beyond the filter match. A valid message
-        // names the version it matched on its way to the sink.
-        let verdict = match &self.schemas {
-            Some(v) if !internal => v.check(&topic, &p.payload),
-            _ => Verdict::Unbound,
-        };
-        let schema = match verdict {
-            Verdict::Refused(text) => {
-                self.metrics.refused("schema");
-                tracing::debug!(conn = conn.0, topic = ?topic, reason = text, "publish refused by its schema");
-                return self.refuse_publish(conn, key, &p, version, (reason::PAYLOAD_FORMAT_INVALID, Some(text)), now);
+        let taken = self.admit(rules.as_deref(), internal, &topic, &p.props, p.excess_user_properties, &p.payload);
+        let schema = match taken {
+            Ok(schema) => schema,
+            Err(refused) => {
+                self.metrics.refused(refused.label);
+                tracing::debug!(conn = conn.0, topic = ?topic, label = refused.label, text = refused.text, "publish refused");
+                return self.refuse_publish(conn, key, &p, version, (refused.code, refused.text), now);
             }
-            Verdict::Valid(tag) => Some(tag),
-            Verdict::Unbound | Verdict::Passed => None,
         };
         if p.qos != QoS::AtMostOnce
             && let Some(c) = self.conns.get_mut(&conn)

@@ -52,6 +52,7 @@ use super::metrics::BrokerMetrics;
 
 pub use self::connect::{ConnectRequest, Identity};
 pub use self::durable::{Sid, StoreOp, StoredDelivery, StoredState, StoredWill};
+pub use self::inbound::Refused;
 pub use self::router::SubOptions;
 
 /// One network connection, for as long as it lives; never reused.

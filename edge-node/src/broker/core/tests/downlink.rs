@@ -61,10 +61,10 @@ fn a_downlink_message_is_refused_where_its_identity_may_not_publish() {
     let before = h.b.last_op();
     let refused =
         h.b.publish_downlink(Some(&rules), message("other/x", QoS::AtLeastOnce, false), "downlink", "1".into(), now);
-    assert_eq!(refused, Err("acl"));
+    assert_eq!(refused.map_err(|r| r.label), Err("acl"));
     let reserved =
         h.b.publish_downlink(None, message("_edge/probe", QoS::AtLeastOnce, false), "downlink", "1".into(), now);
-    assert_eq!(reserved, Err("reserved_topic"));
+    assert_eq!(reserved.map_err(|r| r.label), Err("reserved_topic"));
     assert_eq!(h.b.last_op(), before, "nothing made");
     assert!(
         h.b.publish_downlink(Some(&rules), message("cmd/a", QoS::AtLeastOnce, false), "downlink", "1".into(), now)
@@ -96,4 +96,44 @@ fn a_downlink_message_never_goes_to_the_spool() {
     h.drain();
     assert!(h.spooled.is_empty(), "{:?}", h.spooled.len());
     assert_eq!(payloads(&h.recv(s)), ["set 42"]);
+}
+
+/// A downlink message is held to what a local publish is held to, whatever wrote it into the
+/// sink: the schema its topic is bound to (MQTT 5 §3.3.2.3.2 and the `[[schema]]` binding), a
+/// Response Topic that is a topic name ([MQTT-3.3.2-14]), the user-property cap. A refusal
+/// names what broke, for the dead letter the cloud keeps.
+#[test]
+fn a_downlink_message_is_held_to_what_a_local_publish_is() {
+    let dir = tempfile::tempdir().unwrap();
+    crate::schema::tests::stage(dir.path(), "reading", 1, r#"{"type":"object","required":["temp"]}"#);
+    let binding = crate::schema::SchemaBinding {
+        topic: "config/reading".into(),
+        subject: "reading".into(),
+        mode: crate::schema::Mode::Enforce,
+        unstaged: crate::schema::Unstaged::Refuse,
+    };
+    let v = crate::schema::Validator::uncounted(&[binding], dir.path());
+    let mut h = Harness::new().with_schemas(Arc::new(v));
+    let s = h.connect("app", Version::V5);
+    h.send(s, sub(1, "#", QoS::AtLeastOnce));
+    h.recv(s);
+    let now = h.now;
+    let before = h.b.last_op();
+    let send = |h: &mut Harness, m: Message| h.b.publish_downlink(None, m, "downlink", "1".into(), now);
+    let refused = send(&mut h, message("config/reading", QoS::AtLeastOnce, false)).unwrap_err();
+    assert_eq!(refused.label, "schema");
+    assert!(refused.to_string().contains("schema reading v1"), "{refused}");
+    let mut m = message("cmd/a", QoS::AtLeastOnce, false);
+    m.props.response_topic = Some("reply/+".into());
+    let refused = send(&mut h, m).unwrap_err();
+    assert_eq!(refused.label, "response_topic_invalid");
+    let mut m = message("cmd/a", QoS::AtLeastOnce, false);
+    m.props.user = (0..65).map(|i| (format!("k{i}"), "v".into())).collect();
+    assert_eq!(send(&mut h, m).unwrap_err().label, "too_many_user_properties");
+    assert_eq!(h.b.last_op(), before, "nothing made");
+    let mut m = message("config/reading", QoS::AtLeastOnce, false);
+    m.payload = Bytes::from_static(br#"{"temp":21}"#);
+    send(&mut h, m).unwrap();
+    h.drain();
+    assert_eq!(payloads(&h.recv(s)), [r#"{"temp":21}"#], "only what passes is delivered");
 }
