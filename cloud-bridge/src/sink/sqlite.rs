@@ -156,12 +156,13 @@ impl SqliteSink {
                 source,
             })?;
         }
-        let conn = Connection::open(path).map_err(at("open", path))?;
+        let mut conn = Connection::open(path).map_err(at("open", path))?;
         conn.execute_batch("PRAGMA journal_mode = WAL; PRAGMA synchronous = FULL;")
             .and_then(|_| conn.execute_batch(SCHEMA))
             .and_then(|_| conn.execute_batch(super::downlink::sqlite::SCHEMA))
             .and_then(|_| conn.execute_batch(super::schemas::sqlite::SCHEMA))
             .map_err(at("schema", path))?;
+        super::downlink::sqlite::migrate(&mut conn).map_err(at("downlink schema", path))?;
         conn.busy_timeout(BUSY_TIMEOUT).map_err(|e| SinkError::sqlite("open", e))?;
         Ok(Self {
             conn: Arc::new(Mutex::new(conn)),

@@ -207,6 +207,13 @@ impl CloudSession {
                 if h.epoch.is_empty() || h.epoch.len() > 64 || !h.epoch.chars().all(usable) {
                     return Err(SessionError::Protocol(format!("hello with an unusable epoch {:?}", h.epoch)));
                 }
+                if version >= DOWNLINK_VERSION && h.down_mark > super::MAX_SEQ {
+                    return Err(SessionError::Protocol(format!(
+                        "hello claims downlink position {}, past the highest seq there is ({})",
+                        h.down_mark,
+                        super::MAX_SEQ
+                    )));
+                }
                 if let Some(bad) = h.lanes.iter().find(|l| l.seq == 0 || l.seq > super::MAX_SEQ) {
                     return Err(SessionError::Protocol(format!(
                         "hello says lane {} holds seqs from {}, outside 1..={}",

@@ -417,6 +417,29 @@ fn seqs_near_u64_max_are_refused_on_both_sides() {
     }
 }
 
+/// A hello's downlink position is checked as lane seqs are: past [`super::MAX_SEQ`] it is a
+/// protocol error, not a value the bridge records (one edge once claimed `i64::MAX`, and the
+/// sink's shared counter took it: no message could be stored for any edge after it).
+#[test]
+fn a_hello_claiming_a_downlink_position_past_the_limit_is_refused() {
+    let hello = |down_mark| {
+        Control::Hello(super::Hello {
+            versions: super::VERSIONS.to_vec(),
+            epoch: EPOCH.into(),
+            lanes: vec![],
+            models: vec![],
+            dicts: vec![],
+            caps: vec![],
+            down_mark,
+        })
+    };
+    for claim in [i64::MAX as u64, u64::MAX, super::MAX_SEQ + 1] {
+        let err = CloudSession::new(4).handle(hello(claim)).unwrap_err();
+        assert!(err.to_string().contains("past the highest seq there is"), "{claim}: {err}");
+    }
+    assert!(CloudSession::new(4).handle(hello(super::MAX_SEQ)).is_ok());
+}
+
 #[derive(Debug, Clone)]
 enum Step {
     /// The edge sends a batch of this many records from this lane, if it may.

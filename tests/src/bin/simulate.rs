@@ -1,6 +1,6 @@
 //! Runs the whole-system simulation (`e2e_tests::sim`) over many seeds, or replays one.
 //!
-//! `simulate --seed N` replays seed N and prints its trace's end if it fails;
+//! `simulate --seed N [--trace LINES]` replays seed N and prints its trace's end if it fails;
 //! `simulate --from N --seeds K [--hours H] [--actions A]` runs seeds N.. until K ran or H hours
 //! passed, and stops at the first failure, printing its seed and trace; with `--keep-going` it
 //! prints one line per failing seed and goes on (to survey what a change breaks).
@@ -13,6 +13,7 @@ fn main() {
     let mut args = std::env::args().skip(1);
     let (mut from, mut seeds, mut hours, mut actions, mut one) = (1u64, u64::MAX, f64::INFINITY, None, None);
     let mut keep_going = false;
+    let mut trace = None;
     while let Some(arg) = args.next() {
         let mut value = || args.next().unwrap_or_else(|| panic!("{arg} takes a value"));
         match arg.as_str() {
@@ -21,6 +22,7 @@ fn main() {
             "--seeds" => seeds = value().parse().expect("--seeds N"),
             "--hours" => hours = value().parse().expect("--hours H"),
             "--actions" => actions = Some(value().parse().expect("--actions N")),
+            "--trace" => trace = Some(value().parse().expect("--trace LINES")),
             "--keep-going" => keep_going = true,
             other => panic!("unknown argument {other}; see the doc of tests/src/bin/simulate.rs"),
         }
@@ -29,6 +31,9 @@ fn main() {
         let mut c = Config::new(seed);
         if let Some(a) = actions {
             c.actions = a;
+        }
+        if let Some(t) = trace {
+            c.trace = t;
         }
         c
     };

@@ -14,6 +14,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use edge_node::auth::{AuthConfig, AuthState};
 use edge_node::broker::codec::{Inbound, QoS};
 use edge_node::broker::core::{Action, Broker, ConnId, ConnectRequest, Identity, Limits, Spooled, StoreOp};
 use edge_node::broker::metrics::BrokerMetrics;
@@ -124,7 +125,8 @@ fn governance() -> Governance {
         retain: RetainPolicy::Keep,
         user: user.map(Into::into),
     };
-    Governance::new(&[entry("cmd/#", None), entry("config/#", Some("ops"))])
+    // `cmd/typo/#` names a user `[auth]` does not know: its messages are refused.
+    Governance::new(&[entry("cmd/typo/#", Some("opps")), entry("cmd/#", None), entry("config/#", Some("ops"))])
 }
 
 impl Edge {
@@ -166,8 +168,11 @@ impl Edge {
         let acked = spool.heads().into_iter().map(|(l, a, _)| (l.0, a.0));
         let config = EdgeSessionConfig { window: 4, ..EdgeSessionConfig::default() };
         let session = EdgeSession::new(config, epoch, acked);
-        // The ACL of `[[downlink]]`'s user: any user is known here (no `[auth]`).
-        let rules_of: RulesOf = Arc::new(|_| None);
+        // `[[downlink]]`'s users, looked up as the node does: `ops` has an ACL section.
+        let acl = self.dir.join("acl.toml");
+        std::fs::write(&acl, "[default]\npublish = [\"#\"]\n[users.ops]\npublish = [\"config/#\"]\n").expect("acl");
+        let auth = AuthState::load(&AuthConfig { acl_file: Some(acl), ..AuthConfig::default() }).expect("auth");
+        let rules_of: RulesOf = Arc::new(move |user: &str| auth.rules_of_user(user, edge_node::downlink::CLIENT_ID));
         let mut mark = mark;
         if let Some(claim) = self.claims {
             mark.done = claim;
@@ -548,11 +553,7 @@ impl EdgeProc {
                     if p.retain { " retained" } else { "" }
                 ));
             }
-            // Each QoS 1 PUBLISH, a resend with DUP too, may be a copy of its own (at least
-            // once); a QoS 2 exchange is one message however often it is resent.
-            if let Inbound::Publish(p) = &packet
-                && (!p.dup || p.qos == QoS::AtLeastOnce)
-            {
+            if let Inbound::Publish(p) = &packet {
                 cx.oracle.sent(edge, &p.payload, p.qos);
             }
             self.broker.handle(conn, packet, cx.now);

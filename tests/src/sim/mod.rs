@@ -261,7 +261,8 @@ impl World {
         let mut rng = Rng::new(config.seed);
         let now = Instant::now();
         // Some runs have a hostile edge: it claims a downlink position it never had.
-        let hostile = rng.chance(0.3).then(|| *rng.pick(&[i64::MAX as u64, u64::MAX, (1 << 60) + 7]));
+        let hostile =
+            rng.chance(0.3).then(|| *rng.pick(&[i64::MAX as u64, u64::MAX, (1 << 60) + 7, shared::proto::MAX_SEQ - 2]));
         let mut edges = Vec::new();
         for e in 0..config.edges {
             let clients = (0..config.clients)
@@ -739,6 +740,7 @@ impl World {
             1 => (SCHEMA_TOPIC.to_owned(), format!("{{\"id\":\"{tag}\",\"temp\":21}}")),
             2 => ("config/threshold".to_owned(), tag.clone()),
             3 => ("telemetry/x".to_owned(), tag.clone()),
+            4 if self.rng.chance(0.2) => ("cmd/typo/x".to_owned(), tag.clone()),
             _ => (format!("cmd/{}", self.rng.below(3)), tag.clone()),
         };
         let mut msg = Outgoing {
@@ -765,6 +767,10 @@ impl World {
                 self.schedule(at, Ev::News(e));
             }
             Ok(Ok(Enqueued::Full(_))) => self.trace.line(format!("send {tag} to {name}: backlog full")),
+            // A hostile edge may have used its own seqs up: its sends are refused, no other's.
+            Ok(Err(err @ cloud_bridge::sink::SinkError::Invalid { .. })) if self.edges[e].claims.is_some() => {
+                self.trace.line(format!("send {tag} to {name}: {err}"));
+            }
             Ok(Err(err)) => {
                 let why = format!("send to {name}: {err}");
                 self.trace.line(format!("VIOLATION: {why}"));
@@ -847,7 +853,9 @@ impl World {
             .expect("records")
             .collect::<Result<_, _>>()
             .expect("records");
-        self.oracle.records(&records);
+        // A hostile edge's own sessions are refused: what it took is its own to lose.
+        let hostile: Vec<String> = self.edges.iter().filter(|e| e.claims.is_some()).map(|e| e.name.clone()).collect();
+        self.oracle.records(&records, &hostile);
         // Every honest edge took every message stored for it.
         for e in 0..self.edges.len() {
             if self.edges[e].claims.is_some() {

@@ -1,16 +1,23 @@
 //! The downlink in the SQLite sink: a `downlink` table of messages, one row per edge, read by
-//! `(edge_id, seq)`; `downlink_edges`, each edge's position and counts; `downlink_dead`, what
-//! edges refused or let expire, copied from the message row with its payload. Rows at or
-//! below an edge's position are deleted when it moves, so what an edge has in `downlink` is
-//! its backlog.
+//! `(edge_id, seq)`; `downlink_edges`, each edge's position, counts and the last seq handed out
+//! for it; `downlink_dead`, what edges refused or let expire, copied from the message row with
+//! its payload. Rows at or below an edge's position are deleted when it moves, so what an edge
+//! has in `downlink` is its backlog.
 //!
-//! `seq` is an AUTOINCREMENT row id, never handed out twice even after deletes. A file put back
-//! from an older copy would hand out seqs an edge already passed; when an edge's own position
-//! is further than the file's, recording it raises the counter past it.
+//! Each edge has a seq space of its own: a message's `seq` is one past the edge's last one (or
+//! its position, if further), so nothing one edge does or claims moves another's. A file put
+//! back from an older copy is behind the positions its edges hold: an edge's hello records its
+//! own position, and its next message goes past it. `id`, an AUTOINCREMENT row id, keeps the
+//! order messages were stored in, across edges, for the news sessions wake on.
+//!
+//! Files before this layout (schema 1) had one seq for all edges, the row id itself: opened,
+//! they are rebuilt in one transaction, every message keeping its seq, and every edge's next
+//! seq starting past what the old counter had handed out (`downlink_meta.floor`).
 
 use std::time::{Duration, Instant};
 
 use rusqlite::{Connection, OptionalExtension, TransactionBehavior, params};
+use shared::proto::MAX_SEQ;
 use shared::units::now_ms;
 
 use super::{
@@ -22,15 +29,15 @@ use crate::sink::{Retry, SinkError};
 
 pub(in crate::sink) const SCHEMA: &str = "
 CREATE TABLE IF NOT EXISTS downlink (
-    seq INTEGER PRIMARY KEY AUTOINCREMENT,
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
     edge_id TEXT NOT NULL,
+    seq INTEGER NOT NULL,
     topic TEXT NOT NULL,
     payload BLOB NOT NULL,
     message TEXT NOT NULL,
     bytes INTEGER NOT NULL,
     stored_ms INTEGER NOT NULL
 );
-CREATE INDEX IF NOT EXISTS downlink_by_edge ON downlink (edge_id, seq);
 CREATE TABLE IF NOT EXISTS downlink_edges (
     edge_id TEXT PRIMARY KEY,
     position INTEGER NOT NULL,
@@ -50,7 +57,52 @@ CREATE TABLE IF NOT EXISTS downlink_dead (
     at_ms INTEGER NOT NULL,
     PRIMARY KEY (edge_id, seq)
 );
+CREATE TABLE IF NOT EXISTS downlink_meta (key TEXT PRIMARY KEY, value INTEGER NOT NULL) WITHOUT ROWID;
 ";
+
+/// Brings a file's downlink tables to the current layout (see the module doc); run at open,
+/// after [`SCHEMA`].
+pub(in crate::sink) fn migrate(conn: &mut Connection) -> rusqlite::Result<()> {
+    let columns: Vec<String> = conn
+        .prepare("SELECT name FROM pragma_table_info('downlink')")?
+        .query_map([], |r| r.get(0))?
+        .collect::<Result<_, _>>()?;
+    let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
+    if !columns.iter().any(|c| c == "id") {
+        // Schema 1: `seq` was the row id, shared by every edge.
+        let floor: u64 = tx
+            .query_row("SELECT seq FROM sqlite_sequence WHERE name = 'downlink'", [], |r| r.get(0))
+            .optional()?
+            .unwrap_or(0);
+        tx.execute_batch(
+            "ALTER TABLE downlink RENAME TO downlink_v1;
+             DROP INDEX IF EXISTS downlink_by_edge;
+             CREATE TABLE downlink (
+                 id INTEGER PRIMARY KEY AUTOINCREMENT,
+                 edge_id TEXT NOT NULL,
+                 seq INTEGER NOT NULL,
+                 topic TEXT NOT NULL,
+                 payload BLOB NOT NULL,
+                 message TEXT NOT NULL,
+                 bytes INTEGER NOT NULL,
+                 stored_ms INTEGER NOT NULL
+             );
+             INSERT INTO downlink (id, edge_id, seq, topic, payload, message, bytes, stored_ms)
+                 SELECT seq, edge_id, seq, topic, payload, message, bytes, stored_ms FROM downlink_v1;
+             DROP TABLE downlink_v1;",
+        )?;
+        tx.execute("INSERT OR REPLACE INTO downlink_meta (key, value) VALUES ('floor', ?1)", [floor])?;
+    }
+    let edge_columns: Vec<String> = tx
+        .prepare("SELECT name FROM pragma_table_info('downlink_edges')")?
+        .query_map([], |r| r.get(0))?
+        .collect::<Result<_, _>>()?;
+    if !edge_columns.iter().any(|c| c == "last_seq") {
+        tx.execute_batch("ALTER TABLE downlink_edges ADD COLUMN last_seq INTEGER NOT NULL DEFAULT 0")?;
+    }
+    tx.execute_batch("CREATE UNIQUE INDEX IF NOT EXISTS downlink_by_edge_seq ON downlink (edge_id, seq)")?;
+    tx.commit()
+}
 
 /// How often `down_news` looks for new rows while it waits.
 const NEWS_POLL: Duration = Duration::from_millis(25);
@@ -81,7 +133,39 @@ fn set_aside(conn: &Connection, edge: &str, seq: u64, outcome: &str, reason: &st
     .map_err(|e| SinkError::sqlite("downlink dead letter", e))
 }
 
+/// The seq `edge`'s next message takes: past its last one and its position, and past what the
+/// shared counter of schema 1 handed out; past [`MAX_SEQ`] the edge has used its seqs up.
+fn next_seq(conn: &Connection, edge: &str) -> Result<u64, SinkError> {
+    let what = "downlink seq";
+    let floor: u64 = conn
+        .query_row("SELECT value FROM downlink_meta WHERE key = 'floor'", [], |r| r.get(0))
+        .optional()
+        .map_err(|e| SinkError::sqlite(what, e))?
+        .unwrap_or(0);
+    let (last, position): (u64, u64) = conn
+        .query_row("SELECT last_seq, position FROM downlink_edges WHERE edge_id = ?1", params![edge], |r| {
+            Ok((r.get(0)?, r.get(1)?))
+        })
+        .optional()
+        .map_err(|e| SinkError::sqlite(what, e))?
+        .unwrap_or((0, 0));
+    let next = floor.max(last).max(position) + 1;
+    if next > MAX_SEQ {
+        return Err(SinkError::invalid(
+            what,
+            format!("edge {edge} has used its downlink seqs up (the next would be {next})"),
+        ));
+    }
+    Ok(next)
+}
+
 fn record(conn: &mut Connection, edge: &str, done: &DownDone) -> Result<(), SinkError> {
+    if done.up_to > MAX_SEQ {
+        return Err(SinkError::invalid(
+            "downlink position",
+            format!("{} is past the highest seq there is", done.up_to),
+        ));
+    }
     let tx =
         conn.transaction_with_behavior(TransactionBehavior::Immediate).map_err(|e| SinkError::sqlite("begin", e))?;
     let now = now_ms();
@@ -102,17 +186,6 @@ fn record(conn: &mut Connection, edge: &str, done: &DownDone) -> Result<(), Sink
     .map_err(|e| SinkError::sqlite("downlink position", e))?;
     tx.execute("DELETE FROM downlink WHERE edge_id = ?1 AND seq <= ?2", params![edge, done.up_to])
         .map_err(|e| SinkError::sqlite("downlink delete", e))?;
-    // No seq at or below a position an edge holds may be handed out again (a file restored
-    // from a copy older than the edge's position).
-    let counter: Option<u64> = tx
-        .query_row("SELECT seq FROM sqlite_sequence WHERE name = 'downlink'", [], |r| r.get(0))
-        .optional()
-        .map_err(|e| SinkError::sqlite("downlink counter", e))?;
-    if counter.is_none_or(|c| c < done.up_to) {
-        tx.execute("DELETE FROM sqlite_sequence WHERE name = 'downlink'", [])
-            .and_then(|_| tx.execute("INSERT INTO sqlite_sequence (name, seq) VALUES ('downlink', ?1)", [done.up_to]))
-            .map_err(|e| SinkError::sqlite("downlink counter", e))?;
-    }
     tx.commit().map_err(|e| SinkError::sqlite("commit", e))
 }
 
@@ -183,12 +256,19 @@ impl DownlinkStore for SqliteSink {
             if waiting.messages + 1 > bounds.messages || waiting.bytes + bytes > bounds.bytes {
                 return Ok(Enqueued::Full(waiting));
             }
+            let seq = next_seq(&tx, &edge)?;
             tx.execute(
-                "INSERT INTO downlink (edge_id, topic, payload, message, bytes, stored_ms) VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
-                params![edge, msg.topic, msg.payload, json, bytes, now_ms()],
+                "INSERT INTO downlink (edge_id, seq, topic, payload, message, bytes, stored_ms) \
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
+                params![edge, seq, msg.topic, msg.payload, json, bytes, now_ms()],
             )
             .map_err(|e| SinkError::sqlite("downlink enqueue", e))?;
-            let seq = tx.last_insert_rowid() as u64;
+            tx.execute(
+                "INSERT INTO downlink_edges (edge_id, position, delivered, refused, expired, last_seq) \
+                 VALUES (?1, 0, 0, 0, 0, ?2) ON CONFLICT (edge_id) DO UPDATE SET last_seq = excluded.last_seq",
+                params![edge, seq],
+            )
+            .map_err(|e| SinkError::sqlite("downlink enqueue", e))?;
             tx.commit().map_err(|e| SinkError::sqlite("commit", e))?;
             Ok(Enqueued::Stored { seq })
         })
@@ -321,7 +401,7 @@ impl DownlinkStore for SqliteSink {
         let Some(cursor) = cursor else {
             return self
                 .retried("downlink news", |conn| {
-                    conn.query_row("SELECT coalesce(max(seq), 0) FROM downlink", [], |r| r.get(0))
+                    conn.query_row("SELECT coalesce(max(id), 0) FROM downlink", [], |r| r.get(0))
                         .map_err(|e| SinkError::sqlite("downlink news", e))
                 })
                 .await
@@ -332,7 +412,7 @@ impl DownlinkStore for SqliteSink {
             let news = self
                 .retried("downlink news", move |conn| {
                     let mut read = conn
-                        .prepare_cached("SELECT seq, edge_id FROM downlink WHERE seq > ?1 ORDER BY seq LIMIT 4096")
+                        .prepare_cached("SELECT id, edge_id FROM downlink WHERE id > ?1 ORDER BY id LIMIT 4096")
                         .map_err(|e| SinkError::sqlite("downlink news", e))?;
                     read.query_map([cursor], |r| Ok((r.get::<_, u64>(0)?, r.get::<_, String>(1)?)))
                         .and_then(Iterator::collect::<Result<Vec<_>, _>>)
@@ -350,5 +430,93 @@ impl DownlinkStore for SqliteSink {
             }
             tokio::time::sleep(NEWS_POLL).await;
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn msg(topic: &str) -> Outgoing {
+        Outgoing { topic: topic.into(), payload: b"x".to_vec(), qos: 1, ..Outgoing::default() }
+    }
+
+    const BOUNDS: DownBounds = DownBounds { messages: 100, bytes: 1 << 20 };
+
+    async fn stored(sink: &SqliteSink, edge: &str) -> Result<u64, SinkError> {
+        match sink.enqueue(edge, &msg("cmd/x"), BOUNDS).await? {
+            Enqueued::Stored { seq } => Ok(seq),
+            Enqueued::Full(b) => panic!("full: {b:?}"),
+        }
+    }
+
+    /// Each edge has a seq space of its own: one edge's position, however far its hello
+    /// claims it is, moves no other edge's seqs (one edge's `i64::MAX` once left every send
+    /// to every edge failing for good); a position past the highest seq is refused, and an edge
+    /// that used its seqs up has its own sends refused, not retried.
+    #[tokio::test]
+    async fn one_edges_position_moves_no_other_edges_seqs() {
+        let dir = tempfile::tempdir().unwrap();
+        let sink = SqliteSink::open(&dir.path().join("sink.db")).unwrap();
+        assert_eq!(stored(&sink, "a").await.unwrap(), 1);
+        assert_eq!(stored(&sink, "b").await.unwrap(), 1);
+        sink.down_record("b", &DownDone { up_to: MAX_SEQ - 1, ..Default::default() }).await.unwrap();
+        assert_eq!(stored(&sink, "a").await.unwrap(), 2, "b's position is b's");
+        assert_eq!(stored(&sink, "b").await.unwrap(), MAX_SEQ, "b's next goes past its position");
+        let err = stored(&sink, "b").await.unwrap_err();
+        assert!(
+            matches!(err, SinkError::Invalid { .. }) && err.to_string().contains("used its downlink seqs up"),
+            "{err}"
+        );
+        for claim in [MAX_SEQ + 1, i64::MAX as u64] {
+            let err = sink.down_record("a", &DownDone { up_to: claim, ..Default::default() }).await.unwrap_err();
+            assert!(matches!(err, SinkError::Invalid { .. }), "{claim}: {err}");
+        }
+        assert_eq!(stored(&sink, "c").await.unwrap(), 1);
+        let read = sink.down_read("a", 0, 10).await.unwrap();
+        assert_eq!(read.iter().map(|p| p.seq).collect::<Vec<_>>(), [1, 2]);
+    }
+
+    /// A file of the layout with one seq for every edge is rebuilt at open: each message keeps
+    /// its seq, positions stand, and every edge's next message goes past all the old counter
+    /// handed out, so no edge sees a seq it passed.
+    #[tokio::test]
+    async fn a_file_with_one_seq_for_all_edges_is_rebuilt_keeping_its_seqs() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("sink.db");
+        {
+            let conn = Connection::open(&path).unwrap();
+            conn.execute_batch(
+                "CREATE TABLE downlink (seq INTEGER PRIMARY KEY AUTOINCREMENT, edge_id TEXT NOT NULL, \
+                 topic TEXT NOT NULL, payload BLOB NOT NULL, message TEXT NOT NULL, bytes INTEGER NOT NULL, \
+                 stored_ms INTEGER NOT NULL);
+                 CREATE INDEX downlink_by_edge ON downlink (edge_id, seq);
+                 CREATE TABLE downlink_edges (edge_id TEXT PRIMARY KEY, position INTEGER NOT NULL, \
+                 delivered INTEGER NOT NULL, refused INTEGER NOT NULL, expired INTEGER NOT NULL);
+                 INSERT INTO downlink_edges VALUES ('a', 3, 3, 0, 0);",
+            )
+            .unwrap();
+            let json = message_json(&msg("cmd/x"));
+            for (seq, edge) in [(5, "a"), (9, "b")] {
+                conn.execute(
+                    "INSERT INTO downlink VALUES (?1, ?2, 'cmd/x', X'78', ?3, 1, 0)",
+                    params![seq, edge, json],
+                )
+                .unwrap();
+            }
+        }
+        let sink = SqliteSink::open(&path).unwrap();
+        let read = sink.down_read("a", 3, 10).await.unwrap();
+        assert_eq!((read.len(), read[0].seq, read[0].msg.topic.as_str()), (1, 5, "cmd/x"));
+        assert_eq!(sink.down_state("a").await.unwrap().position, 3);
+        assert_eq!(stored(&sink, "a").await.unwrap(), 10);
+        assert_eq!(stored(&sink, "new").await.unwrap(), 10);
+        let (_, edges) = sink.down_news(Some(0), Duration::ZERO).await.unwrap();
+        assert_eq!(edges, ["a", "b", "new"]);
+        drop(sink);
+        // Opened again: nothing to rebuild; each edge goes on in its own space.
+        let sink = SqliteSink::open(&path).unwrap();
+        assert_eq!(stored(&sink, "a").await.unwrap(), 11);
+        assert_eq!(stored(&sink, "b").await.unwrap(), 10);
     }
 }
