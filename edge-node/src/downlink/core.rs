@@ -7,28 +7,20 @@
 //! A message is handed to the broker ([`Target`]) with the downlink's next mark
 //! ([`DownMark`]: the position and the refusals the cloud has not marked), which the session
 //! store commits with the message (`broker::core::downlink`): only then is it acked upstream.
-//! Messages come on while earlier ones wait for their commit ([`Handed`]), so a window of them
-//! shares the store's commits.
+//! Messages come on while earlier ones wait for their commit, so a window of them shares the
+//! store's commits. A store that does not commit holds the downlink (the bridge's window fills),
+//! not the connection: telemetry goes on, and `/readyz` says the store is stuck.
 
 use std::collections::VecDeque;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
-use shared::proto::down::{Down, DownOutcome, DownRefusal, clip_reason};
+use shared::proto::down::{Down, DownOutcome};
 
 use super::{DownMark, Governance, MARK_KEY, message};
 use crate::auth::Rules;
 use crate::broker::core::{Broker, Refused};
 use crate::broker::message::Message;
-
-/// How long a downlink message waits for the session store's commit before its connection
-/// ends: far above a commit (5 ms of gathering and a write), far below the bridge's patience.
-pub const COMMIT_WAIT: Duration = Duration::from_secs(10);
-
-/// The session store did not commit a downlink message in time.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
-#[error("downlink message {0} not committed by the session store within {COMMIT_WAIT:?}")]
-pub struct NotStored(pub u64);
 
 /// The ACL of a user of `[auth]`, as it is now (a reload changes it); `None`: no such user.
 pub type RulesOf = Arc<dyn Fn(&str) -> Option<Arc<Rules>> + Send + Sync>;
@@ -65,133 +57,112 @@ impl Target for Broker {
     }
 }
 
-/// Downlink messages handed to the broker, waiting for the session store's commit, in order:
-/// (seq, outcome, store op). Their refusals and expiries, which the session learns only once
-/// they are committed, go into the marks of the ones after.
-#[derive(Debug, Default)]
-pub struct Handed {
-    queue: VecDeque<(u64, DownOutcome, u64)>,
-    refused: Vec<DownRefusal>,
-    expired: Vec<u64>,
-    /// Since when the oldest has waited (the first of them, or the last commit).
-    since: Option<Instant>,
+/// A downlink message handed to the broker, waiting for the session store's commit: the store
+/// op of its mark, and the mark written with it (its seq and outcome among it).
+#[derive(Debug)]
+struct Handed {
+    op: u64,
+    mark: DownMark,
 }
 
-impl Handed {
-    pub fn is_empty(&self) -> bool {
-        self.queue.is_empty()
-    }
-
-    /// The store op the newest waits for.
-    pub fn waiting_for(&self) -> Option<u64> {
-        self.queue.back().map(|&(_, _, op)| op)
-    }
-
-    /// When the oldest has waited [`COMMIT_WAIT`], and its seq.
-    pub fn deadline(&self) -> Option<(Instant, u64)> {
-        Some((self.since? + COMMIT_WAIT, self.queue.front()?.0))
-    }
-}
-
-/// The node's downlink: its rules and the mark as last stored, which each new session with the
-/// cloud starts from.
+/// The node's downlink: its rules, the messages handed to the broker and not yet committed, and
+/// the mark as committed, which each new session with the cloud starts from. It outlives every
+/// connection: a message handed over is committed (or not) whatever becomes of the connection
+/// it came on, and a resend of it on the next is recognised, never handed over again.
 pub struct DownCore {
     governance: Governance,
     rules_of: RulesOf,
-    mark: DownMark,
+    /// What the store holds: the position and the refusals the cloud has not marked.
+    committed: DownMark,
+    /// The mark after the last message handed over (what the store will hold).
+    latest: DownMark,
+    /// Handed over, not committed, in order.
+    handed: VecDeque<Handed>,
+    /// Store ops committed so far, as last heard.
+    stored: u64,
 }
 
 impl std::fmt::Debug for DownCore {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("DownCore").field("governance", &self.governance).field("mark", &self.mark).finish()
+        f.debug_struct("DownCore")
+            .field("governance", &self.governance)
+            .field("committed", &self.committed)
+            .field("handed", &self.handed.len())
+            .finish()
     }
 }
 
 impl DownCore {
     /// With `[[downlink]]`'s rules, the users' ACLs and the mark the store held at start.
     pub fn new(governance: Governance, rules_of: RulesOf, mark: DownMark) -> Self {
-        Self { governance, rules_of, mark }
+        Self { governance, rules_of, latest: mark.clone(), committed: mark, handed: VecDeque::new(), stored: 0 }
     }
 
-    /// The position and the refusals and expiries not yet marked by the cloud.
+    /// The position and the refusals and expiries not yet marked by the cloud, as committed.
     pub fn mark(&self) -> &DownMark {
-        &self.mark
+        &self.committed
     }
 
-    /// Hands `d` to the broker with the mark after it, and queues it in `handed` until the
-    /// store commits it; `unmarked` are the session's refusals and expiries not yet marked,
-    /// those of the messages still in `handed` go after them.
-    pub fn hand_over(
-        &self,
-        target: &mut dyn Target,
-        d: &Down,
-        unmarked: (&[DownRefusal], &[u64]),
-        handed: &mut Handed,
-        now: Instant,
-    ) {
-        let (outcome, op) = if handed.refused.is_empty() && handed.expired.is_empty() {
-            self.decide(target, d, unmarked, now)
-        } else {
-            let refused: Vec<DownRefusal> = unmarked.0.iter().chain(&handed.refused).cloned().collect();
-            let expired: Vec<u64> = unmarked.1.iter().chain(&handed.expired).copied().collect();
-            self.decide(target, d, (&refused, &expired), now)
-        };
-        match &outcome {
-            DownOutcome::Delivered => {}
-            DownOutcome::Refused(reason) => {
-                handed.refused.push(DownRefusal { seq: d.seq, reason: clip_reason(reason.clone()) })
+    /// Hands `d` to the broker with the mark after it, unless it was handed over already (a
+    /// resend after the connection it first came on ended) or is committed (then
+    /// [`DownCore::outcome`] has it at once).
+    pub fn offer(&mut self, target: &mut dyn Target, d: &Down, now: Instant) {
+        if d.seq <= self.latest.done {
+            return;
+        }
+        let (mark, op) = self.decide(target, d, now);
+        self.latest = mark.clone();
+        self.handed.push_back(Handed { op, mark });
+    }
+
+    /// How message `seq` ended, once the store committed it; `None` while it waits (or was
+    /// never offered).
+    pub fn outcome(&self, seq: u64) -> Option<DownOutcome> {
+        if seq > self.committed.done {
+            return None;
+        }
+        if let Some((_, reason)) = self.committed.refused.iter().find(|(s, _)| *s == seq) {
+            return Some(DownOutcome::Refused(reason.clone()));
+        }
+        if self.committed.expired.contains(&seq) {
+            return Some(DownOutcome::Expired);
+        }
+        Some(DownOutcome::Delivered)
+    }
+
+    /// The store committed every op through `through`: the messages handed over with them are
+    /// done, and the mark they carried is the store's.
+    pub fn stored(&mut self, through: u64) {
+        self.stored = self.stored.max(through);
+        while self.handed.front().is_some_and(|h| h.op <= self.stored) {
+            if let Some(h) = self.handed.pop_front() {
+                self.committed = h.mark;
             }
-            DownOutcome::Expired => handed.expired.push(d.seq),
         }
-        handed.queue.push_back((d.seq, outcome, op));
-        handed.since.get_or_insert(now);
     }
 
-    /// The messages of `handed` the store has committed (every op through `through`), in
-    /// order, taken off it.
-    pub fn take_committed(&self, handed: &mut Handed, through: u64, now: Instant) -> Vec<(u64, DownOutcome)> {
-        let mut done = Vec::new();
-        while handed.queue.front().is_some_and(|(_, _, op)| *op <= through) {
-            let Some((seq, outcome, _)) = handed.queue.pop_front() else { break };
-            done.push((seq, outcome));
-        }
-        if let Some(&(last, _)) = done.last() {
-            handed.refused.retain(|r| r.seq > last);
-            handed.expired.retain(|s| *s > last);
-            handed.since = (!handed.queue.is_empty()).then_some(now);
-        }
-        done
-    }
-
-    /// Keeps the session's position and unmarked refusals and expiries as the mark: what the
-    /// store holds after the commits just taken.
-    pub fn sync_mark(&mut self, done: u64, unmarked: (&[DownRefusal], &[u64])) {
-        self.mark = DownMark {
-            done,
-            refused: unmarked.0.iter().map(|r| (r.seq, r.reason.clone())).collect(),
-            expired: unmarked.1.to_vec(),
-        };
+    /// The store op the newest message handed over waits for, if one waits.
+    pub fn waiting_for(&self) -> Option<u64> {
+        self.handed.back().map(|h| h.op)
     }
 
     /// The cloud marked everything through `up_to`: a new session need not report it again.
     /// (The stored mark keeps it until the next message; a restart reports it once more, which
     /// the cloud takes as the same.)
     pub fn marked(&mut self, up_to: u64) {
-        self.mark.refused.retain(|(seq, _)| *seq > up_to);
-        self.mark.expired.retain(|seq| *seq > up_to);
+        for mark in [&mut self.committed, &mut self.latest] {
+            mark.refused.retain(|(seq, _)| *seq > up_to);
+            mark.expired.retain(|seq| *seq > up_to);
+        }
     }
 
-    /// Delivers, refuses or expires `d`, and returns how with the store op of its mark.
-    fn decide(
-        &self,
-        target: &mut dyn Target,
-        d: &Down,
-        unmarked: (&[DownRefusal], &[u64]),
-        now: Instant,
-    ) -> (DownOutcome, u64) {
+    /// Delivers, refuses or expires `d`: the mark after it (which says how), and the store op
+    /// of that mark.
+    fn decide(&self, target: &mut dyn Target, d: &Down, now: Instant) -> (DownMark, u64) {
         let refuse = |target: &mut dyn Target, outcome: DownOutcome| {
-            let mark = DownMark::after(unmarked, d.seq, &outcome).to_value();
-            (outcome, target.store_mark(mark))
+            let mark = self.latest.after(d.seq, &outcome);
+            let op = target.store_mark(mark.to_value());
+            (mark, op)
         };
         if d.expires_in_ms == Some(0) {
             return refuse(target, DownOutcome::Expired);
@@ -207,10 +178,10 @@ impl DownCore {
             },
             None => None,
         };
-        let mark = DownMark::after(unmarked, d.seq, &DownOutcome::Delivered).to_value();
+        let mark = self.latest.after(d.seq, &DownOutcome::Delivered);
         let msg = message(d, &decision, now);
-        match target.publish_downlink(rules.as_deref(), msg, mark, now) {
-            Ok(op) => (DownOutcome::Delivered, op),
+        match target.publish_downlink(rules.as_deref(), msg, mark.to_value(), now) {
+            Ok(op) => (mark, op),
             Err(refused) => refuse(target, DownOutcome::Refused(format!("refused by the broker: {refused}"))),
         }
     }

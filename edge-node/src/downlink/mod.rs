@@ -11,7 +11,7 @@
 mod config;
 pub mod core;
 
-pub use self::core::{COMMIT_WAIT, DownCore, Handed, NotStored, RulesOf, Target};
+pub use self::core::{DownCore, RulesOf, Target};
 pub use config::{DownlinkEntry, RetainPolicy, problems};
 
 use std::time::{Duration, Instant};
@@ -147,16 +147,16 @@ impl DownMark {
         serde_json::to_string(self).unwrap_or_default()
     }
 
-    /// The mark once message `seq` is done with `outcome`, from what is unmarked now.
-    pub fn after(unmarked: (&[DownRefusal], &[u64]), seq: u64, outcome: &DownOutcome) -> Self {
-        let mut refused: Vec<(u64, String)> = unmarked.0.iter().map(|r| (r.seq, r.reason.clone())).collect();
-        let mut expired = unmarked.1.to_vec();
+    /// The mark once message `seq` is done with `outcome`, after this one.
+    pub fn after(&self, seq: u64, outcome: &DownOutcome) -> Self {
+        let mut next = self.clone();
+        next.done = seq;
         match outcome {
             DownOutcome::Delivered => {}
-            DownOutcome::Refused(reason) => refused.push((seq, clip_reason(reason.clone()))),
-            DownOutcome::Expired => expired.push(seq),
+            DownOutcome::Refused(reason) => next.refused.push((seq, clip_reason(reason.clone()))),
+            DownOutcome::Expired => next.expired.push(seq),
         }
-        Self { done: seq, refused, expired }
+        next
     }
 
     /// The refusals as the session takes them back after a restart.
@@ -256,7 +256,8 @@ mod tests {
     #[test]
     fn the_mark_keeps_the_position_and_the_unmarked_and_survives_bad_values() {
         let earlier = [DownRefusal { seq: 3, reason: "no".into() }];
-        let m = DownMark::after((&earlier, &[4]), 9, &DownOutcome::Refused("x".repeat(400)));
+        let before = DownMark { done: 4, refused: vec![(3, "no".into())], expired: vec![4] };
+        let m = before.after(9, &DownOutcome::Refused("x".repeat(400)));
         assert_eq!(m.done, 9);
         assert_eq!(m.refused[0], (3, "no".to_owned()));
         assert_eq!(m.refused[1].1.len(), shared::proto::down::MAX_REFUSAL_REASON);
@@ -316,13 +317,13 @@ mod tests {
         }
 
         /// Hands `d` over and waits for its commit, as the uplink's connection does.
-        async fn deliver(core: &DownCore, broker: &BrokerHandle, d: &Down) -> DownOutcome {
-            let mut handed = Handed::default();
-            core.hand_over(&mut Live(broker), d, (&[], &[]), &mut handed, Instant::now());
-            broker.wait_stored(handed.waiting_for().expect("handed over")).await;
-            let mut done = core.take_committed(&mut handed, broker.stored_through(), Instant::now());
-            assert!(handed.is_empty());
-            done.pop().expect("committed").1
+        async fn deliver(core: &mut DownCore, broker: &BrokerHandle, d: &Down) -> DownOutcome {
+            core.offer(&mut Live(broker), d, Instant::now());
+            assert_eq!(core.outcome(d.seq), None, "not before its commit");
+            broker.wait_stored(core.waiting_for().expect("handed over")).await;
+            core.stored(broker.stored_through());
+            assert_eq!(core.waiting_for(), None);
+            core.outcome(d.seq).expect("committed")
         }
 
         /// What a delivery committed is in the SQLite store when its outcome comes back: the
@@ -332,8 +333,8 @@ mod tests {
             let dir = tempfile::tempdir().unwrap();
             let path = dir.path().join("sessions.db");
             let b = broker(&path);
-            let c = core(entry(None));
-            assert_eq!(deliver(&c, &b, &down(4, "config/threshold", true)).await, DownOutcome::Delivered);
+            let mut c = core(entry(None));
+            assert_eq!(deliver(&mut c, &b, &down(4, "config/threshold", true)).await, DownOutcome::Delivered);
             // Read at once, from another connection: the commit is behind the outcome, not 5 ms
             // (the store's commit interval) after it.
             let on_disk = |sql: &str| -> Option<String> {
@@ -344,13 +345,16 @@ mod tests {
             let mark = on_disk("SELECT value FROM marks WHERE key = 'downlink'");
             assert_eq!(DownMark::parse(mark.as_deref()).done, 4);
             assert_eq!(on_disk("SELECT topic FROM retained").as_deref(), Some("config/threshold"));
-            let DownOutcome::Refused(reason) = deliver(&c, &b, &down(6, "cmd/reboot", false)).await else { panic!() };
+            let DownOutcome::Refused(reason) = deliver(&mut c, &b, &down(6, "cmd/reboot", false)).await else {
+                panic!()
+            };
             assert!(reason.contains("not allowed"), "{reason}");
             let expired = Down { expires_in_ms: Some(0), ..down(7, "config/x", false) };
-            assert_eq!(deliver(&c, &b, &expired).await, DownOutcome::Expired);
-            // A user the ACL does not know: refused, not published without an ACL.
-            let c = core(entry(Some("ghost")));
-            let DownOutcome::Refused(reason) = deliver(&c, &b, &down(8, "config/y", true)).await else { panic!() };
+            assert_eq!(deliver(&mut c, &b, &expired).await, DownOutcome::Expired);
+            // A user the ACL does not know: refused, not published without an ACL; the mark goes
+            // on from where the store is.
+            let mut c = DownCore::new(Governance::new(&[entry(Some("ghost"))]), Arc::new(|_| None), c.mark().clone());
+            let DownOutcome::Refused(reason) = deliver(&mut c, &b, &down(8, "config/y", true)).await else { panic!() };
             assert!(reason.contains("\"ghost\" is not in [auth]"), "{reason}");
             // No flush, no shutdown: what came back is committed already.
             drop(b);
@@ -360,9 +364,9 @@ mod tests {
             assert_eq!(topics, ["config/threshold"]);
             let mark = DownMark::parse(state.marks.get(MARK_KEY).map(String::as_str));
             assert_eq!(mark.done, 8);
-            // The caller's unmarked list was empty each time: the last mark holds only its own.
-            assert_eq!(mark.refused.len(), 1);
-            assert!(mark.expired.is_empty());
+            // Nothing was marked by the cloud meanwhile: the mark holds every refusal and expiry.
+            assert_eq!(mark.refused.iter().map(|(s, _)| *s).collect::<Vec<_>>(), [6, 8]);
+            assert_eq!(mark.expired, [7]);
         }
     }
 }

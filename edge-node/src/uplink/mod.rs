@@ -194,8 +194,6 @@ enum ConnEnd {
     Unreachable,
     #[error("shutting down")]
     Shutdown,
-    #[error(transparent)]
-    Downlink(#[from] crate::downlink::NotStored),
 }
 
 impl From<SendError> for ConnEnd {
@@ -214,7 +212,6 @@ impl From<ConnError> for ConnEnd {
     fn from(e: ConnError) -> Self {
         match e {
             ConnError::Session(e) => ConnEnd::Session(e),
-            ConnError::Downlink(e) => ConnEnd::Downlink(e),
         }
     }
 }
@@ -537,7 +534,7 @@ impl Uplink {
         let mut recovery_check = tokio::time::interval_at(tokio::time::Instant::now() + RECOVERY_CHECK, RECOVERY_CHECK);
         let (send, recv) = conn.open_bi().await?;
         let policy = SendPolicy::new(self.config.linger.0, self.config.batch_records, self.config.lower_lane_share);
-        let mut core = Conn::start(session, down, policy, Instant::now());
+        let mut core = Conn::start(session, down, self.broker.stored_through(), policy, Instant::now());
         let (mut control_rx, reader) = spawn_reader::<_, Control>(recv, MAX_CONTROL_FRAME);
         let _reader = AbortOnDropHandle::new(reader);
         let notify = spool.committed_notify();
@@ -569,7 +566,7 @@ impl Uplink {
             writer.finish(conn).await?;
             self.carry_out(&mut core, session, &mut io).await?;
             let timeout = core.poll_timeout(session).map(tokio::time::Instant::from_std);
-            let waiting = core.waiting_for();
+            let waiting = down.waiting_for();
             tokio::select! {
                 frame = control_rx.recv() => {
                     let Some(frame) = frame.map(|f| *f).transpose()?.flatten() else { return Err(ConnEnd::ControlClosed) };
@@ -577,7 +574,7 @@ impl Uplink {
                 }
                 _ = notify.notified() => refresh(io.spool, session, &mut core).await?,
                 _ = self.broker.wait_stored(waiting.unwrap_or(0)), if waiting.is_some() => {
-                    core.handle_stored(session, down, self.broker.stored_through(), Instant::now())?;
+                    core.handle_stored(session, down, self.broker.stored_through())?;
                 }
                 _ = sleep_until(timeout) => {
                     // What the spool says of itself rides with the next heads, for the fleet view.

@@ -445,6 +445,11 @@ impl EdgeSession {
         }
     }
 
+    /// The oldest downlink message received on this connection and not yet done.
+    pub fn down_oldest_pending(&self) -> Option<u64> {
+        self.down.pending.front().copied()
+    }
+
     /// The downlink position: done through this seq.
     pub fn down_position(&self) -> u64 {
         self.down.done

@@ -275,12 +275,14 @@ impl Edge {
                 p.store.retry_at = None;
                 p.store.retry = Duration::from_millis(50);
                 p.broker.stored(last, now);
-                if let Some((_, conn)) = p.link.as_mut()
-                    && conn.waiting_for().is_some_and(|op| op <= last)
-                    && let Err(e) = conn.handle_stored(&mut p.session, &mut p.down, last, now)
-                {
-                    cx.trace.line(format!("{name}: uplink ends: {e}"));
-                    p.end_link(index, EndKind::Failed, cx);
+                match p.link.as_mut() {
+                    Some((_, conn)) => {
+                        if let Err(e) = conn.handle_stored(&mut p.session, &mut p.down, last) {
+                            cx.trace.line(format!("{name}: uplink ends: {e}"));
+                            p.end_link(index, EndKind::Failed, cx);
+                        }
+                    }
+                    None => p.down.stored(last),
                 }
             }
         }
@@ -329,6 +331,9 @@ impl Edge {
         let (index, name) = (self.index, self.name.clone());
         let Some(p) = self.proc.as_mut() else { return };
         let Some((_, conn)) = p.link.as_mut().filter(|(g, _)| *g == cid) else { return };
+        if let Control::Down(d) = &frame {
+            cx.trace.line(format!("{name}: downlink seq {} on {} qos{}", d.seq, d.topic, d.qos));
+        }
         let target: &mut dyn edge_node::downlink::Target = &mut p.broker;
         if let Err(e) = conn.handle_control(&mut p.session, &mut p.down, target, frame, cx.now) {
             cx.trace.line(format!("{name}: uplink ends: {e}"));
@@ -351,7 +356,7 @@ impl Edge {
         let Some(p) = self.proc.as_mut() else { return };
         let policy = SendPolicy::new(Duration::from_millis(20), 64, 0.2);
         p.welcomes = p.session.welcomes();
-        let conn = Conn::start(&mut p.session, &p.down, policy, cx.now);
+        let conn = Conn::start(&mut p.session, &mut p.down, p.store.committed, policy, cx.now);
         p.link = Some((cid, conn));
         p.dial_at = None;
     }
@@ -520,7 +525,15 @@ impl EdgeProc {
                 Some(Heard::Refused { tag, reason }) => {
                     cx.trace.line(format!("{edge} {}: {tag} refused 0x{reason:02x}", c.id));
                 }
-                Some(Heard::Delivered(d)) => cx.oracle.delivered(edge, &c.id, c.persistent, &d),
+                Some(Heard::Delivered(d)) => {
+                    if let Some(tag) = super::tag_of(&d.payload).filter(|t| t.starts_with('d')) {
+                        cx.trace.line(format!(
+                            "{edge} {}: got {tag} qos{} dup={} retain={}",
+                            c.id, d.qos as u8, d.dup, d.retain
+                        ));
+                    }
+                    cx.oracle.delivered(edge, &c.id, c.persistent, &d)
+                }
                 Some(Heard::Closing) => {}
                 None => {}
             }

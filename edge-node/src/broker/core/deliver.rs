@@ -270,6 +270,19 @@ impl Broker {
 
     /// Local delivery: the retained store, then every matching subscriber.
     pub(super) fn accept_local(&mut self, from: Option<ConnId>, msg: &Arc<Message>, retain: bool, now: Instant) {
+        self.accept_local_after(from, msg, retain, 0, now);
+    }
+
+    /// [`Broker::accept_local`], the deliveries going out only once the store committed op
+    /// `hold` (0: at once).
+    pub(super) fn accept_local_after(
+        &mut self,
+        from: Option<ConnId>,
+        msg: &Arc<Message>,
+        retain: bool,
+        hold: u64,
+        now: Instant,
+    ) {
         if retain {
             // Room was checked when the message came in.
             if self.retained.store(msg, !self.is_internal(from)).is_ok() {
@@ -279,14 +292,14 @@ impl Broker {
             self.metrics.retained(self.retained.len(), self.retained.bytes());
         }
         self.congested = None;
-        self.deliver(msg, now);
+        self.deliver(msg, hold, now);
         self.hold_publisher(from, now);
     }
 
     /// Sends `msg` to every session a subscription of which matches it: one copy per session
     /// for its ordinary subscriptions, at the highest QoS granted among them and with all their
     /// subscription identifiers ([MQTT-3.3.4-2], [MQTT-3.3.4-4]); one copy per shared group.
-    fn deliver(&mut self, msg: &Arc<Message>, now: Instant) {
+    fn deliver(&mut self, msg: &Arc<Message>, hold: u64, now: Instant) {
         let internal_only = self.limits.internal_topics.iter().any(|t| **t == *msg.topic);
         let mut matches = std::mem::take(&mut self.matches);
         matches.clear();
@@ -309,7 +322,7 @@ impl Broker {
             let group = &matches[i..end];
             i = end;
             if let Some(d) = self.delivery_for(first.session, group, msg, internal_only) {
-                self.enqueue(first.session, d, now);
+                self.enqueue(first.session, Delivery { hold, ..d }, now);
             }
         }
         self.matches = matches;

@@ -4,7 +4,8 @@
 //! The downlink's driver hands the core a message with the downlink's new position (a
 //! [`StoreOp::Mark`]): the mark is made in the same call as the queue entries and the retained
 //! copy the message makes, so they reach the session store in one commit, and a restart finds
-//! both or neither. A resend after a crash is then told by the position, never delivered twice.
+//! both or neither, and its deliveries go out only once they are committed. A resend after a
+//! crash is then told by the position, never delivered twice.
 //! Such a message is delivered locally only: it came from the cloud, and a class routing its
 //! topic up would send it straight back.
 
@@ -37,9 +38,12 @@ impl Broker {
         if msg.retain && !msg.payload.is_empty() && !self.retained.has_room(&msg) {
             return Err(Refused { label: "retained_full", code: reason::QUOTA_EXCEEDED, text: None });
         }
-        self.store(StoreOp::Mark { key, value: mark });
+        // Its deliveries go out once the mark is committed: a crash before that forgets it was
+        // delivered at all, and the cloud's resend is then its only copy ([MQTT-3.3.1-1]: a
+        // second copy would carry no DUP).
+        let mark = self.store(StoreOp::Mark { key, value: mark });
         let msg = Arc::new(msg);
-        self.accept_local(None, &msg, msg.retain, now);
+        self.accept_local_after(None, &msg, msg.retain, mark, now);
         Ok(self.last_op)
     }
 

@@ -131,6 +131,11 @@ impl Broker {
         self.last_op
     }
 
+    /// The op the store reported committed through.
+    pub fn durable_through(&self) -> u64 {
+        self.durable
+    }
+
     /// The store committed every op through `op_id`: what waited for it goes.
     pub fn stored(&mut self, op_id: u64, now: Instant) {
         if op_id <= self.durable {

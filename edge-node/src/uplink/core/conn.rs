@@ -4,9 +4,10 @@
 //! streams and the spool and carries the `Io` out; the simulation does the same over its own
 //! link and spool.
 //!
-//! Per connection it keeps the [`SendPolicy`] and the downlink messages handed to the broker
-//! and not yet committed ([`Handed`]); the protocol state ([`EdgeSession`]) and the downlink's
-//! rules and mark ([`DownCore`]) outlive it and are lent to each call.
+//! Per connection it keeps the [`SendPolicy`]; the protocol state ([`EdgeSession`]) and the
+//! downlink ([`DownCore`]: its rules, the messages handed to the broker and not yet committed,
+//! the committed mark) outlive it and are lent to each call. A downlink message is answered in
+//! order once the store committed it, on whichever connection is up by then.
 
 use std::collections::VecDeque;
 use std::time::{Duration, Instant};
@@ -15,7 +16,7 @@ use shared::proto::edge::{EdgeEvent, EdgeSession, SessionError};
 use shared::proto::{Control, ModelAnnounce, SinkLimits};
 
 use super::send::{Read, SendPolicy};
-use crate::downlink::{DownCore, Handed, NotStored, Target};
+use crate::downlink::{DownCore, Target};
 
 /// What the driver must do, in order.
 #[derive(Debug, Clone, PartialEq)]
@@ -48,25 +49,30 @@ pub enum Io {
 pub enum ConnError {
     #[error(transparent)]
     Session(#[from] SessionError),
-    #[error(transparent)]
-    Downlink(#[from] NotStored),
 }
 
 /// See the module doc.
 #[derive(Debug)]
 pub struct Conn {
     policy: SendPolicy,
-    handed: Handed,
     io: VecDeque<Io>,
 }
 
 impl Conn {
-    /// A connection is up: the session starts from the downlink's mark and says hello.
-    pub fn start(session: &mut EdgeSession, down: &DownCore, policy: SendPolicy, now: Instant) -> Self {
+    /// A connection is up: the session starts from the downlink's committed mark (the store
+    /// committed every op through `stored`, connected or not) and says hello.
+    pub fn start(
+        session: &mut EdgeSession,
+        down: &mut DownCore,
+        stored: u64,
+        policy: SendPolicy,
+        now: Instant,
+    ) -> Self {
+        down.stored(stored);
         let mark = down.mark();
         session.catch_up_down(mark.done, mark.refusals(), mark.expired.clone());
         session.connected(now);
-        Self { policy, handed: Handed::default(), io: VecDeque::new() }
+        Self { policy, io: VecDeque::new() }
     }
 
     /// A control frame from the bridge. Downlink messages are handed to the broker here;
@@ -93,7 +99,7 @@ impl Conn {
                 // Acked once the store committed it ([`Conn::handle_stored`]), while the next
                 // ones come in: a window of them shares the store's commits.
                 EdgeEvent::Down(d) => {
-                    down.hand_over(target, &d, session.down_unmarked(), &mut self.handed, now);
+                    down.offer(target, &d, now);
                     continue;
                 }
                 EdgeEvent::DownMarked(up_to) => {
@@ -103,7 +109,7 @@ impl Conn {
             };
             self.io.push_back(io);
         }
-        Ok(())
+        Self::answer(session, down)
     }
 
     /// The session store committed every op through `through`: the downlink messages it holds
@@ -113,22 +119,19 @@ impl Conn {
         session: &mut EdgeSession,
         down: &mut DownCore,
         through: u64,
-        now: Instant,
     ) -> Result<(), ConnError> {
-        let done = down.take_committed(&mut self.handed, through, now);
-        if done.is_empty() {
-            return Ok(());
-        }
-        for (seq, outcome) in done {
-            session.down_done(seq, outcome)?;
-        }
-        down.sync_mark(session.down_position(), session.down_unmarked());
-        Ok(())
+        down.stored(through);
+        Self::answer(session, down)
     }
 
-    /// The store op whose commit the downlink waits for, if it waits.
-    pub fn waiting_for(&self) -> Option<u64> {
-        self.handed.waiting_for()
+    /// Answers the session's downlink messages, oldest first, as far as the store committed
+    /// them.
+    fn answer(session: &mut EdgeSession, down: &DownCore) -> Result<(), ConnError> {
+        while let Some(seq) = session.down_oldest_pending() {
+            let Some(outcome) = down.outcome(seq) else { break };
+            session.down_done(seq, outcome)?;
+        }
+        Ok(())
     }
 
     /// The spool committed these lanes through these seqs.
@@ -139,23 +142,13 @@ impl Conn {
         }
     }
 
-    /// When [`Conn::handle_timeout`] has work: a ping, a late ack, a lingering lane, a
-    /// downlink message waiting too long for its commit.
+    /// When [`Conn::handle_timeout`] has work: a ping, a late ack, a lingering lane.
     pub fn poll_timeout(&self, session: &EdgeSession) -> Option<Instant> {
-        let commit = self.handed.deadline().map(|(at, _)| at);
-        [session.poll_timeout(), self.policy.poll_timeout(), commit].into_iter().flatten().min()
+        [session.poll_timeout(), self.policy.poll_timeout()].into_iter().flatten().min()
     }
 
-    /// Time passed: pings, the degraded state; a downlink message the store did not commit
-    /// within [`crate::downlink::COMMIT_WAIT`] ends the connection (nothing may be acked, and the
-    /// connection ends rather than hold the uplink's telemetry behind it; the bridge sends the
-    /// message again, and the mark, once committed, tells it apart).
+    /// Time passed: pings, the degraded state.
     pub fn handle_timeout(&mut self, session: &mut EdgeSession, now: Instant) -> Result<(), ConnError> {
-        if let Some((at, seq)) = self.handed.deadline()
-            && now >= at
-        {
-            return Err(NotStored(seq).into());
-        }
         if session.poll_timeout().is_some_and(|t| now >= t) {
             for event in session.handle_timeout(now) {
                 if let EdgeEvent::Degraded(d) = event {

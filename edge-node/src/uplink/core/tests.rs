@@ -306,3 +306,78 @@ fn a_read_that_finds_nothing_moves_the_head_and_stops_asking() {
     p.begin();
     assert_eq!(p.next(&s, t0), None, "no read again until a new head");
 }
+
+/// The downlink across connections: a message handed to the broker waits for the session
+/// store's commit whatever becomes of the connection it came on, and reaches subscribers only
+/// then. When the connection ends first (the link drops inside the commit window, or the store
+/// stalls), the bridge sends it again on the next one: it is not handed over again (a
+/// subscriber once got it twice, both as new PUBLISHes without DUP, [MQTT-3.3.1-1] broken), and
+/// it is acked once committed.
+#[test]
+fn a_downlink_message_outlives_the_connection_it_came_on() {
+    use crate::broker::codec::{Outbound, QoS, Version};
+    use crate::broker::core::tests::durable::durable;
+    use crate::broker::core::tests::{Harness, payloads, sub, user};
+    use crate::downlink::{DownCore, DownMark, DownlinkEntry, Governance, RetainPolicy, RulesOf};
+    use shared::proto::down::{Down, DownAck};
+    use std::sync::Arc;
+
+    let mut h = Harness::new();
+    let (app, _) = h.connect_as(durable("app", Version::V5), user("u"));
+    h.send(app, sub(1, "cmd/#", QoS::AtLeastOnce));
+    h.recv(app);
+    let entry = DownlinkEntry { filter: "cmd/#".into(), max_qos: 2, retain: RetainPolicy::Keep, user: None };
+    let rules_of: RulesOf = Arc::new(|_| None);
+    let mut down = DownCore::new(Governance::new(&[entry]), rules_of, DownMark::default());
+    let mut session = EdgeSession::new(EdgeSessionConfig::default(), "e1", [(0, 0)]);
+    let now = h.now;
+    let down_frame = || {
+        Control::Down(Box::new(Down {
+            seq: 1,
+            topic: "cmd/a".into(),
+            payload: b"open".to_vec(),
+            qos: 1,
+            retain: false,
+            expires_in_ms: None,
+            user_properties: vec![],
+            response_topic: None,
+            correlation_data: None,
+            content_type: None,
+        }))
+    };
+    let welcome = || {
+        Control::Welcome(Welcome {
+            version: *shared::proto::VERSIONS.last().unwrap(),
+            committed: vec![],
+            dicts: vec![],
+            sink: None,
+        })
+    };
+    let acks = |conn: &mut Conn, session: &mut EdgeSession| {
+        std::iter::from_fn(|| conn.poll_io(session))
+            .filter_map(|io| match io {
+                Io::Control(Control::DownAck(DownAck { up_to, .. })) => Some(up_to),
+                _ => None,
+            })
+            .collect::<Vec<_>>()
+    };
+    h.hold_store = true;
+    let policy = || SendPolicy::new(Duration::from_millis(20), 64, 0.2);
+    let mut conn = Conn::start(&mut session, &mut down, h.b.durable_through(), policy(), now);
+    conn.handle_control(&mut session, &mut down, &mut h.b, welcome(), now).unwrap();
+    conn.handle_control(&mut session, &mut down, &mut h.b, down_frame(), now).unwrap();
+    assert!(payloads(&h.recv(app)).is_empty(), "not before its mark is committed");
+    assert_eq!(acks(&mut conn, &mut session), [0], "the welcome's ack only: not before the commit");
+    // The link drops inside the commit window.
+    drop(conn);
+    session.disconnected();
+    let mut conn = Conn::start(&mut session, &mut down, h.b.durable_through(), policy(), now);
+    conn.handle_control(&mut session, &mut down, &mut h.b, welcome(), now).unwrap();
+    conn.handle_control(&mut session, &mut down, &mut h.b, down_frame(), now).unwrap();
+    let again: Vec<Outbound> = h.recv(app);
+    assert!(payloads(&again).is_empty(), "handed over once: {again:?}");
+    h.commit_store();
+    assert_eq!(payloads(&h.recv(app)), ["open"], "delivered once, once committed");
+    conn.handle_stored(&mut session, &mut down, h.b.durable_through()).unwrap();
+    assert_eq!(acks(&mut conn, &mut session), [1], "acked once committed");
+}
