@@ -113,11 +113,16 @@ impl Broker {
         }
         // A session with expiry 0 ended with that connection: there is none to resume.
         let existing = existing.filter(|k| self.session(*k).is_some_and(|s| s.client_id == client_id));
-        // [MQTT-3.1.2-4]: Clean Start discards the session there was.
+        // [MQTT-3.1.2-4]: Clean Start discards the session there was. Its CONNACK (Session
+        // Present 0) goes once the discard is committed: a crash before would bring the old
+        // session back to a client told it had none.
         let mut resumed = None;
+        let mut gate = 0;
         if let Some(key) = existing {
             if c.clean_start {
+                let since = self.last_op;
                 self.end_session(key, now);
+                gate = if self.last_op > since && self.last_op > self.durable { self.last_op } else { 0 };
             } else {
                 resumed = Some(key);
             }
@@ -139,6 +144,7 @@ impl Broker {
         };
         let conn_state = Conn {
             session: key,
+            gate,
             version: c.version,
             keep_alive,
             last_seen: now,
@@ -186,6 +192,9 @@ impl Broker {
             }
         }
         self.persist(key);
+        if gate > 0 {
+            self.wait_store(conn, gate);
+        }
         self.wake(conn);
         Ok(())
     }

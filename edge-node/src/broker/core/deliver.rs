@@ -434,6 +434,10 @@ impl Broker {
     /// than the client takes dropped as if sent ([MQTT-3.1.2-24], [MQTT-3.1.2-25]).
     pub fn poll_transmit(&mut self, conn: ConnId, now: Instant, max_bytes: usize) -> Transmit {
         let Some(c) = self.conns.get_mut(&conn) else { return Transmit { closing: true, ..Transmit::default() } };
+        if c.gate > self.durable && !c.closing {
+            // The CONNACK waits for the store (`connect`), and everything after it.
+            return Transmit::default();
+        }
         let mut packets: Vec<Outbound> = c.control.drain(..).collect();
         if c.closing {
             return Transmit { packets, closing: true, more: false };

@@ -249,6 +249,9 @@ pub enum AckSlot {
 #[derive(Debug)]
 pub struct Conn {
     pub session: SessionKey,
+    /// Nothing goes out, its CONNACK first among it, before the store committed this op: the
+    /// discard of the durable session a Clean Start replaced (0: nothing to wait for).
+    pub gate: u64,
     pub version: Version,
     /// Seconds, as in force (the client's, or the Server Keep Alive); 0: off.
     pub keep_alive: u16,

@@ -474,3 +474,42 @@ fn an_answer_that_changed_nothing_waits_for_the_record_it_reports() {
     h.commit_store();
     assert_eq!(h.recv(s), [Outbound::UnsubAck { pkid: 3, codes: vec![0x11] }]);
 }
+
+/// [MQTT-3.1.2-4] with [MQTT-3.2.2-2]: a Clean Start discards the durable session there was,
+/// and its CONNACK (Session Present 0) goes once the discard is committed, nothing before it
+/// ([MQTT-3.2.0-1]): a crash between brought the old session, subscriptions and all, back to a
+/// client told it had none.
+#[test]
+fn mqtt_3_1_2_4_a_clean_start_is_answered_once_the_discard_is_committed() {
+    let mut h = Harness::new();
+    let (s, _) = h.connect_as(durable("c", Version::V5), user("u"));
+    h.send(s, sub(1, "old/#", QoS::AtLeastOnce));
+    h.recv(s);
+    h.drop_conn(s);
+    h.hold_store = true;
+    let mut clean = durable("c", Version::V5);
+    clean.clean_start = true;
+    let (s, out) = h.connect_as(clean.clone(), user("u"));
+    assert!(out.is_empty(), "no CONNACK before the discard is committed: {out:?}");
+    h.send(s, Inbound::PingReq);
+    assert!(h.recv(s).is_empty(), "nothing before the CONNACK");
+    h.commit_store();
+    let out = h.recv(s);
+    assert!(matches!(out.first(), Some(Outbound::ConnAck { session_present: false, .. })), "{out:?}");
+    assert_eq!(out.get(1), Some(&Outbound::PingResp));
+    // Not committed when the node dies: the client never heard Session Present 0, and the old
+    // session is what there is.
+    h.drop_conn(s);
+    h.hold_store = false;
+    let (s, _) = h.connect_as(durable("c", Version::V5), user("u"));
+    h.send(s, sub(2, "again/#", QoS::AtLeastOnce));
+    h.recv(s);
+    h.drop_conn(s);
+    h.hold_store = true;
+    let (_, out) = h.connect_as(clean, user("u"));
+    assert!(out.is_empty());
+    h.crash(Duration::from_secs(1));
+    let (_, out) = h.connect_as(durable("c", Version::V5), user("u"));
+    assert!(Harness::connack(&out).0, "the discard was not committed: the session stands");
+    assert_eq!(h.b.session_subscriptions("c").unwrap(), [("again/#".to_owned(), 1)]);
+}
