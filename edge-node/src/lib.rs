@@ -193,6 +193,14 @@ impl Node {
         // No class routes to the cloud and no uplink: nothing would ever be spooled or sent. With
         // an uplink the spool is opened even without classes: the uplink session is also how
         // models and downlink messages come.
+        let store_path =
+            config.broker.session_store.clone().unwrap_or_else(|| config.spool.path.with_file_name("sessions.db"));
+        let store_opened = std::time::Instant::now();
+        let (store, state) = broker::store::SessionStore::open(&store_path, broker_metrics.clone())?;
+        // The QoS 2 receipts the session store holds: the spool forgets any other before it takes
+        // a message (a release whose forgetting a crash cut short).
+        let receipts: std::collections::BTreeSet<u64> =
+            state.received.iter().map(|&(.., r)| r).filter(|r| *r != 0).collect();
         let spool = if classes.is_empty() && config.uplink.is_none() {
             None
         } else {
@@ -220,10 +228,11 @@ impl Node {
                 None => Box::new(sqlite),
             };
             let quotas = config.classes.iter().filter_map(|c| Some((c.name.clone(), c.quota?.bytes())));
-            let spool = spool::Spool::new(storage)
+            let mut spool = spool::Spool::new(storage)
                 .with_budget(config.spool.budget.bytes())
                 .with_quotas(quotas)
                 .with_max_pending_bytes(config.spool.max_pending_bytes.bytes());
+            spool.keep_receipts(&receipts)?;
             tracing::info!(path = %config.spool.path.display(), epoch = spool.epoch(), integrity_checked, usage_counted, "spool open");
             let writer = spool::SpoolWriter::start(
                 spool,
@@ -245,10 +254,6 @@ impl Node {
         if let Some(m) = &config.models {
             reserved_topics.push(format!("{}/#", m.topic_prefix));
         }
-        let store_path =
-            config.broker.session_store.clone().unwrap_or_else(|| config.spool.path.with_file_name("sessions.db"));
-        let opened = std::time::Instant::now();
-        let (store, state) = broker::store::SessionStore::open(&store_path, broker_metrics.clone())?;
         // What the cloud's sink stores of one record: the uplink learns it, the broker refuses
         // a cloud-bound publish past it.
         let sink_fit = spool.as_ref().map(|_| Arc::new(spool::SinkFit::load(&config.spool.path)));
@@ -295,7 +300,7 @@ impl Node {
             sessions,
             queued,
             retained,
-            took = ?opened.elapsed(),
+            took = ?store_opened.elapsed(),
             "session store open"
         );
         let broker = BrokerHandle::traced(core, spool.clone(), Some(store.clone()), tracer.clone());

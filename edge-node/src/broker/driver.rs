@@ -241,6 +241,11 @@ impl BrokerHandle {
                     Action::Wake(conn) => wakes.push(conn),
                     Action::Resume(conn) => resumes.push(conn),
                     Action::Spool(req) => spool.push(*req),
+                    Action::ForgetReceipts(keys) => {
+                        if let Some(s) = &self.spool {
+                            s.forget_receipts(keys);
+                        }
+                    }
                     Action::Store { op_id, op } => store.push((op_id, op)),
                 }
             }

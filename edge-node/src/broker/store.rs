@@ -451,8 +451,10 @@ impl Writer {
             }
         }
         {
-            let mut stmt = self.conn.prepare("SELECT sid, pkid FROM received")?;
-            state.received = stmt.query_map([], |r| Ok((r.get(0)?, r.get(1)?)))?.collect::<rusqlite::Result<_>>()?;
+            let mut stmt = self.conn.prepare("SELECT sid, pkid, coalesce(receipt, 0) FROM received")?;
+            state.received = stmt
+                .query_map([], |r| Ok((r.get(0)?, r.get(1)?, r.get::<_, i64>(2)? as u64)))?
+                .collect::<rusqlite::Result<_>>()?;
         }
         {
             let mut stmt = self.conn.prepare("SELECT sid, msg, expiry, due_ms FROM wills")?;
@@ -622,8 +624,8 @@ struct Plan {
     queued: BTreeMap<(Sid, u64), StoredDelivery>,
     /// Changes to deliveries stored before, in order.
     changes: Vec<Change>,
-    /// QoS 2 ids: kept (true) or gone (false).
-    received: BTreeMap<(Sid, u16), bool>,
+    /// QoS 2 ids: kept with their receipt, or gone (`None`).
+    received: BTreeMap<(Sid, u16), Option<u64>>,
     /// Marks, the last value of each.
     marks: BTreeMap<&'static str, String>,
 }
@@ -673,11 +675,11 @@ impl Plan {
                     }
                     p.release(w, msg);
                 }
-                StoreOp::Received { sid, pkid } => {
-                    p.received.insert((*sid, *pkid), true);
+                StoreOp::Received { sid, pkid, receipt } => {
+                    p.received.insert((*sid, *pkid), Some(*receipt));
                 }
                 StoreOp::Settled { sid, pkid } => {
-                    p.received.insert((*sid, *pkid), false);
+                    p.received.insert((*sid, *pkid), None);
                 }
                 StoreOp::Mark { key, value } => {
                     p.marks.insert(key, value.clone());
@@ -778,13 +780,15 @@ impl Plan {
                     .execute(params![sid, ord])?,
             };
         }
-        for (&(sid, pkid), &kept) in &self.received {
-            let sql = if kept {
-                "INSERT OR IGNORE INTO received (sid, pkid) VALUES (?1, ?2)"
-            } else {
-                "DELETE FROM received WHERE sid = ?1 AND pkid = ?2"
+        for (&(sid, pkid), kept) in &self.received {
+            match kept {
+                Some(receipt) => tx
+                    .prepare_cached("INSERT OR REPLACE INTO received (sid, pkid, receipt) VALUES (?1, ?2, ?3)")?
+                    .execute(params![sid, pkid, *receipt as i64])?,
+                None => tx
+                    .prepare_cached("DELETE FROM received WHERE sid = ?1 AND pkid = ?2")?
+                    .execute(params![sid, pkid])?,
             };
-            tx.prepare_cached(sql)?.execute(params![sid, pkid])?;
         }
         // New bodies before what refers to them.
         let (now, wall) = (Instant::now(), shared::units::now_ms());
@@ -951,6 +955,13 @@ fn migrate(conn: &Connection) -> rusqlite::Result<()> {
         tracing::info!("session store migrated from version 1");
     } else {
         tx.execute_batch(SCHEMA)?;
+    }
+    // The receipt a QoS 2 id's message went to the spool under: added without a version step
+    // (an older build names its columns and leaves it empty).
+    let receipt: i64 =
+        tx.query_row("SELECT count(*) FROM pragma_table_info('received') WHERE name = 'receipt'", [], |r| r.get(0))?;
+    if receipt == 0 {
+        tx.execute_batch("ALTER TABLE received ADD COLUMN receipt INTEGER")?;
     }
     let version: Option<String> =
         tx.query_row("SELECT value FROM meta WHERE key = 'schema_version'", [], |r| r.get(0)).optional()?;

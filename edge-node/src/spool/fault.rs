@@ -130,6 +130,11 @@ impl<S: Storage> Storage for FaultyStorage<S> {
     fn damaged(&self) -> Option<String> {
         self.inner.damaged()
     }
+    fn forget_receipts(&mut self, keys: &[u64], keep: bool) -> Result<(), SpoolError> {
+        self.faults.check(&self.path)?;
+        self.inner.forget_receipts(keys, keep)
+    }
+
     fn rebuild(&mut self, known: &BTreeMap<u8, u64>) -> Result<Salvaged, SpoolError> {
         self.faults.check(&self.path)?;
         self.inner.rebuild(known)
@@ -192,6 +197,10 @@ impl Storage for Box<dyn Storage + Send> {
     fn damaged(&self) -> Option<String> {
         (**self).damaged()
     }
+    fn forget_receipts(&mut self, keys: &[u64], keep: bool) -> Result<(), SpoolError> {
+        (**self).forget_receipts(keys, keep)
+    }
+
     fn rebuild(&mut self, known: &BTreeMap<u8, u64>) -> Result<Salvaged, SpoolError> {
         (**self).rebuild(known)
     }

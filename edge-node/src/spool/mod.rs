@@ -137,6 +137,9 @@ pub struct Properties {
     /// The schema version the payload was validated against on PUBLISH, for the sink's
     /// headers (`[[schema]]`).
     pub schema: Option<shared::proto::SchemaRef>,
+    /// The QoS 2 receipt the message came under (`broker::core`): the spool takes a message of
+    /// a receipt it holds only once. Not sent to the cloud.
+    pub receipt: Option<u64>,
 }
 
 /// A message to spool.
@@ -293,6 +296,8 @@ pub struct Opened {
     /// Whether `usage` was counted from the records (every page read) rather than taken from
     /// the note a clean close left.
     pub counted: bool,
+    /// QoS 2 receipts held, with the record each took (see [`Spool::append`]).
+    pub receipts: Vec<(u64, Lane, Seq)>,
 }
 
 /// Where records live. SQLite in production; tests add fault-injecting wrappers.
@@ -347,6 +352,8 @@ pub trait Storage {
     /// Salvages the database into a new one that takes its place (`salvage.rs`); `known` holds
     /// each lane's next seq.
     fn rebuild(&mut self, known: &BTreeMap<u8, u64>) -> Result<salvage::Salvaged, SpoolError>;
+    /// Forgets these QoS 2 receipts (released), or with `keep`, every receipt but those.
+    fn forget_receipts(&mut self, keys: &[u64], keep: bool) -> Result<(), SpoolError>;
 }
 
 #[derive(Debug, Clone, Copy, Default)]
@@ -386,6 +393,8 @@ pub struct Spool<S> {
     /// A spool of an epoch that takes no new records (a recovered one): a cloud mark past its
     /// head means the cloud has everything in it, never that its seqs were handed out again.
     closed_epoch: bool,
+    /// QoS 2 receipts whose messages it took, committed or pending, with their records.
+    receipts: std::collections::HashMap<u64, (Lane, Seq)>,
 }
 
 impl<S: Storage> Spool<S> {
@@ -398,6 +407,7 @@ impl<S: Storage> Spool<S> {
             .collect();
         let usage = storage.opened().usage.iter().map(|u| (u.class.clone(), u.clone())).collect();
         let salvaged = storage.opened().salvaged.clone();
+        let receipts = storage.opened().receipts.iter().map(|&(key, lane, seq)| (key, (lane, seq))).collect();
         let mut spool = Self {
             storage,
             budget: None,
@@ -413,6 +423,7 @@ impl<S: Storage> Spool<S> {
             quotas: BTreeMap::new(),
             class_lanes: BTreeMap::new(),
             closed_epoch: false,
+            receipts,
         };
         // What a salvage at open could not read goes to the cloud as gap records first thing.
         if let Some(salvaged) = salvaged {
@@ -474,8 +485,13 @@ impl<S: Storage> Spool<S> {
         self
     }
 
-    /// Queues a message for the next commit and returns its seq. Seqs start at 1.
+    /// Queues a message for the next commit and returns its seq. Seqs start at 1. A message
+    /// under a QoS 2 receipt the spool took a message of already (a resend, after a crash lost
+    /// the publisher's PUBREC) is that message: its seq comes back, nothing is queued.
     pub fn append(&mut self, lane: Lane, message: Message, durability: Durability) -> Seq {
+        if let Some(&(_, seq)) = message.properties.receipt.and_then(|k| self.receipts.get(&k)) {
+            return seq;
+        }
         let size = estimated_size(&message);
         // Commits keep failing: memory must stay bounded, in records and in bytes (a record
         // cap alone let 65,536 messages of 1 MiB be held). The oldest `normal` records go,
@@ -497,14 +513,36 @@ impl<S: Storage> Spool<S> {
         state.next += 1;
         self.pending_durability = self.pending_durability.max(durability);
         self.pending_bytes += size;
+        if let Some(key) = message.properties.receipt {
+            self.receipts.insert(key, (lane, seq));
+        }
         self.pending.push(Record { lane, seq, durability, body: Body::Message(message) });
         seq
+    }
+
+    /// The QoS 2 receipts released: a message under one of them is a new one again.
+    pub fn forget_receipts(&mut self, keys: &[u64]) -> Result<(), SpoolError> {
+        for key in keys {
+            self.receipts.remove(key);
+        }
+        self.storage.forget_receipts(keys, false)
+    }
+
+    /// At start, once the broker knows which receipts are live: every other one goes (a
+    /// release whose forgetting a crash cut short).
+    pub fn keep_receipts(&mut self, live: &std::collections::BTreeSet<u64>) -> Result<(), SpoolError> {
+        self.receipts.retain(|key, _| live.contains(key));
+        let keep: Vec<u64> = self.receipts.keys().copied().collect();
+        self.storage.forget_receipts(&keep, true)
     }
 
     /// Appends a `full` message only if the budget has room for it after evicting lanes of lower
     /// priority than `lane`; otherwise hands it back. Flushes what is pending first, so the room
     /// is measured on disk.
     pub fn append_full(&mut self, lane: Lane, message: Message) -> Result<Seq, Box<Refused>> {
+        if let Some(&(_, seq)) = message.properties.receipt.and_then(|k| self.receipts.get(&k)) {
+            return Ok(seq);
+        }
         if let Some(quota) = self.quotas.get(&message.class) {
             let pending: u64 = self
                 .pending

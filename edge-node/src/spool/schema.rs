@@ -67,3 +67,10 @@ pub(super) const RECORD_OVERHEAD: i64 = 64;
 /// A message's bytes as class quotas and usage count them: payload and topic, as
 /// [`super::message_size`] computes them before the record is written.
 pub(super) const MESSAGE_SIZE: &str = "(length(payload) + octet_length(topic))";
+
+/// QoS 2 receipts whose messages the spool took (`Spool::append`): a message resent under a
+/// receipt the spool holds is not taken again. Written with the record, kept after it is
+/// acked (a resend may come after), forgotten when the receipt is released. An older build
+/// ignores the table.
+pub(super) const RECEIPTS: &str =
+    "CREATE TABLE IF NOT EXISTS receipts (key INTEGER PRIMARY KEY, lane INTEGER NOT NULL, seq INTEGER NOT NULL)";

@@ -215,6 +215,7 @@ impl SqliteStorage {
         // spool made before the index gets it here, in one pass; older binaries ignore it.
         conn.execute_batch(EXPIRY_INDEX).map_err(err)?;
         conn.execute_batch(USAGE).map_err(err)?;
+        conn.execute_batch(super::schema::RECEIPTS).map_err(err)?;
         if !super::schema::has_schema_column(&conn) {
             conn.execute_batch(super::schema::SCHEMA_COLUMN).map_err(err)?;
         }
@@ -269,8 +270,17 @@ impl SqliteStorage {
                  its new seqs stay unverified until the cloud's mark is checked"
             );
         }
-        let opened =
-            Opened { epoch, lanes, usage, moved_aside: None, salvaged: None, checked: !closed_cleanly, counted };
+        let receipts = receipt_rows(&conn).map_err(err)?;
+        let opened = Opened {
+            epoch,
+            lanes,
+            usage,
+            moved_aside: None,
+            salvaged: None,
+            checked: !closed_cleanly,
+            counted,
+            receipts,
+        };
         let checkpointer = super::checkpoint::Checkpointer::start(path)
             .map_err(|source| SpoolError::Io { path: path.to_owned(), source })?;
         let check = if closed_cleanly {
@@ -300,6 +310,13 @@ impl SqliteStorage {
     }
 }
 
+/// The QoS 2 receipts held, with their records.
+fn receipt_rows(conn: &Connection) -> rusqlite::Result<Vec<(u64, Lane, Seq)>> {
+    let mut stmt = conn.prepare("SELECT key, lane, seq FROM receipts")?;
+    let rows = stmt.query_map([], |r| Ok((r.get::<_, i64>(0)? as u64, Lane(r.get(1)?), Seq(r.get(2)?))))?;
+    rows.collect()
+}
+
 /// How long an open waits for a lock another process holds on the database (someone's
 /// `sqlite3` in a write transaction) before it gives up, naming it.
 pub const LOCK_WAIT: std::time::Duration = std::time::Duration::from_secs(5);
@@ -307,6 +324,24 @@ pub const LOCK_WAIT: std::time::Duration = std::time::Duration::from_secs(5);
 impl Storage for SqliteStorage {
     fn opened(&self) -> &Opened {
         &self.opened
+    }
+
+    fn forget_receipts(&mut self, keys: &[u64], keep: bool) -> Result<(), SpoolError> {
+        let tx = self.conn.unchecked_transaction().map_err(|e| self.err(e))?;
+        if keep {
+            tx.execute_batch("CREATE TEMP TABLE IF NOT EXISTS keep (key INTEGER PRIMARY KEY); DELETE FROM keep;")
+                .map_err(|e| self.err(e))?;
+            for key in keys {
+                tx.execute("INSERT OR IGNORE INTO keep (key) VALUES (?1)", [*key as i64]).map_err(|e| self.err(e))?;
+            }
+            tx.execute("DELETE FROM receipts WHERE key NOT IN (SELECT key FROM keep)", []).map_err(|e| self.err(e))?;
+        } else {
+            let mut delete = tx.prepare_cached("DELETE FROM receipts WHERE key = ?1").map_err(|e| self.err(e))?;
+            for key in keys {
+                delete.execute([*key as i64]).map_err(|e| self.err(e))?;
+            }
+        }
+        tx.commit().map_err(|e| self.err(e))
     }
 
     fn commit(
@@ -411,6 +446,16 @@ impl Storage for SqliteStorage {
             *d = (d.0 - lost.seqs.len() as i64, d.1 - lost.bytes as i64);
         }
         keep_usage(&tx, &delta, &lanes_text(&lanes)).map_err(|e| self.err(e))?;
+        {
+            let mut receipt = tx
+                .prepare_cached("INSERT OR REPLACE INTO receipts (key, lane, seq) VALUES (?1, ?2, ?3)")
+                .map_err(|e| self.err(e))?;
+            for r in records {
+                if let Some(key) = r.message().and_then(|m| m.properties.receipt) {
+                    receipt.execute(params![key as i64, r.lane.0, r.seq.0]).map_err(|e| self.err(e))?;
+                }
+            }
+        }
         tx.commit().map_err(|e| self.err(e))?;
         self.lanes = lanes;
         Ok(())
@@ -456,6 +501,7 @@ impl Storage for SqliteStorage {
                             // Only this build writes it, in its own form; anything else (a bad
                             // page) costs the header, not the record.
                             schema: r.get::<_, Option<String>>(12)?.and_then(|s| s.parse().ok()),
+                            receipt: None,
                         },
                     }),
                 })

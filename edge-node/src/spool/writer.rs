@@ -55,11 +55,26 @@ enum Request {
 
 /// The uplink's requests, answered after the batch they arrive in is committed.
 enum Query {
-    Read { lane: Lane, after: Seq, limit: usize, done: oneshot::Sender<Result<Vec<Record>, SpoolError>> },
-    Ack { lane: Lane, up_to: Seq, done: oneshot::Sender<Result<u64, SpoolError>> },
-    CheckMark { lane: Lane, mark: Seq, done: oneshot::Sender<Result<Option<(Seq, u64)>, SpoolError>> },
+    Read {
+        lane: Lane,
+        after: Seq,
+        limit: usize,
+        done: oneshot::Sender<Result<Vec<Record>, SpoolError>>,
+    },
+    Ack {
+        lane: Lane,
+        up_to: Seq,
+        done: oneshot::Sender<Result<u64, SpoolError>>,
+    },
+    CheckMark {
+        lane: Lane,
+        mark: Seq,
+        done: oneshot::Sender<Result<Option<(Seq, u64)>, SpoolError>>,
+    },
     Welcomed(oneshot::Sender<Result<(), SpoolError>>),
     Heads(oneshot::Sender<Heads>),
+    /// QoS 2 receipts released ([`super::Spool::forget_receipts`]); no answer.
+    ForgetReceipts(Vec<u64>),
 }
 
 /// What the uplink needs to know of the spool: its epoch and, per lane, the acked and the last
@@ -314,6 +329,14 @@ impl SpoolWriter {
             self.wake_if_idle();
         }
         Ok(rx)
+    }
+
+    /// Forgets QoS 2 receipts whose releases are committed, without waiting: one the spool
+    /// does not hear of (its queue full) goes at the next start.
+    pub fn forget_receipts(&self, keys: Vec<u64>) {
+        if self.tx.try_send(Request::Query { query: Query::ForgetReceipts(keys), queued: Instant::now() }).is_ok() {
+            self.wake_if_idle();
+        }
     }
 
     fn wake_if_idle(&self) {
@@ -736,6 +759,11 @@ fn answer(spool: &mut DynSpool, query: Query, counts: Counts<'_>) {
         }
         Query::Heads(done) => {
             let _ = done.send(Heads { epoch: spool.epoch().to_owned(), lanes: spool.heads() });
+        }
+        Query::ForgetReceipts(keys) => {
+            if let Err(e) = spool.forget_receipts(&keys) {
+                tracing::warn!(error = %e, "spool: released QoS 2 receipts not forgotten (the next start does it)");
+            }
         }
     }
 }

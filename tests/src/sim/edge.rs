@@ -150,6 +150,8 @@ impl Edge {
         stage_schema(&models);
         let (inline, state) = Inline::open(&self.dir.join("sessions.db"), (cx.now, cx.wall_ms)).expect("session store");
         let mark = DownMark::parse(state.marks.get(MARK_KEY).map(String::as_str));
+        let receipts: std::collections::BTreeSet<u64> =
+            state.received.iter().map(|&(.., r)| r).filter(|r| *r != 0).collect();
         let metrics = BrokerMetrics::new(&mut Default::default());
         let limits = Limits { max_retained_messages: 2_000, ..Limits::default() };
         let wall = edge_node::broker::core::WallClock { at: cx.now, ms: cx.wall_ms };
@@ -163,7 +165,8 @@ impl Edge {
         let mut broker = Broker::new(limits, Arc::new(classes()), metrics, wall).with_schemas(Arc::new(validator));
         broker.restore(state, cx.now);
         let storage = SqliteStorage::open(&self.dir.join("spool.db")).expect("spool");
-        let spool = Spool::new(storage);
+        let mut spool = Spool::new(storage);
+        spool.keep_receipts(&receipts).expect("the spool's receipts");
         let epoch = spool.epoch().to_owned();
         let acked = spool.heads().into_iter().map(|(l, a, _)| (l.0, a.0));
         let config = EdgeSessionConfig { window: 4, ..EdgeSessionConfig::default() };
@@ -481,6 +484,7 @@ impl EdgeProc {
             progress = true;
             match action {
                 Action::Wake(_) | Action::Resume(_) => {}
+                Action::ForgetReceipts(keys) => self.spool.forget_receipts(&keys).expect("forget receipts"),
                 Action::Store { op_id, op } => {
                     group.push((op_id, op));
                     self.store.since.get_or_insert(cx.now);

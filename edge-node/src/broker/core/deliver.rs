@@ -73,6 +73,8 @@ impl Broker {
                 let ticket = self.next_ticket();
                 let hold = local && class.durability == Durability::Full;
                 let mut qos2 = None;
+                // A QoS 2 receipt the store keeps: (its op, the receipt).
+                let mut receipt = None;
                 if let (Some(conn), Some((qos, pkid))) = (from, ack)
                     && let Some(c) = self.conns.get_mut(&conn)
                 {
@@ -82,6 +84,7 @@ impl Broker {
                         if let Some(q) = self.session_mut(key).and_then(|s| s.qos2_in.get_mut(&pkid)) {
                             q.ticket = Some(ticket);
                             qos2 = Some((key, pkid));
+                            receipt = (q.receipt != 0).then_some((q.stored, q.receipt));
                         }
                     }
                 }
@@ -92,13 +95,23 @@ impl Broker {
                     retain,
                 };
                 self.pending.insert(ticket, pending);
-                let message = spool_message(&msg, class, now, self.wall_ms(now));
-                self.actions.push_back(Action::Spool(Box::new(SpoolRequest {
-                    ticket,
-                    lane: class.lane,
-                    durability: class.durability,
-                    message,
-                })));
+                let mut message = spool_message(&msg, class, now, self.wall_ms(now));
+                let (lane, durability) = (class.lane, class.durability);
+                match receipt {
+                    // The spool takes it once its receipt is committed, under the receipt: a
+                    // crash then never leaves the message spooled with no receipt to tell its
+                    // resend by, nor a receipt whose message the spool could lose.
+                    Some((op, receipt)) => {
+                        message.properties.receipt = Some(receipt);
+                        self.spool_after(op, SpoolRequest { ticket, lane, durability, message });
+                    }
+                    None => self.actions.push_back(Action::Spool(Box::new(SpoolRequest {
+                        ticket,
+                        lane,
+                        durability,
+                        message,
+                    }))),
+                }
                 if local && !hold {
                     self.accept_local(from, &msg, retain, now);
                 }
@@ -171,11 +184,9 @@ impl Broker {
                 q.ticket = None;
                 q.stored = q.stored.max(stored);
             } else {
-                s.qos2_in.remove(&pkid);
-                // A stored id goes from the store as its PUBREL would take it.
-                if let Some(sid) = self.durable_sid(key) {
-                    self.store(StoreOp::Settled { sid, pkid });
-                }
+                // A stored id goes from the store as its PUBREL would take it, its receipt
+                // from the spool.
+                self.settle_qos2(key, pkid);
             }
         }
         let code = match outcome {
@@ -571,7 +582,7 @@ fn ack_packet(qos: QoS, pkid: u16, code: u8) -> Outbound {
 
 /// The spool record of a message: its class's expiry (TTL) or the message's own, whichever is
 /// sooner.
-fn spool_message(msg: &Message, class: &Class, now: Instant, wall: u64) -> crate::spool::Message {
+pub(super) fn spool_message(msg: &Message, class: &Class, now: Instant, wall: u64) -> crate::spool::Message {
     let from_message = msg.expires_at.map(|at| wall + at.saturating_duration_since(now).as_millis() as u64);
     let from_class = class.ttl_ms.map(|t| wall + t);
     let expires_ms = match (from_message, from_class) {
@@ -590,6 +601,7 @@ fn spool_message(msg: &Message, class: &Class, now: Instant, wall: u64) -> crate
             correlation_data: msg.props.correlation_data.clone(),
             content_type: msg.props.content_type.clone(),
             schema: msg.schema.as_deref().cloned(),
+            receipt: None,
         },
     }
 }

@@ -30,7 +30,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use super::session::{AckSlot, Delivery, Inflight, PendingWill};
-use super::{Action, Broker, ConnId, SessionKey, SessionRecord};
+use super::{Action, Broker, ConnId, SessionKey, SessionRecord, SpoolRequest};
 use crate::broker::codec::{Outbound, QoS};
 use crate::broker::message::Message;
 
@@ -55,8 +55,9 @@ pub enum StoreOp {
     Released { sid: Sid, ord: u64 },
     /// Acknowledged, expired or dropped.
     Done { sid: Sid, ord: u64, msg: Arc<Message> },
-    /// A QoS 2 packet id received from the session's client and not yet released.
-    Received { sid: Sid, pkid: u16 },
+    /// A QoS 2 packet id received from the session's client and not yet released, with the
+    /// receipt its message goes to the spool under (0: none).
+    Received { sid: Sid, pkid: u16, receipt: u64 },
     /// Its PUBREL came.
     Settled { sid: Sid, pkid: u16 },
     /// The pending delayed will, or none.
@@ -102,7 +103,8 @@ pub struct StoredState {
     pub sessions: Vec<SessionRecord>,
     /// In `(sid, ord)` order.
     pub deliveries: Vec<StoredDelivery>,
-    pub received: Vec<(Sid, u16)>,
+    /// (session, packet id, receipt).
+    pub received: Vec<(Sid, u16, u64)>,
     pub wills: Vec<(Sid, StoredWill)>,
     pub retained: Vec<Arc<Message>>,
     /// The marks ([`StoreOp::Mark`]) by key.
@@ -142,6 +144,17 @@ impl Broker {
             return;
         }
         self.durable = op_id;
+        while self.spool_gated.front().is_some_and(|(op, _)| *op <= op_id) {
+            if let Some((_, req)) = self.spool_gated.pop_front() {
+                self.actions.push_back(Action::Spool(req));
+            }
+        }
+        let released: Vec<u64> =
+            self.receipts_released.iter().filter(|(op, _)| *op <= op_id).map(|(_, r)| *r).collect();
+        if !released.is_empty() {
+            self.receipts_released.retain(|(op, _)| *op > op_id);
+            self.actions.push_back(Action::ForgetReceipts(released));
+        }
         while let Some(&(g, conn)) = self.store_waiters.first() {
             if g > op_id {
                 break;
@@ -227,6 +240,7 @@ impl Broker {
         if !std::mem::take(&mut s.persisted) {
             return;
         }
+        let receipts: Vec<u64> = s.qos2_in.values().map(|q| q.receipt).filter(|r| *r != 0).collect();
         let msgs: Vec<Arc<Message>> = s
             .queue
             .iter()
@@ -242,7 +256,33 @@ impl Broker {
             i.delivery.ord = 0;
         }
         let sid = s.sid;
-        self.store(StoreOp::Forget { sid, msgs });
+        let op = self.store(StoreOp::Forget { sid, msgs });
+        for receipt in receipts {
+            self.release_receipt(receipt, op);
+        }
+    }
+
+    /// The spool may forget `receipt` once op `op` (its release) is committed: before, a crash
+    /// could bring the receipt back to a spool that no longer knows its message.
+    pub(super) fn release_receipt(&mut self, receipt: u64, op: u64) {
+        if receipt == 0 {
+            return;
+        }
+        if op <= self.durable {
+            self.actions.push_back(Action::ForgetReceipts(vec![receipt]));
+        } else {
+            self.receipts_released.push((op, receipt));
+        }
+    }
+
+    /// Appends `req` to the spool once op `op` (its QoS 2 receipt) is committed: the spool
+    /// must never hold a message under a receipt a crash could lose.
+    pub(super) fn spool_after(&mut self, op: u64, req: SpoolRequest) {
+        if op <= self.durable {
+            self.actions.push_back(Action::Spool(Box::new(req)));
+        } else {
+            self.spool_gated.push_back((op, Box::new(req)));
+        }
     }
 
     /// The pending will of a durable session changed.
@@ -279,6 +319,9 @@ impl Broker {
         let mut deliveries = state.deliveries.into_iter().peekable();
         let mut received = state.received;
         received.sort_unstable();
+        // Receipts go on from the highest held: every other the spool holds is forgotten
+        // before this run takes messages (`Spool::keep_receipts`).
+        self.next_receipt = self.next_receipt.max(received.iter().map(|&(.., r)| r).max().unwrap_or(0));
         let mut wills: BTreeMap<Sid, StoredWill> = state.wills.into_iter().collect();
         for r in state.sessions {
             let sid = r.sid;
@@ -292,8 +335,8 @@ impl Broker {
             let expiry = r.expiry.min(self.limits.max_session_expiry);
             let will = wills.remove(&sid);
             // This session's ids: a run of the sorted list.
-            let first = received.partition_point(|(s, _)| *s < sid);
-            let end = received.partition_point(|(s, _)| *s <= sid);
+            let first = received.partition_point(|(s, ..)| *s < sid);
+            let end = received.partition_point(|(s, ..)| *s <= sid);
             let mine_received = &received[first..end];
             // A client's session under one of the node's own client ids (stored before they
             // were reserved) would keep the node's client from its id: it ends here.
@@ -328,7 +371,11 @@ impl Broker {
                 s.disconnected_ms = r.disconnected_ms.or(Some(wall));
                 // The expiry counts from the disconnect, across the restart.
                 s.expiry = expiry;
-                s.qos2_in.extend(mine_received.iter().map(|&(_, pkid)| (pkid, super::session::Qos2In::default())));
+                s.qos2_in.extend(
+                    mine_received
+                        .iter()
+                        .map(|&(_, pkid, receipt)| (pkid, super::session::Qos2In { receipt, ..Default::default() })),
+                );
                 for d in mine {
                     s.next_ord = s.next_ord.max(d.ord);
                     let delivery = Delivery {

@@ -174,7 +174,7 @@ impl Broker {
         if p.qos == QoS::ExactlyOnce
             && let Some(waiting) = s.qos2_in.get(&p.pkid).copied()
         {
-            return self.on_qos2_resend(conn, p.pkid, waiting, now);
+            return self.on_qos2_resend(conn, key, &p, &topic, waiting, now);
         }
         let (internal, client_id) = (s.internal, s.client_id.clone());
         let rules = self.conns.get(&conn).and_then(|c| c.rules.clone());
@@ -270,38 +270,104 @@ impl Broker {
     /// A QoS 2 packet id received: kept until its PUBREL, in the store for a durable session.
     fn receive_qos2(&mut self, key: SessionKey, pkid: u16) {
         let sid = self.durable_sid(key);
-        let stored = sid.map_or(0, |sid| self.store(StoreOp::Received { sid, pkid }));
+        let (stored, receipt) = match sid {
+            Some(sid) => {
+                self.next_receipt += 1;
+                let receipt = self.next_receipt;
+                (self.store(StoreOp::Received { sid, pkid, receipt }), receipt)
+            }
+            None => (0, 0),
+        };
         if let Some(s) = self.session_mut(key) {
-            s.qos2_in.insert(pkid, Qos2In { ticket: None, stored });
+            s.qos2_in.insert(pkid, Qos2In { ticket: None, stored, receipt });
         }
     }
 
     /// A QoS 2 packet id released (or its publish not taken after all); whether it was known.
-    fn settle_qos2(&mut self, key: SessionKey, pkid: u16) -> bool {
-        let known = self.session_mut(key).is_some_and(|s| s.qos2_in.remove(&pkid).is_some());
-        if known && let Some(sid) = self.durable_sid(key) {
-            self.store(StoreOp::Settled { sid, pkid });
+    pub(super) fn settle_qos2(&mut self, key: SessionKey, pkid: u16) -> bool {
+        let Some(q) = self.session_mut(key).and_then(|s| s.qos2_in.remove(&pkid)) else { return false };
+        if let Some(sid) = self.durable_sid(key) {
+            let op = self.store(StoreOp::Settled { sid, pkid });
+            self.release_receipt(q.receipt, op);
         }
-        known
+        true
     }
 
     /// A QoS 2 PUBLISH whose packet id is still in the session's received set: its PUBREC goes
     /// again, after the spool outcome the first one waits for if there is one, and once the id
-    /// is stored.
-    fn on_qos2_resend(&mut self, conn: ConnId, pkid: u16, waiting: Qos2In, now: Instant) {
+    /// is stored. A message that goes to the spool goes there again under its receipt (after a
+    /// crash, the first one may not have): the spool takes it once, and the PUBREC follows its
+    /// answer.
+    fn on_qos2_resend(
+        &mut self,
+        conn: ConnId,
+        key: SessionKey,
+        p: &PublishPacket,
+        topic: &Arc<str>,
+        waiting: Qos2In,
+        now: Instant,
+    ) {
         let Some(c) = self.conns.get_mut(&conn) else { return };
         // Its PUBREL settles it like any other.
         c.unacked_in += 1;
-        match waiting.ticket.and_then(|t| self.pending.get_mut(&t).map(|p| (t, p))) {
-            Some((ticket, p)) => {
-                p.conns.push(conn);
-                c.acks.push_back(AckSlot::Waiting { ticket, qos: QoS::ExactlyOnce, pkid, stored: waiting.stored });
+        let pkid = p.pkid;
+        if let Some((ticket, pending)) = waiting.ticket.and_then(|t| self.pending.get_mut(&t).map(|p| (t, p))) {
+            pending.conns.push(conn);
+            c.acks.push_back(AckSlot::Waiting { ticket, qos: QoS::ExactlyOnce, pkid, stored: waiting.stored });
+            return;
+        }
+        let respooled = (waiting.receipt != 0).then(|| self.respool(key, p, topic, waiting, now)).flatten();
+        match respooled {
+            Some(ticket) => {
+                if let Some(c) = self.conns.get_mut(&conn) {
+                    c.acks.push_back(AckSlot::Waiting { ticket, qos: QoS::ExactlyOnce, pkid, stored: waiting.stored });
+                }
+                let pending =
+                    super::PendingSpool { conns: vec![conn], qos2: Some((key, pkid)), deliver: None, retain: false };
+                self.pending.insert(ticket, pending);
+                if let Some(q) = self.session_mut(key).and_then(|s| s.qos2_in.get_mut(&pkid)) {
+                    q.ticket = Some(ticket);
+                }
             }
             None => {
                 let packet = Outbound::PubRec { pkid, reason: reason::SUCCESS };
                 self.ack_when_stored(conn, packet, waiting.stored, now);
             }
         }
+    }
+
+    /// The spool append of a resent QoS 2 message under its receipt, if its topic goes to the
+    /// spool; its ticket.
+    fn respool(
+        &mut self,
+        key: SessionKey,
+        p: &PublishPacket,
+        topic: &Arc<str>,
+        waiting: Qos2In,
+        now: Instant,
+    ) -> Option<u64> {
+        let classes = self.classes.clone();
+        let (_, class) = classes.classify_at(topic)?;
+        if !matches!(class.route(), crate::route::Route::Central | crate::route::Route::Both) {
+            return None;
+        }
+        let origin = self.session(key).map(|s| s.client_id.clone());
+        let msg = Message {
+            topic: topic.clone(),
+            payload: bytes::Bytes::copy_from_slice(&p.payload),
+            qos: p.qos,
+            retain: p.retain,
+            props: p.props.clone(),
+            expires_at: p.message_expiry.map(|s| now + Duration::from_secs(u64::from(s))),
+            origin,
+            schema: None,
+        };
+        let mut message = super::deliver::spool_message(&msg, class, now, self.wall_ms(now));
+        message.properties.receipt = Some(waiting.receipt);
+        let ticket = self.next_ticket();
+        let req = super::SpoolRequest { ticket, lane: class.lane, durability: class.durability, message };
+        self.spool_after(waiting.stored, req);
+        Some(ticket)
     }
 
     /// PUBACK for QoS 1, PUBCOMP for a released QoS 2: the message leaves flight.

@@ -217,6 +217,8 @@ pub enum Action {
     /// A held publisher may be read again (`Broker::held_until`).
     Resume(ConnId),
     Spool(Box<SpoolRequest>),
+    /// The spool may forget these QoS 2 receipts: their releases are committed.
+    ForgetReceipts(Vec<u64>),
     /// Write `op` to the session store, after every op of a lower `op_id`, and report the commit
     /// with [`Broker::stored`].
     Store {
@@ -300,6 +302,12 @@ pub struct Broker {
     store_waiters: BTreeSet<(u64, ConnId)>,
     /// The last store id given to a session.
     next_sid: Sid,
+    /// The last QoS 2 receipt given out.
+    next_receipt: u64,
+    /// Spool appends waiting for their message's receipt to be committed: (op, request).
+    spool_gated: VecDeque<(u64, Box<SpoolRequest>)>,
+    /// Receipts released, the spool to forget once their op is committed: (op, receipt).
+    receipts_released: Vec<(u64, u64)>,
     /// What the cloud's sink stores of one record: a cloud-bound publish it could not store
     /// whole is refused.
     sink: Option<Arc<crate::spool::SinkFit>>,
@@ -338,6 +346,9 @@ impl Broker {
             durable: 0,
             store_waiters: BTreeSet::new(),
             next_sid: 0,
+            next_receipt: 0,
+            spool_gated: VecDeque::new(),
+            receipts_released: Vec::new(),
             sink: None,
             schemas: None,
             congested: None,

@@ -50,6 +50,10 @@ pub struct Qos2In {
     pub ticket: Option<u64>,
     /// The session-store op its PUBREC waits for (a durable session's id is stored first).
     pub stored: u64,
+    /// The receipt its message went to the spool under: a resend goes there again under it,
+    /// and the spool, which holds the receipt with the message it took, takes it once (0: a
+    /// session the store does not keep).
+    pub receipt: u64,
 }
 
 /// A QoS 1 or 2 message sent and not yet acknowledged.

@@ -3,7 +3,7 @@
 //! new core restored from what the store would hold after the ops made so far ([`Replay`], a
 //! plain model of the store, which `store::tests` holds the SQLite store to).
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 
 use super::*;
 
@@ -12,7 +12,7 @@ use super::*;
 pub(crate) struct Replay {
     pub sessions: BTreeMap<Sid, SessionRecord>,
     pub deliveries: BTreeMap<(Sid, u64), StoredDelivery>,
-    pub received: BTreeSet<(Sid, u16)>,
+    pub received: BTreeMap<(Sid, u16), u64>,
     pub wills: BTreeMap<Sid, StoredWill>,
     pub retained: BTreeMap<Arc<str>, Arc<crate::broker::message::Message>>,
     pub marks: BTreeMap<String, String>,
@@ -35,7 +35,7 @@ impl Replay {
             StoreOp::Forget { sid, .. } => {
                 self.sessions.remove(sid);
                 self.deliveries.retain(|(s, _), _| s != sid);
-                self.received.retain(|(s, _)| s != sid);
+                self.received.retain(|(s, _), _| s != sid);
                 self.wills.remove(sid);
             }
             StoreOp::Queue(d) => {
@@ -54,8 +54,8 @@ impl Replay {
             StoreOp::Done { sid, ord, .. } => {
                 self.deliveries.remove(&(*sid, *ord));
             }
-            StoreOp::Received { sid, pkid } => {
-                self.received.insert((*sid, *pkid));
+            StoreOp::Received { sid, pkid, receipt } => {
+                self.received.insert((*sid, *pkid), *receipt);
             }
             StoreOp::Mark { key, value } => {
                 self.marks.insert((*key).to_owned(), value.clone());
@@ -86,7 +86,7 @@ impl Replay {
         StoredState {
             sessions: self.sessions.values().cloned().collect(),
             deliveries: self.deliveries.values().cloned().collect(),
-            received: self.received.iter().copied().collect(),
+            received: self.received.iter().map(|(&(s, p), &r)| (s, p, r)).collect(),
             wills: self.wills.iter().map(|(s, w)| (*s, w.clone())).collect(),
             retained: self.retained.values().cloned().collect(),
             marks: self.marks.clone(),

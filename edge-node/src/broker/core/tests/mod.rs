@@ -29,6 +29,8 @@ pub(crate) struct Harness {
     pub resumed: Vec<ConnId>,
     /// The wall clock the core reads `now` against, kept across restarts.
     pub wall: WallClock,
+    /// QoS 2 receipts the core let the spool forget, in order.
+    pub forgotten: Vec<u64>,
 }
 
 pub(crate) fn connect_packet(client_id: &str, version: Version) -> Connect {
@@ -115,6 +117,7 @@ impl Harness {
             stored: Vec::new(),
             hold_store: false,
             resumed: Vec::new(),
+            forgotten: Vec::new(),
         }
     }
 
@@ -129,7 +132,7 @@ impl Harness {
         Self::with(limits, Classes::default())
     }
 
-    fn drain(&mut self) {
+    pub fn drain(&mut self) {
         loop {
             let mut group = Vec::new();
             while let Some(a) = self.b.poll_action() {
@@ -137,6 +140,7 @@ impl Harness {
                     Action::Wake(_) => {}
                     Action::Resume(conn) => self.resumed.push(conn),
                     Action::Spool(r) => self.spooled.push(*r),
+                    Action::ForgetReceipts(keys) => self.forgotten.extend(keys),
                     Action::Store { op_id, op } => group.push((op_id, op)),
                 }
             }

@@ -162,9 +162,12 @@ fn mqtt_4_3_3_9_a_qos2_resend_waits_for_the_spool_outcome_of_the_first() {
         assert!(h.recv(p).is_empty(), "no PUBREC before the spool answered");
         h.b.spooled(h.spooled[0].ticket, outcome, h.now);
         assert_eq!(h.recv(p), [Outbound::PubRec { pkid: 7, reason: code }]);
-        // Refused: the exchange ended, the id is free for a new message.
+        // Refused: the exchange ended, the id is free for a new message. Taken: a resend goes
+        // to the spool again under its receipt, which the spool takes once.
         h.send(p, publish("telemetry/a", QoS::ExactlyOnce, 7, "x"));
-        assert_eq!(h.spooled.len(), if code == 0 { 1 } else { 2 });
+        assert_eq!(h.spooled.len(), 2);
+        let receipts: Vec<_> = h.spooled.iter().map(|r| r.message.properties.receipt).collect();
+        assert_eq!(receipts[0] == receipts[1], code == 0, "{receipts:?}");
     }
 }
 
@@ -203,4 +206,44 @@ fn a_cloud_bound_publish_the_sink_could_not_store_is_refused() {
     let old = h.connect("old", Version::V311);
     h.send(old, publish("telemetry/a", QoS::AtLeastOnce, 4, &big));
     assert!(h.closing(old), "3.1.1 cannot hear a refusal but as a close");
+}
+
+/// [MQTT-4.3.3-9] across a crash, where the session store and the spool commit apart: a QoS 2
+/// message goes to the spool under a receipt only once the receipt (its packet id) is
+/// committed, and a resend goes there again under the same receipt, for the spool to take once.
+/// So a crash never leaves it spooled with no id to tell its resend by (it reached the cloud
+/// two and three times), nor an id whose message the spool lost (its resend was PUBRECed and
+/// never spooled). A released receipt is the spool's to forget once the release is committed.
+#[test]
+fn mqtt_4_3_3_9_a_qos2_message_is_spooled_under_its_receipt_once_the_receipt_is_stored() {
+    use super::durable::durable;
+    for route in [Route::Central, Route::Both] {
+        let mut h = Harness::with(Limits::default(), central_classes(Durability::Normal, route));
+        let (p, _) = h.connect_as(durable("p", Version::V5), user("u"));
+        h.hold_store = true;
+        h.send(p, publish("telemetry/a", QoS::ExactlyOnce, 7, "x"));
+        assert!(h.spooled.is_empty(), "not before its receipt is committed");
+        h.commit_store();
+        h.drain();
+        let receipt = h.spooled[0].message.properties.receipt.expect("under a receipt");
+        // The node dies before the spool answered: the resend goes to the spool again, under
+        // the same receipt (the spool, which may hold it, takes it once).
+        h.crash(Duration::from_secs(1));
+        let (p, _) = h.connect_as(durable("p", Version::V5), user("u"));
+        let Inbound::Publish(mut again) = publish("telemetry/a", QoS::ExactlyOnce, 7, "x") else { unreachable!() };
+        again.dup = true;
+        h.send(p, Inbound::Publish(again));
+        assert_eq!(h.spooled.len(), 1, "{route:?}");
+        assert_eq!(h.spooled[0].message.properties.receipt, Some(receipt));
+        assert!(h.recv(p).is_empty(), "its PUBREC follows the spool's answer");
+        h.b.spooled(h.spooled[0].ticket, Spooled::Accepted, h.now);
+        assert_eq!(h.recv(p), [Outbound::PubRec { pkid: 7, reason: 0 }]);
+        h.hold_store = true;
+        h.send(p, Inbound::PubRel { pkid: 7 });
+        assert!(h.forgotten.is_empty(), "the release first");
+        h.commit_store();
+        h.drain();
+        assert_eq!(h.forgotten, [receipt]);
+        assert_eq!(h.recv(p), [Outbound::PubComp { pkid: 7, reason: 0 }]);
+    }
 }
