@@ -12,6 +12,8 @@
 //!   reason and sent empty, expiring at once, so the edge's position passes it.
 //! - An ack's refusals and position are recorded in the sink before the session tells the edge
 //!   they are ([`CloudSession::down_marked`]).
+//! - A call the sink fails is made again after a pause (1 s, doubling to 30 s): the downlink
+//!   waits, the session and its telemetry go on ([`DownCore::handle_error`]).
 
 use std::collections::VecDeque;
 use std::sync::Arc;
@@ -105,7 +107,17 @@ pub struct DownCore {
     poll_at: Option<Instant>,
     /// The invalid message being set aside, sent (empty) once that is done.
     aside: Option<Pending>,
+    /// The call in flight, to make again if it fails (a read is asked anew).
+    in_flight: Option<DownCall>,
+    /// After a failure: nothing is asked before then.
+    retry_at: Option<Instant>,
+    /// The pause after the next failure.
+    backoff: Duration,
 }
+
+/// The first pause after a failed downlink call, and the longest.
+const RETRY_FIRST: Duration = Duration::from_secs(1);
+const RETRY_MAX: Duration = Duration::from_secs(30);
 
 impl DownCore {
     /// The downlink of `edge`, reading `window_messages` at a time and every `poll` without
@@ -128,6 +140,9 @@ impl DownCore {
             woken: false,
             poll_at: None,
             aside: None,
+            in_flight: None,
+            retry_at: None,
+            backoff: RETRY_FIRST,
         }
     }
 
@@ -150,11 +165,13 @@ impl DownCore {
     /// The next sink call to make, once the one before it was answered. A read is asked for
     /// only here, when it is due at `now` and the window has room.
     pub fn poll_call(&mut self, session: &CloudSession, now: Instant) -> Option<DownCall> {
-        if self.asked.is_some() {
+        if self.asked.is_some() || self.retry_at.is_some_and(|at| now < at) {
             return None;
         }
+        self.retry_at = None;
         if let Some((call, asked)) = self.calls.pop_front() {
             self.asked = Some(asked);
+            self.in_flight = Some(call.clone());
             return Some(call);
         }
         if self.phase != Phase::Running || !self.ready.is_empty() || !session.down_room() || !self.due(now) {
@@ -166,18 +183,35 @@ impl DownCore {
         }
         let want = self.window_messages;
         self.asked = Some(Asked::Read { want });
+        self.in_flight = None;
         Some(DownCall::Read { after: session.down_sent(), max: want })
+    }
+
+    /// The call made last failed: it is made again after a pause (a read is asked anew, as
+    /// due then), and the session goes on meanwhile.
+    pub fn handle_error(&mut self, now: Instant) {
+        let Some(asked) = self.asked.take() else { return };
+        if let Some(call) = self.in_flight.take() {
+            self.calls.push_front((call, asked));
+        }
+        self.retry_at = Some(now + self.backoff);
+        self.backoff = (self.backoff * 2).min(RETRY_MAX);
     }
 
     fn due(&self, now: Instant) -> bool {
         self.more || self.woken || self.poll_at.is_none_or(|at| now >= at)
     }
 
-    /// When a read falls due without news, if the downlink waits for one.
+    /// When a read falls due without news, if the downlink waits for one; or when a failed
+    /// call is made again.
     pub fn poll_timeout(&self, session: &CloudSession) -> Option<Instant> {
-        (self.phase == Phase::Running && self.asked.is_none() && self.ready.is_empty() && session.down_room())
-            .then_some(self.poll_at)
-            .flatten()
+        if self.asked.is_some() {
+            return None;
+        }
+        if let Some(at) = self.retry_at {
+            return Some(at);
+        }
+        (self.phase == Phase::Running && self.ready.is_empty() && session.down_room()).then_some(self.poll_at).flatten()
     }
 
     /// The answer to the call made last. `wall_ms` is the wall clock, ms since the Unix epoch:
@@ -189,6 +223,8 @@ impl DownCore {
         wall_ms: u64,
     ) -> Result<(), SessionError> {
         let Some(asked) = self.asked.take() else { return Ok(()) };
+        self.in_flight = None;
+        self.backoff = RETRY_FIRST;
         match (asked, answer) {
             (Asked::State, DownAnswer::State(state)) => {
                 let Phase::Starting { edge_mark } = self.phase else { return Ok(()) };
@@ -229,6 +265,10 @@ impl DownCore {
                     "downlink: the sink answered {answer:?} to {asked:?} (a bug)"
                 )));
             }
+        }
+        // Acks that came while the call was out (a read, a set-aside) are recorded now.
+        if self.asked.is_none() && self.calls.is_empty() && !self.acks.is_empty() {
+            self.next_ack(session, wall_ms)?;
         }
         Ok(())
     }
@@ -333,5 +373,86 @@ impl DownCore {
         self.sent.push_back((seq, bytes));
         self.metrics.sent.inc();
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use shared::proto::Control;
+    use shared::proto::cloud::DownWindow;
+
+    fn session() -> CloudSession {
+        let mut s = CloudSession::new(4).with_down_window(DownWindow { messages: 16, bytes: 1 << 20 });
+        let hello = shared::proto::Hello {
+            versions: shared::proto::VERSIONS.to_vec(),
+            epoch: "e1".into(),
+            lanes: vec![],
+            models: vec![],
+            dicts: vec![],
+            caps: vec![],
+            down_mark: 0,
+        };
+        s.handle(Control::Hello(hello)).unwrap();
+        s.welcome(vec![], vec![]);
+        s
+    }
+
+    fn pending(seq: u64) -> Pending {
+        Pending {
+            seq,
+            stored_ms: 0,
+            msg: Outgoing { topic: "cmd/a".into(), payload: b"x".to_vec(), qos: 1, ..Outgoing::default() },
+            invalid: None,
+        }
+    }
+
+    /// Acks that come while one is being recorded, or while a read is out, are recorded in
+    /// turn, none lost: the edge's position in the sink reaches the last ack. (One that came
+    /// during a read once waited for the next ack, and the position stayed behind.)
+    #[test]
+    fn acks_that_come_while_one_is_recorded_are_recorded_in_turn() {
+        let now = Instant::now();
+        let mut s = session();
+        let mut d = DownCore::new("e", Arc::new(DownlinkMetrics::default()), 16, Duration::from_secs(5));
+        d.start(0);
+        assert_eq!(d.poll_call(&s, now), Some(DownCall::State));
+        d.handle_answer(&mut s, DownAnswer::State(DownState::default()), 0).unwrap();
+        assert_eq!(d.poll_call(&s, now), Some(DownCall::Read { after: 0, max: 16 }));
+        d.handle_answer(&mut s, DownAnswer::Read((1..=3).map(pending).collect()), 0).unwrap();
+        while s.poll_control().is_some() {}
+        for up_to in [1, 3] {
+            let ack = DownAck { up_to, ..DownAck::default() };
+            s.handle(Control::DownAck(ack.clone())).unwrap();
+            d.handle_ack(&mut s, ack, 0).unwrap();
+        }
+        let mut recorded = Vec::new();
+        while let Some(call) = d.poll_call(&s, now) {
+            match call {
+                DownCall::Record(done) => {
+                    recorded.push(done.up_to);
+                    d.handle_answer(&mut s, DownAnswer::Recorded, 0).unwrap();
+                }
+                DownCall::Read { .. } => {
+                    d.handle_answer(&mut s, DownAnswer::Read(vec![]), 0).unwrap();
+                    break;
+                }
+                other => panic!("{other:?}"),
+            }
+        }
+        assert_eq!(recorded, [1, 3]);
+        // An ack while a read is out.
+        d.woken();
+        assert!(matches!(d.poll_call(&s, now), Some(DownCall::Read { .. })));
+        d.handle_answer(&mut s, DownAnswer::Read((4..=5).map(pending).collect()), 0).unwrap();
+        d.woken();
+        let read = d.poll_call(&s, now);
+        assert!(matches!(read, Some(DownCall::Read { .. })), "{read:?}");
+        let ack = DownAck { up_to: 5, ..DownAck::default() };
+        s.handle(Control::DownAck(ack.clone())).unwrap();
+        d.handle_ack(&mut s, ack, 0).unwrap();
+        d.handle_answer(&mut s, DownAnswer::Read(vec![]), 0).unwrap();
+        let Some(DownCall::Record(done)) = d.poll_call(&s, now) else { panic!("the ack is recorded") };
+        assert_eq!(done.up_to, 5);
     }
 }

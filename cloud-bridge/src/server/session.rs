@@ -80,9 +80,21 @@ pub(super) async fn run<S: Sink>(
     let mut edge_models: Option<(EdgeModels, AbortOnDropHandle<()>)> = None;
     let mut model_poll = tokio::time::interval(models.map_or(Duration::from_secs(3600), |m| m.poll));
     model_poll.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    // The downlink's sink call in flight: made beside the session's frames and batches, so a
+    // slow or failing downlink holds up nothing else.
+    let mut down_call: Option<DownFuture<'_>> = None;
     loop {
         core.set_wall_clock(Instant::now(), shared::units::now_ms());
+        if down_call.is_none()
+            && let Some(call) = core.poll_down_call(Instant::now())
+        {
+            down_call = Some(Box::pin(make_down_call(sink, edge, call)));
+        }
         tokio::select! {
+            answer = async { down_call.as_mut().expect("checked").await }, if down_call.is_some() => {
+                down_call = None;
+                core.handle_down_answer(answer, Instant::now())?;
+            }
             frame = control_rx.recv() => {
                 let read = frame.map(|f| *f).transpose().map_err(SessionEnd::control)?.flatten();
                 // The frame's memory is held until it is handled.
@@ -128,9 +140,9 @@ pub(super) async fn run<S: Sink>(
             }
         }
         // The sink calls the core asks for, one at a time, and what their answers ask for.
-        while let Some(call) = core.poll_call(Instant::now()) {
+        while let Some(call) = core.poll_call() {
             let answer = Box::pin(make_call(sink, edge, call)).await;
-            if let Err(e) = core.handle_answer(answer, Instant::now()) {
+            if let Err(e) = core.handle_answer(answer) {
                 return Err(Box::pin(ended(conn, &mut core, &mut send, e, metrics, &limits.log, edge)).await);
             }
             while let Some(event) = core.poll_event() {
@@ -188,18 +200,25 @@ async fn make_call<S: Sink>(sink: &S, edge: &str, call: Call) -> Result<Answer, 
             sink.store_report(&stored).await?;
             Answer::ReportStored
         }
-        Call::Down(call) => Answer::Down(match call {
-            DownCall::State => DownAnswer::State(sink.down_state(edge).await?),
-            DownCall::Record(done) => {
-                sink.down_record(edge, &done).await?;
-                DownAnswer::Recorded
-            }
-            DownCall::Read { after, max } => DownAnswer::Read(sink.down_read(edge, after, max).await?),
-            DownCall::SetAside { seq, outcome, reason } => {
-                sink.down_set_aside(edge, seq, outcome, &reason).await?;
-                DownAnswer::SetAside
-            }
-        }),
+    })
+}
+
+/// A downlink call under way.
+type DownFuture<'a> = std::pin::Pin<Box<dyn Future<Output = Result<DownAnswer, SinkError>> + Send + 'a>>;
+
+/// Makes a downlink call the core asked for.
+async fn make_down_call<S: Sink>(sink: &S, edge: &str, call: DownCall) -> Result<DownAnswer, SinkError> {
+    Ok(match call {
+        DownCall::State => DownAnswer::State(sink.down_state(edge).await?),
+        DownCall::Record(done) => {
+            sink.down_record(edge, &done).await?;
+            DownAnswer::Recorded
+        }
+        DownCall::Read { after, max } => DownAnswer::Read(sink.down_read(edge, after, max).await?),
+        DownCall::SetAside { seq, outcome, reason } => {
+            sink.down_set_aside(edge, seq, outcome, &reason).await?;
+            DownAnswer::SetAside
+        }
     })
 }
 

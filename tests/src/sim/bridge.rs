@@ -93,6 +93,8 @@ pub struct Session {
     /// Frames arrived, read in order as the session takes them.
     inbox: VecDeque<Frame>,
     awaited: Option<(Instant, Awaited)>,
+    /// The downlink's call in flight, made beside the rest: when it is answered, and how.
+    down: Option<(Instant, Result<DownAnswer, SinkError>)>,
     /// Publishes in flight, in the order started: when each is done, and its id.
     publishing: VecDeque<(Instant, u64)>,
     /// News of the edge's downlink wakes it.
@@ -120,7 +122,15 @@ impl Bridge {
         core.set_wall_clock(cx.now, cx.wall_ms);
         self.sessions.insert(
             edge,
-            Session { cid, core, inbox: VecDeque::new(), awaited: None, publishing: VecDeque::new(), news: false },
+            Session {
+                cid,
+                core,
+                inbox: VecDeque::new(),
+                awaited: None,
+                down: None,
+                publishing: VecDeque::new(),
+                news: false,
+            },
         );
     }
 
@@ -164,7 +174,8 @@ impl Bridge {
                     return [Some(*at), None, None];
                 }
                 let published = s.publishing.front().map(|(at, _)| *at);
-                [None, published, s.core.poll_timeout()]
+                let down = s.down.as_ref().map(|(at, _)| *at);
+                [down, published, s.core.poll_timeout()]
             })
             .flatten()
             .min()
@@ -218,6 +229,17 @@ fn ended(e: CoreError) -> End {
 }
 
 impl Session {
+    /// What the session waits for, for a failure's report.
+    pub fn waiting(&self) -> String {
+        format!(
+            "awaited {:?}, downlink call {:?}, publishing {}, inbox {}",
+            self.awaited.as_ref().map(|(at, a)| (at, matches!(a, Awaited::Marks(_)))),
+            self.down.as_ref().map(|(at, a)| (at, a.is_ok())),
+            self.publishing.len(),
+            self.inbox.len()
+        )
+    }
+
     fn run(&mut self, edge: usize, name: &str, sink: &Sink, cx: &mut Ctx<'_>) -> Result<(), End> {
         let now = cx.now;
         for _ in 0..10_000 {
@@ -229,10 +251,27 @@ impl Session {
                 let Some((_, awaited)) = self.awaited.take() else { break };
                 progress = true;
                 match awaited {
-                    Awaited::Call(answer) => self.core.handle_answer(answer, now).map_err(ended)?,
+                    Awaited::Call(answer) => self.core.handle_answer(answer).map_err(ended)?,
                     Awaited::Marks(marks) => self.core.handle_marked(&marks),
                 }
                 self.events(name, cx);
+            }
+            // The downlink's call, beside the rest (answered when nothing inline is awaited).
+            if self.awaited.is_none() {
+                if let Some((at, _)) = &self.down
+                    && *at <= now
+                {
+                    let Some((_, answer)) = self.down.take() else { break };
+                    self.core.handle_down_answer(answer, now).map_err(ended)?;
+                    self.events(name, cx);
+                    progress = true;
+                }
+                if self.down.is_none()
+                    && let Some(call) = self.core.poll_down_call(now)
+                {
+                    self.down = Some(self.down_call(name, call, sink, cx)?);
+                    progress = true;
+                }
             }
             if self.awaited.is_none() {
                 // Publishes done, in the order started.
@@ -256,7 +295,7 @@ impl Session {
                 }
             }
             if self.awaited.is_none() {
-                if let Some(call) = self.core.poll_call(now) {
+                if let Some(call) = self.core.poll_call() {
                     let (at, answer) = self.call(name, call, sink, cx)?;
                     self.awaited = Some((at, Awaited::Call(answer)));
                     progress = true;
@@ -327,19 +366,15 @@ impl Session {
     ) -> Result<(Instant, Result<Answer, SinkError>), End> {
         let now = cx.now;
         let latency = cx.rng.millis(1, 8);
-        let unavailable = |what: &'static str| SinkError::Unavailable { what, reason: "timed out".into() };
         // A read the part that is down cannot answer fails after a timeout; a write waits.
-        let (down, read, what) = match &call {
-            Call::AdmitEpoch { .. } => (sink.records_ready(now), false, "admit epoch"),
-            Call::Committed { .. } => (sink.records_ready(now), true, "committed"),
-            Call::LoadDicts { .. } => (sink.records_ready(now), true, "load dicts"),
-            Call::StoreDict(_) => (sink.records_ready(now), false, "store dict"),
-            Call::StoreReport(_) => (sink.records_ready(now), false, "store report"),
-            Call::Down(DownCall::State) => (sink.downlink_ready(now), true, "downlink position"),
-            Call::Down(DownCall::Read { .. }) => (sink.downlink_ready(now), true, "downlink read"),
-            Call::Down(DownCall::Record(_)) => (sink.downlink_ready(now), false, "downlink record"),
-            Call::Down(DownCall::SetAside { .. }) => (sink.downlink_ready(now), false, "downlink set aside"),
+        let (read, what) = match &call {
+            Call::AdmitEpoch { .. } => (false, "admit epoch"),
+            Call::Committed { .. } => (true, "committed"),
+            Call::LoadDicts { .. } => (true, "load dicts"),
+            Call::StoreDict(_) => (false, "store dict"),
+            Call::StoreReport(_) => (false, "store report"),
         };
+        let down = sink.records_ready(now);
         if let (Some(_), true) = (down, read) {
             cx.trace.line(format!("bridge: {name}: sink {what} times out"));
             return Ok((now + READ_TIMEOUT, Err(unavailable(what))));
@@ -358,18 +393,6 @@ impl Session {
                     cloud_bridge::sink::StoredReport { edge: name.to_owned(), received_ms: cx.wall_ms, report };
                 sink.run(what, s.store_report(&stored)).map(|r| r.map(|_| Answer::ReportStored))
             }
-            Call::Down(DownCall::State) => {
-                sink.run(what, s.down_state(name)).map(|r| r.map(|st| Answer::Down(DownAnswer::State(st))))
-            }
-            Call::Down(DownCall::Read { after, max }) => {
-                sink.run(what, s.down_read(name, after, max)).map(|r| r.map(|p| Answer::Down(DownAnswer::Read(p))))
-            }
-            Call::Down(DownCall::Record(done)) => {
-                sink.run(what, s.down_record(name, &done)).map(|r| r.map(|_| Answer::Down(DownAnswer::Recorded)))
-            }
-            Call::Down(DownCall::SetAside { seq, outcome, reason }) => sink
-                .run(what, s.down_set_aside(name, seq, outcome, &reason))
-                .map(|r| r.map(|_| Answer::Down(DownAnswer::SetAside))),
         };
         let answer = answer.map_err(|e| End::Other(cx.fail(e)))?;
         if let Err(e) = &answer {
@@ -377,4 +400,51 @@ impl Session {
         }
         Ok((at, answer))
     }
+
+    /// Makes the downlink's `call` on the sink now; when its answer comes and what it is.
+    fn down_call(
+        &mut self,
+        name: &str,
+        call: DownCall,
+        sink: &Sink,
+        cx: &mut Ctx<'_>,
+    ) -> Result<(Instant, Result<DownAnswer, SinkError>), End> {
+        let now = cx.now;
+        let latency = cx.rng.millis(1, 8);
+        let (read, what) = match &call {
+            DownCall::State => (true, "downlink position"),
+            DownCall::Read { .. } => (true, "downlink read"),
+            DownCall::Record(_) => (false, "downlink record"),
+            DownCall::SetAside { .. } => (false, "downlink set aside"),
+        };
+        let down = sink.downlink_ready(now);
+        if let (Some(_), true) = (down, read) {
+            cx.trace.line(format!("bridge: {name}: sink {what} times out"));
+            return Ok((now + READ_TIMEOUT, Err(unavailable(what))));
+        }
+        let at = down.unwrap_or(now) + latency;
+        let s = &sink.sqlite;
+        cx.trace.line(format!("bridge: {name}: {call:?}").chars().take(160).collect());
+        let answer = match call {
+            DownCall::State => sink.run(what, s.down_state(name)).map(|r| r.map(DownAnswer::State)),
+            DownCall::Read { after, max } => {
+                sink.run(what, s.down_read(name, after, max)).map(|r| r.map(DownAnswer::Read))
+            }
+            DownCall::Record(done) => {
+                sink.run(what, s.down_record(name, &done)).map(|r| r.map(|_| DownAnswer::Recorded))
+            }
+            DownCall::SetAside { seq, outcome, reason } => {
+                sink.run(what, s.down_set_aside(name, seq, outcome, &reason)).map(|r| r.map(|_| DownAnswer::SetAside))
+            }
+        };
+        let answer = answer.map_err(|e| End::Other(cx.fail(e)))?;
+        if let Err(e) = &answer {
+            cx.trace.line(format!("bridge: {name}: sink {what}: {e}"));
+        }
+        Ok((at, answer))
+    }
+}
+
+fn unavailable(what: &'static str) -> SinkError {
+    SinkError::Unavailable { what, reason: "timed out".into() }
 }

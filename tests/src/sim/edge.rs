@@ -588,7 +588,12 @@ impl EdgeProc {
         while let Some(io) = conn.poll_io(&mut self.session) {
             progress = true;
             match io {
-                Io::Control(frame) => cx.net.up.push((index, cid, Frame::Control(frame))),
+                Io::Control(frame) => {
+                    if let Control::DownAck(a) = &frame {
+                        cx.trace.line(format!("{edge}: downlink ack through {}", a.up_to));
+                    }
+                    cx.net.up.push((index, cid, Frame::Control(frame)))
+                }
                 Io::CheckMark { lane, committed } => {
                     self.spool.check_mark(Lane(lane), Seq(committed)).expect("check_mark");
                 }

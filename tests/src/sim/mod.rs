@@ -239,7 +239,26 @@ struct World {
     /// link, the sink's records, its session store).
     good_since: Vec<Option<Instant>>,
     next_liveness: Instant,
+    profile: Profile,
 }
+
+/// How often each kind of action comes, and how long the downlink's outages last: a run is
+/// stormy (faults of every kind), calm (long downlink outages alone, so a promise that needs a
+/// while to break has it) or quiet (no faults).
+#[derive(Debug, Clone, Copy)]
+struct Profile {
+    name: &'static str,
+    /// Client actions, sends, edge crashes, bridge crashes, link cuts, store locks, records
+    /// outages, downlink outages.
+    weights: [u32; 8],
+    downlink_outage: (u64, u64),
+}
+
+const PROFILES: [Profile; 3] = [
+    Profile { name: "stormy", weights: [60, 10, 2, 1, 2, 3, 2, 2], downlink_outage: (500, 8_000) },
+    Profile { name: "calm", weights: [60, 10, 0, 0, 0, 0, 0, 1], downlink_outage: (20_000, 60_000) },
+    Profile { name: "quiet", weights: [60, 10, 0, 0, 0, 0, 0, 0], downlink_outage: (0, 0) },
+];
 
 /// The wall clock when a run starts, ms since the Unix epoch (a fixed day, so runs replay).
 const WALL_START: u64 = 1_767_225_600_000;
@@ -260,6 +279,7 @@ impl World {
         let dir = tempfile::Builder::new().prefix("sim-").tempdir_in(shm()).expect("a temp dir");
         let mut rng = Rng::new(config.seed);
         let now = Instant::now();
+        let profile = PROFILES[rng.weighted(&[12, 5, 3])];
         // Some runs have a hostile edge: it claims a downlink position it never had.
         let hostile =
             rng.chance(0.3).then(|| *rng.pick(&[i64::MAX as u64, u64::MAX, (1 << 60) + 7, shared::proto::MAX_SEQ - 2]));
@@ -306,7 +326,9 @@ impl World {
             sends: 0,
             good_since: vec![None; n],
             next_liveness: now,
+            profile,
         };
+        w.trace.line(format!("a {} run", profile.name));
         if let Some(claim) = hostile {
             w.trace.line(format!("edge-{} is hostile: it claims downlink position {claim}", n - 1));
         }
@@ -594,7 +616,7 @@ impl World {
 
     /// One random action: a client's, a send, or a fault.
     fn act(&mut self) {
-        let kind = self.rng.weighted(&[60, 10, 2, 1, 2, 3, 2, 2]);
+        let kind = self.rng.weighted(&self.profile.weights);
         match kind {
             0 => self.client_act(),
             1 => self.send(),
@@ -641,7 +663,8 @@ impl World {
                 self.sink.records_down_until = Some(self.now + d);
             }
             _ => {
-                let d = self.rng.millis(500, 8_000);
+                let (lo, hi) = self.profile.downlink_outage;
+                let d = self.rng.millis(lo, hi);
                 self.trace.line(format!("sink: downlink unavailable for {d:?}"));
                 self.sink.downlink_down_until = Some(self.now + d);
             }
@@ -867,9 +890,13 @@ impl World {
             let state = self.sink.run("downlink position", self.sink.sqlite.down_state(&name));
             match state {
                 Ok(Ok(s)) if s.position >= last => {}
-                Ok(Ok(s)) => self
-                    .oracle
-                    .fail(format!("{name}: the downlink is at {} after healing, {last} was stored", s.position)),
+                Ok(Ok(s)) => {
+                    let session = self.bridge.sessions.get(&e).map(|s| s.waiting());
+                    self.oracle.fail(format!(
+                        "{name}: the downlink is at {} after healing, {last} was stored (its session: {session:?})",
+                        s.position
+                    ))
+                }
                 Ok(Err(e)) => self.oracle.fail(format!("{name}: downlink position: {e}")),
                 Err(stuck) => self.oracle.fail(stuck),
             }

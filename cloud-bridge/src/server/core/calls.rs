@@ -1,7 +1,9 @@
 //! What a session asks of the sink besides its records: the hello's lookups (the epoch
-//! admitted, the marks, the dictionaries), dictionaries and TCO reports the edge sends, and the
-//! downlink's calls ([`DownCore`]). The core queues them in order and the driver makes them
-//! one at a time ([`SessionCore::poll_call`], [`SessionCore::handle_answer`]); what the driver
+//! admitted, the marks, the dictionaries), dictionaries and TCO reports the edge sends
+//! ([`SessionCore::poll_call`], [`SessionCore::handle_answer`]: one at a time, the session's
+//! frames read once each is answered), and the downlink's calls on a lane of their own
+//! ([`SessionCore::poll_down_call`], [`SessionCore::handle_down_answer`]: made beside the rest,
+//! and a failure pauses the downlink, never the session or its telemetry). What the driver
 //! must do beyond the sink comes as [`Event`]s.
 
 use std::time::Instant;
@@ -12,6 +14,7 @@ use shared::proto::{ClassesReport, Control, DOWNLINK_VERSION, DictAnnounce, Lane
 
 use super::{CoreError, SessionCore};
 use crate::downlink::core::{DownAnswer, DownCall};
+
 use crate::sink::{EpochVerdict, SinkError};
 
 /// A sink call for the session's edge.
@@ -28,8 +31,6 @@ pub enum Call {
     /// [`crate::sink::FleetStore::store_report`]; a failure costs the edge nothing but the
     /// report.
     StoreReport(ClassesReport),
-    /// The downlink's.
-    Down(DownCall),
 }
 
 /// What the sink answered to a [`Call`].
@@ -40,7 +41,6 @@ pub enum Answer {
     Dicts(Vec<(String, Vec<u8>)>),
     DictStored,
     ReportStored,
-    Down(DownAnswer),
 }
 
 /// What the driver must do beyond the sink.
@@ -62,7 +62,6 @@ pub(super) enum Asked {
     Dicts,
     DictStored(DictAnnounce),
     Report,
-    Down,
 }
 
 impl<H> SessionCore<H> {
@@ -92,22 +91,44 @@ impl<H> SessionCore<H> {
     }
 
     /// The next sink call to make, once the one before it was answered.
-    pub fn poll_call(&mut self, now: Instant) -> Option<Call> {
+    pub fn poll_call(&mut self) -> Option<Call> {
         if self.asked.is_some() {
             return None;
         }
-        if let Some((call, asked)) = self.calls.pop_front() {
-            self.asked = Some(asked);
-            return Some(call);
+        let (call, asked) = self.calls.pop_front()?;
+        self.asked = Some(asked);
+        Some(call)
+    }
+
+    /// The downlink's next sink call, once the one before it was answered.
+    pub fn poll_down_call(&mut self, now: Instant) -> Option<DownCall> {
+        self.down.as_mut()?.poll_call(&self.session, now)
+    }
+
+    /// The sink's answer to the downlink's call made last. A failure pauses the downlink (the
+    /// call is made again later); only a broken protocol ends the session.
+    pub fn handle_down_answer(&mut self, answer: Result<DownAnswer, SinkError>, now: Instant) -> Result<(), CoreError> {
+        let wall = self.wall_ms(now);
+        let Some(down) = self.down.as_mut() else { return Ok(()) };
+        match answer {
+            Err(e) => {
+                tracing::warn!(edge = self.edge, error = %e, "downlink: sink call failed; the downlink waits, the session goes on");
+                down.handle_error(now);
+            }
+            Ok(answer) => {
+                let was_running = down.is_running();
+                down.handle_answer(&mut self.session, answer, wall).map_err(CoreError::Session)?;
+                if !was_running && down.is_running() {
+                    self.events.push_back(Event::DownStarted);
+                }
+            }
         }
-        let call = self.down.as_mut()?.poll_call(&self.session, now)?;
-        self.asked = Some(Asked::Down);
-        Some(Call::Down(call))
+        Ok(())
     }
 
     /// The sink's answer to the call made last. A failure ends the session (the edge comes
     /// back, to this bridge or another), but for a report, which costs only itself.
-    pub fn handle_answer(&mut self, answer: Result<Answer, SinkError>, now: Instant) -> Result<(), CoreError> {
+    pub fn handle_answer(&mut self, answer: Result<Answer, SinkError>) -> Result<(), CoreError> {
         let Some(asked) = self.asked.take() else { return Ok(()) };
         let answer = match (answer, &asked) {
             (Err(e), Asked::Report) => {
@@ -148,15 +169,6 @@ impl<H> SessionCore<H> {
                 self.session.dict_stored(dict.id);
             }
             (Asked::Report, Answer::ReportStored) => {}
-            (Asked::Down, Answer::Down(answer)) => {
-                let wall = self.wall_ms(now);
-                let Some(down) = self.down.as_mut() else { return Ok(()) };
-                let was_running = down.is_running();
-                down.handle_answer(&mut self.session, answer, wall).map_err(CoreError::Session)?;
-                if !was_running && down.is_running() {
-                    self.events.push_back(Event::DownStarted);
-                }
-            }
             (asked, answer) => {
                 return Err(CoreError::Session(SessionError::Protocol(format!(
                     "the sink answered {answer:?} to {asked:?} (a bug)"

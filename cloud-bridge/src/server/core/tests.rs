@@ -216,3 +216,57 @@ fn a_batch_before_the_welcome_is_refused() {
     assert!(matches!(core.handle_batch(b, records, Rc::new(()), Instant::now()), Err(CoreError::Session(_))));
     assert!(core.poll_publish().is_none());
 }
+
+/// The downlink's sink calls go on a lane of their own, and a failure pauses the downlink, not
+/// the session: the edge's records publish and its acks come while the downlink's storage is
+/// unavailable (one nats-server restart once ended four edges' sessions, telemetry and all,
+/// and the downlink's reads ran inline on the session's loop). The failed call is made again
+/// after a pause.
+#[test]
+fn a_downlink_that_fails_pauses_the_downlink_not_the_session() {
+    use crate::downlink::DownlinkMetrics;
+    use crate::downlink::core::{DownAnswer, DownCall, DownCore};
+    use crate::server::core::Answer;
+    use crate::sink::{EpochVerdict, SinkError};
+    use std::sync::Arc;
+
+    let now = Instant::now();
+    let down = DownCore::new("e", Arc::new(DownlinkMetrics::default()), 16, Duration::from_secs(5));
+    let mut core = SessionCore::new(CloudSession::new(4), 1, STALL).with_edge("e", Some(down));
+    let hello = Hello {
+        versions: shared::proto::VERSIONS.to_vec(),
+        epoch: EPOCH.into(),
+        lanes: vec![],
+        models: vec![],
+        dicts: vec![],
+        caps: vec![],
+        down_mark: 0,
+    };
+    core.handle_control(Control::Hello(hello), now).unwrap();
+    let answers = [
+        Answer::Admitted(EpochVerdict::Known),
+        Answer::Committed { lanes: vec![], limits: None },
+        Answer::Dicts(vec![]),
+    ];
+    for answer in answers {
+        assert!(core.poll_call().is_some());
+        core.handle_answer(Ok(answer)).unwrap();
+    }
+    assert_eq!(core.poll_down_call(now), Some(DownCall::State));
+    let unavailable = || SinkError::Unavailable { what: "downlink", reason: "timed out".into() };
+    core.handle_down_answer(Err(unavailable()), now).unwrap();
+    assert_eq!(core.poll_down_call(now), None, "paused");
+    // Telemetry goes on meanwhile.
+    take(&mut core, 0, 1, 5, now);
+    let started = publishes(&mut core);
+    core.handle_published(started[0].id);
+    let marks = core.poll_marks().unwrap();
+    core.handle_marked(&marks);
+    assert_eq!(acks(&mut core), [(0, 5)]);
+    // And the downlink's call is made again after the pause.
+    let later = core.poll_timeout().expect("the retry is a deadline");
+    assert!(later > now);
+    assert_eq!(core.poll_down_call(later), Some(DownCall::State));
+    core.handle_down_answer(Ok(DownAnswer::State(Default::default())), later).unwrap();
+    assert!(matches!(core.poll_down_call(later), Some(DownCall::Read { .. })));
+}
