@@ -74,6 +74,8 @@ pub struct Summary {
 #[derive(Debug, Clone)]
 pub struct Failure {
     pub seed: u64,
+    /// The run's actions, for its replay.
+    pub actions: usize,
     pub step: u64,
     pub at: Duration,
     pub violation: String,
@@ -94,7 +96,7 @@ impl std::fmt::Display for Failure {
         for line in &self.trace {
             writeln!(f, "  {line}")?;
         }
-        write!(f, "replay: scripts/simulate.sh --seed {}", self.seed)
+        write!(f, "replay: scripts/simulate.sh --seed {} {}", self.seed, self.actions)
     }
 }
 
@@ -469,6 +471,7 @@ impl World {
         let violation = self.oracle.violation.clone()?;
         Some(Failure {
             seed: self.config.seed,
+            actions: self.config.actions,
             step: self.steps,
             at: self.now - self.base,
             violation,
@@ -582,6 +585,12 @@ impl World {
             }
             Ev::Connected(e, cid) => {
                 if self.links[e].cid != Some(cid) {
+                    // The link was cut while the handshake was under way: it fails, as a
+                    // handshake that times out does.
+                    let (mut cx, edges, ..) = self.ctx();
+                    if edges[e].proc.as_ref().is_some_and(|p| p.link.is_none() && p.dial_at.is_none()) {
+                        edges[e].dial_failed(&mut cx);
+                    }
                     return;
                 }
                 let name = self.edge_names[e].clone();

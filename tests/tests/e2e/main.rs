@@ -35,6 +35,7 @@ mod ops_health;
 mod ops_metrics;
 mod ops_tracing;
 mod schemas;
+mod sim;
 mod spool_damage;
 mod spool_faults;
 mod spool_routes;
