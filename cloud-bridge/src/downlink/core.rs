@@ -120,6 +120,12 @@ const RETRY_FIRST: Duration = Duration::from_secs(1);
 const RETRY_MAX: Duration = Duration::from_secs(30);
 
 impl DownCore {
+    /// A downlink of `edge` with metrics of its own, for other subsystems' tests.
+    #[cfg(test)]
+    pub fn unmetered(edge: &str, window_messages: usize, poll: Duration) -> Self {
+        Self::new(edge, Arc::new(DownlinkMetrics::default()), window_messages, poll)
+    }
+
     /// The downlink of `edge`, reading `window_messages` at a time and every `poll` without
     /// news. Nothing happens before [`DownCore::start`].
     pub fn new(edge: &str, metrics: Arc<DownlinkMetrics>, window_messages: usize, poll: Duration) -> Self {

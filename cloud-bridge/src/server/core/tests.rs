@@ -224,14 +224,12 @@ fn a_batch_before_the_welcome_is_refused() {
 /// after a pause.
 #[test]
 fn a_downlink_that_fails_pauses_the_downlink_not_the_session() {
-    use crate::downlink::DownlinkMetrics;
     use crate::downlink::core::{DownAnswer, DownCall, DownCore};
     use crate::server::core::Answer;
     use crate::sink::{EpochVerdict, SinkError};
-    use std::sync::Arc;
 
     let now = Instant::now();
-    let down = DownCore::new("e", Arc::new(DownlinkMetrics::default()), 16, Duration::from_secs(5));
+    let down = DownCore::unmetered("e", 16, Duration::from_secs(5));
     let mut core = SessionCore::new(CloudSession::new(4), 1, STALL).with_edge("e", Some(down));
     let hello = Hello {
         versions: shared::proto::VERSIONS.to_vec(),
