@@ -6,6 +6,7 @@
 #       promise, printing its seed, the violation and the end of its trace
 #   scripts/simulate.sh --seed N [ACTIONS] [LINES]     replays seed N, printing LINES (400) of its
 #       trace if it fails (a seed replays identically)
+# SIM_TRACE_ALL=1 prints every line of the trace to stderr as it is made (two runs to diff).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 cargo build --locked --quiet -p e2e-tests --bin simulate

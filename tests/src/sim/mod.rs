@@ -130,6 +130,8 @@ pub struct Trace {
     /// Virtual time of the lines to come.
     at: Duration,
     step: u64,
+    /// Every line to stderr as well (`SIM_TRACE_ALL=1`): two runs to diff.
+    echo: bool,
 }
 
 impl Trace {
@@ -140,6 +142,9 @@ impl Trace {
         }
         if self.lines.len() == self.keep {
             self.lines.pop_front();
+        }
+        if self.echo {
+            eprintln!("{line}");
         }
         self.lines.push_back(line);
     }
@@ -305,6 +310,7 @@ impl World {
             hash: 0xcbf2_9ce4_8422_2325,
             at: Duration::ZERO,
             step: 0,
+            echo: std::env::var_os("SIM_TRACE_ALL").is_some(),
         };
         let mut w = World {
             config,

@@ -11,7 +11,7 @@
 //! instead of testing every retained topic under the core's lock (a SUBSCRIBE of thousands of
 //! filters scanned the whole store once per filter).
 
-use std::collections::{HashMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -108,7 +108,7 @@ impl Retained {
         (old != 0 || count < self.max_messages) && bytes - old + msg.weight() <= self.max_bytes
     }
 
-    /// At most `limit` of the retained messages `filter` matches, in no particular order;
+    /// At most `limit` of the retained messages `filter` matches, level by level in topic order;
     /// drops the expired ones it finds. Its cost is the branches of the tree the filter
     /// reaches, and it stops once it has `limit`.
     pub fn matching(&mut self, filter: &str, now: Instant, limit: usize) -> Vec<Arc<Message>> {
@@ -144,11 +144,13 @@ impl Retained {
     }
 }
 
-/// A level of the topic tree: the topic ending here, if one is retained, and the next levels.
+/// A level of the topic tree: the topic ending here, if one is retained, and the next levels,
+/// in order: what a SUBSCRIBE gets, and which of them when it is capped, is the same on every
+/// run (a hash map's order differed by process, so the simulation's seeds did not replay).
 #[derive(Debug, Default)]
 struct Level {
     topic: Option<Arc<str>>,
-    next: HashMap<Box<str>, Level>,
+    next: BTreeMap<Box<str>, Level>,
 }
 
 impl Level {
