@@ -5,8 +5,9 @@
 //! - A message is stored once per edge. A send to a group or to every edge is written once for
 //!   each of them by `cloud-bridge send`: each edge then reads one place, in order, and its
 //!   backlog bound counts what it alone holds.
-//! - A message's seq is the sink's own (SQLite's row id, JetStream's stream sequence): it
-//!   increases in the order messages were stored, with other edges' messages between.
+//! - A message's seq is the sink's own (SQLite's, one space per edge; JetStream's stream
+//!   sequence, with other edges' messages between): it increases in the order the edge's
+//!   messages were stored, and nothing one edge claims moves another's.
 //! - An edge's backlog is what lies after its position. Past [`DownBounds`] a send is refused
 //!   with the backlog it met ([`Enqueued::Full`]), never dropped.
 //! - A refusal or an expiry is kept only for a message the sink holds for that edge: an edge
