@@ -25,6 +25,7 @@ mod broker_trust;
 mod downlink;
 mod downlink_chaos;
 mod downlink_edge;
+mod downlink_jetstream;
 mod edge_cli;
 mod fleet;
 mod fleet_view;

@@ -4,8 +4,8 @@
 use async_nats::HeaderMap;
 use base64::Engine;
 
-use crate::sink::downlink::Outgoing;
 use crate::names::{self, user_property_name};
+use crate::sink::downlink::Outgoing;
 
 pub(super) fn headers(msg: &Outgoing) -> HeaderMap {
     let mut h = HeaderMap::new();

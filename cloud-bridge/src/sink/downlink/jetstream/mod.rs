@@ -11,6 +11,9 @@
 //!
 //! - An edge's position and counts are a JSON document in a KV bucket (`edge-down`), raised
 //!   with compare-and-set, never lowered; the messages at or below it are purged.
+//! - An edge's seq for a message is the stream's sequence plus a base of the edge's own, kept
+//!   in that document with the stream it counts in: a stream deleted and made again starts its
+//!   sequence over, and the edges' seqs go on past what they hold (`positions`).
 //! - Dead letters go to `<prefix>.%dead.<edge>` in the same stream (no edge token starts with a
 //!   bare `%`: `names` encodes it), with the message's payload and headers and the reason.
 //! - News: an ordered consumer of the stream, headers only, from the bridge's start, tells it
@@ -36,8 +39,10 @@ use crate::sink::SinkError;
 use crate::sink::jetstream::JetStreamSink;
 
 mod headers;
+mod positions;
 
 use headers::{headers, parse};
+use positions::{PositionDoc, StreamNow};
 
 /// The token dead letters go under, after the prefix.
 const DEAD: &str = "%dead";
@@ -146,6 +151,15 @@ fn time_ms(t: time::OffsetDateTime) -> u64 {
     u64::try_from(t.unix_timestamp_nanos() / 1_000_000).unwrap_or(0)
 }
 
+/// Which stream `stream` is now, and where its sequence is.
+async fn stream_now(stream: &stream::Stream) -> Result<StreamNow, SinkError> {
+    let info = stream
+        .get_info()
+        .await
+        .map_err(|e| SinkError::nats("downlink stream", &stream.cached_info().config.name, &e))?;
+    Ok(StreamNow { id: info.created.unix_timestamp_nanos().to_string(), last_seq: info.state.last_sequence })
+}
+
 /// Every edge's position and counts (the positions bucket) and what waits for it (the stream's
 /// message count per subject: what an edge acked is purged; the oldest's time read per edge
 /// that has one).
@@ -159,9 +173,14 @@ async fn summary(stream: &stream::Stream, positions: &kv::Store, prefix: &str) -
         waiting_bytes: None,
         oldest_ms: None,
     };
+    let now = stream_now(stream).await?;
+    let mut docs = std::collections::BTreeMap::new();
     for (_, value) in crate::sink::jetstream::read_all(positions, what).await? {
-        let Ok(doc) = serde_json::from_slice::<PositionDoc>(&value) else { continue };
+        let Ok(mut doc) = serde_json::from_slice::<PositionDoc>(&value) else { continue };
+        // As its session would count it, without writing: this is a view.
+        doc.settle(&now, None);
         edges.entry(doc.edge.clone()).or_insert_with(|| blank(&doc.edge)).state = doc.state;
+        docs.insert(doc.edge.clone(), doc);
     }
     let skip = prefix.split('.').count();
     let mut subjects =
@@ -174,29 +193,15 @@ async fn summary(stream: &stream::Stream, positions: &kv::Store, prefix: &str) -
     }
     for s in edges.values_mut().filter(|s| s.waiting > 0) {
         let filter = format!("{prefix}.{}.>", names::token(&s.edge));
-        match stream.raw_message_builder().sequence(s.state.position + 1).next_by_subject(filter).send().await {
+        let from =
+            docs.get(&s.edge).map_or(1, |d| if d.counts_in(&now) { d.stream_after(s.state.position) } else { 1 });
+        match stream.raw_message_builder().sequence(from).next_by_subject(filter).send().await {
             Ok(m) => s.oldest_ms = Some(time_ms(m.time)),
             Err(e) if e.kind() == stream::RawMessageErrorKind::NoMessageFound => s.waiting = 0,
             Err(e) => return Err(SinkError::nats(what, &s.edge, &e)),
         }
     }
     Ok(edges.into_values().collect())
-}
-
-/// An edge's entry in the positions bucket: its id (the key is made safe from it), state, and
-/// the bytes `send` stored for it and its acks covered, whose difference is its backlog's bytes
-/// (JetStream keeps no byte count per subject, and reading the backlog per send costs as much
-/// as the backlog). Messages another publisher stored are not in `stored_bytes`: their bytes
-/// are not bounded, their count is.
-#[derive(Debug, Default, serde::Serialize, serde::Deserialize)]
-struct PositionDoc {
-    edge: String,
-    #[serde(flatten)]
-    state: DownState,
-    #[serde(default)]
-    stored_bytes: u64,
-    #[serde(default)]
-    done_bytes: u64,
 }
 
 /// The downlink summary of the sink at `url`, read without creating anything (for `edges
@@ -275,11 +280,6 @@ impl JsDown {
         subject.split('.').skip(self.prefix.split('.').count() + 1).collect()
     }
 
-    async fn state(&self, edge: &str) -> Result<(DownState, Option<u64>), SinkError> {
-        let (doc, revision) = self.doc(edge).await?;
-        Ok((doc.state, revision))
-    }
-
     async fn doc(&self, edge: &str) -> Result<(PositionDoc, Option<u64>), SinkError> {
         let key = crate::sink::jetstream::edge_key(edge);
         let (doc, revision): (Option<PositionDoc>, _) =
@@ -287,22 +287,43 @@ impl JsDown {
         Ok((doc.unwrap_or_else(|| PositionDoc { edge: edge.to_owned(), ..Default::default() }), revision))
     }
 
-    /// Applies `change` to `edge`'s document by compare-and-set; `false` if another writer kept
-    /// changing it.
-    async fn update(&self, edge: &str, change: impl Fn(&mut PositionDoc) -> bool) -> Result<bool, SinkError> {
+    /// Applies `change` to `edge`'s document, then counts its seqs in the stream as it is now
+    /// ([`PositionDoc::settle`], with `held` if the session knows it), by compare-and-set: the
+    /// document as written, with the stream it was counted in; none if another writer kept
+    /// changing it. A new edge's document is written only once it holds something.
+    async fn update(
+        &self,
+        edge: &str,
+        held: Option<u64>,
+        change: impl Fn(&mut PositionDoc) -> bool,
+    ) -> Result<Option<(PositionDoc, StreamNow)>, SinkError> {
         let key = crate::sink::jetstream::edge_key(edge);
         for _ in 0..crate::sink::jetstream::CAS_ATTEMPTS {
             let (mut doc, revision) = self.doc(edge).await?;
-            if !change(&mut doc) {
-                return Ok(true);
+            // Read after the document: a sequence the edge was handed is at most this.
+            let now = stream_now(&self.stream).await?;
+            let changed = change(&mut doc);
+            let settled = doc.settle(&now, held);
+            let blank = revision.is_none() && doc.base == 0 && doc.state == DownState::default();
+            if !changed && (!settled || blank) {
+                return Ok(Some((doc, now)));
             }
             match crate::sink::jetstream::write_doc(&self.positions, &key, &doc, revision).await {
-                Ok(_) => return Ok(true),
+                Ok(_) => return Ok(Some((doc, now))),
                 Err(crate::sink::jetstream::Cas::Changed) => continue,
                 Err(crate::sink::jetstream::Cas::Failed(e)) => return Err(e),
             }
         }
-        Ok(false)
+        Ok(None)
+    }
+
+    /// `edge`'s document, counted in the stream as it is now (written if that changed it).
+    async fn settled(&self, edge: &str, held: Option<u64>) -> Result<(PositionDoc, StreamNow), SinkError> {
+        self.update(edge, held, |_| false).await?.ok_or_else(|| SinkError::Conflict {
+            what: "downlink position",
+            key: edge.to_owned(),
+            attempts: crate::sink::jetstream::CAS_ATTEMPTS as u32,
+        })
     }
 
     /// How many messages the stream holds for `edge`: what it acked is purged, so this is its
@@ -320,14 +341,14 @@ impl JsDown {
         Ok(n)
     }
 
-    /// `edge`'s messages after `position`, headers only: what its backlog holds.
-    async fn backlog(&self, edge: &str, position: u64) -> Result<Backlog, SinkError> {
+    /// `edge`'s messages from stream sequence `from`, headers only: what its backlog holds.
+    async fn backlog(&self, edge: &str, from: u64) -> Result<Backlog, SinkError> {
         let what = "downlink backlog";
         let consumer = self
             .stream
             .create_consumer(OrderedConfig {
                 filter_subject: self.filter(edge),
-                deliver_policy: DeliverPolicy::ByStartSequence { start_sequence: position + 1 },
+                deliver_policy: DeliverPolicy::ByStartSequence { start_sequence: from },
                 headers_only: true,
                 ..Default::default()
             })
@@ -340,7 +361,7 @@ impl JsDown {
         let filter = self.filter(edge);
         let scan = async {
             let mut b = Backlog::default();
-            let mut last = position;
+            let mut last = from - 1;
             loop {
                 // A message counted when the consumer was made may be purged before it is
                 // delivered (the edge acked it meanwhile): past a quiet moment, ask the stream
@@ -380,9 +401,19 @@ impl JsDown {
         tokio::time::timeout(SCAN, scan).await.map_err(|_| unavailable(what, "timed out reading the backlog"))?
     }
 
-    async fn set_aside(&self, edge: &str, seq: u64, outcome: &str, reason: &str) -> Result<(), SinkError> {
+    /// Sets aside `edge`'s message `seq`, if the stream `doc` counts in holds it (`now`: a
+    /// stream made anew holds none of the seqs an edge names before its session moved it on).
+    async fn set_aside(
+        &self,
+        (doc, now): (&PositionDoc, &StreamNow),
+        seq: u64,
+        outcome: &str,
+        reason: &str,
+    ) -> Result<(), SinkError> {
         let what = "downlink dead letter";
-        let m = match self.stream.get_raw_message(seq).await {
+        let edge = doc.edge.as_str();
+        let Some(q) = doc.stream_seq(seq).filter(|_| doc.counts_in(now)) else { return Ok(()) };
+        let m = match self.stream.get_raw_message(q).await {
             Ok(m) => m,
             Err(e) if e.kind() == stream::RawMessageErrorKind::NoMessageFound => return Ok(()),
             Err(e) => return Err(SinkError::nats(what, edge, &e)),
@@ -415,7 +446,16 @@ impl JsDown {
 impl DownlinkStore for JetStreamSink {
     async fn enqueue(&self, edge: &str, msg: &Outgoing, bounds: DownBounds) -> Result<Enqueued, SinkError> {
         let d = self.down();
-        let (doc, _) = d.doc(edge).await?;
+        let (doc, now) = d.settled(edge, None).await?;
+        if doc.counts_in(&now) && doc.past_max(now.last_seq + 1) {
+            return Err(SinkError::invalid(
+                "downlink enqueue",
+                format!(
+                    "edge {edge} has used its downlink seqs up (its next would be past {})",
+                    shared::proto::MAX_SEQ
+                ),
+            ));
+        }
         let waiting = Backlog {
             messages: d.count(edge).await?,
             bytes: doc.stored_bytes.saturating_sub(doc.done_bytes),
@@ -435,53 +475,70 @@ impl DownlinkStore for JetStreamSink {
                 .map_err(|e| SinkError::nats("downlink enqueue", edge, &e))?;
         let bytes = msg.bytes();
         let counted = d
-            .update(edge, |doc| {
+            .update(edge, None, |doc| {
                 doc.stored_bytes = doc.stored_bytes.saturating_add(bytes);
                 true
             })
             .await;
-        if !matches!(counted, Ok(true)) {
-            tracing::warn!(
-                edge,
-                seq = ack.sequence,
-                "downlink message stored but its bytes not counted in the backlog"
-            );
-        }
-        Ok(Enqueued::Stored { seq: ack.sequence })
+        let seq = match counted {
+            Ok(Some((doc, now))) if doc.counts_in(&now) => doc.edge_seq(ack.sequence),
+            Ok(Some(_)) => ack.sequence,
+            _ => {
+                tracing::warn!(
+                    edge,
+                    seq = ack.sequence,
+                    "downlink message stored but its bytes not counted in the backlog"
+                );
+                ack.sequence
+            }
+        };
+        Ok(Enqueued::Stored { seq })
     }
 
     async fn down_state(&self, edge: &str) -> Result<DownState, SinkError> {
-        Ok(self.down().state(edge).await?.0)
+        Ok(self.down().doc(edge).await?.0.state)
     }
 
     async fn down_read(&self, edge: &str, after: u64, max: usize) -> Result<Vec<Pending>, SinkError> {
         let d = self.down();
+        // The session holds everything up to `after`: a stream made anew counts after it.
+        let (doc, _) = d.settled(edge, Some(after)).await?;
         let filter = d.filter(edge);
         let mut out = Vec::new();
-        let mut next = after + 1;
+        let mut next = doc.stream_after(after);
         while out.len() < max {
             let m = match d.stream.raw_message_builder().sequence(next).next_by_subject(filter.clone()).send().await {
                 Ok(m) => m,
                 Err(e) if e.kind() == stream::RawMessageErrorKind::NoMessageFound => break,
                 Err(e) => return Err(SinkError::nats("downlink read", edge, &e)),
             };
+            if doc.past_max(m.sequence) {
+                if out.is_empty() {
+                    return Err(SinkError::invalid(
+                        "downlink read",
+                        format!("edge {edge} has used its downlink seqs up (past {})", shared::proto::MAX_SEQ),
+                    ));
+                }
+                break;
+            }
             let (msg, invalid) = parse(&d.topic_tokens(&m.subject), &m.headers, m.payload.to_vec());
             next = m.sequence + 1;
-            out.push(Pending { seq: m.sequence, stored_ms: time_ms(m.time), msg, invalid });
+            out.push(Pending { seq: doc.edge_seq(m.sequence), stored_ms: time_ms(m.time), msg, invalid });
         }
         Ok(out)
     }
 
     async fn down_record(&self, edge: &str, done: &DownDone) -> Result<(), SinkError> {
         let d = self.down();
+        let (doc, now) = d.settled(edge, None).await?;
         for r in &done.refused {
-            d.set_aside(edge, r.seq, "refused", &r.reason).await?;
+            d.set_aside((&doc, &now), r.seq, "refused", &r.reason).await?;
         }
         for seq in &done.expired {
-            d.set_aside(edge, *seq, "expired", "its expiry ran out before the edge could deliver it").await?;
+            d.set_aside((&doc, &now), *seq, "expired", "its expiry ran out before the edge could deliver it").await?;
         }
         let updated = d
-            .update(edge, |doc| {
+            .update(edge, None, |doc| {
                 if doc.state.position >= done.up_to {
                     return false;
                 }
@@ -494,28 +551,35 @@ impl DownlinkStore for JetStreamSink {
                 true
             })
             .await?;
-        if !updated {
+        let Some((doc, now)) = updated else {
             return Err(SinkError::Conflict {
                 what: "downlink position",
                 key: edge.to_owned(),
                 attempts: crate::sink::jetstream::CAS_ATTEMPTS as u32,
             });
-        }
+        };
         // What the edge has is storage no one needs; the stream's max_age frees it otherwise.
-        if let Err(e) = d.stream.purge().filter(d.filter(edge)).sequence(done.up_to + 1).await {
+        // Not in a stream made anew that the edge's session has not counted in yet: its
+        // messages are all after the position, whatever their sequence.
+        if doc.counts_in(&now)
+            && let Err(e) = d.stream.purge().filter(d.filter(edge)).sequence(doc.stream_after(done.up_to)).await
+        {
             tracing::debug!(edge, error = %e, "delivered downlink messages not purged");
         }
         Ok(())
     }
 
     async fn down_set_aside(&self, edge: &str, seq: u64, outcome: &'static str, reason: &str) -> Result<(), SinkError> {
-        self.down().set_aside(edge, seq, outcome, reason).await
+        let d = self.down();
+        let (doc, now) = d.settled(edge, None).await?;
+        d.set_aside((&doc, &now), seq, outcome, reason).await
     }
 
     async fn down_backlog(&self, edge: &str) -> Result<Backlog, SinkError> {
         let d = self.down();
-        let (state, _) = d.state(edge).await?;
-        d.backlog(edge, state.position).await
+        let (doc, now) = d.settled(edge, None).await?;
+        let from = if doc.counts_in(&now) { doc.stream_after(doc.state.position) } else { 1 };
+        d.backlog(edge, from).await
     }
 
     async fn down_summary(&self) -> Result<Vec<DownSummary>, SinkError> {
