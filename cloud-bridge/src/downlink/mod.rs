@@ -68,6 +68,12 @@ impl Downlink {
         Registration { downlink: self.clone(), edge: edge.to_owned(), wake }
     }
 
+    fn wake_all(&self) {
+        for w in self.waiting.lock().unwrap_or_else(|e| e.into_inner()).values() {
+            w.notify_one();
+        }
+    }
+
     fn wake(&self, edges: &[String]) {
         let waiting = self.waiting.lock().unwrap_or_else(|e| e.into_inner());
         for edge in edges {
@@ -84,6 +90,7 @@ impl Downlink {
         let summaries = tokio::spawn(self.clone().summarize(sink.clone(), stop.clone()));
         let _summaries = tokio_util::task::AbortOnDropHandle::new(summaries);
         let mut cursor = None;
+        let mut lost = false;
         loop {
             let news = tokio::select! {
                 _ = stop.cancelled() => return,
@@ -92,14 +99,22 @@ impl Downlink {
             match news {
                 Ok((next, edges)) => {
                     cursor = Some(next);
+                    if std::mem::take(&mut lost) {
+                        // Back after the sink failed: every session reads once. A server that
+                        // crashed may have lost its last messages and handed their sequences
+                        // to new ones, which the cursor had passed already.
+                        self.wake_all();
+                    }
                     self.wake(&edges);
                 }
                 Err(e) => {
+                    // The cursor is kept: what was stored meanwhile is news once the sink is back
+                    // (from now on, it was not, and waited for the sessions' own polls).
                     tracing::debug!(error = %e, "downlink news unreadable; sessions poll meanwhile");
-                    cursor = None;
+                    lost = true;
                     tokio::select! {
                         _ = stop.cancelled() => return,
-                        _ = tokio::time::sleep(Duration::from_secs(1)) => {}
+                        _ = tokio::time::sleep(Duration::from_millis(250)) => {}
                     }
                 }
             }

@@ -64,6 +64,13 @@ pub fn message(f: Flags) -> Result<Outgoing, SendError> {
     if let Some(t) = &f.response_topic {
         shared::topic::validate_name(t).map_err(|e| invalid(format!("--response-topic: {e}")))?;
     }
+    // A line break cannot be a header value (JetStream keeps these as headers); MQTT asks
+    // that such control characters not be used in its strings anyway (MQTT 5.0 §1.5.4).
+    for (flag, value) in [("--response-topic", &f.response_topic), ("--content-type", &f.content_type)] {
+        if value.as_deref().is_some_and(|v| v.contains(['\r', '\n'])) {
+            return Err(invalid(format!("{flag}: holds a line break (CR or LF)")));
+        }
+    }
     if f.correlation_data.is_some() && f.response_topic.is_none() {
         return Err(invalid("--correlation-data needs --response-topic: a reply is matched by both".into()));
     }
@@ -201,6 +208,8 @@ mod tests {
             (Flags { correlation_data: Some("c".into()), ..flags() }, "--correlation-data needs --response-topic"),
             (Flags { response_topic: Some("r/#".into()), ..flags() }, "--response-topic"),
             (Flags { expiry: Some(Duration::ZERO), ..flags() }, "--expiry 0"),
+            (Flags { response_topic: Some("r/1\r\nX: y".into()), ..flags() }, "--response-topic: holds a line break"),
+            (Flags { content_type: Some("a\nb".into()), ..flags() }, "--content-type: holds a line break"),
             (Flags { payload: vec![0; MAX_DOWN_BYTES], ..flags() }, "more than a downlink message may hold"),
         ];
         for (f, named) in bad {

@@ -4,6 +4,8 @@
 //! to `down.>`. Driven through the sink's own calls (`DownlinkStore`), as the bridge's sessions
 //! and `cloud-bridge send` make them.
 
+use std::time::Duration;
+
 use async_nats::jetstream;
 use cloud_bridge::sink::DownlinkStore;
 use cloud_bridge::sink::downlink::{DoneCounts, DownBounds, DownDone, Outgoing, Pending};
@@ -106,4 +108,143 @@ async fn a_restored_position_past_the_stream_has_the_next_message_after_it() {
     assert_eq!(sink.down_backlog("edge-3").await.unwrap().messages, 2);
     // Another edge's seqs are its own.
     assert_eq!(seqs_and_payloads(&sink.down_read("edge-1", 0, 16).await.unwrap()), [(1, "other".to_owned())]);
+}
+
+/// Writes `ops` to nats-server as a plain client would: bytes async-nats will not send (a
+/// subject or header that is not UTF-8), which nats-server stores as they are.
+async fn publish_raw(port: u16, ops: &[u8]) {
+    use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
+    let mut conn = BufReader::new(tokio::net::TcpStream::connect(("127.0.0.1", port)).await.unwrap());
+    let mut line = String::new();
+    conn.read_line(&mut line).await.unwrap();
+    assert!(line.starts_with("INFO "), "{line}");
+    let mut out = b"CONNECT {\"verbose\":false,\"headers\":true,\"protocol\":1}\r\n".to_vec();
+    out.extend_from_slice(ops);
+    out.extend_from_slice(b"PING\r\n");
+    conn.get_mut().write_all(&out).await.unwrap();
+    loop {
+        line.clear();
+        assert!(conn.read_line(&mut line).await.unwrap() > 0, "nats-server closed the connection");
+        assert!(!line.starts_with("-ERR"), "{line}");
+        if line.starts_with("PONG") {
+            return;
+        }
+    }
+}
+
+/// An HPUB of `payload` on `subject` with the header block `headers` (without its end).
+fn hpub(subject: &[u8], headers: &[u8], payload: &[u8]) -> Vec<u8> {
+    let mut block = b"NATS/1.0\r\n".to_vec();
+    block.extend_from_slice(headers);
+    block.extend_from_slice(b"\r\n");
+    let mut op = b"HPUB ".to_vec();
+    op.extend_from_slice(subject);
+    op.extend_from_slice(format!(" {} {}\r\n", block.len(), block.len() + payload.len()).as_bytes());
+    op.extend_from_slice(&block);
+    op.extend_from_slice(payload);
+    op.extend_from_slice(b"\r\n");
+    op
+}
+
+/// Any NATS client can write `down.>`, and nats-server keeps a subject's or a header's bytes
+/// as they came. async-nats drops its whole connection at a message whose subject or headers
+/// are not UTF-8: one raw publish knocked every bridge's connection over each time it was read
+/// (its news, its reads), and every sink request on it, uplink included, timed out, until the
+/// message was delivered on a rewritten topic. Now such a message is read through the JSON
+/// API, set aside with the reason, and nothing else notices.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_subject_or_header_that_is_not_utf8_is_set_aside_and_knocks_nothing_over() {
+    let nats = NatsServer::start();
+    let sink = sink(&nats).await;
+    let (mut cursor, _) = sink.down_news(None, Duration::ZERO).await.unwrap();
+    let mut ops = b"PUB down.edge-1.cmd.bad\xff\xfe 2\r\nhi\r\n".to_vec();
+    ops.extend(hpub(b"down.edge-1.cmd.header", b"Mqtt-Qos: 1\r\nZone: \xff\r\n", b"hi"));
+    ops.extend(hpub(b"down.edge-1.cmd.folded", b"bad header line\r\n", b"hi"));
+    // A publisher allowed `down.edge-1.status.>` only, naming another topic in a header.
+    ops.extend(hpub(b"down.edge-1.status.x", b"Mqtt-Topic: cmd/reboot\r\n", b"hi"));
+    publish_raw(nats.port, &ops).await;
+    sink.enqueue("edge-1", &msg("cmd/good", "ok"), BOUNDS).await.unwrap();
+
+    let news = async {
+        loop {
+            let (next, edges) = sink.down_news(Some(cursor), Duration::from_secs(1)).await.unwrap();
+            cursor = next;
+            if edges.iter().any(|e| e == "edge-1") {
+                return;
+            }
+        }
+    };
+    tokio::time::timeout(Duration::from_secs(5), news).await.expect("news of edge-1's messages");
+    let read = tokio::time::timeout(Duration::from_secs(5), sink.down_read("edge-1", 0, 16))
+        .await
+        .expect("a read in time")
+        .expect("a read");
+    let outcome: Vec<_> = read.iter().map(|p| (p.msg.topic.clone(), p.invalid.clone())).collect();
+    assert_eq!(read.len(), 5, "{outcome:?}");
+    let reason = |i: usize| read[i].invalid.clone().unwrap_or_else(|| panic!("message {i} not set aside: {outcome:?}"));
+    assert!(reason(0).contains("subject") && reason(0).contains("UTF-8"), "{}", reason(0));
+    assert!(reason(1).contains("headers") && reason(1).contains("UTF-8"), "{}", reason(1));
+    assert!(reason(2).contains("headers"), "{}", reason(2));
+    assert!(reason(3).contains("Mqtt-Topic") && read[3].msg.topic == "status/x", "{}", reason(3));
+    assert_eq!((read[4].msg.topic.as_str(), read[4].invalid.as_deref()), ("cmd/good", None));
+    // Set aside, they are dead letters; the edge's status and backlog read as before.
+    for p in &read[..4] {
+        sink.down_set_aside("edge-1", p.seq, "invalid", p.invalid.as_deref().unwrap()).await.unwrap();
+    }
+    assert_eq!(sink.down_dead_letters(Some("edge-1"), 10).await.unwrap().len(), 4);
+    assert_eq!(sink.down_backlog("edge-1").await.unwrap().messages, 5);
+    assert_eq!(sink.connects(), 1, "the sink's connection to nats-server was dropped");
+}
+
+/// The news a bridge wakes its sessions with goes on through a nats-server restart: a message
+/// stored once the server is back wakes the edge's session at once (the first one after a
+/// server or bridge kill used to wait for the session's `downlink.poll`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn news_of_a_message_reaches_the_session_after_a_nats_server_restart() {
+    use cloud_bridge::downlink::{Downlink, DownlinkConfig, DownlinkMetrics};
+    use std::sync::Arc;
+
+    let mut nats = NatsServer::start();
+    let sink = Arc::new(sink(&nats).await);
+    let downlink = Arc::new(Downlink::new(DownlinkConfig::default(), Arc::new(DownlinkMetrics::default())));
+    let stop = tokio_util::sync::CancellationToken::new();
+    let _watch = tokio_util::task::AbortOnDropHandle::new(tokio::spawn(downlink.clone().watch(sink.clone(), stop)));
+    let session = downlink.register("edge-1");
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    sink.enqueue("edge-1", &msg("cmd/a", "before"), BOUNDS).await.unwrap();
+    tokio::time::timeout(Duration::from_secs(2), session.wake.notified()).await.expect("news before the restart");
+
+    nats.restart();
+    let back = async {
+        while sink.enqueue("edge-2", &msg("cmd/a", "other"), BOUNDS).await.is_err() {
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    };
+    tokio::time::timeout(Duration::from_secs(30), back).await.expect("the sink back after the restart");
+    // Back, the watch wakes every session once (a crashed server may have given lost
+    // messages' sequences to new ones); that wake is not the one looked for.
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let _ = tokio::time::timeout(Duration::from_millis(10), session.wake.notified()).await;
+    sink.enqueue("edge-1", &msg("cmd/a", "after"), BOUNDS).await.unwrap();
+    tokio::time::timeout(Duration::from_secs(2), session.wake.notified())
+        .await
+        .expect("news of the first message after the restart, before the session's own poll");
+}
+
+/// Any NATS client can publish to `down.<anything>`: the fleet view and the summary behind the
+/// backlog gauges listed every edge id a publisher made up (each with a read of its oldest
+/// message, every `summary_interval`). Now they list the edges the downlink knows.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_nats_publisher_cannot_add_edges_to_the_downlink_summary() {
+    let nats = NatsServer::start();
+    let sink = sink(&nats).await;
+    sink.enqueue("edge-1", &msg("cmd/a", "x"), BOUNDS).await.unwrap();
+    let mut ops = Vec::new();
+    for i in 0..200 {
+        ops.extend(format!("PUB down.ghost-{i}.cmd 1\r\nx\r\n").into_bytes());
+    }
+    publish_raw(nats.port, &ops).await;
+    let summary = sink.down_summary().await.unwrap();
+    let edges: Vec<_> = summary.iter().map(|s| (s.edge.as_str(), s.waiting)).collect();
+    assert_eq!(edges, [("edge-1", 1)]);
 }

@@ -27,7 +27,7 @@ use std::time::Duration;
 
 mod cluster;
 mod presence;
-mod publish;
+pub(in crate::sink) mod publish;
 mod refused;
 
 use async_nats::jetstream::{self, kv, stream};
@@ -252,6 +252,11 @@ impl JetStreamSink {
     pub fn with_metrics(mut self, metrics: std::sync::Arc<SinkMetrics>) -> Self {
         self.metrics = metrics;
         self
+    }
+
+    /// How many times the client connected to the servers: 1 until it lost them.
+    pub fn connects(&self) -> u64 {
+        self.client.statistics().connects.load(std::sync::atomic::Ordering::Relaxed)
     }
 
     pub(in crate::sink) fn schemas(&self) -> &kv::Store {

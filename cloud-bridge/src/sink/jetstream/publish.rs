@@ -335,7 +335,7 @@ fn header_safe(s: &str, name: bool) -> Cow<'_, str> {
 }
 
 /// `s` as a header value of at most `max` bytes (cut at a character).
-pub(super) fn header_value(s: &str, max: usize) -> String {
+pub(in crate::sink) fn header_value(s: &str, max: usize) -> String {
     let safe = header_safe(s, false);
     let mut end = safe.len().min(max);
     while !safe.is_char_boundary(end) {

@@ -8,8 +8,8 @@ use crate::names::{self, user_property_name};
 use crate::sink::downlink::Outgoing;
 
 pub(super) fn headers(msg: &Outgoing) -> HeaderMap {
+    // No `Mqtt-Topic`: the subject names the topic, and only the subject (see `parse`).
     let mut h = HeaderMap::new();
-    h.insert("Mqtt-Topic", msg.topic.as_str());
     h.insert("Mqtt-Qos", msg.qos.to_string().as_str());
     if msg.retain {
         h.insert("Mqtt-Retain", "1");
@@ -34,8 +34,10 @@ pub(super) fn headers(msg: &Outgoing) -> HeaderMap {
     h
 }
 
-/// The message `headers` and `payload` stand for, read from `subject`'s topic tokens when no
-/// `Mqtt-Topic` names it; or why not.
+/// The message `headers` and `payload` stand for on the topic `topic_tokens` (a subject's,
+/// after the prefix and the edge) name; or why not. The subject alone names the topic: NATS
+/// permissions on `down.<edge>.<levels>` then bound what topics a publisher reaches, which a
+/// topic header would get around, so an `Mqtt-Topic` naming another topic is refused.
 pub(super) fn parse(topic_tokens: &[&str], headers: &HeaderMap, payload: Vec<u8>) -> (Outgoing, Option<String>) {
     let mut msg = Outgoing { payload, qos: 1, ..Default::default() };
     let (mut ordered, mut plain) = (Vec::new(), Vec::new());
@@ -43,13 +45,10 @@ pub(super) fn parse(topic_tokens: &[&str], headers: &HeaderMap, payload: Vec<u8>
     let mut bad = |what: &str, value: &str| {
         problem.get_or_insert_with(|| format!("header {what}: {value:?} does not parse"));
     };
-    msg.topic = match headers.get("Mqtt-Topic") {
-        Some(t) => t.as_str().to_owned(),
-        None => names::topic_of(topic_tokens).unwrap_or_else(|| {
-            bad("subject", &topic_tokens.join("."));
-            String::new()
-        }),
-    };
+    msg.topic = names::topic_of(topic_tokens).unwrap_or_else(|| {
+        bad("subject", &topic_tokens.join("."));
+        String::new()
+    });
     for (name, values) in headers.iter() {
         let name: &str = name.as_ref();
         for value in values {
@@ -87,6 +86,11 @@ pub(super) fn parse(topic_tokens: &[&str], headers: &HeaderMap, payload: Vec<u8>
             }
         }
     }
+    if let Some(t) = headers.get("Mqtt-Topic").filter(|t| t.as_str() != msg.topic) {
+        problem.get_or_insert_with(|| {
+            format!("header Mqtt-Topic {:?} names another topic than its subject ({:?})", t.as_str(), msg.topic)
+        });
+    }
     // Headers of another publisher come in no order: by name, after the ordered ones.
     plain.sort();
     msg.user_properties = ordered;
@@ -111,7 +115,7 @@ mod tests {
             correlation_data: Some(vec![0, 255]),
             content_type: Some("application/json".into()),
         };
-        let (back, problem) = parse(&[], &headers(&m), b"x".to_vec());
+        let (back, problem) = parse(&["cmd", "a%2Eb"], &headers(&m), b"x".to_vec());
         assert_eq!((back, problem), (m, None));
         // In order, whatever the names.
         let many: Vec<_> = (0..20).rev().map(|i| (format!("p{i}"), i.to_string())).collect();
@@ -133,5 +137,15 @@ mod tests {
         h.insert("Mqtt-Qos", "3");
         let (_, problem) = parse(&["t"], &h, Vec::new());
         assert_eq!(problem.as_deref(), Some("header Mqtt-Qos: \"3\" does not parse"));
+
+        // The subject alone names the topic: a publisher allowed `down.edge-1.status.>` cannot
+        // reach `cmd/reboot` with a header.
+        let mut h = HeaderMap::new();
+        h.insert("Mqtt-Topic", "cmd/reboot");
+        let (msg, problem) = parse(&["status", "x"], &h, Vec::new());
+        assert_eq!(msg.topic, "status/x");
+        assert!(problem.unwrap().contains("names another topic than its subject"));
+        h.insert("Mqtt-Topic", "status/x");
+        assert_eq!(parse(&["status", "x"], &h, Vec::new()).1, None);
     }
 }

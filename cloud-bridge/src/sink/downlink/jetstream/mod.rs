@@ -2,13 +2,18 @@
 //! `<prefix>.<edge>.<topic levels>` (`down` by default; tokens as `names` makes them for the
 //! uplink), so anyone with a NATS client can send an edge a message:
 //! `nats pub down.edge-1.config.threshold 0.7` reaches topic `config/threshold` on edge
-//! `edge-1`. What MQTT has beyond topic and payload travels as headers, named as the uplink
-//! names them (`Mqtt-Qos`, default 1; `Mqtt-Retain: 1`; `Mqtt-Expires-At`, ms since the Unix
-//! epoch; `Mqtt-Response-Topic`; `Mqtt-Correlation-Data`, base64; `Mqtt-Content-Type`;
+//! `edge-1`. The subject alone names the topic, so NATS permissions on subjects bound what
+//! topics a publisher reaches (an `Mqtt-Topic` header naming another is refused). What MQTT
+//! has beyond topic and payload travels as headers, named as the uplink names them
+//! (`Mqtt-Qos`, default 1; `Mqtt-Retain: 1`; `Mqtt-Expires-At`, ms since the Unix epoch;
+//! `Mqtt-Response-Topic`; `Mqtt-Correlation-Data`, base64; `Mqtt-Content-Type`;
 //! `Mqtt-User-Properties`, a JSON list of `[name, value]` pairs in order; any other header not
-//! reserved is a user property too, after those, by name). A message whose headers do not
-//! parse is set aside with the reason, not delivered.
+//! reserved is a user property too, after those, by name). A message whose subject or headers
+//! do not parse (bytes that are not UTF-8 among them) is set aside with the reason, not
+//! delivered.
 //!
+//! - Messages are read only through the JSON API (`raw`): async-nats drops its connection at
+//!   a delivered message whose subject or headers are not UTF-8, which any publisher can write.
 //! - An edge's position and counts are a JSON document in a KV bucket (`edge-down`), raised
 //!   with compare-and-set, never lowered; the messages at or below it are purged.
 //! - An edge's seq for a message is the stream's sequence plus a base of the edge's own, kept
@@ -16,16 +21,17 @@
 //!   sequence over, and the edges' seqs go on past what they hold (`positions`).
 //! - Dead letters go to `<prefix>.%dead.<edge>` in the same stream (no edge token starts with a
 //!   bare `%`: `names` encodes it), with the message's payload and headers and the reason.
-//! - News: an ordered consumer of the stream, headers only, from the bridge's start, tells it
-//!   which edges got messages as soon as they are stored.
-//! - A send's bound is checked against the edge's backlog read headers-only (JetStream keeps
-//!   no byte count per subject); two sends racing for one edge's last room may both get in.
+//! - News: the bridge reads the stream after its cursor (the sequence it read last), every
+//!   100 ms while nothing comes, and wakes the sessions of the edges named.
+//! - A send's bound is checked against the messages the stream holds for the edge and the
+//!   bytes `send` stored for it (JetStream keeps no byte count per subject).
+//! - The summary lists the edges the downlink knows (with a position document), not every
+//!   edge id a publisher made up.
 
 use std::collections::VecDeque;
 use std::time::Duration;
 
-use async_nats::HeaderMap;
-use async_nats::jetstream::consumer::{DeliverPolicy, pull::OrderedConfig};
+use async_nats::jetstream::consumer::pull::OrderedConfig;
 use async_nats::jetstream::{self, kv, stream};
 use bytes::Bytes;
 use futures_util::StreamExt;
@@ -40,6 +46,7 @@ use crate::sink::jetstream::JetStreamSink;
 
 mod headers;
 mod positions;
+mod raw;
 
 use headers::{headers, parse};
 use positions::{PositionDoc, StreamNow};
@@ -47,8 +54,12 @@ use positions::{PositionDoc, StreamNow};
 /// The token dead letters go under, after the prefix.
 const DEAD: &str = "%dead";
 
-/// How long a scan of one edge's backlog or of the dead letters may take.
+/// How long a scan of the dead letters may take.
 const SCAN: Duration = Duration::from_secs(30);
+
+/// How often news is looked for while it waits, and how many messages one look reads at most.
+const NEWS_POLL: Duration = Duration::from_millis(100);
+const NEWS_MAX: usize = 256;
 
 /// Where the downlink lives beside the uplink's stream.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Deserialize, serde::Serialize)]
@@ -77,22 +88,13 @@ impl Default for DownSettings {
 pub(in crate::sink) struct JsDown {
     js: jetstream::Context,
     stream: stream::Stream,
+    /// The stream's name, for the JSON API.
+    name: String,
     prefix: String,
     positions: kv::Store,
-    news: tokio::sync::Mutex<News>,
     /// The uplink's stream and subject prefix, where replies arrive.
     uplink: stream::Stream,
     uplink_prefix: String,
-}
-
-/// The news consumer's messages, once made.
-#[derive(Default)]
-struct News(Option<jetstream::consumer::pull::Ordered>);
-
-impl std::fmt::Debug for News {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_tuple("News").field(&self.0.is_some()).finish()
-    }
 }
 
 /// Opens (or creates) the downlink's stream and bucket; `uplink_prefix` must not overlap.
@@ -135,9 +137,9 @@ pub(in crate::sink) async fn open(
     Ok(JsDown {
         js: js.clone(),
         stream,
+        name: s.stream.clone(),
         prefix: s.subject_prefix.clone(),
         positions,
-        news: tokio::sync::Mutex::new(News::default()),
         uplink,
         uplink_prefix: uplink_prefix.to_owned(),
     })
@@ -145,10 +147,6 @@ pub(in crate::sink) async fn open(
 
 fn unavailable(what: &'static str, reason: impl std::fmt::Display) -> SinkError {
     SinkError::Unavailable { what, reason: reason.to_string() }
-}
-
-fn time_ms(t: time::OffsetDateTime) -> u64 {
-    u64::try_from(t.unix_timestamp_nanos() / 1_000_000).unwrap_or(0)
 }
 
 /// Which stream `stream` is now, and where its sequence is.
@@ -163,7 +161,17 @@ async fn stream_now(stream: &stream::Stream) -> Result<StreamNow, SinkError> {
 /// Every edge's position and counts (the positions bucket) and what waits for it (the stream's
 /// message count per subject: what an edge acked is purged; the oldest's time read per edge
 /// that has one).
-async fn summary(stream: &stream::Stream, positions: &kv::Store, prefix: &str) -> Result<Vec<DownSummary>, SinkError> {
+///
+/// Only edges the downlink knows are listed (those with a position document: sent to by
+/// `send`, or connected): any NATS client can publish to `down.<anything>`, and a listing of
+/// whatever edge ids it made up would grow without bound (with a read per id for its oldest).
+/// Messages for an edge the downlink does not know wait until its first session, or expire.
+async fn summary(
+    js: &jetstream::Context,
+    stream: &stream::Stream,
+    positions: &kv::Store,
+    prefix: &str,
+) -> Result<Vec<DownSummary>, SinkError> {
     let what = "downlink summary";
     let mut edges: std::collections::BTreeMap<String, DownSummary> = std::collections::BTreeMap::new();
     let blank = |edge: &str| DownSummary {
@@ -189,16 +197,18 @@ async fn summary(stream: &stream::Stream, positions: &kv::Store, prefix: &str) -
         let (subject, count) = entry.map_err(|e| SinkError::nats(what, prefix, &e))?;
         let Some(token) = subject.split('.').nth(skip).filter(|t| *t != DEAD) else { continue };
         let Some(edge) = names::topic_of(&[token]) else { continue };
-        edges.entry(edge.clone()).or_insert_with(|| blank(&edge)).waiting += count as u64;
+        if let Some(s) = edges.get_mut(&edge) {
+            s.waiting += count as u64;
+        }
     }
+    let name = &stream.cached_info().config.name;
     for s in edges.values_mut().filter(|s| s.waiting > 0) {
         let filter = format!("{prefix}.{}.>", names::token(&s.edge));
         let from =
             docs.get(&s.edge).map_or(1, |d| if d.counts_in(&now) { d.stream_after(s.state.position) } else { 1 });
-        match stream.raw_message_builder().sequence(from).next_by_subject(filter).send().await {
-            Ok(m) => s.oldest_ms = Some(time_ms(m.time)),
-            Err(e) if e.kind() == stream::RawMessageErrorKind::NoMessageFound => s.waiting = 0,
-            Err(e) => return Err(SinkError::nats(what, &s.edge, &e)),
+        match raw::get(js, name, from, Some(&filter)).await? {
+            Some(m) => s.oldest_ms = Some(m.time_ms),
+            None => s.waiting = 0,
         }
     }
     Ok(edges.into_values().collect())
@@ -212,7 +222,7 @@ pub async fn summary_from(url: &str, s: &DownSettings) -> Result<Vec<DownSummary
     let (Ok(stream), Ok(positions)) = (js.get_stream(&s.stream).await, js.get_key_value(&s.bucket).await) else {
         return Ok(Vec::new());
     };
-    summary(&stream, &positions, &s.subject_prefix).await
+    summary(&js, &stream, &positions, &s.subject_prefix).await
 }
 
 /// The newest `limit` dead letters on `stream` (of `edge`, or of all), oldest first.
@@ -341,64 +351,22 @@ impl JsDown {
         Ok(n)
     }
 
-    /// `edge`'s messages from stream sequence `from`, headers only: what its backlog holds.
-    async fn backlog(&self, edge: &str, from: u64) -> Result<Backlog, SinkError> {
-        let what = "downlink backlog";
-        let consumer = self
-            .stream
-            .create_consumer(OrderedConfig {
-                filter_subject: self.filter(edge),
-                deliver_policy: DeliverPolicy::ByStartSequence { start_sequence: from },
-                headers_only: true,
-                ..Default::default()
-            })
-            .await
-            .map_err(|e| SinkError::nats(what, edge, &e))?;
-        if consumer.cached_info().num_pending == 0 {
-            return Ok(Backlog::default());
-        }
-        let mut messages = consumer.messages().await.map_err(|e| SinkError::nats(what, edge, &e))?;
-        let filter = self.filter(edge);
-        let scan = async {
-            let mut b = Backlog::default();
-            let mut last = from - 1;
-            loop {
-                // A message counted when the consumer was made may be purged before it is
-                // delivered (the edge acked it meanwhile): past a quiet moment, ask the stream
-                // whether anything is left after the last one seen.
-                let m = match tokio::time::timeout(Duration::from_millis(500), messages.next()).await {
-                    Ok(Some(m)) => m,
-                    Ok(None) => break,
-                    Err(_) => match self
-                        .stream
-                        .raw_message_builder()
-                        .sequence(last + 1)
-                        .next_by_subject(filter.clone())
-                        .send()
-                        .await
-                    {
-                        Ok(_) => continue,
-                        Err(e) if e.kind() == stream::RawMessageErrorKind::NoMessageFound => break,
-                        Err(e) => return Err(SinkError::nats(what, edge, &e)),
-                    },
-                };
-                let m = m.map_err(|e| SinkError::nats(what, edge, &e))?;
-                let info = m.info().map_err(|e| unavailable(what, e))?;
-                last = info.stream_sequence;
-                let size =
-                    m.headers.as_ref().and_then(|h| h.get("Nats-Msg-Size")).and_then(|s| s.as_str().parse().ok());
-                let (msg, _) =
-                    parse(&self.topic_tokens(&m.subject), m.headers.as_ref().unwrap_or(&HeaderMap::new()), Vec::new());
-                b.messages += 1;
-                b.bytes += msg.bytes() + size.unwrap_or(0u64);
-                b.oldest_ms.get_or_insert(time_ms(info.published));
-                if info.pending == 0 {
-                    break;
-                }
-            }
-            Ok(b)
+    /// What `edge` has waiting from stream sequence `from`: the messages the stream holds for
+    /// it (what it acked is purged), the bytes `send` stored and its acks have not covered
+    /// (see [`PositionDoc`]), and when the oldest was stored. Read through the JSON API only
+    /// (see `raw`): a consumer's messages carry their subject, which any publisher may have
+    /// made unreadable to the client.
+    async fn backlog(&self, doc: &PositionDoc, from: u64) -> Result<Backlog, SinkError> {
+        let messages = self.count(&doc.edge).await?;
+        let oldest = match messages {
+            0 => None,
+            _ => raw::get(&self.js, &self.name, from, Some(&self.filter(&doc.edge))).await?,
         };
-        tokio::time::timeout(SCAN, scan).await.map_err(|_| unavailable(what, "timed out reading the backlog"))?
+        Ok(Backlog {
+            messages: if oldest.is_some() { messages } else { 0 },
+            bytes: doc.stored_bytes.saturating_sub(doc.done_bytes),
+            oldest_ms: oldest.map(|m| m.time_ms),
+        })
     }
 
     /// Sets aside `edge`'s message `seq`, if the stream `doc` counts in holds it (`now`: a
@@ -413,28 +381,28 @@ impl JsDown {
         let what = "downlink dead letter";
         let edge = doc.edge.as_str();
         let Some(q) = doc.stream_seq(seq).filter(|_| doc.counts_in(now)) else { return Ok(()) };
-        let m = match self.stream.get_raw_message(q).await {
-            Ok(m) => m,
-            Err(e) if e.kind() == stream::RawMessageErrorKind::NoMessageFound => return Ok(()),
-            Err(e) => return Err(SinkError::nats(what, edge, &e)),
-        };
+        let Some(m) = raw::get(&self.js, &self.name, q, None).await? else { return Ok(()) };
         // Only a message the sink holds for this edge: an edge cannot set aside another's.
         if !m.subject.starts_with(&self.filter(edge)[..self.filter(edge).len() - 1]) {
             return Ok(());
         }
-        let (msg, _) = parse(&self.topic_tokens(&m.subject), &m.headers, Vec::new());
-        let mut h = m.headers.clone();
-        h.insert("Mqtt-Topic", msg.topic.as_str());
-        h.insert("Edge-Id", edge);
+        let headers = m.headers.clone().unwrap_or_default();
+        let (msg, _) = parse(&self.topic_tokens(&m.subject), &headers, Vec::new());
+        // Its own headers where they parse; ours with values any edge or publisher may have
+        // made (a reason, a topic decoded from the subject) made safe for a header.
+        let safe = |v: &str, max| crate::sink::jetstream::publish::header_value(v, max);
+        let mut h = headers;
+        h.insert("Mqtt-Topic", safe(&msg.topic, 4096).as_str());
+        h.insert("Edge-Id", safe(edge, 1024).as_str());
         h.insert("Edge-Down-Seq", seq.to_string().as_str());
         h.insert("Edge-Outcome", outcome);
-        h.insert("Edge-Reason", reason);
+        h.insert("Edge-Reason", safe(reason, 512).as_str());
         h.insert("Edge-At-Ms", shared::units::now_ms().to_string().as_str());
         h.insert("Edge-Bytes", (msg.bytes() + m.payload.len() as u64).to_string().as_str());
-        h.insert("Nats-Msg-Id", format!("dead:{edge}:{seq}").as_str());
+        h.insert("Nats-Msg-Id", format!("dead:{}:{seq}", names::token(edge)).as_str());
         let subject = format!("{}.{DEAD}.{}", self.prefix, names::token(edge));
         self.js
-            .publish_with_headers(subject, h, m.payload)
+            .publish_with_headers(subject, h, Bytes::from(m.payload))
             .await
             .map_err(|e| SinkError::nats(what, edge, &e))?
             .await
@@ -507,12 +475,8 @@ impl DownlinkStore for JetStreamSink {
         let mut out = Vec::new();
         let mut next = doc.stream_after(after);
         while out.len() < max {
-            let m = match d.stream.raw_message_builder().sequence(next).next_by_subject(filter.clone()).send().await {
-                Ok(m) => m,
-                Err(e) if e.kind() == stream::RawMessageErrorKind::NoMessageFound => break,
-                Err(e) => return Err(SinkError::nats("downlink read", edge, &e)),
-            };
-            if doc.past_max(m.sequence) {
+            let Some(m) = raw::get(&d.js, &d.name, next, Some(&filter)).await? else { break };
+            if doc.past_max(m.seq) {
                 if out.is_empty() {
                     return Err(SinkError::invalid(
                         "downlink read",
@@ -521,9 +485,11 @@ impl DownlinkStore for JetStreamSink {
                 }
                 break;
             }
-            let (msg, invalid) = parse(&d.topic_tokens(&m.subject), &m.headers, m.payload.to_vec());
-            next = m.sequence + 1;
-            out.push(Pending { seq: doc.edge_seq(m.sequence), stored_ms: time_ms(m.time), msg, invalid });
+            next = m.seq + 1;
+            let problem = m.problem();
+            let headers = m.headers.unwrap_or_default();
+            let (msg, invalid) = parse(&d.topic_tokens(&m.subject), &headers, m.payload);
+            out.push(Pending { seq: doc.edge_seq(m.seq), stored_ms: m.time_ms, msg, invalid: problem.or(invalid) });
         }
         Ok(out)
     }
@@ -579,12 +545,12 @@ impl DownlinkStore for JetStreamSink {
         let d = self.down();
         let (doc, now) = d.settled(edge, None).await?;
         let from = if doc.counts_in(&now) { doc.stream_after(doc.state.position) } else { 1 };
-        d.backlog(edge, from).await
+        d.backlog(&doc, from).await
     }
 
     async fn down_summary(&self) -> Result<Vec<DownSummary>, SinkError> {
         let d = self.down();
-        summary(&d.stream, &d.positions, &d.prefix).await
+        summary(&d.js, &d.stream, &d.positions, &d.prefix).await
     }
 
     async fn reply_cursor(&self) -> Result<u64, SinkError> {
@@ -625,55 +591,54 @@ impl DownlinkStore for JetStreamSink {
         dead_letters(&d.stream, &d.prefix, edge, limit).await
     }
 
+    /// The cursor is the stream's sequence. News is read through the JSON API, one message
+    /// after the cursor at a time, looked for every [`NEWS_POLL`] while it waits: a consumer
+    /// would deliver messages with their subjects, which any publisher may have made
+    /// unreadable to the client (see `raw`), and its state was lost with a server restart,
+    /// when sessions then waited for their own poll.
     async fn down_news(&self, cursor: Option<u64>, wait: Duration) -> Result<(u64, Vec<String>), SinkError> {
         let d = self.down();
-        let mut news = d.news.lock().await;
-        if news.0.is_none() || cursor.is_none() {
-            // A consumer, not a core subscription: a core subscriber hears a message before the
-            // stream stored it, and a session woken then read nothing and slept until its poll.
-            let consumer = d
-                .stream
-                .create_consumer(OrderedConfig {
-                    filter_subject: format!("{}.*.>", d.prefix),
-                    deliver_policy: DeliverPolicy::New,
-                    headers_only: true,
-                    ..Default::default()
-                })
-                .await
-                .map_err(|e| SinkError::nats("downlink news", &d.prefix, &e))?;
-            let messages = consumer.messages().await.map_err(|e| SinkError::nats("downlink news", &d.prefix, &e))?;
-            news.0 = Some(messages);
-            if cursor.is_none() {
-                return Ok((0, Vec::new()));
-            }
-        }
-        let messages = news.0.as_mut().expect("made above");
-        let skip = d.prefix.split('.').count();
-        let mut edges = Vec::new();
-        let mut take = |subject: &str| {
-            if let Some(token) = subject.split('.').nth(skip).filter(|t| *t != DEAD)
-                && let Some(edge) = names::topic_of(&[token])
-            {
-                edges.push(edge);
-            }
+        let Some(mut cursor) = cursor else {
+            return Ok((stream_now(&d.stream).await?.last_seq, Vec::new()));
         };
-        match tokio::time::timeout(wait, messages.next()).await {
-            Ok(Some(Ok(m))) => take(&m.subject),
-            Ok(Some(Err(e))) => {
-                news.0 = None;
-                return Err(SinkError::nats("downlink news", &d.prefix, &e));
+        let filter = format!("{}.*.>", d.prefix);
+        let skip = d.prefix.split('.').count();
+        let deadline = tokio::time::Instant::now() + wait;
+        let mut looked_back = false;
+        let mut edges = Vec::new();
+        loop {
+            while edges.len() < NEWS_MAX {
+                // A request under way when the connection drops waits for its whole timeout:
+                // news is late by that much at most.
+                let got = tokio::time::timeout(NEWS_POLL * 5, raw::get(&d.js, &d.name, cursor + 1, Some(&filter)))
+                    .await
+                    .map_err(|_| unavailable("downlink news", "timed out"))??;
+                let Some(m) = got else { break };
+                cursor = m.seq;
+                if let Some(token) = m.subject.split('.').nth(skip).filter(|t| *t != DEAD)
+                    && let Some(edge) = names::topic_of(&[token])
+                {
+                    edges.push(edge);
+                }
             }
-            Ok(None) => {
-                news.0 = None;
-                return Err(unavailable("downlink news", "the consumer ended"));
+            if !edges.is_empty() {
+                edges.sort();
+                edges.dedup();
+                return Ok((cursor, edges));
             }
-            Err(_) => return Ok((0, Vec::new())),
+            // A stream made anew starts its sequence over: its messages are all news.
+            if !looked_back {
+                looked_back = true;
+                let last = stream_now(&d.stream).await?.last_seq;
+                if last < cursor {
+                    cursor = 0;
+                    continue;
+                }
+            }
+            if tokio::time::Instant::now() >= deadline {
+                return Ok((cursor, edges));
+            }
+            tokio::time::sleep(NEWS_POLL).await;
         }
-        while let Some(Some(Ok(m))) = futures_util::FutureExt::now_or_never(messages.next()) {
-            take(&m.subject);
-        }
-        edges.sort();
-        edges.dedup();
-        Ok((0, edges))
     }
 }
