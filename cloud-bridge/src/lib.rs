@@ -41,6 +41,8 @@ pub enum StartError {
     },
     #[error("tracing: {0}")]
     Tracing(String),
+    #[error("{0}")]
+    Downlink(String),
 }
 
 /// A running bridge.
@@ -133,6 +135,7 @@ impl Bridge {
         let bridge = match &config.sink {
             SinkConfig::Sqlite { path } => {
                 let sink = sink::sqlite::SqliteSink::open(path)?.with_metrics(metrics.sink.clone());
+                config.downlink.fits(sink::DownlinkStore::down_limit(&sink)).map_err(StartError::Downlink)?;
                 tracing::info!(path = %path.display(), "sink: sqlite");
                 Self::serve(Arc::new(sink.with_quota(config.limits.quota())), parts, metrics, quic_addr, http_addr)
             }
@@ -141,6 +144,8 @@ impl Bridge {
                 let sink = Box::pin(sink::jetstream::JetStreamSink::connect(&settings))
                     .await?
                     .with_metrics(metrics.sink.clone());
+                // A downlink message that passes `send` must fit the server (its max_payload).
+                config.downlink.fits(sink::DownlinkStore::down_limit(&sink)).map_err(StartError::Downlink)?;
                 tracing::info!(url, stream, marks_bucket, "sink: jetstream");
                 Self::serve(Arc::new(sink.with_quota(config.limits.quota())), parts, metrics, quic_addr, http_addr)
             }

@@ -6,7 +6,10 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
+use shared::proto::down::MAX_DOWN_BYTES;
 use shared::units::{ByteSize, HumanDuration};
+
+use crate::sink::downlink::{DOWN_HEADERS, DownLimit, Outgoing};
 
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize)]
 #[serde(deny_unknown_fields, default)]
@@ -20,6 +23,15 @@ pub struct DownlinkConfig {
     pub max_backlog_messages: u64,
     /// Their bytes (topic, payload and properties), at most. Default: 64 MiB.
     pub max_backlog_bytes: ByteSize,
+    /// One message's bytes (topic, payload and properties), at most, on every sink alike: `send`
+    /// refuses a larger one, and the bridge sets aside a larger one another publisher stored.
+    /// At most 4 MiB (a downlink frame's limit); the bridge refuses to start when its sink holds
+    /// less (a JetStream sink: nats-server's `max_payload`, 1 MiB unless raised, less 16 KiB
+    /// for headers). Default: 1000 KiB.
+    pub max_message_bytes: ByteSize,
+    /// A message's topic, at most, in bytes: `send` refuses a longer one. An edge refuses a
+    /// topic past its own `broker.max_topic_length` (1024 by default). Default: 1024.
+    pub max_topic_bytes: usize,
     /// How often a connected edge's session reads the sink without news of a message for it
     /// (news comes at once; this covers news lost in a reconnect). Default: 5s.
     pub poll: HumanDuration,
@@ -39,6 +51,8 @@ impl Default for DownlinkConfig {
             window_bytes: ByteSize::mib(4),
             max_backlog_messages: 10_000,
             max_backlog_bytes: ByteSize::mib(64),
+            max_message_bytes: ByteSize(1000 << 10),
+            max_topic_bytes: 1024,
             poll: HumanDuration(Duration::from_secs(5)),
             summary_interval: HumanDuration(Duration::from_secs(15)),
             groups: BTreeMap::new(),
@@ -54,9 +68,24 @@ impl DownlinkConfig {
             ("downlink.window_bytes", self.window_bytes.bytes()),
             ("downlink.max_backlog_messages", self.max_backlog_messages),
             ("downlink.max_backlog_bytes", self.max_backlog_bytes.bytes()),
+            ("downlink.max_message_bytes", self.max_message_bytes.bytes()),
+            ("downlink.max_topic_bytes", self.max_topic_bytes as u64),
         ];
         if let Some((key, _)) = zero.iter().find(|(_, v)| *v == 0) {
             return Err((key.to_string(), "must be at least 1".into()));
+        }
+        if self.max_message_bytes.bytes() > MAX_DOWN_BYTES as u64 {
+            return Err((
+                "downlink.max_message_bytes".into(),
+                format!(
+                    "{} is more than a downlink message may hold ({})",
+                    self.max_message_bytes,
+                    ByteSize(MAX_DOWN_BYTES as u64)
+                ),
+            ));
+        }
+        if self.max_topic_bytes > u16::MAX as usize {
+            return Err(("downlink.max_topic_bytes".into(), format!("{} is over MQTT's 65535", self.max_topic_bytes)));
         }
         if self.poll.0.is_zero() {
             return Err(("downlink.poll".into(), "must be more than 0".into()));
@@ -71,6 +100,40 @@ impl DownlinkConfig {
             if let Some(e) = edges.iter().find(|e| e.is_empty()) {
                 return Err((format!("downlink.groups.{name}"), format!("{e:?} is not an edge id")));
             }
+        }
+        Ok(())
+    }
+
+    /// Why `msg` is not one to store, by this config's per-message bounds.
+    pub fn refuses(&self, msg: &Outgoing) -> Option<String> {
+        if msg.topic.len() > self.max_topic_bytes {
+            return Some(format!(
+                "--topic: {} bytes, more than downlink.max_topic_bytes ({})",
+                msg.topic.len(),
+                self.max_topic_bytes
+            ));
+        }
+        (msg.bytes() > self.max_message_bytes.bytes()).then(|| {
+            format!(
+                "the message is {} bytes (topic, payload and properties), more than downlink.max_message_bytes ({})",
+                msg.bytes(),
+                self.max_message_bytes
+            )
+        })
+    }
+
+    /// Whether a sink that holds `limit` per message (and says why in `of`) can keep every
+    /// message this config lets through.
+    pub fn fits(&self, limit: DownLimit) -> Result<(), String> {
+        let need = self.max_message_bytes.bytes() + DOWN_HEADERS;
+        if need > limit.bytes {
+            return Err(format!(
+                "downlink.max_message_bytes ({}) and 16 KiB for headers is more than the sink holds per message \
+                 ({}, {}): lower downlink.max_message_bytes or raise the sink's limit",
+                self.max_message_bytes,
+                ByteSize(limit.bytes),
+                limit.of
+            ));
         }
         Ok(())
     }
@@ -91,6 +154,8 @@ mod tests {
         let bad = [
             ("window_messages = 0", "downlink.window_messages"),
             ("max_backlog_bytes = \"0B\"", "downlink.max_backlog_bytes"),
+            ("max_message_bytes = \"5MiB\"", "downlink.max_message_bytes"),
+            ("max_topic_bytes = 65536", "downlink.max_topic_bytes"),
             ("poll = \"0s\"", "downlink.poll"),
             ("[groups]\nnone = []", "downlink.groups.none"),
             ("[groups]\nblank = [\"\"]", "downlink.groups.blank"),

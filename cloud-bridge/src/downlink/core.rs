@@ -84,6 +84,8 @@ pub struct DownCore {
     metrics: Arc<DownlinkMetrics>,
     window_messages: usize,
     poll: Duration,
+    /// A message past this many bytes is set aside ([`DownCore::with_max_bytes`]).
+    max_bytes: u64,
     phase: Phase,
     asked: Option<Asked>,
     /// Calls to make, in order, with what their answers mean.
@@ -134,6 +136,7 @@ impl DownCore {
             metrics,
             window_messages: window_messages.max(1),
             poll,
+            max_bytes: MAX_DOWN_BYTES as u64,
             phase: Phase::Starting { edge_mark: 0 },
             asked: None,
             calls: VecDeque::new(),
@@ -150,6 +153,13 @@ impl DownCore {
             retry_at: None,
             backoff: RETRY_FIRST,
         }
+    }
+
+    /// Sets aside messages past `max` bytes (`downlink.max_message_bytes`; at most what a
+    /// downlink frame holds), as `send` refuses them: another publisher's are held to it too.
+    pub fn with_max_bytes(mut self, max: u64) -> Self {
+        self.max_bytes = max.min(MAX_DOWN_BYTES as u64);
+        self
     }
 
     /// The hello said the edge is done through `edge_mark`: ask the sink where it stands.
@@ -345,8 +355,8 @@ impl DownCore {
         while self.asked.is_none() && self.calls.is_empty() && session.down_room() {
             let Some(p) = self.ready.pop_front() else { break };
             let bytes = p.msg.bytes();
-            let too_large = (bytes > MAX_DOWN_BYTES as u64)
-                .then(|| format!("{bytes} bytes, more than a downlink message may hold ({MAX_DOWN_BYTES})"));
+            let too_large = (bytes > self.max_bytes)
+                .then(|| format!("{bytes} bytes, more than downlink.max_message_bytes ({})", self.max_bytes));
             match p.invalid.clone().or(too_large) {
                 Some(reason) => {
                     tracing::warn!(

@@ -135,6 +135,10 @@ pub async fn send<S: DownlinkStore>(
     edges: &[String],
     msg: &Outgoing,
 ) -> Result<Vec<(String, Enqueued)>, SendError> {
+    if let Some(why) = config.refuses(msg) {
+        return Err(SendError::Invalid(why));
+    }
+    config.fits(sink.down_limit()).map_err(SendError::Invalid)?;
     let bounds = DownBounds { messages: config.max_backlog_messages, bytes: config.max_backlog_bytes.bytes() };
     let mut out = Vec::with_capacity(edges.len());
     for edge in edges {

@@ -248,3 +248,89 @@ async fn a_nats_publisher_cannot_add_edges_to_the_downlink_summary() {
     let edges: Vec<_> = summary.iter().map(|s| (s.edge.as_str(), s.waiting)).collect();
     assert_eq!(edges, [("edge-1", 1)]);
 }
+
+/// One message's bounds are the downlink's, the same on every sink: a 2 MiB message was
+/// delivered on SQLite and failed on JetStream (nats-server's default 1 MiB `max_payload`) with
+/// a NATS error; a 65,000-byte topic was stored on SQLite and refused by the edge, and "timed
+/// out" on JetStream (its subject passed nats-server's protocol line). Now `send` refuses both
+/// on both, naming the key, a message at the bound is stored on both, and a bridge whose
+/// `max_message_bytes` its sink cannot hold does not start.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_message_is_bounded_alike_on_every_sink_and_a_bound_the_sink_cannot_hold_stops_the_start() {
+    use cloud_bridge::downlink::DownlinkConfig;
+    use cloud_bridge::downlink::send::{SendError, send};
+    use shared::units::ByteSize;
+
+    let nats = NatsServer::start();
+    let dir = tempfile::tempdir().unwrap();
+    let sqlite = cloud_bridge::sink::sqlite::SqliteSink::open(&dir.path().join("central.db")).unwrap();
+    let js = sink(&nats).await;
+    let config = DownlinkConfig::default();
+    let edge = ["edge-1".to_owned()];
+    let big = Outgoing { payload: vec![b'x'; 2 << 20], ..msg("cmd/a", "") };
+    let long = msg(&"a".repeat(65_000), "x");
+    let at_bound = Outgoing { payload: vec![b'x'; (1000 << 10) - 5], ..msg("cmd/a", "") };
+    assert_eq!(at_bound.bytes(), 1000 << 10);
+    let refused = |r: Result<_, SendError>| match r {
+        Err(SendError::Invalid(why)) => why,
+        other => panic!("not refused: {other:?}"),
+    };
+    for why in [refused(send(&sqlite, &config, &edge, &big).await), refused(send(&js, &config, &edge, &big).await)] {
+        assert!(why.contains("more than downlink.max_message_bytes (1000"), "{why}");
+    }
+    for why in [refused(send(&sqlite, &config, &edge, &long).await), refused(send(&js, &config, &edge, &long).await)] {
+        assert!(why.contains("more than downlink.max_topic_bytes (1024)"), "{why}");
+    }
+    for stored in [send(&sqlite, &config, &edge, &at_bound).await, send(&js, &config, &edge, &at_bound).await] {
+        assert!(matches!(stored.unwrap()[0].1, cloud_bridge::sink::downlink::Enqueued::Stored { .. }));
+    }
+
+    let wide = DownlinkConfig { max_message_bytes: ByteSize::mib(4), ..Default::default() };
+    assert_eq!(wide.fits(sqlite.down_limit()), Ok(()));
+    let why = wide.fits(js.down_limit()).unwrap_err();
+    assert!(why.contains("nats-server's max_payload") && why.contains("downlink.max_message_bytes (4.0 MiB)"), "{why}");
+    let keys = e2e_tests::cloud::pki(dir.path(), &[]);
+    let text = format!(
+        "[server]\nbind = \"127.0.0.1:0\"\ncert = \"{}\"\nkey = \"{}\"\nclient_ca = \"{}\"\n\
+         [sink]\nkind = \"jetstream\"\nurl = \"{}\"\n[downlink]\nmax_message_bytes = \"4MiB\"\n",
+        keys.server_cert.display(),
+        keys.server_key.display(),
+        keys.ca.display(),
+        nats.url()
+    );
+    std::fs::write(dir.path().join("cloud.toml"), text).unwrap();
+    let config = cloud_bridge::config::CloudConfig::load(&dir.path().join("cloud.toml")).unwrap();
+    let e = cloud_bridge::Bridge::start(config).await.expect_err("a bound the sink cannot hold");
+    assert!(e.to_string().contains("max_payload"), "{e}");
+}
+
+/// Sends racing for an edge's last room: the bound was checked and the message stored in two
+/// steps, and 10,002 were stored for a bound of 10,000. Now the publish is stored only if no
+/// other message for the edge came since the count (nats-server 2.11's expected last sequence
+/// on a subject filter), and is counted again otherwise.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sends_racing_for_the_last_room_do_not_pass_the_bound() {
+    use std::sync::Arc;
+
+    let nats = NatsServer::start();
+    let sink = Arc::new(sink(&nats).await);
+    let bounds = DownBounds { messages: 10, bytes: 1 << 20 };
+    for _ in 0..5 {
+        sink.enqueue("edge-1", &msg("cmd/a", "x"), bounds).await.unwrap();
+    }
+    let racers: Vec<_> = (0..24)
+        .map(|i| {
+            let sink = sink.clone();
+            tokio::spawn(async move { sink.enqueue("edge-1", &msg(&format!("cmd/{i}"), "x"), bounds).await.unwrap() })
+        })
+        .collect();
+    let mut stored = 0;
+    let mut outcomes = Vec::new();
+    for r in racers {
+        let what = r.await.unwrap();
+        stored += usize::from(matches!(what, cloud_bridge::sink::downlink::Enqueued::Stored { .. }));
+        outcomes.push(what);
+    }
+    let _ = outcomes;
+    assert_eq!((stored, sink.down_backlog("edge-1").await.unwrap().messages), (5, 10));
+}

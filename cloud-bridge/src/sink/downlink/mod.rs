@@ -201,8 +201,22 @@ pub struct Reply {
     pub headers: Vec<(String, String)>,
 }
 
+/// What a sink needs per message beyond a message's own bytes ([`Outgoing::bytes`]): its
+/// headers and encoding, at most.
+pub const DOWN_HEADERS: u64 = 16 << 10;
+
+/// The most one stored message may weigh in a sink (payload and headers), and whose limit it is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DownLimit {
+    pub bytes: u64,
+    pub of: &'static str,
+}
+
 /// The downlink's storage. See the module doc.
 pub trait DownlinkStore: Send + Sync + 'static {
+    /// What one message may weigh here.
+    fn down_limit(&self) -> DownLimit;
+
     /// Stores `msg` for `edge` after what it has waiting, unless that would pass `bounds`.
     fn enqueue(
         &self,

@@ -244,6 +244,14 @@ fn is_transient(code: i32) -> bool {
 }
 
 impl DownlinkStore for SqliteSink {
+    fn down_limit(&self) -> super::DownLimit {
+        // A row holds what a downlink frame holds.
+        super::DownLimit {
+            bytes: shared::proto::down::MAX_DOWN_BYTES as u64 + super::DOWN_HEADERS,
+            of: "a downlink frame's limit",
+        }
+    }
+
     async fn enqueue(&self, edge: &str, msg: &Outgoing, bounds: DownBounds) -> Result<Enqueued, SinkError> {
         let (edge, msg) = (edge.to_owned(), msg.clone());
         let json = message_json(&msg);

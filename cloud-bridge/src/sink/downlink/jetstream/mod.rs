@@ -37,8 +37,8 @@ use bytes::Bytes;
 use futures_util::StreamExt;
 
 use super::{
-    Backlog, DownBounds, DownDeadLetter, DownDone, DownState, DownSummary, DownlinkStore, Enqueued, Outgoing, Pending,
-    Reply,
+    Backlog, DownBounds, DownDeadLetter, DownDone, DownLimit, DownState, DownSummary, DownlinkStore, Enqueued,
+    Outgoing, Pending, Reply,
 };
 use crate::names;
 use crate::sink::SinkError;
@@ -56,6 +56,31 @@ const DEAD: &str = "%dead";
 
 /// How long a scan of the dead letters may take.
 const SCAN: Duration = Duration::from_secs(30);
+
+/// The longest subject a send publishes to: nats-server reads a publish's protocol line
+/// (subject, sizes, reply inbox) into at most 4096 bytes by default, and drops the connection
+/// past it; the publish then only timed out.
+const MAX_SUBJECT: usize = 3800;
+
+/// Attempts of a send whose room another message took meanwhile.
+const CAS_ATTEMPTS: usize = 10;
+
+/// The bytes a header block takes on the wire.
+fn header_bytes(h: &async_nats::HeaderMap) -> u64 {
+    let lines: usize = h
+        .iter()
+        .map(|(k, vs)| {
+            let name: &str = k.as_ref();
+            vs.iter().map(|v| name.len() + v.as_str().len() + 4).sum::<usize>()
+        })
+        .sum();
+    (lines + "NATS/1.0\r\n\r\n".len()) as u64
+}
+
+/// Whether `e` says a message came first (JetStream's "wrong last sequence").
+fn is_wrong_last(e: &jetstream::context::PublishError) -> bool {
+    e.kind() == jetstream::context::PublishErrorKind::WrongLastSequence
+}
 
 /// How often news is looked for while it waits, and how many messages one look reads at most.
 const NEWS_POLL: Duration = Duration::from_millis(100);
@@ -90,6 +115,14 @@ pub(in crate::sink) struct JsDown {
     stream: stream::Stream,
     /// The stream's name, for the JSON API.
     name: String,
+    /// What one message may weigh: the server's `max_payload`, the stream's `max_msg_size`
+    /// (if it has one), as of the connect.
+    max_payload: u64,
+    max_msg_size: Option<u64>,
+    /// Whether the server checks a publish's expected last sequence on a subject filter
+    /// (`Nats-Expected-Last-Subject-Sequence-Subject`, nats-server 2.11): a send's bound then
+    /// holds across concurrent sends; on older servers two may both take the last room.
+    guarded: bool,
     prefix: String,
     positions: kv::Store,
     /// The uplink's stream and subject prefix, where replies arrive.
@@ -138,11 +171,19 @@ pub(in crate::sink) async fn open(
         js: js.clone(),
         stream,
         name: s.stream.clone(),
+        max_payload: js.client().server_info().max_payload as u64,
+        max_msg_size: u64::try_from(config.max_message_size).ok().filter(|m| *m > 0),
+        guarded: version_at_least(&js.client().server_info().version, (2, 11)),
         prefix: s.subject_prefix.clone(),
         positions,
         uplink,
         uplink_prefix: uplink_prefix.to_owned(),
     })
+}
+
+fn version_at_least(version: &str, at: (u64, u64)) -> bool {
+    let mut parts = version.split(['.', '-']).map(|p| p.parse::<u64>().unwrap_or(0));
+    (parts.next().unwrap_or(0), parts.next().unwrap_or(0)) >= at
 }
 
 fn unavailable(what: &'static str, reason: impl std::fmt::Display) -> SinkError {
@@ -206,7 +247,7 @@ async fn summary(
         let filter = format!("{prefix}.{}.>", names::token(&s.edge));
         let from =
             docs.get(&s.edge).map_or(1, |d| if d.counts_in(&now) { d.stream_after(s.state.position) } else { 1 });
-        match raw::get(js, name, from, Some(&filter)).await? {
+        match raw::get(js, name, raw::At::Next(from, &filter)).await? {
             Some(m) => s.oldest_ms = Some(m.time_ms),
             None => s.waiting = 0,
         }
@@ -337,18 +378,10 @@ impl JsDown {
     }
 
     /// How many messages the stream holds for `edge`: what it acked is purged, so this is its
-    /// backlog (and what a purge has not reached yet).
+    /// backlog (and what a purge has not reached yet). More subjects than one answer lists
+    /// count as a full backlog.
     async fn count(&self, edge: &str) -> Result<u64, SinkError> {
-        let mut subjects = self
-            .stream
-            .info_with_subjects(self.filter(edge))
-            .await
-            .map_err(|e| SinkError::nats("downlink count", edge, &e))?;
-        let mut n = 0u64;
-        while let Some(entry) = subjects.next().await {
-            n += entry.map_err(|e| SinkError::nats("downlink count", edge, &e))?.1 as u64;
-        }
-        Ok(n)
+        Ok(raw::count(&self.js, &self.name, &self.filter(edge)).await?.unwrap_or(u64::MAX / 2))
     }
 
     /// What `edge` has waiting from stream sequence `from`: the messages the stream holds for
@@ -360,7 +393,7 @@ impl JsDown {
         let messages = self.count(&doc.edge).await?;
         let oldest = match messages {
             0 => None,
-            _ => raw::get(&self.js, &self.name, from, Some(&self.filter(&doc.edge))).await?,
+            _ => raw::get(&self.js, &self.name, raw::At::Next(from, &self.filter(&doc.edge))).await?,
         };
         Ok(Backlog {
             messages: if oldest.is_some() { messages } else { 0 },
@@ -381,17 +414,27 @@ impl JsDown {
         let what = "downlink dead letter";
         let edge = doc.edge.as_str();
         let Some(q) = doc.stream_seq(seq).filter(|_| doc.counts_in(now)) else { return Ok(()) };
-        let Some(m) = raw::get(&self.js, &self.name, q, None).await? else { return Ok(()) };
+        let Some(m) = raw::get(&self.js, &self.name, raw::At::Seq(q)).await? else { return Ok(()) };
         // Only a message the sink holds for this edge: an edge cannot set aside another's.
         if !m.subject.starts_with(&self.filter(edge)[..self.filter(edge).len() - 1]) {
             return Ok(());
         }
         let headers = m.headers.clone().unwrap_or_default();
         let (msg, _) = parse(&self.topic_tokens(&m.subject), &headers, Vec::new());
-        // Its own headers where they parse; ours with values any edge or publisher may have
-        // made (a reason, a topic decoded from the subject) made safe for a header.
+        // Its own headers where they parse, but for the server's (`Nats-Expected-*` of a send
+        // would fail the copy's publish, forever); ours with values any edge or publisher may
+        // have made (a reason, a topic decoded from the subject) made safe for a header.
         let safe = |v: &str, max| crate::sink::jetstream::publish::header_value(v, max);
-        let mut h = headers;
+        let mut h = async_nats::HeaderMap::new();
+        for (name, values) in headers.iter() {
+            let text: &str = name.as_ref();
+            if text.len() >= 5 && text[..5].eq_ignore_ascii_case("nats-") {
+                continue;
+            }
+            for v in values {
+                h.append(name.clone(), v.clone());
+            }
+        }
         h.insert("Mqtt-Topic", safe(&msg.topic, 4096).as_str());
         h.insert("Edge-Id", safe(edge, 1024).as_str());
         h.insert("Edge-Down-Seq", seq.to_string().as_str());
@@ -412,6 +455,14 @@ impl JsDown {
 }
 
 impl DownlinkStore for JetStreamSink {
+    fn down_limit(&self) -> DownLimit {
+        let d = self.down();
+        match d.max_msg_size.filter(|m| *m < d.max_payload) {
+            Some(bytes) => DownLimit { bytes, of: "the downlink stream's max_msg_size" },
+            None => DownLimit { bytes: d.max_payload, of: "nats-server's max_payload" },
+        }
+    }
+
     async fn enqueue(&self, edge: &str, msg: &Outgoing, bounds: DownBounds) -> Result<Enqueued, SinkError> {
         let d = self.down();
         let (doc, now) = d.settled(edge, None).await?;
@@ -424,23 +475,63 @@ impl DownlinkStore for JetStreamSink {
                 ),
             ));
         }
-        let waiting = Backlog {
-            messages: d.count(edge).await?,
-            bytes: doc.stored_bytes.saturating_sub(doc.done_bytes),
-            oldest_ms: None,
-        };
-        if waiting.messages + 1 > bounds.messages || waiting.bytes + msg.bytes() > bounds.bytes {
-            return Ok(Enqueued::Full(waiting));
+        let subject = names::subject(&d.prefix, edge, &msg.topic);
+        if subject.len() > MAX_SUBJECT {
+            return Err(SinkError::invalid(
+                "downlink enqueue",
+                format!(
+                    "the topic makes a {}-byte subject, more than nats-server takes in one protocol line \
+                     ({MAX_SUBJECT} bytes with room for the rest of it)",
+                    subject.len()
+                ),
+            ));
         }
-        let mut h = headers(msg);
-        // A retried publish of this send is stored once.
-        h.insert("Nats-Msg-Id", format!("send:{edge}:{:032x}", rand::random::<u128>()).as_str());
-        let ack =
-            d.js.publish_with_headers(names::subject(&d.prefix, edge, &msg.topic), h, Bytes::from(msg.payload.clone()))
-                .await
-                .map_err(|e| SinkError::nats("downlink enqueue", edge, &e))?
-                .await
-                .map_err(|e| SinkError::nats("downlink enqueue", edge, &e))?;
+        let filter = d.filter(edge);
+        let mut attempts = 0;
+        let ack = loop {
+            attempts += 1;
+            // Read before the count: a message stored after this makes the publish fail (below),
+            // and the bound is checked again with it counted.
+            let last = match d.guarded {
+                true => raw::get(&d.js, &d.name, raw::At::Last(&filter)).await?.map_or(0, |m| m.seq),
+                false => 0,
+            };
+            let waiting = Backlog {
+                messages: d.count(edge).await?,
+                bytes: doc.stored_bytes.saturating_sub(doc.done_bytes),
+                oldest_ms: None,
+            };
+            if waiting.messages + 1 > bounds.messages || waiting.bytes + msg.bytes() > bounds.bytes {
+                return Ok(Enqueued::Full(waiting));
+            }
+            let mut h = headers(msg);
+            // A retried publish of this send is stored once.
+            h.insert("Nats-Msg-Id", format!("send:{}:{:032x}", names::token(edge), rand::random::<u128>()).as_str());
+            if d.guarded {
+                // Stored only if no other message for the edge was since the count: sends
+                // racing for an edge's last room cannot both get in.
+                h.insert("Nats-Expected-Last-Subject-Sequence", last.to_string().as_str());
+                h.insert("Nats-Expected-Last-Subject-Sequence-Subject", filter.as_str());
+            }
+            let size = header_bytes(&h) + msg.payload.len() as u64;
+            let limit = self.down_limit();
+            if size > limit.bytes {
+                return Err(SinkError::invalid(
+                    "downlink enqueue",
+                    format!("the message and its headers are {size} bytes, more than {} ({})", limit.of, limit.bytes),
+                ));
+            }
+            let stored =
+                d.js.publish_with_headers(subject.clone(), h, Bytes::from(msg.payload.clone()))
+                    .await
+                    .map_err(|e| SinkError::nats("downlink enqueue", edge, &e))?
+                    .await;
+            match stored {
+                Ok(ack) => break ack,
+                Err(e) if attempts < CAS_ATTEMPTS && is_wrong_last(&e) => continue,
+                Err(e) => return Err(SinkError::nats("downlink enqueue", edge, &e)),
+            }
+        };
         let bytes = msg.bytes();
         let counted = d
             .update(edge, None, |doc| {
@@ -475,7 +566,7 @@ impl DownlinkStore for JetStreamSink {
         let mut out = Vec::new();
         let mut next = doc.stream_after(after);
         while out.len() < max {
-            let Some(m) = raw::get(&d.js, &d.name, next, Some(&filter)).await? else { break };
+            let Some(m) = raw::get(&d.js, &d.name, raw::At::Next(next, &filter)).await? else { break };
             if doc.past_max(m.seq) {
                 if out.is_empty() {
                     return Err(SinkError::invalid(
@@ -610,9 +701,10 @@ impl DownlinkStore for JetStreamSink {
             while edges.len() < NEWS_MAX {
                 // A request under way when the connection drops waits for its whole timeout:
                 // news is late by that much at most.
-                let got = tokio::time::timeout(NEWS_POLL * 5, raw::get(&d.js, &d.name, cursor + 1, Some(&filter)))
-                    .await
-                    .map_err(|_| unavailable("downlink news", "timed out"))??;
+                let got =
+                    tokio::time::timeout(NEWS_POLL * 5, raw::get(&d.js, &d.name, raw::At::Next(cursor + 1, &filter)))
+                        .await
+                        .map_err(|_| unavailable("downlink news", "timed out"))??;
                 let Some(m) = got else { break };
                 cursor = m.seq;
                 if let Some(token) = m.subject.split('.').nth(skip).filter(|t| *t != DEAD)

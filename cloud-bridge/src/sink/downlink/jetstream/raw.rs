@@ -46,6 +46,18 @@ struct Request<'a> {
     seq: Option<u64>,
     #[serde(skip_serializing_if = "Option::is_none")]
     next_by_subj: Option<&'a str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    last_by_subj: Option<&'a str>,
+}
+
+/// Which message to get.
+#[derive(Debug, Clone, Copy)]
+pub(super) enum At<'a> {
+    Seq(u64),
+    /// The first at or after a sequence on a subject filter.
+    Next(u64, &'a str),
+    /// The last on a subject filter.
+    Last(&'a str),
 }
 
 #[derive(Deserialize)]
@@ -56,16 +68,14 @@ struct Got {
 /// JetStream's error code for "no message found".
 const NO_MESSAGE_FOUND: u64 = 10037;
 
-/// The message of `stream` at `seq`, or with `next_by_subject` the first at or after `seq` on
-/// that subject filter; none if there is none.
-pub(super) async fn get(
-    js: &jetstream::Context,
-    stream: &str,
-    seq: u64,
-    next_by_subject: Option<&str>,
-) -> Result<Option<RawDown>, SinkError> {
+/// The message of `stream` `at`; none if there is none.
+pub(super) async fn get(js: &jetstream::Context, stream: &str, at: At<'_>) -> Result<Option<RawDown>, SinkError> {
     let what = "downlink read";
-    let request = Request { seq: Some(seq), next_by_subj: next_by_subject };
+    let request = match at {
+        At::Seq(seq) => Request { seq: Some(seq), next_by_subj: None, last_by_subj: None },
+        At::Next(seq, filter) => Request { seq: Some(seq), next_by_subj: Some(filter), last_by_subj: None },
+        At::Last(filter) => Request { seq: None, next_by_subj: None, last_by_subj: Some(filter) },
+    };
     let response: Response<Got> = js
         .request(format!("STREAM.MSG.GET.{stream}"), &request)
         .await
@@ -83,6 +93,42 @@ pub(super) async fn get(
     };
     let time_ms = u64::try_from(m.time.unix_timestamp_nanos() / 1_000_000).unwrap_or(0);
     Ok(Some(RawDown { seq: m.sequence, subject: m.subject, time_ms, headers, payload }))
+}
+
+#[derive(Serialize)]
+struct InfoRequest<'a> {
+    subjects_filter: &'a str,
+}
+
+#[derive(Deserialize)]
+struct Info {
+    state: InfoState,
+    #[serde(default)]
+    total: u64,
+}
+
+#[derive(Deserialize)]
+struct InfoState {
+    #[serde(default)]
+    subjects: Option<std::collections::HashMap<String, u64>>,
+}
+
+/// How many messages `stream` holds on the subjects `filter` matches, in one request: none
+/// if they span more subjects than one answer lists (100,000). async-nats's paging asks again
+/// from an offset into an unordered map while subjects are added, and counted some twice
+/// (sends then saw a full backlog that was not).
+pub(super) async fn count(js: &jetstream::Context, stream: &str, filter: &str) -> Result<Option<u64>, SinkError> {
+    let what = "downlink count";
+    let response: Response<Info> = js
+        .request(format!("STREAM.INFO.{stream}"), &InfoRequest { subjects_filter: filter })
+        .await
+        .map_err(|e| SinkError::nats(what, filter, &e))?;
+    let info = match response {
+        Response::Ok(info) => info,
+        Response::Err { error } => return Err(SinkError::nats(what, filter, &error)),
+    };
+    let subjects = info.state.subjects.unwrap_or_default();
+    Ok((info.total <= subjects.len() as u64).then(|| subjects.values().sum()))
 }
 
 /// A header block (`NATS/1.0` and `Name: value` lines) as a map, or what is wrong with it.
