@@ -20,6 +20,9 @@ pub struct DownlinkMetrics {
     pub done: Family<OutcomeLabel, Counter>,
     /// Messages the bridge set aside itself (headers that do not parse).
     pub invalid: Counter,
+    /// Messages set aside as published past an edge's backlog bound by a client other than
+    /// `send` (JetStream).
+    pub trimmed: Counter,
     /// Messages waiting for edges, the whole fleet, as of the last summary.
     pub backlog: Gauge,
     /// How long the oldest of them has waited, seconds.
@@ -33,6 +36,11 @@ impl DownlinkMetrics {
             "downlink_done",
             "Downlink messages edges finished, by outcome (delivered, refused, expired)",
             self.done.clone(),
+        );
+        r.register(
+            "downlink_trimmed",
+            "Downlink messages set aside as published past an edge's backlog bound by a client other than send",
+            self.trimmed.clone(),
         );
         r.register(
             "downlink_backlog_messages",

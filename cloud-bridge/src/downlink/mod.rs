@@ -25,6 +25,10 @@ use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 
 use crate::sink::DownlinkStore;
+use crate::sink::downlink::DownBounds;
+
+/// Messages set aside per edge per summary, at most.
+const TRIM_MAX: usize = 1000;
 pub use config::DownlinkConfig;
 pub use metrics::DownlinkMetrics;
 use shared::units::now_ms;
@@ -121,6 +125,33 @@ impl Downlink {
         }
     }
 
+    /// Holds the edges connected here to their backlog bound: what any NATS client published
+    /// past it (`send` checks it, other publishers do not) is set aside, newest first, up to
+    /// [`TRIM_MAX`] per edge a pass. Only the bridge holding an edge's session trims it, so two
+    /// bridges do not both take the newest away.
+    async fn trim<S: DownlinkStore>(&self, sink: &S, edges: &[crate::sink::downlink::DownSummary]) {
+        let bounds =
+            DownBounds { messages: self.config.max_backlog_messages, bytes: self.config.max_backlog_bytes.bytes() };
+        for e in edges.iter().filter(|e| e.waiting > bounds.messages) {
+            if !self.waiting.lock().unwrap_or_else(|p| p.into_inner()).contains_key(&e.edge) {
+                continue;
+            }
+            match sink.down_trim(&e.edge, bounds, TRIM_MAX).await {
+                Ok(0) => {}
+                Ok(n) => {
+                    self.metrics.trimmed.inc_by(n);
+                    tracing::warn!(
+                        edge = e.edge,
+                        set_aside = n,
+                        bound = bounds.messages,
+                        "downlink messages published past the backlog bound set aside"
+                    );
+                }
+                Err(e) => tracing::debug!(error = %e, "downlink backlog not trimmed"),
+            }
+        }
+    }
+
     /// Sets the backlog gauges from the sink's summary every `summary_interval`.
     async fn summarize<S: DownlinkStore>(self: Arc<Self>, sink: Arc<S>, stop: CancellationToken) {
         let mut every = tokio::time::interval(self.config.summary_interval.0);
@@ -132,6 +163,7 @@ impl Downlink {
             }
             match sink.down_summary().await {
                 Ok(edges) => {
+                    self.trim(sink.as_ref(), &edges).await;
                     let waiting: u64 = edges.iter().map(|e| e.waiting).sum();
                     let oldest = edges.iter().filter_map(|e| e.oldest_ms).min();
                     let age = oldest.map_or(0, |ms| now_ms().saturating_sub(ms) / 1000);

@@ -334,3 +334,31 @@ async fn sends_racing_for_the_last_room_do_not_pass_the_bound() {
     let _ = outcomes;
     assert_eq!((stored, sink.down_backlog("edge-1").await.unwrap().messages), (5, 10));
 }
+
+/// `send` keeps an edge's backlog within its bound; any other NATS client could publish past
+/// it (10,020 waited for a bound of 10,000). The bridge holding the edge's session sets aside
+/// what passed it, newest first, as refused dead letters with the reason; the oldest stay, in
+/// order.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn what_another_publisher_stored_past_the_bound_is_set_aside_newest_first() {
+    let nats = NatsServer::start();
+    let sink = sink(&nats).await;
+    let bounds = DownBounds { messages: 10, bytes: 1 << 20 };
+    sink.enqueue("edge-1", &msg("cmd/a", "sent"), bounds).await.unwrap();
+    let mut ops = Vec::new();
+    for i in 0..29 {
+        ops.extend(format!("PUB down.edge-1.cmd.b {}\r\n{i}\r\n", i.to_string().len()).into_bytes());
+    }
+    publish_raw(nats.port, &ops).await;
+    assert_eq!(sink.down_backlog("edge-1").await.unwrap().messages, 30);
+    assert_eq!(sink.down_trim("edge-1", bounds, 5).await.unwrap(), 5, "at most as many as asked");
+    assert_eq!(sink.down_trim("edge-1", bounds, 100).await.unwrap(), 15);
+    assert_eq!(sink.down_trim("edge-1", bounds, 100).await.unwrap(), 0);
+    let read = sink.down_read("edge-1", 0, 100).await.unwrap();
+    let payloads: Vec<String> = read.iter().map(|p| String::from_utf8_lossy(&p.msg.payload).into_owned()).collect();
+    let want: Vec<String> = std::iter::once("sent".to_owned()).chain((0..9).map(|i| i.to_string())).collect();
+    assert_eq!(payloads, want);
+    let dead = sink.down_dead_letters(Some("edge-1"), 100).await.unwrap();
+    assert_eq!(dead.len(), 20);
+    assert!(dead.iter().all(|d| d.outcome == "refused" && d.reason.contains("max_backlog_messages (10)")), "{dead:?}");
+}

@@ -225,6 +225,16 @@ pub trait DownlinkStore: Send + Sync + 'static {
         bounds: DownBounds,
     ) -> impl Future<Output = Result<Enqueued, SinkError>> + Send;
 
+    /// Sets aside `edge`'s newest messages while more than `bounds.messages` wait for it, at
+    /// most `max` of them: messages another publisher stored past the bound `send` keeps. How
+    /// many it set aside.
+    fn down_trim(
+        &self,
+        edge: &str,
+        bounds: DownBounds,
+        max: usize,
+    ) -> impl Future<Output = Result<u64, SinkError>> + Send;
+
     /// `edge`'s position and counts (all zero for an edge never written).
     fn down_state(&self, edge: &str) -> impl Future<Output = Result<DownState, SinkError>> + Send;
 

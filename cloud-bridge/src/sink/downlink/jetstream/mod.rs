@@ -554,6 +554,31 @@ impl DownlinkStore for JetStreamSink {
         Ok(Enqueued::Stored { seq })
     }
 
+    async fn down_trim(&self, edge: &str, bounds: DownBounds, max: usize) -> Result<u64, SinkError> {
+        let d = self.down();
+        let filter = d.filter(edge);
+        let mut trimmed = 0;
+        while trimmed < max as u64 && d.count(edge).await? > bounds.messages {
+            let Some(newest) = raw::get(&d.js, &d.name, raw::At::Last(&filter)).await? else { break };
+            let (doc, now) = d.settled(edge, None).await?;
+            let reason = format!(
+                "published past downlink.max_backlog_messages ({}) by a client other than send",
+                bounds.messages
+            );
+            if doc.counts_in(&now) {
+                d.set_aside((&doc, &now), doc.edge_seq(newest.seq), "refused", &reason).await?;
+            }
+            match d.stream.delete_message(newest.seq).await {
+                Ok(_) => trimmed += 1,
+                // Another trim took it first.
+                Err(e) if matches!(e.kind(), stream::DeleteMessageErrorKind::JetStream(j) if j.error_code().0 == 10037) =>
+                    {}
+                Err(e) => return Err(SinkError::nats("downlink trim", edge, &e)),
+            }
+        }
+        Ok(trimmed)
+    }
+
     async fn down_state(&self, edge: &str) -> Result<DownState, SinkError> {
         Ok(self.down().doc(edge).await?.0.state)
     }
