@@ -85,9 +85,18 @@ enum Command {
 struct SendArgs {
     #[arg(long, default_value_os_t = default_config())]
     config: PathBuf,
-    /// One edge, by id.
+    /// One edge, by id: one the fleet view has seen or with downlink messages, unless
+    /// `--new-edge`.
     #[arg(long)]
     edge: Option<String>,
+    /// `--edge` may be an edge that has not connected yet.
+    #[arg(long, requires = "edge")]
+    new_edge: bool,
+    /// Your id for this message (1 to 128 of `A-Za-z0-9._:-`): a send again with the same id
+    /// to the same edge, within a day and its last 128 ids, stores nothing more and says so
+    /// (after a timeout, run the command again as it was).
+    #[arg(long)]
+    id: Option<String>,
     /// Each edge of a group of `downlink.groups`.
     #[arg(long)]
     group: Option<String>,
@@ -538,12 +547,14 @@ fn send(args: SendArgs) -> anyhow::Result<bool> {
         correlation_data: args.correlation_data,
         content_type: args.content_type,
         payload,
+        id: args.id,
     })?;
     let request = match (&args.wait, &args.edge) {
         (Some(wait), Some(edge)) => Some((send::as_request(edge, &mut msg)?, wait.0)),
         _ => None,
     };
     let target = match (args.edge, args.group) {
+        (Some(e), _) if args.new_edge => Target::NewEdge(e),
         (Some(e), _) => Target::Edge(e),
         (None, Some(g)) => Target::Group(g),
         (None, None) => Target::All,
@@ -561,7 +572,10 @@ fn send(args: SendArgs) -> anyhow::Result<bool> {
             let mut all = true;
             for (edge, what) in &sent {
                 println!("{}", send::describe(&config.downlink, &msg.topic, edge, what));
-                all &= matches!(what, cloud_bridge::sink::downlink::Enqueued::Stored { .. });
+                all &= matches!(
+                    what,
+                    cloud_bridge::sink::downlink::Enqueued::Stored { .. } | cloud_bridge::sink::downlink::Enqueued::Already { .. }
+                );
             }
             if let (true, Some(((topic, correlation), wait)), [edge]) = (all, &request, &edges[..]) {
                 match send::wait_reply(&sink, edge, (topic, correlation), cursor, *wait).await? {

@@ -15,7 +15,11 @@ use crate::sink::{DownlinkStore, FleetStore, SinkError};
 /// Whom a message is for.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Target {
+    /// An edge the downlink knows: the fleet view has seen it, or it has a downlink position
+    /// or messages. An id nothing knows is refused (a typo's message waited forever).
     Edge(String),
+    /// An edge that may not have connected yet (`send --new-edge`).
+    NewEdge(String),
     Group(String),
     /// Every edge the fleet view has seen (as of the send: an edge that first connects later
     /// does not get it).
@@ -35,6 +39,8 @@ pub struct Flags {
     pub correlation_data: Option<String>,
     pub content_type: Option<String>,
     pub payload: Vec<u8>,
+    /// The sender's id for the message (`--id`): a send again with it stores nothing more.
+    pub id: Option<String>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -46,6 +52,11 @@ pub enum SendError {
     NoGroup(String),
     #[error("the fleet view knows no edge yet: nothing to send to")]
     NoEdges,
+    #[error(
+        "edge {0:?} is not known: it never connected and has no downlink messages; check the id, \
+         or pass --new-edge to store the message for an edge yet to connect"
+    )]
+    UnknownEdge(String),
     #[error(transparent)]
     Sink(#[from] SinkError),
 }
@@ -96,7 +107,13 @@ pub fn message(f: Flags) -> Result<Outgoing, SendError> {
         response_topic: f.response_topic,
         correlation_data: f.correlation_data.map(String::into_bytes),
         content_type: f.content_type,
+        id: f.id,
     };
+    if let Some(id) = &msg.id
+        && (id.is_empty() || id.len() > 128 || !id.bytes().all(|b| b.is_ascii_alphanumeric() || b"._:-".contains(&b)))
+    {
+        return Err(invalid(format!("--id {id:?}: 1 to 128 of A-Z a-z 0-9 . _ : -")));
+    }
     if msg.bytes() > MAX_DOWN_BYTES as u64 {
         return Err(invalid(format!(
             "the message is {} bytes (topic, payload and properties), more than a downlink message may hold \
@@ -108,14 +125,25 @@ pub fn message(f: Flags) -> Result<Outgoing, SendError> {
 }
 
 /// The edges `target` names, in order, each once.
-pub async fn edges<S: FleetStore>(
+pub async fn edges<S: FleetStore + DownlinkStore>(
     sink: &S,
     config: &DownlinkConfig,
     target: &Target,
 ) -> Result<Vec<String>, SendError> {
     let mut edges = match target {
-        Target::Edge(e) if e.is_empty() => return Err(SendError::Invalid("--edge: an empty edge id".into())),
-        Target::Edge(e) => vec![e.clone()],
+        Target::Edge(e) | Target::NewEdge(e) if e.is_empty() => {
+            return Err(SendError::Invalid("--edge: an empty edge id".into()));
+        }
+        Target::Edge(e) => {
+            let known = sink.load_fleet().await?.edges.iter().any(|s| s.edge == *e)
+                || sink.down_state(e).await? != crate::sink::downlink::DownState::default()
+                || sink.down_backlog(e).await?.messages > 0;
+            if !known {
+                return Err(SendError::UnknownEdge(e.clone()));
+            }
+            vec![e.clone()]
+        }
+        Target::NewEdge(e) => vec![e.clone()],
         Target::Group(g) => config.groups.get(g).cloned().ok_or_else(|| SendError::NoGroup(g.clone()))?,
         Target::All => sink.load_fleet().await?.edges.into_iter().map(|e| e.edge).collect(),
     };
@@ -183,6 +211,9 @@ pub async fn wait_reply<S: DownlinkStore>(
 pub fn describe(config: &DownlinkConfig, topic: &str, edge: &str, what: &Enqueued) -> String {
     match what {
         Enqueued::Stored { seq } => format!("{edge}: stored as downlink message {seq} for {topic}"),
+        Enqueued::Already { seq } => {
+            format!("{edge}: already stored as downlink message {seq} for {topic} (a send with this --id)")
+        }
         Enqueued::Full(b) => format!(
             "{edge}: refused: its backlog holds {} messages, {} bytes; one more passes downlink.max_backlog_messages \
              {} or downlink.max_backlog_bytes {}",

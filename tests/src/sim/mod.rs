@@ -794,10 +794,24 @@ impl World {
             2 => msg.expires_at_ms = Some(WALL_START + (self.now - self.base).as_millis() as u64 + 500),
             _ => {}
         }
+        // A send with an id, run again as an operator would after a timeout: stored once.
+        let again = self.rng.chance(0.1);
+        if again {
+            msg.id = Some(format!("id-{tag}"));
+        }
         let bounds = DownBounds { messages: 1_000, bytes: 1 << 20 };
         let stored = self.sink.run("downlink enqueue", self.sink.sqlite.enqueue(&name, &msg, bounds));
         match stored {
             Ok(Ok(Enqueued::Stored { seq })) => {
+                if again {
+                    let repeat = self.sink.run("downlink enqueue", self.sink.sqlite.enqueue(&name, &msg, bounds));
+                    if !matches!(repeat, Ok(Ok(Enqueued::Already { seq: s })) if s == seq) {
+                        let why =
+                            format!("send {tag} to {name} again with its id: {repeat:?}, not already stored as {seq}");
+                        self.trace.line(format!("VIOLATION: {why}"));
+                        self.oracle.fail(why);
+                    }
+                }
                 self.trace.line(format!("send {tag} to {name} on {topic} qos{}: seq {seq}", msg.qos));
                 self.oracle.downs.insert(tag, check::Down { edge: name, seq, topic });
                 self.oracle.counts.downs += 1;
@@ -805,6 +819,11 @@ impl World {
                 self.schedule(at, Ev::News(e));
             }
             Ok(Ok(Enqueued::Full(_))) => self.trace.line(format!("send {tag} to {name}: backlog full")),
+            Ok(Ok(Enqueued::Already { seq })) => {
+                let why = format!("send {tag} to {name}: a new id taken as already stored as {seq}");
+                self.trace.line(format!("VIOLATION: {why}"));
+                self.oracle.fail(why);
+            }
             // A hostile edge may have used its own seqs up: its sends are refused, no other's.
             Ok(Err(err @ cloud_bridge::sink::SinkError::Invalid { .. })) if self.edges[e].claims.is_some() => {
                 self.trace.line(format!("send {tag} to {name}: {err}"));

@@ -221,6 +221,28 @@ async fn delivered_refused_bounded_and_expired(cloud: TestCloud, dir: &Path) {
     assert!(!ok && err.contains("no group \"nope\" in downlink.groups"), "{err}");
     let (ok, _, err) = send(&config, "config/+", "x", &[]);
     assert!(!ok && err.contains("--topic") && err.contains("wildcard"), "{err}");
+
+    // An edge id nothing knows (a typo) is refused: its message would wait forever. One that
+    // is to connect later is named so.
+    let (ok, _, err) = cli(&config, &["send", "--edge", "edge-l", "--topic", "config/x", "--payload", "x"]);
+    assert!(!ok && err.contains("edge \"edge-l\" is not known") && err.contains("--new-edge"), "{err}");
+    let new = ["send", "--edge", "edge-9", "--new-edge", "--topic", "config/x", "--payload", "x"];
+    let (ok, out, err) = cli(&config, &new);
+    assert!(ok && out.starts_with("edge-9: stored as downlink message"), "{out}{err}");
+
+    // A send run again with its --id (after a timeout, say) stores nothing more, and says so;
+    // the edge gets the message once.
+    let once = ["--id", "threshold-2026-12-04"];
+    let (ok, first, err) = send(&config, "config/once", "1", &once);
+    assert!(ok, "{first}{err}");
+    let (ok, again, err) = send(&config, "config/once", "1", &once);
+    let seq = first.trim_end().rsplit_once("message ").unwrap().1.split(' ').next().unwrap().to_owned();
+    assert!(ok && again.contains(&format!("already stored as downlink message {seq} ")), "{first}{again}{err}");
+    assert_eq!(next(&mut got).await, ("config/once".to_owned(), "1".to_owned()));
+    let twice = tokio::time::timeout(Duration::from_millis(800), got.recv()).await;
+    assert!(twice.is_err(), "stored once, delivered once: {twice:?}");
+    let (ok, _, err) = send(&config, "config/once", "1", &["--id", "bad id"]);
+    assert!(!ok && err.contains("--id \"bad id\""), "{err}");
     cloud.bridge.stop().await;
 }
 

@@ -46,7 +46,14 @@ pub struct Outgoing {
     pub correlation_data: Option<Vec<u8>>,
     #[serde(default)]
     pub content_type: Option<String>,
+    /// The sender's id for it (`send --id`): a send with an id the sink holds for the edge
+    /// (see [`SEND_IDS`]) is not stored again. Not delivered.
+    #[serde(skip)]
+    pub id: Option<String>,
 }
+
+/// The send ids a sink keeps per edge: at most this many, for at most this long.
+pub const SEND_IDS: (usize, Duration) = (128, Duration::from_secs(24 * 3600));
 
 impl Outgoing {
     /// What it counts for in an edge's backlog bound: its variable bytes, as the session's
@@ -127,6 +134,10 @@ pub struct Backlog {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Enqueued {
     Stored {
+        seq: u64,
+    },
+    /// A send with this message's id stored it already, as `seq`.
+    Already {
         seq: u64,
     },
     /// Refused: the edge's backlog was this, and one more would pass its bound.

@@ -58,6 +58,13 @@ CREATE TABLE IF NOT EXISTS downlink_dead (
     PRIMARY KEY (edge_id, seq)
 );
 CREATE TABLE IF NOT EXISTS downlink_meta (key TEXT PRIMARY KEY, value INTEGER NOT NULL) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS downlink_ids (
+    edge_id TEXT NOT NULL,
+    id TEXT NOT NULL,
+    seq INTEGER NOT NULL,
+    stored_ms INTEGER NOT NULL,
+    PRIMARY KEY (edge_id, id)
+) WITHOUT ROWID;
 ";
 
 /// Brings a file's downlink tables to the current layout (see the module doc); run at open,
@@ -157,6 +164,37 @@ fn next_seq(conn: &Connection, edge: &str) -> Result<u64, SinkError> {
         ));
     }
     Ok(next)
+}
+
+/// The seq a send with `id` stored for `edge` within [`super::SEND_IDS`], if one did.
+fn sent_id(conn: &Connection, edge: &str, id: &str) -> Result<Option<u64>, SinkError> {
+    let since = now_ms().saturating_sub(super::SEND_IDS.1.as_millis() as u64);
+    conn.query_row(
+        "SELECT seq FROM downlink_ids WHERE edge_id = ?1 AND id = ?2 AND stored_ms >= ?3",
+        params![edge, id, since],
+        |r| r.get(0),
+    )
+    .optional()
+    .map_err(|e| SinkError::sqlite("downlink send id", e))
+}
+
+/// Remembers that a send with `id` stored `seq` for `edge`, and forgets what is past
+/// [`super::SEND_IDS`] (its age, or its count for the edge).
+fn keep_id(conn: &Connection, edge: &str, id: &str, seq: u64) -> Result<(), SinkError> {
+    let what = "downlink send id";
+    let now = now_ms();
+    conn.execute(
+        "INSERT OR REPLACE INTO downlink_ids (edge_id, id, seq, stored_ms) VALUES (?1, ?2, ?3, ?4)",
+        params![edge, id, seq, now],
+    )
+    .map_err(|e| SinkError::sqlite(what, e))?;
+    conn.execute(
+        "DELETE FROM downlink_ids WHERE edge_id = ?1 AND (stored_ms < ?2 OR id NOT IN \
+         (SELECT id FROM downlink_ids WHERE edge_id = ?1 ORDER BY stored_ms DESC, seq DESC LIMIT ?3))",
+        params![edge, now.saturating_sub(super::SEND_IDS.1.as_millis() as u64), super::SEND_IDS.0 as i64],
+    )
+    .map_err(|e| SinkError::sqlite(what, e))?;
+    Ok(())
 }
 
 fn record(conn: &mut Connection, edge: &str, done: &DownDone) -> Result<(), SinkError> {
@@ -259,6 +297,9 @@ impl DownlinkStore for SqliteSink {
             let tx = conn
                 .transaction_with_behavior(TransactionBehavior::Immediate)
                 .map_err(|e| SinkError::sqlite("begin", e))?;
+            if let Some(seq) = msg.id.as_deref().map(|id| sent_id(&tx, &edge, id)).transpose()?.flatten() {
+                return Ok(Enqueued::Already { seq });
+            }
             let waiting = backlog(&tx, &edge)?;
             let bytes = msg.bytes();
             if waiting.messages + 1 > bounds.messages || waiting.bytes + bytes > bounds.bytes {
@@ -277,6 +318,9 @@ impl DownlinkStore for SqliteSink {
                 params![edge, seq],
             )
             .map_err(|e| SinkError::sqlite("downlink enqueue", e))?;
+            if let Some(id) = &msg.id {
+                keep_id(&tx, &edge, id, seq)?;
+            }
             tx.commit().map_err(|e| SinkError::sqlite("commit", e))?;
             Ok(Enqueued::Stored { seq })
         })
@@ -459,7 +503,7 @@ mod tests {
     async fn stored(sink: &SqliteSink, edge: &str) -> Result<u64, SinkError> {
         match sink.enqueue(edge, &msg("cmd/x"), BOUNDS).await? {
             Enqueued::Stored { seq } => Ok(seq),
-            Enqueued::Full(b) => panic!("full: {b:?}"),
+            other => panic!("not stored: {other:?}"),
         }
     }
 

@@ -114,6 +114,7 @@ mod tests {
             response_topic: Some("reply/1".into()),
             correlation_data: Some(vec![0, 255]),
             content_type: Some("application/json".into()),
+            id: None,
         };
         let (back, problem) = parse(&["cmd", "a%2Eb"], &headers(&m), b"x".to_vec());
         assert_eq!((back, problem), (m, None));

@@ -475,6 +475,11 @@ impl DownlinkStore for JetStreamSink {
                 ),
             ));
         }
+        let (ids_kept, ids_for) = super::SEND_IDS;
+        let since = shared::units::now_ms().saturating_sub(ids_for.as_millis() as u64);
+        if let Some(seq) = msg.id.as_deref().and_then(|id| doc.sent(id, since)) {
+            return Ok(Enqueued::Already { seq });
+        }
         let subject = names::subject(&d.prefix, edge, &msg.topic);
         if subject.len() > MAX_SUBJECT {
             return Err(SinkError::invalid(
@@ -505,8 +510,13 @@ impl DownlinkStore for JetStreamSink {
                 return Ok(Enqueued::Full(waiting));
             }
             let mut h = headers(msg);
-            // A retried publish of this send is stored once.
-            h.insert("Nats-Msg-Id", format!("send:{}:{:032x}", names::token(edge), rand::random::<u128>()).as_str());
+            // A retried publish of this send is stored once; so is a send with an id the
+            // document has not heard of yet, within the stream's duplicate window.
+            let msg_id = match &msg.id {
+                Some(id) => format!("send:{}:id:{id}", names::token(edge)),
+                None => format!("send:{}:{:032x}", names::token(edge), rand::random::<u128>()),
+            };
+            h.insert("Nats-Msg-Id", msg_id.as_str());
             if d.guarded {
                 // Stored only if no other message for the edge was since the count: sends
                 // racing for an edge's last room cannot both get in.
@@ -532,10 +542,14 @@ impl DownlinkStore for JetStreamSink {
                 Err(e) => return Err(SinkError::nats("downlink enqueue", edge, &e)),
             }
         };
-        let bytes = msg.bytes();
+        let bytes = if ack.duplicate { 0 } else { msg.bytes() };
         let counted = d
             .update(edge, None, |doc| {
                 doc.stored_bytes = doc.stored_bytes.saturating_add(bytes);
+                if let Some(id) = &msg.id {
+                    let now = shared::units::now_ms();
+                    doc.keep_id(id, doc.edge_seq(ack.sequence), now, since, ids_kept);
+                }
                 true
             })
             .await;
@@ -551,7 +565,7 @@ impl DownlinkStore for JetStreamSink {
                 ack.sequence
             }
         };
-        Ok(Enqueued::Stored { seq })
+        Ok(if ack.duplicate { Enqueued::Already { seq } } else { Enqueued::Stored { seq } })
     }
 
     async fn down_trim(&self, edge: &str, bounds: DownBounds, max: usize) -> Result<u64, SinkError> {

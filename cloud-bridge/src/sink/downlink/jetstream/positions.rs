@@ -48,6 +48,10 @@ pub(super) struct PositionDoc {
     /// What the stream's sequence is offset by in the edge's seqs.
     #[serde(default)]
     pub base: u64,
+    /// The last send ids stored for the edge: id, seq, when (ms since the Unix epoch); see
+    /// [`crate::sink::downlink::SEND_IDS`].
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub ids: Vec<(String, u64, u64)>,
 }
 
 impl PositionDoc {
@@ -95,6 +99,19 @@ impl PositionDoc {
             changed = true;
         }
         changed
+    }
+
+    /// The seq a send with `id` stored, if it is among those kept and not older than `since_ms`.
+    pub fn sent(&self, id: &str, since_ms: u64) -> Option<u64> {
+        self.ids.iter().find(|(i, _, at)| i == id && *at >= since_ms).map(|(_, seq, _)| *seq)
+    }
+
+    /// Keeps `id` as stored at `seq`, forgetting ids older than `since_ms` and past `keep`.
+    pub fn keep_id(&mut self, id: &str, seq: u64, now_ms: u64, since_ms: u64, keep: usize) {
+        self.ids.retain(|(i, _, at)| i != id && *at >= since_ms);
+        self.ids.push((id.to_owned(), seq, now_ms));
+        let over = self.ids.len().saturating_sub(keep);
+        self.ids.drain(..over);
     }
 
     /// Whether the stream's sequence `q` is past the seqs an edge may have.
