@@ -104,28 +104,24 @@ async fn edges_handler(State(fleet): State<Arc<crate::fleet::view::Served>>) -> 
 struct Check {
     name: &'static str,
     ok: bool,
-    detail: &'static str,
+    detail: String,
 }
 
 impl Metrics {
     fn quic_check(&self) -> Check {
         match self.server.accepting.load(std::sync::atomic::Ordering::Relaxed) {
-            true => Check { name: "quic", ok: true, detail: "accepting edges" },
-            false => {
-                Check { name: "quic", ok: false, detail: "the QUIC endpoint is not accepting (starting or stopping)" }
-            }
+            true => Check { name: "quic", ok: true, detail: "accepting edges".into() },
+            false => Check {
+                name: "quic",
+                ok: false,
+                detail: "the QUIC endpoint is not accepting (starting or stopping)".into(),
+            },
         }
     }
 
     fn sink_check(&self) -> Check {
-        match self.sink.healthy() {
-            true => Check { name: "sink", ok: true, detail: "the last write succeeded" },
-            false => Check {
-                name: "sink",
-                ok: false,
-                detail: "the last write failed (see bridge_sink_retries_total and the log)",
-            },
-        }
+        let (ok, detail) = self.sink.health.check();
+        Check { name: "sink", ok, detail }
     }
 }
 
@@ -141,7 +137,7 @@ async fn alive_handler(State(m): State<Arc<Metrics>>) -> axum::response::Respons
     health_response(vec![m.quic_check()])
 }
 
-/// `/readyz`: alive, and the sink took its last write.
+/// `/readyz`: alive, and the sink takes writes (its newest write or probe went through).
 async fn ready_handler(State(m): State<Arc<Metrics>>) -> axum::response::Response {
     health_response(vec![m.quic_check(), m.sink_check()])
 }

@@ -3,13 +3,15 @@
 //!
 //! - **Alive** (`/healthz`): the local SLO probe delivers (the broker core serves clients). A
 //!   watchdog restarts on it, so it says nothing a restart cannot mend.
-//! - **Ready** (`/readyz`): alive, and the spool readable (not damaged), writable (its last
+//! - **Ready** (`/readyz`): alive; the session store committing (no commit failing, and ops
+//!   never waiting longer than `max_store_wait` without one: the acknowledgements of durable
+//!   sessions wait for it); the spool readable (not damaged), writable (its last
 //!   commit succeeded) and within `max_spool_use` of its budget; and the uplink connected, or
 //!   its oldest unacknowledged record younger than `max_backlog_age` (a link down for a minute
 //!   with nothing waiting is no reason to take the node out of service; hours are).
 //!
-//! Each check is a [`Check`]; lib.rs hands [`Checks`] the probe, the spool writer and the link
-//! it assembled.
+//! Each check is a [`Check`]; lib.rs hands [`Checks`] the probe, the session store, the spool
+//! writer and the link it assembled.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -17,6 +19,7 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 use shared::units::{HumanDuration, now_ms};
 
+use crate::broker::store::{SessionStore, StoreHealth};
 use crate::check::Problems;
 use crate::probe::Health as Probe;
 use crate::spool::SpoolWriter;
@@ -34,12 +37,25 @@ pub struct HealthConfig {
     /// budget the oldest `normal` records are dropped). Default: 0.9.
     #[serde(default = "default_spool_use")]
     pub max_spool_use: f64,
+    /// How long ops may wait for the session store without a commit before the node is not
+    /// ready: QoS 1/2 acknowledgements, SUBACKs and deliveries to durable sessions wait for it.
+    /// Default: 10s.
+    #[serde(default = "default_store_wait")]
+    pub max_store_wait: HumanDuration,
 }
 
 impl Default for HealthConfig {
     fn default() -> Self {
-        Self { max_backlog_age: default_backlog_age(), max_spool_use: default_spool_use() }
+        Self {
+            max_backlog_age: default_backlog_age(),
+            max_spool_use: default_spool_use(),
+            max_store_wait: default_store_wait(),
+        }
     }
+}
+
+fn default_store_wait() -> HumanDuration {
+    HumanDuration(Duration::from_secs(10))
 }
 
 fn default_backlog_age() -> HumanDuration {
@@ -56,6 +72,9 @@ impl HealthConfig {
         }
         if self.max_backlog_age.0.is_zero() {
             p.bad("health.max_backlog_age", "must be more than 0");
+        }
+        if self.max_store_wait.0.is_zero() {
+            p.bad("health.max_store_wait", "must be more than 0");
         }
     }
 }
@@ -95,6 +114,8 @@ impl Report {
 pub struct Checks {
     pub config: HealthConfig,
     pub probe: Probe,
+    /// The broker's session store.
+    pub store: SessionStore,
     /// The spool and its budget in bytes, when a class routes to the cloud.
     pub spool: Option<(SpoolWriter, u64)>,
     /// The uplink's link, when `[uplink]` is configured.
@@ -109,7 +130,7 @@ impl Checks {
 
     /// `/readyz`.
     pub fn ready(&self) -> Report {
-        let mut checks = vec![self.probe()];
+        let mut checks = vec![self.probe(), store_check(&self.store.health(), now_ms(), self.config.max_store_wait.0)];
         if let Some((spool, budget)) = &self.spool {
             checks.push(self.spool_check(spool, *budget));
             if let Some(link) = &self.link {
@@ -167,6 +188,23 @@ impl Checks {
     }
 }
 
+/// The session store's check: failing commits, or ops waiting past `bound` with no commit, make
+/// the node not ready.
+fn store_check(h: &StoreHealth, now: u64, bound: Duration) -> Check {
+    let waiting = format!("{} ops ({} bytes) waiting", h.ops, h.bytes);
+    let (ok, detail) = match (&h.failing, h.stalled_since_ms) {
+        (Some(error), _) => (false, format!("commits failing ({error}); {waiting}, their acknowledgements with them")),
+        (None, Some(since)) => {
+            let stalled = Duration::from_millis(now.saturating_sub(since));
+            let ok = stalled <= bound;
+            let over = if ok { "within" } else { "over" };
+            (ok, format!("{waiting}, no commit for {}, {over} health.max_store_wait", secs(stalled.as_millis() as u64)))
+        }
+        (None, None) => (true, "nothing waiting".into()),
+    };
+    Check { name: "session store", ok, detail }
+}
+
 fn secs(ms: u64) -> String {
     HumanDuration(Duration::from_secs(ms / 1000)).to_string()
 }
@@ -191,8 +229,25 @@ mod tests {
     #[test]
     fn bounds_that_cannot_work_are_named() {
         let mut p = Problems::default();
-        HealthConfig { max_spool_use: 1.5, max_backlog_age: HumanDuration(Duration::ZERO) }.check(&mut p);
+        let zero = HumanDuration(Duration::ZERO);
+        HealthConfig { max_spool_use: 1.5, max_backlog_age: zero, max_store_wait: zero }.check(&mut p);
         let keys: Vec<_> = p.into_vec().into_iter().map(|p| p.key).collect();
-        assert_eq!(keys, ["health.max_spool_use", "health.max_backlog_age"]);
+        assert_eq!(keys, ["health.max_spool_use", "health.max_backlog_age", "health.max_store_wait"]);
+    }
+
+    #[test]
+    fn a_store_failing_or_stalled_past_its_bound_is_not_ready() {
+        let bound = Duration::from_secs(10);
+        let idle = StoreHealth { ops: 0, bytes: 0, stalled_since_ms: None, failing: None };
+        assert!(store_check(&idle, 50_000, bound).ok);
+        let waiting = StoreHealth { ops: 4, bytes: 900, stalled_since_ms: Some(45_000), ..idle.clone() };
+        let c = store_check(&waiting, 50_000, bound);
+        assert!(c.ok, "{c:?}");
+        let c = store_check(&waiting, 56_000, bound);
+        assert!(!c.ok);
+        assert!(c.detail.contains("4 ops") && c.detail.contains("over health.max_store_wait"), "{}", c.detail);
+        let failing = StoreHealth { failing: Some("database is locked".into()), ..waiting };
+        let c = store_check(&failing, 45_001, bound);
+        assert!(!c.ok && c.detail.contains("database is locked"), "{}", c.detail);
     }
 }

@@ -352,6 +352,7 @@ impl Node {
                         metrics: probe_metrics.clone(),
                         interval: config.probe.enabled.then_some(config.probe.interval.0),
                     },
+                    store: store.clone(),
                     spool: spool.clone().map(|s| (s, config.spool.budget.bytes())),
                     link: config.uplink.as_ref().map(|_| link.clone()),
                 });

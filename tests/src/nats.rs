@@ -52,8 +52,18 @@ impl NatsServer {
 
     /// Kills the server (SIGKILL) and starts it again on the same port and store.
     pub fn restart(&mut self) {
+        self.stop();
+        self.start_again();
+    }
+
+    /// Kills the server (SIGKILL); [`NatsServer::start_again`] brings it back.
+    pub fn stop(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
+    }
+
+    /// Starts the server again on the same port and store.
+    pub fn start_again(&mut self) {
         self.child = spawn(self.port, self.store.path());
     }
 

@@ -20,6 +20,7 @@
 
 pub mod config;
 pub mod downlink;
+pub mod health;
 pub mod inspect;
 pub mod jetstream;
 pub mod presence;
@@ -28,7 +29,6 @@ pub mod schemas;
 pub mod sqlite;
 
 use std::future::Future;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use prometheus_client::metrics::counter::Counter;
@@ -159,7 +159,8 @@ pub struct DeadLetterLabel {
     pub reason: &'static str,
 }
 
-/// What the sinks count, and whether the last write went through (for `/healthz`).
+/// What the sinks count, and whether the sink takes writes ([`health::SinkHealth`], for
+/// `/readyz`).
 #[derive(Debug)]
 pub struct SinkMetrics {
     pub retries: Counter,
@@ -167,8 +168,9 @@ pub struct SinkMetrics {
     pub epochs_registered: Counter,
     pub epochs_retired: Counter,
     pub dicts_evicted: Counter,
-    pub ok: AtomicBool,
-    /// `ok` for Prometheus (alerts); `ok` is what `/readyz` reads.
+    /// What `/readyz` reads: the newest write's or probe's outcome.
+    pub health: health::SinkHealth,
+    /// `health` for Prometheus (alerts).
     pub healthy: Gauge,
 }
 
@@ -180,7 +182,7 @@ impl Default for SinkMetrics {
             epochs_registered: Counter::default(),
             epochs_retired: Counter::default(),
             dicts_evicted: Counter::default(),
-            ok: AtomicBool::new(true),
+            health: health::SinkHealth::default(),
             healthy: {
                 let g = Gauge::default();
                 g.set(1);
@@ -195,7 +197,7 @@ impl SinkMetrics {
         r.register("sink_retries", "Sink writes retried after failing for the moment", self.retries.clone());
         r.register(
             "sink_healthy",
-            "1 while the sink's last write succeeded, 0 while writes fail",
+            "1 while the sink's newest write or probe succeeded, 0 while they fail",
             self.healthy.clone(),
         );
         r.register(
@@ -217,12 +219,31 @@ impl SinkMetrics {
     }
 
     pub fn healthy(&self) -> bool {
-        self.ok.load(Ordering::Relaxed)
+        self.health.ok()
     }
 
-    pub fn wrote(&self, ok: bool) {
-        self.ok.store(ok, Ordering::Relaxed);
-        self.healthy.set(i64::from(ok));
+    /// A write went through.
+    pub fn wrote(&self) {
+        self.health.wrote(None);
+        self.healthy.set(1);
+    }
+
+    /// A write failed with `error`.
+    pub fn failed(&self, error: &dyn std::fmt::Display) {
+        self.health.wrote(Some(error.to_string()));
+        self.healthy.set(0);
+    }
+
+    /// The probe answered ([`health::run`]).
+    pub fn probed(&self, error: Option<String>) {
+        self.healthy.set(i64::from(error.is_none()));
+        self.health.probed(error);
+    }
+
+    /// The probe has not answered in time.
+    pub fn probed_late(&self) {
+        self.health.probe_waits();
+        self.healthy.set(0);
     }
 }
 
@@ -245,7 +266,7 @@ impl Retry {
     pub async fn wait(&mut self, what: &str, error: &SinkError, metrics: &SinkMetrics) {
         use rand::Rng;
         metrics.retries.inc();
-        metrics.wrote(false);
+        metrics.failed(error);
         if self.attempts == 0 {
             tracing::warn!(what, kind = error.kind(), %error, "sink write failed; retrying");
         } else {
@@ -319,6 +340,10 @@ pub trait RecordSink: Send + Sync + 'static {
     /// once every record up to `up_to` was published.
     fn mark(&self, edge: &str, epoch: &str, lane: u8, up_to: u64)
     -> impl Future<Output = Result<(), SinkError>> + Send;
+
+    /// Whether the sink would take a write now, asked without writing anything (the
+    /// readiness probe, [`health::run`]): not what the last write found.
+    fn probe(&self) -> impl Future<Output = Result<(), SinkError>> + Send;
 
     /// [`RecordSink::publish`], then [`RecordSink::mark`].
     fn write(

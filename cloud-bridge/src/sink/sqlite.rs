@@ -273,13 +273,20 @@ impl RecordSink for SqliteSink {
                 let (edge, epoch, records) = (edge.clone(), epoch.clone(), records.clone());
                 match sink.blocking(move |conn| insert(conn, &edge, &epoch, lane, &records)).await {
                     Ok(()) => {
-                        sink.metrics.wrote(true);
+                        sink.metrics.wrote();
                         return Ok(());
                     }
                     Err(e) => retry.wait("sqlite insert", &e, &sink.metrics).await,
                 }
             }
         }
+    }
+
+    /// A write lock taken and given back: what another process holding the file locked, a
+    /// read-only or vanished file, or a full disk's journal refuses.
+    async fn probe(&self) -> Result<(), SinkError> {
+        let path = self.path.clone();
+        self.blocking(move |conn| conn.execute_batch("BEGIN IMMEDIATE; ROLLBACK;").map_err(at("probe", &path))).await
     }
 
     async fn mark(&self, edge: &str, epoch: &str, lane: u8, up_to: u64) -> Result<(), SinkError> {

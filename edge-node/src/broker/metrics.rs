@@ -95,7 +95,7 @@ impl BrokerMetrics {
         );
         r.register(
             "session_store_pending_ops",
-            "Ops waiting for the session store's thread after its last commit (past 65,536, or 16 MiB of session records, client readers wait)",
+            "Ops sent to the session store's thread and not yet committed (past 65,536, or 16 MiB of session records, client readers wait)",
             m.store_pending.clone(),
         );
         r.register(

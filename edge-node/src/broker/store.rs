@@ -47,6 +47,11 @@ use super::message::Message;
 use super::metrics::BrokerMetrics;
 use crate::broker::core::SessionRecord;
 
+mod backlog;
+
+use backlog::Backlog;
+pub use backlog::{MAX_PENDING_BYTES, MAX_PENDING_OPS, StoreHealth, backlog_bytes, within_bounds};
+
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
     #[error("session store {path}: {source}")]
@@ -116,51 +121,6 @@ const LOCK_WAIT: Duration = Duration::from_secs(5);
 /// that keeps up to acknowledge what was queued for it, so the pair cancels out unwritten.
 pub const COMMIT_INTERVAL: Duration = Duration::from_millis(5);
 
-/// Ops sent and not yet committed past which client readers wait for the store.
-pub const MAX_PENDING_OPS: usize = 65_536;
-
-/// Bytes that ops sent and not yet committed hold ([`backlog_bytes`]) past which client readers
-/// wait for the store: a record carries every subscription of its session (up to
-/// `max_subscriptions` x `max_topic_length`), so a SUBSCRIBE/UNSUBSCRIBE loop queued gigabytes
-/// within the op bound; and an op keeps its message alive until it commits, so a flood of
-/// retained QoS 0 messages, each replacing the last, held a gigabyte of messages no one else
-/// held while the store was slow.
-pub const MAX_PENDING_BYTES: usize = 16 << 20;
-
-/// What `ops`, made by one call on the core and sent together, hold until they commit: each
-/// session record's strings and mark's value, and each message once however many of them
-/// refer to it (a publish queued for twenty durable sessions is one message). What
-/// [`MAX_PENDING_BYTES`] counts.
-pub fn backlog_bytes(ops: &[(u64, StoreOp)]) -> usize {
-    let mut messages: Vec<&Arc<Message>> = Vec::new();
-    let mut bytes = 0;
-    for (_, op) in ops {
-        match op {
-            StoreOp::Session(r) => {
-                bytes += 64
-                    + r.client_id.len()
-                    + r.owner.len()
-                    + r.subscriptions.iter().map(|(f, _)| f.len() + 32).sum::<usize>()
-            }
-            StoreOp::Mark { value, .. } => bytes += 32 + value.len(),
-            StoreOp::Queue(d) => messages.push(&d.msg),
-            StoreOp::Done { msg, .. } | StoreOp::Retain { msg: Some(msg), .. } => messages.push(msg),
-            StoreOp::Will { will: Some(w), .. } => messages.push(&w.msg),
-            StoreOp::Forget { msgs, .. } => messages.extend(msgs),
-            _ => {}
-        }
-    }
-    messages.sort_unstable_by_key(|m| Arc::as_ptr(m));
-    messages.dedup_by_key(|m| Arc::as_ptr(m));
-    bytes + messages.iter().map(|m| m.weight()).sum::<usize>()
-}
-
-/// Whether `ops` waiting for the store, holding `bytes` ([`backlog_bytes`]), leave room for the
-/// clients' readers to go on.
-pub fn within_bounds(ops: usize, bytes: usize) -> bool {
-    ops <= MAX_PENDING_OPS && bytes <= MAX_PENDING_BYTES
-}
-
 /// Most ops in one transaction: a commit a burst made large still ends soon.
 const MAX_BATCH: usize = 16_384;
 
@@ -182,14 +142,6 @@ pub struct SessionStore {
     tx: mpsc::Sender<Msg>,
     listener: Arc<OnceLock<Listener>>,
     backlog: Arc<Backlog>,
-}
-
-/// Ops sent and not yet committed, and a wake-up for those waiting for room.
-#[derive(Default)]
-struct Backlog {
-    ops: std::sync::atomic::AtomicUsize,
-    bytes: std::sync::atomic::AtomicUsize,
-    drained: tokio::sync::Notify,
 }
 
 impl std::fmt::Debug for SessionStore {
@@ -228,7 +180,7 @@ impl SessionStore {
         let (tx, rx) = mpsc::channel();
         let listener: Arc<OnceLock<Listener>> = Arc::default();
         let heard = listener.clone();
-        let backlog = Arc::new(Backlog::default());
+        let backlog = Arc::new(Backlog::new(metrics.store_pending.clone()));
         let kept = backlog.clone();
         let shown = path.to_owned();
         std::thread::Builder::new()
@@ -248,9 +200,8 @@ impl SessionStore {
     /// never be stored without the queue entries of its message (a resend would be taken for a
     /// duplicate of a message that is gone), nor those without the id (it would come twice).
     pub fn send(&self, ops: Vec<(u64, StoreOp)>) {
-        self.backlog.ops.fetch_add(ops.len(), std::sync::atomic::Ordering::Relaxed);
         let bytes = backlog_bytes(&ops);
-        self.backlog.bytes.fetch_add(bytes, std::sync::atomic::Ordering::Relaxed);
+        self.backlog.add(ops.len(), bytes);
         // The thread ends only with the process.
         let _ = self.tx.send(Msg::Ops(ops, Instant::now(), bytes));
     }
@@ -258,14 +209,18 @@ impl SessionStore {
     /// Waits while more than [`MAX_PENDING_OPS`] ops, or ops holding [`MAX_PENDING_BYTES`],
     /// wait for the store's thread.
     pub async fn room(&self) {
-        use std::sync::atomic::Ordering::Relaxed;
         loop {
             let drained = self.backlog.drained.notified();
-            if within_bounds(self.backlog.ops.load(Relaxed), self.backlog.bytes.load(Relaxed)) {
+            if self.backlog.within_bounds() {
                 return;
             }
             drained.await;
         }
+    }
+
+    /// Whether commits make progress while ops wait, as `/readyz` reads it.
+    pub fn health(&self) -> StoreHealth {
+        self.backlog.health()
     }
 
     /// Blocks until everything sent so far is committed, or for 5 s at most.
@@ -557,12 +512,8 @@ impl Writer {
                     Ok(()) => {
                         metrics.store_commit_seconds.observe(started.elapsed().as_secs_f64());
                         let last = batch.last().map_or(0, |(id, _)| *id);
-                        let left =
-                            backlog.ops.fetch_sub(batch.len(), std::sync::atomic::Ordering::Relaxed) - batch.len();
-                        backlog.bytes.fetch_sub(std::mem::take(&mut batch_bytes), std::sync::atomic::Ordering::Relaxed);
-                        backlog.drained.notify_waiters();
+                        backlog.committed(batch.len(), std::mem::take(&mut batch_bytes));
                         batch.clear();
-                        metrics.store_pending.set(left as i64);
                         metrics.store_healthy.set(1);
                         retry = Duration::from_millis(50);
                         if let Some(since) = failing_since.take() {
@@ -575,6 +526,7 @@ impl Writer {
                     Err(e) => {
                         metrics.store_errors.inc();
                         metrics.store_healthy.set(0);
+                        backlog.failed(e.to_string());
                         if failing_since.is_none() {
                             failing_since = Some(Instant::now());
                             tracing::error!(path = %path.display(), error = %e, ops = batch.len(), "session store commit failed; retrying, the acknowledgements that wait for it wait");

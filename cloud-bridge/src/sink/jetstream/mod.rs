@@ -132,6 +132,8 @@ pub struct JetStreamSink {
     fleet: kv::Store,
     schemas: kv::Store,
     prefix: String,
+    /// The records' stream.
+    stream: String,
     /// The server's `max_payload`: a message over it is refused for itself before it is sent.
     max_payload: usize,
     /// The stream's `max_msg_size` when it has one, as of the connect.
@@ -233,6 +235,7 @@ impl JetStreamSink {
             fleet,
             schemas,
             prefix: s.subject_prefix.clone(),
+            stream: s.stream.clone(),
             max_payload: client.server_info().max_payload,
             max_msg_size,
             metrics: Default::default(),
@@ -448,6 +451,16 @@ impl RecordSink for JetStreamSink {
         Err(SinkError::Conflict { what: "register epoch", key: key.to_string(), attempts: CAS_ATTEMPTS as u32 })
     }
 
+    /// The records' stream and the marks' bucket answer their leaders' info: what a write to
+    /// either needs (a server down, a stream without a leader or quorum, a lost connection
+    /// fail it).
+    async fn probe(&self) -> Result<(), SinkError> {
+        self.js.get_stream(&self.stream).await.map_err(|e| SinkError::nats("stream", &self.stream, &e))?;
+        let mut marks = self.marks.stream.clone();
+        marks.info().await.map_err(|e| SinkError::nats("marks", "", &e))?;
+        Ok(())
+    }
+
     async fn committed(&self, edge: &str, epoch: &str) -> Result<Vec<LaneSeq>, SinkError> {
         let (marks, _) = self.read_marks(&mark_key(edge, epoch)).await?;
         Ok(marks.into_iter().map(|(lane, seq)| LaneSeq { lane, seq }).collect())
@@ -510,7 +523,7 @@ impl RecordSink for JetStreamSink {
                 };
                 match result {
                     Ok(()) => {
-                        metrics.wrote(true);
+                        metrics.wrote();
                         return Ok(());
                     }
                     Err(Failure::Transient(e)) => {
@@ -519,8 +532,9 @@ impl RecordSink for JetStreamSink {
                     }
                     Err(e) => {
                         // Not the moment's: the session ends on it, and `/healthz` says so.
-                        metrics.wrote(false);
-                        return Err(e.into_error());
+                        let e = e.into_error();
+                        metrics.failed(&e);
+                        return Err(e);
                     }
                 }
             }
