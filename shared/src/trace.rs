@@ -17,11 +17,13 @@
 //! span is that span's child without a byte more on the wire.
 //!
 //! Bounds: what peers make is bounded twice. `max_traced_per_second` messages a second are
-//! traced (the rest counted, `*_trace_messages_total{outcome="rate_limited"}`), and the export
-//! queue holds `max_queue` spans (the SDK drops past it). Off by default: no `endpoint`, no
+//! traced (the rest counted, `*_trace_messages_total{outcome="rate_limited"}`), and each later
+//! kind of span is bounded by the same rate on its own (`admit`: counted as
+//! `span_rate_limited`), the edge's only for messages its receive traced; and the export
+//! queue holds `max_queue` spans (the SDK drops past it). The bridge cannot know which records
+//! an edge traced: past the rate its `sink commit` spans may hang under `uplink send` spans
+//! the edge did not make. Off by default: no `endpoint`, no
 //! exporter thread, nothing read.
-
-use std::sync::atomic::{AtomicU64, Ordering};
 
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
@@ -42,6 +44,11 @@ use opentelemetry_sdk::trace::{
 use serde::{Deserialize, Serialize};
 
 use crate::units::HumanDuration;
+
+mod admit;
+
+pub use admit::Stage;
+use admit::{Admitted, COUNT_BITS, Window};
 
 /// The user property names of W3C Trace Context, as MQTT 5 carries them.
 pub const TRACEPARENT: &str = "traceparent";
@@ -267,12 +274,12 @@ impl TraceCounts {
     /// Registers `trace_messages_total{outcome}` (`traced`, `rate_limited`) and
     /// `trace_spans_total` in `registry` (a binary's prefixed one).
     pub fn register(&self, registry: &mut Registry) {
-        for outcome in ["traced", "rate_limited"] {
+        for outcome in ["traced", "rate_limited", "span_rate_limited"] {
             drop(self.messages.get_or_create(&OutcomeLabel { outcome }));
         }
         registry.register(
             "trace_messages",
-            "Messages with a sampled trace context: traced, or passed untraced past tracing.max_traced_per_second",
+            "Messages with a sampled trace context: traced, or passed untraced past tracing.max_traced_per_second (rate_limited at the receive, span_rate_limited at a later stage)",
             self.messages.clone(),
         );
         registry.register("trace_spans", "Spans handed to the OTLP exporter", self.spans.clone());
@@ -302,9 +309,12 @@ struct Inner {
     /// Sampled trace ids whose low 63 bits are under this are exported.
     ratio_bound: u64,
     max_per_second: u64,
-    /// The second being counted and the messages traced in it, in one word: the second in the
-    /// high 40 bits, the count in the low 24 (the rate is capped to fit).
-    window: AtomicU64,
+    /// Messages traced this second at their receive.
+    window: Window,
+    /// Spans made this second of each [`Stage`].
+    stages: [Window; 3],
+    /// The contexts the receive admitted lately.
+    admitted: Admitted,
 }
 
 /// One span to export, with the times its stage measured.
@@ -322,8 +332,6 @@ pub struct SpanRecord<'a> {
 }
 
 pub use opentelemetry::trace::SpanKind as Kind;
-
-const COUNT_BITS: u32 = 24;
 
 impl Tracer {
     /// A tracer that traces nothing.
@@ -367,7 +375,15 @@ impl Tracer {
         let tracer = provider.tracer(service.to_owned());
         let ratio_bound = (config.sample_ratio.clamp(0.0, 1.0) * (1u64 << 63) as f64) as u64;
         let max_per_second = config.max_traced_per_second.min((1 << COUNT_BITS) - 1);
-        let inner = Inner { provider, tracer, ratio_bound, max_per_second, window: AtomicU64::new(0) };
+        let inner = Inner {
+            provider,
+            tracer,
+            ratio_bound,
+            max_per_second,
+            window: Window::default(),
+            stages: Default::default(),
+            admitted: Admitted::new(max_per_second),
+        };
         Ok(Self { inner: Some(Arc::new(inner)), counts })
     }
 
@@ -383,19 +399,39 @@ impl Tracer {
     /// the message carries a sampled context, the ratio takes its trace, and the rate has room.
     pub fn message(&self, user: &[(String, String)]) -> Option<TraceParent> {
         let (inner, parent) = self.sampled(user)?;
-        if !inner.admit() {
+        if !inner.window.admit(inner.max_per_second) {
             self.counts.count("rate_limited");
             return None;
         }
+        inner.admitted.insert(admit::key(&parent.trace_id, &parent.span_id));
         self.counts.count("traced");
         Some(parent)
     }
 
-    /// The context of a message already admitted upstream (a record the edge traced): the
-    /// same ratio, no rate (the edge's bounded it, and its spans are worth little without
-    /// this one).
-    pub fn admitted(&self, user: &[(String, String)]) -> Option<TraceParent> {
-        self.sampled(user).map(|(_, parent)| parent)
+    /// The context of a message this process's receive traced ([`Tracer::message`]), for a
+    /// later `stage`'s span, while that stage has room this second.
+    pub fn admitted(&self, stage: Stage, user: &[(String, String)]) -> Option<TraceParent> {
+        let (inner, parent) = self.sampled(user)?;
+        if !inner.admitted.contains(&admit::key(&parent.trace_id, &parent.span_id)) {
+            return None;
+        }
+        self.stage_room(inner, stage).then_some(parent)
+    }
+
+    /// The context of a record another process traced (the bridge's view of an edge's record,
+    /// whose admission it cannot know), for `stage`'s span, while that stage has room this
+    /// second: the same ratio, so the edge and the bridge choose alike under the rate.
+    pub fn continued(&self, stage: Stage, user: &[(String, String)]) -> Option<TraceParent> {
+        let (inner, parent) = self.sampled(user)?;
+        self.stage_room(inner, stage).then_some(parent)
+    }
+
+    fn stage_room(&self, inner: &Inner, stage: Stage) -> bool {
+        let room = inner.stages[stage as usize].admit(inner.max_per_second);
+        if !room {
+            self.counts.count("span_rate_limited");
+        }
+        room
     }
 
     /// Tracing is on, `user` carries a sampled context, and the ratio takes its trace.
@@ -433,29 +469,6 @@ impl Tracer {
         if let Some(inner) = &self.inner {
             let _ = inner.provider.force_flush();
             let _ = inner.provider.shutdown();
-        }
-    }
-}
-
-impl Inner {
-    /// Whether one more message may be traced this second.
-    fn admit(&self) -> bool {
-        let second = SystemTime::now().duration_since(SystemTime::UNIX_EPOCH).map_or(0, |d| d.as_secs());
-        let mut seen = self.window.load(Ordering::Relaxed);
-        loop {
-            let (at, count) = (seen >> COUNT_BITS, seen & ((1 << COUNT_BITS) - 1));
-            let next = if at == second & ((1 << 40) - 1) {
-                if count >= self.max_per_second {
-                    return false;
-                }
-                seen + 1
-            } else {
-                ((second & ((1 << 40) - 1)) << COUNT_BITS) | 1
-            };
-            match self.window.compare_exchange_weak(seen, next, Ordering::Relaxed, Ordering::Relaxed) {
-                Ok(_) => return self.max_per_second > 0,
-                Err(now) => seen = now,
-            }
         }
     }
 }

@@ -5,7 +5,7 @@
 use std::time::SystemTime;
 
 use shared::proto::{RecordBody, WireRecord};
-use shared::trace::{KeyValue, Kind as SpanKind, SpanRecord, TraceParent, Tracer, uplink_span_id};
+use shared::trace::{KeyValue, Kind as SpanKind, SpanRecord, Stage, TraceParent, Tracer, uplink_span_id};
 
 /// The traced records of one publish.
 pub struct SinkSpans {
@@ -27,7 +27,7 @@ impl SinkSpans {
             .iter()
             .filter_map(|r| match &r.body {
                 RecordBody::Message(m) if !m.user_properties.is_empty() => {
-                    tracer.admitted(&m.user_properties).map(|p| (p, r.seq, m.topic.clone()))
+                    tracer.continued(Stage::Sink, &m.user_properties).map(|p| (p, r.seq, m.topic.clone()))
                 }
                 _ => None,
             })

@@ -96,7 +96,11 @@ impl SinkHealth {
 }
 
 /// Probes `sink` every [`PROBE_EVERY`] until `stop`, one probe at a time.
-pub async fn run<S: RecordSink>(sink: std::sync::Arc<S>, metrics: std::sync::Arc<SinkMetrics>, stop: CancellationToken) {
+pub async fn run<S: RecordSink>(
+    sink: std::sync::Arc<S>,
+    metrics: std::sync::Arc<SinkMetrics>,
+    stop: CancellationToken,
+) {
     loop {
         let probe = sink.probe();
         tokio::pin!(probe);

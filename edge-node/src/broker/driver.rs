@@ -397,7 +397,7 @@ struct SpoolSpan {
 
 impl SpoolSpan {
     fn of(tracer: &Tracer, req: &SpoolRequest) -> Option<Self> {
-        let parent = tracer.admitted(&req.message.properties.user)?;
+        let parent = tracer.admitted(shared::trace::Stage::Spool, &req.message.properties.user)?;
         let (class, lane, durability) = (req.message.class.clone(), req.lane.0, req.durability);
         Some(Self { parent, class, lane, durability, start: SystemTime::now() })
     }

@@ -6,7 +6,7 @@
 use std::collections::BTreeMap;
 use std::time::SystemTime;
 
-use shared::trace::{KeyValue, Kind as SpanKind, SpanRecord, TraceParent, Tracer, uplink_span_id};
+use shared::trace::{KeyValue, Kind as SpanKind, SpanRecord, Stage, TraceParent, Tracer, uplink_span_id};
 
 use crate::spool::Record;
 
@@ -36,11 +36,12 @@ impl InFlight {
         let now = SystemTime::now();
         for r in records {
             let Some(m) = r.message() else { continue };
-            if m.properties.user.is_empty() || self.pending.len() >= MAX_TRACKED {
+            let at = (r.lane.0, r.seq.0);
+            if m.properties.user.is_empty() || self.pending.len() >= MAX_TRACKED || self.pending.contains_key(&at) {
                 continue;
             }
-            if let Some(parent) = self.tracer.admitted(&m.properties.user) {
-                self.pending.entry((r.lane.0, r.seq.0)).or_insert((parent, m.class.clone(), now));
+            if let Some(parent) = self.tracer.admitted(Stage::Uplink, &m.properties.user) {
+                self.pending.insert(at, (parent, m.class.clone(), now));
             }
         }
     }
@@ -108,6 +109,10 @@ mod tests {
         let config = shared::trace::TracingConfig { endpoint: Some("http://127.0.0.1:9".into()), ..Default::default() };
         let tracer = Tracer::start(&config, "test", "0", Default::default()).unwrap();
         let mut f = InFlight::new(tracer.clone(), "e".into());
+        f.reading(&[record(0, 1, true)]);
+        assert_eq!(f.pending(), [], "not traced at its receive: no uplink span");
+        let received = record(0, 1, true);
+        assert!(tracer.message(&received.message().unwrap().properties.user).is_some());
         f.reading(&[record(0, 1, true), record(0, 2, false), record(0, 3, true), record(1, 1, true)]);
         f.reading(&[record(2, 5, true)]);
         assert_eq!(f.pending(), [(0, 1), (0, 3), (1, 1), (2, 5)]);
@@ -115,6 +120,25 @@ mod tests {
         assert_eq!(f.pending(), [(0, 1), (0, 3), (2, 5)]);
         f.acked(0, 1);
         assert_eq!(f.pending(), [(0, 3), (2, 5)]);
+        tracer.shutdown();
+    }
+
+    /// Issue 43, finding 10: `max_traced_per_second` bounds the uplink's spans too, however many
+    /// records carry a context the receive admitted.
+    #[test]
+    fn the_rate_bounds_uplink_spans() {
+        let config = shared::trace::TracingConfig {
+            endpoint: Some("http://127.0.0.1:9".into()),
+            max_traced_per_second: 5,
+            ..Default::default()
+        };
+        let tracer = Tracer::start(&config, "test", "0", Default::default()).unwrap();
+        assert!(tracer.message(&record(0, 1, true).message().unwrap().properties.user).is_some());
+        let mut f = InFlight::new(tracer.clone(), "e".into());
+        f.reading(&(1..=2000).map(|seq| record(0, seq, true)).collect::<Vec<_>>());
+        // Five a second; a second boundary while reading may admit five more.
+        assert!((5..=10).contains(&f.pending().len()), "{}", f.pending().len());
+        assert!(tracer.counts().messages("span_rate_limited") >= 1990);
         tracer.shutdown();
     }
 }

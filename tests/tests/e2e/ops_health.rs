@@ -90,7 +90,8 @@ async fn readiness_fails_while_the_session_store_cannot_commit_and_recovers() {
     assert!(unready, "{}", health(http, "/readyz").1);
     assert!(!suback.is_finished(), "no SUBACK before the subscription is stored");
     let metrics = e2e_tests::http_get(http, "/metrics");
-    let pending = metrics.lines().find(|l| l.starts_with("edge_session_store_pending_ops ")).and_then(|l| l.rsplit_once(' '));
+    let pending =
+        metrics.lines().find(|l| l.starts_with("edge_session_store_pending_ops ")).and_then(|l| l.rsplit_once(' '));
     assert!(
         pending.is_some_and(|(_, n)| n.trim().parse::<f64>().is_ok_and(|n| n >= 1.0)),
         "the pending gauge shows the op that waits:\n{metrics}"

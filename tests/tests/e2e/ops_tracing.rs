@@ -145,3 +145,63 @@ async fn one_trace_links_the_edges_spans_and_the_bridges_over_otlp() {
     assert!(edge.metric("edge_trace_spans_total") >= 4.0);
     assert!(cloud.metric("bridge_trace_spans_total") >= 1.0);
 }
+
+/// Issue 43, finding 10: `tracing.max_traced_per_second` bounds every kind of span, not only
+/// the receive's: 500 traced messages (each its own trace) at a cap of 5 a second give each of
+/// the five spans at most 5 for every second they took (they gave 500 each of `spool commit`,
+/// `uplink send` and `sink commit`), and the edge's later spans are of traces its receive took.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_rate_bounds_every_kind_of_span() {
+    const N: usize = 500;
+    let dir = tempfile::tempdir().unwrap();
+    let receiver = Receiver::start(dir.path()).await;
+    let tracing = format!("{}max_traced_per_second = 5\n", receiver.endpoint());
+    let keys = pki(dir.path(), &[]);
+    let cloud = TestCloud::start(dir.path(), keys.clone(), "127.0.0.1:0".parse().unwrap(), &tracing).await;
+    let extra = format!(
+        "{}\n{}\n{}",
+        with_spool(&[telemetry()]),
+        uplink_section(&keys, "edge-1", &[cloud.bridge.quic_addr()], ""),
+        tracing
+    );
+    let edge = TestNode::start(&extra).await;
+
+    let started = std::time::Instant::now();
+    let addr = edge.local();
+    let (client, mut events) = AsyncClient::new(MqttOptions::new("tracer", addr.ip().to_string(), addr.port()), 1000);
+    let pump = tokio::spawn(async move {
+        let mut acks = 0;
+        while acks < N {
+            if let Event::Incoming(Packet::PubAck(_)) = events.poll().await.expect("v5 event loop") {
+                acks += 1;
+            }
+        }
+    });
+    for i in 0..N {
+        publish(&client, &format!("telemetry/a/{i}"), Some(format!("00-{:032x}-{CLIENT_SPAN}-01", i + 1))).await;
+    }
+    tokio::time::timeout(WAIT, pump).await.expect("every PUBACK").unwrap();
+    let landed = e2e_tests::eventually(WAIT, || sink_rows(&cloud.sink).len() == N).await;
+    assert!(landed, "{} of {N} in the sink", sink_rows(&cloud.sink).len());
+    // The spans of the last second exported (the exporter's delay is 500 ms).
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let seconds = started.elapsed().as_secs() as usize + 1;
+
+    let spans = receiver.spans();
+    let mut by_name: HashMap<&str, Vec<&str>> = HashMap::new();
+    for s in &spans {
+        by_name.entry(s["name"].as_str().unwrap()).or_default().push(s["trace_id"].as_str().unwrap());
+    }
+    for name in ["receive", "route", "spool commit", "uplink send", "sink commit"] {
+        let n = by_name.get(name).map_or(0, Vec::len);
+        assert!(n >= 1, "some {name} spans: {by_name:?}");
+        assert!(n <= 5 * seconds, "{n} {name} spans in {seconds} s at 5 a second");
+    }
+    let received: std::collections::HashSet<&str> = by_name["receive"].iter().copied().collect();
+    for name in ["spool commit", "uplink send"] {
+        let strays: Vec<_> = by_name[name].iter().filter(|t| !received.contains(*t)).collect();
+        assert!(strays.is_empty(), "{name} spans of traces the receive did not take: {strays:?}");
+    }
+    assert!(edge.metric("edge_trace_messages_total{outcome=\"rate_limited\"}") >= (N - 5 * seconds) as f64);
+    assert!(cloud.metric("bridge_trace_messages_total{outcome=\"span_rate_limited\"}") >= 1.0);
+}

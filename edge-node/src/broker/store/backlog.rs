@@ -2,8 +2,8 @@
 //! readers wait past it), and the store's health as `/readyz` reads it (whether commits make
 //! progress, or fail, while ops wait).
 
-use std::sync::{Arc, Mutex};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering::Relaxed};
+use std::sync::{Arc, Mutex};
 
 use prometheus_client::metrics::gauge::Gauge;
 use shared::units::now_ms;
