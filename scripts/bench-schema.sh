@@ -9,13 +9,21 @@
 #      ~1 KiB JSON payloads at RATE msg/s) on the bound topic, on an unbound topic of the same
 #      edge-node with the same payloads, and on Mosquitto as the peer; interleaved, REPEATS
 #      rounds of SECONDS each, medians.
-# Usage: scripts/bench-schema.sh [REPEATS=3] [SECONDS=8] [RATE=2500]. Prints Markdown tables.
+#   3. other clients beside a flood of large bound publishes (issue 43, finding 11): a
+#      publisher of FLOOD_BYTES JSON payloads at FLOOD msg/s on the bound topic (no subscriber),
+#      and mqtt-bench at 1,000 msg/s on an unbound topic of the same broker, whose latency is
+#      what the flood's validation costs everyone else; against Mosquitto with the same flood
+#      (no validation there), interleaved, REPEATS rounds of SECONDS, medians.
+# Usage: scripts/bench-schema.sh [REPEATS=3] [SECONDS=8] [RATE=2500] [FLOOD=100]
+#        [FLOOD_BYTES=262144]. Prints Markdown tables.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export PATH="$(scripts/install-test-deps.sh):$PATH"
 repeats=${1:-3}
 seconds=${2:-8}
 rate=${3:-2500}
+flood=${4:-100}
+flood_bytes=${5:-262144}
 cargo build --release --locked --quiet -p edge-node -p cloud-bridge -p e2e-tests \
   --bin edge-node --bin cloud-bridge --bin mqtt-bench --bin schema-bench
 bin=target/release
@@ -98,7 +106,22 @@ for r in $(seq "$repeats"); do
   done
 done
 checked=$(curl -s "http://$http/metrics" | sed -n 's/^edge_schema_checked_total{subject="bench",outcome="valid"} //p')
-python3 - "$work/throughput.jsonl" "$work/latency.jsonl" "$rate" "$checked" <<'EOP'
+
+flooded=("edge-node:$eport" "mosquitto:$mport")
+for r in $(seq "$repeats"); do
+  for i in 0 1; do
+    IFS=: read -r label port <<< "${flooded[$(( (i + r) % 2 ))]}"
+    "$bin/mqtt-bench" --label "flood" --port "$port" --rate "$flood" --seconds "$((seconds + 2))" --warmup 0 \
+      --subscribers 0 --json 1 --payload "$flood_bytes" --topic bench/json/flood > /dev/null &
+    flooder=$!
+    sleep 1
+    "$bin/mqtt-bench" --label "$label-flooded" --port "$port" --rate 1000 --seconds "$seconds" --topic bench/raw/other \
+      >> "$work/flooded.jsonl"
+    wait "$flooder"
+  done
+done
+ahead=$(curl -s "http://$http/metrics" | sed -n 's/^edge_schema_validated_ahead_total //p')
+python3 - "$work/throughput.jsonl" "$work/latency.jsonl" "$rate" "$checked" "$work/flooded.jsonl" "$flood" "$flood_bytes" "${ahead:-0}" <<'EOP'
 import json, statistics, sys
 tp = [json.loads(l) for l in open(sys.argv[1])]
 print("| case | kind | avg payload bytes | validations/s per core | MB/s |")
@@ -123,4 +146,17 @@ print()
 print(f"p99 with validation / without: **{med['edge-node-bound'] / med['edge-node-unbound']:.2f}**; "
       f"bound edge-node / Mosquitto: {med['edge-node-bound'] / med['mosquitto']:.2f}; "
       f"publishes validated: {float(sys.argv[4] or 0):,.0f}")
+fl = [json.loads(l) for l in open(sys.argv[5])]
+print()
+print(f"| broker (unbound topic, QoS1, 1,000 msg/s, beside {sys.argv[6]} msg/s of {int(sys.argv[7]):,}-byte bound JSON) | p50 ms | p99 ms | lost | runs |")
+print("|---|---|---|---|---|")
+fmed = {}
+for label in ["edge-node-flooded", "mosquitto-flooded"]:
+    rows = [r for r in fl if r["label"] == label]
+    p50 = statistics.median(r["p50_us"] for r in rows) / 1000
+    fmed[label] = statistics.median(r["p99_us"] for r in rows) / 1000
+    print(f"| {label} | {p50:.2f} | {fmed[label]:.2f} | {sum(r['lost'] for r in rows)} | {len(rows)} |")
+print()
+print(f"p99 beside the flood, edge-node / Mosquitto: **{fmed['edge-node-flooded'] / fmed['mosquitto-flooded']:.2f}**; "
+      f"validated ahead of the core's lock: {float(sys.argv[8] or 0):,.0f}")
 EOP

@@ -326,6 +326,7 @@ impl Node {
             shutdown: shutdown.clone(),
             tracker: tracker.clone(),
             tracer: tracer.clone(),
+            schemas: schemas.clone().filter(|v| !v.is_empty()),
         });
 
         let mut mqtt_addrs = Vec::new();

@@ -21,6 +21,7 @@ use crate::broker::codec::{self, DecodeError, Inbound, Outbound, Version, reason
 use crate::broker::core::{ConnId, ConnectRequest};
 use crate::broker::driver::Wakers;
 use crate::labels::{self, RefusedLabels};
+use crate::schema::Judged;
 
 /// How a connection came in.
 /// A verified client certificate: who it says the client is, and until when.
@@ -177,6 +178,9 @@ where
         buf,
         ctx,
         quickack: entry.quickack,
+        split: 0,
+        ahead: 0,
+        judged: std::collections::VecDeque::new(),
     };
     let (direct, mut wr) = match wr {
         Either::Left(half) => {
@@ -264,6 +268,11 @@ struct Reader<'a> {
     buf: BytesMut,
     ctx: &'a Arc<FrontContext>,
     quickack: Option<socket2::Socket>,
+    /// Frames taken out of `buf` so far, and the first not yet judged ([`Reader::judge_ahead`]).
+    split: u64,
+    ahead: u64,
+    /// The schema judgments of buffered PUBLISH frames, by frame number, oldest first.
+    judged: std::collections::VecDeque<(u64, Judged)>,
 }
 
 impl Reader<'_> {
@@ -326,8 +335,32 @@ impl Reader<'_> {
         }
     }
 
+    /// Validates the payloads of the whole PUBLISH frames buffered and not yet judged whose
+    /// topic a `[[schema]]` binds, before the core's lock is taken: a payload's validation
+    /// costs what the payload does (a large JSON document, a deep Avro record), and under the
+    /// lock every client's packets waited for it (other clients' p99 went from 10.9 to 25.8 ms
+    /// under a flood of large bound publishes). The judgments wait beside their frames.
+    fn judge_ahead(&mut self) {
+        let Some(schemas) = &self.ctx.schemas else { return };
+        let (mut at, mut frame) = (0, self.split);
+        while let Ok(Some(len)) = codec::frame_len(&self.buf[at..], self.ctx.max_packet_size) {
+            if frame >= self.ahead {
+                if let Some((topic, payload)) = codec::publish::peek(&self.buf[at..at + len], self.version)
+                    && !topic.is_empty()
+                    && let Some(judged) = schemas.judge(topic, payload)
+                {
+                    self.judged.push_back((frame, judged));
+                }
+                self.ahead = frame + 1;
+            }
+            at += len;
+            frame += 1;
+        }
+    }
+
     /// Hands every whole frame buffered to the core.
     async fn feed(&mut self) -> Fed {
+        self.judge_ahead();
         let ctx = self.ctx;
         let reload = ctx.auth_generation.load(Ordering::Acquire);
         let rules = (reload != self.generation).then(|| {
@@ -335,7 +368,14 @@ impl Reader<'_> {
             ctx.auth.load().rules_for(&self.identity, &self.client_id)
         });
         let (conn, version, max) = (self.conn, self.version, ctx.max_packet_size);
-        let buf = &mut self.buf;
+        let (buf, split, judged) = (&mut self.buf, &mut self.split, &mut self.judged);
+        // The judgment made ahead of frame number `n`, if one was.
+        let mut judgment = |n: u64| {
+            while judged.front().is_some_and(|(f, _)| *f < n) {
+                judged.pop_front();
+            }
+            judged.front().is_some_and(|(f, _)| *f == n).then(|| judged.pop_front().map(|(_, j)| j)).flatten()
+        };
         let tracer = &ctx.tracer;
         let (mut fed, spool) = ctx.broker.with(|b| {
             let now = Instant::now();
@@ -360,17 +400,19 @@ impl Reader<'_> {
                 match codec::frame_len(buf, max) {
                     Ok(Some(len)) => {
                         let frame: Bytes = buf.split_to(len).freeze();
+                        let judged = judgment(*split);
+                        *split += 1;
                         // Read only with tracing on: a message with a trace context gets spans.
                         let start = tracer.is_on().then(SystemTime::now);
                         match codec::decode(frame, version, max_user_properties) {
                             Ok(Inbound::Publish(p)) if start.is_some() && !p.props.user.is_empty() => {
                                 let Some(parent) = tracer.message(&p.props.user) else {
-                                    b.handle(conn, Inbound::Publish(p), now);
+                                    b.handle_publish(conn, p, judged, now);
                                     continue;
                                 };
                                 let (topic, qos) = (p.topic_str().to_owned(), p.qos as u8);
                                 let decoded = SystemTime::now();
-                                b.handle(conn, Inbound::Publish(p), now);
+                                b.handle_publish(conn, p, judged, now);
                                 let start = start.unwrap_or(decoded);
                                 fed.traced.push(Received {
                                     parent,
@@ -381,6 +423,7 @@ impl Reader<'_> {
                                     handled: SystemTime::now(),
                                 });
                             }
+                            Ok(Inbound::Publish(p)) => b.handle_publish(conn, p, judged, now),
                             Ok(packet) => b.handle(conn, packet, now),
                             Err(e) => b.decode_error(conn, &e, now),
                         }

@@ -74,6 +74,9 @@ pub struct FrontContext {
     pub tracker: TaskTracker,
     /// Spans for PUBLISHes with a trace context (`[tracing]`).
     pub tracer: shared::trace::Tracer,
+    /// The `[[schema]]` bindings, when there are any: a connection validates its PUBLISHes'
+    /// payloads before it takes the core's lock ([`crate::schema::Validator::judge`]).
+    pub schemas: Option<Arc<crate::schema::Validator>>,
 }
 
 /// One bound listener.

@@ -82,6 +82,10 @@ pub struct SchemaMetrics {
     /// outcome: `apart` (the walk took it apart) or `whole` (the version is no longer the one
     /// staged, or the walk could not hold the payload).
     pub walked: Family<CheckLabels, Counter>,
+    /// Checks whose validation ran on the publisher's connection before the core's lock
+    /// ([`Validator::judge`]); the rest (a topic named by alias only, a downlink message) ran
+    /// under it.
+    pub ahead: Counter,
 }
 
 impl SchemaMetrics {
@@ -97,6 +101,11 @@ impl SchemaMetrics {
             "schema_reload_errors",
             "Staged schema files that could not be read or parsed (the version before stays in use)",
             m.reload_errors.clone(),
+        );
+        r.register(
+            "schema_validated_ahead",
+            "Checks of schema_checked_total whose validation ran on the publisher's connection, not under the broker core's lock",
+            m.ahead.clone(),
         );
         r.register(
             "schema_walked",
@@ -246,15 +255,44 @@ impl Validator {
         self.staged.load().get(subject).cloned()
     }
 
-    /// What a publish of `payload` to `topic` gets.
+    /// What a publish of `payload` to `topic` gets: [`Validator::judge`], then
+    /// [`Validator::settle`].
     pub fn check(&self, topic: &str, payload: &[u8]) -> Verdict {
-        let Some(i) = self.bindings.iter().position(|b| shared::topic::matches(&b.topic, topic)) else {
-            return Verdict::Unbound;
+        match self.judge(topic, payload) {
+            Some(judged) => self.settle(judged),
+            None => Verdict::Unbound,
+        }
+    }
+
+    /// Validates `payload` against the version staged for `topic`'s binding, counting nothing:
+    /// `None` when no binding governs the topic. The front judges a PUBLISH before it takes the
+    /// broker core's lock, which every client's packets wait for, so a large payload's
+    /// validation holds up only its own connection; the core settles the judgment if the
+    /// publish gets that far (the ACL and the other checks come first).
+    pub fn judge(&self, topic: &str, payload: &[u8]) -> Option<Judged> {
+        let binding = self.bindings.iter().position(|b| shared::topic::matches(&b.topic, topic))?;
+        let subject = &self.bindings[binding].subject;
+        let outcome = match self.staged.load().get(subject) {
+            None => Outcome::Unstaged,
+            Some(s) => match s.schema.validate(payload) {
+                Ok(()) => Outcome::Valid(s.tag.clone()),
+                Err(invalid) => Outcome::Invalid { version: s.version, reason: invalid.to_string() },
+            },
         };
-        let (b, counts) = (&self.bindings[i], &self.counts[i]);
-        let staged = self.staged.load();
-        let Some(s) = staged.get(&b.subject) else {
-            return match (b.unstaged, b.mode) {
+        Some(Judged { topic: topic.into(), len: payload.len(), binding, outcome })
+    }
+
+    /// [`Validator::settle`] of a judgment made before the core's lock, counted as such.
+    pub fn settle_ahead(&self, judged: Judged) -> Verdict {
+        self.metrics.ahead.inc();
+        self.settle(judged)
+    }
+
+    /// What a [`Judged`] publish gets under its binding's mode, counted.
+    pub fn settle(&self, judged: Judged) -> Verdict {
+        let (b, counts) = (&self.bindings[judged.binding], &self.counts[judged.binding]);
+        match judged.outcome {
+            Outcome::Unstaged => match (b.unstaged, b.mode) {
                 (Unstaged::Pass, _) | (_, Mode::Warn) => {
                     counts.unstaged_passed.inc();
                     Verdict::Passed
@@ -263,26 +301,48 @@ impl Validator {
                     counts.unstaged_refused.inc();
                     Verdict::Refused(format!("schema {} is not staged on this edge yet", b.subject))
                 }
-            };
-        };
-        match s.schema.validate(payload) {
-            Ok(()) => {
+            },
+            Outcome::Valid(tag) => {
                 counts.valid.inc();
-                Verdict::Valid(s.tag.clone())
+                Verdict::Valid(tag)
             }
-            Err(invalid) if b.mode == Mode::Warn => {
+            Outcome::Invalid { reason, .. } if b.mode == Mode::Warn => {
                 counts.warned.inc();
-                tracing::debug!(topic, subject = b.subject, %invalid, "payload does not match its schema (warn)");
+                tracing::debug!(topic = &*judged.topic, subject = b.subject, %reason, "payload does not match its schema (warn)");
                 Verdict::Passed
             }
-            Err(invalid) => {
+            Outcome::Invalid { version, reason } => {
                 counts.invalid.inc();
-                let mut reason = format!("schema {} v{}: {invalid}", b.subject, s.version);
+                let mut reason = format!("schema {} v{version}: {reason}", b.subject);
                 truncate(&mut reason, MAX_REASON_BYTES);
                 Verdict::Refused(reason)
             }
         }
     }
+}
+
+/// A publish validated ahead of the core ([`Validator::judge`]), not yet counted.
+#[derive(Debug)]
+pub struct Judged {
+    topic: Box<str>,
+    len: usize,
+    binding: usize,
+    outcome: Outcome,
+}
+
+impl Judged {
+    /// Whether it was made of this topic and a payload this long (the core settles a judgment
+    /// only for the publish it was made of).
+    pub fn is_of(&self, topic: &str, payload: &[u8]) -> bool {
+        &*self.topic == topic && self.len == payload.len()
+    }
+}
+
+#[derive(Debug)]
+enum Outcome {
+    Unstaged,
+    Valid(Arc<SchemaRef>),
+    Invalid { version: u32, reason: String },
 }
 
 fn load(path: &Path, subject: &str) -> Result<(u32, Schema), String> {

@@ -55,8 +55,11 @@ impl Window {
 #[derive(Debug)]
 pub(super) struct Admitted {
     capacity: usize,
-    seen: Mutex<(HashSet<[u8; 24]>, VecDeque<[u8; 24]>)>,
+    seen: Mutex<Kept>,
 }
+
+/// The keys, to look up and in the order they came (the oldest goes first).
+type Kept = (HashSet<[u8; 24]>, VecDeque<[u8; 24]>);
 
 /// The contexts kept at most, whatever the rate: 65,536 of 24 bytes.
 const MOST_ADMITTED: usize = 65_536;

@@ -157,6 +157,10 @@ async fn a_registered_schema_reaches_the_edge_and_refuses_invalid_publishes_with
     assert_eq!(paho(&edge, 1, true, &[dropped]).await, [(0, None)]);
     assert_eq!(checked(&edge, "invalid"), 4.0);
     assert_eq!(edge.metric("edge_mqtt_publish_refused_total{reason=\"schema\"}"), 4.0);
+    // Issue 43, finding 11: each was validated on its connection before the broker core's
+    // lock, which every client's packets wait for, and counted once.
+    assert_eq!(checked(&edge, "valid"), 1.0);
+    assert_eq!(edge.metric("edge_schema_validated_ahead_total"), 5.0);
     assert!(e2e_tests::eventually(WAIT, || in_sink(&s, valid) == 1).await, "the valid reading reaches the sink");
     // With the version it was validated against, as headers (protocol version 7).
     assert_eq!(schema_headers(&s, valid), Some(("reading/1".into(), v1_id.clone())));

@@ -118,6 +118,27 @@ pub fn decode(frame: &Bytes, version: Version, max_user_properties: usize) -> Re
     Ok(packet)
 }
 
+/// The topic and payload of a PUBLISH frame, found without decoding it (the properties are
+/// skipped, not read): what the front validates against a schema before it takes the broker
+/// core's lock. `None` for another packet or a PUBLISH too short for its fields; [`decode`]
+/// stays the judge of the frame, and the core uses a judgment only for the topic and payload
+/// length it decoded.
+pub fn peek(frame: &[u8], version: Version) -> Option<(&str, &[u8])> {
+    if frame.first()? >> 4 != 3 {
+        return None;
+    }
+    let qos = (frame[0] >> 1) & 0b11;
+    let body = frame.get(body_start(frame)..)?;
+    let topic_len = usize::from(read_u16(body, 0)?);
+    let topic = std::str::from_utf8(body.get(2..2 + topic_len)?).ok()?;
+    let mut at = 2 + topic_len + if qos == 0 { 0 } else { 2 };
+    if version == Version::V5 {
+        let (len, n) = read_varint(body.get(at..)?)?;
+        at += n + len;
+    }
+    Some((topic, body.get(at..)?))
+}
+
 fn check_utf8(bytes: &[u8], what: &'static str) -> Result<(), DecodeError> {
     // [MQTT-1.5.4-1]: well-formed UTF-8; [MQTT-1.5.4-2]: no U+0000.
     match std::str::from_utf8(bytes) {

@@ -259,6 +259,7 @@ proptest! {
         prop_assert_eq!(out.len(), out_packet.encoded_len(version));
         let bytes = out.clone().freeze();
         let ours = publish::decode(&bytes, version, usize::MAX).unwrap();
+        prop_assert_eq!(publish::peek(&bytes, version), Some((topic.as_str(), &payload[..])), "peek finds what decode does");
         prop_assert_eq!((ours.topic_str(), &ours.payload[..], ours.qos, ours.pkid * u16::from(qos != QoS::AtMostOnce), ours.retain), (topic.as_str(), &payload[..], qos, pkid * u16::from(qos != QoS::AtMostOnce), retain));
         let decoded = if v5 { V5.read_mut(&mut out, usize::MAX) } else { V4.read_mut(&mut out, usize::MAX) };
         let Ok(Packet::Publish(p, rp_props)) = decoded else { return Err(TestCaseError::fail(format!("{decoded:?}"))) };
@@ -288,8 +289,12 @@ proptest! {
         let f = frame(first, &body);
         let _ = frame_len(&f, 1 << 20);
         let _ = decode_connect(f.clone());
-        let _ = decode(f.clone(), Version::V311);
-        let _ = decode(f, Version::V5);
+        for version in [Version::V311, Version::V5] {
+            let peeked = publish::peek(&f, version).map(|(t, p)| (t.to_owned(), p.to_vec()));
+            if let Ok(Inbound::Publish(p)) = decode(f.clone(), version) {
+                prop_assert_eq!(peeked, Some((p.topic_str().to_owned(), p.payload.to_vec())));
+            }
+        }
     }
 }
 

@@ -34,7 +34,7 @@ impl Broker {
         mark: String,
         now: Instant,
     ) -> Result<u64, Refused> {
-        msg.schema = self.admit(rules, false, &msg.topic, &msg.props, 0, &msg.payload)?;
+        msg.schema = self.admit(rules, false, &msg.topic, &msg.props, 0, (&msg.payload, None))?;
         if msg.retain && !msg.payload.is_empty() && !self.retained.has_room(&msg) {
             return Err(Refused { label: "retained_full", code: reason::QUOTA_EXCEEDED, text: None });
         }

@@ -15,7 +15,7 @@ use crate::broker::codec::{
     DecodeError, Inbound, Outbound, PublishPacket, PublishProps, QoS, SubscribeRequest, Version, reason,
 };
 use crate::broker::message::Message;
-use crate::schema::Verdict;
+use crate::schema::{Judged, Verdict};
 use shared::proto::SchemaRef;
 
 /// A message the broker would not take: the metric label, the MQTT 5 reason code a publisher
@@ -45,7 +45,7 @@ impl Broker {
         }
         c.last_seen = now;
         match packet {
-            Inbound::Publish(p) => self.on_publish(conn, p, now),
+            Inbound::Publish(p) => self.on_publish(conn, p, None, now),
             Inbound::PubAck { pkid, .. } => self.on_ack(conn, pkid, QoS::AtLeastOnce, false),
             Inbound::PubRec { pkid, reason } => self.on_pubrec(conn, pkid, reason, now),
             Inbound::PubRel { pkid } => self.on_pubrel(conn, pkid, now),
@@ -57,6 +57,18 @@ impl Broker {
             // §4.12: AUTH without an Authentication Method in the CONNECT is a protocol error.
             Inbound::Auth => self.protocol_error(conn, "protocol_error", reason::PROTOCOL_ERROR, now),
         }
+    }
+
+    /// [`BrokerCore::handle`] of a PUBLISH whose payload the glue validated before it took the
+    /// core's lock ([`crate::schema::Validator::judge`]): the core settles that judgment rather
+    /// than validating under the lock every client waits for.
+    pub fn handle_publish(&mut self, conn: ConnId, p: PublishPacket, judged: Option<Judged>, now: Instant) {
+        let Some(c) = self.conns.get_mut(&conn) else { return };
+        if c.closing {
+            return;
+        }
+        c.last_seen = now;
+        self.on_publish(conn, p, judged, now);
     }
 
     /// A frame the glue could not decode, or broke a rule the codec checks: the connection
@@ -96,7 +108,8 @@ impl Broker {
     /// came (a client's PUBLISH, the cloud's downlink): its topic's length, its user
     /// properties (`excess`: those past the decoder's cap), the node's namespace and the ACL,
     /// a Response Topic that is a topic name ([MQTT-3.3.2-14]), and the schema its topic is
-    /// bound to. A valid message names the schema version it matched.
+    /// bound to (`payload` with the judgment the glue made of it ahead of the lock, if it
+    /// did). A valid message names the schema version it matched.
     pub(super) fn admit(
         &self,
         rules: Option<&Rules>,
@@ -104,7 +117,7 @@ impl Broker {
         topic: &str,
         props: &PublishProps,
         excess: usize,
-        payload: &[u8],
+        (payload, judged): (&[u8], Option<Judged>),
     ) -> Result<Option<Arc<SchemaRef>>, Refused> {
         let refused = |label, code, text| Err(Refused { label, code, text });
         if topic.len() > self.limits.max_topic_length {
@@ -124,17 +137,21 @@ impl Broker {
         }
         // Schema validation: before anything is stored or acknowledged, never for the node's
         // own clients, and for unbound topics nothing beyond the filter match.
-        match &self.schemas {
-            Some(v) if !internal => match v.check(topic, payload) {
-                Verdict::Refused(text) => refused("schema", reason::PAYLOAD_FORMAT_INVALID, Some(text)),
-                Verdict::Valid(tag) => Ok(Some(tag)),
-                Verdict::Unbound | Verdict::Passed => Ok(None),
-            },
-            _ => Ok(None),
+        // A judgment the glue made ahead of the lock is settled if it is of this publish.
+        let verdict = match (&self.schemas, judged.filter(|j| j.is_of(topic, payload))) {
+            (Some(_), _) if internal => return Ok(None),
+            (Some(v), Some(judged)) => v.settle_ahead(judged),
+            (Some(v), None) => v.check(topic, payload),
+            (None, _) => return Ok(None),
+        };
+        match verdict {
+            Verdict::Refused(text) => refused("schema", reason::PAYLOAD_FORMAT_INVALID, Some(text)),
+            Verdict::Valid(tag) => Ok(Some(tag)),
+            Verdict::Unbound | Verdict::Passed => Ok(None),
         }
     }
 
-    fn on_publish(&mut self, conn: ConnId, p: PublishPacket, now: Instant) {
+    fn on_publish(&mut self, conn: ConnId, p: PublishPacket, judged: Option<Judged>, now: Instant) {
         let Some(c) = self.conns.get_mut(&conn) else { return };
         let (key, version) = (c.session, c.version);
         // §4.9: more unacknowledged QoS 1 and 2 publishes than our Receive Maximum.
@@ -178,7 +195,8 @@ impl Broker {
         }
         let (internal, client_id) = (s.internal, s.client_id.clone());
         let rules = self.conns.get(&conn).and_then(|c| c.rules.clone());
-        let taken = self.admit(rules.as_deref(), internal, &topic, &p.props, p.excess_user_properties, &p.payload);
+        let (excess, payload) = (p.excess_user_properties, (&p.payload[..], judged));
+        let taken = self.admit(rules.as_deref(), internal, &topic, &p.props, excess, payload);
         let schema = match taken {
             Ok(schema) => schema,
             Err(refused) => {
