@@ -189,8 +189,8 @@ impl Checks {
 }
 
 /// The session store's check: failing commits, or ops waiting past `bound` with no commit, make
-/// the node not ready.
-fn store_check(h: &StoreHealth, now: u64, bound: Duration) -> Check {
+/// the node not ready. `now` in ms since the Unix epoch (the simulation's virtual one).
+pub fn store_check(h: &StoreHealth, now: u64, bound: Duration) -> Check {
     let waiting = format!("{} ops ({} bytes) waiting", h.ops, h.bytes);
     let (ok, detail) = match (&h.failing, h.stalled_since_ms) {
         (Some(error), _) => (false, format!("commits failing ({error}); {waiting}, their acknowledgements with them")),

@@ -49,8 +49,7 @@ use crate::broker::core::SessionRecord;
 
 mod backlog;
 
-use backlog::Backlog;
-pub use backlog::{MAX_PENDING_BYTES, MAX_PENDING_OPS, StoreHealth, backlog_bytes, within_bounds};
+pub use backlog::{Backlog, MAX_PENDING_BYTES, MAX_PENDING_OPS, StoreHealth, backlog_bytes, within_bounds};
 
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {

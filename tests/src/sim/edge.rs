@@ -18,7 +18,7 @@ use edge_node::auth::{AuthConfig, AuthState};
 use edge_node::broker::codec::{Inbound, QoS};
 use edge_node::broker::core::{Action, Broker, ConnId, ConnectRequest, Identity, Limits, Spooled, StoreOp};
 use edge_node::broker::metrics::BrokerMetrics;
-use edge_node::broker::store::{COMMIT_INTERVAL, Inline, backlog_bytes, within_bounds};
+use edge_node::broker::store::{Backlog, COMMIT_INTERVAL, Inline, backlog_bytes};
 use edge_node::downlink::{DownCore, DownMark, DownlinkEntry, Governance, MARK_KEY, RetainPolicy, RulesOf};
 use edge_node::route::{Class, Classes, Governance as ClassGovernance, Route};
 use edge_node::schema::{Mode, SchemaBinding, SchemaMetrics, Unstaged, Validator};
@@ -72,8 +72,9 @@ struct Store {
     inline: Inline,
     /// Sent, not committed: (op id, op), in order.
     pending: Vec<(u64, StoreOp)>,
-    /// What they hold, as the store's backlog counts it.
-    counted: usize,
+    /// What they hold and since when they wait, as the store's thread counts them: its
+    /// backlog, from which the readers' bound and `/readyz` read.
+    backlog: Backlog,
     since: Option<Instant>,
     retry_at: Option<Instant>,
     retry: Duration,
@@ -189,7 +190,7 @@ impl Edge {
             store: Store {
                 inline,
                 pending: Vec::new(),
-                counted: 0,
+                backlog: Backlog::default(),
                 since: None,
                 retry_at: None,
                 retry: Duration::from_millis(50),
@@ -268,12 +269,13 @@ impl Edge {
             if locked {
                 p.store.retry = (p.store.retry * 2).min(Duration::from_secs(2));
                 p.store.retry_at = Some(now + p.store.retry);
+                p.store.backlog.failed("database is locked".into());
             } else {
                 let ops = std::mem::take(&mut p.store.pending);
                 p.store.inline.commit(&ops).expect("a commit on the sim's disk");
                 let last = ops.last().map_or(0, |(id, _)| *id);
                 p.store.committed = last;
-                p.store.counted = 0;
+                p.store.backlog.committed_at(ops.len(), p.store.backlog.health().bytes, cx.wall_ms);
                 p.store.since = None;
                 p.store.retry_at = None;
                 p.store.retry = Duration::from_millis(50);
@@ -380,7 +382,17 @@ impl Edge {
     /// the bytes of messages only they hold.
     pub fn store_backlog(&self) -> Option<(usize, usize, usize)> {
         let p = self.proc.as_ref()?;
-        Some((p.store.pending.len(), p.store.counted, held_only_by(&p.store.pending)))
+        Some((p.store.pending.len(), p.store.backlog.health().bytes, held_only_by(&p.store.pending)))
+    }
+
+    /// `/readyz`'s session store check as the shipped code makes it (`health::store_check` of
+    /// the store's backlog) at `cx`'s time, beside the truth: how long the oldest op sent has
+    /// waited for a commit.
+    pub fn store_readiness(&self, now: Instant, wall_ms: u64) -> Option<(edge_node::health::Check, Option<Duration>)> {
+        let p = self.proc.as_ref()?;
+        let bound = edge_node::health::HealthConfig::default().max_store_wait.0;
+        let check = edge_node::health::store_check(&p.store.backlog.health(), wall_ms, bound);
+        Some((check, p.store.since.map(|s| now - s)))
     }
 
     /// The spool's oldest record not yet acked, ms since the Unix epoch.
@@ -505,7 +517,9 @@ impl EdgeProc {
             }
         }
         // Sent together, as the driver sends what one call on the core made.
-        self.store.counted += backlog_bytes(&group);
+        if !group.is_empty() {
+            self.store.backlog.add_at(group.len(), backlog_bytes(&group), cx.wall_ms);
+        }
         self.store.pending.append(&mut group);
         progress
     }
@@ -550,9 +564,7 @@ impl EdgeProc {
         }
         // The reader waits while the store is far behind, and while the broker holds it.
         while c.ready && !c.outbox.is_empty() {
-            if !within_bounds(self.store.pending.len(), self.store.counted)
-                || self.broker.held_until(conn).is_some_and(|t| t > cx.now)
-            {
+            if !self.store.backlog.within_bounds() || self.broker.held_until(conn).is_some_and(|t| t > cx.now) {
                 break;
             }
             let Some(packet) = c.outbox.pop_front() else { break };

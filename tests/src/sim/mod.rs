@@ -466,6 +466,7 @@ impl World {
         }
         self.settle();
         self.check_bounds();
+        self.check_readiness();
         if self.now >= self.next_liveness {
             self.next_liveness = self.now + Duration::from_secs(1);
             self.check_liveness();
@@ -858,6 +859,29 @@ impl World {
                 self.trace.line(format!("VIOLATION: {why}"));
                 self.oracle.fail(why);
             }
+        }
+    }
+
+    /// Readiness tells the truth about the session store: not ready once ops have waited past
+    /// `health.max_store_wait` without a commit (a lock held, commits failing), ready whenever
+    /// nothing waits.
+    fn check_readiness(&mut self) {
+        let bound = edge_node::health::HealthConfig::default().max_store_wait.0;
+        let wall_ms = WALL_START + (self.now - self.base).as_millis() as u64;
+        for e in 0..self.edges.len() {
+            let Some((check, waiting)) = self.edges[e].store_readiness(self.now, wall_ms) else { continue };
+            let why = match waiting {
+                Some(w) if w > bound + Duration::from_secs(1) && check.ok => format!(
+                    "edge-{e}: /readyz passes the session store while its ops have waited {w:?} for a commit: {}",
+                    check.detail
+                ),
+                None if !check.ok => {
+                    format!("edge-{e}: /readyz fails the session store with nothing waiting: {}", check.detail)
+                }
+                _ => continue,
+            };
+            self.trace.line(format!("VIOLATION: {why}"));
+            self.oracle.fail(why);
         }
     }
 

@@ -56,9 +56,11 @@ pub fn within_bounds(ops: usize, bytes: usize) -> bool {
     ops <= MAX_PENDING_OPS && bytes <= MAX_PENDING_BYTES
 }
 
-/// Ops sent and not yet committed, and a wake-up for those waiting for room.
+/// Ops sent and not yet committed, and a wake-up for those waiting for room. The session
+/// store's thread keeps one; the whole-system simulation keeps one on its virtual clock
+/// (the `_at` methods), so `/readyz`'s verdict is checked against what its disk did.
 #[derive(Debug, Default)]
-pub(super) struct Backlog {
+pub struct Backlog {
     ops: AtomicUsize,
     bytes: AtomicUsize,
     /// When the store last made progress while ops waited (ms): when the first op came to an
@@ -85,14 +87,19 @@ pub struct StoreHealth {
 }
 
 impl Backlog {
-    pub(super) fn new(pending: Gauge) -> Self {
+    pub fn new(pending: Gauge) -> Self {
         Self { pending, ..Self::default() }
     }
 
     /// Ops sent, holding `bytes`.
     pub(super) fn add(&self, ops: usize, bytes: usize) {
+        self.add_at(ops, bytes, now_ms());
+    }
+
+    /// [`Backlog::add`] at `now` (ms since the Unix epoch).
+    pub fn add_at(&self, ops: usize, bytes: usize, now: u64) {
         if self.ops.fetch_add(ops, Relaxed) == 0 {
-            self.since_ms.store(now_ms(), Relaxed);
+            self.since_ms.store(now, Relaxed);
         }
         self.bytes.fetch_add(bytes, Relaxed);
         self.pending.set(self.ops.load(Relaxed) as i64);
@@ -100,7 +107,12 @@ impl Backlog {
 
     /// `ops` holding `bytes` committed: readers waiting for room go on.
     pub(super) fn committed(&self, ops: usize, bytes: usize) {
-        self.since_ms.store(now_ms(), Relaxed);
+        self.committed_at(ops, bytes, now_ms());
+    }
+
+    /// [`Backlog::committed`] at `now` (ms since the Unix epoch).
+    pub fn committed_at(&self, ops: usize, bytes: usize, now: u64) {
+        self.since_ms.store(now, Relaxed);
         let left = self.ops.fetch_sub(ops, Relaxed) - ops;
         self.bytes.fetch_sub(bytes, Relaxed);
         self.pending.set(left as i64);
@@ -109,15 +121,15 @@ impl Backlog {
     }
 
     /// A commit failed with `error`; it is tried again.
-    pub(super) fn failed(&self, error: String) {
+    pub fn failed(&self, error: String) {
         *self.failing.lock().unwrap_or_else(|e| e.into_inner()) = Some(error);
     }
 
-    pub(super) fn within_bounds(&self) -> bool {
+    pub fn within_bounds(&self) -> bool {
         within_bounds(self.ops.load(Relaxed), self.bytes.load(Relaxed))
     }
 
-    pub(super) fn health(&self) -> StoreHealth {
+    pub fn health(&self) -> StoreHealth {
         let ops = self.ops.load(Relaxed);
         StoreHealth {
             ops,
