@@ -10,10 +10,13 @@
 #      edge-node with the same payloads, and on Mosquitto as the peer; interleaved, REPEATS
 #      rounds of SECONDS each, medians.
 #   3. other clients beside a flood of large bound publishes (issue 43, finding 11): a
-#      publisher of FLOOD_BYTES JSON payloads at FLOOD msg/s on the bound topic (no subscriber),
+#      publisher of FLOOD_BYTES JSON payloads (objects of small detections, what costs a
+#      validator) at FLOOD msg/s on the bound topic (no subscriber),
 #      and mqtt-bench at 1,000 msg/s on an unbound topic of the same broker, whose latency is
-#      what the flood's validation costs everyone else; against Mosquitto with the same flood
-#      (no validation there), interleaved, REPEATS rounds of SECONDS, medians.
+#      what the flood's validation costs everyone else; against the same flood on an unbound
+#      topic of the same edge-node, and on Mosquitto (no validation there), interleaved,
+#      REPEATS rounds of SECONDS, medians.
+# EDGE_NODE_BIN runs another edge-node build (an earlier commit's, to compare).
 # Usage: scripts/bench-schema.sh [REPEATS=3] [SECONDS=8] [RATE=2500] [FLOOD=100]
 #        [FLOOD_BYTES=262144]. Prints Markdown tables.
 set -euo pipefail
@@ -81,7 +84,7 @@ topic = "bench/json/#"
 subject = "bench"
 mode = "enforce"
 EOC
-"$bin/edge-node" run --config "$work/edge.toml" --ready-file "$work/ready.json" 2> "$work/edge.log" &
+"${EDGE_NODE_BIN:-$bin/edge-node}" run --config "$work/edge.toml" --ready-file "$work/ready.json" 2> "$work/edge.log" &
 edge_pid=$!; pids+=("$edge_pid")
 for _ in $(seq 100); do [ -s "$work/ready.json" ] && break; sleep 0.1; done
 read -r eport http < <(python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); print(d["mqtt"]["local"].rsplit(":",1)[1], d["http"])' "$work/ready.json")
@@ -107,12 +110,12 @@ for r in $(seq "$repeats"); do
 done
 checked=$(curl -s "http://$http/metrics" | sed -n 's/^edge_schema_checked_total{subject="bench",outcome="valid"} //p')
 
-flooded=("edge-node:$eport" "mosquitto:$mport")
+flooded=("edge-node:$eport:bench/json/flood" "edge-node-unbound:$eport:bench/raw/flood" "mosquitto:$mport:bench/json/flood")
 for r in $(seq "$repeats"); do
-  for i in 0 1; do
-    IFS=: read -r label port <<< "${flooded[$(( (i + r) % 2 ))]}"
+  for i in 0 1 2; do
+    IFS=: read -r label port ftopic <<< "${flooded[$(( (i + r) % 3 ))]}"
     "$bin/mqtt-bench" --label "flood" --port "$port" --rate "$flood" --seconds "$((seconds + 2))" --warmup 0 \
-      --subscribers 0 --json 1 --payload "$flood_bytes" --topic bench/json/flood > /dev/null &
+      --subscribers 0 --json 2 --payload "$flood_bytes" --topic "$ftopic" > /dev/null &
     flooder=$!
     sleep 1
     "$bin/mqtt-bench" --label "$label-flooded" --port "$port" --rate 1000 --seconds "$seconds" --topic bench/raw/other \
@@ -151,12 +154,13 @@ print()
 print(f"| broker (unbound topic, QoS1, 1,000 msg/s, beside {sys.argv[6]} msg/s of {int(sys.argv[7]):,}-byte bound JSON) | p50 ms | p99 ms | lost | runs |")
 print("|---|---|---|---|---|")
 fmed = {}
-for label in ["edge-node-flooded", "mosquitto-flooded"]:
+for label in ["edge-node-flooded", "edge-node-unbound-flooded", "mosquitto-flooded"]:
     rows = [r for r in fl if r["label"] == label]
     p50 = statistics.median(r["p50_us"] for r in rows) / 1000
     fmed[label] = statistics.median(r["p99_us"] for r in rows) / 1000
     print(f"| {label} | {p50:.2f} | {fmed[label]:.2f} | {sum(r['lost'] for r in rows)} | {len(rows)} |")
 print()
-print(f"p99 beside the flood, edge-node / Mosquitto: **{fmed['edge-node-flooded'] / fmed['mosquitto-flooded']:.2f}**; "
+print(f"p99 beside the flood, validated / not: **{fmed['edge-node-flooded'] / fmed['edge-node-unbound-flooded']:.2f}**; "
+      f"edge-node validating / Mosquitto: {fmed['edge-node-flooded'] / fmed['mosquitto-flooded']:.2f}; "
       f"validated ahead of the core's lock: {float(sys.argv[8] or 0):,.0f}")
 EOP

@@ -347,7 +347,7 @@ impl Reader<'_> {
             if frame >= self.ahead {
                 if let Some((topic, payload)) = codec::publish::peek(&self.buf[at..at + len], self.version)
                     && !topic.is_empty()
-                    && let Some(judged) = schemas.judge(topic, payload)
+                    && let Some(judged) = judge(schemas, topic, payload)
                 {
                     self.judged.push_back((frame, judged));
                 }
@@ -442,6 +442,22 @@ impl Reader<'_> {
         ctx.broker.run_spool(spool).await;
         ctx.broker.store_room().await;
         fed
+    }
+}
+
+/// Payloads from this size are validated with the worker handed over to the runtime's other
+/// tasks (`block_in_place`): a large document takes milliseconds, and the connections queued
+/// on the same worker would wait for it.
+const BLOCKING_JUDGE: usize = 64 << 10;
+
+/// [`crate::schema::Validator::judge`], off the worker's other tasks for a large payload.
+fn judge(schemas: &crate::schema::Validator, topic: &str, payload: &[u8]) -> Option<Judged> {
+    let multi_thread = tokio::runtime::Handle::try_current()
+        .is_ok_and(|h| h.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread);
+    if payload.len() >= BLOCKING_JUDGE && multi_thread {
+        tokio::task::block_in_place(|| schemas.judge(topic, payload))
+    } else {
+        schemas.judge(topic, payload)
     }
 }
 

@@ -27,8 +27,10 @@ struct Args {
     /// `--topic`: the topic published to (default `bench/<pid>`).
     topic: Option<String>,
     /// `--json 1`: JSON payloads (`{"seq":..,"sent":..,"device":..,"cpu_pct":..,"pad":".."}`,
-    /// padded to `--payload` bytes), for topics a schema governs.
-    json: bool,
+    /// padded to `--payload` bytes), for topics a schema governs; `--json 2`: the same filled
+    /// with a `detections` array of small objects instead of the pad (what costs a validator:
+    /// structure, not a long string).
+    json: u8,
 }
 
 fn parse_args() -> anyhow::Result<Args> {
@@ -43,7 +45,7 @@ fn parse_args() -> anyhow::Result<Args> {
         label: "broker".into(),
         persistent: false,
         topic: None,
-        json: false,
+        json: 0,
     };
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
@@ -59,7 +61,7 @@ fn parse_args() -> anyhow::Result<Args> {
             "--label" => a.label = value,
             "--persistent" => a.persistent = value == "1",
             "--topic" => a.topic = Some(value),
-            "--json" => a.json = value == "1",
+            "--json" => a.json = value.parse()?,
             other => bail!("unknown flag {other}"),
         }
     }
@@ -108,7 +110,7 @@ async fn main() -> anyhow::Result<()> {
                 let Ok(Ok(event)) = event else { break };
                 if let Event::Incoming(Packet::Publish(p)) = event {
                     let now = base.elapsed().as_nanos() as u64;
-                    let (seq, sent) = match json {
+                    let (seq, sent) = match json != 0 {
                         true => read_json(&p.payload),
                         false => (
                             u64::from_be_bytes(p.payload[0..8].try_into().unwrap_or_default()),
@@ -148,8 +150,8 @@ async fn main() -> anyhow::Result<()> {
         let due = if args.rate == 0 { seq + 1 } else { (start.elapsed().as_secs_f64() * args.rate as f64) as u64 };
         while seq < due {
             let sent_at = base.elapsed();
-            if args.json {
-                payload = json_payload(seq, sent_at.as_nanos() as u64, args.payload);
+            if args.json != 0 {
+                payload = json_payload(seq, sent_at.as_nanos() as u64, args.payload, args.json == 2);
             } else {
                 payload[0..8].copy_from_slice(&seq.to_be_bytes());
                 payload[8..16].copy_from_slice(&(sent_at.as_nanos() as u64).to_be_bytes());
@@ -205,7 +207,20 @@ async fn main() -> anyhow::Result<()> {
 }
 
 /// A JSON reading carrying `seq` and `sent`, padded to about `size` bytes.
-fn json_payload(seq: u64, sent: u64, size: usize) -> Vec<u8> {
+fn json_payload(seq: u64, sent: u64, size: usize, structured: bool) -> Vec<u8> {
+    if structured {
+        let mut out = format!(r#"{{"seq":{seq},"sent":{sent},"device":"cam-01","cpu_pct":61.5,"detections":["#);
+        let mut n = 0u64;
+        while out.len() + 64 < size {
+            if n > 0 {
+                out.push(',');
+            }
+            out.push_str(&format!(r#"{{"label":"person","score":0.{:02},"x":{},"y":{}}}"#, n % 100, n % 640, n % 480));
+            n += 1;
+        }
+        out.push_str("]}");
+        return out.into_bytes();
+    }
     let head = format!(r#"{{"seq":{seq},"sent":{sent},"device":"cam-01","cpu_pct":61.5,"pad":""#);
     let pad = size.saturating_sub(head.len() + 2);
     let mut out = head.into_bytes();
