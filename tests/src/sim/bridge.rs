@@ -40,6 +40,9 @@ pub struct Sink {
     pub records_down_until: Option<Instant>,
     /// The downlink's storage is unavailable until then.
     pub downlink_down_until: Option<Instant>,
+    /// A publish may fail until then with an error the sink does not retry, its records
+    /// written or not (a leader lost mid-write, a failover): the session ends on it.
+    pub writes_failing_until: Option<Instant>,
 }
 
 impl std::fmt::Debug for Sink {
@@ -53,7 +56,7 @@ impl Sink {
         let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("a runtime");
         let metrics = Arc::new(SinkMetrics::default());
         let sqlite = SqliteSink::open(path).expect("the sink").with_metrics(metrics.clone());
-        Self { rt, sqlite, metrics, records_down_until: None, downlink_down_until: None }
+        Self { rt, sqlite, metrics, records_down_until: None, downlink_down_until: None, writes_failing_until: None }
     }
 
     /// Runs a sink future to its end; `Err` names a call that never returned.
@@ -95,8 +98,9 @@ pub struct Session {
     awaited: Option<(Instant, Awaited)>,
     /// The downlink's call in flight, made beside the rest: when it is answered, and how.
     down: Option<(Instant, Result<DownAnswer, SinkError>)>,
-    /// Publishes in flight, in the order started: when each is done, and its id.
-    publishing: VecDeque<(Instant, u64)>,
+    /// Publishes in flight, in the order started: when each is done, its id, and whether it
+    /// fails.
+    publishing: VecDeque<(Instant, u64, bool)>,
     /// News of the edge's downlink wakes it.
     pub news: bool,
 }
@@ -173,7 +177,7 @@ impl Bridge {
                 if let Some((at, _)) = &s.awaited {
                     return [Some(*at), None, None];
                 }
-                let published = s.publishing.front().map(|(at, _)| *at);
+                let published = s.publishing.front().map(|(at, ..)| *at);
                 let down = s.down.as_ref().map(|(at, _)| *at);
                 [down, published, s.core.poll_timeout()]
             })
@@ -275,8 +279,11 @@ impl Session {
             }
             if self.awaited.is_none() {
                 // Publishes done, in the order started.
-                while self.publishing.front().is_some_and(|(at, _)| *at <= now) {
-                    let Some((_, id)) = self.publishing.pop_front() else { break };
+                while self.publishing.front().is_some_and(|(at, ..)| *at <= now) {
+                    let Some((_, id, failed)) = self.publishing.pop_front() else { break };
+                    if failed {
+                        return Err(End::Other(format!("sink publish {id}: failed, not for the moment")));
+                    }
                     self.core.handle_published(id);
                     progress = true;
                 }
@@ -344,14 +351,24 @@ impl Session {
     fn start_publishes(&mut self, name: &str, sink: &Sink, cx: &mut Ctx<'_>) -> Result<(), End> {
         while let Some(p) = self.core.poll_publish() {
             let count = p.records.len();
-            let publish = sink.sqlite.publish(name.to_owned(), p.epoch, p.lane, p.records, first_turn());
-            sink.run("publish", publish)
-                .map_err(|e| cx.fail(e))
-                .and_then(|r| r.map_err(|e| cx.fail(format!("publish: {e}"))))
-                .map_err(End::Other)?;
+            let failing = sink.writes_failing_until.is_some_and(|u| u > cx.now) && cx.rng.chance(0.5);
+            // A failed write may still have landed: the edge's resend must find it there once.
+            let written = !failing || cx.rng.chance(0.5);
+            if written {
+                let publish = sink.sqlite.publish(name.to_owned(), p.epoch, p.lane, p.records, first_turn());
+                sink.run("publish", publish)
+                    .map_err(|e| cx.fail(e))
+                    .and_then(|r| r.map_err(|e| cx.fail(format!("publish: {e}"))))
+                    .map_err(End::Other)?;
+            }
             let at = sink.records_ready(cx.now).unwrap_or(cx.now) + cx.rng.millis(1, 10);
-            cx.trace.line(format!("bridge: {name} lane {} publishes {count} records", p.lane));
-            self.publishing.push_back((at, p.id));
+            let outcome = match (failing, written) {
+                (false, _) => "",
+                (true, true) => " (written, then fails)",
+                (true, false) => " (fails unwritten)",
+            };
+            cx.trace.line(format!("bridge: {name} lane {} publishes {count} records{outcome}", p.lane));
+            self.publishing.push_back((at, p.id, failing));
         }
         Ok(())
     }

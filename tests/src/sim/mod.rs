@@ -257,14 +257,14 @@ struct Profile {
     name: &'static str,
     /// Client actions, sends, edge crashes, bridge crashes, link cuts, store locks, records
     /// outages, downlink outages.
-    weights: [u32; 8],
+    weights: [u32; 9],
     downlink_outage: (u64, u64),
 }
 
 const PROFILES: [Profile; 3] = [
-    Profile { name: "stormy", weights: [60, 10, 2, 1, 2, 3, 2, 2], downlink_outage: (500, 8_000) },
-    Profile { name: "calm", weights: [60, 10, 0, 0, 0, 0, 0, 1], downlink_outage: (20_000, 60_000) },
-    Profile { name: "quiet", weights: [60, 10, 0, 0, 0, 0, 0, 0], downlink_outage: (0, 0) },
+    Profile { name: "stormy", weights: [60, 10, 2, 1, 2, 3, 2, 2, 2], downlink_outage: (500, 8_000) },
+    Profile { name: "calm", weights: [60, 10, 0, 0, 0, 0, 0, 1, 0], downlink_outage: (20_000, 60_000) },
+    Profile { name: "quiet", weights: [60, 10, 0, 0, 0, 0, 0, 0, 0], downlink_outage: (0, 0) },
 ];
 
 /// The wall clock when a run starts, ms since the Unix epoch (a fixed day, so runs replay).
@@ -388,6 +388,7 @@ impl World {
         self.trace.line("healing: every fault cleared, every process up".into());
         self.sink.records_down_until = None;
         self.sink.downlink_down_until = None;
+        self.sink.writes_failing_until = None;
         for l in &mut self.links {
             l.cut_until = None;
         }
@@ -677,6 +678,11 @@ impl World {
                 let d = self.rng.millis(500, 8_000);
                 self.trace.line(format!("sink: records unavailable for {d:?}"));
                 self.sink.records_down_until = Some(self.now + d);
+            }
+            8 => {
+                let d = self.rng.millis(200, 3_000);
+                self.trace.line(format!("sink: writes fail, outcome unknown, for {d:?}"));
+                self.sink.writes_failing_until = Some(self.now + d);
             }
             _ => {
                 let (lo, hi) = self.profile.downlink_outage;
