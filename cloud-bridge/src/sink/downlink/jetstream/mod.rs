@@ -167,13 +167,20 @@ pub(in crate::sink) async fn open(
     crate::sink::jetstream::ensure_stream_replicas(js, "downlink stream", &s.stream, &config, replicas).await?;
     let positions = crate::sink::jetstream::bucket(js, "downlink bucket", &s.bucket, replicas, Duration::ZERO).await?;
     let uplink = js.get_stream(uplink_stream).await.map_err(|e| SinkError::nats("stream", uplink_stream, &e))?;
+    let guarded = version_at_least(&js.client().server_info().version, (2, 11));
+    if !guarded {
+        tracing::warn!(
+            version = js.client().server_info().version,
+            "nats-server before 2.11: sends racing for an edge's last backlog room may both take it (the summary's trim sets the newest aside)"
+        );
+    }
     Ok(JsDown {
         js: js.clone(),
         stream,
         name: s.stream.clone(),
         max_payload: js.client().server_info().max_payload as u64,
         max_msg_size: u64::try_from(config.max_message_size).ok().filter(|m| *m > 0),
-        guarded: version_at_least(&js.client().server_info().version, (2, 11)),
+        guarded,
         prefix: s.subject_prefix.clone(),
         positions,
         uplink,
