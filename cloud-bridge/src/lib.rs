@@ -179,7 +179,7 @@ impl Bridge {
         let info = fleet::BridgeInfo { quic: quic_addr, writes_per_second: parts.writes_per_second };
         let writer = tokio::spawn(fleet::run(parts.services.fleet.clone(), sink.clone(), info, fleet_stop.clone()));
         tasks.spawn(parts.services.downlink.clone().watch(sink.clone(), shutdown.clone()));
-        tasks.spawn(sink::health::run(sink.clone(), metrics.sink.clone(), shutdown.clone()));
+        tasks.spawn(sink::probe::run(sink.clone(), metrics.sink.clone(), shutdown.clone()));
         let tracer = parts.services.tracer.clone();
         let (m, stop, t) = (metrics.server.clone(), shutdown.clone(), tasks.clone());
         let trust = Arc::new(server::trust::Trust::new(&parts.server.deny_serials));

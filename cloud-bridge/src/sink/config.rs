@@ -66,7 +66,7 @@ pub enum SinkConfig {
         /// each edge's position (default `edge-down`), and `max_age`, after which what was not
         /// delivered is deleted (default 7d).
         #[serde(default)]
-        downlink: crate::sink::downlink::jetstream::DownSettings,
+        downlink: crate::sink::jetstream::DownSettings,
     },
 }
 
@@ -121,7 +121,9 @@ impl SinkConfig {
         use super::FleetStore;
         match self {
             SinkConfig::Sqlite { path } => super::sqlite::SqliteSink::open(path)?.load_reports().await,
-            SinkConfig::Jetstream { url, tco_bucket, .. } => super::jetstream::load_reports_from(url, tco_bucket).await,
+            SinkConfig::Jetstream { url, tco_bucket, .. } => {
+                super::jetstream::fleet::load_reports_from(url, tco_bucket).await
+            }
         }
     }
 
@@ -141,10 +143,10 @@ impl SinkConfig {
                 })
             }
             SinkConfig::Jetstream { url, tco_bucket, fleet_bucket, downlink, .. } => Ok(super::FleetData {
-                states: super::jetstream::load_fleet_from(url, fleet_bucket).await?,
-                reports: super::jetstream::load_reports_from(url, tco_bucket).await?,
-                downlink: super::downlink::jetstream::summary_from(url, downlink).await?,
-                downlink_refused: super::downlink::jetstream::dead_letters_from(url, downlink, shown).await?,
+                states: super::jetstream::fleet::load_fleet_from(url, fleet_bucket).await?,
+                reports: super::jetstream::fleet::load_reports_from(url, tco_bucket).await?,
+                downlink: super::jetstream::downlink::summary_from(url, downlink).await?,
+                downlink_refused: super::jetstream::downlink::dead_letters_from(url, downlink, shown).await?,
             }),
         }
     }

@@ -1,16 +1,12 @@
 //! Whether the sink can take writes now, as `/readyz` reads it: the newest of two kinds of
 //! evidence, a write's outcome and a probe's. Writes alone made readiness a latch: it stayed
 //! false after the sink recovered until some edge's record went through, and true with the
-//! sink down while nothing wrote. The probe ([`run`]) asks the sink every [`PROBE_EVERY`]
+//! sink down while nothing wrote. The probe (`sink::probe`) asks the sink every [`PROBE_EVERY`]
 //! whether it would take a write ([`super::RecordSink::probe`]: a write lock on SQLite, the
 //! streams' leaders on JetStream).
 
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
-
-use tokio_util::sync::CancellationToken;
-
-use super::{RecordSink, SinkMetrics};
 
 /// How often the probe asks the sink.
 pub const PROBE_EVERY: Duration = Duration::from_secs(2);
@@ -92,36 +88,6 @@ impl SinkHealth {
     /// For the `sink_healthy` gauge.
     pub fn ok(&self) -> bool {
         self.check().0
-    }
-}
-
-/// Probes `sink` every [`PROBE_EVERY`] until `stop`, one probe at a time.
-pub async fn run<S: RecordSink>(
-    sink: std::sync::Arc<S>,
-    metrics: std::sync::Arc<SinkMetrics>,
-    stop: CancellationToken,
-) {
-    loop {
-        let probe = sink.probe();
-        tokio::pin!(probe);
-        let answer = tokio::select! {
-            _ = stop.cancelled() => return,
-            answer = tokio::time::timeout(PROBE_WAIT, &mut probe) => match answer {
-                Ok(answer) => answer,
-                Err(_) => {
-                    metrics.probed_late();
-                    tokio::select! {
-                        _ = stop.cancelled() => return,
-                        answer = probe => answer,
-                    }
-                }
-            },
-        };
-        metrics.probed(answer.err().map(|e| e.to_string()));
-        tokio::select! {
-            _ = stop.cancelled() => return,
-            _ = tokio::time::sleep(PROBE_EVERY) => {}
-        }
     }
 }
 

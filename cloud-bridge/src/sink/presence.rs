@@ -8,7 +8,18 @@
 //! hides the newer one on another bridge.
 
 use serde::{Deserialize, Serialize};
-use shared::proto::SpoolReport;
+use shared::proto::{ClassesReport, SpoolReport};
+
+use super::downlink::{DownDeadLetter, DownSummary};
+
+/// An edge's latest TCO classes report as a sink keeps it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct StoredReport {
+    pub edge: String,
+    /// When it arrived, ms since the Unix epoch.
+    pub received_ms: u64,
+    pub report: ClassesReport,
+}
 
 /// One edge's session as its bridge last wrote it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -89,9 +100,9 @@ pub struct FleetStates {
 #[derive(Debug, Clone, Default)]
 pub struct FleetData {
     pub states: FleetStates,
-    pub reports: Vec<super::StoredReport>,
-    pub downlink: Vec<super::downlink::DownSummary>,
-    pub downlink_refused: Vec<super::downlink::DownDeadLetter>,
+    pub reports: Vec<StoredReport>,
+    pub downlink: Vec<DownSummary>,
+    pub downlink_refused: Vec<DownDeadLetter>,
 }
 
 #[cfg(test)]

@@ -305,7 +305,7 @@ async fn an_existing_stream_is_set_to_allow_batches() {
 async fn tco_reports_are_kept_per_edge_in_kv() {
     use cloud_bridge::sink::{FleetStore, StoredReport};
     let nats = NatsServer::start();
-    assert!(cloud_bridge::sink::jetstream::load_reports_from(&nats.url(), "edge-tco").await.unwrap().is_empty());
+    assert!(cloud_bridge::sink::jetstream::fleet::load_reports_from(&nats.url(), "edge-tco").await.unwrap().is_empty());
     let sink =
         cloud_bridge::sink::jetstream::JetStreamSink::connect(&settings(nats.url(), BatchPublish::Auto)).await.unwrap();
     let report = |edge: &str, currency: &str| StoredReport {
@@ -316,7 +316,7 @@ async fn tco_reports_are_kept_per_edge_in_kv() {
     sink.store_report(&report("edge.b", "USD")).await.unwrap();
     sink.store_report(&report("edge-a", "USD")).await.unwrap();
     sink.store_report(&report("edge-a", "EUR")).await.unwrap();
-    let stored = cloud_bridge::sink::jetstream::load_reports_from(&nats.url(), "edge-tco").await.unwrap();
+    let stored = cloud_bridge::sink::jetstream::fleet::load_reports_from(&nats.url(), "edge-tco").await.unwrap();
     assert_eq!(stored, vec![report("edge-a", "EUR"), report("edge.b", "USD")]);
 }
 

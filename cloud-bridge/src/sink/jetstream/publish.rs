@@ -2,7 +2,6 @@
 //! (see [`Publishing`]). Each keeps the order per topic when a publish fails part way: what is
 //! stored of a batch is a prefix of it, or, message by message, a prefix per subject.
 
-use std::borrow::Cow;
 use std::time::Duration;
 
 use async_nats::HeaderMap;
@@ -13,6 +12,7 @@ use futures_util::StreamExt;
 use serde::{Deserialize, Serialize};
 use shared::proto::{RecordBody, WireRecord};
 
+use super::header::header_safe;
 use super::refused::{self, Failure};
 use crate::sink::{SinkError, SinkMetrics, Turn};
 
@@ -313,37 +313,6 @@ fn batch_ack(reply: &[u8], sent: usize) -> Result<Atomic, Failure> {
     }
 }
 
-/// Header names hold printable ASCII without `:`; values no CR or LF. Anything else is
-/// percent-encoded, reversibly; most are fine as they are, and are borrowed.
-fn header_safe(s: &str, name: bool) -> Cow<'_, str> {
-    let bad = |c: char| c == '%' || c == '\r' || c == '\n' || (name && (c == ':' || !c.is_ascii_graphic()));
-    if !s.contains(bad) {
-        return Cow::Borrowed(s);
-    }
-    let mut out = String::with_capacity(s.len() + 8);
-    for c in s.chars() {
-        if bad(c) {
-            let mut buf = [0u8; 4];
-            for b in c.encode_utf8(&mut buf).bytes() {
-                out.push_str(&format!("%{b:02X}"));
-            }
-        } else {
-            out.push(c);
-        }
-    }
-    Cow::Owned(out)
-}
-
-/// `s` as a header value of at most `max` bytes (cut at a character).
-pub(in crate::sink) fn header_value(s: &str, max: usize) -> String {
-    let safe = header_safe(s, false);
-    let mut end = safe.len().min(max);
-    while !safe.is_char_boundary(end) {
-        end -= 1;
-    }
-    safe[..end].to_owned()
-}
-
 /// Flow acks the server may owe before the publisher waits for one (ADR-50 advises 2).
 const FAST_OUTSTANDING: u64 = 2;
 
@@ -480,12 +449,6 @@ async fn next_reply(replies: &mut async_nats::Subscriber) -> Result<FastReply, S
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn headers_are_made_safe() {
-        assert_eq!(header_safe("trace id:x", true), "trace%20id%3Ax");
-        assert_eq!(header_safe("line\r\nbreak 100%", false), "line%0D%0Abreak 100%25");
-    }
 
     #[test]
     fn a_record_is_addressed_with_its_headers() {

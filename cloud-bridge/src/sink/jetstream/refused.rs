@@ -182,7 +182,7 @@ async fn set_aside(
     }
     let mark = |mut h: HeaderMap| {
         h.insert(REASON, reason);
-        h.insert(ERROR, super::publish::header_value(detail, 256).as_str());
+        h.insert(ERROR, super::header::header_value(detail, 256).as_str());
         h.insert(SUBJECT, subject);
         h.insert(BYTES, payload.len().to_string().as_str());
         h

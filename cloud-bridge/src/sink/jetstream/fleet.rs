@@ -2,13 +2,63 @@
 //! bridge. A live session's state is a plain put; an ended one is a compare-and-set on the
 //! revision of its own session's state, so it never replaces a newer session's
 //! (`sink::presence`).
+//!
+//! Each edge's latest TCO report is at `<edge key>.tco` in the report bucket.
 
-use async_nats::jetstream::kv;
+use async_nats::jetstream::{self, kv};
 use bytes::Bytes;
 use futures_util::future::join_all;
 
-use super::{Cas, edge_key, read_all, read_doc, write_doc};
-use crate::sink::{BridgeState, EdgeState, FleetStates, SinkError};
+use super::bucket::{Cas, edge_key, mark_key, read_all, read_doc, write_doc};
+use super::{CLI_CONNECT, JetStreamSink, cluster};
+use crate::sink::FleetStore;
+use crate::sink::error::SinkError;
+use crate::sink::presence::{BridgeState, EdgeState, FleetStates, StoredReport};
+
+impl FleetStore for JetStreamSink {
+    async fn store_report(&self, report: &StoredReport) -> Result<(), SinkError> {
+        let value = Bytes::from(serde_json::to_vec(report).map_err(|e| SinkError::invalid("store report", e))?);
+        let key = mark_key(&report.edge, "tco");
+        self.reports.put(&key, value).await.map(|_| ()).map_err(|e| SinkError::nats("store report", &key, &e))
+    }
+
+    async fn load_reports(&self) -> Result<Vec<StoredReport>, SinkError> {
+        read_reports(&self.reports).await
+    }
+
+    async fn store_edge_states(&self, states: Vec<EdgeState>) -> Result<Vec<bool>, SinkError> {
+        store_edge_states(&self.fleet, states).await
+    }
+
+    async fn store_bridge_state(&self, state: &BridgeState) -> Result<(), SinkError> {
+        store_bridge_state(&self.fleet, state).await
+    }
+
+    async fn load_fleet(&self) -> Result<FleetStates, SinkError> {
+        load_fleet(&self.fleet).await
+    }
+}
+
+async fn read_reports(kv: &kv::Store) -> Result<Vec<StoredReport>, SinkError> {
+    let mut out = Vec::new();
+    for (key, value) in read_all(kv, "read reports").await? {
+        out.push(serde_json::from_slice(&value).map_err(|e| SinkError::corrupt("read reports", &key, e))?);
+    }
+    out.sort_by(|a: &StoredReport, b| a.edge.cmp(&b.edge));
+    Ok(out)
+}
+
+/// Every edge's latest TCO report in `bucket` on the server at `url`, without touching the
+/// stream or the other buckets (for `cloud-bridge tco report`).
+pub async fn load_reports_from(url: &str, bucket: &str) -> Result<Vec<StoredReport>, SinkError> {
+    let client = cluster::connect(url, CLI_CONNECT).await?;
+    let js = jetstream::new(client);
+    match js.get_key_value(bucket).await {
+        Ok(kv) => read_reports(&kv).await,
+        // No bucket: no edge has reported yet.
+        Err(_) => Ok(Vec::new()),
+    }
+}
 
 const EDGE: &str = "edge.";
 const BRIDGE: &str = "bridge.";
@@ -67,8 +117,8 @@ pub(super) async fn load_fleet(kv: &kv::Store) -> Result<FleetStates, SinkError>
 /// The fleet states in `bucket` on the server at `url`, without touching the stream or the
 /// other buckets (for `cloud-bridge edges list`).
 pub async fn load_fleet_from(url: &str, bucket: &str) -> Result<FleetStates, SinkError> {
-    let client = super::cluster::connect(url, super::CLI_CONNECT).await?;
-    let js = async_nats::jetstream::new(client);
+    let client = cluster::connect(url, CLI_CONNECT).await?;
+    let js = jetstream::new(client);
     match js.get_key_value(bucket).await {
         Ok(kv) => load_fleet(&kv).await,
         // No bucket: no bridge has written yet.

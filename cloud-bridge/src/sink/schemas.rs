@@ -10,15 +10,12 @@
 //! What a version means, and whether one may follow another, is the registry's business
 //! (`cloud-bridge schema`).
 
-mod jetstream;
-pub(in crate::sink) mod sqlite;
-
 use std::future::Future;
 
 use serde::Serialize;
 use shared::schema::{Compatibility, Version};
 
-use super::SinkError;
+use super::error::SinkError;
 
 /// A subject as `schema list` shows it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -43,20 +40,20 @@ pub trait SchemaStore: Send + Sync {
     fn schema_subjects(&self) -> impl Future<Output = Result<Vec<Subject>, SinkError>> + Send;
 }
 
-fn to_json(v: &Version) -> Result<String, SinkError> {
+pub(super) fn to_json(v: &Version) -> Result<String, SinkError> {
     serde_json::to_string(v).map_err(|e| SinkError::invalid("schema version", e))
 }
 
-fn from_json(key: &str, bytes: &[u8]) -> Result<Version, SinkError> {
+pub(super) fn from_json(key: &str, bytes: &[u8]) -> Result<Version, SinkError> {
     serde_json::from_slice(bytes).map_err(|e| SinkError::corrupt("schema version", key, e))
 }
 
-fn parse_mode(key: &str, s: &str) -> Result<Compatibility, SinkError> {
+pub(super) fn parse_mode(key: &str, s: &str) -> Result<Compatibility, SinkError> {
     s.parse().map_err(|e: String| SinkError::corrupt("schema mode", key, e))
 }
 
 /// Groups versions (sorted by subject, then version) into subjects.
-fn subjects(mut all: Vec<Version>, mode: impl Fn(&str) -> Option<Compatibility>) -> Vec<Subject> {
+pub(super) fn subjects(mut all: Vec<Version>, mode: impl Fn(&str) -> Option<Compatibility>) -> Vec<Subject> {
     all.sort_by(|a, b| (&a.subject, a.version).cmp(&(&b.subject, b.version)));
     let mut out: Vec<Subject> = Vec::new();
     for v in all {

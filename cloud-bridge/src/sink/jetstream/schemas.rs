@@ -3,9 +3,10 @@
 use bytes::Bytes;
 use shared::schema::{Compatibility, Version};
 
-use super::{SchemaStore, Subject, from_json, parse_mode, subjects, to_json};
-use crate::sink::SinkError;
-use crate::sink::jetstream::{JetStreamSink, read_all};
+use super::JetStreamSink;
+use super::bucket::read_all;
+use crate::sink::error::SinkError;
+use crate::sink::schemas::{SchemaStore, Subject, from_json, parse_mode, subjects, to_json};
 
 const VERSION: &str = "v.";
 const MODE: &str = "m.";

@@ -13,10 +13,7 @@
 //! - A refusal or an expiry is kept only for a message the sink holds for that edge: an edge
 //!   cannot invent dead letters.
 //!
-//! `sqlite` and `jetstream` say where each lives.
-
-pub mod jetstream;
-pub mod sqlite;
+//! `sink::sqlite::downlink` and `sink::jetstream::downlink` say where each lives.
 
 use std::future::Future;
 use std::time::Duration;
@@ -25,7 +22,7 @@ use serde::{Deserialize, Serialize};
 use shared::proto::USER_PROPERTY_COST;
 use shared::proto::down::{Down, DownRefusal};
 
-use super::SinkError;
+use super::error::SinkError;
 
 /// A message for an edge's local topic, as `send` stores it and the bridge reads it back.
 #[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]

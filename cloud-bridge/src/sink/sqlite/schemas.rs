@@ -3,23 +3,9 @@
 use rusqlite::{OptionalExtension, params};
 use shared::schema::{Compatibility, Version};
 
-use super::{SchemaStore, Subject, from_json, parse_mode, subjects, to_json};
-use crate::sink::SinkError;
-use crate::sink::sqlite::SqliteSink;
-
-pub(in crate::sink) const SCHEMA: &str = "
-CREATE TABLE IF NOT EXISTS schema_versions (
-    subject TEXT NOT NULL,
-    version INTEGER NOT NULL,
-    id TEXT NOT NULL,
-    doc TEXT NOT NULL,
-    PRIMARY KEY (subject, version)
-);
-CREATE TABLE IF NOT EXISTS schema_subjects (
-    subject TEXT PRIMARY KEY,
-    compatibility TEXT NOT NULL
-);
-";
+use super::SqliteSink;
+use crate::sink::error::SinkError;
+use crate::sink::schemas::{SchemaStore, Subject, from_json, parse_mode, subjects, to_json};
 
 impl SchemaStore for SqliteSink {
     async fn schema_versions(&self, subject: &str) -> Result<Vec<Version>, SinkError> {

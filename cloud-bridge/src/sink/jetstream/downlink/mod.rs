@@ -36,13 +36,14 @@ use async_nats::jetstream::{self, kv, stream};
 use bytes::Bytes;
 use futures_util::StreamExt;
 
-use super::{
-    Backlog, DownBounds, DownDeadLetter, DownDone, DownLimit, DownState, DownSummary, DownlinkStore, Enqueued,
-    Outgoing, Pending, Reply,
-};
+use super::bucket::{self, Cas, edge_key, read_all, read_doc, unavailable, write_doc};
+use super::{DownSettings, JetStreamSink, JsDown, header};
 use crate::names;
-use crate::sink::SinkError;
-use crate::sink::jetstream::JetStreamSink;
+use crate::sink::downlink::{
+    Backlog, DownBounds, DownDeadLetter, DownDone, DownLimit, DownState, DownSummary, DownlinkStore, Enqueued,
+    Outgoing, Pending, Reply, SEND_IDS,
+};
+use crate::sink::error::SinkError;
 
 mod headers;
 mod positions;
@@ -86,117 +87,6 @@ fn is_wrong_last(e: &jetstream::context::PublishError) -> bool {
 const NEWS_POLL: Duration = Duration::from_millis(100);
 const NEWS_MAX: usize = 256;
 
-/// Where the downlink lives beside the uplink's stream.
-#[derive(Debug, Clone, PartialEq, Eq, serde::Deserialize, serde::Serialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct DownSettings {
-    pub stream: String,
-    pub subject_prefix: String,
-    pub bucket: String,
-    /// What is not delivered by then is deleted by JetStream.
-    pub max_age: shared::units::HumanDuration,
-}
-
-impl Default for DownSettings {
-    fn default() -> Self {
-        Self {
-            stream: "DOWN".into(),
-            subject_prefix: "down".into(),
-            bucket: "edge-down".into(),
-            max_age: shared::units::HumanDuration(Duration::from_secs(7 * 24 * 3600)),
-        }
-    }
-}
-
-/// The downlink's stream, bucket and news subscription.
-#[derive(Debug)]
-pub(in crate::sink) struct JsDown {
-    js: jetstream::Context,
-    stream: stream::Stream,
-    /// The stream's name, for the JSON API.
-    name: String,
-    /// What one message may weigh: the server's `max_payload`, the stream's `max_msg_size`
-    /// (if it has one), as of the connect.
-    max_payload: u64,
-    max_msg_size: Option<u64>,
-    /// Whether the server checks a publish's expected last sequence on a subject filter
-    /// (`Nats-Expected-Last-Subject-Sequence-Subject`, nats-server 2.11): a send's bound then
-    /// holds across concurrent sends; on older servers two may both take the last room.
-    guarded: bool,
-    prefix: String,
-    positions: kv::Store,
-    /// The uplink's stream and subject prefix, where replies arrive.
-    uplink: stream::Stream,
-    uplink_prefix: String,
-}
-
-/// Opens (or creates) the downlink's stream and bucket; `uplink_prefix` must not overlap.
-pub(in crate::sink) async fn open(
-    js: &jetstream::Context,
-    s: &DownSettings,
-    (uplink_stream, uplink_prefix): (&str, &str),
-    replicas: usize,
-    duplicate_window: Duration,
-) -> Result<JsDown, SinkError> {
-    let overlaps = |a: &str, b: &str| a == b || a.starts_with(&format!("{b}."));
-    if overlaps(&s.subject_prefix, uplink_prefix) || overlaps(uplink_prefix, &s.subject_prefix) {
-        return Err(SinkError::invalid(
-            "downlink stream",
-            format!("down_subject_prefix {:?} overlaps subject_prefix {uplink_prefix:?}", s.subject_prefix),
-        ));
-    }
-    let subjects = format!("{}.>", s.subject_prefix);
-    let mut stream = js
-        .get_or_create_stream(stream::Config {
-            name: s.stream.clone(),
-            subjects: vec![subjects.clone()],
-            duplicate_window,
-            max_age: s.max_age.0,
-            num_replicas: replicas,
-            ..Default::default()
-        })
-        .await
-        .map_err(|e| SinkError::nats("downlink stream", &s.stream, &e))?;
-    let config = stream.info().await.map_err(|e| SinkError::nats("downlink stream", &s.stream, &e))?.config.clone();
-    if !config.subjects.contains(&subjects) {
-        return Err(SinkError::invalid(
-            "downlink stream",
-            format!("{} exists with subjects {:?}, not {subjects:?}", s.stream, config.subjects),
-        ));
-    }
-    crate::sink::jetstream::ensure_stream_replicas(js, "downlink stream", &s.stream, &config, replicas).await?;
-    let positions = crate::sink::jetstream::bucket(js, "downlink bucket", &s.bucket, replicas, Duration::ZERO).await?;
-    let uplink = js.get_stream(uplink_stream).await.map_err(|e| SinkError::nats("stream", uplink_stream, &e))?;
-    let guarded = version_at_least(&js.client().server_info().version, (2, 11));
-    if !guarded {
-        tracing::warn!(
-            version = js.client().server_info().version,
-            "nats-server before 2.11: sends racing for an edge's last backlog room may both take it (the summary's trim sets the newest aside)"
-        );
-    }
-    Ok(JsDown {
-        js: js.clone(),
-        stream,
-        name: s.stream.clone(),
-        max_payload: js.client().server_info().max_payload as u64,
-        max_msg_size: u64::try_from(config.max_message_size).ok().filter(|m| *m > 0),
-        guarded,
-        prefix: s.subject_prefix.clone(),
-        positions,
-        uplink,
-        uplink_prefix: uplink_prefix.to_owned(),
-    })
-}
-
-fn version_at_least(version: &str, at: (u64, u64)) -> bool {
-    let mut parts = version.split(['.', '-']).map(|p| p.parse::<u64>().unwrap_or(0));
-    (parts.next().unwrap_or(0), parts.next().unwrap_or(0)) >= at
-}
-
-fn unavailable(what: &'static str, reason: impl std::fmt::Display) -> SinkError {
-    SinkError::Unavailable { what, reason: reason.to_string() }
-}
-
 /// Which stream `stream` is now, and where its sequence is.
 async fn stream_now(stream: &stream::Stream) -> Result<StreamNow, SinkError> {
     let info = stream
@@ -231,7 +121,7 @@ async fn summary(
     };
     let now = stream_now(stream).await?;
     let mut docs = std::collections::BTreeMap::new();
-    for (_, value) in crate::sink::jetstream::read_all(positions, what).await? {
+    for (_, value) in read_all(positions, what).await? {
         let Ok(mut doc) = serde_json::from_slice::<PositionDoc>(&value) else { continue };
         // As its session would count it, without writing: this is a view.
         doc.settle(&now, None);
@@ -265,7 +155,7 @@ async fn summary(
 /// The downlink summary of the sink at `url`, read without creating anything (for `edges
 /// list`): empty where no bridge made the downlink's stream yet.
 pub async fn summary_from(url: &str, s: &DownSettings) -> Result<Vec<DownSummary>, SinkError> {
-    let client = crate::sink::jetstream::client(url, Duration::from_secs(10)).await?;
+    let client = super::client(url, Duration::from_secs(10)).await?;
     let js = jetstream::new(client);
     let (Ok(stream), Ok(positions)) = (js.get_stream(&s.stream).await, js.get_key_value(&s.bucket).await) else {
         return Ok(Vec::new());
@@ -324,7 +214,7 @@ async fn dead_letters(
 
 /// The newest `limit` downlink dead letters of the sink at `url`, read without creating anything.
 pub async fn dead_letters_from(url: &str, s: &DownSettings, limit: usize) -> Result<Vec<DownDeadLetter>, SinkError> {
-    let client = crate::sink::jetstream::client(url, Duration::from_secs(10)).await?;
+    let client = super::client(url, Duration::from_secs(10)).await?;
     let Ok(stream) = jetstream::new(client).get_stream(&s.stream).await else { return Ok(Vec::new()) };
     dead_letters(&stream, &s.subject_prefix, None, limit).await
 }
@@ -339,9 +229,8 @@ impl JsDown {
     }
 
     async fn doc(&self, edge: &str) -> Result<(PositionDoc, Option<u64>), SinkError> {
-        let key = crate::sink::jetstream::edge_key(edge);
-        let (doc, revision): (Option<PositionDoc>, _) =
-            crate::sink::jetstream::read_doc(&self.positions, &key, "downlink position").await?;
+        let key = edge_key(edge);
+        let (doc, revision): (Option<PositionDoc>, _) = read_doc(&self.positions, &key, "downlink position").await?;
         Ok((doc.unwrap_or_else(|| PositionDoc { edge: edge.to_owned(), ..Default::default() }), revision))
     }
 
@@ -355,8 +244,8 @@ impl JsDown {
         held: Option<u64>,
         change: impl Fn(&mut PositionDoc) -> bool,
     ) -> Result<Option<(PositionDoc, StreamNow)>, SinkError> {
-        let key = crate::sink::jetstream::edge_key(edge);
-        for _ in 0..crate::sink::jetstream::CAS_ATTEMPTS {
+        let key = edge_key(edge);
+        for _ in 0..bucket::CAS_ATTEMPTS {
             let (mut doc, revision) = self.doc(edge).await?;
             // Read after the document: a sequence the edge was handed is at most this.
             let now = stream_now(&self.stream).await?;
@@ -366,10 +255,10 @@ impl JsDown {
             if !changed && (!settled || blank) {
                 return Ok(Some((doc, now)));
             }
-            match crate::sink::jetstream::write_doc(&self.positions, &key, &doc, revision).await {
+            match write_doc(&self.positions, &key, &doc, revision).await {
                 Ok(_) => return Ok(Some((doc, now))),
-                Err(crate::sink::jetstream::Cas::Changed) => continue,
-                Err(crate::sink::jetstream::Cas::Failed(e)) => return Err(e),
+                Err(Cas::Changed) => continue,
+                Err(Cas::Failed(e)) => return Err(e),
             }
         }
         Ok(None)
@@ -380,7 +269,7 @@ impl JsDown {
         self.update(edge, held, |_| false).await?.ok_or_else(|| SinkError::Conflict {
             what: "downlink position",
             key: edge.to_owned(),
-            attempts: crate::sink::jetstream::CAS_ATTEMPTS as u32,
+            attempts: bucket::CAS_ATTEMPTS as u32,
         })
     }
 
@@ -431,7 +320,7 @@ impl JsDown {
         // Its own headers where they parse, but for the server's (`Nats-Expected-*` of a send
         // would fail the copy's publish, forever); ours with values any edge or publisher may
         // have made (a reason, a topic decoded from the subject) made safe for a header.
-        let safe = |v: &str, max| crate::sink::jetstream::publish::header_value(v, max);
+        let safe = |v: &str, max| header::header_value(v, max);
         let mut h = async_nats::HeaderMap::new();
         for (name, values) in headers.iter() {
             let text: &str = name.as_ref();
@@ -482,7 +371,7 @@ impl DownlinkStore for JetStreamSink {
                 ),
             ));
         }
-        let (ids_kept, ids_for) = super::SEND_IDS;
+        let (ids_kept, ids_for) = SEND_IDS;
         let since = shared::units::now_ms().saturating_sub(ids_for.as_millis() as u64);
         if let Some(seq) = msg.id.as_deref().and_then(|id| doc.sent(id, since)) {
             return Ok(Enqueued::Already { seq });
@@ -658,7 +547,7 @@ impl DownlinkStore for JetStreamSink {
             return Err(SinkError::Conflict {
                 what: "downlink position",
                 key: edge.to_owned(),
-                attempts: crate::sink::jetstream::CAS_ATTEMPTS as u32,
+                attempts: bucket::CAS_ATTEMPTS as u32,
             });
         };
         // What the edge has is storage no one needs; the stream's max_age frees it otherwise.

@@ -20,96 +20,13 @@ use rusqlite::{Connection, OptionalExtension, TransactionBehavior, params};
 use shared::proto::MAX_SEQ;
 use shared::units::now_ms;
 
-use super::{
-    Backlog, DownBounds, DownDeadLetter, DownDone, DownState, DownSummary, DownlinkStore, Enqueued, Outgoing, Pending,
-    Reply,
+use super::SqliteSink;
+use crate::sink::downlink::{
+    Backlog, DOWN_HEADERS, DownBounds, DownDeadLetter, DownDone, DownLimit, DownState, DownSummary, DownlinkStore,
+    Enqueued, Outgoing, Pending, Reply, SEND_IDS,
 };
-use crate::sink::sqlite::SqliteSink;
-use crate::sink::{Retry, SinkError};
-
-pub(in crate::sink) const SCHEMA: &str = "
-CREATE TABLE IF NOT EXISTS downlink (
-    id INTEGER PRIMARY KEY AUTOINCREMENT,
-    edge_id TEXT NOT NULL,
-    seq INTEGER NOT NULL,
-    topic TEXT NOT NULL,
-    payload BLOB NOT NULL,
-    message TEXT NOT NULL,
-    bytes INTEGER NOT NULL,
-    stored_ms INTEGER NOT NULL
-);
-CREATE TABLE IF NOT EXISTS downlink_edges (
-    edge_id TEXT PRIMARY KEY,
-    position INTEGER NOT NULL,
-    delivered INTEGER NOT NULL,
-    refused INTEGER NOT NULL,
-    expired INTEGER NOT NULL
-);
-CREATE TABLE IF NOT EXISTS downlink_dead (
-    edge_id TEXT NOT NULL,
-    seq INTEGER NOT NULL,
-    topic TEXT NOT NULL,
-    outcome TEXT NOT NULL,
-    reason TEXT NOT NULL,
-    payload BLOB NOT NULL,
-    message TEXT NOT NULL,
-    bytes INTEGER NOT NULL,
-    at_ms INTEGER NOT NULL,
-    PRIMARY KEY (edge_id, seq)
-);
-CREATE TABLE IF NOT EXISTS downlink_meta (key TEXT PRIMARY KEY, value INTEGER NOT NULL) WITHOUT ROWID;
-CREATE TABLE IF NOT EXISTS downlink_ids (
-    edge_id TEXT NOT NULL,
-    id TEXT NOT NULL,
-    seq INTEGER NOT NULL,
-    stored_ms INTEGER NOT NULL,
-    PRIMARY KEY (edge_id, id)
-) WITHOUT ROWID;
-";
-
-/// Brings a file's downlink tables to the current layout (see the module doc); run at open,
-/// after [`SCHEMA`].
-pub(in crate::sink) fn migrate(conn: &mut Connection) -> rusqlite::Result<()> {
-    let columns: Vec<String> = conn
-        .prepare("SELECT name FROM pragma_table_info('downlink')")?
-        .query_map([], |r| r.get(0))?
-        .collect::<Result<_, _>>()?;
-    let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
-    if !columns.iter().any(|c| c == "id") {
-        // Schema 1: `seq` was the row id, shared by every edge.
-        let floor: u64 = tx
-            .query_row("SELECT seq FROM sqlite_sequence WHERE name = 'downlink'", [], |r| r.get(0))
-            .optional()?
-            .unwrap_or(0);
-        tx.execute_batch(
-            "ALTER TABLE downlink RENAME TO downlink_v1;
-             DROP INDEX IF EXISTS downlink_by_edge;
-             CREATE TABLE downlink (
-                 id INTEGER PRIMARY KEY AUTOINCREMENT,
-                 edge_id TEXT NOT NULL,
-                 seq INTEGER NOT NULL,
-                 topic TEXT NOT NULL,
-                 payload BLOB NOT NULL,
-                 message TEXT NOT NULL,
-                 bytes INTEGER NOT NULL,
-                 stored_ms INTEGER NOT NULL
-             );
-             INSERT INTO downlink (id, edge_id, seq, topic, payload, message, bytes, stored_ms)
-                 SELECT seq, edge_id, seq, topic, payload, message, bytes, stored_ms FROM downlink_v1;
-             DROP TABLE downlink_v1;",
-        )?;
-        tx.execute("INSERT OR REPLACE INTO downlink_meta (key, value) VALUES ('floor', ?1)", [floor])?;
-    }
-    let edge_columns: Vec<String> = tx
-        .prepare("SELECT name FROM pragma_table_info('downlink_edges')")?
-        .query_map([], |r| r.get(0))?
-        .collect::<Result<_, _>>()?;
-    if !edge_columns.iter().any(|c| c == "last_seq") {
-        tx.execute_batch("ALTER TABLE downlink_edges ADD COLUMN last_seq INTEGER NOT NULL DEFAULT 0")?;
-    }
-    tx.execute_batch("CREATE UNIQUE INDEX IF NOT EXISTS downlink_by_edge_seq ON downlink (edge_id, seq)")?;
-    tx.commit()
-}
+use crate::sink::error::SinkError;
+use crate::sink::retry::Retry;
 
 /// How often `down_news` looks for new rows while it waits.
 const NEWS_POLL: Duration = Duration::from_millis(25);
@@ -166,9 +83,9 @@ fn next_seq(conn: &Connection, edge: &str) -> Result<u64, SinkError> {
     Ok(next)
 }
 
-/// The seq a send with `id` stored for `edge` within [`super::SEND_IDS`], if one did.
+/// The seq a send with `id` stored for `edge` within [`SEND_IDS`], if one did.
 fn sent_id(conn: &Connection, edge: &str, id: &str) -> Result<Option<u64>, SinkError> {
-    let since = now_ms().saturating_sub(super::SEND_IDS.1.as_millis() as u64);
+    let since = now_ms().saturating_sub(SEND_IDS.1.as_millis() as u64);
     conn.query_row(
         "SELECT seq FROM downlink_ids WHERE edge_id = ?1 AND id = ?2 AND stored_ms >= ?3",
         params![edge, id, since],
@@ -179,7 +96,7 @@ fn sent_id(conn: &Connection, edge: &str, id: &str) -> Result<Option<u64>, SinkE
 }
 
 /// Remembers that a send with `id` stored `seq` for `edge`, and forgets what is past
-/// [`super::SEND_IDS`] (its age, or its count for the edge).
+/// [`SEND_IDS`] (its age, or its count for the edge).
 fn keep_id(conn: &Connection, edge: &str, id: &str, seq: u64) -> Result<(), SinkError> {
     let what = "downlink send id";
     let now = now_ms();
@@ -191,7 +108,7 @@ fn keep_id(conn: &Connection, edge: &str, id: &str, seq: u64) -> Result<(), Sink
     conn.execute(
         "DELETE FROM downlink_ids WHERE edge_id = ?1 AND (stored_ms < ?2 OR id NOT IN \
          (SELECT id FROM downlink_ids WHERE edge_id = ?1 ORDER BY stored_ms DESC, seq DESC LIMIT ?3))",
-        params![edge, now.saturating_sub(super::SEND_IDS.1.as_millis() as u64), super::SEND_IDS.0 as i64],
+        params![edge, now.saturating_sub(SEND_IDS.1.as_millis() as u64), SEND_IDS.0 as i64],
     )
     .map_err(|e| SinkError::sqlite(what, e))?;
     Ok(())
@@ -282,12 +199,9 @@ fn is_transient(code: i32) -> bool {
 }
 
 impl DownlinkStore for SqliteSink {
-    fn down_limit(&self) -> super::DownLimit {
+    fn down_limit(&self) -> DownLimit {
         // A row holds what a downlink frame holds.
-        super::DownLimit {
-            bytes: shared::proto::down::MAX_DOWN_BYTES as u64 + super::DOWN_HEADERS,
-            of: "a downlink frame's limit",
-        }
+        DownLimit { bytes: shared::proto::down::MAX_DOWN_BYTES as u64 + DOWN_HEADERS, of: "a downlink frame's limit" }
     }
 
     async fn enqueue(&self, edge: &str, msg: &Outgoing, bounds: DownBounds) -> Result<Enqueued, SinkError> {
