@@ -132,24 +132,11 @@ impl Bridge {
             writes_per_second: config.fleet.state_writes_per_second,
             sink: config.sink.clone(),
         };
-        let bridge = match &config.sink {
-            SinkConfig::Sqlite { path } => {
-                let sink = sink::sqlite::SqliteSink::open(path)?.with_metrics(metrics.sink.clone());
-                config.downlink.fits(sink::DownlinkStore::down_limit(&sink)).map_err(StartError::Downlink)?;
-                tracing::info!(path = %path.display(), "sink: sqlite");
-                Self::serve(Arc::new(sink.with_quota(config.limits.quota())), parts, metrics, quic_addr, http_addr)
-            }
-            SinkConfig::Jetstream { url, stream, marks_bucket, .. } => {
-                let settings = config.sink.jetstream_settings().expect("a jetstream sink");
-                let sink = Box::pin(sink::jetstream::JetStreamSink::connect(&settings))
-                    .await?
-                    .with_metrics(metrics.sink.clone());
-                // A downlink message that passes `send` must fit the server (its max_payload).
-                config.downlink.fits(sink::DownlinkStore::down_limit(&sink)).map_err(StartError::Downlink)?;
-                tracing::info!(url, stream, marks_bucket, "sink: jetstream");
-                Self::serve(Arc::new(sink.with_quota(config.limits.quota())), parts, metrics, quic_addr, http_addr)
-            }
-        };
+        let sink = config.sink.open(metrics.sink.clone(), config.limits.quota()).await?;
+        // A downlink message that passes `send` must fit the sink (JetStream: the server's
+        // max_payload).
+        config.downlink.fits(sink::DownlinkStore::down_limit(&sink)).map_err(StartError::Downlink)?;
+        let bridge = Self::serve(Arc::new(sink), parts, metrics, quic_addr, http_addr);
         tracing::info!(%quic_addr, bridge = bridge.name, "QUIC listener ready");
         Ok(bridge)
     }

@@ -27,7 +27,7 @@ enum Command {
         #[arg(long)]
         ready_file: Option<PathBuf>,
     },
-    /// Load and check a config, print the first problem found.
+    /// Load and check a config (and the certificate files it names); print every problem.
     CheckConfig {
         #[arg(long, default_value_os_t = default_config())]
         config: PathBuf,
@@ -304,94 +304,46 @@ fn default_config() -> PathBuf {
 }
 
 fn main() -> ExitCode {
-    match Cli::parse().command {
-        Command::Run { config, ready_file } => run(&config, ready_file),
-        Command::CheckConfig { config } => check_config(&config),
-        Command::Model { command } => match model(command) {
-            Ok(()) => ExitCode::SUCCESS,
-            Err(e) => {
-                eprintln!("cloud-bridge: {e:#}");
-                ExitCode::from(2)
-            }
-        },
-        Command::Tco { command: TcoCommand::Report { config, json } } => match tco_report(&config, json) {
-            Ok(()) => ExitCode::SUCCESS,
-            Err(e) => {
-                eprintln!("cloud-bridge: {e:#}");
-                ExitCode::from(2)
-            }
-        },
-        Command::Records { command } => match records(command) {
-            Ok(()) => ExitCode::SUCCESS,
-            Err(e) => {
-                eprintln!("cloud-bridge: {e:#}");
-                ExitCode::from(2)
-            }
-        },
-        Command::DeadLetters { command } => match dead_letters(command) {
-            Ok(()) => ExitCode::SUCCESS,
-            Err(e) => {
-                eprintln!("cloud-bridge: {e:#}");
-                ExitCode::from(2)
-            }
-        },
-        Command::Schema { config, command } => match schema(&config, command) {
-            Ok(true) => ExitCode::SUCCESS,
-            Ok(false) => ExitCode::from(1),
-            Err(e) => {
-                eprintln!("cloud-bridge: {e:#}");
-                ExitCode::from(2)
-            }
-        },
-        Command::Send(args) => match send(args) {
-            Ok(true) => ExitCode::SUCCESS,
-            Ok(false) => ExitCode::FAILURE,
-            Err(e) => {
-                eprintln!("cloud-bridge: {e:#}");
-                ExitCode::from(2)
-            }
-        },
-        Command::Downlink { command } => match downlink(command) {
-            Ok(()) => ExitCode::SUCCESS,
-            Err(e) => {
-                eprintln!("cloud-bridge: {e:#}");
-                ExitCode::from(2)
-            }
-        },
-        Command::Edges { command: EdgesCommand::List { config, json } } => match edges_list(&config, json) {
-            Ok(()) => ExitCode::SUCCESS,
-            Err(e) => {
-                eprintln!("cloud-bridge: {e:#}");
-                ExitCode::from(2)
-            }
-        },
+    let done = |r: anyhow::Result<()>| r.map(|()| true);
+    let outcome = match Cli::parse().command {
+        Command::Run { config, ready_file } => return run(&config, ready_file),
+        Command::CheckConfig { config } => return check_config(&config),
+        Command::Model { command } => done(model(command)),
+        Command::Tco { command: TcoCommand::Report { config, json } } => done(tco_report(&config, json)),
+        Command::Records { command } => done(records(command)),
+        Command::DeadLetters { command } => done(dead_letters(command)),
+        Command::Schema { config, command } => schema(&config, command),
+        Command::Send(args) => send(args),
+        Command::Downlink { command } => done(downlink(command)),
+        Command::Edges { command: EdgesCommand::List { config, json } } => done(edges_list(&config, json)),
         Command::Certs { command: CertsCommand::Init { dir, edges, server_names, force } } => {
-            match cloud_bridge::certs::init(&dir, &server_names, &edges, force) {
-                Ok(pki) => {
-                    println!("fleet CA: {}", pki.ca.display());
-                    println!("bridge:   {} {}", pki.server_cert.display(), pki.server_key.display());
-                    for (id, cert, key) in pki.edges {
-                        println!("edge {id}: {} {}", cert.display(), key.display());
-                    }
-                    ExitCode::SUCCESS
+            done(cloud_bridge::certs::init(&dir, &server_names, &edges, force).map_err(Into::into).map(|pki| {
+                println!("fleet CA: {}", pki.ca.display());
+                println!("bridge:   {} {}", pki.server_cert.display(), pki.server_key.display());
+                for (id, cert, key) in pki.edges {
+                    println!("edge {id}: {} {}", cert.display(), key.display());
                 }
-                Err(e) => {
-                    eprintln!("cloud-bridge: {e}");
-                    ExitCode::from(2)
-                }
-            }
+            }))
         }
-        Command::Certs { command: CertsCommand::AddEdge { dir, id } } => match cloud_bridge::certs::add_edge(&dir, &id)
-        {
-            Ok((cert, key)) => {
+        Command::Certs { command: CertsCommand::AddEdge { dir, id } } => {
+            done(cloud_bridge::certs::add_edge(&dir, &id).map_err(Into::into).map(|(cert, key)| {
                 println!("edge {id}: {} {}", cert.display(), key.display());
-                ExitCode::SUCCESS
-            }
-            Err(e) => {
-                eprintln!("cloud-bridge: {e}");
-                ExitCode::from(2)
-            }
-        },
+            }))
+        }
+    };
+    exit(outcome)
+}
+
+/// A command's exit status: 0 when it did what it was asked, 1 when it ran and the answer is
+/// no (a schema incompatible, a send not stored, no reply), 2 with the error that stopped it.
+fn exit(outcome: anyhow::Result<bool>) -> ExitCode {
+    match outcome {
+        Ok(true) => ExitCode::SUCCESS,
+        Ok(false) => ExitCode::from(1),
+        Err(e) => {
+            eprintln!("cloud-bridge: {e:#}");
+            ExitCode::from(2)
+        }
     }
 }
 
@@ -510,25 +462,6 @@ fn run(path: &std::path::Path, ready_file: Option<PathBuf>) -> ExitCode {
     })
 }
 
-/// Runs `$body` with `$s` bound to the sink `$config` names (a command's, not a bridge's: it
-/// gives a JetStream cluster 10 s to answer).
-macro_rules! with_sink {
-    ($config:expr, $s:ident => $body:expr) => {
-        match &$config {
-            cloud_bridge::config::SinkConfig::Sqlite { path } => {
-                let $s = cloud_bridge::sink::sqlite::SqliteSink::open(path)?;
-                $body
-            }
-            jetstream => {
-                let mut settings = jetstream.jetstream_settings().expect("not SQLite");
-                settings.startup_retry = std::time::Duration::from_secs(10);
-                let $s = cloud_bridge::sink::jetstream::JetStreamSink::connect(&settings).await?;
-                $body
-            }
-        }
-    };
-}
-
 fn send(args: SendArgs) -> anyhow::Result<bool> {
     use cloud_bridge::downlink::send::{self, Flags, Target};
     let config = CloudConfig::load(&args.config)?;
@@ -561,33 +494,38 @@ fn send(args: SendArgs) -> anyhow::Result<bool> {
     };
     let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
     runtime.block_on(async {
-        with_sink!(config.sink, sink => {
-            use cloud_bridge::sink::DownlinkStore;
-            let cursor = match request {
-                Some(_) => sink.reply_cursor().await?,
-                None => 0,
-            };
-            let edges = send::edges(&sink, &config.downlink, &target).await?;
-            let sent = send::send(&sink, &config.downlink, &edges, &msg).await?;
-            let mut all = true;
-            for (edge, what) in &sent {
-                println!("{}", send::describe(&config.downlink, &msg.topic, edge, what));
-                all &= matches!(
-                    what,
-                    cloud_bridge::sink::downlink::Enqueued::Stored { .. } | cloud_bridge::sink::downlink::Enqueued::Already { .. }
-                );
-            }
-            if let (true, Some(((topic, correlation), wait)), [edge]) = (all, &request, &edges[..]) {
-                match send::wait_reply(&sink, edge, (topic, correlation), cursor, *wait).await? {
-                    Some(reply) => println!("reply from {edge} on {topic}: {}", String::from_utf8_lossy(&reply.payload)),
-                    None => {
-                        eprintln!("cloud-bridge: no reply from {edge} on {topic} within {}", shared::units::HumanDuration(*wait));
-                        all = false;
-                    }
+        use cloud_bridge::sink::DownlinkStore;
+        let sink = config.sink.open_for_command().await?;
+        let cursor = match request {
+            Some(_) => sink.reply_cursor().await?,
+            None => 0,
+        };
+        let edges = send::edges(&sink, &config.downlink, &target).await?;
+        let sent = send::send(&sink, &config.downlink, &edges, &msg).await?;
+        let mut all = true;
+        for (edge, what) in &sent {
+            println!("{}", send::describe(&config.downlink, &msg.topic, edge, what));
+            all &= matches!(
+                what,
+                cloud_bridge::sink::downlink::Enqueued::Stored { .. }
+                    | cloud_bridge::sink::downlink::Enqueued::Already { .. }
+            );
+        }
+        if let (true, Some(((topic, correlation), wait)), [edge]) = (all, &request, &edges[..]) {
+            match send::wait_reply(&sink, edge, (topic, correlation), cursor, *wait).await? {
+                Some(reply) => {
+                    println!("reply from {edge} on {topic}: {}", String::from_utf8_lossy(&reply.payload))
+                }
+                None => {
+                    eprintln!(
+                        "cloud-bridge: no reply from {edge} on {topic} within {}",
+                        shared::units::HumanDuration(*wait)
+                    );
+                    all = false;
                 }
             }
-            Ok(all)
-        })
+        }
+        Ok(all)
     })
 }
 
@@ -602,7 +540,8 @@ fn schema(config: &std::path::Path, command: cloud_bridge::schemas::cli::SchemaC
             }),
             _ => None,
         };
-        with_sink!(config.sink, sink => cloud_bridge::schemas::cli::run(&sink, delivery.as_ref(), command).await)
+        let sink = config.sink.open_for_command().await?;
+        cloud_bridge::schemas::cli::run(&sink, delivery.as_ref(), command).await
     })
 }
 
@@ -613,40 +552,38 @@ fn downlink(command: DownlinkCommand) -> anyhow::Result<()> {
         DownlinkCommand::Status { config, edge, json } => {
             let config = CloudConfig::load(&config)?;
             runtime.block_on(async {
-                with_sink!(config.sink, sink => {
-                    let state = sink.down_state(&edge).await?;
-                    let backlog = sink.down_backlog(&edge).await?;
-                    if json {
-                        println!("{}", serde_json::json!({ "edge": edge, "state": state, "backlog": backlog }));
-                    } else {
-                        let oldest = backlog
-                            .oldest_ms
-                            .map(|t| format!(", oldest {} s old", shared::units::now_ms().saturating_sub(t) / 1000))
-                            .unwrap_or_default();
-                        println!(
-                            "{edge}: position {}, delivered {}, refused {}, expired {}; waiting {} messages, {} bytes{oldest}",
-                            state.position, state.delivered, state.refused, state.expired, backlog.messages, backlog.bytes
-                        );
-                    }
-                    Ok(())
-                })
+                let sink = config.sink.open_for_command().await?;
+                let state = sink.down_state(&edge).await?;
+                let backlog = sink.down_backlog(&edge).await?;
+                if json {
+                    println!("{}", serde_json::json!({ "edge": edge, "state": state, "backlog": backlog }));
+                } else {
+                    let oldest = backlog
+                        .oldest_ms
+                        .map(|t| format!(", oldest {} s old", shared::units::now_ms().saturating_sub(t) / 1000))
+                        .unwrap_or_default();
+                    println!(
+                        "{edge}: position {}, delivered {}, refused {}, expired {}; waiting {} messages, {} bytes{oldest}",
+                        state.position, state.delivered, state.refused, state.expired, backlog.messages, backlog.bytes
+                    );
+                }
+                Ok(())
             })
         }
         DownlinkCommand::Refused { config, edge, limit, json } => {
             let config = CloudConfig::load(&config)?;
             runtime.block_on(async {
-                with_sink!(config.sink, sink => {
-                    let dead = sink.down_dead_letters(edge.as_deref(), limit).await?;
-                    if json {
-                        println!("{}", serde_json::to_string_pretty(&dead)?);
-                    } else {
-                        for d in &dead {
-                            println!("{} {} {} {} ({} bytes): {}", d.edge, d.seq, d.outcome, d.topic, d.bytes, d.reason);
-                        }
-                        println!("{} downlink dead letters", dead.len());
+                let sink = config.sink.open_for_command().await?;
+                let dead = sink.down_dead_letters(edge.as_deref(), limit).await?;
+                if json {
+                    println!("{}", serde_json::to_string_pretty(&dead)?);
+                } else {
+                    for d in &dead {
+                        println!("{} {} {} {} ({} bytes): {}", d.edge, d.seq, d.outcome, d.topic, d.bytes, d.reason);
                     }
-                    Ok(())
-                })
+                    println!("{} downlink dead letters", dead.len());
+                }
+                Ok(())
             })
         }
     }

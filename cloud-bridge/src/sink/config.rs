@@ -2,8 +2,20 @@
 //! buckets beside the stream.
 
 use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
+
+use super::any::AnySink;
+use super::error::SinkError;
+use super::jetstream::{JetStreamSettings, JetStreamSink};
+use super::metrics::SinkMetrics;
+use super::quota::EdgeQuota;
+use super::sqlite::SqliteSink;
+
+/// How long a command (not a bridge) gives a JetStream cluster to answer.
+const COMMAND_RETRY: Duration = Duration::from_secs(10);
 
 // One per process, read at start: the size of its largest variant costs nothing.
 #[allow(clippy::large_enum_variant)]
@@ -95,10 +107,10 @@ fn default_fleet_bucket() -> String {
     "edge-fleet".into()
 }
 fn default_dup_window() -> shared::units::HumanDuration {
-    shared::units::HumanDuration(std::time::Duration::from_secs(120))
+    shared::units::HumanDuration(Duration::from_secs(120))
 }
 fn default_startup_retry() -> shared::units::HumanDuration {
-    shared::units::HumanDuration(std::time::Duration::from_secs(60))
+    shared::units::HumanDuration(Duration::from_secs(60))
 }
 
 /// A server list given as one string (comma-separated) or as a TOML list, kept as the string.
@@ -116,11 +128,39 @@ fn one_or_several<'de, D: serde::Deserializer<'de>>(d: D) -> Result<String, D::E
 }
 
 impl SinkConfig {
+    /// Opens the sink this names for a bridge: counting into `metrics`, each edge kept within
+    /// `quota`, a JetStream cluster given its `startup_retry` to answer.
+    pub async fn open(&self, metrics: Arc<SinkMetrics>, quota: EdgeQuota) -> Result<AnySink, SinkError> {
+        let sink = match self {
+            SinkConfig::Sqlite { path } => {
+                tracing::info!(path = %path.display(), "sink: sqlite");
+                AnySink::Sqlite(SqliteSink::open(path)?.with_metrics(metrics).with_quota(quota))
+            }
+            SinkConfig::Jetstream { url, stream, marks_bucket, .. } => {
+                let sink = Box::pin(JetStreamSink::connect(&self.jetstream_settings(None)?)).await?;
+                tracing::info!(url, stream, marks_bucket, "sink: jetstream");
+                AnySink::JetStream(Box::new(sink.with_metrics(metrics).with_quota(quota)))
+            }
+        };
+        Ok(sink)
+    }
+
+    /// Opens the sink this names for a command: nothing counted, a JetStream cluster given
+    /// 10 s to answer.
+    pub async fn open_for_command(&self) -> Result<AnySink, SinkError> {
+        Ok(match self {
+            SinkConfig::Sqlite { path } => AnySink::Sqlite(SqliteSink::open(path)?),
+            SinkConfig::Jetstream { .. } => AnySink::JetStream(Box::new(
+                Box::pin(JetStreamSink::connect(&self.jetstream_settings(Some(COMMAND_RETRY))?)).await?,
+            )),
+        })
+    }
+
     /// Every edge's latest TCO report in the sink this names, without running a bridge.
-    pub async fn load_reports(&self) -> Result<Vec<super::StoredReport>, super::SinkError> {
+    pub async fn load_reports(&self) -> Result<Vec<super::StoredReport>, SinkError> {
         use super::FleetStore;
         match self {
-            SinkConfig::Sqlite { path } => super::sqlite::SqliteSink::open(path)?.load_reports().await,
+            SinkConfig::Sqlite { path } => SqliteSink::open(path)?.load_reports().await,
             SinkConfig::Jetstream { url, tco_bucket, .. } => {
                 super::jetstream::fleet::load_reports_from(url, tco_bucket).await
             }
@@ -129,12 +169,12 @@ impl SinkConfig {
 
     /// Everything the fleet view shows of the sink this names (states, reports, the downlink),
     /// read without running a bridge.
-    pub async fn load_fleet(&self) -> Result<super::FleetData, super::SinkError> {
+    pub async fn load_fleet(&self) -> Result<super::FleetData, SinkError> {
         use super::{DownlinkStore, FleetStore};
         let shown = crate::sink::downlink::REFUSED_SHOWN;
         match self {
             SinkConfig::Sqlite { path } => {
-                let sink = super::sqlite::SqliteSink::open(path)?;
+                let sink = SqliteSink::open(path)?;
                 Ok(super::FleetData {
                     states: sink.load_fleet().await?,
                     reports: sink.load_reports().await?,
@@ -151,10 +191,10 @@ impl SinkConfig {
         }
     }
 
-    /// What a JetStream sink connects with; none for SQLite.
-    pub fn jetstream_settings(&self) -> Option<super::jetstream::JetStreamSettings> {
+    /// What a JetStream sink connects with, `startup_retry` overridden by `retry`.
+    fn jetstream_settings(&self, retry: Option<Duration>) -> Result<JetStreamSettings, SinkError> {
         match self {
-            SinkConfig::Sqlite { .. } => None,
+            SinkConfig::Sqlite { .. } => Err(SinkError::invalid("open", "not a JetStream sink")),
             SinkConfig::Jetstream {
                 url,
                 stream,
@@ -169,7 +209,7 @@ impl SinkConfig {
                 batches,
                 startup_retry,
                 downlink,
-            } => Some(super::jetstream::JetStreamSettings {
+            } => Ok(JetStreamSettings {
                 url: url.clone(),
                 stream: stream.clone(),
                 subject_prefix: subject_prefix.clone(),
@@ -181,7 +221,7 @@ impl SinkConfig {
                 duplicate_window: duplicate_window.0,
                 replicas: *replicas,
                 batches: *batches,
-                startup_retry: startup_retry.0,
+                startup_retry: retry.unwrap_or(startup_retry.0),
                 down: downlink.clone(),
             }),
         }

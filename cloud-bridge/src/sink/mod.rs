@@ -18,6 +18,7 @@
 //! per edge ([`quota`]). The fleet view's states ([`presence`]) are one per edge and one per
 //! bridge, replaced, never appended.
 
+mod any;
 pub mod config;
 pub mod downlink;
 mod error;
@@ -36,6 +37,7 @@ use std::future::Future;
 
 use shared::proto::{DictAnnounce, LaneSeq, WireRecord};
 
+pub use any::AnySink;
 pub use downlink::DownlinkStore;
 pub use error::SinkError;
 pub use metrics::{DeadLetterLabel, SinkMetrics};
@@ -57,8 +59,9 @@ pub fn first_turn() -> Turn {
 }
 
 /// A sink, by concern: edge records and their marks ([`RecordSink`]), the edges' compression
-/// dictionaries ([`DictStore`]) and what the fleet view shows ([`FleetStore`]). A session takes
-/// all three; the fleet writer and `edges list` only the last.
+/// dictionaries ([`DictStore`]), what the fleet view shows ([`FleetStore`]) and the downlink
+/// ([`DownlinkStore`]). A session takes all four; the fleet writer and `edges list` only
+/// [`FleetStore`]. The schema registry ([`SchemaStore`]) is the `schema` commands' alone.
 pub trait Sink: RecordSink + DictStore + FleetStore + DownlinkStore {}
 
 impl<T: RecordSink + DictStore + FleetStore + DownlinkStore> Sink for T {}
