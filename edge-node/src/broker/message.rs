@@ -6,7 +6,46 @@ use std::time::Instant;
 
 use bytes::Bytes;
 
-use super::codec::{PublishProps, QoS};
+/// A message's quality of service (MQTT 3.1.1 §4.3, 5.0 §4.3).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum QoS {
+    AtMostOnce = 0,
+    AtLeastOnce = 1,
+    ExactlyOnce = 2,
+}
+
+impl QoS {
+    pub fn from_bits(bits: u8) -> Option<QoS> {
+        match bits {
+            0 => Some(QoS::AtMostOnce),
+            1 => Some(QoS::AtLeastOnce),
+            2 => Some(QoS::ExactlyOnce),
+            _ => None,
+        }
+    }
+}
+
+/// The MQTT 5 properties a message carries from publisher to subscriber (§3.3.2.3). The
+/// connection-scoped ones (topic alias) and the server's (subscription identifiers, the
+/// remaining expiry) travel beside it.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct PublishProps {
+    pub payload_format: Option<u8>,
+    pub content_type: Option<String>,
+    pub response_topic: Option<String>,
+    pub correlation_data: Option<Bytes>,
+    pub user: Vec<(String, String)>,
+}
+
+impl PublishProps {
+    pub fn is_empty(&self) -> bool {
+        self.payload_format.is_none()
+            && self.content_type.is_none()
+            && self.response_topic.is_none()
+            && self.correlation_data.is_none()
+            && self.user.is_empty()
+    }
+}
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Message {
@@ -31,7 +70,10 @@ pub struct Message {
 /// topic, its place in a session's queue and the session store's reference to it (measured: a
 /// node restoring 100,000 queued messages of 256 bytes took about this much more per message
 /// than their bytes, docs/BENCHMARKS.md).
-pub const MESSAGE_COST: usize = size_of::<Message>() + size_of::<super::core::session::Delivery>() + 128;
+pub const MESSAGE_COST: usize = size_of::<Message>() + DELIVERY_SLOT + 128;
+
+/// A session queue's entry for one message (`core::session::Delivery`, which checks it).
+pub const DELIVERY_SLOT: usize = 56;
 
 /// What user properties hold in memory: [`shared::proto::USER_PROPERTY_COST`] a pair and their
 /// bytes.

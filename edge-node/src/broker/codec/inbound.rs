@@ -3,7 +3,8 @@
 use bytes::{Bytes, BytesMut};
 use rumqttd::protocol::{self as rp, Packet, Protocol, v4::V4, v5::V5};
 
-use super::publish::{self, PublishPacket, PublishProps};
+use super::PublishProps;
+use super::publish::{self, PublishPacket};
 use super::{DecodeError, QoS, Version, body_start, read_u16, read_varint};
 
 /// A CONNECT, with the defaults MQTT gives absent properties.

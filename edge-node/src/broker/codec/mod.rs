@@ -23,31 +23,15 @@ pub mod publish;
 
 pub use inbound::{Connect, Inbound, SubscribeRequest, Will, decode, decode_connect};
 pub use outbound::{ConnAckProps, Outbound, encode};
-pub use publish::{PublishPacket, PublishProps};
+pub use publish::PublishPacket;
+// What a message carries, named where the codec reads and writes it.
+pub use crate::broker::message::{PublishProps, QoS};
 
 /// The MQTT protocol level of a connection, from its CONNECT.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Version {
     V311,
     V5,
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub enum QoS {
-    AtMostOnce = 0,
-    AtLeastOnce = 1,
-    ExactlyOnce = 2,
-}
-
-impl QoS {
-    pub fn from_bits(bits: u8) -> Option<QoS> {
-        match bits {
-            0 => Some(QoS::AtMostOnce),
-            1 => Some(QoS::AtLeastOnce),
-            2 => Some(QoS::ExactlyOnce),
-            _ => None,
-        }
-    }
 }
 
 /// Why a frame could not be taken, with the reason code it is answered with (MQTT 5 §2.4).

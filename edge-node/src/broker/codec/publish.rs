@@ -5,29 +5,7 @@
 
 use bytes::{BufMut, Bytes, BytesMut};
 
-use super::{DecodeError, QoS, Version, body_start, put_varint, read_u16, read_varint, varint_len};
-
-/// The MQTT 5 properties a message carries from publisher to subscriber (§3.3.2.3). The
-/// connection-scoped ones (topic alias) and the server's (subscription identifiers, the
-/// remaining expiry) travel beside it.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct PublishProps {
-    pub payload_format: Option<u8>,
-    pub content_type: Option<String>,
-    pub response_topic: Option<String>,
-    pub correlation_data: Option<Bytes>,
-    pub user: Vec<(String, String)>,
-}
-
-impl PublishProps {
-    pub fn is_empty(&self) -> bool {
-        self.payload_format.is_none()
-            && self.content_type.is_none()
-            && self.response_topic.is_none()
-            && self.correlation_data.is_none()
-            && self.user.is_empty()
-    }
-}
+use super::{DecodeError, PublishProps, QoS, Version, body_start, put_varint, read_u16, read_varint, varint_len};
 
 /// A PUBLISH from a client.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -29,14 +29,10 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use super::session::{AckSlot, Delivery, Inflight, PendingWill};
+use super::session::{AckSlot, Delivery, Inflight, PendingWill, Sid};
 use super::{Action, Broker, ConnId, SessionKey, SessionRecord, SpoolRequest};
 use crate::broker::codec::{Outbound, QoS};
 use crate::broker::message::Message;
-
-/// A durable session's id in the store; never reused, so a session that ended and one made
-/// later under the same client id never mix.
-pub type Sid = u64;
 
 /// One change for the session store, in the order the core made it.
 #[derive(Debug, Clone)]

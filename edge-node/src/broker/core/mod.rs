@@ -51,9 +51,10 @@ use super::codec::Outbound;
 use super::metrics::BrokerMetrics;
 
 pub use self::connect::{ConnectRequest, Identity};
-pub use self::durable::{Sid, StoreOp, StoredDelivery, StoredState, StoredWill};
+pub use self::durable::{StoreOp, StoredDelivery, StoredState, StoredWill};
 pub use self::inbound::Refused;
 pub use self::router::SubOptions;
+pub use self::session::Sid;
 
 /// One network connection, for as long as it lives; never reused.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]

@@ -4,12 +4,15 @@ use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
 use std::time::Instant;
 
-use super::durable::Sid;
 use super::router::SubOptions;
 use super::{ConnId, SessionKey, SessionRecord};
 use crate::auth::Rules;
 use crate::broker::codec::{Outbound, QoS, Version};
-use crate::broker::message::Message;
+use crate::broker::message::{DELIVERY_SLOT, Message};
+
+/// A durable session's id in the store; never reused, so a session that ended and one made
+/// later under the same client id never mix.
+pub type Sid = u64;
 
 /// One message on its way to one session.
 #[derive(Debug, Clone)]
@@ -31,6 +34,9 @@ pub struct Delivery {
     /// It goes out only once the session store committed this op (0: at once).
     pub hold: u64,
 }
+
+// `MESSAGE_COST` counts a queue's slot as this much; it must grow with the struct.
+const _: () = assert!(size_of::<Delivery>() == DELIVERY_SLOT, "message::DELIVERY_SLOT is Delivery's size");
 
 impl Delivery {
     pub fn new(msg: Arc<Message>, qos: QoS, retain: bool, sub_ids: Vec<u32>) -> Self {
