@@ -5,7 +5,7 @@
 
 use std::path::Path;
 
-use shared::layout::{Rules, problems};
+use shared::layout::{Rules, folder_cycles, problems};
 
 #[test]
 fn top_level_modules_import_without_cycles_and_only_roots_assemble() {
@@ -20,4 +20,13 @@ fn top_level_modules_import_without_cycles_and_only_roots_assemble() {
     };
     let problems = problems(&src, &rules);
     assert!(problems.is_empty(), "layout rule broken:\n{}", problems.join("\n"));
+}
+
+/// Below the top level, each folder's files and subfolders import each other without a cycle;
+/// in `sink/` its `mod.rs` too, since the concern traits there stand above every backend.
+#[test]
+fn every_folder_imports_without_cycles() {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let found = folder_cycles(&src, &[]);
+    assert!(found.is_empty(), "layout rule broken:\n{}", found.join("\n"));
 }

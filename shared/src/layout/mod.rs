@@ -2,11 +2,19 @@
 //! call it): its top-level modules import each other without a cycle, nothing reaches into the
 //! crate root, the assembled modules (config, metrics) are imported only by the crate roots and
 //! the assemblers, and no subsystem imports another's config or metrics. Every `crate::` path
-//! counts: `use` lines, grouped imports (`crate::{a, b::c}`), inline paths in code and in doc
-//! links; a file's unit tests (`#[cfg(test)] mod tests`, at its end) do not.
+//! counts: `use` lines, grouped imports (`crate::{a, b::c}`) and inline paths in code; comments
+//! (doc links too), string literals and a file's unit tests (`#[cfg(test)] mod tests`, at its
+//! end) do not. Below the top level, every folder's rooms import each other without a cycle
+//! ([`folder_cycles`]).
+
+mod folders;
+mod scan;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
+
+pub use folders::cycles as folder_cycles;
+use scan::{code_only, crate_items, crate_paths, without_tests};
 
 /// What a crate's layout allows.
 #[derive(Debug, Clone, Copy)]
@@ -54,7 +62,7 @@ pub fn problems(src: &Path, rules: &Rules<'_>) -> Vec<String> {
             continue;
         }
         let Ok(text) = std::fs::read_to_string(file) else { continue };
-        for item in crate_items(without_tests(&text)) {
+        for item in crate_items(&code_only(without_tests(&text))) {
             let to = item.split("::").next().unwrap_or_default();
             if to != from && !rules.embedded_config.contains(&to) && is_config_or_metrics(&item) {
                 let shown = file.strip_prefix(src).unwrap_or(file).display();
@@ -90,95 +98,6 @@ fn top_module(src: &Path, file: &Path) -> Option<String> {
     }
 }
 
-fn is_ident(c: char) -> bool {
-    c.is_ascii_alphanumeric() || c == '_'
-}
-
-/// The first segment of every path that follows `crate::` in `text`, groups expanded.
-fn crate_paths(text: &str) -> Vec<String> {
-    let mut out = Vec::new();
-    let mut rest = text;
-    while let Some(at) = rest.find("crate::") {
-        // `edge_node::crate::` does not occur; `foo_crate::x` would be another crate's path.
-        let before = rest[..at].chars().next_back();
-        rest = &rest[at + "crate::".len()..];
-        if before.is_some_and(is_ident) {
-            continue;
-        }
-        if let Some(group) = rest.strip_prefix('{') {
-            // The group's top-level items, up to its closing brace.
-            let mut depth = 0;
-            let mut item = String::new();
-            for c in group.chars() {
-                match c {
-                    '{' => depth += 1,
-                    '}' if depth == 0 => break,
-                    '}' => depth -= 1,
-                    ',' if depth == 0 => {
-                        out.push(first_segment(&item));
-                        item.clear();
-                        continue;
-                    }
-                    _ => {}
-                }
-                item.push(c);
-            }
-            out.push(first_segment(&item));
-        } else {
-            out.push(first_segment(rest));
-        }
-    }
-    out.retain(|s| !s.is_empty());
-    out
-}
-
-/// Every whole path that follows `crate::` in `text`, groups expanded: `crate::a::{b, c::D}`
-/// is `a::b` and `a::c::D`.
-fn crate_items(text: &str) -> Vec<String> {
-    let mut out = Vec::new();
-    let mut rest = text;
-    while let Some(at) = rest.find("crate::") {
-        let before = rest[..at].chars().next_back();
-        rest = &rest[at + "crate::".len()..];
-        if !before.is_some_and(is_ident) {
-            expand("", rest, &mut out);
-        }
-    }
-    out
-}
-
-/// Expands the path at the start of `text` after `prefix` into `out`; returns what it read.
-fn expand(prefix: &str, text: &str, out: &mut Vec<String>) -> usize {
-    let mut path = prefix.to_owned();
-    let mut i = 0;
-    let bytes = text.as_bytes();
-    loop {
-        let ident: String = text[i..].chars().take_while(|c| is_ident(*c)).collect();
-        i += ident.len();
-        path.push_str(&ident);
-        if text[i..].starts_with("::{") {
-            path.push_str("::");
-            i += 3;
-            loop {
-                while i < bytes.len() && (bytes[i] == b' ' || bytes[i] == b'\n' || bytes[i] == b',') {
-                    i += 1;
-                }
-                if i >= bytes.len() || bytes[i] == b'}' {
-                    return i + 1;
-                }
-                i += expand(&path, &text[i..], out);
-            }
-        }
-        if text[i..].starts_with("::") && text[i + 2..].starts_with(|c: char| is_ident(c) || c == '{') {
-            path.push_str("::");
-            i += 2;
-            continue;
-        }
-        out.push(path);
-        return i;
-    }
-}
-
 /// Whether `item` (a path under another top-level module) is that module's config or metrics:
 /// a `config` or `metrics` module of it, or a type named `...Config` or `...Metrics`.
 fn is_config_or_metrics(item: &str) -> bool {
@@ -187,16 +106,6 @@ fn is_config_or_metrics(item: &str) -> bool {
     segments[1..].iter().any(|s| *s == "config" || *s == "metrics")
         || last.ends_with("Config")
         || last.ends_with("Metrics")
-}
-
-/// `text` without its unit tests (`#[cfg(test)] mod tests { ... }` ends a file by convention
-/// here): a test may build another subsystem's section to drive its own.
-fn without_tests(text: &str) -> &str {
-    text.find("#[cfg(test)]\nmod tests").map_or(text, |at| &text[..at])
-}
-
-fn first_segment(path: &str) -> String {
-    path.trim_start().chars().take_while(|c| is_ident(*c)).collect()
 }
 
 /// A cycle in `graph`, as the modules along it, if there is one.
@@ -242,7 +151,7 @@ fn imports(src: &Path) -> (BTreeSet<String>, Edges) {
         let Some(from) = top_module(src, file) else { continue };
         let Ok(text) = std::fs::read_to_string(file) else { continue };
         let shown = file.strip_prefix(src).unwrap_or(file).display().to_string();
-        for to in crate_paths(&text) {
+        for to in crate_paths(&code_only(&text)) {
             // Anything that is not a module is an item of the crate root.
             let to = if modules.contains(&to) { to } else { format!("<root>::{to}") };
             if to != from {
@@ -277,10 +186,9 @@ mod tests {
     }
 
     #[test]
-    fn the_checker_sees_grouped_inline_and_doc_paths_and_cycles() {
-        let text =
-            "use crate::{a::X, b, c::{d, e}};\nfn f() { crate::f::g(); }\n/// See [`crate::h::I`].\nuse foo_crate::z;";
-        assert_eq!(crate_paths(text), ["a", "b", "c", "f", "h"]);
+    fn the_checker_sees_grouped_and_inline_paths_not_comments_or_literals_and_cycles() {
+        let text = "use crate::{a::X, b, c::{d, e}};\nfn f() { crate::f::g(); }\n/// See [`crate::h::I`].\nuse foo_crate::z;\nconst S: &str = \"crate::i::J\";\nconst R: &str = r#\"crate::k \"q\" \"#;\nfn l<'a>(x: &'a str) -> char { '\"' }\nuse crate::m;";
+        assert_eq!(crate_paths(&code_only(text)), ["a", "b", "c", "f", "m"]);
         let graph: BTreeMap<String, BTreeSet<String>> = [
             ("a".to_owned(), BTreeSet::from(["b".to_owned()])),
             ("b".to_owned(), BTreeSet::from(["c".to_owned()])),
