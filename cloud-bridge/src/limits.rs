@@ -22,7 +22,7 @@ use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
-use prometheus_client::registry::{Registry, Unit};
+
 use serde::{Deserialize, Serialize};
 use shared::proto::{MAX_BATCH_COST, MAX_DICT_BYTES};
 
@@ -269,57 +269,38 @@ impl LimitsConfig {
     }
 }
 
-/// The bridge's limit counters and gauges.
-#[derive(Debug, Default)]
-pub struct LimitMetrics {
-    pub memory_reserved: Gauge,
-    pub memory_waits: Counter,
-    pub connections: Gauge,
-    pub handshakes: Gauge,
-    pub log_suppressed: Counter,
-    pub cooling_addresses: Gauge,
-    pub untracked: Family<WhatLabel, Counter>,
-}
-
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct WhatLabel {
     pub what: &'static str,
 }
 
-impl LimitMetrics {
-    pub fn register(&self, r: &mut Registry) {
-        r.register_with_unit(
+shared::metrics! {
+    /// The bridge's limit counters and gauges.
+    #[derive(Debug)]
+    pub struct LimitMetrics {
+        pub memory_reserved: Gauge => (
             "batch_memory_reserved",
             "Memory reserved for batches in transit, every edge together (limits.memory)",
-            Unit::Bytes,
-            self.memory_reserved.clone(),
-        );
-        r.register(
+            unit Bytes
+        ),
+        pub memory_waits: Counter => (
             "batch_memory_waits",
-            "Times a connection waited for batch memory (its own or the bridge's)",
-            self.memory_waits.clone(),
-        );
-        r.register("connections", "Edge connections open, handshakes included", self.connections.clone());
-        r.register(
-            "handshakes_in_flight",
-            "Edge handshakes in progress (limits.handshakes_in_flight)",
-            self.handshakes.clone(),
-        );
-        r.register(
+            "Times a connection waited for batch memory (its own or the bridge's)"
+        ),
+        pub connections: Gauge => ("connections", "Edge connections open, handshakes included"),
+        pub handshakes: Gauge => ("handshakes_in_flight", "Edge handshakes in progress (limits.handshakes_in_flight)"),
+        pub log_suppressed: Counter => (
             "log_lines_suppressed",
-            "Log lines about single connections not written, over limits.log_lines_per_second",
-            self.log_suppressed.clone(),
-        );
-        r.register(
+            "Log lines about single connections not written, over limits.log_lines_per_second"
+        ),
+        pub cooling_addresses: Gauge => (
             "cooling_addresses",
-            "Addresses limited to limits.cooldown_handshakes_per_second after a certificate from them went over its rate",
-            self.cooling_addresses.clone(),
-        );
-        r.register(
+            "Addresses limited to limits.cooldown_handshakes_per_second after a certificate from them went over its rate"
+        ),
+        pub untracked: Family<WhatLabel, Counter> => (
             "admission_untracked",
-            "Identities admitted unlimited (what=edge) or addresses not cooled (what=address), their table full",
-            self.untracked.clone(),
-        );
+            "Identities admitted unlimited (what=edge) or addresses not cooled (what=address), their table full"
+        ),
     }
 }
 

@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
-use prometheus_client::registry::{Registry, Unit};
+use prometheus_client::registry::Registry;
 use serde::{Deserialize, Serialize};
 use shared::units::HumanDuration;
 use tokio_util::sync::CancellationToken;
@@ -69,38 +69,31 @@ fn default_probe_topic() -> String {
 /// A probe message not back within this time is counted lost.
 const LOST_AFTER: Duration = Duration::from_secs(5);
 
-/// The probe's metrics, and what `/healthz` decides on.
-#[derive(Debug, Clone)]
-pub struct ProbeMetrics {
-    latency: Histogram,
-    sent: Counter,
-    received: Counter,
-    lost: Counter,
-    /// Milliseconds after `started` of the last probe delivery; 0 before the first.
-    last_ok_ms: Arc<AtomicU64>,
-    started: Instant,
+shared::metrics! {
+    /// The probe's metrics, and what `/healthz` decides on.
+    #[derive(Debug, Clone)]
+    pub struct ProbeMetrics {
+        latency: Histogram => (
+            "probe_latency",
+            "SLO probe publish-to-deliver latency through the front and the broker",
+            unit Seconds,
+            // 50 µs .. ~1.6 s
+            init Histogram::new(exponential_buckets(0.000_05, 2.0, 16))
+        ),
+        sent: Counter => ("probe_sent", "SLO probe messages published"),
+        received: Counter => ("probe_received", "SLO probe messages delivered back"),
+        lost: Counter => ("probe_lost", "SLO probe messages not delivered within 5 s"),
+        /// Milliseconds after `started` of the last probe delivery; 0 before the first.
+        last_ok_ms: Arc<AtomicU64> => (not exported),
+        started: Instant => (not exported, init Instant::now()),
+    }
 }
 
 impl ProbeMetrics {
+    /// The probe's metrics, registered in `r`.
     pub fn new(r: &mut Registry) -> Self {
-        let m = Self {
-            // 50 µs .. ~1.6 s
-            latency: Histogram::new(exponential_buckets(0.000_05, 2.0, 16)),
-            sent: Counter::default(),
-            received: Counter::default(),
-            lost: Counter::default(),
-            last_ok_ms: Arc::new(AtomicU64::new(0)),
-            started: Instant::now(),
-        };
-        r.register_with_unit(
-            "probe_latency",
-            "SLO probe publish-to-deliver latency through the front and the broker",
-            Unit::Seconds,
-            m.latency.clone(),
-        );
-        r.register("probe_sent", "SLO probe messages published", m.sent.clone());
-        r.register("probe_received", "SLO probe messages delivered back", m.received.clone());
-        r.register("probe_lost", "SLO probe messages not delivered within 5 s", m.lost.clone());
+        let m = Self::default();
+        m.register(r);
         m
     }
 

@@ -11,6 +11,8 @@ pub mod fs;
 #[cfg(feature = "fs")]
 pub mod layout;
 pub mod log_budget;
+#[cfg(feature = "metrics")]
+pub mod metric;
 pub mod model;
 #[cfg(feature = "metrics")]
 pub mod process;

@@ -28,7 +28,6 @@
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
-use prometheus_client::registry::Registry;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
@@ -258,33 +257,33 @@ impl IdGenerator for Ids {
     }
 }
 
-/// Counts of what tracing did, registered in each binary's metrics ([`TraceCounts::register`]).
-#[derive(Debug, Default)]
-pub struct TraceCounts {
-    messages: Family<OutcomeLabel, Counter>,
-    spans: Counter,
-}
-
 #[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
 struct OutcomeLabel {
     outcome: &'static str,
 }
 
-impl TraceCounts {
-    /// Registers `trace_messages_total{outcome}` (`traced`, `rate_limited`) and
-    /// `trace_spans_total` in `registry` (a binary's prefixed one).
-    pub fn register(&self, registry: &mut Registry) {
-        for outcome in ["traced", "rate_limited", "span_rate_limited"] {
-            drop(self.messages.get_or_create(&OutcomeLabel { outcome }));
-        }
-        registry.register(
+crate::metrics! {
+    /// Counts of what tracing did, registered in each binary's metrics (`TraceCounts::register`):
+    /// `trace_messages_total{outcome}` (`traced`, `rate_limited`, `span_rate_limited`, each
+    /// shown from the start) and `trace_spans_total`.
+    #[derive(Debug)]
+    pub struct TraceCounts {
+        messages: Family<OutcomeLabel, Counter> => (
             "trace_messages",
             "Messages with a sampled trace context: traced, or passed untraced past tracing.max_traced_per_second (rate_limited at the receive, span_rate_limited at a later stage)",
-            self.messages.clone(),
-        );
-        registry.register("trace_spans", "Spans handed to the OTLP exporter", self.spans.clone());
+            init {
+                let f: Family<OutcomeLabel, Counter> = Family::default();
+                for outcome in ["traced", "rate_limited", "span_rate_limited"] {
+                    drop(f.get_or_create(&OutcomeLabel { outcome }));
+                }
+                f
+            }
+        ),
+        spans: Counter => ("trace_spans", "Spans handed to the OTLP exporter"),
     }
+}
 
+impl TraceCounts {
     fn count(&self, outcome: &'static str) {
         self.messages.get_or_create(&OutcomeLabel { outcome }).inc();
     }

@@ -220,7 +220,7 @@ impl SimEdge {
         };
         let servers: Vec<String> = self.servers.iter().map(ToString::to_string).collect();
         let start = rand::thread_rng().gen_range(0..servers.len().max(1));
-        let probes = edge_node::uplink::reach::ProbeMetrics::default();
+        let probes = edge_node::uplink::reach::ReachMetrics::default();
         let prober = Prober::new(self.uplink.probe_interval.0, self.uplink.backoff_max.0, probes);
         let backoff = (self.uplink.backoff_min.0, self.uplink.backoff_max.0);
         let mut dialer = Dialer::new(servers, start, backoff, prober.enabled());

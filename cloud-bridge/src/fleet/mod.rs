@@ -28,7 +28,6 @@ use std::time::Duration;
 
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::gauge::Gauge;
-use prometheus_client::registry::Registry;
 use serde::{Deserialize, Serialize};
 use shared::units::{HumanDuration, now_ms};
 use tokio_util::sync::CancellationToken;
@@ -105,36 +104,21 @@ impl FleetConfig {
     }
 }
 
-#[derive(Debug, Default)]
-pub struct FleetMetrics {
-    pub written: Counter,
-    pub coalesced: Counter,
-    pub stale: Counter,
-    pub dropped: Counter,
-    pub errors: Counter,
-    pub pending: Gauge,
-}
-
-impl FleetMetrics {
-    pub fn register(&self, r: &mut Registry) {
-        r.register("edge_states_written", "Edge states written to the sink for the fleet view", self.written.clone());
-        r.register(
+shared::metrics! {
+    #[derive(Debug)]
+    pub struct FleetMetrics {
+        pub written: Counter => ("edge_states_written", "Edge states written to the sink for the fleet view"),
+        pub coalesced: Counter => (
             "edge_states_coalesced",
-            "Edge states replaced by a newer one of the same edge before they were written",
-            self.coalesced.clone(),
-        );
-        r.register(
+            "Edge states replaced by a newer one of the same edge before they were written"
+        ),
+        pub stale: Counter => (
             "edge_states_stale",
-            "Session ends not written because a newer session of the edge was written since",
-            self.stale.clone(),
-        );
-        r.register(
-            "edge_states_dropped",
-            "Edge states dropped with fleet.max_pending_states waiting",
-            self.dropped.clone(),
-        );
-        r.register("edge_states_errors", "Edge or bridge state writes the sink failed", self.errors.clone());
-        r.register("edge_states_pending", "Edge states waiting to be written", self.pending.clone());
+            "Session ends not written because a newer session of the edge was written since"
+        ),
+        pub dropped: Counter => ("edge_states_dropped", "Edge states dropped with fleet.max_pending_states waiting"),
+        pub errors: Counter => ("edge_states_errors", "Edge or bridge state writes the sink failed"),
+        pub pending: Gauge => ("edge_states_pending", "Edge states waiting to be written"),
     }
 }
 

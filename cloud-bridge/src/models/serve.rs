@@ -53,25 +53,17 @@ impl ModelService {
     }
 }
 
-/// What serving models counts.
-#[derive(Debug, Default)]
-pub struct ServeMetrics {
-    pub announced: Counter,
-    pub chunks: Counter,
-    pub bytes: Counter,
-    pub refused: Counter,
-}
-
-impl ServeMetrics {
-    pub fn register(&self, r: &mut prometheus_client::registry::Registry) {
-        r.register("models_announced", "Model versions announced to edges", self.announced.clone());
-        r.register("model_chunks_served", "Model chunks sent to edges", self.chunks.clone());
-        r.register("model_chunk_bytes_served", "Model chunk bytes sent to edges", self.bytes.clone());
-        r.register(
+shared::metrics! {
+    /// What serving models counts.
+    #[derive(Debug)]
+    pub struct ServeMetrics {
+        pub announced: Counter => ("models_announced", "Model versions announced to edges"),
+        pub chunks: Counter => ("model_chunks_served", "Model chunks sent to edges"),
+        pub bytes: Counter => ("model_chunk_bytes_served", "Model chunk bytes sent to edges"),
+        pub refused: Counter => (
             "model_fetches_refused",
-            "Chunk requests refused (not announced on the connection, missing from the store, no memory for it) or reset (not taken by the edge within limits.stall)",
-            self.refused.clone(),
-        );
+            "Chunk requests refused (not announced on the connection, missing from the store, no memory for it) or reset (not taken by the edge within limits.stall)"
+        ),
     }
 }
 

@@ -69,70 +69,49 @@ pub struct RefusedLabel {
     pub reason: &'static str,
 }
 
-#[derive(Debug, Clone)]
-pub struct ModelMetrics {
-    /// Chunk bytes fetched and the size of the versions staged: their ratio is the delta
-    /// efficiency.
-    pub fetched_bytes: Family<ModelLabel, Counter>,
-    pub staged_bytes: Family<ModelLabel, Counter>,
-    /// Fetched over size for the last version staged, counting the job that staged it (bytes
-    /// of an earlier, interrupted job are in `fetched_bytes` only).
-    pub last_delta_ratio: Family<ModelLabel, Gauge<f64, std::sync::atomic::AtomicU64>>,
-    pub chunks_verified: Counter,
-    pub chunks_failed: Counter,
-    pub refused: Family<RefusedLabel, Counter>,
-    pub announce_to_staged: Histogram,
-    /// 1 for each model's current version.
-    pub current: Family<VersionLabels, Gauge>,
+shared::metrics! {
+    #[derive(Debug, Clone)]
+    pub struct ModelMetrics {
+        /// Chunk bytes fetched and the size of the versions staged: their ratio is the delta
+        /// efficiency.
+        pub fetched_bytes: Family<ModelLabel, Counter> => (
+            "model_fetched_bytes",
+            "Model chunk bytes fetched from the bridge"
+        ),
+        pub staged_bytes: Family<ModelLabel, Counter> => ("model_staged_bytes", "Size of the model versions staged"),
+        /// Fetched over size for the last version staged, counting the job that staged it (bytes
+        /// of an earlier, interrupted job are in `fetched_bytes` only).
+        pub last_delta_ratio: Family<ModelLabel, Gauge<f64, std::sync::atomic::AtomicU64>> => (
+            "model_last_delta_ratio",
+            "Bytes fetched over file size for the last version staged (delta efficiency)"
+        ),
+        pub chunks_verified: Counter => ("model_chunks_verified", "Fetched chunks whose bytes matched their hash"),
+        pub chunks_failed: Counter => (
+            "model_chunks_failed",
+            "Fetched chunks whose bytes did not match their hash (refetched, never used)"
+        ),
+        pub refused: Family<RefusedLabel, Counter> => (
+            "model_versions_refused",
+            "Announced versions not staged, by reason (manifest, fetch, stage, not_followed)"
+        ),
+        pub announce_to_staged: Histogram => (
+            "model_announce_to_staged",
+            "From a version's announcement to its file staged and current",
+            unit Seconds,
+            // 50 ms .. ~27 min
+            init Histogram::new(exponential_buckets(0.05, 2.0, 16))
+        ),
+        /// 1 for each model's current version.
+        pub current: Family<VersionLabels, Gauge> => ("model_current", "1 for the current version of each model"),
+    }
 }
 
 impl ModelMetrics {
+    /// The model syncer's metrics, registered in `r`.
     pub fn new(r: &mut prometheus_client::registry::Registry) -> Self {
-        let m = Self {
-            fetched_bytes: Family::default(),
-            staged_bytes: Family::default(),
-            last_delta_ratio: Family::default(),
-            chunks_verified: Counter::default(),
-            chunks_failed: Counter::default(),
-            refused: Family::default(),
-            // 50 ms .. ~27 min
-            announce_to_staged: Histogram::new(exponential_buckets(0.05, 2.0, 16)),
-            current: Family::default(),
-        };
+        let m = Self::default();
         m.register(r);
         m
-    }
-
-    fn register(&self, r: &mut prometheus_client::registry::Registry) {
-        r.register("model_fetched_bytes", "Model chunk bytes fetched from the bridge", self.fetched_bytes.clone());
-        r.register("model_staged_bytes", "Size of the model versions staged", self.staged_bytes.clone());
-        r.register(
-            "model_last_delta_ratio",
-            "Bytes fetched over file size for the last version staged (delta efficiency)",
-            self.last_delta_ratio.clone(),
-        );
-        r.register(
-            "model_chunks_verified",
-            "Fetched chunks whose bytes matched their hash",
-            self.chunks_verified.clone(),
-        );
-        r.register(
-            "model_chunks_failed",
-            "Fetched chunks whose bytes did not match their hash (refetched, never used)",
-            self.chunks_failed.clone(),
-        );
-        r.register(
-            "model_versions_refused",
-            "Announced versions not staged, by reason (manifest, fetch, stage, not_followed)",
-            self.refused.clone(),
-        );
-        r.register_with_unit(
-            "model_announce_to_staged",
-            "From a version's announcement to its file staged and current",
-            prometheus_client::registry::Unit::Seconds,
-            self.announce_to_staged.clone(),
-        );
-        r.register("model_current", "1 for the current version of each model", self.current.clone());
     }
 
     fn set_current(&self, name: &str, version: &str) {

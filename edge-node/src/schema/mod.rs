@@ -73,45 +73,43 @@ pub struct SubjectLabel {
     pub subject: String,
 }
 
-#[derive(Debug, Clone, Default)]
-pub struct SchemaMetrics {
-    pub checked: Family<CheckLabels, Counter>,
-    pub staged_version: Family<SubjectLabel, Gauge>,
-    pub reload_errors: Counter,
-    /// Binary payloads the uplink walked by their schema (protocol version 8), by subject and
-    /// outcome: `apart` (the walk took it apart) or `whole` (the version is no longer the one
-    /// staged, or the walk could not hold the payload).
-    pub walked: Family<CheckLabels, Counter>,
-    /// Checks whose validation ran on the publisher's connection before the core's lock
-    /// ([`Validator::judge`]); the rest (a topic named by alias only, a downlink message) ran
-    /// under it.
-    pub ahead: Counter,
+shared::metrics! {
+    #[derive(Debug, Clone)]
+    pub struct SchemaMetrics {
+        pub checked: Family<CheckLabels, Counter> => (
+            "schema_checked",
+            "Publishes to schema-bound topics, by subject and outcome"
+        ),
+        pub staged_version: Family<SubjectLabel, Gauge> => (
+            "schema_staged_version",
+            "The version of each bound subject validation uses (0: none staged yet)"
+        ),
+        pub reload_errors: Counter => (
+            "schema_reload_errors",
+            "Staged schema files that could not be read or parsed (the version before stays in use)"
+        ),
+        /// Checks whose validation ran on the publisher's connection before the core's lock
+        /// ([`Validator::judge`]); the rest (a topic named by alias only, a downlink message) ran
+        /// under it.
+        pub ahead: Counter => (
+            "schema_validated_ahead",
+            "Checks of schema_checked_total whose validation ran on the publisher's connection, not under the broker core's lock"
+        ),
+        /// Binary payloads the uplink walked by their schema (protocol version 8), by subject and
+        /// outcome: `apart` (the walk took it apart) or `whole` (the version is no longer the one
+        /// staged, or the walk could not hold the payload).
+        pub walked: Family<CheckLabels, Counter> => (
+            "schema_walked",
+            "Avro and Protobuf payloads the uplink walked by their schema for column-wise batches: taken apart, or sent whole"
+        ),
+    }
 }
 
 impl SchemaMetrics {
+    /// The schema checks' metrics, registered in `r`.
     pub fn new(r: &mut prometheus_client::registry::Registry) -> Self {
         let m = Self::default();
-        r.register("schema_checked", "Publishes to schema-bound topics, by subject and outcome", m.checked.clone());
-        r.register(
-            "schema_staged_version",
-            "The version of each bound subject validation uses (0: none staged yet)",
-            m.staged_version.clone(),
-        );
-        r.register(
-            "schema_reload_errors",
-            "Staged schema files that could not be read or parsed (the version before stays in use)",
-            m.reload_errors.clone(),
-        );
-        r.register(
-            "schema_validated_ahead",
-            "Checks of schema_checked_total whose validation ran on the publisher's connection, not under the broker core's lock",
-            m.ahead.clone(),
-        );
-        r.register(
-            "schema_walked",
-            "Avro and Protobuf payloads the uplink walked by their schema for column-wise batches: taken apart, or sent whole",
-            m.walked.clone(),
-        );
+        m.register(r);
         m
     }
 }

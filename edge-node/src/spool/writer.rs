@@ -13,7 +13,7 @@ use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
-use prometheus_client::registry::{Registry, Unit};
+use prometheus_client::registry::Registry;
 use tokio::sync::mpsc::error::TryRecvError;
 use tokio::sync::{mpsc, oneshot};
 
@@ -96,132 +96,99 @@ pub struct DropLabels {
     pub reason: &'static str,
 }
 
-/// Metric handles the writer updates.
-#[derive(Debug, Clone)]
-pub struct WriterMetrics {
-    pub appended: Family<ClassLabel, Counter>,
-    pub dropped: Family<DropLabels, Counter>,
-    pub refused: Counter,
-    pub commit_errors: Family<KindLabel, Counter>,
-    pub commit_seconds: Histogram,
-    /// From a `normal` append to the end of its commit: the PUBACK-to-commit window, a little
-    /// over-stated (the PUBACK leaves after the append).
-    pub window_seconds: Histogram,
-    pub class_records: Family<ClassLabel, Gauge>,
-    pub class_bytes: Family<ClassLabel, Gauge>,
-    pub oldest_unacked_seconds: Gauge,
-    pub healthy: Gauge,
-    /// Unusable databases moved aside at startup.
-    pub moved_aside: Counter,
-    /// Lanes renumbered past the cloud's mark because the database had gone back in time.
-    pub renumbered: Counter,
-    /// Rebuilds of a database found damaged while running, by outcome.
-    pub rebuilds: Family<OutcomeLabel, Counter>,
-    /// Seqs a salvage could not read (at open or while running), each in a gap record.
-    pub unreadable: Counter,
-    /// 1 while the database is known damaged and not rebuilt.
-    pub damaged: Gauge,
-    /// `spool.budget`, for alerts on the share used (`class_bytes` over it).
-    pub budget: Gauge,
-}
-
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct OutcomeLabel {
     pub outcome: &'static str,
 }
 
-impl WriterMetrics {
-    pub fn new(r: &mut Registry) -> Self {
-        let m = Self {
-            appended: Family::default(),
-            dropped: Family::default(),
-            refused: Counter::default(),
-            commit_errors: Family::default(),
+shared::metrics! {
+    /// Metric handles the writer updates.
+    #[derive(Debug, Clone)]
+    pub struct WriterMetrics {
+        pub appended: Family<ClassLabel, Counter> => (
+            "spool_appended",
+            "Messages appended to the store-and-forward spool, by class"
+        ),
+        pub dropped: Family<DropLabels, Counter> => (
+            "spool_dropped",
+            "Spooled messages dropped before the cloud acked them, by class and reason (evicted, expired); each drop is also a gap record sent to the cloud"
+        ),
+        pub refused: Counter => ("spool_refused", "Full-durability messages refused for lack of spool room"),
+        pub commit_errors: Family<KindLabel, Counter> => (
+            "spool_commit_errors",
+            "Spool group commits that failed (retried), by kind (disk_full, io, corrupt, other)"
+        ),
+        pub commit_seconds: Histogram => (
+            "spool_commit",
+            "Spool group commit duration",
+            unit Seconds,
             // 50 µs .. ~1.6 s
-            commit_seconds: Histogram::new(exponential_buckets(0.000_05, 2.0, 16)),
+            init Histogram::new(exponential_buckets(0.000_05, 2.0, 16))
+        ),
+        /// From a `normal` append to the end of its commit: the PUBACK-to-commit window, a little
+        /// over-stated (the PUBACK leaves after the append).
+        pub window_seconds: Histogram => (
+            "spool_puback_to_commit",
+            "For normal-durability messages: from the append (the PUBACK follows it) to the end of the group commit that made it durable; the window in which a crash loses an acknowledged message",
+            unit Seconds,
             // Linear where the 10 ms target is judged, then coarse.
-            window_seconds: Histogram::new(
+            init Histogram::new(
                 [0.5, 1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0, 9.0, 10.0, 12.0, 15.0, 20.0, 50.0, 100.0, 1000.0]
                     .into_iter()
                     .map(|ms| ms / 1000.0),
-            ),
-            class_records: Family::default(),
-            class_bytes: Family::default(),
-            oldest_unacked_seconds: Gauge::default(),
-            healthy: Gauge::default(),
-            budget: Gauge::default(),
-            moved_aside: Counter::default(),
-            renumbered: Counter::default(),
-            rebuilds: Family::default(),
-            unreadable: Counter::default(),
-            damaged: Gauge::default(),
-        };
-        r.register(
-            "spool_rebuilds",
-            "Spool databases found damaged while running (a page SQLite cannot read, a failed integrity check) and salvaged into a new one under the same epoch, by outcome (salvaged, failed)",
-            m.rebuilds.clone(),
-        );
-        r.register(
-            "spool_unreadable_seqs",
-            "Seqs in damaged pages a salvage could not read (at start or while running); each range goes to the cloud in a gap record (reason unreadable)",
-            m.unreadable.clone(),
-        );
-        r.register(
-            "spool_damaged",
-            "1 while the spool database is known damaged and not yet rebuilt (/healthz fails meanwhile, saying why)",
-            m.damaged.clone(),
-        );
-        r.register(
-            "spool_renumbered",
-            "Times a lane's records were renumbered past the cloud's mark because the spool database had gone back in time (power cut, restored copy)",
-            m.renumbered.clone(),
-        );
-        r.register("spool_appended", "Messages appended to the store-and-forward spool, by class", m.appended.clone());
-        r.register(
-            "spool_dropped",
-            "Spooled messages dropped before the cloud acked them, by class and reason (evicted, expired); each drop is also a gap record sent to the cloud",
-            m.dropped.clone(),
-        );
-        r.register("spool_refused", "Full-durability messages refused for lack of spool room", m.refused.clone());
-        r.register(
-            "spool_commit_errors",
-            "Spool group commits that failed (retried), by kind (disk_full, io, corrupt, other)",
-            m.commit_errors.clone(),
-        );
-        r.register_with_unit(
-            "spool_puback_to_commit",
-            "For normal-durability messages: from the append (the PUBACK follows it) to the end of the group commit that made it durable; the window in which a crash loses an acknowledged message",
-            Unit::Seconds,
-            m.window_seconds.clone(),
-        );
-        r.register("spool_class_records", "Message records held in the spool, by class", m.class_records.clone());
-        r.register(
+            )
+        ),
+        pub class_records: Family<ClassLabel, Gauge> => (
+            "spool_class_records",
+            "Message records held in the spool, by class"
+        ),
+        pub class_bytes: Family<ClassLabel, Gauge> => (
             "spool_class_bytes",
-            "Payload and topic bytes held in the spool, by class (what class quotas count)",
-            m.class_bytes.clone(),
-        );
-        r.register(
+            "Payload and topic bytes held in the spool, by class (what class quotas count)"
+        ),
+        pub oldest_unacked_seconds: Gauge => (
             "spool_oldest_unacked_seconds",
-            "Age of the oldest message the cloud has not acknowledged; 0 when the spool is empty",
-            m.oldest_unacked_seconds.clone(),
-        );
-        r.register(
-            "spool_moved_aside",
-            "Spool databases found damaged (corrupt, not a database, a failed integrity check) and moved aside to <path>.damaged-<ms> once what they held was salvaged into the new one",
-            m.moved_aside.clone(),
-        );
-        r.register_with_unit(
-            "spool_budget",
-            "spool.budget: the bytes the spool may take",
-            Unit::Bytes,
-            m.budget.clone(),
-        );
-        r.register(
+            "Age of the oldest message the cloud has not acknowledged; 0 when the spool is empty"
+        ),
+        pub healthy: Gauge => (
             "spool_healthy",
-            "1 while the spool's last commit succeeded, 0 while commits fail (disk full, I/O errors)",
-            m.healthy.clone(),
-        );
-        r.register_with_unit("spool_commit", "Spool group commit duration", Unit::Seconds, m.commit_seconds.clone());
+            "1 while the spool's last commit succeeded, 0 while commits fail (disk full, I/O errors)"
+        ),
+        /// Unusable databases moved aside at startup.
+        pub moved_aside: Counter => (
+            "spool_moved_aside",
+            "Spool databases found damaged (corrupt, not a database, a failed integrity check) and moved aside to <path>.damaged-<ms> once what they held was salvaged into the new one"
+        ),
+        /// Lanes renumbered past the cloud's mark because the database had gone back in time.
+        pub renumbered: Counter => (
+            "spool_renumbered",
+            "Times a lane's records were renumbered past the cloud's mark because the spool database had gone back in time (power cut, restored copy)"
+        ),
+        /// Rebuilds of a database found damaged while running, by outcome.
+        pub rebuilds: Family<OutcomeLabel, Counter> => (
+            "spool_rebuilds",
+            "Spool databases found damaged while running (a page SQLite cannot read, a failed integrity check) and salvaged into a new one under the same epoch, by outcome (salvaged, failed)"
+        ),
+        /// Seqs a salvage could not read (at open or while running), each in a gap record.
+        pub unreadable: Counter => (
+            "spool_unreadable_seqs",
+            "Seqs in damaged pages a salvage could not read (at start or while running); each range goes to the cloud in a gap record (reason unreadable)"
+        ),
+        /// 1 while the database is known damaged and not rebuilt.
+        pub damaged: Gauge => (
+            "spool_damaged",
+            "1 while the spool database is known damaged and not yet rebuilt (/healthz fails meanwhile, saying why)"
+        ),
+        /// `spool.budget`, for alerts on the share used (`class_bytes` over it).
+        pub budget: Gauge => ("spool_budget", "spool.budget: the bytes the spool may take", unit Bytes),
+    }
+}
+
+impl WriterMetrics {
+    /// The writer's metrics, registered in `r`.
+    pub fn new(r: &mut Registry) -> Self {
+        let m = Self::default();
+        m.register(r);
         m
     }
 }

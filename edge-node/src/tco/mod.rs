@@ -259,26 +259,26 @@ pub struct ClassOnly {
     pub class: String,
 }
 
-/// `edge_tco_*` metrics.
-#[derive(Debug, Clone)]
-pub struct TcoMetrics {
-    /// 1 for the route a class has, 0 for the others.
-    pub route: Family<ClassRouteLabels, Gauge>,
-    /// Monthly cost of each route per class, in the config's currency, rounded.
-    pub monthly_cost: Family<ClassRouteLabels, Gauge>,
-    pub switches: Family<ClassOnly, Counter>,
+shared::metrics! {
+    /// `edge_tco_*` metrics.
+    #[derive(Debug, Clone)]
+    pub struct TcoMetrics {
+        /// 1 for the route a class has, 0 for the others.
+        pub route: Family<ClassRouteLabels, Gauge> => ("tco_route", "Route each topic class has (1) and has not (0)"),
+        /// Monthly cost of each route per class, in the config's currency, rounded.
+        pub monthly_cost: Family<ClassRouteLabels, Gauge> => (
+            "tco_monthly_cost",
+            "Monthly cost of each route per class, by the TCO model"
+        ),
+        pub switches: Family<ClassOnly, Counter> => ("tco_route_switches", "Route changes the TCO model made, by class"),
+    }
 }
 
 impl TcoMetrics {
+    /// The TCO model's metrics, registered in `r`.
     pub fn new(r: &mut prometheus_client::registry::Registry) -> Self {
-        let m = Self { route: Family::default(), monthly_cost: Family::default(), switches: Family::default() };
-        r.register("tco_route", "Route each topic class has (1) and has not (0)", m.route.clone());
-        r.register(
-            "tco_monthly_cost",
-            "Monthly cost of each route per class, by the TCO model",
-            m.monthly_cost.clone(),
-        );
-        r.register("tco_route_switches", "Route changes the TCO model made, by class", m.switches.clone());
+        let m = Self::default();
+        m.register(r);
         m
     }
 }

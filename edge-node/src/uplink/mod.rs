@@ -33,7 +33,7 @@ use tokio_util::task::AbortOnDropHandle;
 use self::core::{Attempt, Conn, ConnError, Dialer, EndKind, Io, Next, SendPolicy};
 use self::pack::{Packed, Packer};
 use self::quic::{PassWriter, SendError};
-use self::reach::{ProbeMetrics, Prober, Target};
+use self::reach::{Prober, ReachMetrics, Target};
 use crate::downlink::{DownCore, Live};
 use crate::labels::handle;
 use crate::models::sync::ModelJob;
@@ -45,123 +45,74 @@ pub struct LaneLabel {
     pub lane: u8,
 }
 
-/// The uplink's metrics.
-#[derive(Debug, Clone)]
-pub struct UplinkMetrics {
-    pub connected: Gauge,
-    pub degraded: Gauge,
-    pub rtt: Gauge<f64, std::sync::atomic::AtomicU64>,
-    pub in_flight: Gauge,
-    pub batches: Counter,
-    pub records: Counter,
-    /// Batch bytes before compression (CBOR) and as sent.
-    pub bytes_raw: Counter,
-    pub bytes_sent: Counter,
-    /// Batch frames as written to their streams: head and body.
-    pub frame_bytes: Counter,
-    /// The same per lane.
-    pub lane_raw: Family<LaneLabel, Counter>,
-    pub lane_sent: Family<LaneLabel, Counter>,
-    pub acked: Family<LaneLabel, Gauge>,
-    pub reconnects: Counter,
-    pub refused: Counter,
-    pub busy: Counter,
-    pub probes: ProbeMetrics,
-    /// Records sent as `refused` gap records: too costly to decode on their own.
-    pub records_refused: Counter,
-    pub dicts_trained: Counter,
-    pub dicts_announced: Counter,
-    pub dict_batches: Counter,
-    /// From sending a batch to its ack: how long until the central cluster has it.
-    pub commit_latency: Histogram,
+shared::metrics! {
+    /// The uplink's metrics.
+    #[derive(Debug, Clone)]
+    pub struct UplinkMetrics {
+        pub connected: Gauge => ("uplink_connected", "1 while a session with the cloud bridge is up"),
+        pub degraded: Gauge => (
+            "uplink_degraded",
+            "1 while connected but a batch or ping waits longer than ack_timeout for its answer"
+        ),
+        pub rtt: Gauge<f64, std::sync::atomic::AtomicU64> => (
+            "uplink_rtt",
+            "Last ping round trip to the cloud bridge",
+            unit Seconds
+        ),
+        pub in_flight: Gauge => ("uplink_batches_in_flight", "Batches sent and not yet acked"),
+        pub batches: Counter => ("uplink_batches", "Batches sent"),
+        pub records: Counter => ("uplink_records", "Records sent (resends included)"),
+        pub bytes_raw: Counter => ("uplink_raw_bytes", "Batch bytes before compression"),
+        pub bytes_sent: Counter => ("uplink_sent_bytes", "Batch bytes sent, after compression"),
+        pub frame_bytes: Counter => ("uplink_frame_bytes", "Batch frames sent: head and compressed body"),
+        pub lane_raw: Family<LaneLabel, Counter> => (
+            "uplink_lane_raw_bytes",
+            "Batch bytes before compression, by lane"
+        ),
+        pub lane_sent: Family<LaneLabel, Counter> => (
+            "uplink_lane_sent_bytes",
+            "Batch bytes sent, after compression, by lane"
+        ),
+        pub acked: Family<LaneLabel, Gauge> => ("uplink_acked_seq", "Highest seq the cloud acked, by lane"),
+        pub reconnects: Counter => ("uplink_reconnects", "Connection attempts after the first, failed or lost"),
+        pub records_refused: Counter => (
+            "uplink_records_refused",
+            "Records sent as refused gap records because alone they would cost a bridge more than the protocol's per-batch memory limit to decode"
+        ),
+        pub refused: Counter => (
+            "uplink_refused",
+            "Times the cloud bridge turned this edge away (certificate denied or not accepted, hello refused); retried at backoff_max"
+        ),
+        pub busy: Counter => (
+            "uplink_busy",
+            "Handshakes the cloud bridge refused before TLS, its admission spent; retried within a window that starts at 2s and doubles up to backoff_max"
+        ),
+        pub probes: ReachMetrics => (nested),
+        pub dicts_trained: Counter => ("uplink_dicts_trained", "zstd dictionaries trained from this edge's traffic"),
+        pub dicts_announced: Counter => (
+            "uplink_dicts_announced",
+            "Dictionaries sent to a bridge that did not hold them yet"
+        ),
+        pub dict_batches: Counter => ("uplink_dict_batches", "Batches compressed with a dictionary"),
+        pub commit_latency: Histogram => (
+            "uplink_commit_latency",
+            "From sending a batch to the bridge's ack, which follows the sink's commit: edge-to-central commit latency",
+            unit Seconds,
+            // 1 ms .. ~33 s
+            init Histogram::new(exponential_buckets(0.001, 2.0, 16))
+        ),
+    }
 }
 
 impl UplinkMetrics {
+    /// The uplink's metrics, registered in `r`.
     pub fn new(r: &mut prometheus_client::registry::Registry) -> Self {
-        let m = Self {
-            connected: Gauge::default(),
-            degraded: Gauge::default(),
-            rtt: Gauge::default(),
-            in_flight: Gauge::default(),
-            batches: Counter::default(),
-            records: Counter::default(),
-            bytes_raw: Counter::default(),
-            bytes_sent: Counter::default(),
-            frame_bytes: Counter::default(),
-            lane_raw: Family::default(),
-            lane_sent: Family::default(),
-            acked: Family::default(),
-            reconnects: Counter::default(),
-            refused: Counter::default(),
-            busy: Counter::default(),
-            probes: ProbeMetrics::default(),
-            records_refused: Counter::default(),
-            dicts_trained: Counter::default(),
-            dicts_announced: Counter::default(),
-            dict_batches: Counter::default(),
-            // 1 ms .. ~33 s
-            commit_latency: Histogram::new(exponential_buckets(0.001, 2.0, 16)),
-        };
-        r.register("uplink_connected", "1 while a session with the cloud bridge is up", m.connected.clone());
-        r.register(
-            "uplink_degraded",
-            "1 while connected but a batch or ping waits longer than ack_timeout for its answer",
-            m.degraded.clone(),
-        );
-        r.register_with_unit(
-            "uplink_rtt",
-            "Last ping round trip to the cloud bridge",
-            prometheus_client::registry::Unit::Seconds,
-            m.rtt.clone(),
-        );
-        r.register("uplink_batches_in_flight", "Batches sent and not yet acked", m.in_flight.clone());
-        r.register("uplink_batches", "Batches sent", m.batches.clone());
-        r.register("uplink_records", "Records sent (resends included)", m.records.clone());
-        r.register("uplink_raw_bytes", "Batch bytes before compression", m.bytes_raw.clone());
-        r.register("uplink_sent_bytes", "Batch bytes sent, after compression", m.bytes_sent.clone());
-        r.register("uplink_frame_bytes", "Batch frames sent: head and compressed body", m.frame_bytes.clone());
-        r.register("uplink_lane_raw_bytes", "Batch bytes before compression, by lane", m.lane_raw.clone());
-        r.register("uplink_lane_sent_bytes", "Batch bytes sent, after compression, by lane", m.lane_sent.clone());
-        r.register("uplink_acked_seq", "Highest seq the cloud acked, by lane", m.acked.clone());
-        r.register("uplink_reconnects", "Connection attempts after the first, failed or lost", m.reconnects.clone());
-        r.register(
-            "uplink_records_refused",
-            "Records sent as refused gap records because alone they would cost a bridge more than the protocol's per-batch memory limit to decode",
-            m.records_refused.clone(),
-        );
-        r.register(
-            "uplink_refused",
-            "Times the cloud bridge turned this edge away (certificate denied or not accepted, hello refused); retried at backoff_max",
-            m.refused.clone(),
-        );
-        r.register(
-            "uplink_busy",
-            "Handshakes the cloud bridge refused before TLS, its admission spent; retried within a window that starts at 2s and doubles up to backoff_max",
-            m.busy.clone(),
-        );
-        m.probes.register(r);
-        r.register(
-            "uplink_dicts_trained",
-            "zstd dictionaries trained from this edge's traffic",
-            m.dicts_trained.clone(),
-        );
-        r.register(
-            "uplink_dicts_announced",
-            "Dictionaries sent to a bridge that did not hold them yet",
-            m.dicts_announced.clone(),
-        );
-        r.register("uplink_dict_batches", "Batches compressed with a dictionary", m.dict_batches.clone());
-        r.register_with_unit(
-            "uplink_commit_latency",
-            "From sending a batch to the bridge's ack, which follows the sink's commit: edge-to-central commit latency",
-            prometheus_client::registry::Unit::Seconds,
-            m.commit_latency.clone(),
-        );
+        let m = Self::default();
+        m.register(r);
         m
     }
 }
 
-/// Why a connection ended.
 #[derive(Debug, thiserror::Error)]
 enum ConnEnd {
     #[error("connect: {0}")]

@@ -85,16 +85,12 @@ pub async fn resolve(servers: &[String]) -> Vec<Target> {
     out
 }
 
-#[derive(Debug, Clone, Default)]
-pub struct ProbeMetrics {
-    pub sent: Counter,
-    pub answered: Counter,
-}
-
-impl ProbeMetrics {
-    pub fn register(&self, r: &mut prometheus_client::registry::Registry) {
-        r.register("uplink_probes", "Reachability probes sent to bridges while the link was down", self.sent.clone());
-        r.register("uplink_probe_answers", "Reachability probes a bridge answered", self.answered.clone());
+shared::metrics! {
+    /// What the reachability probes of a link that is down count.
+    #[derive(Debug, Clone)]
+    pub struct ReachMetrics {
+        pub sent: Counter => ("uplink_probes", "Reachability probes sent to bridges while the link was down"),
+        pub answered: Counter => ("uplink_probe_answers", "Reachability probes a bridge answered"),
     }
 }
 
@@ -113,11 +109,11 @@ pub struct Prober {
     answering: Arc<Mutex<HashSet<SocketAddr>>>,
     /// Since when probes have gone unanswered, across waits: the interval grows with it.
     silent_since: Arc<Mutex<Option<Instant>>>,
-    metrics: ProbeMetrics,
+    metrics: ReachMetrics,
 }
 
 impl Prober {
-    pub fn new(interval: Duration, max: Duration, metrics: ProbeMetrics) -> Self {
+    pub fn new(interval: Duration, max: Duration, metrics: ReachMetrics) -> Self {
         Self { interval, max: max.max(interval), answering: Arc::default(), silent_since: Arc::default(), metrics }
     }
 
@@ -289,7 +285,7 @@ mod tests {
         let config = quinn::ServerConfig::with_single_cert(vec![cert.cert.der().clone()], key).unwrap();
         let endpoint = quinn::Endpoint::server(config, "127.0.0.1:0".parse().unwrap()).unwrap();
         let addr = endpoint.local_addr().unwrap();
-        let prober = Prober::new(Duration::from_millis(100), Duration::from_secs(1), ProbeMetrics::default());
+        let prober = Prober::new(Duration::from_millis(100), Duration::from_secs(1), ReachMetrics::default());
         let target = |addr| vec![Target { server: "bridge".into(), addr }];
         let deadline = Instant::now() + Duration::from_secs(5);
         let answered = prober.until_answer(&target(addr), deadline).await.expect("answered");
