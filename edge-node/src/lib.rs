@@ -55,36 +55,20 @@ use crate::uplink::UplinkMetrics;
 
 #[derive(Debug, thiserror::Error)]
 pub enum StartError {
-    #[error("listener {name:?} cannot bind {addr}: {source}")]
-    Bind {
-        name: String,
-        addr: SocketAddr,
-        #[source]
-        source: std::io::Error,
-    },
-    #[error("listener {name:?}: {source}")]
-    Tls {
-        name: String,
-        #[source]
-        source: TlsError,
-    },
+    #[error(transparent)]
+    Listener(#[from] front::BindError),
     #[error(transparent)]
     Auth(#[from] AuthError),
     #[error(transparent)]
     Sessions(#[from] broker::store::StoreError),
     #[error(transparent)]
-    Spool(#[from] spool::SpoolError),
+    Spool(#[from] spool::StartError),
     #[error(transparent)]
     Uplink(#[from] uplink::quic::UplinkSetupError),
     #[error("cannot start the login threads: {0}")]
     LoginThreads(#[source] std::io::Error),
-    #[error("cannot start the spool thread: {source}")]
-    SpoolThread {
-        #[source]
-        source: std::io::Error,
-    },
-    #[error("models {path}: {reason}")]
-    Models { path: std::path::PathBuf, reason: String },
+    #[error(transparent)]
+    Models(#[from] models::sync::OpenError),
     #[error("tracing: {0}")]
     Tracing(String),
     #[error("http endpoint cannot bind {addr}: {source}")]
@@ -134,344 +118,86 @@ impl Node {
         Self::start_with(config, NodeOptions::default()).await
     }
 
-    /// [`Node::start`] with options.
+    /// [`Node::start`] with options. Each step is a subsystem's start, in the order their
+    /// handles are needed; the helpers below carry what one hands the next.
     pub async fn start_with(config: EdgeConfig, options: NodeOptions) -> Result<Node, StartError> {
         let auth = AuthState::load(&config.auth)?;
-        // Every subsystem's metrics, registered whether or not the subsystem runs, so a scrape
-        // always names the same metrics.
-        let mut root = metrics::registry();
-        let registry = metrics::subsystems(&mut root);
-        let front_metrics = FrontMetrics::new(registry);
-        let broker_metrics = BrokerMetrics::new(registry);
-        let probe_metrics = ProbeMetrics::new(registry);
-        let spool_metrics = Arc::new(WriterMetrics::new(registry));
-        spool_metrics.budget.set(i64::try_from(config.spool.budget.bytes()).unwrap_or(i64::MAX));
-        let uplink_metrics = UplinkMetrics::new(registry);
-        let tco_metrics = TcoMetrics::new(registry);
-        let model_metrics = ModelMetrics::new(registry);
-        let schema_metrics = schema::SchemaMetrics::new(registry);
-        let trace_counts = Arc::new(shared::trace::TraceCounts::default());
-        trace_counts.register(registry);
-        let metrics = Arc::new(Metrics::new(root));
-        let tracer =
-            shared::trace::Tracer::start(&config.tracing, "edge-node", env!("CARGO_PKG_VERSION"), trace_counts)
-                .map_err(StartError::Tracing)?;
-        let shutdown = CancellationToken::new();
-        let tracker = TaskTracker::new();
-
-        let mut listeners = Vec::new();
-        let mut sockets = Vec::new();
-        for l in &config.listeners {
-            let tls = match &l.tls {
-                Some(t) => {
-                    let server =
-                        tls::server_config(t).map_err(|source| StartError::Tls { name: l.name.clone(), source })?;
-                    Some(ArcSwap::from_pointee(TlsAcceptor::from(server)))
-                }
-                None => None,
-            };
-            let socket = TcpListener::bind(l.bind).await.map_err(|source| StartError::Bind {
-                name: l.name.clone(),
-                addr: l.bind,
-                source,
-            })?;
-            listeners.push(Arc::new(Listener {
-                name: l.name.clone(),
-                anonymous: l.anonymous,
-                websocket: l.websocket,
-                origins: front::ws::Origins::new(l.allowed_origins.clone()),
-                tls,
-            }));
-            sockets.push(socket);
-        }
+        let (m, metrics) = NodeMetrics::register(&config);
+        let tracer = shared::trace::Tracer::start(&config.tracing, "edge-node", env!("CARGO_PKG_VERSION"), m.trace)
+            .map_err(StartError::Tracing)?;
+        let tasks = Tasks { tracker: TaskTracker::new(), shutdown: CancellationToken::new() };
+        let bound = front::bind(&config.listeners).await?;
         let http = match config.http.bind {
             Some(addr) => Some(TcpListener::bind(addr).await.map_err(|source| StartError::HttpBind { addr, source })?),
             None => None,
         };
-
         let classes = Arc::new(route::Classes::from_config(&config.classes));
-        // No class routes to the cloud and no uplink: nothing would ever be spooled or sent. With
-        // an uplink the spool is opened even without classes: the uplink session is also how
-        // models and downlink messages come.
-        let store_path =
-            config.broker.session_store.clone().unwrap_or_else(|| config.spool.path.with_file_name("sessions.db"));
-        let store_opened = std::time::Instant::now();
-        let (store, state) = broker::store::SessionStore::open(&store_path, broker_metrics.clone())?;
-        // The QoS 2 receipts the session store holds: the spool forgets any other before it takes
-        // a message (a release whose forgetting a crash cut short).
-        let receipts: std::collections::BTreeSet<u64> =
-            state.received.iter().map(|&(.., r)| r).filter(|r| *r != 0).collect();
-        let spool = if classes.is_empty() && config.uplink.is_none() {
-            None
-        } else {
-            let sqlite = spool::SqliteStorage::open(&config.spool.path)?;
-            let opened = spool::Storage::opened(&sqlite);
-            if opened.moved_aside.is_some() {
-                spool_metrics.moved_aside.inc();
-            }
-            if let Some(salvaged) = &opened.salvaged {
-                spool_metrics.unreadable.inc_by(salvaged.unreadable_count());
-            }
-            for orphan in spool::recovery::orphans(&config.spool.path) {
-                tracing::warn!(
-                    path = %orphan.display(),
-                    "a spool an earlier version moved aside without sending it; `edge-node spool recover --config <edge.toml> <path>` sends what it holds"
-                );
-            }
-            let (integrity_checked, usage_counted) = (opened.checked, opened.counted);
-            let storage: Box<dyn spool::Storage + Send> = match options.spool_faults {
-                Some(faults) => Box::new(spool::fault::FaultyStorage {
-                    inner: sqlite,
-                    faults,
-                    path: config.spool.path.display().to_string(),
-                }),
-                None => Box::new(sqlite),
-            };
-            let quotas = config.classes.iter().filter_map(|c| Some((c.name.clone(), c.quota?.bytes())));
-            let mut spool = spool::Spool::new(storage)
-                .with_budget(config.spool.budget.bytes())
-                .with_quotas(quotas)
-                .with_max_pending_bytes(config.spool.max_pending_bytes.bytes());
-            spool.keep_receipts(&receipts)?;
-            tracing::info!(path = %config.spool.path.display(), epoch = spool.epoch(), integrity_checked, usage_counted, "spool open");
-            let writer = spool::SpoolWriter::start(
-                spool,
-                config.spool.commit_interval.0,
-                config.spool.commit_batch,
-                spool_metrics,
-            )
-            .map_err(|source| StartError::SpoolThread { source })?;
-            Some(writer)
-        };
-        // The broker core, with the sessions stored before a restart; the probe's topic is the
-        // node's own.
-        let internal_topics = if config.probe.enabled { vec![config.probe.topic.clone()] } else { Vec::new() };
-        // The node's namespace (docs/ARCHITECTURE.md): `_edge/`, the probe's topic wherever it
-        // is, and the model announcements, which tell local apps which file to load and so are
-        // the node's word alone.
-        let mut reserved_topics =
-            vec![broker::core::RESERVED_TOPICS.to_owned(), config.probe.topic.clone(), "$SYS/#".to_owned()];
-        if let Some(m) = &config.models {
-            reserved_topics.push(format!("{}/#", m.topic_prefix));
-        }
+        let (store, state, opened) = open_session_store(&config, m.broker.clone())?;
+        let spool = start_spool(&config, &classes, &state, options, m.spool)?;
         // What the cloud's sink stores of one record: the uplink learns it, the broker refuses
         // a cloud-bound publish past it.
         let sink_fit = spool.as_ref().map(|_| Arc::new(spool::SinkFit::load(&config.spool.path)));
-        let mut core = broker::core::Broker::new(
-            config.broker.limits(internal_topics, reserved_topics),
-            classes.clone(),
-            broker_metrics.clone(),
-            broker::core::WallClock::read(),
-        );
-        if let Some(fit) = &sink_fit {
-            core = core.with_sink_limits(fit.clone());
-        }
-        // Schema bindings check publishes against the versions staged under [models] (the
-        // config check refuses bindings without it).
-        let schemas =
-            config.models.as_ref().map(|m| Arc::new(schema::Validator::new(&config.schemas, &m.dir, schema_metrics)));
         let staged_news = Arc::new(tokio::sync::Notify::new());
-        if let Some(v) = &schemas {
-            core = core.with_schemas(v.clone());
-            tracker.spawn(v.clone().run(staged_news.clone(), shutdown.clone()));
-        }
-        // The models to follow: the configured ones and each bound subject's versions.
-        let follows: Vec<String> = config
-            .models
-            .as_ref()
-            .map(|m| {
-                m.follow
-                    .iter()
-                    .cloned()
-                    .chain(schemas.iter().flat_map(|v| v.subjects()).map(|s| shared::schema::model_name(&s)))
-                    .collect()
-            })
-            .unwrap_or_default();
-        let (sessions, queued, retained) = (state.sessions.len(), state.deliveries.len(), state.retained.len());
+        let schemas = start_schemas(&config, m.schemas, &staged_news, &tasks);
+        let follows = follows(&config, schemas.as_deref());
         let down_mark = downlink::DownMark::parse(state.marks.get(downlink::MARK_KEY).map(String::as_str));
-        core.restore(state, std::time::Instant::now());
-        // The stored sessions come back under today's ACL, not the one they were queued under.
-        core.reload_rules(
-            &|owner, client_id| front::rules_of_owner(&auth, owner, client_id),
-            std::time::Instant::now(),
-        );
-        tracing::info!(
-            path = %store_path.display(),
-            sessions,
-            queued,
-            retained,
-            took = ?store_opened.elapsed(),
-            "session store open"
-        );
+        let core = Parts { classes: classes.clone(), sink_fit: sink_fit.clone(), schemas: schemas.clone() };
+        let core = broker_core(&config, &auth, core, state, m.broker.clone(), opened);
         let broker = BrokerHandle::traced(core, spool.clone(), Some(store.clone()), tracer.clone());
-        tracker.spawn(broker.clone().run_timers(shutdown.clone()));
-        let ctx = Arc::new(FrontContext {
-            max_packet_size: config.broker.max_packet_size.as_usize(),
-            max_connect_size: config.broker.max_connect_size.as_usize().min(config.broker.max_packet_size.as_usize()),
-            connect_timeout: config.broker.connect_timeout.0,
-            slow_client_timeout: config.broker.slow_client_timeout.0,
-            auth: ArcSwap::from_pointee(auth),
-            auth_generation: AtomicU64::new(0),
-            metrics: front_metrics.clone(),
-            log: shared::log_budget::LogBudget::new(config.log.peer_lines_per_second, std::time::Instant::now()),
-            permits: Arc::new(Semaphore::new(config.broker.max_connections)),
-            pending: Arc::new(Semaphore::new(config.broker.max_pending_connections)),
-            logins: LoginPool::start(
-                config.auth.max_concurrent_logins,
-                config.broker.max_pending_connections,
-                config.auth.login_wait.0,
-            )
-            .map_err(StartError::LoginThreads)?,
-            broker: broker.clone(),
-            shutdown: shutdown.clone(),
-            tracker: tracker.clone(),
-            tracer: tracer.clone(),
-            schemas: schemas.clone().filter(|v| !v.is_empty()),
-        });
-
-        let mut mqtt_addrs = Vec::new();
-        for (listener, socket) in listeners.iter().zip(sockets) {
-            let addr = socket.local_addr().map_err(|source| StartError::Bind {
-                name: listener.name.clone(),
-                addr: SocketAddr::from(([0, 0, 0, 0], 0)),
-                source,
-            })?;
-            tracing::info!(listener = %listener.name, %addr, tls = listener.tls.is_some(), "MQTT listener ready");
-            mqtt_addrs.push((listener.name.clone(), addr));
-            tracker.spawn(front::accept_loop(socket, listener.clone(), ctx.clone()));
-        }
+        tasks.tracker.spawn(broker.clone().run_timers(tasks.shutdown.clone()));
+        let ctx = front_context(&config, auth, m.front.clone(), broker.clone(), schemas.clone(), &tracer, &tasks)?;
+        let (listeners, mqtt_addrs) = serve_listeners(bound, &ctx)?;
         // What the uplink measures of its link: the TCO model and readiness read it.
         let link = Arc::new(LinkFigures::default());
         // The TCO model's last answer: the model writes it, the uplink and `/tco` read it.
         let (tco_latest, tco_snapshot) = tokio::sync::watch::channel(Snapshot::default());
-        let http_addr = match http {
-            Some(socket) => {
-                let addr = socket.local_addr().ok();
-                let checks = Arc::new(health::Checks {
-                    config: config.health.clone(),
-                    probe: Health {
-                        metrics: probe_metrics.clone(),
-                        interval: config.probe.enabled.then_some(config.probe.interval.0),
-                    },
-                    store: store.clone(),
-                    spool: spool.clone().map(|s| (s, config.spool.budget.bytes())),
-                    link: config.uplink.as_ref().map(|_| link.clone()),
-                });
-                let ready = checks.clone();
-                let snapshot = tco_snapshot.clone();
-                let endpoints = Endpoints {
-                    metrics: metrics.clone(),
-                    alive: Arc::new(move || {
-                        let r = checks.alive();
-                        (r.ok(), r.json())
-                    }),
-                    ready: Arc::new(move || {
-                        let r = ready.ready();
-                        (r.ok(), r.json())
-                    }),
-                    tco: Arc::new(move || {
-                        let snapshot = snapshot.borrow();
-                        (!snapshot.classes.is_empty())
-                            .then(|| serde_json::to_string_pretty(&*snapshot).unwrap_or_default())
-                    }),
-                };
-                tracker.spawn(metrics::serve(socket, endpoints, shutdown.clone()));
-                tracing::info!(addr = ?addr, "metrics endpoint ready");
-                addr
-            }
-            None => None,
+        let checks = health::Checks {
+            config: config.health.clone(),
+            probe: Health {
+                metrics: m.probe.clone(),
+                interval: config.probe.enabled.then_some(config.probe.interval.0),
+            },
+            store: store.clone(),
+            spool: spool.clone().map(|s| (s, config.spool.budget.bytes())),
+            link: config.uplink.as_ref().map(|_| link.clone()),
         };
+        let http_addr =
+            http.and_then(|socket| serve_http(socket, checks, metrics.clone(), tco_snapshot.clone(), &tasks));
         let connector = Connector::new(broker.clone());
         if config.probe.enabled {
-            tracker.spawn(probe::run(
-                connector.clone(),
-                config.probe.clone(),
-                config.node_id.clone(),
-                probe_metrics,
-                shutdown.clone(),
-            ));
+            let (probe, id) = (config.probe.clone(), config.node_id.clone());
+            tasks.tracker.spawn(probe::run(connector.clone(), probe, id, m.probe, tasks.shutdown.clone()));
         }
-        if !config.broker.sys_interval.0.is_zero() {
-            let (handle, counts, front) = (broker.clone(), broker_metrics.clone(), front_metrics.clone());
-            let stats = move || {
-                let (((connected, total), subscriptions, retained), _) =
-                    handle.with(|b| (b.client_counts(), b.subscription_count(), b.retained_count()));
-                sys::Stats {
-                    clients_connected: connected as u64,
-                    clients_total: total as u64,
-                    subscriptions: subscriptions as u64,
-                    retained: retained as u64,
-                    messages_received: counts.received.get(),
-                    messages_sent: counts.publish_out.get(),
-                    bytes_received: front.bytes_in.get(),
-                    bytes_sent: front.bytes_out.get(),
-                }
-            };
-            let client_id = format!("{}sys-{}", broker::core::INTERNAL_CLIENT_ID_PREFIX, config.node_id);
-            tracker.spawn(sys::run(
-                connector.clone(),
-                config.broker.sys_interval.0,
-                client_id,
-                stats,
-                shutdown.clone(),
-            ));
-        }
-        // The syncer announces every model held at start (the retained announcement may be
-        // older than the model directory, or gone with a lost session store), then stages what
-        // the bridge announces.
-        let mut model_jobs = None;
-        if let Some(m) = &config.models {
-            let key = std::fs::read(&m.public_key)
-                .map_err(|source| StartError::Models { path: m.public_key.clone(), reason: source.to_string() })?;
-            let bad_dir = |e: models::StageError| StartError::Models { path: m.dir.clone(), reason: e.to_string() };
-            let staged = models::Models::open(&m.dir, key, m.keep).map_err(bad_dir)?;
-            let syncer = models::sync::Syncer {
-                cache: staged.cache().map_err(bad_dir)?,
-                models: staged,
-                follows: follows.clone(),
-                parallel: m.parallel,
-                cache_budget: m.cache_budget.bytes(),
-                metrics: model_metrics,
-                announcer: models::announce::Announcer {
-                    connector: connector.clone(),
-                    prefix: m.topic_prefix.clone(),
-                    node_id: config.node_id.clone(),
-                },
-                staged: staged_news.clone(),
-            };
-            let (tx, rx) = tokio::sync::mpsc::channel(16);
-            model_jobs = Some(tx);
-            tracker.spawn(syncer.run(rx, shutdown.clone()));
-        }
-        // The user whose ACL a downlink entry names, as `[auth]` is now.
-        let auth_of = ctx.clone();
-        let rules_of: downlink::RulesOf =
-            Arc::new(move |user: &str| auth_of.auth.load().rules_of_user(user, downlink::CLIENT_ID));
-        let down = downlink::DownCore::new(downlink::Governance::new(&config.downlink), rules_of, down_mark);
-        // A spool is opened whenever [uplink] is configured (above).
+        start_sys(&config, &broker, &m.broker, &m.front, &connector, &tasks);
+        let model_jobs = start_models(&config, follows.clone(), m.models, &connector, staged_news, &tasks)?;
         if let (Some(uplink), Some(spool)) = (&config.uplink, &spool) {
+            // The user whose ACL a downlink entry names, as `[auth]` is now.
+            let auth_of = ctx.clone();
+            let rules_of: downlink::RulesOf =
+                Arc::new(move |user: &str| auth_of.auth.load().rules_of_user(user, downlink::CLIENT_ID));
+            let down = downlink::DownCore::new(downlink::Governance::new(&config.downlink), rules_of, down_mark);
             let task = uplink::Uplink {
                 client: uplink::quic::client_config(uplink)?,
                 config: uplink.clone(),
                 spool: spool.clone(),
-                metrics: uplink_metrics,
+                metrics: m.uplink,
                 link: link.clone(),
-                models: follows.clone(),
-                model_jobs: model_jobs.clone(),
+                models: follows,
+                model_jobs,
                 tco: config.tco.as_ref().map(|t| (tco_snapshot.clone(), t.interval.0)),
                 spool_path: Some(config.spool.path.clone()),
-                sink_fit: sink_fit.clone(),
+                sink_fit,
                 tracer: tracer.clone(),
                 broker: broker.clone(),
                 // Avro and Protobuf payloads go column-wise by the version they were validated
                 // against, while it is the one staged.
-                shapes: schemas.clone().map(|v| v as Arc<dyn shared::proto::columns::Shapes + Send + Sync>),
+                shapes: schemas.map(|v| v as Arc<dyn shared::proto::columns::Shapes + Send + Sync>),
             };
-            tracker.spawn(task.run(down, shutdown.clone()));
+            tasks.tracker.spawn(task.run(down, tasks.shutdown.clone()));
         }
         if let Some(tco) = &config.tco {
-            let task = tco::run(tco.clone(), classes.clone(), link, tco_metrics, tco_latest, shutdown.clone());
-            tracker.spawn(task);
+            let task = tco::run(tco.clone(), classes, link, m.tco, tco_latest, tasks.shutdown.clone());
+            tasks.tracker.spawn(task);
         }
         Ok(Node { config, mqtt_addrs, http_addr, listeners, ctx, metrics, spool, store })
     }
@@ -556,6 +282,294 @@ impl Node {
         let tracer = self.ctx.tracer.clone();
         let _ = tokio::task::spawn_blocking(move || tracer.shutdown()).await;
     }
+}
+
+/// Every subsystem's metrics, registered whether or not the subsystem runs, so a scrape always
+/// names the same metrics.
+struct NodeMetrics {
+    front: FrontMetrics,
+    broker: BrokerMetrics,
+    probe: ProbeMetrics,
+    spool: Arc<WriterMetrics>,
+    uplink: UplinkMetrics,
+    tco: TcoMetrics,
+    models: ModelMetrics,
+    schemas: schema::SchemaMetrics,
+    trace: Arc<shared::trace::TraceCounts>,
+}
+
+impl NodeMetrics {
+    fn register(config: &EdgeConfig) -> (Self, Arc<Metrics>) {
+        let mut root = metrics::registry();
+        let registry = metrics::subsystems(&mut root);
+        let m = Self {
+            front: FrontMetrics::new(registry),
+            broker: BrokerMetrics::new(registry),
+            probe: ProbeMetrics::new(registry),
+            spool: Arc::new(WriterMetrics::new(registry)),
+            uplink: UplinkMetrics::new(registry),
+            tco: TcoMetrics::new(registry),
+            models: ModelMetrics::new(registry),
+            schemas: schema::SchemaMetrics::new(registry),
+            trace: Arc::new(shared::trace::TraceCounts::default()),
+        };
+        m.trace.register(registry);
+        m.spool.budget.set(i64::try_from(config.spool.budget.bytes()).unwrap_or(i64::MAX));
+        (m, Arc::new(Metrics::new(root)))
+    }
+}
+
+/// Where the node's tasks run, and what stops them.
+struct Tasks {
+    tracker: TaskTracker,
+    shutdown: CancellationToken,
+}
+
+/// The session store as opened: where, and when (its log line says how long the restore took).
+struct StoreOpened {
+    path: std::path::PathBuf,
+    at: std::time::Instant,
+}
+
+fn open_session_store(
+    config: &EdgeConfig,
+    metrics: BrokerMetrics,
+) -> Result<(broker::store::SessionStore, broker::core::StoredState, StoreOpened), StartError> {
+    let path = config.broker.session_store.clone().unwrap_or_else(|| config.spool.path.with_file_name("sessions.db"));
+    let at = std::time::Instant::now();
+    let (store, state) = broker::store::SessionStore::open(&path, metrics)?;
+    Ok((store, state, StoreOpened { path, at }))
+}
+
+/// The spool, unless no class routes to the cloud and there is no uplink: nothing would ever be
+/// spooled or sent. With an uplink it is opened even without classes: the uplink session is
+/// also how models and downlink messages come.
+fn start_spool(
+    config: &EdgeConfig,
+    classes: &route::Classes,
+    state: &broker::core::StoredState,
+    options: NodeOptions,
+    metrics: Arc<WriterMetrics>,
+) -> Result<Option<spool::SpoolWriter>, StartError> {
+    if classes.is_empty() && config.uplink.is_none() {
+        return Ok(None);
+    }
+    // The QoS 2 receipts the session store holds: the spool forgets any other before it takes
+    // a message (a release whose forgetting a crash cut short).
+    let receipts: std::collections::BTreeSet<u64> =
+        state.received.iter().map(|&(.., r)| r).filter(|r| *r != 0).collect();
+    let quotas = config.classes.iter().filter_map(|c| Some((c.name.clone(), c.quota?.bytes())));
+    Ok(Some(spool::start(&config.spool, quotas, &receipts, options.spool_faults, metrics)?))
+}
+
+/// Schema bindings check publishes against the versions staged under `[models]` (the config
+/// check refuses bindings without it); the validator rereads them as they are staged.
+fn start_schemas(
+    config: &EdgeConfig,
+    metrics: schema::SchemaMetrics,
+    staged: &Arc<tokio::sync::Notify>,
+    tasks: &Tasks,
+) -> Option<Arc<schema::Validator>> {
+    let validator = Arc::new(schema::Validator::new(&config.schemas, &config.models.as_ref()?.dir, metrics));
+    tasks.tracker.spawn(validator.clone().run(staged.clone(), tasks.shutdown.clone()));
+    Some(validator)
+}
+
+/// The models to follow: the configured ones and each bound subject's versions.
+fn follows(config: &EdgeConfig, schemas: Option<&schema::Validator>) -> Vec<String> {
+    let Some(m) = &config.models else { return Vec::new() };
+    let subjects = schemas.iter().flat_map(|v| v.subjects()).map(|s| shared::schema::model_name(&s));
+    m.follow.iter().cloned().chain(subjects).collect()
+}
+
+/// What the broker core is built with besides its config.
+struct Parts {
+    classes: Arc<route::Classes>,
+    sink_fit: Option<Arc<spool::SinkFit>>,
+    schemas: Option<Arc<schema::Validator>>,
+}
+
+/// The broker core, with the sessions stored before a restart, under today's ACL.
+fn broker_core(
+    config: &EdgeConfig,
+    auth: &AuthState,
+    parts: Parts,
+    state: broker::core::StoredState,
+    metrics: BrokerMetrics,
+    opened: StoreOpened,
+) -> broker::core::Broker {
+    // The probe's topic is the node's own.
+    let internal_topics = if config.probe.enabled { vec![config.probe.topic.clone()] } else { Vec::new() };
+    // The node's namespace (docs/ARCHITECTURE.md): `_edge/`, the probe's topic wherever it is,
+    // and the model announcements, which tell local apps which file to load and so are the
+    // node's word alone.
+    let mut reserved_topics =
+        vec![broker::core::RESERVED_TOPICS.to_owned(), config.probe.topic.clone(), "$SYS/#".to_owned()];
+    if let Some(m) = &config.models {
+        reserved_topics.push(format!("{}/#", m.topic_prefix));
+    }
+    let limits = config.broker.limits(internal_topics, reserved_topics);
+    let mut core = broker::core::Broker::new(limits, parts.classes, metrics, broker::core::WallClock::read());
+    if let Some(fit) = parts.sink_fit {
+        core = core.with_sink_limits(fit);
+    }
+    if let Some(v) = parts.schemas {
+        core = core.with_schemas(v);
+    }
+    let (sessions, queued, retained) = (state.sessions.len(), state.deliveries.len(), state.retained.len());
+    core.restore(state, std::time::Instant::now());
+    // The stored sessions come back under today's ACL, not the one they were queued under.
+    core.reload_rules(&|owner, client_id| front::rules_of_owner(auth, owner, client_id), std::time::Instant::now());
+    tracing::info!(
+        path = %opened.path.display(),
+        sessions,
+        queued,
+        retained,
+        took = ?opened.at.elapsed(),
+        "session store open"
+    );
+    core
+}
+
+/// What every client connection shares.
+fn front_context(
+    config: &EdgeConfig,
+    auth: AuthState,
+    metrics: FrontMetrics,
+    broker: Arc<BrokerHandle>,
+    schemas: Option<Arc<schema::Validator>>,
+    tracer: &shared::trace::Tracer,
+    tasks: &Tasks,
+) -> Result<Arc<FrontContext>, StartError> {
+    let b = &config.broker;
+    Ok(Arc::new(FrontContext {
+        max_packet_size: b.max_packet_size.as_usize(),
+        max_connect_size: b.max_connect_size.as_usize().min(b.max_packet_size.as_usize()),
+        connect_timeout: b.connect_timeout.0,
+        slow_client_timeout: b.slow_client_timeout.0,
+        auth: ArcSwap::from_pointee(auth),
+        auth_generation: AtomicU64::new(0),
+        metrics,
+        log: shared::log_budget::LogBudget::new(config.log.peer_lines_per_second, std::time::Instant::now()),
+        permits: Arc::new(Semaphore::new(b.max_connections)),
+        pending: Arc::new(Semaphore::new(b.max_pending_connections)),
+        logins: LoginPool::start(
+            config.auth.max_concurrent_logins,
+            b.max_pending_connections,
+            config.auth.login_wait.0,
+        )
+        .map_err(StartError::LoginThreads)?,
+        broker,
+        shutdown: tasks.shutdown.clone(),
+        tracker: tasks.tracker.clone(),
+        tracer: tracer.clone(),
+        schemas: schemas.filter(|v| !v.is_empty()),
+    }))
+}
+
+/// Starts each bound listener's accept loop; the listeners, and their addresses by name, in
+/// config order.
+type Served = (Vec<Arc<Listener>>, Vec<(String, SocketAddr)>);
+fn serve_listeners(bound: Vec<(Arc<Listener>, TcpListener)>, ctx: &Arc<FrontContext>) -> Result<Served, StartError> {
+    let (mut listeners, mut addrs) = (Vec::new(), Vec::new());
+    for (listener, socket) in bound {
+        let addr = socket.local_addr().map_err(|source| front::BindError::Bind {
+            name: listener.name.clone(),
+            addr: SocketAddr::from(([0, 0, 0, 0], 0)),
+            source,
+        })?;
+        tracing::info!(listener = %listener.name, %addr, tls = listener.tls.is_some(), "MQTT listener ready");
+        addrs.push((listener.name.clone(), addr));
+        ctx.tracker.spawn(front::accept_loop(socket, listener.clone(), ctx.clone()));
+        listeners.push(listener);
+    }
+    Ok((listeners, addrs))
+}
+
+/// Serves `/metrics`, `/healthz`, `/readyz` and `/tco` on `socket`; its address.
+fn serve_http(
+    socket: TcpListener,
+    checks: health::Checks,
+    metrics: Arc<Metrics>,
+    snapshot: tokio::sync::watch::Receiver<Snapshot>,
+    tasks: &Tasks,
+) -> Option<SocketAddr> {
+    let addr = socket.local_addr().ok();
+    let checks = Arc::new(checks);
+    let ready = checks.clone();
+    let endpoints = Endpoints {
+        metrics,
+        alive: Arc::new(move || {
+            let r = checks.alive();
+            (r.ok(), r.json())
+        }),
+        ready: Arc::new(move || {
+            let r = ready.ready();
+            (r.ok(), r.json())
+        }),
+        tco: Arc::new(move || {
+            let snapshot = snapshot.borrow();
+            (!snapshot.classes.is_empty()).then(|| serde_json::to_string_pretty(&*snapshot).unwrap_or_default())
+        }),
+    };
+    tasks.tracker.spawn(metrics::serve(socket, endpoints, tasks.shutdown.clone()));
+    tracing::info!(addr = ?addr, "metrics endpoint ready");
+    addr
+}
+
+/// The `$SYS` topics, every `broker.sys_interval` (none when it is zero).
+fn start_sys(
+    config: &EdgeConfig,
+    broker: &Arc<BrokerHandle>,
+    counts: &BrokerMetrics,
+    front: &FrontMetrics,
+    connector: &Connector,
+    tasks: &Tasks,
+) {
+    if config.broker.sys_interval.0.is_zero() {
+        return;
+    }
+    let (handle, counts, front) = (broker.clone(), counts.clone(), front.clone());
+    let stats = move || {
+        let (((connected, total), subscriptions, retained), _) =
+            handle.with(|b| (b.client_counts(), b.subscription_count(), b.retained_count()));
+        sys::Stats {
+            clients_connected: connected as u64,
+            clients_total: total as u64,
+            subscriptions: subscriptions as u64,
+            retained: retained as u64,
+            messages_received: counts.received.get(),
+            messages_sent: counts.publish_out.get(),
+            bytes_received: front.bytes_in.get(),
+            bytes_sent: front.bytes_out.get(),
+        }
+    };
+    let client_id = format!("{}sys-{}", broker::core::INTERNAL_CLIENT_ID_PREFIX, config.node_id);
+    let task = sys::run(connector.clone(), config.broker.sys_interval.0, client_id, stats, tasks.shutdown.clone());
+    tasks.tracker.spawn(task);
+}
+
+/// The model syncer under `[models]`: it announces every model held at start (the retained
+/// announcement may be older than the model directory, or gone with a lost session store),
+/// then stages what the bridge announces; the uplink hands it jobs.
+fn start_models(
+    config: &EdgeConfig,
+    follows: Vec<String>,
+    metrics: ModelMetrics,
+    connector: &Connector,
+    staged: Arc<tokio::sync::Notify>,
+    tasks: &Tasks,
+) -> Result<Option<tokio::sync::mpsc::Sender<models::sync::ModelJob>>, StartError> {
+    let Some(m) = &config.models else { return Ok(None) };
+    let announcer = models::announce::Announcer {
+        connector: connector.clone(),
+        prefix: m.topic_prefix.clone(),
+        node_id: config.node_id.clone(),
+    };
+    let syncer = models::sync::Syncer::open(m, follows, metrics, announcer, staged)?;
+    let (tx, rx) = tokio::sync::mpsc::channel(16);
+    tasks.tracker.spawn(syncer.run(rx, tasks.shutdown.clone()));
+    Ok(Some(tx))
 }
 
 /// Runs a node until `shutdown` is cancelled.

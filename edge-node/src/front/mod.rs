@@ -8,6 +8,7 @@
 //! each PUBLISH and SUBSCRIBE and every MQTT rule are the core's (`broker::core`). See
 //! docs/ARCHITECTURE.md for where it sits.
 
+mod bind;
 mod config;
 mod conn;
 mod connect;
@@ -32,6 +33,7 @@ use crate::auth::{AuthState, Identity, LoginPool};
 use crate::broker::driver::BrokerHandle;
 use crate::labels::RefusedLabels;
 
+pub use bind::{BindError, bind};
 pub use config::{ListenerConfig, check_listeners, default_listeners};
 pub use connect::rules_of_owner;
 pub use metrics::FrontMetrics;

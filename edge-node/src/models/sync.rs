@@ -160,7 +160,40 @@ pub struct Syncer {
     pub staged: std::sync::Arc<tokio::sync::Notify>,
 }
 
+/// Why the models could not be opened at start: the key file, or the model directory.
+#[derive(Debug, thiserror::Error)]
+#[error("models {}: {reason}", path.display())]
+pub struct OpenError {
+    pub path: std::path::PathBuf,
+    pub reason: String,
+}
+
 impl Syncer {
+    /// The syncer of `[models]` (`config`): its public key read, its directory and chunk cache
+    /// opened, following `follows`.
+    pub fn open(
+        config: &super::ModelsConfig,
+        follows: Vec<String>,
+        metrics: ModelMetrics,
+        announcer: Announcer,
+        staged: std::sync::Arc<tokio::sync::Notify>,
+    ) -> Result<Self, OpenError> {
+        let key = std::fs::read(&config.public_key)
+            .map_err(|e| OpenError { path: config.public_key.clone(), reason: e.to_string() })?;
+        let bad_dir = |e: StageError| OpenError { path: config.dir.clone(), reason: e.to_string() };
+        let models = Models::open(&config.dir, key, config.keep).map_err(bad_dir)?;
+        Ok(Self {
+            cache: models.cache().map_err(bad_dir)?,
+            models,
+            follows,
+            parallel: config.parallel,
+            cache_budget: config.cache_budget.bytes(),
+            metrics,
+            announcer,
+            staged,
+        })
+    }
+
     /// Announces every model held, then runs jobs and watches `current` links until
     /// `shutdown`.
     pub async fn run(self, mut jobs: mpsc::Receiver<ModelJob>, shutdown: CancellationToken) {

@@ -97,6 +97,7 @@ mod schema;
 mod seqs;
 mod sink;
 mod sqlite;
+mod start;
 mod writer;
 
 use std::collections::BTreeMap;
@@ -108,6 +109,7 @@ pub use config::SpoolConfig;
 pub use integrity::CheckState;
 pub use sink::{Misfit, SinkFit};
 pub use sqlite::SqliteStorage;
+pub use start::{StartError, start};
 pub use writer::{AppendError, Heads, ReadError, SpoolFigures, SpoolWriter, WriterMetrics};
 
 /// A priority lane. Lower numbers drain first.
