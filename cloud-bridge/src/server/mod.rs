@@ -15,8 +15,8 @@ use std::time::{Duration, Instant};
 use quinn::crypto::rustls::QuicServerConfig;
 use rustls::server::WebPkiClientVerifier;
 use rustls_pki_types::CertificateDer;
-use shared::proto::ALPN;
 use shared::proto::io::FrameIoError;
+use shared::proto::{ALPN, close};
 use tokio_util::sync::CancellationToken;
 
 use crate::fleet::{Presence, Recorder};
@@ -293,7 +293,7 @@ pub async fn accept_loop<S: Sink>(
             };
             let Some(cert) = peer_cert(&conn) else {
                 refuse(&metrics, "no_identity");
-                conn.close(1u32.into(), b"no client certificate");
+                conn.close(close::NO_IDENTITY.into(), b"no client certificate");
                 return;
             };
             let Some(edge) = shared::tls::certificate_identity(&cert) else {
@@ -301,7 +301,7 @@ pub async fn accept_loop<S: Sink>(
                 if let Some(held_back) = log.allow() {
                     tracing::warn!(%remote, held_back, "edge certificate names no edge (no DNS name, no CN)");
                 }
-                conn.close(1u32.into(), b"certificate names no edge");
+                conn.close(close::NO_IDENTITY.into(), b"certificate names no edge");
                 return;
             };
             // Before the deny list: a denied certificate that keeps calling cools its address
@@ -311,7 +311,7 @@ pub async fn accept_loop<S: Sink>(
                 if let Some(held_back) = log.allow() {
                     tracing::warn!(%remote, edge, held_back, "edge refused: its certificate starts sessions faster than limits.edge_handshakes_per_minute");
                 }
-                conn.close(CLOSE_TOO_OFTEN.into(), b"too many sessions started with this certificate");
+                conn.close(close::TOO_OFTEN.into(), b"too many sessions started with this certificate");
                 return;
             }
             let serial = shared::tls::certificate_serial(&cert).unwrap_or_default();
@@ -320,7 +320,7 @@ pub async fn accept_loop<S: Sink>(
                 if let Some(held_back) = log.allow() {
                     tracing::warn!(%remote, edge, serial, held_back, "edge certificate is on the deny list");
                 }
-                conn.close(2u32.into(), b"certificate denied");
+                conn.close(close::DENIED.into(), b"certificate denied");
                 return;
             }
             // TLS checks the validity only at the handshake (and there is no resumption to
@@ -333,22 +333,10 @@ pub async fn accept_loop<S: Sink>(
         });
     }
     metrics.accepting.store(false, std::sync::atomic::Ordering::Relaxed);
-    endpoint.close(0u32.into(), b"bridge shutting down");
+    endpoint.close(close::DONE.into(), b"bridge shutting down");
     // The socket is released once every connection is gone.
     endpoint.wait_idle().await;
 }
-
-/// QUIC close code of a session replaced by a newer connection of the same edge (1 and 2 are
-/// the refusals above); the edge backs off as after a refusal.
-const CLOSE_REPLACED: u32 = 3;
-
-/// QUIC close code of a certificate that starts sessions faster than its rate: the code of a
-/// replaced session, which every edge version already waits out at its `backoff_max`.
-const CLOSE_TOO_OFTEN: u32 = CLOSE_REPLACED;
-
-/// QUIC close code of a session whose certificate a reload put on the deny list: the refusal
-/// a new handshake with it gets.
-const CLOSE_DENIED: u32 = 2;
 
 /// Waits until `expires` (forever without one; at once if it passed).
 async fn until_expiry(expires: Option<std::time::SystemTime>) {
@@ -417,9 +405,9 @@ async fn serve_edge<S: Sink>(
         }
     }
     let code = match end {
-        SessionEnd::Replaced => CLOSE_REPLACED,
-        SessionEnd::Denied | SessionEnd::Expired => CLOSE_DENIED,
-        _ => 0,
+        SessionEnd::Replaced => close::REPLACED,
+        SessionEnd::Denied | SessionEnd::Expired => close::DENIED,
+        _ => close::DONE,
     };
     conn.close(code.into(), end.to_string().as_bytes());
 }

@@ -32,6 +32,7 @@
 pub mod backoff;
 pub mod batch_frame;
 pub mod bound;
+pub mod close;
 pub mod cloud;
 pub mod codec;
 pub mod columns;

@@ -4,6 +4,7 @@ use bytes::{Bytes, BytesMut};
 use rumqttd::protocol::{self as rp, Packet, Protocol, v4::V4, v5::V5};
 
 use super::PublishProps;
+use super::acks::{puback_code, pubrec_code};
 use super::publish::{self, PublishPacket};
 use super::{DecodeError, QoS, Version, body_start, read_u16, read_varint};
 
@@ -311,36 +312,6 @@ fn ack(frame: &Bytes, kind: u8, version: Version) -> Result<Inbound, DecodeError
         return Err(DecodeError::Malformed("acknowledgement of packet id 0"));
     }
     Ok(inbound)
-}
-
-fn puback_code(r: rp::PubAckReason) -> u8 {
-    use rp::PubAckReason::*;
-    match r {
-        Success => 0x00,
-        NoMatchingSubscribers => 0x10,
-        UnspecifiedError => 0x80,
-        ImplementationSpecificError => 0x83,
-        NotAuthorized => 0x87,
-        TopicNameInvalid => 0x90,
-        PacketIdentifierInUse => 0x91,
-        QuotaExceeded => 0x97,
-        PayloadFormatInvalid => 0x99,
-    }
-}
-
-fn pubrec_code(r: rp::PubRecReason) -> u8 {
-    use rp::PubRecReason::*;
-    match r {
-        Success => 0x00,
-        NoMatchingSubscribers => 0x10,
-        UnspecifiedError => 0x80,
-        ImplementationSpecificError => 0x83,
-        NotAuthorized => 0x87,
-        TopicNameInvalid => 0x90,
-        PacketIdentifierInUse => 0x91,
-        QuotaExceeded => 0x97,
-        PayloadFormatInvalid => 0x99,
-    }
 }
 
 fn subscribe(frame: Bytes, version: Version) -> Result<Inbound, DecodeError> {

@@ -16,6 +16,7 @@
 //! Every decoder takes a whole frame whose length [`frame_len`] checked against the size limit
 //! before its body was buffered.
 
+mod acks;
 mod inbound;
 mod outbound;
 mod props;

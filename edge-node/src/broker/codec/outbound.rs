@@ -5,6 +5,7 @@ use std::sync::Arc;
 use bytes::BytesMut;
 use rumqttd::protocol::{self as rp, Packet, Protocol, v4::V4, v5::V5};
 
+use super::acks::{puback_reason, pubrec_reason};
 use super::publish::{self, Outgoing};
 use super::{QoS, Version, reason};
 use crate::broker::message::Message;
@@ -185,57 +186,27 @@ fn unsuback_code(code: u8) -> rp::UnsubAckReason {
     }
 }
 
-fn puback_reason(code: u8) -> rp::PubAckReason {
-    use rp::PubAckReason::*;
-    match code {
-        0x00 => Success,
-        0x10 => NoMatchingSubscribers,
-        0x83 => ImplementationSpecificError,
-        0x87 => NotAuthorized,
-        0x90 => TopicNameInvalid,
-        0x91 => PacketIdentifierInUse,
-        0x97 => QuotaExceeded,
-        0x99 => PayloadFormatInvalid,
-        _ => UnspecifiedError,
-    }
-}
-
-fn pubrec_reason(code: u8) -> rp::PubRecReason {
-    use rp::PubRecReason::*;
-    match code {
-        0x00 => Success,
-        0x10 => NoMatchingSubscribers,
-        0x83 => ImplementationSpecificError,
-        0x87 => NotAuthorized,
-        0x90 => TopicNameInvalid,
-        0x91 => PacketIdentifierInUse,
-        0x97 => QuotaExceeded,
-        0x99 => PayloadFormatInvalid,
-        _ => UnspecifiedError,
-    }
-}
-
 fn disconnect_reason(code: u8) -> rp::DisconnectReasonCode {
     use rp::DisconnectReasonCode::*;
     match code {
-        0x00 => NormalDisconnection,
-        0x81 => MalformedPacket,
-        0x82 => ProtocolError,
-        0x83 => ImplementationSpecificError,
-        0x87 => NotAuthorized,
-        0x89 => ServerBusy,
-        0x8B => ServerShuttingDown,
-        0x8D => KeepAliveTimeout,
-        0x8E => SessionTakenOver,
-        0x8F => TopicFilterInvalid,
-        0x90 => TopicNameInvalid,
-        0x93 => ReceiveMaximumExceeded,
-        0x94 => TopicAliasInvalid,
-        0x95 => PacketTooLarge,
-        0x97 => QuotaExceeded,
-        0x98 => AdministrativeAction,
-        0x99 => PayloadFormatInvalid,
-        0x9E => SharedSubscriptionNotSupported,
+        reason::SUCCESS => NormalDisconnection,
+        reason::MALFORMED => MalformedPacket,
+        reason::PROTOCOL_ERROR => ProtocolError,
+        reason::IMPLEMENTATION_SPECIFIC => ImplementationSpecificError,
+        reason::NOT_AUTHORIZED => NotAuthorized,
+        reason::SERVER_BUSY => ServerBusy,
+        reason::SERVER_SHUTTING_DOWN => ServerShuttingDown,
+        reason::KEEP_ALIVE_TIMEOUT => KeepAliveTimeout,
+        reason::SESSION_TAKEN_OVER => SessionTakenOver,
+        reason::TOPIC_FILTER_INVALID => TopicFilterInvalid,
+        reason::TOPIC_NAME_INVALID => TopicNameInvalid,
+        reason::RECEIVE_MAXIMUM_EXCEEDED => ReceiveMaximumExceeded,
+        reason::TOPIC_ALIAS_INVALID => TopicAliasInvalid,
+        reason::PACKET_TOO_LARGE => PacketTooLarge,
+        reason::QUOTA_EXCEEDED => QuotaExceeded,
+        reason::ADMINISTRATIVE_ACTION => AdministrativeAction,
+        reason::PAYLOAD_FORMAT_INVALID => PayloadFormatInvalid,
+        reason::SHARED_SUBSCRIPTIONS_NOT_SUPPORTED => SharedSubscriptionNotSupported,
         _ => UnspecifiedError,
     }
 }

@@ -49,10 +49,11 @@ impl EndKind {
     /// What an established connection that ended with `e` means.
     pub fn of_connection(e: &quinn::ConnectionError) -> Self {
         match e {
-            // The bridge's refusal codes (cloud-bridge `server.rs`): 1 no usable identity, 2 a
-            // denied certificate, 3 replaced by a newer connection with this certificate (two
-            // gateways sharing one would otherwise take turns as fast as they can connect).
-            quinn::ConnectionError::ApplicationClosed(close) if matches!(u64::from(close.error_code), 1..=3) => {
+            // The bridge's refusals: no usable identity, a denied certificate, replaced by a
+            // newer connection with this certificate.
+            quinn::ConnectionError::ApplicationClosed(close)
+                if shared::proto::close::is_refusal(u64::from(close.error_code)) =>
+            {
                 EndKind::Refused
             }
             _ => EndKind::Failed,
