@@ -187,7 +187,7 @@ mod tests {
 
     #[test]
     fn the_checker_sees_grouped_and_inline_paths_not_comments_or_literals_and_cycles() {
-        let text = "use crate::{a::X, b, c::{d, e}};\nfn f() { crate::f::g(); }\n/// See [`crate::h::I`].\nuse foo_crate::z;\nconst S: &str = \"crate::i::J\";\nconst R: &str = r#\"crate::k \"q\" \"#;\nfn l<'a>(x: &'a str) -> char { '\"' }\nuse crate::m;";
+        let text = "use crate::{a::X, b, c::{d, e}};\nfn f() { crate::f::g(); }\n/// See [`crate::h::I`].\nuse foo_crate::z;\nconst S: &str = \"crate::i::J\";\nconst R: &str = r#\"crate::k \"q\" \"#;\nfn l<'a>(x: &'a str) -> char { '\"' }\nuse crate::m;\ncrate::metrics! { }";
         assert_eq!(crate_paths(&code_only(text)), ["a", "b", "c", "f", "m"]);
         let graph: BTreeMap<String, BTreeSet<String>> = [
             ("a".to_owned(), BTreeSet::from(["b".to_owned()])),

@@ -35,7 +35,8 @@ pub(super) fn crate_paths(text: &str) -> Vec<String> {
                 item.push(c);
             }
             out.push(first_segment(&item));
-        } else {
+        } else if !rest.trim_start().trim_start_matches(is_ident).starts_with('!') {
+            // `crate::name!` is a macro the crate exports at its root, not a module's item.
             out.push(first_segment(rest));
         }
     }
