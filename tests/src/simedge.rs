@@ -227,7 +227,7 @@ impl SimEdge {
         while !stop.is_cancelled() {
             let welcomes = edge.session.welcomes();
             edge.session.set_dicts(edge.packer.dicts.ids());
-            let attempt = dialer.attempt();
+            let attempt = dialer.poll_attempt();
             let addr = match attempt.pinned {
                 Some(addr) => addr,
                 None => attempt.server.parse().expect("servers are addresses"),
@@ -260,14 +260,15 @@ impl SimEdge {
                     stats.failures.fetch_add(1, Ordering::Relaxed);
                 }
             }
-            let Next::Wait { wait, probe_for } = dialer.ended(kind, welcomed, rand::thread_rng().gen_range(0.0..1.0))
+            let Next::Wait { wait, probe_for } =
+                dialer.handle_end(kind, welcomed, rand::thread_rng().gen_range(0.0..1.0))
             else {
                 continue;
             };
             tokio::select! {
                 answered = prober.wait(dialer.servers(), wait, probe_for) => {
                     if let Some(t) = answered {
-                        dialer.answered(&t.server, t.addr);
+                        dialer.handle_answer(&t.server, t.addr);
                         tokio::time::sleep(prober.jitter()).await;
                     }
                 }
@@ -284,7 +285,7 @@ impl SimEdge {
             .map_err(|e| End::Ended(EndKind::Failed, e.to_string()))?;
         match tokio::time::timeout(shared::proto::HANDSHAKE_TIMEOUT, connecting).await {
             Err(_) => Err(End::Ended(EndKind::Failed, "handshake timed out".into())),
-            Ok(Err(e)) => Err(End::Ended(EndKind::of_handshake(&e), e.to_string())),
+            Ok(Err(e)) => Err(End::Ended(edge_node::uplink::quic::end_of_handshake(&e), e.to_string())),
             Ok(Ok(conn)) => Ok(conn),
         }
     }
@@ -301,7 +302,7 @@ impl SimEdge {
             Err(e) => {
                 let kind = match (e.downcast_ref::<SessionError>(), e.downcast_ref::<quinn::ConnectionError>()) {
                     (Some(SessionError::Refused(_)), _) => EndKind::Refused,
-                    (_, Some(c)) => EndKind::of_connection(c),
+                    (_, Some(c)) => edge_node::uplink::quic::end_of_connection(c),
                     _ => EndKind::Failed,
                 };
                 End::Ended(kind, e.to_string())
@@ -413,10 +414,10 @@ impl SimEdge {
     ) -> anyhow::Result<()> {
         let mut writer = PassWriter::new(edge.session.version());
         policy.begin();
-        while let Some(read) = policy.next(&edge.session, Instant::now()) {
+        while let Some(read) = policy.poll_read(&edge.session, Instant::now()) {
             let records = edge.spool.read(read);
             if records.is_empty() {
-                policy.nothing_after(read.lane, read.after);
+                policy.handle_empty_read(read.lane, read.after);
                 continue;
             }
             let packed = edge.packer.pack(&mut edge.session, read, records, Instant::now()).await?;

@@ -171,8 +171,8 @@ impl ConnEnd {
     fn kind(&self) -> EndKind {
         match self {
             ConnEnd::Session(SessionError::Refused(_)) => EndKind::Refused,
-            ConnEnd::Connection(e) => EndKind::of_connection(e),
-            ConnEnd::Handshake(e) => EndKind::of_handshake(e),
+            ConnEnd::Connection(e) => quic::end_of_connection(e),
+            ConnEnd::Handshake(e) => quic::end_of_handshake(e),
             _ => EndKind::Failed,
         }
     }
@@ -303,7 +303,7 @@ impl Uplink {
             let session = &mut source.session;
             session.set_dicts(packer.dicts.ids());
             let welcomed = session.welcomes();
-            let attempt = dialer.attempt();
+            let attempt = dialer.poll_attempt();
             let server = attempt.server.clone();
             let end = match self.connect(&endpoint, &attempt).await {
                 Ok(conn) => {
@@ -342,11 +342,11 @@ impl Uplink {
                             tracing::error!(path = %path.display(), error = %e, "a sent recovered spool cannot be deleted");
                         }
                     }
-                    dialer.switched();
+                    dialer.handle_switch();
                     continue;
                 }
                 ConnEnd::Recover => {
-                    dialer.switched();
+                    dialer.handle_switch();
                     continue;
                 }
                 // The cloud will not take this epoch (retired there): set apart, or it would hold
@@ -386,7 +386,7 @@ impl Uplink {
                 }
                 EndKind::Failed => {}
             }
-            let next = dialer.ended(kind, welcomed, rand::thread_rng().gen_range(0.0..1.0));
+            let next = dialer.handle_end(kind, welcomed, rand::thread_rng().gen_range(0.0..1.0));
             if kind == EndKind::Failed {
                 let retry_in = match next {
                     Next::Now => Duration::ZERO,
@@ -400,7 +400,7 @@ impl Uplink {
                 _ = shutdown.cancelled() => return,
             };
             if let Some(answered) = resumed {
-                dialer.answered(&answered.server, answered.addr);
+                dialer.handle_answer(&answered.server, answered.addr);
                 tracing::info!(server = answered.server, addr = %answered.addr, "bridge answered a probe; reconnecting");
                 tokio::select! {
                     _ = tokio::time::sleep(prober.jitter()) => {}
@@ -498,10 +498,10 @@ impl Uplink {
             self.carry_out(&mut core, session, &mut io).await?;
             let mut writer = PassWriter::new(session.version());
             core.begin_pass();
-            while let Some(read) = core.next_read(session, Instant::now()) {
+            while let Some(read) = core.poll_read(session, Instant::now()) {
                 let records = io.spool.read(Lane(read.lane), Seq(read.after), read.max).await?;
                 if records.is_empty() {
-                    core.nothing_after(read.lane, read.after);
+                    core.handle_empty_read(read.lane, read.after);
                     continue;
                 }
                 io.traced.reading(&records);
@@ -511,7 +511,7 @@ impl Uplink {
                 let batch = &packed.batch;
                 let frame = writer.batch(conn, batch, core.is_full(packed.records)).await?;
                 self.metrics.frame_bytes.inc_by(frame as u64);
-                core.sent(session, read.lane, batch.first_seq, batch.last_seq, Instant::now())?;
+                core.handle_sent(session, read.lane, batch.first_seq, batch.last_seq, Instant::now())?;
                 self.metrics.in_flight.set(session.in_flight() as i64);
             }
             writer.finish(conn).await?;

@@ -10,6 +10,7 @@ use shared::proto::ALPN;
 use shared::tls::TlsError;
 
 use super::UplinkConfig;
+use super::core::EndKind;
 
 #[derive(Debug, thiserror::Error)]
 pub enum UplinkSetupError {
@@ -131,5 +132,74 @@ impl PassWriter {
             stream.finish()?;
         }
         Ok(())
+    }
+}
+
+/// What a handshake that failed with `e` means for the next attempt.
+pub fn end_of_handshake(e: &quinn::ConnectionError) -> EndKind {
+    match e {
+        quinn::ConnectionError::ConnectionClosed(close)
+            if close.error_code == quinn::TransportErrorCode::CONNECTION_REFUSED =>
+        {
+            EndKind::Busy
+        }
+        // A TLS alert in the handshake: the bridge did not accept our certificate. Other
+        // closes in the handshake (a bridge giving up one that took too long in a storm) are
+        // failures, not refusals that wait out backoff_max.
+        quinn::ConnectionError::ConnectionClosed(close) if shared::proto::is_tls_alert(close.error_code.into()) => {
+            EndKind::Refused
+        }
+        _ => EndKind::Failed,
+    }
+}
+
+/// What an established connection that ended with `e` means for the next attempt.
+pub fn end_of_connection(e: &quinn::ConnectionError) -> EndKind {
+    match e {
+        // The bridge's refusals: no usable identity, a denied certificate, replaced by a newer
+        // connection with this certificate.
+        quinn::ConnectionError::ApplicationClosed(close)
+            if shared::proto::close::is_refusal(u64::from(close.error_code)) =>
+        {
+            EndKind::Refused
+        }
+        _ => EndKind::Failed,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_handshake_end_is_busy_only_before_tls_and_refused_only_on_a_tls_alert() {
+        let closed = |code| {
+            quinn::ConnectionError::ConnectionClosed(quinn::ConnectionClose {
+                error_code: code,
+                frame_type: None,
+                reason: Default::default(),
+            })
+        };
+        // bad_certificate (42) and certificate_revoked (44) as QUIC CRYPTO_ERRORs (RFC 9001 §4.8).
+        for alert in [42, 44] {
+            assert_eq!(end_of_handshake(&closed(quinn::TransportErrorCode::crypto(alert))), EndKind::Refused);
+        }
+        assert_eq!(end_of_handshake(&closed(quinn::TransportErrorCode::CONNECTION_REFUSED)), EndKind::Busy);
+        // A bridge that gave the handshake up, or any other close: retried on the short backoff.
+        for other in [quinn::TransportErrorCode::PROTOCOL_VIOLATION, quinn::TransportErrorCode::INTERNAL_ERROR] {
+            assert_eq!(end_of_handshake(&closed(other)), EndKind::Failed);
+        }
+        assert_eq!(end_of_handshake(&quinn::ConnectionError::TimedOut), EndKind::Failed);
+        let app = |code: u32| {
+            quinn::ConnectionError::ApplicationClosed(quinn::ApplicationClose {
+                error_code: code.into(),
+                reason: Default::default(),
+            })
+        };
+        for (code, kind) in [(0, EndKind::Failed), (1, EndKind::Refused), (2, EndKind::Refused), (3, EndKind::Refused)]
+        {
+            assert_eq!(end_of_connection(&app(code)), kind, "close code {code}");
+        }
+        assert_eq!(end_of_connection(&app(4)), EndKind::Failed);
     }
 }

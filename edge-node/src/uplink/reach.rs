@@ -1,9 +1,9 @@
 //! Which bridge the uplink connects to next, and, while the link is down, asking the bridges
 //! whether they are back.
 //!
-//! - [`Servers`]: the configured bridges in a ring, entered at a random place so a fleet
-//!   spreads over them; the uplink moves one step on whenever a connection ends, and stays
-//!   where a session works.
+//! - `core::dial::Servers`: the configured bridges in a ring, entered at a random place so a
+//!   fleet spreads over them; the uplink moves one step on whenever a connection ends, and
+//!   stays where a session works.
 //! - [`Prober`]: the reachability probe of `shared::proto::probe`, a datagram a bridge answers
 //!   without a handshake. Once a bridge has answered one (learnt while connected), an edge
 //!   that lost its link probes every `probe_interval` instead of spending 10 s handshakes into
@@ -23,48 +23,6 @@ use shared::proto::probe;
 use tokio::net::UdpSocket;
 use tokio::time::Instant;
 use tokio_util::task::AbortOnDropHandle;
-
-/// The configured bridges in the order they are tried.
-#[derive(Debug)]
-pub struct Servers {
-    list: Vec<String>,
-    next: usize,
-}
-
-impl Servers {
-    /// `list` entered at `start` (modulo its length).
-    pub fn new(list: Vec<String>, start: usize) -> Self {
-        let next = start % list.len().max(1);
-        Self { list, next }
-    }
-
-    pub fn current(&self) -> &str {
-        &self.list[self.next]
-    }
-
-    pub fn len(&self) -> usize {
-        self.list.len()
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.list.is_empty()
-    }
-
-    pub fn advance(&mut self) {
-        self.next = (self.next + 1) % self.list.len().max(1);
-    }
-
-    /// Makes `server` the next one tried.
-    pub fn prefer(&mut self, server: &str) {
-        if let Some(i) = self.list.iter().position(|s| s == server) {
-            self.next = i;
-        }
-    }
-
-    pub fn all(&self) -> &[String] {
-        &self.list
-    }
-}
 
 /// A bridge's configured name and one of its addresses.
 #[derive(Debug, Clone)]
@@ -260,20 +218,6 @@ async fn recv(socket: &Option<UdpSocket>, buf: &mut [u8]) -> Option<(usize, Sock
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn servers_go_round_from_where_they_start() {
-        let list: Vec<String> = ["a:1", "b:1", "c:1"].map(String::from).to_vec();
-        let mut s = Servers::new(list, 4);
-        assert_eq!(s.current(), "b:1");
-        s.advance();
-        s.advance();
-        assert_eq!(s.current(), "a:1");
-        s.prefer("c:1");
-        assert_eq!(s.current(), "c:1");
-        s.prefer("unknown:1");
-        assert_eq!(s.current(), "c:1");
-    }
 
     /// A real bridge endpoint answers the probe without a connection: quinn sends the Version
     /// Negotiation from its endpoint (RFC 9000 §6.1: a server that does not support the

@@ -369,7 +369,7 @@ impl Edge {
     /// The dial failed (no bridge to take it).
     pub fn dial_failed(&mut self, cx: &mut Ctx<'_>) {
         let Some(p) = self.proc.as_mut() else { return };
-        let next = p.dialer.ended(EndKind::Failed, false, cx.rng.unit());
+        let next = p.dialer.handle_end(EndKind::Failed, false, cx.rng.unit());
         p.dial_at = Some(cx.now + wait_of(next));
     }
 
@@ -622,11 +622,11 @@ impl EdgeProc {
             }
         }
         conn.begin_pass();
-        while let Some(read) = conn.next_read(&self.session, cx.now) {
+        while let Some(read) = conn.poll_read(&self.session, cx.now) {
             progress = true;
             let records = self.spool.read(Lane(read.lane), Seq(read.after), read.max).expect("read");
             if records.is_empty() {
-                conn.nothing_after(read.lane, read.after);
+                conn.handle_empty_read(read.lane, read.after);
                 continue;
             }
             let mut wire: Vec<WireRecord> = records.into_iter().map(into_wire).collect();
@@ -635,7 +635,7 @@ impl EdgeProc {
                 pack_within_cost(read.lane, read.after + 1, &mut wire, None, (1, format), &NoShapes).expect("pack");
             let (first, last) = (batch.first_seq, batch.last_seq);
             cx.net.up.push((index, cid, Frame::Batch(Box::new(batch))));
-            if let Err(e) = conn.sent(&mut self.session, read.lane, first, last, cx.now) {
+            if let Err(e) = conn.handle_sent(&mut self.session, read.lane, first, last, cx.now) {
                 cx.trace.line(format!("{edge}: uplink ends: {e}"));
                 self.end_link(index, EndKind::Failed, cx);
                 return true;
@@ -650,7 +650,7 @@ impl EdgeProc {
         self.session.disconnected();
         cx.net.closed.push((index, cid));
         let welcomed = self.session.welcomes() > self.welcomes;
-        let next = self.dialer.ended(kind, welcomed, cx.rng.unit());
+        let next = self.dialer.handle_end(kind, welcomed, cx.rng.unit());
         self.dial_at = Some(cx.now + wait_of(next));
     }
 }

@@ -159,20 +159,20 @@ impl Conn {
         Ok(())
     }
 
-    /// Starts a send pass: the reads [`Conn::next_read`] asks for until it says none go
+    /// Starts a send pass: the reads [`Conn::poll_read`] asks for until it says none go
     /// together.
     pub fn begin_pass(&mut self) {
         self.policy.begin();
     }
 
     /// The next read of this pass (see [`SendPolicy::next`]).
-    pub fn next_read(&mut self, session: &EdgeSession, now: Instant) -> Option<Read> {
-        self.policy.next(session, now)
+    pub fn poll_read(&mut self, session: &EdgeSession, now: Instant) -> Option<Read> {
+        self.policy.poll_read(session, now)
     }
 
     /// The spool had nothing of `lane` after `after`.
-    pub fn nothing_after(&mut self, lane: u8, after: u64) {
-        self.policy.nothing_after(lane, after);
+    pub fn handle_empty_read(&mut self, lane: u8, after: u64) {
+        self.policy.handle_empty_read(lane, after);
     }
 
     /// Whether a batch of `records` is full (a stream of its own).
@@ -181,7 +181,7 @@ impl Conn {
     }
 
     /// A batch of `lane` with seqs `first..=last` was sent.
-    pub fn sent(
+    pub fn handle_sent(
         &mut self,
         session: &mut EdgeSession,
         lane: u8,

@@ -12,8 +12,6 @@ use std::time::Duration;
 
 use shared::proto::backoff::Backoff;
 
-use crate::uplink::reach::Servers;
-
 /// What a connection's end means for the next attempt.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum EndKind {
@@ -25,40 +23,6 @@ pub enum EndKind {
     Busy,
     /// The link or the session failed.
     Failed,
-}
-
-impl EndKind {
-    /// What a handshake that failed with `e` means.
-    pub fn of_handshake(e: &quinn::ConnectionError) -> Self {
-        match e {
-            quinn::ConnectionError::ConnectionClosed(close)
-                if close.error_code == quinn::TransportErrorCode::CONNECTION_REFUSED =>
-            {
-                EndKind::Busy
-            }
-            // A TLS alert in the handshake: the bridge did not accept our certificate. Other
-            // closes in the handshake (a bridge giving up one that took too long in a storm)
-            // are failures, not refusals that wait out backoff_max.
-            quinn::ConnectionError::ConnectionClosed(close) if shared::proto::is_tls_alert(close.error_code.into()) => {
-                EndKind::Refused
-            }
-            _ => EndKind::Failed,
-        }
-    }
-
-    /// What an established connection that ended with `e` means.
-    pub fn of_connection(e: &quinn::ConnectionError) -> Self {
-        match e {
-            // The bridge's refusals: no usable identity, a denied certificate, replaced by a
-            // newer connection with this certificate.
-            quinn::ConnectionError::ApplicationClosed(close)
-                if shared::proto::close::is_refusal(u64::from(close.error_code)) =>
-            {
-                EndKind::Refused
-            }
-            _ => EndKind::Failed,
-        }
-    }
 }
 
 /// The next connection attempt.
@@ -116,7 +80,7 @@ impl Dialer {
     }
 
     /// The attempt to make now.
-    pub fn attempt(&mut self) -> Attempt {
+    pub fn poll_attempt(&mut self) -> Attempt {
         self.attempts += 1;
         Attempt { server: self.servers.current().to_owned(), pinned: self.pinned.take(), number: self.attempts }
     }
@@ -133,7 +97,7 @@ impl Dialer {
 
     /// The connection of the last attempt ended as `kind`; `welcomed` when the bridge welcomed a
     /// session on it. `jitter` is drawn uniformly from `0..1`.
-    pub fn ended(&mut self, kind: EndKind, welcomed: bool, jitter: f64) -> Next {
+    pub fn handle_end(&mut self, kind: EndKind, welcomed: bool, jitter: f64) -> Next {
         // Only a session the bridge welcomed resets the backoff: a bridge that completes the
         // handshake and then closes (a denied certificate) made every retry look like a
         // success, and a refused edge came back six times a second.
@@ -161,15 +125,57 @@ impl Dialer {
     /// A session ended by this edge's choice, not the link's (a recovered spool sent whole, or
     /// one waiting to go first): the next attempt goes at once to the same bridge, from the
     /// start of the backoff.
-    pub fn switched(&mut self) {
+    pub fn handle_switch(&mut self) {
         self.backoff.welcomed();
     }
 
     /// `server` answered a probe at `addr`: the next attempt goes there, and no later answer
     /// cuts a wait short until a session is welcomed again.
-    pub fn answered(&mut self, server: &str, addr: SocketAddr) {
+    pub fn handle_answer(&mut self, server: &str, addr: SocketAddr) {
         self.armed = false;
         self.servers.prefer(server);
         self.pinned = Some(addr);
+    }
+}
+
+/// The configured bridges in the order they are tried.
+#[derive(Debug)]
+pub struct Servers {
+    list: Vec<String>,
+    next: usize,
+}
+
+impl Servers {
+    /// `list` entered at `start` (modulo its length).
+    pub fn new(list: Vec<String>, start: usize) -> Self {
+        let next = start % list.len().max(1);
+        Self { list, next }
+    }
+
+    pub fn current(&self) -> &str {
+        &self.list[self.next]
+    }
+
+    pub fn len(&self) -> usize {
+        self.list.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.list.is_empty()
+    }
+
+    pub fn advance(&mut self) {
+        self.next = (self.next + 1) % self.list.len().max(1);
+    }
+
+    /// Makes `server` the next one tried.
+    pub fn prefer(&mut self, server: &str) {
+        if let Some(i) = self.list.iter().position(|s| s == server) {
+            self.next = i;
+        }
+    }
+
+    pub fn all(&self) -> &[String] {
+        &self.list
     }
 }

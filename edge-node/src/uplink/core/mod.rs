@@ -17,7 +17,7 @@ mod dial;
 mod send;
 
 pub use conn::{Conn, ConnError, Io};
-pub use dial::{Attempt, Dialer, EndKind, Next};
+pub use dial::{Attempt, Dialer, EndKind, Next, Servers};
 pub use send::{Read, SendPolicy};
 
 #[cfg(test)]

@@ -67,7 +67,7 @@ impl SendPolicy {
 
     /// The next read of this pass, or `None` when nothing is due or the window is full (then
     /// [`SendPolicy::poll_timeout`] says when a lingering lane will be due).
-    pub fn next(&mut self, session: &EdgeSession, now: Instant) -> Option<Read> {
+    pub fn poll_read(&mut self, session: &EdgeSession, now: Instant) -> Option<Read> {
         self.linger_until = None;
         if !session.can_send() {
             return None;
@@ -97,7 +97,7 @@ impl SendPolicy {
     }
 
     /// The spool had nothing of `lane` after `after`: its head is there.
-    pub fn nothing_after(&mut self, lane: u8, after: u64) {
+    pub fn handle_empty_read(&mut self, lane: u8, after: u64) {
         self.heads.insert(lane, after);
     }
 

@@ -24,8 +24,8 @@ fn a_round_tries_every_bridge_once_before_it_waits() {
     let mut d = dialer(&["a:1", "b:1", "c:1"], false);
     let mut order = Vec::new();
     for _ in 0..3 {
-        order.push(d.attempt().server);
-        let next = d.ended(EndKind::Failed, false, 1.0);
+        order.push(d.poll_attempt().server);
+        let next = d.handle_end(EndKind::Failed, false, 1.0);
         if order.len() < 3 {
             assert_eq!(next, Next::Now, "a dead bridge is no reason to wait before the next");
         } else {
@@ -33,7 +33,7 @@ fn a_round_tries_every_bridge_once_before_it_waits() {
         }
     }
     assert_eq!(order, ["a:1", "b:1", "c:1"]);
-    assert_eq!(d.attempt().server, "a:1", "the ring goes round");
+    assert_eq!(d.poll_attempt().server, "a:1", "the ring goes round");
 }
 
 #[test]
@@ -41,8 +41,8 @@ fn failures_double_the_wait_with_jitter_and_only_a_welcome_resets_it() {
     let mut d = dialer(&["a:1"], false);
     let mut waits = Vec::new();
     for _ in 0..10 {
-        d.attempt();
-        let Next::Wait { wait, .. } = d.ended(EndKind::Failed, false, 1.0) else {
+        d.poll_attempt();
+        let Next::Wait { wait, .. } = d.handle_end(EndKind::Failed, false, 1.0) else {
             panic!("one bridge: every end waits")
         };
         waits.push(wait);
@@ -50,27 +50,27 @@ fn failures_double_the_wait_with_jitter_and_only_a_welcome_resets_it() {
     assert_eq!(&waits[..4], [MIN, MIN * 2, MIN * 4, MIN * 8]);
     assert_eq!(*waits.last().unwrap(), MAX, "capped at backoff_max");
     // A bridge that completes the handshake and then closes is not a welcome.
-    d.attempt();
-    assert!(matches!(d.ended(EndKind::Failed, false, 0.0), Next::Wait { wait, .. } if wait == MAX / 2));
-    d.attempt();
-    assert_eq!(d.ended(EndKind::Failed, true, 1.0), Next::Wait { wait: MIN, probe_for: None }, "welcomed");
+    d.poll_attempt();
+    assert!(matches!(d.handle_end(EndKind::Failed, false, 0.0), Next::Wait { wait, .. } if wait == MAX / 2));
+    d.poll_attempt();
+    assert_eq!(d.handle_end(EndKind::Failed, true, 1.0), Next::Wait { wait: MIN, probe_for: None }, "welcomed");
 }
 
 #[test]
 fn a_refusal_waits_backoff_max_at_once_since_every_bridge_refuses_alike() {
     let mut d = dialer(&["a:1", "b:1", "c:1"], true);
-    d.attempt();
-    assert_eq!(d.ended(EndKind::Refused, false, 1.0), Next::Wait { wait: MAX, probe_for: None });
-    assert_eq!(d.attempt().server, "b:1");
+    d.poll_attempt();
+    assert_eq!(d.handle_end(EndKind::Refused, false, 1.0), Next::Wait { wait: MAX, probe_for: None });
+    assert_eq!(d.poll_attempt().server, "b:1");
 }
 
 #[test]
 fn a_busy_bridge_sends_the_edge_to_the_next_and_then_into_a_window() {
     let mut d = dialer(&["a:1", "b:1"], true);
-    d.attempt();
-    assert_eq!(d.ended(EndKind::Busy, false, 0.5), Next::Now);
-    d.attempt();
-    let next = d.ended(EndKind::Busy, false, 0.5);
+    d.poll_attempt();
+    assert_eq!(d.handle_end(EndKind::Busy, false, 0.5), Next::Now);
+    d.poll_attempt();
+    let next = d.handle_end(EndKind::Busy, false, 0.5);
     // The first busy window is 2 s wide (`shared::proto::backoff`); a busy bridge is up, so
     // there is nothing to probe for.
     assert_eq!(next, Next::Wait { wait: Duration::from_secs(1), probe_for: None });
@@ -79,42 +79,42 @@ fn a_busy_bridge_sends_the_edge_to_the_next_and_then_into_a_window() {
 #[test]
 fn a_probe_answer_cuts_one_wait_short_per_welcomed_session_and_pins_the_address() {
     let mut d = dialer(&["a:1", "b:1"], true);
-    d.attempt();
-    assert_eq!(d.ended(EndKind::Failed, false, 1.0), Next::Now);
+    d.poll_attempt();
+    assert_eq!(d.handle_end(EndKind::Failed, false, 1.0), Next::Now);
     // The second end closes the round: wait, probing for at least backoff_max.
-    d.attempt();
-    let next = d.ended(EndKind::Failed, false, 1.0);
+    d.poll_attempt();
+    let next = d.handle_end(EndKind::Failed, false, 1.0);
     assert!(matches!(next, Next::Wait { probe_for: Some(p), .. } if p == MAX), "{next:?}");
-    d.answered("b:1", addr(7));
-    let attempt = d.attempt();
+    d.handle_answer("b:1", addr(7));
+    let attempt = d.poll_attempt();
     assert_eq!((attempt.server.as_str(), attempt.pinned), ("b:1", Some(addr(7))));
-    assert_eq!(d.attempt().pinned, None, "pinned for one attempt");
+    assert_eq!(d.poll_attempt().pinned, None, "pinned for one attempt");
     // The bridge answers probes but its handshakes fail (saturated): backoff alone now.
-    d.ended(EndKind::Failed, false, 1.0);
-    d.attempt();
-    let Next::Wait { probe_for, .. } = d.ended(EndKind::Failed, false, 1.0) else { panic!() };
+    d.handle_end(EndKind::Failed, false, 1.0);
+    d.poll_attempt();
+    let Next::Wait { probe_for, .. } = d.handle_end(EndKind::Failed, false, 1.0) else { panic!() };
     assert_eq!(probe_for, None, "disarmed until a welcome");
-    d.attempt();
-    d.ended(EndKind::Failed, true, 1.0);
-    d.attempt();
-    let Next::Wait { probe_for, .. } = d.ended(EndKind::Failed, false, 1.0) else { panic!() };
+    d.poll_attempt();
+    d.handle_end(EndKind::Failed, true, 1.0);
+    d.poll_attempt();
+    let Next::Wait { probe_for, .. } = d.handle_end(EndKind::Failed, false, 1.0) else { panic!() };
     assert!(probe_for.is_some(), "armed again by the welcome");
     // Probes off: never.
     let mut off = dialer(&["a:1"], false);
-    off.attempt();
-    assert!(matches!(off.ended(EndKind::Failed, false, 1.0), Next::Wait { probe_for: None, .. }));
+    off.poll_attempt();
+    assert!(matches!(off.handle_end(EndKind::Failed, false, 1.0), Next::Wait { probe_for: None, .. }));
 }
 
 #[test]
 fn a_session_switched_by_the_edge_retries_the_same_bridge_from_the_start_of_the_backoff() {
     let mut d = dialer(&["a:1", "b:1"], false);
     for _ in 0..6 {
-        d.attempt();
-        d.ended(EndKind::Failed, false, 1.0);
+        d.poll_attempt();
+        d.handle_end(EndKind::Failed, false, 1.0);
     }
-    let before = d.attempt().server;
-    d.switched();
-    assert_eq!(d.attempt().server, before);
+    let before = d.poll_attempt().server;
+    d.handle_switch();
+    assert_eq!(d.poll_attempt().server, before);
     assert_eq!(d.step(), MIN);
 }
 
@@ -126,12 +126,12 @@ fn back_after(outage: Duration, probing: bool, probe_interval: Duration) -> Dura
     let mut now = Duration::ZERO;
     let handshake = Duration::from_millis(50);
     loop {
-        d.attempt();
+        d.poll_attempt();
         now += handshake;
         if now >= outage {
             return now;
         }
-        match d.ended(EndKind::Failed, false, 0.5) {
+        match d.handle_end(EndKind::Failed, false, 0.5) {
             Next::Now => {}
             Next::Wait { wait, probe_for: None } => now += wait,
             Next::Wait { wait, probe_for: Some(most) } => {
@@ -139,7 +139,7 @@ fn back_after(outage: Duration, probing: bool, probe_interval: Duration) -> Dura
                 let answered = Duration::from_secs_f64(answered);
                 if answered < now + most {
                     now = answered;
-                    d.answered("a:1", addr(1));
+                    d.handle_answer("a:1", addr(1));
                 } else {
                     now += wait.max(most);
                 }
@@ -160,37 +160,6 @@ fn after_an_outage_probes_bring_the_edge_back_at_the_first_answer_not_at_its_bac
     }
 }
 
-#[test]
-fn a_handshake_end_is_busy_only_before_tls_and_refused_only_on_a_tls_alert() {
-    let closed = |code| {
-        quinn::ConnectionError::ConnectionClosed(quinn::ConnectionClose {
-            error_code: code,
-            frame_type: None,
-            reason: Default::default(),
-        })
-    };
-    // bad_certificate (42) and certificate_revoked (44) as QUIC CRYPTO_ERRORs (RFC 9001 §4.8).
-    for alert in [42, 44] {
-        assert_eq!(EndKind::of_handshake(&closed(quinn::TransportErrorCode::crypto(alert))), EndKind::Refused);
-    }
-    assert_eq!(EndKind::of_handshake(&closed(quinn::TransportErrorCode::CONNECTION_REFUSED)), EndKind::Busy);
-    // A bridge that gave the handshake up, or any other close: retried on the short backoff.
-    for other in [quinn::TransportErrorCode::PROTOCOL_VIOLATION, quinn::TransportErrorCode::INTERNAL_ERROR] {
-        assert_eq!(EndKind::of_handshake(&closed(other)), EndKind::Failed);
-    }
-    assert_eq!(EndKind::of_handshake(&quinn::ConnectionError::TimedOut), EndKind::Failed);
-    let app = |code: u32| {
-        quinn::ConnectionError::ApplicationClosed(quinn::ApplicationClose {
-            error_code: code.into(),
-            reason: Default::default(),
-        })
-    };
-    for (code, kind) in [(0, EndKind::Failed), (1, EndKind::Refused), (2, EndKind::Refused), (3, EndKind::Refused)] {
-        assert_eq!(EndKind::of_connection(&app(code)), kind, "close code {code}");
-    }
-    assert_eq!(EndKind::of_connection(&app(4)), EndKind::Failed);
-}
-
 const LINGER: Duration = Duration::from_secs(1);
 const BATCH: usize = 100;
 
@@ -209,10 +178,10 @@ fn session(window: usize, now: Instant) -> EdgeSession {
 fn pass(p: &mut SendPolicy, s: &mut EdgeSession, heads: &[(u8, u64)], now: Instant) -> Vec<Read> {
     p.begin();
     let mut reads = Vec::new();
-    while let Some(r) = p.next(s, now) {
+    while let Some(r) = p.poll_read(s, now) {
         let last = heads.iter().find(|(l, _)| *l == r.lane).map_or(r.after, |h| h.1).min(r.after + r.max as u64);
         if last == r.after {
-            p.nothing_after(r.lane, r.after);
+            p.handle_empty_read(r.lane, r.after);
             continue;
         }
         s.sent(r.lane, r.after + 1, last, now).unwrap();
@@ -287,7 +256,7 @@ fn a_backlogged_high_lane_leaves_the_lower_lanes_their_share() {
     let mut reads = 0;
     while reads < 1000 {
         p.begin();
-        let r = p.next(&s, t0).expect("full batches on every lane");
+        let r = p.poll_read(&s, t0).expect("full batches on every lane");
         s.sent(r.lane, r.after + 1, r.after + 10, t0).unwrap();
         *count.entry(r.lane).or_default() += 1;
         reads += 1;
@@ -304,7 +273,7 @@ fn a_read_that_finds_nothing_moves_the_head_and_stops_asking() {
     p.set_head(0, 40);
     assert!(pass(&mut p, &mut s, &[(0, 0)], t0).is_empty());
     p.begin();
-    assert_eq!(p.next(&s, t0), None, "no read again until a new head");
+    assert_eq!(p.poll_read(&s, t0), None, "no read again until a new head");
 }
 
 /// The downlink across connections: a message handed to the broker waits for the session
@@ -380,4 +349,18 @@ fn a_downlink_message_outlives_the_connection_it_came_on() {
     assert_eq!(payloads(&h.recv(app)), ["open"], "delivered once, once committed");
     conn.handle_stored(&mut session, &mut down, h.b.durable_through()).unwrap();
     assert_eq!(acks(&mut conn, &mut session), [1], "acked once committed");
+}
+
+#[test]
+fn servers_go_round_from_where_they_start() {
+    let list: Vec<String> = ["a:1", "b:1", "c:1"].map(String::from).to_vec();
+    let mut s = Servers::new(list, 4);
+    assert_eq!(s.current(), "b:1");
+    s.advance();
+    s.advance();
+    assert_eq!(s.current(), "a:1");
+    s.prefer("c:1");
+    assert_eq!(s.current(), "c:1");
+    s.prefer("unknown:1");
+    assert_eq!(s.current(), "c:1");
 }
