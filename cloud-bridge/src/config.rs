@@ -117,14 +117,13 @@ impl CloudConfig {
                 problem: "must be at least 1".into(),
             });
         }
-        if let Err((key, problem)) = config.limits.check().and_then(|()| config.fleet.check()) {
-            return Err(ConfigError::Invalid { path: path.to_owned(), key: key.into(), problem });
-        }
-        if let Err((key, problem)) = config.downlink.check() {
-            return Err(ConfigError::Invalid { path: path.to_owned(), key, problem });
-        }
-        if let Some((key, problem)) = config.tracing.problems().into_iter().next() {
-            return Err(ConfigError::Invalid { path: path.to_owned(), key: key.into(), problem });
+        let mut problems = shared::check::Problems::default();
+        config.limits.check(&mut problems);
+        config.fleet.check(&mut problems);
+        config.downlink.check(&mut problems);
+        config.tracing.check(&mut problems);
+        if let Some(first) = problems.first() {
+            return Err(ConfigError::Invalid { path: path.to_owned(), key: first.key, problem: first.reason });
         }
         if let SinkConfig::Jetstream { url, .. } = &config.sink
             && let Err(e) = crate::sink::jetstream::check_url(url)

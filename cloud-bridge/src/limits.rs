@@ -15,6 +15,7 @@
 //! refused (QUIC CONNECTION_REFUSED) with no TLS done. One certificate's share of that rate is
 //! bounded too ([`per_edge`]).
 
+use shared::check::Problems;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -202,8 +203,8 @@ impl Default for LimitsConfig {
 }
 
 impl LimitsConfig {
-    /// The first key that cannot work, with why.
-    pub fn check(&self) -> Result<(), (&'static str, String)> {
+    /// Every key that cannot work, with why.
+    pub fn check(&self, p: &mut Problems) {
         let positive = [
             ("limits.max_connections", self.max_connections as u64),
             ("limits.handshakes_per_second", self.handshakes_per_second.into()),
@@ -218,31 +219,32 @@ impl LimitsConfig {
             ("limits.dicts_per_edge", self.dicts_per_edge as u64),
             ("limits.log_lines_per_second", self.log_lines_per_second.into()),
         ];
-        if let Some((key, _)) = positive.iter().find(|(_, v)| *v == 0) {
-            return Err((key, "must be more than 0".into()));
+        for (key, v) in positive {
+            if v == 0 {
+                p.bad(key, "must be more than 0");
+            }
         }
         if (self.connection_memory.0 as usize) < MAX_BATCH_COST {
-            return Err((
+            p.bad(
                 "limits.connection_memory",
                 format!("must be at least {} (the most one batch may cost to decode)", ByteSize(MAX_BATCH_COST as u64)),
-            ));
+            );
         }
         if self.memory.0 < self.connection_memory.0 {
-            return Err(("limits.memory", "must be at least limits.connection_memory".into()));
+            p.bad("limits.memory", "must be at least limits.connection_memory");
         }
         if self.memory.0 > u32::MAX as u64 * 1024 {
-            return Err(("limits.memory", "must be at most 4 TiB".into()));
+            p.bad("limits.memory", "must be at most 4 TiB");
         }
         if self.connection_window.0 < 64 << 10 {
-            return Err(("limits.connection_window", "must be at least 64 KiB".into()));
+            p.bad("limits.connection_window", "must be at least 64 KiB");
         }
         if self.dict_bytes_per_edge.0 < MAX_DICT_BYTES as u64 {
-            return Err((
+            p.bad(
                 "limits.dict_bytes_per_edge",
                 format!("must be at least {} (the largest dictionary)", ByteSize(MAX_DICT_BYTES as u64)),
-            ));
+            );
         }
-        Ok(())
     }
 
     /// What one edge may make the sink keep.
@@ -517,20 +519,27 @@ mod tests {
         assert!(metrics.memory_waits.get() >= 2);
     }
 
+    /// The key of the first problem `c` has.
+    fn first(c: &LimitsConfig) -> Option<String> {
+        let mut p = Problems::default();
+        c.check(&mut p);
+        p.first().map(|p| p.key)
+    }
+
     #[test]
     fn limits_that_cannot_work_are_named() {
-        assert_eq!(LimitsConfig::default().check(), Ok(()));
+        assert_eq!(first(&LimitsConfig::default()), None);
         let small = LimitsConfig { connection_memory: ByteSize(1 << 20), ..Default::default() };
-        assert_eq!(small.check().unwrap_err().0, "limits.connection_memory");
+        assert_eq!(first(&small).unwrap(), "limits.connection_memory");
         let inverted =
             LimitsConfig { memory: ByteSize(48 << 20), connection_memory: ByteSize(64 << 20), ..Default::default() };
-        assert_eq!(inverted.check().unwrap_err().0, "limits.memory");
+        assert_eq!(first(&inverted).unwrap(), "limits.memory");
         let none = LimitsConfig { streams_per_connection: 0, ..Default::default() };
-        assert_eq!(none.check().unwrap_err().0, "limits.streams_per_connection");
+        assert_eq!(first(&none).unwrap(), "limits.streams_per_connection");
         let no_epochs = LimitsConfig { epochs_per_edge: 0, ..Default::default() };
-        assert_eq!(no_epochs.check().unwrap_err().0, "limits.epochs_per_edge");
+        assert_eq!(first(&no_epochs).unwrap(), "limits.epochs_per_edge");
         let tiny = LimitsConfig { dict_bytes_per_edge: ByteSize(64 << 10), ..Default::default() };
-        assert_eq!(tiny.check().unwrap_err().0, "limits.dict_bytes_per_edge", "the largest dictionary must fit");
+        assert_eq!(first(&tiny).unwrap(), "limits.dict_bytes_per_edge", "the largest dictionary must fit");
         assert_eq!(LimitsConfig::default().quota(), EdgeQuota::default());
     }
 }

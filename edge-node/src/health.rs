@@ -20,10 +20,10 @@ use serde::{Deserialize, Serialize};
 use shared::units::{HumanDuration, now_ms};
 
 use crate::broker::store::{SessionStore, StoreHealth};
-use crate::check::Problems;
 use crate::probe::Health as Probe;
 use crate::spool::SpoolWriter;
 use crate::tco::LinkFigures;
+use shared::check::Problems;
 
 /// `[health]`: the bounds of readiness.
 #[derive(Debug, Clone, Deserialize, Serialize)]

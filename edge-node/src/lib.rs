@@ -9,7 +9,7 @@
 
 pub mod auth;
 pub mod broker;
-pub mod check;
+
 pub mod client;
 pub mod config;
 pub mod downlink;

@@ -16,8 +16,8 @@ use serde::{Deserialize, Serialize};
 use shared::units::HumanDuration;
 use tokio_util::sync::CancellationToken;
 
-use crate::check::Problems;
 use crate::client::{ClientError, Connector, Event};
+use shared::check::Problems;
 
 /// `[probe]`: the built-in SLO probe.
 #[derive(Debug, Clone, Deserialize, Serialize)]

@@ -8,7 +8,7 @@ use rustls::server::WebPkiClientVerifier;
 use serde::{Deserialize, Serialize};
 pub use shared::tls::{TlsError, certificate_expiry, certificate_identity, load_certs, load_key, load_roots, provider};
 
-use crate::check::Problems;
+use shared::check::Problems;
 
 /// A listener's `[listener.tls]`.
 #[derive(Debug, Clone, Deserialize, Serialize)]

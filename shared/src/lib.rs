@@ -4,6 +4,7 @@
 //! protocol with its session state machines, and the TCO model. Both binaries and the
 //! tests build on it.
 
+pub mod check;
 #[cfg(feature = "metrics")]
 pub mod exposition;
 #[cfg(feature = "fs")]

@@ -201,24 +201,22 @@ fn default_timeout() -> HumanDuration {
 }
 
 impl TracingConfig {
-    /// What is wrong with the section, as (key, problem).
-    pub fn problems(&self) -> Vec<(&'static str, String)> {
-        let mut p = Vec::new();
+    /// What is wrong with the section, each at its key.
+    pub fn check(&self, p: &mut crate::check::Problems) {
         if !(0.0..=1.0).contains(&self.sample_ratio) {
-            p.push(("tracing.sample_ratio", format!("{} is outside [0, 1]", self.sample_ratio)));
+            p.bad("tracing.sample_ratio", format!("{} is outside [0, 1]", self.sample_ratio));
         }
         if self.max_queue == 0 {
-            p.push(("tracing.max_queue", "must be at least 1".to_owned()));
+            p.bad("tracing.max_queue", "must be at least 1");
         }
         if self.timeout.0.is_zero() {
-            p.push(("tracing.timeout", "must be more than 0".to_owned()));
+            p.bad("tracing.timeout", "must be more than 0");
         }
         if let Some(e) = &self.endpoint
             && let Err(why) = traces_url(e)
         {
-            p.push(("tracing.endpoint", why));
+            p.bad("tracing.endpoint", why);
         }
-        p
     }
 }
 
@@ -533,7 +531,9 @@ mod tests {
         assert!(traces_url("c:4318").unwrap_err().contains("not an http"));
         assert!(traces_url("https://c").unwrap_err().contains("https is not supported"));
         let bad = TracingConfig { sample_ratio: 2.0, max_queue: 0, ..Default::default() };
-        let keys: Vec<_> = bad.problems().into_iter().map(|(k, _)| k).collect();
+        let mut p = crate::check::Problems::default();
+        bad.check(&mut p);
+        let keys: Vec<_> = p.into_vec().into_iter().map(|p| p.key).collect();
         assert_eq!(keys, ["tracing.sample_ratio", "tracing.max_queue"]);
     }
 

@@ -2,6 +2,7 @@
 //! wait for it in the sink, how often a session looks for messages no news told it of, and the
 //! groups `cloud-bridge send --group` addresses.
 
+use shared::check::Problems;
 use std::collections::BTreeMap;
 use std::time::Duration;
 
@@ -61,8 +62,8 @@ impl Default for DownlinkConfig {
 }
 
 impl DownlinkConfig {
-    /// The first problem, with its key.
-    pub fn check(&self) -> Result<(), (String, String)> {
+    /// Every problem, at its key.
+    pub fn check(&self, p: &mut Problems) {
         let zero = [
             ("downlink.window_messages", self.window_messages as u64),
             ("downlink.window_bytes", self.window_bytes.bytes()),
@@ -71,37 +72,38 @@ impl DownlinkConfig {
             ("downlink.max_message_bytes", self.max_message_bytes.bytes()),
             ("downlink.max_topic_bytes", self.max_topic_bytes as u64),
         ];
-        if let Some((key, _)) = zero.iter().find(|(_, v)| *v == 0) {
-            return Err((key.to_string(), "must be at least 1".into()));
+        for (key, v) in zero {
+            if v == 0 {
+                p.bad(key, "must be at least 1");
+            }
         }
         if self.max_message_bytes.bytes() > MAX_DOWN_BYTES as u64 {
-            return Err((
-                "downlink.max_message_bytes".into(),
+            p.bad(
+                "downlink.max_message_bytes",
                 format!(
                     "{} is more than a downlink message may hold ({})",
                     self.max_message_bytes,
                     ByteSize(MAX_DOWN_BYTES as u64)
                 ),
-            ));
+            );
         }
         if self.max_topic_bytes > u16::MAX as usize {
-            return Err(("downlink.max_topic_bytes".into(), format!("{} is over MQTT's 65535", self.max_topic_bytes)));
+            p.bad("downlink.max_topic_bytes", format!("{} is over MQTT's 65535", self.max_topic_bytes));
         }
         if self.poll.0.is_zero() {
-            return Err(("downlink.poll".into(), "must be more than 0".into()));
+            p.bad("downlink.poll", "must be more than 0");
         }
         if self.summary_interval.0.is_zero() {
-            return Err(("downlink.summary_interval".into(), "must be more than 0".into()));
+            p.bad("downlink.summary_interval", "must be more than 0");
         }
         for (name, edges) in &self.groups {
             if edges.is_empty() {
-                return Err((format!("downlink.groups.{name}"), "names no edge".into()));
+                p.bad(format!("downlink.groups.{name}"), "names no edge");
             }
             if let Some(e) = edges.iter().find(|e| e.is_empty()) {
-                return Err((format!("downlink.groups.{name}"), format!("{e:?} is not an edge id")));
+                p.bad(format!("downlink.groups.{name}"), format!("{e:?} is not an edge id"));
             }
         }
-        Ok(())
     }
 
     /// Why `msg` is not one to store, by this config's per-message bounds.
@@ -150,7 +152,9 @@ mod tests {
                 .unwrap();
         assert_eq!((c.window_bytes.bytes(), c.max_backlog_bytes.bytes()), (1 << 20, 4096));
         assert_eq!(c.groups["lab"], ["a", "b"]);
-        assert_eq!(c.check(), Ok(()));
+        let mut p = Problems::default();
+        c.check(&mut p);
+        assert!(p.is_empty(), "{p:?}");
         let bad = [
             ("window_messages = 0", "downlink.window_messages"),
             ("max_backlog_bytes = \"0B\"", "downlink.max_backlog_bytes"),
@@ -162,7 +166,9 @@ mod tests {
         ];
         for (text, key) in bad {
             let c: DownlinkConfig = toml::from_str(text).unwrap();
-            assert_eq!(c.check().unwrap_err().0, key, "{text}");
+            let mut p = Problems::default();
+            c.check(&mut p);
+            assert_eq!(p.first().map(|p| p.key).as_deref(), Some(key), "{text}");
         }
         assert!(toml::from_str::<DownlinkConfig>("windows = 3").is_err(), "unknown keys are refused");
     }

@@ -21,6 +21,7 @@
 mod presence;
 pub mod view;
 
+use shared::check::Problems;
 use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -77,21 +78,20 @@ impl Default for FleetConfig {
 }
 
 impl FleetConfig {
-    /// The first key that cannot work, with why.
-    pub fn check(&self) -> Result<(), (&'static str, String)> {
+    /// Every key that cannot work, with why.
+    pub fn check(&self, p: &mut Problems) {
         if self.state_interval.0 < Duration::from_millis(10) {
-            return Err(("fleet.state_interval", "must be at least 10ms".into()));
+            p.bad("fleet.state_interval", "must be at least 10ms");
         }
         if self.state_writes_per_second == 0 {
-            return Err(("fleet.state_writes_per_second", "must be more than 0".into()));
+            p.bad("fleet.state_writes_per_second", "must be more than 0");
         }
         if self.max_pending_states == 0 {
-            return Err(("fleet.max_pending_states", "must be more than 0".into()));
+            p.bad("fleet.max_pending_states", "must be more than 0");
         }
         if self.name.as_ref().is_some_and(|n| n.is_empty() || n.len() > 255) {
-            return Err(("fleet.name", "must be 1 to 255 bytes".into()));
+            p.bad("fleet.name", "must be 1 to 255 bytes");
         }
-        Ok(())
     }
 
     /// `name`, or the host's name and `port`.

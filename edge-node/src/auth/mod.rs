@@ -15,7 +15,7 @@ pub use passwd::{PasswordFile, hash_password};
 
 use serde::{Deserialize, Serialize};
 
-use crate::check::Problems;
+use shared::check::Problems;
 use shared::units::HumanDuration;
 
 /// `[auth]`: where the password file and the ACL are.

@@ -6,7 +6,7 @@ use serde::{Deserialize, Serialize};
 use shared::units::{ByteSize, HumanDuration};
 
 use super::core::{ClientIds, Limits, SlowSubscriber};
-use crate::check::Problems;
+use shared::check::Problems;
 
 /// Broker limits. Every one bounds memory or work per client; exceeding one disconnects the
 /// client with a stated reason or drops and counts, never grows without bound.

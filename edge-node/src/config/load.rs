@@ -3,7 +3,7 @@
 use std::path::{Path, PathBuf};
 
 use super::EdgeConfig;
-use crate::check::{Problem, Problems};
+use shared::check::{Problem, Problems};
 
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
@@ -142,24 +142,16 @@ impl EdgeConfig {
         }
         self.probe.check(&mut p);
         self.health.check(&mut p);
-        for (key, reason) in self.tracing.problems() {
-            p.bad(key, reason);
-        }
-        for (key, reason) in crate::downlink::problems(&self.downlink) {
-            p.bad(key, reason);
-        }
+        self.tracing.check(&mut p);
+        crate::downlink::check_downlink(&self.downlink, &mut p);
         self.check_downlink_users(&mut p);
         if let Some(m) = &self.models {
             m.check(&mut p);
         }
-        for (key, reason) in crate::schema::problems(&self.schemas, self.models.is_some()) {
-            p.bad(key, reason);
-        }
+        crate::schema::check_schemas(&self.schemas, self.models.is_some(), &mut p);
         if let Some(tco) = &self.tco {
             let routed = |name: &str| self.classes.iter().find(|c| c.name == name).map(|c| c.governance);
-            for (key, reason) in tco.problems(&routed) {
-                p.bad(key, reason);
-            }
+            tco.check(&routed, &mut p);
         }
         p.into_vec()
     }

@@ -22,8 +22,8 @@ use crate::spool::SpoolConfig;
 use crate::tco::TcoConfig;
 use crate::uplink::UplinkConfig;
 
-pub use crate::check::Problem;
 pub use load::ConfigError;
+pub use shared::check::Problem;
 
 /// The whole edge gateway configuration.
 #[derive(Debug, Clone, Deserialize, Serialize)]

@@ -2,6 +2,7 @@
 //! edge takes no message from the cloud until its config says so.
 
 use serde::{Deserialize, Serialize};
+use shared::check::Problems;
 
 /// What a retained downlink message becomes.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, Serialize)]
@@ -39,16 +40,14 @@ fn default_qos() -> u8 {
     2
 }
 
-/// What is wrong with the entries, as (key, problem).
-pub fn problems(entries: &[DownlinkEntry]) -> Vec<(String, String)> {
-    let mut p = Vec::new();
+/// What is wrong with the entries, each at its key.
+pub fn check_downlink(entries: &[DownlinkEntry], p: &mut Problems) {
     for (i, e) in entries.iter().enumerate() {
         if let Err(err) = shared::topic::TopicFilter::new(e.filter.clone()) {
-            p.push((format!("downlink[{i}].filter"), format!("{:?}: {err}", e.filter)));
+            p.bad(format!("downlink[{i}].filter"), format!("{:?}: {err}", e.filter));
         }
         if e.max_qos > 2 {
-            p.push((format!("downlink[{i}].max_qos"), format!("{} is not a QoS (0, 1 or 2)", e.max_qos)));
+            p.bad(format!("downlink[{i}].max_qos"), format!("{} is not a QoS (0, 1 or 2)", e.max_qos));
         }
     }
-    p
 }

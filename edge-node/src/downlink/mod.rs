@@ -12,7 +12,7 @@ mod config;
 pub mod core;
 
 pub use self::core::{DownCore, RulesOf, Target};
-pub use config::{DownlinkEntry, RetainPolicy, problems};
+pub use config::{DownlinkEntry, RetainPolicy, check_downlink};
 
 use std::time::{Duration, Instant};
 
@@ -75,7 +75,7 @@ pub struct Decision {
 }
 
 impl Governance {
-    /// From the config's entries (checked by [`problems`] first: an unusable filter is skipped).
+    /// From the config's entries (checked by [`check_downlink`] first: an unusable filter is skipped).
     pub fn new(entries: &[DownlinkEntry]) -> Self {
         let entries =
             entries.iter().filter_map(|e| TopicFilter::new(e.filter.clone()).ok().map(|f| (f, e.clone()))).collect();
@@ -202,7 +202,9 @@ mod tests {
             downlink: Vec<DownlinkEntry>,
         }
         let doc: Doc = toml::from_str(toml).unwrap();
-        assert!(problems(&doc.downlink).is_empty());
+        let mut p = shared::check::Problems::default();
+        check_downlink(&doc.downlink, &mut p);
+        assert!(p.is_empty(), "{p:?}");
         Governance::new(&doc.downlink)
     }
 
@@ -236,7 +238,9 @@ mod tests {
         // No entries: nothing is allowed.
         assert!(Governance::default().decide(&down("cmd/a", 1, false)).is_err());
         let bad = [DownlinkEntry { filter: "a/#/b".into(), max_qos: 3, retain: RetainPolicy::Keep, user: None }];
-        let keys: Vec<_> = problems(&bad).into_iter().map(|(k, _)| k).collect();
+        let mut p = shared::check::Problems::default();
+        check_downlink(&bad, &mut p);
+        let keys: Vec<_> = p.into_vec().into_iter().map(|p| p.key).collect();
         assert_eq!(keys, ["downlink[0].filter", "downlink[0].max_qos"]);
     }
 

@@ -4,8 +4,8 @@ use std::net::SocketAddr;
 
 use serde::{Deserialize, Serialize};
 
-use crate::check::Problems;
 use crate::tls::{ClientCertMode, TlsConfig};
+use shared::check::Problems;
 
 /// One MQTT listener (plain TCP or TLS; MQTT 3.1.1 and 5 on the same port).
 #[derive(Debug, Clone, Deserialize, Serialize)]

@@ -5,7 +5,7 @@ use std::path::PathBuf;
 use serde::{Deserialize, Serialize};
 use shared::units::ByteSize;
 
-use crate::check::Problems;
+use shared::check::Problems;
 
 /// `[models]`: which models to follow, where to stage them, and the key their manifests must
 /// be signed with.

@@ -4,8 +4,8 @@ use serde::{Deserialize, Serialize};
 use shared::units::{ByteSize, HumanDuration};
 
 use super::{Governance, Route};
-use crate::check::Problems;
 use crate::spool::Durability;
+use shared::check::Problems;
 
 /// One topic class.
 #[derive(Debug, Clone, Deserialize, Serialize)]

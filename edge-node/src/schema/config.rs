@@ -1,6 +1,7 @@
 //! `[[schema]]`: which local topics a registered schema governs, and how.
 
 use serde::{Deserialize, Serialize};
+use shared::check::Problems;
 
 /// What a binding does with a payload that does not match.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize, Serialize)]
@@ -42,23 +43,18 @@ pub struct SchemaBinding {
     pub unstaged: Unstaged,
 }
 
-/// Each binding's problems, keyed by its config path; `models` says whether `[models]` is set
+/// Each binding's problems, at its config path; `models` says whether `[models]` is set
 /// (schemas reach the edge as signed model versions).
-pub fn problems(bindings: &[SchemaBinding], models: bool) -> Vec<(String, String)> {
-    let mut out = Vec::new();
+pub fn check_schemas(bindings: &[SchemaBinding], models: bool, p: &mut Problems) {
     if !bindings.is_empty() && !models {
-        out.push((
-            "schema".into(),
-            "schemas reach the edge as versions signed by the fleet key: [models] (public_key) is needed".into(),
-        ));
+        p.bad("schema", "schemas reach the edge as versions signed by the fleet key: [models] (public_key) is needed");
     }
     for (i, b) in bindings.iter().enumerate() {
         if let Err(e) = shared::topic::validate_filter(&b.topic) {
-            out.push((format!("schema[{i}].topic"), e.to_string()));
+            p.bad(format!("schema[{i}].topic"), e.to_string());
         }
         if let Err(e) = shared::schema::valid_subject(&b.subject) {
-            out.push((format!("schema[{i}].subject"), e));
+            p.bad(format!("schema[{i}].subject"), e);
         }
     }
-    out
 }

@@ -14,7 +14,7 @@
 
 mod config;
 
-pub use config::{Mode, SchemaBinding, Unstaged, problems};
+pub use config::{Mode, SchemaBinding, Unstaged, check_schemas};
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};

@@ -110,8 +110,11 @@ fn a_long_reason_is_cut_at_a_character() {
 #[test]
 fn bindings_without_models_or_with_bad_names_are_config_errors() {
     let bad = [binding("a/#/b", "x y", Mode::Enforce, Unstaged::Refuse)];
-    let p = problems(&bad, false);
-    let keys: Vec<&str> = p.iter().map(|(k, _)| k.as_str()).collect();
+    let mut p = shared::check::Problems::default();
+    check_schemas(&bad, false, &mut p);
+    let keys: Vec<String> = p.into_vec().into_iter().map(|p| p.key).collect();
     assert_eq!(keys, ["schema", "schema[0].topic", "schema[0].subject"]);
-    assert!(problems(&[binding("a/#", "ok", Mode::Enforce, Unstaged::Refuse)], true).is_empty());
+    let mut p = shared::check::Problems::default();
+    check_schemas(&[binding("a/#", "ok", Mode::Enforce, Unstaged::Refuse)], true, &mut p);
+    assert!(p.is_empty(), "{p:?}");
 }

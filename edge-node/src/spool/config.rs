@@ -5,7 +5,7 @@ use std::path::PathBuf;
 use serde::{Deserialize, Serialize};
 use shared::units::{ByteSize, HumanDuration};
 
-use crate::check::Problems;
+use shared::check::Problems;
 
 #[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]

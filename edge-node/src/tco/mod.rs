@@ -5,6 +5,7 @@
 
 pub mod report;
 
+use shared::check::Problems;
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -88,14 +89,13 @@ pub struct TcoClass {
 }
 
 impl TcoConfig {
-    /// Semantic problems, as `(key, reason)`. `routed` is the governance of a class the edge
+    /// Semantic problems, each at its key. `routed` is the governance of a class the edge
     /// routes (a `[[class]]`), by name: the check across the two sections is `config`'s to
     /// make, with what it reads from both.
-    pub fn problems(&self, routed: &dyn Fn(&str) -> Option<Governance>) -> Vec<(String, String)> {
-        let mut out = Vec::new();
+    pub fn check(&self, routed: &dyn Fn(&str) -> Option<Governance>, out: &mut Problems) {
         let p = &self.prices;
         if p.months.is_nan() || p.months <= 0.0 {
-            out.push(("tco.prices.months".into(), format!("{} must be more than 0", p.months)));
+            out.bad("tco.prices.months", format!("{} must be more than 0", p.months));
         }
         let prices = [
             ("uplink_per_gb", p.uplink_per_gb),
@@ -111,29 +111,26 @@ impl TcoConfig {
         ];
         for (key, v) in prices {
             if !v.is_finite() || v < 0.0 {
-                out.push((format!("tco.prices.{key}"), format!("{v} must be a number of at least 0")));
+                out.bad(format!("tco.prices.{key}"), format!("{v} must be a number of at least 0"));
             }
         }
         if !(0.0..1.0).contains(&self.threshold) {
-            out.push(("tco.threshold".into(), format!("{} must be at least 0 and below 1", self.threshold)));
+            out.bad("tco.threshold", format!("{} must be at least 0 and below 1", self.threshold));
         }
         if self.interval.0.is_zero() {
-            out.push(("tco.interval".into(), "must be more than 0s".into()));
+            out.bad("tco.interval", "must be more than 0s");
         }
         for (name, c) in &self.classes {
             let key = |k: &str| format!("tco.class.{name}.{k}");
             let governance = match (routed(name), c.governance) {
                 (Some(_), Some(_)) => {
-                    out.push((key("governance"), "set in [[class]] for classes the edge routes".into()));
+                    out.bad(key("governance"), "set in [[class]] for classes the edge routes");
                     continue;
                 }
                 (Some(g), None) => g,
                 (None, g) => {
                     if c.msg_per_s.is_none() || c.bytes_per_msg.is_none() {
-                        out.push((
-                            key("msg_per_s"),
-                            "a class not in [[class]] needs msg_per_s and bytes_per_msg".into(),
-                        ));
+                        out.bad(key("msg_per_s"), "a class not in [[class]] needs msg_per_s and bytes_per_msg");
                     }
                     g.unwrap_or_default()
                 }
@@ -141,18 +138,17 @@ impl TcoConfig {
             if let Some(pin) = c.pin
                 && !governance.allows(pin)
             {
-                out.push((key("pin"), format!("governance {} does not allow {pin}", governance.as_str())));
+                out.bad(key("pin"), format!("governance {} does not allow {pin}", governance.as_str()));
             }
             for (k, v) in [("sla_ms", c.sla_ms), ("msg_per_s", c.msg_per_s), ("bytes_per_msg", c.bytes_per_msg)] {
                 if v.is_some_and(|v| !v.is_finite() || v < 0.0) {
-                    out.push((key(k), "must be a number of at least 0".into()));
+                    out.bad(key(k), "must be a number of at least 0");
                 }
             }
             if c.compression.is_some_and(|v| !v.is_finite() || v <= 0.0) {
-                out.push((key("compression"), "must be more than 0".into()));
+                out.bad(key("compression"), "must be more than 0");
             }
         }
-        out
     }
 }
 
@@ -498,7 +494,9 @@ bytes_per_msg = 1
         .unwrap();
         let (tco, classes) = (config.tco.clone(), Classes::from_config(&config.classes));
         let routed = |n: &str| config.classes.iter().find(|c| c.name == n).map(|c| c.governance);
-        assert!(tco.problems(&routed).is_empty(), "{:?}", tco.problems(&routed));
+        let mut p = Problems::default();
+        tco.check(&routed, &mut p);
+        assert!(p.is_empty(), "{p:?}");
         // As the uplink measures them: class a's 4000 message bytes took 1000 body bytes, b's
         // none yet; all classes together 0.25 of theirs.
         let link = LinkFigures::default();

@@ -6,7 +6,7 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 use shared::units::{ByteSize, HumanDuration};
 
-use crate::check::Problems;
+use shared::check::Problems;
 
 /// The QUIC uplink to a cloud bridge (ehb/1, mutual TLS).
 #[derive(Debug, Clone, Deserialize, Serialize)]

@@ -1,6 +1,7 @@
 //! What a config section's own check reports: one [`Problem`] per wrong key, gathered in
-//! [`Problems`]. A leaf: each subsystem checks its own section with it, and `config` collects
-//! them for the whole file, so no subsystem imports `config`.
+//! [`Problems`]. Every section of both binaries checks itself with one signature,
+//! `check(&self, &mut Problems)` (with what else it needs to know after it), and each binary's
+//! `config` collects them for the whole file, so no subsystem imports `config`.
 
 use std::fmt;
 use std::path::Path;
@@ -38,5 +39,16 @@ impl Problems {
 
     pub fn into_vec(self) -> Vec<Problem> {
         self.0
+    }
+}
+
+impl Problems {
+    /// The first problem found, if any.
+    pub fn first(self) -> Option<Problem> {
+        self.0.into_iter().next()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
     }
 }
