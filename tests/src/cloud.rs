@@ -250,3 +250,16 @@ pub fn cli(config: &Path, args: &[&str]) -> (bool, String, String) {
         String::from_utf8_lossy(&out.stderr).into_owned(),
     )
 }
+
+/// `records` of (`edge`, `epoch`, `lane`) staged and published on `sink`, as a session does with
+/// a batch whose turn came; no mark.
+pub async fn publish<S: cloud_bridge::sink::RecordSink>(
+    sink: &S,
+    edge: &str,
+    epoch: &str,
+    lane: u8,
+    records: Vec<shared::proto::WireRecord>,
+) -> Result<(), cloud_bridge::sink::SinkError> {
+    let staged = sink.stage(edge.to_owned(), epoch.to_owned(), lane, records).await?;
+    sink.publish(staged).await
+}

@@ -8,6 +8,7 @@ pub mod metrics;
 mod session;
 mod traced;
 pub mod trust;
+mod writes;
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};

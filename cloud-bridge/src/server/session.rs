@@ -6,31 +6,23 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use futures_util::FutureExt;
-use futures_util::StreamExt;
-use futures_util::stream::FuturesOrdered;
 use shared::proto::cloud::{CloudSession, DownWindow};
 use shared::proto::io::{FrameIoError, write_frame};
 use tokio::sync::mpsc;
 use tokio_util::task::AbortOnDropHandle;
 
-use shared::trace::Tracer;
-
 use crate::downlink::Registration;
 use crate::downlink::core::{DownAnswer, DownCall, DownCore};
 
-use super::core::{Answer, Call, CoreError, Event, Publish, SessionCore};
+use super::core::{Answer, Call, CoreError, Event, SessionCore};
 use super::metrics::SessionMetrics as Metrics;
-use super::traced::SinkSpans;
+use super::writes::Writes;
 use super::{Services, SessionEnd, SessionLimits, refuse};
 use crate::fleet::Presence;
 use crate::ingest::{self, Dicts, Ingested};
 use crate::limits::Reservation;
 use crate::models::serve::EdgeModels;
-use crate::sink::{Sink, SinkError, Turn};
-
-/// A publish running on a task of its own: (its id, when it started, the sink's answer).
-type Writing = std::pin::Pin<Box<dyn Future<Output = (u64, Instant, Result<(), SinkError>)> + Send>>;
+use crate::sink::{Sink, SinkError};
 
 /// Runs the session until the edge closes it (`Ok`) or something ends it (why).
 ///
@@ -70,13 +62,8 @@ pub(super) async fn run<S: Sink>(
     let chunk_budget = limits.budget.clone();
     let _ingest =
         AbortOnDropHandle::new(tokio::spawn(ingest::run(conn.clone(), limits.budget, dicts.clone(), batch_tx)));
-    // Publishes in the order the core started them. Each is a task of its own, so it goes on
-    // while this loop awaits a mark or reads the next batch, on the other core if there is
-    // one; the tasks end with the connection.
-    let mut writes: FuturesOrdered<Writing> = FuturesOrdered::new();
-    // What the next publish waits for before its records become visible: the one before it
-    // in the sink.
-    let mut turn = crate::sink::first_turn();
+    // The batches staged and published, in the order the core asks.
+    let mut writes: Writes<S> = Writes::new();
     // The models this edge follows, once its hello named them, and their chunk server.
     let mut edge_models: Option<(EdgeModels, AbortOnDropHandle<()>)> = None;
     let mut model_poll = tokio::time::interval(models.map_or(Duration::from_secs(3600), |m| m.poll));
@@ -119,18 +106,16 @@ pub(super) async fn run<S: Sink>(
             _ = model_poll.tick(), if edge_models.is_some() => {
                 Box::pin(announce_models(edge, &mut edge_models, core.session_mut())).await;
             }
-            Some(done) = writes.next(), if !writes.is_empty() => {
-                // This publish and any after it already done.
-                let mut next = Some(done);
-                while let Some((id, started, result)) = next.take() {
-                    metrics.sink_seconds.observe(started.elapsed().as_secs_f64());
-                    result?;
-                    core.handle_published(id);
-                    next = writes.next().now_or_never().flatten();
+            written = writes.next() => {
+                // This write and any others already done.
+                let mut next = Some(written);
+                while let Some(written) = next.take() {
+                    writes.handle(written, &mut core, metrics, tracer)?;
+                    next = writes.ready();
                 }
                 metrics.records.inc_by(core.take_published());
-                // The next batches publish while the marks are written.
-                start_writes(&mut core, &mut writes, &mut turn, sink, edge, tracer);
+                // The next batches stage and publish while the marks are written.
+                writes.start(&mut core, sink, edge, tracer);
                 if let Some(marks) = core.poll_marks() {
                     let epoch = core.session().epoch().unwrap_or_default().to_owned();
                     for &(lane, up_to) in &marks {
@@ -172,7 +157,7 @@ pub(super) async fn run<S: Sink>(
                 }
             }
         }
-        start_writes(&mut core, &mut writes, &mut turn, sink, edge, tracer);
+        writes.start(&mut core, sink, edge, tracer);
         let now_lag =
             core.session().lags().iter().fold(0u64, |sum, (_, l)| sum.saturating_add(*l)).min(i64::MAX as u64) as i64;
         metrics.lag.inc_by(now_lag - *lag);
@@ -253,40 +238,6 @@ async fn woken(news: &Option<Registration>) {
     match news {
         Some(r) => r.wake.notified().await,
         None => std::future::pending().await,
-    }
-}
-
-/// Starts the publishes the core asks for, in its order, each on a task of its own that waits
-/// for the one before it to be in the sink before anything it writes becomes visible.
-fn start_writes<S: Sink>(
-    core: &mut SessionCore<Reservation>,
-    writes: &mut FuturesOrdered<Writing>,
-    turn: &mut Turn,
-    sink: &S,
-    edge: &str,
-    tracer: &Tracer,
-) {
-    while let Some(Publish { id, epoch, lane, records, held }) = core.poll_publish() {
-        let (done, next_turn) = tokio::sync::oneshot::channel();
-        let mine = std::mem::replace(turn, Box::pin(async move { next_turn.await.unwrap_or(false) }));
-        let spans = SinkSpans::of(tracer, edge, &epoch, lane, &records);
-        let publish = sink.publish(edge.to_owned(), epoch, lane, records, mine);
-        let started = Instant::now();
-        let tracer = tracer.clone();
-        let task = AbortOnDropHandle::new(tokio::spawn(async move {
-            let result = publish.await;
-            if let Some(spans) = spans {
-                spans.record(&tracer, result.is_ok());
-            }
-            // The records are in the sink (or not): their memory is free either way.
-            drop(held);
-            let _ = done.send(result.is_ok());
-            result
-        }));
-        writes.push_back(Box::pin(async move {
-            let result = task.await.unwrap_or_else(|e| Err(SinkError::Task { what: "publish", reason: e.to_string() }));
-            (id, started, result)
-        }));
     }
 }
 

@@ -7,6 +7,9 @@
 use std::future::Future;
 use std::time::Duration;
 
+use futures_util::TryFutureExt;
+use futures_util::future::BoxFuture;
+
 use shared::proto::{DictAnnounce, LaneSeq, SinkLimits, WireRecord};
 use shared::schema::{Compatibility, Version};
 
@@ -20,7 +23,7 @@ use super::presence::{BridgeState, EdgeState, FleetStates, StoredReport};
 use super::quota::EpochVerdict;
 use super::schemas::{SchemaStore, Subject};
 use super::sqlite::SqliteSink;
-use super::{DictStore, FleetStore, RecordSink, Turn};
+use super::{DictStore, FleetStore, RecordSink};
 
 /// The sink a bridge or a command opened.
 #[derive(Debug, Clone)]
@@ -40,7 +43,17 @@ macro_rules! each {
     };
 }
 
+/// A batch staged by an [`AnySink`], for the same one.
+#[derive(Debug)]
+pub enum AnyStaged {
+    Sqlite(super::sqlite::Staged),
+    /// Boxed: it holds the batch's messages and its staging.
+    JetStream(Box<super::jetstream::Staged>),
+}
+
 impl RecordSink for AnySink {
+    type Staged = AnyStaged;
+
     fn pipeline(&self) -> usize {
         each!(self, s => s.pipeline())
     }
@@ -57,17 +70,32 @@ impl RecordSink for AnySink {
         each!(self, s => s.committed(edge, epoch).await)
     }
 
-    fn publish(
+    fn stage(
         &self,
         edge: String,
         epoch: String,
         lane: u8,
         records: Vec<WireRecord>,
-        turn: Turn,
-    ) -> impl Future<Output = Result<(), SinkError>> + Send + 'static {
+    ) -> impl Future<Output = Result<AnyStaged, SinkError>> + Send + 'static {
         // One allocation per batch, beside the batch's own.
-        let publish: futures_util::future::BoxFuture<'static, _> =
-            each!(self, s => Box::pin(s.publish(edge, epoch, lane, records, turn)));
+        let stage: BoxFuture<'static, _> = match self {
+            AnySink::Sqlite(s) => Box::pin(s.stage(edge, epoch, lane, records).map_ok(AnyStaged::Sqlite)),
+            AnySink::JetStream(s) => {
+                Box::pin(s.stage(edge, epoch, lane, records).map_ok(|s| AnyStaged::JetStream(Box::new(s))))
+            }
+        };
+        stage
+    }
+
+    fn publish(&self, staged: AnyStaged) -> impl Future<Output = Result<(), SinkError>> + Send + 'static {
+        let publish: BoxFuture<'static, _> = match (self, staged) {
+            (AnySink::Sqlite(s), AnyStaged::Sqlite(staged)) => Box::pin(s.publish(staged)),
+            (AnySink::JetStream(s), AnyStaged::JetStream(staged)) => Box::pin(s.publish(*staged)),
+            _ => Box::pin(std::future::ready(Err(SinkError::Invalid {
+                what: "publish",
+                reason: "a batch staged by another kind of sink".into(),
+            }))),
+        };
         publish
     }
 

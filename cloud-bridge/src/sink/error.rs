@@ -28,9 +28,6 @@ pub enum SinkError {
     /// A record JetStream refuses for itself that could not be set aside either.
     #[error("sink publish: record refused ({reason}): {detail}")]
     Refused { reason: &'static str, detail: String },
-    /// The batch before this one failed, so this one was not made visible.
-    #[error("sink publish: the batch before this one failed")]
-    Turn,
     /// A file or directory of the sink.
     #[error("sink {what}: {path}: {source}")]
     Io {
@@ -55,7 +52,6 @@ impl SinkError {
             SinkError::Conflict { .. } => "conflict",
             SinkError::Invalid { .. } => "invalid",
             SinkError::Refused { .. } => "refused",
-            SinkError::Turn => "turn",
             SinkError::Io { .. } => "io",
             SinkError::Task { .. } => "task",
         }

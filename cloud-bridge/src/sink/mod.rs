@@ -1,5 +1,5 @@
 //! Where committed edge records go. A batch lands in two steps, not one: [`RecordSink::publish`]
-//! writes its records idempotently (a record written twice is kept once, by its
+//! (after [`RecordSink::stage`], which may run ahead) writes its records idempotently (a record written twice is kept once, by its
 //! `{edge}:{epoch}:{lane}:{seq}` key), then, once every batch before it in the lane published,
 //! the session calls [`RecordSink::mark`] to raise the committed mark of (edge, epoch, lane). A crash
 //! between the two leaves records with no mark over them: the edge resends them, and the
@@ -37,7 +37,7 @@ use std::future::Future;
 
 use shared::proto::{DictAnnounce, LaneSeq, WireRecord};
 
-pub use any::AnySink;
+pub use any::{AnySink, AnyStaged};
 pub use downlink::DownlinkStore;
 pub use error::SinkError;
 pub use metrics::{DeadLetterLabel, SinkMetrics};
@@ -45,18 +45,6 @@ pub use presence::{BridgeState, EdgeState, FleetData, FleetStates, LaneState, St
 pub use quota::{EdgeQuota, EpochVerdict};
 pub use retry::Retry;
 pub use schemas::SchemaStore;
-
-/// Resolves once the batch published before this one is in the sink: `true`, or `false` if
-/// it failed. A sink makes no record of a batch visible before its turn came with `true`;
-/// otherwise a failure of the batch before would land this one's records first and the
-/// earlier one's after the edge's resend, out of order. A sink that keeps order by seq itself
-/// may ignore it.
-pub type Turn = std::pin::Pin<Box<dyn Future<Output = bool> + Send>>;
-
-/// A turn that has come: the first batch of a connection.
-pub fn first_turn() -> Turn {
-    Box::pin(std::future::ready(true))
-}
 
 /// A sink, by concern: edge records and their marks ([`RecordSink`]), the edges' compression
 /// dictionaries ([`DictStore`]), what the fleet view shows ([`FleetStore`]) and the downlink
@@ -69,9 +57,12 @@ impl<T: RecordSink + DictStore + FleetStore + DownlinkStore> Sink for T {}
 /// Edge records, exactly once: epochs admitted, records published idempotently, marks raised
 /// over what is published.
 pub trait RecordSink: Send + Sync + 'static {
-    /// Batches of one edge this sink may publish at once. Each waits for its [`Turn`] before
-    /// anything it writes becomes visible, so more than one helps only a sink with work to do
-    /// before that (staging a batch, preparing messages).
+    /// A batch made ready by [`RecordSink::stage`], for [`RecordSink::publish`].
+    type Staged: Send + 'static;
+
+    /// Batches of one edge this sink may stage at once while the one ahead of them publishes:
+    /// more than one helps only a sink with work to do before a batch's turn comes (staging it
+    /// with the server, preparing its messages).
     fn pipeline(&self) -> usize {
         1
     }
@@ -92,17 +83,24 @@ pub trait RecordSink: Send + Sync + 'static {
     /// Per lane, the highest seq of `edge` and `epoch` committed.
     fn committed(&self, edge: &str, epoch: &str) -> impl Future<Output = Result<Vec<LaneSeq>, SinkError>> + Send;
 
-    /// Writes `records` durably and idempotently (a record written twice is kept once), once
-    /// `turn` came; the mark does not move. The future owns what it needs, so several can run
-    /// at once.
-    fn publish(
+    /// Makes `records` ready to publish: what may be done before the batches ahead of them
+    /// are in the sink (their messages built; staged with a server that keeps them apart until
+    /// committed). Nothing staged is visible, and a staged batch dropped unpublished never
+    /// becomes so. A moment's failure is not an error here: what could not be staged is done by
+    /// the publish. The future owns what it needs, so several run at once, beside a publish.
+    fn stage(
         &self,
         edge: String,
         epoch: String,
         lane: u8,
         records: Vec<WireRecord>,
-        turn: Turn,
-    ) -> impl Future<Output = Result<(), SinkError>> + Send + 'static;
+    ) -> impl Future<Output = Result<Self::Staged, SinkError>> + Send + 'static;
+
+    /// Writes a staged batch durably and idempotently (a record written twice is kept once);
+    /// the mark does not move. The caller publishes one batch at a time, in order, each once
+    /// the one before it is in (`server::core` keeps that order): a failure of the batch before
+    /// must not land this one's records first and the earlier one's after the edge's resend.
+    fn publish(&self, staged: Self::Staged) -> impl Future<Output = Result<(), SinkError>> + Send + 'static;
 
     /// Raises the committed mark of (edge, epoch, lane) to `up_to`, never lowers it. Called only
     /// once every record up to `up_to` was published.
@@ -113,7 +111,7 @@ pub trait RecordSink: Send + Sync + 'static {
     /// readiness probe, [`probe::run`]): not what the last write found.
     fn probe(&self) -> impl Future<Output = Result<(), SinkError>> + Send;
 
-    /// [`RecordSink::publish`], then [`RecordSink::mark`].
+    /// [`RecordSink::stage`], [`RecordSink::publish`], then [`RecordSink::mark`].
     fn write(
         &self,
         edge: &str,
@@ -123,7 +121,8 @@ pub trait RecordSink: Send + Sync + 'static {
         up_to: u64,
     ) -> impl Future<Output = Result<(), SinkError>> + Send {
         async move {
-            self.publish(edge.to_owned(), epoch.to_owned(), lane, records, first_turn()).await?;
+            let staged = self.stage(edge.to_owned(), epoch.to_owned(), lane, records).await?;
+            self.publish(staged).await?;
             self.mark(edge, epoch, lane, up_to).await
         }
     }

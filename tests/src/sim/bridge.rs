@@ -4,7 +4,8 @@
 //! fails as a cluster does.
 //!
 //! The driver keeps the real one's shape: a sink call or a round of marks is awaited before the
-//! session reads its next frame; publishes run beside it, `pipeline` at once. A call's effect
+//! session reads its next frame; batches stage beside it, `pipeline` at once, each staging
+//! ending when it may, and publish one at a time in the core's order. A call's effect
 //! is made when it is asked; its answer comes after a latency, or, while the part of the sink it
 //! needs is down, a read fails after a timeout and a write waits (the sinks retry writes) until
 //! the part is back.
@@ -17,8 +18,8 @@ use std::time::{Duration, Instant};
 use cloud_bridge::downlink::DownlinkMetrics;
 use cloud_bridge::downlink::core::{DownAnswer, DownCall, DownCore};
 use cloud_bridge::server::core::{Answer, Call, CoreError, Event, SessionCore};
-use cloud_bridge::sink::sqlite::SqliteSink;
-use cloud_bridge::sink::{DictStore, DownlinkStore, FleetStore, RecordSink, SinkError, SinkMetrics, first_turn};
+use cloud_bridge::sink::sqlite::{SqliteSink, Staged};
+use cloud_bridge::sink::{DictStore, DownlinkStore, FleetStore, RecordSink, SinkError, SinkMetrics};
 use shared::proto::cloud::{CloudSession, DownWindow};
 use shared::proto::compress;
 
@@ -98,8 +99,12 @@ pub struct Session {
     awaited: Option<(Instant, Awaited)>,
     /// The downlink's call in flight, made beside the rest: when it is answered, and how.
     down: Option<(Instant, Result<DownAnswer, SinkError>)>,
-    /// Publishes in flight, in the order started: when each is done, its id, and whether it
-    /// fails.
+    /// Stagings in flight: when each is done, its id, its lane and record count, and the
+    /// batch staged.
+    staging: Vec<(Instant, u64, (u8, usize), Staged)>,
+    /// Staged, waiting for the core to publish them.
+    staged: BTreeMap<u64, ((u8, usize), Staged)>,
+    /// The publish in flight (one at a time): when it is done, its id, and whether it fails.
     publishing: VecDeque<(Instant, u64, bool)>,
     /// News of the edge's downlink wakes it.
     pub news: bool,
@@ -132,6 +137,8 @@ impl Bridge {
                 inbox: VecDeque::new(),
                 awaited: None,
                 down: None,
+                staging: Vec::new(),
+                staged: BTreeMap::new(),
                 publishing: VecDeque::new(),
                 news: false,
             },
@@ -178,8 +185,10 @@ impl Bridge {
                     return [Some(*at), None, None];
                 }
                 let published = s.publishing.front().map(|(at, ..)| *at);
+                let staged = s.staging.iter().map(|(at, ..)| *at).min();
+                let written = published.into_iter().chain(staged).min();
                 let down = s.down.as_ref().map(|(at, _)| *at);
-                [down, published, s.core.poll_timeout()]
+                [down, written, s.core.poll_timeout()]
             })
             .flatten()
             .min()
@@ -236,9 +245,10 @@ impl Session {
     /// What the session waits for, for a failure's report.
     pub fn waiting(&self) -> String {
         format!(
-            "awaited {:?}, downlink call {:?}, publishing {}, inbox {}",
+            "awaited {:?}, downlink call {:?}, staging {}, publishing {}, inbox {}",
             self.awaited.as_ref().map(|(at, a)| (at, matches!(a, Awaited::Marks(_)))),
             self.down.as_ref().map(|(at, a)| (at, a.is_ok())),
+            self.staging.len(),
             self.publishing.len(),
             self.inbox.len()
         )
@@ -278,7 +288,14 @@ impl Session {
                 }
             }
             if self.awaited.is_none() {
-                // Publishes done, in the order started.
+                // Stagings done, in whatever order they end.
+                while let Some(i) = self.staging.iter().position(|(at, ..)| *at <= now) {
+                    let (_, id, what, staged) = self.staging.remove(i);
+                    self.staged.insert(id, (what, staged));
+                    self.core.handle_staged(id);
+                    progress = true;
+                }
+                // The publish done.
                 while self.publishing.front().is_some_and(|(at, ..)| *at <= now) {
                     let Some((_, id, failed)) = self.publishing.pop_front() else { break };
                     if failed {
@@ -349,14 +366,24 @@ impl Session {
     }
 
     fn start_publishes(&mut self, name: &str, sink: &Sink, cx: &mut Ctx<'_>) -> Result<(), End> {
-        while let Some(p) = self.core.poll_publish() {
-            let count = p.records.len();
+        while let Some(p) = self.core.poll_stage() {
+            let what = (p.lane, p.records.len());
+            let staged = sink
+                .run("stage", sink.sqlite.stage(name.to_owned(), p.epoch, p.lane, p.records))
+                .map_err(|e| cx.fail(e))
+                .and_then(|r| r.map_err(|e| cx.fail(format!("stage: {e}"))))
+                .map_err(End::Other)?;
+            self.staging.push((cx.now + cx.rng.millis(0, 6), p.id, what, staged));
+        }
+        while let Some(id) = self.core.poll_publish() {
+            let Some(((lane, count), staged)) = self.staged.remove(&id) else {
+                return Err(End::Other(cx.fail(format!("the core published batch {id} before it was staged"))));
+            };
             let failing = sink.writes_failing_until.is_some_and(|u| u > cx.now) && cx.rng.chance(0.5);
             // A failed write may still have landed: the edge's resend must find it there once.
             let written = !failing || cx.rng.chance(0.5);
             if written {
-                let publish = sink.sqlite.publish(name.to_owned(), p.epoch, p.lane, p.records, first_turn());
-                sink.run("publish", publish)
+                sink.run("publish", sink.sqlite.publish(staged))
                     .map_err(|e| cx.fail(e))
                     .and_then(|r| r.map_err(|e| cx.fail(format!("publish: {e}"))))
                     .map_err(End::Other)?;
@@ -367,8 +394,8 @@ impl Session {
                 (true, true) => " (written, then fails)",
                 (true, false) => " (fails unwritten)",
             };
-            cx.trace.line(format!("bridge: {name} lane {} publishes {count} records{outcome}", p.lane));
-            self.publishing.push_back((at, p.id, failing));
+            cx.trace.line(format!("bridge: {name} lane {lane} publishes {count} records{outcome}"));
+            self.publishing.push_back((at, id, failing));
         }
         Ok(())
     }

@@ -7,7 +7,7 @@
 use std::time::Duration;
 
 use cloud_bridge::sink::jetstream::{BatchPublish, JetStreamSink};
-use cloud_bridge::sink::{DeadLetterLabel, RecordSink, SinkMetrics, first_turn};
+use cloud_bridge::sink::{DeadLetterLabel, SinkMetrics};
 use e2e_tests::client::Client;
 use e2e_tests::cloud::{TestCloud, pki};
 use e2e_tests::fixtures::{inference, with_spool};
@@ -132,9 +132,9 @@ async fn a_record_over_the_streams_max_msg_size_is_set_aside_once_through_resend
                 .map(|s| record(s, if s == 3 { vec![1u8; 8192] } else { format!("m{s}").into_bytes() }))
                 .collect::<Vec<_>>()
         };
-        sink.publish("edge-1".into(), "ep".into(), 0, batch(), first_turn()).await.unwrap();
+        e2e_tests::cloud::publish(&sink, "edge-1", "ep", 0, batch()).await.unwrap();
         // The resend of a bridge that died before its mark: nothing new anywhere.
-        sink.publish("edge-1".into(), "ep".into(), 0, batch(), first_turn()).await.unwrap();
+        e2e_tests::cloud::publish(&sink, "edge-1", "ep", 0, batch()).await.unwrap();
         let messages = stream_messages(&nats.url()).await;
         let subjects: Vec<&str> = messages.iter().map(|m| m.subject.as_str()).collect();
         let normal: Vec<_> = messages.iter().filter(|m| m.subject.as_str() == "edge.edge-1.telemetry.one").collect();
@@ -168,7 +168,7 @@ async fn an_operator_lists_and_replays_dead_letters_and_reads_what_reached_the_s
     let batch = (1..=5u64)
         .map(|s| record(s, if s == 3 { vec![1u8; 8192] } else { format!("m{s}").into_bytes() }))
         .collect::<Vec<_>>();
-    sink.publish("edge-1".into(), "ep".into(), 0, batch, first_turn()).await.unwrap();
+    e2e_tests::cloud::publish(&sink, "edge-1", "ep", 0, batch).await.unwrap();
     // A dead letter kept whole, with the headers the sink sets.
     let mut headers = async_nats::HeaderMap::new();
     headers.insert("Nats-Msg-Id", "edge-1:ep:0:9");

@@ -195,27 +195,28 @@ fn telemetry(seq: u64) -> shared::proto::WireRecord {
 
 /// The resend after a bridge died between publish and mark overlaps records already stored.
 /// An atomic batch is refused whole then, and the sink publishes it message by message; a fast
-/// batch skips the duplicates. Either way only the new records land, in order. A batch whose
-/// turn fails lands nothing.
+/// batch skips the duplicates. Either way only the new records land, in order. A batch staged
+/// and never published lands nothing.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_batch_overlapping_stored_records_lands_only_the_new_ones_in_order() {
-    use cloud_bridge::sink::{RecordSink, first_turn};
+    use cloud_bridge::sink::RecordSink;
     for batches in [BatchPublish::Atomic, BatchPublish::Fast] {
         let nats = NatsServer::start();
         let settings = settings(nats.url(), batches);
         let connect = || cloud_bridge::sink::jetstream::JetStreamSink::connect(&settings);
         let sink = connect().await.unwrap();
         let batch = |seqs: std::ops::RangeInclusive<u64>| seqs.map(telemetry).collect::<Vec<_>>();
-        sink.publish("edge-1".into(), "ep".into(), 3, batch(1..=10), first_turn()).await.unwrap();
+        e2e_tests::cloud::publish(&sink, "edge-1", "ep", 3, batch(1..=10)).await.unwrap();
         // Another bridge instance, as after a restart, gets the overlapping resend.
         let second = connect().await.unwrap();
-        second.publish("edge-1".into(), "ep".into(), 3, batch(6..=15), first_turn()).await.unwrap();
+        e2e_tests::cloud::publish(&second, "edge-1", "ep", 3, batch(6..=15)).await.unwrap();
         // All of a batch stored before: nothing new, and no error.
-        second.publish("edge-1".into(), "ep".into(), 3, batch(11..=15), first_turn()).await.unwrap();
-        let failed_before: cloud_bridge::sink::Turn = Box::pin(async { false });
-        let refused = second.publish("edge-1".into(), "ep".into(), 3, batch(16..=20), failed_before).await;
-        assert!(refused.unwrap_err().to_string().contains("the batch before this one failed"), "{batches:?}");
-        second.publish("edge-1".into(), "ep".into(), 3, batch(16..=20), first_turn()).await.unwrap();
+        e2e_tests::cloud::publish(&second, "edge-1", "ep", 3, batch(11..=15)).await.unwrap();
+        // A batch staged while the one before it failed is never published, and lands nothing
+        // (an atomic batch's staged messages are dropped by the server uncommitted).
+        let staged = second.stage("edge-1".into(), "ep".into(), 3, batch(21..=25)).await.unwrap();
+        drop(staged);
+        e2e_tests::cloud::publish(&second, "edge-1", "ep", 3, batch(16..=20)).await.unwrap();
         let payloads: Vec<String> = stream_messages(&nats.url())
             .await
             .iter()
@@ -226,11 +227,43 @@ async fn a_batch_overlapping_stored_records_lands_only_the_new_ones_in_order() {
     }
 }
 
+/// Batches staged ahead, as a session's pipeline stages them while the one before publishes,
+/// land in the order they are published, whatever the staging order: atomic batches staged on
+/// the server (one over the 1,000 messages of an atomic batch, so its later part is staged at
+/// its turn), fast batches with their reply subscription made. A batch staged twice (a retry
+/// after the edge's resend) lands once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn batches_staged_ahead_land_in_publish_order() {
+    use cloud_bridge::sink::RecordSink;
+    for batches in [BatchPublish::Atomic, BatchPublish::Fast] {
+        let nats = NatsServer::start();
+        let sink = cloud_bridge::sink::jetstream::JetStreamSink::connect(&settings(nats.url(), batches)).await.unwrap();
+        let stage = |seqs: std::ops::RangeInclusive<u64>| {
+            sink.stage("edge-1".into(), "ep".into(), 3, seqs.map(telemetry).collect())
+        };
+        // Staged last to first: the server holds three atomic batches at once.
+        let third = stage(1_511..=1_520).await.unwrap();
+        let second = stage(11..=1_510).await.unwrap();
+        let first = stage(1..=10).await.unwrap();
+        let again = stage(1..=10).await.unwrap();
+        for staged in [first, second, third, again] {
+            sink.publish(staged).await.unwrap();
+        }
+        let payloads: Vec<String> = stream_messages(&nats.url())
+            .await
+            .iter()
+            .map(|m| String::from_utf8_lossy(&m.payload).into_owned())
+            .collect();
+        let expected: Vec<String> = (1..=1_520).map(|s| format!("m{s}")).collect();
+        assert_eq!(payloads.len(), expected.len(), "{batches:?}");
+        assert!(payloads == expected, "{batches:?}: out of order");
+    }
+}
+
 /// Many edges draining at once each have a fast batch in flight: the server's limits on batches
 /// in flight must not refuse them (a refused batch would cost its edge the connection).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_thousand_edges_publishing_at_once_all_land() {
-    use cloud_bridge::sink::{RecordSink, first_turn};
     const EDGES: u64 = 1_000;
     const RECORDS: u64 = 40;
     let nats = NatsServer::start();
@@ -238,7 +271,8 @@ async fn a_thousand_edges_publishing_at_once_all_land() {
         cloud_bridge::sink::jetstream::JetStreamSink::connect(&settings(nats.url(), BatchPublish::Fast)).await.unwrap();
     let publishes = (0..EDGES).map(|edge| {
         let records = (1..=RECORDS).map(telemetry).collect::<Vec<_>>();
-        sink.publish(format!("edge-{edge}"), "ep".into(), 3, records, first_turn())
+        let sink = &sink;
+        async move { e2e_tests::cloud::publish(sink, &format!("edge-{edge}"), "ep", 3, records).await }
     });
     let results = futures_util::future::join_all(publishes).await;
     let failed: Vec<String> = results.into_iter().filter_map(|r| r.err().map(|e| e.to_string())).collect();
@@ -326,7 +360,6 @@ async fn tco_reports_are_kept_per_edge_in_kv() {
 /// keep their one value.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn user_properties_named_like_reserved_headers_neither_stop_a_lane_nor_spoof_ours() {
-    use cloud_bridge::sink::{RecordSink, first_turn};
     const POISON: [(&str, &str); 6] = [
         ("Nats-Expected-Last-Sequence", "1"),
         ("Nats-Rollup", "all"),
@@ -341,7 +374,7 @@ async fn user_properties_named_like_reserved_headers_neither_stop_a_lane_nor_spo
         let mut records: Vec<_> = (1..=11).map(telemetry).collect();
         let first = records[0].as_message_mut().unwrap();
         first.user_properties = POISON.iter().map(|(n, v)| (n.to_string(), v.to_string())).collect();
-        let stored = tokio::time::timeout(WAIT, sink.publish("edge-1".into(), "ep".into(), 3, records, first_turn()));
+        let stored = tokio::time::timeout(WAIT, e2e_tests::cloud::publish(&sink, "edge-1", "ep", 3, records));
         stored.await.expect("the sink answers").expect("the batch is stored");
         let messages = stream_messages(&nats.url()).await;
         assert_eq!(messages.len(), 11, "{batches:?}: the poisoned record and all behind it");

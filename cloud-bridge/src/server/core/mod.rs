@@ -9,8 +9,12 @@
 //! - A batch's records are held with what they cost (`H`, the driver's budget reservation)
 //!   until the batch publishes; a batch the session drops (a resend) or replaces gives both
 //!   back at once.
-//! - At most `pipeline` batches publish at once, started in release order; the driver reads a
-//!   batch ahead only while fewer than `pipeline + 1` are publishing or waiting to.
+//! - A batch is staged ([`SessionCore::poll_stage`], what a sink may do before the batches
+//!   ahead are in), then published ([`SessionCore::poll_publish`]). At most `pipeline` are
+//!   staged or publishing at once, started in release order; they publish one at a time, in that
+//!   order, each only once the one before it is in the sink: a failed publish ends the session
+//!   before anything after it is visible, so the edge's resend keeps every lane in order. The
+//!   driver reads a batch ahead only while fewer than `pipeline + 1` are under way or waiting.
 //! - A lane's mark moves only over a prefix of batches all in the sink, one mark per lane for
 //!   every batch that finished together, and marks are written one round at a time; the
 //!   edge's ack follows the mark ([`CloudSession::committed`]).
@@ -30,11 +34,12 @@ pub use calls::{Answer, Call, Event};
 
 use crate::downlink::core::DownCore;
 
-/// A batch to publish: its records above what the sink has, and what they cost, to give back
-/// once the publish ends either way.
+/// A batch to stage and then publish: its records above what the sink has, and what they cost,
+/// to give back once the publish ends either way.
 #[derive(Debug)]
 pub struct Publish<H> {
-    /// Names this publish in [`SessionCore::handle_published`].
+    /// Names this batch in [`SessionCore::handle_staged`], [`SessionCore::poll_publish`] and
+    /// [`SessionCore::handle_published`].
     pub id: u64,
     pub epoch: String,
     pub lane: u8,
@@ -57,14 +62,22 @@ pub enum CoreError {
     Stalled(Duration),
 }
 
-/// A publish started: where its mark goes, and whether it finished.
+/// A batch under way: where its mark goes, and how far it got.
 #[derive(Debug)]
 struct Started {
     id: u64,
     lane: u8,
     up_to: u64,
     count: u64,
-    done: bool,
+    step: Step,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Step {
+    Staging,
+    Staged,
+    Publishing,
+    Published,
 }
 
 /// See the module doc.
@@ -77,9 +90,9 @@ pub struct SessionCore<H> {
     held: HashMap<(u8, u64), (Vec<WireRecord>, H)>,
     /// Since when batches wait ahead of a missing one.
     held_since: Option<Instant>,
-    /// Released, not yet publishing, with the last seq each marks.
+    /// Released, not yet staging, with the last seq each marks.
     queued: VecDeque<(Publish<H>, u64)>,
-    /// Publishing, in the order they started.
+    /// Staging or publishing, in release order.
     started: VecDeque<Started>,
     next_id: u64,
     /// Per lane, how far the sink has every record, not yet marked.
@@ -191,25 +204,42 @@ impl<H> SessionCore<H> {
         Ok(())
     }
 
-    /// The next batch to publish, in release order, while fewer than `pipeline` are.
-    pub fn poll_publish(&mut self) -> Option<Publish<H>> {
+    /// The next batch to stage, in release order, while fewer than `pipeline` are under way.
+    /// Call [`SessionCore::handle_staged`] once it is.
+    pub fn poll_stage(&mut self) -> Option<Publish<H>> {
         if self.started.len() >= self.pipeline {
             return None;
         }
         let (publish, up_to) = self.queued.pop_front()?;
         let count = publish.records.len() as u64;
-        self.started.push_back(Started { id: publish.id, lane: publish.lane, up_to, count, done: false });
+        self.started.push_back(Started { id: publish.id, lane: publish.lane, up_to, count, step: Step::Staging });
         Some(publish)
     }
 
-    /// Publish `id` is in the sink. (One that failed ends the session: the edge resends what
+    /// Batch `id` is staged.
+    pub fn handle_staged(&mut self, id: u64) {
+        if let Some(s) = self.started.iter_mut().find(|s| s.id == id && s.step == Step::Staging) {
+            s.step = Step::Staged;
+        }
+    }
+
+    /// The staged batch to publish now, if the one before it is in the sink and it is staged:
+    /// its id. Call [`SessionCore::handle_published`] once it is in.
+    pub fn poll_publish(&mut self) -> Option<u64> {
+        // Those in the sink leave the front at once, so the front is the next to publish.
+        let next = self.started.front_mut().filter(|s| s.step == Step::Staged)?;
+        next.step = Step::Publishing;
+        Some(next.id)
+    }
+
+    /// Batch `id` is in the sink. (One that failed ends the session: the edge resends what
     /// was not acked, on a new one.)
     pub fn handle_published(&mut self, id: u64) {
-        if let Some(s) = self.started.iter_mut().find(|s| s.id == id) {
-            s.done = true;
+        if let Some(s) = self.started.iter_mut().find(|s| s.id == id && s.step == Step::Publishing) {
+            s.step = Step::Published;
         }
         // The batches in the sink over a prefix: one mark per lane for all of them.
-        while self.started.front().is_some_and(|s| s.done) {
+        while self.started.front().is_some_and(|s| s.step == Step::Published) {
             let s = self.started.pop_front().expect("checked");
             self.published += s.count;
             let mark = self.marks.entry(s.lane).or_default();

@@ -54,8 +54,19 @@ fn take(core: &mut SessionCore<Rc<()>>, lane: u8, first: u64, last: u64, now: In
     held
 }
 
-fn publishes(core: &mut SessionCore<Rc<()>>) -> Vec<Publish<Rc<()>>> {
-    std::iter::from_fn(|| core.poll_publish()).collect()
+/// The batches the core lets stage now.
+fn stages(core: &mut SessionCore<Rc<()>>) -> Vec<Publish<Rc<()>>> {
+    std::iter::from_fn(|| core.poll_stage()).collect()
+}
+
+/// `started` staged, then published in the order the core asks, each at once.
+fn publish(core: &mut SessionCore<Rc<()>>, started: &[Publish<Rc<()>>]) {
+    for p in started {
+        core.handle_staged(p.id);
+    }
+    while let Some(id) = core.poll_publish() {
+        core.handle_published(id);
+    }
 }
 
 fn seqs(p: &Publish<Rc<()>>) -> Vec<u64> {
@@ -71,38 +82,72 @@ fn acks(core: &mut SessionCore<Rc<()>>) -> Vec<(u8, u64)> {
         .collect()
 }
 
-/// Batches in order publish in order, `pipeline` at once; one more is read ahead and the next
-/// waits for a slot; a slot that frees starts the next.
+/// Batches in order stage in order, `pipeline` at once; one more is read ahead and the next
+/// waits for a slot; a slot that frees when a batch is in the sink starts the next.
 #[test]
-fn batches_publish_in_order_up_to_the_pipeline_with_one_read_ahead() {
+fn batches_stage_in_order_up_to_the_pipeline_with_one_read_ahead() {
     let now = Instant::now();
     let mut core = ready(2, &[]);
     assert!(core.wants_batch());
     for (first, last) in [(1, 10), (11, 20), (21, 30)] {
         take(&mut core, 0, first, last, now);
     }
-    let started = publishes(&mut core);
+    let started = stages(&mut core);
     assert_eq!(started.iter().map(|p| p.id).collect::<Vec<_>>(), [0, 1]);
     assert_eq!(seqs(&started[1]), (11..=20).collect::<Vec<_>>());
-    assert!(!core.wants_batch(), "two publishing and one waiting: no more read ahead");
+    assert!(!core.wants_batch(), "two under way and one waiting: no more read ahead");
+    core.handle_staged(0);
+    assert!(stages(&mut core).is_empty(), "staged is still under way");
+    assert_eq!(core.poll_publish(), Some(0));
     core.handle_published(0);
-    assert_eq!(publishes(&mut core).iter().map(|p| p.id).collect::<Vec<_>>(), [2]);
+    assert_eq!(stages(&mut core).iter().map(|p| p.id).collect::<Vec<_>>(), [2]);
     assert!(core.wants_batch());
 }
 
-/// A lane's mark moves over a prefix of batches in the sink only: the second finishing first
-/// marks nothing; then one mark covers both, and the edge's ack follows the mark, not the
-/// publish.
+/// Batches publish one at a time, in release order, each once it is staged and the one before
+/// it is in the sink, whatever order their stagings end in: so a publish that fails ends the
+/// session with nothing after it visible.
 #[test]
-fn marks_follow_a_prefix_of_published_batches_and_acks_follow_marks() {
+fn batches_publish_one_at_a_time_in_order_once_staged() {
+    let now = Instant::now();
+    let mut core = ready(3, &[]);
+    for (first, last) in [(1, 10), (11, 20), (21, 30)] {
+        take(&mut core, 0, first, last, now);
+    }
+    let started = stages(&mut core);
+    assert_eq!(started.len(), 3);
+    core.handle_staged(2);
+    core.handle_staged(1);
+    assert_eq!(core.poll_publish(), None, "the first is not staged yet");
+    core.handle_staged(0);
+    assert_eq!(core.poll_publish(), Some(0));
+    assert_eq!(core.poll_publish(), None, "one publish at a time");
+    core.handle_published(1);
+    assert_eq!(core.poll_publish(), None, "a publish the core did not ask for changes nothing");
+    core.handle_published(0);
+    assert_eq!(core.poll_publish(), Some(1));
+    core.handle_published(1);
+    assert_eq!(core.poll_publish(), Some(2));
+    core.handle_published(2);
+    assert_eq!(core.take_published(), 30);
+}
+
+/// A lane's mark moves over batches in the sink only, one mark for all that are in when the
+/// marks are asked for; the edge's ack follows the mark, not the publish.
+#[test]
+fn marks_follow_published_batches_and_acks_follow_marks() {
     let now = Instant::now();
     let mut core = ready(2, &[]);
     take(&mut core, 0, 1, 10, now);
     take(&mut core, 0, 11, 20, now);
-    let started = publishes(&mut core);
-    core.handle_published(started[1].id);
-    assert_eq!(core.poll_marks(), None, "the batch before it is not in the sink");
-    core.handle_published(started[0].id);
+    let started = stages(&mut core);
+    core.handle_staged(started[0].id);
+    assert_eq!(core.poll_publish(), Some(0));
+    assert_eq!(core.poll_marks(), None, "nothing is in the sink yet");
+    core.handle_published(0);
+    core.handle_staged(started[1].id);
+    assert_eq!(core.poll_publish(), Some(1));
+    core.handle_published(1);
     assert_eq!(core.take_published(), 20);
     let marks = core.poll_marks().expect("both are in the sink");
     assert_eq!(marks, [(0, 20)]);
@@ -118,14 +163,13 @@ fn one_round_of_marks_at_a_time_one_mark_per_lane() {
     let now = Instant::now();
     let mut core = ready(3, &[]);
     take(&mut core, 0, 1, 5, now);
-    let first = publishes(&mut core);
-    core.handle_published(first[0].id);
+    let first = stages(&mut core);
+    publish(&mut core, &first);
     let round = core.poll_marks().unwrap();
     take(&mut core, 1, 1, 3, now);
     take(&mut core, 0, 6, 9, now);
-    for p in publishes(&mut core) {
-        core.handle_published(p.id);
-    }
+    let started = stages(&mut core);
+    publish(&mut core, &started);
     assert_eq!(core.poll_marks(), None, "a round is being written");
     core.handle_marked(&round);
     assert_eq!(core.poll_marks().unwrap(), [(0, 9), (1, 3)]);
@@ -138,7 +182,7 @@ fn a_batch_ahead_of_a_missing_one_waits_for_it_until_the_stall_deadline() {
     let t0 = Instant::now();
     let mut core = ready(4, &[]);
     take(&mut core, 0, 11, 20, t0);
-    assert!(publishes(&mut core).is_empty());
+    assert!(stages(&mut core).is_empty());
     assert_eq!(core.held(), 1);
     assert_eq!(core.poll_timeout(), Some(t0 + STALL));
     // A later batch held does not push the deadline back.
@@ -151,7 +195,7 @@ fn a_batch_ahead_of_a_missing_one_waits_for_it_until_the_stall_deadline() {
     assert!(matches!(late.handle_timeout(t0 + STALL), Err(CoreError::Stalled(d)) if d == STALL));
 
     take(&mut core, 0, 1, 10, t0 + Duration::from_secs(20));
-    let started = publishes(&mut core);
+    let started = stages(&mut core);
     assert_eq!(
         started.iter().map(|p| (p.records[0].seq, p.records.last().unwrap().seq)).collect::<Vec<_>>(),
         [(1, 10), (11, 20), (21, 30)]
@@ -168,11 +212,11 @@ fn a_resend_publishes_only_what_the_sink_has_not() {
     let now = Instant::now();
     let mut core = ready(4, &[(0, 10)]);
     let old = take(&mut core, 0, 5, 10, now);
-    assert!(publishes(&mut core).is_empty());
+    assert!(stages(&mut core).is_empty());
     assert_eq!(Rc::strong_count(&old), 1, "the core keeps nothing of a resend");
     assert_eq!(acks(&mut core), [(0, 10)]);
     take(&mut core, 0, 8, 15, now);
-    let started = publishes(&mut core);
+    let started = stages(&mut core);
     assert_eq!(seqs(&started[0]), (11..=15).collect::<Vec<_>>());
 }
 
@@ -188,7 +232,7 @@ fn what_a_batch_holds_goes_with_its_publish_or_when_replaced() {
     assert_eq!(Rc::strong_count(&first), 1, "replaced by the resend");
     assert_eq!(Rc::strong_count(&again), 2);
     take(&mut core, 0, 1, 10, now);
-    let started = publishes(&mut core);
+    let started = stages(&mut core);
     assert_eq!(Rc::strong_count(&again), 2, "the publish holds it now");
     drop(started);
     assert_eq!(Rc::strong_count(&again), 1);
@@ -214,7 +258,7 @@ fn a_batch_before_the_welcome_is_refused() {
     let mut core: SessionCore<Rc<()>> = SessionCore::new(CloudSession::new(4), 1, STALL);
     let (b, records) = batch(0, 1, 1);
     assert!(matches!(core.handle_batch(b, records, Rc::new(()), Instant::now()), Err(CoreError::Session(_))));
-    assert!(core.poll_publish().is_none());
+    assert!(core.poll_stage().is_none());
 }
 
 /// The downlink's sink calls go on a lane of their own, and a failure pauses the downlink, not
@@ -256,8 +300,8 @@ fn a_downlink_that_fails_pauses_the_downlink_not_the_session() {
     assert_eq!(core.poll_down_call(now), None, "paused");
     // Telemetry goes on meanwhile.
     take(&mut core, 0, 1, 5, now);
-    let started = publishes(&mut core);
-    core.handle_published(started[0].id);
+    let started = stages(&mut core);
+    publish(&mut core, &started);
     let marks = core.poll_marks().unwrap();
     core.handle_marked(&marks);
     assert_eq!(acks(&mut core), [(0, 5)]);

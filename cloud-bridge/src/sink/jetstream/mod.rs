@@ -6,7 +6,8 @@
 //!   topic can produce: a `%` in a level is always encoded) with their body as JSON.
 //! - A batch goes as one ADR-50 fast-ingest batch on nats-server 2.14 or newer, as atomic
 //!   batches of up to 1,000 messages on 2.12 and 2.13, message by message before (see
-//!   `publish.rs`). Each way leaves a prefix of the batch stored when it fails part way (per
+//!   `publish.rs`, `fast.rs`, `atomic.rs`); an atomic batch is staged while the one ahead of it
+//!   commits. Each way leaves a prefix of the batch stored when it fails part way (per
 //!   subject, message by message), so the edge's resend continues every topic in order.
 //! - A batch's publishes all acked, and only then, the mark of
 //!   (edge, epoch) raised in a KV bucket, with compare-and-set so two bridges racing for one
@@ -27,21 +28,24 @@ use std::time::Duration;
 
 use async_nats::jetstream::{self, kv, stream};
 
+mod atomic;
 mod bucket;
 mod cluster;
 mod dicts;
 pub mod downlink;
+mod fast;
 pub mod fleet;
 mod header;
 mod open;
-pub(in crate::sink) mod publish;
+mod outgoing;
+mod publish;
 mod records;
 mod refused;
 mod schemas;
 
 pub use cluster::connect as client;
-pub use publish::BatchPublish;
 use publish::Publishing;
+pub use publish::{BatchPublish, Staged};
 
 use crate::sink::error::SinkError;
 use crate::sink::metrics::SinkMetrics;

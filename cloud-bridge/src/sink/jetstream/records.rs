@@ -9,20 +9,21 @@ use shared::units::now_ms;
 
 use super::JetStreamSink;
 use super::bucket::{CAS_ATTEMPTS, Cas, edge_key, mark_key, read_doc, write_doc};
-use super::publish::{self, Publishing};
-use super::refused::{self, Failure};
+use super::publish::{Publisher, Publishing, Staged};
+use crate::sink::RecordSink;
 use crate::sink::error::SinkError;
 use crate::sink::quota::{EpochVerdict, Epochs};
 use crate::sink::retry::Retry;
-use crate::sink::{RecordSink, Turn};
 
 /// JetStream refuses a message whose headers pass this (error 10097).
 const MAX_HEADERS: usize = 64 << 10;
 
 impl RecordSink for JetStreamSink {
+    type Staged = Staged;
+
     /// The server's `max_payload` and the stream's `max_msg_size` bound the whole message, and
     /// JetStream bounds its headers; the bridge's own headers (the message id, the QoS) and the
-    /// header block's framing are taken off, as `publish::Outgoing::size` counts them.
+    /// header block's framing are taken off, as `outgoing::Outgoing::size` counts them.
     fn record_limits(&self, edge: &str, epoch: &str) -> Option<shared::proto::SinkLimits> {
         let id = format!("{edge}:{epoch}:255:{}", shared::proto::MAX_SEQ);
         let own = ("Nats-Msg-Id".len() + id.len() + 4)
@@ -88,79 +89,20 @@ impl RecordSink for JetStreamSink {
         Ok(marks.into_iter().map(|(lane, seq)| LaneSeq { lane, seq }).collect())
     }
 
-    fn publish(
+    fn stage(
         &self,
         edge: String,
         epoch: String,
         lane: u8,
         records: Vec<WireRecord>,
-        turn: Turn,
-    ) -> impl Future<Output = Result<(), SinkError>> + Send + 'static {
-        let (client, js, publishing, prefix) =
-            (self.client.clone(), self.js.clone(), self.publishing, self.prefix.clone());
-        let (metrics, max_payload) = (self.metrics.clone(), self.max_payload);
-        // Built now, where the batch is received, not when its turn to publish comes: the
-        // publish before it is still waiting for JetStream meanwhile.
-        let mut records = records;
-        let messages = publish::outgoing(&self.prefix, &edge, &epoch, lane, &mut records);
-        async move {
-            let mut messages = messages?;
-            let dead = refused::dead_subject(&prefix, &edge);
-            let address = |r: &WireRecord| publish::addressed(&prefix, &edge, &epoch, lane, r);
-            // Every attempt waits for the same turn, which comes once.
-            let turn = futures_util::FutureExt::shared(turn);
-            let now = || -> Turn { Box::pin(turn.clone()) };
-            let mut retry = Retry::default();
-            // A message over the server's limit would fail any batch it is in, every time.
-            let oversized = messages.iter().any(|m| m.size() > max_payload);
-            loop {
-                let result = match publishing {
-                    _ if oversized => {
-                        Err(Failure::Record { reason: "too_large", detail: format!("over max_payload {max_payload}") })
-                    }
-                    Publishing::Fast => publish::publish_fast(&client, &mut messages, now()).await,
-                    Publishing::Atomic => {
-                        let aside = (dead.as_str(), &*metrics);
-                        publish::publish_atomic_batches(&client, &js, &mut messages, &records, address, now(), aside)
-                            .await
-                    }
-                    Publishing::Messages => {
-                        publish::publish_messages(&js, &mut messages, now(), (&dead, &metrics)).await
-                    }
-                };
-                let result = match result {
-                    // A batch is refused whole: message by message, the refused ones set aside.
-                    Err(Failure::Record { reason, detail }) => {
-                        tracing::info!(
-                            edge,
-                            lane,
-                            reason,
-                            detail,
-                            "batch refused for a record in it; publishing it message by message"
-                        );
-                        publish::readdress(&mut messages, &records, address);
-                        publish::publish_messages(&js, &mut messages, now(), (&dead, &metrics)).await
-                    }
-                    other => other,
-                };
-                match result {
-                    Ok(()) => {
-                        metrics.wrote();
-                        return Ok(());
-                    }
-                    Err(Failure::Transient(e)) => {
-                        retry.wait("publish", &e, &metrics).await;
-                        publish::readdress(&mut messages, &records, address);
-                    }
-                    Err(e) => {
-                        // Not the moment's: the session ends on it, and `/healthz` says so.
-                        let e = e.into_error();
-                        metrics.failed(&e);
-                        return Err(e);
-                    }
-                }
-            }
-        }
+    ) -> impl Future<Output = Result<Staged, SinkError>> + Send + 'static {
+        let publisher = self.publisher();
+        async move { publisher.stage(edge, epoch, lane, records).await }
+    }
+
+    fn publish(&self, staged: Staged) -> impl Future<Output = Result<(), SinkError>> + Send + 'static {
+        let publisher = self.publisher();
+        async move { publisher.publish(staged).await }
     }
 
     async fn mark(&self, edge: &str, epoch: &str, lane: u8, up_to: u64) -> Result<(), SinkError> {
@@ -175,6 +117,17 @@ impl RecordSink for JetStreamSink {
 }
 
 impl JetStreamSink {
+    fn publisher(&self) -> Publisher {
+        Publisher {
+            client: self.client.clone(),
+            js: self.js.clone(),
+            publishing: self.publishing,
+            prefix: self.prefix.clone(),
+            metrics: self.metrics.clone(),
+            max_payload: self.max_payload,
+        }
+    }
+
     async fn read_marks(&self, key: &str) -> Result<(BTreeMap<u8, u64>, Option<u64>), SinkError> {
         read_doc(&self.marks, key, "read mark").await
     }

@@ -23,13 +23,16 @@ use bytes::Bytes;
 
 use crate::sink::{DeadLetterLabel, SinkError, SinkMetrics};
 
+/// The server answered, but not as it should have (an unreadable ack, a count that is off).
+pub(super) fn odd(what: &'static str, reason: impl std::fmt::Display) -> SinkError {
+    SinkError::JetStream { what, code: None, reason: reason.to_string() }
+}
+
 /// Why a publish did not go through.
 #[derive(Debug)]
 pub(super) enum Failure {
     /// JetStream refuses a record for itself: `reason` is the metric label.
     Record { reason: &'static str, detail: String },
-    /// The batch before this one failed: this one must not be published.
-    Turn,
     /// The moment's: try again.
     Transient(SinkError),
 }
@@ -79,7 +82,6 @@ impl Failure {
     pub(super) fn into_error(self) -> SinkError {
         match self {
             Failure::Record { reason, detail } => SinkError::Refused { reason, detail },
-            Failure::Turn => SinkError::Turn,
             Failure::Transient(e) => e,
         }
     }

@@ -26,6 +26,8 @@ use crate::sink::error::SinkError;
 use crate::sink::metrics::SinkMetrics;
 use crate::sink::quota::EdgeQuota;
 
+pub use records::Staged;
+
 #[derive(Debug, Clone)]
 pub struct SqliteSink {
     conn: Arc<Mutex<Connection>>,

@@ -8,10 +8,10 @@ use shared::units::now_ms;
 use std::sync::Arc;
 
 use super::{SqliteSink, at};
+use crate::sink::RecordSink;
 use crate::sink::error::SinkError;
 use crate::sink::quota::{EpochVerdict, Epochs};
 use crate::sink::retry::Retry;
-use crate::sink::{RecordSink, Turn};
 
 /// One batch's records in one transaction; a record stored before is kept as it was.
 fn insert(conn: &mut Connection, edge: &str, epoch: &str, lane: u8, records: &[WireRecord]) -> Result<(), SinkError> {
@@ -64,7 +64,18 @@ fn insert(conn: &mut Connection, edge: &str, epoch: &str, lane: u8, records: &[W
     tx.commit().map_err(|e| SinkError::sqlite("commit", e))
 }
 
+/// A batch for [`SqliteSink`]: its records as received.
+#[derive(Debug)]
+pub struct Staged {
+    edge: String,
+    epoch: String,
+    lane: u8,
+    records: Arc<Vec<WireRecord>>,
+}
+
 impl RecordSink for SqliteSink {
+    type Staged = Staged;
+
     /// Rows are keyed and read by seq, so the order batches commit in does not matter.
     fn pipeline(&self) -> usize {
         8
@@ -116,19 +127,21 @@ impl RecordSink for SqliteSink {
         .await
     }
 
-    fn publish(
+    /// Nothing to do ahead: a batch is one transaction.
+    fn stage(
         &self,
         edge: String,
         epoch: String,
         lane: u8,
         records: Vec<WireRecord>,
-        _turn: Turn,
-    ) -> impl Future<Output = Result<(), SinkError>> + Send + 'static {
-        // Order by seq is the table's key: a later batch landing first changes nothing a
-        // reader by seq sees, so the turn is not awaited and batches commit side by side.
+    ) -> impl Future<Output = Result<Staged, SinkError>> + Send + 'static {
+        std::future::ready(Ok(Staged { edge, epoch, lane, records: Arc::new(records) }))
+    }
+
+    fn publish(&self, staged: Staged) -> impl Future<Output = Result<(), SinkError>> + Send + 'static {
         let sink = self.clone();
-        let records = Arc::new(records);
         async move {
+            let Staged { edge, epoch, lane, records } = staged;
             let mut retry = Retry::default();
             loop {
                 let (edge, epoch, records) = (edge.clone(), epoch.clone(), records.clone());
