@@ -8,7 +8,7 @@
 # CRASH=1 leaves the filled spool as a power cut does (not closed cleanly), so the edge checks it at start.
 # START_ONLY=1 measures only the edge's start to its first uplink commit (no drain, no peer);
 # COLD=1 drops the page cache before each start (root), as a reboot does. EDGE_NODE=path runs
-# another edge-node build (an A/B of the start).
+# another edge-node build (an A/B of the start), CLOUD_BRIDGE=path another cloud-bridge build.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/drain-configs.sh
@@ -54,7 +54,7 @@ for r in $(seq "$repeats"); do
   "$bin/drain-bench" fill "$work/spool-$r.db" "$count" x "${TOPICS:-16}" ${CRASH:+crash} > /dev/null
   if [ -n "${COLD:-}" ]; then sync; echo 3 > /proc/sys/vm/drop_caches; fi
   cloud_config "$work/cloud-$r.toml" 127.0.0.1:0 127.0.0.1:0 "nats://127.0.0.1:$nport" "$work/certs"
-  "$bin/cloud-bridge" run --config "$work/cloud-$r.toml" --ready-file "$work/cloud-$r.json" 2> "$work/cloud-$r.log" &
+  "${CLOUD_BRIDGE:-$bin/cloud-bridge}" run --config "$work/cloud-$r.toml" --ready-file "$work/cloud-$r.json" 2> "$work/cloud-$r.log" &
   cloud_pid=$!; pids+=("$cloud_pid")
   wait_file "$work/cloud-$r.json"
   read -r quic chttp < <(python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); print(d["quic"], d["http"])' "$work/cloud-$r.json")

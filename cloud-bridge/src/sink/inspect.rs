@@ -1,76 +1,22 @@
 //! What reached the sink, for an operator: `cloud-bridge records tail|count` (either sink) and
 //! `cloud-bridge dead-letters list|replay` (JetStream; the SQLite sink stores every record and
-//! has none). Read without a running bridge, from the `[sink]` of its config.
+//! has none). Read without a running bridge, from the `[sink]` of its config, by the backend's
+//! own `inspect.rs`.
 
 use std::collections::BTreeMap;
 
-use async_nats::jetstream;
-use futures_util::StreamExt;
-use serde::Serialize;
-
 use super::SinkError;
 use super::config::SinkConfig;
-
-/// One stored record as an operator reads it.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-pub struct Seen {
-    pub edge: String,
-    /// `epoch:lane:seq` of the edge's spool.
-    pub id: String,
-    /// `message` or `gap`.
-    pub kind: String,
-    pub topic: String,
-    /// The payload as text when it is UTF-8, else as hex.
-    pub payload: String,
-    pub bytes: usize,
-    pub headers: BTreeMap<String, String>,
-}
-
-impl Seen {
-    fn payload(bytes: &[u8]) -> String {
-        match std::str::from_utf8(bytes) {
-            Ok(text) => text.to_owned(),
-            Err(_) => format!("hex:{}", bytes.iter().map(|b| format!("{b:02x}")).collect::<String>()),
-        }
-    }
-
-    /// One line for a terminal: the payload cut at 120 characters.
-    pub fn line(&self) -> String {
-        let mut payload: String = self.payload.chars().take(120).collect();
-        if payload.len() < self.payload.len() {
-            payload.push('…');
-        }
-        format!("{} {} {} {} ({} bytes) {payload}", self.edge, self.id, self.kind, self.topic, self.bytes)
-    }
-}
+use super::jetstream::inspect::{self as js, Records};
+pub use super::seen::{DeadLetter, Seen};
+use super::sqlite::inspect as sqlite;
 
 /// The last `n` records stored (of `edge`, if given), oldest first.
 pub async fn tail(sink: &SinkConfig, edge: Option<&str>, n: usize) -> Result<Vec<Seen>, SinkError> {
     match sink {
-        SinkConfig::Sqlite { path } => sqlite_tail(path, edge, n),
+        SinkConfig::Sqlite { path } => sqlite::tail(path, edge, n),
         SinkConfig::Jetstream { url, stream, subject_prefix, .. } => {
-            let js = jetstream::new(super::jetstream::client(url, CONNECT).await?);
-            let filter = match edge {
-                Some(e) => format!("{subject_prefix}.{}.>", crate::names::token(e)),
-                None => format!("{subject_prefix}.>"),
-            };
-            let mut s = js.get_stream(stream).await.map_err(|e| SinkError::nats("records", stream, &e))?;
-            let last = s.info().await.map_err(|e| SinkError::nats("records", stream, &e))?.state.last_sequence;
-            let mut out = Vec::new();
-            // Backwards from the last, within a bound: an edge with few records in a large
-            // stream is looked for in its last 100,000 messages.
-            let mut seq = last;
-            while seq > 0 && out.len() < n && last - seq < SCAN {
-                if let Ok(m) = s.get_raw_message(seq).await
-                    && subject_matches(&m.subject, &filter)
-                    && !m.subject.ends_with(".%dead")
-                {
-                    out.push(from_stream(&m));
-                }
-                seq -= 1;
-            }
-            out.reverse();
-            Ok(out)
+            js::tail(Records { url, stream, subject_prefix }, edge, n).await
         }
     }
 }
@@ -78,91 +24,21 @@ pub async fn tail(sink: &SinkConfig, edge: Option<&str>, n: usize) -> Result<Vec
 /// Records stored per edge (messages and gap records together).
 pub async fn count(sink: &SinkConfig) -> Result<BTreeMap<String, u64>, SinkError> {
     match sink {
-        SinkConfig::Sqlite { path } => {
-            let conn = open_read_only(path)?;
-            let mut stmt = conn
-                .prepare("SELECT edge_id, COUNT(*) FROM records GROUP BY edge_id")
-                .map_err(|e| sqlite("count", &e))?;
-            let rows = stmt
-                .query_map([], |r| Ok((r.get::<_, String>(0)?, r.get::<_, u64>(1)?)))
-                .map_err(|e| sqlite("count", &e))?;
-            rows.collect::<Result<_, _>>().map_err(|e| sqlite("count", &e))
-        }
+        SinkConfig::Sqlite { path } => sqlite::count(path),
         SinkConfig::Jetstream { url, stream, subject_prefix, .. } => {
-            let js = jetstream::new(super::jetstream::client(url, CONNECT).await?);
-            let s = js.get_stream(stream).await.map_err(|e| SinkError::nats("records", stream, &e))?;
-            let info = s
-                .info_with_subjects(format!("{subject_prefix}.>"))
-                .await
-                .map_err(|e| SinkError::nats("records", stream, &e))?;
-            let mut subjects = info;
-            let mut out = BTreeMap::new();
-            while let Some(next) = subjects.next().await {
-                let (subject, n) = next.map_err(|e| SinkError::nats("records", stream, &e))?;
-                if subject.ends_with(".%dead") {
-                    continue;
-                }
-                let edge = subject.split('.').nth(1).unwrap_or_default().to_owned();
-                *out.entry(edge).or_default() += n as u64;
-            }
-            Ok(out)
+            js::count(Records { url, stream, subject_prefix }).await
         }
     }
 }
 
-/// A record JetStream refused for itself, set aside on `<prefix>.<edge>.%dead`.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-pub struct DeadLetter {
-    /// Its sequence in the stream: what `replay` takes.
-    pub seq: u64,
-    pub reason: String,
-    pub error: String,
-    /// The subject it was refused on.
-    pub subject: String,
-    /// Whether its payload was kept (a record too large for the server is kept as its ids).
-    pub whole: bool,
-    pub record: Seen,
-}
-
-/// Every dead letter (of `edge`, if given), oldest first.
+/// Every dead letter (of `edge`, if given), oldest first; none on a sink that sets none aside.
 pub async fn dead_letters(sink: &SinkConfig, edge: Option<&str>) -> Result<Vec<DeadLetter>, SinkError> {
-    let SinkConfig::Jetstream { url, stream, subject_prefix, .. } = sink else { return Ok(Vec::new()) };
-    let js = jetstream::new(super::jetstream::client(url, CONNECT).await?);
-    let filter = format!("{subject_prefix}.{}.%dead", edge.map_or("*".to_owned(), crate::names::token));
-    let s = js.get_stream(stream).await.map_err(|e| SinkError::nats("dead letters", stream, &e))?;
-    let mut consumer = s
-        .create_consumer(jetstream::consumer::pull::OrderedConfig { filter_subject: filter, ..Default::default() })
-        .await
-        .map_err(|e| SinkError::nats("dead letters", stream, &e))?;
-    // Exactly as many as the filter matched when the consumer was made: the read neither stops
-    // at a pause of a slow server nor waits for letters set aside since.
-    let pending = consumer.info().await.map_err(|e| SinkError::nats("dead letters", stream, &e))?.num_pending;
-    let mut out = Vec::new();
-    if pending == 0 {
-        return Ok(out);
+    match sink {
+        SinkConfig::Sqlite { .. } => Ok(Vec::new()),
+        SinkConfig::Jetstream { url, stream, subject_prefix, .. } => {
+            js::dead_letters(Records { url, stream, subject_prefix }, edge).await
+        }
     }
-    let mut messages = consumer.messages().await.map_err(|e| SinkError::nats("dead letters", stream, &e))?;
-    while (out.len() as u64) < pending {
-        let m = match tokio::time::timeout(CONNECT, messages.next()).await {
-            Ok(Some(Ok(m))) => m,
-            Ok(Some(Err(e))) => return Err(SinkError::nats("dead letters", stream, &e)),
-            Ok(None) | Err(_) => return Err(unavailable(format!("{} of {pending} dead letters read", out.len()))),
-        };
-        let seq = m.info().map(|i| i.stream_sequence).unwrap_or(0);
-        let header = |name: &str| m.headers.as_ref().and_then(|h| h.get(name)).map(|v| v.as_str().to_owned());
-        let bytes = header("Edge-Dead-Letter-Payload-Bytes").and_then(|b| b.parse::<usize>().ok()).unwrap_or(0);
-        let mut record = from_message(&m.subject, m.headers.as_ref(), &m.payload);
-        record.bytes = bytes;
-        out.push(DeadLetter {
-            seq,
-            reason: header("Edge-Dead-Letter-Reason").unwrap_or_default(),
-            error: header("Edge-Dead-Letter-Error").unwrap_or_default(),
-            subject: header("Edge-Dead-Letter-Subject").unwrap_or_default(),
-            whole: m.payload.len() == bytes,
-            record,
-        });
-    }
-    Ok(out)
 }
 
 /// The dead letters as the console serves them: `{"letters": [...], "note": ...}` (a note for
@@ -176,139 +52,16 @@ pub async fn dead_letters_doc(sink: &SinkConfig) -> Result<String, SinkError> {
     Ok(serde_json::json!({ "letters": letters, "note": note }).to_string())
 }
 
-/// Publishes the dead letters at `seqs` again on their subjects, with their headers (the
-/// `Nats-Msg-Id` as `<id>:replay`, so a repeated replay is stored once) and, once JetStream
-/// acked each, deletes it; one connection for all. What JetStream still refuses stays where
-/// it is, and its error says why (raise the limit it names first). Each letter's outcome: the
-/// subject it went to, or why not.
+/// Publishes the dead letters at `seqs` again where they were refused and deletes each once
+/// stored; each letter's outcome, the subject it went to or why not
+/// (`jetstream::inspect::replay`).
 pub async fn replay(sink: &SinkConfig, seqs: &[u64]) -> Result<Vec<(u64, Result<String, SinkError>)>, SinkError> {
-    let SinkConfig::Jetstream { url, stream, .. } = sink else {
-        return Err(SinkError::Invalid { what: "replay", reason: "the SQLite sink has no dead letters".into() });
-    };
-    let js = jetstream::new(super::jetstream::client(url, CONNECT).await?);
-    let s = js.get_stream(stream).await.map_err(|e| SinkError::nats("replay", stream, &e))?;
-    let mut out = Vec::with_capacity(seqs.len());
-    for &seq in seqs {
-        out.push((seq, replay_one(&js, &s, seq).await));
-    }
-    Ok(out)
-}
-
-async fn replay_one(js: &jetstream::Context, s: &jetstream::stream::Stream, seq: u64) -> Result<String, SinkError> {
-    let m = s.get_raw_message(seq).await.map_err(|e| SinkError::nats("replay", &seq.to_string(), &e))?;
-    if !m.subject.ends_with(".%dead") {
-        return Err(SinkError::Invalid { what: "replay", reason: format!("message {seq} is not a dead letter") });
-    }
-    let subject = m.headers.get("Edge-Dead-Letter-Subject").map(|v| v.as_str().to_owned()).unwrap_or_default();
-    let bytes = m.headers.get("Edge-Dead-Letter-Payload-Bytes").and_then(|v| v.as_str().parse::<usize>().ok());
-    if subject.is_empty() || bytes != Some(m.payload.len()) {
-        return Err(SinkError::Invalid {
-            what: "replay",
-            reason: format!("dead letter {seq} kept only the record's ids (its payload was too large to keep)"),
-        });
-    }
-    let mut headers = async_nats::HeaderMap::new();
-    for (name, values) in m.headers.iter() {
-        let name: &str = name.as_ref();
-        if name.starts_with("Edge-Dead-Letter-") || name.eq_ignore_ascii_case("Nats-Msg-Id") {
-            continue;
+    match sink {
+        SinkConfig::Sqlite { .. } => {
+            Err(SinkError::Invalid { what: "replay", reason: "the SQLite sink has no dead letters".into() })
         }
-        for v in values {
-            headers.append(name, v.as_str());
+        SinkConfig::Jetstream { url, stream, subject_prefix, .. } => {
+            js::replay(Records { url, stream, subject_prefix }, seqs).await
         }
     }
-    // The dead letter took the record's own `Nats-Msg-Id`: published again under it inside
-    // the duplicate window, JetStream would drop the record as the dead letter's duplicate. A
-    // replay has its own, so a replay repeated (a crash before the delete) is stored once.
-    if let Some(id) = m.headers.get(async_nats::header::NATS_MESSAGE_ID) {
-        headers.insert(async_nats::header::NATS_MESSAGE_ID, format!("{}:replay", id.as_str()).as_str());
-    }
-    js.publish_with_headers(subject.clone(), headers, m.payload.clone())
-        .await
-        .map_err(|e| SinkError::nats("replay", &subject, &e))?
-        .await
-        .map_err(|e| SinkError::nats("replay", &subject, &e))?;
-    s.delete_message(seq).await.map_err(|e| SinkError::nats("replay: delete the dead letter", &seq.to_string(), &e))?;
-    Ok(subject)
-}
-
-/// How long a command tries the servers.
-const CONNECT: std::time::Duration = std::time::Duration::from_secs(10);
-
-fn unavailable(reason: String) -> SinkError {
-    SinkError::Unavailable { what: "dead letters", reason }
-}
-
-/// Messages `tail` looks back through at most.
-const SCAN: u64 = 100_000;
-
-fn subject_matches(subject: &str, filter: &str) -> bool {
-    subject.starts_with(filter.trim_end_matches('>'))
-}
-
-fn from_stream(m: &jetstream::message::StreamMessage) -> Seen {
-    from_message(&m.subject, Some(&m.headers), &m.payload)
-}
-
-fn from_message(subject: &str, headers: Option<&async_nats::HeaderMap>, payload: &[u8]) -> Seen {
-    let mut map = BTreeMap::new();
-    if let Some(h) = headers {
-        for (name, values) in h.iter() {
-            if let Some(v) = values.first() {
-                map.insert(name.to_string(), v.as_str().to_owned());
-            }
-        }
-    }
-    let kind = if subject.ends_with(".%gap") { "gap" } else { "message" };
-    Seen {
-        edge: map.get("Edge-Id").cloned().unwrap_or_else(|| subject.split('.').nth(1).unwrap_or_default().to_owned()),
-        id: map.get("Edge-Seq").cloned().unwrap_or_default(),
-        kind: kind.into(),
-        topic: map.get("Mqtt-Topic").cloned().unwrap_or_else(|| subject.to_owned()),
-        payload: Seen::payload(payload),
-        bytes: payload.len(),
-        headers: map,
-    }
-}
-
-fn open_read_only(path: &std::path::Path) -> Result<rusqlite::Connection, SinkError> {
-    rusqlite::Connection::open_with_flags(path, rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY)
-        .map_err(|e| sqlite("open", &e))
-}
-
-fn sqlite(what: &'static str, e: &rusqlite::Error) -> SinkError {
-    let code = match e {
-        rusqlite::Error::SqliteFailure(f, _) => f.extended_code,
-        _ => 0,
-    };
-    SinkError::Sqlite { what, code, reason: e.to_string() }
-}
-
-fn sqlite_tail(path: &std::path::Path, edge: Option<&str>, n: usize) -> Result<Vec<Seen>, SinkError> {
-    let conn = open_read_only(path)?;
-    let mut stmt = conn
-        .prepare(
-            "SELECT edge_id, epoch, lane, seq, kind, topic, payload, headers FROM records \
-             WHERE ?1 IS NULL OR edge_id = ?1 ORDER BY rowid DESC LIMIT ?2",
-        )
-        .map_err(|e| sqlite("tail", &e))?;
-    let rows = stmt
-        .query_map(rusqlite::params![edge, n as i64], |r| {
-            let headers: Option<String> = r.get(7)?;
-            let payload: Vec<u8> = r.get(6)?;
-            let pairs: Vec<(String, String)> = headers.and_then(|h| serde_json::from_str(&h).ok()).unwrap_or_default();
-            Ok(Seen {
-                edge: r.get(0)?,
-                id: format!("{}:{}:{}", r.get::<_, String>(1)?, r.get::<_, i64>(2)?, r.get::<_, i64>(3)?),
-                kind: r.get(4)?,
-                topic: r.get::<_, Option<String>>(5)?.unwrap_or_default(),
-                bytes: payload.len(),
-                payload: Seen::payload(&payload),
-                headers: pairs.into_iter().collect(),
-            })
-        })
-        .map_err(|e| sqlite("tail", &e))?;
-    let mut out = rows.collect::<Result<Vec<_>, _>>().map_err(|e| sqlite("tail", &e))?;
-    out.reverse();
-    Ok(out)
 }

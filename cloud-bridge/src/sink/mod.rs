@@ -31,6 +31,7 @@ pub mod probe;
 pub mod quota;
 mod retry;
 pub mod schemas;
+mod seen;
 pub mod sqlite;
 
 use std::future::Future;

@@ -36,6 +36,7 @@ pub mod downlink;
 mod fast;
 pub mod fleet;
 mod header;
+pub(in crate::sink) mod inspect;
 mod open;
 mod outgoing;
 mod publish;

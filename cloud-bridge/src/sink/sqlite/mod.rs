@@ -13,6 +13,7 @@
 mod dicts;
 mod downlink;
 mod fleet;
+pub(in crate::sink) mod inspect;
 mod records;
 mod schema;
 mod schemas;
