@@ -5,9 +5,9 @@
 //! the request's `Accept` header, as Prometheus clients do.
 
 /// The content type of OpenMetrics text.
-pub const OPENMETRICS: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
+pub(crate) const OPENMETRICS: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
 /// The content type of the Prometheus text format.
-pub const PROMETHEUS_TEXT: &str = "text/plain; version=0.0.4; charset=utf-8";
+pub(crate) const PROMETHEUS_TEXT: &str = "text/plain; version=0.0.4; charset=utf-8";
 
 /// The body and content type for a scrape that sent `accept`: OpenMetrics when it asks for
 /// it, the Prometheus text format otherwise.
@@ -20,7 +20,7 @@ pub fn respond(accept: Option<&str>, openmetrics: String) -> (&'static str, Stri
 }
 
 /// OpenMetrics text as the Prometheus text format 0.0.4.
-pub fn to_prometheus_text(openmetrics: &str) -> String {
+pub(crate) fn to_prometheus_text(openmetrics: &str) -> String {
     let mut out = String::with_capacity(openmetrics.len());
     // A family's `# HELP` comes before its `# TYPE`, which decides the name both must carry.
     let mut help: Option<(&str, &str)> = None;

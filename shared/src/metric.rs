@@ -70,14 +70,14 @@ mod tests {
 
     crate::metrics! {
         #[derive(Debug)]
-        pub struct Inner {
+        pub(crate) struct Inner {
             pub inner: Counter => ("inner", "Counted inside"),
         }
     }
 
     crate::metrics! {
         #[derive(Debug)]
-        pub struct Counts {
+        pub(crate) struct Counts {
             pub sent: Counter => ("sent", "Messages sent"),
             pub latency: Histogram => ("latency", "From send to ack", unit Seconds,
                 init Histogram::new([0.01, 0.1, 1.0].into_iter())),

@@ -16,14 +16,14 @@ use serde::{Deserialize, Serialize};
 /// Each changed region costs about itself plus the chunk on either side of its edges: with
 /// 1 MiB chunks a 5 % change in three places of a 64 MiB file cost 19.5 % of it in one run,
 /// with 512 KiB chunks 11.2 % (`scripts/bench-model-delta.sh`).
-pub const CHUNK_MIN: u32 = 128 << 10;
-pub const CHUNK_AVG: u32 = 512 << 10;
+pub(crate) const CHUNK_MIN: u32 = 128 << 10;
+pub(crate) const CHUNK_AVG: u32 = 512 << 10;
 pub const CHUNK_MAX: u32 = 2 << 20;
 /// Chunks per manifest, at most: 64 Ki chunks of up to 2 MiB is far beyond any model an edge
 /// holds, and bounds what a manifest can make a receiver allocate.
-pub const MAX_CHUNKS: usize = 1 << 16;
+pub(crate) const MAX_CHUNKS: usize = 1 << 16;
 /// Encoded manifest bytes, at most.
-pub const MAX_MANIFEST_BYTES: usize = 4 << 20;
+pub(crate) const MAX_MANIFEST_BYTES: usize = 4 << 20;
 
 #[derive(Debug, thiserror::Error)]
 pub enum ModelError {

@@ -21,7 +21,7 @@ const TICKS_PER_SECOND: f64 = 100.0;
 /// What one scrape read of the process; a field that could not be read is `None` and its
 /// metric left out.
 #[derive(Debug, Default, Clone, PartialEq)]
-pub struct ProcessStats {
+pub(crate) struct ProcessStats {
     pub cpu_seconds: Option<f64>,
     pub resident_bytes: Option<u64>,
     pub virtual_bytes: Option<u64>,
@@ -33,7 +33,7 @@ pub struct ProcessStats {
 
 impl ProcessStats {
     /// Reads this process's figures.
-    pub fn read() -> Self {
+    pub(crate) fn read() -> Self {
         let stat = std::fs::read_to_string("/proc/self/stat").unwrap_or_default();
         let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
         let limits = std::fs::read_to_string("/proc/self/limits").unwrap_or_default();
@@ -45,7 +45,7 @@ impl ProcessStats {
 
     /// The figures in the text of `/proc/self/stat`, `/proc/self/status`, `/proc/self/limits`
     /// and `/proc/stat`.
-    pub fn parse(stat: &str, status: &str, limits: &str, boot: &str) -> Self {
+    pub(crate) fn parse(stat: &str, status: &str, limits: &str, boot: &str) -> Self {
         // The command name (field 2) is in parentheses and may hold spaces and parentheses:
         // the fields after it start after the last ')'. Field 3 is then index 0.
         let fields: Vec<&str> =
@@ -75,7 +75,7 @@ impl ProcessStats {
 
 /// The collector of [`ProcessStats`], read at each scrape.
 #[derive(Debug, Default)]
-pub struct ProcessCollector;
+pub(crate) struct ProcessCollector;
 
 impl Collector for ProcessCollector {
     fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {

@@ -8,7 +8,7 @@ use std::os::unix::ffi::OsStrExt;
 use std::os::unix::net::UnixDatagram;
 
 /// Sends `state` (`KEY=value` lines) to the service manager; whether there was one.
-pub fn notify(state: &str) -> std::io::Result<bool> {
+pub(crate) fn notify(state: &str) -> std::io::Result<bool> {
     let Some(socket) = std::env::var_os("NOTIFY_SOCKET") else { return Ok(false) };
     notify_to(socket.as_bytes(), state)?;
     Ok(true)

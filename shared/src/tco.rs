@@ -36,7 +36,7 @@ pub enum Route {
 }
 
 impl Route {
-    pub const ALL: [Route; 3] = [Route::EdgeDirect, Route::Central, Route::Both];
+    pub(crate) const ALL: [Route; 3] = [Route::EdgeDirect, Route::Central, Route::Both];
 
     pub fn as_str(self) -> &'static str {
         match self {
@@ -164,7 +164,7 @@ pub struct Link {
 
 impl Link {
     /// What a consumer of the central cluster waits for a message.
-    pub fn central_latency_ms(&self) -> f64 {
+    pub(crate) fn central_latency_ms(&self) -> f64 {
         self.commit_ms.max(self.rtt_ms)
     }
 }
@@ -205,7 +205,7 @@ impl Decision {
     }
 
     /// Saving as a share of the runner-up's cost, 0 when there is no runner-up.
-    pub fn saving_share(&self) -> f64 {
+    pub(crate) fn saving_share(&self) -> f64 {
         let Some(best) = self.best else { return 0.0 };
         let runner_up = self.cost(best).monthly + self.saving;
         if runner_up > 0.0 { self.saving / runner_up } else { 0.0 }
@@ -359,7 +359,8 @@ impl Hysteresis {
         Self { threshold, hold, current, candidate: None }
     }
 
-    pub fn current(&self) -> Route {
+    #[cfg(test)]
+    pub(crate) fn current(&self) -> Route {
         self.current
     }
 

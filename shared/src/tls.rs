@@ -112,7 +112,7 @@ pub enum Role {
 
 /// What [`check_pair`] found of a certificate and key that can be used.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct PairReport {
+pub(crate) struct PairReport {
     /// The certificate's name ([`certificate_identity`]).
     pub name: Option<String>,
     /// Its `notAfter`.
@@ -123,7 +123,12 @@ pub struct PairReport {
 /// the key is the certificate's, the certificate is valid now and made for `role` (a swapped
 /// client and server certificate is caught here, not at the first handshake). The error names
 /// the file and what is wrong.
-pub fn check_pair(cert: &Path, key: &Path, role: Role, now: std::time::SystemTime) -> Result<PairReport, TlsError> {
+pub(crate) fn check_pair(
+    cert: &Path,
+    key: &Path,
+    role: Role,
+    now: std::time::SystemTime,
+) -> Result<PairReport, TlsError> {
     let chain = load_certs(cert)?;
     let der = load_key(key)?;
     let signing = provider()
@@ -169,7 +174,7 @@ pub fn check_pair(cert: &Path, key: &Path, role: Role, now: std::time::SystemTim
 }
 
 /// Certificates closer to their `notAfter` than this are named by `check-config`.
-pub const EXPIRY_WARNING: std::time::Duration = std::time::Duration::from_secs(30 * 24 * 3600);
+pub(crate) const EXPIRY_WARNING: std::time::Duration = std::time::Duration::from_secs(30 * 24 * 3600);
 
 /// `check-config`'s word on a certificate and key named by `key` in a config: an error, a
 /// warning when it expires within [`EXPIRY_WARNING`], or nothing.

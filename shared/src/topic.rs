@@ -49,10 +49,6 @@ impl TopicFilter {
         Ok(Self(filter))
     }
 
-    pub fn as_str(&self) -> &str {
-        &self.0
-    }
-
     /// Does this filter match the topic name `topic`?
     pub fn matches(&self, topic: &str) -> bool {
         matches(&self.0, topic)
@@ -138,7 +134,7 @@ pub fn matches(filter: &str, topic: &str) -> bool {
 
 /// Does filter `outer` match every topic that filter `inner` matches? Both are assumed valid.
 /// Used to decide whether a subscription lies inside what an ACL allows.
-pub fn covers(outer: &str, inner: &str) -> bool {
+pub(crate) fn covers(outer: &str, inner: &str) -> bool {
     // A leading wildcard never matches `$` topics, so it cannot cover a filter for them.
     if inner.starts_with('$') && outer.starts_with(['+', '#']) {
         return false;

@@ -50,8 +50,8 @@ pub use admit::Stage;
 use admit::{Admitted, COUNT_BITS, Window};
 
 /// The user property names of W3C Trace Context, as MQTT 5 carries them.
-pub const TRACEPARENT: &str = "traceparent";
-pub const TRACESTATE: &str = "tracestate";
+pub(crate) const TRACEPARENT: &str = "traceparent";
+pub(crate) const TRACESTATE: &str = "tracestate";
 
 /// A message's trace context, parsed from its `traceparent` (W3C Trace Context, level 1).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -68,7 +68,7 @@ impl TraceParent {
     /// Parses a `traceparent` value: `version-traceid-parentid-flags` in lowercase hex.
     /// Version `ff` and all-zero ids are invalid; a later version may append fields after a
     /// dash, which are ignored, as the recommendation asks of a level 1 reader.
-    pub fn parse(value: &str) -> Option<Self> {
+    pub(crate) fn parse(value: &str) -> Option<Self> {
         let b = value.as_bytes();
         if b.len() < 55 || b[2] != b'-' || b[35] != b'-' || b[52] != b'-' {
             return None;
@@ -94,7 +94,7 @@ impl TraceParent {
 
     /// The context in `user` properties: the first `traceparent` that parses, with the first
     /// `tracestate`. Names compare exactly, as the W3C header's lowercase name.
-    pub fn of_properties(user: &[(String, String)]) -> Option<Self> {
+    pub(crate) fn of_properties(user: &[(String, String)]) -> Option<Self> {
         let mut found = user.iter().filter(|(k, _)| k == TRACEPARENT).find_map(|(_, v)| Self::parse(v))?;
         found.state = user.iter().find(|(k, _)| k == TRACESTATE).map(|(_, v)| v.clone());
         Some(found)
@@ -106,7 +106,8 @@ impl TraceParent {
     }
 
     /// The `traceparent` value.
-    pub fn header(&self) -> String {
+    #[cfg(test)]
+    pub(crate) fn header(&self) -> String {
         let hex = |b: &[u8]| b.iter().map(|x| format!("{x:02x}")).collect::<String>();
         format!("00-{}-{}-{:02x}", hex(&self.trace_id), hex(&self.span_id), u8::from(self.sampled))
     }

@@ -22,13 +22,13 @@
 use std::time::Duration;
 
 /// The first window a busy bridge's refusal spreads its edges over.
-pub const BUSY_WINDOW: Duration = Duration::from_secs(2);
+pub(crate) const BUSY_WINDOW: Duration = Duration::from_secs(2);
 
 /// How much wider each busy window is than the one before.
 const BUSY_GROWTH: f64 = 1.5;
 
 /// The widest busy window.
-pub const BUSY_WINDOW_MAX: Duration = Duration::from_secs(6);
+pub(crate) const BUSY_WINDOW_MAX: Duration = Duration::from_secs(6);
 
 #[derive(Debug, Clone)]
 pub struct Backoff {

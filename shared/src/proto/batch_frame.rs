@@ -31,7 +31,7 @@ use super::varint::put as put_varint;
 use super::{Batch, Codec, ProtoError, codec};
 
 /// The first byte of a version 4 batch frame's body.
-pub const BINARY_BATCH: u8 = 0x04;
+pub(crate) const BINARY_BATCH: u8 = 0x04;
 
 /// The version from which batches go in this framing.
 pub const BINARY_SINCE: u16 = 4;

@@ -15,13 +15,13 @@ use super::{ProtoError, WireRecord};
 /// What one CBOR item may cost in memory besides its bytes: the largest slot any of our types
 /// gives an item (a `String` or `Vec` header is 24 bytes, a `(String, String)` pair 48), twice
 /// for growth.
-pub const SLOT: usize = 96;
+pub(crate) const SLOT: usize = 96;
 
 /// Nesting deeper than any record has is refused before it is walked.
 const MAX_DEPTH: usize = 16;
 
 /// The bound for `cbor`, which must be a CBOR array of records.
-pub fn decoded_bound(cbor: &[u8]) -> Result<usize, ProtoError> {
+pub(crate) fn decoded_bound(cbor: &[u8]) -> Result<usize, ProtoError> {
     decoded_bound_up_to(cbor, usize::MAX)
 }
 
@@ -206,7 +206,7 @@ impl Reader<'_> {
 /// the `Vec`, every string, byte string and vector with its slots. The bound must never be
 /// below it (tests and the fuzz targets check that).
 #[doc(hidden)]
-pub fn decoded_heap(records: &[WireRecord]) -> usize {
+pub(crate) fn decoded_heap(records: &[WireRecord]) -> usize {
     let strings = |s: &str| s.len();
     records.iter().fold(size_of_val(records), |acc, r| {
         let m = r.as_message().map_or(0, |m| {

@@ -26,7 +26,7 @@ use super::{
 };
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum CloudPhase {
+pub(crate) enum CloudPhase {
     AwaitHello,
     /// Hello received; the driver looks up the committed seqs and calls `welcome`.
     LookingUp,
@@ -169,7 +169,8 @@ impl CloudSession {
         self
     }
 
-    pub fn phase(&self) -> CloudPhase {
+    #[cfg(test)]
+    pub(crate) fn phase(&self) -> CloudPhase {
         self.phase
     }
 
@@ -448,7 +449,7 @@ impl CloudSession {
         self.heads.iter().map(|(lane, head)| (*lane, head.saturating_sub(self.committed_seq(*lane)))).collect()
     }
 
-    pub fn committed_seq(&self, lane: u8) -> u64 {
+    pub(crate) fn committed_seq(&self, lane: u8) -> u64 {
         self.lanes.get(&lane).map_or(0, |l| l.committed)
     }
 
@@ -527,11 +528,6 @@ impl CloudSession {
     /// The position the next downlink message must come after.
     pub fn down_sent(&self) -> u64 {
         self.down.sent
-    }
-
-    /// The edge's downlink position, as acked on this connection (or started at).
-    pub fn down_acked(&self) -> u64 {
-        self.down.acked
     }
 
     /// Queues downlink message `d`, the next in order.

@@ -34,7 +34,8 @@ pub fn decode<T: DeserializeOwned>(body: &[u8]) -> Result<T, ProtoError> {
 }
 
 /// Decodes one whole frame (prefix and body) from `bytes`, which must hold exactly that.
-pub fn decode_frame<T: DeserializeOwned>(bytes: &[u8], max: usize) -> Result<T, ProtoError> {
+#[cfg(test)]
+pub(crate) fn decode_frame<T: DeserializeOwned>(bytes: &[u8], max: usize) -> Result<T, ProtoError> {
     let header: [u8; HEADER] = bytes
         .get(..HEADER)
         .and_then(|h| h.try_into().ok())
@@ -49,23 +50,23 @@ pub fn decode_frame<T: DeserializeOwned>(bytes: &[u8], max: usize) -> Result<T, 
 
 /// Splits a byte stream into frame bodies, for readers that get bytes in pieces.
 #[derive(Debug)]
-pub struct FrameBuffer {
+pub(crate) struct FrameBuffer {
     buf: Vec<u8>,
     max: usize,
 }
 
 impl FrameBuffer {
-    pub fn new(max: usize) -> Self {
+    pub(crate) fn new(max: usize) -> Self {
         Self { buf: Vec::new(), max }
     }
 
-    pub fn extend(&mut self, bytes: &[u8]) {
+    pub(crate) fn extend(&mut self, bytes: &[u8]) {
         self.buf.extend_from_slice(bytes);
     }
 
     /// The next whole frame body, if one has arrived; an error if its length is over the limit
     /// (checked as soon as the prefix is in, before the body is waited for).
-    pub fn next_body(&mut self) -> Result<Option<Vec<u8>>, ProtoError> {
+    pub(crate) fn next_body(&mut self) -> Result<Option<Vec<u8>>, ProtoError> {
         let Some(header) = self.buf.get(..HEADER).and_then(|h| <[u8; HEADER]>::try_from(h).ok()) else {
             return Ok(None);
         };
@@ -79,7 +80,8 @@ impl FrameBuffer {
     }
 
     /// Bytes held that do not yet make a frame.
-    pub fn pending(&self) -> usize {
+    #[cfg(test)]
+    pub(crate) fn pending(&self) -> usize {
         self.buf.len()
     }
 }

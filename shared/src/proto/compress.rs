@@ -23,7 +23,7 @@ pub struct Dict {
 }
 
 impl Dict {
-    pub fn new(class: impl Into<String>, bytes: Vec<u8>) -> Self {
+    pub(crate) fn new(class: impl Into<String>, bytes: Vec<u8>) -> Self {
         Self { id: dict_id(&bytes), class: class.into(), bytes }
     }
 
@@ -59,7 +59,7 @@ pub fn dict_id_for(version: u16, bytes: &[u8]) -> String {
 }
 
 /// A full dictionary id (`dict_id`) as protocol `version` names it.
-pub fn wire_id(full: &str, version: u16) -> &str {
+pub(crate) fn wire_id(full: &str, version: u16) -> &str {
     if version >= 2 { full } else { full.get(..V1_ID_DIGITS).unwrap_or(full) }
 }
 
@@ -280,13 +280,6 @@ pub fn decode_records(batch: &Batch, raw: &[u8]) -> Result<Vec<WireRecord>, Prot
     let records: Vec<WireRecord> = codec::decode(raw)?;
     check_range(batch.first_seq, batch.last_seq, &records)?;
     Ok(records)
-}
-
-/// The memory a receiver needs to take `batch` in: its body, the decompressed CBOR when it is
-/// compressed, and the decoded records' bound ([`super::bound`]), given its CBOR `raw`.
-pub fn cost(batch: &Batch, raw: &[u8]) -> Result<usize, ProtoError> {
-    let decompressed = if batch.codec.compressed() { raw.len() } else { 0 };
-    Ok(batch.body.len() + decompressed + super::bound::decoded_bound(raw)?)
 }
 
 /// Refuses a batch a receiver could not take within [`MAX_BATCH_COST`]: the sender splits it.

@@ -17,7 +17,7 @@ pub const MAX_REFUSAL_REASON: usize = 256;
 
 /// Refusals and expiries one `DownAck` may list, at most (an edge lists what it did not yet see
 /// marked; the bridge's window keeps that far lower).
-pub const MAX_DOWN_REPORT: usize = 4096;
+pub(crate) const MAX_DOWN_REPORT: usize = 4096;
 
 /// The most a downlink message may weigh ([`Down::weight`] without its fixed part): its frame
 /// stays within [`super::MAX_CONTROL_FRAME`], whose last 64 KiB cover the encoding.
@@ -50,7 +50,7 @@ pub struct Down {
 
 impl Down {
     /// What it weighs in a window: its variable bytes and a little for the rest.
-    pub fn weight(&self) -> usize {
+    pub(crate) fn weight(&self) -> usize {
         let props: usize =
             self.user_properties.iter().map(|(k, v)| k.len() + v.len() + super::USER_PROPERTY_COST).sum();
         self.topic.len()

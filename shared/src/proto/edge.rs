@@ -48,7 +48,7 @@ impl Default for EdgeSessionConfig {
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Phase {
+pub(crate) enum Phase {
     Disconnected,
     AwaitWelcome,
     Ready,
@@ -185,7 +185,8 @@ impl EdgeSession {
 
     /// Starts the downlink at the edge's persisted position, with the refusals and expiries
     /// it kept that the cloud has not marked.
-    pub fn with_down(mut self, done: u64, refused: Vec<DownRefusal>, expired: Vec<u64>) -> Self {
+    #[cfg(test)]
+    pub(crate) fn with_down(mut self, done: u64, refused: Vec<DownRefusal>, expired: Vec<u64>) -> Self {
         self.down = DownState { done, received: done, refused, expired, ..DownState::default() };
         self
     }
@@ -197,7 +198,7 @@ impl EdgeSession {
     }
 
     /// Speaks these versions instead of this build's (for tests of mixed fleets).
-    pub fn with_versions(mut self, versions: Vec<u16>) -> Self {
+    pub(crate) fn with_versions(mut self, versions: Vec<u16>) -> Self {
         self.versions = versions;
         self
     }
@@ -253,7 +254,8 @@ impl EdgeSession {
         d.ack_due = !d.refused.is_empty() || !d.expired.is_empty();
     }
 
-    pub fn phase(&self) -> Phase {
+    #[cfg(test)]
+    pub(crate) fn phase(&self) -> Phase {
         self.phase
     }
 
@@ -451,12 +453,14 @@ impl EdgeSession {
     }
 
     /// The downlink position: done through this seq.
-    pub fn down_position(&self) -> u64 {
+    #[cfg(test)]
+    pub(crate) fn down_position(&self) -> u64 {
         self.down.done
     }
 
     /// Refusals the cloud has not marked yet, for the driver to keep across a restart.
-    pub fn down_unmarked(&self) -> (&[DownRefusal], &[u64]) {
+    #[cfg(test)]
+    pub(crate) fn down_unmarked(&self) -> (&[DownRefusal], &[u64]) {
         (&self.down.refused, &self.down.expired)
     }
 
@@ -555,12 +559,9 @@ impl EdgeSession {
         self.welcomes
     }
 
-    pub fn is_degraded(&self) -> bool {
+    #[cfg(test)]
+    pub(crate) fn is_degraded(&self) -> bool {
         self.degraded
-    }
-
-    pub fn rtt(&self) -> Option<Duration> {
-        self.rtt
     }
 
     pub fn acked(&self, lane: u8) -> u64 {

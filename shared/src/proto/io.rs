@@ -29,14 +29,6 @@ where
     }
 }
 
-/// Reads one batch frame of either framing (`super::batch_frame`).
-pub async fn read_batch<R: AsyncRead + Unpin>(r: &mut R, max: usize) -> Result<Option<super::Batch>, FrameIoError> {
-    match read_frame_body(r, max).await? {
-        Some(body) => Ok(Some(super::batch_frame::decode(&body)?)),
-        None => Ok(None),
-    }
-}
-
 /// What a frame's buffer starts at; it grows with the bytes that arrive.
 const FIRST_READ: usize = 64 << 10;
 
@@ -66,7 +58,7 @@ pub async fn read_frame_body<R: AsyncRead + Unpin>(r: &mut R, max: usize) -> Res
 }
 
 /// What [`spawn_reader`] hands on: a frame, the end of the stream, or the error that ended it.
-pub type FrameRead<T> = Box<Result<Option<T>, FrameIoError>>;
+pub(crate) type FrameRead<T> = Box<Result<Option<T>, FrameIoError>>;
 
 /// Reads frames on a task of its own and hands them over a channel, ending with the first
 /// `None` (end of stream) or error. Callers that wait on several things at once select on the

@@ -72,11 +72,11 @@ pub const SHAPES_VERSION: u16 = 8;
 
 /// The first version whose records name their schema ([`WireMessage::schema`]) and whose
 /// column-wise bodies are in format 2 ([`columns::Format::V2`]).
-pub const SCHEMA_VERSION: u16 = 7;
+pub(crate) const SCHEMA_VERSION: u16 = 7;
 
 /// The first version whose batches may be column-wise ([`Codec::Columns`],
 /// [`Codec::ZstdColumns`]): an edge sends them only on such a session.
-pub const COLUMNS_VERSION: u16 = 6;
+pub(crate) const COLUMNS_VERSION: u16 = 6;
 
 /// The first version with the downlink ([`down`]): a bridge sends `Down` frames only on such a
 /// session, an edge takes them only on one.
@@ -166,7 +166,7 @@ pub const MAX_BATCH_COST: usize = 48 << 20;
 pub const MAX_DICT_BYTES: usize = 256 << 10;
 /// Most dictionaries one edge may name in a hello or announce on one connection: each costs
 /// the bridge memory and shared storage.
-pub const MAX_DICTS: usize = 64;
+pub(crate) const MAX_DICTS: usize = 64;
 
 /// The highest version both sides speak.
 pub fn negotiate(ours: &[u16], theirs: &[u16]) -> Option<u16> {
@@ -254,7 +254,7 @@ pub struct ModelAnnounce {
 }
 
 /// Model names a hello may follow, at most.
-pub const MAX_MODELS: usize = 64;
+pub(crate) const MAX_MODELS: usize = 64;
 
 /// The first frame of every bidirectional stream the edge opens after the control stream: what
 /// it asks for. One request per stream, so each fetch fails or succeeds on its own and the edge
@@ -305,7 +305,7 @@ impl Congestion {
 }
 
 /// Classes per report, at most: more is refused as a protocol error.
-pub const MAX_REPORT_CLASSES: usize = 256;
+pub(crate) const MAX_REPORT_CLASSES: usize = 256;
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct ClassesReport {
@@ -314,12 +314,12 @@ pub struct ClassesReport {
 }
 
 /// Longest class name a classes report may carry.
-pub const MAX_REPORT_CLASS_NAME: usize = 256;
+pub(crate) const MAX_REPORT_CLASS_NAME: usize = 256;
 
 /// What is wrong with one class of an edge's report, if anything: the bridge keeps reports and
 /// sums them for the fleet (`cloud-bridge tco report`, the console), so a class must name its
 /// routes' costs and carry finite numbers, or one edge's report would break the fleet's.
-pub fn report_problem(c: &ClassReport) -> Option<String> {
+pub(crate) fn report_problem(c: &ClassReport) -> Option<String> {
     let d = &c.decision;
     if d.class.is_empty() || d.class.len() > MAX_REPORT_CLASS_NAME {
         return Some(format!("a class name of {} bytes (1 ..= {MAX_REPORT_CLASS_NAME})", d.class.len()));
@@ -426,7 +426,7 @@ pub enum Codec {
 }
 
 impl Codec {
-    pub fn compressed(self) -> bool {
+    pub(crate) fn compressed(self) -> bool {
         matches!(self, Codec::Zstd | Codec::ZstdColumns)
     }
 

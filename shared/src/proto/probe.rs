@@ -10,7 +10,7 @@
 //! no admission token spent, no handshake work).
 
 /// The size a server requires before it answers an unknown version (RFC 9000 §14.1).
-pub const PROBE_BYTES: usize = 1200;
+pub(crate) const PROBE_BYTES: usize = 1200;
 
 /// A reserved version (RFC 9000 §15): never negotiated, always answered.
 const PROBE_VERSION: u32 = 0x1a2a_3a4a;

@@ -176,7 +176,7 @@ impl std::str::FromStr for SchemaRef {
 impl SchemaRef {
     /// Refuses what no registry gives: an empty or overlong subject, a subject or id with
     /// characters a header value or subject may not hold, or an id that is not 16 hex digits.
-    pub fn check(&self) -> Result<(), String> {
+    pub(crate) fn check(&self) -> Result<(), String> {
         crate::model::valid_name("subject", &format!("schema.{}", self.subject)).map_err(|e| e.to_string())?;
         if self.id.len() != 16 || !self.id.bytes().all(|b| b.is_ascii_hexdigit()) {
             return Err(format!("schema id {:?} is not 16 hex digits", self.id));

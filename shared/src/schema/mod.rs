@@ -86,7 +86,7 @@ pub enum Compatibility {
 }
 
 impl Compatibility {
-    pub const ALL: [Compatibility; 7] = [
+    pub(crate) const ALL: [Compatibility; 7] = [
         Compatibility::None,
         Compatibility::Backward,
         Compatibility::BackwardTransitive,
@@ -154,7 +154,7 @@ pub struct Source {
 }
 
 /// The longest schema text taken: schemas travel to every edge and are parsed there.
-pub const MAX_SOURCE_BYTES: usize = 256 * 1024;
+pub(crate) const MAX_SOURCE_BYTES: usize = 256 * 1024;
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("{kind} schema: {reason}")]
@@ -304,7 +304,7 @@ impl Schema {
 
     /// Every reason `self` (the reader) could not read a payload `writer` accepts; empty when
     /// it reads them all. Schemas of different kinds never read each other.
-    pub fn reads(&self, writer: &Schema) -> Vec<Problem> {
+    pub(crate) fn reads(&self, writer: &Schema) -> Vec<Problem> {
         match (&self.compiled, &writer.compiled) {
             (Compiled::Json(r), Compiled::Json(w)) => r.reads(w),
             (Compiled::Avro(r), Compiled::Avro(w)) => r.reads(w),

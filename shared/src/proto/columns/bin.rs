@@ -101,9 +101,11 @@ impl Default for Shaper<'_> {
     }
 }
 
+// The walk's side: the schema walker (feature `schema`) calls it.
+#[cfg_attr(not(feature = "schema"), allow(dead_code))]
 impl<'p> Shaper<'p> {
     /// Structure, kept in the shape as it is.
-    pub fn lit(&mut self, b: &[u8]) {
+    pub(crate) fn lit(&mut self, b: &[u8]) {
         self.lit.extend_from_slice(b);
     }
 
@@ -120,7 +122,7 @@ impl<'p> Shaper<'p> {
         self.shape.push(op);
     }
 
-    pub fn int(&mut self, v: i64, how: Int) {
+    pub(crate) fn int(&mut self, v: i64, how: Int) {
         let op = match how {
             Int::Zigzag => ZIGZAG,
             Int::Varint => VARINT,
@@ -132,11 +134,11 @@ impl<'p> Shaper<'p> {
     }
 
     /// A double, kept as its shortest decimal (Rust prints it so, without an exponent).
-    pub fn f64(&mut self, x: f64) {
+    pub(crate) fn f64(&mut self, x: f64) {
         self.number(F64, x.is_finite() && !(x == 0.0 && x.is_sign_negative()), || x.to_string());
     }
 
-    pub fn f32(&mut self, x: f32) {
+    pub(crate) fn f32(&mut self, x: f32) {
         self.number(F32, x.is_finite() && !(x == 0.0 && x.is_sign_negative()), || x.to_string());
     }
 
@@ -150,7 +152,7 @@ impl<'p> Shaper<'p> {
         }
     }
 
-    pub fn bytes(&mut self, b: &'p [u8], len: Len) {
+    pub(crate) fn bytes(&mut self, b: &'p [u8], len: Len) {
         self.op(match len {
             Len::Zigzag => BYTES_ZIGZAG,
             Len::Varint => BYTES_VARINT,
@@ -160,7 +162,7 @@ impl<'p> Shaper<'p> {
     }
 
     /// A part whose varint length goes before it begins.
-    pub fn open(&mut self) {
+    pub(crate) fn open(&mut self) {
         self.op(OPEN);
         self.open += 1;
         if self.open > MAX_OPEN {
@@ -168,19 +170,20 @@ impl<'p> Shaper<'p> {
         }
     }
 
-    pub fn close(&mut self) {
+    pub(crate) fn close(&mut self) {
         self.op(CLOSE);
         self.ok &= self.open > 0;
         self.open = self.open.saturating_sub(1);
     }
 
     /// The walk met something a shape cannot hold (an Avro block with a byte size).
-    pub fn fail(&mut self) {
+    pub(crate) fn fail(&mut self) {
         self.ok = false;
     }
 
     /// Whether the walk's shape and values put `payload` back exactly (so it goes as a shape).
-    pub fn holds(self, payload: &[u8]) -> bool {
+    #[cfg(test)]
+    pub(crate) fn holds(self, payload: &[u8]) -> bool {
         self.finish(payload).is_some()
     }
 

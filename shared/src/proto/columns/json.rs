@@ -158,6 +158,7 @@ impl<'a> Cut<'a> {
 }
 
 /// The mantissa and scale of `text`, a whole JSON number that [`render`] gives back as it is.
+#[cfg_attr(not(feature = "schema"), allow(dead_code))]
 pub(super) fn decimal(text: &[u8]) -> Option<(i64, u8)> {
     let mut c = Cut { p: text, i: 0, shape: Vec::new(), vals: Vec::new() };
     c.number()?;

@@ -219,7 +219,7 @@ pub fn encode(records: &[WireRecord], f: Format) -> Vec<u8> {
 
 /// The column-wise body of `records` in format `f`; in format 3, a binary payload that names
 /// its schema is taken apart as `walker` walks it.
-pub fn encode_with(records: &[WireRecord], f: Format, walker: &dyn Shapes) -> Vec<u8> {
+pub(crate) fn encode_with(records: &[WireRecord], f: Format, walker: &dyn Shapes) -> Vec<u8> {
     let (mut seqs, mut kinds, mut gaps) = (IntsOut::new(f, V1::Delta), IntsOut::new(f, V1::Byte), Vec::new());
     let (mut class_ids, mut topic_ids) = (IntsOut::new(f, V1::Varint), IntsOut::new(f, V1::Varint));
     let (mut qos, mut times, mut props) = (IntsOut::new(f, V1::Byte), IntsOut::new(f, V1::Signed), Vec::new());
@@ -550,7 +550,7 @@ impl<'a> SlotRd<'a> {
 
 /// The records of a column-wise body; at most `max_out` bytes of records in all, as
 /// `compress::records_cost` counts them (each record's struct, its strings and payload).
-pub fn decode<'a>(raw: &'a [u8], max_out: usize) -> Result<Vec<WireRecord>, ProtoError> {
+pub(crate) fn decode<'a>(raw: &'a [u8], max_out: usize) -> Result<Vec<WireRecord>, ProtoError> {
     let mut r = Rd::new(raw, "head");
     let f = match r.byte()? {
         1 => Format::V1,
