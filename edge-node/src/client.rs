@@ -15,7 +15,7 @@ use crate::broker::core::{self, ConnId, ConnectRequest};
 use crate::broker::driver::{BrokerHandle, Wakers};
 
 #[derive(Debug, thiserror::Error)]
-pub enum ClientError {
+pub(crate) enum ClientError {
     #[error("the broker closed the connection")]
     Closed,
     #[error("the broker refused the connection (reason {0:#04x})")]
@@ -28,12 +28,12 @@ pub enum ClientError {
 
 /// Opens in-process connections to the node's broker.
 #[derive(Debug, Clone)]
-pub struct Connector {
+pub(crate) struct Connector {
     broker: Arc<BrokerHandle>,
 }
 
 impl Connector {
-    pub fn new(broker: Arc<BrokerHandle>) -> Self {
+    pub(crate) fn new(broker: Arc<BrokerHandle>) -> Self {
         Self { broker }
     }
 
@@ -78,7 +78,7 @@ impl Connector {
 
 /// What the broker sent.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Event {
+pub(crate) enum Event {
     /// A message for a subscription; a QoS1 one is acknowledged by the client.
     Message(Message),
     /// The broker acknowledged the QoS1 publish with this packet id.
@@ -86,7 +86,7 @@ pub enum Event {
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Message {
+pub(crate) struct Message {
     pub topic: Bytes,
     pub payload: Bytes,
     pub qos: u8,
@@ -97,7 +97,7 @@ pub struct Message {
 
 /// One in-process connection. Dropping it ends the connection.
 #[derive(Debug)]
-pub struct LocalClient {
+pub(crate) struct LocalClient {
     broker: Arc<BrokerHandle>,
     conn: ConnId,
     wakers: Arc<Wakers>,
@@ -110,7 +110,7 @@ pub struct LocalClient {
 
 impl LocalClient {
     /// Subscribes to `filter` at QoS1 and waits for the SUBACK.
-    pub async fn subscribe(&mut self, filter: &str) -> Result<(), ClientError> {
+    pub(crate) async fn subscribe(&mut self, filter: &str) -> Result<(), ClientError> {
         let pkid = self.pkid();
         let request = SubscribeRequest {
             filter: filter.to_owned(),
@@ -156,7 +156,7 @@ impl LocalClient {
     }
 
     /// Publishes and waits for the PUBACK; messages that come meanwhile are let go.
-    pub async fn publish_acked(&mut self, topic: &str, payload: &[u8], retain: bool) -> Result<(), ClientError> {
+    pub(crate) async fn publish_acked(&mut self, topic: &str, payload: &[u8], retain: bool) -> Result<(), ClientError> {
         let pkid = self.publish(topic, payload, retain).await?;
         loop {
             match self.next().await? {
@@ -169,7 +169,7 @@ impl LocalClient {
 
     /// The next message or acknowledgement. Cancel-safe: what was taken from the broker stays
     /// in the client.
-    pub async fn next(&mut self) -> Result<Event, ClientError> {
+    pub(crate) async fn next(&mut self) -> Result<Event, ClientError> {
         if let Some(event) = self.early.pop_front() {
             return Ok(event);
         }
@@ -182,7 +182,7 @@ impl LocalClient {
     }
 
     /// Sends DISCONNECT: the broker drops the session without firing a will.
-    pub async fn disconnect(mut self) -> Result<(), ClientError> {
+    pub(crate) async fn disconnect(mut self) -> Result<(), ClientError> {
         self.send(Inbound::Disconnect { reason: 0, session_expiry: None }).await;
         Ok(())
     }
@@ -250,7 +250,7 @@ impl Drop for LocalClient {
 
 /// Runs `session` (one connection of a node's own client: the probe, `$SYS`) until `shutdown`,
 /// again a second after each end, logging why it ended as `what`.
-pub async fn keep_running<F, Fut>(what: &str, shutdown: &tokio_util::sync::CancellationToken, mut session: F)
+pub(crate) async fn keep_running<F, Fut>(what: &str, shutdown: &tokio_util::sync::CancellationToken, mut session: F)
 where
     F: FnMut() -> Fut,
     Fut: Future<Output = Result<(), ClientError>>,

@@ -89,7 +89,7 @@ pub struct Check {
 
 /// Every check of one endpoint.
 #[derive(Debug, Clone, PartialEq, Serialize)]
-pub struct Report {
+pub(crate) struct Report {
     pub status: &'static str,
     pub checks: Vec<Check>,
 }
@@ -100,18 +100,18 @@ impl Report {
         Self { status, checks }
     }
 
-    pub fn ok(&self) -> bool {
+    pub(crate) fn ok(&self) -> bool {
         self.status == "ok"
     }
 
-    pub fn json(&self) -> String {
+    pub(crate) fn json(&self) -> String {
         serde_json::to_string_pretty(self).unwrap_or_default() + "\n"
     }
 }
 
 /// What the checks look at.
 #[derive(Debug)]
-pub struct Checks {
+pub(crate) struct Checks {
     pub config: HealthConfig,
     pub probe: Probe,
     /// The broker's session store.
@@ -124,12 +124,12 @@ pub struct Checks {
 
 impl Checks {
     /// `/healthz`.
-    pub fn alive(&self) -> Report {
+    pub(crate) fn alive(&self) -> Report {
         Report::of(vec![self.probe()])
     }
 
     /// `/readyz`.
-    pub fn ready(&self) -> Report {
+    pub(crate) fn ready(&self) -> Report {
         let mut checks = vec![self.probe(), store_check(&self.store.health(), now_ms(), self.config.max_store_wait.0)];
         if let Some((spool, budget)) = &self.spool {
             checks.push(self.spool_check(spool, *budget));

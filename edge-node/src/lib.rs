@@ -10,19 +10,19 @@
 pub mod auth;
 pub mod broker;
 
-pub mod client;
+pub(crate) mod client;
 pub mod config;
 pub mod downlink;
-pub mod front;
+pub(crate) mod front;
 pub mod health;
-pub mod labels;
+pub(crate) mod labels;
 pub mod metrics;
 pub mod models;
-pub mod probe;
+pub(crate) mod probe;
 pub mod route;
 pub mod schema;
 pub mod spool;
-pub mod sys;
+pub(crate) mod sys;
 pub mod tco;
 pub mod tls;
 pub mod uplink;
@@ -222,13 +222,6 @@ impl Node {
 
     pub fn config(&self) -> &EdgeConfig {
         &self.config
-    }
-
-    /// Re-reads the password file, the ACL and every listener's certificates. All or nothing:
-    /// on any error the running state is kept and the error returned. Connected clients stay;
-    /// every session, connected or not, gets its new rules at once (`broker::core::revoke`).
-    pub fn reload(&self) -> Result<(), ReloadError> {
-        self.reload_from(&self.config).map(drop)
     }
 
     /// Applies `now` (edge.toml read again) where it can change live: the password and ACL
@@ -570,14 +563,6 @@ fn start_models(
     let (tx, rx) = tokio::sync::mpsc::channel(16);
     tasks.tracker.spawn(syncer.run(rx, tasks.shutdown.clone()));
     Ok(Some(tx))
-}
-
-/// Runs a node until `shutdown` is cancelled.
-pub async fn run(config: EdgeConfig, shutdown: CancellationToken) -> Result<(), StartError> {
-    let node = Node::start(config).await?;
-    shutdown.cancelled().await;
-    node.shutdown(Duration::from_secs(5)).await;
-    Ok(())
 }
 
 #[cfg(test)]

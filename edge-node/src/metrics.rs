@@ -38,14 +38,14 @@ fn default_http_bind() -> Option<SocketAddr> {
 
 /// The node's registry: the process's metrics (`process_*`) and `edge_build_info` at its root
 /// (`shared::process`), the subsystems' in [`subsystems`] under the prefix `edge_`.
-pub fn registry() -> Registry {
+pub(crate) fn registry() -> Registry {
     let mut root = Registry::default();
     shared::process::register(&mut root, "edge", env!("CARGO_PKG_VERSION"));
     root
 }
 
 /// Where the subsystems register theirs: `root`'s part with the node's prefix.
-pub fn subsystems(root: &mut Registry) -> &mut Registry {
+pub(crate) fn subsystems(root: &mut Registry) -> &mut Registry {
     root.sub_registry_with_prefix("edge")
 }
 
@@ -56,7 +56,7 @@ pub struct Metrics {
 }
 
 impl Metrics {
-    pub fn new(registry: Registry) -> Self {
+    pub(crate) fn new(registry: Registry) -> Self {
         Self { registry }
     }
 
@@ -71,13 +71,13 @@ impl Metrics {
 }
 
 /// A health endpoint's answer: whether every check passed, and the JSON naming each.
-pub type HealthCheck = Arc<dyn Fn() -> (bool, String) + Send + Sync>;
+pub(crate) type HealthCheck = Arc<dyn Fn() -> (bool, String) + Send + Sync>;
 /// `/tco`'s body: the TCO model's last answer as JSON, `None` without a `[tco]` section.
-pub type TcoJson = Arc<dyn Fn() -> Option<String> + Send + Sync>;
+pub(crate) type TcoJson = Arc<dyn Fn() -> Option<String> + Send + Sync>;
 
 /// What the endpoint serves.
 #[derive(Clone)]
-pub struct Endpoints {
+pub(crate) struct Endpoints {
     pub metrics: Arc<Metrics>,
     /// `/healthz`: alive.
     pub alive: HealthCheck,
@@ -93,7 +93,7 @@ impl std::fmt::Debug for Endpoints {
 }
 
 /// Serves the endpoints on `listener` until `shutdown`.
-pub async fn serve(listener: tokio::net::TcpListener, state: Endpoints, shutdown: CancellationToken) {
+pub(crate) async fn serve(listener: tokio::net::TcpListener, state: Endpoints, shutdown: CancellationToken) {
     let app = axum::Router::new()
         .route("/metrics", axum::routing::get(metrics_handler))
         .route("/healthz", axum::routing::get(alive_handler))

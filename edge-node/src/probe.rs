@@ -72,7 +72,7 @@ const LOST_AFTER: Duration = Duration::from_secs(5);
 shared::metrics! {
     /// The probe's metrics, and what `/healthz` decides on.
     #[derive(Debug, Clone)]
-    pub struct ProbeMetrics {
+    pub(crate) struct ProbeMetrics {
         latency: Histogram => (
             "probe_latency",
             "SLO probe publish-to-deliver latency through the front and the broker",
@@ -91,13 +91,13 @@ shared::metrics! {
 
 impl ProbeMetrics {
     /// The probe's metrics, registered in `r`.
-    pub fn new(r: &mut Registry) -> Self {
+    pub(crate) fn new(r: &mut Registry) -> Self {
         let m = Self::default();
         m.register(r);
         m
     }
 
-    pub fn delivered(&self, latency: Duration) {
+    pub(crate) fn delivered(&self, latency: Duration) {
         self.latency.observe(latency.as_secs_f64());
         self.received.inc();
         let ms = u64::try_from(self.started.elapsed().as_millis()).unwrap_or(u64::MAX).max(1);
@@ -105,7 +105,7 @@ impl ProbeMetrics {
     }
 
     /// Time since the probe last saw a delivery, `None` if it never has.
-    pub fn since_delivery(&self) -> Option<Duration> {
+    pub(crate) fn since_delivery(&self) -> Option<Duration> {
         match self.last_ok_ms.load(Ordering::Relaxed) {
             0 => None,
             ms => Some(self.started.elapsed().saturating_sub(Duration::from_millis(ms))),
@@ -115,7 +115,7 @@ impl ProbeMetrics {
 
 /// What `/healthz` decides on.
 #[derive(Debug, Clone)]
-pub struct Health {
+pub(crate) struct Health {
     pub metrics: ProbeMetrics,
     /// None when the probe is disabled: health then only says the process serves HTTP.
     pub interval: Option<Duration>,
@@ -140,7 +140,7 @@ impl Health {
 }
 
 /// Runs the probe until `shutdown`, reconnecting after a failure.
-pub async fn run(
+pub(crate) async fn run(
     connector: Connector,
     config: ProbeConfig,
     node_id: String,

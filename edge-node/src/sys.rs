@@ -12,7 +12,7 @@ use crate::client::{ClientError, Connector};
 
 /// The figures, read at each interval.
 #[derive(Debug, Clone, Default)]
-pub struct Stats {
+pub(crate) struct Stats {
     /// Clients connected now (the node's own not counted).
     pub clients_connected: u64,
     /// Client sessions held, connected or not.
@@ -45,7 +45,7 @@ impl Stats {
 }
 
 /// Publishes the statistics every `interval` until `shutdown`, reconnecting after an error.
-pub async fn run(
+pub(crate) async fn run(
     connector: Connector,
     interval: Duration,
     client_id: String,

@@ -68,20 +68,20 @@ pub struct Rules {
 impl Rules {
     /// Everything: with no ACL file, any topic, and `$SYS/#` too (a `#` does not cover `$`
     /// topics, [MQTT-4.7.2-1], and the broker's statistics are there).
-    pub fn allow_all() -> Self {
+    pub(crate) fn allow_all() -> Self {
         let filter = |f: &str| TopicFilter::new(f).unwrap_or_else(|_| unreachable!("{f} is a valid filter"));
         Self { publish: vec![filter("#")], subscribe: vec![filter("#"), filter("$SYS/#")] }
     }
 
-    pub fn deny_all() -> Self {
+    pub(crate) fn deny_all() -> Self {
         Self { publish: Vec::new(), subscribe: Vec::new() }
     }
 
-    pub fn may_publish(&self, topic: &str) -> bool {
+    pub(crate) fn may_publish(&self, topic: &str) -> bool {
         self.publish.iter().any(|f| f.matches(topic))
     }
 
-    pub fn may_subscribe(&self, filter: &str) -> bool {
+    pub(crate) fn may_subscribe(&self, filter: &str) -> bool {
         self.subscribe.iter().any(|f| f.covers(filter))
     }
 }
@@ -114,11 +114,11 @@ impl Acl {
     }
 
     /// Whether the file has a `[users.<user>]` section.
-    pub fn names_user(&self, user: &str) -> bool {
+    pub(crate) fn names_user(&self, user: &str) -> bool {
         self.file.users.contains_key(user)
     }
 
-    pub fn rules_for(&self, identity: &Identity, client_id: &str) -> Rules {
+    pub(crate) fn rules_for(&self, identity: &Identity, client_id: &str) -> Rules {
         let section = match identity {
             Identity::Anonymous => self.file.anonymous.as_ref(),
             Identity::User(u) => self.file.users.get(u).or(self.file.default.as_ref()),

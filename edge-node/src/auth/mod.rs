@@ -112,7 +112,7 @@ pub enum Identity {
 
 impl Identity {
     /// The name used for ACL lookup and in the internal broker CONNECT.
-    pub fn name(&self) -> &str {
+    pub(crate) fn name(&self) -> &str {
         match self {
             Identity::Anonymous => "anonymous",
             Identity::User(n) | Identity::Certificate(n) => n,
@@ -146,7 +146,7 @@ impl AuthState {
     }
 
     /// The rules for one connection, with `%u` and `%c` substituted.
-    pub fn rules_for(&self, identity: &Identity, client_id: &str) -> Arc<Rules> {
+    pub(crate) fn rules_for(&self, identity: &Identity, client_id: &str) -> Arc<Rules> {
         match (identity, &self.acl) {
             (Identity::Internal, _) | (_, None) => Arc::new(Rules::allow_all()),
             (identity, Some(acl)) => Arc::new(acl.rules_for(identity, client_id)),

@@ -48,21 +48,18 @@ impl PasswordFile {
         Ok(Self { hashes, verified: Mutex::default() })
     }
 
-    pub fn len(&self) -> usize {
+    #[cfg(test)]
+    pub(crate) fn len(&self) -> usize {
         self.hashes.len()
     }
 
     /// Whether the file has an entry for `user`.
-    pub fn has_user(&self, user: &str) -> bool {
+    pub(crate) fn has_user(&self, user: &str) -> bool {
         self.hashes.contains_key(user)
     }
 
-    pub fn is_empty(&self) -> bool {
-        self.hashes.is_empty()
-    }
-
     /// Whether `password` is what `user` logged in with last time (no argon2 run).
-    pub fn verified_before(&self, user: &str, password: &[u8]) -> bool {
+    pub(crate) fn verified_before(&self, user: &str, password: &[u8]) -> bool {
         let Some(stored) = self.hashes.get(user) else { return false };
         self.verified.lock().is_ok_and(|v| v.get(user) == Some(&login_digest(stored, password)))
     }
@@ -71,7 +68,7 @@ impl PasswordFile {
     /// parameters need, then reused by the caller's next check). An unknown user is checked
     /// against a decoy hash of the default parameters, so it costs what a known one costs and
     /// its absence does not show in the time taken.
-    pub fn verify_with(&self, user: &str, password: &[u8], memory: &mut Vec<Block>) -> bool {
+    pub(crate) fn verify_with(&self, user: &str, password: &[u8], memory: &mut Vec<Block>) -> bool {
         if self.verified_before(user, password) {
             return true;
         }

@@ -85,11 +85,7 @@ pub struct Routed {
     orphans: Option<Arc<Orphans>>,
 }
 
-impl Routed {
-    pub fn is_empty(&self) -> bool {
-        self.requests.is_empty()
-    }
-}
+impl Routed {}
 
 impl Drop for Routed {
     fn drop(&mut self) {
@@ -113,7 +109,12 @@ impl BrokerHandle {
     }
 
     /// [`BrokerHandle::new`] recording a span for each traced message's spool append.
-    pub fn traced(core: Broker, spool: Option<SpoolWriter>, store: Option<SessionStore>, tracer: Tracer) -> Arc<Self> {
+    pub(crate) fn traced(
+        core: Broker,
+        spool: Option<SpoolWriter>,
+        store: Option<SessionStore>,
+        tracer: Tracer,
+    ) -> Arc<Self> {
         let handle = Arc::new(Self {
             tracer,
             committed: tokio::sync::watch::Sender::new(0),
@@ -149,7 +150,7 @@ impl BrokerHandle {
 
     /// Forgets the connection: the core drops it and fires its will if it went without
     /// DISCONNECT.
-    pub async fn unregister(self: &Arc<Self>, conn: ConnId) {
+    pub(crate) async fn unregister(self: &Arc<Self>, conn: ConnId) {
         lock(&self.wakers).remove(&conn);
         let (_, spool) = self.with(|b| b.closed(conn, Instant::now()));
         self.run_spool(spool).await;
@@ -157,7 +158,7 @@ impl BrokerHandle {
 
     /// [`BrokerHandle::unregister`] from where nothing can be awaited (the node's own clients,
     /// dropped): whatever the close routes goes through the timer task.
-    pub fn forget(&self, conn: ConnId) {
+    pub(crate) fn forget(&self, conn: ConnId) {
         lock(&self.wakers).remove(&conn);
         let (_, routed) = self.with(|b| b.closed(conn, Instant::now()));
         drop(routed);
@@ -266,18 +267,18 @@ impl BrokerHandle {
 
     /// Counts a client the front disconnected for accepting no data for
     /// `broker.slow_client_timeout` (`edge_mqtt_disconnects_total{reason="slow_client"}`).
-    pub fn count_slow_client(&self) {
+    pub(crate) fn count_slow_client(&self) {
         self.count_disconnect("slow_client");
     }
 
     /// Counts a client the front disconnected for `reason`
     /// (`edge_mqtt_disconnects_total{reason}`).
-    pub fn count_disconnect(&self, reason: &'static str) {
+    pub(crate) fn count_disconnect(&self, reason: &'static str) {
         lock(&self.core).count_disconnect(reason);
     }
 
     /// Waits until the session store committed op `op_id` (at once without a store: tests).
-    pub async fn wait_stored(&self, op_id: u64) {
+    pub(crate) async fn wait_stored(&self, op_id: u64) {
         if self.store.is_none() {
             return;
         }
@@ -287,7 +288,7 @@ impl BrokerHandle {
     }
 
     /// The store op the session store has committed through (every op, without a store).
-    pub fn stored_through(&self) -> u64 {
+    pub(crate) fn stored_through(&self) -> u64 {
         if self.store.is_none() {
             return u64::MAX;
         }
@@ -296,7 +297,7 @@ impl BrokerHandle {
 
     /// Waits while the session store is far behind (`store::MAX_PENDING_OPS`): a client's
     /// reader calls it between reads, so a disk slower than the clients holds them back.
-    pub async fn store_room(&self) {
+    pub(crate) async fn store_room(&self) {
         if let Some(store) = &self.store {
             store.room().await;
         }
@@ -305,7 +306,7 @@ impl BrokerHandle {
     /// Appends what the core routed to the spool, in order, and reports each outcome back. A
     /// `normal` append is answered once the spool has it; a `full` one once committed, on a
     /// task of its own so the caller goes on reading its client meanwhile.
-    pub async fn run_spool(self: &Arc<Self>, mut routed: Routed) {
+    pub(crate) async fn run_spool(self: &Arc<Self>, mut routed: Routed) {
         let requests = std::mem::take(&mut routed.requests);
         for req in requests {
             let Some(spool) = &self.spool else {
@@ -350,7 +351,7 @@ impl BrokerHandle {
 
     /// Publishes delayed wills and ends expired sessions on time, and makes the spool appends
     /// no caller could ([`Routed`]), until `shutdown`; then makes those left.
-    pub async fn run_timers(self: Arc<Self>, shutdown: CancellationToken) {
+    pub(crate) async fn run_timers(self: Arc<Self>, shutdown: CancellationToken) {
         loop {
             // The core's wall clock follows the system's at least once a minute.
             let (next, _) = self.with(|b| {
@@ -377,7 +378,7 @@ impl BrokerHandle {
     }
 
     /// Makes the spool appends of dropped [`Routed`]s now (the timer task does so as they come).
-    pub async fn run_orphans(self: &Arc<Self>) {
+    pub(crate) async fn run_orphans(self: &Arc<Self>) {
         let requests = std::mem::take(&mut *lock(&self.orphans.requests));
         if !requests.is_empty() {
             self.run_spool(Routed { requests, orphans: None }).await;

@@ -38,7 +38,8 @@ pub struct PublishProps {
 }
 
 impl PublishProps {
-    pub fn is_empty(&self) -> bool {
+    #[cfg(test)]
+    pub(crate) fn is_empty(&self) -> bool {
         self.payload_format.is_none()
             && self.content_type.is_none()
             && self.response_topic.is_none()
@@ -70,14 +71,14 @@ pub struct Message {
 /// topic, its place in a session's queue and the session store's reference to it (measured: a
 /// node restoring 100,000 queued messages of 256 bytes took about this much more per message
 /// than their bytes, docs/BENCHMARKS.md).
-pub const MESSAGE_COST: usize = size_of::<Message>() + DELIVERY_SLOT + 128;
+pub(crate) const MESSAGE_COST: usize = size_of::<Message>() + DELIVERY_SLOT + 128;
 
 /// A session queue's entry for one message (`core::session::Delivery`, which checks it).
-pub const DELIVERY_SLOT: usize = 56;
+pub(crate) const DELIVERY_SLOT: usize = 56;
 
 /// What user properties hold in memory: [`shared::proto::USER_PROPERTY_COST`] a pair and their
 /// bytes.
-pub fn user_properties_weight(user: &[(String, String)]) -> usize {
+pub(crate) fn user_properties_weight(user: &[(String, String)]) -> usize {
     user.iter().map(|(k, v)| shared::proto::USER_PROPERTY_COST + k.len() + v.len()).sum()
 }
 
@@ -85,7 +86,7 @@ impl Message {
     /// Bytes it holds: what queue and retained-store bounds count. A user property pair
     /// costs its two `String`s besides its bytes, so an empty one is not free; the message
     /// itself costs [`MESSAGE_COST`].
-    pub fn weight(&self) -> usize {
+    pub(crate) fn weight(&self) -> usize {
         let p = &self.props;
         self.topic.len()
             + self.payload.len()
@@ -98,7 +99,7 @@ impl Message {
 
     /// Seconds of its expiry interval left at `now` (rounded up, so it never reads 0 before it
     /// ran out); `Some(0)` once expired.
-    pub fn remaining_expiry(&self, now: Instant) -> Option<u32> {
+    pub(crate) fn remaining_expiry(&self, now: Instant) -> Option<u32> {
         self.expires_at.map(|at| {
             let left = at.saturating_duration_since(now);
             let secs = left.as_secs() + u64::from(left.subsec_nanos() > 0);
@@ -106,7 +107,7 @@ impl Message {
         })
     }
 
-    pub fn expired(&self, now: Instant) -> bool {
+    pub(crate) fn expired(&self, now: Instant) -> bool {
         self.expires_at.is_some_and(|at| at <= now)
     }
 }

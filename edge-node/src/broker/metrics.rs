@@ -103,13 +103,13 @@ impl BrokerMetrics {
     }
 
     /// Resolves the publish counter of each of `classes`, in their order.
-    pub fn resolve_classes(&mut self, classes: &crate::route::Classes) {
+    pub(crate) fn resolve_classes(&mut self, classes: &crate::route::Classes) {
         self.class_in = classes.iter().map(|c| handle(&self.publish_in, &class_label(&c.name))).collect();
     }
 
     /// A publish accepted from a client: from the node's own (`internal`), or in the class at
     /// `class` (an index into the classes resolved), or in none.
-    pub fn published(&self, internal: bool, class: Option<usize>) {
+    pub(crate) fn published(&self, internal: bool, class: Option<usize>) {
         let counter = match (internal, class.and_then(|i| self.class_in.get(i))) {
             (true, _) => &self.publish_in_internal,
             (false, Some(c)) => c,
@@ -121,25 +121,25 @@ impl BrokerMetrics {
         }
     }
 
-    pub fn dropped(&self, why: &'static str, n: u64) {
+    pub(crate) fn dropped(&self, why: &'static str, n: u64) {
         if n > 0 {
             handle(&self.dropped, &reason(why)).inc_by(n);
         }
     }
 
-    pub fn refused(&self, why: &'static str) {
+    pub(crate) fn refused(&self, why: &'static str) {
         handle(&self.publish_refused, &reason(why)).inc();
     }
 
-    pub fn subscribe_refused(&self, why: &'static str) {
+    pub(crate) fn subscribe_refused(&self, why: &'static str) {
         handle(&self.subscribe_refused, &reason(why)).inc();
     }
 
-    pub fn disconnect(&self, why: &'static str) {
+    pub(crate) fn disconnect(&self, why: &'static str) {
         handle(&self.disconnects, &reason(why)).inc();
     }
 
-    pub fn retained(&self, count: usize, bytes: usize) {
+    pub(crate) fn retained(&self, count: usize, bytes: usize) {
         self.retained_messages.set(count as i64);
         self.retained_bytes.set(bytes as i64);
     }

@@ -190,7 +190,7 @@ impl SessionStore {
     }
 
     /// Called with the number of the last op committed, after each commit (set once).
-    pub fn on_commit(&self, f: impl Fn(u64) + Send + Sync + 'static) {
+    pub(crate) fn on_commit(&self, f: impl Fn(u64) + Send + Sync + 'static) {
         let _ = self.listener.set(Box::new(f));
     }
 
@@ -207,7 +207,7 @@ impl SessionStore {
 
     /// Waits while more than [`MAX_PENDING_OPS`] ops, or ops holding [`MAX_PENDING_BYTES`],
     /// wait for the store's thread.
-    pub async fn room(&self) {
+    pub(crate) async fn room(&self) {
         loop {
             let drained = self.backlog.drained.notified();
             if self.backlog.within_bounds() {
@@ -218,7 +218,7 @@ impl SessionStore {
     }
 
     /// Whether commits make progress while ops wait, as `/readyz` reads it.
-    pub fn health(&self) -> StoreHealth {
+    pub(crate) fn health(&self) -> StoreHealth {
         self.backlog.health()
     }
 
@@ -231,7 +231,7 @@ impl SessionStore {
 
     /// [`SessionStore::flush`], then marks the store closed cleanly, so the next open knows no
     /// message went out unrecorded. Only when nothing is sent after it.
-    pub fn close(&self) {
+    pub(crate) fn close(&self) {
         let (tx, rx) = mpsc::channel();
         let _ = self.tx.send(Msg::Close(tx));
         let _ = rx.recv_timeout(Duration::from_secs(5));
@@ -264,15 +264,6 @@ impl Inline {
     /// Commits `ops` in one transaction, or none of them.
     pub fn commit(&mut self, ops: &[(u64, StoreOp)]) -> Result<(), StoreError> {
         self.writer.commit(ops).map_err(|source| StoreError::Sqlite { path: self.path.clone(), source })
-    }
-
-    /// Marks the store closed cleanly (a graceful stop): the next open resends without DUP.
-    pub fn close(self) -> Result<(), StoreError> {
-        self.writer
-            .conn
-            .execute("DELETE FROM meta WHERE key = 'running'", [])
-            .map(|_| ())
-            .map_err(|source| StoreError::Sqlite { path: self.path.clone(), source })
     }
 }
 

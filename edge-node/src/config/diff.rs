@@ -12,7 +12,7 @@ const LIVE_KEYS: [&str; 1] = ["log.level"];
 impl EdgeConfig {
     /// The dotted keys (two levels: `uplink.servers`, `listener[1].bind`) whose values differ
     /// in `now` and are not applied live: what a reload names as waiting for a restart.
-    pub fn restart_needed(&self, now: &EdgeConfig) -> Vec<String> {
+    pub(crate) fn restart_needed(&self, now: &EdgeConfig) -> Vec<String> {
         let (Ok(a), Ok(b)) = (toml::Value::try_from(self), toml::Value::try_from(now)) else {
             return vec!["(the config)".into()];
         };

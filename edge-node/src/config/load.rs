@@ -110,7 +110,7 @@ impl EdgeConfig {
         }
     }
 
-    pub fn problems(&self) -> Vec<Problem> {
+    pub(crate) fn problems(&self) -> Vec<Problem> {
         let mut p = Problems::default();
         if self.node_id.is_empty() || self.node_id.contains(['/', '+', '#', ' ']) {
             p.bad("node_id", format!("{:?} must be non-empty without '/', '+', '#' or spaces", self.node_id));

@@ -99,14 +99,14 @@ impl DownCore {
     }
 
     /// The position and the refusals and expiries not yet marked by the cloud, as committed.
-    pub fn mark(&self) -> &DownMark {
+    pub(crate) fn mark(&self) -> &DownMark {
         &self.committed
     }
 
     /// Hands `d` to the broker with the mark after it, unless it was handed over already (a
     /// resend after the connection it first came on ended) or is committed (then
     /// [`DownCore::outcome`] has it at once).
-    pub fn offer(&mut self, target: &mut dyn Target, d: &Down, now: Instant) {
+    pub(crate) fn offer(&mut self, target: &mut dyn Target, d: &Down, now: Instant) {
         if d.seq <= self.latest.done {
             return;
         }
@@ -117,7 +117,7 @@ impl DownCore {
 
     /// How message `seq` ended, once the store committed it; `None` while it waits (or was
     /// never offered).
-    pub fn outcome(&self, seq: u64) -> Option<DownOutcome> {
+    pub(crate) fn outcome(&self, seq: u64) -> Option<DownOutcome> {
         if seq > self.committed.done {
             return None;
         }
@@ -142,14 +142,14 @@ impl DownCore {
     }
 
     /// The store op the newest message handed over waits for, if one waits.
-    pub fn waiting_for(&self) -> Option<u64> {
+    pub(crate) fn waiting_for(&self) -> Option<u64> {
         self.handed.back().map(|h| h.op)
     }
 
     /// The cloud marked everything through `up_to`: a new session need not report it again.
     /// (The stored mark keeps it until the next message; a restart reports it once more, which
     /// the cloud takes as the same.)
-    pub fn marked(&mut self, up_to: u64) {
+    pub(crate) fn marked(&mut self, up_to: u64) {
         for mark in [&mut self.committed, &mut self.latest] {
             mark.refused.retain(|(seq, _)| *seq > up_to);
             mark.expired.retain(|seq| *seq > up_to);

@@ -35,7 +35,7 @@ pub const CLIENT_ID: &str = "_edge-downlink";
 /// The running broker as the downlink's [`Target`]: each call takes the core's lock for a
 /// moment.
 #[derive(Debug, Clone, Copy)]
-pub struct Live<'a>(pub &'a BrokerHandle);
+pub(crate) struct Live<'a>(pub &'a BrokerHandle);
 
 impl Target for Live<'_> {
     fn publish_downlink(
@@ -83,7 +83,7 @@ impl Governance {
     }
 
     /// How `d` is published here, or why it is not.
-    pub fn decide(&self, d: &Down) -> Result<Decision, String> {
+    pub(crate) fn decide(&self, d: &Down) -> Result<Decision, String> {
         if let Err(e) = shared::topic::validate_name(&d.topic) {
             return Err(format!("topic {:?} is not a topic name: {e}", d.topic));
         }
@@ -143,12 +143,12 @@ impl DownMark {
         value.and_then(|v| serde_json::from_str(v).ok()).unwrap_or_default()
     }
 
-    pub fn to_value(&self) -> String {
+    pub(crate) fn to_value(&self) -> String {
         serde_json::to_string(self).unwrap_or_default()
     }
 
     /// The mark once message `seq` is done with `outcome`, after this one.
-    pub fn after(&self, seq: u64, outcome: &DownOutcome) -> Self {
+    pub(crate) fn after(&self, seq: u64, outcome: &DownOutcome) -> Self {
         let mut next = self.clone();
         next.done = seq;
         match outcome {
@@ -160,7 +160,7 @@ impl DownMark {
     }
 
     /// The refusals as the session takes them back after a restart.
-    pub fn refusals(&self) -> Vec<DownRefusal> {
+    pub(crate) fn refusals(&self) -> Vec<DownRefusal> {
         self.refused.iter().map(|(seq, reason)| DownRefusal { seq: *seq, reason: reason.clone() }).collect()
     }
 }

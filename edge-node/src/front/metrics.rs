@@ -36,7 +36,7 @@ shared::metrics! {
 
 impl FrontMetrics {
     /// The front's metrics, registered in `r`.
-    pub fn new(r: &mut Registry) -> Self {
+    pub(crate) fn new(r: &mut Registry) -> Self {
         let m = Self::default();
         m.register(r);
         m

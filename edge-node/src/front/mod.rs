@@ -14,7 +14,7 @@ mod conn;
 mod connect;
 mod direct;
 mod metrics;
-pub mod ws;
+pub(crate) mod ws;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -52,7 +52,7 @@ impl FrontContext {
 
 /// Everything connections share.
 #[derive(Debug)]
-pub struct FrontContext {
+pub(crate) struct FrontContext {
     pub max_packet_size: usize,
     /// `broker.max_connect_size`, at most `max_packet_size`: what a client not yet
     /// authenticated may make the node buffer.
@@ -82,7 +82,7 @@ pub struct FrontContext {
 }
 
 /// One bound listener.
-pub struct Listener {
+pub(crate) struct Listener {
     pub name: String,
     pub anonymous: bool,
     /// MQTT over WebSocket.
@@ -100,7 +100,7 @@ impl std::fmt::Debug for Listener {
 }
 
 /// Accepts connections on `socket` until shutdown.
-pub async fn accept_loop(socket: TcpListener, listener: Arc<Listener>, ctx: Arc<FrontContext>) {
+pub(crate) async fn accept_loop(socket: TcpListener, listener: Arc<Listener>, ctx: Arc<FrontContext>) {
     loop {
         let accepted = tokio::select! {
             _ = ctx.shutdown.cancelled() => break,

@@ -83,7 +83,7 @@ impl<S: AsyncWrite + Unpin> AsyncWrite for Capped<S> {
 /// address, so without this a page from anywhere, opened in a browser on the gateway, has
 /// the listener's rights (on an anonymous listener, everything `[anonymous]` may do).
 #[derive(Debug, Clone)]
-pub enum Origins {
+pub(crate) enum Origins {
     /// Pages of this host: `http` or `https` on `localhost`, `127.0.0.1` or `[::1]`, any port.
     ThisHost,
     Any,
@@ -92,7 +92,7 @@ pub enum Origins {
 }
 
 impl Origins {
-    pub fn new(configured: Option<Vec<String>>) -> Self {
+    pub(crate) fn new(configured: Option<Vec<String>>) -> Self {
         match configured {
             None => Origins::ThisHost,
             Some(list) if list.iter().any(|o| o == "*") => Origins::Any,
@@ -101,7 +101,7 @@ impl Origins {
     }
 
     /// Whether a handshake with this `Origin` (none: not a browser) is served.
-    pub fn allow(&self, origin: Option<&str>) -> bool {
+    pub(crate) fn allow(&self, origin: Option<&str>) -> bool {
         let Some(origin) = origin else { return true };
         match self {
             Origins::Any => true,

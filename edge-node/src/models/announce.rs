@@ -8,7 +8,7 @@ use crate::client::{ClientError, Connector};
 
 /// Publishes on behalf of the model syncer.
 #[derive(Debug, Clone)]
-pub struct Announcer {
+pub(crate) struct Announcer {
     pub connector: Connector,
     pub prefix: String,
     pub node_id: String,

@@ -14,9 +14,9 @@
 //! `<version>.manifest` beside them (the signed manifest, kept for `models list` and to
 //! re-verify); `<dir>/<name>/current` a symlink to the current version's file name.
 
-pub mod announce;
+pub(crate) mod announce;
 mod config;
-pub mod sync;
+pub(crate) mod sync;
 
 pub use config::ModelsConfig;
 
@@ -56,7 +56,7 @@ pub struct ChunkCache {
 }
 
 impl ChunkCache {
-    pub fn open(dir: &Path) -> Result<Self, StageError> {
+    pub(crate) fn open(dir: &Path) -> Result<Self, StageError> {
         std::fs::create_dir_all(dir).map_err(io("create", dir))?;
         Ok(Self { dir: dir.to_owned() })
     }
@@ -65,7 +65,7 @@ impl ChunkCache {
         self.dir.join(hash)
     }
 
-    pub fn has(&self, c: &ChunkRef) -> bool {
+    pub(crate) fn has(&self, c: &ChunkRef) -> bool {
         std::fs::metadata(self.path(&c.hash)).is_ok_and(|m| m.len() == c.size)
     }
 
@@ -75,7 +75,7 @@ impl ChunkCache {
         write_durably(&self.path(&c.hash), |f| f.write_all(bytes))
     }
 
-    pub fn get(&self, c: &ChunkRef) -> Result<Option<Vec<u8>>, StageError> {
+    pub(crate) fn get(&self, c: &ChunkRef) -> Result<Option<Vec<u8>>, StageError> {
         match std::fs::read(self.path(&c.hash)) {
             Ok(bytes) => Ok(Some(bytes)),
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
@@ -90,14 +90,15 @@ impl ChunkCache {
     }
 
     /// Bytes the cache holds.
-    pub fn bytes(&self) -> u64 {
+    #[cfg(test)]
+    pub(crate) fn bytes(&self) -> u64 {
         std::fs::read_dir(&self.dir)
             .map(|d| d.filter_map(|e| e.ok()?.metadata().ok()).map(|m| m.len()).sum())
             .unwrap_or(0)
     }
 
     /// Removes chunks not in `keep` until the cache holds at most `budget` bytes, oldest first.
-    pub fn trim(&self, budget: u64, keep: &std::collections::HashSet<String>) -> u64 {
+    pub(crate) fn trim(&self, budget: u64, keep: &std::collections::HashSet<String>) -> u64 {
         let mut entries: Vec<(std::time::SystemTime, u64, PathBuf)> = std::fs::read_dir(&self.dir)
             .map(|d| {
                 d.filter_map(|e| {
@@ -138,7 +139,7 @@ const NEWEST: &str = "~newest";
 
 /// Why an announced version is not staged.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Refusal {
+pub(crate) enum Refusal {
     Staged,
     Older { newest_ms: u64 },
 }
@@ -182,7 +183,7 @@ impl Models {
         self.stage_through(signed, cache, |f, bytes| f.write_all(bytes))
     }
 
-    pub fn stage_through(
+    pub(crate) fn stage_through(
         &self,
         signed: &SignedManifest,
         cache: &ChunkCache,
@@ -260,21 +261,6 @@ impl Models {
         out
     }
 
-    /// The current version of every model staged here; a model whose file cannot be read is
-    /// skipped with a warning.
-    pub fn currents(&self) -> Vec<Current> {
-        self.names()
-            .into_iter()
-            .filter_map(|name| match self.current(&name) {
-                Ok(c) => c,
-                Err(e) => {
-                    tracing::warn!(model = name, error = %e, "model not announced");
-                    None
-                }
-            })
-            .collect()
-    }
-
     /// Model names staged here.
     pub fn names(&self) -> Vec<String> {
         let mut names: Vec<String> = std::fs::read_dir(&self.dir)
@@ -292,7 +278,7 @@ impl Models {
 
     /// The creation time of the newest version of `name` ever staged here, kept in
     /// `<dir>/<name>/~newest` across pruning and deleted versions.
-    pub fn newest_staged_ms(&self, name: &str) -> Option<u64> {
+    pub(crate) fn newest_staged_ms(&self, name: &str) -> Option<u64> {
         let held = self.versions(name).last().map(|m| m.created_ms);
         held.max(self.kept_newest_ms(name))
     }
@@ -304,7 +290,7 @@ impl Models {
     /// Whether an announced version may be staged: `Err` says why not (staged already, or
     /// older than the newest ever staged here: a signed manifest replayed to downgrade the
     /// edge). The operator's own rollback (`edge-node models rollback`) is not a staging.
-    pub fn admits(&self, m: &Manifest) -> Result<(), Refusal> {
+    pub(crate) fn admits(&self, m: &Manifest) -> Result<(), Refusal> {
         if self.has_version(&m.name, &m.version) {
             return Err(Refusal::Staged);
         }
@@ -315,13 +301,13 @@ impl Models {
     }
 
     /// Whether `version` of `name` is staged here (file and manifest).
-    pub fn has_version(&self, name: &str, version: &str) -> bool {
+    pub(crate) fn has_version(&self, name: &str, version: &str) -> bool {
         let dir = self.dir.join(name);
         dir.join(version).is_file() && dir.join(format!("{version}.manifest")).is_file()
     }
 
     /// The version `current` points at, read from the link alone.
-    pub fn current_version(&self, name: &str) -> Option<String> {
+    pub(crate) fn current_version(&self, name: &str) -> Option<String> {
         let link = std::fs::read_link(self.dir.join(name).join("current")).ok()?;
         Some(link.to_string_lossy().into_owned())
     }

@@ -38,40 +38,40 @@ use super::{ChunkCache, Current, Models, StageError};
 use crate::labels::handle;
 
 /// Tries per chunk when its bytes do not match its hash.
-pub const ATTEMPTS: usize = 3;
+pub(crate) const ATTEMPTS: usize = 3;
 /// How often `current` links are checked for changes made outside the node.
-pub const WATCH: Duration = Duration::from_secs(2);
+pub(crate) const WATCH: Duration = Duration::from_secs(2);
 /// A chunk that does not arrive in this long is given up (the job ends, the next announcement
 /// resumes it).
 const CHUNK_TIMEOUT: Duration = Duration::from_secs(120);
 
 /// An announcement, with the connection it came on (where its chunks are fetched).
 #[derive(Debug)]
-pub struct ModelJob {
+pub(crate) struct ModelJob {
     pub conn: quinn::Connection,
     pub announce: ModelAnnounce,
     pub received: Instant,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct ModelLabel {
+pub(crate) struct ModelLabel {
     pub model: String,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct VersionLabels {
+pub(crate) struct VersionLabels {
     pub model: String,
     pub version: String,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct RefusedLabel {
+pub(crate) struct RefusedLabel {
     pub reason: &'static str,
 }
 
 shared::metrics! {
     #[derive(Debug, Clone)]
-    pub struct ModelMetrics {
+    pub(crate) struct ModelMetrics {
         /// Chunk bytes fetched and the size of the versions staged: their ratio is the delta
         /// efficiency.
         pub fetched_bytes: Family<ModelLabel, Counter> => (
@@ -108,7 +108,7 @@ shared::metrics! {
 
 impl ModelMetrics {
     /// The model syncer's metrics, registered in `r`.
-    pub fn new(r: &mut prometheus_client::registry::Registry) -> Self {
+    pub(crate) fn new(r: &mut prometheus_client::registry::Registry) -> Self {
         let m = Self::default();
         m.register(r);
         m
@@ -148,7 +148,7 @@ impl SyncError {
 
 /// Follows the models in `follows`: runs [`ModelJob`]s as the uplink hands them over.
 #[derive(Debug)]
-pub struct Syncer {
+pub(crate) struct Syncer {
     pub models: Models,
     pub cache: ChunkCache,
     pub follows: Vec<String>,
@@ -171,7 +171,7 @@ pub struct OpenError {
 impl Syncer {
     /// The syncer of `[models]` (`config`): its public key read, its directory and chunk cache
     /// opened, following `follows`.
-    pub fn open(
+    pub(crate) fn open(
         config: &super::ModelsConfig,
         follows: Vec<String>,
         metrics: ModelMetrics,
@@ -196,7 +196,7 @@ impl Syncer {
 
     /// Announces every model held, then runs jobs and watches `current` links until
     /// `shutdown`.
-    pub async fn run(self, mut jobs: mpsc::Receiver<ModelJob>, shutdown: CancellationToken) {
+    pub(crate) async fn run(self, mut jobs: mpsc::Receiver<ModelJob>, shutdown: CancellationToken) {
         let mut announced: HashMap<String, String> = HashMap::new();
         self.announce_changes(&mut announced).await;
         let mut watch = tokio::time::interval(WATCH);

@@ -42,7 +42,7 @@ pub enum DurabilityConfig {
 }
 
 impl ClassConfig {
-    pub fn durability(&self) -> Durability {
+    pub(crate) fn durability(&self) -> Durability {
         match (self.durability, self.governance) {
             (Some(DurabilityConfig::Full), _) | (None, Governance::CentralOnly) => Durability::Full,
             _ => Durability::Normal,

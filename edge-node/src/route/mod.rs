@@ -56,24 +56,24 @@ impl Class {
         }
     }
 
-    pub fn route(&self) -> Route {
+    pub(crate) fn route(&self) -> Route {
         self.route.read().map_or(Route::EdgeDirect, |r| *r)
     }
 
     /// Counts one publish of `bytes` (the whole PUBLISH packet: topic, payload and a few bytes
     /// of header, which the model prices as payload).
-    pub fn count(&self, bytes: usize) {
+    pub(crate) fn count(&self, bytes: usize) {
         self.messages.fetch_add(1, Ordering::Relaxed);
         self.bytes.fetch_add(bytes as u64, Ordering::Relaxed);
     }
 
     /// Publishes and bytes counted so far.
-    pub fn traffic(&self) -> (u64, u64) {
+    pub(crate) fn traffic(&self) -> (u64, u64) {
         (self.messages.load(Ordering::Relaxed), self.bytes.load(Ordering::Relaxed))
     }
 
     /// Changes the route at run time; refused when governance does not allow it.
-    pub fn set_route(&self, route: Route) -> Result<(), String> {
+    pub(crate) fn set_route(&self, route: Route) -> Result<(), String> {
         if !self.governance.allows(route) {
             return Err(format!(
                 "class {}: governance {:?} does not allow route {:?}",
@@ -119,20 +119,21 @@ impl Classes {
     }
 
     /// The first class matching `topic`, if any.
-    pub fn classify(&self, topic: &str) -> Option<&Class> {
+    #[cfg(test)]
+    pub(crate) fn classify(&self, topic: &str) -> Option<&Class> {
         self.classify_at(topic).map(|(_, c)| c)
     }
 
     /// [`Classes::classify`] with the class's place in [`Classes::iter`].
-    pub fn classify_at(&self, topic: &str) -> Option<(usize, &Class)> {
+    pub(crate) fn classify_at(&self, topic: &str) -> Option<(usize, &Class)> {
         self.classes.iter().enumerate().find(|(_, c)| c.filters.iter().any(|f| f.matches(topic)))
     }
 
-    pub fn is_empty(&self) -> bool {
+    pub(crate) fn is_empty(&self) -> bool {
         self.classes.is_empty()
     }
 
-    pub fn iter(&self) -> impl Iterator<Item = &Class> {
+    pub(crate) fn iter(&self) -> impl Iterator<Item = &Class> {
         self.classes.iter()
     }
 }

@@ -31,14 +31,14 @@ use shared::schema::{Schema, Version};
 use tokio_util::sync::CancellationToken;
 
 /// How often the staged versions are looked at again.
-pub const RELOAD_EVERY: Duration = Duration::from_secs(1);
+pub(crate) const RELOAD_EVERY: Duration = Duration::from_secs(1);
 
 /// The longest Reason String a refusal carries; longer reasons are cut at a character.
-pub const MAX_REASON_BYTES: usize = 256;
+pub(crate) const MAX_REASON_BYTES: usize = 256;
 
 /// One staged version, parsed.
 #[derive(Debug)]
-pub struct Staged {
+pub(crate) struct Staged {
     pub version: u32,
     pub schema: Schema,
     /// The version's file name, to see a newer one without parsing it again.
@@ -61,7 +61,7 @@ pub enum Verdict {
 }
 
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct CheckLabels {
+pub(crate) struct CheckLabels {
     pub subject: String,
     /// `valid`, `invalid` (refused), `warned` (invalid, taken), `unstaged_refused`,
     /// `unstaged_passed`.
@@ -69,7 +69,7 @@ pub struct CheckLabels {
 }
 
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct SubjectLabel {
+pub(crate) struct SubjectLabel {
     pub subject: String,
 }
 
@@ -107,7 +107,7 @@ shared::metrics! {
 
 impl SchemaMetrics {
     /// The schema checks' metrics, registered in `r`.
-    pub fn new(r: &mut prometheus_client::registry::Registry) -> Self {
+    pub(crate) fn new(r: &mut prometheus_client::registry::Registry) -> Self {
         let m = Self::default();
         m.register(r);
         m
@@ -182,20 +182,20 @@ impl Validator {
     }
 
     /// The subjects the bindings name, each once: the models to follow.
-    pub fn subjects(&self) -> Vec<String> {
+    pub(crate) fn subjects(&self) -> Vec<String> {
         let mut out: Vec<String> = self.bindings.iter().map(|b| b.subject.clone()).collect();
         out.sort();
         out.dedup();
         out
     }
 
-    pub fn is_empty(&self) -> bool {
+    pub(crate) fn is_empty(&self) -> bool {
         self.bindings.is_empty()
     }
 
     /// Reads each subject's current staged version where it changed; returns the subjects
     /// whose version changed.
-    pub fn reload(&self) -> Vec<String> {
+    pub(crate) fn reload(&self) -> Vec<String> {
         let before = self.staged.load_full();
         let mut now = (*before).clone();
         let mut changed = Vec::new();
@@ -234,7 +234,7 @@ impl Validator {
     /// Reloads as soon as `staged` is told a version was staged (the models subsystem does),
     /// and every [`RELOAD_EVERY`] (`edge-node models rollback` runs in another process), until
     /// shutdown.
-    pub async fn run(self: Arc<Self>, staged: Arc<tokio::sync::Notify>, shutdown: CancellationToken) {
+    pub(crate) async fn run(self: Arc<Self>, staged: Arc<tokio::sync::Notify>, shutdown: CancellationToken) {
         let mut tick = tokio::time::interval(RELOAD_EVERY);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
@@ -249,7 +249,7 @@ impl Validator {
     }
 
     /// The staged version of `subject`, if any.
-    pub fn staged(&self, subject: &str) -> Option<Arc<Staged>> {
+    pub(crate) fn staged(&self, subject: &str) -> Option<Arc<Staged>> {
         self.staged.load().get(subject).cloned()
     }
 
@@ -267,7 +267,7 @@ impl Validator {
     /// broker core's lock, which every client's packets wait for, so a large payload's
     /// validation holds up only its own connection; the core settles the judgment if the
     /// publish gets that far (the ACL and the other checks come first).
-    pub fn judge(&self, topic: &str, payload: &[u8]) -> Option<Judged> {
+    pub(crate) fn judge(&self, topic: &str, payload: &[u8]) -> Option<Judged> {
         let binding = self.bindings.iter().position(|b| shared::topic::matches(&b.topic, topic))?;
         let subject = &self.bindings[binding].subject;
         let outcome = match self.staged.load().get(subject) {
@@ -281,13 +281,13 @@ impl Validator {
     }
 
     /// [`Validator::settle`] of a judgment made before the core's lock, counted as such.
-    pub fn settle_ahead(&self, judged: Judged) -> Verdict {
+    pub(crate) fn settle_ahead(&self, judged: Judged) -> Verdict {
         self.metrics.ahead.inc();
         self.settle(judged)
     }
 
     /// What a [`Judged`] publish gets under its binding's mode, counted.
-    pub fn settle(&self, judged: Judged) -> Verdict {
+    pub(crate) fn settle(&self, judged: Judged) -> Verdict {
         let (b, counts) = (&self.bindings[judged.binding], &self.counts[judged.binding]);
         match judged.outcome {
             Outcome::Unstaged => match (b.unstaged, b.mode) {
@@ -321,7 +321,7 @@ impl Validator {
 
 /// A publish validated ahead of the core ([`Validator::judge`]), not yet counted.
 #[derive(Debug)]
-pub struct Judged {
+pub(crate) struct Judged {
     topic: Box<str>,
     len: usize,
     binding: usize,
@@ -331,7 +331,7 @@ pub struct Judged {
 impl Judged {
     /// Whether it was made of this topic and a payload this long (the core settles a judgment
     /// only for the publish it was made of).
-    pub fn is_of(&self, topic: &str, payload: &[u8]) -> bool {
+    pub(crate) fn is_of(&self, topic: &str, payload: &[u8]) -> bool {
         &*self.topic == topic && self.len == payload.len()
     }
 }

@@ -20,7 +20,7 @@ const WAL_LIMIT: u64 = 4 << 20;
 /// Stops the checkpoint thread when dropped, and waits for it (at most one poll): a closed
 /// spool then has no connection left, so its files can be copied as they are.
 #[derive(Debug)]
-pub struct Checkpointer {
+pub(crate) struct Checkpointer {
     stop: Arc<AtomicBool>,
     thread: Option<std::thread::JoinHandle<()>>,
 }

@@ -11,14 +11,14 @@ use super::salvage::Salvaged;
 use super::{Body, Durability, Gap, GapReason, Record, Seq, Spool, SpoolError, Storage};
 
 /// The class a gap record for unreadable records names: their own class could not be read.
-pub const UNREADABLE_CLASS: &str = "unknown";
+pub(crate) const UNREADABLE_CLASS: &str = "unknown";
 
 impl<S: Storage> Spool<S> {
     /// Salvages the database into a new one that takes its place, under the same epoch and
     /// with each lane's next seq as this spool knows it; what could not be read goes to the
     /// cloud as gap records with the next commit. Records appended and not yet committed stay
     /// pending and go into the new database.
-    pub fn rebuild(&mut self) -> Result<Salvaged, SpoolError> {
+    pub(crate) fn rebuild(&mut self) -> Result<Salvaged, SpoolError> {
         let known: BTreeMap<u8, u64> = self.lanes.iter().map(|(l, s)| (l.0, s.committed.max(1))).collect();
         let salvaged = self.storage.rebuild(&known)?;
         self.usage = self.storage.opened().usage.iter().map(|u| (u.class.clone(), u.clone())).collect();
@@ -28,7 +28,7 @@ impl<S: Storage> Spool<S> {
 
     /// What the storage knows is wrong with the database beyond one operation (a failed
     /// integrity check).
-    pub fn damaged(&self) -> Option<String> {
+    pub(crate) fn damaged(&self) -> Option<String> {
         self.storage.damaged()
     }
 

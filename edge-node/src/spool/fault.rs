@@ -63,7 +63,7 @@ impl Faults {
 
 /// A storage whose writes fail while its [`Faults`] say so.
 #[derive(Debug)]
-pub struct FaultyStorage<S> {
+pub(crate) struct FaultyStorage<S> {
     pub inner: S,
     pub faults: Faults,
     /// Named in the errors, as the real path would be.

@@ -20,7 +20,7 @@ use std::sync::{Arc, Mutex};
 use rusqlite::{Connection, OpenFlags};
 
 /// Where a check's failure is kept for the next open.
-pub fn sidecar(path: &Path) -> PathBuf {
+pub(crate) fn sidecar(path: &Path) -> PathBuf {
     let mut p = path.as_os_str().to_owned();
     p.push(".check-failed");
     PathBuf::from(p)
@@ -39,7 +39,7 @@ pub enum CheckState {
 
 /// The check's thread: interrupted and joined when dropped, so a closed spool leaves no
 /// connection behind.
-pub struct IntegrityCheck {
+pub(crate) struct IntegrityCheck {
     state: Arc<Mutex<CheckState>>,
     interrupt: rusqlite::InterruptHandle,
     thread: Option<std::thread::JoinHandle<()>>,
@@ -85,11 +85,11 @@ impl IntegrityCheck {
     }
 
     /// A handle to the state, for `/healthz`.
-    pub fn state(&self) -> Arc<Mutex<CheckState>> {
+    pub(crate) fn state(&self) -> Arc<Mutex<CheckState>> {
         self.state.clone()
     }
 
-    pub fn current(&self) -> CheckState {
+    pub(crate) fn current(&self) -> CheckState {
         self.state.lock().unwrap_or_else(std::sync::PoisonError::into_inner).clone()
     }
 }

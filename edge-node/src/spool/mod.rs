@@ -91,7 +91,7 @@ pub mod inspect;
 mod integrity;
 mod migrate;
 pub mod recovery;
-pub mod salvage;
+pub(crate) mod salvage;
 pub(crate) mod sched;
 mod schema;
 mod seqs;
@@ -252,13 +252,13 @@ pub enum SpoolError {
 impl SpoolError {
     /// Whether the database is damaged (SQLite cannot read it or a page of it, or its integrity
     /// check failed), rather than locked, read-only, on a full disk or newer than this build.
-    pub fn is_damage(&self) -> bool {
+    pub(crate) fn is_damage(&self) -> bool {
         matches!(self, SpoolError::Sqlite { source, .. } if salvage::is_damage(source))
     }
 
     /// A short name for what went wrong, for metrics and alerts: `disk_full`, `io` (a read,
     /// write or fsync failed), `corrupt`, `schema` or `other`.
-    pub fn kind(&self) -> &'static str {
+    pub(crate) fn kind(&self) -> &'static str {
         use rusqlite::ffi::ErrorCode;
         match self {
             SpoolError::Sqlite { source: rusqlite::Error::SqliteFailure(e, _), .. } => match e.code {
@@ -436,13 +436,13 @@ impl<S: Storage> Spool<S> {
 
     /// Caps the bytes each named class may hold; over it a `normal` class loses its oldest
     /// records (as gaps) and a `full` class is refused.
-    pub fn with_quotas(mut self, quotas: impl IntoIterator<Item = (String, u64)>) -> Self {
+    pub(crate) fn with_quotas(mut self, quotas: impl IntoIterator<Item = (String, u64)>) -> Self {
         self.quotas = quotas.into_iter().collect();
         self
     }
 
     /// Committed message records and bytes per class.
-    pub fn usage(&self) -> impl Iterator<Item = &ClassUsage> {
+    pub(crate) fn usage(&self) -> impl Iterator<Item = &ClassUsage> {
         self.usage.values()
     }
 
@@ -470,19 +470,20 @@ impl<S: Storage> Spool<S> {
 
     /// A spool that takes no new records (`recovery.rs`): its seqs are never handed out again,
     /// so a cloud mark past them is an ack, not a sign of reuse to renumber past.
-    pub fn with_closed_epoch(mut self) -> Self {
+    pub(crate) fn with_closed_epoch(mut self) -> Self {
         self.closed_epoch = true;
         self
     }
 
     /// Caps the records kept pending while commits fail (default 65,536).
-    pub fn with_max_pending(mut self, records: usize) -> Self {
+    #[cfg(test)]
+    pub(crate) fn with_max_pending(mut self, records: usize) -> Self {
         self.max_pending = records.max(1);
         self
     }
 
     /// Caps the bytes of records kept pending while commits fail (default 64 MiB).
-    pub fn with_max_pending_bytes(mut self, bytes: u64) -> Self {
+    pub(crate) fn with_max_pending_bytes(mut self, bytes: u64) -> Self {
         self.max_pending_bytes = bytes;
         self
     }
@@ -673,7 +674,7 @@ impl<S: Storage> Spool<S> {
     }
 
     /// Drops messages whose TTL passed, recording them as gaps.
-    pub fn expire(&mut self, now_ms: u64) -> Result<u64, SpoolError> {
+    pub(crate) fn expire(&mut self, now_ms: u64) -> Result<u64, SpoolError> {
         let lost = self.storage.expired(now_ms)?;
         let count = lost.iter().map(|l| l.seqs.len() as u64).sum();
         if count > 0 {
@@ -731,7 +732,7 @@ impl<S: Storage> Spool<S> {
     }
 
     /// Records dropped by eviction or expiry since the last call: class, reason, count.
-    pub fn take_dropped(&mut self) -> Vec<(String, GapReason, u64)> {
+    pub(crate) fn take_dropped(&mut self) -> Vec<(String, GapReason, u64)> {
         std::mem::take(&mut self.dropped)
     }
 
@@ -791,7 +792,8 @@ impl<S: Storage> Spool<S> {
     }
 
     /// Bytes the spool takes on disk now.
-    pub fn used_bytes(&mut self) -> Result<u64, SpoolError> {
+    #[cfg(test)]
+    pub(crate) fn used_bytes(&mut self) -> Result<u64, SpoolError> {
         self.storage.used_bytes()
     }
 
@@ -833,21 +835,22 @@ impl<S: Storage> Spool<S> {
     }
 
     /// Highest acked seq per lane.
-    pub fn acked(&self, lane: Lane) -> Seq {
+    #[cfg(test)]
+    pub(crate) fn acked(&self, lane: Lane) -> Seq {
         Seq(self.lanes.get(&lane).map_or(0, |s| s.acked))
     }
 }
 
 /// A message's bytes as class quotas and usage count them: payload and topic. The storage's
 /// own overhead counts against the spool's budget, not the class's quota.
-pub fn message_size(m: &Message) -> u64 {
+pub(crate) fn message_size(m: &Message) -> u64 {
     (m.payload.len() + m.topic.len()) as u64
 }
 
 /// What a message holds in memory once read: payload, topic, and its properties, each user
 /// property pair at [`shared::proto::USER_PROPERTY_COST`] besides its bytes (an empty pair is a
 /// few bytes on disk and 48 in memory). What a read counts against [`READ_BYTES`].
-pub fn memory_size(m: &Message) -> u64 {
+pub(crate) fn memory_size(m: &Message) -> u64 {
     let p = &m.properties;
     let user: usize = p.user.iter().map(|(k, v)| shared::proto::USER_PROPERTY_COST + k.len() + v.len()).sum();
     (m.payload.len()
@@ -864,7 +867,7 @@ pub fn memory_size(m: &Message) -> u64 {
 /// `MAX_MESSAGE_BYTES` (the config refuses a bigger `broker.max_packet_size` with an uplink), so
 /// a read's messages stay under the frame limit. It also bounds what a read holds in memory,
 /// which `batch_records` alone did not: 512 records of 1 MiB.
-pub const READ_BYTES: u64 = (shared::proto::MAX_BATCH_FRAME - shared::proto::MAX_MESSAGE_BYTES) as u64;
+pub(crate) const READ_BYTES: u64 = (shared::proto::MAX_BATCH_FRAME - shared::proto::MAX_MESSAGE_BYTES) as u64;
 
 /// Bytes a message takes in a record, roughly: what eviction counts.
 fn estimated_size(m: &Message) -> u64 {

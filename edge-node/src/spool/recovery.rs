@@ -14,7 +14,7 @@ use super::salvage::{Salvaged, salvage};
 use super::{Spool, SpoolError, SpoolWriter, SqliteStorage, Storage, WriterMetrics};
 
 /// Where spools waiting to be sent live: `recover/` beside the spool's database.
-pub fn dir(spool: &Path) -> PathBuf {
+pub(crate) fn dir(spool: &Path) -> PathBuf {
     spool.with_file_name("recover")
 }
 
@@ -90,7 +90,7 @@ fn current_epoch(path: &Path) -> Option<String> {
 }
 
 /// The next spool waiting to be sent, the oldest first.
-pub fn next(spool: &Path) -> Option<PathBuf> {
+pub(crate) fn next(spool: &Path) -> Option<PathBuf> {
     let entries = std::fs::read_dir(dir(spool)).ok()?;
     entries
         .filter_map(|e| {
@@ -105,7 +105,7 @@ pub fn next(spool: &Path) -> Option<PathBuf> {
 
 /// Opens a waiting spool for sending: its own spool thread, with metrics of its own (not
 /// exported: they would fight the running spool's).
-pub fn open(path: &Path) -> Result<SpoolWriter, SpoolError> {
+pub(crate) fn open(path: &Path) -> Result<SpoolWriter, SpoolError> {
     let storage = SqliteStorage::open(path)?;
     let spool = Spool::new(Box::new(storage) as Box<dyn Storage + Send>).with_closed_epoch();
     let metrics = std::sync::Arc::new(WriterMetrics::new(&mut Default::default()));
@@ -114,7 +114,7 @@ pub fn open(path: &Path) -> Result<SpoolWriter, SpoolError> {
 }
 
 /// Everything in the waiting spool at `path` reached the cloud: it goes, with its files.
-pub fn finish(path: &Path) -> std::io::Result<()> {
+pub(crate) fn finish(path: &Path) -> std::io::Result<()> {
     for extra in ["", "-wal", "-shm", ".seqs"] {
         let mut p = path.as_os_str().to_owned();
         p.push(extra);
@@ -128,7 +128,7 @@ pub fn finish(path: &Path) -> std::io::Result<()> {
 
 /// Spools an earlier version moved aside without salvaging them (`<spool>.corrupt-<ms>`): their
 /// records reach the cloud only through [`queue`] (`edge-node spool recover FILE`).
-pub fn orphans(spool: &Path) -> Vec<PathBuf> {
+pub(crate) fn orphans(spool: &Path) -> Vec<PathBuf> {
     let (Some(dir), Some(name)) = (spool.parent(), spool.file_name().and_then(|n| n.to_str())) else {
         return Vec::new();
     };
@@ -148,7 +148,7 @@ pub fn orphans(spool: &Path) -> Vec<PathBuf> {
 
 /// Sets a waiting spool the cloud will not take (its epoch retired there) apart, as
 /// `<name>.refused`, so the running spool is not held up behind it.
-pub fn refuse(path: &Path) -> std::io::Result<PathBuf> {
+pub(crate) fn refuse(path: &Path) -> std::io::Result<PathBuf> {
     let target = path.with_extension("refused");
     std::fs::rename(path, &target)?;
     Ok(target)

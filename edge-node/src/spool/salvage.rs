@@ -46,14 +46,14 @@ pub struct Salvaged {
 impl Salvaged {
     /// Seqs in the unreadable ranges (an upper bound on the records lost: some seqs in them may
     /// never have been used).
-    pub fn unreadable_count(&self) -> u64 {
+    pub(crate) fn unreadable_count(&self) -> u64 {
         self.unreadable.values().flatten().map(|(a, b)| b - a + 1).sum()
     }
 }
 
 /// Whether an error says the database (or a page of it) is damaged, as opposed to locked,
 /// read-only, on a full disk or not there.
-pub fn is_damage(e: &rusqlite::Error) -> bool {
+pub(crate) fn is_damage(e: &rusqlite::Error) -> bool {
     match e {
         rusqlite::Error::SqliteFailure(f, _) => match f.code {
             ErrorCode::DatabaseCorrupt | ErrorCode::NotADatabase => true,
@@ -71,7 +71,7 @@ pub fn is_damage(e: &rusqlite::Error) -> bool {
 /// `lanes` row. Seqs are never skipped: the cloud's mark only moves over contiguous seqs, so
 /// each lane's next seq is the old one (or one past the last record read, when neither says):
 /// a seq handed out again is caught by the reservations (`seqs.rs`) at the cloud's next mark.
-pub fn salvage(src: &Path, dst: &Path, known: &BTreeMap<u8, u64>) -> Result<Salvaged, SpoolError> {
+pub(crate) fn salvage(src: &Path, dst: &Path, known: &BTreeMap<u8, u64>) -> Result<Salvaged, SpoolError> {
     let sqlite = |path: &Path| {
         let path = path.to_owned();
         move |source| SpoolError::Sqlite { path: path.clone(), source }
@@ -165,7 +165,7 @@ fn beside(path: &Path, suffix: &str) -> PathBuf {
 
 /// Salvages the damaged database at `path` into `<path>.salvaged` (written whole and synced
 /// before it takes that name), leaving `path` as it is. See [`salvage`] for `known`.
-pub fn prepare(path: &Path, known: &BTreeMap<u8, u64>) -> Result<Salvaged, SpoolError> {
+pub(crate) fn prepare(path: &Path, known: &BTreeMap<u8, u64>) -> Result<Salvaged, SpoolError> {
     let (tmp, done) = (beside(path, ".salvaged.tmp"), beside(path, ".salvaged"));
     for stale in [&tmp, &done] {
         remove_with_wal(stale).map_err(|source| SpoolError::Io { path: stale.clone(), source })?;
@@ -180,7 +180,7 @@ pub fn prepare(path: &Path, known: &BTreeMap<u8, u64>) -> Result<Salvaged, Spool
 /// Moves the damaged database at `path` aside (`<path>.damaged-<unix ms>`, with its WAL,
 /// shared-memory and check-failed files) and puts `<path>.salvaged` in its place. Returns where
 /// the damaged one went.
-pub fn install(path: &Path) -> Result<PathBuf, SpoolError> {
+pub(crate) fn install(path: &Path) -> Result<PathBuf, SpoolError> {
     let aside = move_aside(path)?;
     let done = beside(path, ".salvaged");
     let io = |source| SpoolError::Io { path: done.clone(), source };
@@ -194,7 +194,7 @@ pub fn install(path: &Path) -> Result<PathBuf, SpoolError> {
 /// Finishes a salvage a crash interrupted: a `<path>.salvaged` with no database at `path` was
 /// complete and the damaged one already aside, so it goes in; beside a database still at
 /// `path` it may be from before the damaged one moved, so it goes and the salvage is done again.
-pub fn finish_interrupted(path: &Path) -> Result<(), SpoolError> {
+pub(crate) fn finish_interrupted(path: &Path) -> Result<(), SpoolError> {
     let done = beside(path, ".salvaged");
     let io = |source| SpoolError::Io { path: done.clone(), source };
     match (done.exists(), path.exists()) {

@@ -65,7 +65,7 @@ pub(super) struct SeqFile {
 impl SeqFile {
     /// The reservations of `epoch` for the database at `db`; none if the file is missing,
     /// unreadable or of another epoch (a new database).
-    pub fn open(db: &Path, epoch: &str) -> Self {
+    pub(crate) fn open(db: &Path, epoch: &str) -> Self {
         let mut path = db.as_os_str().to_owned();
         path.push(".seqs");
         let path = PathBuf::from(path);
@@ -89,7 +89,7 @@ impl SeqFile {
     }
 
     #[cfg(test)]
-    pub fn reserved(&self, lane: Lane) -> Option<u64> {
+    pub(crate) fn reserved(&self, lane: Lane) -> Option<u64> {
         self.contents.reserved.get(&lane.0).copied()
     }
 
@@ -102,7 +102,7 @@ impl SeqFile {
     /// new seqs go past everything it may have handed out (`Spool::check_mark`). In the boot
     /// the file was last written in, only a copy put back can have taken commits: the cloud's
     /// mark decides, and seqs stay continuous after a plain crash.
-    pub fn mark_suspects(&mut self, lanes: &BTreeMap<u8, u64>) -> std::io::Result<Vec<(Lane, u64, u64)>> {
+    pub(crate) fn mark_suspects(&mut self, lanes: &BTreeMap<u8, u64>) -> std::io::Result<Vec<(Lane, u64, u64)>> {
         let boot = boot_id();
         let rebooted = boot.is_empty() || boot != self.contents.boot;
         let mut marked = Vec::new();
@@ -137,24 +137,24 @@ impl SeqFile {
 
     /// The first seq handed out since the lane was found suspect, and, if that followed a
     /// reboot, the highest it may have handed out before.
-    pub fn suspect(&self, lane: Lane) -> Option<(u64, Option<u64>)> {
+    pub(crate) fn suspect(&self, lane: Lane) -> Option<(u64, Option<u64>)> {
         let from = *self.contents.suspect.get(&lane.0)?;
         Some((from, self.contents.suspect_until.get(&lane.0).copied()))
     }
 
     /// Every suspect lane.
-    pub fn suspects(&self) -> Vec<Lane> {
+    pub(crate) fn suspects(&self) -> Vec<Lane> {
         self.contents.suspect.keys().map(|l| Lane(*l)).collect()
     }
 
-    pub fn clear_suspect(&mut self, lane: Lane) -> std::io::Result<()> {
+    pub(crate) fn clear_suspect(&mut self, lane: Lane) -> std::io::Result<()> {
         self.contents.suspect_until.remove(&lane.0);
         if self.contents.suspect.remove(&lane.0).is_some() { self.store() } else { Ok(()) }
     }
 
     /// Makes sure seqs below each lane's given next seq are reserved, writing the file if any
     /// was not.
-    pub fn cover(&mut self, next_seqs: impl IntoIterator<Item = (Lane, u64)>) -> std::io::Result<()> {
+    pub(crate) fn cover(&mut self, next_seqs: impl IntoIterator<Item = (Lane, u64)>) -> std::io::Result<()> {
         let mut changed = false;
         for (lane, next) in next_seqs {
             let last = next.saturating_sub(1);
@@ -169,7 +169,7 @@ impl SeqFile {
 
     /// Sets each lane's reservation to exactly what it used (a clean close). Suspect marks
     /// stay until the cloud's mark is checked.
-    pub fn settle(&mut self, next_seqs: impl IntoIterator<Item = (Lane, u64)>) -> std::io::Result<()> {
+    pub(crate) fn settle(&mut self, next_seqs: impl IntoIterator<Item = (Lane, u64)>) -> std::io::Result<()> {
         self.contents.reserved = next_seqs.into_iter().map(|(lane, next)| (lane.0, next.saturating_sub(1))).collect();
         self.store()
     }
@@ -179,7 +179,7 @@ impl SeqFile {
         shared::fs::write_durably(&self.path, |f| f.write_all(&bytes))
     }
 
-    pub fn path(&self) -> &Path {
+    pub(crate) fn path(&self) -> &Path {
         &self.path
     }
 }

@@ -48,7 +48,7 @@ impl SinkFit {
     }
 
     /// A bridge's Welcome said `limits` (`None`: it gave none). Kept on disk when they changed.
-    pub fn update(&self, limits: Option<SinkLimits>) {
+    pub(crate) fn update(&self, limits: Option<SinkLimits>) {
         let limits = limits.unwrap_or_default();
         let was = self.current();
         if was == limits {
@@ -67,7 +67,7 @@ impl SinkFit {
         }
     }
 
-    pub fn current(&self) -> SinkLimits {
+    pub(crate) fn current(&self) -> SinkLimits {
         SinkLimits {
             record_bytes: self.record_bytes.load(Ordering::Relaxed),
             header_bytes: self.header_bytes.load(Ordering::Relaxed),

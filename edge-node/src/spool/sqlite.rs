@@ -319,7 +319,7 @@ fn receipt_rows(conn: &Connection) -> rusqlite::Result<Vec<(u64, Lane, Seq)>> {
 
 /// How long an open waits for a lock another process holds on the database (someone's
 /// `sqlite3` in a write transaction) before it gives up, naming it.
-pub const LOCK_WAIT: std::time::Duration = std::time::Duration::from_secs(5);
+pub(crate) const LOCK_WAIT: std::time::Duration = std::time::Duration::from_secs(5);
 
 impl Storage for SqliteStorage {
     fn opened(&self) -> &Opened {

@@ -22,7 +22,7 @@ use crate::labels::{ClassLabel, class_label, handle};
 use shared::units::now_ms;
 
 /// The spool the writer thread owns: SQLite in production, a fault-injecting wrapper in tests.
-pub type DynSpool = Spool<Box<dyn Storage + Send>>;
+pub(crate) type DynSpool = Spool<Box<dyn Storage + Send>>;
 
 /// Why a read or an ack of the spool failed.
 #[derive(Debug, thiserror::Error)]
@@ -86,18 +86,18 @@ pub struct Heads {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct KindLabel {
+pub(crate) struct KindLabel {
     pub kind: &'static str,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct DropLabels {
+pub(crate) struct DropLabels {
     pub class: String,
     pub reason: &'static str,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct OutcomeLabel {
+pub(crate) struct OutcomeLabel {
     pub outcome: &'static str,
 }
 
@@ -186,7 +186,7 @@ shared::metrics! {
 
 impl WriterMetrics {
     /// The writer's metrics, registered in `r`.
-    pub fn new(r: &mut Registry) -> Self {
+    pub(crate) fn new(r: &mut Registry) -> Self {
         let m = Self::default();
         m.register(r);
         m
@@ -268,13 +268,13 @@ impl SpoolWriter {
 
     /// Why the spool is unhealthy, if it is: its database is damaged and not rebuilt yet (or
     /// the rebuild failed). For `/healthz`.
-    pub fn problem(&self) -> Option<String> {
+    pub(crate) fn problem(&self) -> Option<String> {
         self.problem.lock().unwrap_or_else(std::sync::PoisonError::into_inner).clone()
     }
 
     /// Queues `message`. For `full` durability the returned receiver resolves once it is
     /// committed (or refused); `normal` messages are committed within `commit_interval`.
-    pub async fn append(
+    pub(crate) async fn append(
         &self,
         lane: Lane,
         message: Message,
@@ -300,7 +300,7 @@ impl SpoolWriter {
 
     /// Forgets QoS 2 receipts whose releases are committed, without waiting: one the spool
     /// does not hear of (its queue full) goes at the next start.
-    pub fn forget_receipts(&self, keys: Vec<u64>) {
+    pub(crate) fn forget_receipts(&self, keys: Vec<u64>) {
         if self.tx.try_send(Request::Query { query: Query::ForgetReceipts(keys), queued: Instant::now() }).is_ok() {
             self.wake_if_idle();
         }
@@ -323,35 +323,35 @@ impl SpoolWriter {
     }
 
     /// Committed records of `lane` after `after`, in seq order.
-    pub async fn read(&self, lane: Lane, after: Seq, limit: usize) -> Result<Vec<Record>, ReadError> {
+    pub(crate) async fn read(&self, lane: Lane, after: Seq, limit: usize) -> Result<Vec<Record>, ReadError> {
         Ok(self.query(|done| Query::Read { lane, after, limit, done }).await??)
     }
 
     /// Deletes `lane`'s records through `up_to`: the cloud committed them.
-    pub async fn ack(&self, lane: Lane, up_to: Seq) -> Result<u64, ReadError> {
+    pub(crate) async fn ack(&self, lane: Lane, up_to: Seq) -> Result<u64, ReadError> {
         Ok(self.query(|done| Query::Ack { lane, up_to, done }).await??)
     }
 
     /// Checks the cloud's mark of `lane` before it is taken as an ack ([`super::Spool::check_mark`]);
     /// returns the first seq renumbered past it and by how much, if the database had gone
     /// back in time.
-    pub async fn check_mark(&self, lane: Lane, mark: Seq) -> Result<Option<(Seq, u64)>, ReadError> {
+    pub(crate) async fn check_mark(&self, lane: Lane, mark: Seq) -> Result<Option<(Seq, u64)>, ReadError> {
         Ok(self.query(|done| Query::CheckMark { lane, mark, done }).await??)
     }
 
     /// Every lane of a Welcome was checked ([`super::Spool::welcomed`]).
-    pub async fn welcomed(&self) -> Result<(), ReadError> {
+    pub(crate) async fn welcomed(&self) -> Result<(), ReadError> {
         Ok(self.query(Query::Welcomed).await??)
     }
 
     /// The spool's epoch and lane positions.
-    pub async fn heads(&self) -> Result<Heads, AppendError> {
+    pub(crate) async fn heads(&self) -> Result<Heads, AppendError> {
         self.query(Query::Heads).await
     }
 
     /// The oldest unacked record (as of the last expiry tick, once a second) and the drops so
     /// far.
-    pub fn figures(&self) -> SpoolFigures {
+    pub(crate) fn figures(&self) -> SpoolFigures {
         let oldest = self.stats.oldest_unacked_ms.load(Ordering::Relaxed);
         SpoolFigures {
             oldest_unacked_ms: (oldest > 0).then_some(oldest),
@@ -363,12 +363,12 @@ impl SpoolWriter {
     }
 
     /// Signalled after each commit that added records.
-    pub fn committed_notify(&self) -> Arc<tokio::sync::Notify> {
+    pub(crate) fn committed_notify(&self) -> Arc<tokio::sync::Notify> {
         self.committed.clone()
     }
 
     /// Commits what is queued and stops the thread.
-    pub async fn shutdown(&self) {
+    pub(crate) async fn shutdown(&self) {
         let (tx, rx) = oneshot::channel();
         if self.tx.send(Request::Shutdown(tx)).await.is_ok() {
             self.thread.unpark();

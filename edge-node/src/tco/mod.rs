@@ -245,20 +245,20 @@ pub fn snapshot(
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct ClassRouteLabels {
+pub(crate) struct ClassRouteLabels {
     pub class: String,
     pub route: &'static str,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct ClassOnly {
+pub(crate) struct ClassOnly {
     pub class: String,
 }
 
 shared::metrics! {
     /// `edge_tco_*` metrics.
     #[derive(Debug, Clone)]
-    pub struct TcoMetrics {
+    pub(crate) struct TcoMetrics {
         /// 1 for the route a class has, 0 for the others.
         pub route: Family<ClassRouteLabels, Gauge> => ("tco_route", "Route each topic class has (1) and has not (0)"),
         /// Monthly cost of each route per class, in the config's currency, rounded.
@@ -272,7 +272,7 @@ shared::metrics! {
 
 impl TcoMetrics {
     /// The TCO model's metrics, registered in `r`.
-    pub fn new(r: &mut prometheus_client::registry::Registry) -> Self {
+    pub(crate) fn new(r: &mut prometheus_client::registry::Registry) -> Self {
         let m = Self::default();
         m.register(r);
         m
@@ -282,7 +282,7 @@ impl TcoMetrics {
 /// What the uplink measured of the link, for the model: RTT, commit latency and compression so
 /// far. The uplink writes it, [`run`] reads it; `lib.rs` hands both the same one.
 #[derive(Debug, Default)]
-pub struct LinkFigures {
+pub(crate) struct LinkFigures {
     rtt_micros: AtomicU64,
     commit_micros: AtomicU64,
     /// Whether a session is up, and since when it is up or down (ms since the Unix epoch; 0:
@@ -296,28 +296,28 @@ pub struct LinkFigures {
 
 impl LinkFigures {
     /// A session came up (`true`) or ended.
-    pub fn set_up(&self, up: bool) {
+    pub(crate) fn set_up(&self, up: bool) {
         self.up.store(up, Ordering::Relaxed);
         self.since_ms.store(shared::units::now_ms(), Ordering::Relaxed);
     }
 
     /// Whether a session is up, and since when (ms since the Unix epoch; `None`: never was).
-    pub fn up(&self) -> (bool, Option<u64>) {
+    pub(crate) fn up(&self) -> (bool, Option<u64>) {
         let since = self.since_ms.load(Ordering::Relaxed);
         (self.up.load(Ordering::Relaxed), (since > 0).then_some(since))
     }
 
-    pub fn rtt(&self, rtt: Duration) {
+    pub(crate) fn rtt(&self, rtt: Duration) {
         self.rtt_micros.store(rtt.as_micros() as u64, Ordering::Relaxed);
     }
 
-    pub fn committed(&self, latency: Duration) {
+    pub(crate) fn committed(&self, latency: Duration) {
         self.commit_micros.store(latency.as_micros() as u64, Ordering::Relaxed);
     }
 
     /// A batch body of `sent` bytes carried `classes`' messages, each class's bytes as
     /// [`crate::route`] counts a publish: each class is charged its share of `sent`.
-    pub fn sent(&self, classes: &[(String, u64)], sent: u64) {
+    pub(crate) fn sent(&self, classes: &[(String, u64)], sent: u64) {
         let total: u64 = classes.iter().map(|(_, b)| *b).sum();
         if total == 0 {
             return;
@@ -340,13 +340,13 @@ impl LinkFigures {
     }
 
     /// The link as measured, once a ping has come back.
-    pub fn link(&self) -> Option<Link> {
+    pub(crate) fn link(&self) -> Option<Link> {
         let (rtt, commit) = (self.rtt_micros.load(Ordering::Relaxed), self.commit_micros.load(Ordering::Relaxed));
         (rtt > 0).then(|| Link { rtt_ms: rtt as f64 / 1000.0, commit_ms: commit as f64 / 1000.0 })
     }
 
     /// Batch bytes sent per message byte so far, of `class` or of all classes.
-    pub fn compression(&self, class: Option<&str>) -> Option<f64> {
+    pub(crate) fn compression(&self, class: Option<&str>) -> Option<f64> {
         let figures = self.classes.lock().ok()?;
         let (raw, sent) = match class {
             Some(class) => figures.get(class).copied().unwrap_or_default(),
@@ -358,7 +358,7 @@ impl LinkFigures {
 
 /// Runs the model every `interval` on the classes' measured traffic and moves routes; each
 /// answer goes to `latest` (the uplink reports it to the bridge, `/tco` serves it).
-pub async fn run(
+pub(crate) async fn run(
     tco: TcoConfig,
     classes: Arc<Classes>,
     link: Arc<LinkFigures>,

@@ -149,7 +149,7 @@ impl UplinkConfig {
         }
     }
 
-    pub fn server_list(&self) -> Vec<String> {
+    pub(crate) fn server_list(&self) -> Vec<String> {
         self.server.iter().chain(&self.servers).cloned().collect()
     }
 

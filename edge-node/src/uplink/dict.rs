@@ -31,7 +31,7 @@ use shared::proto::{DictAnnounce, ProtoError, WireRecord};
 use tokio::task::JoinHandle;
 
 #[derive(Debug, Clone, Copy)]
-pub struct DictSettings {
+pub(crate) struct DictSettings {
     /// Dictionary size in bytes; 0 turns dictionaries off.
     pub size: usize,
     /// Sample bytes per class before training.
@@ -70,14 +70,14 @@ pub struct DictBook {
 
 /// What a batch should be packed with.
 #[derive(Debug, Default)]
-pub struct Choice<'a> {
+pub(crate) struct Choice<'a> {
     pub dict: Option<DictRef<'a>>,
     /// A dictionary to announce now; later batches can use it once the cloud confirms it.
     pub announce: Option<DictAnnounce>,
 }
 
 impl DictBook {
-    pub fn new(settings: DictSettings) -> Self {
+    pub(crate) fn new(settings: DictSettings) -> Self {
         Self {
             settings,
             classes: HashMap::new(),
@@ -126,7 +126,7 @@ impl DictBook {
     }
 
     /// Takes samples from records about to be sent.
-    pub fn observe(&mut self, records: &[WireRecord], now: Instant) {
+    pub(crate) fn observe(&mut self, records: &[WireRecord], now: Instant) {
         if !self.enabled() {
             return;
         }
@@ -153,7 +153,7 @@ impl DictBook {
 
     /// Installs a finished training and starts the next one that has its samples. Returns a
     /// dictionary that just became current, for the log.
-    pub async fn poll_training(&mut self, now: Instant) -> Option<Dict> {
+    pub(crate) async fn poll_training(&mut self, now: Instant) -> Option<Dict> {
         let mut installed = None;
         if let Some((class, handle)) = self.training.take_if(|(_, h)| h.is_finished()) {
             // Finished, so this does not wait.
@@ -206,7 +206,7 @@ impl DictBook {
     }
 
     /// The dictionary for a batch of `records`.
-    pub fn choose(&mut self, records: &[WireRecord]) -> Choice<'_> {
+    pub(crate) fn choose(&mut self, records: &[WireRecord]) -> Choice<'_> {
         if !self.enabled() {
             return Choice::default();
         }

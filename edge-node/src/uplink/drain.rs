@@ -7,7 +7,7 @@
 use crate::spool::Lane;
 
 #[derive(Debug, Clone)]
-pub struct DrainOrder {
+pub(crate) struct DrainOrder {
     /// Every `every`-th pick goes to a lower lane.
     every: u32,
     picks: u32,
@@ -17,14 +17,14 @@ pub struct DrainOrder {
 
 impl DrainOrder {
     /// `share` of the windows reserved for lower lanes while they have records; 0 < share ≤ 0.5.
-    pub fn new(share: f64) -> Self {
+    pub(crate) fn new(share: f64) -> Self {
         let share = share.clamp(0.01, 0.5);
         Self { every: (1.0 / share).round() as u32, picks: 0, last_low: None }
     }
 
     /// The lane to read next, among `ready` (lanes with records to send, any order); `None` if
     /// none is ready.
-    pub fn next(&mut self, ready: &[Lane]) -> Option<Lane> {
+    pub(crate) fn next(&mut self, ready: &[Lane]) -> Option<Lane> {
         let top = *ready.iter().min()?;
         self.picks = self.picks.wrapping_add(1);
         if !self.picks.is_multiple_of(self.every) {

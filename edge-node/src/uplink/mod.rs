@@ -6,8 +6,8 @@
 
 mod config;
 pub mod core;
-pub mod dict;
-pub mod drain;
+pub(crate) mod dict;
+pub(crate) mod drain;
 pub mod pack;
 pub mod quic;
 pub mod reach;
@@ -41,14 +41,14 @@ use crate::spool::{Body, Lane, ReadError, Record, Seq, SpoolWriter};
 use crate::tco::{LinkFigures, Snapshot};
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct LaneLabel {
+pub(crate) struct LaneLabel {
     pub lane: u8,
 }
 
 shared::metrics! {
     /// The uplink's metrics.
     #[derive(Debug, Clone)]
-    pub struct UplinkMetrics {
+    pub(crate) struct UplinkMetrics {
         pub connected: Gauge => ("uplink_connected", "1 while a session with the cloud bridge is up"),
         pub degraded: Gauge => (
             "uplink_degraded",
@@ -106,7 +106,7 @@ shared::metrics! {
 
 impl UplinkMetrics {
     /// The uplink's metrics, registered in `r`.
-    pub fn new(r: &mut prometheus_client::registry::Registry) -> Self {
+    pub(crate) fn new(r: &mut prometheus_client::registry::Registry) -> Self {
         let m = Self::default();
         m.register(r);
         m
@@ -179,7 +179,7 @@ impl ConnEnd {
 }
 
 #[derive(Debug)]
-pub struct Uplink {
+pub(crate) struct Uplink {
     pub config: UplinkConfig,
     pub client: quinn::ClientConfig,
     pub spool: SpoolWriter,
@@ -267,7 +267,7 @@ impl Uplink {
 
     /// Runs until `shutdown`: connects, drains, reconnects. Recovered spools of other epochs
     /// go first, each in a session of its own epoch.
-    pub async fn run(self, mut down: DownCore, shutdown: CancellationToken) {
+    pub(crate) async fn run(self, mut down: DownCore, shutdown: CancellationToken) {
         let Some(mut main) = self.source(self.spool.clone(), None).await else {
             tracing::error!("uplink cannot read the spool; not starting");
             return;

@@ -51,7 +51,7 @@ pub fn client_config(config: &UplinkConfig) -> Result<quinn::ClientConfig, Uplin
 }
 
 /// The name to verify the certificate of the bridge at `server` (`host:port`) against.
-pub fn server_name(config: &UplinkConfig, server: &str) -> String {
+pub(crate) fn server_name(config: &UplinkConfig, server: &str) -> String {
     config.server_name.clone().unwrap_or_else(|| {
         let host = server.rsplit_once(':').map_or(server, |(h, _)| h);
         host.trim_start_matches('[').trim_end_matches(']').to_owned()

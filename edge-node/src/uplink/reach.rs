@@ -33,7 +33,7 @@ pub struct Target {
 
 /// Every address of every server; a name that does not resolve is left out (the connection
 /// attempt names its error).
-pub async fn resolve(servers: &[String]) -> Vec<Target> {
+pub(crate) async fn resolve(servers: &[String]) -> Vec<Target> {
     let mut out = Vec::new();
     for server in servers {
         if let Ok(addrs) = tokio::net::lookup_host(server.as_str()).await {
@@ -95,12 +95,12 @@ impl Prober {
     /// unanswered: four round trips, at least 200 ms, at most the probe interval. A bridge on
     /// the path the session measured answers in one; waiting the whole interval (2 s) made a
     /// dead bridge cost three of them before the edge moved on.
-    pub fn round_wait(&self, rtt: Duration) -> Duration {
+    pub(crate) fn round_wait(&self, rtt: Duration) -> Duration {
         let floor = Duration::from_millis(200);
         (rtt * 4).max(floor).min(self.interval.max(floor))
     }
 
-    pub fn trusted(&self, targets: &[Target]) -> bool {
+    pub(crate) fn trusted(&self, targets: &[Target]) -> bool {
         let answering = self.answering.lock().unwrap_or_else(|e| e.into_inner());
         targets.iter().any(|t| answering.contains(&t.addr))
     }
@@ -139,7 +139,7 @@ impl Prober {
     }
 
     /// Probes `targets` until one answers (it is returned) or `deadline` passes.
-    pub async fn until_answer(&self, targets: &[Target], deadline: Instant) -> Option<Target> {
+    pub(crate) async fn until_answer(&self, targets: &[Target], deadline: Instant) -> Option<Target> {
         let started = *self.silent_since.lock().unwrap_or_else(|e| e.into_inner()).get_or_insert_with(Instant::now);
         loop {
             let now = Instant::now();
@@ -156,7 +156,7 @@ impl Prober {
     }
 
     /// Whether any of `targets` answers within `rounds` rounds of `per_round` each.
-    pub async fn answers_within(&self, targets: &[Target], rounds: u32, per_round: Duration) -> bool {
+    pub(crate) async fn answers_within(&self, targets: &[Target], rounds: u32, per_round: Duration) -> bool {
         for _ in 0..rounds {
             if self.round(targets, Instant::now() + per_round).await.is_some() {
                 return true;

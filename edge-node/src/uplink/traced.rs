@@ -16,7 +16,7 @@ const MAX_TRACKED: usize = 16_384;
 
 /// Traced records read for sending and not yet acked, of one spool epoch.
 #[derive(Debug)]
-pub struct InFlight {
+pub(crate) struct InFlight {
     tracer: Tracer,
     epoch: String,
     /// By (lane, seq): the context, the class and when the record was first read to send.
@@ -24,12 +24,12 @@ pub struct InFlight {
 }
 
 impl InFlight {
-    pub fn new(tracer: Tracer, epoch: String) -> Self {
+    pub(crate) fn new(tracer: Tracer, epoch: String) -> Self {
         Self { tracer, epoch, pending: BTreeMap::new() }
     }
 
     /// Records read to be sent: a resent one keeps the time it was first read.
-    pub fn reading(&mut self, records: &[Record]) {
+    pub(crate) fn reading(&mut self, records: &[Record]) {
         if !self.tracer.is_on() {
             return;
         }
@@ -47,7 +47,7 @@ impl InFlight {
     }
 
     /// The cloud acked `lane` through `up_to`: those records' spans end now.
-    pub fn acked(&mut self, lane: u8, up_to: u64) {
+    pub(crate) fn acked(&mut self, lane: u8, up_to: u64) {
         if self.pending.is_empty() {
             return;
         }

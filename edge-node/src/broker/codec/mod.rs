@@ -50,7 +50,7 @@ pub enum DecodeError {
 
 impl DecodeError {
     /// The MQTT 5 reason code for a CONNACK or DISCONNECT answering this error.
-    pub fn reason(&self) -> u8 {
+    pub(crate) fn reason(&self) -> u8 {
         match self {
             DecodeError::Malformed(_) => reason::MALFORMED,
             DecodeError::Protocol(_) => reason::PROTOCOL_ERROR,
@@ -60,7 +60,7 @@ impl DecodeError {
     }
 
     /// The label counted for it.
-    pub fn label(&self) -> &'static str {
+    pub(crate) fn label(&self) -> &'static str {
         match self {
             DecodeError::Malformed(_) => "malformed",
             DecodeError::Protocol(_) => "protocol_error",
@@ -72,7 +72,7 @@ impl DecodeError {
 
 /// Where the next packet in `buf` ends: `Ok(None)` when more bytes are needed. Checks `max` from
 /// the fixed header alone, before the body is buffered.
-pub fn frame_len(buf: &[u8], max: usize) -> Result<Option<usize>, DecodeError> {
+pub(crate) fn frame_len(buf: &[u8], max: usize) -> Result<Option<usize>, DecodeError> {
     let mut remaining: usize = 0;
     for i in 0..4 {
         let Some(&byte) = buf.get(1 + i) else {
@@ -138,49 +138,46 @@ pub(crate) fn read_u16(buf: &[u8], at: usize) -> Option<u16> {
 }
 
 /// MQTT 5 reason codes the broker uses (§2.4), and the MQTT 3.1.1 return codes.
-pub mod reason {
-    pub const SUCCESS: u8 = 0x00;
-    pub const GRANTED_QOS_1: u8 = 0x01;
-    pub const GRANTED_QOS_2: u8 = 0x02;
-    pub const DISCONNECT_WITH_WILL: u8 = 0x04;
-    pub const NO_MATCHING_SUBSCRIBERS: u8 = 0x10;
-    pub const NO_SUBSCRIPTION_EXISTED: u8 = 0x11;
-    pub const UNSPECIFIED: u8 = 0x80;
-    pub const MALFORMED: u8 = 0x81;
-    pub const PROTOCOL_ERROR: u8 = 0x82;
-    pub const IMPLEMENTATION_SPECIFIC: u8 = 0x83;
-    pub const UNSUPPORTED_VERSION: u8 = 0x84;
-    pub const CLIENT_ID_NOT_VALID: u8 = 0x85;
-    pub const BAD_CREDENTIALS: u8 = 0x86;
-    pub const NOT_AUTHORIZED: u8 = 0x87;
-    pub const SERVER_UNAVAILABLE: u8 = 0x88;
-    pub const SERVER_BUSY: u8 = 0x89;
-    pub const BAD_AUTH_METHOD: u8 = 0x8C;
-    pub const KEEP_ALIVE_TIMEOUT: u8 = 0x8D;
-    pub const SESSION_TAKEN_OVER: u8 = 0x8E;
-    pub const TOPIC_FILTER_INVALID: u8 = 0x8F;
-    pub const SERVER_SHUTTING_DOWN: u8 = 0x8B;
-    pub const TOPIC_NAME_INVALID: u8 = 0x90;
-    pub const PACKET_ID_IN_USE: u8 = 0x91;
-    pub const PACKET_ID_NOT_FOUND: u8 = 0x92;
-    pub const RECEIVE_MAXIMUM_EXCEEDED: u8 = 0x93;
-    pub const TOPIC_ALIAS_INVALID: u8 = 0x94;
-    pub const PACKET_TOO_LARGE: u8 = 0x95;
-    pub const QUOTA_EXCEEDED: u8 = 0x97;
-    pub const ADMINISTRATIVE_ACTION: u8 = 0x98;
-    pub const PAYLOAD_FORMAT_INVALID: u8 = 0x99;
-    pub const SHARED_SUBSCRIPTIONS_NOT_SUPPORTED: u8 = 0x9E;
+pub(crate) mod reason {
+    pub(crate) const SUCCESS: u8 = 0x00;
+    pub(crate) const DISCONNECT_WITH_WILL: u8 = 0x04;
+    pub(crate) const NO_MATCHING_SUBSCRIBERS: u8 = 0x10;
+    pub(crate) const NO_SUBSCRIPTION_EXISTED: u8 = 0x11;
+    pub(crate) const UNSPECIFIED: u8 = 0x80;
+    pub(crate) const MALFORMED: u8 = 0x81;
+    pub(crate) const PROTOCOL_ERROR: u8 = 0x82;
+    pub(crate) const IMPLEMENTATION_SPECIFIC: u8 = 0x83;
+    pub(crate) const UNSUPPORTED_VERSION: u8 = 0x84;
+    pub(crate) const CLIENT_ID_NOT_VALID: u8 = 0x85;
+    pub(crate) const BAD_CREDENTIALS: u8 = 0x86;
+    pub(crate) const NOT_AUTHORIZED: u8 = 0x87;
+    pub(crate) const SERVER_BUSY: u8 = 0x89;
+    pub(crate) const BAD_AUTH_METHOD: u8 = 0x8C;
+    pub(crate) const KEEP_ALIVE_TIMEOUT: u8 = 0x8D;
+    pub(crate) const SESSION_TAKEN_OVER: u8 = 0x8E;
+    pub(crate) const TOPIC_FILTER_INVALID: u8 = 0x8F;
+    pub(crate) const SERVER_SHUTTING_DOWN: u8 = 0x8B;
+    pub(crate) const TOPIC_NAME_INVALID: u8 = 0x90;
+    pub(crate) const PACKET_ID_IN_USE: u8 = 0x91;
+    pub(crate) const PACKET_ID_NOT_FOUND: u8 = 0x92;
+    pub(crate) const RECEIVE_MAXIMUM_EXCEEDED: u8 = 0x93;
+    pub(crate) const TOPIC_ALIAS_INVALID: u8 = 0x94;
+    pub(crate) const PACKET_TOO_LARGE: u8 = 0x95;
+    pub(crate) const QUOTA_EXCEEDED: u8 = 0x97;
+    pub(crate) const ADMINISTRATIVE_ACTION: u8 = 0x98;
+    pub(crate) const PAYLOAD_FORMAT_INVALID: u8 = 0x99;
+    pub(crate) const SHARED_SUBSCRIPTIONS_NOT_SUPPORTED: u8 = 0x9E;
     /// MQTT 3.1.1 CONNACK return codes (§3.2.2.3).
-    pub const V4_UNACCEPTABLE_VERSION: u8 = 1;
-    pub const V4_IDENTIFIER_REJECTED: u8 = 2;
-    pub const V4_SERVER_UNAVAILABLE: u8 = 3;
-    pub const V4_BAD_CREDENTIALS: u8 = 4;
-    pub const V4_NOT_AUTHORIZED: u8 = 5;
+    pub(crate) const V4_UNACCEPTABLE_VERSION: u8 = 1;
+    pub(crate) const V4_IDENTIFIER_REJECTED: u8 = 2;
+    pub(crate) const V4_SERVER_UNAVAILABLE: u8 = 3;
+    pub(crate) const V4_BAD_CREDENTIALS: u8 = 4;
+    pub(crate) const V4_NOT_AUTHORIZED: u8 = 5;
     /// MQTT 3.1.1 SUBACK failure.
-    pub const V4_SUBACK_FAILURE: u8 = 0x80;
+    pub(crate) const V4_SUBACK_FAILURE: u8 = 0x80;
 
     /// The MQTT 3.1.1 CONNACK return code for an MQTT 5 CONNACK reason.
-    pub fn connack_v4(code: u8) -> u8 {
+    pub(crate) fn connack_v4(code: u8) -> u8 {
         match code {
             SUCCESS => 0,
             UNSUPPORTED_VERSION => V4_UNACCEPTABLE_VERSION,

@@ -102,7 +102,7 @@ impl Outbound {
     }
 
     /// Its size on the wire; for the client's Maximum Packet Size.
-    pub fn encoded_len(&self, version: Version) -> usize {
+    pub(crate) fn encoded_len(&self, version: Version) -> usize {
         match self.outgoing() {
             Some(o) => publish::encoded_len(&o, version),
             None => {

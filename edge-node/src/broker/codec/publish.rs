@@ -101,7 +101,7 @@ pub fn decode(frame: &Bytes, version: Version, max_user_properties: usize) -> Re
 /// core's lock. `None` for another packet or a PUBLISH too short for its fields; [`decode`]
 /// stays the judge of the frame, and the core uses a judgment only for the topic and payload
 /// length it decoded.
-pub fn peek(frame: &[u8], version: Version) -> Option<(&str, &[u8])> {
+pub(crate) fn peek(frame: &[u8], version: Version) -> Option<(&str, &[u8])> {
     if frame.first()? >> 4 != 3 {
         return None;
     }
@@ -261,7 +261,7 @@ fn remaining_len(o: &Outgoing<'_>, version: Version) -> usize {
 }
 
 /// The whole packet's size, for the client's Maximum Packet Size.
-pub fn encoded_len(o: &Outgoing<'_>, version: Version) -> usize {
+pub(crate) fn encoded_len(o: &Outgoing<'_>, version: Version) -> usize {
     let remaining = remaining_len(o, version);
     1 + varint_len(remaining) + remaining
 }

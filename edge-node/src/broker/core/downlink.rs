@@ -26,7 +26,7 @@ impl Broker {
     /// the schema the topic is bound to), with `mark` under `key` in the same commit. Returns
     /// the last op made, which the caller waits for before it acknowledges the message
     /// upstream; or why the message was refused (nothing made, the mark neither).
-    pub fn publish_downlink(
+    pub(crate) fn publish_downlink(
         &mut self,
         rules: Option<&Rules>,
         mut msg: Message,
@@ -49,7 +49,7 @@ impl Broker {
 
     /// Stores `mark` under `key` alone (a message refused or expired moves the position too);
     /// returns its op.
-    pub fn store_mark(&mut self, key: &'static str, mark: String) -> u64 {
+    pub(crate) fn store_mark(&mut self, key: &'static str, mark: String) -> u64 {
         self.store(StoreOp::Mark { key, value: mark })
     }
 }

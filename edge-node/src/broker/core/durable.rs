@@ -125,12 +125,14 @@ impl Broker {
     }
 
     /// The number of the last op handed out.
-    pub fn last_op(&self) -> u64 {
+    #[cfg(test)]
+    pub(crate) fn last_op(&self) -> u64 {
         self.last_op
     }
 
     /// The op the store reported committed through.
-    pub fn durable_through(&self) -> u64 {
+    #[cfg(test)]
+    pub(crate) fn durable_through(&self) -> u64 {
         self.durable
     }
 

@@ -62,7 +62,7 @@ impl Broker {
     /// [`BrokerCore::handle`] of a PUBLISH whose payload the glue validated before it took the
     /// core's lock ([`crate::schema::Validator::judge`]): the core settles that judgment rather
     /// than validating under the lock every client waits for.
-    pub fn handle_publish(&mut self, conn: ConnId, p: PublishPacket, judged: Option<Judged>, now: Instant) {
+    pub(crate) fn handle_publish(&mut self, conn: ConnId, p: PublishPacket, judged: Option<Judged>, now: Instant) {
         let Some(c) = self.conns.get_mut(&conn) else { return };
         if c.closing {
             return;
@@ -73,7 +73,7 @@ impl Broker {
 
     /// A frame the glue could not decode, or broke a rule the codec checks: the connection
     /// closes with the error's reason ([MQTT-4.13.1-1]).
-    pub fn decode_error(&mut self, conn: ConnId, error: &DecodeError, now: Instant) {
+    pub(crate) fn decode_error(&mut self, conn: ConnId, error: &DecodeError, now: Instant) {
         tracing::info!(conn = conn.0, %error, "closing a connection");
         self.protocol_error(conn, error.label(), error.reason(), now);
     }

@@ -28,7 +28,7 @@ mod deliver;
 mod downlink;
 pub mod durable;
 mod inbound;
-pub mod retained;
+pub(crate) mod retained;
 mod revoke;
 pub mod router;
 pub mod session;
@@ -61,7 +61,7 @@ pub use self::session::Sid;
 pub struct ConnId(pub u64);
 
 /// Index of a session in the core's table.
-pub type SessionKey = u32;
+pub(crate) type SessionKey = u32;
 
 /// Whether a client id belongs to the identity that made its session.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Deserialize, serde::Serialize)]
@@ -136,11 +136,11 @@ pub struct Limits {
 }
 
 /// The node's own namespace: the probe and whatever else the node publishes for itself.
-pub const RESERVED_TOPICS: &str = "_edge/#";
+pub(crate) const RESERVED_TOPICS: &str = "_edge/#";
 
 /// Client ids the node's own clients take (`_edge-probe-<node>`, `_edge-models-<node>`); a
 /// client's CONNECT with one is refused, so no persistent session can squat them.
-pub const INTERNAL_CLIENT_ID_PREFIX: &str = "_edge-";
+pub(crate) const INTERNAL_CLIENT_ID_PREFIX: &str = "_edge-";
 
 impl Default for Limits {
     fn default() -> Self {
@@ -259,7 +259,7 @@ impl WallClock {
     }
 
     /// Milliseconds since the Unix epoch at `now`.
-    pub fn ms_at(&self, now: Instant) -> u64 {
+    pub(crate) fn ms_at(&self, now: Instant) -> u64 {
         if now >= self.at {
             self.ms.saturating_add(now.duration_since(self.at).as_millis() as u64)
         } else {
@@ -358,7 +358,7 @@ impl Broker {
     }
 
     /// Refuses cloud-bound publishes the cloud's sink could not store whole, as `sink` says.
-    pub fn with_sink_limits(mut self, sink: Arc<crate::spool::SinkFit>) -> Self {
+    pub(crate) fn with_sink_limits(mut self, sink: Arc<crate::spool::SinkFit>) -> Self {
         self.sink = Some(sink);
         self
     }
@@ -369,7 +369,7 @@ impl Broker {
         self
     }
 
-    pub fn limits(&self) -> &Limits {
+    pub(crate) fn limits(&self) -> &Limits {
         &self.limits
     }
 
@@ -415,13 +415,13 @@ impl Broker {
 
     /// When the connection's keep-alive runs out ([MQTT-3.1.2-22]: 1.5 times Keep Alive
     /// without a packet); `None` with keep-alive off or for an unknown connection.
-    pub fn keep_alive_deadline(&self, conn: ConnId) -> Option<Instant> {
+    pub(crate) fn keep_alive_deadline(&self, conn: ConnId) -> Option<Instant> {
         let c = self.conns.get(&conn)?;
         (c.keep_alive > 0 && !c.closing).then(|| c.last_seen + Duration::from_millis(u64::from(c.keep_alive) * 1500))
     }
 
     /// Closes the connection if its keep-alive ran out by `now` (MQTT 5: DISCONNECT 0x8D).
-    pub fn check_keep_alive(&mut self, conn: ConnId, now: Instant) {
+    pub(crate) fn check_keep_alive(&mut self, conn: ConnId, now: Instant) {
         if self.keep_alive_deadline(conn).is_some_and(|d| d <= now) {
             self.metrics.disconnect("keep_alive_timeout");
             self.close(conn, Some(super::codec::reason::KEEP_ALIVE_TIMEOUT), now);
@@ -436,7 +436,7 @@ impl Broker {
 
     /// Closes the connection for a reason of the server's own (MQTT 5 hears `reason`), its will
     /// discarded: a server going down is not its client going away.
-    pub fn disconnect(&mut self, conn: ConnId, reason: u8, now: Instant) {
+    pub(crate) fn disconnect(&mut self, conn: ConnId, reason: u8, now: Instant) {
         if let Some(c) = self.conns.get_mut(&conn) {
             c.will = None;
         }
@@ -445,7 +445,7 @@ impl Broker {
 
     /// The glue read the clocks again: monotonic and wall time drift apart (NTP, a suspend), so
     /// it does so now and then.
-    pub fn set_wall_clock(&mut self, wall: WallClock) {
+    pub(crate) fn set_wall_clock(&mut self, wall: WallClock) {
         self.wall = wall;
     }
 
@@ -455,18 +455,18 @@ impl Broker {
     }
 
     /// Counts a disconnect the glue decided (a slow client), by reason.
-    pub fn count_disconnect(&self, reason: &'static str) {
+    pub(crate) fn count_disconnect(&self, reason: &'static str) {
         self.metrics.disconnect(reason);
     }
 
     /// Whether the connection is gone or closing: its glue stops reading.
-    pub fn is_closing(&self, conn: ConnId) -> bool {
+    pub(crate) fn is_closing(&self, conn: ConnId) -> bool {
         self.conns.get(&conn).is_none_or(|c| c.closing)
     }
 
     /// New ACL rules for a connection after a reload; subscriptions they no longer allow are
     /// removed.
-    pub fn set_rules(&mut self, conn: ConnId, rules: Arc<Rules>, now: Instant) {
+    pub(crate) fn set_rules(&mut self, conn: ConnId, rules: Arc<Rules>, now: Instant) {
         let Some(c) = self.conns.get_mut(&conn) else { return };
         c.rules = Some(rules.clone());
         let key = c.session;
@@ -475,7 +475,7 @@ impl Broker {
     }
 
     /// Clients connected now and client sessions held, the node's own left out.
-    pub fn client_counts(&self) -> (usize, usize) {
+    pub(crate) fn client_counts(&self) -> (usize, usize) {
         let connected = self.conns.values().filter(|c| c.rules.is_some()).count();
         (connected, self.sessions.iter().flatten().filter(|s| !s.internal).count())
     }
@@ -492,20 +492,17 @@ impl Broker {
     }
 
     /// Sessions held, connected or not.
-    pub fn session_count(&self) -> usize {
+    #[cfg(test)]
+    pub(crate) fn session_count(&self) -> usize {
         self.by_client.len()
     }
 
-    pub fn connection_count(&self) -> usize {
-        self.conns.len()
-    }
-
     /// Subscriptions held over all sessions.
-    pub fn subscription_count(&self) -> usize {
+    pub(crate) fn subscription_count(&self) -> usize {
         self.router.len()
     }
 
-    pub fn retained_count(&self) -> usize {
+    pub(crate) fn retained_count(&self) -> usize {
         self.retained.len()
     }
 

@@ -19,7 +19,7 @@ use crate::broker::message::Message;
 
 /// Why a retained message was not stored.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum RetainRefusal {
+pub(crate) enum RetainRefusal {
     /// `max_retained_messages` topics are held already.
     Count,
     /// Storing it would pass `max_retained_bytes`.
@@ -27,7 +27,7 @@ pub enum RetainRefusal {
 }
 
 #[derive(Debug)]
-pub struct Retained {
+pub(crate) struct Retained {
     messages: HashMap<Arc<str>, Arc<Message>>,
     tree: Level,
     bytes: usize,
@@ -39,7 +39,7 @@ pub struct Retained {
 }
 
 impl Retained {
-    pub fn new(max_messages: usize, max_bytes: usize) -> Self {
+    pub(crate) fn new(max_messages: usize, max_bytes: usize) -> Self {
         Self {
             messages: HashMap::new(),
             tree: Level::default(),
@@ -59,7 +59,7 @@ impl Retained {
     /// Stores (or, with an empty payload, clears) the topic's retained message. `bounded`:
     /// within the bounds; the node's own (model announcements, `$SYS`) are not, so a client
     /// that filled the store cannot keep them from local apps (they are a few topics, fixed).
-    pub fn store(&mut self, msg: &Arc<Message>, bounded: bool) -> Result<(), RetainRefusal> {
+    pub(crate) fn store(&mut self, msg: &Arc<Message>, bounded: bool) -> Result<(), RetainRefusal> {
         if msg.payload.is_empty() {
             self.remove(&msg.topic);
             return Ok(());
@@ -102,7 +102,7 @@ impl Retained {
 
     /// Whether a client's `msg` would be stored (a new topic within the count, and the bytes
     /// within theirs; the node's own messages count in neither).
-    pub fn has_room(&self, msg: &Message) -> bool {
+    pub(crate) fn has_room(&self, msg: &Message) -> bool {
         let (count, bytes) = self.clients();
         let old = self.messages.get(&msg.topic).filter(|_| !self.node.contains(&msg.topic)).map_or(0, |m| m.weight());
         (old != 0 || count < self.max_messages) && bytes - old + msg.weight() <= self.max_bytes
@@ -111,7 +111,7 @@ impl Retained {
     /// At most `limit` of the retained messages `filter` matches, level by level in topic order;
     /// drops the expired ones it finds. Its cost is the branches of the tree the filter
     /// reaches, and it stops once it has `limit`.
-    pub fn matching(&mut self, filter: &str, now: Instant, limit: usize) -> Vec<Arc<Message>> {
+    pub(crate) fn matching(&mut self, filter: &str, now: Instant, limit: usize) -> Vec<Arc<Message>> {
         let mut topics = Vec::new();
         if limit > 0 {
             // [MQTT-4.7.2-1]: a filter starting with a wildcard matches no `$` topic.
@@ -131,15 +131,11 @@ impl Retained {
         out
     }
 
-    pub fn len(&self) -> usize {
+    pub(crate) fn len(&self) -> usize {
         self.messages.len()
     }
 
-    pub fn is_empty(&self) -> bool {
-        self.messages.is_empty()
-    }
-
-    pub fn bytes(&self) -> usize {
+    pub(crate) fn bytes(&self) -> usize {
         self.bytes
     }
 }

@@ -15,7 +15,7 @@ impl Broker {
     /// New rules for every client's session, from `rules_of(owner, client_id)`, where `owner`
     /// is [`super::Identity::owner`] of the connected client, or of the session's maker when
     /// none is connected.
-    pub fn reload_rules(&mut self, rules_of: &dyn Fn(&str, &str) -> Arc<Rules>, now: Instant) {
+    pub(crate) fn reload_rules(&mut self, rules_of: &dyn Fn(&str, &str) -> Arc<Rules>, now: Instant) {
         let keys: Vec<SessionKey> =
             (0..self.sessions.len() as SessionKey).filter(|k| self.session(*k).is_some_and(|s| !s.internal)).collect();
         for key in keys {

@@ -29,7 +29,7 @@ pub struct SubOptions {
 
 /// A filter as a client wrote it, split into its share group and its topic filter.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Filter<'a> {
+pub(crate) struct Filter<'a> {
     pub share: Option<&'a str>,
     pub filter: &'a str,
 }
@@ -37,7 +37,7 @@ pub struct Filter<'a> {
 impl<'a> Filter<'a> {
     /// Splits `$share/<group>/<filter>`; `None` for a malformed shared subscription: an empty
     /// group, a group holding `+` or `#`, or no filter ([MQTT-4.8.2-1], [MQTT-4.8.2-2]).
-    pub fn parse(full: &'a str) -> Option<Filter<'a>> {
+    pub(crate) fn parse(full: &'a str) -> Option<Filter<'a>> {
         let Some(rest) = full.strip_prefix("$share/") else {
             return Some(Filter { share: None, filter: full });
         };
@@ -51,7 +51,7 @@ impl<'a> Filter<'a> {
 
 /// A subscriber a topic reached.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Match {
+pub(crate) struct Match {
     pub session: SessionKey,
     pub opts: SubOptions,
     pub shared: bool,
@@ -236,7 +236,7 @@ impl Node {
 
 /// Every subscription of every session.
 #[derive(Debug, Default)]
-pub struct Router {
+pub(crate) struct Router {
     root: Node,
     count: usize,
 }
@@ -244,7 +244,7 @@ pub struct Router {
 impl Router {
     /// Adds or replaces `session`'s subscription to `filter` (valid, see `shared::topic`);
     /// whether it already existed ([MQTT-3.8.4-3]).
-    pub fn subscribe(&mut self, filter: Filter<'_>, session: SessionKey, opts: SubOptions) -> bool {
+    pub(crate) fn subscribe(&mut self, filter: Filter<'_>, session: SessionKey, opts: SubOptions) -> bool {
         let levels: Vec<&str> = filter.filter.split('/').collect();
         let existed = self.root.insert(&levels, filter.share, session, opts);
         if !existed {
@@ -254,7 +254,7 @@ impl Router {
     }
 
     /// Removes it; whether there was one.
-    pub fn unsubscribe(&mut self, filter: Filter<'_>, session: SessionKey) -> bool {
+    pub(crate) fn unsubscribe(&mut self, filter: Filter<'_>, session: SessionKey) -> bool {
         let levels: Vec<&str> = filter.filter.split('/').collect();
         let removed = self.root.remove(&levels, filter.share, session);
         if removed {
@@ -265,17 +265,13 @@ impl Router {
 
     /// Appends the subscriptions `topic` reaches to `out`: every plain one, and one member per
     /// shared group, preferring members `online` says are connected.
-    pub fn matches(&mut self, topic: &str, online: &dyn Fn(SessionKey) -> bool, out: &mut Vec<Match>) {
+    pub(crate) fn matches(&mut self, topic: &str, online: &dyn Fn(SessionKey) -> bool, out: &mut Vec<Match>) {
         let levels: Vec<&str> = topic.split('/').collect();
         self.root.matches(&levels, topic.starts_with('$'), online, out);
     }
 
     /// Subscriptions held, over all sessions.
-    pub fn len(&self) -> usize {
+    pub(crate) fn len(&self) -> usize {
         self.count
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.count == 0
     }
 }

@@ -16,7 +16,7 @@ pub type Sid = u64;
 
 /// One message on its way to one session.
 #[derive(Debug, Clone)]
-pub struct Delivery {
+pub(crate) struct Delivery {
     pub msg: Arc<Message>,
     /// min(published, granted).
     pub qos: QoS,
@@ -44,18 +44,18 @@ const _: () = assert!(
 );
 
 impl Delivery {
-    pub fn new(msg: Arc<Message>, qos: QoS, retain: bool, sub_ids: Vec<u32>) -> Self {
+    pub(crate) fn new(msg: Arc<Message>, qos: QoS, retain: bool, sub_ids: Vec<u32>) -> Self {
         Self { msg, qos, retain, sub_ids, pkid: None, dup: false, ord: 0, hold: 0 }
     }
 
-    pub fn weight(&self) -> usize {
+    pub(crate) fn weight(&self) -> usize {
         self.msg.weight()
     }
 }
 
 /// A QoS 2 packet id received and not yet released.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct Qos2In {
+pub(crate) struct Qos2In {
     /// The spool ticket its PUBREC still waits for: a resend waits for the same outcome, and
     /// any outcome but success forgets the id.
     pub ticket: Option<u64>,
@@ -69,7 +69,7 @@ pub struct Qos2In {
 
 /// A QoS 1 or 2 message sent and not yet acknowledged.
 #[derive(Debug, Clone)]
-pub struct Inflight {
+pub(crate) struct Inflight {
     pub pkid: u16,
     pub delivery: Delivery,
     /// QoS 2 after its PUBREC: waiting for PUBCOMP.
@@ -92,7 +92,7 @@ pub struct Will {
 
 /// A will waiting for its delay to pass (§3.1.3.2.2).
 #[derive(Debug, Clone)]
-pub struct PendingWill {
+pub(crate) struct PendingWill {
     pub msg: Arc<Message>,
     pub expiry: Option<u32>,
     pub rules: Option<Arc<Rules>>,
@@ -100,7 +100,7 @@ pub struct PendingWill {
 }
 
 #[derive(Debug)]
-pub struct Session {
+pub(crate) struct Session {
     /// Its id in the session store (see `durable.rs`).
     pub sid: Sid,
     /// The last `ord` given to a delivery stored for it.
@@ -145,7 +145,7 @@ pub struct Session {
 }
 
 impl Session {
-    pub fn new(sid: Sid, client_id: Arc<str>, owner: Arc<str>, internal: bool, expiry: u32) -> Self {
+    pub(crate) fn new(sid: Sid, client_id: Arc<str>, owner: Arc<str>, internal: bool, expiry: u32) -> Self {
         Self {
             sid,
             next_ord: 0,
@@ -174,7 +174,7 @@ impl Session {
 
     /// A packet id no message in flight uses ([MQTT-2.2.1-4]), nor one queued to go again with
     /// its id (after a reconnect, or numbered before it is sent): those are the queue's front.
-    pub fn allocate_pkid(&mut self) -> u16 {
+    pub(crate) fn allocate_pkid(&mut self) -> u16 {
         loop {
             self.next_pkid = self.next_pkid % u16::MAX + 1;
             let id = self.next_pkid;
@@ -186,7 +186,7 @@ impl Session {
         }
     }
 
-    pub fn record(&self) -> SessionRecord {
+    pub(crate) fn record(&self) -> SessionRecord {
         let mut subscriptions: Vec<(String, SubOptions)> = self.subs.iter().map(|(f, o)| (f.clone(), *o)).collect();
         subscriptions.sort_by(|a, b| a.0.cmp(&b.0));
         SessionRecord {
@@ -201,12 +201,12 @@ impl Session {
 
     /// The queue's bounds hold with `extra` more bytes and one more message (queued and in
     /// flight together).
-    pub fn has_room(&self, extra: usize, max_messages: usize, max_bytes: usize) -> bool {
+    pub(crate) fn has_room(&self, extra: usize, max_messages: usize, max_bytes: usize) -> bool {
         self.queue.len() + self.inflight.len() < max_messages && self.held_bytes + extra <= max_bytes
     }
 
     /// Queues `d`; its bytes are held until it is sent (QoS 0) or acknowledged.
-    pub fn push(&mut self, d: Delivery) {
+    pub(crate) fn push(&mut self, d: Delivery) {
         self.held_bytes += d.weight();
         self.queue.push_back(d);
     }
@@ -214,18 +214,18 @@ impl Session {
     /// The next message to send, and whether its bytes are held: retained messages a
     /// subscribe matched come first and are not (their store bounds them); the queue's are, and
     /// the caller releases them once sent or acknowledged.
-    pub fn pop(&mut self) -> Option<(Delivery, bool)> {
+    pub(crate) fn pop(&mut self) -> Option<(Delivery, bool)> {
         if let Some(d) = self.retained_backlog.pop_front() {
             return Some((d, false));
         }
         self.queue.pop_front().map(|d| (d, true))
     }
 
-    pub fn front(&self) -> Option<&Delivery> {
+    pub(crate) fn front(&self) -> Option<&Delivery> {
         self.retained_backlog.front().or_else(|| self.queue.front())
     }
 
-    pub fn front_mut(&mut self) -> Option<&mut Delivery> {
+    pub(crate) fn front_mut(&mut self) -> Option<&mut Delivery> {
         match self.retained_backlog.front_mut() {
             Some(d) => Some(d),
             None => self.queue.front_mut(),
@@ -233,7 +233,7 @@ impl Session {
     }
 
     /// Drops the oldest QoS 0 message queued; its weight, if there was one.
-    pub fn drop_oldest_qos0(&mut self) -> Option<usize> {
+    pub(crate) fn drop_oldest_qos0(&mut self) -> Option<usize> {
         let at = self.queue.iter().position(|d| d.qos == QoS::AtMostOnce)?;
         let weight = self.queue.remove(at)?.weight();
         self.held_bytes -= weight;

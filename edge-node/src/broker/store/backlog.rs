@@ -87,7 +87,7 @@ pub struct StoreHealth {
 }
 
 impl Backlog {
-    pub fn new(pending: Gauge) -> Self {
+    pub(crate) fn new(pending: Gauge) -> Self {
         Self { pending, ..Self::default() }
     }
 

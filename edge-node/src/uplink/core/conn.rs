@@ -176,7 +176,7 @@ impl Conn {
     }
 
     /// Whether a batch of `records` is full (a stream of its own).
-    pub fn is_full(&self, records: usize) -> bool {
+    pub(crate) fn is_full(&self, records: usize) -> bool {
         self.policy.is_full(records)
     }
 

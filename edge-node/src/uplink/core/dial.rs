@@ -91,7 +91,8 @@ impl Dialer {
     }
 
     /// The step the next failure's wait draws from (for the log).
-    pub fn step(&self) -> Duration {
+    #[cfg(test)]
+    pub(crate) fn step(&self) -> Duration {
         self.backoff.step()
     }
 
@@ -125,7 +126,7 @@ impl Dialer {
     /// A session ended by this edge's choice, not the link's (a recovered spool sent whole, or
     /// one waiting to go first): the next attempt goes at once to the same bridge, from the
     /// start of the backoff.
-    pub fn handle_switch(&mut self) {
+    pub(crate) fn handle_switch(&mut self) {
         self.backoff.welcomed();
     }
 
@@ -147,35 +148,31 @@ pub struct Servers {
 
 impl Servers {
     /// `list` entered at `start` (modulo its length).
-    pub fn new(list: Vec<String>, start: usize) -> Self {
+    pub(crate) fn new(list: Vec<String>, start: usize) -> Self {
         let next = start % list.len().max(1);
         Self { list, next }
     }
 
-    pub fn current(&self) -> &str {
+    pub(crate) fn current(&self) -> &str {
         &self.list[self.next]
     }
 
-    pub fn len(&self) -> usize {
+    pub(crate) fn len(&self) -> usize {
         self.list.len()
     }
 
-    pub fn is_empty(&self) -> bool {
-        self.list.is_empty()
-    }
-
-    pub fn advance(&mut self) {
+    pub(crate) fn advance(&mut self) {
         self.next = (self.next + 1) % self.list.len().max(1);
     }
 
     /// Makes `server` the next one tried.
-    pub fn prefer(&mut self, server: &str) {
+    pub(crate) fn prefer(&mut self, server: &str) {
         if let Some(i) = self.list.iter().position(|s| s == server) {
             self.next = i;
         }
     }
 
-    pub fn all(&self) -> &[String] {
+    pub(crate) fn all(&self) -> &[String] {
         &self.list
     }
 }

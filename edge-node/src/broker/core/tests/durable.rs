@@ -19,7 +19,7 @@ pub(crate) struct Replay {
 }
 
 impl Replay {
-    pub fn of<'a>(ops: impl IntoIterator<Item = &'a StoreOp>) -> Self {
+    pub(crate) fn of<'a>(ops: impl IntoIterator<Item = &'a StoreOp>) -> Self {
         let mut r = Replay::default();
         for op in ops {
             r.apply(op);
@@ -27,7 +27,7 @@ impl Replay {
         r
     }
 
-    pub fn apply(&mut self, op: &StoreOp) {
+    pub(crate) fn apply(&mut self, op: &StoreOp) {
         match op {
             StoreOp::Session(s) => {
                 self.sessions.insert(s.sid, s.clone());
@@ -82,7 +82,7 @@ impl Replay {
         }
     }
 
-    pub fn state(&self) -> StoredState {
+    pub(crate) fn state(&self) -> StoredState {
         StoredState {
             sessions: self.sessions.values().cloned().collect(),
             deliveries: self.deliveries.values().cloned().collect(),
@@ -99,13 +99,13 @@ impl Harness {
     /// The node restarts (a crash: connections vanish, no will fires) from what the store holds
     /// after every op made so far; `after` passes on the new core's clock, and so on the wall
     /// clock it reads the store's times against.
-    pub fn restart(&mut self, after: Duration) {
+    pub(crate) fn restart(&mut self, after: Duration) {
         let state = Replay::of(self.ops()).state();
         self.restart_from(state, after);
     }
 
     /// [`Harness::restart`] from `state`, what a store loaded.
-    pub fn restart_from(&mut self, state: StoredState, after: Duration) {
+    pub(crate) fn restart_from(&mut self, state: StoredState, after: Duration) {
         let limits = self.b.limits().clone();
         let classes = self.b.classes.clone();
         let stored = std::mem::take(&mut self.stored);
@@ -412,7 +412,7 @@ fn a_session_resumed_with_expiry_zero_is_forgotten_by_the_store() {
 impl Harness {
     /// The node crashes and restarts from what the store committed (the ops it had not are
     /// lost with the process).
-    pub fn crash(&mut self, after: Duration) {
+    pub(crate) fn crash(&mut self, after: Duration) {
         let committed = self.b.durable;
         let ops = self.stored.iter().flatten().filter(|(id, _)| *id <= committed).map(|(_, op)| op);
         let state = Replay::of(ops).state();

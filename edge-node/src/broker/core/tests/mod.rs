@@ -100,11 +100,11 @@ pub(crate) fn user(name: &str) -> Identity {
 }
 
 impl Harness {
-    pub fn new() -> Self {
+    pub(crate) fn new() -> Self {
         Self::with(Limits::default(), Classes::default())
     }
 
-    pub fn with(limits: Limits, classes: Classes) -> Self {
+    pub(crate) fn with(limits: Limits, classes: Classes) -> Self {
         let metrics = BrokerMetrics::new(&mut Default::default());
         let now = Instant::now();
         let wall = WallClock { at: now, ms: shared::units::now_ms() };
@@ -121,18 +121,18 @@ impl Harness {
         }
     }
 
-    pub fn with_schemas(mut self, v: Arc<crate::schema::Validator>) -> Self {
+    pub(crate) fn with_schemas(mut self, v: Arc<crate::schema::Validator>) -> Self {
         self.b = self.b.with_schemas(v);
         self
     }
 
-    pub fn limits(f: impl FnOnce(&mut Limits)) -> Self {
+    pub(crate) fn limits(f: impl FnOnce(&mut Limits)) -> Self {
         let mut limits = Limits::default();
         f(&mut limits);
         Self::with(limits, Classes::default())
     }
 
-    pub fn drain(&mut self) {
+    pub(crate) fn drain(&mut self) {
         loop {
             let mut group = Vec::new();
             while let Some(a) = self.b.poll_action() {
@@ -155,7 +155,7 @@ impl Harness {
     }
 
     /// The store reports every op so far committed.
-    pub fn commit_store(&mut self) {
+    pub(crate) fn commit_store(&mut self) {
         let last = self.b.last_op();
         self.b.stored(last, self.now);
     }
@@ -165,12 +165,12 @@ impl Harness {
     }
 
     /// Every store op made so far, in order.
-    pub fn ops(&self) -> impl Iterator<Item = &StoreOp> {
+    pub(crate) fn ops(&self) -> impl Iterator<Item = &StoreOp> {
         self.stored.iter().flatten().map(|(_, op)| op)
     }
 
     /// The session records stored, in order.
-    pub fn persisted(&self) -> Vec<&SessionRecord> {
+    pub(crate) fn persisted(&self) -> Vec<&SessionRecord> {
         self.ops()
             .filter_map(|op| match op {
                 StoreOp::Session(r) => Some(r),
@@ -180,7 +180,7 @@ impl Harness {
     }
 
     /// Connects and returns the connection and what it was sent (the CONNACK first).
-    pub fn try_connect(
+    pub(crate) fn try_connect(
         &mut self,
         c: Connect,
         identity: Identity,
@@ -192,7 +192,7 @@ impl Harness {
         Ok((conn, self.recv(conn)))
     }
 
-    pub fn connect_as(&mut self, c: Connect, identity: Identity) -> (ConnId, Vec<Outbound>) {
+    pub(crate) fn connect_as(&mut self, c: Connect, identity: Identity) -> (ConnId, Vec<Outbound>) {
         self.try_connect(c, identity).unwrap_or_else(|r| panic!("CONNECT refused: {r:?}"))
     }
 
@@ -207,7 +207,7 @@ impl Harness {
 
     /// Everything the connection has to send, as its writer would take it: again after each
     /// store commit that let more go.
-    pub fn recv(&mut self, conn: ConnId) -> Vec<Outbound> {
+    pub(crate) fn recv(&mut self, conn: ConnId) -> Vec<Outbound> {
         let mut out = Vec::new();
         loop {
             let t = self.b.poll_transmit(conn, self.now, usize::MAX);
@@ -219,23 +219,23 @@ impl Harness {
         }
     }
 
-    pub fn closing(&mut self, conn: ConnId) -> bool {
+    pub(crate) fn closing(&mut self, conn: ConnId) -> bool {
         self.b.is_closing(conn)
     }
 
     /// The connection is lost without DISCONNECT.
-    pub fn drop_conn(&mut self, conn: ConnId) {
+    pub(crate) fn drop_conn(&mut self, conn: ConnId) {
         self.b.closed(conn, self.now);
         self.drain();
     }
 
-    pub fn advance(&mut self, by: Duration) {
+    pub(crate) fn advance(&mut self, by: Duration) {
         self.now += by;
         self.b.handle_timeout(self.now);
         self.drain();
     }
 
-    pub fn connack(packets: &[Outbound]) -> (bool, u8, ConnAckProps) {
+    pub(crate) fn connack(packets: &[Outbound]) -> (bool, u8, ConnAckProps) {
         match packets.first() {
             Some(Outbound::ConnAck { session_present, code, props }) => (*session_present, *code, (**props).clone()),
             other => panic!("no CONNACK first: {other:?}"),
