@@ -38,7 +38,7 @@ const DICT_WAIT: Duration = Duration::from_secs(5);
 /// A batch ready to publish: its header fields (the body is gone), its records, and the memory
 /// they hold until they are in the sink.
 #[derive(Debug)]
-pub struct Ingested {
+pub(crate) struct Ingested {
     pub batch: Batch,
     pub records: Vec<WireRecord>,
     pub reservation: Reservation,
@@ -47,7 +47,7 @@ pub struct Ingested {
 }
 
 #[derive(Debug, thiserror::Error)]
-pub enum IngestError {
+pub(crate) enum IngestError {
     #[error("batch stream: {0}")]
     Frame(#[from] FrameIoError),
     #[error("bad batch: {0}")]
@@ -64,13 +64,13 @@ impl From<std::io::Error> for IngestError {
 
 /// The dictionaries this connection's session has accepted, shared with its ingest.
 #[derive(Debug, Default)]
-pub struct Dicts {
+pub(crate) struct Dicts {
     known: Mutex<HashMap<String, Arc<Vec<u8>>>>,
     added: Notify,
 }
 
 impl Dicts {
-    pub fn add(&self, id: String, bytes: Vec<u8>) {
+    pub(crate) fn add(&self, id: String, bytes: Vec<u8>) {
         self.known.lock().unwrap_or_else(PoisonError::into_inner).insert(id, Arc::new(bytes));
         self.added.notify_waiters();
     }
@@ -91,7 +91,7 @@ impl Dicts {
 
 /// Reads `conn`'s batch streams until it ends or a batch is bad; each batch, or the error
 /// that ends the connection, goes to `tx` (boxed: a channel allocates room for 32 up front).
-pub async fn run(
+pub(crate) async fn run(
     conn: quinn::Connection,
     budget: ConnectionBudget,
     dicts: Arc<Dicts>,
@@ -218,14 +218,14 @@ async fn off_runtime<T: Send + 'static>(big: bool, work: impl FnOnce() -> T + Se
 
 /// What the control stream's reader hands on: a frame and the memory it holds until the
 /// session handled it, the end of the stream, or the error that ended it.
-pub type ControlRead = Box<Result<Option<(Control, Reservation)>, IngestError>>;
+pub(crate) type ControlRead = Box<Result<Option<(Control, Reservation)>, IngestError>>;
 
 /// Reads the edge's control frames on a task of its own (a read cut short by `select!` would
 /// lose the bytes it had taken), each paid for from `budget`: its bytes as they arrive, then
 /// what decoding them may take ([`bound::value_bound_up_to`]: a megabyte of empty strings
 /// decodes to tens). Two frames wait at most besides the one being read. Abort the handle to
 /// stop reading.
-pub fn spawn_control_reader(
+pub(crate) fn spawn_control_reader(
     mut stream: quinn::RecvStream,
     budget: ConnectionBudget,
 ) -> (mpsc::Receiver<ControlRead>, tokio::task::JoinHandle<()>) {

@@ -4,14 +4,14 @@
 
 pub mod certs;
 pub mod config;
-pub mod console;
+pub(crate) mod console;
 pub mod downlink;
 pub mod fleet;
-pub mod ingest;
+pub(crate) mod ingest;
 pub mod limits;
 pub mod metrics;
 pub mod models;
-pub mod names;
+pub(crate) mod names;
 pub mod schemas;
 pub mod server;
 pub mod sink;
@@ -235,14 +235,6 @@ impl Bridge {
         let tracer = self.tracer.clone();
         let _ = tokio::task::spawn_blocking(move || tracer.shutdown()).await;
     }
-}
-
-/// Runs a bridge until `shutdown` is cancelled, then stops it.
-pub async fn run(config: CloudConfig, shutdown: CancellationToken) -> Result<(), StartError> {
-    let bridge = Bridge::start(config).await?;
-    shutdown.cancelled().await;
-    bridge.stop().await;
-    Ok(())
 }
 
 impl Drop for Bridge {

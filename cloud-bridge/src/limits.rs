@@ -204,7 +204,7 @@ impl Default for LimitsConfig {
 
 impl LimitsConfig {
     /// Every key that cannot work, with why.
-    pub fn check(&self, p: &mut Problems) {
+    pub(crate) fn check(&self, p: &mut Problems) {
         let positive = [
             ("limits.max_connections", self.max_connections as u64),
             ("limits.handshakes_per_second", self.handshakes_per_second.into()),
@@ -272,7 +272,7 @@ impl LimitsConfig {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct WhatLabel {
+pub(crate) struct WhatLabel {
     pub what: &'static str,
 }
 
@@ -309,18 +309,18 @@ shared::metrics! {
 /// The lines a second the bridge writes about single connections (`limits.log_lines_per_second`),
 /// those held back counted.
 #[derive(Debug)]
-pub struct LogBudget {
+pub(crate) struct LogBudget {
     lines: shared::log_budget::LogBudget,
     metrics: Arc<LimitMetrics>,
 }
 
 impl LogBudget {
-    pub fn new(config: &LimitsConfig, metrics: Arc<LimitMetrics>, now: Instant) -> Self {
+    pub(crate) fn new(config: &LimitsConfig, metrics: Arc<LimitMetrics>, now: Instant) -> Self {
         Self { lines: shared::log_budget::LogBudget::new(config.log_lines_per_second, now), metrics }
     }
 
     /// Whether a line may be written now; if so, how many were held back since the last one.
-    pub fn allow(&self) -> Option<u64> {
+    pub(crate) fn allow(&self) -> Option<u64> {
         self.allow_at(Instant::now())
     }
 
@@ -342,7 +342,7 @@ fn units(bytes: usize) -> u32 {
 
 /// The bridge's batch memory, shared by its connections.
 #[derive(Debug, Clone)]
-pub struct Budget {
+pub(crate) struct Budget {
     global: Arc<Semaphore>,
     connection_units: u32,
     stall: Duration,
@@ -350,7 +350,7 @@ pub struct Budget {
 }
 
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
-pub enum BudgetError {
+pub(crate) enum BudgetError {
     #[error("needs {bytes} bytes or more at once, more than the connection's memory budget of {budget}")]
     TooLarge { bytes: usize, budget: ByteSize },
     #[error("waited {0:?} for memory the connection's own batches hold")]
@@ -358,7 +358,7 @@ pub enum BudgetError {
 }
 
 impl Budget {
-    pub fn new(config: &LimitsConfig, metrics: Arc<LimitMetrics>) -> Self {
+    pub(crate) fn new(config: &LimitsConfig, metrics: Arc<LimitMetrics>) -> Self {
         Self {
             global: Arc::new(Semaphore::new((config.memory.0 / UNIT) as usize)),
             connection_units: (config.connection_memory.0 / UNIT) as u32,
@@ -368,33 +368,33 @@ impl Budget {
     }
 
     /// A new connection's share.
-    pub fn connection(&self) -> ConnectionBudget {
+    pub(crate) fn connection(&self) -> ConnectionBudget {
         ConnectionBudget { own: Arc::new(Semaphore::new(self.connection_units as usize)), bridge: self.clone() }
     }
 }
 
 /// One connection's batch memory, drawn from the bridge's.
 #[derive(Debug, Clone)]
-pub struct ConnectionBudget {
+pub(crate) struct ConnectionBudget {
     own: Arc<Semaphore>,
     bridge: Budget,
 }
 
 impl ConnectionBudget {
     /// How long a connection may hold memory it does not move on with (`limits.stall`).
-    pub fn stall(&self) -> Duration {
+    pub(crate) fn stall(&self) -> Duration {
         self.bridge.stall
     }
 
     /// The most one reservation may take.
-    pub fn limit(&self) -> usize {
+    pub(crate) fn limit(&self) -> usize {
         (u64::from(self.bridge.connection_units) * UNIT) as usize
     }
 
     /// Reserves `bytes`: first from the connection's own budget, waiting at most `stall` for
     /// its earlier batches to reach the sink, then from the bridge's, waiting as long as it
     /// takes (every connection's batches move on, and a stalled one is closed in turn).
-    pub async fn reserve(&self, bytes: usize) -> Result<Reservation, BudgetError> {
+    pub(crate) async fn reserve(&self, bytes: usize) -> Result<Reservation, BudgetError> {
         let n = units(bytes);
         if n > self.bridge.connection_units {
             let budget = ByteSize(u64::from(self.bridge.connection_units) * UNIT);
@@ -422,7 +422,7 @@ impl ConnectionBudget {
 
 /// Reserved batch memory, given back when dropped.
 #[derive(Debug)]
-pub struct Reservation {
+pub(crate) struct Reservation {
     own: Option<OwnedSemaphorePermit>,
     global: Option<OwnedSemaphorePermit>,
     metrics: Arc<LimitMetrics>,
@@ -430,7 +430,7 @@ pub struct Reservation {
 
 impl Reservation {
     /// Adds `other` to this one.
-    pub fn merge(&mut self, mut other: Reservation) {
+    pub(crate) fn merge(&mut self, mut other: Reservation) {
         if let (Some(a), Some(b)) = (self.own.as_mut(), other.own.take()) {
             a.merge(b);
         }
@@ -440,7 +440,7 @@ impl Reservation {
     }
 
     /// Gives back all but `bytes`.
-    pub fn shrink_to(&mut self, bytes: usize) {
+    pub(crate) fn shrink_to(&mut self, bytes: usize) {
         let keep = units(bytes) as usize;
         let held = self.own.as_ref().map_or(0, OwnedSemaphorePermit::num_permits);
         if held > keep {
@@ -451,7 +451,7 @@ impl Reservation {
         }
     }
 
-    pub fn bytes(&self) -> usize {
+    pub(crate) fn bytes(&self) -> usize {
         self.own.as_ref().map_or(0, OwnedSemaphorePermit::num_permits) * UNIT as usize
     }
 }

@@ -28,7 +28,7 @@ pub struct Metrics {
 }
 
 impl Metrics {
-    pub fn new() -> Self {
+    pub(crate) fn new() -> Self {
         let mut root = Registry::default();
         shared::process::register(&mut root, "bridge", env!("CARGO_PKG_VERSION"));
         let registry = root.sub_registry_with_prefix("bridge");
@@ -67,7 +67,7 @@ impl Default for Metrics {
 
 /// Serves `/metrics`, `/healthz`, `/readyz`, `/edges` and the console (`/console`, `/tco`,
 /// `/dead-letters`) until `shutdown`.
-pub async fn serve(
+pub(crate) async fn serve(
     listener: tokio::net::TcpListener,
     metrics: Arc<Metrics>,
     fleet: Arc<crate::fleet::view::Served>,

@@ -13,7 +13,7 @@ use shared::proto::WireMessage;
 /// Percent-encodes what a NATS token cannot hold: `.`, `*`, `>`, whitespace, control bytes and
 /// `%` itself. An empty MQTT level becomes `%00` (MQTT forbids U+0000 in topics, so it cannot
 /// be a real level).
-pub fn token(level: &str) -> String {
+pub(crate) fn token(level: &str) -> String {
     let mut out = String::with_capacity(level.len());
     push_token(&mut out, level);
     out
@@ -40,7 +40,7 @@ fn push_token(out: &mut String, level: &str) {
 }
 
 /// The subject of `topic` from `edge`, under `prefix` (`edge` by default).
-pub fn subject(prefix: &str, edge: &str, topic: &str) -> String {
+pub(crate) fn subject(prefix: &str, edge: &str, topic: &str) -> String {
     let mut s = String::with_capacity(prefix.len() + edge.len() + topic.len() + 8);
     s.push_str(prefix);
     s.push('.');
@@ -54,7 +54,7 @@ pub fn subject(prefix: &str, edge: &str, topic: &str) -> String {
 
 /// The MQTT topic a subject token list stands for (the inverse of [`subject`] after the
 /// prefix and edge tokens).
-pub fn topic_of(tokens: &[&str]) -> Option<String> {
+pub(crate) fn topic_of(tokens: &[&str]) -> Option<String> {
     let mut levels = Vec::with_capacity(tokens.len());
     for t in tokens {
         if *t == "%00" {
@@ -86,7 +86,7 @@ const RESERVED_PREFIXES: [&str; 3] = ["Nats-", "Mqtt-", "Edge-"];
 
 /// What a user property's name is prefixed with when it starts with a reserved prefix (or is
 /// empty, which no header name may be).
-pub const USER_PROPERTY_PREFIX: &str = "Mqtt-Prop-";
+pub(crate) const USER_PROPERTY_PREFIX: &str = "Mqtt-Prop-";
 
 fn has_prefix(name: &str, prefix: &str) -> bool {
     name.len() >= prefix.len() && name.as_bytes()[..prefix.len()].eq_ignore_ascii_case(prefix.as_bytes())
@@ -98,7 +98,7 @@ fn has_prefix(name: &str, prefix: &str) -> bool {
 /// batch it was in, which stopped its lane) nor pass for a header of ours. Reversible by
 /// [`user_property_name`], since a name that already started with `Mqtt-Prop-` is reserved
 /// too and gets a second prefix.
-pub fn user_property_header(name: &str) -> Cow<'_, str> {
+pub(crate) fn user_property_header(name: &str) -> Cow<'_, str> {
     if name.is_empty() || RESERVED_PREFIXES.iter().any(|p| has_prefix(name, p)) {
         Cow::Owned(format!("{USER_PROPERTY_PREFIX}{name}"))
     } else {
@@ -108,7 +108,7 @@ pub fn user_property_header(name: &str) -> Cow<'_, str> {
 
 /// The user property a header stands for (the inverse of [`user_property_header`]), or `None`
 /// for a header of the sink's or ours.
-pub fn user_property_name(header: &str) -> Option<&str> {
+pub(crate) fn user_property_name(header: &str) -> Option<&str> {
     if has_prefix(header, USER_PROPERTY_PREFIX) {
         return Some(&header[USER_PROPERTY_PREFIX.len()..]);
     }
@@ -116,13 +116,13 @@ pub fn user_property_name(header: &str) -> Option<&str> {
 }
 
 /// The `Mqtt-Correlation-Data` header value of `data`.
-pub fn correlation_header(data: &[u8]) -> String {
+pub(crate) fn correlation_header(data: &[u8]) -> String {
     base64::engine::general_purpose::STANDARD.encode(data)
 }
 
 /// Headers carrying what MQTT had beyond topic and payload, borrowed from `m` where they can be
 /// (they are built for every record a bridge writes).
-pub fn headers(m: &WireMessage) -> Vec<(Cow<'_, str>, Cow<'_, str>)> {
+pub(crate) fn headers(m: &WireMessage) -> Vec<(Cow<'_, str>, Cow<'_, str>)> {
     let qos = match m.qos {
         0 => Cow::Borrowed("0"),
         1 => Cow::Borrowed("1"),

@@ -22,13 +22,13 @@ const STYLE: &str = include_str!("console.css");
 const CACHE: Duration = Duration::from_secs(2);
 
 /// A JSON document read on demand.
-pub type Load = Box<dyn Fn() -> BoxFuture<'static, Result<String, SinkError>> + Send + Sync>;
+pub(crate) type Load = Box<dyn Fn() -> BoxFuture<'static, Result<String, SinkError>> + Send + Sync>;
 
 /// A JSON document and when it was read.
 type Cached = Option<(Instant, Arc<String>)>;
 
 /// What the console's JSON endpoints read.
-pub struct Console {
+pub(crate) struct Console {
     tco: Load,
     dead: Load,
     last: tokio::sync::Mutex<[Cached; 2]>,
@@ -43,7 +43,7 @@ impl std::fmt::Debug for Console {
 impl Console {
     /// Reads the reports from `sink`, and the dead letters with `dead` (a JSON document
     /// `{"letters": [...], "note": ...}`, `sink::inspect::dead_letters_doc`).
-    pub fn new<S: FleetStore>(sink: Arc<S>, dead: Load) -> Self {
+    pub(crate) fn new<S: FleetStore>(sink: Arc<S>, dead: Load) -> Self {
         let tco: Load = Box::new(move || {
             let sink = sink.clone();
             Box::pin(async move {
@@ -68,7 +68,7 @@ impl Console {
 }
 
 /// The console's routes.
-pub fn routes(console: Arc<Console>) -> axum::Router {
+pub(crate) fn routes(console: Arc<Console>) -> axum::Router {
     axum::Router::new()
         .route("/", axum::routing::get(|| async { Redirect::temporary("/console") }))
         .route("/console", axum::routing::get(|| async { asset("text/html; charset=utf-8", PAGE) }))

@@ -63,7 +63,7 @@ impl Default for DownlinkConfig {
 
 impl DownlinkConfig {
     /// Every problem, at its key.
-    pub fn check(&self, p: &mut Problems) {
+    pub(crate) fn check(&self, p: &mut Problems) {
         let zero = [
             ("downlink.window_messages", self.window_messages as u64),
             ("downlink.window_bytes", self.window_bytes.bytes()),
@@ -107,7 +107,7 @@ impl DownlinkConfig {
     }
 
     /// Why `msg` is not one to store, by this config's per-message bounds.
-    pub fn refuses(&self, msg: &Outgoing) -> Option<String> {
+    pub(crate) fn refuses(&self, msg: &Outgoing) -> Option<String> {
         if msg.topic.len() > self.max_topic_bytes {
             return Some(format!(
                 "--topic: {} bytes, more than downlink.max_topic_bytes ({})",

@@ -124,7 +124,7 @@ const RETRY_MAX: Duration = Duration::from_secs(30);
 impl DownCore {
     /// A downlink of `edge` with metrics of its own, for other subsystems' tests.
     #[cfg(test)]
-    pub fn unmetered(edge: &str, window_messages: usize, poll: Duration) -> Self {
+    pub(crate) fn unmetered(edge: &str, window_messages: usize, poll: Duration) -> Self {
         Self::new(edge, Arc::new(DownlinkMetrics::default()), window_messages, poll)
     }
 
@@ -157,30 +157,30 @@ impl DownCore {
 
     /// Sets aside messages past `max` bytes (`downlink.max_message_bytes`; at most what a
     /// downlink frame holds), as `send` refuses them: another publisher's are held to it too.
-    pub fn with_max_bytes(mut self, max: u64) -> Self {
+    pub(crate) fn with_max_bytes(mut self, max: u64) -> Self {
         self.max_bytes = max.min(MAX_DOWN_BYTES as u64);
         self
     }
 
     /// The hello said the edge is done through `edge_mark`: ask the sink where it stands.
-    pub fn start(&mut self, edge_mark: u64) {
+    pub(crate) fn start(&mut self, edge_mark: u64) {
         self.phase = Phase::Starting { edge_mark };
         self.calls.push_back((DownCall::State, Asked::State));
     }
 
     /// Whether the downlink runs (started on a session that speaks it).
-    pub fn is_running(&self) -> bool {
+    pub(crate) fn is_running(&self) -> bool {
         self.phase == Phase::Running
     }
 
     /// News came for this edge: read at the next chance.
-    pub fn woken(&mut self) {
+    pub(crate) fn woken(&mut self) {
         self.woken = true;
     }
 
     /// The next sink call to make, once the one before it was answered. A read is asked for
     /// only here, when it is due at `now` and the window has room.
-    pub fn poll_call(&mut self, session: &CloudSession, now: Instant) -> Option<DownCall> {
+    pub(crate) fn poll_call(&mut self, session: &CloudSession, now: Instant) -> Option<DownCall> {
         if self.asked.is_some() || self.retry_at.is_some_and(|at| now < at) {
             return None;
         }
@@ -205,7 +205,7 @@ impl DownCore {
 
     /// The call made last failed: it is made again after a pause (a read is asked anew, as
     /// due then), and the session goes on meanwhile.
-    pub fn handle_error(&mut self, now: Instant) {
+    pub(crate) fn handle_error(&mut self, now: Instant) {
         let Some(asked) = self.asked.take() else { return };
         if let Some(call) = self.in_flight.take() {
             self.calls.push_front((call, asked));
@@ -220,7 +220,7 @@ impl DownCore {
 
     /// When a read falls due without news, if the downlink waits for one; or when a failed
     /// call is made again.
-    pub fn poll_timeout(&self, session: &CloudSession) -> Option<Instant> {
+    pub(crate) fn poll_timeout(&self, session: &CloudSession) -> Option<Instant> {
         if self.asked.is_some() {
             return None;
         }
@@ -232,7 +232,7 @@ impl DownCore {
 
     /// The answer to the call made last. `wall_ms` is the wall clock, ms since the Unix epoch:
     /// what is left of a message's expiry is counted from it.
-    pub fn handle_answer(
+    pub(crate) fn handle_answer(
         &mut self,
         session: &mut CloudSession,
         answer: DownAnswer,
@@ -291,7 +291,12 @@ impl DownCore {
 
     /// The edge's ack, checked by the session: its refusals and position are recorded in the
     /// sink, then the session tells the edge so, and what the window freed is filled.
-    pub fn handle_ack(&mut self, session: &mut CloudSession, ack: DownAck, wall_ms: u64) -> Result<(), SessionError> {
+    pub(crate) fn handle_ack(
+        &mut self,
+        session: &mut CloudSession,
+        ack: DownAck,
+        wall_ms: u64,
+    ) -> Result<(), SessionError> {
         if self.phase != Phase::Running {
             return Ok(());
         }

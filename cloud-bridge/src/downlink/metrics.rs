@@ -7,7 +7,7 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct OutcomeLabel {
+pub(crate) struct OutcomeLabel {
     pub outcome: &'static str,
 }
 
@@ -47,7 +47,7 @@ shared::metrics! {
 }
 
 impl DownlinkMetrics {
-    pub fn count(&self, outcome: &'static str, n: u64) {
+    pub(crate) fn count(&self, outcome: &'static str, n: u64) {
         if n > 0 {
             self.done.get_or_create(&OutcomeLabel { outcome }).inc_by(n);
         }

@@ -79,7 +79,7 @@ impl Default for FleetConfig {
 
 impl FleetConfig {
     /// Every key that cannot work, with why.
-    pub fn check(&self, p: &mut Problems) {
+    pub(crate) fn check(&self, p: &mut Problems) {
         if self.state_interval.0 < Duration::from_millis(10) {
             p.bad("fleet.state_interval", "must be at least 10ms");
         }
@@ -95,7 +95,7 @@ impl FleetConfig {
     }
 
     /// `name`, or the host's name and `port`.
-    pub fn bridge_name(&self, port: u16) -> String {
+    pub(crate) fn bridge_name(&self, port: u16) -> String {
         self.name.clone().unwrap_or_else(|| {
             let host = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap_or_default();
             let host = host.trim();
@@ -132,7 +132,7 @@ struct Pending {
 
 /// This bridge's sessions hand their states here; the writer ([`run`]) stores them.
 #[derive(Debug)]
-pub struct Recorder {
+pub(crate) struct Recorder {
     name: String,
     interval: Duration,
     max_pending: usize,
@@ -144,7 +144,7 @@ pub struct Recorder {
 }
 
 impl Recorder {
-    pub fn new(config: &FleetConfig, name: String, metrics: Arc<FleetMetrics>) -> Self {
+    pub(crate) fn new(config: &FleetConfig, name: String, metrics: Arc<FleetMetrics>) -> Self {
         Self {
             name,
             interval: config.state_interval.0,
@@ -156,7 +156,7 @@ impl Recorder {
         }
     }
 
-    pub fn name(&self) -> &str {
+    pub(crate) fn name(&self) -> &str {
         &self.name
     }
 
@@ -203,7 +203,7 @@ impl Recorder {
 
 /// What the writer needs to know of its bridge.
 #[derive(Debug, Clone)]
-pub struct BridgeInfo {
+pub(crate) struct BridgeInfo {
     pub quic: std::net::SocketAddr,
     pub writes_per_second: u32,
 }
@@ -218,7 +218,12 @@ const FINAL_FLUSH: Duration = Duration::from_secs(2);
 /// Stores the recorder's states and the bridge's own until `stop`, then what is left within
 /// [`FINAL_FLUSH`] and the bridge's state as stopped. Cancel `stop` only after every session
 /// ended, so their ends are among what is left.
-pub async fn run<S: FleetStore>(recorder: Arc<Recorder>, sink: Arc<S>, info: BridgeInfo, stop: CancellationToken) {
+pub(crate) async fn run<S: FleetStore>(
+    recorder: Arc<Recorder>,
+    sink: Arc<S>,
+    info: BridgeInfo,
+    stop: CancellationToken,
+) {
     let started_ms = now_ms();
     let per_tick = (info.writes_per_second as usize).div_ceil((1000 / TICK.as_millis()) as usize).max(1);
     let bridge_state = |stopped: bool| BridgeState {

@@ -26,7 +26,7 @@ pub struct Presence {
 }
 
 impl Presence {
-    pub fn new(recorder: Arc<Recorder>, edge: &str, remote: std::net::SocketAddr) -> Self {
+    pub(crate) fn new(recorder: Arc<Recorder>, edge: &str, remote: std::net::SocketAddr) -> Self {
         let state = EdgeState {
             edge: edge.to_owned(),
             bridge: recorder.name().to_owned(),
@@ -44,7 +44,7 @@ impl Presence {
     }
 
     /// The session was welcomed: the edge is in the view from now on.
-    pub fn welcomed(&mut self, session: &CloudSession) {
+    pub(crate) fn welcomed(&mut self, session: &CloudSession) {
         if !self.welcomed {
             self.welcomed = true;
             self.recorder.live.fetch_add(1, Ordering::Relaxed);
@@ -57,12 +57,12 @@ impl Presence {
 
     /// When the session has news for the view that waits for its interval: the time to call
     /// [`Presence::update`].
-    pub fn due(&self, session: &CloudSession) -> Option<Instant> {
+    pub(crate) fn due(&self, session: &CloudSession) -> Option<Instant> {
         (self.welcomed && session.changes() != self.handed).then_some(self.next)
     }
 
     /// Takes the session's state if it changed, and hands it over if the interval is up.
-    pub fn update(&mut self, session: &CloudSession) {
+    pub(crate) fn update(&mut self, session: &CloudSession) {
         if !self.welcomed {
             return;
         }
@@ -92,7 +92,7 @@ impl Presence {
     }
 
     /// The session ended: its last state taken goes over as ended, whatever the interval.
-    pub fn ended(mut self) {
+    pub(crate) fn ended(mut self) {
         if !self.welcomed {
             return;
         }

@@ -97,7 +97,7 @@ fn bridge_live(b: &BridgeState, now: u64) -> bool {
 }
 
 /// Joins what the sink holds into rows, as of `now` (ms since the Unix epoch).
-pub fn join(states: FleetStates, reports: &[StoredReport], now: u64) -> FleetView {
+pub(crate) fn join(states: FleetStates, reports: &[StoredReport], now: u64) -> FleetView {
     let bridges: BTreeMap<&str, &BridgeState> = states.bridges.iter().map(|b| (b.name.as_str(), b)).collect();
     let reports: BTreeMap<&str, &StoredReport> = reports.iter().map(|r| (r.edge.as_str(), r)).collect();
     let edges = states.edges.iter().map(|e| edge_row(e, bridges.get(e.bridge.as_str()).copied(), &reports, now));
@@ -166,7 +166,7 @@ fn edge_row(e: &EdgeState, bridge: Option<&BridgeState>, reports: &BTreeMap<&str
 }
 
 /// The view from a running sink.
-pub async fn load_from<S: FleetStore + DownlinkStore>(sink: &S) -> Result<FleetView, SinkError> {
+pub(crate) async fn load_from<S: FleetStore + DownlinkStore>(sink: &S) -> Result<FleetView, SinkError> {
     let states = sink.load_fleet().await?;
     let reports = sink.load_reports().await?;
     let downlink = sink.down_summary().await?;
@@ -285,7 +285,7 @@ const CACHE: Duration = Duration::from_secs(1);
 type LoadFn = dyn Fn() -> futures_util::future::BoxFuture<'static, Result<FleetView, SinkError>> + Send + Sync;
 
 /// Serves the view over HTTP, read through a short cache; one read at a time.
-pub struct Served {
+pub(crate) struct Served {
     load: Box<LoadFn>,
     last: tokio::sync::Mutex<Option<(Instant, Arc<String>)>>,
 }
@@ -297,7 +297,7 @@ impl std::fmt::Debug for Served {
 }
 
 impl Served {
-    pub fn new<S: FleetStore + DownlinkStore>(sink: Arc<S>) -> Self {
+    pub(crate) fn new<S: FleetStore + DownlinkStore>(sink: Arc<S>) -> Self {
         let load = move || -> futures_util::future::BoxFuture<'static, Result<FleetView, SinkError>> {
             let sink = sink.clone();
             Box::pin(async move { load_from(&*sink).await })
@@ -306,7 +306,7 @@ impl Served {
     }
 
     /// The view as JSON.
-    pub async fn json(&self) -> Result<Arc<String>, SinkError> {
+    pub(crate) async fn json(&self) -> Result<Arc<String>, SinkError> {
         let mut last = self.last.lock().await;
         if let Some((at, json)) = &*last
             && at.elapsed() < CACHE

@@ -35,12 +35,12 @@ pub struct Admitted {
 
 impl Admitted {
     /// The handshake named `edge`: within its certificate's rate, or why not (`edge_rate`).
-    pub fn identified(&self, edge: &str, now: Instant) -> Result<(), &'static str> {
+    pub(crate) fn identified(&self, edge: &str, now: Instant) -> Result<(), &'static str> {
         self.per_edge.lock().unwrap_or_else(|p| p.into_inner()).admit_edge(edge, self.from, now)
     }
 
     /// The handshake is over (done or failed): its place is free for another.
-    pub fn handshake_done(&mut self) {
+    pub(crate) fn handshake_done(&mut self) {
         if self.handshake.take().is_some() {
             self.metrics.handshakes.dec();
         }
@@ -55,7 +55,7 @@ impl Drop for Admitted {
 }
 
 impl Admission {
-    pub fn new(config: &LimitsConfig, metrics: Arc<LimitMetrics>, now: Instant) -> Self {
+    pub(crate) fn new(config: &LimitsConfig, metrics: Arc<LimitMetrics>, now: Instant) -> Self {
         let burst = f64::from(config.handshake_burst);
         Self {
             open: Arc::new(Semaphore::new(config.max_connections)),
@@ -70,7 +70,7 @@ impl Admission {
     /// Admits a new connection from `from` at `now`, or says why not (`rate`, `connections`,
     /// `handshakes`, or `address_rate` for an address cooling down). A refusal takes no token
     /// of the bridge's rate.
-    pub fn admit(&mut self, from: IpAddr, now: Instant) -> Result<Admitted, &'static str> {
+    pub(crate) fn admit(&mut self, from: IpAddr, now: Instant) -> Result<Admitted, &'static str> {
         if !self.bucket.has(self.shape, now) {
             return Err("rate");
         }

@@ -71,7 +71,7 @@ struct Cooling {
 
 /// The handshake rate of each certificate identity, and the addresses cooling down.
 #[derive(Debug)]
-pub struct PerEdge {
+pub(crate) struct PerEdge {
     edges: HashMap<String, Bucket>,
     cooling: HashMap<IpAddr, Cooling>,
     edge: (f64, f64),
@@ -85,7 +85,7 @@ pub struct PerEdge {
 }
 
 impl PerEdge {
-    pub fn new(config: &LimitsConfig, metrics: Arc<LimitMetrics>, now: Instant) -> Self {
+    pub(crate) fn new(config: &LimitsConfig, metrics: Arc<LimitMetrics>, now: Instant) -> Self {
         let per_second = f64::from(config.cooldown_handshakes_per_second);
         Self {
             edges: HashMap::new(),
@@ -102,7 +102,7 @@ impl PerEdge {
 
     /// Before the handshake: an address cooling down may start only its own rate
     /// (`address_rate` past it).
-    pub fn admit_address(&mut self, ip: IpAddr, now: Instant) -> Result<(), &'static str> {
+    pub(crate) fn admit_address(&mut self, ip: IpAddr, now: Instant) -> Result<(), &'static str> {
         let key = host(ip);
         let Some(cooling) = self.cooling.get_mut(&key) else { return Ok(()) };
         if cooling.until <= now {
@@ -119,7 +119,7 @@ impl PerEdge {
 
     /// After the handshake, once the certificate named `edge`: within its rate, or refused
     /// (`edge_rate`) and its address `ip` cooled down.
-    pub fn admit_edge(&mut self, edge: &str, ip: IpAddr, now: Instant) -> Result<(), &'static str> {
+    pub(crate) fn admit_edge(&mut self, edge: &str, ip: IpAddr, now: Instant) -> Result<(), &'static str> {
         if !self.edges.contains_key(edge) && self.edges.len() >= self.max_edges {
             self.sweep(now);
             if self.edges.len() >= self.max_edges {

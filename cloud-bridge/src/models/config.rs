@@ -40,7 +40,7 @@ pub enum ModelStoreKind {
 
 impl ModelStoreKind {
     /// As in the config.
-    pub fn name(self) -> &'static str {
+    pub(crate) fn name(self) -> &'static str {
         match self {
             ModelStoreKind::Dir => "dir",
             ModelStoreKind::Jetstream => "jetstream",

@@ -8,8 +8,8 @@
 
 pub mod config;
 pub mod dir;
-pub mod js;
-pub mod serve;
+pub(crate) mod js;
+pub(crate) mod serve;
 
 use std::future::Future;
 use std::path::Path;
@@ -29,7 +29,7 @@ pub enum StoreError {
     Missing { name: String, version: String },
 }
 
-pub fn failed(what: &'static str, e: impl std::fmt::Display) -> StoreError {
+pub(crate) fn failed(what: &'static str, e: impl std::fmt::Display) -> StoreError {
     StoreError::Failed { what, reason: e.to_string() }
 }
 

@@ -25,7 +25,7 @@ const CHUNK_PRIORITY: i32 = -10;
 
 /// The model store as the server uses it.
 #[derive(Debug)]
-pub struct ModelService {
+pub(crate) struct ModelService {
     pub store: Arc<Store>,
     /// How often a connected edge's models are checked for a newer version.
     pub poll: Duration,
@@ -36,7 +36,7 @@ pub struct ModelService {
 }
 
 impl ModelService {
-    pub fn new(store: Arc<Store>, poll: Duration, metrics: Arc<ServeMetrics>) -> Self {
+    pub(crate) fn new(store: Arc<Store>, poll: Duration, metrics: Arc<ServeMetrics>) -> Self {
         Self { store, poll, listing: tokio::sync::Mutex::new(None), metrics }
     }
 
@@ -69,7 +69,7 @@ shared::metrics! {
 
 /// The models side of one edge's connection.
 #[derive(Debug)]
-pub struct EdgeModels {
+pub(crate) struct EdgeModels {
     service: Arc<ModelService>,
     follows: Vec<String>,
     announced: HashMap<String, String>,
@@ -77,13 +77,13 @@ pub struct EdgeModels {
 }
 
 impl EdgeModels {
-    pub fn new(service: Arc<ModelService>, follows: Vec<String>) -> Self {
+    pub(crate) fn new(service: Arc<ModelService>, follows: Vec<String>) -> Self {
         Self { service, follows, announced: HashMap::new(), grants: Arc::default() }
     }
 
     /// Versions of followed models not announced on this connection yet: the latest of each.
     /// Their chunks may be fetched from now on.
-    pub async fn news(&mut self) -> Result<Vec<ModelAnnounce>, StoreError> {
+    pub(crate) async fn news(&mut self) -> Result<Vec<ModelAnnounce>, StoreError> {
         if self.follows.is_empty() {
             return Ok(Vec::new());
         }
@@ -114,7 +114,7 @@ impl EdgeModels {
     /// an edge that asks and does not read holds at most its budget, not its streams' worth of
     /// 2 MiB chunks, and that for `limits.stall` at most: a chunk not taken by then is reset
     /// (stream error 4).
-    pub fn serve(&self, conn: quinn::Connection, budget: ConnectionBudget) -> tokio::task::JoinHandle<()> {
+    pub(crate) fn serve(&self, conn: quinn::Connection, budget: ConnectionBudget) -> tokio::task::JoinHandle<()> {
         let (store, grants, metrics) = (self.service.store.clone(), self.grants.clone(), self.service.metrics.clone());
         tokio::spawn(async move {
             while let Ok((send, recv)) = conn.accept_bi().await {

@@ -20,7 +20,7 @@ use crate::models::{ModelStore, Published, StoreError};
 use crate::sink::{SchemaStore, SinkError};
 
 #[derive(Debug, thiserror::Error)]
-pub enum RegistryError {
+pub(crate) enum RegistryError {
     #[error("subject: {0}")]
     Subject(String),
     #[error(transparent)]
@@ -43,14 +43,14 @@ pub enum RegistryError {
 
 /// What `register` did.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Registered {
+pub(crate) enum Registered {
     New(Version),
     /// The subject already had this schema, as this version.
     Exists(Version),
 }
 
 impl Registered {
-    pub fn version(&self) -> &Version {
+    pub(crate) fn version(&self) -> &Version {
         match self {
             Registered::New(v) | Registered::Exists(v) => v,
         }
@@ -85,7 +85,7 @@ async fn earlier<S: SchemaStore>(
 
 /// Whether `schema` could be registered under `subject`: the version it would become, or the
 /// version that already holds it.
-pub async fn check<S: SchemaStore>(
+pub(crate) async fn check<S: SchemaStore>(
     store: &S,
     subject: &str,
     schema: &Schema,
@@ -127,7 +127,7 @@ fn judge(
 
 /// Registers `source` under `subject`; `mode`, when given, becomes the subject's mode (and is
 /// what this version is checked under).
-pub async fn register<S: SchemaStore>(
+pub(crate) async fn register<S: SchemaStore>(
     store: &S,
     subject: &str,
     source: Source,
@@ -154,7 +154,11 @@ pub async fn register<S: SchemaStore>(
 }
 
 /// One version of a subject (the newest when `version` is none).
-pub async fn show<S: SchemaStore>(store: &S, subject: &str, version: Option<u32>) -> Result<Version, RegistryError> {
+pub(crate) async fn show<S: SchemaStore>(
+    store: &S,
+    subject: &str,
+    version: Option<u32>,
+) -> Result<Version, RegistryError> {
     let versions = store.schema_versions(subject).await?;
     match version {
         None => versions.last().cloned().ok_or_else(|| RegistryError::NoSubject(subject.into())),
@@ -168,7 +172,7 @@ pub async fn show<S: SchemaStore>(store: &S, subject: &str, version: Option<u32>
 /// Publishes `v` for the edges: model `schema.<subject>`, version `<n>`, signed by `key`. A
 /// version already in the model store is left as it is (registering again repairs a delivery
 /// that failed half way).
-pub async fn deliver<M: ModelStore>(
+pub(crate) async fn deliver<M: ModelStore>(
     models: &M,
     key: &shared::model::SigningKey,
     v: &Version,

@@ -7,7 +7,7 @@ pub mod core;
 pub mod metrics;
 mod session;
 mod traced;
-pub mod trust;
+pub(crate) mod trust;
 mod writes;
 
 use std::sync::Arc;
@@ -220,7 +220,7 @@ fn derived(key: &rustls_pki_types::PrivateKeyDer<'_>, label: &str) -> ring::dige
 
 /// What the accept loop admits and what its connections may hold.
 #[derive(Debug)]
-pub struct Limits {
+pub(crate) struct Limits {
     pub admission: Admission,
     pub budget: Budget,
     pub stall: Duration,
@@ -229,7 +229,7 @@ pub struct Limits {
 
 /// Where sessions go besides the sink: the model service, if any, and the fleet view.
 #[derive(Debug, Clone)]
-pub struct Services {
+pub(crate) struct Services {
     pub models: Option<Arc<ModelService>>,
     pub fleet: Arc<Recorder>,
     /// `sink commit` spans of traced records (`[tracing]`).
@@ -240,7 +240,7 @@ pub struct Services {
 
 /// Accepts edges until `shutdown`.
 #[allow(clippy::too_many_arguments)]
-pub async fn accept_loop<S: Sink>(
+pub(crate) async fn accept_loop<S: Sink>(
     endpoint: quinn::Endpoint,
     config: Arc<ServerConfig>,
     trust: Arc<trust::Trust>,

@@ -8,7 +8,7 @@ use shared::proto::{RecordBody, WireRecord};
 use shared::trace::{KeyValue, Kind as SpanKind, SpanRecord, Stage, TraceParent, Tracer, uplink_span_id};
 
 /// The traced records of one publish.
-pub struct SinkSpans {
+pub(crate) struct SinkSpans {
     edge: String,
     epoch: String,
     lane: u8,
@@ -19,7 +19,7 @@ pub struct SinkSpans {
 
 impl SinkSpans {
     /// The traced records among `records`, if tracing is on and there are any.
-    pub fn of(tracer: &Tracer, edge: &str, epoch: &str, lane: u8, records: &[WireRecord]) -> Option<Self> {
+    pub(crate) fn of(tracer: &Tracer, edge: &str, epoch: &str, lane: u8, records: &[WireRecord]) -> Option<Self> {
         if !tracer.is_on() {
             return None;
         }
@@ -42,7 +42,7 @@ impl SinkSpans {
     }
 
     /// The publish is done: `ok` if the sink has the records.
-    pub fn record(self, tracer: &Tracer, ok: bool) {
+    pub(crate) fn record(self, tracer: &Tracer, ok: bool) {
         let end = SystemTime::now();
         for (parent, seq, topic) in self.records {
             let uplink = parent.child(uplink_span_id(&parent.trace_id, &self.epoch, self.lane, seq));

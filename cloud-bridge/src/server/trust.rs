@@ -21,7 +21,7 @@ use super::ServerError;
 use super::config::ServerConfig;
 
 #[derive(Debug)]
-pub struct Trust {
+pub(crate) struct Trust {
     deny: ArcSwap<HashSet<String>>,
     next: AtomicU64,
     live: Mutex<HashMap<String, Live>>,
@@ -38,20 +38,20 @@ struct Live {
 /// A session's hold on its edge id: `ended` fires when a newer connection replaces it or its
 /// certificate is denied (then [`Claim::denied`]).
 #[derive(Debug)]
-pub struct Claim {
+pub(crate) struct Claim {
     pub ticket: u64,
     pub ended: CancellationToken,
     denied: Arc<AtomicBool>,
 }
 
 impl Claim {
-    pub fn denied(&self) -> bool {
+    pub(crate) fn denied(&self) -> bool {
         self.denied.load(Ordering::Acquire)
     }
 }
 
 impl Trust {
-    pub fn new(deny_serials: &[String]) -> Self {
+    pub(crate) fn new(deny_serials: &[String]) -> Self {
         Self {
             deny: ArcSwap::from_pointee(deny_serials.iter().cloned().collect()),
             next: AtomicU64::new(0),
@@ -61,7 +61,7 @@ impl Trust {
 
     /// Whether a certificate of this serial (hex, as `shared::tls::certificate_serial`) is
     /// refused.
-    pub fn denied(&self, serial: &str) -> bool {
+    pub(crate) fn denied(&self, serial: &str) -> bool {
         self.deny.load().contains(serial)
     }
 
@@ -93,7 +93,7 @@ impl Trust {
 
     /// Takes `serials` as the deny list and ends the live sessions of the certificates on it;
     /// the edge ids whose sessions it ended.
-    pub fn deny(&self, serials: &[String]) -> Vec<String> {
+    pub(crate) fn deny(&self, serials: &[String]) -> Vec<String> {
         self.deny.store(Arc::new(serials.iter().cloned().collect()));
         let deny = self.deny.load();
         let sessions = self.live.lock().unwrap_or_else(PoisonError::into_inner);
@@ -111,7 +111,7 @@ impl Trust {
 /// Reloads the bridge's trust from `config`: the certificate, key and fleet CA for new
 /// handshakes on `endpoint`, and the deny list; the edge ids whose sessions it ended. Nothing
 /// changes if a file cannot be used.
-pub fn reload(
+pub(crate) fn reload(
     endpoint: &quinn::Endpoint,
     trust: &Trust,
     config: &ServerConfig,

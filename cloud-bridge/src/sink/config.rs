@@ -130,7 +130,7 @@ fn one_or_several<'de, D: serde::Deserializer<'de>>(d: D) -> Result<String, D::E
 impl SinkConfig {
     /// Opens the sink this names for a bridge: counting into `metrics`, each edge kept within
     /// `quota`, a JetStream cluster given its `startup_retry` to answer.
-    pub async fn open(&self, metrics: Arc<SinkMetrics>, quota: EdgeQuota) -> Result<AnySink, SinkError> {
+    pub(crate) async fn open(&self, metrics: Arc<SinkMetrics>, quota: EdgeQuota) -> Result<AnySink, SinkError> {
         let sink = match self {
             SinkConfig::Sqlite { path } => {
                 tracing::info!(path = %path.display(), "sink: sqlite");

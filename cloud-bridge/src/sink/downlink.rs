@@ -50,7 +50,7 @@ pub struct Outgoing {
 }
 
 /// The send ids a sink keeps per edge: at most this many, for at most this long.
-pub const SEND_IDS: (usize, Duration) = (128, Duration::from_secs(24 * 3600));
+pub(crate) const SEND_IDS: (usize, Duration) = (128, Duration::from_secs(24 * 3600));
 
 impl Outgoing {
     /// What it counts for in an edge's backlog bound: its variable bytes, as the session's
@@ -68,7 +68,7 @@ impl Outgoing {
     /// The frame for it at `now_ms`: what is left of its expiry, or, once that ran out, an
     /// empty message expiring at once (the edge reports it expired and its position passes it;
     /// the payload is not worth sending).
-    pub fn to_down(&self, seq: u64, now_ms: u64) -> Down {
+    pub(crate) fn to_down(&self, seq: u64, now_ms: u64) -> Down {
         let left = self.expires_at_ms.map(|at| at.saturating_sub(now_ms));
         if left == Some(0) {
             return Down {
@@ -186,7 +186,7 @@ pub struct DownDeadLetter {
 }
 
 /// Downlink dead letters the fleet view lists: the newest.
-pub const REFUSED_SHOWN: usize = 20;
+pub(crate) const REFUSED_SHOWN: usize = 20;
 
 /// One edge's downlink in the fleet view: its state and what waits for it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -211,7 +211,7 @@ pub struct Reply {
 
 /// What a sink needs per message beyond a message's own bytes ([`Outgoing::bytes`]): its
 /// headers and encoding, at most.
-pub const DOWN_HEADERS: u64 = 16 << 10;
+pub(crate) const DOWN_HEADERS: u64 = 16 << 10;
 
 /// The most one stored message may weigh in a sink (payload and headers), and whose limit it is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -309,7 +309,7 @@ pub trait DownlinkStore: Send + Sync + 'static {
 /// first ack of a connection, naming what an earlier bridge may have failed to record); an
 /// edge repeats them in every ack until told they are recorded, and recording them again would
 /// let one frame cost thousands of sink calls. `None`: nothing new to record.
-pub fn done(
+pub(crate) fn done(
     from: u64,
     (count, bytes): (u64, u64),
     up_to: u64,

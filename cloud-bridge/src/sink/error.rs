@@ -43,7 +43,7 @@ pub enum SinkError {
 
 impl SinkError {
     /// The kind as a short label, for logs and metrics.
-    pub fn kind(&self) -> &'static str {
+    pub(crate) fn kind(&self) -> &'static str {
         match self {
             SinkError::Unavailable { .. } => "unavailable",
             SinkError::JetStream { .. } => "jetstream",
@@ -58,7 +58,7 @@ impl SinkError {
     }
 
     /// From a SQLite error: its extended code, or `Corrupt` for a value of the wrong type.
-    pub fn sqlite(what: &'static str, e: rusqlite::Error) -> Self {
+    pub(crate) fn sqlite(what: &'static str, e: rusqlite::Error) -> Self {
         match e {
             rusqlite::Error::SqliteFailure(f, msg) => {
                 SinkError::Sqlite { what, code: f.extended_code, reason: msg.unwrap_or_else(|| f.to_string()) }
@@ -74,7 +74,7 @@ impl SinkError {
 
     /// From a NATS client error: `JetStream` with its code if the server answered with an API
     /// error anywhere in the chain, `Unavailable` otherwise; `key` goes into the reason.
-    pub fn nats(what: &'static str, key: &str, e: &(dyn std::error::Error + 'static)) -> Self {
+    pub(crate) fn nats(what: &'static str, key: &str, e: &(dyn std::error::Error + 'static)) -> Self {
         let reason = if key.is_empty() { e.to_string() } else { format!("{key}: {e}") };
         let mut cause: Option<&(dyn std::error::Error + 'static)> = Some(e);
         while let Some(c) = cause {
@@ -87,12 +87,12 @@ impl SinkError {
     }
 
     /// A stored value of `key` that does not parse.
-    pub fn corrupt(what: &'static str, key: impl std::fmt::Display, e: impl std::fmt::Display) -> Self {
+    pub(crate) fn corrupt(what: &'static str, key: impl std::fmt::Display, e: impl std::fmt::Display) -> Self {
         SinkError::Corrupt { what, key: key.to_string(), reason: e.to_string() }
     }
 
     /// A call given what it cannot take.
-    pub fn invalid(what: &'static str, reason: impl std::fmt::Display) -> Self {
+    pub(crate) fn invalid(what: &'static str, reason: impl std::fmt::Display) -> Self {
         SinkError::Invalid { what, reason: reason.to_string() }
     }
 }

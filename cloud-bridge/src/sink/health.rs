@@ -9,18 +9,18 @@ use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 /// How often the probe asks the sink.
-pub const PROBE_EVERY: Duration = Duration::from_secs(2);
+pub(crate) const PROBE_EVERY: Duration = Duration::from_secs(2);
 
 /// How long a probe may take before the sink counts as not answering (the probe goes on, and
 /// its answer counts when it comes).
-pub const PROBE_WAIT: Duration = Duration::from_secs(2);
+pub(crate) const PROBE_WAIT: Duration = Duration::from_secs(2);
 
 /// With no probe answered for this long (the probe itself stuck), the sink is not ready.
 const STALE: Duration = Duration::from_secs(15);
 
 /// The newest evidence.
 #[derive(Debug)]
-pub struct SinkHealth {
+pub(crate) struct SinkHealth {
     seen: Mutex<Seen>,
 }
 
@@ -45,7 +45,7 @@ impl SinkHealth {
     }
 
     /// A write went through, or failed with `error`.
-    pub fn wrote(&self, error: Option<String>) {
+    pub(crate) fn wrote(&self, error: Option<String>) {
         self.set(|s| {
             s.ok = error.is_none();
             s.detail = match error {
@@ -56,7 +56,7 @@ impl SinkHealth {
     }
 
     /// A probe answered: the sink would take a write, or not for `error`.
-    pub fn probed(&self, error: Option<String>) {
+    pub(crate) fn probed(&self, error: Option<String>) {
         self.set(|s| {
             s.ok = error.is_none();
             s.probed = Instant::now();
@@ -68,7 +68,7 @@ impl SinkHealth {
     }
 
     /// A probe has not answered within [`PROBE_WAIT`].
-    pub fn probe_waits(&self) {
+    pub(crate) fn probe_waits(&self) {
         self.set(|s| {
             s.ok = false;
             s.detail = format!("the probe has not answered in {PROBE_WAIT:?}");
@@ -76,7 +76,7 @@ impl SinkHealth {
     }
 
     /// Whether the sink is ready, and why.
-    pub fn check(&self) -> (bool, String) {
+    pub(crate) fn check(&self) -> (bool, String) {
         let s = self.seen.lock().unwrap_or_else(|e| e.into_inner()).clone();
         let quiet = s.probed.elapsed();
         if quiet > STALE {
@@ -86,7 +86,7 @@ impl SinkHealth {
     }
 
     /// For the `sink_healthy` gauge.
-    pub fn ok(&self) -> bool {
+    pub(crate) fn ok(&self) -> bool {
         self.check().0
     }
 }

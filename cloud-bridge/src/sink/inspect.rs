@@ -43,7 +43,7 @@ pub async fn dead_letters(sink: &SinkConfig, edge: Option<&str>) -> Result<Vec<D
 
 /// The dead letters as the console serves them: `{"letters": [...], "note": ...}` (a note for
 /// a sink that has none).
-pub async fn dead_letters_doc(sink: &SinkConfig) -> Result<String, SinkError> {
+pub(crate) async fn dead_letters_doc(sink: &SinkConfig) -> Result<String, SinkError> {
     let note = match sink {
         SinkConfig::Sqlite { .. } => Some("the SQLite sink stores every record: it has no dead letters"),
         SinkConfig::Jetstream { .. } => None,

@@ -51,25 +51,25 @@ impl SinkMetrics {
     }
 
     /// A write went through.
-    pub fn wrote(&self) {
+    pub(crate) fn wrote(&self) {
         self.health.wrote(None);
         self.healthy.set(1);
     }
 
     /// A write failed with `error`.
-    pub fn failed(&self, error: &dyn std::fmt::Display) {
+    pub(crate) fn failed(&self, error: &dyn std::fmt::Display) {
         self.health.wrote(Some(error.to_string()));
         self.healthy.set(0);
     }
 
     /// The probe answered ([`super::probe::run`]).
-    pub fn probed(&self, error: Option<String>) {
+    pub(crate) fn probed(&self, error: Option<String>) {
         self.healthy.set(i64::from(error.is_none()));
         self.health.probed(error);
     }
 
     /// The probe has not answered in time.
-    pub fn probed_late(&self) {
+    pub(crate) fn probed_late(&self) {
         self.health.probe_waits();
         self.healthy.set(0);
     }

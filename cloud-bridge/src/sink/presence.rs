@@ -59,14 +59,14 @@ pub struct LaneState {
 
 impl LaneState {
     /// Records the edge holds that the cloud has not committed, as of the state.
-    pub fn backlog(&self) -> Option<u64> {
+    pub(crate) fn backlog(&self) -> Option<u64> {
         self.head.map(|h| h.saturating_sub(self.committed))
     }
 }
 
 impl EdgeState {
     /// Whether this state may replace `stored` (see the module doc).
-    pub fn replaces(&self, stored: &EdgeState) -> bool {
+    pub(crate) fn replaces(&self, stored: &EdgeState) -> bool {
         self.connected || stored.session == self.session
     }
 }

@@ -9,7 +9,7 @@ use super::health::{PROBE_EVERY, PROBE_WAIT};
 use super::metrics::SinkMetrics;
 
 /// Probes `sink` every [`PROBE_EVERY`] until `stop`, one probe at a time.
-pub async fn run<S: RecordSink>(
+pub(crate) async fn run<S: RecordSink>(
     sink: std::sync::Arc<S>,
     metrics: std::sync::Arc<SinkMetrics>,
     stop: CancellationToken,

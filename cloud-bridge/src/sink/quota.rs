@@ -37,7 +37,7 @@ impl Default for EdgeQuota {
 
 /// An edge's epochs as a sink keeps them.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Epochs {
+pub(crate) struct Epochs {
     /// Epochs with marks and when each was registered (ms), oldest first.
     #[serde(default)]
     pub live: Vec<(String, u64)>,
@@ -61,7 +61,7 @@ pub enum EpochVerdict {
 
 impl Epochs {
     /// Registers `epoch` if it is new and there is room; says what became of it.
-    pub fn admit(&mut self, epoch: &str, now_ms: u64, quota: &EdgeQuota) -> EpochVerdict {
+    pub(crate) fn admit(&mut self, epoch: &str, now_ms: u64, quota: &EdgeQuota) -> EpochVerdict {
         if self.live.iter().any(|(e, _)| e == epoch) {
             return EpochVerdict::Known;
         }
@@ -81,7 +81,7 @@ impl Epochs {
 
 /// One stored dictionary of an edge, without its bytes.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct StoredDict {
+pub(crate) struct StoredDict {
     pub id: String,
     pub bytes: u64,
     pub stored_ms: u64,
@@ -89,7 +89,7 @@ pub struct StoredDict {
 
 /// An edge's stored dictionaries, oldest first.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub struct DictIndex {
+pub(crate) struct DictIndex {
     #[serde(default)]
     pub dicts: Vec<StoredDict>,
 }
@@ -97,7 +97,7 @@ pub struct DictIndex {
 impl DictIndex {
     /// Adds dictionary `id` of `bytes` (again: it becomes the newest), then evicts the oldest
     /// until the edge is within `quota`; returns the evicted ids. The one added stays.
-    pub fn add(&mut self, id: &str, bytes: u64, now_ms: u64, quota: &EdgeQuota) -> Vec<String> {
+    pub(crate) fn add(&mut self, id: &str, bytes: u64, now_ms: u64, quota: &EdgeQuota) -> Vec<String> {
         self.dicts.retain(|d| d.id != id);
         self.dicts.push(StoredDict { id: id.to_owned(), bytes, stored_ms: now_ms });
         let mut evicted = Vec::new();

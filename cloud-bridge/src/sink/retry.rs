@@ -21,7 +21,7 @@ impl Default for Retry {
 
 impl Retry {
     /// Counts the failure, marks the sink unhealthy and waits before the next attempt.
-    pub async fn wait(&mut self, what: &str, error: &SinkError, metrics: &SinkMetrics) {
+    pub(crate) async fn wait(&mut self, what: &str, error: &SinkError, metrics: &SinkMetrics) {
         use rand::Rng;
         metrics.retries.inc();
         metrics.failed(error);

@@ -167,7 +167,7 @@ impl<H> SessionCore<H> {
         &self.session
     }
 
-    pub fn session_mut(&mut self) -> &mut CloudSession {
+    pub(crate) fn session_mut(&mut self) -> &mut CloudSession {
         &mut self.session
     }
 
@@ -248,7 +248,7 @@ impl<H> SessionCore<H> {
     }
 
     /// Records that reached the sink in order since the last call.
-    pub fn take_published(&mut self) -> u64 {
+    pub(crate) fn take_published(&mut self) -> u64 {
         std::mem::take(&mut self.published)
     }
 
@@ -291,7 +291,8 @@ impl<H> SessionCore<H> {
     }
 
     /// Batches waiting ahead of a missing one.
-    pub fn held(&self) -> usize {
+    #[cfg(test)]
+    pub(crate) fn held(&self) -> usize {
         self.held.len()
     }
 

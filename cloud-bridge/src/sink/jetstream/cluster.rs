@@ -19,7 +19,7 @@ use async_nats::jetstream::{self, stream};
 use crate::sink::SinkError;
 
 /// The servers in `url`: one or several, comma-separated.
-pub fn servers(url: &str) -> Result<Vec<async_nats::ServerAddr>, SinkError> {
+pub(crate) fn servers(url: &str) -> Result<Vec<async_nats::ServerAddr>, SinkError> {
     let list: Vec<&str> = url.split(',').map(str::trim).filter(|s| !s.is_empty()).collect();
     if list.is_empty() {
         return Err(SinkError::Invalid { what: "connect", reason: "sink.url names no server".into() });
@@ -53,7 +53,7 @@ pub async fn connect(url: &str, within: Duration) -> Result<async_nats::Client, 
 
 /// Runs `attempt` until it succeeds, fails for good (not [`SinkError::Unavailable`] or a
 /// JetStream error the cluster gives while it elects), or `within` has passed.
-pub async fn retrying<T, F, Fut>(what: &'static str, within: Duration, mut attempt: F) -> Result<T, SinkError>
+pub(crate) async fn retrying<T, F, Fut>(what: &'static str, within: Duration, mut attempt: F) -> Result<T, SinkError>
 where
     F: FnMut() -> Fut,
     Fut: Future<Output = Result<T, SinkError>>,
@@ -86,7 +86,7 @@ fn passing(e: &SinkError) -> bool {
 }
 
 /// The replicas to use: the configured number, or 1 on a server that is not clustered.
-pub fn replicas(configured: Option<usize>, info: &async_nats::ServerInfo) -> Result<usize, SinkError> {
+pub(crate) fn replicas(configured: Option<usize>, info: &async_nats::ServerInfo) -> Result<usize, SinkError> {
     match (configured, &info.cluster) {
         (Some(n), _) if (1..=5).contains(&n) => Ok(n),
         (Some(n), _) => {
@@ -108,7 +108,7 @@ pub fn replicas(configured: Option<usize>, info: &async_nats::ServerInfo) -> Res
 
 /// Makes the existing stream `name` (`what` it is, for messages) have `want` replicas: scaled
 /// if it has others, or the reason it cannot be.
-pub async fn ensure_replicas(
+pub(crate) async fn ensure_replicas(
     js: &jetstream::Context,
     what: &'static str,
     name: &str,

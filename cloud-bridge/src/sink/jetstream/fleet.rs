@@ -116,7 +116,7 @@ pub(super) async fn load_fleet(kv: &kv::Store) -> Result<FleetStates, SinkError>
 
 /// The fleet states in `bucket` on the server at `url`, without touching the stream or the
 /// other buckets (for `cloud-bridge edges list`).
-pub async fn load_fleet_from(url: &str, bucket: &str) -> Result<FleetStates, SinkError> {
+pub(crate) async fn load_fleet_from(url: &str, bucket: &str) -> Result<FleetStates, SinkError> {
     let client = cluster::connect(url, CLI_CONNECT).await?;
     let js = jetstream::new(client);
     match js.get_key_value(bucket).await {

@@ -11,7 +11,7 @@ use crate::sink::seen::{DeadLetter, Seen};
 
 /// Where the records are: the servers, the stream and its subject prefix.
 #[derive(Debug, Clone, Copy)]
-pub struct Records<'a> {
+pub(crate) struct Records<'a> {
     pub url: &'a str,
     pub stream: &'a str,
     pub subject_prefix: &'a str,
@@ -24,7 +24,7 @@ impl Records<'_> {
 }
 
 /// The last `n` records stored (of `edge`, if given), oldest first.
-pub async fn tail(at: Records<'_>, edge: Option<&str>, n: usize) -> Result<Vec<Seen>, SinkError> {
+pub(crate) async fn tail(at: Records<'_>, edge: Option<&str>, n: usize) -> Result<Vec<Seen>, SinkError> {
     let Records { stream, subject_prefix, .. } = at;
     let js = at.js().await?;
     let filter = match edge {
@@ -51,7 +51,7 @@ pub async fn tail(at: Records<'_>, edge: Option<&str>, n: usize) -> Result<Vec<S
 }
 
 /// Records stored per edge (messages and gap records together).
-pub async fn count(at: Records<'_>) -> Result<BTreeMap<String, u64>, SinkError> {
+pub(crate) async fn count(at: Records<'_>) -> Result<BTreeMap<String, u64>, SinkError> {
     let Records { stream, subject_prefix, .. } = at;
     let js = at.js().await?;
     let s = js.get_stream(stream).await.map_err(|e| SinkError::nats("records", stream, &e))?;
@@ -73,7 +73,7 @@ pub async fn count(at: Records<'_>) -> Result<BTreeMap<String, u64>, SinkError> 
 }
 
 /// Every dead letter (of `edge`, if given), oldest first.
-pub async fn dead_letters(at: Records<'_>, edge: Option<&str>) -> Result<Vec<DeadLetter>, SinkError> {
+pub(crate) async fn dead_letters(at: Records<'_>, edge: Option<&str>) -> Result<Vec<DeadLetter>, SinkError> {
     let Records { stream, subject_prefix, .. } = at;
     let js = at.js().await?;
     let filter = format!("{subject_prefix}.{}.%dead", edge.map_or("*".to_owned(), crate::names::token));
@@ -118,7 +118,7 @@ pub async fn dead_letters(at: Records<'_>, edge: Option<&str>) -> Result<Vec<Dea
 /// acked each, deletes it; one connection for all. What JetStream still refuses stays where
 /// it is, and its error says why (raise the limit it names first). Each letter's outcome: the
 /// subject it went to, or why not.
-pub async fn replay(at: Records<'_>, seqs: &[u64]) -> Result<Vec<(u64, Result<String, SinkError>)>, SinkError> {
+pub(crate) async fn replay(at: Records<'_>, seqs: &[u64]) -> Result<Vec<(u64, Result<String, SinkError>)>, SinkError> {
     let stream = at.stream;
     let js = at.js().await?;
     let s = js.get_stream(stream).await.map_err(|e| SinkError::nats("replay", stream, &e))?;

@@ -53,7 +53,7 @@ use crate::sink::metrics::SinkMetrics;
 use crate::sink::quota::EdgeQuota;
 
 /// Whether `url` (one server or several, comma-separated) names servers a client can use.
-pub fn check_url(url: &str) -> Result<(), SinkError> {
+pub(crate) fn check_url(url: &str) -> Result<(), SinkError> {
     cluster::servers(url).map(drop)
 }
 
@@ -157,7 +157,7 @@ pub(in crate::sink) struct JsDown {
 
 impl JetStreamSink {
     /// Keeps each edge within `quota` from now on.
-    pub fn with_quota(mut self, quota: EdgeQuota) -> Self {
+    pub(crate) fn with_quota(mut self, quota: EdgeQuota) -> Self {
         self.quota = quota;
         self
     }

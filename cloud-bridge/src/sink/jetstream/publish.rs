@@ -33,7 +33,7 @@ pub enum BatchPublish {
 
 impl BatchPublish {
     /// As the config names it.
-    pub fn name(self) -> &'static str {
+    pub(crate) fn name(self) -> &'static str {
         match self {
             BatchPublish::Auto => "auto",
             BatchPublish::Fast => "fast",

@@ -8,7 +8,7 @@ use crate::sink::SinkError;
 use crate::sink::seen::Seen;
 
 /// The last `n` records stored (of `edge`, if given), oldest first.
-pub fn tail(path: &Path, edge: Option<&str>, n: usize) -> Result<Vec<Seen>, SinkError> {
+pub(crate) fn tail(path: &Path, edge: Option<&str>, n: usize) -> Result<Vec<Seen>, SinkError> {
     let conn = open_read_only(path)?;
     let mut stmt = conn
         .prepare(
@@ -38,7 +38,7 @@ pub fn tail(path: &Path, edge: Option<&str>, n: usize) -> Result<Vec<Seen>, Sink
 }
 
 /// Records stored per edge (messages and gap records together).
-pub fn count(path: &Path) -> Result<BTreeMap<String, u64>, SinkError> {
+pub(crate) fn count(path: &Path) -> Result<BTreeMap<String, u64>, SinkError> {
     let conn = open_read_only(path)?;
     let mut stmt =
         conn.prepare("SELECT edge_id, COUNT(*) FROM records GROUP BY edge_id").map_err(|e| sqlite("count", &e))?;

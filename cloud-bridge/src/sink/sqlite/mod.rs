@@ -72,7 +72,7 @@ impl SqliteSink {
     }
 
     /// Keeps each edge within `quota` from now on.
-    pub fn with_quota(mut self, quota: EdgeQuota) -> Self {
+    pub(crate) fn with_quota(mut self, quota: EdgeQuota) -> Self {
         self.quota = quota;
         self
     }

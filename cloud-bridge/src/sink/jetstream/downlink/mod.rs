@@ -154,7 +154,7 @@ async fn summary(
 
 /// The downlink summary of the sink at `url`, read without creating anything (for `edges
 /// list`): empty where no bridge made the downlink's stream yet.
-pub async fn summary_from(url: &str, s: &DownSettings) -> Result<Vec<DownSummary>, SinkError> {
+pub(crate) async fn summary_from(url: &str, s: &DownSettings) -> Result<Vec<DownSummary>, SinkError> {
     let client = super::client(url, Duration::from_secs(10)).await?;
     let js = jetstream::new(client);
     let (Ok(stream), Ok(positions)) = (js.get_stream(&s.stream).await, js.get_key_value(&s.bucket).await) else {
@@ -213,7 +213,11 @@ async fn dead_letters(
 }
 
 /// The newest `limit` downlink dead letters of the sink at `url`, read without creating anything.
-pub async fn dead_letters_from(url: &str, s: &DownSettings, limit: usize) -> Result<Vec<DownDeadLetter>, SinkError> {
+pub(crate) async fn dead_letters_from(
+    url: &str,
+    s: &DownSettings,
+    limit: usize,
+) -> Result<Vec<DownDeadLetter>, SinkError> {
     let client = super::client(url, Duration::from_secs(10)).await?;
     let Ok(stream) = jetstream::new(client).get_stream(&s.stream).await else { return Ok(Vec::new()) };
     dead_letters(&stream, &s.subject_prefix, None, limit).await

@@ -56,29 +56,29 @@ pub(super) struct PositionDoc {
 
 impl PositionDoc {
     /// Whether the edge's seqs are counted in `now` (a document without a stream takes it).
-    pub fn counts_in(&self, now: &StreamNow) -> bool {
+    pub(crate) fn counts_in(&self, now: &StreamNow) -> bool {
         self.stream.as_ref().is_none_or(|s| *s == now.id)
     }
 
     /// The edge's seq of the stream's sequence `q`.
-    pub fn edge_seq(&self, q: u64) -> u64 {
+    pub(crate) fn edge_seq(&self, q: u64) -> u64 {
         self.base.saturating_add(q)
     }
 
     /// The stream's sequence of the edge's seq `seq`, if the stream can hold it.
-    pub fn stream_seq(&self, seq: u64) -> Option<u64> {
+    pub(crate) fn stream_seq(&self, seq: u64) -> Option<u64> {
         seq.checked_sub(self.base).filter(|q| *q > 0)
     }
 
     /// The first stream sequence after the edge's seq `seq`.
-    pub fn stream_after(&self, seq: u64) -> u64 {
+    pub(crate) fn stream_after(&self, seq: u64) -> u64 {
         seq.saturating_sub(self.base) + 1
     }
 
     /// Counts the edge's seqs in `now`; `held`: the furthest seq the edge holds, known only to
     /// its session. True if the document changed (and must be written before any seq it
     /// maps is handed out). See the module doc.
-    pub fn settle(&mut self, now: &StreamNow, held: Option<u64>) -> bool {
+    pub(crate) fn settle(&mut self, now: &StreamNow, held: Option<u64>) -> bool {
         let mut changed = false;
         match (&self.stream, held) {
             (None, _) => {
@@ -102,12 +102,12 @@ impl PositionDoc {
     }
 
     /// The seq a send with `id` stored, if it is among those kept and not older than `since_ms`.
-    pub fn sent(&self, id: &str, since_ms: u64) -> Option<u64> {
+    pub(crate) fn sent(&self, id: &str, since_ms: u64) -> Option<u64> {
         self.ids.iter().find(|(i, _, at)| i == id && *at >= since_ms).map(|(_, seq, _)| *seq)
     }
 
     /// Keeps `id` as stored at `seq`, forgetting ids older than `since_ms` and past `keep`.
-    pub fn keep_id(&mut self, id: &str, seq: u64, now_ms: u64, since_ms: u64, keep: usize) {
+    pub(crate) fn keep_id(&mut self, id: &str, seq: u64, now_ms: u64, since_ms: u64, keep: usize) {
         self.ids.retain(|(i, _, at)| i != id && *at >= since_ms);
         self.ids.push((id.to_owned(), seq, now_ms));
         let over = self.ids.len().saturating_sub(keep);
@@ -115,7 +115,7 @@ impl PositionDoc {
     }
 
     /// Whether the stream's sequence `q` is past the seqs an edge may have.
-    pub fn past_max(&self, q: u64) -> bool {
+    pub(crate) fn past_max(&self, q: u64) -> bool {
         self.edge_seq(q) > MAX_SEQ
     }
 }

@@ -32,7 +32,7 @@ pub(super) struct RawDown {
 
 impl RawDown {
     /// Why this message cannot be an MQTT message, as far as its bytes go.
-    pub fn problem(&self) -> Option<String> {
+    pub(crate) fn problem(&self) -> Option<String> {
         if self.subject.contains(char::REPLACEMENT_CHARACTER) {
             return Some("its subject is not UTF-8 (or holds U+FFFD, which `send` never writes)".into());
         }
