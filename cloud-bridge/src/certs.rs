@@ -14,6 +14,7 @@ use rcgen::{
 };
 
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum CertError {
     #[error("{0} exists; pass --force to replace the whole PKI")]
     Exists(PathBuf),

@@ -65,6 +65,7 @@ fn default_level() -> String {
 }
 
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum ConfigError {
     #[error("cannot read {path}: {source}")]
     Read {

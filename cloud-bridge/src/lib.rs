@@ -26,6 +26,7 @@ use crate::config::{CloudConfig, SinkConfig};
 use crate::metrics::Metrics;
 
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum StartError {
     #[error(transparent)]
     Server(#[from] server::ServerError),

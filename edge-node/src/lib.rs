@@ -54,6 +54,7 @@ use crate::tls::TlsError;
 use crate::uplink::UplinkMetrics;
 
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum StartError {
     #[error(transparent)]
     Listener(#[from] front::BindError),
@@ -80,6 +81,7 @@ pub enum StartError {
 }
 
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum ReloadError {
     #[error(transparent)]
     Auth(#[from] AuthError),

@@ -26,6 +26,7 @@ pub(crate) const MAX_CHUNKS: usize = 1 << 16;
 pub(crate) const MAX_MANIFEST_BYTES: usize = 4 << 20;
 
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum ModelError {
     #[error("reading the model: {0}")]
     Io(#[from] std::io::Error),
@@ -203,6 +204,8 @@ pub fn chunk<R: Read, E>(
     Ok(refs)
 }
 
+/// Either side of chunking failed: the file read, or the caller's `each` (two cases a caller
+/// tells apart, so it is exhaustive).
 #[derive(Debug, thiserror::Error)]
 pub enum ChunkError<E> {
     #[error("reading the model: {0}")]

@@ -44,6 +44,7 @@ pub struct Flags {
 }
 
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum SendError {
     /// A flag the message cannot be made from.
     #[error("{0}")]

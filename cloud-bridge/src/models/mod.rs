@@ -18,6 +18,7 @@ use serde::Serialize;
 use shared::model::{ChunkError, Manifest, SignedManifest, SigningKey};
 
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum StoreError {
     #[error("model store {what}: {reason}")]
     Failed { what: &'static str, reason: String },

@@ -29,6 +29,7 @@ use config::ServerConfig;
 use metrics::{ReasonLabel, SessionMetrics as Metrics};
 
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum ServerError {
     #[error(transparent)]
     Tls(#[from] shared::tls::TlsError),

@@ -3,6 +3,7 @@
 /// Why a sink call failed, by kind, with the sink's own code where it gave one. `what` names
 /// the call (`mark`, `read dicts`, ...); `key` what it was about, where there is one.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum SinkError {
     /// No answer: the connection is down, a request timed out, no server responded. The
     /// moment's; a write is retried ([`Retry`]).

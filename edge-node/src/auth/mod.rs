@@ -74,6 +74,7 @@ impl AuthConfig {
 }
 
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum AuthError {
     #[error("cannot read {path}: {source}")]
     Read {

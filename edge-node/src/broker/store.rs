@@ -52,6 +52,7 @@ mod backlog;
 pub use backlog::{Backlog, MAX_PENDING_BYTES, MAX_PENDING_OPS, StoreHealth, backlog_bytes, within_bounds};
 
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum StoreError {
     #[error("session store {path}: {source}")]
     Sqlite {

@@ -6,6 +6,7 @@ use super::EdgeConfig;
 use shared::check::{Problem, Problems};
 
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum ConfigError {
     #[error("cannot read config file {path}: {source}")]
     Read {

@@ -14,6 +14,7 @@ use crate::tls::TlsError;
 
 /// Why a listener did not start.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum BindError {
     #[error("listener {name:?} cannot bind {addr}: {source}")]
     Bind {

@@ -27,6 +27,7 @@ use serde::{Deserialize, Serialize};
 use shared::model::{ChunkRef, Manifest, ModelError, SignedManifest, verify_chunk};
 
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum StageError {
     #[error(transparent)]
     Model(#[from] ModelError),

@@ -220,6 +220,7 @@ pub struct Refused {
 }
 
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum SpoolError {
     #[error("spool database {path}: {source}")]
     Sqlite {

@@ -20,6 +20,7 @@ pub(crate) fn dir(spool: &Path) -> PathBuf {
 
 /// Why a file could not be queued.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum RecoverError {
     #[error(transparent)]
     Spool(#[from] SpoolError),

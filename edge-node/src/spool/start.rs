@@ -9,6 +9,7 @@ use super::{SpoolConfig, SpoolError, SpoolWriter, WriterMetrics};
 
 /// Why the spool did not start.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum StartError {
     #[error(transparent)]
     Spool(#[from] SpoolError),

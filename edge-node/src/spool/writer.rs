@@ -26,6 +26,7 @@ pub(crate) type DynSpool = Spool<Box<dyn Storage + Send>>;
 
 /// Why a read or an ack of the spool failed.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum ReadError {
     #[error(transparent)]
     Stopped(#[from] AppendError),
@@ -35,6 +36,7 @@ pub enum ReadError {
 
 /// Why a `full` append got no PUBACK.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
 pub enum AppendError {
     #[error("spool budget full: the message was refused")]
     Refused,

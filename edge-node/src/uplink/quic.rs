@@ -13,6 +13,7 @@ use super::UplinkConfig;
 use super::core::EndKind;
 
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum UplinkSetupError {
     #[error("uplink: {0}")]
     Tls(#[from] TlsError),
@@ -60,6 +61,7 @@ pub(crate) fn server_name(config: &UplinkConfig, server: &str) -> String {
 
 /// Why a pass's batches could not be written.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum SendError {
     #[error("connection lost: {0}")]
     Connection(#[from] quinn::ConnectionError),

@@ -85,6 +85,7 @@ pub enum EdgeEvent {
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
 pub enum SessionError {
     #[error("the cloud refused this edge: {0}")]
     Refused(String),

@@ -9,6 +9,7 @@ use super::ProtoError;
 use super::codec::{self, HEADER};
 
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum FrameIoError {
     #[error(transparent)]
     Proto(#[from] ProtoError),

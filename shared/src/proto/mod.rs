@@ -459,6 +459,7 @@ pub struct Batch {
 
 /// Protocol errors, each naming what was wrong.
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum ProtoError {
     #[error("frame of {len} bytes is over the {max} byte limit")]
     FrameTooLarge { len: usize, max: usize },

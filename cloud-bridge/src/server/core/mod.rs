@@ -49,6 +49,7 @@ pub struct Publish<H> {
 
 /// Why the core ended the session.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum CoreError {
     /// The edge broke the protocol or was refused (`label`: the `connections_refused` reason
     /// of a refusal the bridge decided): send what is queued for it, then end.

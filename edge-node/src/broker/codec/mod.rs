@@ -37,6 +37,7 @@ pub enum Version {
 
 /// Why a frame could not be taken, with the reason code it is answered with (MQTT 5 §2.4).
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
 pub enum DecodeError {
     #[error("malformed packet: {0}")]
     Malformed(&'static str),

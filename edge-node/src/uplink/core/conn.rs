@@ -46,6 +46,7 @@ pub enum Io {
 
 /// Why the connection must end.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum ConnError {
     #[error(transparent)]
     Session(#[from] SessionError),
