@@ -84,23 +84,12 @@ impl Bridge {
         let endpoint = server::endpoint(&config.server, |t| config.limits.apply(t))?;
         let quic_addr =
             endpoint.local_addr().map_err(|source| server::ServerError::Bind { addr: config.server.bind, source })?;
-        let http = match config.http.bind {
-            Some(addr) => Some(
-                tokio::net::TcpListener::bind(addr).await.map_err(|source| StartError::HttpBind { addr, source })?,
-            ),
-            None => None,
-        };
+        let http = bind_http(config.http.bind).await?;
         let http_addr = http.as_ref().and_then(|l| l.local_addr().ok());
-        let models = match &config.models {
-            Some(m) => {
-                let store = Box::pin(models::open(config.models.as_ref(), config.sink.nats_url()))
-                    .await
-                    .map_err(|e| StartError::Models(e.to_string()))?;
-                tracing::info!(store = m.store.name(), "model store open");
-                Some(Arc::new(models::serve::ModelService::new(Arc::new(store), m.poll.0, metrics.models.clone())))
-            }
-            None => None,
-        };
+        let models =
+            models::serve::ModelService::start(config.models.as_ref(), config.sink.nats_url(), metrics.models.clone())
+                .await
+                .map_err(|e| StartError::Models(e.to_string()))?;
         let tracer = shared::trace::Tracer::start(
             &config.tracing,
             "cloud-bridge",
@@ -113,16 +102,7 @@ impl Bridge {
         let parts = Parts {
             endpoint,
             server: Arc::new(config.server.clone()),
-            limits: server::Limits {
-                admission: limits::Admission::new(&config.limits, metrics.limits.clone(), std::time::Instant::now()),
-                budget: limits::Budget::new(&config.limits, metrics.limits.clone()),
-                stall: config.limits.stall.0,
-                log: Arc::new(limits::LogBudget::new(
-                    &config.limits,
-                    metrics.limits.clone(),
-                    std::time::Instant::now(),
-                )),
-            },
+            limits: server_limits(&config.limits, &metrics),
             services: server::Services {
                 models,
                 fleet: recorder,
@@ -243,4 +223,22 @@ impl Drop for Bridge {
         self.shutdown.cancel();
         self.fleet_stop.cancel();
     }
+}
+
+/// What the accept loop admits and what a connection may hold, from `[limits]`.
+fn server_limits(config: &limits::LimitsConfig, metrics: &Metrics) -> server::Limits {
+    let now = std::time::Instant::now();
+    server::Limits {
+        admission: limits::Admission::new(config, metrics.limits.clone(), now),
+        budget: limits::Budget::new(config, metrics.limits.clone()),
+        stall: config.stall.0,
+        log: Arc::new(limits::LogBudget::new(config, metrics.limits.clone(), now)),
+    }
+}
+
+/// The HTTP endpoint's socket, if `[http]` names one.
+async fn bind_http(bind: Option<SocketAddr>) -> Result<Option<tokio::net::TcpListener>, StartError> {
+    let Some(addr) = bind else { return Ok(None) };
+    let listener = tokio::net::TcpListener::bind(addr).await.map_err(|source| StartError::HttpBind { addr, source })?;
+    Ok(Some(listener))
 }

@@ -36,6 +36,19 @@ pub(crate) struct ModelService {
 }
 
 impl ModelService {
+    /// The service `[models]` asks for, its store opened (`super::open`: on the sink's servers
+    /// when it names none), or none without `[models]`.
+    pub(crate) async fn start(
+        config: Option<&super::config::ModelsConfig>,
+        sink_nats: Option<&str>,
+        metrics: Arc<ServeMetrics>,
+    ) -> Result<Option<Arc<Self>>, StoreError> {
+        let Some(m) = config else { return Ok(None) };
+        let store = Box::pin(super::open(Some(m), sink_nats)).await?;
+        tracing::info!(store = m.store.name(), "model store open");
+        Ok(Some(Arc::new(Self::new(Arc::new(store), m.poll.0, metrics))))
+    }
+
     pub(crate) fn new(store: Arc<Store>, poll: Duration, metrics: Arc<ServeMetrics>) -> Self {
         Self { store, poll, listing: tokio::sync::Mutex::new(None), metrics }
     }
