@@ -1,6 +1,7 @@
 //! Config fragments the tests share, so a topic class is spelled in one place: the `[spool]`
 //! section in the test's own directory and the `[[class]]` blocks the tests route by.
 
+use shared::proto::Seq;
 use std::fmt;
 
 /// `[spool]` with the database in the test's directory.
@@ -89,7 +90,7 @@ pub fn with_spool(list: &[Class]) -> String {
 /// A `telemetry` QoS 1 record at `seq` as an edge sends it up, with no MQTT properties.
 pub fn wire_record(seq: u64, topic: &str, payload: impl Into<Vec<u8>>) -> shared::proto::WireRecord {
     shared::proto::WireRecord::message(
-        seq,
+        Seq(seq),
         shared::proto::WireMessage {
             class: "telemetry".into(),
             topic: topic.into(),

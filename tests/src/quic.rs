@@ -5,6 +5,7 @@ use std::path::Path;
 use std::sync::Arc;
 
 use quinn::crypto::rustls::QuicClientConfig;
+use shared::proto::{Lane, Seq};
 
 /// Connects to a bridge with the given client certificate; the error as text if refused.
 pub async fn connect(addr: SocketAddr, ca: &Path, cert: &Path, key: &Path) -> Result<quinn::Connection, String> {
@@ -130,7 +131,7 @@ pub async fn next_control(recv: &mut quinn::RecvStream) -> Option<shared::proto:
 pub fn empty_pairs_record(pairs: u32) -> Vec<u8> {
     use shared::proto::{WireMessage, WireRecord};
     let one = vec![WireRecord::message(
-        1,
+        Seq(1),
         WireMessage {
             class: "telemetry".into(),
             topic: "t".into(),
@@ -162,9 +163,9 @@ pub fn empty_pairs_record(pairs: u32) -> Vec<u8> {
 pub fn zstd_batch(raw: &[u8]) -> shared::proto::Batch {
     shared::proto::Batch {
         epoch: String::new(),
-        lane: 0,
-        first_seq: 1,
-        last_seq: 1,
+        lane: Lane(0),
+        first_seq: Seq(1),
+        last_seq: Seq(1),
         codec: shared::proto::Codec::Zstd,
         dict: None,
         raw_len: raw.len() as u64,

@@ -20,6 +20,7 @@ use edge_node::uplink::pack::Packer;
 use edge_node::uplink::quic::PassWriter;
 use edge_node::uplink::reach::Prober;
 use rand::Rng;
+use shared::proto::Seq;
 use shared::proto::down::DownOutcome;
 use shared::proto::edge::{EdgeEvent, EdgeSession, SessionError};
 use shared::proto::io::{spawn_reader, write_frame};
@@ -153,7 +154,7 @@ impl SimSpool {
         let mut payload = format!("{{\"seq\":{seq},\"temp_c\":41.{},\"fps\":29.97}}", seq % 10).into_bytes();
         payload.resize(self.payload.max(payload.len()), b' ');
         WireRecord::message(
-            seq,
+            Seq(seq),
             WireMessage {
                 class: "telemetry".into(),
                 topic: format!("telemetry/cam-{}/metrics", seq % 4),
@@ -423,7 +424,7 @@ impl SimEdge {
             let packed = edge.packer.pack(&mut edge.session, read, records, Instant::now()).await?;
             let batch = &packed.batch;
             writer.batch(conn, batch, policy.is_full(packed.records)).await?;
-            edge.session.sent(read.lane, batch.first_seq, batch.last_seq, Instant::now())?;
+            edge.session.sent(read.lane, batch.first_seq.0, batch.last_seq.0, Instant::now())?;
         }
         writer.finish(conn).await?;
         Ok(())

@@ -27,7 +27,7 @@ impl SinkSpans {
             .iter()
             .filter_map(|r| match &r.body {
                 RecordBody::Message(m) if !m.user_properties.is_empty() => {
-                    tracer.continued(Stage::Sink, &m.user_properties).map(|p| (p, r.seq, m.topic.clone()))
+                    tracer.continued(Stage::Sink, &m.user_properties).map(|p| (p, r.seq.0, m.topic.clone()))
                 }
                 _ => None,
             })

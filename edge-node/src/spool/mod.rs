@@ -107,18 +107,12 @@ use bytes::Bytes;
 
 pub use config::SpoolConfig;
 pub use integrity::CheckState;
+/// A lane and a record's seq in it, as the protocol has them.
+pub use shared::proto::{Lane, Seq};
 pub use sink::{Misfit, SinkFit};
 pub use sqlite::SqliteStorage;
 pub use start::{StartError, start};
 pub use writer::{AppendError, Heads, ReadError, SpoolFigures, SpoolWriter, WriterMetrics};
-
-/// A priority lane. Lower numbers drain first.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub struct Lane(pub u8);
-
-/// A record's position in its lane.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub struct Seq(pub u64);
 
 /// How far a committed batch survives.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Default)]

@@ -237,6 +237,7 @@ impl DictBook {
 mod tests {
     use super::*;
     use shared::proto::WireMessage;
+    use shared::proto::{Lane, Seq};
 
     fn record(seq: u64, class: &str) -> WireRecord {
         let payload = format!(
@@ -248,7 +249,7 @@ mod tests {
             seq % 3
         );
         WireRecord::message(
-            seq,
+            Seq(seq),
             WireMessage {
                 class: class.into(),
                 topic: format!("telemetry/cam-{}/metrics", seq % 7),
@@ -313,8 +314,8 @@ mod tests {
         assert!(book.choose(&records[..20]).dict.is_some());
 
         // It pays: a short batch is smaller with the dictionary than without.
-        let with = compress::pack("e", 0, 1, &records[..20], Some(dict.on(2)), 3).unwrap();
-        let without = compress::pack("e", 0, 1, &records[..20], None, 3).unwrap();
+        let with = compress::pack("e", Lane(0), Seq(1), &records[..20], Some(dict.on(2)), 3).unwrap();
+        let without = compress::pack("e", Lane(0), Seq(1), &records[..20], None, 3).unwrap();
         assert!(with.body.len() * 4 < without.body.len() * 3, "{} vs {} bytes", with.body.len(), without.body.len());
     }
 
@@ -333,8 +334,9 @@ mod tests {
         let text = String::from_utf8_lossy(&dict.bytes);
         assert!(text.contains("telemetry/cam-3/metrics") && text.contains("cam-5"), "{text:?}");
         let columns = Some(Format::V2);
-        let with = compress::pack_as("e", 0, 100, &records[99..149], Some(dict.on(7)), (3, columns)).unwrap();
-        let without = compress::pack_as("e", 0, 100, &records[99..149], None, (3, columns)).unwrap();
+        let with =
+            compress::pack_as("e", Lane(0), Seq(100), &records[99..149], Some(dict.on(7)), (3, columns)).unwrap();
+        let without = compress::pack_as("e", Lane(0), Seq(100), &records[99..149], None, (3, columns)).unwrap();
         assert!(with.body.len() < without.body.len(), "{} vs {} bytes", with.body.len(), without.body.len());
         let dicts = HashMap::from([(dict.id.clone(), dict.bytes.clone())]);
         assert_eq!(compress::unpack(&with, &dicts, 1 << 20).unwrap(), &records[99..149]);

@@ -511,7 +511,7 @@ impl Uplink {
                 let batch = &packed.batch;
                 let frame = writer.batch(conn, batch, core.is_full(packed.records)).await?;
                 self.metrics.frame_bytes.inc_by(frame as u64);
-                core.handle_sent(session, read.lane, batch.first_seq, batch.last_seq, Instant::now())?;
+                core.handle_sent(session, read.lane, batch.first_seq.0, batch.last_seq.0, Instant::now())?;
                 self.metrics.in_flight.set(session.in_flight() as i64);
             }
             writer.finish(conn).await?;
@@ -624,8 +624,8 @@ impl Uplink {
         }
         if packed.refused > 0 {
             tracing::warn!(
-                lane = batch.lane,
-                seq = batch.first_seq,
+                lane = batch.lane.0,
+                seq = batch.first_seq.0,
                 "record too costly to decode for any bridge; sent as a refused gap"
             );
             self.metrics.records_refused.inc_by(packed.refused);
@@ -637,7 +637,7 @@ impl Uplink {
         self.metrics.records.inc_by(packed.records as u64);
         self.metrics.bytes_raw.inc_by(batch.raw_len);
         self.metrics.bytes_sent.inc_by(batch.body.len() as u64);
-        let label = LaneLabel { lane: batch.lane };
+        let label = LaneLabel { lane: batch.lane.0 };
         handle(&self.metrics.lane_raw, &label).inc_by(batch.raw_len);
         handle(&self.metrics.lane_sent, &label).inc_by(batch.body.len() as u64);
         self.link.sent(&packed.classes, batch.body.len() as u64);
@@ -684,7 +684,7 @@ async fn sleep_until(deadline: Option<tokio::time::Instant>) {
 pub fn into_wire(r: Record) -> WireRecord {
     match r.body {
         Body::Message(m) => WireRecord::message(
-            r.seq.0,
+            r.seq,
             WireMessage {
                 class: m.class,
                 topic: m.topic,
@@ -699,7 +699,7 @@ pub fn into_wire(r: Record) -> WireRecord {
             },
         ),
         Body::Gap(g) => {
-            WireRecord::gap(r.seq.0, WireGap { class: g.class, reason: g.reason, ranges: g.ranges, count: g.count })
+            WireRecord::gap(r.seq, WireGap { class: g.class, reason: g.reason, ranges: g.ranges, count: g.count })
         }
     }
 }

@@ -10,7 +10,7 @@ use std::time::Instant;
 use shared::proto::columns::{NoShapes, Shapes};
 use shared::proto::compress::{self, Dict, DictRef};
 use shared::proto::edge::EdgeSession;
-use shared::proto::{Batch, GapReason, ProtoError, WireGap, WireRecord};
+use shared::proto::{Batch, GapReason, Lane, ProtoError, Seq, WireGap, WireRecord};
 
 use super::core::Read;
 use super::dict::{DictBook, DictSettings};
@@ -82,8 +82,14 @@ impl Packer {
             session.announce_dict(announce);
         }
         let columns = shared::proto::columns::Format::of_version(session.version());
-        let (batch, refused) =
-            pack_within_cost(read.lane, read.after + 1, &mut wire, choice.dict, (self.level, columns), &*self.shapes)?;
+        let (batch, refused) = pack_within_cost(
+            Lane(read.lane),
+            Seq(read.after + 1),
+            &mut wire,
+            choice.dict,
+            (self.level, columns),
+            &*self.shapes,
+        )?;
         let classes = class_bytes(&wire);
         Ok(Packed { batch, records: wire.len(), refused, trained, announced, classes })
     }
@@ -92,8 +98,8 @@ impl Packer {
 /// The batch of `wire`'s first records from `first` on; `wire` is cut to what it holds.
 /// Returns the batch and how many records went as refused gap records.
 pub fn pack_within_cost(
-    lane: u8,
-    first: u64,
+    lane: Lane,
+    first: Seq,
     wire: &mut Vec<WireRecord>,
     dict: Option<DictRef<'_>>,
     (level, columns): (i32, Option<shared::proto::columns::Format>),
@@ -109,7 +115,7 @@ pub fn pack_within_cost(
                 let gap = WireGap {
                     class: wire[0].class().to_owned(),
                     reason: GapReason::Refused,
-                    ranges: vec![(seq, seq)],
+                    ranges: vec![(seq.0, seq.0)],
                     count: 1,
                 };
                 wire[0] = WireRecord::gap(seq, gap);
@@ -127,7 +133,7 @@ mod tests {
 
     fn message(seq: u64, empty_properties: usize) -> WireRecord {
         WireRecord::message(
-            seq,
+            Seq(seq),
             WireMessage {
                 class: "telemetry".into(),
                 topic: "t".into(),
@@ -148,15 +154,15 @@ mod tests {
         // 8 messages of 40,000 empty pairs each: ~1 MB of CBOR, ~35 MB of bound, too much for
         // one batch together.
         let mut wire: Vec<WireRecord> = (1..=8).map(|s| message(s, 40_000)).collect();
-        let (batch, refused) = pack_within_cost(0, 1, &mut wire, None, (1, None), &NoShapes).unwrap();
+        let (batch, refused) = pack_within_cost(Lane(0), Seq(1), &mut wire, None, (1, None), &NoShapes).unwrap();
         assert_eq!(refused, 0);
         assert!(wire.len() < 8 && !wire.is_empty(), "{} records kept", wire.len());
         assert_eq!(batch.last_seq, wire.last().unwrap().seq);
 
         // One message of 200,000 empty pairs cannot go at all: the cloud gets a gap for it.
         let mut wire = vec![message(9, 200_000), message(10, 0)];
-        let (batch, refused) = pack_within_cost(0, 9, &mut wire, None, (1, None), &NoShapes).unwrap();
-        assert_eq!((refused, wire.len(), batch.first_seq, batch.last_seq), (1, 1, 9, 9));
+        let (batch, refused) = pack_within_cost(Lane(0), Seq(9), &mut wire, None, (1, None), &NoShapes).unwrap();
+        assert_eq!((refused, wire.len(), batch.first_seq, batch.last_seq), (1, 1, Seq(9), Seq(9)));
         let gap = wire[0].as_gap().unwrap();
         assert_eq!(
             (gap.class.as_str(), gap.reason.as_str(), gap.ranges.as_slice()),

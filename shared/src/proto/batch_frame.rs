@@ -28,7 +28,7 @@
 //! sender uses this one only once the Welcome chose version 4 or later.
 
 use super::varint::put as put_varint;
-use super::{Batch, Codec, ProtoError, codec};
+use super::{Batch, Codec, Lane, ProtoError, Seq, codec};
 
 /// The first byte of a version 4 batch frame's body.
 pub(crate) const BINARY_BATCH: u8 = 0x04;
@@ -75,17 +75,18 @@ pub fn head(batch: &Batch, version: u16) -> Result<Vec<u8>, ProtoError> {
         _ => text.as_bytes().to_vec(),
     };
     let (epoch, dict) = (short("an epoch", batch.epoch.len())?, short("a dictionary id", dict_bytes.len())?);
-    let mut fields = vec![batch.lane, codec_byte(batch.codec)];
+    let mut fields = vec![batch.lane.0, codec_byte(batch.codec)];
     if compact {
         let count = batch
             .last_seq
-            .checked_sub(batch.first_seq)
+            .0
+            .checked_sub(batch.first_seq.0)
             .ok_or_else(|| ProtoError::Encode(format!("batch {}..={}", batch.first_seq, batch.last_seq)))?;
-        for n in [batch.first_seq, count, batch.raw_len] {
+        for n in [batch.first_seq.0, count, batch.raw_len] {
             put_varint(&mut fields, n);
         }
     } else {
-        for n in [batch.first_seq, batch.last_seq, batch.raw_len] {
+        for n in [batch.first_seq.0, batch.last_seq.0, batch.raw_len] {
             fields.extend_from_slice(&n.to_be_bytes());
         }
     }
@@ -166,6 +167,7 @@ pub fn decode_head(frame: &[u8]) -> Result<Option<(Batch, usize)>, ProtoError> {
         b => Some(text("dictionary id", b)?),
     };
     // What is left of the head is a later version's: skipped.
+    let (lane, first_seq, last_seq) = (Lane(lane), Seq(first_seq), Seq(last_seq));
     let batch = Batch { epoch, lane, first_seq, last_seq, codec, dict, raw_len, body: Vec::new() };
     Ok(Some((batch, at)))
 }
@@ -209,9 +211,9 @@ mod tests {
     fn batch() -> Batch {
         Batch {
             epoch: "00112233445566778899aabbccddeeff".into(),
-            lane: 7,
-            first_seq: 1 << 40,
-            last_seq: (1 << 40) + 99,
+            lane: Lane(7),
+            first_seq: Seq(1 << 40),
+            last_seq: Seq((1 << 40) + 99),
             codec: Codec::Zstd,
             dict: Some("ab".repeat(32)),
             raw_len: 123_456,
@@ -285,7 +287,7 @@ mod tests {
         for cut in 1..at {
             assert!(decode_head(&compact[..cut]).is_err(), "a head cut at {cut}");
         }
-        let far = Batch { first_seq: u64::MAX - 1, last_seq: u64::MAX, ..b.clone() };
+        let far = Batch { first_seq: Seq(u64::MAX - 1), last_seq: Seq(u64::MAX), ..b.clone() };
         let mut over = encode(&far, 7).unwrap()[codec::HEADER..].to_vec();
         let count_at = 2 + 2 + 10;
         assert_eq!(over[count_at], 1, "the distance to the last seq");

@@ -225,7 +225,7 @@ pub(crate) fn decoded_heap(records: &[WireRecord]) -> usize {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::proto::{GapReason, RecordBody, WireGap, WireMessage};
+    use crate::proto::{GapReason, RecordBody, Seq, WireGap, WireMessage};
     use proptest::prelude::*;
 
     fn cbor<T: serde::Serialize>(value: &T) -> Vec<u8> {
@@ -257,7 +257,7 @@ mod tests {
             ranges,
         });
         let body = prop_oneof![message.prop_map(RecordBody::Message), gap.prop_map(RecordBody::Gap)];
-        (any::<u64>(), body).prop_map(|(seq, body)| WireRecord { seq, body })
+        (any::<u64>(), body).prop_map(|(seq, body)| WireRecord { seq: Seq(seq), body })
     }
 
     #[test]
@@ -302,7 +302,7 @@ mod tests {
     fn empty_user_property_pairs_are_charged_for_what_they_decode_to() {
         let pairs = vec![(String::new(), String::new()); 10_000];
         let records = vec![WireRecord::message(
-            1,
+            Seq(1),
             WireMessage {
                 class: "c".into(),
                 topic: "t".into(),
@@ -326,7 +326,7 @@ mod tests {
     fn a_walk_with_a_limit_stops_past_it() {
         let records = vec![
             WireRecord::gap(
-                1,
+                Seq(1),
                 WireGap { class: "c".into(), reason: GapReason::Refused, ranges: vec![(1, 1); 1000], count: 1 }
             );
             50

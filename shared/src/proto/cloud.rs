@@ -21,8 +21,8 @@ use std::collections::{BTreeMap, HashMap, VecDeque};
 use super::down::{DownAck, MAX_DOWN_REPORT, MAX_REFUSAL_REASON};
 use super::edge::{SessionError, name};
 use super::{
-    Ack, Batch, Control, DOWNLINK_VERSION, DictAnnounce, LaneSeq, MAX_DICT_BYTES, MAX_DICTS, SpoolReport, VERSIONS,
-    Welcome, negotiate,
+    Ack, Batch, Control, DOWNLINK_VERSION, DictAnnounce, Lane, LaneSeq, MAX_DICT_BYTES, MAX_DICTS, Seq, SpoolReport,
+    VERSIONS, Welcome, negotiate,
 };
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -215,7 +215,7 @@ impl CloudSession {
                         super::MAX_SEQ
                     )));
                 }
-                if let Some(bad) = h.lanes.iter().find(|l| l.seq == 0 || l.seq > super::MAX_SEQ) {
+                if let Some(bad) = h.lanes.iter().find(|l| l.seq.0 == 0 || l.seq.0 > super::MAX_SEQ) {
                     return Err(SessionError::Protocol(format!(
                         "hello says lane {} holds seqs from {}, outside 1..={}",
                         bad.lane,
@@ -225,7 +225,7 @@ impl CloudSession {
                 }
                 self.version = version;
                 self.epoch = Some(h.epoch.clone());
-                self.holds = h.lanes.iter().map(|l| (l.lane, l.seq)).collect();
+                self.holds = h.lanes.iter().map(|l| (l.lane.0, l.seq.0)).collect();
                 self.phase = CloudPhase::LookingUp;
                 if h.models.len() > super::MAX_MODELS {
                     return Err(SessionError::Protocol(format!(
@@ -256,7 +256,7 @@ impl CloudSession {
             Control::Pong { .. } | Control::Unknown => Ok(None),
             Control::Heads { lanes, spool } => {
                 for LaneSeq { lane, seq } in lanes {
-                    if self.heads.insert(lane, seq) != Some(seq) {
+                    if self.heads.insert(lane.0, seq.0) != Some(seq.0) {
                         self.changes += 1;
                     }
                 }
@@ -341,9 +341,9 @@ impl CloudSession {
     /// would stall the lane for good.
     pub fn welcome(&mut self, committed: Vec<LaneSeq>, dicts: Vec<String>) {
         for LaneSeq { lane, seq } in &committed {
-            let l = self.lanes.entry(*lane).or_default();
-            l.committed = *seq;
-            l.released = *seq;
+            let l = self.lanes.entry(lane.0).or_default();
+            l.committed = seq.0;
+            l.released = seq.0;
         }
         for (lane, low) in std::mem::take(&mut self.holds) {
             let l = self.lanes.entry(lane).or_default();
@@ -371,19 +371,20 @@ impl CloudSession {
                 self.epoch.as_deref().unwrap_or("")
             )));
         }
-        if batch.last_seq < batch.first_seq || batch.first_seq == 0 || batch.last_seq > super::MAX_SEQ {
+        let (first, last) = (batch.first_seq.0, batch.last_seq.0);
+        if last < first || first == 0 || last > super::MAX_SEQ {
             return Err(SessionError::Protocol(format!("batch seqs {}..={}", batch.first_seq, batch.last_seq)));
         }
-        let lane_id = batch.lane;
+        let lane_id = batch.lane.0;
         let lane = self.lanes.entry(lane_id).or_default();
-        if batch.last_seq <= lane.released {
+        if last <= lane.released {
             // A resend of what the sink has or is taking: re-ack what is committed.
             if lane.committed > 0 {
-                self.out.push_back(Control::Ack(Ack { lane: lane_id, up_to: lane.committed }));
+                self.out.push_back(Control::Ack(Ack { lane: Lane(lane_id), up_to: Seq(lane.committed) }));
             }
             return Ok(Vec::new());
         }
-        if batch.first_seq > lane.released + 1 {
+        if first > lane.released + 1 {
             if self.held >= self.max_held {
                 return Err(SessionError::Protocol(format!(
                     "more than {} batches ahead of a missing one (lane {lane_id} waits for seq {})",
@@ -391,22 +392,22 @@ impl CloudSession {
                     lane.released + 1
                 )));
             }
-            if lane.held.insert(batch.first_seq, batch).is_none() {
+            if lane.held.insert(first, batch).is_none() {
                 self.held += 1;
             }
             return Ok(Vec::new());
         }
         let mut released = vec![Release { skip_through: lane.released, batch }];
-        lane.released = released[0].batch.last_seq;
+        lane.released = last;
         while let Some(entry) = lane.held.first_entry() {
             if *entry.key() > lane.released + 1 {
                 break;
             }
             let next = entry.remove();
             self.held -= 1;
-            if next.last_seq > lane.released {
+            if next.last_seq.0 > lane.released {
                 let skip_through = lane.released;
-                lane.released = next.last_seq;
+                lane.released = next.last_seq.0;
                 released.push(Release { skip_through, batch: next });
             }
         }
@@ -424,7 +425,7 @@ impl CloudSession {
         if up_to > l.committed {
             l.committed = up_to;
             self.changes += 1;
-            self.out.push_back(Control::Ack(Ack { lane, up_to }));
+            self.out.push_back(Control::Ack(Ack { lane: Lane(lane), up_to: Seq(up_to) }));
         }
     }
 

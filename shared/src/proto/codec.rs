@@ -95,7 +95,7 @@ mod tests {
         Control::Hello(Hello {
             versions: vec![1, 2],
             epoch: "00ff".into(),
-            lanes: vec![LaneSeq { lane: 0, seq: 7 }],
+            lanes: vec![LaneSeq { lane: Lane(0), seq: Seq(7) }],
             models: vec!["yolo".into()],
             dicts: vec![],
             caps: vec!["zstd".into()],
@@ -106,9 +106,9 @@ mod tests {
     fn batch() -> Batch {
         Batch {
             epoch: "00ff".into(),
-            lane: 2,
-            first_seq: 10,
-            last_seq: 11,
+            lane: Lane(2),
+            first_seq: Seq(10),
+            last_seq: Seq(11),
             codec: Codec::Cbor,
             dict: None,
             raw_len: 3,
@@ -120,7 +120,7 @@ mod tests {
     fn frames_round_trip() {
         for frame in [
             hello(),
-            Control::Ack(Ack { lane: 1, up_to: 99 }),
+            Control::Ack(Ack { lane: Lane(1), up_to: Seq(99) }),
             Control::Refused { reason: "no".into() },
             Control::Ping { nonce: 5 },
         ] {
@@ -145,7 +145,7 @@ mod tests {
         let ours = encode(&batch()).unwrap();
         assert_eq!(&ours[HEADER..], &serde_cbor::to_vec(&batch()).unwrap()[..]);
         let record = WireRecord::message(
-            3,
+            Seq(3),
             WireMessage {
                 class: "telemetry".into(),
                 topic: "inference/yolo-edge/v3.2.1/cam-03".into(),
@@ -196,7 +196,7 @@ mod tests {
             added_in_v2: &'static str,
         }
         let bytes = encode(&NewerAck { r#type: "ack", lane: 1, up_to: 5, added_in_v2: "x" }).unwrap();
-        assert_eq!(decode_frame::<Control>(&bytes, 1024).unwrap(), Control::Ack(Ack { lane: 1, up_to: 5 }));
+        assert_eq!(decode_frame::<Control>(&bytes, 1024).unwrap(), Control::Ack(Ack { lane: Lane(1), up_to: Seq(5) }));
         #[derive(serde::Serialize)]
         struct Future {
             r#type: &'static str,
@@ -214,7 +214,7 @@ mod tests {
             r#type: &'static str,
             lanes: Vec<LaneSeq>,
         }
-        let lanes = vec![LaneSeq { lane: 2, seq: 9 }];
+        let lanes = vec![LaneSeq { lane: Lane(2), seq: Seq(9) }];
         let bytes = encode(&OldHeads { r#type: "heads", lanes: lanes.clone() }).unwrap();
         assert_eq!(
             decode_frame::<Control>(&bytes, 1024).unwrap(),

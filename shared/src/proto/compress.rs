@@ -8,7 +8,7 @@ use std::collections::HashMap;
 use std::io::Read;
 
 use super::columns::{Format, NoShapes, Shapes};
-use super::{Batch, Codec, MAX_BATCH_COST, ProtoError, WireRecord, codec};
+use super::{Batch, Codec, Lane, MAX_BATCH_COST, ProtoError, Seq, WireRecord, codec};
 
 /// Bodies shorter than this are sent as plain CBOR: zstd's frame header would eat the gain.
 const MIN_COMPRESS: usize = 128;
@@ -97,8 +97,8 @@ pub fn train_columns(class: &str, samples: &[Vec<u8>], max_size: usize) -> Resul
 /// later seq accounts for them).
 pub fn pack(
     epoch: &str,
-    lane: u8,
-    first: u64,
+    lane: Lane,
+    first: Seq,
     records: &[WireRecord],
     dict: Option<DictRef<'_>>,
     level: i32,
@@ -115,8 +115,8 @@ const BOTH_WAYS_UP_TO: usize = 64;
 /// [`Format::of_version`]) unless rows come out smaller.
 pub fn pack_as(
     epoch: &str,
-    lane: u8,
-    first: u64,
+    lane: Lane,
+    first: Seq,
     records: &[WireRecord],
     dict: Option<DictRef<'_>>,
     (level, columns): (i32, Option<Format>),
@@ -126,7 +126,7 @@ pub fn pack_as(
 
 /// [`pack_as`], binary payloads taken apart as `shapes` walks them in format 3.
 pub fn pack_shaped(
-    (epoch, lane, first): (&str, u8, u64),
+    (epoch, lane, first): (&str, Lane, Seq),
     records: &[WireRecord],
     dict: Option<DictRef<'_>>,
     (level, columns): (i32, Option<Format>),
@@ -144,7 +144,7 @@ pub fn pack_shaped(
 
 /// One body of `records`: (epoch, lane, first seq), (zstd level, the column format or rows).
 fn pack_one(
-    (epoch, lane, first): (&str, u8, u64),
+    (epoch, lane, first): (&str, Lane, Seq),
     records: &[WireRecord],
     dict: Option<DictRef<'_>>,
     (level, columns): (i32, Option<Format>),
@@ -290,20 +290,21 @@ fn within_cost(cost: usize) -> Result<(), ProtoError> {
     Ok(())
 }
 
-fn check_range(first: u64, last: u64, records: &[WireRecord]) -> Result<(), ProtoError> {
+fn check_range(first: Seq, last: Seq, records: &[WireRecord]) -> Result<(), ProtoError> {
+    let (first, last) = (first.0, last.0);
     let mismatch = |detail: String| ProtoError::BatchMismatch { first, last, records: records.len(), detail };
     if first == 0 || last < first || records.is_empty() || records.len() as u64 > last - first + 1 {
         return Err(mismatch("count".into()));
     }
-    if records.last().map(|r| r.seq) != Some(last) {
+    if records.last().map(|r| r.seq.0) != Some(last) {
         return Err(mismatch("the last record is not the batch's last seq".into()));
     }
     let mut previous = first - 1;
     for (i, r) in records.iter().enumerate() {
-        if r.seq <= previous {
+        if r.seq.0 <= previous {
             return Err(mismatch(format!("record {i} has seq {}", r.seq)));
         }
-        previous = r.seq;
+        previous = r.seq.0;
     }
     Ok(())
 }
@@ -315,7 +316,7 @@ mod tests {
 
     fn telemetry(seq: u64) -> WireRecord {
         WireRecord::message(
-            seq,
+            Seq(seq),
             WireMessage {
                 class: "telemetry".into(),
                 topic: format!("telemetry/cam-{}/metrics", seq % 4),
@@ -338,15 +339,15 @@ mod tests {
     #[test]
     fn batches_round_trip_with_and_without_a_dictionary() {
         let records: Vec<WireRecord> = (1..=200).map(telemetry).collect();
-        let plain = pack("e", 3, 1, &records, None, 3).unwrap();
+        let plain = pack("e", Lane(3), Seq(1), &records, None, 3).unwrap();
         assert_eq!(plain.codec, Codec::Zstd);
         assert_eq!(unpack(&plain, &HashMap::new(), 1 << 20).unwrap(), records);
 
         let samples: Vec<Vec<u8>> = (1000..1400).map(|s| codec::encode(&telemetry(s)).unwrap()).collect();
         let dict = train("telemetry", &samples, 4096).unwrap();
         let small: Vec<WireRecord> = (1..=4).map(telemetry).collect();
-        let with = pack("e", 3, 1, &small, Some(dict.on(2)), 3).unwrap();
-        let without = pack("e", 3, 1, &small, None, 3).unwrap();
+        let with = pack("e", Lane(3), Seq(1), &small, Some(dict.on(2)), 3).unwrap();
+        let without = pack("e", Lane(3), Seq(1), &small, None, 3).unwrap();
         assert!(with.body.len() < without.body.len(), "{} vs {}", with.body.len(), without.body.len());
         let dicts = HashMap::from([(dict.id.clone(), dict.bytes.clone())]);
         assert_eq!(unpack(&with, &dicts, 1 << 20).unwrap(), small);
@@ -360,9 +361,9 @@ mod tests {
         assert!(body.len() < 64 << 10);
         let batch = Batch {
             epoch: "e".into(),
-            lane: 0,
-            first_seq: 1,
-            last_seq: 1,
+            lane: Lane(0),
+            first_seq: Seq(1),
+            last_seq: Seq(1),
             codec: Codec::Zstd,
             dict: None,
             raw_len: 100, // lies
@@ -381,39 +382,39 @@ mod tests {
         let records: Vec<WireRecord> = (1..=600_000)
             .map(|seq| {
                 WireRecord::gap(
-                    seq,
+                    Seq(seq),
                     WireGap { class: String::new(), reason: GapReason::Evicted, ranges: vec![], count: 0 },
                 )
             })
             .collect();
-        let err = pack("e", 0, 1, &records, None, 1).unwrap_err();
+        let err = pack("e", Lane(0), Seq(1), &records, None, 1).unwrap_err();
         assert!(matches!(err, ProtoError::TooCostly { max: MAX_BATCH_COST, .. }), "{err}");
-        assert!(pack("e", 0, 1, &records[..1000], None, 1).is_ok());
+        assert!(pack("e", Lane(0), Seq(1), &records[..1000], None, 1).is_ok());
     }
 
     #[test]
     fn batches_must_hold_exactly_the_seqs_they_claim() {
         let mut records: Vec<WireRecord> = (5..=7).map(telemetry).collect();
-        let mut batch = pack("e", 0, 5, &records, None, 1).unwrap();
-        batch.last_seq = 8;
+        let mut batch = pack("e", Lane(0), Seq(5), &records, None, 1).unwrap();
+        batch.last_seq = Seq(8);
         assert!(matches!(unpack(&batch, &HashMap::new(), 1 << 20), Err(ProtoError::BatchMismatch { .. })));
         // Seqs the spool dropped leave holes: allowed, in order, inside the range.
         let holes = vec![telemetry(3), telemetry(6), telemetry(7)];
-        let batch = pack("e", 0, 2, &holes, None, 1).unwrap();
-        assert_eq!((batch.first_seq, batch.last_seq), (2, 7));
+        let batch = pack("e", Lane(0), Seq(2), &holes, None, 1).unwrap();
+        assert_eq!((batch.first_seq, batch.last_seq), (Seq(2), Seq(7)));
         assert_eq!(unpack(&batch, &HashMap::new(), 1 << 20).unwrap(), holes);
-        assert!(pack("e", 0, 4, &holes, None, 1).is_err(), "a record before the range");
-        records[1].seq = 9;
-        assert!(pack("e", 0, 5, &records, None, 1).is_err(), "out of order");
+        assert!(pack("e", Lane(0), Seq(4), &holes, None, 1).is_err(), "a record before the range");
+        records[1].seq = Seq(9);
+        assert!(pack("e", Lane(0), Seq(5), &records, None, 1).is_err(), "out of order");
     }
 
     #[test]
     fn garbage_bodies_are_errors() {
         let batch = Batch {
             epoch: "e".into(),
-            lane: 0,
-            first_seq: 1,
-            last_seq: 1,
+            lane: Lane(0),
+            first_seq: Seq(1),
+            last_seq: Seq(1),
             codec: Codec::Zstd,
             dict: None,
             raw_len: 10,

@@ -23,7 +23,7 @@ use std::collections::{BTreeMap, VecDeque};
 use std::time::{Duration, Instant};
 
 use super::down::{Down, DownAck, DownOutcome, DownRefusal, MAX_DOWN_REPORT, clip_reason};
-use super::{Control, DOWNLINK_VERSION, DictAnnounce, Hello, LaneSeq, SpoolReport, VERSIONS};
+use super::{Ack, Control, DOWNLINK_VERSION, DictAnnounce, Hello, Lane, LaneSeq, Seq, SpoolReport, VERSIONS};
 
 #[derive(Debug, Clone)]
 pub struct EdgeSessionConfig {
@@ -222,7 +222,7 @@ impl EdgeSession {
         self.out.push_back(Control::Hello(Hello {
             versions: self.versions.clone(),
             epoch: self.epoch.clone(),
-            lanes: self.lanes.iter().map(|(l, p)| LaneSeq { lane: *l, seq: p.acked + 1 }).collect(),
+            lanes: self.lanes.iter().map(|(l, p)| LaneSeq { lane: Lane(*l), seq: Seq(p.acked + 1) }).collect(),
             models: self.models.clone(),
             dicts: self.dicts.clone(),
             caps: vec!["zstd".into(), "zstd-dict".into()],
@@ -271,13 +271,13 @@ impl EdgeSession {
                         w.version, self.versions
                     )));
                 }
-                if let Some(bad) = w.committed.iter().find(|l| l.seq > super::MAX_SEQ) {
+                if let Some(bad) = w.committed.iter().find(|l| l.seq.0 > super::MAX_SEQ) {
                     return Err(SessionError::Protocol(format!(
                         "welcome says lane {} is committed through seq {}, past the highest seq there is",
                         bad.lane, bad.seq
                     )));
                 }
-                for LaneSeq { lane, seq } in w.committed {
+                for LaneSeq { lane: Lane(lane), seq: Seq(seq) } in w.committed {
                     // Before the mark counts as an ack: the spool checks it against what it
                     // holds (its disk may have gone back in time).
                     events.push(EdgeEvent::Mark { lane, committed: seq });
@@ -300,20 +300,20 @@ impl EdgeSession {
                 self.phase = Phase::Refused;
                 return Err(SessionError::Refused(reason));
             }
-            Control::Ack(a) if self.phase == Phase::Ready => {
-                let p = self.lanes.entry(a.lane).or_default();
-                if a.up_to > p.sent {
+            Control::Ack(Ack { lane: Lane(lane), up_to: Seq(up_to) }) if self.phase == Phase::Ready => {
+                let p = self.lanes.entry(lane).or_default();
+                if up_to > p.sent {
                     return Err(SessionError::Protocol(format!(
                         "ack of lane {} up to {} but only {} was sent",
-                        a.lane, a.up_to, p.sent
+                        lane, up_to, p.sent
                     )));
                 }
-                if a.up_to > p.acked {
-                    p.acked = a.up_to;
-                    events.push(EdgeEvent::Acked { lane: a.lane, up_to: a.up_to });
+                if up_to > p.acked {
+                    p.acked = up_to;
+                    events.push(EdgeEvent::Acked { lane, up_to });
                 }
                 self.inflight.retain(|f| {
-                    let done = f.lane == a.lane && f.last <= a.up_to;
+                    let done = f.lane == lane && f.last <= up_to;
                     if done {
                         events.push(EdgeEvent::Committed {
                             lane: f.lane,
@@ -526,7 +526,7 @@ impl EdgeSession {
                 self.ping = Some((self.nonce, now));
                 self.out.push_back(Control::Ping { nonce: self.nonce });
                 if !self.heads.is_empty() {
-                    let lanes = self.heads.iter().map(|(l, s)| LaneSeq { lane: *l, seq: *s }).collect();
+                    let lanes = self.heads.iter().map(|(l, s)| LaneSeq { lane: Lane(*l), seq: Seq(*s) }).collect();
                     self.out.push_back(Control::Heads { lanes, spool: self.spool });
                 }
             }

@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 use super::cloud::{CloudSession, Request};
 use super::codec::{self, FrameBuffer};
 use super::edge::{EdgeSession, EdgeSessionConfig};
-use super::{Control, LaneSeq, MAX_BATCH_FRAME, compress};
+use super::{Control, LaneSeq, MAX_BATCH_FRAME, Seq, compress};
 
 /// Output cap for unpacking in the fuzz targets: small, so a bomb is found fast.
 const MAX_RAW: usize = 1 << 20;
@@ -68,7 +68,8 @@ pub fn session(data: &[u8]) {
             if let Ok(frame) = codec::decode::<Control>(rest) {
                 match cloud.handle(frame) {
                     Ok(Some(Request::Hello(h))) => {
-                        let committed = h.lanes.iter().map(|l| LaneSeq { lane: l.lane, seq: l.seq / 2 }).collect();
+                        let committed =
+                            h.lanes.iter().map(|l| LaneSeq { lane: l.lane, seq: Seq(l.seq.0 / 2) }).collect();
                         let known: Vec<String> = h.dicts.into_iter().filter(|d| dicts.contains_key(d)).collect();
                         cloud.welcome(committed, known);
                         cloud.start_down(h.down_mark);
@@ -85,7 +86,7 @@ pub fn session(data: &[u8]) {
             {
                 for r in releases {
                     if compress::unpack(&r.batch, cloud.dicts(), MAX_RAW).is_ok() {
-                        cloud.committed(r.batch.lane, r.batch.last_seq);
+                        cloud.committed(r.batch.lane.0, r.batch.last_seq.0);
                     }
                 }
             }
@@ -139,6 +140,7 @@ mod tests {
 
     use super::*;
     use crate::proto::Batch;
+    use crate::proto::Lane;
     use crate::proto::{Codec, DictAnnounce, Hello, WireMessage, WireRecord};
 
     fn corpus(target: &str) -> Vec<(PathBuf, Vec<u8>)> {
@@ -180,7 +182,7 @@ mod tests {
         let hello = Control::Hello(Hello {
             versions: vec![1, 2],
             epoch: "e".into(),
-            lanes: vec![LaneSeq { lane: 3, seq: 6 }],
+            lanes: vec![LaneSeq { lane: Lane(3), seq: Seq(6) }],
             models: vec!["yolo".into()],
             dicts: vec![],
             caps: vec!["zstd".into()],
@@ -189,7 +191,7 @@ mod tests {
         let records: Vec<WireRecord> = (1..=40)
             .map(|seq| {
                 WireRecord::message(
-                    seq,
+                    Seq(seq),
                     WireMessage {
                         class: "telemetry".into(),
                         topic: format!("telemetry/cam-{}/metrics", seq % 4),
@@ -207,22 +209,22 @@ mod tests {
             .collect();
         let samples: Vec<Vec<u8>> = records.iter().map(compress::sample).collect();
         let dict = compress::train("telemetry", &samples, 1024).unwrap();
-        let plain = compress::pack("e", 3, 1, &records[..3], None, 3).unwrap();
-        let zstd = compress::pack("", 3, 1, &records, None, 3).unwrap();
-        let with_dict = compress::pack("", 3, 1, &records, Some(dict.on(2)), 3).unwrap();
+        let plain = compress::pack("e", Lane(3), Seq(1), &records[..3], None, 3).unwrap();
+        let zstd = compress::pack("", Lane(3), Seq(1), &records, None, 3).unwrap();
+        let with_dict = compress::pack("", Lane(3), Seq(1), &records, Some(dict.on(2)), 3).unwrap();
         let announce =
             Control::Dict(DictAnnounce { id: dict.id.clone(), class: dict.class.clone(), bytes: dict.bytes });
         let bomb = Batch {
             epoch: String::new(),
-            lane: 0,
-            first_seq: 1,
-            last_seq: 1,
+            lane: Lane(0),
+            first_seq: Seq(1),
+            last_seq: Seq(1),
             codec: Codec::Zstd,
             dict: None,
             raw_len: 10,
             body: zstd::bulk::compress(&vec![0u8; 4 << 20], 19).unwrap(),
         };
-        let ack = Control::Ack(crate::proto::Ack { lane: 3, up_to: 40 });
+        let ack = Control::Ack(crate::proto::Ack { lane: Lane(3), up_to: Seq(40) });
         let seeds: Vec<(&'static str, Vec<u8>)> = vec![
             ("hello", frame(None, &hello)),
             ("ping", frame(None, &Control::Ping { nonce: 7 })),
@@ -324,9 +326,9 @@ mod tests {
     fn near_max_seeds() -> Vec<(&'static str, Vec<u8>)> {
         let top = |first_seq: u64, last_seq: u64| Batch {
             epoch: "e".into(),
-            lane: 3,
-            first_seq,
-            last_seq,
+            lane: Lane(3),
+            first_seq: Seq(first_seq),
+            last_seq: Seq(last_seq),
             codec: Codec::Cbor,
             dict: None,
             raw_len: 1,
@@ -336,7 +338,10 @@ mod tests {
         let hello = Control::Hello(Hello {
             versions: vec![1],
             epoch: "e".into(),
-            lanes: vec![LaneSeq { lane: 3, seq: u64::MAX }, LaneSeq { lane: 0, seq: crate::proto::MAX_SEQ }],
+            lanes: vec![
+                LaneSeq { lane: Lane(3), seq: Seq(u64::MAX) },
+                LaneSeq { lane: Lane(0), seq: Seq(crate::proto::MAX_SEQ) },
+            ],
             models: vec![],
             dicts: vec![],
             caps: vec![],
@@ -345,12 +350,12 @@ mod tests {
         let welcome = |seq| {
             Control::Welcome(crate::proto::Welcome {
                 version: 1,
-                committed: vec![LaneSeq { lane: 3, seq }],
+                committed: vec![LaneSeq { lane: Lane(3), seq }],
                 dicts: vec![],
                 sink: None,
             })
         };
-        let ack = Control::Ack(crate::proto::Ack { lane: 3, up_to: u64::MAX });
+        let ack = Control::Ack(crate::proto::Ack { lane: Lane(3), up_to: Seq(u64::MAX) });
         vec![
             ("max-batch", frame(None, &top(u64::MAX - 1, u64::MAX))),
             (
@@ -359,8 +364,8 @@ mod tests {
                     frame(Some(0), &hello),
                     frame(Some(2), &top(1, crate::proto::MAX_SEQ)),
                     frame(Some(2), &top(crate::proto::MAX_SEQ, u64::MAX)),
-                    frame(Some(1), &welcome(crate::proto::MAX_SEQ)),
-                    frame(Some(1), &welcome(u64::MAX)),
+                    frame(Some(1), &welcome(Seq(crate::proto::MAX_SEQ))),
+                    frame(Some(1), &welcome(Seq(u64::MAX))),
                     frame(Some(3), &ack),
                     frame(Some(0), &Control::Ping { nonce: u64::MAX }),
                 ]

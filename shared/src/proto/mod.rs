@@ -43,9 +43,11 @@ pub mod edge;
 pub mod fuzzing;
 #[cfg(feature = "io")]
 pub mod io;
+mod position;
 pub mod probe;
 pub mod record;
 pub(crate) mod varint;
+pub use position::{Lane, Seq};
 pub use record::{GapReason, RecordBody, SchemaRef, WireGap, WireMessage, WireRecord};
 #[cfg(test)]
 mod down_tests;
@@ -393,14 +395,14 @@ pub struct Welcome {
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub struct LaneSeq {
-    pub lane: u8,
-    pub seq: u64,
+    pub lane: Lane,
+    pub seq: Seq,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Ack {
-    pub lane: u8,
-    pub up_to: u64,
+    pub lane: Lane,
+    pub up_to: Seq,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -445,9 +447,9 @@ impl Codec {
 pub struct Batch {
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub epoch: String,
-    pub lane: u8,
-    pub first_seq: u64,
-    pub last_seq: u64,
+    pub lane: Lane,
+    pub first_seq: Seq,
+    pub last_seq: Seq,
     pub codec: Codec,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub dict: Option<String>,

@@ -6,11 +6,13 @@
 use serde::ser::SerializeStruct;
 use serde::{Deserialize, Serialize};
 
+use super::Seq;
+
 /// One spooled record: its seq in its lane, and what it is.
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
 #[serde(try_from = "Repr")]
 pub struct WireRecord {
-    pub seq: u64,
+    pub seq: Seq,
     pub body: RecordBody,
 }
 
@@ -22,11 +24,11 @@ pub enum RecordBody {
 }
 
 impl WireRecord {
-    pub fn message(seq: u64, message: WireMessage) -> Self {
+    pub fn message(seq: Seq, message: WireMessage) -> Self {
         Self { seq, body: RecordBody::Message(message) }
     }
 
-    pub fn gap(seq: u64, gap: WireGap) -> Self {
+    pub fn gap(seq: Seq, gap: WireGap) -> Self {
         Self { seq, body: RecordBody::Gap(gap) }
     }
 
@@ -78,7 +80,7 @@ impl Serialize for WireRecord {
 /// The wire's shape: both optional, checked into a [`WireRecord`].
 #[derive(Deserialize)]
 struct Repr {
-    seq: u64,
+    seq: Seq,
     #[serde(default)]
     message: Option<WireMessage>,
     #[serde(default)]
@@ -281,10 +283,10 @@ mod tests {
     /// encode to the bytes the two-option struct with a string reason made, and decode back.
     #[test]
     fn the_wire_is_what_it_was_when_records_were_two_options() {
-        let m = WireRecord::message(5, message());
+        let m = WireRecord::message(Seq(5), message());
         assert_eq!(cbor(&m), cbor(&Before { seq: 5, message: Some(message()), gap: None }));
         for reason in [GapReason::Evicted, GapReason::Expired, GapReason::Refused, GapReason::Unreadable] {
-            let g = WireRecord::gap(9, WireGap { class: "c".into(), reason, ranges: vec![(3, 9)], count: 7 });
+            let g = WireRecord::gap(Seq(9), WireGap { class: "c".into(), reason, ranges: vec![(3, 9)], count: 7 });
             let before = Before2 { class: "c".into(), reason: reason.as_str().into(), ranges: vec![(3, 9)], count: 7 };
             assert_eq!(cbor(&g), cbor(&Before { seq: 9, message: None, gap: Some(before) }));
             assert_eq!(ciborium::from_reader::<WireRecord, _>(&cbor(&g)[..]).unwrap(), g);

@@ -15,7 +15,7 @@ fn sample_frames() -> Vec<Vec<u8>> {
     let hello = Control::Hello(Hello {
         versions: vec![1],
         epoch: "00ff".into(),
-        lanes: vec![LaneSeq { lane: 1, seq: 3 }],
+        lanes: vec![LaneSeq { lane: Lane(1), seq: Seq(3) }],
         models: vec!["m".into()],
         dicts: vec![],
         caps: vec![],
@@ -23,10 +23,10 @@ fn sample_frames() -> Vec<Vec<u8>> {
     });
     let batch = compress::pack(
         "00ff",
-        1,
-        1,
+        Lane(1),
+        Seq(1),
         &[WireRecord::message(
-            1,
+            Seq(1),
             WireMessage {
                 class: "c".into(),
                 topic: "a/b".into(),
@@ -44,7 +44,11 @@ fn sample_frames() -> Vec<Vec<u8>> {
         3,
     )
     .unwrap();
-    vec![encode(&hello).unwrap(), encode(&Control::Ack(Ack { lane: 1, up_to: 2 })).unwrap(), encode(&batch).unwrap()]
+    vec![
+        encode(&hello).unwrap(),
+        encode(&Control::Ack(Ack { lane: Lane(1), up_to: Seq(2) })).unwrap(),
+        encode(&batch).unwrap(),
+    ]
 }
 
 proptest! {
@@ -90,8 +94,8 @@ proptest! {
                     dicts: vec![],
                     caps: vec![],
                     down_mark: 0,
-                })).map(|h| if matches!(h, Some(Request::Hello(_))) { session.welcome(vec![LaneSeq { lane, seq: b % 10 }], vec![]) }),
-                1 => session.handle(Control::Ack(Ack { lane, up_to: a })).map(|_| ()),
+                })).map(|h| if matches!(h, Some(Request::Hello(_))) { session.welcome(vec![LaneSeq { lane: Lane(lane), seq: Seq(b % 10) }], vec![]) }),
+                1 => session.handle(Control::Ack(Ack { lane: Lane(lane), up_to: Seq(a) })).map(|_| ()),
                 2 => session.handle(Control::Ping { nonce: a }).map(|_| ()),
                 3 => session
                     .handle(Control::Dict(DictAnnounce { id: format!("{a:x}"), class: "c".into(), bytes: vec![lane] }))
@@ -99,9 +103,9 @@ proptest! {
                 _ => session
                     .handle_batch(Batch {
                         epoch: if a % 5 == 0 { "x".into() } else { "e".into() },
-                        lane,
-                        first_seq: a % 50,
-                        last_seq: b % 50,
+                        lane: Lane(lane),
+                        first_seq: Seq(a % 50),
+                        last_seq: Seq(b % 50),
                         codec: Codec::Cbor,
                         dict: None,
                         raw_len: 0,
@@ -109,7 +113,7 @@ proptest! {
                     })
                     .map(|released| {
                         for r in released {
-                            session.committed(r.batch.lane, r.batch.last_seq);
+                            session.committed(r.batch.lane.0, r.batch.last_seq.0);
                         }
                     }),
             };

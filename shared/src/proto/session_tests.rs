@@ -10,15 +10,16 @@ use proptest::prelude::*;
 use super::cloud::{CloudPhase, CloudSession, Request};
 use super::edge::{EdgeEvent, EdgeSession, EdgeSessionConfig, Phase, SessionError};
 use super::{Batch, Codec, Control, DictAnnounce, LaneSeq, SHAPES_VERSION};
+use super::{Lane, Seq};
 
 const EPOCH: &str = "0123456789abcdef";
 
 fn batch(lane: u8, first: u64, last: u64) -> Batch {
     Batch {
         epoch: EPOCH.into(),
-        lane,
-        first_seq: first,
-        last_seq: last,
+        lane: Lane(lane),
+        first_seq: Seq(first),
+        last_seq: Seq(last),
         codec: Codec::Cbor,
         dict: None,
         raw_len: 0,
@@ -52,7 +53,7 @@ impl Cloud {
                 let committed = self
                     .sink
                     .iter()
-                    .map(|(lane, seqs)| LaneSeq { lane: *lane, seq: seqs.last().copied().unwrap_or(0) })
+                    .map(|(lane, seqs)| LaneSeq { lane: Lane(*lane), seq: Seq(seqs.last().copied().unwrap_or(0)) })
                     .collect();
                 let mut known = Vec::new();
                 for id in hello.dicts {
@@ -77,13 +78,13 @@ impl Cloud {
     /// Delivers a batch; the sink commits what is released at once.
     fn batch(&mut self, b: Batch) {
         for release in self.session.handle_batch(b).unwrap() {
-            let seqs = self.sink.entry(release.batch.lane).or_default();
-            for seq in release.batch.first_seq..=release.batch.last_seq {
+            let seqs = self.sink.entry(release.batch.lane.0).or_default();
+            for seq in release.batch.first_seq.0..=release.batch.last_seq.0 {
                 if seq > release.skip_through {
                     seqs.push(seq);
                 }
             }
-            self.session.committed(release.batch.lane, release.batch.last_seq);
+            self.session.committed(release.batch.lane.0, release.batch.last_seq.0);
         }
     }
 }
@@ -258,7 +259,7 @@ fn a_degraded_session_never_asks_to_be_woken_in_the_past() {
     assert!(edge.is_degraded());
     assert!(wakes <= 14, "{wakes} wake-ups in a minute: once per ping and for the ack timeout");
     // The ack and the pong end the state; the deadline of a batch sent then counts again.
-    edge.handle(Control::Ack(super::Ack { lane: 0, up_to: 10 }), now).unwrap();
+    edge.handle(Control::Ack(super::Ack { lane: Lane(0), up_to: Seq(10) }), now).unwrap();
     edge.handle(Control::Pong { nonce }, now).unwrap();
     assert!(!edge.is_degraded());
     edge.sent(0, 11, 12, now).unwrap();
@@ -289,7 +290,7 @@ fn keepalive_rtt_and_degraded_on_a_virtual_clock() {
     let ping = edge.poll_control().unwrap();
     assert!(matches!(ping, Control::Ping { .. }));
     let heads = edge.poll_control().unwrap();
-    assert_eq!(heads, Control::Heads { lanes: vec![LaneSeq { lane: 0, seq: 42 }], spool: Some(report) });
+    assert_eq!(heads, Control::Heads { lanes: vec![LaneSeq { lane: Lane(0), seq: Seq(42) }], spool: Some(report) });
     let before = cloud.session.changes();
     cloud.control(heads.clone()).unwrap();
     assert_eq!(cloud.session.lags(), [(0, 42)], "the cloud has committed nothing of lane 0 yet");
@@ -309,7 +310,7 @@ fn keepalive_rtt_and_degraded_on_a_virtual_clock() {
     assert!(!edge.can_send(), "window of 2 is full");
     assert!(edge.handle_timeout(t5 + Duration::from_secs(9)).is_empty());
     assert_eq!(edge.handle_timeout(t5 + Duration::from_secs(10)), [EdgeEvent::Degraded(true)]);
-    let ack = Control::Ack(super::Ack { lane: 0, up_to: 20 });
+    let ack = Control::Ack(super::Ack { lane: Lane(0), up_to: Seq(20) });
     let events = edge.handle(ack, t5 + Duration::from_secs(11)).unwrap();
     let latency = Duration::from_secs(11);
     assert_eq!(
@@ -332,7 +333,7 @@ fn protocol_violations_name_the_problem() {
     edge.connected(t0);
     pump(&mut edge, &mut cloud, t0);
     edge.sent(0, 1, 3, t0).unwrap();
-    let err = edge.handle(Control::Ack(super::Ack { lane: 0, up_to: 9 }), t0).unwrap_err();
+    let err = edge.handle(Control::Ack(super::Ack { lane: Lane(0), up_to: Seq(9) }), t0).unwrap_err();
     assert_eq!(err.to_string(), "protocol violation: ack of lane 0 up to 9 but only 3 was sent");
     assert!(edge.sent(0, 2, 5, t0).unwrap_err().to_string().contains("does not follow 3"));
     let mut wrong = batch(0, 1, 1);
@@ -368,7 +369,7 @@ fn a_sink_that_lost_its_marks_resumes_where_the_edge_records_start() {
     let hello = Control::Hello(super::Hello {
         versions: vec![1],
         epoch: EPOCH.into(),
-        lanes: vec![LaneSeq { lane: 0, seq: 0 }],
+        lanes: vec![LaneSeq { lane: Lane(0), seq: Seq(0) }],
         models: vec![],
         dicts: vec![],
         caps: vec![],
@@ -410,8 +411,12 @@ fn seqs_near_u64_max_are_refused_on_both_sides() {
     for mark in [u64::MAX, super::MAX_SEQ + 1] {
         let mut edge = EdgeSession::new(EdgeSessionConfig::default(), EPOCH, [(0, 0)]);
         edge.connected(t0);
-        let welcome =
-            super::Welcome { version: 1, committed: vec![LaneSeq { lane: 0, seq: mark }], dicts: vec![], sink: None };
+        let welcome = super::Welcome {
+            version: 1,
+            committed: vec![LaneSeq { lane: Lane(0), seq: Seq(mark) }],
+            dicts: vec![],
+            sink: None,
+        };
         let err = edge.handle(Control::Welcome(welcome), t0).unwrap_err();
         assert!(err.to_string().contains("past the highest seq there is"), "{err}");
     }

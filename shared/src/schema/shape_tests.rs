@@ -7,6 +7,7 @@ use prost::Message as _;
 use prost_reflect::{DynamicMessage, Value as PbValue};
 
 use super::*;
+use crate::proto::Seq;
 use crate::proto::columns::{self, Format, Shaper, Shapes};
 use crate::proto::{SchemaRef, WireMessage, WireRecord};
 
@@ -31,7 +32,7 @@ fn records(s: &Staged, payloads: &[Vec<u8>]) -> Vec<WireRecord> {
         .enumerate()
         .map(|(i, p)| {
             WireRecord::message(
-                i as u64 + 1,
+                Seq(i as u64 + 1),
                 WireMessage {
                     class: "telemetry".into(),
                     topic: "plant/line-1/reading".into(),

@@ -632,8 +632,9 @@ impl EdgeProc {
             let mut wire: Vec<WireRecord> = records.into_iter().map(into_wire).collect();
             let format = shared::proto::columns::Format::of_version(self.session.version());
             let (batch, _) =
-                pack_within_cost(read.lane, read.after + 1, &mut wire, None, (1, format), &NoShapes).expect("pack");
-            let (first, last) = (batch.first_seq, batch.last_seq);
+                pack_within_cost(Lane(read.lane), Seq(read.after + 1), &mut wire, None, (1, format), &NoShapes)
+                    .expect("pack");
+            let (first, last) = (batch.first_seq.0, batch.last_seq.0);
             cx.net.up.push((index, cid, Frame::Batch(Box::new(batch))));
             if let Err(e) = conn.handle_sent(&mut self.session, read.lane, first, last, cx.now) {
                 cx.trace.line(format!("{edge}: uplink ends: {e}"));

@@ -14,6 +14,7 @@ use e2e_tests::fixtures::{inference, with_spool};
 use e2e_tests::nats::{NatsServer, sink_settings, stream_messages};
 use e2e_tests::node::TestNode;
 use rumqttc::QoS;
+use shared::proto::Seq;
 
 const WAIT: Duration = Duration::from_secs(30);
 
@@ -99,7 +100,7 @@ async fn a_record_over_the_servers_max_payload_is_set_aside_and_the_lane_moves_o
 
 fn record(seq: u64, payload: Vec<u8>) -> shared::proto::WireRecord {
     shared::proto::WireRecord::message(
-        seq,
+        Seq(seq),
         shared::proto::WireMessage {
             class: "telemetry".into(),
             topic: "telemetry/one".into(),

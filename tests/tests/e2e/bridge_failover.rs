@@ -222,7 +222,7 @@ async fn a_lower_mark_from_another_bridge_never_lowers_the_mark() {
     tokio::join!(up, down);
     for sink in [&a, &b] {
         let got: Vec<(u8, u64)> =
-            sink.committed("edge-1", "ep").await.unwrap().iter().map(|m| (m.lane, m.seq)).collect();
+            sink.committed("edge-1", "ep").await.unwrap().iter().map(|m| (m.lane.0, m.seq.0)).collect();
         assert_eq!(got, vec![(2, 400)]);
     }
 }

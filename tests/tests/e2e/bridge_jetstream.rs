@@ -13,6 +13,7 @@ use e2e_tests::fixtures::{inference, with_spool};
 use e2e_tests::nats::{NatsServer, sink_settings as settings, stream_messages};
 use e2e_tests::node::TestNode;
 use rumqttc::QoS;
+use shared::proto::Seq;
 
 const WAIT: Duration = Duration::from_secs(20);
 
@@ -177,7 +178,7 @@ async fn a_nats_server_killed_and_restarted_mid_stream_loses_and_duplicates_noth
 
 fn telemetry(seq: u64) -> shared::proto::WireRecord {
     shared::proto::WireRecord::message(
-        seq,
+        Seq(seq),
         shared::proto::WireMessage {
             class: "telemetry".into(),
             topic: "telemetry/one".into(),

@@ -9,6 +9,7 @@ use e2e_tests::cloud::{TestCloud, pki};
 use e2e_tests::nats::NatsServer;
 use e2e_tests::quic;
 use shared::proto::{Control, DictAnnounce, LaneSeq, codec, compress};
+use shared::proto::{Lane, Seq};
 
 const LIMITS: &str = "[limits]\nepochs_per_edge = 2\nretired_epochs_per_edge = 3\ndicts_per_edge = 2\n";
 
@@ -20,13 +21,13 @@ fn edge(keys: &Pki, id: &str) -> (std::path::PathBuf, std::path::PathBuf) {
 /// Sends one record at seq 1 of lane 0 and waits for its ack.
 async fn deliver_one(conn: &quinn::Connection, recv: &mut quinn::RecvStream, topic: &str) {
     let record = e2e_tests::fixtures::wire_record(1, topic, "x");
-    let batch = compress::pack("", 0, 1, &[record], None, 3).unwrap();
+    let batch = compress::pack("", Lane(0), Seq(1), &[record], None, 3).unwrap();
     let mut uni = conn.open_uni().await.unwrap();
     uni.write_all(&codec::encode(&batch).unwrap()).await.unwrap();
     uni.finish().unwrap();
     loop {
         match quic::next_control(recv).await {
-            Some(Control::Ack(a)) if a.lane == 0 && a.up_to == 1 => return,
+            Some(Control::Ack(a)) if a.lane == Lane(0) && a.up_to == Seq(1) => return,
             Some(_) => continue,
             None => panic!("the bridge closed the control stream before the ack"),
         }
@@ -61,7 +62,7 @@ async fn epochs_are_bounded_and_a_retired_one_is_refused_by_name(cloud: &TestClo
         let conn = quic::connect(addr, &cloud.pki.ca, &cert, &key).await.unwrap();
         let (_send, _recv, answer) = quic::hello(&conn, quic::hello_for(epoch)).await;
         let Control::Welcome(w) = answer else { panic!("live epoch {epoch} refused: {answer:?}") };
-        assert_eq!(w.committed, [LaneSeq { lane: 0, seq: 1 }], "{epoch} resumes from its mark");
+        assert_eq!(w.committed, [LaneSeq { lane: Lane(0), seq: Seq(1) }], "{epoch} resumes from its mark");
         conn.close(0u32.into(), b"");
     }
     // Two more retire b and c (three names remembered, the most allowed), so a sixth epoch is

@@ -13,6 +13,7 @@ use e2e_tests::node::TestNode;
 use e2e_tests::quic;
 use rumqttc::QoS;
 use shared::proto::{Batch, Codec, Control, Hello, codec};
+use shared::proto::{Lane, Seq};
 
 const WAIT: Duration = Duration::from_secs(20);
 
@@ -85,9 +86,9 @@ async fn hostile_peers_are_cut_off_one_by_one_while_the_real_edge_flows() {
     assert!(matches!(welcome, Control::Welcome(_)), "{welcome:?}");
     let bomb = Batch {
         epoch: "00112233445566778899aabbccddeeff".into(),
-        lane: 0,
-        first_seq: 1,
-        last_seq: 1,
+        lane: Lane(0),
+        first_seq: Seq(1),
+        last_seq: Seq(1),
         codec: Codec::Zstd,
         dict: None,
         raw_len: 10,

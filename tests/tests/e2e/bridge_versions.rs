@@ -37,6 +37,7 @@ use shared::proto::{
     Batch, Codec, Control, DOWNLINK_VERSION, DictAnnounce, Hello, MAX_BATCH_FRAME, MAX_BATCH_RAW, MAX_CONTROL_FRAME,
     WireRecord,
 };
+use shared::proto::{Lane, Seq};
 use shared::proto::{SHAPES_VERSION, SchemaRef, batch_frame, codec, compress};
 
 const WAIT: Duration = Duration::from_secs(20);
@@ -191,9 +192,9 @@ async fn serve_an_edge_offering(versions: &[u16], chosen: u16) {
     ciborium::into_writer(&Value::Array(records), &mut body).unwrap();
     let batch = Batch {
         epoch: String::new(),
-        lane: 0,
-        first_seq: 1,
-        last_seq: 3,
+        lane: Lane(0),
+        first_seq: Seq(1),
+        last_seq: Seq(3),
         codec: Codec::Cbor,
         dict: None,
         raw_len: body.len() as u64,
@@ -233,7 +234,7 @@ async fn serve_an_edge_offering(versions: &[u16], chosen: u16) {
         // On the downlink's version, until both the ack and the waiting message came.
         while !acked || (chosen >= DOWNLINK_VERSION && downs.is_empty()) {
             match read_frame::<_, Control>(&mut recv, MAX_CONTROL_FRAME).await.unwrap() {
-                Some(Control::Ack(a)) if a.lane == 0 && a.up_to == 3 => acked = true,
+                Some(Control::Ack(a)) if a.lane == Lane(0) && a.up_to == Seq(3) => acked = true,
                 Some(Control::Down(d)) => downs.push(d.topic),
                 Some(_) => continue,
                 None => panic!("the bridge closed the control stream"),
@@ -263,10 +264,11 @@ async fn serve_an_edge_offering(versions: &[u16], chosen: u16) {
         let avro = avro_batch(4, 70);
         want.extend(avro.iter().filter_map(|r| {
             let m = r.as_message()?;
-            Some(("edge-2".to_owned(), r.seq, Some(m.topic.clone()), m.payload.clone()))
+            Some(("edge-2".to_owned(), r.seq.0, Some(m.topic.clone()), m.payload.clone()))
         }));
         let batch =
-            compress::pack_shaped(("", 0, 4), &avro, None, (3, Some(Format::V3)), &OneSchema(avro_schema())).unwrap();
+            compress::pack_shaped(("", Lane(0), Seq(4)), &avro, None, (3, Some(Format::V3)), &OneSchema(avro_schema()))
+                .unwrap();
         let raw = compress::decompress(&batch, None, MAX_BATCH_RAW).unwrap().unwrap();
         assert_eq!(raw[0], 3, "a format 3 body");
         let whole = shared::proto::columns::encode(&avro, Format::V2);
@@ -282,7 +284,7 @@ async fn serve_an_edge_offering(versions: &[u16], chosen: u16) {
         let acked = tokio::time::timeout(WAIT, async {
             loop {
                 match read_frame::<_, Control>(&mut recv, MAX_CONTROL_FRAME).await.unwrap() {
-                    Some(Control::Ack(a)) if a.lane == 0 && a.up_to == 73 => break,
+                    Some(Control::Ack(a)) if a.lane == Lane(0) && a.up_to == Seq(73) => break,
                     Some(_) => continue,
                     None => panic!("the bridge closed the control stream"),
                 }
@@ -329,14 +331,14 @@ async fn this_bridge_serves_an_edge_of_the_first_version_and_its_dictionary() {
             None => panic!("no DictStored: {}", cloud.bridge.metrics().encode()),
         }
     }
-    let batch = compress::pack("", 0, 1, &records, Some(dict.on(1)), 3).unwrap();
+    let batch = compress::pack("", Lane(0), Seq(1), &records, Some(dict.on(1)), 3).unwrap();
     assert_eq!(batch.dict.as_deref(), Some(old_id.as_str()), "the batch names the 16-digit id");
     let mut uni = conn.open_uni().await.unwrap();
     uni.write_all(&codec::encode(&batch).unwrap()).await.unwrap();
     uni.finish().unwrap();
     loop {
         match quic::next_control(&mut recv).await {
-            Some(Control::Ack(a)) if a.up_to == 20 => break,
+            Some(Control::Ack(a)) if a.up_to == Seq(20) => break,
             Some(_) => continue,
             None => panic!("no ack: {}", cloud.bridge.metrics().encode()),
         }
@@ -430,7 +432,7 @@ async fn other_version_bridge(
                 got.format3_batches += usize::from(format3);
                 for r in records {
                     let topic = r.as_message().map_or_else(|| "gap".to_owned(), |m| m.topic.clone());
-                    got.records.insert((batch.lane, r.seq), topic);
+                    got.records.insert((batch.lane.0, r.seq.0), topic);
                     got.arrivals += 1;
                 }
                 let ack = shared::proto::Ack { lane: batch.lane, up_to: batch.last_seq };

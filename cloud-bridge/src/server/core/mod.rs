@@ -185,14 +185,14 @@ impl<H> SessionCore<H> {
         held: H,
         now: Instant,
     ) -> Result<(), CoreError> {
-        self.held.insert((batch.lane, batch.first_seq), (records, held));
+        self.held.insert((batch.lane.0, batch.first_seq.0), (records, held));
         for release in self.session.handle_batch(batch)? {
             let (lane, first, up_to) = (release.batch.lane, release.batch.first_seq, release.batch.last_seq);
-            let (records, held) = self.held.remove(&(lane, first)).expect("a released batch was taken in");
-            let records: Vec<WireRecord> = records.into_iter().filter(|r| r.seq > release.skip_through).collect();
+            let (records, held) = self.held.remove(&(lane.0, first.0)).expect("a released batch was taken in");
+            let records: Vec<WireRecord> = records.into_iter().filter(|r| r.seq.0 > release.skip_through).collect();
             let id = self.next_id;
             self.next_id += 1;
-            self.queued.push_back((Publish { id, epoch: release.batch.epoch, lane, records, held }, up_to));
+            self.queued.push_back((Publish { id, epoch: release.batch.epoch, lane: lane.0, records, held }, up_to.0));
         }
         // What the session dropped (a resend) or replaced gives its memory back.
         let session = &self.session;

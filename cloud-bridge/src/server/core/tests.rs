@@ -8,6 +8,7 @@ use shared::proto::cloud::CloudSession;
 use shared::proto::{Ack, Batch, Codec, Control, GapReason, Hello, LaneSeq, WireGap, WireRecord};
 
 use super::{CoreError, Publish, SessionCore};
+use shared::proto::{Lane, Seq};
 
 const EPOCH: &str = "e1";
 const STALL: Duration = Duration::from_secs(30);
@@ -15,16 +16,16 @@ const STALL: Duration = Duration::from_secs(30);
 fn batch(lane: u8, first: u64, last: u64) -> (Batch, Vec<WireRecord>) {
     let b = Batch {
         epoch: EPOCH.into(),
-        lane,
-        first_seq: first,
-        last_seq: last,
+        lane: Lane(lane),
+        first_seq: Seq(first),
+        last_seq: Seq(last),
         codec: Codec::Cbor,
         dict: None,
         raw_len: 0,
         body: vec![],
     };
     let gap = |seq| WireGap { class: "c".into(), reason: GapReason::Evicted, ranges: vec![(seq, seq)], count: 1 };
-    (b, (first..=last).map(|seq| WireRecord::gap(seq, gap(seq))).collect())
+    (b, (first..=last).map(|seq| WireRecord::gap(Seq(seq), gap(seq))).collect())
 }
 
 /// A core past its hello, with `committed` in the sink, publishing `pipeline` at once. What a
@@ -41,7 +42,7 @@ fn ready(pipeline: usize, committed: &[(u8, u64)]) -> SessionCore<Rc<()>> {
         down_mark: 0,
     };
     session.handle(Control::Hello(hello)).unwrap();
-    session.welcome(committed.iter().map(|&(lane, seq)| LaneSeq { lane, seq }).collect(), vec![]);
+    session.welcome(committed.iter().map(|&(lane, seq)| LaneSeq { lane: Lane(lane), seq: Seq(seq) }).collect(), vec![]);
     let mut core = SessionCore::new(session, pipeline, STALL);
     while core.poll_control().is_some() {}
     core
@@ -70,13 +71,13 @@ fn publish(core: &mut SessionCore<Rc<()>>, started: &[Publish<Rc<()>>]) {
 }
 
 fn seqs(p: &Publish<Rc<()>>) -> Vec<u64> {
-    p.records.iter().map(|r| r.seq).collect()
+    p.records.iter().map(|r| r.seq.0).collect()
 }
 
 fn acks(core: &mut SessionCore<Rc<()>>) -> Vec<(u8, u64)> {
     std::iter::from_fn(|| core.poll_control())
         .filter_map(|c| match c {
-            Control::Ack(Ack { lane, up_to }) => Some((lane, up_to)),
+            Control::Ack(Ack { lane, up_to }) => Some((lane.0, up_to.0)),
             _ => None,
         })
         .collect()
@@ -197,7 +198,7 @@ fn a_batch_ahead_of_a_missing_one_waits_for_it_until_the_stall_deadline() {
     take(&mut core, 0, 1, 10, t0 + Duration::from_secs(20));
     let started = stages(&mut core);
     assert_eq!(
-        started.iter().map(|p| (p.records[0].seq, p.records.last().unwrap().seq)).collect::<Vec<_>>(),
+        started.iter().map(|p| (p.records[0].seq.0, p.records.last().unwrap().seq.0)).collect::<Vec<_>>(),
         [(1, 10), (11, 20), (21, 30)]
     );
     assert_eq!((core.held(), core.poll_timeout()), (0, None));

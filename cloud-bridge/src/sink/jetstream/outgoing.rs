@@ -114,11 +114,12 @@ pub(super) fn addressed(prefix: &str, edge: &str, epoch: &str, lane: u8, r: &Wir
 #[cfg(test)]
 mod tests {
     use super::*;
+    use shared::proto::Seq;
 
     #[test]
     fn a_record_is_addressed_with_its_headers() {
         let record = WireRecord::message(
-            7,
+            Seq(7),
             shared::proto::WireMessage {
                 class: "inference".into(),
                 topic: "inference/yolo/v3.2/cam 1".into(),
@@ -150,7 +151,7 @@ mod tests {
             ranges: vec![(1, 2)],
             count: 2,
         };
-        let gap = WireRecord::gap(8, lost);
+        let gap = WireRecord::gap(Seq(8), lost);
         assert_eq!(addressed("edge", "a.b", "ep", 3, &gap).0, "edge.a%2Eb.%gap");
     }
 }

@@ -4,7 +4,7 @@
 use std::collections::BTreeMap;
 
 use bytes::Bytes;
-use shared::proto::{LaneSeq, WireRecord};
+use shared::proto::{Lane, LaneSeq, Seq, WireRecord};
 use shared::units::now_ms;
 
 use super::JetStreamSink;
@@ -86,7 +86,7 @@ impl RecordSink for JetStreamSink {
 
     async fn committed(&self, edge: &str, epoch: &str) -> Result<Vec<LaneSeq>, SinkError> {
         let (marks, _) = self.read_marks(&mark_key(edge, epoch)).await?;
-        Ok(marks.into_iter().map(|(lane, seq)| LaneSeq { lane, seq }).collect())
+        Ok(marks.into_iter().map(|(lane, seq)| LaneSeq { lane: Lane(lane), seq: Seq(seq) }).collect())
     }
 
     fn stage(

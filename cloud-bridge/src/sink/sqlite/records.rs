@@ -2,7 +2,7 @@
 //! raised in another.
 
 use rusqlite::{Connection, OptionalExtension, params};
-use shared::proto::{LaneSeq, RecordBody, WireRecord};
+use shared::proto::{Lane, LaneSeq, RecordBody, Seq, WireRecord};
 use shared::units::now_ms;
 
 use std::sync::Arc;
@@ -32,7 +32,7 @@ fn insert(conn: &mut Connection, edge: &str, epoch: &str, lane: u8, records: &[W
                         edge,
                         epoch,
                         lane,
-                        r.seq,
+                        r.seq.0,
                         "message",
                         m.class,
                         m.topic,
@@ -47,7 +47,7 @@ fn insert(conn: &mut Connection, edge: &str, epoch: &str, lane: u8, records: &[W
                     edge,
                     epoch,
                     lane,
-                    r.seq,
+                    r.seq.0,
                     "gap",
                     g.class,
                     None::<String>,
@@ -120,7 +120,7 @@ impl RecordSink for SqliteSink {
                 .prepare_cached("SELECT lane, committed FROM marks WHERE edge_id = ?1 AND epoch = ?2 ORDER BY lane")
                 .map_err(|e| SinkError::sqlite("read marks", e))?;
             let rows = stmt
-                .query_map(params![edge, epoch], |r| Ok(LaneSeq { lane: r.get(0)?, seq: r.get(1)? }))
+                .query_map(params![edge, epoch], |r| Ok(LaneSeq { lane: Lane(r.get(0)?), seq: Seq(r.get(1)?) }))
                 .map_err(|e| SinkError::sqlite("read marks", e))?;
             rows.collect::<Result<Vec<_>, _>>().map_err(|e| SinkError::sqlite("read marks", e))
         })
@@ -194,7 +194,7 @@ mod tests {
 
     fn record(seq: u64) -> WireRecord {
         WireRecord::message(
-            seq,
+            Seq(seq),
             WireMessage {
                 class: "telemetry".into(),
                 topic: "inference/yolo-edge/v3.2.1/cam-03".into(),
@@ -217,7 +217,7 @@ mod tests {
         sink.write("e1", "ep", 2, (1..=3).map(record).collect(), 3).await.unwrap();
         sink.write("e1", "ep", 2, (2..=5).map(record).collect(), 5).await.unwrap();
         sink.write("e1", "ep", 2, vec![record(4)], 4).await.unwrap();
-        assert_eq!(sink.committed("e1", "ep").await.unwrap(), vec![LaneSeq { lane: 2, seq: 5 }]);
+        assert_eq!(sink.committed("e1", "ep").await.unwrap(), vec![LaneSeq { lane: Lane(2), seq: Seq(5) }]);
         assert!(sink.committed("e1", "other").await.unwrap().is_empty());
         let conn = Connection::open(sink.path()).unwrap();
         let n: i64 = conn.query_row("SELECT count(*) FROM records", [], |r| r.get(0)).unwrap();
@@ -245,7 +245,7 @@ mod tests {
         other.execute_batch("COMMIT").unwrap();
         writing.await.unwrap().unwrap();
         assert!(metrics.healthy());
-        assert_eq!(sink.committed("e1", "ep").await.unwrap(), vec![LaneSeq { lane: 0, seq: 3 }]);
+        assert_eq!(sink.committed("e1", "ep").await.unwrap(), vec![LaneSeq { lane: Lane(0), seq: Seq(3) }]);
     }
 
     /// Errors say what kind they are: a stored value that does not parse is `Corrupt` naming

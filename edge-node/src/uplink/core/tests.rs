@@ -7,6 +7,7 @@ use shared::proto::edge::{EdgeSession, EdgeSessionConfig};
 use shared::proto::{Ack, Control, LaneSeq, Welcome};
 
 use super::*;
+use shared::proto::{Lane, Seq};
 
 const MIN: Duration = Duration::from_millis(200);
 const MAX: Duration = Duration::from_secs(30);
@@ -169,7 +170,8 @@ fn session(window: usize, now: Instant) -> EdgeSession {
     let mut s = EdgeSession::new(config, "00".repeat(16), []);
     s.connected(now);
     while s.poll_control().is_some() {}
-    let welcome = Welcome { version: 3, committed: vec![LaneSeq { lane: 0, seq: 0 }], dicts: vec![], sink: None };
+    let welcome =
+        Welcome { version: 3, committed: vec![LaneSeq { lane: Lane(0), seq: Seq(0) }], dicts: vec![], sink: None };
     s.handle(Control::Welcome(welcome), now).unwrap();
     s
 }
@@ -238,7 +240,7 @@ fn a_full_window_reads_nothing_until_an_ack() {
     let reads = pass(&mut p, &mut s, &[(0, 1000)], t0);
     assert_eq!(reads.len(), 2, "two batches in flight at most");
     assert!(pass(&mut p, &mut s, &[(0, 1000)], t0).is_empty());
-    s.handle(Control::Ack(Ack { lane: 0, up_to: 10 }), t0).unwrap();
+    s.handle(Control::Ack(Ack { lane: Lane(0), up_to: Seq(10) }), t0).unwrap();
     let reads = pass(&mut p, &mut s, &[(0, 1000)], t0);
     assert_eq!(reads, [Read { lane: 0, after: 20, max: 10 }]);
 }

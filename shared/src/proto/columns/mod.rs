@@ -34,7 +34,7 @@ pub use dict::dictionary;
 pub use ints::Format;
 
 use super::varint::put as put_varint;
-use super::{ProtoError, RecordBody, SchemaRef, WireGap, WireMessage, WireRecord};
+use super::{ProtoError, RecordBody, SchemaRef, Seq, WireGap, WireMessage, WireRecord};
 use ints::{IntsIn, IntsOut, V1};
 use json::{SLOT, Val, cut};
 
@@ -250,7 +250,7 @@ pub(crate) fn encode_with(records: &[WireRecord], f: Format, walker: &dyn Shapes
     }
     let mut next_schema = schema_cbor.iter();
     for (i, (r, cut)) in records.iter().zip(cuts.iter()).enumerate() {
-        seqs.push(r.seq as i64);
+        seqs.push(r.seq.0 as i64);
         let m = match &r.body {
             RecordBody::Gap(g) => {
                 kinds.push(1);
@@ -635,7 +635,7 @@ pub(crate) fn decode<'a>(raw: &'a [u8], max_out: usize) -> Result<Vec<WireRecord
     for i in 0..n {
         // As `compress::records_cost` counts: a record's struct, then the bytes it owns.
         budget.spend(each)?;
-        let seq = seqs.next()? as u64;
+        let seq = Seq(seqs.next()? as u64);
         if kinds.byte()? == 1 {
             let g: WireGap = ciborium::from_reader(gaps.bytes()?).map_err(|e| bad("gaps", e))?;
             budget.spend(g.ranges.len() * 16 + g.class.len())?;

@@ -9,7 +9,7 @@ use crate::proto::record::GapReason;
 
 pub(crate) fn msg(seq: u64, topic: &str, payload: &[u8]) -> WireRecord {
     WireRecord::message(
-        seq,
+        Seq(seq),
         WireMessage {
             class: "telemetry".into(),
             topic: topic.into(),
@@ -122,7 +122,7 @@ fn properties_gaps_and_classes_come_back() {
         m.qos = 0;
     }
     let gap = WireRecord::gap(
-        7,
+        Seq(7),
         WireGap { class: "telemetry".into(), reason: GapReason::Evicted, ranges: vec![(4, 6)], count: 3 },
     );
     round_trip(&[msg(1, "a/b", br#"{"v":2}"#), a, gap, msg(9, "a/c", b"raw")]);
