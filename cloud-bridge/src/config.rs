@@ -5,6 +5,7 @@ use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
+use shared::check::{Problem, Problems};
 
 pub use crate::models::config::{ModelStoreKind, ModelsConfig};
 pub use crate::server::config::ServerConfig;
@@ -75,8 +76,9 @@ pub enum ConfigError {
     },
     #[error("{path}: {message}")]
     Parse { path: PathBuf, message: String },
-    #[error("{path}: {key}: {problem}")]
-    Invalid { path: PathBuf, key: String, problem: String },
+    /// Every problem found, each with its key.
+    #[error("{path}: {}", .problems.iter().map(ToString::to_string).collect::<Vec<_>>().join("; "))]
+    Invalid { path: PathBuf, problems: Vec<Problem> },
 }
 
 impl CloudConfig {
@@ -101,53 +103,40 @@ impl CloudConfig {
             resolve(&mut models.dir);
             resolve(&mut models.signing_key);
         }
+        // Every problem of the file at once: fixing one to be told of the next is a slow loop.
+        let mut problems = Problems::default();
         for (i, serial) in config.server.deny_serials.iter_mut().enumerate() {
-            let Some(clean) = shared::tls::canonical_serial(serial) else {
-                return Err(ConfigError::Invalid {
-                    path: path.to_owned(),
-                    key: format!("server.deny_serials[{i}]"),
-                    problem: format!("{serial:?} is not a hex serial number"),
-                });
-            };
-            *serial = clean;
+            match shared::tls::canonical_serial(serial) {
+                Some(clean) => *serial = clean,
+                None => {
+                    problems.bad(format!("server.deny_serials[{i}]"), format!("{serial:?} is not a hex serial number"))
+                }
+            }
         }
         if config.server.max_held == 0 {
-            return Err(ConfigError::Invalid {
-                path: path.to_owned(),
-                key: "server.max_held".into(),
-                problem: "must be at least 1".into(),
-            });
+            problems.bad("server.max_held", "must be at least 1");
         }
-        let mut problems = shared::check::Problems::default();
         config.limits.check(&mut problems);
         config.fleet.check(&mut problems);
         config.downlink.check(&mut problems);
         config.tracing.check(&mut problems);
-        if let Some(first) = problems.first() {
-            return Err(ConfigError::Invalid { path: path.to_owned(), key: first.key, problem: first.reason });
-        }
         if let SinkConfig::Jetstream { url, .. } = &config.sink
             && let Err(e) = crate::sink::jetstream::check_url(url)
         {
-            return Err(ConfigError::Invalid { path: path.to_owned(), key: "sink.url".into(), problem: e.to_string() });
+            problems.bad("sink.url", e.to_string());
         }
         if config.models.as_ref().is_some_and(|m| m.poll.0.is_zero()) {
-            return Err(ConfigError::Invalid {
-                path: path.to_owned(),
-                key: "models.poll".into(),
-                problem: "must be more than 0".into(),
-            });
+            problems.bad("models.poll", "must be more than 0");
         }
         if let Some(m) = &config.models
             && m.store == ModelStoreKind::Jetstream
             && m.url.is_none()
             && !matches!(config.sink, SinkConfig::Jetstream { .. })
         {
-            return Err(ConfigError::Invalid {
-                path: path.to_owned(),
-                key: "models.url".into(),
-                problem: "the jetstream model store needs a NATS url when the sink is not jetstream".into(),
-            });
+            problems.bad("models.url", "the jetstream model store needs a NATS url when the sink is not jetstream");
+        }
+        if !problems.is_empty() {
+            return Err(ConfigError::Invalid { path: path.to_owned(), problems: problems.into_vec() });
         }
         Ok(config)
     }
@@ -172,6 +161,17 @@ mod tests {
         .unwrap();
         let err = CloudConfig::load(&bad).unwrap_err().to_string();
         assert!(err.contains("server.deny_serials[0]") && err.contains("not a hex serial"), "{err}");
+        // Every problem of the file in one answer, each with its key, in the file's order.
+        std::fs::write(
+            &bad,
+            "[server]\nbind = \"127.0.0.1:0\"\ncert = \"c\"\nkey = \"k\"\nclient_ca = \"ca\"\n\
+             deny_serials = [\"zz\", \"0a\", \"yy\"]\nmax_held = 0\n\
+             [sink]\nkind = \"sqlite\"\npath = \"x.db\"\n[models]\nsigning_key = \"k\"\npoll = \"0s\"\n",
+        )
+        .unwrap();
+        let Err(ConfigError::Invalid { problems, .. }) = CloudConfig::load(&bad) else { panic!("not refused") };
+        let keys: Vec<&str> = problems.iter().map(|p| p.key.as_str()).collect();
+        assert_eq!(keys, ["server.deny_serials[0]", "server.deny_serials[2]", "server.max_held", "models.poll"]);
         std::fs::write(
             &bad,
             "[server]\nbind = \"127.0.0.1:0\"\ncert = \"c\"\nkey = \"k\"\nclient_ca = \"ca\"\n\

@@ -353,6 +353,9 @@ fn exit(outcome: anyhow::Result<bool>) -> ExitCode {
 fn check_config(path: &std::path::Path) -> ExitCode {
     let config = match CloudConfig::load(path) {
         Ok(c) => c,
+        Err(cloud_bridge::config::ConfigError::Invalid { problems, .. }) => {
+            return listed(path, problems.iter().map(ToString::to_string).collect());
+        }
         Err(e) => {
             eprintln!("cloud-bridge: {e}");
             return ExitCode::from(2);
@@ -368,18 +371,22 @@ fn check_config(path: &std::path::Path) -> ExitCode {
     if let Err(e) = shared::tls::load_roots(&s.client_ca) {
         problems.push(format!("server.client_ca: {e}"));
     }
+    listed(path, problems)
+}
+
+/// `ok`, or every problem on its own line (exit 2).
+fn listed(path: &std::path::Path, problems: Vec<String>) -> ExitCode {
     if problems.is_empty() {
         println!("{}: ok", path.display());
-        ExitCode::SUCCESS
-    } else {
-        eprintln!(
-            "cloud-bridge: config file {} has {} problem(s):\n  {}",
-            path.display(),
-            problems.len(),
-            problems.join("\n  ")
-        );
-        ExitCode::from(2)
+        return ExitCode::SUCCESS;
     }
+    eprintln!(
+        "cloud-bridge: config file {} has {} problem(s):\n  {}",
+        path.display(),
+        problems.len(),
+        problems.join("\n  ")
+    );
+    ExitCode::from(2)
 }
 
 fn run(path: &std::path::Path, ready_file: Option<PathBuf>) -> ExitCode {

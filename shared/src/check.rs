@@ -4,6 +4,7 @@
 //! `config` collects them for the whole file, so no subsystem imports `config`.
 
 use std::fmt;
+#[cfg(feature = "fs")]
 use std::path::Path;
 
 /// One thing wrong with a config file, with the key it is about.
@@ -28,7 +29,9 @@ impl Problems {
         self.0.push(Problem { key: key.into(), reason: reason.into() });
     }
 
-    /// A problem at `key` unless `path` is a file that can be read for its metadata.
+    /// A problem at `key` unless `path` is a file that can be read for its metadata (feature
+    /// `fs`: the crate does no I/O without it).
+    #[cfg(feature = "fs")]
     pub fn file(&mut self, key: impl Into<String>, path: &Path) {
         match std::fs::metadata(path) {
             Ok(m) if m.is_file() => {}

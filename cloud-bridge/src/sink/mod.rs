@@ -18,7 +18,7 @@
 //! per edge ([`quota`]). The fleet view's states ([`presence`]) are one per edge and one per
 //! bridge, replaced, never appended.
 
-mod any;
+pub mod any;
 pub mod config;
 pub mod downlink;
 mod error;
@@ -38,7 +38,6 @@ use std::future::Future;
 
 use shared::proto::{DictAnnounce, LaneSeq, WireRecord};
 
-pub use any::{AnySink, AnyStaged};
 pub use downlink::DownlinkStore;
 pub use error::SinkError;
 pub use metrics::{DeadLetterLabel, SinkMetrics};
