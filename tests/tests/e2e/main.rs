@@ -29,6 +29,7 @@ mod downlink_jetstream;
 mod edge_cli;
 mod fleet;
 mod fleet_view;
+mod kafka_broker;
 mod model_sync;
 mod models;
 mod ops_console;
