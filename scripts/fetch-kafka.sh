@@ -28,9 +28,17 @@ cat > "$work/pom.xml" <<POM
 </project>
 POM
 echo "fetching Apache Kafka $version from Maven Central into $libs" >&2
-rm -rf "$libs"
-mkdir -p "$libs"
-mvn -q -B -f "$work/pom.xml" dependency:copy-dependencies -DoutputDirectory="$libs" -DincludeScope=runtime >&2
-[ -f "$libs/kafka_2.13-$version.jar" ] || { echo "kafka_2.13-$version.jar was not fetched" >&2; exit 1; }
-touch "$libs/.complete"
+# Fetched beside the cache and moved into place whole: a fetch cut short, or two at once, never
+# leaves a folder that looks complete.
+mkdir -p "$(dirname "$libs")"
+staging=$(mktemp -d "$libs.XXXXXX")
+mvn -q -B -f "$work/pom.xml" dependency:copy-dependencies -DoutputDirectory="$staging" -DincludeScope=runtime >&2
+[ -f "$staging/kafka_2.13-$version.jar" ] || { rm -rf "$staging"; echo "kafka_2.13-$version.jar was not fetched" >&2; exit 1; }
+touch "$staging/.complete"
+if [ -f "$libs/.complete" ]; then
+  rm -rf "$staging"
+else
+  rm -rf "$libs"
+  mv "$staging" "$libs"
+fi
 echo "$libs"

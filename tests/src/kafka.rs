@@ -16,8 +16,13 @@ pub struct KafkaBroker {
     dir: tempfile::TempDir,
 }
 
-/// The folder of Kafka's jars, fetched if it is not yet.
+/// The folder of Kafka's jars, fetched if it is not yet; asked of the script once per process.
 pub fn libs() -> PathBuf {
+    static LIBS: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
+    LIBS.get_or_init(fetched).clone()
+}
+
+fn fetched() -> PathBuf {
     let script = crate::workspace_root().join("scripts/fetch-kafka.sh");
     let out = Command::new(&script)
         .stderr(Stdio::inherit())

@@ -67,8 +67,12 @@ impl<S: RecordSink> Writes<S> {
         }
         while let Some(id) = core.poll_publish() {
             let Some(staged) = self.batches.get_mut(&id).and_then(|b| b.staged.take()) else {
-                // The core publishes only what was staged.
-                unreachable!("batch {id} published before it was staged");
+                // The core publishes only what it was told is staged. Were that ever broken, the
+                // session ends on it, not with a panic of the connection's task.
+                let e =
+                    SinkError::Task { what: "publish", reason: format!("batch {id} published before it was staged") };
+                self.running.push(Box::pin(std::future::ready(Written::Published(id, Err(e)))));
+                continue;
             };
             let publish = sink.publish(staged);
             self.spawn("publish", async move { Written::Published(id, publish.await) }, move |e| {

@@ -18,13 +18,6 @@ pub struct Lane(pub u8);
 #[serde(transparent)]
 pub struct Seq(pub u64);
 
-impl Seq {
-    /// The seq after this one.
-    pub fn next(self) -> Seq {
-        Seq(self.0 + 1)
-    }
-}
-
 impl fmt::Display for Lane {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         self.0.fmt(f)
@@ -55,6 +48,5 @@ mod tests {
         let back: Seq = ciborium::from_reader(&cbor(&77u64)[..]).expect("decodes");
         assert_eq!(back, Seq(77));
         assert_eq!(format!("{}:{}", Lane(2), Seq(9)), "2:9");
-        assert_eq!(Seq(9).next(), Seq(10));
     }
 }

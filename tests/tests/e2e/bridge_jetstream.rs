@@ -176,6 +176,11 @@ async fn a_nats_server_killed_and_restarted_mid_stream_loses_and_duplicates_noth
     assert_eq!(edge.metric("edge_uplink_reconnects_total"), 0.0);
 }
 
+/// The payloads of the stream `EDGE`, in stream order, as text.
+async fn stored_payloads(url: &str) -> Vec<String> {
+    stream_messages(url).await.iter().map(|m| String::from_utf8_lossy(&m.payload).into_owned()).collect()
+}
+
 fn telemetry(seq: u64) -> shared::proto::WireRecord {
     shared::proto::WireRecord::message(
         Seq(seq),
@@ -218,11 +223,7 @@ async fn a_batch_overlapping_stored_records_lands_only_the_new_ones_in_order() {
         let staged = second.stage("edge-1".into(), "ep".into(), 3, batch(21..=25)).await.unwrap();
         drop(staged);
         e2e_tests::cloud::publish(&second, "edge-1", "ep", 3, batch(16..=20)).await.unwrap();
-        let payloads: Vec<String> = stream_messages(&nats.url())
-            .await
-            .iter()
-            .map(|m| String::from_utf8_lossy(&m.payload).into_owned())
-            .collect();
+        let payloads = stored_payloads(&nats.url()).await;
         let expected: Vec<String> = (1..=20).map(|s| format!("m{s}")).collect();
         assert_eq!(payloads, expected, "{batches:?}");
     }
@@ -250,11 +251,7 @@ async fn batches_staged_ahead_land_in_publish_order() {
         for staged in [first, second, third, again] {
             sink.publish(staged).await.unwrap();
         }
-        let payloads: Vec<String> = stream_messages(&nats.url())
-            .await
-            .iter()
-            .map(|m| String::from_utf8_lossy(&m.payload).into_owned())
-            .collect();
+        let payloads = stored_payloads(&nats.url()).await;
         let expected: Vec<String> = (1..=1_520).map(|s| format!("m{s}")).collect();
         assert_eq!(payloads.len(), expected.len(), "{batches:?}");
         assert!(payloads == expected, "{batches:?}: out of order");
@@ -305,8 +302,7 @@ async fn the_server_stores_a_fast_batch_only_up_to_its_first_gap() {
         let m = next.unwrap_or_else(|_| panic!("no final reply; so far: {said:?}")).unwrap();
         said.push(String::from_utf8_lossy(&m.payload).into_owned());
     }
-    let payloads: Vec<String> =
-        stream_messages(&nats.url()).await.iter().map(|m| String::from_utf8_lossy(&m.payload).into_owned()).collect();
+    let payloads = stored_payloads(&nats.url()).await;
     assert_eq!(payloads, ["m1", "m2", "m3", "m4"], "server replies: {said:?}");
     assert!(said.iter().any(|r| r.contains("\"gap\"")), "the server reports the gap: {said:?}");
 }
