@@ -17,7 +17,8 @@ Usage:
 
 Both clients keep their sessions (Session Expiry one hour, Clean Start 0 after the first
 connect), so paho resends what was in flight after each reconnect, with DUP, and the broker's
-stored QoS 2 ids keep a resent QoS 2 message from arriving twice.
+stored QoS 2 ids keep a resent QoS 2 message from arriving twice (with paho's own resend bug
+worked around: `keep_released`).
 """
 import json
 import sys
@@ -30,6 +31,27 @@ from paho.mqtt.properties import Properties
 
 mode, host, port = sys.argv[1], sys.argv[2], int(sys.argv[3])
 TOPIC = "durable"
+
+
+def keep_released(client):
+    """Works around paho-mqtt 2.2.0 breaking [MQTT-4.3.3-5] ("MUST NOT re-send the PUBLISH once
+    it has sent the corresponding PUBREL"). Each reconnect attempt resets the in-flight
+    messages: the first turns a QoS 2 message waiting for PUBCOMP into "resend PUBREL", and a
+    second attempt (the first refused while the node restarts) turns that into "publish", so
+    paho sends the message again as a new one (DUP 0) once connected. A broker that had released
+    the id rightly takes it as a new message, and the subscriber gets it twice (seen in CI).
+    Here a message paho was to resend PUBREL for stays so."""
+    reset = client._messages_reconnect_reset_out
+
+    def patched():
+        with client._out_message_mutex:
+            releasing = [m for m in client._out_messages.values() if m.state == mqtt.mqtt_ms_resend_pubrel]
+        reset()
+        with client._out_message_mutex:
+            for m in releasing:
+                m.state = mqtt.mqtt_ms_resend_pubrel
+
+    client._messages_reconnect_reset_out = patched
 
 
 def props(expiry=3600):
@@ -63,6 +85,7 @@ def subscribe():
 
 def publish(count):
     c = make("durable-pub")
+    keep_released(c)
     lock = threading.Condition()
     pending = {}
     acked = []

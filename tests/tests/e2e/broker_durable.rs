@@ -177,7 +177,7 @@ async fn every_acknowledged_message_reaches_a_persistent_subscriber(signal: &str
         let qos = if id % 2 == 0 { 1 } else { 2 };
         assert!(copies.iter().all(|(q, _)| *q == qos), "message {id} arrived at {copies:?}");
         if qos == 2 {
-            assert_eq!(copies.len(), 1, "QoS 2 message {id} arrived {} times", copies.len());
+            assert_eq!(copies.len(), 1, "QoS 2 message {id} arrived {} times (qos, dup): {copies:?}", copies.len());
         }
     }
     let extra = seen.values().map(|c| c.len() - 1).sum::<usize>();
