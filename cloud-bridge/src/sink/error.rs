@@ -13,6 +13,14 @@ pub enum SinkError {
     /// `errors.json`), where it gave one.
     #[error("sink {what}: JetStream error{}: {reason}", code.map(|c| format!(" {c}")).unwrap_or_default())]
     JetStream { what: &'static str, code: Option<u64>, reason: String },
+    /// Kafka answered with an error: `code` is librdkafka's error code (the broker's own codes
+    /// are among them), where it gave one.
+    #[error("sink {what}: Kafka error{}: {reason}", code.map(|c| format!(" {c}")).unwrap_or_default())]
+    Kafka { what: &'static str, code: Option<i32>, reason: String },
+    /// Another bridge took over what this one was writing (Kafka fenced its producer): the
+    /// session ends, its edge is the other bridge's now.
+    #[error("sink {what}: {key} taken over by another bridge (producer fenced)")]
+    Fenced { what: &'static str, key: String },
     /// SQLite failed: `code` is its extended result code (`SQLITE_BUSY` 5, `SQLITE_FULL` 13, ...).
     #[error("sink {what}: SQLite error {code}: {reason}")]
     Sqlite { what: &'static str, code: i32, reason: String },
@@ -48,6 +56,8 @@ impl SinkError {
         match self {
             SinkError::Unavailable { .. } => "unavailable",
             SinkError::JetStream { .. } => "jetstream",
+            SinkError::Kafka { .. } => "kafka",
+            SinkError::Fenced { .. } => "fenced",
             SinkError::Sqlite { .. } => "sqlite",
             SinkError::Corrupt { .. } => "corrupt",
             SinkError::Conflict { .. } => "conflict",

@@ -25,6 +25,7 @@ mod error;
 pub(crate) mod health;
 pub mod inspect;
 pub mod jetstream;
+pub mod kafka;
 mod metrics;
 pub mod presence;
 pub(crate) mod probe;

@@ -1,0 +1,260 @@
+//! One transactional producer per edge lane, and the transaction that writes a batch with its
+//! lane's mark.
+//!
+//! A lane's producer has `transactional.id` `<prefix>.<edge>.<lane>`. Opening it
+//! (`init_transactions`) fences every earlier producer of that id, on this bridge or another,
+//! and ends (aborts, or completes if its commit had begun) the transaction it left open. Only
+//! then are the lane's marks read ([`StateLog::read_to_end`]): nothing can commit behind them
+//! any more, so the marks are the truth for as long as this producer lives, and the producer
+//! keeps them itself from there on. A batch's records at or below its lane's mark are dropped
+//! before writing (a resend of what a fenced bridge committed after the edge heard `committed`);
+//! the rest go in one transaction with the lane's new mark, so a `read_committed` reader sees
+//! the records and the mark together or neither.
+//!
+//! Any failure drops the producer: the next attempt opens another under the same id, which
+//! settles the transaction the failed one may have left, and reads the mark again, so a
+//! commit whose answer was lost is found committed, not written twice. A fenced producer is the
+//! end of the session ([`SinkError::Fenced`]): another bridge has the edge.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use rdkafka::error::KafkaError;
+use rdkafka::producer::{BaseRecord, DefaultProducerContext, Producer, ThreadedProducer};
+use rdkafka::types::RDKafkaErrorCode;
+
+use super::log::StateLog;
+use super::outgoing::{Outgoing, Staged, Topic};
+
+/// How long opening a producer may take: finding the transaction coordinator and settling what
+/// the fenced producer left.
+const INIT_TIMEOUT: Duration = Duration::from_secs(30);
+use super::settings::KafkaSettings;
+use super::{kafka_error, mark_key};
+use crate::sink::SinkError;
+
+type TxProducer = ThreadedProducer<DefaultProducerContext>;
+
+/// An open lane producer and the marks it keeps, per epoch.
+struct Lane {
+    producer: TxProducer,
+    marks: HashMap<String, u64>,
+}
+
+/// A lane's slot: its producer while open, and when it was last used (for eviction).
+struct Slot {
+    lane: tokio::sync::Mutex<Option<Lane>>,
+    used: Mutex<Instant>,
+}
+
+/// The lane producers of this bridge, at most `max_producers`.
+pub(crate) struct Lanes {
+    settings: KafkaSettings,
+    slots: Mutex<HashMap<(String, u8), Arc<Slot>>>,
+}
+
+impl Lanes {
+    pub(crate) fn new(settings: &KafkaSettings) -> Self {
+        Self { settings: settings.clone(), slots: Mutex::default() }
+    }
+
+    fn slot(&self, edge: &str, lane: u8) -> Arc<Slot> {
+        let mut slots = self.slots.lock().unwrap_or_else(|e| e.into_inner());
+        let key = (edge.to_owned(), lane);
+        if let Some(s) = slots.get(&key) {
+            *s.used.lock().unwrap_or_else(|e| e.into_inner()) = Instant::now();
+            return s.clone();
+        }
+        if slots.len() >= self.settings.max_producers {
+            // The least recently used goes; a publish holding it finishes first (it holds the
+            // slot's Arc), and its lane opens a producer again when it next writes.
+            let oldest = slots
+                .iter()
+                .min_by_key(|(_, s)| *s.used.lock().unwrap_or_else(|e| e.into_inner()))
+                .map(|(k, _)| k.clone());
+            if let Some(k) = oldest {
+                slots.remove(&k);
+            }
+        }
+        let slot = Arc::new(Slot { lane: tokio::sync::Mutex::new(None), used: Mutex::new(Instant::now()) });
+        slots.insert(key, slot.clone());
+        slot
+    }
+
+    /// Lane producers open now.
+    pub(crate) fn open(&self) -> usize {
+        self.slots.lock().unwrap_or_else(|e| e.into_inner()).len()
+    }
+
+    /// The lane's mark for `epoch` as its producer knows it, opening the producer if needed.
+    pub(crate) async fn mark(&self, marks: &StateLog, edge: &str, epoch: &str, lane: u8) -> Result<u64, SinkError> {
+        let slot = self.slot(edge, lane);
+        let mut open = slot.lane.lock().await;
+        let l = self.ensure_open(&mut open, marks, edge, lane).await?;
+        Ok(known_mark(l, marks, edge, epoch, lane))
+    }
+
+    /// Writes `staged` and its lane's mark in one transaction (once: the caller retries).
+    pub(crate) async fn write(&self, marks: &StateLog, marks_topic: &Topic, staged: &Staged) -> Result<(), SinkError> {
+        let slot = self.slot(&staged.edge, staged.lane);
+        let mut open = slot.lane.lock().await;
+        let l = self.ensure_open(&mut open, marks, &staged.edge, staged.lane).await?;
+        let mark = known_mark(l, marks, &staged.edge, &staged.epoch, staged.lane);
+        let fresh: Vec<&Outgoing> = staged.records.iter().filter(|r| r.seq > mark).collect();
+        let Some(up_to) = fresh.last().map(|r| r.seq) else { return Ok(()) };
+        let key = mark_key(&staged.edge, &staged.epoch, staged.lane);
+        let mark_record = Outgoing {
+            seq: up_to,
+            topic: marks_topic.name.clone(),
+            partition: super::names::partition_of(&key, marks_topic.partitions),
+            key: key.into_bytes(),
+            headers: Vec::new(),
+            payload: up_to.to_string().into_bytes(),
+            tombstone: false,
+        };
+        let timeout = self.settings.transaction_timeout.0;
+        // The producer moves into the blocking task and back: librdkafka's transaction calls
+        // block their thread.
+        let Some(lane) = open.take() else { return Err(SinkError::invalid("publish", "no producer")) };
+        let records: Vec<Outgoing> = fresh.into_iter().cloned().collect();
+        let (lane, result) = tokio::task::spawn_blocking(move || {
+            let mut records = records;
+            records.push(mark_record);
+            let result = transact(&lane.producer, &records, timeout);
+            (lane, result)
+        })
+        .await
+        .map_err(|e| SinkError::Task { what: "publish", reason: e.to_string() })?;
+        match result {
+            Ok(()) => {
+                let mut lane = lane;
+                lane.marks.insert(staged.epoch.clone(), up_to);
+                *open = Some(lane);
+                Ok(())
+            }
+            // Dropped with `lane`: the next attempt opens another producer.
+            Err(e) => Err(txn_error("publish", &self.settings.transactional_id(&staged.edge, staged.lane), &e)),
+        }
+    }
+
+    /// The open producer of the slot, opened (and the earlier ones fenced) if there is none.
+    async fn ensure_open<'a>(
+        &self,
+        open: &'a mut Option<Lane>,
+        marks: &StateLog,
+        edge: &str,
+        lane: u8,
+    ) -> Result<&'a mut Lane, SinkError> {
+        if open.is_none() {
+            let id = self.settings.transactional_id(edge, lane);
+            let producer = open_producer(self.producer_config(&id)?, &id).await?;
+            marks.read_to_end().await?;
+            *open = Some(Lane { producer, marks: HashMap::new() });
+        }
+        open.as_mut().ok_or_else(|| SinkError::invalid("publish", "no producer"))
+    }
+
+    fn producer_config(&self, id: &str) -> Result<rdkafka::ClientConfig, SinkError> {
+        let mut c = self.settings.client()?;
+        c.set("transactional.id", id)
+            .set("transaction.timeout.ms", self.settings.transaction_timeout.0.as_millis().to_string())
+            .set("enable.idempotence", "true")
+            .set("acks", "all")
+            .set("linger.ms", "1")
+            .set("message.max.bytes", (self.settings.max_message_bytes + 4096).to_string());
+        Ok(c)
+    }
+}
+
+/// The mark of (edge, epoch, lane) as the open producer knows it, else as the log has it (the
+/// producer read the log to its end when it opened, and nobody else writes this key since).
+fn known_mark(l: &mut Lane, marks: &StateLog, edge: &str, epoch: &str, lane: u8) -> u64 {
+    if let Some(m) = l.marks.get(epoch) {
+        return *m;
+    }
+    let stored = marks.get(&mark_key(edge, epoch, lane)).and_then(|v| super::parse_mark(&v)).unwrap_or(0);
+    l.marks.insert(epoch.to_owned(), stored);
+    stored
+}
+
+/// A transactional producer of `config`, opened: every earlier producer of its id is fenced
+/// and the transaction it left is settled before this returns.
+pub(crate) async fn open_producer(config: rdkafka::ClientConfig, id: &str) -> Result<TxProducer, SinkError> {
+    let id = id.to_owned();
+    tokio::task::spawn_blocking(move || -> Result<TxProducer, SinkError> {
+        let producer: TxProducer = config.create().map_err(|e| kafka_error("producer", &e))?;
+        producer.init_transactions(INIT_TIMEOUT).map_err(|e| txn_error("init transactions", &id, &e))?;
+        Ok(producer)
+    })
+    .await
+    .map_err(|e| SinkError::Task { what: "init transactions", reason: e.to_string() })?
+}
+
+/// Writes `writes` in one transaction of `producer`, which is closed after.
+pub(crate) async fn commit_once(
+    producer: TxProducer,
+    writes: Vec<Outgoing>,
+    id: &str,
+    timeout: Duration,
+) -> Result<(), SinkError> {
+    let id = id.to_owned();
+    tokio::task::spawn_blocking(move || transact(&producer, &writes, timeout).map_err(|e| txn_error("commit", &id, &e)))
+        .await
+        .map_err(|e| SinkError::Task { what: "commit", reason: e.to_string() })?
+}
+
+/// The deletion of `key` from compacted `topic`.
+pub(crate) fn tombstone(topic: &Topic, key: String) -> Outgoing {
+    Outgoing {
+        seq: 0,
+        topic: topic.name.clone(),
+        partition: super::names::partition_of(&key, topic.partitions),
+        key: key.into_bytes(),
+        headers: Vec::new(),
+        payload: Vec::new(),
+        tombstone: true,
+    }
+}
+
+/// One transaction: the records, then the mark, committed.
+fn transact(producer: &TxProducer, records: &[Outgoing], timeout: Duration) -> Result<(), KafkaError> {
+    producer.begin_transaction()?;
+    for r in records {
+        let mut record: BaseRecord<'_, [u8], [u8]> = BaseRecord::to(&r.topic).partition(r.partition).key(&r.key[..]);
+        if !r.tombstone {
+            record = record.payload(&r.payload[..]);
+        }
+        if !r.headers.is_empty() {
+            let mut headers = rdkafka::message::OwnedHeaders::new_with_capacity(r.headers.len());
+            for (name, value) in &r.headers {
+                headers = headers.insert(rdkafka::message::Header { key: name, value: Some(&value[..]) });
+            }
+            record = record.headers(headers);
+        }
+        loop {
+            match producer.send(record) {
+                Ok(()) => break,
+                Err((KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull), back)) => {
+                    record = back;
+                    std::thread::sleep(Duration::from_millis(5));
+                }
+                Err((e, _)) => return Err(e),
+            }
+        }
+    }
+    producer.commit_transaction(timeout)
+}
+
+/// A transactional call's error: [`SinkError::Fenced`] when another producer took the id.
+fn txn_error(what: &'static str, id: &str, e: &KafkaError) -> SinkError {
+    match e.rdkafka_error_code() {
+        Some(
+            RDKafkaErrorCode::Fenced
+            | RDKafkaErrorCode::ProducerFenced
+            | RDKafkaErrorCode::InvalidProducerEpoch
+            | RDKafkaErrorCode::TransactionCoordinatorFenced,
+        ) => SinkError::Fenced { what, key: id.to_owned() },
+        _ => kafka_error(what, e),
+    }
+}

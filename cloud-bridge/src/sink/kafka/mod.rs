@@ -1,0 +1,206 @@
+//! Apache Kafka as the sink, exactly once through Kafka's transactions.
+//!
+//! # Records, exactly once
+//!
+//! Each edge lane writes through a transactional producer of its own, `transactional.id`
+//! `<prefix>.<edge>.<lane>` ([`lanes`]). A batch is one transaction: its records, in the
+//! topics the `topic` template names (partitioned by the edge id, so a lane's records keep
+//! their order in one partition per topic), and the lane's new mark in the compacted marks
+//! topic. Marks are read back with `read_committed` ([`log::StateLog`]), so a mark is seen
+//! exactly when the records it covers are. This is how Kafka Connect's exactly-once source
+//! connectors (KIP-618) keep their offsets, with the edge's sequence numbers as the offsets.
+//!
+//! Why nothing is written twice or lost:
+//! - **A bridge killed mid-batch**: its open transaction is aborted when the edge's next
+//!   bridge opens the lane's producer (same id: `init_transactions` fences the old one and
+//!   settles its transaction), or by the brokers after `transaction_timeout`. Neither its
+//!   records nor its mark were ever visible; the edge resends from the mark it hears.
+//! - **A bridge that lives on, cut off** (a zombie): once another opened the lane, each of its
+//!   writes fails as fenced, and its session ends ([`SinkError::Fenced`]).
+//! - **A commit that is late while the edge moves**: the new bridge reads the marks only after
+//!   fencing, and `init_transactions` first completes a commit the coordinator had begun. A
+//!   batch the edge resends that was committed after all is found at or below the mark and
+//!   dropped before writing.
+//! - **A commit whose answer was lost** (a broker killed, a leader election): the producer is
+//!   dropped; the next opens under the same id, reads the mark again, and writes only what is
+//!   above it.
+//! - **Broker kills and elections** under `acks=all` with `min_insync_replicas`: a committed
+//!   transaction is on that many replicas; the idempotent producer's sequence numbers keep a
+//!   retried produce request from appending twice.
+//!
+//! Where it is not: a consumer with `read_uncommitted` (Kafka's default isolation level) also
+//! sees the records of transactions that were aborted, so a resent batch can appear twice to
+//! it. Read the records topics with `isolation.level=read_committed`.
+//!
+//! # Other state
+//!
+//! The marks topic also holds each edge's epochs (admitted under a producer of the edge's own,
+//! `<prefix>.<edge>.epochs`, which fences a second bridge admitting at the same time: Kafka's
+//! stand-in for compare-and-set).
+
+pub(crate) mod lanes;
+pub(crate) mod log;
+pub(crate) mod names;
+pub(crate) mod outgoing;
+pub(crate) mod records;
+pub mod settings;
+pub(crate) mod topics;
+
+use std::sync::Arc;
+
+use rdkafka::error::KafkaError;
+
+use crate::sink::{EdgeQuota, SinkError, SinkMetrics};
+use lanes::Lanes;
+use log::StateLog;
+use names::Template;
+use outgoing::Topic;
+use records::{EpochKeeper, Stager};
+use settings::KafkaSettings;
+use topics::{Kind, Topics};
+
+pub use outgoing::Staged;
+
+/// The Kafka sink: brokers, topics, the marks followed, the lane producers.
+pub struct KafkaSink {
+    settings: KafkaSettings,
+    template: Template,
+    topics: Arc<Topics>,
+    marks: Arc<StateLog>,
+    marks_topic: Topic,
+    gaps: Topic,
+    dead: Topic,
+    lanes: Arc<Lanes>,
+    epochs: EpochKeeper,
+    metrics: Arc<SinkMetrics>,
+    quota: EdgeQuota,
+}
+
+impl std::fmt::Debug for KafkaSink {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("KafkaSink").field("bootstrap", &self.settings.bootstrap).finish_non_exhaustive()
+    }
+}
+
+impl KafkaSink {
+    /// Connects to the brokers, makes or checks the sink's own topics, and reads the marks.
+    /// The brokers are tried for `startup_retry` before it gives up.
+    pub async fn connect(settings: &KafkaSettings) -> Result<Self, SinkError> {
+        let mut problems = shared::check::Problems::default();
+        settings.check(&mut problems);
+        if let Some(p) = problems.first() {
+            return Err(SinkError::invalid("kafka settings", p));
+        }
+        let template = Template::parse(&settings.topic).map_err(|e| SinkError::invalid("kafka settings", e))?;
+        let topics = Arc::new(Topics::new(settings)?);
+        let deadline = tokio::time::Instant::now() + settings.startup_retry.0;
+        let brokers = loop {
+            match topics.brokers().await {
+                Ok(n) => break n,
+                Err(e) if tokio::time::Instant::now() < deadline => {
+                    tracing::warn!(error = %e, "kafka: brokers not answering yet; retrying");
+                    tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+                }
+                Err(e) => return Err(e),
+            }
+        };
+        if brokers > 1 && settings.replication_factor.is_none() {
+            return Err(SinkError::invalid(
+                "kafka settings",
+                format!(
+                    "sink.replication_factor is required on a cluster ({brokers} brokers): 3 keeps every committed record through the loss of one"
+                ),
+            ));
+        }
+        let topic = |name: &str, partitions| Topic { name: name.to_owned(), partitions };
+        let marks_partitions = topics.ensure(&settings.marks_topic, Kind::Compacted).await?;
+        let gaps = topic(&settings.gaps_topic, topics.ensure(&settings.gaps_topic, Kind::Records).await?);
+        let dead = topic(&settings.dead_letter_topic, topics.ensure(&settings.dead_letter_topic, Kind::Records).await?);
+        let marks_topic = topic(&settings.marks_topic, marks_partitions);
+        let marks = Arc::new(StateLog::start(settings, &settings.marks_topic, marks_partitions)?);
+        marks.read_to_end().await?;
+        tracing::info!(bootstrap = settings.bootstrap, brokers, "sink: kafka");
+        Ok(Self {
+            settings: settings.clone(),
+            template,
+            topics,
+            marks,
+            marks_topic: marks_topic.clone(),
+            gaps,
+            dead,
+            lanes: Arc::new(Lanes::new(settings)),
+            epochs: EpochKeeper { settings: settings.clone(), marks_topic },
+            metrics: Arc::new(SinkMetrics::default()),
+            quota: EdgeQuota::default(),
+        })
+    }
+
+    /// Counts into `metrics`.
+    pub fn with_metrics(mut self, metrics: Arc<SinkMetrics>) -> Self {
+        self.metrics = metrics;
+        self
+    }
+
+    /// Keeps each edge within `quota`.
+    pub fn with_quota(mut self, quota: EdgeQuota) -> Self {
+        self.quota = quota;
+        self
+    }
+
+    /// Lane producers open now (at most `max_producers`).
+    pub fn producers(&self) -> usize {
+        self.lanes.open()
+    }
+
+    fn stager(&self) -> Stager {
+        Stager {
+            topics: self.topics.clone(),
+            template: self.template.clone(),
+            settings: self.settings.clone(),
+            gaps: self.gaps.clone(),
+            dead: self.dead.clone(),
+            metrics: self.metrics.clone(),
+        }
+    }
+}
+
+/// The marks topic's key of (edge, epoch, lane). Edge ids are DNS names and epochs hex, so
+/// `/` parts them unambiguously.
+pub(crate) fn mark_key(edge: &str, epoch: &str, lane: u8) -> String {
+    format!("m/{edge}/{epoch}/{lane}")
+}
+
+/// The marks topic's key of an edge's epochs.
+pub(crate) fn epochs_key(edge: &str) -> String {
+    format!("e/{edge}")
+}
+
+/// A stored mark's value.
+pub(crate) fn parse_mark(value: &[u8]) -> Option<u64> {
+    std::str::from_utf8(value).ok()?.trim().parse().ok()
+}
+
+/// From a librdkafka error: its code where it has one.
+pub(crate) fn kafka_error(what: &'static str, e: &KafkaError) -> SinkError {
+    match e {
+        KafkaError::MessageProduction(_) | KafkaError::Transaction(_) | KafkaError::AdminOp(_) => {
+            SinkError::Kafka { what, code: e.rdkafka_error_code().map(|c| c as i32), reason: e.to_string() }
+        }
+        _ if e.rdkafka_error_code().is_some_and(transport) => SinkError::Unavailable { what, reason: e.to_string() },
+        _ => SinkError::Kafka { what, code: e.rdkafka_error_code().map(|c| c as i32), reason: e.to_string() },
+    }
+}
+
+/// Whether a code means the brokers are out of reach (the moment's), not that they refused.
+fn transport(code: rdkafka::types::RDKafkaErrorCode) -> bool {
+    use rdkafka::types::RDKafkaErrorCode as C;
+    matches!(
+        code,
+        C::BrokerTransportFailure | C::AllBrokersDown | C::OperationTimedOut | C::RequestTimedOut | C::Resolve
+    )
+}
+
+/// The brokers answered, but not as they should have.
+pub(crate) fn odd(what: &'static str, reason: impl std::fmt::Display) -> SinkError {
+    SinkError::Kafka { what, code: None, reason: reason.to_string() }
+}

@@ -1,0 +1,38 @@
+//! What a batch becomes for Kafka: records addressed to a topic and partition, ready to go in
+//! one transaction.
+
+/// A topic with its partition count.
+#[derive(Debug, Clone)]
+pub(crate) struct Topic {
+    pub name: String,
+    pub partitions: i32,
+}
+
+/// One Kafka record of a batch, or a batch's mark.
+#[derive(Debug, Clone)]
+pub(crate) struct Outgoing {
+    pub seq: u64,
+    pub topic: String,
+    pub partition: i32,
+    pub key: Vec<u8>,
+    pub headers: Vec<(String, Vec<u8>)>,
+    pub payload: Vec<u8>,
+    /// A compacted topic's deletion of `key` (no payload at all, not an empty one).
+    pub tombstone: bool,
+}
+
+impl Outgoing {
+    /// What it takes of `max_message_bytes`: key, payload, headers and their framing.
+    pub(crate) fn size(&self) -> usize {
+        self.key.len() + self.payload.len() + self.headers.iter().map(|(k, v)| k.len() + v.len() + 8).sum::<usize>()
+    }
+}
+
+/// A batch made ready to write.
+#[derive(Debug)]
+pub struct Staged {
+    pub(crate) edge: String,
+    pub(crate) epoch: String,
+    pub(crate) lane: u8,
+    pub(crate) records: Vec<Outgoing>,
+}

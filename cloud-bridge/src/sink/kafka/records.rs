@@ -1,0 +1,241 @@
+//! Edge records in Kafka: a batch's records addressed (topic, partition, key, headers), its
+//! epochs admitted, and the batch written with its mark ([`super::lanes`]).
+
+use shared::proto::{Lane, LaneSeq, RecordBody, Seq, WireRecord};
+use shared::units::now_ms;
+
+use super::KafkaSink;
+use super::names::partition_of;
+use super::outgoing::{Outgoing, Staged, Topic};
+use super::settings::RecordKey;
+use crate::sink::quota::{EpochVerdict, Epochs};
+use crate::sink::retry::Retry;
+use crate::sink::{DeadLetterLabel, RecordSink, SinkError};
+
+/// Headers the bridge adds to each record besides the MQTT ones: `Edge-Id` and `Edge-Seq`
+/// (`<epoch>:<lane>:<seq>`), with Kafka's per-header framing counted high.
+fn own_headers(edge: &str, epoch: &str) -> usize {
+    ("Edge-Id".len() + edge.len() + 8) + ("Edge-Seq".len() + epoch.len() + 4 + 20 + 8)
+}
+
+impl RecordSink for KafkaSink {
+    type Staged = Staged;
+
+    fn record_limits(&self, edge: &str, epoch: &str) -> Option<shared::proto::SinkLimits> {
+        // The key is the edge id or the MQTT topic: the topic is counted among the headers
+        // (`Mqtt-Topic`), so counting it again as key keeps the edge's estimate on the safe side.
+        let own = own_headers(edge, epoch) + shared::proto::SCHEMA_HEADERS_MAX + edge.len().max(256);
+        let whole = self.settings.max_message_bytes.saturating_sub(own) as u64;
+        Some(shared::proto::SinkLimits { record_bytes: whole, header_bytes: whole })
+    }
+
+    fn pipeline(&self) -> usize {
+        // Staging makes topics and builds records while the batch ahead commits.
+        2
+    }
+
+    async fn admit_epoch(&self, edge: &str, epoch: &str) -> Result<EpochVerdict, SinkError> {
+        let verdict = self.epochs.admit(&self.marks, edge, epoch, &self.quota).await?;
+        if let EpochVerdict::Added { retired } = &verdict {
+            self.metrics.epochs_registered.inc();
+            for old in retired {
+                self.metrics.epochs_retired.inc();
+                tracing::info!(edge, epoch = old, "epoch retired: more than limits.epochs_per_edge");
+            }
+        }
+        Ok(verdict)
+    }
+
+    async fn committed(&self, edge: &str, epoch: &str) -> Result<Vec<LaneSeq>, SinkError> {
+        self.marks.read_to_end().await?;
+        let prefix = super::mark_key(edge, epoch, 0);
+        let prefix = &prefix[..prefix.len() - 1];
+        let mut out = Vec::new();
+        for (key, value) in self.marks.scan(prefix) {
+            let Ok(lane) = key[prefix.len()..].parse::<u8>() else { continue };
+            let seq = super::parse_mark(&value).ok_or_else(|| SinkError::corrupt("read mark", &key, "not a number"))?;
+            out.push(LaneSeq { lane: Lane(lane), seq: Seq(seq) });
+        }
+        Ok(out)
+    }
+
+    fn stage(
+        &self,
+        edge: String,
+        epoch: String,
+        lane: u8,
+        records: Vec<WireRecord>,
+    ) -> impl Future<Output = Result<Staged, SinkError>> + Send + 'static {
+        let stager = self.stager();
+        async move { stager.stage(edge, epoch, lane, records).await }
+    }
+
+    fn publish(&self, staged: Staged) -> impl Future<Output = Result<(), SinkError>> + Send + 'static {
+        let (lanes, marks, marks_topic, metrics) =
+            (self.lanes.clone(), self.marks.clone(), self.marks_topic.clone(), self.metrics.clone());
+        async move {
+            let mut retry = Retry::default();
+            loop {
+                // A batch is written whole or not at all, so trying again is always safe.
+                match lanes.write(&marks, &marks_topic, &staged).await {
+                    Ok(()) => {
+                        metrics.wrote();
+                        return Ok(());
+                    }
+                    Err(e @ SinkError::Fenced { .. }) => return Err(e),
+                    Err(e) => retry.wait("publish", &e, &metrics).await,
+                }
+            }
+        }
+    }
+
+    /// The batch's transaction raised the mark with its records: here the mark is only
+    /// checked. A mark past what was written is the caller's error, never written.
+    async fn mark(&self, edge: &str, epoch: &str, lane: u8, up_to: u64) -> Result<(), SinkError> {
+        let mut retry = Retry::default();
+        loop {
+            match self.lanes.mark(&self.marks, edge, epoch, lane).await {
+                Ok(m) if m >= up_to => return Ok(()),
+                Ok(m) => {
+                    return Err(SinkError::invalid(
+                        "mark",
+                        format!("lane {lane} asked to be marked to {up_to}, its records written to {m}"),
+                    ));
+                }
+                Err(e @ SinkError::Fenced { .. }) => return Err(e),
+                Err(e) => retry.wait("mark", &e, &self.metrics).await,
+            }
+        }
+    }
+
+    async fn probe(&self) -> Result<(), SinkError> {
+        self.topics.brokers().await.map(|_| ())
+    }
+}
+
+/// What staging needs of the sink, owned, so stagings run beside a publish.
+pub(crate) struct Stager {
+    pub(crate) topics: std::sync::Arc<super::topics::Topics>,
+    pub(crate) template: super::names::Template,
+    pub(crate) settings: super::settings::KafkaSettings,
+    pub(crate) gaps: Topic,
+    pub(crate) dead: Topic,
+    pub(crate) metrics: std::sync::Arc<crate::sink::SinkMetrics>,
+}
+
+impl Stager {
+    /// The batch's records addressed; those Kafka could never take set aside to the dead-letter
+    /// topic with the reason (a lane would otherwise stop at them).
+    async fn stage(
+        &self,
+        edge: String,
+        epoch: String,
+        lane: u8,
+        records: Vec<WireRecord>,
+    ) -> Result<Staged, SinkError> {
+        let mut out = Vec::with_capacity(records.len());
+        for r in records {
+            let seq = r.seq.0;
+            let mut headers: Vec<(String, Vec<u8>)> = vec![
+                ("Edge-Id".into(), edge.clone().into_bytes()),
+                ("Edge-Seq".into(), format!("{epoch}:{lane}:{seq}").into_bytes()),
+            ];
+            let (topic, key, payload) = match r.body {
+                RecordBody::Message(m) => {
+                    headers.extend(
+                        crate::names::headers(&m)
+                            .into_iter()
+                            .map(|(n, v)| (n.into_owned(), v.into_owned().into_bytes())),
+                    );
+                    let name = self.template.expand(&m.class, &edge, &m.topic);
+                    let key = match self.settings.key {
+                        RecordKey::Edge => edge.clone().into_bytes(),
+                        RecordKey::Topic => m.topic.clone().into_bytes(),
+                    };
+                    let topic = match self.topics.records_topic(&name).await? {
+                        Some(partitions) => Topic { name, partitions },
+                        None => {
+                            self.dead_letter(&mut headers, "topics", &name);
+                            self.dead.clone()
+                        }
+                    };
+                    (topic, key, m.payload)
+                }
+                RecordBody::Gap(g) => {
+                    let payload = serde_json::to_vec(&g).map_err(|e| SinkError::invalid("gap record", e))?;
+                    (self.gaps.clone(), edge.clone().into_bytes(), payload)
+                }
+            };
+            let partition = partition_of(&edge, topic.partitions);
+            let mut o = Outgoing { seq, topic: topic.name, partition, key, headers, payload, tombstone: false };
+            if o.size() > self.settings.max_message_bytes {
+                // Kept: what it was and where it came from; gone: the payload that cannot fit.
+                let wanted = std::mem::take(&mut o.topic);
+                o.payload = Vec::new();
+                self.dead_letter(&mut o.headers, "too_large", &wanted);
+                o.headers.retain(|(n, v)| n.starts_with("Edge-") || n.starts_with("Mqtt-Topic") || v.len() < 1024);
+                o.topic = self.dead.name.clone();
+                o.partition = partition_of(&edge, self.dead.partitions);
+            }
+            out.push(o);
+        }
+        Ok(Staged { edge, epoch, lane, records: out })
+    }
+
+    fn dead_letter(&self, headers: &mut Vec<(String, Vec<u8>)>, reason: &'static str, topic: &str) {
+        self.metrics.dead_letters.get_or_create(&DeadLetterLabel { reason }).inc();
+        headers.push(("Edge-Refused".into(), reason.as_bytes().to_vec()));
+        headers.push(("Edge-Topic".into(), topic.as_bytes().to_vec()));
+    }
+}
+
+/// An edge's epochs, admitted under a producer of the edge's own that fences any other bridge
+/// admitting for the same edge at the same time: what compare-and-set does in the other sinks.
+pub(crate) struct EpochKeeper {
+    pub(crate) settings: super::settings::KafkaSettings,
+    pub(crate) marks_topic: Topic,
+}
+
+impl EpochKeeper {
+    async fn admit(
+        &self,
+        marks: &super::log::StateLog,
+        edge: &str,
+        epoch: &str,
+        quota: &crate::sink::EdgeQuota,
+    ) -> Result<EpochVerdict, SinkError> {
+        let id = format!("{}.{edge}.epochs", self.settings.transactional_id_prefix);
+        let config = {
+            let mut c = self.settings.client()?;
+            c.set("transactional.id", &id)
+                .set("transaction.timeout.ms", self.settings.transaction_timeout.0.as_millis().to_string());
+            c
+        };
+        let producer = super::lanes::open_producer(config, &id).await?;
+        marks.read_to_end().await?;
+        let key = super::epochs_key(edge);
+        let mut epochs: Epochs = match marks.get(&key) {
+            Some(v) => serde_json::from_slice(&v).map_err(|e| SinkError::corrupt("read epochs", &key, e))?,
+            None => Epochs::default(),
+        };
+        let verdict = epochs.admit(epoch, now_ms(), quota);
+        let EpochVerdict::Added { retired } = &verdict else { return Ok(verdict) };
+        let mut writes = vec![Outgoing {
+            seq: 0,
+            topic: self.marks_topic.name.clone(),
+            partition: partition_of(&key, self.marks_topic.partitions),
+            key: key.clone().into_bytes(),
+            headers: Vec::new(),
+            payload: serde_json::to_vec(&epochs).map_err(|e| SinkError::invalid("epochs", e))?,
+            tombstone: false,
+        }];
+        for old in retired {
+            let prefix = super::mark_key(edge, old, 0);
+            for (mark, _) in marks.scan(&prefix[..prefix.len() - 1]) {
+                writes.push(super::lanes::tombstone(&self.marks_topic, mark));
+            }
+        }
+        super::lanes::commit_once(producer, writes, &id, self.settings.transaction_timeout.0).await?;
+        Ok(verdict)
+    }
+}

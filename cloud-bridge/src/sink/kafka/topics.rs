@@ -1,0 +1,191 @@
+//! Kafka topics: the names a record's template gives, the partition an edge's records go to,
+//! and the topics made if missing or checked if present.
+
+use std::collections::HashMap;
+use std::sync::Mutex;
+use std::time::Duration;
+
+use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, ResourceSpecifier, TopicReplication};
+use rdkafka::client::DefaultClientContext;
+use rdkafka::types::RDKafkaErrorCode;
+
+use super::settings::KafkaSettings;
+use super::{kafka_error, odd};
+use crate::sink::SinkError;
+
+/// How long an admin request may take.
+const ADMIN_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// What a topic is for: records (deleted by retention) or state (compacted: the latest value
+/// per key is what counts).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Kind {
+    Records,
+    Compacted,
+}
+
+/// The topics this sink knows, with their partition counts; made if missing, checked if
+/// present, at most `max_topics` from the records template.
+pub(crate) struct Topics {
+    admin: std::sync::Arc<AdminClient<DefaultClientContext>>,
+    settings: KafkaSettings,
+    known: Mutex<HashMap<String, i32>>,
+    /// Records topics known: bounded by `max_topics`.
+    templated: Mutex<usize>,
+}
+
+impl Topics {
+    pub(crate) fn new(settings: &KafkaSettings) -> Result<Self, SinkError> {
+        let admin = settings.client()?.create().map_err(|e| kafka_error("admin client", &e))?;
+        Ok(Self {
+            admin: std::sync::Arc::new(admin),
+            settings: settings.clone(),
+            known: Mutex::default(),
+            templated: Mutex::new(0),
+        })
+    }
+
+    /// The brokers of the cluster, as its metadata lists them.
+    pub(crate) async fn brokers(&self) -> Result<usize, SinkError> {
+        let admin = self.admin.clone();
+        tokio::task::spawn_blocking(move || {
+            let metadata =
+                admin.inner().fetch_metadata(None, ADMIN_TIMEOUT).map_err(|e| kafka_error("metadata", &e))?;
+            Ok(metadata.brokers().len())
+        })
+        .await
+        .map_err(|e| SinkError::Task { what: "metadata", reason: e.to_string() })?
+    }
+
+    /// The partitions of records topic `name`, made if missing; `None` when it would be a topic
+    /// past `max_topics`.
+    pub(crate) async fn records_topic(&self, name: &str) -> Result<Option<i32>, SinkError> {
+        if let Some(n) = self.lock().get(name) {
+            return Ok(Some(*n));
+        }
+        {
+            let mut templated = self.templated.lock().unwrap_or_else(|e| e.into_inner());
+            if *templated >= self.settings.max_topics {
+                return Ok(None);
+            }
+            *templated += 1;
+        }
+        self.ensure(name, Kind::Records).await.map(Some)
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, i32>> {
+        self.known.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The partitions of `name`, which is made with the sink's settings if missing, or checked
+    /// against them if present.
+    pub(crate) async fn ensure(&self, name: &str, kind: Kind) -> Result<i32, SinkError> {
+        if let Some(n) = self.lock().get(name) {
+            return Ok(*n);
+        }
+        let s = &self.settings;
+        let replication = s.replication_factor.unwrap_or(1);
+        let partitions = match kind {
+            Kind::Records => s.partitions,
+            // State is read whole at start; a few partitions spread it over the brokers.
+            Kind::Compacted => s.partitions.min(3),
+        };
+        let insync = s.min_insync_replicas.map(|m| m.to_string());
+        let max_bytes = (s.max_message_bytes + 1024).to_string();
+        let mut topic =
+            NewTopic::new(name, partitions, TopicReplication::Fixed(replication)).set("max.message.bytes", &max_bytes);
+        if kind == Kind::Compacted {
+            topic = topic.set("cleanup.policy", "compact");
+        }
+        if let Some(m) = &insync {
+            topic = topic.set("min.insync.replicas", m);
+        }
+        let results = self
+            .admin
+            .create_topics([&topic], &AdminOptions::new().operation_timeout(Some(ADMIN_TIMEOUT)))
+            .await
+            .map_err(|e| kafka_error("create topic", &e))?;
+        match results.into_iter().next() {
+            Some(Ok(_)) => tracing::info!(topic = name, partitions, replication, "kafka: topic created"),
+            Some(Err((_, RDKafkaErrorCode::TopicAlreadyExists))) => {}
+            Some(Err((_, code))) => {
+                return Err(SinkError::Kafka {
+                    what: "create topic",
+                    code: Some(code as i32),
+                    reason: format!("{name}: {code}"),
+                });
+            }
+            None => return Err(odd("create topic", format!("{name}: no result"))),
+        }
+        let partitions = self.check(name, kind).await?;
+        self.lock().insert(name.to_owned(), partitions);
+        Ok(partitions)
+    }
+
+    /// Checks a topic against the settings; its partition count.
+    async fn check(&self, name: &str, kind: Kind) -> Result<i32, SinkError> {
+        let admin = self.admin.clone();
+        let topic = name.to_owned();
+        let replicas = tokio::task::spawn_blocking(move || {
+            let metadata =
+                admin.inner().fetch_metadata(Some(&topic), ADMIN_TIMEOUT).map_err(|e| kafka_error("metadata", &e))?;
+            let t = metadata.topics().first().ok_or_else(|| odd("metadata", format!("{topic}: not listed")))?;
+            if let Some(e) = t.error() {
+                let code = RDKafkaErrorCode::from(e);
+                return Err(SinkError::Kafka {
+                    what: "metadata",
+                    code: Some(code as i32),
+                    reason: format!("{topic}: {code}"),
+                });
+            }
+            let replicas = t.partitions().iter().map(|p| p.replicas().len()).min().unwrap_or(0);
+            Ok((t.partitions().len() as i32, replicas as i32))
+        })
+        .await
+        .map_err(|e| SinkError::Task { what: "metadata", reason: e.to_string() })??;
+        let (partitions, replicas) = replicas;
+        if partitions == 0 {
+            return Err(odd("metadata", format!("{name}: no partitions (still being made?)")));
+        }
+        let s = &self.settings;
+        let mismatch = |what: String| SinkError::Invalid { what: "topic", reason: format!("{name}: {what}") };
+        if let Some(want) = s.replication_factor
+            && replicas < want
+        {
+            return Err(mismatch(format!("{replicas} replicas, sink.replication_factor asks for {want}")));
+        }
+        let configs = self
+            .admin
+            .describe_configs([&ResourceSpecifier::Topic(name)], &AdminOptions::new())
+            .await
+            .map_err(|e| kafka_error("describe topic", &e))?;
+        let config = match configs.into_iter().next() {
+            Some(Ok(c)) => c,
+            Some(Err(code)) => {
+                return Err(SinkError::Kafka {
+                    what: "describe topic",
+                    code: Some(code as i32),
+                    reason: format!("{name}: {code}"),
+                });
+            }
+            None => return Err(odd("describe topic", format!("{name}: no result"))),
+        };
+        let value = |key: &str| config.get(key).and_then(|e| e.value.clone()).unwrap_or_default();
+        if kind == Kind::Compacted && !value("cleanup.policy").contains("compact") {
+            return Err(mismatch(format!(
+                "cleanup.policy is {:?}: state topics must be compacted (retention would delete marks, and \
+                 edges' resends would then be written twice)",
+                value("cleanup.policy")
+            )));
+        }
+        if let Some(want) = s.min_insync_replicas {
+            let have: i32 = value("min.insync.replicas").parse().unwrap_or(1);
+            if have < want {
+                return Err(mismatch(format!(
+                    "min.insync.replicas is {have}, sink.min_insync_replicas asks for {want}"
+                )));
+            }
+        }
+        Ok(partitions)
+    }
+}

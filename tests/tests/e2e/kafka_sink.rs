@@ -1,0 +1,213 @@
+//! The Kafka sink against a real Apache Kafka broker (KRaft): records land once, with the
+//! headers the JetStream sink gives them, in the partition of their edge; a resend of what is
+//! committed is dropped; a bridge that dies mid-transaction leaves nothing a `read_committed`
+//! consumer sees; a bridge that takes an edge over fences the one before; what Kafka could
+//! never take is set aside with its reason. Read back by confluent-kafka, as a user's consumer
+//! would (`tests/python/kafka_client.py`).
+
+use std::collections::BTreeMap;
+use std::process::Stdio;
+use std::time::Duration;
+
+use cloud_bridge::sink::kafka::KafkaSink;
+use cloud_bridge::sink::kafka::settings::KafkaSettings;
+use cloud_bridge::sink::{EpochVerdict, RecordSink, SinkError};
+use e2e_tests::fixtures::wire_record;
+use e2e_tests::kafka::KafkaBroker;
+use serde_json::Value;
+use shared::proto::{GapReason, LaneSeq, SchemaRef, Seq, WireGap, WireRecord};
+use tokio::io::AsyncBufReadExt;
+
+const SCRIPT: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/python/kafka_client.py");
+const WAIT: Duration = Duration::from_secs(60);
+
+/// Every record of `topic`, read with `isolation`.
+async fn read(broker: &KafkaBroker, topic: &str, isolation: &str) -> Vec<Value> {
+    let out = tokio::process::Command::new("python3")
+        .args([SCRIPT, "read", &broker.bootstrap(), topic, isolation])
+        .output()
+        .await
+        .expect("python3");
+    assert!(out.status.success(), "read {topic}: {}", String::from_utf8_lossy(&out.stderr));
+    serde_json::from_slice::<Value>(&out.stdout).expect("JSON").as_array().cloned().unwrap_or_default()
+}
+
+/// The `Edge-Seq` headers of `records`, as (epoch:lane:seq) strings, in partition order.
+fn seqs(records: &[Value]) -> Vec<String> {
+    records.iter().map(|r| r["headers"]["Edge-Seq"].as_str().unwrap_or("?").to_owned()).collect()
+}
+
+async fn sink(broker: &KafkaBroker, tune: impl FnOnce(&mut KafkaSettings)) -> KafkaSink {
+    let mut settings = KafkaSettings::new(&broker.bootstrap());
+    settings.partitions = 3;
+    tune(&mut settings);
+    tokio::time::timeout(WAIT, KafkaSink::connect(&settings)).await.expect("connect in time").expect("connect")
+}
+
+/// A telemetry record with the MQTT 5 properties and the schema a record can carry.
+fn rich(seq: u64) -> WireRecord {
+    let mut r = wire_record(seq, &format!("sensors/line-1/temp-{seq}"), format!("{{\"t\":{seq}}}"));
+    let m = r.as_message_mut().unwrap();
+    m.user_properties = vec![("traceparent".into(), "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01".into())];
+    m.content_type = Some("application/json".into());
+    m.correlation_data = Some(vec![1, 2, 3]);
+    m.schema = Some(SchemaRef { subject: "temp".into(), version: 2, id: "00000000000000a1".into() });
+    r
+}
+
+fn gap(seq: u64) -> WireRecord {
+    WireRecord::gap(
+        Seq(seq),
+        WireGap { class: "telemetry".into(), reason: GapReason::Evicted, ranges: vec![(40, 41)], count: 2 },
+    )
+}
+
+fn lane0(seq: u64) -> Vec<LaneSeq> {
+    vec![LaneSeq { lane: shared::proto::Lane(0), seq: Seq(seq) }]
+}
+
+/// [issue 44] A batch is one transaction with its mark: a `read_committed` reader sees the
+/// records once, in the edge's partition, in seq order, with the headers the JetStream sink
+/// gives (edge, epoch:lane:seq, MQTT 5 properties, traceparent, schema); the gap goes to the gap
+/// topic; the mark reads back; a resend overlapping what is committed lands only what is new.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_batch_lands_once_with_its_mark_and_a_resend_lands_only_what_is_new() {
+    let broker = KafkaBroker::start();
+    let sink = sink(&broker, |_| {}).await;
+    assert!(matches!(sink.admit_epoch("edge-1", "ep1").await.unwrap(), EpochVerdict::Added { .. }));
+    assert_eq!(sink.admit_epoch("edge-1", "ep1").await.unwrap(), EpochVerdict::Known);
+    assert!(sink.committed("edge-1", "ep1").await.unwrap().is_empty());
+
+    let first: Vec<WireRecord> = (1..=5).map(rich).chain([gap(6)]).collect();
+    sink.write("edge-1", "ep1", 0, first, 6).await.unwrap();
+    assert_eq!(sink.committed("edge-1", "ep1").await.unwrap(), lane0(6));
+
+    let records = read(&broker, "edge.telemetry", "read_committed").await;
+    assert_eq!(seqs(&records), ["ep1:0:1", "ep1:0:2", "ep1:0:3", "ep1:0:4", "ep1:0:5"]);
+    let partitions: std::collections::BTreeSet<u64> =
+        records.iter().map(|r| r["partition"].as_u64().unwrap()).collect();
+    assert_eq!(partitions.len(), 1, "one edge, one partition: {partitions:?}");
+    let r = &records[0];
+    assert_eq!(r["key"], "edge-1");
+    assert_eq!(r["value"], "{\"t\":1}");
+    let h = &r["headers"];
+    assert_eq!(h["Edge-Id"], "edge-1");
+    assert_eq!(h["Mqtt-Topic"], "sensors/line-1/temp-1");
+    assert_eq!(h["Mqtt-Qos"], "1");
+    assert_eq!(h["traceparent"], "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01");
+    assert_eq!(h["Mqtt-Content-Type"], "application/json");
+    assert_eq!(h["Mqtt-Correlation-Data"], "AQID");
+    assert_eq!(h["Edge-Schema"], "temp/2");
+    assert_eq!(h["Edge-Schema-Id"], "00000000000000a1");
+    let gaps = read(&broker, "edge-gaps", "read_committed").await;
+    assert_eq!(seqs(&gaps), ["ep1:0:6"]);
+    let lost: Value = serde_json::from_str(gaps[0]["value"].as_str().unwrap()).unwrap();
+    assert_eq!(lost["ranges"], serde_json::json!([[40, 41]]));
+
+    // The edge did not hear the ack and sends 4..=8 again with two new records.
+    let resent: Vec<WireRecord> = (4..=5).map(rich).chain([gap(6)]).chain((7..=8).map(rich)).collect();
+    sink.write("edge-1", "ep1", 0, resent, 8).await.unwrap();
+    assert_eq!(sink.committed("edge-1", "ep1").await.unwrap(), lane0(8));
+    let records = read(&broker, "edge.telemetry", "read_committed").await;
+    assert_eq!(seqs(&records), ["ep1:0:1", "ep1:0:2", "ep1:0:3", "ep1:0:4", "ep1:0:5", "ep1:0:7", "ep1:0:8"]);
+    assert_eq!(read(&broker, "edge-gaps", "read_committed").await.len(), 1);
+
+    // A bridge started afresh reads the marks back from the compacted topic.
+    let again = sink_again(&broker).await;
+    assert_eq!(again.committed("edge-1", "ep1").await.unwrap(), lane0(8));
+    assert_eq!(again.admit_epoch("edge-1", "ep1").await.unwrap(), EpochVerdict::Known);
+}
+
+async fn sink_again(broker: &KafkaBroker) -> KafkaSink {
+    sink(broker, |_| {}).await
+}
+
+/// [issue 44] A bridge killed mid-batch, and one cut off that lives on. A "zombie" (a real
+/// client with the lane's transactional id, killed with SIGKILL after sending records 4..=6
+/// and the mark 6, uncommitted) leaves nothing a `read_committed` reader sees and no mark: the
+/// next bridge hears 3 committed, opens the lane (which aborts the zombie's transaction) and
+/// writes 4..=6 once. The first bridge, fenced twice over, has its next write refused as
+/// fenced and writes nothing. A `read_uncommitted` reader does see the aborted records: the
+/// caveat the design note states.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_bridge_killed_mid_batch_leaves_nothing_and_a_fenced_one_writes_nothing() {
+    let broker = KafkaBroker::start();
+    let first = sink(&broker, |_| {}).await;
+    first.admit_epoch("edge-1", "ep1").await.unwrap();
+    first.write("edge-1", "ep1", 0, (1..=3).map(rich).collect(), 3).await.unwrap();
+    let partition = read(&broker, "edge.telemetry", "read_committed").await[0]["partition"].as_u64().unwrap();
+
+    let mut zombie = tokio::process::Command::new("python3")
+        .args([SCRIPT, "zombie", &broker.bootstrap(), "edge-bridge.edge-1.0", "edge.telemetry"])
+        .arg(partition.to_string())
+        .args(["edge-marks", "m/edge-1/ep1/0", "4", "6"])
+        .stdout(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("python3");
+    let mut lines = tokio::io::BufReader::new(zombie.stdout.take().unwrap()).lines();
+    let line = tokio::time::timeout(WAIT, lines.next_line()).await.expect("zombie in time").unwrap();
+    assert_eq!(line.as_deref(), Some("open"));
+    zombie.kill().await.unwrap();
+
+    let second = sink(&broker, |_| {}).await;
+    assert_eq!(second.committed("edge-1", "ep1").await.unwrap(), lane0(3), "the zombie's mark is not seen");
+    second.write("edge-1", "ep1", 0, (4..=6).map(rich).collect(), 6).await.unwrap();
+    assert_eq!(second.committed("edge-1", "ep1").await.unwrap(), lane0(6));
+
+    let late = tokio::time::timeout(WAIT, first.write("edge-1", "ep1", 0, (7..=7).map(rich).collect(), 7))
+        .await
+        .expect("a fenced write ends, not retried forever");
+    assert!(matches!(late, Err(SinkError::Fenced { .. })), "{late:?}");
+
+    let committed = read(&broker, "edge.telemetry", "read_committed").await;
+    assert_eq!(seqs(&committed), ["ep1:0:1", "ep1:0:2", "ep1:0:3", "ep1:0:4", "ep1:0:5", "ep1:0:6"]);
+    assert!(committed.iter().all(|r| r["key"] == "edge-1"));
+    let everything = read(&broker, "edge.telemetry", "read_uncommitted").await;
+    let zombies = everything.iter().filter(|r| r["key"] == "zombie").count();
+    assert_eq!(zombies, 3, "read_uncommitted sees the aborted batch: {:?}", seqs(&everything));
+    assert_eq!(second.committed("edge-1", "ep1").await.unwrap(), lane0(6));
+}
+
+/// [issue 44] What Kafka could never take stops no lane: a record over `max_message_bytes` goes
+/// to the dead-letter topic without its payload, and one whose topic would pass `max_topics`
+/// with it, each with `Edge-Refused` and the topic it was for; the mark passes both. Epochs past
+/// `limits.epochs_per_edge` retire the oldest and its marks.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn what_kafka_cannot_take_is_set_aside_and_the_lane_goes_on() {
+    let broker = KafkaBroker::start();
+    let sink = sink(&broker, |s| {
+        s.topic = "edge.{1}".into();
+        s.max_topics = 1;
+        s.max_message_bytes = 4096;
+    })
+    .await
+    .with_quota(cloud_bridge::sink::EdgeQuota { epochs: 1, ..Default::default() });
+    sink.admit_epoch("edge-2", "ep1").await.unwrap();
+    let records = vec![
+        wire_record(1, "line/a", "small"),
+        wire_record(2, "line/b", vec![b'x'; 8000]),
+        wire_record(3, "other/a", "a third topic"),
+        wire_record(4, "line/c", "small again"),
+    ];
+    sink.write("edge-2", "ep1", 0, records, 4).await.unwrap();
+    assert_eq!(sink.committed("edge-2", "ep1").await.unwrap(), lane0(4));
+    assert_eq!(seqs(&read(&broker, "edge.line", "read_committed").await), ["ep1:0:1", "ep1:0:4"]);
+    let dead = read(&broker, "edge-dead", "read_committed").await;
+    let by_seq: BTreeMap<String, &Value> =
+        dead.iter().map(|r| (r["headers"]["Edge-Seq"].as_str().unwrap().to_owned(), r)).collect();
+    assert_eq!(by_seq.keys().collect::<Vec<_>>(), ["ep1:0:2", "ep1:0:3"]);
+    let large = &by_seq["ep1:0:2"];
+    assert_eq!(large["headers"]["Edge-Refused"], "too_large");
+    assert_eq!(large["headers"]["Edge-Topic"], "edge.line");
+    assert_eq!(large["value"], "");
+    let third = &by_seq["ep1:0:3"];
+    assert_eq!(third["headers"]["Edge-Refused"], "topics");
+    assert_eq!(third["headers"]["Edge-Topic"], "edge.other");
+    assert_eq!(third["value"], "a third topic");
+
+    // One epoch per edge: a second retires the first and deletes its marks.
+    assert_eq!(sink.admit_epoch("edge-2", "ep2").await.unwrap(), EpochVerdict::Added { retired: vec!["ep1".into()] });
+    assert!(sink.committed("edge-2", "ep1").await.unwrap().is_empty(), "the retired epoch's marks went");
+    assert_eq!(sink.admit_epoch("edge-2", "ep1").await.unwrap(), EpochVerdict::Retired);
+}
