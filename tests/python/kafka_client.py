@@ -35,7 +35,15 @@ def read(bootstrap, topic, isolation):
         "isolation.level": isolation,
         "enable.partition.eof": True,
     })
-    meta = c.list_topics(topic, timeout=30).topics[topic]
+    # A topic just made may be listed before its partitions have leaders: asked until they do.
+    deadline = time.time() + 30
+    while True:
+        meta = c.list_topics(topic, timeout=30).topics[topic]
+        if meta.error is None and meta.partitions and all(p.leader >= 0 for p in meta.partitions.values()):
+            break
+        if time.time() > deadline:
+            raise SystemExit(f"{topic}: no leaders: {meta.error}")
+        time.sleep(0.2)
     parts = sorted(meta.partitions)
     ends = {}
     for p in parts:

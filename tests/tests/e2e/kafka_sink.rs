@@ -13,29 +13,13 @@ use cloud_bridge::sink::kafka::KafkaSink;
 use cloud_bridge::sink::kafka::settings::KafkaSettings;
 use cloud_bridge::sink::{EpochVerdict, RecordSink, SinkError};
 use e2e_tests::fixtures::wire_record;
-use e2e_tests::kafka::KafkaBroker;
+use e2e_tests::kafka::{KafkaBroker, seqs};
 use serde_json::Value;
 use shared::proto::{GapReason, LaneSeq, SchemaRef, Seq, WireGap, WireRecord};
 use tokio::io::AsyncBufReadExt;
 
 const SCRIPT: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/python/kafka_client.py");
 const WAIT: Duration = Duration::from_secs(60);
-
-/// Every record of `topic`, read with `isolation`.
-async fn read(broker: &KafkaBroker, topic: &str, isolation: &str) -> Vec<Value> {
-    let out = tokio::process::Command::new("python3")
-        .args([SCRIPT, "read", &broker.bootstrap(), topic, isolation])
-        .output()
-        .await
-        .expect("python3");
-    assert!(out.status.success(), "read {topic}: {}", String::from_utf8_lossy(&out.stderr));
-    serde_json::from_slice::<Value>(&out.stdout).expect("JSON").as_array().cloned().unwrap_or_default()
-}
-
-/// The `Edge-Seq` headers of `records`, as (epoch:lane:seq) strings, in partition order.
-fn seqs(records: &[Value]) -> Vec<String> {
-    records.iter().map(|r| r["headers"]["Edge-Seq"].as_str().unwrap_or("?").to_owned()).collect()
-}
 
 async fn sink(broker: &KafkaBroker, tune: impl FnOnce(&mut KafkaSettings)) -> KafkaSink {
     let mut settings = KafkaSettings::new(&broker.bootstrap());
@@ -82,7 +66,7 @@ async fn a_batch_lands_once_with_its_mark_and_a_resend_lands_only_what_is_new() 
     sink.write("edge-1", "ep1", 0, first, 6).await.unwrap();
     assert_eq!(sink.committed("edge-1", "ep1").await.unwrap(), lane0(6));
 
-    let records = read(&broker, "edge.telemetry", "read_committed").await;
+    let records = broker.read("edge.telemetry", "read_committed").await;
     assert_eq!(seqs(&records), ["ep1:0:1", "ep1:0:2", "ep1:0:3", "ep1:0:4", "ep1:0:5"]);
     let partitions: std::collections::BTreeSet<u64> =
         records.iter().map(|r| r["partition"].as_u64().unwrap()).collect();
@@ -99,7 +83,7 @@ async fn a_batch_lands_once_with_its_mark_and_a_resend_lands_only_what_is_new() 
     assert_eq!(h["Mqtt-Correlation-Data"], "AQID");
     assert_eq!(h["Edge-Schema"], "temp/2");
     assert_eq!(h["Edge-Schema-Id"], "00000000000000a1");
-    let gaps = read(&broker, "edge-gaps", "read_committed").await;
+    let gaps = broker.read("edge-gaps", "read_committed").await;
     assert_eq!(seqs(&gaps), ["ep1:0:6"]);
     let lost: Value = serde_json::from_str(gaps[0]["value"].as_str().unwrap()).unwrap();
     assert_eq!(lost["ranges"], serde_json::json!([[40, 41]]));
@@ -108,9 +92,9 @@ async fn a_batch_lands_once_with_its_mark_and_a_resend_lands_only_what_is_new() 
     let resent: Vec<WireRecord> = (4..=5).map(rich).chain([gap(6)]).chain((7..=8).map(rich)).collect();
     sink.write("edge-1", "ep1", 0, resent, 8).await.unwrap();
     assert_eq!(sink.committed("edge-1", "ep1").await.unwrap(), lane0(8));
-    let records = read(&broker, "edge.telemetry", "read_committed").await;
+    let records = broker.read("edge.telemetry", "read_committed").await;
     assert_eq!(seqs(&records), ["ep1:0:1", "ep1:0:2", "ep1:0:3", "ep1:0:4", "ep1:0:5", "ep1:0:7", "ep1:0:8"]);
-    assert_eq!(read(&broker, "edge-gaps", "read_committed").await.len(), 1);
+    assert_eq!(broker.read("edge-gaps", "read_committed").await.len(), 1);
 
     // A bridge started afresh reads the marks back from the compacted topic.
     let again = sink_again(&broker).await;
@@ -135,19 +119,26 @@ async fn a_bridge_killed_mid_batch_leaves_nothing_and_a_fenced_one_writes_nothin
     let first = sink(&broker, |_| {}).await;
     first.admit_epoch("edge-1", "ep1").await.unwrap();
     first.write("edge-1", "ep1", 0, (1..=3).map(rich).collect(), 3).await.unwrap();
-    let partition = read(&broker, "edge.telemetry", "read_committed").await[0]["partition"].as_u64().unwrap();
+    let written = broker.read("edge.telemetry", "read_committed").await;
+    assert_eq!(seqs(&written), ["ep1:0:1", "ep1:0:2", "ep1:0:3"]);
+    let partition = written[0]["partition"].as_u64().unwrap();
 
     let mut zombie = tokio::process::Command::new("python3")
         .args([SCRIPT, "zombie", &broker.bootstrap(), "edge-bridge.edge-1.0", "edge.telemetry"])
         .arg(partition.to_string())
         .args(["edge-marks", "m/edge-1/ep1/0", "4", "6"])
         .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
         .kill_on_drop(true)
         .spawn()
         .expect("python3");
     let mut lines = tokio::io::BufReader::new(zombie.stdout.take().unwrap()).lines();
     let line = tokio::time::timeout(WAIT, lines.next_line()).await.expect("zombie in time").unwrap();
-    assert_eq!(line.as_deref(), Some("open"));
+    if line.as_deref() != Some("open") {
+        let mut why = String::new();
+        let _ = tokio::io::AsyncReadExt::read_to_string(&mut zombie.stderr.take().unwrap(), &mut why).await;
+        panic!("the zombie did not open its transaction: {line:?}\n{why}");
+    }
     zombie.kill().await.unwrap();
 
     let second = sink(&broker, |_| {}).await;
@@ -160,10 +151,10 @@ async fn a_bridge_killed_mid_batch_leaves_nothing_and_a_fenced_one_writes_nothin
         .expect("a fenced write ends, not retried forever");
     assert!(matches!(late, Err(SinkError::Fenced { .. })), "{late:?}");
 
-    let committed = read(&broker, "edge.telemetry", "read_committed").await;
+    let committed = broker.read("edge.telemetry", "read_committed").await;
     assert_eq!(seqs(&committed), ["ep1:0:1", "ep1:0:2", "ep1:0:3", "ep1:0:4", "ep1:0:5", "ep1:0:6"]);
     assert!(committed.iter().all(|r| r["key"] == "edge-1"));
-    let everything = read(&broker, "edge.telemetry", "read_uncommitted").await;
+    let everything = broker.read("edge.telemetry", "read_uncommitted").await;
     let zombies = everything.iter().filter(|r| r["key"] == "zombie").count();
     assert_eq!(zombies, 3, "read_uncommitted sees the aborted batch: {:?}", seqs(&everything));
     assert_eq!(second.committed("edge-1", "ep1").await.unwrap(), lane0(6));
@@ -192,8 +183,8 @@ async fn what_kafka_cannot_take_is_set_aside_and_the_lane_goes_on() {
     ];
     sink.write("edge-2", "ep1", 0, records, 4).await.unwrap();
     assert_eq!(sink.committed("edge-2", "ep1").await.unwrap(), lane0(4));
-    assert_eq!(seqs(&read(&broker, "edge.line", "read_committed").await), ["ep1:0:1", "ep1:0:4"]);
-    let dead = read(&broker, "edge-dead", "read_committed").await;
+    assert_eq!(seqs(&broker.read("edge.line", "read_committed").await), ["ep1:0:1", "ep1:0:4"]);
+    let dead = broker.read("edge-dead", "read_committed").await;
     let by_seq: BTreeMap<String, &Value> =
         dead.iter().map(|r| (r["headers"]["Edge-Seq"].as_str().unwrap().to_owned(), r)).collect();
     assert_eq!(by_seq.keys().collect::<Vec<_>>(), ["ep1:0:2", "ep1:0:3"]);

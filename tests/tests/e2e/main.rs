@@ -30,6 +30,7 @@ mod edge_cli;
 mod fleet;
 mod fleet_view;
 mod kafka_broker;
+mod kafka_cluster;
 mod kafka_sink;
 mod model_sync;
 mod models;

@@ -126,27 +126,44 @@ impl Topics {
     async fn check(&self, name: &str, kind: Kind) -> Result<i32, SinkError> {
         let admin = self.admin.clone();
         let topic = name.to_owned();
-        let replicas = tokio::task::spawn_blocking(move || {
-            let metadata =
-                admin.inner().fetch_metadata(Some(&topic), ADMIN_TIMEOUT).map_err(|e| kafka_error("metadata", &e))?;
-            let t = metadata.topics().first().ok_or_else(|| odd("metadata", format!("{topic}: not listed")))?;
-            if let Some(e) = t.error() {
-                let code = RDKafkaErrorCode::from(e);
-                return Err(SinkError::Kafka {
-                    what: "metadata",
-                    code: Some(code as i32),
-                    reason: format!("{topic}: {code}"),
-                });
+        // A topic just made is known to its controller before every broker has its metadata
+        // and its partitions have leaders: asked again until they do, for ADMIN_TIMEOUT.
+        let (partitions, replicas) = tokio::task::spawn_blocking(move || {
+            let deadline = std::time::Instant::now() + ADMIN_TIMEOUT;
+            loop {
+                let metadata = admin
+                    .inner()
+                    .fetch_metadata(Some(&topic), ADMIN_TIMEOUT)
+                    .map_err(|e| kafka_error("metadata", &e))?;
+                let t = metadata.topics().first().ok_or_else(|| odd("metadata", format!("{topic}: not listed")))?;
+                let failed = match t.error().map(RDKafkaErrorCode::from) {
+                    Some(code) => Some(code),
+                    None if t.partitions().is_empty() => Some(RDKafkaErrorCode::UnknownTopicOrPartition),
+                    None if t.partitions().iter().any(|p| p.leader() < 0) => Some(RDKafkaErrorCode::LeaderNotAvailable),
+                    None => None,
+                };
+                match failed {
+                    None => {
+                        let replicas = t.partitions().iter().map(|p| p.replicas().len()).min().unwrap_or(0);
+                        return Ok((t.partitions().len() as i32, replicas as i32));
+                    }
+                    Some(RDKafkaErrorCode::UnknownTopicOrPartition | RDKafkaErrorCode::LeaderNotAvailable)
+                        if std::time::Instant::now() < deadline =>
+                    {
+                        std::thread::sleep(Duration::from_millis(200))
+                    }
+                    Some(code) => {
+                        return Err(SinkError::Kafka {
+                            what: "metadata",
+                            code: Some(code as i32),
+                            reason: format!("{topic}: {code}"),
+                        });
+                    }
+                }
             }
-            let replicas = t.partitions().iter().map(|p| p.replicas().len()).min().unwrap_or(0);
-            Ok((t.partitions().len() as i32, replicas as i32))
         })
         .await
         .map_err(|e| SinkError::Task { what: "metadata", reason: e.to_string() })??;
-        let (partitions, replicas) = replicas;
-        if partitions == 0 {
-            return Err(odd("metadata", format!("{name}: no partitions (still being made?)")));
-        }
         let s = &self.settings;
         let mismatch = |what: String| SinkError::Invalid { what: "topic", reason: format!("{name}: {what}") };
         if let Some(want) = s.replication_factor
