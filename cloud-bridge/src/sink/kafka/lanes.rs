@@ -21,9 +21,10 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use rdkafka::error::KafkaError;
-use rdkafka::producer::{BaseRecord, DefaultProducerContext, Producer, ThreadedProducer};
+use rdkafka::producer::{BaseRecord, Producer, ThreadedProducer};
 use rdkafka::types::RDKafkaErrorCode;
 
+use super::context::Context;
 use super::log::StateLog;
 use super::outgoing::{Outgoing, Staged, Topic};
 
@@ -34,7 +35,7 @@ use super::settings::KafkaSettings;
 use super::{kafka_error, mark_key};
 use crate::sink::SinkError;
 
-type TxProducer = ThreadedProducer<DefaultProducerContext>;
+type TxProducer = ThreadedProducer<Context>;
 
 /// An open lane producer and the marks it keeps, per epoch.
 struct Lane {
@@ -183,7 +184,8 @@ fn known_mark(l: &mut Lane, marks: &StateLog, edge: &str, epoch: &str, lane: u8)
 pub(crate) async fn open_producer(config: rdkafka::ClientConfig, id: &str) -> Result<TxProducer, SinkError> {
     let id = id.to_owned();
     tokio::task::spawn_blocking(move || -> Result<TxProducer, SinkError> {
-        let producer: TxProducer = config.create().map_err(|e| kafka_error("producer", &e))?;
+        let producer: TxProducer =
+            config.create_with_context(Context::default()).map_err(|e| kafka_error("producer", &e))?;
         producer.init_transactions(INIT_TIMEOUT).map_err(|e| txn_error("init transactions", &id, &e))?;
         Ok(producer)
     })

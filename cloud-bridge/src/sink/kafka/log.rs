@@ -14,6 +14,7 @@ use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::message::Message;
 use rdkafka::{Offset, TopicPartitionList};
 
+use super::context::Context;
 use super::kafka_error;
 use super::settings::KafkaSettings;
 use crate::sink::SinkError;
@@ -31,7 +32,7 @@ struct State {
 /// A compacted topic, materialised.
 pub(crate) struct StateLog {
     topic: String,
-    consumer: Arc<BaseConsumer>,
+    consumer: Arc<BaseConsumer<Context>>,
     state: Arc<Mutex<State>>,
     applied: Arc<tokio::sync::Notify>,
     stop: Arc<AtomicBool>,
@@ -40,14 +41,14 @@ pub(crate) struct StateLog {
 impl StateLog {
     /// Starts following `topic`, which has `partitions` partitions.
     pub(crate) fn start(settings: &KafkaSettings, topic: &str, partitions: i32) -> Result<Self, SinkError> {
-        let consumer: BaseConsumer = settings
+        let consumer: BaseConsumer<Context> = settings
             .client()?
             // No group: the partitions are assigned by hand and nothing is committed.
             .set("group.id", format!("cloud-bridge-state-{topic}"))
             .set("enable.auto.commit", "false")
             .set("isolation.level", "read_committed")
             .set("enable.partition.eof", "false")
-            .create()
+            .create_with_context(Context::default())
             .map_err(|e| kafka_error("state consumer", &e))?;
         let mut assignment = TopicPartitionList::new();
         for p in 0..partitions {
@@ -128,7 +129,7 @@ impl Drop for StateLog {
 /// The thread: applies what comes, and after each poll the consumer's positions (which pass
 /// the transactions' control records, which no message shows).
 fn follow(
-    consumer: &BaseConsumer,
+    consumer: &BaseConsumer<Context>,
     topic: &str,
     state: &Mutex<State>,
     applied: &tokio::sync::Notify,

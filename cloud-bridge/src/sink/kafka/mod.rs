@@ -38,6 +38,7 @@
 //! `<prefix>.<edge>.epochs`, which fences a second bridge admitting at the same time: Kafka's
 //! stand-in for compare-and-set).
 
+pub(crate) mod context;
 pub(crate) mod lanes;
 pub(crate) mod log;
 pub(crate) mod names;
@@ -60,6 +61,9 @@ use settings::KafkaSettings;
 use topics::{Kind, Topics};
 
 pub use outgoing::Staged;
+
+/// How long the readiness probe, and each attempt of a starting bridge, gives the brokers.
+const PROBE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
 
 /// The Kafka sink: brokers, topics, the marks followed, the lane producers.
 pub struct KafkaSink {
@@ -95,7 +99,8 @@ impl KafkaSink {
         let topics = Arc::new(Topics::new(settings)?);
         let deadline = tokio::time::Instant::now() + settings.startup_retry.0;
         let brokers = loop {
-            match topics.brokers().await {
+            let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+            match topics.brokers(left.clamp(std::time::Duration::from_millis(500), PROBE_TIMEOUT)).await {
                 Ok(n) => break n,
                 Err(e) if tokio::time::Instant::now() < deadline => {
                     tracing::warn!(error = %e, "kafka: brokers not answering yet; retrying");

@@ -109,7 +109,7 @@ impl RecordSink for KafkaSink {
     }
 
     async fn probe(&self) -> Result<(), SinkError> {
-        self.topics.brokers().await.map(|_| ())
+        self.topics.brokers(super::PROBE_TIMEOUT).await.map(|_| ())
     }
 }
 

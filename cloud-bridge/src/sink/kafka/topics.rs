@@ -6,9 +6,10 @@ use std::sync::Mutex;
 use std::time::Duration;
 
 use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, ResourceSpecifier, TopicReplication};
-use rdkafka::client::DefaultClientContext;
+use rdkafka::producer::{BaseProducer, Producer};
 use rdkafka::types::RDKafkaErrorCode;
 
+use super::context::Context;
 use super::settings::KafkaSettings;
 use super::{kafka_error, odd};
 use crate::sink::SinkError;
@@ -27,7 +28,10 @@ pub(crate) enum Kind {
 /// The topics this sink knows, with their partition counts; made if missing, checked if
 /// present, at most `max_topics` from the records template.
 pub(crate) struct Topics {
-    admin: std::sync::Arc<AdminClient<DefaultClientContext>>,
+    admin: std::sync::Arc<AdminClient<Context>>,
+    /// Asks for metadata: a client whose poll serves librdkafka's main queue, where its logs
+    /// and errors wait (an admin client's does not), so a failure can quote the reason.
+    meta: std::sync::Arc<BaseProducer<Context>>,
     settings: KafkaSettings,
     known: Mutex<HashMap<String, i32>>,
     /// Records topics known: bounded by `max_topics`.
@@ -36,22 +40,37 @@ pub(crate) struct Topics {
 
 impl Topics {
     pub(crate) fn new(settings: &KafkaSettings) -> Result<Self, SinkError> {
-        let admin = settings.client()?.create().map_err(|e| kafka_error("admin client", &e))?;
+        let admin =
+            settings.client()?.create_with_context(Context::default()).map_err(|e| kafka_error("admin client", &e))?;
+        let meta = settings
+            .client()?
+            .create_with_context(Context::default())
+            .map_err(|e| kafka_error("metadata client", &e))?;
         Ok(Self {
             admin: std::sync::Arc::new(admin),
+            meta: std::sync::Arc::new(meta),
             settings: settings.clone(),
             known: Mutex::default(),
             templated: Mutex::new(0),
         })
     }
 
-    /// The brokers of the cluster, as its metadata lists them.
-    pub(crate) async fn brokers(&self) -> Result<usize, SinkError> {
-        let admin = self.admin.clone();
-        tokio::task::spawn_blocking(move || {
-            let metadata =
-                admin.inner().fetch_metadata(None, ADMIN_TIMEOUT).map_err(|e| kafka_error("metadata", &e))?;
-            Ok(metadata.brokers().len())
+    /// The brokers of the cluster, as its metadata lists them. A failure quotes the last error
+    /// librdkafka reported, which says why the brokers could not be reached.
+    pub(crate) async fn brokers(&self, timeout: Duration) -> Result<usize, SinkError> {
+        let meta = self.meta.clone();
+        tokio::task::spawn_blocking(move || match meta.client().fetch_metadata(None, timeout) {
+            Ok(metadata) => Ok(metadata.brokers().len()),
+            Err(e) => {
+                let mut error = kafka_error("metadata", &e);
+                meta.poll(Duration::from_millis(100));
+                if let (SinkError::Unavailable { reason, .. } | SinkError::Kafka { reason, .. }, Some(last)) =
+                    (&mut error, meta.context().last_error())
+                {
+                    reason.push_str(&format!(" (librdkafka: {last})"));
+                }
+                Err(error)
+            }
         })
         .await
         .map_err(|e| SinkError::Task { what: "metadata", reason: e.to_string() })?
