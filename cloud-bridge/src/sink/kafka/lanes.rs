@@ -49,10 +49,11 @@ struct Slot {
     used: Mutex<Instant>,
 }
 
-/// The lane producers of this bridge, at most `max_producers`.
+/// The transactional producers of this bridge (a lane's, an edge's), by `transactional.id`,
+/// at most `max_producers`.
 pub(crate) struct Lanes {
     settings: KafkaSettings,
-    slots: Mutex<HashMap<(String, u8), Arc<Slot>>>,
+    slots: Mutex<HashMap<String, Arc<Slot>>>,
 }
 
 impl Lanes {
@@ -60,10 +61,9 @@ impl Lanes {
         Self { settings: settings.clone(), slots: Mutex::default() }
     }
 
-    fn slot(&self, edge: &str, lane: u8) -> Arc<Slot> {
+    fn slot(&self, id: &str) -> Arc<Slot> {
         let mut slots = self.slots.lock().unwrap_or_else(|e| e.into_inner());
-        let key = (edge.to_owned(), lane);
-        if let Some(s) = slots.get(&key) {
+        if let Some(s) = slots.get(id) {
             *s.used.lock().unwrap_or_else(|e| e.into_inner()) = Instant::now();
             return s.clone();
         }
@@ -79,7 +79,7 @@ impl Lanes {
             }
         }
         let slot = Arc::new(Slot { lane: tokio::sync::Mutex::new(None), used: Mutex::new(Instant::now()) });
-        slots.insert(key, slot.clone());
+        slots.insert(id.to_owned(), slot.clone());
         slot
     }
 
@@ -90,17 +90,19 @@ impl Lanes {
 
     /// The lane's mark for `epoch` as its producer knows it, opening the producer if needed.
     pub(crate) async fn mark(&self, marks: &StateLog, edge: &str, epoch: &str, lane: u8) -> Result<u64, SinkError> {
-        let slot = self.slot(edge, lane);
+        let id = self.settings.transactional_id(edge, lane);
+        let slot = self.slot(&id);
         let mut open = slot.lane.lock().await;
-        let l = self.ensure_open(&mut open, marks, edge, lane).await?;
+        let l = self.ensure_open(&mut open, &[marks], &id).await?;
         Ok(known_mark(l, marks, edge, epoch, lane))
     }
 
     /// Writes `staged` and its lane's mark in one transaction (once: the caller retries).
     pub(crate) async fn write(&self, marks: &StateLog, marks_topic: &Topic, staged: &Staged) -> Result<(), SinkError> {
-        let slot = self.slot(&staged.edge, staged.lane);
+        let id = self.settings.transactional_id(&staged.edge, staged.lane);
+        let slot = self.slot(&id);
         let mut open = slot.lane.lock().await;
-        let l = self.ensure_open(&mut open, marks, &staged.edge, staged.lane).await?;
+        let l = self.ensure_open(&mut open, &[marks], &id).await?;
         let mark = known_mark(l, marks, &staged.edge, &staged.epoch, staged.lane);
         let fresh: Vec<&Outgoing> = staged.records.iter().filter(|r| r.seq > mark).collect();
         let Some(up_to) = fresh.last().map(|r| r.seq) else { return Ok(()) };
@@ -135,22 +137,59 @@ impl Lanes {
                 Ok(())
             }
             // Dropped with `lane`: the next attempt opens another producer.
-            Err(e) => Err(txn_error("publish", &self.settings.transactional_id(&staged.edge, staged.lane), &e)),
+            Err(e) => Err(txn_error("publish", &id, &e)),
         }
+    }
+
+    /// A read-then-write of state only producer `id` writes (an edge's epochs, its dictionary
+    /// index), as compare-and-set would do it: the producer is opened if it is not (fencing
+    /// every other of its id, so nobody else writes these keys meanwhile), `logs` are read to
+    /// their ends, `decide` reads them and says what to write, and that is committed in one
+    /// transaction; the logs are then read to their ends again, so the next read sees it.
+    pub(crate) async fn owned_write<T>(
+        &self,
+        id: &str,
+        logs: &[&StateLog],
+        decide: impl FnOnce() -> Result<(Vec<Outgoing>, T), SinkError>,
+    ) -> Result<T, SinkError> {
+        let slot = self.slot(id);
+        let mut open = slot.lane.lock().await;
+        self.ensure_open(&mut open, logs, id).await?;
+        for log in logs {
+            log.read_to_end().await?;
+        }
+        let (writes, out) = decide()?;
+        if writes.is_empty() {
+            return Ok(out);
+        }
+        let Some(owner) = open.take() else { return Err(SinkError::invalid("write", "no producer")) };
+        let timeout = self.settings.transaction_timeout.0;
+        let (owner, result) = tokio::task::spawn_blocking(move || {
+            let result = transact(&owner.producer, &writes, timeout);
+            (owner, result)
+        })
+        .await
+        .map_err(|e| SinkError::Task { what: "write", reason: e.to_string() })?;
+        result.map_err(|e| txn_error("write", id, &e))?;
+        *open = Some(owner);
+        for log in logs {
+            log.read_to_end().await?;
+        }
+        Ok(out)
     }
 
     /// The open producer of the slot, opened (and the earlier ones fenced) if there is none.
     async fn ensure_open<'a>(
         &self,
         open: &'a mut Option<Lane>,
-        marks: &StateLog,
-        edge: &str,
-        lane: u8,
+        logs: &[&StateLog],
+        id: &str,
     ) -> Result<&'a mut Lane, SinkError> {
         if open.is_none() {
-            let id = self.settings.transactional_id(edge, lane);
-            let producer = open_producer(self.producer_config(&id)?, &id).await?;
-            marks.read_to_end().await?;
+            let producer = open_producer(self.producer_config(id)?, id).await?;
+            for log in logs {
+                log.read_to_end().await?;
+            }
             *open = Some(Lane { producer, marks: HashMap::new() });
         }
         open.as_mut().ok_or_else(|| SinkError::invalid("publish", "no producer"))
@@ -191,19 +230,6 @@ pub(crate) async fn open_producer(config: rdkafka::ClientConfig, id: &str) -> Re
     })
     .await
     .map_err(|e| SinkError::Task { what: "init transactions", reason: e.to_string() })?
-}
-
-/// Writes `writes` in one transaction of `producer`, which is closed after.
-pub(crate) async fn commit_once(
-    producer: TxProducer,
-    writes: Vec<Outgoing>,
-    id: &str,
-    timeout: Duration,
-) -> Result<(), SinkError> {
-    let id = id.to_owned();
-    tokio::task::spawn_blocking(move || transact(&producer, &writes, timeout).map_err(|e| txn_error("commit", &id, &e)))
-        .await
-        .map_err(|e| SinkError::Task { what: "commit", reason: e.to_string() })?
 }
 
 /// The deletion of `key` from compacted `topic`.

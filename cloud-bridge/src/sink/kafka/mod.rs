@@ -35,10 +35,11 @@
 //! # Other state
 //!
 //! The marks topic also holds each edge's epochs (admitted under a producer of the edge's own,
-//! `<prefix>.<edge>.epochs`, which fences a second bridge admitting at the same time: Kafka's
+//! `<prefix>.<edge>.edge`, which fences a second bridge admitting at the same time: Kafka's
 //! stand-in for compare-and-set).
 
 pub(crate) mod context;
+pub(crate) mod epochs;
 pub(crate) mod lanes;
 pub(crate) mod log;
 pub(crate) mod names;
@@ -56,7 +57,7 @@ use lanes::Lanes;
 use log::StateLog;
 use names::Template;
 use outgoing::Topic;
-use records::{EpochKeeper, Stager};
+use records::Stager;
 use settings::KafkaSettings;
 use topics::{Kind, Topics};
 
@@ -75,7 +76,6 @@ pub struct KafkaSink {
     gaps: Topic,
     dead: Topic,
     lanes: Arc<Lanes>,
-    epochs: EpochKeeper,
     metrics: Arc<SinkMetrics>,
     quota: EdgeQuota,
 }
@@ -130,11 +130,10 @@ impl KafkaSink {
             template,
             topics,
             marks,
-            marks_topic: marks_topic.clone(),
+            marks_topic,
             gaps,
             dead,
             lanes: Arc::new(Lanes::new(settings)),
-            epochs: EpochKeeper { settings: settings.clone(), marks_topic },
             metrics: Arc::new(SinkMetrics::default()),
             quota: EdgeQuota::default(),
         })

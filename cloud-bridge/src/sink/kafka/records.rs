@@ -2,13 +2,12 @@
 //! epochs admitted, and the batch written with its mark ([`super::lanes`]).
 
 use shared::proto::{Lane, LaneSeq, RecordBody, Seq, WireRecord};
-use shared::units::now_ms;
 
 use super::KafkaSink;
 use super::names::partition_of;
 use super::outgoing::{Outgoing, Staged, Topic};
 use super::settings::RecordKey;
-use crate::sink::quota::{EpochVerdict, Epochs};
+use crate::sink::quota::EpochVerdict;
 use crate::sink::retry::Retry;
 use crate::sink::{DeadLetterLabel, RecordSink, SinkError};
 
@@ -35,7 +34,7 @@ impl RecordSink for KafkaSink {
     }
 
     async fn admit_epoch(&self, edge: &str, epoch: &str) -> Result<EpochVerdict, SinkError> {
-        let verdict = self.epochs.admit(&self.marks, edge, epoch, &self.quota).await?;
+        let verdict = super::epochs::admit(self, edge, epoch).await?;
         if let EpochVerdict::Added { retired } = &verdict {
             self.metrics.epochs_registered.inc();
             for old in retired {
@@ -186,56 +185,5 @@ impl Stager {
         self.metrics.dead_letters.get_or_create(&DeadLetterLabel { reason }).inc();
         headers.push(("Edge-Refused".into(), reason.as_bytes().to_vec()));
         headers.push(("Edge-Topic".into(), topic.as_bytes().to_vec()));
-    }
-}
-
-/// An edge's epochs, admitted under a producer of the edge's own that fences any other bridge
-/// admitting for the same edge at the same time: what compare-and-set does in the other sinks.
-pub(crate) struct EpochKeeper {
-    pub(crate) settings: super::settings::KafkaSettings,
-    pub(crate) marks_topic: Topic,
-}
-
-impl EpochKeeper {
-    async fn admit(
-        &self,
-        marks: &super::log::StateLog,
-        edge: &str,
-        epoch: &str,
-        quota: &crate::sink::EdgeQuota,
-    ) -> Result<EpochVerdict, SinkError> {
-        let id = format!("{}.{edge}.epochs", self.settings.transactional_id_prefix);
-        let config = {
-            let mut c = self.settings.client()?;
-            c.set("transactional.id", &id)
-                .set("transaction.timeout.ms", self.settings.transaction_timeout.0.as_millis().to_string());
-            c
-        };
-        let producer = super::lanes::open_producer(config, &id).await?;
-        marks.read_to_end().await?;
-        let key = super::epochs_key(edge);
-        let mut epochs: Epochs = match marks.get(&key) {
-            Some(v) => serde_json::from_slice(&v).map_err(|e| SinkError::corrupt("read epochs", &key, e))?,
-            None => Epochs::default(),
-        };
-        let verdict = epochs.admit(epoch, now_ms(), quota);
-        let EpochVerdict::Added { retired } = &verdict else { return Ok(verdict) };
-        let mut writes = vec![Outgoing {
-            seq: 0,
-            topic: self.marks_topic.name.clone(),
-            partition: partition_of(&key, self.marks_topic.partitions),
-            key: key.clone().into_bytes(),
-            headers: Vec::new(),
-            payload: serde_json::to_vec(&epochs).map_err(|e| SinkError::invalid("epochs", e))?,
-            tombstone: false,
-        }];
-        for old in retired {
-            let prefix = super::mark_key(edge, old, 0);
-            for (mark, _) in marks.scan(&prefix[..prefix.len() - 1]) {
-                writes.push(super::lanes::tombstone(&self.marks_topic, mark));
-            }
-        }
-        super::lanes::commit_once(producer, writes, &id, self.settings.transaction_timeout.0).await?;
-        Ok(verdict)
     }
 }

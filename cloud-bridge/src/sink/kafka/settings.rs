@@ -267,6 +267,11 @@ impl KafkaSettings {
         Ok(c)
     }
 
+    /// The `transactional.id` of the producer of `edge`'s own state (its epochs).
+    pub(crate) fn edge_id(&self, edge: &str) -> String {
+        format!("{}.{edge}.edge", self.transactional_id_prefix)
+    }
+
     /// The `transactional.id` of `edge`'s lane `lane`.
     pub(crate) fn transactional_id(&self, edge: &str, lane: u8) -> String {
         format!("{}.{edge}.{lane}", self.transactional_id_prefix)
