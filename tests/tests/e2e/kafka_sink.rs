@@ -11,11 +11,13 @@ use std::time::Duration;
 
 use cloud_bridge::sink::kafka::KafkaSink;
 use cloud_bridge::sink::kafka::settings::KafkaSettings;
-use cloud_bridge::sink::{EpochVerdict, RecordSink, SinkError};
+use cloud_bridge::sink::{
+    BridgeState, DictStore, EdgeQuota, EdgeState, EpochVerdict, FleetStore, RecordSink, SinkError, StoredReport,
+};
 use e2e_tests::fixtures::wire_record;
 use e2e_tests::kafka::{KafkaBroker, seqs};
 use serde_json::Value;
-use shared::proto::{GapReason, LaneSeq, SchemaRef, Seq, WireGap, WireRecord};
+use shared::proto::{DictAnnounce, GapReason, LaneSeq, SchemaRef, Seq, WireGap, WireRecord};
 use tokio::io::AsyncBufReadExt;
 
 const SCRIPT: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/python/kafka_client.py");
@@ -173,7 +175,7 @@ async fn what_kafka_cannot_take_is_set_aside_and_the_lane_goes_on() {
         s.max_message_bytes = 4096;
     })
     .await
-    .with_quota(cloud_bridge::sink::EdgeQuota { epochs: 1, ..Default::default() });
+    .with_quota(EdgeQuota { epochs: 1, ..Default::default() });
     sink.admit_epoch("edge-2", "ep1").await.unwrap();
     let records = vec![
         wire_record(1, "line/a", "small"),
@@ -201,4 +203,73 @@ async fn what_kafka_cannot_take_is_set_aside_and_the_lane_goes_on() {
     assert_eq!(sink.admit_epoch("edge-2", "ep2").await.unwrap(), EpochVerdict::Added { retired: vec!["ep1".into()] });
     assert!(sink.committed("edge-2", "ep1").await.unwrap().is_empty(), "the retired epoch's marks went");
     assert_eq!(sink.admit_epoch("edge-2", "ep1").await.unwrap(), EpochVerdict::Retired);
+}
+
+fn edge_state(edge: &str, bridge: &str, session: u64, connected: bool) -> EdgeState {
+    EdgeState {
+        edge: edge.into(),
+        bridge: bridge.into(),
+        session,
+        connected,
+        version: 9,
+        epoch: "ep".into(),
+        remote: "127.0.0.1:1".into(),
+        connected_ms: 1,
+        seen_ms: 2,
+        lanes: Vec::new(),
+        spool: None,
+    }
+}
+
+/// [issue 44] What bridges share besides records is in Kafka, so a bridge keeps nothing of its
+/// own: dictionaries one bridge stored are read by another (the oldest evicted past the edge's
+/// quota, deleted in the same transaction), the fleet's states and reports likewise, and a late
+/// end of a session another bridge took over does not replace that bridge's live state.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dictionaries_and_fleet_states_one_bridge_stores_another_reads() {
+    let broker = KafkaBroker::start();
+    let quota = EdgeQuota { dicts: 2, ..EdgeQuota::default() };
+    let first = sink(&broker, |_| {}).await.with_quota(quota);
+    let dict =
+        |id: &str, fill: u8| DictAnnounce { id: id.into(), class: "telemetry".into(), bytes: vec![fill; 40_000] };
+    for (id, fill) in [("a1", 1), ("b2", 2), ("c3", 3)] {
+        first.store_dict("edge-1", &dict(id, fill)).await.unwrap();
+    }
+    first.store_edge_states(vec![edge_state("edge-1", "bridge-a", 11, true)]).await.unwrap();
+    first
+        .store_report(&StoredReport {
+            edge: "edge-1".into(),
+            received_ms: 5,
+            report: shared::proto::ClassesReport { currency: "EUR".into(), classes: Vec::new() },
+        })
+        .await
+        .unwrap();
+    first
+        .store_bridge_state(&BridgeState {
+            name: "bridge-a".into(),
+            quic: "127.0.0.1:2".into(),
+            started_ms: 1,
+            seen_ms: 2,
+            interval_ms: 1000,
+            edges: 1,
+            stopped: false,
+        })
+        .await
+        .unwrap();
+
+    let second = sink(&broker, |_| {}).await;
+    let ids: Vec<String> = ["a1", "b2", "c3", "d4", "not-hex"].map(String::from).to_vec();
+    let loaded = second.load_dicts("edge-1", &ids).await.unwrap();
+    assert_eq!(loaded, [("b2".to_owned(), vec![2; 40_000]), ("c3".to_owned(), vec![3; 40_000])], "a1 evicted");
+    assert!(second.load_dicts("edge-2", &ids).await.unwrap().is_empty(), "another edge's are not its");
+
+    // The edge moves to the second bridge; the first one's end of the old session comes late.
+    assert_eq!(second.store_edge_states(vec![edge_state("edge-1", "bridge-b", 22, true)]).await.unwrap(), [true]);
+    assert_eq!(first.store_edge_states(vec![edge_state("edge-1", "bridge-a", 11, false)]).await.unwrap(), [false]);
+    let fleet = sink(&broker, |_| {}).await.load_fleet().await.unwrap();
+    assert_eq!(fleet.edges, [edge_state("edge-1", "bridge-b", 22, true)]);
+    assert_eq!(fleet.bridges.len(), 1);
+    assert_eq!(second.load_reports().await.unwrap().len(), 1);
+    // Its own end replaces it.
+    assert_eq!(second.store_edge_states(vec![edge_state("edge-1", "bridge-b", 22, false)]).await.unwrap(), [true]);
 }

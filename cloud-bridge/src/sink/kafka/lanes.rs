@@ -164,6 +164,13 @@ impl Lanes {
         }
         let Some(owner) = open.take() else { return Err(SinkError::invalid("write", "no producer")) };
         let timeout = self.settings.transaction_timeout.0;
+        let expected: Vec<(String, String, Option<Vec<u8>>)> = writes
+            .iter()
+            .map(|w| {
+                let key = String::from_utf8_lossy(&w.key).into_owned();
+                (w.topic.clone(), key, (!w.tombstone).then(|| w.payload.clone()))
+            })
+            .collect();
         let (owner, result) = tokio::task::spawn_blocking(move || {
             let result = transact(&owner.producer, &writes, timeout);
             (owner, result)
@@ -172,8 +179,22 @@ impl Lanes {
         .map_err(|e| SinkError::Task { what: "write", reason: e.to_string() })?;
         result.map_err(|e| txn_error("write", id, &e))?;
         *open = Some(owner);
-        for log in logs {
-            log.read_to_end().await?;
+        // A commit returns once the coordinator decided it; the markers that make it readable
+        // follow. The next read-then-write of this state must see this one: wait until the
+        // logs show it.
+        let deadline = tokio::time::Instant::now() + timeout;
+        for (topic, key, value) in &expected {
+            let Some(log) = logs.iter().find(|l| l.topic() == topic) else { continue };
+            while !log.shows(key, value.as_deref()) {
+                if tokio::time::Instant::now() > deadline {
+                    return Err(SinkError::Unavailable {
+                        what: "write",
+                        reason: format!("{key} committed in {topic}, not readable after {timeout:?}"),
+                    });
+                }
+                log.read_to_end().await?;
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
         }
         Ok(out)
     }

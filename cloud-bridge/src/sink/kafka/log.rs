@@ -22,9 +22,20 @@ use crate::sink::SinkError;
 /// How long one poll waits: also how soon a dropped log's thread ends.
 const POLL: Duration = Duration::from_millis(100);
 
+/// What a log keeps of each key's latest record.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Keep {
+    /// Its value, in memory.
+    Values,
+    /// Where it is (partition, offset): values too large to hold for a whole fleet (the
+    /// dictionaries) are fetched when asked for ([`StateLog::fetch`]).
+    Offsets,
+}
+
 #[derive(Default)]
 struct State {
     values: BTreeMap<String, Vec<u8>>,
+    at: std::collections::HashMap<String, (i32, i64)>,
     /// Per partition, the offset the consumer reads next.
     next: Vec<i64>,
 }
@@ -32,7 +43,10 @@ struct State {
 /// A compacted topic, materialised.
 pub(crate) struct StateLog {
     topic: String,
-    consumer: Arc<BaseConsumer<Context>>,
+    settings: KafkaSettings,
+    /// Asks for the end offsets: a client of its own, since the follower's connection is
+    /// mostly in a fetch that waits for data, and a request sent behind it waits too.
+    ends: Arc<BaseConsumer<Context>>,
     state: Arc<Mutex<State>>,
     applied: Arc<tokio::sync::Notify>,
     stop: Arc<AtomicBool>,
@@ -40,16 +54,21 @@ pub(crate) struct StateLog {
 
 impl StateLog {
     /// Starts following `topic`, which has `partitions` partitions.
-    pub(crate) fn start(settings: &KafkaSettings, topic: &str, partitions: i32) -> Result<Self, SinkError> {
-        let consumer: BaseConsumer<Context> = settings
-            .client()?
+    pub(crate) fn start(settings: &KafkaSettings, topic: &str, partitions: i32, keep: Keep) -> Result<Self, SinkError> {
+        let client = || {
+            let mut c = settings.client()?;
             // No group: the partitions are assigned by hand and nothing is committed.
-            .set("group.id", format!("cloud-bridge-state-{topic}"))
-            .set("enable.auto.commit", "false")
-            .set("isolation.level", "read_committed")
-            .set("enable.partition.eof", "false")
-            .create_with_context(Context::default())
-            .map_err(|e| kafka_error("state consumer", &e))?;
+            c.set("group.id", format!("cloud-bridge-state-{topic}"))
+                .set("enable.auto.commit", "false")
+                .set("isolation.level", "read_committed")
+                .set("enable.partition.eof", "false")
+                // What another bridge writes is seen within this.
+                .set("fetch.wait.max.ms", "100");
+            c.create_with_context::<_, BaseConsumer<Context>>(Context::default())
+                .map_err(|e| kafka_error("state consumer", &e))
+        };
+        let consumer = client()?;
+        let ends = Arc::new(client()?);
         let mut assignment = TopicPartitionList::new();
         for p in 0..partitions {
             assignment
@@ -64,14 +83,14 @@ impl StateLog {
         let (c, s, a, st, t) = (consumer.clone(), state.clone(), applied.clone(), stop.clone(), topic.to_owned());
         std::thread::Builder::new()
             .name(format!("kafka-state-{topic}"))
-            .spawn(move || follow(&c, &t, &s, &a, &st))
+            .spawn(move || follow(&c, &t, keep, &s, &a, &st))
             .map_err(|e| SinkError::Task { what: "state consumer", reason: e.to_string() })?;
-        Ok(Self { topic: topic.to_owned(), consumer, state, applied, stop })
+        Ok(Self { topic: topic.to_owned(), settings: settings.clone(), ends, state, applied, stop })
     }
 
     /// Waits until everything committed to the topic when called is applied.
     pub(crate) async fn read_to_end(&self) -> Result<(), SinkError> {
-        let (consumer, topic) = (self.consumer.clone(), self.topic.clone());
+        let (consumer, topic) = (self.ends.clone(), self.topic.clone());
         let partitions = self.lock().next.len() as i32;
         // With read_committed, a consumer's "latest" is the last stable offset: what follows
         // is an open transaction's, which no reader may see before its end.
@@ -100,6 +119,23 @@ impl StateLog {
         }
     }
 
+    /// The topic it follows.
+    pub(crate) fn topic(&self) -> &str {
+        &self.topic
+    }
+
+    /// Whether what is applied of `key` is `value` (`None`: deleted). A log that keeps offsets
+    /// says whether the key is there.
+    pub(crate) fn shows(&self, key: &str, value: Option<&[u8]>) -> bool {
+        let state = self.lock();
+        match (state.values.get(key), value) {
+            (None, None) => true,
+            (Some(_), Some(_)) if state.at.contains_key(key) => true,
+            (Some(have), Some(want)) => have == want,
+            _ => false,
+        }
+    }
+
     /// The value of `key`, as applied so far.
     pub(crate) fn get(&self, key: &str) -> Option<Vec<u8>> {
         self.lock().values.get(key).cloned()
@@ -113,6 +149,40 @@ impl StateLog {
             .take_while(|(k, _)| k.starts_with(prefix))
             .map(|(k, v)| (k.clone(), v.clone()))
             .collect()
+    }
+
+    /// The value of `key` in a log that keeps offsets: read from the brokers where the log last
+    /// saw it.
+    pub(crate) async fn fetch(&self, key: &str) -> Result<Option<Vec<u8>>, SinkError> {
+        let Some((partition, offset)) = self.lock().at.get(key).copied() else { return Ok(None) };
+        let (settings, topic, key) = (self.settings.clone(), self.topic.clone(), key.to_owned());
+        tokio::task::spawn_blocking(move || {
+            let consumer: BaseConsumer<Context> = settings
+                .client()?
+                .set("group.id", format!("cloud-bridge-fetch-{topic}"))
+                .set("enable.auto.commit", "false")
+                .set("isolation.level", "read_committed")
+                .create_with_context(Context::default())
+                .map_err(|e| kafka_error("fetch", &e))?;
+            let mut assignment = TopicPartitionList::new();
+            assignment
+                .add_partition_offset(&topic, partition, Offset::Offset(offset))
+                .map_err(|e| kafka_error("fetch", &e))?;
+            consumer.assign(&assignment).map_err(|e| kafka_error("fetch", &e))?;
+            let deadline = std::time::Instant::now() + Duration::from_secs(10);
+            while std::time::Instant::now() < deadline {
+                match consumer.poll(POLL) {
+                    Some(Ok(m)) if m.offset() == offset => return Ok(m.payload().map(<[u8]>::to_vec)),
+                    // Compacted away meanwhile (a newer value or a deletion came).
+                    Some(Ok(m)) if m.offset() > offset => return Ok(None),
+                    Some(Err(e)) => return Err(kafka_error("fetch", &e)),
+                    _ => {}
+                }
+            }
+            Err(SinkError::Unavailable { what: "fetch", reason: format!("{key}: no answer in 10s") })
+        })
+        .await
+        .map_err(|e| SinkError::Task { what: "fetch", reason: e.to_string() })?
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, State> {
@@ -131,6 +201,7 @@ impl Drop for StateLog {
 fn follow(
     consumer: &BaseConsumer<Context>,
     topic: &str,
+    keep: Keep,
     state: &Mutex<State>,
     applied: &tokio::sync::Notify,
     stop: &AtomicBool,
@@ -141,11 +212,20 @@ fn follow(
         match polled {
             Some(Ok(m)) => {
                 let Some(key) = m.key().map(|k| String::from_utf8_lossy(k).into_owned()) else { continue };
-                match m.payload() {
-                    Some(value) => s.values.insert(key, value.to_vec()),
+                match (m.payload(), keep) {
+                    (Some(value), Keep::Values) => {
+                        s.values.insert(key, value.to_vec());
+                    }
+                    (Some(_), Keep::Offsets) => {
+                        s.values.insert(key.clone(), Vec::new());
+                        s.at.insert(key, (m.partition(), m.offset()));
+                    }
                     // A tombstone.
-                    None => s.values.remove(&key),
-                };
+                    (None, _) => {
+                        s.values.remove(&key);
+                        s.at.remove(&key);
+                    }
+                }
                 if let Some(next) = s.next.get_mut(m.partition() as usize) {
                     *next = (*next).max(m.offset() + 1);
                 }

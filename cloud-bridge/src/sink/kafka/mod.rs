@@ -34,16 +34,23 @@
 //!
 //! # Other state
 //!
+//! Everything else the bridges share is in Kafka too, so a bridge keeps nothing of its own:
+//! each edge's dictionaries (`dicts`), the fleet view's states and TCO reports (`fleet`), all
+//! in compacted topics read back whole at start and followed.
+//!
 //! The marks topic also holds each edge's epochs (admitted under a producer of the edge's own,
 //! `<prefix>.<edge>.edge`, which fences a second bridge admitting at the same time: Kafka's
 //! stand-in for compare-and-set).
 
 pub(crate) mod context;
+pub(crate) mod dicts;
 pub(crate) mod epochs;
+pub(crate) mod fleet;
 pub(crate) mod lanes;
 pub(crate) mod log;
 pub(crate) mod names;
 pub(crate) mod outgoing;
+pub(crate) mod plain;
 pub(crate) mod records;
 pub mod settings;
 pub(crate) mod topics;
@@ -54,7 +61,7 @@ use rdkafka::error::KafkaError;
 
 use crate::sink::{EdgeQuota, SinkError, SinkMetrics};
 use lanes::Lanes;
-use log::StateLog;
+use log::{Keep, StateLog};
 use names::Template;
 use outgoing::Topic;
 use records::Stager;
@@ -73,6 +80,13 @@ pub struct KafkaSink {
     topics: Arc<Topics>,
     marks: Arc<StateLog>,
     marks_topic: Topic,
+    /// Fleet states, reports, dictionary indexes.
+    state: Arc<StateLog>,
+    state_topic: Topic,
+    /// The dictionaries' bytes, by offset.
+    dicts: Arc<StateLog>,
+    dicts_topic: Topic,
+    plain: plain::Plain,
     gaps: Topic,
     dead: Topic,
     lanes: Arc<Lanes>,
@@ -122,8 +136,14 @@ impl KafkaSink {
         let gaps = topic(&settings.gaps_topic, topics.ensure(&settings.gaps_topic, Kind::Records).await?);
         let dead = topic(&settings.dead_letter_topic, topics.ensure(&settings.dead_letter_topic, Kind::Records).await?);
         let marks_topic = topic(&settings.marks_topic, marks_partitions);
-        let marks = Arc::new(StateLog::start(settings, &settings.marks_topic, marks_partitions)?);
-        marks.read_to_end().await?;
+        let marks = Arc::new(StateLog::start(settings, &settings.marks_topic, marks_partitions, Keep::Values)?);
+        let state_topic = topic(&settings.state_topic, topics.ensure(&settings.state_topic, Kind::Compacted).await?);
+        let state = Arc::new(StateLog::start(settings, &state_topic.name, state_topic.partitions, Keep::Values)?);
+        let dicts_topic = topic(&settings.dicts_topic, topics.ensure(&settings.dicts_topic, Kind::Compacted).await?);
+        let dicts = Arc::new(StateLog::start(settings, &dicts_topic.name, dicts_topic.partitions, Keep::Offsets)?);
+        for log in [&marks, &state, &dicts] {
+            log.read_to_end().await?;
+        }
         tracing::info!(bootstrap = settings.bootstrap, brokers, "sink: kafka");
         Ok(Self {
             settings: settings.clone(),
@@ -131,6 +151,11 @@ impl KafkaSink {
             topics,
             marks,
             marks_topic,
+            state,
+            state_topic,
+            dicts,
+            dicts_topic,
+            plain: plain::Plain::new(settings)?,
             gaps,
             dead,
             lanes: Arc::new(Lanes::new(settings)),

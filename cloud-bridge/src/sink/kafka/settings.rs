@@ -29,6 +29,13 @@ pub struct KafkaSettings {
     /// The compacted topic of the committed marks and each edge's epochs. Default: `edge-marks`.
     #[serde(default = "default_marks_topic")]
     pub marks_topic: String,
+    /// The compacted topic of what the fleet view shows (each edge's and bridge's state, each
+    /// edge's TCO report) and each edge's dictionary index. Default: `edge-state`.
+    #[serde(default = "default_state_topic")]
+    pub state_topic: String,
+    /// The compacted topic of the edges' compression dictionaries. Default: `edge-dicts`.
+    #[serde(default = "default_dicts_topic")]
+    pub dicts_topic: String,
     /// Where gap records (what an edge lost, and why) go. Default: `edge-gaps`.
     #[serde(default = "default_gaps_topic")]
     pub gaps_topic: String,
@@ -123,6 +130,12 @@ fn default_topic() -> String {
 fn default_marks_topic() -> String {
     "edge-marks".into()
 }
+fn default_state_topic() -> String {
+    "edge-state".into()
+}
+fn default_dicts_topic() -> String {
+    "edge-dicts".into()
+}
 fn default_gaps_topic() -> String {
     "edge-gaps".into()
 }
@@ -170,6 +183,8 @@ impl KafkaSettings {
         }
         for (key, name) in [
             ("marks_topic", &self.marks_topic),
+            ("state_topic", &self.state_topic),
+            ("dicts_topic", &self.dicts_topic),
             ("gaps_topic", &self.gaps_topic),
             ("dead_letter_topic", &self.dead_letter_topic),
         ] {
