@@ -11,6 +11,7 @@ use std::time::Duration;
 
 use cloud_bridge::sink::kafka::KafkaSink;
 use cloud_bridge::sink::kafka::settings::KafkaSettings;
+use cloud_bridge::sink::schemas::SchemaStore;
 use cloud_bridge::sink::{
     BridgeState, DictStore, EdgeQuota, EdgeState, EpochVerdict, FleetStore, RecordSink, SinkError, StoredReport,
 };
@@ -18,6 +19,7 @@ use e2e_tests::fixtures::wire_record;
 use e2e_tests::kafka::{KafkaBroker, seqs};
 use serde_json::Value;
 use shared::proto::{DictAnnounce, GapReason, LaneSeq, SchemaRef, Seq, WireGap, WireRecord};
+use shared::schema::{Compatibility, Kind, Source, Version};
 use tokio::io::AsyncBufReadExt;
 
 const SCRIPT: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/python/kafka_client.py");
@@ -224,9 +226,10 @@ fn edge_state(edge: &str, bridge: &str, session: u64, connected: bool) -> EdgeSt
 /// [issue 44] What bridges share besides records is in Kafka, so a bridge keeps nothing of its
 /// own: dictionaries one bridge stored are read by another (the oldest evicted past the edge's
 /// quota, deleted in the same transaction), the fleet's states and reports likewise, and a late
-/// end of a session another bridge took over does not replace that bridge's live state.
+/// end of a session another bridge took over does not replace that bridge's live state; a
+/// schema version number is taken once, whichever bridge asks second.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn dictionaries_and_fleet_states_one_bridge_stores_another_reads() {
+async fn dictionaries_fleet_states_and_schemas_one_bridge_stores_another_reads() {
     let broker = KafkaBroker::start();
     let quota = EdgeQuota { dicts: 2, ..EdgeQuota::default() };
     let first = sink(&broker, |_| {}).await.with_quota(quota);
@@ -272,4 +275,22 @@ async fn dictionaries_and_fleet_states_one_bridge_stores_another_reads() {
     assert_eq!(second.load_reports().await.unwrap().len(), 1);
     // Its own end replaces it.
     assert_eq!(second.store_edge_states(vec![edge_state("edge-1", "bridge-b", 22, false)]).await.unwrap(), [true]);
+
+    let version = |n: u32, text: &str| Version {
+        subject: "temp".into(),
+        version: n,
+        id: format!("{n:016x}"),
+        source: Source { kind: Kind::Json, text: text.into(), message: None },
+        created_ms: 1,
+    };
+    assert!(first.schema_put(&version(1, r#"{"type":"object"}"#)).await.unwrap());
+    assert!(!second.schema_put(&version(1, r#"{"type":"string"}"#)).await.unwrap(), "version 1 is taken");
+    assert!(second.schema_put(&version(2, r#"{"type":"string"}"#)).await.unwrap());
+    second.schema_set_mode("temp", Compatibility::Full).await.unwrap();
+    let third = sink(&broker, |_| {}).await;
+    let versions = third.schema_versions("temp").await.unwrap();
+    assert_eq!(versions, [version(1, r#"{"type":"object"}"#), version(2, r#"{"type":"string"}"#)]);
+    assert_eq!(third.schema_mode("temp").await.unwrap(), Some(Compatibility::Full));
+    let subjects = third.schema_subjects().await.unwrap();
+    assert_eq!((subjects.len(), subjects[0].versions), (1, 2));
 }

@@ -35,7 +35,8 @@
 //! # Other state
 //!
 //! Everything else the bridges share is in Kafka too, so a bridge keeps nothing of its own:
-//! each edge's dictionaries (`dicts`), the fleet view's states and TCO reports (`fleet`), all
+//! each edge's dictionaries (`dicts`), the fleet view's states and TCO reports (`fleet`), the
+//! schema registry (`schemas`), all
 //! in compacted topics read back whole at start and followed.
 //!
 //! The marks topic also holds each edge's epochs (admitted under a producer of the edge's own,
@@ -52,6 +53,7 @@ pub(crate) mod names;
 pub(crate) mod outgoing;
 pub(crate) mod plain;
 pub(crate) mod records;
+pub(crate) mod schemas;
 pub mod settings;
 pub(crate) mod topics;
 
@@ -86,6 +88,9 @@ pub struct KafkaSink {
     /// The dictionaries' bytes, by offset.
     dicts: Arc<StateLog>,
     dicts_topic: Topic,
+    /// The schema registry's versions and modes.
+    schemas: Arc<StateLog>,
+    schemas_topic: Topic,
     plain: plain::Plain,
     gaps: Topic,
     dead: Topic,
@@ -141,7 +146,10 @@ impl KafkaSink {
         let state = Arc::new(StateLog::start(settings, &state_topic.name, state_topic.partitions, Keep::Values)?);
         let dicts_topic = topic(&settings.dicts_topic, topics.ensure(&settings.dicts_topic, Kind::Compacted).await?);
         let dicts = Arc::new(StateLog::start(settings, &dicts_topic.name, dicts_topic.partitions, Keep::Offsets)?);
-        for log in [&marks, &state, &dicts] {
+        let schemas_topic =
+            topic(&settings.schemas_topic, topics.ensure(&settings.schemas_topic, Kind::Compacted).await?);
+        let schemas = Arc::new(StateLog::start(settings, &schemas_topic.name, schemas_topic.partitions, Keep::Values)?);
+        for log in [&marks, &state, &dicts, &schemas] {
             log.read_to_end().await?;
         }
         tracing::info!(bootstrap = settings.bootstrap, brokers, "sink: kafka");
@@ -155,6 +163,8 @@ impl KafkaSink {
             state_topic,
             dicts,
             dicts_topic,
+            schemas,
+            schemas_topic,
             plain: plain::Plain::new(settings)?,
             gaps,
             dead,

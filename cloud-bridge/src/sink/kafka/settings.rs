@@ -36,6 +36,10 @@ pub struct KafkaSettings {
     /// The compacted topic of the edges' compression dictionaries. Default: `edge-dicts`.
     #[serde(default = "default_dicts_topic")]
     pub dicts_topic: String,
+    /// The compacted topic of the schema registry (`cloud-bridge schema`). Default:
+    /// `edge-schemas`.
+    #[serde(default = "default_schemas_topic")]
+    pub schemas_topic: String,
     /// Where gap records (what an edge lost, and why) go. Default: `edge-gaps`.
     #[serde(default = "default_gaps_topic")]
     pub gaps_topic: String,
@@ -136,6 +140,9 @@ fn default_state_topic() -> String {
 fn default_dicts_topic() -> String {
     "edge-dicts".into()
 }
+fn default_schemas_topic() -> String {
+    "edge-schemas".into()
+}
 fn default_gaps_topic() -> String {
     "edge-gaps".into()
 }
@@ -185,6 +192,7 @@ impl KafkaSettings {
             ("marks_topic", &self.marks_topic),
             ("state_topic", &self.state_topic),
             ("dicts_topic", &self.dicts_topic),
+            ("schemas_topic", &self.schemas_topic),
             ("gaps_topic", &self.gaps_topic),
             ("dead_letter_topic", &self.dead_letter_topic),
         ] {
