@@ -89,7 +89,13 @@ impl Topics {
             }
             *templated += 1;
         }
-        self.ensure(name, Kind::Records).await.map(Some)
+        let made = self.ensure(name, Kind::Records).await;
+        if made.is_err() {
+            // Not made: it does not count against the bound (a retry may make it).
+            let mut templated = self.templated.lock().unwrap_or_else(|e| e.into_inner());
+            *templated = templated.saturating_sub(1);
+        }
+        made.map(Some)
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, i32>> {
