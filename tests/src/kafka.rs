@@ -236,6 +236,21 @@ impl KafkaBroker {
         list.as_array().cloned().unwrap_or_default()
     }
 
+    /// Waits until no partition is under-replicated (every node that is up caught up), as an
+    /// operator does between the steps of a rolling restart.
+    pub fn wait_replicated(&self, timeout: Duration) {
+        let deadline = Instant::now() + timeout;
+        loop {
+            let out = self.topics(&["--describe", "--under-replicated-partitions"]);
+            let listed = String::from_utf8_lossy(&out.stdout).trim().to_owned();
+            if out.status.success() && listed.is_empty() {
+                return;
+            }
+            assert!(Instant::now() < deadline, "still under-replicated after {timeout:?}:\n{listed}");
+            std::thread::sleep(Duration::from_millis(500));
+        }
+    }
+
     /// Runs Kafka's `kafka-topics` against these brokers with `args` (plaintext only).
     pub fn topics(&self, args: &[&str]) -> Output {
         java(&libs())

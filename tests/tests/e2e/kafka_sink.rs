@@ -98,11 +98,29 @@ async fn a_batch_lands_once_with_its_mark_and_a_resend_lands_only_what_is_new() 
     assert_eq!(sink.committed("edge-1", "ep1").await.unwrap(), lane0(8));
     let records = broker.read("edge.telemetry", "read_committed").await;
     assert_eq!(seqs(&records), ["ep1:0:1", "ep1:0:2", "ep1:0:3", "ep1:0:4", "ep1:0:5", "ep1:0:7", "ep1:0:8"]);
+    assert_eq!(sink.producers(), 2, "the lane's producer and the edge's own (its epochs)");
     assert_eq!(broker.read("edge-gaps", "read_committed").await.len(), 1);
+
+    // Past max_producers (1 here) the least recently used lane producer closes, and opens
+    // again (fencing nothing but its own old self) when its lane writes.
+    let small = self::sink(&broker, |s: &mut KafkaSettings| s.max_producers = 1).await;
+    small.write("edge-1", "ep1", 1, (1..=2).map(rich).collect(), 2).await.unwrap();
+    small.write("edge-1", "ep1", 0, (8..=9).map(rich).collect(), 9).await.unwrap();
+    small.write("edge-1", "ep1", 1, (2..=3).map(rich).collect(), 3).await.unwrap();
+    assert_eq!(small.producers(), 1);
+    let lanes = small.committed("edge-1", "ep1").await.unwrap();
+    assert_eq!(
+        lanes,
+        [LaneSeq { lane: shared::proto::Lane(0), seq: Seq(9) }, LaneSeq { lane: shared::proto::Lane(1), seq: Seq(3) }]
+    );
+    let records = broker.read("edge.telemetry", "read_committed").await;
+    let lane1: Vec<String> = seqs(&records).into_iter().filter(|s| s.starts_with("ep1:1:")).collect();
+    assert_eq!(lane1, ["ep1:1:1", "ep1:1:2", "ep1:1:3"]);
 
     // A bridge started afresh reads the marks back from the compacted topic.
     let again = sink_again(&broker).await;
-    assert_eq!(again.committed("edge-1", "ep1").await.unwrap(), lane0(8));
+    let lanes = again.committed("edge-1", "ep1").await.unwrap();
+    assert_eq!(lanes[0], lane0(9)[0]);
     assert_eq!(again.admit_epoch("edge-1", "ep1").await.unwrap(), EpochVerdict::Known);
 }
 

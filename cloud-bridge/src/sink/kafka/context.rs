@@ -45,8 +45,10 @@ impl ClientContext for Context {
         match level {
             L::Emerg | L::Alert | L::Critical | L::Error => {
                 // A broker connection that failed (facility FAIL: a refused password, a TLS
-                // handshake) is logged here, not always reported through `error`.
-                tracing::error!(facility, "librdkafka: {message}");
+                // handshake, a broker down) is logged here, not always reported through
+                // `error`. A warning: the client retries, and what it means for a write is
+                // the write's error.
+                tracing::warn!(facility, "librdkafka: {message}");
                 self.remember(message);
             }
             L::Warning => tracing::warn!(facility, "librdkafka: {message}"),
@@ -56,7 +58,8 @@ impl ClientContext for Context {
     }
 
     fn error(&self, error: KafkaError, reason: &str) {
-        tracing::warn!(%error, "librdkafka: {reason}");
+        // The same failure was logged above; kept for a failed connect to quote.
+        tracing::debug!(%error, "librdkafka: {reason}");
         let text = if reason.is_empty() { error.to_string() } else { reason.to_owned() };
         self.remember(&text);
     }

@@ -42,4 +42,12 @@ pub(crate) async fn admit(sink: &KafkaSink, edge: &str, epoch: &str) -> Result<E
             Ok((writes, verdict))
         })
         .await
+        .inspect(|verdict| {
+            if let EpochVerdict::Added { retired } = verdict {
+                for old in retired {
+                    let prefix = super::mark_key(edge, old, 0);
+                    sink.lanes.forget(&prefix[..prefix.len() - 1]);
+                }
+            }
+        })
 }

@@ -54,11 +54,15 @@ struct Slot {
 pub(crate) struct Lanes {
     settings: KafkaSettings,
     slots: Mutex<HashMap<String, Arc<Slot>>>,
+    /// The marks this bridge committed, by mark key: a commit is readable only once its
+    /// markers are written, a moment after it returns, and a hello to this bridge right after
+    /// an ack must hear the mark the ack promised.
+    committed: Mutex<std::collections::BTreeMap<String, u64>>,
 }
 
 impl Lanes {
     pub(crate) fn new(settings: &KafkaSettings) -> Self {
-        Self { settings: settings.clone(), slots: Mutex::default() }
+        Self { settings: settings.clone(), slots: Mutex::default(), committed: Mutex::default() }
     }
 
     fn slot(&self, id: &str) -> Arc<Slot> {
@@ -74,13 +78,34 @@ impl Lanes {
                 .iter()
                 .min_by_key(|(_, s)| *s.used.lock().unwrap_or_else(|e| e.into_inner()))
                 .map(|(k, _)| k.clone());
-            if let Some(k) = oldest {
-                slots.remove(&k);
+            if let Some(evicted) = oldest.and_then(|k| slots.remove(&k)) {
+                // Closing a client blocks its thread (a flush, then its brokers' threads).
+                let closing = std::thread::Builder::new().name("kafka-close".into()).spawn(move || drop(evicted));
+                if let Err(e) = closing {
+                    tracing::warn!(error = %e, "no thread to close a Kafka producer on");
+                }
             }
         }
         let slot = Arc::new(Slot { lane: tokio::sync::Mutex::new(None), used: Mutex::new(Instant::now()) });
         slots.insert(id.to_owned(), slot.clone());
         slot
+    }
+
+    /// The marks this bridge committed under `prefix` (a [`mark_key`] prefix), with the key.
+    pub(crate) fn committed(&self, prefix: &str) -> Vec<(String, u64)> {
+        let committed = self.committed.lock().unwrap_or_else(|e| e.into_inner());
+        committed
+            .range(prefix.to_owned()..)
+            .take_while(|(k, _)| k.starts_with(prefix))
+            .map(|(k, v)| (k.clone(), *v))
+            .collect()
+    }
+
+    /// Forgets the marks this bridge committed under `prefix` (an epoch retired, its marks
+    /// deleted).
+    pub(crate) fn forget(&self, prefix: &str) {
+        let mut committed = self.committed.lock().unwrap_or_else(|e| e.into_inner());
+        committed.retain(|k, _| !k.starts_with(prefix));
     }
 
     /// Lane producers open now.
@@ -124,19 +149,24 @@ impl Lanes {
         let (lane, result) = tokio::task::spawn_blocking(move || {
             let mut records = records;
             records.push(mark_record);
-            let result = transact(&lane.producer, &records, timeout);
-            (lane, result)
+            attempt(lane, &records, timeout)
         })
         .await
         .map_err(|e| SinkError::Task { what: "publish", reason: e.to_string() })?;
+        *open = lane;
         match result {
             Ok(()) => {
-                let mut lane = lane;
-                lane.marks.insert(staged.epoch.clone(), up_to);
-                *open = Some(lane);
+                if let Some(lane) = open.as_mut() {
+                    lane.marks.insert(staged.epoch.clone(), up_to);
+                }
+                let mut committed = self.committed.lock().unwrap_or_else(|e| e.into_inner());
+                // Bounded by the lanes this bridge writes; the log has them all a moment later.
+                if committed.len() > 100_000 {
+                    committed.clear();
+                }
+                committed.insert(mark_key(&staged.edge, &staged.epoch, staged.lane), up_to);
                 Ok(())
             }
-            // Dropped with `lane`: the next attempt opens another producer.
             Err(e) => Err(txn_error("publish", &id, &e)),
         }
     }
@@ -171,14 +201,11 @@ impl Lanes {
                 (w.topic.clone(), key, (!w.tombstone).then(|| w.payload.clone()))
             })
             .collect();
-        let (owner, result) = tokio::task::spawn_blocking(move || {
-            let result = transact(&owner.producer, &writes, timeout);
-            (owner, result)
-        })
-        .await
-        .map_err(|e| SinkError::Task { what: "write", reason: e.to_string() })?;
+        let (owner, result) = tokio::task::spawn_blocking(move || attempt(owner, &writes, timeout))
+            .await
+            .map_err(|e| SinkError::Task { what: "write", reason: e.to_string() })?;
+        *open = owner;
         result.map_err(|e| txn_error("write", id, &e))?;
-        *open = Some(owner);
         // A commit returns once the coordinator decided it; the markers that make it readable
         // follow. The next read-then-write of this state must see this one: wait until the
         // logs show it.
@@ -266,8 +293,38 @@ pub(crate) fn tombstone(topic: &Topic, key: String) -> Outgoing {
     }
 }
 
+/// One transaction of `lane`'s producer; the producer back if it can go on. After a failure
+/// that is not fatal the transaction is aborted and the producer kept (nothing of it was
+/// committed: its marks still hold); otherwise it is closed ([`close`]). A commit that timed
+/// out and cannot be aborted is settled by the next producer of the id, which reads the mark
+/// again.
+fn attempt(lane: Lane, writes: &[Outgoing], timeout: Duration) -> (Option<Lane>, Result<(), KafkaError>) {
+    match transact(&lane.producer, writes, timeout) {
+        Ok(()) => (Some(lane), Ok(())),
+        Err(e) => {
+            let fatal = matches!(&e, KafkaError::Transaction(t) if t.is_fatal());
+            if !fatal && lane.producer.abort_transaction(timeout).is_ok() {
+                return (Some(lane), Err(e));
+            }
+            close(lane.producer);
+            (None, Err(e))
+        }
+    }
+}
+
+/// Closes a producer on a thread of its own, not waited for: destroying a client waits until
+/// its requests to every broker ended, minutes for one that is down, and the next producer of
+/// its id need not wait for that.
+fn close(producer: TxProducer) {
+    let closing = std::thread::Builder::new().name("kafka-close".into()).spawn(move || drop(producer));
+    if let Err(e) = closing {
+        tracing::warn!(error = %e, "no thread to close a Kafka producer on");
+    }
+}
+
 /// One transaction: the records, then the mark, committed.
 fn transact(producer: &TxProducer, records: &[Outgoing], timeout: Duration) -> Result<(), KafkaError> {
+    let deadline = Instant::now() + timeout;
     producer.begin_transaction()?;
     for r in records {
         let mut record: BaseRecord<'_, [u8], [u8]> = BaseRecord::to(&r.topic).partition(r.partition).key(&r.key[..]);
@@ -284,7 +341,11 @@ fn transact(producer: &TxProducer, records: &[Outgoing], timeout: Duration) -> R
         loop {
             match producer.send(record) {
                 Ok(()) => break,
-                Err((KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull), back)) => {
+                Err((e @ KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull), back)) => {
+                    // The queue drains as the brokers take it, or its messages time out.
+                    if Instant::now() > deadline {
+                        return Err(e);
+                    }
                     record = back;
                     std::thread::sleep(Duration::from_millis(5));
                 }

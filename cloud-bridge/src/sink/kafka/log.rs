@@ -21,6 +21,9 @@ use crate::sink::SinkError;
 
 /// How long one poll waits: also how soon a dropped log's thread ends.
 const POLL: Duration = Duration::from_millis(100);
+/// How long a read to the end keeps asking for a partition's end offset (a leader elected,
+/// the client's metadata catching up) before it fails.
+const END_WAIT: Duration = Duration::from_secs(30);
 
 /// What a log keeps of each key's latest record.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -95,12 +98,23 @@ impl StateLog {
         // With read_committed, a consumer's "latest" is the last stable offset: what follows
         // is an open transaction's, which no reader may see before its end.
         let ends = tokio::task::spawn_blocking(move || {
+            let deadline = std::time::Instant::now() + END_WAIT;
             (0..partitions)
                 .map(|p| {
-                    consumer
-                        .fetch_watermarks(&topic, p, Duration::from_secs(10))
-                        .map(|(_, high)| high)
-                        .map_err(|e| kafka_error("state end offsets", &e))
+                    loop {
+                        match consumer.fetch_watermarks(&topic, p, Duration::from_secs(5)) {
+                            Ok((_, high)) => return Ok(high),
+                            Err(e) if std::time::Instant::now() < deadline => {
+                                // The leader went away, and this client, which only ever asks for
+                                // offsets, has not heard who leads now: asking for the topic's
+                                // metadata tells it.
+                                tracing::debug!(topic, partition = p, error = %e, "end offsets; asking again");
+                                let _ = consumer.fetch_metadata(Some(&topic), Duration::from_secs(5));
+                                std::thread::sleep(Duration::from_millis(200));
+                            }
+                            Err(e) => return Err(kafka_error("state end offsets", &e)),
+                        }
+                    }
                 })
                 .collect::<Result<Vec<i64>, SinkError>>()
         })
@@ -230,7 +244,8 @@ fn follow(
                     *next = (*next).max(m.offset() + 1);
                 }
             }
-            Some(Err(e)) => tracing::warn!(topic, error = %e, "kafka state consumer"),
+            // The client logs why and retries (a broker down, a leader moving).
+            Some(Err(e)) => tracing::debug!(topic, error = %e, "kafka state consumer"),
             None => {}
         }
         if let Ok(positions) = consumer.position() {

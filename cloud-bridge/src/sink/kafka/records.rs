@@ -49,12 +49,22 @@ impl RecordSink for KafkaSink {
         self.marks.read_to_end().await?;
         let prefix = super::mark_key(edge, epoch, 0);
         let prefix = &prefix[..prefix.len() - 1];
-        let mut out = Vec::new();
+        let mut lanes = std::collections::BTreeMap::new();
         for (key, value) in self.marks.scan(prefix) {
-            let Ok(lane) = key[prefix.len()..].parse::<u8>() else { continue };
             let seq = super::parse_mark(&value).ok_or_else(|| SinkError::corrupt("read mark", &key, "not a number"))?;
+            lanes.insert(key, seq);
+        }
+        // What this bridge committed and the log does not show yet.
+        for (key, seq) in self.lanes.committed(prefix) {
+            let mark = lanes.entry(key).or_insert(0);
+            *mark = (*mark).max(seq);
+        }
+        let mut out = Vec::new();
+        for (key, seq) in lanes {
+            let Ok(lane) = key[prefix.len()..].parse::<u8>() else { continue };
             out.push(LaneSeq { lane: Lane(lane), seq: Seq(seq) });
         }
+        out.sort_by_key(|l| l.lane);
         Ok(out)
     }
 

@@ -130,9 +130,12 @@ impl Topics {
             .create_topics([&topic], &AdminOptions::new().operation_timeout(Some(ADMIN_TIMEOUT)))
             .await
             .map_err(|e| kafka_error("create topic", &e))?;
-        match results.into_iter().next() {
-            Some(Ok(_)) => tracing::info!(topic = name, partitions, replication, "kafka: topic created"),
-            Some(Err((_, RDKafkaErrorCode::TopicAlreadyExists))) => {}
+        let created = match results.into_iter().next() {
+            Some(Ok(_)) => {
+                tracing::info!(topic = name, partitions, replication, "kafka: topic created");
+                true
+            }
+            Some(Err((_, RDKafkaErrorCode::TopicAlreadyExists))) => false,
             Some(Err((_, code))) => {
                 return Err(SinkError::Kafka {
                     what: "create topic",
@@ -141,14 +144,17 @@ impl Topics {
                 });
             }
             None => return Err(odd("create topic", format!("{name}: no result"))),
-        }
-        let partitions = self.check(name, kind).await?;
+        };
+        let partitions = self.check(name, kind, created).await?;
         self.lock().insert(name.to_owned(), partitions);
         Ok(partitions)
     }
 
     /// Checks a topic against the settings; its partition count.
-    async fn check(&self, name: &str, kind: Kind) -> Result<i32, SinkError> {
+    /// One this sink just `created` has the configs it was made with: a broker asked right
+    /// after may not know them yet (they spread through the metadata log), so only its
+    /// partitions are waited for.
+    async fn check(&self, name: &str, kind: Kind, created: bool) -> Result<i32, SinkError> {
         let admin = self.admin.clone();
         let topic = name.to_owned();
         // A topic just made is known to its controller before every broker has its metadata
@@ -195,6 +201,9 @@ impl Topics {
             && replicas < want
         {
             return Err(mismatch(format!("{replicas} replicas, sink.replication_factor asks for {want}")));
+        }
+        if created {
+            return Ok(partitions);
         }
         let configs = self
             .admin
