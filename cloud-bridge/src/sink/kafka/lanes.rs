@@ -303,9 +303,16 @@ fn attempt(lane: Lane, writes: &[Outgoing], timeout: Duration) -> (Option<Lane>,
         Ok(()) => (Some(lane), Ok(())),
         Err(e) => {
             let fatal = matches!(&e, KafkaError::Transaction(t) if t.is_fatal());
-            if !fatal && lane.producer.abort_transaction(timeout).is_ok() {
-                return (Some(lane), Err(e));
+            if !fatal {
+                match lane.producer.abort_transaction(timeout) {
+                    Ok(()) => {
+                        tracing::info!(error = %e, "kafka transaction failed; aborted, producer kept");
+                        return (Some(lane), Err(e));
+                    }
+                    Err(abort) => tracing::info!(error = %e, %abort, "kafka transaction failed, and its abort"),
+                }
             }
+            tracing::info!(error = %e, fatal, "kafka producer closed after a failed transaction");
             close(lane.producer);
             (None, Err(e))
         }
