@@ -8,9 +8,6 @@ use shared::proto::DictAnnounce;
 use shared::units::now_ms;
 
 use super::KafkaSink;
-use super::lanes::tombstone;
-use super::names::partition_of;
-use super::outgoing::Outgoing;
 use crate::sink::quota::DictIndex;
 use crate::sink::{DictStore, SinkError};
 
@@ -54,19 +51,10 @@ impl DictStore for KafkaSink {
                     None => DictIndex::default(),
                 };
                 let evicted = index.add(&dict.id, dict.bytes.len() as u64, now_ms(), &self.quota);
-                let put = |topic: &super::outgoing::Topic, key: String, payload: Vec<u8>| Outgoing {
-                    seq: 0,
-                    topic: topic.name.clone(),
-                    partition: partition_of(&key, topic.partitions),
-                    key: key.into_bytes(),
-                    headers: Vec::new(),
-                    payload,
-                    tombstone: false,
-                };
                 let index = serde_json::to_vec(&index).map_err(|e| SinkError::invalid("dict index", e))?;
                 let mut writes =
-                    vec![put(state_topic, key, index), put(dicts_topic, dict_key(edge, &dict.id), dict.bytes.clone())];
-                writes.extend(evicted.iter().map(|id| tombstone(dicts_topic, dict_key(edge, id))));
+                    vec![state_topic.put(key, index), dicts_topic.put(dict_key(edge, &dict.id), dict.bytes.clone())];
+                writes.extend(evicted.iter().map(|id| dicts_topic.tombstone(dict_key(edge, id))));
                 Ok((writes, evicted))
             })
             .await?;

@@ -6,9 +6,6 @@
 use shared::units::now_ms;
 
 use super::KafkaSink;
-use super::lanes::tombstone;
-use super::names::partition_of;
-use super::outgoing::Outgoing;
 use crate::sink::SinkError;
 use crate::sink::quota::{EpochVerdict, Epochs};
 
@@ -24,19 +21,11 @@ pub(crate) async fn admit(sink: &KafkaSink, edge: &str, epoch: &str) -> Result<E
             };
             let verdict = epochs.admit(epoch, now_ms(), &sink.quota);
             let EpochVerdict::Added { retired } = &verdict else { return Ok((Vec::new(), verdict)) };
-            let mut writes = vec![Outgoing {
-                seq: 0,
-                topic: topic.name.clone(),
-                partition: partition_of(&key, topic.partitions),
-                key: key.clone().into_bytes(),
-                headers: Vec::new(),
-                payload: serde_json::to_vec(&epochs).map_err(|e| SinkError::invalid("epochs", e))?,
-                tombstone: false,
-            }];
+            let value = serde_json::to_vec(&epochs).map_err(|e| SinkError::invalid("epochs", e))?;
+            let mut writes = vec![topic.put(key, value)];
             for old in retired {
-                let prefix = super::mark_key(edge, old, 0);
-                for (mark, _) in marks.scan(&prefix[..prefix.len() - 1]) {
-                    writes.push(tombstone(topic, mark));
+                for (mark, _) in marks.scan(&super::marks_prefix(edge, old)) {
+                    writes.push(topic.tombstone(mark));
                 }
             }
             Ok((writes, verdict))
@@ -45,8 +34,7 @@ pub(crate) async fn admit(sink: &KafkaSink, edge: &str, epoch: &str) -> Result<E
         .inspect(|verdict| {
             if let EpochVerdict::Added { retired } = verdict {
                 for old in retired {
-                    let prefix = super::mark_key(edge, old, 0);
-                    sink.lanes.forget(&prefix[..prefix.len() - 1]);
+                    sink.lanes.forget(&super::marks_prefix(edge, old));
                 }
             }
         })

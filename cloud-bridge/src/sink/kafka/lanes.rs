@@ -132,15 +132,7 @@ impl Lanes {
         let fresh: Vec<&Outgoing> = staged.records.iter().filter(|r| r.seq > mark).collect();
         let Some(up_to) = fresh.last().map(|r| r.seq) else { return Ok(()) };
         let key = mark_key(&staged.edge, &staged.epoch, staged.lane);
-        let mark_record = Outgoing {
-            seq: up_to,
-            topic: marks_topic.name.clone(),
-            partition: super::names::partition_of(&key, marks_topic.partitions),
-            key: key.into_bytes(),
-            headers: Vec::new(),
-            payload: up_to.to_string().into_bytes(),
-            tombstone: false,
-        };
+        let mark_record = Outgoing { seq: up_to, ..marks_topic.put(key, up_to.to_string().into_bytes()) };
         let timeout = self.settings.transaction_timeout.0;
         // The producer moves into the blocking task and back: librdkafka's transaction calls
         // block their thread.
@@ -278,19 +270,6 @@ pub(crate) async fn open_producer(config: rdkafka::ClientConfig, id: &str) -> Re
     })
     .await
     .map_err(|e| SinkError::Task { what: "init transactions", reason: e.to_string() })?
-}
-
-/// The deletion of `key` from compacted `topic`.
-pub(crate) fn tombstone(topic: &Topic, key: String) -> Outgoing {
-    Outgoing {
-        seq: 0,
-        topic: topic.name.clone(),
-        partition: super::names::partition_of(&key, topic.partitions),
-        key: key.into_bytes(),
-        headers: Vec::new(),
-        payload: Vec::new(),
-        tombstone: true,
-    }
 }
 
 /// One transaction of `lane`'s producer; the producer back if it can go on. After a failure

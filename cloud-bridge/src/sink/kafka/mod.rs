@@ -206,7 +206,12 @@ impl KafkaSink {
 /// The marks topic's key of (edge, epoch, lane). Edge ids are DNS names and epochs hex, so
 /// `/` parts them unambiguously.
 pub(crate) fn mark_key(edge: &str, epoch: &str, lane: u8) -> String {
-    format!("m/{edge}/{epoch}/{lane}")
+    format!("{}{lane}", marks_prefix(edge, epoch))
+}
+
+/// What every [`mark_key`] of (edge, epoch) starts with.
+pub(crate) fn marks_prefix(edge: &str, epoch: &str) -> String {
+    format!("m/{edge}/{epoch}/")
 }
 
 /// The marks topic's key of an edge's epochs.

@@ -8,6 +8,26 @@ pub(crate) struct Topic {
     pub partitions: i32,
 }
 
+impl Topic {
+    /// `key`'s new value in this compacted topic, in the key's partition.
+    pub(crate) fn put(&self, key: String, payload: Vec<u8>) -> Outgoing {
+        Outgoing {
+            seq: 0,
+            topic: self.name.clone(),
+            partition: super::names::partition_of(&key, self.partitions),
+            key: key.into_bytes(),
+            headers: Vec::new(),
+            payload,
+            tombstone: false,
+        }
+    }
+
+    /// The deletion of `key` from this compacted topic.
+    pub(crate) fn tombstone(&self, key: String) -> Outgoing {
+        Outgoing { tombstone: true, ..self.put(key, Vec::new()) }
+    }
+}
+
 /// One Kafka record of a batch, or a batch's mark.
 #[derive(Debug, Clone)]
 pub(crate) struct Outgoing {

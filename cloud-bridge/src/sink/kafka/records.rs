@@ -47,8 +47,7 @@ impl RecordSink for KafkaSink {
 
     async fn committed(&self, edge: &str, epoch: &str) -> Result<Vec<LaneSeq>, SinkError> {
         self.marks.read_to_end().await?;
-        let prefix = super::mark_key(edge, epoch, 0);
-        let prefix = &prefix[..prefix.len() - 1];
+        let prefix = &super::marks_prefix(edge, epoch);
         let mut lanes = std::collections::BTreeMap::new();
         for (key, value) in self.marks.scan(prefix) {
             let seq = super::parse_mark(&value).ok_or_else(|| SinkError::corrupt("read mark", &key, "not a number"))?;

@@ -7,8 +7,6 @@
 use shared::schema::{Compatibility, Version};
 
 use super::KafkaSink;
-use super::names::partition_of;
-use super::outgoing::Outgoing;
 use crate::sink::SinkError;
 use crate::sink::schemas::{SchemaStore, Subject, from_json, parse_mode, subjects, to_json};
 
@@ -52,16 +50,7 @@ impl SchemaStore for KafkaSink {
                 if log.get(&key).is_some() {
                     return Ok((Vec::new(), false));
                 }
-                let put = Outgoing {
-                    seq: 0,
-                    topic: topic.name.clone(),
-                    partition: partition_of(&key, topic.partitions),
-                    key: key.clone().into_bytes(),
-                    headers: Vec::new(),
-                    payload: value,
-                    tombstone: false,
-                };
-                Ok((vec![put], true))
+                Ok((vec![topic.put(key.clone(), value)], true))
             })
             .await
     }
