@@ -201,18 +201,9 @@ impl Lanes {
         // A commit returns once the coordinator decided it; the markers that make it readable
         // follow. The next read-then-write of this state must see this one: wait until the
         // logs show it.
-        let deadline = tokio::time::Instant::now() + timeout;
         for (topic, key, value) in &expected {
-            let Some(log) = logs.iter().find(|l| l.topic() == topic) else { continue };
-            while !log.shows(key, value.as_deref()) {
-                if tokio::time::Instant::now() > deadline {
-                    return Err(SinkError::Unavailable {
-                        what: "write",
-                        reason: format!("{key} committed in {topic}, not readable after {timeout:?}"),
-                    });
-                }
-                log.read_to_end().await?;
-                tokio::time::sleep(Duration::from_millis(5)).await;
+            if let Some(log) = logs.iter().find(|l| l.topic() == topic) {
+                log.await_shows(key, value.as_deref(), timeout).await?;
             }
         }
         Ok(out)

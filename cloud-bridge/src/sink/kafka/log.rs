@@ -22,7 +22,8 @@ use crate::sink::SinkError;
 /// How long one poll waits: also how soon a dropped log's thread ends.
 const POLL: Duration = Duration::from_millis(100);
 /// How long a read to the end keeps asking for a partition's end offset (a leader elected,
-/// the client's metadata catching up) before it fails.
+/// the client's metadata catching up), and then waits to have applied up to it, before it
+/// fails.
 const END_WAIT: Duration = Duration::from_secs(30);
 
 /// What a log keeps of each key's latest record.
@@ -120,6 +121,7 @@ impl StateLog {
         })
         .await
         .map_err(|e| SinkError::Task { what: "state end offsets", reason: e.to_string() })??;
+        let deadline = tokio::time::Instant::now() + END_WAIT;
         loop {
             let notified = self.applied.notified();
             {
@@ -127,10 +129,34 @@ impl StateLog {
                 if state.next.iter().zip(&ends).all(|(next, end)| next >= end) {
                     return Ok(());
                 }
+                if tokio::time::Instant::now() > deadline {
+                    return Err(SinkError::Unavailable {
+                        what: "state read",
+                        reason: format!("{}: at {:?} of {ends:?} after {END_WAIT:?}", self.topic, state.next),
+                    });
+                }
             }
             // The thread notifies after each poll; the timeout only bounds a missed wake-up.
             let _ = tokio::time::timeout(POLL * 5, notified).await;
         }
+    }
+
+    /// Waits, reading to the end, until what is applied of `key` is `value` ([`Self::shows`]):
+    /// a commit of this bridge's, which is readable a moment after it returns (its markers
+    /// follow), seen before the next read that must see it. Fails after `within`.
+    pub(crate) async fn await_shows(&self, key: &str, value: Option<&[u8]>, within: Duration) -> Result<(), SinkError> {
+        let deadline = tokio::time::Instant::now() + within;
+        while !self.shows(key, value) {
+            if tokio::time::Instant::now() > deadline {
+                return Err(SinkError::Unavailable {
+                    what: "state read",
+                    reason: format!("{key} committed in {}, not readable after {within:?}", self.topic),
+                });
+            }
+            self.read_to_end().await?;
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        Ok(())
     }
 
     /// The topic it follows.

@@ -65,11 +65,7 @@ impl SchemaStore for KafkaSink {
         let key = format!("{MODE}{subject}");
         self.plain.put(&self.schemas_topic, &key, mode.name().as_bytes()).await?;
         // The command that set it reads it back next.
-        while !self.schemas.shows(&key, Some(mode.name().as_bytes())) {
-            self.schemas.read_to_end().await?;
-            tokio::time::sleep(std::time::Duration::from_millis(5)).await;
-        }
-        Ok(())
+        self.schemas.await_shows(&key, Some(mode.name().as_bytes()), self.settings.transaction_timeout.0).await
     }
 
     async fn schema_subjects(&self) -> Result<Vec<Subject>, SinkError> {
