@@ -20,6 +20,7 @@
 
 pub mod any;
 pub mod config;
+pub(crate) mod down_headers;
 pub mod downlink;
 mod error;
 pub(crate) mod health;

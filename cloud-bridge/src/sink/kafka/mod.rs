@@ -46,6 +46,8 @@
 pub(crate) mod context;
 pub(crate) mod dicts;
 pub(crate) mod epochs;
+pub(crate) mod fetch;
+pub(crate) mod follow;
 pub(crate) mod fleet;
 pub(crate) mod lanes;
 pub(crate) mod log;

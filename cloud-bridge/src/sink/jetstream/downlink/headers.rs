@@ -1,35 +1,17 @@
-//! The MQTT side of a downlink message in JetStream: what `send` writes as headers beside the
-//! payload, and what the bridge reads back from any publisher's headers and subject.
+//! The MQTT side of a downlink message in JetStream: the headers of `sink::down_headers`, the
+//! topic from the subject.
 
 use async_nats::HeaderMap;
-use base64::Engine;
 
-use crate::names::{self, user_property_name};
+use crate::names;
+use crate::sink::down_headers;
 use crate::sink::downlink::Outgoing;
 
 pub(super) fn headers(msg: &Outgoing) -> HeaderMap {
     // No `Mqtt-Topic`: the subject names the topic, and only the subject (see `parse`).
     let mut h = HeaderMap::new();
-    h.insert("Mqtt-Qos", msg.qos.to_string().as_str());
-    if msg.retain {
-        h.insert("Mqtt-Retain", "1");
-    }
-    if let Some(at) = msg.expires_at_ms {
-        h.insert("Mqtt-Expires-At", at.to_string().as_str());
-    }
-    if let Some(t) = &msg.response_topic {
-        h.insert("Mqtt-Response-Topic", t.as_str());
-    }
-    if let Some(c) = &msg.correlation_data {
-        h.insert("Mqtt-Correlation-Data", base64::engine::general_purpose::STANDARD.encode(c).as_str());
-    }
-    if let Some(c) = &msg.content_type {
-        h.insert("Mqtt-Content-Type", c.as_str());
-    }
-    // One header, in order: MQTT keeps user properties in order (MQTT 5.0 §3.3.2.3.7), and a
-    // header map does not.
-    if !msg.user_properties.is_empty() {
-        h.insert("Mqtt-User-Properties", serde_json::to_string(&msg.user_properties).unwrap_or_default().as_str());
+    for (name, value) in down_headers::headers(msg) {
+        h.insert(name, value.as_str());
     }
     h
 }
@@ -39,51 +21,15 @@ pub(super) fn headers(msg: &Outgoing) -> HeaderMap {
 /// permissions on `down.<edge>.<levels>` then bound what topics a publisher reaches, which a
 /// topic header would get around, so an `Mqtt-Topic` naming another topic is refused.
 pub(super) fn parse(topic_tokens: &[&str], headers: &HeaderMap, payload: Vec<u8>) -> (Outgoing, Option<String>) {
-    let mut msg = Outgoing { payload, qos: 1, ..Default::default() };
-    let (mut ordered, mut plain) = (Vec::new(), Vec::new());
-    let mut problem = None;
-    let mut bad = |what: &str, value: &str| {
-        problem.get_or_insert_with(|| format!("header {what}: {value:?} does not parse"));
-    };
-    msg.topic = names::topic_of(topic_tokens).unwrap_or_else(|| {
-        bad("subject", &topic_tokens.join("."));
-        String::new()
-    });
-    for (name, values) in headers.iter() {
+    let pairs = headers.iter().flat_map(|(name, values)| {
         let name: &str = name.as_ref();
-        for value in values {
-            let v = value.as_str();
-            match name {
-                "Mqtt-Topic" => {}
-                "Mqtt-Qos" => match v {
-                    "0" | "1" | "2" => msg.qos = v.as_bytes()[0] - b'0',
-                    _ => bad(name, v),
-                },
-                "Mqtt-Retain" => match v {
-                    "1" | "true" => msg.retain = true,
-                    "0" | "false" => msg.retain = false,
-                    _ => bad(name, v),
-                },
-                "Mqtt-Expires-At" => match v.parse() {
-                    Ok(at) => msg.expires_at_ms = Some(at),
-                    Err(_) => bad(name, v),
-                },
-                "Mqtt-Response-Topic" => msg.response_topic = Some(v.to_owned()),
-                "Mqtt-Correlation-Data" => match base64::engine::general_purpose::STANDARD.decode(v) {
-                    Ok(c) => msg.correlation_data = Some(c),
-                    Err(_) => bad(name, v),
-                },
-                "Mqtt-Content-Type" => msg.content_type = Some(v.to_owned()),
-                "Mqtt-User-Properties" => match serde_json::from_str::<Vec<(String, String)>>(v) {
-                    Ok(props) => ordered = props,
-                    Err(_) => bad(name, v),
-                },
-                _ => {
-                    if let Some(prop) = user_property_name(name) {
-                        plain.push((prop.to_owned(), v.to_owned()));
-                    }
-                }
-            }
+        values.iter().map(move |v| (name, Some(v.as_str())))
+    });
+    let (mut msg, mut problem) = down_headers::parse(pairs, payload);
+    match names::topic_of(topic_tokens) {
+        Some(topic) => msg.topic = topic,
+        None => {
+            problem = Some(format!("header subject: {:?} does not parse", topic_tokens.join(".")));
         }
     }
     if let Some(t) = headers.get("Mqtt-Topic").filter(|t| t.as_str() != msg.topic) {
@@ -91,10 +37,6 @@ pub(super) fn parse(topic_tokens: &[&str], headers: &HeaderMap, payload: Vec<u8>
             format!("header Mqtt-Topic {:?} names another topic than its subject ({:?})", t.as_str(), msg.topic)
         });
     }
-    // Headers of another publisher come in no order: by name, after the ordered ones.
-    plain.sort();
-    msg.user_properties = ordered;
-    msg.user_properties.extend(plain);
     (msg, problem)
 }
 
