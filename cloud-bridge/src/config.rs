@@ -96,8 +96,15 @@ impl CloudConfig {
         resolve(&mut config.server.cert);
         resolve(&mut config.server.key);
         resolve(&mut config.server.client_ca);
-        if let SinkConfig::Sqlite { path } = &mut config.sink {
-            resolve(path);
+        match &mut config.sink {
+            SinkConfig::Sqlite { path } => resolve(path),
+            SinkConfig::Kafka(k) => {
+                let files = k.tls.iter_mut().flat_map(|t| [&mut t.ca, &mut t.cert, &mut t.key]);
+                for path in files.chain(k.sasl.iter_mut().map(|s| &mut s.password_file)).flatten() {
+                    resolve(path);
+                }
+            }
+            SinkConfig::Jetstream { .. } => {}
         }
         if let Some(models) = &mut config.models {
             resolve(&mut models.dir);
@@ -120,10 +127,14 @@ impl CloudConfig {
         config.fleet.check(&mut problems);
         config.downlink.check(&mut problems);
         config.tracing.check(&mut problems);
-        if let SinkConfig::Jetstream { url, .. } = &config.sink
-            && let Err(e) = crate::sink::jetstream::check_url(url)
-        {
-            problems.bad("sink.url", e.to_string());
+        match &config.sink {
+            SinkConfig::Jetstream { url, .. } => {
+                if let Err(e) = crate::sink::jetstream::check_url(url) {
+                    problems.bad("sink.url", e.to_string());
+                }
+            }
+            SinkConfig::Kafka(k) => k.check(&mut problems),
+            SinkConfig::Sqlite { .. } => {}
         }
         if config.models.as_ref().is_some_and(|m| m.poll.0.is_zero()) {
             problems.bad("models.poll", "must be more than 0");

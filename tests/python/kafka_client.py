@@ -15,6 +15,12 @@ Usage:
                                                    Edge-Seq) and the mark MARK_KEY=LAST, flushes
                                                    them to the brokers, prints "open" and waits
                                                    to be killed without committing
+  kafka_client.py produce BOOTSTRAP TOPIC          a producer of someone else's: one record per
+                                                   JSON line on stdin, {key, value, headers:
+                                                   [[name, value]], partition (optional)},
+                                                   partitioned as the Java client does
+                                                   (murmur2_random); prints a JSON list of
+                                                   [partition, offset]
 """
 import json
 import sys
@@ -88,11 +94,34 @@ def zombie(bootstrap, txn_id, topic, partition, marks_topic, mark_key, first, la
     time.sleep(3600)
 
 
+def produce(bootstrap, topic):
+    p = Producer({"bootstrap.servers": bootstrap, "partitioner": "murmur2_random", "acks": "all"})
+    out = []
+
+    def done(err, m):
+        if err is not None:
+            raise SystemExit(f"produce: {err}")
+        out.append([m.partition(), m.offset()])
+
+    for line in sys.stdin:
+        if not line.strip():
+            continue
+        r = json.loads(line)
+        extra = {"partition": r["partition"]} if "partition" in r else {}
+        headers = [(k, v.encode()) for k, v in r.get("headers", [])]
+        p.produce(topic, value=r["value"].encode(), key=r["key"].encode(), headers=headers, on_delivery=done, **extra)
+        # One at a time: the offsets come back in the order written.
+        p.flush(30)
+    print(json.dumps(out))
+
+
 mode = sys.argv[1]
 if mode == "read":
     read(sys.argv[2], sys.argv[3], sys.argv[4])
 elif mode == "zombie":
     a = sys.argv
     zombie(a[2], a[3], a[4], int(a[5]), a[6], a[7], int(a[8]), int(a[9]))
+elif mode == "produce":
+    produce(sys.argv[2], sys.argv[3])
 else:
     raise SystemExit(f"unknown mode {mode}")

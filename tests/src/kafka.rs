@@ -236,6 +236,33 @@ impl KafkaBroker {
         list.as_array().cloned().unwrap_or_default()
     }
 
+    /// Writes `records` (`{key, value, headers: [[name, value]], partition?}` each) to `topic`
+    /// as someone else's producer would (confluent-kafka, the Java client's partitioner), one
+    /// at a time; each one's (partition, offset).
+    pub async fn produce(&self, topic: &str, records: &[serde_json::Value]) -> Vec<(i32, i64)> {
+        use tokio::io::AsyncWriteExt;
+        let script = crate::workspace_root().join("tests/python/kafka_client.py");
+        let mut child = tokio::process::Command::new("python3")
+            .arg(script)
+            .args(["produce", &self.bootstrap(), topic])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("python3");
+        let mut input = String::new();
+        for r in records {
+            input.push_str(&r.to_string());
+            input.push('\n');
+        }
+        let mut stdin = child.stdin.take().expect("stdin");
+        stdin.write_all(input.as_bytes()).await.expect("write records");
+        drop(stdin);
+        let out = child.wait_with_output().await.expect("produce");
+        assert!(out.status.success(), "produce to {topic}: {}", String::from_utf8_lossy(&out.stderr));
+        serde_json::from_slice(&out.stdout).expect("JSON")
+    }
+
     /// Waits until no partition is under-replicated (every node that is up caught up), as an
     /// operator does between the steps of a rolling restart.
     pub fn wait_replicated(&self, timeout: Duration) {

@@ -19,6 +19,7 @@ use super::downlink::{
 };
 use super::error::SinkError;
 use super::jetstream::JetStreamSink;
+use super::kafka::KafkaSink;
 use super::presence::{BridgeState, EdgeState, FleetStates, StoredReport};
 use super::quota::EpochVerdict;
 use super::schemas::{SchemaStore, Subject};
@@ -31,6 +32,8 @@ pub enum AnySink {
     Sqlite(SqliteSink),
     /// Boxed: its streams' and buckets' cached infos are kilobytes.
     JetStream(Box<JetStreamSink>),
+    /// Shared: its clients and followers are one per process.
+    Kafka(std::sync::Arc<KafkaSink>),
 }
 
 /// `$body` with `$s` bound to the backend, whichever it is.
@@ -39,6 +42,7 @@ macro_rules! each {
         match $self {
             AnySink::Sqlite($s) => $body,
             AnySink::JetStream($s) => $body,
+            AnySink::Kafka($s) => $body,
         }
     };
 }
@@ -49,6 +53,7 @@ pub enum AnyStaged {
     Sqlite(super::sqlite::Staged),
     /// Boxed: it holds the batch's messages and its staging.
     JetStream(Box<super::jetstream::Staged>),
+    Kafka(super::kafka::Staged),
 }
 
 impl RecordSink for AnySink {
@@ -83,6 +88,7 @@ impl RecordSink for AnySink {
             AnySink::JetStream(s) => {
                 Box::pin(s.stage(edge, epoch, lane, records).map_ok(|s| AnyStaged::JetStream(Box::new(s))))
             }
+            AnySink::Kafka(s) => Box::pin(s.stage(edge, epoch, lane, records).map_ok(AnyStaged::Kafka)),
         };
         stage
     }
@@ -91,6 +97,7 @@ impl RecordSink for AnySink {
         let publish: BoxFuture<'static, _> = match (self, staged) {
             (AnySink::Sqlite(s), AnyStaged::Sqlite(staged)) => Box::pin(s.publish(staged)),
             (AnySink::JetStream(s), AnyStaged::JetStream(staged)) => Box::pin(s.publish(*staged)),
+            (AnySink::Kafka(s), AnyStaged::Kafka(staged)) => Box::pin(s.publish(staged)),
             _ => Box::pin(std::future::ready(Err(SinkError::Invalid {
                 what: "publish",
                 reason: "a batch staged by another kind of sink".into(),

@@ -1,5 +1,5 @@
-//! `[sink]`: where edge records go, the embedded SQLite file or a JetStream server, and the
-//! buckets beside the stream.
+//! `[sink]`: where edge records go, the embedded SQLite file, a JetStream server (and the
+//! buckets beside the stream) or a Kafka cluster.
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -10,6 +10,8 @@ use serde::{Deserialize, Serialize};
 use super::any::AnySink;
 use super::error::SinkError;
 use super::jetstream::{JetStreamSettings, JetStreamSink};
+use super::kafka::KafkaSink;
+use super::kafka::settings::KafkaSettings;
 use super::metrics::SinkMetrics;
 use super::quota::EdgeQuota;
 use super::sqlite::SqliteSink;
@@ -80,6 +82,9 @@ pub enum SinkConfig {
         #[serde(default)]
         downlink: crate::sink::jetstream::DownSettings,
     },
+    /// Apache Kafka (3.0 or newer; tested on 4.x in KRaft mode): exactly once through
+    /// transactions; topics created if missing, checked if present (`sink::kafka::settings`).
+    Kafka(KafkaSettings),
 }
 
 fn default_nats_url() -> String {
@@ -141,6 +146,10 @@ impl SinkConfig {
                 tracing::info!(url, stream, marks_bucket, "sink: jetstream");
                 AnySink::JetStream(Box::new(sink.with_metrics(metrics).with_quota(quota)))
             }
+            SinkConfig::Kafka(settings) => {
+                let sink = Box::pin(KafkaSink::connect(settings)).await?;
+                AnySink::Kafka(Arc::new(sink.with_metrics(metrics).with_quota(quota)))
+            }
         };
         Ok(sink)
     }
@@ -153,6 +162,11 @@ impl SinkConfig {
             SinkConfig::Jetstream { .. } => AnySink::JetStream(Box::new(
                 Box::pin(JetStreamSink::connect(&self.jetstream_settings(Some(COMMAND_RETRY))?)).await?,
             )),
+            SinkConfig::Kafka(settings) => {
+                let settings =
+                    KafkaSettings { startup_retry: shared::units::HumanDuration(COMMAND_RETRY), ..settings.clone() };
+                AnySink::Kafka(Arc::new(Box::pin(KafkaSink::connect(&settings)).await?))
+            }
         })
     }
 
@@ -164,6 +178,7 @@ impl SinkConfig {
             SinkConfig::Jetstream { url, tco_bucket, .. } => {
                 super::jetstream::fleet::load_reports_from(url, tco_bucket).await
             }
+            SinkConfig::Kafka(_) => self.open_for_command().await?.load_reports().await,
         }
     }
 
@@ -188,13 +203,22 @@ impl SinkConfig {
                 downlink: super::jetstream::downlink::summary_from(url, downlink).await?,
                 downlink_refused: super::jetstream::downlink::dead_letters_from(url, downlink, shown).await?,
             }),
+            SinkConfig::Kafka(_) => {
+                let sink = self.open_for_command().await?;
+                Ok(super::FleetData {
+                    states: sink.load_fleet().await?,
+                    reports: sink.load_reports().await?,
+                    downlink: sink.down_summary().await?,
+                    downlink_refused: sink.down_dead_letters(None, shown).await?,
+                })
+            }
         }
     }
 
     /// What a JetStream sink connects with, `startup_retry` overridden by `retry`.
     fn jetstream_settings(&self, retry: Option<Duration>) -> Result<JetStreamSettings, SinkError> {
         match self {
-            SinkConfig::Sqlite { .. } => Err(SinkError::invalid("open", "not a JetStream sink")),
+            SinkConfig::Sqlite { .. } | SinkConfig::Kafka(_) => Err(SinkError::invalid("open", "not a JetStream sink")),
             SinkConfig::Jetstream {
                 url,
                 stream,
@@ -231,7 +255,7 @@ impl SinkConfig {
     pub fn nats_url(&self) -> Option<&str> {
         match self {
             SinkConfig::Jetstream { url, .. } => Some(url),
-            SinkConfig::Sqlite { .. } => None,
+            SinkConfig::Sqlite { .. } | SinkConfig::Kafka(_) => None,
         }
     }
 }

@@ -1,6 +1,6 @@
-//! What reached the sink, for an operator: `cloud-bridge records tail|count` (either sink) and
-//! `cloud-bridge dead-letters list|replay` (JetStream; the SQLite sink stores every record and
-//! has none). Read without a running bridge, from the `[sink]` of its config, by the backend's
+//! What reached the sink, for an operator: `cloud-bridge records tail|count` (every sink) and
+//! `cloud-bridge dead-letters list` (JetStream and Kafka; the SQLite sink stores every record
+//! and has none) and `replay` (JetStream). Read without a running bridge, from the `[sink]` of its config, by the backend's
 //! own `inspect.rs`.
 
 use std::collections::BTreeMap;
@@ -8,6 +8,7 @@ use std::collections::BTreeMap;
 use super::SinkError;
 use super::config::SinkConfig;
 use super::jetstream::inspect::{self as js, Records};
+use super::kafka::inspect::Inspect;
 pub use super::seen::{DeadLetter, Seen};
 use super::sqlite::inspect as sqlite;
 
@@ -18,6 +19,7 @@ pub async fn tail(sink: &SinkConfig, edge: Option<&str>, n: usize) -> Result<Vec
         SinkConfig::Jetstream { url, stream, subject_prefix, .. } => {
             js::tail(Records { url, stream, subject_prefix }, edge, n).await
         }
+        SinkConfig::Kafka(settings) => Inspect::new(settings)?.tail(edge, n).await,
     }
 }
 
@@ -28,6 +30,7 @@ pub async fn count(sink: &SinkConfig) -> Result<BTreeMap<String, u64>, SinkError
         SinkConfig::Jetstream { url, stream, subject_prefix, .. } => {
             js::count(Records { url, stream, subject_prefix }).await
         }
+        SinkConfig::Kafka(settings) => Inspect::new(settings)?.count().await,
     }
 }
 
@@ -38,6 +41,7 @@ pub async fn dead_letters(sink: &SinkConfig, edge: Option<&str>) -> Result<Vec<D
         SinkConfig::Jetstream { url, stream, subject_prefix, .. } => {
             js::dead_letters(Records { url, stream, subject_prefix }, edge).await
         }
+        SinkConfig::Kafka(settings) => Inspect::new(settings)?.dead_letters(edge).await,
     }
 }
 
@@ -46,7 +50,7 @@ pub async fn dead_letters(sink: &SinkConfig, edge: Option<&str>) -> Result<Vec<D
 pub(crate) async fn dead_letters_doc(sink: &SinkConfig) -> Result<String, SinkError> {
     let note = match sink {
         SinkConfig::Sqlite { .. } => Some("the SQLite sink stores every record: it has no dead letters"),
-        SinkConfig::Jetstream { .. } => None,
+        SinkConfig::Jetstream { .. } | SinkConfig::Kafka(_) => None,
     };
     let letters = dead_letters(sink, None).await?;
     Ok(serde_json::json!({ "letters": letters, "note": note }).to_string())
@@ -63,5 +67,10 @@ pub async fn replay(sink: &SinkConfig, seqs: &[u64]) -> Result<Vec<(u64, Result<
         SinkConfig::Jetstream { url, stream, subject_prefix, .. } => {
             js::replay(Records { url, stream, subject_prefix }, seqs).await
         }
+        SinkConfig::Kafka(_) => Err(SinkError::Invalid {
+            what: "replay",
+            reason: "not on the Kafka sink: a dead letter's headers say where it was refused; produce it there again"
+                .into(),
+        }),
     }
 }

@@ -21,6 +21,10 @@ shared::metrics! {
             "dead_letters",
             "Records the sink refused for themselves, set aside in its dead-letter subject, by reason"
         ),
+        pub downlink_unread: Family<DeadLetterLabel, Counter> => (
+            "downlink_unread",
+            "Downlink messages a Kafka sink does not deliver: keyed to no edge or in another partition than their edge's (misplaced), or past sink.downlink.max_edges (unindexed)"
+        ),
         pub epochs_registered: Counter => ("epochs_registered", "Epochs edges began that the sink registered"),
         pub epochs_retired: Counter => (
             "epochs_retired",

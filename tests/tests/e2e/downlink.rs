@@ -1,7 +1,8 @@
 //! The downlink end to end (issue 31): `cloud-bridge send` stores a message in the sink, the
 //! bridge the edge is connected to sends it, the edge hands it to a local durable MQTT 5
-//! subscriber, and the edge's ack moves its position in the sink. Run on the SQLite sink and on
-//! a real nats-server with JetStream, through the shipped binary's commands:
+//! subscriber, and the edge's ack moves its position in the sink. Run on the SQLite sink, on a
+//! real nats-server with JetStream and on a real Kafka broker, through the shipped binary's
+//! commands:
 //! - a message reaches the subscriber with its MQTT 5 properties (MQTT 5.0 §3.3.2.3.5-§3.3.2.3.9:
 //!   the Response Topic, Correlation Data, User Properties and Content Type are forwarded);
 //! - a topic the edge's `[[downlink]]` does not allow is refused and listed with the reason;
@@ -100,6 +101,12 @@ async fn delivered_refused_bounded_and_expired(cloud: TestCloud, dir: &Path) {
 
     // A command with --wait: a local app answers, the reply comes back up.
     let _responder = responder(edge.local()).await;
+    // Known to `send` once the fleet view lists it (a Kafka sink's first write takes a moment).
+    let deadline = tokio::time::Instant::now() + WAIT;
+    while !cli(&config, &["edges", "list"]).1.lines().any(|l| l.starts_with("edge-1 ")) {
+        assert!(tokio::time::Instant::now() < deadline, "edge-1 never listed");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
     let (ok, out, err) =
         cli(&config, &["send", "--edge", "edge-1", "--topic", "ops/ping", "--payload", "hi", "--wait", "15s"]);
     assert!(ok, "{out}{err}");
@@ -261,6 +268,24 @@ async fn messages_reach_an_edge_once_in_order_within_bounds_on_jetstream() {
     let keys = pki(dir.path(), &["edge-2"]);
     let cloud =
         TestCloud::start_on_jetstream(dir.path(), keys, "127.0.0.1:0".parse().unwrap(), DOWNLINK, &nats.url()).await;
+    delivered_refused_bounded_and_expired(cloud, dir.path()).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn messages_reach_an_edge_once_in_order_within_bounds_on_kafka() {
+    let kafka = e2e_tests::kafka::KafkaBroker::start();
+    let dir = tempfile::tempdir().unwrap();
+    let keys = pki(dir.path(), &["edge-2"]);
+    let section = format!("kind = \"kafka\"\nbootstrap = \"{}\"\npartitions = 3\n", kafka.bootstrap());
+    let cloud = TestCloud::start_with_sink(
+        dir.path(),
+        keys,
+        "127.0.0.1:0".parse().unwrap(),
+        DOWNLINK,
+        &section,
+        dir.path().join("unused"),
+    )
+    .await;
     delivered_refused_bounded_and_expired(cloud, dir.path()).await;
 }
 

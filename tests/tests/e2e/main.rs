@@ -31,6 +31,7 @@ mod fleet;
 mod fleet_view;
 mod kafka_broker;
 mod kafka_cluster;
+mod kafka_downlink;
 mod kafka_security;
 mod kafka_sink;
 mod model_sync;

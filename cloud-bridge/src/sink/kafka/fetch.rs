@@ -134,21 +134,44 @@ impl Fetcher {
         let (consumer, topic) = (self.consumer.clone(), topic.to_owned());
         tokio::task::spawn_blocking(move || {
             let consumer = consumer.lock().unwrap_or_else(|e| e.into_inner());
-            let (_, high) =
-                consumer.fetch_watermarks(&topic, partition, READ_WAIT).map_err(|e| kafka_error("offsets", &e))?;
-            let mut at = TopicPartitionList::new();
-            at.add_partition_offset(&topic, partition, Offset::Offset(at_ms as i64))
-                .map_err(|e| kafka_error("offsets", &e))?;
-            let found = consumer.offsets_for_times(at, READ_WAIT).map_err(|e| kafka_error("offsets", &e))?;
-            let from = match found.elements().first().map(|e| e.offset()) {
-                Some(Offset::Offset(o)) => o,
-                _ => high,
-            };
-            Ok((from, high))
+            let deadline = Instant::now() + READ_WAIT;
+            loop {
+                match offsets(&consumer, &topic, partition, at_ms) {
+                    Ok(found) => return Ok(found),
+                    // A topic just made, a leader moving: this client's metadata catches up when
+                    // asked for.
+                    Err(e) if Instant::now() < deadline => {
+                        tracing::debug!(topic, partition, error = %e, "offsets; asking again");
+                        let _ = consumer.fetch_metadata(Some(&topic), Duration::from_secs(5));
+                        std::thread::sleep(Duration::from_millis(200));
+                    }
+                    Err(e) => return Err(kafka_error("offsets", &e)),
+                }
+            }
         })
         .await
         .map_err(|e| SinkError::Task { what: "offsets", reason: e.to_string() })?
     }
+}
+
+/// The offset of the first record of `topic`/`partition` at or after `at_ms` (the end if
+/// none), and the end.
+fn offsets(
+    consumer: &BaseConsumer<Context>,
+    topic: &str,
+    partition: i32,
+    at_ms: u64,
+) -> Result<(i64, i64), rdkafka::error::KafkaError> {
+    let (_, high) = consumer.fetch_watermarks(topic, partition, READ_WAIT)?;
+    let mut at = TopicPartitionList::new();
+    at.add_partition_offset(topic, partition, Offset::Offset(at_ms.min(i64::MAX as u64) as i64))?;
+    let found = consumer.offsets_for_times(at, READ_WAIT)?;
+    let from = match found.elements().first().map(|e| (e.offset(), e.error())) {
+        Some((_, Err(e))) => return Err(e),
+        Some((Offset::Offset(o), _)) => o,
+        _ => high,
+    };
+    Ok((from, high))
 }
 
 /// A record as the sink keeps it after the consumer moves on.

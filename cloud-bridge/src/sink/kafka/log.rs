@@ -126,7 +126,8 @@ impl StateLog {
     pub(crate) async fn fetch(&self, key: &str) -> Result<Option<Vec<u8>>, SinkError> {
         let Some((partition, offset)) = self.follower.with(|l| l.at.get(key).copied()) else { return Ok(None) };
         let Some(fetcher) = &self.fetcher else { return Ok(self.get(key)) };
-        let range = Range { topic: self.topic().to_owned(), partition, from: offset, end: offset + 1, max: 1, payloads: true };
+        let range =
+            Range { topic: self.topic().to_owned(), partition, from: offset, end: offset + 1, max: 1, payloads: true };
         let found = fetcher.read(range, move |f| f.offset == offset).await?;
         Ok(found.into_iter().next().and_then(|f| f.payload))
     }

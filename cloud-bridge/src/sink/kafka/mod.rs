@@ -45,10 +45,12 @@
 
 pub(crate) mod context;
 pub(crate) mod dicts;
+pub(crate) mod down;
 pub(crate) mod epochs;
 pub(crate) mod fetch;
-pub(crate) mod follow;
 pub(crate) mod fleet;
+pub(crate) mod follow;
+pub(crate) mod inspect;
 pub(crate) mod lanes;
 pub(crate) mod log;
 pub(crate) mod names;
@@ -94,6 +96,7 @@ pub struct KafkaSink {
     schemas: Arc<StateLog>,
     schemas_topic: Topic,
     plain: plain::Plain,
+    down: down::KafkaDownlink,
     gaps: Topic,
     dead: Topic,
     lanes: Arc<Lanes>,
@@ -154,6 +157,7 @@ impl KafkaSink {
         for log in [&marks, &state, &dicts, &schemas] {
             log.read_to_end().await?;
         }
+        let down = down::KafkaDownlink::start(settings, &topics).await?;
         tracing::info!(bootstrap = settings.bootstrap, brokers, "sink: kafka");
         Ok(Self {
             settings: settings.clone(),
@@ -168,6 +172,7 @@ impl KafkaSink {
             schemas,
             schemas_topic,
             plain: plain::Plain::new(settings)?,
+            down,
             gaps,
             dead,
             lanes: Arc::new(Lanes::new(settings)),

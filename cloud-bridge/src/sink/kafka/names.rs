@@ -73,19 +73,8 @@ impl Template {
     /// allow in a name becomes `_`, a missing level `_`, and the name is cut at Kafka's limit.
     pub(crate) fn expand(&self, class: &str, edge: &str, topic: &str) -> String {
         let mut out = String::with_capacity(64);
-        let push = |out: &mut String, s: &str| {
-            if s.is_empty() {
-                out.push('_');
-            }
-            out.extend(s.chars().map(|c| if allowed(c) { c } else { '_' }));
-        };
-        for p in &self.0 {
-            match p {
-                Piece::Text(t) => out.push_str(t),
-                Piece::Class => push(&mut out, class),
-                Piece::Edge => push(&mut out, edge),
-                Piece::Level(n) => push(&mut out, topic.split('/').nth(*n).unwrap_or("")),
-            }
+        for part in self.parts(edge, topic) {
+            out.push_str(&part.unwrap_or_else(|| clean(class)));
         }
         if out == "." || out == ".." {
             out = out.replace('.', "_");
@@ -97,6 +86,45 @@ impl Template {
         out.truncate(end);
         out
     }
+}
+
+impl Template {
+    /// The pieces of a name for `edge` and `topic`, the class's left out (`None`).
+    fn parts(&self, edge: &str, topic: &str) -> Vec<Option<String>> {
+        self.0
+            .iter()
+            .map(|p| match p {
+                Piece::Text(t) => Some(t.clone()),
+                Piece::Class => None,
+                Piece::Edge => Some(clean(edge)),
+                Piece::Level(n) => Some(clean(topic.split('/').nth(*n).unwrap_or(""))),
+            })
+            .collect()
+    }
+
+    /// Whether topic `name` could hold records of `edge` on MQTT topic `topic`, of some class
+    /// (a name cut at Kafka's limit is not recognised).
+    pub(crate) fn could_hold(&self, name: &str, edge: &str, topic: &str) -> bool {
+        fn matches(name: &str, parts: &[Option<String>]) -> bool {
+            match parts.split_first() {
+                None => name.is_empty(),
+                Some((Some(text), rest)) => name.strip_prefix(text.as_str()).is_some_and(|r| matches(r, rest)),
+                Some((None, rest)) => (1..=name.len())
+                    .filter(|i| name.is_char_boundary(*i))
+                    .take_while(|i| name[..*i].chars().all(allowed))
+                    .any(|i| matches(&name[i..], rest)),
+            }
+        }
+        matches(name, &self.parts(edge, topic))
+    }
+}
+
+/// A value as a piece of a name: what Kafka does not allow becomes `_`, and nothing `_`.
+fn clean(s: &str) -> String {
+    if s.is_empty() {
+        return "_".into();
+    }
+    s.chars().map(|c| if allowed(c) { c } else { '_' }).collect()
 }
 
 /// Kafka's default partitioner's hash (murmur2, as the Java client computes it), so an edge's
@@ -148,6 +176,12 @@ mod tests {
         let long = "x".repeat(400);
         assert_eq!(Template::parse("{class}").unwrap().expand(&long, "e", "t").len(), MAX_NAME);
         assert!(valid_name(&Template::parse("{1}").unwrap().expand("c", "e", "..")).is_ok());
+        // A reply is looked for in the topics that could hold it, whatever its class.
+        assert!(t.could_hold("edge.inference.results-cam-1", "cam-1", "results/x"));
+        assert!(t.could_hold("edge.full.results-cam-1", "cam-1", "results"));
+        assert!(!t.could_hold("edge.full.results-cam-2", "cam-1", "results"));
+        assert!(!t.could_hold("edge..results-cam-1", "cam-1", "results"));
+        assert!(Template::parse("edge.{class}").unwrap().could_hold("edge.a.b", "e", "t"));
         for bad in ["edge.{klass}", "edge.{0}", "edge.{10}", "a b", "{class", ""] {
             assert!(Template::parse(bad).is_err(), "{bad}");
         }

@@ -4,6 +4,7 @@
 
 use std::time::Duration;
 
+use rdkafka::message::{Header, OwnedHeaders};
 use rdkafka::producer::{FutureProducer, FutureRecord};
 
 use super::context::Context;
@@ -26,6 +27,8 @@ impl Plain {
             .set("enable.idempotence", "true")
             .set("acks", "all")
             .set("linger.ms", "1")
+            // Room for a downlink message's headers besides its bytes.
+            .set("message.max.bytes", (settings.max_message_bytes.max(super::down::TOPIC_BYTES) + 65536).to_string())
             .create_with_context(Context::default())
             .map_err(|e| kafka_error("producer", &e))?;
         Ok(Self { producer })
@@ -36,5 +39,21 @@ impl Plain {
         let record =
             FutureRecord::to(&topic.name).partition(partition_of(key, topic.partitions)).key(key).payload(value);
         self.producer.send(record, QUEUE_TIMEOUT).await.map(|_| ()).map_err(|(e, _)| kafka_error("put", &e))
+    }
+
+    /// Writes a record to `partition` of `topic`; its offset once the brokers have it.
+    pub(crate) async fn send(
+        &self,
+        (topic, partition): (&str, i32),
+        key: &str,
+        headers: &[(&str, String)],
+        payload: &[u8],
+    ) -> Result<i64, SinkError> {
+        let mut h = OwnedHeaders::new_with_capacity(headers.len());
+        for (name, value) in headers {
+            h = h.insert(Header { key: name, value: Some(value.as_bytes()) });
+        }
+        let record = FutureRecord::to(topic).partition(partition).key(key).headers(h).payload(payload);
+        self.producer.send(record, QUEUE_TIMEOUT).await.map(|d| d.offset).map_err(|(e, _)| kafka_error("send", &e))
     }
 }

@@ -84,6 +84,9 @@ pub struct KafkaSettings {
     /// How long a starting bridge keeps trying the brokers before it gives up. Default: 60s.
     #[serde(default = "default_startup_retry")]
     pub startup_retry: HumanDuration,
+    /// The downlink's topics and the bounds on what the bridge indexes of them.
+    #[serde(default)]
+    pub downlink: KafkaDown,
     /// TLS to the brokers (`ca`, and `cert` with `key` for mutual TLS).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tls: Option<KafkaTls>,
@@ -91,6 +94,42 @@ pub struct KafkaSettings {
     /// `password_file` (its first line) or `password`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub sasl: Option<KafkaSasl>,
+}
+
+/// `[sink.downlink]`: where messages for edges are written (by `send`, or by any Kafka
+/// producer: the record key is the edge id, the `Mqtt-Topic` header the topic), where those an
+/// edge did not deliver go, and how much of the topic a bridge indexes in memory.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct KafkaDown {
+    /// Default: `edge-down`.
+    pub topic: String,
+    /// Partitions of it, if the bridge creates it. Default: 6.
+    pub partitions: i32,
+    /// Messages edges refused or let expire, and those set aside. Default: `edge-down-dead`.
+    pub dead_letter_topic: String,
+    /// Messages a bridge indexes (where each is, for whom, its size: about 48 bytes each), at
+    /// most; past it an edge's newer messages are found by reading its partition. Default:
+    /// 1,000,000.
+    pub max_indexed: usize,
+    /// Of them, per edge at most. Default: 256.
+    pub max_indexed_per_edge: usize,
+    /// Edges a bridge indexes, at most: record keys are any producer's to invent, and a key
+    /// past it is not indexed (counted, and logged) until one goes. Default: 100,000.
+    pub max_edges: usize,
+}
+
+impl Default for KafkaDown {
+    fn default() -> Self {
+        Self {
+            topic: "edge-down".into(),
+            partitions: 6,
+            dead_letter_topic: "edge-down-dead".into(),
+            max_indexed: 1_000_000,
+            max_indexed_per_edge: 256,
+            max_edges: 100_000,
+        }
+    }
 }
 
 /// What a record's key is.
@@ -195,13 +234,23 @@ impl KafkaSettings {
             ("schemas_topic", &self.schemas_topic),
             ("gaps_topic", &self.gaps_topic),
             ("dead_letter_topic", &self.dead_letter_topic),
+            ("downlink.topic", &self.downlink.topic),
+            ("downlink.dead_letter_topic", &self.downlink.dead_letter_topic),
         ] {
             if let Err(e) = super::names::valid_name(name) {
                 bad(key, e);
             }
         }
-        if self.partitions < 1 {
-            bad("partitions", "must be at least 1".into());
+        for (key, n) in [
+            ("partitions", self.partitions as i64),
+            ("downlink.partitions", self.downlink.partitions as i64),
+            ("downlink.max_indexed", self.downlink.max_indexed as i64),
+            ("downlink.max_indexed_per_edge", self.downlink.max_indexed_per_edge as i64),
+            ("downlink.max_edges", self.downlink.max_edges as i64),
+        ] {
+            if n < 1 {
+                bad(key, "must be at least 1".into());
+            }
         }
         match (self.replication_factor, self.min_insync_replicas) {
             (Some(r), _) if r < 1 => bad("replication_factor", "must be at least 1".into()),

@@ -23,6 +23,8 @@ const ADMIN_TIMEOUT: Duration = Duration::from_secs(30);
 pub(crate) enum Kind {
     Records,
     Compacted,
+    /// The downlink's messages: records, with partitions of their own (`downlink.partitions`).
+    Downlink,
 }
 
 /// The topics this sink knows, with their partition counts; made if missing, checked if
@@ -76,6 +78,18 @@ impl Topics {
         .map_err(|e| SinkError::Task { what: "metadata", reason: e.to_string() })?
     }
 
+    /// Every topic of the cluster, with its partition count.
+    pub(crate) async fn listed(&self) -> Result<Vec<(String, i32)>, SinkError> {
+        let meta = self.meta.clone();
+        tokio::task::spawn_blocking(move || {
+            let metadata =
+                meta.client().fetch_metadata(None, ADMIN_TIMEOUT).map_err(|e| kafka_error("metadata", &e))?;
+            Ok(metadata.topics().iter().map(|t| (t.name().to_owned(), t.partitions().len() as i32)).collect())
+        })
+        .await
+        .map_err(|e| SinkError::Task { what: "metadata", reason: e.to_string() })?
+    }
+
     /// The partitions of records topic `name`, made if missing; `None` when it would be a topic
     /// past `max_topics`.
     pub(crate) async fn records_topic(&self, name: &str) -> Result<Option<i32>, SinkError> {
@@ -112,11 +126,16 @@ impl Topics {
         let replication = s.replication_factor.unwrap_or(1);
         let partitions = match kind {
             Kind::Records => s.partitions,
+            Kind::Downlink => s.downlink.partitions,
             // State is read whole at start; a few partitions spread it over the brokers.
             Kind::Compacted => s.partitions.min(3),
         };
         let insync = s.min_insync_replicas.map(|m| m.to_string());
-        let max_bytes = (s.max_message_bytes + 1024).to_string();
+        let max_bytes = match kind {
+            Kind::Downlink => super::down::TOPIC_BYTES,
+            _ => s.max_message_bytes + 1024,
+        }
+        .to_string();
         let mut topic =
             NewTopic::new(name, partitions, TopicReplication::Fixed(replication)).set("max.message.bytes", &max_bytes);
         if kind == Kind::Compacted {
@@ -227,6 +246,13 @@ impl Topics {
                 "cleanup.policy is {:?}: state topics must be compacted (retention would delete marks, and \
                  edges' resends would then be written twice)",
                 value("cleanup.policy")
+            )));
+        }
+        let max_bytes: usize = value("max.message.bytes").parse().unwrap_or(0);
+        if kind == Kind::Downlink && max_bytes < super::down::TOPIC_BYTES {
+            return Err(mismatch(format!(
+                "max.message.bytes is {max_bytes}: a downlink message may take {} with its headers",
+                super::down::TOPIC_BYTES
             )));
         }
         if let Some(want) = s.min_insync_replicas {

@@ -1,0 +1,592 @@
+//! The downlink in Kafka: a topic of its own (`edge-down` by default) that any Kafka producer
+//! may write: the record key is the edge id, the `Mqtt-Topic` header the MQTT topic, the other
+//! headers as `sink::down_headers` names them, the value the payload:
+//!
+//! ```text
+//! kcat -P -b broker:9092 -t edge-down -k edge-1 -H Mqtt-Topic=config/threshold <<< 0.7
+//! ```
+//!
+//! - **Partitioned by edge**: an edge's messages are in the partition Java's default
+//!   partitioner picks for its id (murmur2 of the key; librdkafka clients, kcat among them, set
+//!   `partitioner=murmur2_random`). A message's seq is its offset there plus one, so it
+//!   increases in the order the edge's messages were stored, with other edges' between. A
+//!   record in another partition is not the edge's (counted in `downlink_unread`, never
+//!   delivered).
+//! - **Positions** are `d/<edge>` in the state topic, raised by the bridge serving the edge
+//!   through the edge's own producer (the one its epochs are written with: a second bridge
+//!   fences it), never lowered.
+//! - **The backlog bound** holds for every producer: `send` checks it before it writes, and the
+//!   bridge serving an edge sets aside what any producer wrote past it (`down_trim`): the
+//!   offsets are kept in the edge's document (`trimmed`), so any bridge skips them, and each is
+//!   written to the dead-letter topic.
+//! - **Dead letters** (refused, expired, set aside) go to `edge-down-dead` with the message's
+//!   payload and headers and `Edge-Outcome`, `Edge-Reason`, `Edge-Down-Seq`, `Edge-At-Ms`.
+//! - A bridge learns where each edge's messages are by following the topic into an index
+//!   (`index`), which is also the news; a message is read from its partition when delivered.
+//! - **Send ids** travel as the `Edge-Send-Id` header: a send with an id the index saw for the
+//!   edge within [`SEND_IDS`] is not written again, and a message repeating an earlier one's id
+//!   (two sends racing) is set aside, not delivered twice.
+//!
+//! Not handled: the topic deleted and made anew (its offsets start over below the edges'
+//! positions, so its messages are never delivered): delete the edges' `d/` documents with it.
+
+mod index;
+
+use std::collections::{BTreeMap, HashSet};
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+use shared::units::now_ms;
+
+use super::KafkaSink;
+use super::fetch::{Fetched, Fetcher, Range};
+use super::follow::Follower;
+use super::names::partition_of;
+use super::outgoing::Topic;
+use super::settings::KafkaSettings;
+use super::topics::{Kind, Topics};
+use crate::sink::DeadLetterLabel;
+use crate::sink::down_headers;
+use crate::sink::downlink::{
+    Backlog, DownBounds, DownDeadLetter, DownDone, DownLimit, DownState, DownSummary, DownlinkStore, Enqueued,
+    Outgoing, Pending, Reply, SEND_IDS,
+};
+use crate::sink::error::SinkError;
+use index::{DownIndex, Entry, SEND_ID, edge_of, weight};
+
+/// The downlink topic's `max.message.bytes`: a downlink message's most, its headers, and
+/// Kafka's framing.
+pub(crate) const TOPIC_BYTES: usize =
+    shared::proto::down::MAX_DOWN_BYTES + crate::sink::downlink::DOWN_HEADERS as usize + 1024;
+
+/// How far back a listing of dead letters reads, per partition.
+const DEAD_SCAN: i64 = 10_000;
+
+/// The downlink's topics, what the bridge knows of them, and its reader.
+pub(crate) struct KafkaDownlink {
+    topic: Topic,
+    dead: Topic,
+    index: Follower<DownIndex>,
+    fetcher: Fetcher,
+}
+
+impl KafkaDownlink {
+    /// Makes or checks the topics and indexes what the downlink topic holds.
+    pub(crate) async fn start(settings: &KafkaSettings, topics: &Topics) -> Result<Self, SinkError> {
+        let d = &settings.downlink;
+        let partitions = topics.ensure(&d.topic, Kind::Downlink).await?;
+        let dead_partitions = topics.ensure(&d.dead_letter_topic, Kind::Records).await?;
+        let index = Follower::start(settings, &d.topic, partitions, DownIndex::new(d, partitions))?;
+        index.read_to_end().await?;
+        Ok(Self {
+            topic: Topic { name: d.topic.clone(), partitions },
+            dead: Topic { name: d.dead_letter_topic.clone(), partitions: dead_partitions },
+            index,
+            fetcher: Fetcher::new(settings)?,
+        })
+    }
+}
+
+/// An edge's downlink as the state topic keeps it.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+struct DownDoc {
+    #[serde(default)]
+    state: DownState,
+    /// Offset ranges (both ends in) in which the edge's messages were set aside past its
+    /// bound; only those after its position are kept.
+    #[serde(default)]
+    trimmed: Vec<(i64, i64)>,
+}
+
+impl DownDoc {
+    /// The offset of the first message not delivered: seqs are offsets plus one.
+    fn floor(&self) -> i64 {
+        self.state.position.min(i64::MAX as u64) as i64
+    }
+
+    fn is_trimmed(&self, offset: i64) -> bool {
+        self.trimmed.iter().any(|(a, b)| (*a..=*b).contains(&offset))
+    }
+
+    fn counts(&self, offset: i64) -> bool {
+        offset >= self.floor() && !self.is_trimmed(offset)
+    }
+}
+
+fn doc_key(edge: &str) -> String {
+    format!("d/{edge}")
+}
+
+/// A message as `index` weighs it.
+fn entry(f: &Fetched) -> Entry {
+    let headers = f.headers.iter().map(|(n, v)| (n.as_str(), v.as_deref()));
+    Entry { offset: f.offset, bytes: weight(f.payload_len, headers), at_ms: f.at_ms }
+}
+
+fn is_topic_name(t: &str) -> bool {
+    !t.is_empty() && !t.contains(['+', '#', '\0'])
+}
+
+/// The message a stored record stands for, or why not.
+fn parse(f: Fetched) -> (Outgoing, Option<String>) {
+    let topic = f.header("Mqtt-Topic").map(str::to_owned);
+    let headers = f.headers.iter().map(|(n, v)| (n.as_str(), v.as_deref()));
+    let (mut msg, mut problem) = down_headers::parse(headers, f.payload.clone().unwrap_or_default());
+    match topic {
+        Some(t) if is_topic_name(&t) => msg.topic = t,
+        Some(t) => problem = Some(format!("header Mqtt-Topic: {t:?} is not an MQTT topic name")),
+        None => problem = Some("no Mqtt-Topic header: it names the message's topic".into()),
+    }
+    (msg, problem)
+}
+
+impl KafkaSink {
+    fn down_doc(&self, edge: &str) -> Result<DownDoc, SinkError> {
+        let key = doc_key(edge);
+        match self.state.get(&key) {
+            Some(v) => serde_json::from_slice(&v).map_err(|e| SinkError::corrupt("downlink position", &key, e)),
+            None => Ok(DownDoc::default()),
+        }
+    }
+
+    /// `edge`'s document, its delivered messages let go of in the index.
+    fn settled(&self, edge: &str) -> Result<DownDoc, SinkError> {
+        let doc = self.down_doc(edge)?;
+        self.down.index.with_mut(|i| {
+            i.raise_floor(edge, doc.floor());
+            if !doc.trimmed.is_empty() {
+                i.forget(edge, |o| doc.is_trimmed(o));
+            }
+        });
+        Ok(doc)
+    }
+
+    /// Indexes `edge`'s messages the index only counted, as many as there is room for (those
+    /// set aside, per `doc`, are not).
+    async fn refill(&self, edge: &str, doc: &DownDoc) -> Result<(), SinkError> {
+        let d = &self.down;
+        let partition = partition_of(edge, d.topic.partitions);
+        let Some((over, until, room)) = d.index.with_ends(|i, ends| {
+            let over = i.edges.get(edge)?.over?;
+            Some((over, ends.get(partition as usize).copied().unwrap_or(0), i.room(edge)))
+        }) else {
+            return Ok(());
+        };
+        let range =
+            Range { topic: d.topic.name.clone(), partition, from: over.from, end: until, max: room, payloads: false };
+        let (mine, trimmed) = (edge.to_owned(), doc.clone());
+        let found = d
+            .fetcher
+            .read(range, move |f| edge_of(f.key.as_deref()) == Some(mine.as_str()) && !trimmed.is_trimmed(f.offset))
+            .await?;
+        let found: Vec<Entry> = found.iter().map(entry).collect();
+        let whole = found.len() < room;
+        d.index.with_mut(|i| i.refilled(edge, &found, (until, over.count), whole));
+        Ok(())
+    }
+
+    /// Up to `max` of `edge`'s messages from offset `from` that count for it.
+    async fn entries(&self, edge: &str, doc: &DownDoc, from: i64, max: usize) -> Result<Vec<Entry>, SinkError> {
+        let pick = || {
+            self.down.index.with(|i| {
+                let Some(e) = i.edges.get(edge) else { return (Vec::new(), false) };
+                let picked: Vec<Entry> =
+                    e.entries.iter().filter(|m| m.offset >= from && doc.counts(m.offset)).take(max).copied().collect();
+                (picked, e.over.is_some())
+            })
+        };
+        let (picked, over) = pick();
+        if picked.len() >= max || !over {
+            return Ok(picked);
+        }
+        self.refill(edge, doc).await?;
+        Ok(pick().0)
+    }
+
+    fn backlog_of(&self, edge: &str, doc: &DownDoc) -> Backlog {
+        self.down.index.with(|i| {
+            let Some(e) = i.edges.get(edge) else { return Backlog::default() };
+            let counted: Vec<&Entry> = e.entries.iter().filter(|m| doc.counts(m.offset)).collect();
+            let over = e.over.map_or((0, 0), |o| (o.count, o.bytes));
+            Backlog {
+                messages: counted.len() as u64 + over.0,
+                bytes: counted.iter().map(|m| m.bytes).sum::<u64>() + over.1,
+                oldest_ms: counted.first().map(|m| m.at_ms),
+            }
+        })
+    }
+
+    /// Writes `edge`'s document through its own producer: `change` says what becomes of it
+    /// (nothing, if it returns false).
+    async fn write_doc<T>(&self, edge: &str, change: impl FnOnce(&mut DownDoc) -> (bool, T)) -> Result<T, SinkError> {
+        let id = self.settings.edge_id(edge);
+        self.lanes
+            .owned_write(&id, &[&*self.state], || {
+                let mut doc = self.down_doc(edge)?;
+                let (changed, out) = change(&mut doc);
+                if !changed {
+                    return Ok((Vec::new(), out));
+                }
+                let floor = doc.floor();
+                doc.trimmed.retain(|(_, last)| *last >= floor);
+                let value = serde_json::to_vec(&doc).map_err(|e| SinkError::invalid("downlink position", e))?;
+                Ok((vec![self.state_topic.put(doc_key(edge), value)], out))
+            })
+            .await
+    }
+
+    /// Writes the message `f` of `edge` to the dead letters as `outcome`.
+    async fn dead_letter(&self, edge: &str, f: &Fetched, outcome: &str, reason: &str) -> Result<(), SinkError> {
+        let d = &self.down;
+        let topic = f.header("Mqtt-Topic").unwrap_or_default().to_owned();
+        let bytes = entry(f).bytes;
+        let mut headers: Vec<(&str, String)> = f
+            .headers
+            .iter()
+            .filter(|(n, _)| !n.starts_with("Edge-"))
+            .filter_map(|(n, v)| Some((n.as_str(), v.clone()?)))
+            .collect();
+        headers.extend([
+            ("Edge-Id", edge.to_owned()),
+            ("Edge-Down-Seq", (f.offset + 1).to_string()),
+            ("Edge-Outcome", outcome.to_owned()),
+            ("Edge-Reason", reason.to_owned()),
+            ("Edge-At-Ms", now_ms().to_string()),
+            ("Edge-Bytes", bytes.to_string()),
+        ]);
+        if !headers.iter().any(|(n, _)| *n == "Mqtt-Topic") {
+            headers.push(("Mqtt-Topic", topic));
+        }
+        let at = (d.dead.name.as_str(), partition_of(edge, d.dead.partitions));
+        self.plain.send(at, edge, &headers, f.payload.as_deref().unwrap_or_default()).await?;
+        Ok(())
+    }
+
+    /// Sets aside `edge`'s message `seq` as `outcome`, if the topic holds it for that edge.
+    async fn set_aside(&self, edge: &str, seq: u64, outcome: &str, reason: &str) -> Result<(), SinkError> {
+        let d = &self.down;
+        let Some(offset) = seq.checked_sub(1).map(|o| o.min(i64::MAX as u64 - 1) as i64) else { return Ok(()) };
+        let partition = partition_of(edge, d.topic.partitions);
+        let range =
+            Range { topic: d.topic.name.clone(), partition, from: offset, end: offset + 1, max: 1, payloads: true };
+        let mine = edge.to_owned();
+        let found = d.fetcher.read(range, move |f| edge_of(f.key.as_deref()) == Some(mine.as_str())).await?;
+        // Only a message the sink holds for this edge: an edge cannot set aside another's.
+        match found.first() {
+            Some(f) => self.dead_letter(edge, f, outcome, reason).await,
+            None => Ok(()),
+        }
+    }
+
+    /// Counts what the index let go unread into the metrics.
+    fn count_unread(&self) {
+        let (misplaced, unindexed) = self.down.index.with_mut(DownIndex::take_ignored);
+        for (reason, n) in [("misplaced", misplaced), ("unindexed", unindexed)] {
+            if n > 0 {
+                self.metrics.downlink_unread.get_or_create(&DeadLetterLabel { reason }).inc_by(n);
+                tracing::warn!(
+                    reason,
+                    messages = n,
+                    topic = self.down.topic.name,
+                    "downlink messages not delivered: keyed to no edge or in another partition than their \
+                     edge's (murmur2 of the key), or past sink.downlink.max_edges"
+                );
+            }
+        }
+    }
+}
+
+impl DownlinkStore for KafkaSink {
+    fn down_limit(&self) -> DownLimit {
+        DownLimit { bytes: (TOPIC_BYTES - 1024) as u64, of: "the downlink topic's max.message.bytes" }
+    }
+
+    async fn enqueue(&self, edge: &str, msg: &Outgoing, bounds: DownBounds) -> Result<Enqueued, SinkError> {
+        let d = &self.down;
+        d.index.read_to_end().await?;
+        let doc = self.settled(edge)?;
+        let since = now_ms().saturating_sub(SEND_IDS.1.as_millis() as u64);
+        let sent = |id: &str| d.index.with(|i| i.edges.get(edge).and_then(|e| e.sent(id, since)));
+        if let Some(offset) = msg.id.as_deref().and_then(sent) {
+            return Ok(Enqueued::Already { seq: offset as u64 + 1 });
+        }
+        let waiting = self.backlog_of(edge, &doc);
+        if waiting.messages + 1 > bounds.messages || waiting.bytes + msg.bytes() > bounds.bytes {
+            return Ok(Enqueued::Full(waiting));
+        }
+        let mut headers = vec![("Mqtt-Topic", msg.topic.clone())];
+        headers.extend(down_headers::headers(msg));
+        if let Some(id) = &msg.id {
+            headers.push((SEND_ID, id.clone()));
+        }
+        let size = edge.len() + msg.payload.len() + headers.iter().map(|(n, v)| n.len() + v.len() + 8).sum::<usize>();
+        let limit = self.down_limit();
+        if size as u64 > limit.bytes {
+            return Err(SinkError::invalid(
+                "downlink enqueue",
+                format!("the message and its headers are {size} bytes, more than {} ({})", limit.of, limit.bytes),
+            ));
+        }
+        let at = (d.topic.name.as_str(), partition_of(edge, d.topic.partitions));
+        let offset = self.plain.send(at, edge, &headers, &msg.payload).await?;
+        Ok(Enqueued::Stored { seq: offset as u64 + 1 })
+    }
+
+    /// Sets aside what lies past the bound: from the `bounds.messages + 1`th message counting
+    /// for the edge to the partition's end as indexed, recorded in the edge's document; up to
+    /// `max` of them are written to the dead letters one by one (the rest are counted in the
+    /// log line). Where the index holds fewer of the edge's messages than the bound
+    /// (`max_indexed_per_edge` below it), the first not indexed is where it starts.
+    async fn down_trim(&self, edge: &str, bounds: DownBounds, max: usize) -> Result<u64, SinkError> {
+        let d = &self.down;
+        let doc = self.settled(edge)?;
+        if self.backlog_of(edge, &doc).messages <= bounds.messages {
+            return Ok(0);
+        }
+        // The bound's last message is among the indexed ones where there is room for it.
+        self.refill(edge, &doc).await?;
+        let waiting = self.backlog_of(edge, &doc);
+        if waiting.messages <= bounds.messages {
+            return Ok(0);
+        }
+        let partition = partition_of(edge, d.topic.partitions);
+        let keep = bounds.messages.min(usize::MAX as u64) as usize;
+        let cut = d.index.with_ends(|i, ends| {
+            let e = i.edges.get(edge)?;
+            let from = e.entries.iter().filter(|m| doc.counts(m.offset)).nth(keep).map(|m| m.offset);
+            let end = ends.get(partition as usize).copied().unwrap_or(0);
+            Some((from.or(e.over.map(|o| o.from))?, end, e.over.map_or(0, |o| o.count)))
+        });
+        let Some((from, end, counted)) = cut.filter(|(from, end, _)| from < end) else { return Ok(0) };
+        let beyond = waiting.messages - bounds.messages;
+        let reason =
+            format!("published past downlink.max_backlog_messages ({}) by a client other than send", bounds.messages);
+        let range = Range { topic: d.topic.name.clone(), partition, from, end, max, payloads: true };
+        let mine = edge.to_owned();
+        let found = d.fetcher.read(range, move |f| edge_of(f.key.as_deref()) == Some(mine.as_str())).await?;
+        for f in &found {
+            self.dead_letter(edge, f, "refused", &reason).await?;
+        }
+        self.write_doc(edge, |doc| {
+            doc.trimmed.push((from, end - 1));
+            (true, ())
+        })
+        .await?;
+        d.index.with_mut(|i| i.trimmed(edge, from, (end, counted)));
+        if beyond > found.len() as u64 {
+            tracing::warn!(
+                edge,
+                beyond,
+                written = found.len(),
+                "downlink: set aside past the bound, not all as dead letters"
+            );
+        }
+        Ok(beyond)
+    }
+
+    /// As the state topic has it now: a session that takes the edge over starts from it.
+    async fn down_state(&self, edge: &str) -> Result<DownState, SinkError> {
+        self.state.read_to_end().await?;
+        Ok(self.down_doc(edge)?.state)
+    }
+
+    async fn down_read(&self, edge: &str, after: u64, max: usize) -> Result<Vec<Pending>, SinkError> {
+        let d = &self.down;
+        let doc = self.settled(edge)?;
+        let wanted = self.entries(edge, &doc, after.min(i64::MAX as u64) as i64, max).await?;
+        let (Some(first), Some(last)) = (wanted.first(), wanted.last()) else { return Ok(Vec::new()) };
+        let partition = partition_of(edge, d.topic.partitions);
+        let range = Range {
+            topic: d.topic.name.clone(),
+            partition,
+            from: first.offset,
+            end: last.offset + 1,
+            max: wanted.len(),
+            payloads: true,
+        };
+        let offsets: HashSet<i64> = wanted.iter().map(|m| m.offset).collect();
+        let mine = edge.to_owned();
+        let found = d
+            .fetcher
+            .read(range, move |f| offsets.contains(&f.offset) && edge_of(f.key.as_deref()) == Some(mine.as_str()))
+            .await?;
+        // What the index knew of and the topic no longer holds (its retention deleted it).
+        let got: HashSet<i64> = found.iter().map(|f| f.offset).collect();
+        let gone: Vec<i64> = wanted.iter().map(|m| m.offset).filter(|o| !got.contains(o)).collect();
+        if !gone.is_empty() {
+            tracing::debug!(edge, gone = gone.len(), "downlink messages deleted before delivery");
+            d.index.with_mut(|i| i.forget(edge, |o| gone.contains(&o)));
+        }
+        let mut out = Vec::with_capacity(found.len());
+        for f in found {
+            let repeats = f.header(SEND_ID).and_then(|id| d.index.with(|i| i.edges.get(edge)?.repeats(id, f.offset)));
+            let (seq, stored_ms) = (f.offset as u64 + 1, f.at_ms);
+            let (msg, mut invalid) = parse(f);
+            if let Some(first) = repeats {
+                invalid = Some(format!("a repeat of seq {}, sent with the same id", first + 1));
+            }
+            out.push(Pending { seq, stored_ms, msg, invalid });
+        }
+        Ok(out)
+    }
+
+    async fn down_record(&self, edge: &str, done: &DownDone) -> Result<(), SinkError> {
+        for r in &done.refused {
+            self.set_aside(edge, r.seq, "refused", &r.reason).await?;
+        }
+        for seq in &done.expired {
+            self.set_aside(edge, *seq, "expired", "its expiry ran out before the edge could deliver it").await?;
+        }
+        self.write_doc(edge, |doc| {
+            if doc.state.position >= done.up_to {
+                return (false, ());
+            }
+            let s = &mut doc.state;
+            s.position = done.up_to;
+            s.delivered += done.counts.delivered;
+            s.refused += done.counts.refused;
+            s.expired += done.counts.expired;
+            (true, ())
+        })
+        .await?;
+        self.down.index.with_mut(|i| i.raise_floor(edge, done.up_to.min(i64::MAX as u64) as i64));
+        Ok(())
+    }
+
+    async fn down_set_aside(&self, edge: &str, seq: u64, outcome: &'static str, reason: &str) -> Result<(), SinkError> {
+        self.set_aside(edge, seq, outcome, reason).await
+    }
+
+    async fn down_backlog(&self, edge: &str) -> Result<Backlog, SinkError> {
+        let doc = self.settled(edge)?;
+        Ok(self.backlog_of(edge, &doc))
+    }
+
+    async fn down_dead_letters(&self, edge: Option<&str>, limit: usize) -> Result<Vec<DownDeadLetter>, SinkError> {
+        let d = &self.down;
+        let partitions: Vec<i32> = match edge {
+            Some(e) => vec![partition_of(e, d.dead.partitions)],
+            None => (0..d.dead.partitions).collect(),
+        };
+        let mut seen = BTreeMap::new();
+        for p in partitions {
+            let (low, high) = d.fetcher.offset_at(&d.dead.name, p, 0).await?;
+            let range = Range {
+                topic: d.dead.name.clone(),
+                partition: p,
+                from: low.max(high - DEAD_SCAN),
+                end: high,
+                max: usize::MAX,
+                payloads: false,
+            };
+            let only = edge.map(str::to_owned);
+            let found = d
+                .fetcher
+                .read(range, move |f| only.as_deref().is_none_or(|e| edge_of(f.key.as_deref()) == Some(e)))
+                .await?;
+            for f in found {
+                let get = |k: &str| f.header(k).unwrap_or_default().to_owned();
+                let letter = DownDeadLetter {
+                    edge: get("Edge-Id"),
+                    seq: get("Edge-Down-Seq").parse().unwrap_or(0),
+                    topic: get("Mqtt-Topic"),
+                    outcome: get("Edge-Outcome"),
+                    reason: get("Edge-Reason"),
+                    at_ms: get("Edge-At-Ms").parse().unwrap_or(0),
+                    bytes: get("Edge-Bytes").parse().unwrap_or(0),
+                };
+                // A dead letter written twice (a bridge that died before hearing it was) is
+                // listed once.
+                seen.entry((letter.edge.clone(), letter.seq, letter.outcome.clone())).or_insert(letter);
+            }
+        }
+        let mut out: Vec<DownDeadLetter> = seen.into_values().collect();
+        out.sort_by_key(|l| (l.at_ms, l.seq));
+        let skip = out.len().saturating_sub(limit);
+        Ok(out.split_off(skip))
+    }
+
+    /// The edges with a document (sent to and connected since) and those the index holds
+    /// messages for (at most `sink.downlink.max_edges`).
+    async fn down_summary(&self) -> Result<Vec<DownSummary>, SinkError> {
+        let mut edges: BTreeMap<String, DownDoc> = BTreeMap::new();
+        for (key, value) in self.state.scan("d/") {
+            let doc = serde_json::from_slice(&value).map_err(|e| SinkError::corrupt("downlink summary", &key, e))?;
+            edges.insert(key["d/".len()..].to_owned(), doc);
+        }
+        let indexed: Vec<String> = self.down.index.with(|i| {
+            i.edges.iter().filter(|(_, e)| !e.entries.is_empty() || e.over.is_some()).map(|(k, _)| k.clone()).collect()
+        });
+        for edge in indexed {
+            edges.entry(edge).or_default();
+        }
+        let mut out = Vec::with_capacity(edges.len());
+        for (edge, doc) in edges {
+            self.down.index.with_mut(|i| i.raise_floor(&edge, doc.floor()));
+            let backlog = self.backlog_of(&edge, &doc);
+            out.push(DownSummary {
+                edge,
+                state: doc.state,
+                waiting: backlog.messages,
+                waiting_bytes: Some(backlog.bytes),
+                oldest_ms: backlog.oldest_ms,
+            });
+        }
+        Ok(out)
+    }
+
+    /// Records' timestamps are their producers' clocks: the cursor is the time now.
+    async fn reply_cursor(&self) -> Result<u64, SinkError> {
+        Ok(now_ms())
+    }
+
+    /// Looks in each records topic that could hold the reply (whatever its class), in the
+    /// edge's partition, at the records stored since the cursor.
+    async fn find_reply(
+        &self,
+        edge: &str,
+        topic: &str,
+        correlation: &[u8],
+        cursor: u64,
+    ) -> Result<Option<Reply>, SinkError> {
+        let want = crate::names::correlation_header(correlation);
+        for (name, partitions) in self.topics.listed().await? {
+            if !self.template.could_hold(&name, edge, topic) || partitions < 1 {
+                continue;
+            }
+            let partition = partition_of(edge, partitions);
+            let (from, end) = self.down.fetcher.offset_at(&name, partition, cursor).await?;
+            let range = Range { topic: name, partition, from, end, max: 1, payloads: true };
+            let (edge, topic, want) = (edge.to_owned(), topic.to_owned(), want.clone());
+            let found = self
+                .down
+                .fetcher
+                .read(range, move |f| {
+                    f.header("Edge-Id") == Some(edge.as_str())
+                        && f.header("Mqtt-Topic") == Some(topic.as_str())
+                        && f.header("Mqtt-Correlation-Data") == Some(want.as_str())
+                })
+                .await?;
+            if let Some(f) = found.into_iter().next() {
+                let headers = f.headers.into_iter().filter_map(|(k, v)| Some((k, v?))).collect();
+                return Ok(Some(Reply { payload: f.payload.unwrap_or_default(), headers }));
+            }
+        }
+        Ok(None)
+    }
+
+    /// The cursor counts the messages the index saw; news is what it saw since.
+    async fn down_news(&self, cursor: Option<u64>, wait: Duration) -> Result<(u64, Vec<String>), SinkError> {
+        self.count_unread();
+        let index = &self.down.index;
+        let Some(cursor) = cursor else { return Ok((index.with(|i| i.seen), Vec::new())) };
+        let deadline = tokio::time::Instant::now() + wait;
+        loop {
+            let (seen, edges) = index.with(|i| (i.seen, i.news(cursor)));
+            if !edges.is_empty() || tokio::time::Instant::now() >= deadline {
+                return Ok((seen, edges));
+            }
+            index.polled().await;
+        }
+    }
+}
