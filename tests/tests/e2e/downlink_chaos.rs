@@ -1,5 +1,6 @@
 //! The downlink under failures (issue 31): three edge processes, two bridge processes on one
-//! sink (SQLite, and a real nats-server with JetStream), a durable MQTT 5 subscriber on each
+//! sink (SQLite, a real nats-server with JetStream, and a three-broker Kafka cluster, one of
+//! whose brokers is SIGKILLed with the bridge and started again), a durable MQTT 5 subscriber on each
 //! edge. 1,000 messages for each edge (half QoS 2 on `cmd/<edge>`, half QoS 1 on
 //! `config/<edge>`) and 100 to every edge are stored through `downlink::send`, the code
 //! `cloud-bridge send` runs, while one edge is SIGKILLed and started again, one bridge is
@@ -125,7 +126,14 @@ fn check(got: &[Got]) -> (BTreeMap<String, Vec<String>>, Vec<String>) {
     (first, unexplained)
 }
 
-async fn chaos<S: DownlinkStore + FleetStore>(dir: &Path, sink_section: &str, sink: S) {
+/// `fault` is told when the bridge is killed (`"bridge killed"`) and when every message is
+/// stored (`"stored"`), for what else the sink's servers go through meanwhile.
+async fn chaos<S: DownlinkStore + FleetStore>(
+    dir: &Path,
+    sink_section: &str,
+    sink: S,
+    mut fault: impl FnMut(&'static str),
+) {
     let keys = pki(dir, &EDGES);
     let downlink = "[downlink]\npoll = \"1s\"\n";
     let (d1, d2) = (dir.join("b1"), dir.join("b2"));
@@ -205,8 +213,10 @@ async fn chaos<S: DownlinkStore + FleetStore>(dir: &Path, sink_section: &str, si
         if i == PER_EDGE / 3 {
             // A bridge dies; its edges find the other.
             b1.kill();
+            fault("bridge killed");
         }
     }
+    fault("stored");
     // e3 comes back late, after its expiring messages ran out.
     edges[2] = Some(EdgeProcess::start(dirs[2].path(), &configs[2]));
 
@@ -281,7 +291,7 @@ async fn every_message_reaches_every_edge_once_through_kills_on_sqlite() {
     let path = dir.path().join("central.db");
     let section = format!("kind = \"sqlite\"\npath = \"{}\"\n", path.display());
     let sink = cloud_bridge::sink::sqlite::SqliteSink::open(&path).unwrap();
-    Box::pin(chaos(dir.path(), &section, sink)).await;
+    Box::pin(chaos(dir.path(), &section, sink, |_| {})).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -291,5 +301,26 @@ async fn every_message_reaches_every_edge_once_through_kills_on_jetstream() {
     let section = format!("kind = \"jetstream\"\nurl = \"{}\"\n", nats.url());
     let settings = e2e_tests::nats::sink_settings(nats.url(), cloud_bridge::sink::jetstream::BatchPublish::Auto);
     let sink = cloud_bridge::sink::jetstream::JetStreamSink::connect(&settings).await.unwrap();
-    Box::pin(chaos(dir.path(), &section, sink)).await;
+    Box::pin(chaos(dir.path(), &section, sink, |_| {})).await;
+}
+
+/// [issue 44] The same through a three-broker KRaft cluster (replication 3, 2 in sync): when the
+/// bridge is killed, so is a broker (the leader of a third of the downlink's partitions, and of
+/// the state topic's), started again once every message is stored.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_message_reaches_every_edge_once_through_kills_on_kafka() {
+    let mut cluster = e2e_tests::kafka::KafkaBroker::cluster();
+    let dir = tempfile::tempdir().unwrap();
+    let section = format!(
+        "kind = \"kafka\"\nbootstrap = \"{}\"\npartitions = 3\nreplication_factor = 3\nmin_insync_replicas = 2\n",
+        cluster.bootstrap()
+    );
+    let mut settings = cloud_bridge::sink::kafka::settings::KafkaSettings::new(&cluster.bootstrap());
+    (settings.partitions, settings.replication_factor, settings.min_insync_replicas) = (3, Some(3), Some(2));
+    let sink = cloud_bridge::sink::kafka::KafkaSink::connect(&settings).await.unwrap();
+    let fault = |at: &'static str| match at {
+        "bridge killed" => cluster.kill(0),
+        _ => cluster.restart(0),
+    };
+    Box::pin(chaos(dir.path(), &section, sink, fault)).await;
 }

@@ -42,6 +42,9 @@ pub(crate) struct Over {
     pub from: i64,
     pub count: u64,
     pub bytes: u64,
+    /// The edge's position passed `from` (another bridge delivered them): the count is an
+    /// upper bound until the partition is read again (`recounted`).
+    pub stale: bool,
 }
 
 #[derive(Debug, Default)]
@@ -135,8 +138,11 @@ impl DownIndex {
             self.indexed -= 1;
         }
         // What is over is found again from the floor; its count is an upper bound until then.
-        if let Some(over) = &mut e.over {
-            over.from = over.from.max(floor);
+        if let Some(over) = &mut e.over
+            && floor > over.from
+        {
+            over.from = floor;
+            over.stale = true;
         }
     }
 
@@ -171,6 +177,32 @@ impl DownIndex {
             }
         }
         e.over = (over.count > 0).then_some(over);
+    }
+
+    /// What a read of all of `edge`'s partition from its `Over` to `until` (where the follower
+    /// stood when `counted` was the over count) found: `found` indexed, `beyond` what there was
+    /// no room for (its first offset, count and bytes). The count is exact again.
+    pub(crate) fn recounted(
+        &mut self,
+        edge: &str,
+        found: &[Entry],
+        beyond: Option<(i64, u64, u64)>,
+        (until, counted): (i64, u64),
+    ) {
+        let Some(e) = self.edges.get_mut(edge) else { return };
+        let Some(over) = e.over else { return };
+        let floor = e.floor;
+        for m in found.iter().filter(|m| m.offset >= over.from && m.offset >= floor) {
+            e.entries.push_back(*m);
+            self.indexed += 1;
+        }
+        // What came after `until` was counted over since the read began.
+        let since = over.count.saturating_sub(counted);
+        let (from, count, bytes) = match beyond {
+            Some((from, count, bytes)) => (from, count + since, bytes),
+            None => (until, since, 0),
+        };
+        e.over = (count > 0).then_some(Over { from, count, bytes, stale: false });
     }
 
     /// Lets go of `edge`'s messages from offset `from` to `end` (not included), set aside; with
@@ -224,7 +256,7 @@ impl DownIndex {
                 e.entries.push_back(Entry { offset, bytes, at_ms });
                 self.indexed += 1;
             }
-            None => e.over = Some(Over { from: offset, count: 1, bytes }),
+            None => e.over = Some(Over { from: offset, count: 1, bytes, stale: false }),
         }
     }
 }
@@ -302,7 +334,7 @@ mod tests {
         }
         let e = &i.edges["a"];
         assert_eq!(e.entries.iter().map(|m| m.offset).collect::<Vec<_>>(), [0, 2, 4]);
-        assert_eq!(e.over, Some(Over { from: 6, count: 2, bytes: 20 }));
+        assert_eq!(e.over, Some(Over { from: 6, count: 2, bytes: 20, stale: false }));
         // Delivered through seq 5 (offset 4): room for the two read again.
         i.raise_floor("a", 5);
         assert_eq!(i.room("a"), 3);
@@ -314,6 +346,25 @@ mod tests {
         // Later ones are indexed again.
         add(&mut i, "a", 11);
         assert_eq!(i.edges["a"].entries.len(), 3);
+    }
+
+    #[test]
+    fn a_count_another_bridge_delivered_past_is_stale_until_read_again() {
+        let mut i = index(2, 10);
+        for o in 0..6 {
+            add(&mut i, "a", o);
+        }
+        // Another bridge delivered through offset 3: this one's count of 4 over is too high.
+        i.raise_floor("a", 4);
+        let over = i.edges["a"].over.unwrap();
+        assert!(over.stale && over.from == 4 && over.count == 4, "{over:?}");
+        // Read again to offset 6: two left, both indexed; one more came meanwhile.
+        add(&mut i, "a", 7);
+        let found = [Entry { offset: 4, bytes: 10, at_ms: 0 }, Entry { offset: 5, bytes: 10, at_ms: 0 }];
+        i.recounted("a", &found, None, (6, 4));
+        let e = &i.edges["a"];
+        assert_eq!(e.entries.iter().map(|m| m.offset).collect::<Vec<_>>(), [4, 5]);
+        assert_eq!(e.over, Some(Over { from: 6, count: 1, bytes: 0, stale: false }));
     }
 
     #[test]

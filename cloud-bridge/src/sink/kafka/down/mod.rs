@@ -162,8 +162,10 @@ impl KafkaSink {
     }
 
     /// Indexes `edge`'s messages the index only counted, as many as there is room for (those
-    /// set aside, per `doc`, are not).
+    /// set aside, per `doc`, are not). Where the count is stale (another bridge delivered past
+    /// it), the rest of the partition is read to count them again.
     async fn refill(&self, edge: &str, doc: &DownDoc) -> Result<(), SinkError> {
+        use std::sync::Mutex;
         let d = &self.down;
         let partition = partition_of(edge, d.topic.partitions);
         let Some((over, until, room)) = d.index.with_ends(|i, ends| {
@@ -172,17 +174,49 @@ impl KafkaSink {
         }) else {
             return Ok(());
         };
-        let range =
-            Range { topic: d.topic.name.clone(), partition, from: over.from, end: until, max: room, payloads: false };
+        if room == 0 && !over.stale {
+            return Ok(());
+        }
+        let max = if over.stale { usize::MAX } else { room };
+        let range = Range { topic: d.topic.name.clone(), partition, from: over.from, end: until, max, payloads: false };
         let (mine, trimmed) = (edge.to_owned(), doc.clone());
+        // Past the room: counted, not kept.
+        let beyond: std::sync::Arc<Mutex<Option<(i64, u64, u64)>>> = std::sync::Arc::default();
+        let (kept, counter) = (std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0)), beyond.clone());
         let found = d
             .fetcher
-            .read(range, move |f| edge_of(f.key.as_deref()) == Some(mine.as_str()) && !trimmed.is_trimmed(f.offset))
+            .read(range, move |f| {
+                if edge_of(f.key.as_deref()) != Some(mine.as_str()) || trimmed.is_trimmed(f.offset) {
+                    return false;
+                }
+                if kept.fetch_add(1, std::sync::atomic::Ordering::Relaxed) < room {
+                    return true;
+                }
+                let mut b = counter.lock().unwrap_or_else(|e| e.into_inner());
+                let (_, count, bytes) = b.get_or_insert((f.offset, 0, 0));
+                *count += 1;
+                *bytes += entry(f).bytes;
+                false
+            })
             .await?;
         let found: Vec<Entry> = found.iter().map(entry).collect();
-        let whole = found.len() < room;
-        d.index.with_mut(|i| i.refilled(edge, &found, (until, over.count), whole));
+        if over.stale {
+            let beyond = *beyond.lock().unwrap_or_else(|e| e.into_inner());
+            d.index.with_mut(|i| i.recounted(edge, &found, beyond, (until, over.count)));
+        } else {
+            let whole = found.len() < room;
+            d.index.with_mut(|i| i.refilled(edge, &found, (until, over.count), whole));
+        }
         Ok(())
+    }
+
+    /// `edge`'s document, its index brought up to it (counted again where it was stale).
+    async fn settle(&self, edge: &str) -> Result<DownDoc, SinkError> {
+        let doc = self.settled(edge)?;
+        if self.down.index.with(|i| i.edges.get(edge).and_then(|e| e.over).is_some_and(|o| o.stale)) {
+            self.refill(edge, &doc).await?;
+        }
+        Ok(doc)
     }
 
     /// Up to `max` of `edge`'s messages from offset `from` that count for it.
@@ -304,7 +338,7 @@ impl DownlinkStore for KafkaSink {
     async fn enqueue(&self, edge: &str, msg: &Outgoing, bounds: DownBounds) -> Result<Enqueued, SinkError> {
         let d = &self.down;
         d.index.read_to_end().await?;
-        let doc = self.settled(edge)?;
+        let doc = self.settle(edge).await?;
         let since = now_ms().saturating_sub(SEND_IDS.1.as_millis() as u64);
         let sent = |id: &str| d.index.with(|i| i.edges.get(edge).and_then(|e| e.sent(id, since)));
         if let Some(offset) = msg.id.as_deref().and_then(sent) {
@@ -339,7 +373,7 @@ impl DownlinkStore for KafkaSink {
     /// (`max_indexed_per_edge` below it), the first not indexed is where it starts.
     async fn down_trim(&self, edge: &str, bounds: DownBounds, max: usize) -> Result<u64, SinkError> {
         let d = &self.down;
-        let doc = self.settled(edge)?;
+        let doc = self.settle(edge).await?;
         if self.backlog_of(edge, &doc).messages <= bounds.messages {
             return Ok(0);
         }
@@ -392,7 +426,7 @@ impl DownlinkStore for KafkaSink {
 
     async fn down_read(&self, edge: &str, after: u64, max: usize) -> Result<Vec<Pending>, SinkError> {
         let d = &self.down;
-        let doc = self.settled(edge)?;
+        let doc = self.settle(edge).await?;
         let wanted = self.entries(edge, &doc, after.min(i64::MAX as u64) as i64, max).await?;
         let (Some(first), Some(last)) = (wanted.first(), wanted.last()) else { return Ok(Vec::new()) };
         let partition = partition_of(edge, d.topic.partitions);
@@ -458,7 +492,7 @@ impl DownlinkStore for KafkaSink {
     }
 
     async fn down_backlog(&self, edge: &str) -> Result<Backlog, SinkError> {
-        let doc = self.settled(edge)?;
+        let doc = self.settle(edge).await?;
         Ok(self.backlog_of(edge, &doc))
     }
 
@@ -521,8 +555,8 @@ impl DownlinkStore for KafkaSink {
             edges.entry(edge).or_default();
         }
         let mut out = Vec::with_capacity(edges.len());
-        for (edge, doc) in edges {
-            self.down.index.with_mut(|i| i.raise_floor(&edge, doc.floor()));
+        for (edge, _) in edges {
+            let doc = self.settle(&edge).await?;
             let backlog = self.backlog_of(&edge, &doc);
             out.push(DownSummary {
                 edge,
