@@ -30,6 +30,7 @@ mod edge_cli;
 mod fleet;
 mod fleet_view;
 mod kafka_broker;
+mod kafka_chaos;
 mod kafka_cluster;
 mod kafka_downlink;
 mod kafka_security;
