@@ -183,4 +183,18 @@ async fn kafka_downlink_bounds_every_producer_and_reads_past_its_index() {
     assert_eq!(payloads(&read), ["later"]);
     assert_eq!(read[0].seq, later[0].1 as u64 + 1);
     assert_eq!(a.down_state("edge-2").await.unwrap().position, position);
+
+    // The bridge indexing 4 per edge trims at the bound all the same: it reads on to find it.
+    let flood: Vec<_> = (0..30).map(|i| direct("edge-3", &format!("n{i}"), &[("Mqtt-Topic", "cmd/f")])).collect();
+    broker.produce("edge-down", &flood).await;
+    let deadline = tokio::time::Instant::now() + WAIT;
+    while small.down_backlog("edge-3").await.unwrap().messages < 30 {
+        assert!(tokio::time::Instant::now() < deadline, "the flood never indexed");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(small.down_trim("edge-3", bound, 1000).await.unwrap(), 20);
+    let kept: Vec<String> = (0..10).map(|i| format!("n{i}")).collect();
+    // Another bridge, as a session that takes the edge over starts: its state read to the end.
+    a.down_state("edge-3").await.unwrap();
+    assert_eq!(payloads(&a.down_read("edge-3", 0, 100).await.unwrap()), kept);
 }

@@ -370,7 +370,7 @@ impl DownlinkStore for KafkaSink {
     /// for the edge to the partition's end as indexed, recorded in the edge's document; up to
     /// `max` of them are written to the dead letters one by one (the rest are counted in the
     /// log line). Where the index holds fewer of the edge's messages than the bound
-    /// (`max_indexed_per_edge` below it), the first not indexed is where it starts.
+    /// (`max_indexed_per_edge` below it), the partition is read on to find where it ends.
     async fn down_trim(&self, edge: &str, bounds: DownBounds, max: usize) -> Result<u64, SinkError> {
         let d = &self.down;
         let doc = self.settle(edge).await?;
@@ -385,13 +385,36 @@ impl DownlinkStore for KafkaSink {
         }
         let partition = partition_of(edge, d.topic.partitions);
         let keep = bounds.messages.min(usize::MAX as u64) as usize;
+        // Where the bound ends: among the indexed messages, or past them, found by reading on.
         let cut = d.index.with_ends(|i, ends| {
             let e = i.edges.get(edge)?;
-            let from = e.entries.iter().filter(|m| doc.counts(m.offset)).nth(keep).map(|m| m.offset);
+            let indexed: Vec<i64> = e.entries.iter().filter(|m| doc.counts(m.offset)).map(|m| m.offset).collect();
             let end = ends.get(partition as usize).copied().unwrap_or(0);
-            Some((from.or(e.over.map(|o| o.from))?, end, e.over.map_or(0, |o| o.count)))
+            let at = match indexed.get(keep) {
+                Some(o) => Ok(*o),
+                None => Err((e.over?.from, keep - indexed.len())),
+            };
+            Some((at, end, e.over.map_or(0, |o| o.count)))
         });
-        let Some((from, end, counted)) = cut.filter(|(from, end, _)| from < end) else { return Ok(0) };
+        let Some((at, end, counted)) = cut else { return Ok(0) };
+        let from = match at {
+            Ok(from) => from,
+            Err((over, past)) => {
+                let range =
+                    Range { topic: d.topic.name.clone(), partition, from: over, end, max: past + 1, payloads: false };
+                let (mine, trimmed) = (edge.to_owned(), doc.clone());
+                let read = d.fetcher.read(range, move |f| {
+                    edge_of(f.key.as_deref()) == Some(mine.as_str()) && !trimmed.is_trimmed(f.offset)
+                });
+                match read.await?.get(past) {
+                    Some(f) => f.offset,
+                    None => return Ok(0),
+                }
+            }
+        };
+        if from >= end {
+            return Ok(0);
+        }
         let beyond = waiting.messages - bounds.messages;
         let reason =
             format!("published past downlink.max_backlog_messages ({}) by a client other than send", bounds.messages);
