@@ -5,6 +5,9 @@
 # after each drain, each phase on a fresh nats-server). Loopback, no impairment. Usage: scripts/bench-drain.sh [COUNT=200000] [REPEATS=3]. Prints a Markdown row.
 # TOPICS (default 16) spreads the backlog over that many topics; BATCHES (auto, fast, atomic,
 # off) picks the bridge's JetStream batch publishing (the sink's `batches` key).
+# SINK=kafka drains into a single-node Kafka 4.x broker (KRaft, started per round) instead, and
+# the peer is `drain-bench kafka-raw`: one transactional rdkafka producer writing the same
+# records, 1,024 to a transaction (the edge's batch), before and after the drain on the same broker.
 # CRASH=1 leaves the filled spool as a power cut does (not closed cleanly), so the edge checks it at start.
 # START_ONLY=1 measures only the edge's start to its first uplink commit (no drain, no peer);
 # COLD=1 drops the page cache before each start (root), as a reboot does. EDGE_NODE=path runs
@@ -43,17 +46,35 @@ start_nats() {
 # two: this host's speed drifts over minutes, and a peer run on one side only carried that
 # drift into the ratio.
 raw_run() {
+  if [ "${SINK:-}" = kafka ]; then
+    "$bin/drain-bench" kafka-raw "$bootstrap" "$count"
+    return
+  fi
   start_nats "raw-$1"
   "$bin/drain-bench" raw "nats://127.0.0.1:$nport" "$count"
   kill "$nats_pid"; wait "$nats_pid" 2>/dev/null || true
 }
+# SINK=kafka: one broker a round (drain-bench kafka-broker prints its address and stops it on
+# SIGTERM); `nats_pid` and `nport` stand for it below.
+start_kafka() {
+  "$bin/drain-bench" kafka-broker > "$work/kafka-$1.addr" 2> "$work/kafka-$1.log" &
+  kafka_pid=$!; pids+=("$kafka_pid")
+  for _ in $(seq 600); do [ -s "$work/kafka-$1.addr" ] && break; sleep 0.1; done
+  bootstrap=$(head -1 "$work/kafka-$1.addr")
+  [ -n "$bootstrap" ] || { echo "no Kafka broker: $(tail -5 "$work/kafka-$1.log")" >&2; exit 1; }
+}
 for r in $(seq "$repeats"); do
+  [ "${SINK:-}" != kafka ] || start_kafka "$r"
   [ -n "${START_ONLY:-}" ] || raw_before=$(raw_run "$r-before")
-  start_nats "drain-$r"
+  if [ "${SINK:-}" = kafka ]; then
+    nats_pid=$(pgrep -P "$kafka_pid" java | head -1); sink_url=$bootstrap
+  else
+    start_nats "drain-$r"; sink_url="nats://127.0.0.1:$nport"
+  fi
 
   "$bin/drain-bench" fill "$work/spool-$r.db" "$count" x "${TOPICS:-16}" ${CRASH:+crash} > /dev/null
   if [ -n "${COLD:-}" ]; then sync; echo 3 > /proc/sys/vm/drop_caches; fi
-  cloud_config "$work/cloud-$r.toml" 127.0.0.1:0 127.0.0.1:0 "nats://127.0.0.1:$nport" "$work/certs"
+  cloud_config "$work/cloud-$r.toml" 127.0.0.1:0 127.0.0.1:0 "$sink_url" "$work/certs"
   "${CLOUD_BRIDGE:-$bin/cloud-bridge}" run --config "$work/cloud-$r.toml" --ready-file "$work/cloud-$r.json" 2> "$work/cloud-$r.log" &
   cloud_pid=$!; pids+=("$cloud_pid")
   wait_file "$work/cloud-$r.json"
@@ -84,7 +105,7 @@ EOP
   end=$(date +%s.%N)
   # CPU seconds each process used during the drain, to see who is busy.
   cpu() { awk -v t="$(getconf CLK_TCK)" '{printf "%.2f", ($14 + $15) / t}' "/proc/$1/stat"; }
-  echo "cpu s: edge-node $(cpu "$edge_pid"), cloud-bridge $(cpu "$cloud_pid"), nats-server $(cpu "$nats_pid")" >&2
+  echo "cpu s: edge-node $(cpu "$edge_pid"), cloud-bridge $(cpu "$cloud_pid"), ${SINK:-nats-server} (all phases) $(cpu "$nats_pid")" >&2
   if [ -n "${START_ONLY:-}" ]; then
     python3 -c 'import sys; print(f"edge start to first commit: {float(sys.argv[1]) - float(sys.argv[2]):.2f} s")' "$first" "$start" >&2
     kill "$edge_pid" "$cloud_pid" "$nats_pid" 2>/dev/null || true
@@ -103,9 +124,11 @@ print(f"edge start to first commit: {first - start:.2f} s", file=sys.stderr)
 print(json.dumps({"bridge_msg_per_s": round(rate)}))
 EOP
   )
-  kill "$edge_pid" "$cloud_pid" "$nats_pid" 2>/dev/null || true
-  wait "$edge_pid" "$cloud_pid" "$nats_pid" 2>/dev/null || true
+  kill "$edge_pid" "$cloud_pid" 2>/dev/null || true
+  [ "${SINK:-}" = kafka ] || kill "$nats_pid" 2>/dev/null || true
+  wait "$edge_pid" "$cloud_pid" 2>/dev/null || true
   raw_after=$(raw_run "$r-after")
+  if [ "${SINK:-}" = kafka ]; then kill "$kafka_pid"; wait "$kafka_pid" 2>/dev/null || true; fi
   python3 - "$raw_before" "$raw_after" "$drained" <<'EOP'
 import json, sys
 before, after, drained = (json.loads(a) for a in sys.argv[1:4])

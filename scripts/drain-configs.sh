@@ -2,7 +2,7 @@
 # a cloud-bridge on the JetStream sink and an edge-node draining a pre-filled spool to it, both
 # with the development PKI in CERTS.
 
-# cloud_config FILE QUIC_BIND HTTP_BIND NATS_URL CERTS
+# cloud_config FILE QUIC_BIND HTTP_BIND NATS_URL CERTS (SINK=kafka: NATS_URL is the bootstrap)
 cloud_config() {
   cat > "$1" << EOC
 [server]
@@ -14,6 +14,8 @@ client_ca = "$5/fleet-ca.pem"
 bind = "$3"
 $(if [ "${SINK:-jetstream}" = sqlite ]; then
   printf '[sink]\nkind = "sqlite"\npath = "%s"\n' "$1.db"
+elif [ "${SINK:-jetstream}" = kafka ]; then
+  printf '[sink]\nkind = "kafka"\nbootstrap = "%s"\n' "$4"
 else
   printf '[sink]\nkind = "jetstream"\nurl = "%s"\nbatches = "%s"\n' "$4" "${BATCHES:-auto}"
 fi)

@@ -190,6 +190,11 @@ impl KafkaBroker {
         }
     }
 
+    /// The process id of node `i` (from 0), while it runs.
+    pub fn pid(&self, i: usize) -> Option<u32> {
+        self.nodes[i].child.as_ref().map(Child::id)
+    }
+
     /// Kills node `i` (from 0) with SIGKILL.
     pub fn kill(&mut self, i: usize) {
         if let Some(mut child) = self.nodes[i].child.take() {

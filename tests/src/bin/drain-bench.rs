@@ -6,7 +6,13 @@
 //!   leaves it (not closed cleanly), so the next open checks and counts it;
 //! - `raw URL COUNT`: the peer: COUNT 1 KiB messages published with async-nats straight into a
 //!   JetStream stream made as the bridge's sink makes it (`EDGE` on `edge.>`, 2 minute dedup
-//!   window), on the same subjects, pipelined (4,096 acks outstanding). Prints JSON.
+//!   window), on the same subjects, pipelined (4,096 acks outstanding). Prints JSON;
+//! - `kafka-broker`: a single-node Kafka 4.x broker (KRaft) on a free loopback port, as the
+//!   tests start it; prints its bootstrap address and runs until SIGTERM or SIGINT;
+//! - `kafka-raw BOOTSTRAP COUNT`: the Kafka peer: COUNT 1 KiB records written by one
+//!   transactional rdkafka producer, 1,024 to a transaction (the edge's default batch), one transaction
+//!   after another as a lane's must be, into a topic of 6 partitions made as the sink makes its
+//!   own, keyed by the edge id, with the headers the sink writes. Prints JSON.
 
 use std::collections::VecDeque;
 use std::time::Instant;
@@ -96,7 +102,85 @@ async fn main() -> anyhow::Result<()> {
             let secs = started.elapsed().as_secs_f64();
             println!("{{\"raw_msg_per_s\": {:.0}, \"count\": {count}, \"seconds\": {secs:.2}}}", count as f64 / secs);
         }
-        _ => anyhow::bail!("usage: drain-bench fill DB COUNT | raw URL COUNT"),
+        Some("kafka-broker") => {
+            let broker = tokio::task::spawn_blocking(e2e_tests::kafka::KafkaBroker::start).await?;
+            println!("{}", broker.bootstrap());
+            use tokio::signal::unix::{SignalKind, signal};
+            let (mut term, mut int) = (signal(SignalKind::terminate())?, signal(SignalKind::interrupt())?);
+            tokio::select! {
+                _ = term.recv() => {}
+                _ = int.recv() => {}
+            }
+            drop(broker);
+        }
+        Some("kafka-raw") => {
+            let bootstrap = args.get(1).context("kafka-raw BOOTSTRAP COUNT")?;
+            let count: u64 = args.get(2).context("kafka-raw BOOTSTRAP COUNT")?.parse()?;
+            println!("{}", kafka_raw(bootstrap, count).await?);
+        }
+        _ => {
+            anyhow::bail!("usage: drain-bench fill DB COUNT | raw URL COUNT | kafka-broker | kafka-raw BOOTSTRAP COUNT")
+        }
     }
     Ok(())
+}
+
+/// The Kafka peer (see the module doc): what a transactional producer of librdkafka's writes
+/// with nothing of the bridge around it.
+async fn kafka_raw(bootstrap: &str, count: u64) -> anyhow::Result<String> {
+    use rdkafka::ClientConfig;
+    use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
+    use rdkafka::client::DefaultClientContext;
+    use rdkafka::message::{Header, OwnedHeaders};
+    use rdkafka::producer::{BaseRecord, DefaultProducerContext, Producer, ThreadedProducer};
+    use std::time::Duration;
+
+    let topic = "raw.telemetry";
+    let admin: AdminClient<DefaultClientContext> = ClientConfig::new().set("bootstrap.servers", bootstrap).create()?;
+    let new = NewTopic::new(topic, 6, TopicReplication::Fixed(1));
+    admin.create_topics([&new], &AdminOptions::new()).await?;
+    let producer: ThreadedProducer<DefaultProducerContext> = ClientConfig::new()
+        .set("bootstrap.servers", bootstrap)
+        .set("transactional.id", "raw-bench")
+        .set("enable.idempotence", "true")
+        .set("acks", "all")
+        .set("linger.ms", "1")
+        .set("partitioner", "murmur2_random")
+        .create()?;
+    let timeout = Duration::from_secs(30);
+    producer.init_transactions(timeout)?;
+    let payload = vec![b'x'; 1024];
+    let started = Instant::now();
+    let producer = tokio::task::spawn_blocking(move || -> anyhow::Result<()> {
+        for first in (0..count).step_by(1024) {
+            producer.begin_transaction()?;
+            for i in first..(first + 1024).min(count) {
+                let mqtt = format!("telemetry/cam-{:02}/metrics", i % 16);
+                let headers = OwnedHeaders::new()
+                    .insert(Header { key: "Edge-Id", value: Some("edge-1") })
+                    .insert(Header { key: "Edge-Seq", value: Some(&format!("raw:3:{i}")) })
+                    .insert(Header { key: "Mqtt-Topic", value: Some(&mqtt) })
+                    .insert(Header { key: "Mqtt-Qos", value: Some("1") });
+                let mut record = BaseRecord::to(topic).key("edge-1").payload(&payload).headers(headers);
+                loop {
+                    match producer.send(record) {
+                        Ok(()) => break,
+                        Err((
+                            rdkafka::error::KafkaError::MessageProduction(rdkafka::types::RDKafkaErrorCode::QueueFull),
+                            r,
+                        )) => {
+                            record = r;
+                            std::thread::sleep(Duration::from_millis(1));
+                        }
+                        Err((e, _)) => return Err(e.into()),
+                    }
+                }
+            }
+            producer.commit_transaction(timeout)?;
+        }
+        Ok(())
+    });
+    producer.await??;
+    let secs = started.elapsed().as_secs_f64();
+    Ok(format!("{{\"raw_msg_per_s\": {:.0}, \"count\": {count}, \"seconds\": {secs:.2}}}", count as f64 / secs))
 }

@@ -8,7 +8,8 @@
 //!
 //! Usage: fleet-bench [EDGES=1000] [ACTIVE=100] [RATE=10] [SECONDS=20] [SINK=jetstream]
 //!        [STORM=0] [RAMP=400] [ENDPOINTS=8] [LANES=1] [BACKLOG=0]
-//! SINK is `jetstream` (a nats-server of its own) or `sqlite`. BRIDGE_CONFIG (env) is appended to
+//! SINK is `jetstream` (a nats-server of its own), `kafka` (a single-node Kafka broker of its
+//! own, KRaft; its JVM's CPU is reported as `nats_cpu`) or `sqlite`. BRIDGE_CONFIG (env) is appended to
 //! the bridge's config, e.g. `BRIDGE_CONFIG='[limits]\nhandshakes_per_second = 300'`; EDGE_UPLINK
 //! (env, TOML) overrides keys of every edge's `[uplink]`, e.g. `EDGE_UPLINK='dict_size = 0'`. Each edge drives
 //! the shipped uplink's policies with its default `[uplink]` (`e2e_tests::simedge`): RATE
@@ -121,9 +122,11 @@ async fn main() -> anyhow::Result<()> {
     eprintln!("{edges} certificates in {:.1} s", t.elapsed().as_secs_f64());
 
     let nats = (sink == "jetstream").then(e2e_tests::nats::NatsServer::start);
-    let sink_section = match &nats {
-        Some(n) => format!("kind = \"jetstream\"\nurl = \"{}\"\n", n.url()),
-        None => format!("kind = \"sqlite\"\npath = \"{}\"\n", dir.path().join("central.db").display()),
+    let kafka = (sink == "kafka").then(e2e_tests::kafka::KafkaBroker::start);
+    let sink_section = match (&nats, &kafka) {
+        (Some(n), _) => format!("kind = \"jetstream\"\nurl = \"{}\"\n", n.url()),
+        (_, Some(k)) => format!("kind = \"kafka\"\nbootstrap = \"{}\"\n", k.bootstrap()),
+        _ => format!("kind = \"sqlite\"\npath = \"{}\"\n", dir.path().join("central.db").display()),
     };
     // BRIDGE_CONFIG is appended to the bridge's config: a `[limits]` section, say.
     let extra = std::env::var("BRIDGE_CONFIG").unwrap_or_default().replace("\\n", "\n");
@@ -132,7 +135,10 @@ async fn main() -> anyhow::Result<()> {
     let rss_empty = rss_mib(bridge.pid());
     let (own, bridge_cpu) = (std::process::id(), |b: &BridgeProcess| cpu_of(b.pid()));
     // The sink's server shares the cores too; zero without one.
-    let nats_cpu = || nats.as_ref().map_or(Duration::ZERO, |n| cpu_of(n.pid()));
+    let nats_cpu = || {
+        let kafka = kafka.as_ref().and_then(|k| k.pid(0)).map_or(Duration::ZERO, cpu_of);
+        nats.as_ref().map_or(kafka, |n| cpu_of(n.pid()))
+    };
 
     let spec = FleetSpec {
         servers: vec![bridge.quic],
@@ -175,6 +181,12 @@ async fn main() -> anyhow::Result<()> {
         let store_url = nats.as_ref().map(|n| n.url());
         let db = dir.path().join("central.db");
         let phase = match store_url {
+            None if kafka.is_some() => {
+                let bootstrap = kafka.as_ref().map(|k| k.bootstrap()).unwrap_or_default();
+                let settings = cloud_bridge::sink::kafka::settings::KafkaSettings::new(&bootstrap);
+                let sink = cloud_bridge::sink::kafka::KafkaSink::connect(&settings).await?;
+                broadcast(&sink, &fleet, &bridge, edges, broadcasts, &nats_cpu).await?
+            }
             Some(url) => {
                 let settings = e2e_tests::nats::sink_settings(url, cloud_bridge::sink::jetstream::BatchPublish::Auto);
                 let sink = cloud_bridge::sink::jetstream::JetStreamSink::connect(&settings).await?;
@@ -273,5 +285,6 @@ async fn main() -> anyhow::Result<()> {
     );
     drop(bridge);
     drop(nats);
+    drop(kafka);
     Ok(())
 }
