@@ -28,7 +28,10 @@ impl Plain {
             .set("acks", "all")
             .set("linger.ms", "1")
             // Room for a downlink message's headers besides its bytes.
-            .set("message.max.bytes", (settings.max_message_bytes.max(super::down::TOPIC_BYTES) + 65536).to_string())
+            .set(
+                "message.max.bytes",
+                (settings.max_message_bytes.max(super::settings::TOPIC_BYTES) + 65536).to_string(),
+            )
             .create_with_context(Context::default())
             .map_err(|e| kafka_error("producer", &e))?;
         Ok(Self { producer })

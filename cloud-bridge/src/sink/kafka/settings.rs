@@ -132,6 +132,11 @@ impl Default for KafkaDown {
     }
 }
 
+/// The downlink topic's `max.message.bytes`: a downlink message's most, its headers, and
+/// Kafka's framing.
+pub(crate) const TOPIC_BYTES: usize =
+    shared::proto::down::MAX_DOWN_BYTES + crate::sink::downlink::DOWN_HEADERS as usize + 1024;
+
 /// What a record's key is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize, Serialize)]
 #[serde(rename_all = "lowercase")]

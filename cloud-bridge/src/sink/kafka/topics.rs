@@ -132,7 +132,7 @@ impl Topics {
         };
         let insync = s.min_insync_replicas.map(|m| m.to_string());
         let max_bytes = match kind {
-            Kind::Downlink => super::down::TOPIC_BYTES,
+            Kind::Downlink => super::settings::TOPIC_BYTES,
             _ => s.max_message_bytes + 1024,
         }
         .to_string();
@@ -249,10 +249,10 @@ impl Topics {
             )));
         }
         let max_bytes: usize = value("max.message.bytes").parse().unwrap_or(0);
-        if kind == Kind::Downlink && max_bytes < super::down::TOPIC_BYTES {
+        if kind == Kind::Downlink && max_bytes < super::settings::TOPIC_BYTES {
             return Err(mismatch(format!(
                 "max.message.bytes is {max_bytes}: a downlink message may take {} with its headers",
-                super::down::TOPIC_BYTES
+                super::settings::TOPIC_BYTES
             )));
         }
         if let Some(want) = s.min_insync_replicas {

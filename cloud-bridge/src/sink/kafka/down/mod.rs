@@ -43,7 +43,7 @@ use super::fetch::{Fetched, Fetcher, Range};
 use super::follow::Follower;
 use super::names::partition_of;
 use super::outgoing::Topic;
-use super::settings::KafkaSettings;
+use super::settings::{KafkaSettings, TOPIC_BYTES};
 use super::topics::{Kind, Topics};
 use crate::sink::DeadLetterLabel;
 use crate::sink::down_headers;
@@ -53,11 +53,6 @@ use crate::sink::downlink::{
 };
 use crate::sink::error::SinkError;
 use index::{DownIndex, Entry, SEND_ID, edge_of, weight};
-
-/// The downlink topic's `max.message.bytes`: a downlink message's most, its headers, and
-/// Kafka's framing.
-pub(crate) const TOPIC_BYTES: usize =
-    shared::proto::down::MAX_DOWN_BYTES + crate::sink::downlink::DOWN_HEADERS as usize + 1024;
 
 /// How far back a listing of dead letters reads, per partition.
 const DEAD_SCAN: i64 = 10_000;
