@@ -185,6 +185,23 @@ pub struct DownDeadLetter {
     pub bytes: u64,
 }
 
+impl DownDeadLetter {
+    /// A dead letter as the sinks that keep headers store it (`Edge-Id`, `Edge-Down-Seq`,
+    /// `Mqtt-Topic`, `Edge-Outcome`, `Edge-Reason`, `Edge-At-Ms`, `Edge-Bytes`), read through
+    /// `header` (empty where missing).
+    pub(crate) fn from_headers(header: impl Fn(&str) -> String) -> Self {
+        Self {
+            edge: header("Edge-Id"),
+            seq: header("Edge-Down-Seq").parse().unwrap_or(0),
+            topic: header("Mqtt-Topic"),
+            outcome: header("Edge-Outcome"),
+            reason: header("Edge-Reason"),
+            at_ms: header("Edge-At-Ms").parse().unwrap_or(0),
+            bytes: header("Edge-Bytes").parse().unwrap_or(0),
+        }
+    }
+}
+
 /// Downlink dead letters the fleet view lists: the newest.
 pub(crate) const REFUSED_SHOWN: usize = 20;
 

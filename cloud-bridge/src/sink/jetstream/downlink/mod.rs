@@ -189,16 +189,9 @@ async fn dead_letters(
             let m = m.map_err(|e| SinkError::nats(what, &filter, &e))?;
             let pending = m.info().map_err(|e| unavailable(what, e))?.pending;
             let h = m.headers.clone().unwrap_or_default();
-            let get = |k: &str| h.get(k).map(|v| v.as_str().to_owned()).unwrap_or_default();
-            out.push_back(DownDeadLetter {
-                edge: get("Edge-Id"),
-                seq: get("Edge-Down-Seq").parse().unwrap_or(0),
-                topic: get("Mqtt-Topic"),
-                outcome: get("Edge-Outcome"),
-                reason: get("Edge-Reason"),
-                at_ms: get("Edge-At-Ms").parse().unwrap_or(0),
-                bytes: get("Edge-Bytes").parse().unwrap_or(0),
-            });
+            out.push_back(DownDeadLetter::from_headers(|k| {
+                h.get(k).map(|v| v.as_str().to_owned()).unwrap_or_default()
+            }));
             if out.len() > limit {
                 out.pop_front();
             }

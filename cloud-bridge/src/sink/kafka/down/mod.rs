@@ -419,8 +419,21 @@ impl DownlinkStore for KafkaSink {
         for f in &found {
             self.dead_letter(edge, f, "refused", &reason).await?;
         }
+        // Merged with the range before when none of the edge's messages that count lies between:
+        // an edge flooded while away then keeps one range, not one per trim.
+        let between = |last: i64| {
+            d.index.with(|i| {
+                i.edges.get(edge).is_none_or(|e| {
+                    e.over.is_some_and(|o| o.from <= from)
+                        || e.entries.iter().any(|m| m.offset > last && m.offset < from && doc.counts(m.offset))
+                })
+            })
+        };
         self.write_doc(edge, |doc| {
-            doc.trimmed.push((from, end - 1));
+            match doc.trimmed.last_mut() {
+                Some((_, last)) if *last < from && !between(*last) => *last = end - 1,
+                _ => doc.trimmed.push((from, end - 1)),
+            }
             (true, ())
         })
         .await?;
@@ -537,16 +550,7 @@ impl DownlinkStore for KafkaSink {
                 .read(range, move |f| only.as_deref().is_none_or(|e| edge_of(f.key.as_deref()) == Some(e)))
                 .await?;
             for f in found {
-                let get = |k: &str| f.header(k).unwrap_or_default().to_owned();
-                let letter = DownDeadLetter {
-                    edge: get("Edge-Id"),
-                    seq: get("Edge-Down-Seq").parse().unwrap_or(0),
-                    topic: get("Mqtt-Topic"),
-                    outcome: get("Edge-Outcome"),
-                    reason: get("Edge-Reason"),
-                    at_ms: get("Edge-At-Ms").parse().unwrap_or(0),
-                    bytes: get("Edge-Bytes").parse().unwrap_or(0),
-                };
+                let letter = DownDeadLetter::from_headers(|k| f.header(k).unwrap_or_default().to_owned());
                 // A dead letter written twice (a bridge that died before hearing it was) is
                 // listed once.
                 seen.entry((letter.edge.clone(), letter.seq, letter.outcome.clone())).or_insert(letter);
@@ -561,19 +565,15 @@ impl DownlinkStore for KafkaSink {
     /// The edges with a document (sent to and connected since) and those the index holds
     /// messages for (at most `sink.downlink.max_edges`).
     async fn down_summary(&self) -> Result<Vec<DownSummary>, SinkError> {
-        let mut edges: BTreeMap<String, DownDoc> = BTreeMap::new();
-        for (key, value) in self.state.scan("d/") {
-            let doc = serde_json::from_slice(&value).map_err(|e| SinkError::corrupt("downlink summary", &key, e))?;
-            edges.insert(key["d/".len()..].to_owned(), doc);
-        }
-        let indexed: Vec<String> = self.down.index.with(|i| {
-            i.edges.iter().filter(|(_, e)| !e.entries.is_empty() || e.over.is_some()).map(|(k, _)| k.clone()).collect()
+        // Each document is read (and a corrupt one named) by `settle`.
+        let mut edges: std::collections::BTreeSet<String> =
+            self.state.scan("d/").into_iter().map(|(key, _)| key["d/".len()..].to_owned()).collect();
+        self.down.index.with(|i| {
+            let waiting = i.edges.iter().filter(|(_, e)| !e.entries.is_empty() || e.over.is_some());
+            edges.extend(waiting.map(|(k, _)| k.clone()));
         });
-        for edge in indexed {
-            edges.entry(edge).or_default();
-        }
         let mut out = Vec::with_capacity(edges.len());
-        for (edge, _) in edges {
+        for edge in edges {
             let doc = self.settle(&edge).await?;
             let backlog = self.backlog_of(&edge, &doc);
             out.push(DownSummary {
