@@ -79,7 +79,7 @@ def read(bootstrap, topic, isolation):
     print(json.dumps(out))
 
 
-def zombie(bootstrap, txn_id, topic, partition, marks_topic, mark_key, first, last):
+def zombie(bootstrap, txn_id, topic, partition, marks_topic, mark_key, first, last, hold=None):
     # murmur2_random: the Java client's partitioner, which the sink uses for its keys too.
     p = Producer({"bootstrap.servers": bootstrap, "transactional.id": txn_id, "transaction.timeout.ms": 60000,
                   "partitioner": "murmur2_random"})
@@ -91,7 +91,12 @@ def zombie(bootstrap, txn_id, topic, partition, marks_topic, mark_key, first, la
     p.produce(marks_topic, value=str(last), key=mark_key)
     p.flush(30)
     print("open", flush=True)
-    time.sleep(3600)
+    if hold is None:
+        time.sleep(3600)
+    # A producer that is slow, not dead: it ends its transaction itself, aborted.
+    time.sleep(float(hold))
+    p.abort_transaction(30)
+    print("aborted", flush=True)
 
 
 def produce(bootstrap, topic):
@@ -120,7 +125,7 @@ if mode == "read":
     read(sys.argv[2], sys.argv[3], sys.argv[4])
 elif mode == "zombie":
     a = sys.argv
-    zombie(a[2], a[3], a[4], int(a[5]), a[6], a[7], int(a[8]), int(a[9]))
+    zombie(a[2], a[3], a[4], int(a[5]), a[6], a[7], int(a[8]), int(a[9]), a[10] if len(a) > 10 else None)
 elif mode == "produce":
     produce(sys.argv[2], sys.argv[3])
 else:

@@ -145,22 +145,8 @@ async fn a_bridge_killed_mid_batch_leaves_nothing_and_a_fenced_one_writes_nothin
     assert_eq!(seqs(&written), ["ep1:0:1", "ep1:0:2", "ep1:0:3"]);
     let partition = written[0]["partition"].as_u64().unwrap();
 
-    let mut zombie = tokio::process::Command::new("python3")
-        .args([SCRIPT, "zombie", &broker.bootstrap(), "edge-bridge.edge-1.0", "edge.telemetry"])
-        .arg(partition.to_string())
-        .args(["edge-marks", "m/edge-1/ep1/0", "4", "6"])
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .kill_on_drop(true)
-        .spawn()
-        .expect("python3");
-    let mut lines = tokio::io::BufReader::new(zombie.stdout.take().unwrap()).lines();
-    let line = tokio::time::timeout(WAIT, lines.next_line()).await.expect("zombie in time").unwrap();
-    if line.as_deref() != Some("open") {
-        let mut why = String::new();
-        let _ = tokio::io::AsyncReadExt::read_to_string(&mut zombie.stderr.take().unwrap(), &mut why).await;
-        panic!("the zombie did not open its transaction: {line:?}\n{why}");
-    }
+    let (mut zombie, _) =
+        open_transaction(&broker, "edge-bridge.edge-1.0", partition, "m/edge-1/ep1/0", (4, 6), None).await;
     zombie.kill().await.unwrap();
 
     let second = sink(&broker, |_| {}).await;
@@ -179,6 +165,77 @@ async fn a_bridge_killed_mid_batch_leaves_nothing_and_a_fenced_one_writes_nothin
     let everything = broker.read("edge.telemetry", "read_uncommitted").await;
     let zombies = everything.iter().filter(|r| r["key"] == "zombie").count();
     assert_eq!(zombies, 3, "read_uncommitted sees the aborted batch: {:?}", seqs(&everything));
+    assert_eq!(second.committed("edge-1", "ep1").await.unwrap(), lane0(6));
+}
+
+/// A real transactional producer (`tests/python/kafka_client.py zombie`) with `txn_id`, its
+/// transaction open when this returns: records `seqs` in `edge.telemetry` partition `partition`
+/// and a mark under `mark_key` in `edge-marks`. With `hold`, it aborts the transaction itself
+/// after that many seconds (a producer slow, not dead) and says so on the lines returned.
+async fn open_transaction(
+    broker: &KafkaBroker,
+    txn_id: &str,
+    partition: u64,
+    mark_key: &str,
+    seqs: (u64, u64),
+    hold: Option<u64>,
+) -> (tokio::process::Child, tokio::io::Lines<tokio::io::BufReader<tokio::process::ChildStdout>>) {
+    let mut zombie = tokio::process::Command::new("python3")
+        .args([SCRIPT, "zombie", &broker.bootstrap(), txn_id, "edge.telemetry"])
+        .arg(partition.to_string())
+        .args(["edge-marks", mark_key, &seqs.0.to_string(), &seqs.1.to_string()])
+        .args(hold.map(|h| h.to_string()))
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("python3");
+    let mut lines = tokio::io::BufReader::new(zombie.stdout.take().unwrap()).lines();
+    let line = tokio::time::timeout(WAIT, lines.next_line()).await.expect("zombie in time").unwrap();
+    if line.as_deref() != Some("open") {
+        let mut why = String::new();
+        let _ = tokio::io::AsyncReadExt::read_to_string(&mut zombie.stderr.take().unwrap(), &mut why).await;
+        panic!("the zombie did not open its transaction: {line:?}\n{why}");
+    }
+    (zombie, lines)
+}
+
+/// [issue 44] A lane's mark committed behind another producer's open transaction in the same
+/// marks partition. A `read_committed` reader stops at the first open transaction (the last
+/// stable offset), so it does not see the mark yet. A bridge that opens the lane must not take
+/// that for the lane's mark, or it writes a resend of what is committed a second time.
+/// Here: records 1..=6 of edge-1 are committed (mark 6), the last three behind edge-2's open
+/// transaction; the bridge that wrote them goes away before the edge heard the ack, and the
+/// next bridge gets the batch 4..=6 again. It waits until the other transaction ends (aborted
+/// by its producer after a few seconds), sees mark 6, and writes nothing.
+/// A welcome may still hear the lower mark: that is safe (the edge resends, and the lane's
+/// producer drops what its mark covers) and keeps a session from waiting on another's
+/// transaction.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_mark_behind_another_lanes_open_transaction_is_waited_for_before_a_resend() {
+    let broker = KafkaBroker::start();
+    let first = sink(&broker, |s| s.partitions = 1).await;
+    first.admit_epoch("edge-1", "ep1").await.unwrap();
+    first.write("edge-1", "ep1", 0, (1..=3).map(rich).collect(), 3).await.unwrap();
+
+    // One partition for the marks: every lane's mark shares it.
+    let (_other, mut said) =
+        open_transaction(&broker, "edge-bridge.edge-2.0", 0, "m/edge-2/ep1/0", (1, 2), Some(6)).await;
+    first.write("edge-1", "ep1", 0, (4..=6).map(rich).collect(), 6).await.unwrap();
+    drop(first);
+
+    let second = sink(&broker, |s| s.partitions = 1).await;
+    let heard = second.committed("edge-1", "ep1").await.unwrap();
+    assert!(heard == lane0(3) || heard == lane0(6), "a welcome hears a mark the lane had: {heard:?}");
+    second.write("edge-1", "ep1", 0, (4..=6).map(rich).collect(), 6).await.unwrap();
+    let ended = tokio::time::timeout(WAIT, said.next_line()).await.expect("the other transaction ends").unwrap();
+    assert_eq!(ended.as_deref(), Some("aborted"));
+
+    let committed = broker.read("edge.telemetry", "read_committed").await;
+    let edge1: Vec<&Value> = committed.iter().filter(|r| r["key"] == "edge-1").collect();
+    let seqs: Vec<&str> = edge1.iter().map(|r| r["headers"]["Edge-Seq"].as_str().unwrap()).collect();
+    assert_eq!(seqs, ["ep1:0:1", "ep1:0:2", "ep1:0:3", "ep1:0:4", "ep1:0:5", "ep1:0:6"], "each record once");
+    assert!(committed.iter().all(|r| r["key"] != "zombie"), "the aborted transaction is not read");
     assert_eq!(second.committed("edge-1", "ep1").await.unwrap(), lane0(6));
 }
 

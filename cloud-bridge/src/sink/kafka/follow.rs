@@ -3,8 +3,13 @@
 //! ([`super::log::StateLog`]) and the downlink's index ([`super::down`]). A `read_committed`
 //! consumer polls every partition; [`Follower::read_to_end`] waits until everything committed
 //! when it was called is applied, so what a caller reads after it is at least as new as the
-//! last commit before the call (and, after fencing a producer, as new as anything that producer
-//! could still commit).
+//! last commit before the call.
+//!
+//! That end is the last stable offset: a `read_committed` reader stops at the first open
+//! transaction of any producer, so a commit behind it (another lane's mark in the same
+//! partition) is not read yet. [`Follower::read_settled`] waits until every transaction open
+//! when it was called has ended: what a producer that has just fenced its predecessors reads
+//! then is everything that can ever be committed before its own writes.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
@@ -43,6 +48,10 @@ pub(crate) struct Follower<A> {
     /// Asks for the end offsets: a client of its own, since the follower's connection is
     /// mostly in a fetch that waits for data, and a request sent behind it waits too.
     ends: Arc<BaseConsumer<Context>>,
+    /// Asks for the end offsets as written, open transactions' records included
+    /// (`read_uncommitted`): made when a settled read first needs it.
+    written_ends: std::sync::OnceLock<Arc<BaseConsumer<Context>>>,
+    settings: KafkaSettings,
     state: Arc<Mutex<Followed<A>>>,
     applied: Arc<tokio::sync::Notify>,
     stop: Arc<AtomicBool>,
@@ -50,10 +59,14 @@ pub(crate) struct Follower<A> {
 
 /// A consumer of the sink's own: partitions assigned by hand, nothing committed.
 pub(crate) fn consumer(settings: &KafkaSettings, group: &str) -> Result<BaseConsumer<Context>, SinkError> {
+    isolated(settings, group, "read_committed")
+}
+
+fn isolated(settings: &KafkaSettings, group: &str, isolation: &str) -> Result<BaseConsumer<Context>, SinkError> {
     let mut c = settings.client()?;
     c.set("group.id", group)
         .set("enable.auto.commit", "false")
-        .set("isolation.level", "read_committed")
+        .set("isolation.level", isolation)
         .set("enable.partition.eof", "false")
         // A read from an offset retention deleted starts at the oldest kept, not at the end.
         .set("auto.offset.reset", "earliest")
@@ -81,7 +94,15 @@ impl<A: Apply> Follower<A> {
             .name(format!("kafka-follow-{topic}"))
             .spawn(move || follow(&consumer, &t, &s, &a, &st))
             .map_err(|e| SinkError::Task { what: "follow", reason: e.to_string() })?;
-        Ok(Self { topic: topic.to_owned(), ends, state, applied, stop })
+        Ok(Self {
+            topic: topic.to_owned(),
+            ends,
+            written_ends: std::sync::OnceLock::new(),
+            settings: settings.clone(),
+            state,
+            applied,
+            stop,
+        })
     }
 
     /// The topic it follows.
@@ -111,12 +132,34 @@ impl<A: Apply> Follower<A> {
         let _ = tokio::time::timeout(POLL * 5, self.applied.notified()).await;
     }
 
-    /// Waits until everything committed to the topic when called is applied.
+    /// Waits until everything committed to the topic when called is applied: up to each
+    /// partition's last stable offset (with read_committed, a consumer's "latest" is that;
+    /// what follows is an open transaction's, or behind one).
     pub(crate) async fn read_to_end(&self) -> Result<(), SinkError> {
-        let (consumer, topic) = (self.ends.clone(), self.topic.clone());
+        self.read_to(self.ends.clone()).await
+    }
+
+    /// Waits until every transaction open when called has ended and what it committed, and
+    /// everything committed behind it, is applied: the consumer passes each partition's end
+    /// as written (its position passes aborted records and transaction markers too). Up to a
+    /// dead producer's `transaction.timeout.ms` (and the coordinator's check for it) when one
+    /// left a transaction open, unless its id is opened again before.
+    pub(crate) async fn read_settled(&self) -> Result<(), SinkError> {
+        let ends = match self.written_ends.get() {
+            Some(c) => c.clone(),
+            None => {
+                let group = format!("cloud-bridge-follow-{}", self.topic);
+                let made = Arc::new(isolated(&self.settings, &group, "read_uncommitted")?);
+                self.written_ends.get_or_init(|| made).clone()
+            }
+        };
+        self.read_to(ends).await
+    }
+
+    /// Waits until the follower is past the end offsets `consumer` gives.
+    async fn read_to(&self, consumer: Arc<BaseConsumer<Context>>) -> Result<(), SinkError> {
+        let topic = self.topic.clone();
         let partitions = self.lock().next.len() as i32;
-        // With read_committed, a consumer's "latest" is the last stable offset: what follows
-        // is an open transaction's, which no reader may see before its end.
         let ends = tokio::task::spawn_blocking(move || {
             let deadline = std::time::Instant::now() + END_WAIT;
             (0..partitions)

@@ -4,9 +4,11 @@
 //! A lane's producer has `transactional.id` `<prefix>.<edge>.<lane>`. Opening it
 //! (`init_transactions`) fences every earlier producer of that id, on this bridge or another,
 //! and ends (aborts, or completes if its commit had begun) the transaction it left open. Only
-//! then are the lane's marks read ([`StateLog::read_to_end`]): nothing can commit behind them
-//! any more, so the marks are the truth for as long as this producer lives, and the producer
-//! keeps them itself from there on. A batch's records at or below its lane's mark are dropped
+//! then are the lane's marks read, settled ([`StateLog::read_settled`]: past every transaction
+//! open at that moment, since a `read_committed` reader stops at the first one and a mark
+//! committed behind another lane's open transaction would not be read): nothing can commit
+//! behind them any more, so the marks are the truth for as long as this producer lives, and
+//! the producer keeps them itself from there on. A batch's records at or below its lane's mark are dropped
 //! before writing (a resend of what a fenced bridge committed after the edge heard `committed`);
 //! the rest go in one transaction with the lane's new mark, so a `read_committed` reader sees
 //! the records and the mark together or neither.
@@ -218,8 +220,11 @@ impl Lanes {
     ) -> Result<&'a mut Lane, SinkError> {
         if open.is_none() {
             let producer = open_producer(self.producer_config(id)?, id).await?;
+            // Settled, not only to the last stable offset: this id's mark may sit behind
+            // another producer's open transaction, and a mark not read is a resend written
+            // twice.
             for log in logs {
-                log.read_to_end().await?;
+                log.read_settled().await?;
             }
             *open = Some(Lane { producer, marks: HashMap::new() });
         }

@@ -71,6 +71,12 @@ impl StateLog {
         self.follower.read_to_end().await
     }
 
+    /// Waits until every transaction open on the topic when called has ended, and what was
+    /// committed up to there is applied ([`Follower::read_settled`]).
+    pub(crate) async fn read_settled(&self) -> Result<(), SinkError> {
+        self.follower.read_settled().await
+    }
+
     /// Waits, reading to the end, until what is applied of `key` is `value` ([`Self::shows`]):
     /// a commit of this bridge's, which is readable a moment after it returns (its markers
     /// follow), seen before the next read that must see it. Fails after `within`.

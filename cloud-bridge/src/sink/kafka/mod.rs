@@ -21,6 +21,15 @@
 //!   fencing, and `init_transactions` first completes a commit the coordinator had begun. A
 //!   batch the edge resends that was committed after all is found at or below the mark and
 //!   dropped before writing.
+//! - **A mark behind another producer's open transaction**: the marks of many lanes share a
+//!   partition, and a `read_committed` reader stops at the first open transaction in it (the
+//!   last stable offset), which a bridge killed mid-batch leaves until its lane is opened
+//!   again or `transaction_timeout` passes. A lane's mark committed behind it is not read
+//!   yet. So a producer, once open, reads the marks *settled*: past every transaction open at
+//!   that moment ([`follow::Follower::read_settled`]), waiting for them to end. The welcome's
+//!   `committed` reads only to the last stable offset and may say less than is committed:
+//!   the edge then resends, and the lane's producer drops what its mark covers; a hello never
+//!   waits on another edge's transaction.
 //! - **A commit whose answer was lost** (a broker killed, a leader election): the producer is
 //!   dropped; the next opens under the same id, reads the mark again, and writes only what is
 //!   above it.

@@ -46,6 +46,9 @@ impl RecordSink for KafkaSink {
     }
 
     async fn committed(&self, edge: &str, epoch: &str) -> Result<Vec<LaneSeq>, SinkError> {
+        // To the last stable offset, not settled: a mark behind another lane's open transaction
+        // may be missed and the edge resend what it covers, which the lane's producer, reading
+        // settled, drops (the module's design note); a hello never waits on another edge.
         self.marks.read_to_end().await?;
         let prefix = &super::marks_prefix(edge, epoch);
         let mut lanes = std::collections::BTreeMap::new();
