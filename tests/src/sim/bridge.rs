@@ -9,7 +9,14 @@
 //! is made when it is asked; its answer comes after a latency, or, while the part of the sink it
 //! needs is down, a read fails after a timeout and a write waits (the sinks retry writes) until
 //! the part is back.
+//!
+//! Some runs write the records into the Kafka-like sink of [`super::kafka`] instead (the rest,
+//! dictionaries, epochs, reports and the downlink, stays on SQLite): a batch is then a
+//! transaction, opened when asked and committed when its answer comes, and a bridge that
+//! crashes leaves its open transactions to the cluster, some of their commits still on their
+//! way.
 
+use std::cell::RefCell;
 use std::collections::{BTreeMap, VecDeque};
 use std::path::Path;
 use std::sync::Arc;
@@ -23,6 +30,7 @@ use cloud_bridge::sink::{DictStore, DownlinkStore, FleetStore, RecordSink, SinkE
 use shared::proto::cloud::{CloudSession, DownWindow};
 use shared::proto::compress;
 
+use super::kafka::{self, Commit, Write};
 use super::{Ctx, Frame};
 
 /// A read the sink cannot answer fails after this (a request timeout).
@@ -44,6 +52,8 @@ pub struct Sink {
     /// A publish may fail until then with an error the sink does not retry, its records
     /// written or not (a leader lost mid-write, a failover): the session ends on it.
     pub writes_failing_until: Option<Instant>,
+    /// Records and marks go to the Kafka-like sink instead of SQLite.
+    pub kafka: Option<RefCell<kafka::Model>>,
 }
 
 impl std::fmt::Debug for Sink {
@@ -53,11 +63,19 @@ impl std::fmt::Debug for Sink {
 }
 
 impl Sink {
-    pub fn open(path: &Path) -> Self {
+    pub fn open(path: &Path, kafka: bool) -> Self {
         let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("a runtime");
         let metrics = Arc::new(SinkMetrics::default());
         let sqlite = SqliteSink::open(path).expect("the sink").with_metrics(metrics.clone());
-        Self { rt, sqlite, metrics, records_down_until: None, downlink_down_until: None, writes_failing_until: None }
+        Self {
+            rt,
+            sqlite,
+            metrics,
+            records_down_until: None,
+            downlink_down_until: None,
+            writes_failing_until: None,
+            kafka: kafka.then(RefCell::default),
+        }
     }
 
     /// Runs a sink future to its end; `Err` names a call that never returned.
@@ -82,6 +100,22 @@ impl Sink {
     }
 }
 
+/// A batch staged, for the sink the run writes records into.
+#[derive(Debug)]
+enum Batch {
+    Sqlite(Staged),
+    Kafka(kafka::Staged),
+}
+
+/// A publish in flight.
+#[derive(Debug)]
+enum Pub {
+    /// Written when asked; whether its answer is a failure.
+    Sqlite { failing: bool },
+    /// Tried when due: opened as a transaction, then committed.
+    Kafka { staged: kafka::Staged, open: Option<(usize, kafka::Producer, u64)> },
+}
+
 /// What a session awaits before it reads on: a call's answer or a round of marks.
 #[derive(Debug)]
 enum Awaited {
@@ -101,11 +135,11 @@ pub struct Session {
     down: Option<(Instant, Result<DownAnswer, SinkError>)>,
     /// Stagings in flight: when each is done, its id, its lane and record count, and the
     /// batch staged.
-    staging: Vec<(Instant, u64, (u8, usize), Staged)>,
+    staging: Vec<(Instant, u64, (u8, usize), Batch)>,
     /// Staged, waiting for the core to publish them.
-    staged: BTreeMap<u64, ((u8, usize), Staged)>,
-    /// The publish in flight (one at a time): when it is done, its id, and whether it fails.
-    publishing: VecDeque<(Instant, u64, bool)>,
+    staged: BTreeMap<u64, ((u8, usize), Batch)>,
+    /// The publish in flight (one at a time): when its next step is due, its id, and what it is.
+    publishing: VecDeque<(Instant, u64, Pub)>,
     /// News of the edge's downlink wakes it.
     pub news: bool,
 }
@@ -120,9 +154,10 @@ pub struct Bridge {
 
 impl Bridge {
     /// A new connection of `edge`: a newer one replaces the one it had.
-    pub fn accept(&mut self, edge: usize, name: &str, cid: u64, cx: &mut Ctx<'_>) {
+    pub fn accept(&mut self, edge: usize, name: &str, cid: u64, sink: &Sink, cx: &mut Ctx<'_>) {
         if let Some(old) = self.sessions.remove(&edge) {
             cx.net.down_closed.push((edge, old.cid, false));
+            old.abandon(sink, cx);
         }
         let window = DownWindow { messages: 16, bytes: 1 << 20 };
         let session = CloudSession::new(64).with_down_window(window);
@@ -145,18 +180,34 @@ impl Bridge {
         );
     }
 
-    /// The bridge dies: every session with it.
-    pub fn crash(&mut self, cx: &mut Ctx<'_>) {
+    /// The bridge dies: every session with it. Its open transactions stay open in the
+    /// cluster; a commit it had sent may still reach the coordinator.
+    pub fn crash(&mut self, sink: &Sink, cx: &mut Ctx<'_>) {
         self.up = false;
+        let mut model = sink.kafka.as_ref().map(RefCell::borrow_mut);
         for (edge, s) in std::mem::take(&mut self.sessions) {
             cx.net.down_closed.push((edge, s.cid, false));
+            for (_, _, p) in s.publishing {
+                if let (Some(m), Pub::Kafka { open: Some((txn, producer, _)), .. }) = (model.as_mut(), p)
+                    && cx.rng.chance(0.4)
+                {
+                    let at = cx.now + cx.rng.millis(0, 3_000);
+                    cx.trace.line(format!("kafka: {}'s commit is on its way as the bridge dies", producer.id));
+                    m.late_commits.push((at, producer, txn));
+                }
+            }
+        }
+        if let Some(m) = model.as_mut() {
+            m.bridge = kafka::Bridge::default();
         }
     }
 
     /// The connection `cid` of `edge` is gone.
-    pub fn closed(&mut self, edge: usize, cid: u64) {
-        if self.sessions.get(&edge).is_some_and(|s| s.cid == cid) {
-            self.sessions.remove(&edge);
+    pub fn closed(&mut self, edge: usize, cid: u64, sink: &Sink, cx: &mut Ctx<'_>) {
+        if self.sessions.get(&edge).is_some_and(|s| s.cid == cid)
+            && let Some(s) = self.sessions.remove(&edge)
+        {
+            s.abandon(sink, cx);
         }
     }
 
@@ -196,6 +247,9 @@ impl Bridge {
 
     /// Runs every session as far as it goes at `cx.now`.
     pub fn pump(&mut self, sink: &Sink, names: &[String], cx: &mut Ctx<'_>) {
+        if let Some(m) = &sink.kafka {
+            m.borrow_mut().tick(cx.now, cx.trace);
+        }
         if !self.up {
             return;
         }
@@ -212,7 +266,9 @@ impl Bridge {
                     cx.net.down.push((edge, s.cid, frame));
                 }
                 cx.net.down_closed.push((edge, s.cid, refused));
-                self.sessions.remove(&edge);
+                if let Some(s) = self.sessions.remove(&edge) {
+                    s.abandon(sink, cx);
+                }
             }
         }
     }
@@ -242,6 +298,24 @@ fn ended(e: CoreError) -> End {
 }
 
 impl Session {
+    /// The session ends while the bridge lives on. A Kafka publish in flight is not stopped
+    /// by that: its blocking task commits the transaction it opened, a moment later, and the
+    /// lane's producer, moved into that task, is not given back (the lane's next write opens
+    /// another, fencing it).
+    fn abandon(self, sink: &Sink, cx: &mut Ctx<'_>) {
+        let Some(model) = &sink.kafka else { return };
+        let mut m = model.borrow_mut();
+        for (_, _, p) in self.publishing {
+            let Pub::Kafka { staged, open } = p else { continue };
+            m.bridge.drop_lane(&staged.edge, staged.lane);
+            if let Some((txn, producer, _)) = open {
+                let at = cx.now + cx.rng.millis(0, 200);
+                cx.trace.line(format!("kafka: {}'s commit goes on without its session", producer.id));
+                m.late_commits.push((at, producer, txn));
+            }
+        }
+    }
+
     /// What the session waits for, for a failure's report.
     pub fn waiting(&self) -> String {
         format!(
@@ -297,17 +371,36 @@ impl Session {
                 }
                 // The publish done.
                 while self.publishing.front().is_some_and(|(at, ..)| *at <= now) {
-                    let Some((_, id, failed)) = self.publishing.pop_front() else { break };
-                    if failed {
-                        return Err(End::Other(format!("sink publish {id}: failed, not for the moment")));
+                    let Some((_, id, p)) = self.publishing.pop_front() else { break };
+                    match p {
+                        Pub::Sqlite { failing: true } => {
+                            return Err(End::Other(format!("sink publish {id}: failed, not for the moment")));
+                        }
+                        Pub::Sqlite { failing: false } => {}
+                        Pub::Kafka { staged, open } => {
+                            if let Some((at, next)) = kafka_step(name, sink, staged, open, cx)? {
+                                self.publishing.push_front((at, id, next));
+                                progress = true;
+                                break;
+                            }
+                        }
                     }
                     self.core.handle_published(id);
                     progress = true;
                 }
-                self.start_publishes(name, sink, cx)?;
+                progress |= self.start_publishes(name, sink, cx)?;
                 if let Some(marks) = self.core.poll_marks() {
                     let epoch = self.core.session().epoch().unwrap_or_default().to_owned();
                     for &(lane, up_to) in &marks {
+                        if let Some(m) = &sink.kafka {
+                            let known = m.borrow().bridge.mark(name, &epoch, lane);
+                            if known.is_none_or(|k| k < up_to) {
+                                let why =
+                                    format!("mark: lane {lane} asked to be marked to {up_to}, written to {known:?}");
+                                return Err(End::Other(cx.fail(why)));
+                            }
+                            continue;
+                        }
                         sink.run("mark", sink.sqlite.mark(name, &epoch, lane, up_to))
                             .map_err(|e| cx.fail(e))
                             .and_then(|r| r.map_err(|e| cx.fail(format!("mark: {e}"))))
@@ -365,18 +458,35 @@ impl Session {
         }
     }
 
-    fn start_publishes(&mut self, name: &str, sink: &Sink, cx: &mut Ctx<'_>) -> Result<(), End> {
+    /// Stages what the core asks and starts its publishes; whether it started any.
+    fn start_publishes(&mut self, name: &str, sink: &Sink, cx: &mut Ctx<'_>) -> Result<bool, End> {
+        let mut started = false;
         while let Some(p) = self.core.poll_stage() {
             let what = (p.lane, p.records.len());
-            let staged = sink
-                .run("stage", sink.sqlite.stage(name.to_owned(), p.epoch, p.lane, p.records))
-                .map_err(|e| cx.fail(e))
-                .and_then(|r| r.map_err(|e| cx.fail(format!("stage: {e}"))))
-                .map_err(End::Other)?;
+            let staged = if sink.kafka.is_some() {
+                Batch::Kafka(kafka::Staged::new(name, p.epoch, p.lane, p.records))
+            } else {
+                let staged = sink
+                    .run("stage", sink.sqlite.stage(name.to_owned(), p.epoch, p.lane, p.records))
+                    .map_err(|e| cx.fail(e))
+                    .and_then(|r| r.map_err(|e| cx.fail(format!("stage: {e}"))))
+                    .map_err(End::Other)?;
+                Batch::Sqlite(staged)
+            };
             self.staging.push((cx.now + cx.rng.millis(0, 6), p.id, what, staged));
         }
         while let Some(id) = self.core.poll_publish() {
-            let Some(((lane, count), staged)) = self.staged.remove(&id) else {
+            started = true;
+            let staged = match self.staged.remove(&id) {
+                Some(((lane, count), Batch::Kafka(staged))) => {
+                    cx.trace.line(format!("bridge: {name} lane {lane} publishes {count} records"));
+                    self.publishing.push_back((cx.now, id, Pub::Kafka { staged, open: None }));
+                    continue;
+                }
+                Some((what, Batch::Sqlite(staged))) => Some((what, staged)),
+                None => None,
+            };
+            let Some(((lane, count), staged)) = staged else {
                 return Err(End::Other(cx.fail(format!("the core published batch {id} before it was staged"))));
             };
             let failing = sink.writes_failing_until.is_some_and(|u| u > cx.now) && cx.rng.chance(0.5);
@@ -395,9 +505,9 @@ impl Session {
                 (true, false) => " (fails unwritten)",
             };
             cx.trace.line(format!("bridge: {name} lane {lane} publishes {count} records{outcome}"));
-            self.publishing.push_back((at, id, failing));
+            self.publishing.push_back((at, id, Pub::Sqlite { failing }));
         }
-        Ok(())
+        Ok(started)
     }
 
     /// Makes `call` on the sink now; when its answer comes and what it is.
@@ -427,6 +537,11 @@ impl Session {
         let s = &sink.sqlite;
         let answer = match call {
             Call::AdmitEpoch { epoch } => sink.run(what, s.admit_epoch(name, &epoch)).map(|r| r.map(Answer::Admitted)),
+            Call::Committed { epoch } if sink.kafka.is_some() => {
+                let m = sink.kafka.as_ref().map(RefCell::borrow);
+                let lanes = m.map(|m| m.bridge.committed(&m.cluster, name, &epoch)).unwrap_or_default();
+                Ok(Ok(Answer::Committed { lanes, limits: s.record_limits(name, &epoch) }))
+            }
             Call::Committed { epoch } => sink
                 .run(what, s.committed(name, &epoch))
                 .map(|r| r.map(|lanes| Answer::Committed { lanes, limits: s.record_limits(name, &epoch) })),
@@ -486,6 +601,59 @@ impl Session {
             cx.trace.line(format!("bridge: {name}: sink {what}: {e}"));
         }
         Ok((at, answer))
+    }
+}
+
+/// The next step of a publish into the Kafka-like sink: `None` when it is done, else when to
+/// take the step after and what it is. While the records' part is down, a write waits.
+fn kafka_step(
+    name: &str,
+    sink: &Sink,
+    staged: kafka::Staged,
+    open: Option<(usize, kafka::Producer, u64)>,
+    cx: &mut Ctx<'_>,
+) -> Result<Option<(Instant, Pub)>, End> {
+    let now = cx.now;
+    if let Some(until) = sink.records_ready(now) {
+        return Ok(Some((until, Pub::Kafka { staged, open })));
+    }
+    let Some(model) = &sink.kafka else { return Err(End::Other(cx.fail("a Kafka publish without Kafka".into()))) };
+    let mut model = model.borrow_mut();
+    let m = &mut *model;
+    let lane = staged.lane;
+    let Some((txn, producer, up_to)) = open else {
+        return match m.bridge.write(&mut m.cluster, &staged, now) {
+            Ok(Write::NotYet) => {
+                cx.trace.line(format!(
+                    "bridge: {name} lane {lane}: marks not settled or its last commit not written, waits"
+                ));
+                Ok(Some((now + cx.rng.millis(50, 400), Pub::Kafka { staged, open: None })))
+            }
+            Ok(Write::Nothing) => {
+                cx.trace.line(format!("bridge: {name} lane {lane}: its mark covers the batch, nothing written"));
+                Ok(None)
+            }
+            Ok(Write::Open { txn, producer, up_to }) => {
+                let open = Some((txn, producer, up_to));
+                Ok(Some((now + cx.rng.millis(2, 80), Pub::Kafka { staged, open })))
+            }
+            Err(e) => Err(End::Other(format!("sink publish: {e:?}"))),
+        };
+    };
+    let failing = sink.writes_failing_until.is_some_and(|u| u > now) && cx.rng.chance(0.5);
+    let how = match (failing, cx.rng.chance(0.5)) {
+        (false, _) => Commit::Ok,
+        (true, true) => Commit::AnswerLost,
+        (true, false) => Commit::Aborted,
+    };
+    let markers_at = now + cx.rng.millis(0, 30);
+    match m.bridge.commit(&mut m.cluster, &staged, (txn, &producer, up_to), how, markers_at) {
+        Ok(true) => Ok(None),
+        Ok(false) => {
+            cx.trace.line(format!("bridge: {name} lane {lane}: transaction {how:?}, tried again"));
+            Ok(Some((now + cx.rng.millis(50, 500), Pub::Kafka { staged, open: None })))
+        }
+        Err(e) => Err(End::Other(format!("sink publish: {e:?}"))),
     }
 }
 

@@ -18,6 +18,7 @@ pub mod bridge;
 pub mod check;
 pub mod client;
 pub mod edge;
+pub mod kafka;
 pub mod rng;
 
 use std::collections::{BTreeMap, VecDeque};
@@ -68,6 +69,8 @@ pub struct Summary {
     /// A hash of the whole trace: the same seed gives the same one.
     pub trace_hash: u64,
     pub counts: check::Counts,
+    /// In a run into the Kafka-like sink, what its transactions went through.
+    pub kafka: Option<kafka::Counts>,
 }
 
 /// A run that broke a promise.
@@ -135,6 +138,11 @@ pub struct Trace {
 }
 
 impl Trace {
+    #[cfg(test)]
+    fn for_tests() -> Self {
+        Self { lines: VecDeque::new(), keep: 100, hash: 0, at: Duration::ZERO, step: 0, echo: false }
+    }
+
     pub fn line(&mut self, line: String) {
         let line = format!("{:>9.3}s #{:<6} {line}", self.at.as_secs_f64(), self.step);
         for b in line.bytes() {
@@ -301,7 +309,9 @@ impl World {
             let claims = hostile.filter(|_| e == config.edges - 1 && config.edges > 1);
             edges.push(Edge::new(e, dir.path().join(format!("edge-{e}")), claims, clients));
         }
-        let sink = Sink::open(&dir.path().join("sink.db"));
+        // Some runs write the records into a Kafka-like sink (transactions, fencing, aborts).
+        let kafka = rng.chance(0.4);
+        let sink = Sink::open(&dir.path().join("sink.db"), kafka);
         let edge_names = edges.iter().map(|e| e.name.clone()).collect();
         let n = config.edges;
         let trace = Trace {
@@ -336,7 +346,8 @@ impl World {
             next_liveness: now,
             profile,
         };
-        w.trace.line(format!("a {} run", profile.name));
+        let into = if w.sink.kafka.is_some() { "a Kafka-like sink" } else { "SQLite" };
+        w.trace.line(format!("a {} run, records into {into}", profile.name));
         if let Some(claim) = hostile {
             w.trace.line(format!("edge-{} is hostile: it claims downlink position {claim}", n - 1));
         }
@@ -424,12 +435,14 @@ impl World {
             simulated: self.now - self.base,
             trace_hash: self.trace.hash,
             counts: self.oracle.counts,
+            kafka: self.sink.kafka.as_ref().map(|m| m.borrow().counts()),
         })
     }
 
     fn next_deadline(&self) -> Option<Instant> {
         let edges = self.edges.iter().filter_map(Edge::deadline);
-        edges.chain(self.bridge.deadline()).min()
+        let kafka = self.sink.kafka.as_ref().and_then(|m| m.borrow().deadline());
+        edges.chain(self.bridge.deadline()).chain(kafka).min()
     }
 
     /// One step: the next event or deadline, and everything it sets going.
@@ -602,7 +615,7 @@ impl World {
                     return;
                 }
                 let name = self.edge_names[e].clone();
-                let (mut cx, edges, bridge, ..) = self.ctx();
+                let (mut cx, edges, bridge, sink, _) = self.ctx();
                 if !bridge.up || !edges[e].is_up() {
                     if edges[e].is_up() {
                         edges[e].dial_failed(&mut cx);
@@ -610,7 +623,7 @@ impl World {
                     return;
                 }
                 cx.trace.line(format!("{name}: connected (connection {cid})"));
-                bridge.accept(e, &name, cid, &mut cx);
+                bridge.accept(e, &name, cid, sink, &mut cx);
                 edges[e].connected(cid, &mut cx);
             }
             Ev::ToBridge(e, cid, frame) => {
@@ -622,7 +635,10 @@ impl World {
                 let (mut cx, edges, ..) = self.ctx();
                 edges[e].receive(cid, frame, &mut cx);
             }
-            Ev::ClosedByEdge(e, cid) => self.bridge.closed(e, cid),
+            Ev::ClosedByEdge(e, cid) => {
+                let (mut cx, _, bridge, sink, _) = self.ctx();
+                bridge.closed(e, cid, sink, &mut cx);
+            }
             Ev::ClosedByBridge(e, cid, refused) => {
                 let (mut cx, edges, ..) = self.ctx();
                 edges[e].link_lost(cid, refused, &mut cx);
@@ -648,10 +664,10 @@ impl World {
             }
             3 => {
                 let back = self.now + self.rng.millis(200, 4_000);
-                let (mut cx, _, bridge, ..) = self.ctx();
+                let (mut cx, _, bridge, sink, _) = self.ctx();
                 if bridge.up {
                     cx.trace.line("bridge crashes".into());
-                    bridge.crash(&mut cx);
+                    bridge.crash(sink, &mut cx);
                     bridge.restart_at = Some(back);
                 }
             }
@@ -932,14 +948,22 @@ impl World {
 
     /// What must be true once everything healed and settled.
     fn final_checks(&mut self) {
-        let conn = rusqlite::Connection::open(self.sink.sqlite.path()).expect("the sink's file");
-        let mut stmt =
-            conn.prepare("SELECT edge_id, topic, payload FROM records WHERE kind = 'message'").expect("records");
-        let records: Vec<(String, String, Vec<u8>)> = stmt
-            .query_map([], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))
-            .expect("records")
-            .collect::<Result<_, _>>()
-            .expect("records");
+        let records: Vec<(String, String, Vec<u8>)> = if let Some(m) = &self.sink.kafka {
+            // What a read_committed consumer reads, each lane in seq order.
+            let (records, disorder) = m.borrow().records();
+            if let Some(first) = disorder.first() {
+                self.oracle.fail(format!("{} lanes out of order in the Kafka records, first: {first}", disorder.len()));
+            }
+            records
+        } else {
+            let conn = rusqlite::Connection::open(self.sink.sqlite.path()).expect("the sink's file");
+            let mut stmt =
+                conn.prepare("SELECT edge_id, topic, payload FROM records WHERE kind = 'message'").expect("records");
+            stmt.query_map([], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))
+                .expect("records")
+                .collect::<Result<_, _>>()
+                .expect("records")
+        };
         // A hostile edge's own sessions are refused: what it took is its own to lose.
         let hostile: Vec<String> = self.edges.iter().filter(|e| e.claims.is_some()).map(|e| e.name.clone()).collect();
         self.oracle.records(&records, &hostile);
@@ -992,5 +1016,13 @@ pub fn describe(s: &Summary) -> String {
         c.downs_delivered,
         c.resumed
     );
+    if let Some(k) = &s.kafka {
+        let _ = write!(
+            out,
+            "; kafka: {} transactions committed, {} aborted, {} writes fenced, {} late commits landed, {} waits for \
+             settled marks",
+            k.committed, k.aborted, k.fenced, k.late_committed, k.unsettled
+        );
+    }
     out
 }
