@@ -24,9 +24,12 @@ use std::time::Duration;
 use ciborium::Value;
 use cloud_bridge::sink::DownlinkStore;
 use cloud_bridge::sink::downlink::{DownBounds, Enqueued, Outgoing};
+use cloud_bridge::sink::kafka::KafkaSink;
+use cloud_bridge::sink::kafka::settings::KafkaSettings;
 use e2e_tests::client::Client;
 use e2e_tests::cloud::{TestCloud, pki, sink_rows};
 use e2e_tests::fixtures::{telemetry, wire_record, with_spool};
+use e2e_tests::kafka::KafkaBroker;
 use e2e_tests::node::TestNode;
 use e2e_tests::quic;
 use rumqttc::QoS;
@@ -116,51 +119,84 @@ fn unknown_control(kind: &str) -> Vec<u8> {
 /// which version 8 still takes); the message waiting for it is sent.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn this_bridge_serves_an_edge_of_the_next_version() {
-    serve_an_edge_offering(&[1, 2, 3, 4, 5, 6, 7, 8, 9], 8).await;
+    serve_an_edge_offering(&[1, 2, 3, 4, 5, 6, 7, 8, 9], 8, None).await;
+}
+
+/// [issue 44] On the Kafka sink, edges of the next and the previous version alike: welcomed at
+/// 8 and 7 with the sink's record limits, the waiting message (in `edge-down`) delivered, the
+/// records read back by a `read_committed` consumer as they were sent. The protocol did not
+/// change with the Kafka sink; this shows the sink does not depend on which version carried a
+/// record.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn this_bridge_on_kafka_serves_edges_of_the_next_and_the_previous_version() {
+    let broker = KafkaBroker::start();
+    serve_an_edge_offering(&[1, 2, 3, 4, 5, 6, 7, 8, 9], 8, Some(&broker)).await;
+    serve_an_edge_offering(&[1, 2, 3, 4, 5, 6, 7], 7, Some(&broker)).await;
 }
 
 /// An edge of the previous version: welcomed at 7, the downlink.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn this_bridge_serves_an_edge_of_the_previous_version() {
-    serve_an_edge_offering(&[1, 2, 3, 4, 5, 6, 7], 7).await;
+    serve_an_edge_offering(&[1, 2, 3, 4, 5, 6, 7], 7, None).await;
 }
 
 /// An edge of version 6: welcomed at 6, the downlink.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn this_bridge_serves_an_edge_of_version_6() {
-    serve_an_edge_offering(&[1, 2, 3, 4, 5, 6], 6).await;
+    serve_an_edge_offering(&[1, 2, 3, 4, 5, 6], 6, None).await;
 }
 
 /// An edge of version 5: welcomed at 5, row batches, the downlink.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn this_bridge_serves_an_edge_of_version_5() {
-    serve_an_edge_offering(&[1, 2, 3, 4, 5], 5).await;
+    serve_an_edge_offering(&[1, 2, 3, 4, 5], 5, None).await;
 }
 
 /// An edge of version 4: welcomed at 4, batches in the binary framing, and no downlink frame
 /// though a message waits for it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn this_bridge_serves_an_edge_of_version_4() {
-    serve_an_edge_offering(&[1, 2, 3, 4], 4).await;
+    serve_an_edge_offering(&[1, 2, 3, 4], 4, None).await;
 }
 
 /// An edge of version 3: its batch a CBOR envelope (with a field this build does not know, as
 /// such an edge's peers of its next version would add).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn this_bridge_serves_an_edge_of_version_3() {
-    serve_an_edge_offering(&[1, 2, 3], 3).await;
+    serve_an_edge_offering(&[1, 2, 3], 3, None).await;
 }
 
-async fn serve_an_edge_offering(versions: &[u16], chosen: u16) {
+/// On `kafka`, each call serves an edge of its own (`edge-<chosen>`) on a bridge of its own.
+async fn serve_an_edge_offering(versions: &[u16], chosen: u16, kafka: Option<&KafkaBroker>) {
     let dir = tempfile::tempdir().unwrap();
-    let keys = pki(dir.path(), &["edge-2"]);
-    let cloud = TestCloud::start(dir.path(), keys.clone(), "127.0.0.1:0".parse().unwrap(), "").await;
+    let edge = if kafka.is_some() { format!("edge-{chosen}") } else { "edge-2".to_owned() };
+    let edge = edge.as_str();
+    let keys = pki(dir.path(), &[edge]);
+    let bind = "127.0.0.1:0".parse().unwrap();
+    let cloud = match kafka {
+        Some(k) => {
+            let section = format!("kind = \"kafka\"\nbootstrap = \"{}\"\npartitions = 3\n", k.bootstrap());
+            TestCloud::start_with_sink(dir.path(), keys.clone(), bind, "", &section, dir.path().join("unused")).await
+        }
+        None => TestCloud::start(dir.path(), keys.clone(), bind, "").await,
+    };
     // A message waits for this edge: only a session of the downlink's version may carry it.
-    let sink = cloud_bridge::sink::sqlite::SqliteSink::open(&cloud.sink).unwrap();
     let waiting = Outgoing { topic: "config/x".into(), payload: b"v".to_vec(), qos: 1, ..Default::default() };
     let bounds = DownBounds { messages: 10, bytes: 1 << 20 };
-    assert!(matches!(sink.enqueue("edge-2", &waiting, bounds).await.unwrap(), Enqueued::Stored { .. }));
-    let (_, cert, key) = keys.edges.iter().find(|(id, _, _)| id == "edge-2").unwrap().clone();
+    let stored = match kafka {
+        Some(k) => {
+            let mut settings = KafkaSettings::new(&k.bootstrap());
+            settings.partitions = 3;
+            let sink = KafkaSink::connect(&settings).await.unwrap();
+            sink.enqueue(edge, &waiting, bounds).await.unwrap()
+        }
+        None => {
+            let sink = cloud_bridge::sink::sqlite::SqliteSink::open(&cloud.sink).unwrap();
+            sink.enqueue(edge, &waiting, bounds).await.unwrap()
+        }
+    };
+    assert!(matches!(stored, Enqueued::Stored { .. }));
+    let (_, cert, key) = keys.edges.iter().find(|(id, _, _)| id == edge).unwrap().clone();
     let conn = quic::connect(cloud.bridge.quic_addr(), &keys.ca, &cert, &key).await.unwrap();
     let (mut send, mut recv) = conn.open_bi().await.unwrap();
 
@@ -178,7 +214,11 @@ async fn serve_an_edge_offering(versions: &[u16], chosen: u16) {
     let welcome: Control = read_frame(&mut recv, MAX_CONTROL_FRAME).await.unwrap().unwrap();
     let Control::Welcome(welcome) = welcome else { panic!("{welcome:?}") };
     assert_eq!(welcome.version, chosen, "the highest version both speak");
-    assert_eq!(welcome.sink, None, "the SQLite sink stores whatever the protocol carries");
+    if kafka.is_some() {
+        assert!(welcome.sink.is_some(), "the Kafka sink's record limits");
+    } else {
+        assert_eq!(welcome.sink, None, "the SQLite sink stores whatever the protocol carries");
+    }
     send.write_all(&unknown_control("lane_stats")).await.unwrap();
 
     // Three records, each with a field this build does not know, in a batch with one too.
@@ -256,7 +296,7 @@ async fn serve_an_edge_offering(versions: &[u16], chosen: u16) {
         assert_eq!(downs, ["config/x"]);
     }
     let mut want: Vec<_> = (1..=3u64)
-        .map(|s| ("edge-2".to_owned(), s, Some(format!("telemetry/next/{s}")), format!("v2-{s}").into_bytes()))
+        .map(|s| (edge.to_owned(), s, Some(format!("telemetry/next/{s}")), format!("v2-{s}").into_bytes()))
         .collect();
     if chosen >= SHAPES_VERSION {
         // Version 8: Avro payloads taken apart by their schema (format 3) reach the sink as
@@ -264,7 +304,7 @@ async fn serve_an_edge_offering(versions: &[u16], chosen: u16) {
         let avro = avro_batch(4, 70);
         want.extend(avro.iter().filter_map(|r| {
             let m = r.as_message()?;
-            Some(("edge-2".to_owned(), r.seq.0, Some(m.topic.clone()), m.payload.clone()))
+            Some((edge.to_owned(), r.seq.0, Some(m.topic.clone()), m.payload.clone()))
         }));
         let batch =
             compress::pack_shaped(("", Lane(0), Seq(4)), &avro, None, (3, Some(Format::V3)), &OneSchema(avro_schema()))
@@ -293,8 +333,27 @@ async fn serve_an_edge_offering(versions: &[u16], chosen: u16) {
         .await;
         assert!(acked.is_ok(), "no ack for the format 3 batch: {}", cloud.bridge.metrics().encode());
     }
-    let rows: Vec<_> = sink_rows(&cloud.sink).into_iter().map(|r| (r.edge, r.seq, r.topic, r.payload)).collect();
-    assert_eq!(rows, want);
+    if let Some(k) = kafka {
+        let read: Vec<_> = k
+            .read("edge.telemetry", "read_committed")
+            .await
+            .into_iter()
+            .filter(|r| r["key"] == edge)
+            .map(|r| {
+                let seq =
+                    r["headers"]["Edge-Seq"].as_str().unwrap().rsplit(':').next().unwrap().parse::<u64>().unwrap();
+                let topic = r["headers"]["Mqtt-Topic"].as_str().map(str::to_owned);
+                (seq, topic, r["value"].as_str().unwrap_or_default().to_owned())
+            })
+            .collect();
+        // Read as text by the consumer (binary payloads with their invalid bytes replaced).
+        let want: Vec<_> =
+            want.into_iter().map(|(_, seq, topic, p)| (seq, topic, String::from_utf8_lossy(&p).into_owned())).collect();
+        assert_eq!(read, want);
+    } else {
+        let rows: Vec<_> = sink_rows(&cloud.sink).into_iter().map(|r| (r.edge, r.seq, r.topic, r.payload)).collect();
+        assert_eq!(rows, want);
+    }
     assert!(conn.close_reason().is_none(), "the session is still up: {:?}", conn.close_reason());
 }
 

@@ -106,6 +106,15 @@ impl DownDoc {
     fn counts(&self, offset: i64) -> bool {
         offset >= self.floor() && !self.is_trimmed(offset)
     }
+
+    /// Adds the set-aside range `from..end`, merged into the last one when `between(last)` says
+    /// none of the edge's messages that count lies between that range's end and `from`.
+    fn add_trimmed(&mut self, from: i64, end: i64, between: impl FnOnce(i64) -> bool) {
+        match self.trimmed.last_mut() {
+            Some((_, last)) if *last < from && !between(*last) => *last = end - 1,
+            _ => self.trimmed.push((from, end - 1)),
+        }
+    }
 }
 
 fn doc_key(edge: &str) -> String {
@@ -430,10 +439,7 @@ impl DownlinkStore for KafkaSink {
             })
         };
         self.write_doc(edge, |doc| {
-            match doc.trimmed.last_mut() {
-                Some((_, last)) if *last < from && !between(*last) => *last = end - 1,
-                _ => doc.trimmed.push((from, end - 1)),
-            }
+            doc.add_trimmed(from, end, between);
             (true, ())
         })
         .await?;
@@ -640,5 +646,37 @@ impl DownlinkStore for KafkaSink {
             }
             index.polled().await;
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::DownDoc;
+
+    /// [issue 44] An edge flooded while away is trimmed again and again: each trim with nothing
+    /// of the edge's that counts between it and the last range extends that range, so the
+    /// document keeps one range, not one per trim; a message that counts between keeps them
+    /// apart, and so does a range that does not follow the last.
+    #[test]
+    fn trims_with_nothing_between_merge_into_one_range() {
+        let mut doc = DownDoc::default();
+        doc.add_trimmed(10, 20, |_| panic!("nothing to merge with"));
+        doc.add_trimmed(25, 30, |last| {
+            assert_eq!(last, 19);
+            false
+        });
+        doc.add_trimmed(30, 41, |_| false);
+        assert_eq!(doc.trimmed, [(10, 40)]);
+        assert!(doc.is_trimmed(27) && doc.is_trimmed(22), "what lay between was the edge's to skip too");
+
+        doc.add_trimmed(50, 60, |last| {
+            assert_eq!(last, 40);
+            true
+        });
+        assert_eq!(doc.trimmed, [(10, 40), (50, 59)]);
+        assert!(!doc.is_trimmed(45));
+        // A range at or before the last one's end (a stale follower) is kept on its own.
+        doc.add_trimmed(55, 70, |_| false);
+        assert_eq!(doc.trimmed, [(10, 40), (50, 59), (55, 69)]);
     }
 }
