@@ -12,7 +12,7 @@ use std::time::Duration;
 use cloud_bridge::sink::downlink::{DoneCounts, DownBounds, DownDone, Enqueued, Outgoing, Pending};
 use cloud_bridge::sink::kafka::KafkaSink;
 use cloud_bridge::sink::kafka::settings::KafkaSettings;
-use cloud_bridge::sink::{DeadLetterLabel, DownlinkStore, SinkMetrics};
+use cloud_bridge::sink::{DeadLetterLabel, DownlinkStore, RecordSink, SinkMetrics};
 use e2e_tests::kafka::KafkaBroker;
 use serde_json::json;
 use shared::proto::down::DownRefusal;
@@ -54,6 +54,8 @@ async fn kafka_downlink_delivers_what_any_producer_stores_once_in_order() {
     let broker = KafkaBroker::start();
     let metrics = Arc::new(SinkMetrics::default());
     let a = sink(&broker, |_| {}).await.with_metrics(metrics.clone());
+    // A session's first call: the edge's claim, so this bridge writes its position.
+    a.admit_epoch("edge-1", "ep").await.unwrap();
     let news = a.down_news(None, Duration::ZERO).await.unwrap().0;
 
     let Enqueued::Stored { seq: first } = a.enqueue("edge-1", &msg("cmd/a", "one"), BOUNDS).await.unwrap() else {
@@ -146,6 +148,7 @@ async fn kafka_downlink_bounds_every_producer_and_reads_past_its_index() {
     };
     assert_eq!(met.messages, 30);
 
+    a.admit_epoch("edge-2", "ep").await.unwrap();
     assert_eq!(a.down_trim("edge-2", bound, 1000).await.unwrap(), 20);
     assert_eq!(a.down_trim("edge-2", bound, 1000).await.unwrap(), 0, "nothing left past the bound");
     let kept: Vec<String> = (0..10).map(|i| format!("m{i}")).collect();
@@ -157,6 +160,7 @@ async fn kafka_downlink_bounds_every_producer_and_reads_past_its_index() {
 
     // A message stored after the trim is within the bound once the edge acks.
     let small = sink(&broker, |s| s.downlink.max_indexed_per_edge = 4).await;
+    small.admit_epoch("edge-2", "ep").await.unwrap();
     let read = small.down_read("edge-2", 0, 100).await.unwrap();
     assert_eq!(payloads(&read), kept[..4]);
     // Delivered in windows of 4, each acked: the index fills from the topic each time.
@@ -192,6 +196,7 @@ async fn kafka_downlink_bounds_every_producer_and_reads_past_its_index() {
         assert!(tokio::time::Instant::now() < deadline, "the flood never indexed");
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
+    small.admit_epoch("edge-3", "ep").await.unwrap();
     assert_eq!(small.down_trim("edge-3", bound, 1000).await.unwrap(), 20);
     let kept: Vec<String> = (0..10).map(|i| format!("n{i}")).collect();
     // Another bridge, as a session that takes the edge over starts: its state read to the end.

@@ -98,12 +98,13 @@ async fn a_batch_lands_once_with_its_mark_and_a_resend_lands_only_what_is_new() 
     assert_eq!(sink.committed("edge-1", "ep1").await.unwrap(), lane0(8));
     let records = broker.read("edge.telemetry", "read_committed").await;
     assert_eq!(seqs(&records), ["ep1:0:1", "ep1:0:2", "ep1:0:3", "ep1:0:4", "ep1:0:5", "ep1:0:7", "ep1:0:8"]);
-    assert_eq!(sink.producers(), 2, "the lane's producer and the edge's own (its epochs)");
+    assert_eq!(sink.producers(), 1, "the producer edge-1 hashes to, for its epochs and its lane");
     assert_eq!(broker.read("edge-gaps", "read_committed").await.len(), 1);
 
-    // Past max_producers (1 here) the least recently used lane producer closes, and opens
-    // again (fencing nothing but its own old self) when its lane writes.
-    let small = self::sink(&broker, |s: &mut KafkaSettings| s.max_producers = 1).await;
+    // One producer for a whole bridge: a second bridge takes edge-1 (its claim fences the first
+    // one's producers) and writes two lanes through it, each lane in order, from the marks.
+    let small = self::sink(&broker, |s: &mut KafkaSettings| s.producers = 1).await;
+    assert_eq!(small.admit_epoch("edge-1", "ep1").await.unwrap(), EpochVerdict::Known);
     small.write("edge-1", "ep1", 1, (1..=2).map(rich).collect(), 2).await.unwrap();
     small.write("edge-1", "ep1", 0, (8..=9).map(rich).collect(), 9).await.unwrap();
     small.write("edge-1", "ep1", 1, (2..=3).map(rich).collect(), 3).await.unwrap();
@@ -116,11 +117,18 @@ async fn a_batch_lands_once_with_its_mark_and_a_resend_lands_only_what_is_new() 
     let records = broker.read("edge.telemetry", "read_committed").await;
     let lane1: Vec<String> = seqs(&records).into_iter().filter(|s| s.starts_with("ep1:1:")).collect();
     assert_eq!(lane1, ["ep1:1:1", "ep1:1:2", "ep1:1:3"]);
+    let fenced = sink.write("edge-1", "ep1", 0, (10..=10).map(rich).collect(), 10).await;
+    assert!(matches!(fenced, Err(SinkError::Fenced { .. })), "the first bridge lost edge-1: {fenced:?}");
 
     // A bridge started afresh reads the marks back from the compacted topic.
     let again = sink_again(&broker).await;
     let lanes = again.committed("edge-1", "ep1").await.unwrap();
     assert_eq!(lanes[0], lane0(9)[0]);
+    let lane0: Vec<String> = seqs(&broker.read("edge.telemetry", "read_committed").await)
+        .into_iter()
+        .filter(|s| s.starts_with("ep1:0:"))
+        .collect();
+    assert_eq!(lane0, ["ep1:0:1", "ep1:0:2", "ep1:0:3", "ep1:0:4", "ep1:0:5", "ep1:0:7", "ep1:0:8", "ep1:0:9"]);
     assert_eq!(again.admit_epoch("edge-1", "ep1").await.unwrap(), EpochVerdict::Known);
 }
 
@@ -129,11 +137,11 @@ async fn sink_again(broker: &KafkaBroker) -> KafkaSink {
 }
 
 /// [issue 44] A bridge killed mid-batch, and one cut off that lives on. A "zombie" (a real
-/// client with the lane's transactional id, killed with SIGKILL after sending records 4..=6
-/// and the mark 6, uncommitted) leaves nothing a `read_committed` reader sees and no mark: the
-/// next bridge hears 3 committed, opens the lane (which aborts the zombie's transaction) and
-/// writes 4..=6 once. The first bridge, fenced twice over, has its next write refused as
-/// fenced and writes nothing. A `read_uncommitted` reader does see the aborted records: the
+/// client with the first bridge's producer id, killed with SIGKILL after sending records
+/// 4..=6 and the mark 6, uncommitted) leaves nothing a `read_committed` reader sees and no
+/// mark: the next bridge hears 3 committed, claims the edge (fencing the first bridge's
+/// producers, which aborts the zombie's transaction) and writes 4..=6 once. The first bridge
+/// has its next write refused as fenced and writes nothing. A `read_uncommitted` reader does see the aborted records: the
 /// caveat the design note states.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_bridge_killed_mid_batch_leaves_nothing_and_a_fenced_one_writes_nothing() {
@@ -145,12 +153,22 @@ async fn a_bridge_killed_mid_batch_leaves_nothing_and_a_fenced_one_writes_nothin
     assert_eq!(seqs(&written), ["ep1:0:1", "ep1:0:2", "ep1:0:3"]);
     let partition = written[0]["partition"].as_u64().unwrap();
 
-    let (mut zombie, _) =
-        open_transaction(&broker, "edge-bridge.edge-1.0", partition, "m/edge-1/ep1/0", (4, 6), None).await;
-    zombie.kill().await.unwrap();
+    assert_eq!(first.producer_ids().len(), 4);
+    let mut zombies = Vec::new();
+    for id in first.producer_ids() {
+        let (zombie, _) = open_transaction(&broker, &id, partition, "m/edge-1/ep1/0", (4, 6), None).await;
+        zombies.push(zombie);
+    }
+    for zombie in &mut zombies {
+        zombie.kill().await.unwrap();
+    }
 
     let second = sink(&broker, |_| {}).await;
     assert_eq!(second.committed("edge-1", "ep1").await.unwrap(), lane0(3), "the zombie's mark is not seen");
+    // Its claim fences the first bridge's producers: without that, the hello would wait out the
+    // zombies' transactions (60 s).
+    let admitted = tokio::time::timeout(Duration::from_secs(20), second.admit_epoch("edge-1", "ep1")).await;
+    assert_eq!(admitted.expect("admitted without waiting the zombies out").unwrap(), EpochVerdict::Known);
     second.write("edge-1", "ep1", 0, (4..=6).map(rich).collect(), 6).await.unwrap();
     assert_eq!(second.committed("edge-1", "ep1").await.unwrap(), lane0(6));
 
@@ -164,7 +182,7 @@ async fn a_bridge_killed_mid_batch_leaves_nothing_and_a_fenced_one_writes_nothin
     assert!(committed.iter().all(|r| r["key"] == "edge-1"));
     let everything = broker.read("edge.telemetry", "read_uncommitted").await;
     let zombies = everything.iter().filter(|r| r["key"] == "zombie").count();
-    assert_eq!(zombies, 3, "read_uncommitted sees the aborted batch: {:?}", seqs(&everything));
+    assert_eq!(zombies, 12, "read_uncommitted sees the aborted batches: {:?}", seqs(&everything));
     assert_eq!(second.committed("edge-1", "ep1").await.unwrap(), lane0(6));
 }
 
@@ -227,6 +245,7 @@ async fn a_mark_behind_another_lanes_open_transaction_is_waited_for_before_a_res
     let second = sink(&broker, |s| s.partitions = 1).await;
     let heard = second.committed("edge-1", "ep1").await.unwrap();
     assert!(heard == lane0(3) || heard == lane0(6), "a welcome hears a mark the lane had: {heard:?}");
+    second.admit_epoch("edge-1", "ep1").await.unwrap();
     second.write("edge-1", "ep1", 0, (4..=6).map(rich).collect(), 6).await.unwrap();
     let ended = tokio::time::timeout(WAIT, said.next_line()).await.expect("the other transaction ends").unwrap();
     assert_eq!(ended.as_deref(), Some("aborted"));
@@ -310,6 +329,7 @@ async fn dictionaries_fleet_states_and_schemas_one_bridge_stores_another_reads()
     let first = sink(&broker, |_| {}).await.with_quota(quota);
     let dict =
         |id: &str, fill: u8| DictAnnounce { id: id.into(), class: "telemetry".into(), bytes: vec![fill; 40_000] };
+    first.admit_epoch("edge-1", "ep1").await.unwrap();
     for (id, fill) in [("a1", 1), ("b2", 2), ("c3", 3)] {
         first.store_dict("edge-1", &dict(id, fill)).await.unwrap();
     }
@@ -340,6 +360,11 @@ async fn dictionaries_fleet_states_and_schemas_one_bridge_stores_another_reads()
     let loaded = second.load_dicts("edge-1", &ids).await.unwrap();
     assert_eq!(loaded, [("b2".to_owned(), vec![2; 40_000]), ("c3".to_owned(), vec![3; 40_000])], "a1 evicted");
     assert!(second.load_dicts("edge-2", &ids).await.unwrap().is_empty(), "another edge's are not its");
+    // Only the bridge holding an edge's claim writes its state.
+    second.admit_epoch("edge-1", "ep1").await.unwrap();
+    let late = first.store_dict("edge-1", &dict("e5", 5)).await;
+    assert!(matches!(late, Err(SinkError::Fenced { .. })), "{late:?}");
+    second.store_dict("edge-1", &dict("e5", 5)).await.unwrap();
 
     // The edge moves to the second bridge; the first one's end of the old session comes late.
     assert_eq!(second.store_edge_states(vec![edge_state("edge-1", "bridge-b", 22, true)]).await.unwrap(), [true]);

@@ -1,6 +1,6 @@
 //! The edges' compression dictionaries in Kafka: the bytes in the compacted dictionaries topic
 //! (`<edge>/<id>`), each edge's index (`di/<edge>`) in the state topic, both written in one
-//! transaction of the edge's own producer, within the edge's quota; an evicted dictionary is
+//! transaction by the bridge holding the edge's claim, within the edge's quota; an evicted dictionary is
 //! deleted in the same transaction. The bytes are not held in memory by every bridge: the
 //! dictionaries log keeps where each is, and a hello reads those it needs.
 
@@ -43,8 +43,8 @@ impl DictStore for KafkaSink {
         let (state, dicts) = (&*self.state, &*self.dicts);
         let (state_topic, dicts_topic) = (&self.state_topic, &self.dicts_topic);
         let evicted = self
-            .lanes
-            .owned_write(&self.settings.edge_id(edge), &[state, dicts], || {
+            .pool
+            .owned_write(edge, &[state, dicts], || {
                 let key = index_key(edge);
                 let mut index: DictIndex = match state.get(&key) {
                     Some(v) => serde_json::from_slice(&v).map_err(|e| SinkError::corrupt("read dicts", &key, e))?,

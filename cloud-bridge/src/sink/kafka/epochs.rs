@@ -1,7 +1,7 @@
-//! An edge's epochs in the marks topic (`e/<edge>`), admitted within its quota through the
-//! edge's own producer ([`super::lanes::Lanes::owned_write`]): the bridge serving the edge is
-//! the one writer of its epochs, as compare-and-set makes it in the other sinks. Retiring an
-//! epoch deletes its marks in the same transaction.
+//! An edge's epochs in the marks topic (`e/<edge>`), admitted within its quota by the bridge
+//! holding the edge's claim ([`super::claims`], [`super::pool::Pool::owned_write`]): the one
+//! writer of its epochs, as compare-and-set makes it in the other sinks. A hello claims the
+//! edge first. Retiring an epoch deletes its marks in the same transaction.
 
 use shared::units::now_ms;
 
@@ -10,19 +10,21 @@ use crate::sink::SinkError;
 use crate::sink::quota::{EpochVerdict, Epochs};
 
 pub(crate) async fn admit(sink: &KafkaSink, edge: &str, epoch: &str) -> Result<EpochVerdict, SinkError> {
-    let id = sink.settings.edge_id(edge);
+    let verified = sink.pool.claim(edge).await?;
     let (marks, topic) = (&*sink.marks, &sink.marks_topic);
-    sink.lanes
-        .owned_write(&id, &[marks], || {
+    sink.pool
+        .owned_write(edge, &[marks], || {
             let key = super::epochs_key(edge);
             let mut epochs: Epochs = match marks.get(&key) {
                 Some(v) => serde_json::from_slice(&v).map_err(|e| SinkError::corrupt("read epochs", &key, e))?,
                 None => Epochs::default(),
             };
             let verdict = epochs.admit(epoch, now_ms(), &sink.quota);
-            let EpochVerdict::Added { retired } = &verdict else { return Ok((Vec::new(), verdict)) };
+            // A claim just verified is said so with the edge's first write.
+            let mut writes: Vec<_> = verified.into_iter().collect();
+            let EpochVerdict::Added { retired } = &verdict else { return Ok((writes, verdict)) };
             let value = serde_json::to_vec(&epochs).map_err(|e| SinkError::invalid("epochs", e))?;
-            let mut writes = vec![topic.put(key, value)];
+            writes.push(topic.put(key, value));
             for old in retired {
                 for (mark, _) in marks.scan(&super::marks_prefix(edge, old)) {
                     writes.push(topic.tombstone(mark));
@@ -34,7 +36,7 @@ pub(crate) async fn admit(sink: &KafkaSink, edge: &str, epoch: &str) -> Result<E
         .inspect(|verdict| {
             if let EpochVerdict::Added { retired } = verdict {
                 for old in retired {
-                    sink.lanes.forget(&super::marks_prefix(edge, old));
+                    sink.pool.forget(&super::marks_prefix(edge, old));
                 }
             }
         })

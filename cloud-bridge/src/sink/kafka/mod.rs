@@ -2,37 +2,48 @@
 //!
 //! # Records, exactly once
 //!
-//! Each edge lane writes through a transactional producer of its own, `transactional.id`
-//! `<prefix>.<edge>.<lane>` ([`lanes`]). A batch is one transaction: its records, in the
-//! topics the `topic` template names (partitioned by the edge id, so a lane's records keep
-//! their order in one partition per topic), and the lane's new mark in the compacted marks
-//! topic. Marks are read back with `read_committed` ([`log::StateLog`]), so a mark is seen
-//! exactly when the records it covers are. This is how Kafka Connect's exactly-once source
-//! connectors (KIP-618) keep their offsets, with the edge's sequence numbers as the offsets.
+//! A bridge has a few transactional producers of its own ([`pool`], `producers`, ids
+//! `<prefix>.<instance>.<n>`), each writing the edges that hash to it. A batch is written in
+//! one transaction with its lane's new mark in the compacted marks topic (its records in the
+//! topics the `topic` template names, partitioned by the edge id, so a lane's records keep
+//! their order in one partition per topic); the batches waiting when a transaction ends go in
+//! the next one together (a group commit). Marks are read back with `read_committed`
+//! ([`log::StateLog`]), so a mark is seen exactly when the records it covers are. This is how
+//! Kafka Connect's exactly-once source connectors (KIP-618) keep their offsets, with the edge's
+//! sequence numbers as the offsets.
+//!
+//! Who may write an edge is its claim ([`claims`]): a bridge taking an edge commits its claim,
+//! then fences the producers of the bridges that held the edge before (opening a producer of
+//! each of their ids), then reads the marks settled and checks the log shows its claim last.
+//! That is what a `transactional.id` per edge lane would do by itself, without a librdkafka
+//! client (threads, connections) per lane: a thousand edges on a bridge took 45 s to connect
+//! and half a GiB idle that way.
 //!
 //! Why nothing is written twice or lost:
 //! - **A bridge killed mid-batch**: its open transaction is aborted when the edge's next
-//!   bridge opens the lane's producer (same id: `init_transactions` fences the old one and
-//!   settles its transaction), or by the brokers after `transaction_timeout`. Neither its
-//!   records nor its mark were ever visible; the edge resends from the mark it hears.
-//! - **A bridge that lives on, cut off** (a zombie): once another opened the lane, each of its
-//!   writes fails as fenced, and its session ends ([`SinkError::Fenced`]).
+//!   bridge claims the edge (fencing the dead bridge's producers settles the transaction), or
+//!   by the brokers after `transaction_timeout`. Neither its records nor its mark were ever
+//!   visible; the edge resends from the mark it hears.
+//! - **A bridge that lives on, cut off** (a zombie): once another claimed the edge, its
+//!   producers are fenced; it opens them again, but writes for an edge only while the log shows
+//!   its own verified claim, and the claim that fenced it is in the log it reads settled after
+//!   opening. Its session ends ([`SinkError::Fenced`]).
 //! - **A commit that is late while the edge moves**: the new bridge reads the marks only after
-//!   fencing, and `init_transactions` first completes a commit the coordinator had begun. A
-//!   batch the edge resends that was committed after all is found at or below the mark and
-//!   dropped before writing.
+//!   fencing, and `init_transactions` of a fenced id first completes a commit the coordinator
+//!   had begun. A batch the edge resends that was committed after all is found at or below the
+//!   mark and dropped before writing.
 //! - **A mark behind another producer's open transaction**: the marks of many lanes share a
 //!   partition, and a `read_committed` reader stops at the first open transaction in it (the
-//!   last stable offset), which a bridge killed mid-batch leaves until its lane is opened
-//!   again or `transaction_timeout` passes. A lane's mark committed behind it is not read
-//!   yet. So a producer, once open, reads the marks *settled*: past every transaction open at
-//!   that moment ([`follow::Follower::read_settled`]), waiting for them to end. The welcome's
+//!   last stable offset), which a bridge killed mid-batch leaves until its producers are
+//!   fenced or `transaction_timeout` passes. A lane's mark committed behind it is not read
+//!   yet. So a claim reads the marks *settled*: past every transaction open at that moment
+//!   ([`follow::Follower::read_settled`]), waiting for them to end. The welcome's
 //!   `committed` reads only to the last stable offset and may say less than is committed:
 //!   the edge then resends, and the lane's producer drops what its mark covers; a hello never
 //!   waits on another edge's transaction.
 //! - **A commit whose answer was lost** (a broker killed, a leader election): the producer is
-//!   dropped; the next opens under the same id, reads the mark again, and writes only what is
-//!   above it.
+//!   closed; it opens again under the same id, which settles what the old one left, reads the
+//!   marks settled before its next write, and writes only what is above them.
 //! - **Broker kills and elections** under `acks=all` with `min_insync_replicas`: a committed
 //!   transaction is on that many replicas; the idempotent producer's sequence numbers keep a
 //!   retried produce request from appending twice.
@@ -48,10 +59,12 @@
 //! schema registry (`schemas`), all
 //! in compacted topics read back whole at start and followed.
 //!
-//! The marks topic also holds each edge's epochs (admitted under a producer of the edge's own,
-//! `<prefix>.<edge>.edge`, which fences a second bridge admitting at the same time: Kafka's
-//! stand-in for compare-and-set).
+//! The marks topic also holds each edge's claim (`o/<edge>`, `v/<edge>` once verified) and its
+//! epochs (`e/<edge>`), written only by the bridge holding the claim: Kafka's stand-in for
+//! compare-and-set. A schema version is written by a producer opened for its subject alone
+//! (`<prefix>.schemas.<subject>`), which fences any other writer of it.
 
+pub(crate) mod claims;
 pub(crate) mod context;
 pub(crate) mod dicts;
 pub(crate) mod down;
@@ -60,25 +73,26 @@ pub(crate) mod fetch;
 pub(crate) mod fleet;
 pub(crate) mod follow;
 pub(crate) mod inspect;
-pub(crate) mod lanes;
 pub(crate) mod log;
 pub(crate) mod names;
 pub(crate) mod outgoing;
 pub(crate) mod plain;
+pub(crate) mod pool;
 pub(crate) mod records;
 pub(crate) mod schemas;
 pub mod settings;
 pub(crate) mod topics;
+pub(crate) mod txn;
 
 use std::sync::Arc;
 
 use rdkafka::error::KafkaError;
 
 use crate::sink::{EdgeQuota, SinkError, SinkMetrics};
-use lanes::Lanes;
 use log::{Keep, StateLog};
 use names::Template;
 use outgoing::Topic;
+use pool::Pool;
 use records::Stager;
 use settings::KafkaSettings;
 use topics::{Kind, Topics};
@@ -108,7 +122,7 @@ pub struct KafkaSink {
     down: down::KafkaDownlink,
     gaps: Topic,
     dead: Topic,
-    lanes: Arc<Lanes>,
+    pool: Arc<Pool>,
     metrics: Arc<SinkMetrics>,
     quota: EdgeQuota,
 }
@@ -167,6 +181,7 @@ impl KafkaSink {
             log.read_to_end().await?;
         }
         let down = down::KafkaDownlink::start(settings, &topics).await?;
+        let pool = Arc::new(Pool::start(settings, marks.clone(), marks_topic.clone()));
         tracing::info!(bootstrap = settings.bootstrap, brokers, "sink: kafka");
         Ok(Self {
             settings: settings.clone(),
@@ -184,7 +199,7 @@ impl KafkaSink {
             down,
             gaps,
             dead,
-            lanes: Arc::new(Lanes::new(settings)),
+            pool,
             metrics: Arc::new(SinkMetrics::default()),
             quota: EdgeQuota::default(),
         })
@@ -202,9 +217,14 @@ impl KafkaSink {
         self
     }
 
-    /// Lane producers open now (at most `max_producers`).
+    /// Transactional producers open now (at most `producers`).
     pub fn producers(&self) -> usize {
-        self.lanes.open()
+        self.pool.open()
+    }
+
+    /// The `transactional.id`s of this bridge's producers.
+    pub fn producer_ids(&self) -> Vec<String> {
+        self.pool.shared().claims.ids().to_vec()
     }
 
     fn stager(&self) -> Stager {

@@ -1,11 +1,12 @@
 //! Edge records in Kafka: a batch's records addressed (topic, partition, key, headers), its
-//! epochs admitted, and the batch written with its mark ([`super::lanes`]).
+//! epochs admitted, and the batch written with its mark ([`super::pool`]).
 
 use shared::proto::{Lane, LaneSeq, RecordBody, Seq, WireRecord};
 
 use super::KafkaSink;
 use super::names::partition_of;
 use super::outgoing::{Outgoing, Staged, Topic};
+use super::pool::Work;
 use super::settings::RecordKey;
 use crate::sink::quota::EpochVerdict;
 use crate::sink::retry::Retry;
@@ -57,7 +58,7 @@ impl RecordSink for KafkaSink {
             lanes.insert(key, seq);
         }
         // What this bridge committed and the log does not show yet.
-        for (key, seq) in self.lanes.committed(prefix) {
+        for (key, seq) in self.pool.committed(prefix) {
             let mark = lanes.entry(key).or_insert(0);
             *mark = (*mark).max(seq);
         }
@@ -82,14 +83,14 @@ impl RecordSink for KafkaSink {
     }
 
     fn publish(&self, staged: Staged) -> impl Future<Output = Result<(), SinkError>> + Send + 'static {
-        let (lanes, marks, marks_topic, metrics) =
-            (self.lanes.clone(), self.marks.clone(), self.marks_topic.clone(), self.metrics.clone());
+        let (pool, metrics) = (self.pool.clone(), self.metrics.clone());
+        let staged = std::sync::Arc::new(staged);
         async move {
             let mut retry = Retry::default();
             loop {
                 // A batch is written whole or not at all, so trying again is always safe.
-                match lanes.write(&marks, &marks_topic, &staged).await {
-                    Ok(()) => {
+                match pool.submit(&staged.edge, Work::Batch(staged.clone())).await {
+                    Ok(_) => {
                         metrics.wrote();
                         return Ok(());
                     }
@@ -105,7 +106,7 @@ impl RecordSink for KafkaSink {
     async fn mark(&self, edge: &str, epoch: &str, lane: u8, up_to: u64) -> Result<(), SinkError> {
         let mut retry = Retry::default();
         loop {
-            match self.lanes.mark(&self.marks, edge, epoch, lane).await {
+            match self.pool.submit(edge, Work::Mark { epoch: epoch.to_owned(), lane }).await {
                 Ok(m) if m >= up_to => return Ok(()),
                 Ok(m) => {
                     return Err(SinkError::invalid(

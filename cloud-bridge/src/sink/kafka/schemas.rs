@@ -45,14 +45,13 @@ impl SchemaStore for KafkaSink {
         let value = to_json(v)?.into_bytes();
         let (log, topic) = (&*self.schemas, &self.schemas_topic);
         let id = format!("{}.schemas.{}", self.settings.transactional_id_prefix, v.subject);
-        self.lanes
-            .owned_write(&id, &[log], || {
-                if log.get(&key).is_some() {
-                    return Ok((Vec::new(), false));
-                }
-                Ok((vec![topic.put(key.clone(), value)], true))
-            })
-            .await
+        super::txn::exclusive_write(&self.settings, &id, &[log], || {
+            if log.get(&key).is_some() {
+                return Ok((Vec::new(), false));
+            }
+            Ok((vec![topic.put(key.clone(), value)], true))
+        })
+        .await
     }
 
     async fn schema_mode(&self, subject: &str) -> Result<Option<Compatibility>, SinkError> {

@@ -68,19 +68,20 @@ pub struct KafkaSettings {
     /// dead-letter topic. Default: 1000.
     #[serde(default = "default_max_topics")]
     pub max_topics: usize,
-    /// `transactional.id` of an edge lane's producer: `<prefix>.<edge>.<lane>`. Stable, so a
-    /// bridge that takes over an edge fences the one before. Default: `edge-bridge`.
+    /// What the bridge's producers' `transactional.id`s start with: `<prefix>.<instance>.<n>`
+    /// (the instance new at each start; a schema subject's writer is
+    /// `<prefix>.schemas.<subject>`). Default: `edge-bridge`.
     #[serde(default = "default_txn_prefix")]
     pub transactional_id_prefix: String,
     /// How long the brokers keep a transaction of a bridge that went away open before they abort
     /// it (readers with `read_committed` wait behind it). Default: 10s.
     #[serde(default = "default_txn_timeout")]
     pub transaction_timeout: HumanDuration,
-    /// Lane producers one bridge keeps at most (each is a librdkafka client with its threads);
-    /// past it the one used least recently is closed, and opened again when its lane writes.
-    /// Default: 256.
-    #[serde(default = "default_max_producers")]
-    pub max_producers: usize,
+    /// Transactional producers of one bridge (each a librdkafka client with its threads and
+    /// connections); each writes the batches of the edges that hash to it, those waiting all
+    /// in one transaction. Default: 4.
+    #[serde(default = "default_producers")]
+    pub producers: usize,
     /// How long a starting bridge keeps trying the brokers before it gives up. Default: 60s.
     #[serde(default = "default_startup_retry")]
     pub startup_retry: HumanDuration,
@@ -208,8 +209,8 @@ fn default_txn_prefix() -> String {
 fn default_txn_timeout() -> HumanDuration {
     HumanDuration(Duration::from_secs(10))
 }
-fn default_max_producers() -> usize {
-    256
+fn default_producers() -> usize {
+    4
 }
 fn default_startup_retry() -> HumanDuration {
     HumanDuration(Duration::from_secs(60))
@@ -274,8 +275,8 @@ impl KafkaSettings {
         if self.max_topics == 0 {
             bad("max_topics", "must be at least 1".into());
         }
-        if self.max_producers == 0 {
-            bad("max_producers", "must be at least 1".into());
+        if !(1..=64).contains(&self.producers) {
+            bad("producers", format!("must be 1 to 64, not {}", self.producers));
         }
         if self.transaction_timeout.0 < Duration::from_secs(1) {
             bad("transaction_timeout", "must be at least 1s".into());
@@ -342,16 +343,6 @@ impl KafkaSettings {
             c.set("sasl.password", password);
         }
         Ok(c)
-    }
-
-    /// The `transactional.id` of the producer of `edge`'s own state (its epochs).
-    pub(crate) fn edge_id(&self, edge: &str) -> String {
-        format!("{}.{edge}.edge", self.transactional_id_prefix)
-    }
-
-    /// The `transactional.id` of `edge`'s lane `lane`.
-    pub(crate) fn transactional_id(&self, edge: &str, lane: u8) -> String {
-        format!("{}.{edge}.{lane}", self.transactional_id_prefix)
     }
 }
 

@@ -254,12 +254,11 @@ impl KafkaSink {
         })
     }
 
-    /// Writes `edge`'s document through its own producer: `change` says what becomes of it
-    /// (nothing, if it returns false).
+    /// Writes `edge`'s document as the bridge holding the edge's claim: `change` says what
+    /// becomes of it (nothing, if it returns false).
     async fn write_doc<T>(&self, edge: &str, change: impl FnOnce(&mut DownDoc) -> (bool, T)) -> Result<T, SinkError> {
-        let id = self.settings.edge_id(edge);
-        self.lanes
-            .owned_write(&id, &[&*self.state], || {
+        self.pool
+            .owned_write(edge, &[&*self.state], || {
                 let mut doc = self.down_doc(edge)?;
                 let (changed, out) = change(&mut doc);
                 if !changed {
