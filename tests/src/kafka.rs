@@ -79,8 +79,16 @@ impl KafkaBroker {
     pub fn start_with(count: usize, security: Security) -> KafkaBroker {
         let libs = libs();
         let dir = tempfile::tempdir().expect("kafka dir");
-        let ports: Vec<(u16, u16, u16)> =
-            (0..count).map(|_| (crate::free_port(), crate::free_port(), crate::free_port())).collect();
+        // Each free when asked, but the kernel may hand the same one out twice in a row: the
+        // listeners of a node (and of the cluster) must differ.
+        let mut taken = std::collections::BTreeSet::new();
+        let mut distinct = || loop {
+            let port = crate::free_port();
+            if taken.insert(port) {
+                return port;
+            }
+        };
+        let ports: Vec<(u16, u16, u16)> = (0..count).map(|_| (distinct(), distinct(), distinct())).collect();
         let voters: Vec<String> = ports
             .iter()
             .enumerate()

@@ -121,6 +121,12 @@ enum Pub {
 enum Awaited {
     Call(Result<Answer, SinkError>),
     Marks(Vec<(u8, u64)>),
+    /// A hello's epoch admission on the Kafka-like sink: the edge's claim first, tried again
+    /// while it waits (since when).
+    Claim {
+        epoch: String,
+        since: Instant,
+    },
 }
 
 /// One edge's session on the bridge.
@@ -198,7 +204,7 @@ impl Bridge {
             }
         }
         if let Some(m) = model.as_mut() {
-            m.bridge = kafka::Bridge::default();
+            m.restart(|| cx.rng.chance(0.4));
         }
     }
 
@@ -299,19 +305,16 @@ fn ended(e: CoreError) -> End {
 
 impl Session {
     /// The session ends while the bridge lives on. A Kafka publish in flight is not stopped
-    /// by that: its blocking task commits the transaction it opened, a moment later, and the
-    /// lane's producer, moved into that task, is not given back (the lane's next write opens
-    /// another, fencing it).
+    /// by that: the producer's task commits the transaction it opened, a moment later.
     fn abandon(self, sink: &Sink, cx: &mut Ctx<'_>) {
         let Some(model) = &sink.kafka else { return };
         let mut m = model.borrow_mut();
         for (_, _, p) in self.publishing {
             let Pub::Kafka { staged, open } = p else { continue };
-            m.bridge.drop_lane(&staged.edge, staged.lane);
-            if let Some((txn, producer, _)) = open {
+            if let Some(open) = open {
                 let at = cx.now + cx.rng.millis(0, 200);
-                cx.trace.line(format!("kafka: {}'s commit goes on without its session", producer.id));
-                m.late_commits.push((at, producer, txn));
+                cx.trace.line(format!("kafka: {}'s commit goes on without its session", open.1.id));
+                m.worker_commits.push((at, staged, open));
             }
         }
     }
@@ -341,6 +344,10 @@ impl Session {
                 match awaited {
                     Awaited::Call(answer) => self.core.handle_answer(answer).map_err(ended)?,
                     Awaited::Marks(marks) => self.core.handle_marked(&marks),
+                    Awaited::Claim { epoch, since } => {
+                        self.awaited = Some(self.claim(name, epoch, since, sink, cx)?);
+                        continue;
+                    }
                 }
                 self.events(name, cx);
             }
@@ -392,14 +399,18 @@ impl Session {
                 if let Some(marks) = self.core.poll_marks() {
                     let epoch = self.core.session().epoch().unwrap_or_default().to_owned();
                     for &(lane, up_to) in &marks {
-                        if let Some(m) = &sink.kafka {
-                            let known = m.borrow().bridge.mark(name, &epoch, lane);
-                            if known.is_none_or(|k| k < up_to) {
-                                let why =
-                                    format!("mark: lane {lane} asked to be marked to {up_to}, written to {known:?}");
-                                return Err(End::Other(cx.fail(why)));
+                        if let Some(model) = &sink.kafka {
+                            let mut m = model.borrow_mut();
+                            let m = &mut *m;
+                            match m.bridge.mark(&m.cluster, name, &epoch, lane) {
+                                Err(e) => return Err(End::Other(format!("sink mark: {e:?}"))),
+                                Ok(k) if k < up_to => {
+                                    let why =
+                                        format!("mark: lane {lane} asked to be marked to {up_to}, written to {k}");
+                                    return Err(End::Other(cx.fail(why)));
+                                }
+                                Ok(_) => continue,
                             }
-                            continue;
                         }
                         sink.run("mark", sink.sqlite.mark(name, &epoch, lane, up_to))
                             .map_err(|e| cx.fail(e))
@@ -413,8 +424,15 @@ impl Session {
             }
             if self.awaited.is_none() {
                 if let Some(call) = self.core.poll_call() {
-                    let (at, answer) = self.call(name, call, sink, cx)?;
-                    self.awaited = Some((at, Awaited::Call(answer)));
+                    self.awaited = Some(match call {
+                        Call::AdmitEpoch { epoch } if sink.kafka.is_some() => {
+                            (now + cx.rng.millis(1, 8), Awaited::Claim { epoch, since: now })
+                        }
+                        call => {
+                            let (at, answer) = self.call(name, call, sink, cx)?;
+                            (at, Awaited::Call(answer))
+                        }
+                    });
                     progress = true;
                 } else if let Some(frame) = self.inbox.front() {
                     match frame {
@@ -508,6 +526,45 @@ impl Session {
             self.publishing.push_back((at, id, Pub::Sqlite { failing }));
         }
         Ok(started)
+    }
+
+    /// A step of a hello's claim of the edge on the Kafka-like sink (`Pool::claim`): once held,
+    /// the epoch's admission is called; while it waits (its producer in a transaction, the
+    /// marks not settled, the records' part down) it is tried again, up to the real read's
+    /// 30 s; lost to a later claim, the hello fails as fenced.
+    fn claim(
+        &mut self,
+        name: &str,
+        epoch: String,
+        since: Instant,
+        sink: &Sink,
+        cx: &mut Ctx<'_>,
+    ) -> Result<(Instant, Awaited), End> {
+        let now = cx.now;
+        let Some(model) = &sink.kafka else { return Err(End::Other(cx.fail("a claim without Kafka".into()))) };
+        let verdict = match sink.records_ready(now) {
+            Some(_) => kafka::Claim::Wait,
+            None => {
+                let mut m = model.borrow_mut();
+                let m = &mut *m;
+                m.bridge.claim(&mut m.cluster, name, now)
+            }
+        };
+        match verdict {
+            kafka::Claim::Held => {
+                let (at, answer) = self.call(name, Call::AdmitEpoch { epoch }, sink, cx)?;
+                Ok((at, Awaited::Call(answer)))
+            }
+            kafka::Claim::Lost => {
+                cx.trace.line(format!("bridge: {name}: claim lost to a later one"));
+                Ok((now, Awaited::Call(Err(SinkError::Fenced { what: "claim", key: name.to_owned() }))))
+            }
+            kafka::Claim::Wait if now.duration_since(since) > Duration::from_secs(30) => {
+                cx.trace.line(format!("bridge: {name}: claim not settled in 30 s"));
+                Ok((now, Awaited::Call(Err(unavailable("claim")))))
+            }
+            kafka::Claim::Wait => Ok((now + cx.rng.millis(5, 60), Awaited::Claim { epoch, since })),
+        }
     }
 
     /// Makes `call` on the sink now; when its answer comes and what it is.
@@ -625,7 +682,7 @@ fn kafka_step(
         return match m.bridge.write(&mut m.cluster, &staged, now) {
             Ok(Write::NotYet) => {
                 cx.trace.line(format!(
-                    "bridge: {name} lane {lane}: marks not settled or its last commit not written, waits"
+                    "bridge: {name} lane {lane}: marks not settled or its producer in a transaction, waits"
                 ));
                 Ok(Some((now + cx.rng.millis(50, 400), Pub::Kafka { staged, open: None })))
             }
@@ -647,14 +704,11 @@ fn kafka_step(
         (true, false) => Commit::Aborted,
     };
     let markers_at = now + cx.rng.millis(0, 30);
-    match m.bridge.commit(&mut m.cluster, &staged, (txn, &producer, up_to), how, markers_at) {
-        Ok(true) => Ok(None),
-        Ok(false) => {
-            cx.trace.line(format!("bridge: {name} lane {lane}: transaction {how:?}, tried again"));
-            Ok(Some((now + cx.rng.millis(50, 500), Pub::Kafka { staged, open: None })))
-        }
-        Err(e) => Err(End::Other(format!("sink publish: {e:?}"))),
+    if m.bridge.commit(&mut m.cluster, &staged, (txn, &producer, up_to), how, markers_at) {
+        return Ok(None);
     }
+    cx.trace.line(format!("bridge: {name} lane {lane}: transaction {how:?}, tried again"));
+    Ok(Some((now + cx.rng.millis(50, 500), Pub::Kafka { staged, open: None })))
 }
 
 fn unavailable(what: &'static str) -> SinkError {

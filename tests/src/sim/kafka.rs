@@ -66,8 +66,28 @@ struct Coordinated {
 /// What a partition holds.
 #[derive(Debug, Clone)]
 pub enum Body {
-    Mark { key: String, seq: u64 },
-    Record { epoch: String, lane: u8, seq: u64, message: Option<Message> },
+    Mark {
+        key: String,
+        seq: u64,
+    },
+    /// An edge's claim (`o/<edge>`): its token, the claiming bridge's producers, those it fenced.
+    Claim {
+        edge: String,
+        token: String,
+        ids: Vec<String>,
+        fence: Vec<String>,
+    },
+    /// A claim verified (`v/<edge>`).
+    Verified {
+        edge: String,
+        token: String,
+    },
+    Record {
+        epoch: String,
+        lane: u8,
+        seq: u64,
+        message: Option<Message>,
+    },
 }
 
 #[derive(Debug, Clone)]
@@ -97,6 +117,8 @@ pub struct Cluster {
     pub aborted: u64,
     pub fenced: u64,
     pub unsettled: u64,
+    /// Producers of another bridge process fenced by a claim.
+    pub fences: u64,
 }
 
 impl Cluster {
@@ -137,7 +159,7 @@ impl Cluster {
         for body in writes {
             let entry = Entry { txn: t, body };
             match &entry.body {
-                Body::Mark { .. } => self.marks.push(entry),
+                Body::Mark { .. } | Body::Claim { .. } | Body::Verified { .. } => self.marks.push(entry),
                 Body::Record { .. } => self.records.entry(edge.to_owned()).or_default().push(entry),
             }
         }
@@ -220,9 +242,39 @@ impl Cluster {
             .map(|e| &e.body)
     }
 
-    /// Whether no transaction is open or committing in the marks partition.
-    fn marks_settled(&self) -> bool {
-        !self.marks.iter().any(|e| self.pending(e.txn))
+    /// The transactions open or committing in the marks partition: what a read settled now
+    /// waits for (`Follower::read_settled`).
+    fn pending_marks(&self) -> Vec<usize> {
+        let mut t: Vec<usize> = self.marks.iter().map(|e| e.txn).filter(|t| self.pending(*t)).collect();
+        t.dedup();
+        t
+    }
+
+    /// Whether each of `txns` has ended (and a reader is past it).
+    fn done(&self, txns: &[usize]) -> bool {
+        !txns.iter().any(|t| self.pending(*t))
+    }
+
+    /// The last claim of `edge` a `read_committed` reader sees: token, ids, those it fenced.
+    fn claim(&self, edge: &str) -> Option<(String, Vec<String>, Vec<String>)> {
+        self.stable(&self.marks)
+            .filter_map(|b| match b {
+                Body::Claim { edge: e, token, ids, fence } if e == edge => {
+                    Some((token.clone(), ids.clone(), fence.clone()))
+                }
+                _ => None,
+            })
+            .last()
+    }
+
+    /// The last verification of a claim of `edge` a `read_committed` reader sees.
+    fn verified(&self, edge: &str) -> Option<String> {
+        self.stable(&self.marks)
+            .filter_map(|b| match b {
+                Body::Verified { edge: e, token } if e == edge => Some(token.clone()),
+                _ => None,
+            })
+            .last()
     }
 
     /// The latest value of mark `key` a `read_committed` reader sees.
@@ -276,24 +328,51 @@ impl Staged {
     }
 }
 
-/// A lane's producer on this bridge and the marks it keeps.
+/// One of the bridge's producers and the marks it keeps.
+#[derive(Debug, Default)]
+struct Prod {
+    producer: Option<Producer>,
+    /// Whether this id was opened before in this process (a reopen must read settled).
+    opened: bool,
+    /// After a reopen: read the marks settled before the next write (the transactions pending
+    /// then, once taken).
+    settle: Option<Option<Vec<usize>>>,
+    /// The batch in its transaction: (txn, mark key, claim token, up to).
+    busy: Option<(usize, String, String, u64)>,
+    /// Per mark key: the claim token it was read or written under, and the mark.
+    marks: BTreeMap<String, (String, u64)>,
+}
+
+/// A claim on its way: written and its fences made; verified once the marks are settled past
+/// the transactions pending then.
 #[derive(Debug)]
-struct LaneProducer {
-    producer: Producer,
-    /// Whether the marks were read, settled, since it opened.
-    read: bool,
-    marks: BTreeMap<String, u64>,
+struct Claiming {
+    token: String,
+    /// The claim's own transaction, and the others pending when it was written.
+    own: usize,
+    pending: Vec<usize>,
 }
 
 /// What one attempt at writing a batch did.
 #[derive(Debug)]
 pub enum Write {
-    /// The marks are not settled yet, or the lane's last commit not written: try again later.
+    /// The marks are not settled yet, or the producer is in another transaction: try again.
     NotYet,
     /// The lane's mark covers the whole batch: nothing written.
     Nothing,
     /// Transaction `txn` holds the batch's new records and mark `up_to`, to be committed.
     Open { txn: usize, producer: Producer, up_to: u64 },
+}
+
+/// How a claim stands.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Claim {
+    /// The edge is this bridge's.
+    Held,
+    /// Not yet: its producer is in a transaction, or the marks are not settled.
+    Wait,
+    /// Another claim is last: the hello fails.
+    Lost,
 }
 
 /// How the commit of a batch went, as the bridge hears it.
@@ -302,21 +381,145 @@ pub enum Commit {
     Ok,
     /// The transaction failed before its commit: aborted, the producer kept.
     Aborted,
-    /// Committed, but the answer was lost: the producer is dropped.
+    /// Committed, but the answer was lost: the producer is closed.
     AnswerLost,
 }
 
-/// The Kafka sink of one bridge process: lost with the process.
-#[derive(Debug, Default)]
+/// Producers of one bridge.
+const PRODUCERS: u8 = 2;
+
+/// The Kafka sink of one bridge process (`cloud_bridge::sink::kafka::pool` and `claims`): lost
+/// with the process.
+#[derive(Debug)]
 pub struct Bridge {
-    lanes: BTreeMap<String, LaneProducer>,
+    instance: u64,
+    prods: BTreeMap<String, Prod>,
+    /// Edges this bridge claimed and verified, with the claim's token.
+    verified: BTreeMap<String, String>,
+    claiming: BTreeMap<String, Claiming>,
+    next: u64,
     /// The marks this bridge committed (readable a moment after the commit returns).
     committed: BTreeMap<String, u64>,
 }
 
 impl Bridge {
-    fn id(edge: &str, lane: u8) -> String {
-        format!("edge-bridge.{edge}.{lane}")
+    /// The bridge process `instance` (a new one at each start).
+    pub fn new(instance: u64) -> Self {
+        Self {
+            instance,
+            prods: BTreeMap::new(),
+            verified: BTreeMap::new(),
+            claiming: BTreeMap::new(),
+            next: 1,
+            committed: BTreeMap::new(),
+        }
+    }
+
+    fn ids(&self) -> Vec<String> {
+        (0..PRODUCERS).map(|n| format!("edge-bridge.{}.{n}", self.instance)).collect()
+    }
+
+    /// The producer `edge` hashes to.
+    fn id(&self, edge: &str) -> String {
+        let n = edge.bytes().map(u32::from).sum::<u32>() % u32::from(PRODUCERS);
+        format!("edge-bridge.{}.{n}", self.instance)
+    }
+
+    /// The producer of `id`, opened if it is not.
+    fn open(cluster: &mut Cluster, prods: &mut BTreeMap<String, Prod>, id: &str) -> Producer {
+        let prod = prods.entry(id.to_owned()).or_default();
+        if let Some(p) = &prod.producer {
+            return p.clone();
+        }
+        let p = cluster.init(id);
+        if prod.opened {
+            prod.settle = Some(None);
+        }
+        prod.opened = true;
+        prod.marks.clear();
+        prod.producer = Some(p.clone());
+        p
+    }
+
+    fn close(&mut self, id: &str) {
+        if let Some(prod) = self.prods.get_mut(id) {
+            prod.producer = None;
+            prod.busy = None;
+            prod.marks.clear();
+        }
+    }
+
+    /// The token of this bridge's claim of `edge` if it holds it: verified, and the last the
+    /// log shows.
+    fn held(&self, cluster: &Cluster, edge: &str) -> Option<String> {
+        let token = self.verified.get(edge)?;
+        (cluster.claim(edge).map(|c| c.0) == Some(token.clone())).then(|| token.clone())
+    }
+
+    /// Takes `edge` (`Pool::claim`): its claim committed through the edge's producer, the
+    /// producers of the claims before fenced, then, once the marks are settled past what was
+    /// pending, verified if it is still the last; the verification written when the producer
+    /// is free.
+    pub fn claim(&mut self, cluster: &mut Cluster, edge: &str, now: Instant) -> Claim {
+        if self.held(cluster, edge).is_some() {
+            return Claim::Held;
+        }
+        let id = self.id(edge);
+        if !self.claiming.contains_key(edge) {
+            let producer = Self::open(cluster, &mut self.prods, &id);
+            if self.prods.get(&id).is_some_and(|p| p.busy.is_some()) || cluster.committing(&producer) {
+                return Claim::Wait;
+            }
+            let mut fence = Vec::new();
+            if let Some((token, ids, before)) = cluster.claim(edge) {
+                if cluster.verified(edge) != Some(token) {
+                    fence.extend(before);
+                }
+                fence.extend(ids);
+            }
+            let own = self.ids();
+            let mut seen = std::collections::BTreeSet::new();
+            fence.retain(|id| !own.contains(id) && seen.insert(id.clone()));
+            let token = format!("{}/{}", self.instance, self.next);
+            self.next += 1;
+            let body = Body::Claim { edge: edge.to_owned(), token: token.clone(), ids: own, fence: fence.clone() };
+            let written = cluster
+                .write(&producer, edge, vec![body], now)
+                .and_then(|t| cluster.commit(&producer, t, now).map(|_| t));
+            let Ok(own) = written else {
+                self.close(&id);
+                return Claim::Wait;
+            };
+            for victim in &fence {
+                cluster.init(victim);
+                cluster.fences += 1;
+            }
+            let pending = cluster.pending_marks().into_iter().filter(|t| *t != own).collect();
+            self.claiming.insert(edge.to_owned(), Claiming { token, own, pending });
+        }
+        let Some(c) = self.claiming.get(edge) else { return Claim::Wait };
+        if !cluster.done(&c.pending) {
+            cluster.unsettled += 1;
+            return Claim::Wait;
+        }
+        if !cluster.done(&[c.own]) {
+            return Claim::Wait;
+        }
+        let Some(c) = self.claiming.remove(edge) else { return Claim::Wait };
+        if cluster.claim(edge).map(|l| l.0) != Some(c.token.clone()) {
+            return Claim::Lost;
+        }
+        self.verified.insert(edge.to_owned(), c.token.clone());
+        let producer = Self::open(cluster, &mut self.prods, &id);
+        let free = self.prods.get(&id).is_some_and(|p| p.busy.is_none() && p.settle.is_none());
+        if free && !cluster.committing(&producer) {
+            let body = Body::Verified { edge: edge.to_owned(), token: c.token };
+            if cluster.write(&producer, edge, vec![body], now).and_then(|t| cluster.commit(&producer, t, now)).is_err()
+            {
+                self.close(&id);
+            }
+        }
+        Claim::Held
     }
 
     /// The welcome's marks: to the last stable offset, with what this bridge committed.
@@ -339,29 +542,42 @@ impl Bridge {
         lanes.into_iter().map(|(lane, seq)| LaneSeq { lane: shared::proto::Lane(lane), seq: Seq(seq) }).collect()
     }
 
-    /// One attempt at writing `staged`: the lane's producer opened (fencing the ones before)
-    /// and the marks read settled if it was not, then the batch less what the mark covers.
+    /// The mark of `key` as `prod` knows it under `token`, else as the log has it.
+    fn known(cluster: &Cluster, prod: &mut Prod, key: &str, token: &str) -> u64 {
+        if let Some((t, m)) = prod.marks.get(key)
+            && t == token
+        {
+            return *m;
+        }
+        let stored = cluster.mark(key).unwrap_or(0);
+        prod.marks.insert(key.to_owned(), (token.to_owned(), stored));
+        stored
+    }
+
+    /// One attempt at writing `staged` (`Worker::group`, a group of one): the edge's claim
+    /// checked, its producer opened if it is not and the marks read settled after a reopen,
+    /// then the batch less what the mark covers. `Err(Fenced)`: the claim is not this bridge's.
     pub fn write(&mut self, cluster: &mut Cluster, staged: &Staged, now: Instant) -> Result<Write, TxnError> {
-        let id = Self::id(&staged.edge, staged.lane);
-        let lane = self.lanes.entry(id.clone()).or_insert_with(|| LaneProducer {
-            producer: cluster.init(&id),
-            read: false,
-            marks: BTreeMap::new(),
-        });
-        if !lane.read {
-            if !cluster.marks_settled() {
+        let id = self.id(&staged.edge);
+        let producer = Self::open(cluster, &mut self.prods, &id);
+        let Some(prod) = self.prods.get_mut(&id) else { return Ok(Write::NotYet) };
+        if let Some(settle) = &mut prod.settle {
+            let pending = settle.get_or_insert_with(|| cluster.pending_marks());
+            if !cluster.done(pending) {
                 cluster.unsettled += 1;
                 return Ok(Write::NotYet);
             }
-            lane.read = true;
+            prod.settle = None;
         }
-        if cluster.committing(&lane.producer) {
-            // Kafka answers CONCURRENT_TRANSACTIONS until the last commit's markers are
-            // written; the client retries.
+        if prod.busy.is_some() || cluster.committing(&producer) {
+            // One transaction at a time; Kafka answers CONCURRENT_TRANSACTIONS until the last
+            // commit's markers are written.
             return Ok(Write::NotYet);
         }
+        let Some(token) = self.held(cluster, &staged.edge) else { return Err(TxnError::Fenced) };
+        let Some(prod) = self.prods.get_mut(&id) else { return Ok(Write::NotYet) };
         let key = mark_key(&staged.edge, &staged.epoch, staged.lane);
-        let mark = *lane.marks.entry(staged.epoch.clone()).or_insert_with(|| cluster.mark(&key).unwrap_or(0));
+        let mark = Self::known(cluster, prod, &key, &token);
         let fresh: Vec<_> = staged.records.iter().filter(|(seq, _)| *seq > mark).collect();
         let Some(up_to) = fresh.last().map(|(seq, _)| *seq) else { return Ok(Write::Nothing) };
         let mut writes: Vec<Body> = fresh
@@ -373,19 +589,22 @@ impl Bridge {
                 message: message.clone(),
             })
             .collect();
-        writes.push(Body::Mark { key, seq: up_to });
-        match cluster.write(&lane.producer, &staged.edge, writes, now) {
-            Ok(txn) => Ok(Write::Open { txn, producer: lane.producer.clone(), up_to }),
-            Err(e) => {
-                self.lanes.remove(&id);
-                Err(e)
+        writes.push(Body::Mark { key: key.clone(), seq: up_to });
+        match cluster.write(&producer, &staged.edge, writes, now) {
+            Ok(txn) => {
+                prod.busy = Some((txn, key, token, up_to));
+                Ok(Write::Open { txn, producer, up_to })
+            }
+            Err(_) => {
+                self.close(&id);
+                Ok(Write::NotYet)
             }
         }
     }
 
-    /// Commits a batch's transaction, going as `how` says. `Ok(true)`: committed and known to
-    /// be; `Ok(false)`: the batch must be tried again ([`Self::write`] reads the mark anew if
-    /// the producer went).
+    /// Commits a batch's transaction, going as `how` says. `true`: committed and known to be;
+    /// `false`: the batch must be tried again ([`Self::write`] checks the claim and reads the
+    /// mark anew if the producer was closed).
     pub fn commit(
         &mut self,
         cluster: &mut Cluster,
@@ -393,44 +612,40 @@ impl Bridge {
         open: (usize, &Producer, u64),
         how: Commit,
         markers_at: Instant,
-    ) -> Result<bool, TxnError> {
-        let (txn, producer, up_to) = open;
-        let id = Self::id(&staged.edge, staged.lane);
+    ) -> bool {
+        let (txn, producer, _) = open;
+        let id = producer.id.clone();
+        let busy = self.prods.get_mut(&id).and_then(|p| p.busy.take_if(|b| b.0 == txn));
         if how == Commit::Aborted {
             cluster.abort(producer, txn);
-            return Ok(false);
+            return false;
         }
         match cluster.commit(producer, txn, markers_at) {
             Ok(()) if how == Commit::AnswerLost => {
-                self.lanes.remove(&id);
-                Ok(false)
+                self.close(&id);
+                false
             }
             Ok(()) => {
-                if let Some(lane) = self.lanes.get_mut(&id) {
-                    lane.marks.insert(staged.epoch.clone(), up_to);
+                if let (Some(prod), Some((_, key, token, up_to))) = (self.prods.get_mut(&id), busy) {
+                    prod.marks.insert(key, (token, up_to));
+                    self.committed.insert(mark_key(&staged.edge, &staged.epoch, staged.lane), up_to);
                 }
-                self.committed.insert(mark_key(&staged.edge, &staged.epoch, staged.lane), up_to);
-                Ok(true)
+                true
             }
-            Err(TxnError::Aborted) => {
-                self.lanes.remove(&id);
-                Ok(false)
-            }
-            Err(TxnError::Fenced) => {
-                self.lanes.remove(&id);
-                Err(TxnError::Fenced)
+            Err(_) => {
+                self.close(&id);
+                false
             }
         }
     }
 
-    /// Forgets the lane's producer (a publish holding it was abandoned).
-    pub fn drop_lane(&mut self, edge: &str, lane: u8) {
-        self.lanes.remove(&Self::id(edge, lane));
-    }
-
-    /// The lane's mark as its producer knows it; `None` if the lane has no producer here.
-    pub fn mark(&self, edge: &str, epoch: &str, lane: u8) -> Option<u64> {
-        self.lanes.get(&Self::id(edge, lane)).and_then(|l| l.marks.get(epoch).copied())
+    /// The lane's mark as the edge's producer knows it (`Work::Mark`); `Err(Fenced)` if the
+    /// edge's claim is not this bridge's.
+    pub fn mark(&mut self, cluster: &Cluster, edge: &str, epoch: &str, lane: u8) -> Result<u64, TxnError> {
+        let Some(token) = self.held(cluster, edge) else { return Err(TxnError::Fenced) };
+        let id = self.id(edge);
+        let prod = self.prods.entry(id).or_default();
+        Ok(Self::known(cluster, prod, &mark_key(edge, epoch, lane), &token))
     }
 }
 
@@ -443,21 +658,60 @@ pub struct Counts {
     /// Commits of a dead bridge or an ended session that reached the coordinator and held.
     pub late_committed: u64,
     pub unsettled: u64,
+    /// Producers of a bridge before fenced by a claim.
+    pub fences: u64,
 }
 
 /// The Kafka-like sink: the cluster, the bridge process's side of it, and the commits a
 /// crashed bridge had sent that reach the coordinator later.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct Model {
     pub cluster: Cluster,
     pub bridge: Bridge,
+    /// Bridge processes started.
+    instances: u64,
     /// (when, producer, transaction): a dead bridge's commit request still on its way.
     pub late_commits: Vec<(Instant, Producer, usize)>,
+    /// (when, batch, transaction): a live bridge's commit of a batch whose session ended (its
+    /// producer's task goes on with it).
+    pub worker_commits: Vec<(Instant, Staged, (usize, Producer, u64))>,
     pub late_committed: u64,
 }
 
+impl Default for Model {
+    fn default() -> Self {
+        Self {
+            cluster: Cluster::default(),
+            bridge: Bridge::new(1),
+            instances: 1,
+            late_commits: Vec::new(),
+            worker_commits: Vec::new(),
+            late_committed: 0,
+        }
+    }
+}
+
 impl Model {
+    /// The bridge process dies and another starts: the commits its producers' tasks still had
+    /// to make may reach the coordinator, or not (`keep`).
+    pub fn restart(&mut self, mut keep: impl FnMut() -> bool) {
+        for (at, _, (txn, producer, _)) in std::mem::take(&mut self.worker_commits) {
+            if keep() {
+                self.late_commits.push((at, producer, txn));
+            }
+        }
+        self.instances += 1;
+        self.bridge = Bridge::new(self.instances);
+    }
+
     pub fn tick(&mut self, now: Instant, trace: &mut super::Trace) {
+        let (due, later): (Vec<_>, Vec<_>) =
+            std::mem::take(&mut self.worker_commits).into_iter().partition(|c| c.0 <= now);
+        self.worker_commits = later;
+        for (_, staged, (txn, producer, up_to)) in due {
+            let done = self.bridge.commit(&mut self.cluster, &staged, (txn, &producer, up_to), Commit::Ok, now);
+            trace.line(format!("kafka: {}'s commit without its session: {done}", producer.id));
+        }
         let (due, later): (Vec<_>, Vec<_>) =
             std::mem::take(&mut self.late_commits).into_iter().partition(|c| c.0 <= now);
         self.late_commits = later;
@@ -479,11 +733,13 @@ impl Model {
             fenced: c.fenced,
             late_committed: self.late_committed,
             unsettled: c.unsettled,
+            fences: c.fences,
         }
     }
 
     pub fn deadline(&self) -> Option<Instant> {
-        self.late_commits.iter().map(|c| c.0).chain(self.cluster.deadline()).min()
+        let worker = self.worker_commits.iter().map(|c| c.0);
+        self.late_commits.iter().map(|c| c.0).chain(worker).chain(self.cluster.deadline()).min()
     }
 
     /// What a `read_committed` consumer reads: (edge, topic, payload) of each message; and
@@ -532,84 +788,152 @@ mod tests {
             .filter(|(e, _)| e == edge)
             .filter_map(|(_, b)| match b {
                 Body::Record { seq, .. } => Some(*seq),
-                Body::Mark { .. } => None,
+                _ => None,
             })
             .collect()
     }
 
+    fn trace() -> super::super::Trace {
+        super::super::Trace::for_tests()
+    }
+
+    /// Claims `edge` for the model's bridge, the cluster ticking at `t` meanwhile.
+    fn claim(m: &mut Model, edge: &str, t: Instant) {
+        for _ in 0..10 {
+            match m.bridge.claim(&mut m.cluster, edge, t) {
+                Claim::Held => {
+                    // Its verification's markers.
+                    m.tick(t, &mut trace());
+                    return;
+                }
+                Claim::Wait => m.tick(t, &mut trace()),
+                Claim::Lost => panic!("{edge}: claim lost"),
+            }
+        }
+        panic!("{edge}: claim not held");
+    }
+
+    fn write(m: &mut Model, staged: &Staged, t: Instant) -> Write {
+        m.bridge.write(&mut m.cluster, staged, t).unwrap_or_else(|e| panic!("{e:?}"))
+    }
+
+    fn commit(m: &mut Model, staged: &Staged, w: Write, how: Commit, t: Instant) -> bool {
+        let (txn, p, up_to) = open(w);
+        m.bridge.commit(&mut m.cluster, staged, (txn, &p, up_to), how, t)
+    }
+
     /// A mark committed behind another lane's open transaction is hidden from a
-    /// `read_committed` reader; a lane opening then waits until that transaction ends, and its
-    /// resend of the committed batch writes nothing.
+    /// `read_committed` reader; the bridge that next claims the edge fences the dead bridge's
+    /// producers (aborting that transaction), reads settled, and its resend of the committed
+    /// batch writes nothing.
     #[test]
-    fn a_hidden_mark_is_waited_for_and_the_resend_is_dropped() {
+    fn a_hidden_mark_is_read_after_the_claim_fences_and_the_resend_is_dropped() {
         let t0 = Instant::now();
         let mut m = Model::default();
         let (a, b) = (batch("edge-a", 1..=3), batch("edge-b", 1..=2));
-        // Edge-b's lane is open (its marks read) before edge-a's transaction begins.
-        let first = batch("edge-b", 1..=1);
-        let t = open(m.bridge.write(&mut m.cluster, &first, t0).unwrap());
-        m.bridge.commit(&mut m.cluster, &first, (t.0, &t.1, t.2), Commit::Ok, t0).unwrap();
-        m.tick(t0, &mut super::super::Trace::for_tests());
-        let (ta, pa, _) = open(m.bridge.write(&mut m.cluster, &a, t0).unwrap());
-        let tb = open(m.bridge.write(&mut m.cluster, &b, t0).unwrap());
-        m.bridge.commit(&mut m.cluster, &b, (tb.0, &tb.1, tb.2), Commit::Ok, t0).unwrap();
-        m.tick(t0, &mut super::super::Trace::for_tests());
+        claim(&mut m, "edge-a", t0);
+        claim(&mut m, "edge-b", t0);
+        let (ta, pa, _) = open(write(&mut m, &a, t0));
+        let wb = write(&mut m, &b, t0);
+        assert!(commit(&mut m, &b, wb, Commit::Ok, t0));
+        m.tick(t0, &mut trace());
         // The bridge dies: edge-a's transaction stays open, edge-b's mark is behind it.
-        m.bridge = Bridge::default();
+        m.restart(|| false);
         let heard = m.bridge.committed(&m.cluster, "edge-b", "ep");
-        assert_eq!(heard[0].seq, Seq(1), "the welcome may say less than is committed");
-        assert!(matches!(m.bridge.write(&mut m.cluster, &b, t0).unwrap(), Write::NotYet));
-        assert_eq!(m.cluster.unsettled, 1);
-        // Edge-a's lane opens again (fencing the dead bridge's producer, aborting its batch).
-        let again = open(m.bridge.write(&mut m.cluster, &a, t0).unwrap_or_else(|e| panic!("{e:?}")));
+        assert!(heard.is_empty(), "the welcome may say less than is committed: {heard:?}");
+        assert_eq!(m.bridge.write(&mut m.cluster, &b, t0).unwrap_err(), TxnError::Fenced, "not claimed yet");
+        claim(&mut m, "edge-b", t0);
+        assert_eq!(m.cluster.fences, 2, "the dead bridge's two producers");
         assert_eq!(m.cluster.aborted, 1);
         assert!(matches!(m.cluster.commit(&pa, ta, t0), Err(TxnError::Fenced)), "the dead bridge's commit");
-        m.bridge.commit(&mut m.cluster, &a, (again.0, &again.1, again.2), Commit::Ok, t0).unwrap();
-        m.tick(t0, &mut super::super::Trace::for_tests());
-        assert!(matches!(m.bridge.write(&mut m.cluster, &b, t0).unwrap(), Write::Nothing));
+        assert!(matches!(write(&mut m, &b, t0), Write::Nothing));
+        claim(&mut m, "edge-a", t0);
+        let again = write(&mut m, &a, t0);
+        assert!(commit(&mut m, &a, again, Commit::Ok, t0));
+        m.tick(t0, &mut trace());
         assert_eq!(seqs(&m, "edge-a"), [1, 2, 3]);
         assert_eq!(seqs(&m, "edge-b"), [1, 2]);
     }
 
-    /// A commit decided before the bridge died is completed by the next producer of the id,
-    /// which then finds the batch covered; a commit whose answer was lost likewise.
+    /// A claim waits for the transactions open when it was written, even those of producers it
+    /// does not fence (a dead bridge that never held the edge), until they end.
+    #[test]
+    fn a_claim_waits_for_what_is_open_and_a_verified_one_is_not_fenced_again() {
+        let t0 = Instant::now();
+        let mut m = Model::default();
+        claim(&mut m, "edge-c", t0);
+        let c = batch("edge-c", 1..=2);
+        let _open = open(write(&mut m, &c, t0));
+        m.restart(|| false);
+        // edge-b was never claimed: nothing to fence, and the dead bridge's transaction holds
+        // the marks unsettled until the coordinator aborts it.
+        assert_eq!(m.bridge.claim(&mut m.cluster, "edge-b", t0), Claim::Wait);
+        m.tick(t0, &mut trace());
+        assert_eq!(m.bridge.claim(&mut m.cluster, "edge-b", t0), Claim::Wait);
+        assert!(m.cluster.unsettled > 0);
+        m.tick(t0 + TRANSACTION_TIMEOUT, &mut trace());
+        assert_eq!(m.bridge.claim(&mut m.cluster, "edge-b", t0 + TRANSACTION_TIMEOUT), Claim::Held);
+        m.tick(t0 + TRANSACTION_TIMEOUT, &mut trace());
+        assert_eq!(m.cluster.fences, 0);
+        // The next bridge fences only the producers of the verified claim before it.
+        m.restart(|| false);
+        claim(&mut m, "edge-b", t0 + TRANSACTION_TIMEOUT);
+        assert_eq!(m.cluster.fences, 2);
+    }
+
+    /// A commit decided before the bridge died is completed when the next bridge's claim
+    /// fences its producer, which then finds the batch covered; a commit whose answer was lost
+    /// likewise.
     #[test]
     fn a_decided_commit_is_completed_and_a_lost_answer_writes_nothing_twice() {
         let t0 = Instant::now();
         let later = t0 + Duration::from_secs(1);
         let mut m = Model::default();
         let a = batch("edge-a", 1..=3);
-        let t = open(m.bridge.write(&mut m.cluster, &a, t0).unwrap());
-        m.bridge.commit(&mut m.cluster, &a, (t.0, &t.1, t.2), Commit::Ok, later).unwrap();
-        m.bridge = Bridge::default();
-        assert!(matches!(m.bridge.write(&mut m.cluster, &a, t0).unwrap(), Write::Nothing));
+        claim(&mut m, "edge-a", t0);
+        let w = write(&mut m, &a, t0);
+        assert!(commit(&mut m, &a, w, Commit::Ok, later));
+        m.restart(|| false);
+        claim(&mut m, "edge-a", t0);
+        assert!(matches!(write(&mut m, &a, t0), Write::Nothing));
         let b = batch("edge-a", 3..=5);
-        let t = open(m.bridge.write(&mut m.cluster, &b, t0).unwrap());
-        assert!(!m.bridge.commit(&mut m.cluster, &b, (t.0, &t.1, t.2), Commit::AnswerLost, t0).unwrap());
-        m.tick(t0, &mut super::super::Trace::for_tests());
-        assert!(matches!(m.bridge.write(&mut m.cluster, &b, t0).unwrap(), Write::Nothing));
+        let w = write(&mut m, &b, t0);
+        assert!(!commit(&mut m, &b, w, Commit::AnswerLost, t0));
+        m.tick(t0, &mut trace());
+        assert!(matches!(write(&mut m, &b, t0), Write::Nothing));
         assert_eq!(seqs(&m, "edge-a"), [1, 2, 3, 4, 5]);
     }
 
     /// A transaction open past its timeout is aborted and its producer fenced; a late commit
-    /// of a producer nobody replaced lands.
+    /// of a producer nobody fenced lands; one of a fenced producer does not.
     #[test]
     fn a_timed_out_transaction_is_aborted_and_a_late_commit_lands_if_not_fenced() {
         let t0 = Instant::now();
         let mut m = Model::default();
         let a = batch("edge-a", 1..=2);
-        let (txn, p, _) = open(m.bridge.write(&mut m.cluster, &a, t0).unwrap());
-        m.tick(t0 + TRANSACTION_TIMEOUT, &mut super::super::Trace::for_tests());
+        claim(&mut m, "edge-a", t0);
+        let (txn, p, _) = open(write(&mut m, &a, t0));
+        m.tick(t0 + TRANSACTION_TIMEOUT, &mut trace());
         assert_eq!(m.cluster.aborted, 1);
         assert_eq!(m.cluster.commit(&p, txn, t0), Err(TxnError::Fenced));
-        m.bridge = Bridge::default();
+        m.restart(|| false);
         let b = batch("edge-b", 1..=2);
-        let (txn, p, _) = open(m.bridge.write(&mut m.cluster, &b, t0).unwrap());
-        m.bridge = Bridge::default();
+        claim(&mut m, "edge-b", t0);
+        let (txn, p, _) = open(write(&mut m, &b, t0));
+        m.restart(|| false);
         m.late_commits.push((t0, p, txn));
-        m.tick(t0, &mut super::super::Trace::for_tests());
+        m.tick(t0, &mut trace());
         assert_eq!(m.late_committed, 1);
+        let c = batch("edge-c", 1..=1);
+        claim(&mut m, "edge-c", t0);
+        let (txn, p, _) = open(write(&mut m, &c, t0));
+        m.restart(|| false);
+        claim(&mut m, "edge-c", t0);
+        m.late_commits.push((t0, p, txn));
+        m.tick(t0, &mut trace());
+        assert_eq!(m.late_committed, 1, "fenced by the claim");
         assert!(seqs(&m, "edge-a").is_empty());
         assert_eq!(seqs(&m, "edge-b"), [1, 2]);
+        assert!(seqs(&m, "edge-c").is_empty());
     }
 }

@@ -1020,8 +1020,8 @@ pub fn describe(s: &Summary) -> String {
         let _ = write!(
             out,
             "; kafka: {} transactions committed, {} aborted, {} writes fenced, {} late commits landed, {} waits for \
-             settled marks",
-            k.committed, k.aborted, k.fenced, k.late_committed, k.unsettled
+             settled marks, {} producers fenced by claims",
+            k.committed, k.aborted, k.fenced, k.late_committed, k.unsettled, k.fences
         );
     }
     out
