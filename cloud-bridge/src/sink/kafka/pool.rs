@@ -34,7 +34,7 @@ use super::log::StateLog;
 use super::mark_key;
 use super::outgoing::{Outgoing, Staged, Topic};
 use super::settings::KafkaSettings;
-use super::txn::{TxProducer, attempt, close, open_producer, producer_config, txn_error};
+use super::txn::{Shown, TxProducer, attempt, close, open_producer, producer_config, txn_error};
 use crate::sink::SinkError;
 /// Jobs in one transaction, at most: a batch is up to the edge's batch size, so this bounds a
 /// transaction's records too.
@@ -158,22 +158,9 @@ impl Pool {
         if writes.is_empty() {
             return Ok(out);
         }
-        let expected: Vec<(String, String, Option<Vec<u8>>)> = writes
-            .iter()
-            .map(|w| {
-                let key = String::from_utf8_lossy(&w.key).into_owned();
-                (w.topic.clone(), key, (!w.tombstone).then(|| w.payload.clone()))
-            })
-            .collect();
+        let expected = Shown::of(&writes);
         self.submit(edge, Work::Owned(writes)).await?;
-        // A commit returns once the coordinator decided it; the markers that make it readable
-        // follow. The next read-then-write of this state must see this one.
-        let within = self.shared.settings.transaction_timeout.0;
-        for (topic, key, value) in &expected {
-            if let Some(log) = logs.iter().find(|l| l.topic() == topic) {
-                log.await_shows(key, value.as_deref(), within).await?;
-            }
-        }
+        expected.awaited(logs, self.shared.settings.transaction_timeout.0).await?;
         Ok(out)
     }
 

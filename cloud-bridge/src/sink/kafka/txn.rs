@@ -21,6 +21,35 @@ const INIT_TIMEOUT: Duration = Duration::from_secs(30);
 
 pub(crate) type TxProducer = ThreadedProducer<Context>;
 
+/// What a committed transaction wrote, to wait for in the logs that follow it: a commit
+/// returns once the coordinator decided it, and the markers that make it readable follow; the
+/// next read-then-write of that state must see it.
+pub(crate) struct Shown(Vec<(String, String, Option<Vec<u8>>)>);
+
+impl Shown {
+    pub(crate) fn of(writes: &[Outgoing]) -> Self {
+        Self(
+            writes
+                .iter()
+                .map(|w| {
+                    let key = String::from_utf8_lossy(&w.key).into_owned();
+                    (w.topic.clone(), key, (!w.tombstone).then(|| w.payload.clone()))
+                })
+                .collect(),
+        )
+    }
+
+    /// Waits until each of `logs` shows what was written to its topic (fails after `within`).
+    pub(crate) async fn awaited(&self, logs: &[&StateLog], within: Duration) -> Result<(), SinkError> {
+        for (topic, key, value) in &self.0 {
+            if let Some(log) = logs.iter().find(|l| l.topic() == topic) {
+                log.await_shows(key, value.as_deref(), within).await?;
+            }
+        }
+        Ok(())
+    }
+}
+
 /// A read-then-write of state no edge owns (a schema subject's versions), by whoever asks, as
 /// compare-and-set would do it: a producer of `id` is opened for it (fencing every other of
 /// that id, so nobody else writes these keys meanwhile), `logs` are read settled, `decide`
@@ -51,12 +80,7 @@ pub(crate) async fn exclusive_write<T>(
         return Ok(out);
     }
     let timeout = settings.transaction_timeout.0;
-    let expected: Vec<(String, String, Option<Vec<u8>>)> = writes
-        .iter()
-        .map(|w| {
-            (w.topic.clone(), String::from_utf8_lossy(&w.key).into_owned(), (!w.tombstone).then(|| w.payload.clone()))
-        })
-        .collect();
+    let expected = Shown::of(&writes);
     let (producer, result) = tokio::task::spawn_blocking(move || attempt(producer, &writes, timeout))
         .await
         .map_err(|e| SinkError::Task { what: "write", reason: e.to_string() })?;
@@ -64,11 +88,7 @@ pub(crate) async fn exclusive_write<T>(
         close(p);
     }
     result.map_err(|e| txn_error("write", id, &e))?;
-    for (topic, key, value) in &expected {
-        if let Some(log) = logs.iter().find(|l| l.topic() == topic) {
-            log.await_shows(key, value.as_deref(), timeout).await?;
-        }
-    }
+    expected.awaited(logs, timeout).await?;
     Ok(out)
 }
 
