@@ -11,6 +11,11 @@ pub struct DeadLetterLabel {
     pub reason: &'static str,
 }
 
+#[derive(Clone, Debug, Hash, PartialEq, Eq, prometheus_client::encoding::EncodeLabelSet)]
+pub struct OutcomeLabel {
+    pub outcome: &'static str,
+}
+
 shared::metrics! {
     /// What the sinks count, and whether the sink takes writes ([`health::SinkHealth`], for
     /// `/readyz`).
@@ -33,6 +38,26 @@ shared::metrics! {
         pub dicts_evicted: Counter => (
             "dicts_evicted",
             "Dictionaries deleted past limits.dicts_per_edge or limits.dict_bytes_per_edge of one edge"
+        ),
+        pub kafka_claims: Family<OutcomeLabel, Counter> => (
+            "kafka_claims",
+            "Edges a Kafka sink claimed for this bridge (won: claim verified; lost: another bridge's claim came last)"
+        ),
+        pub kafka_fences: Counter => (
+            "kafka_fences",
+            "Transactional producers of earlier claims of an edge a Kafka sink fenced"
+        ),
+        pub kafka_transactions: Family<OutcomeLabel, Counter> => (
+            "kafka_transactions",
+            "Transactions a Kafka sink's producers ended (committed, failed: aborted or producer closed)"
+        ),
+        pub kafka_transaction_jobs: Counter => (
+            "kafka_transaction_jobs",
+            "Jobs (batches, state writes, claims) in the Kafka sink's committed transactions: over kafka_transactions, the group commit's size"
+        ),
+        pub kafka_producers_open: Gauge => (
+            "kafka_producers_open",
+            "Transactional producers a Kafka sink has open (at most sink.producers)"
         ),
         /// What `/readyz` reads: the newest write's or probe's outcome.
         pub health: health::SinkHealth => (not exported),

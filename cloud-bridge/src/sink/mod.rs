@@ -42,7 +42,7 @@ use shared::proto::{DictAnnounce, LaneSeq, WireRecord};
 
 pub use downlink::DownlinkStore;
 pub use error::SinkError;
-pub use metrics::{DeadLetterLabel, SinkMetrics};
+pub use metrics::{DeadLetterLabel, OutcomeLabel, SinkMetrics};
 pub use presence::{BridgeState, EdgeState, FleetData, FleetStates, LaneState, StoredReport};
 pub use quota::{EdgeQuota, EpochVerdict};
 pub use retry::Retry;

@@ -13,7 +13,8 @@ use cloud_bridge::sink::kafka::KafkaSink;
 use cloud_bridge::sink::kafka::settings::KafkaSettings;
 use cloud_bridge::sink::schemas::SchemaStore;
 use cloud_bridge::sink::{
-    BridgeState, DictStore, EdgeQuota, EdgeState, EpochVerdict, FleetStore, RecordSink, SinkError, StoredReport,
+    BridgeState, DictStore, EdgeQuota, EdgeState, EpochVerdict, FleetStore, OutcomeLabel, RecordSink, SinkError,
+    SinkMetrics, StoredReport,
 };
 use e2e_tests::fixtures::wire_record;
 use e2e_tests::kafka::{KafkaBroker, seqs};
@@ -163,7 +164,8 @@ async fn a_bridge_killed_mid_batch_leaves_nothing_and_a_fenced_one_writes_nothin
         zombie.kill().await.unwrap();
     }
 
-    let second = sink(&broker, |_| {}).await;
+    let metrics = std::sync::Arc::new(SinkMetrics::default());
+    let second = sink(&broker, |_| {}).await.with_metrics(metrics.clone());
     assert_eq!(second.committed("edge-1", "ep1").await.unwrap(), lane0(3), "the zombie's mark is not seen");
     // Its claim fences the first bridge's producers: without that, the hello would wait out the
     // zombies' transactions (60 s).
@@ -171,6 +173,15 @@ async fn a_bridge_killed_mid_batch_leaves_nothing_and_a_fenced_one_writes_nothin
     assert_eq!(admitted.expect("admitted without waiting the zombies out").unwrap(), EpochVerdict::Known);
     second.write("edge-1", "ep1", 0, (4..=6).map(rich).collect(), 6).await.unwrap();
     assert_eq!(second.committed("edge-1", "ep1").await.unwrap(), lane0(6));
+    // What the operator sees of it: one claim won, the first bridge's four producers fenced,
+    // the claim's and the batch's transactions committed on the producer edge-1 hashes to.
+    let outcome = |outcome| OutcomeLabel { outcome };
+    assert_eq!(metrics.kafka_claims.get_or_create(&outcome("won")).get(), 1);
+    assert_eq!(metrics.kafka_claims.get_or_create(&outcome("lost")).get(), 0);
+    assert_eq!(metrics.kafka_fences.get(), 4);
+    assert!(metrics.kafka_transactions.get_or_create(&outcome("committed")).get() >= 2);
+    assert!(metrics.kafka_transaction_jobs.get() >= 2);
+    assert_eq!(metrics.kafka_producers_open.get(), 1);
 
     let late = tokio::time::timeout(WAIT, first.write("edge-1", "ep1", 0, (7..=7).map(rich).collect(), 7))
         .await

@@ -53,6 +53,14 @@ pub(crate) fn verified_key(edge: &str) -> String {
     format!("v/{edge}")
 }
 
+/// A claim of this bridge's that it verified.
+#[derive(Clone)]
+struct Verified {
+    token: String,
+    /// The claim as written.
+    written: Arc<[u8]>,
+}
+
 /// This bridge's claims, and the fences it made.
 pub(crate) struct Claims {
     settings: KafkaSettings,
@@ -60,8 +68,10 @@ pub(crate) struct Claims {
     ids: Vec<String>,
     marks: Arc<StateLog>,
     next: AtomicU64,
-    /// Edges this bridge claimed and verified, with the claim's token.
-    verified: Mutex<HashMap<String, String>>,
+    /// Edges this bridge claimed and verified: the claim's token, and the claim as written (the
+    /// log showing these bytes under the edge's claim key is the claim still holding, checked
+    /// for every job without parsing).
+    verified: Mutex<HashMap<String, Verified>>,
     /// Per producer id fenced: when its last fence started.
     fences: Mutex<HashMap<String, Arc<tokio::sync::Mutex<Option<Instant>>>>>,
 }
@@ -97,36 +107,31 @@ impl Claims {
     /// The token of this bridge's claim of `edge`, if it holds it: claimed, verified, and the
     /// log shows no later claim.
     pub(crate) fn held(&self, edge: &str) -> Option<String> {
-        let token = self.verified.lock().unwrap_or_else(|e| e.into_inner()).get(edge).cloned()?;
-        let shown = self.marks.get(&claim_key(edge))?;
-        let claim: Claim = serde_json::from_slice(&shown).ok()?;
-        (claim.token == token).then_some(token)
+        let Verified { token, written } = self.verified.lock().unwrap_or_else(|e| e.into_inner()).get(edge).cloned()?;
+        self.marks.is(&claim_key(edge), &written).then_some(token)
     }
 
-    pub(crate) fn verify(&self, edge: &str, token: String) {
+    /// Records the claim of `edge` written as `value` under `token` as verified.
+    pub(crate) fn verify(&self, edge: &str, token: String, value: &[u8]) {
         let mut verified = self.verified.lock().unwrap_or_else(|e| e.into_inner());
         if verified.len() >= 100_000 && !verified.contains_key(edge) {
             // Edges gone to other bridges need no entry.
             let marks = &self.marks;
-            verified.retain(|e, t| {
-                marks
-                    .get(&claim_key(e))
-                    .and_then(|v| serde_json::from_slice::<Claim>(&v).ok())
-                    .is_some_and(|c| c.token == *t)
-            });
+            verified.retain(|e, v| marks.is(&claim_key(e), &v.written));
         }
-        verified.insert(edge.to_owned(), token);
+        verified.insert(edge.to_owned(), Verified { token, written: value.into() });
     }
 
     /// Fences every producer of `ids`: each fenced by a fence that started after this was
-    /// called (fences of one id asked for meanwhile are made once).
-    pub(crate) async fn fence(&self, ids: &[String]) -> Result<(), SinkError> {
+    /// called (fences of one id asked for meanwhile are made once). Returns how many this call
+    /// made.
+    pub(crate) async fn fence(&self, ids: &[String]) -> Result<usize, SinkError> {
         let asked = Instant::now();
-        futures_util::future::try_join_all(ids.iter().map(|id| self.fence_one(id, asked))).await?;
-        Ok(())
+        let made = futures_util::future::try_join_all(ids.iter().map(|id| self.fence_one(id, asked))).await?;
+        Ok(made.into_iter().filter(|m| *m).count())
     }
 
-    async fn fence_one(&self, id: &str, asked: Instant) -> Result<(), SinkError> {
+    async fn fence_one(&self, id: &str, asked: Instant) -> Result<bool, SinkError> {
         let slot = {
             let mut fences = self.fences.lock().unwrap_or_else(|e| e.into_inner());
             if fences.len() >= 4096 && !fences.contains_key(id) {
@@ -136,7 +141,7 @@ impl Claims {
         };
         let mut last = slot.lock().await;
         if last.is_some_and(|started| started >= asked) {
-            return Ok(());
+            return Ok(false);
         }
         let started = Instant::now();
         match open_producer(producer_config(&self.settings, id)?, id).await {
@@ -147,6 +152,6 @@ impl Claims {
         }
         tracing::debug!(id, "kafka: producer fenced");
         *last = Some(started);
-        Ok(())
+        Ok(true)
     }
 }

@@ -111,6 +111,11 @@ impl StateLog {
         })
     }
 
+    /// Whether `key`'s value as applied so far is `value` (compared where it is, not copied).
+    pub(crate) fn is(&self, key: &str, value: &[u8]) -> bool {
+        self.follower.with(|l| l.values.get(key).is_some_and(|v| v.as_slice() == value))
+    }
+
     /// The value of `key`, as applied so far.
     pub(crate) fn get(&self, key: &str) -> Option<Vec<u8>> {
         self.follower.with(|l| l.values.get(key).cloned())

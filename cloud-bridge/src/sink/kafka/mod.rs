@@ -207,6 +207,7 @@ impl KafkaSink {
 
     /// Counts into `metrics`.
     pub fn with_metrics(mut self, metrics: Arc<SinkMetrics>) -> Self {
+        self.pool.count_into(metrics.clone());
         self.metrics = metrics;
         self
     }

@@ -35,7 +35,8 @@ use super::mark_key;
 use super::outgoing::{Outgoing, Staged, Topic};
 use super::settings::KafkaSettings;
 use super::txn::{Shown, TxProducer, attempt, close, open_producer, producer_config, txn_error};
-use crate::sink::SinkError;
+use crate::sink::{OutcomeLabel, SinkError, SinkMetrics};
+
 /// Jobs in one transaction, at most: a batch is up to the edge's batch size, so this bounds a
 /// transaction's records too.
 const GROUP: usize = 64;
@@ -77,6 +78,24 @@ pub(crate) struct Shared {
     /// an ack must hear the mark the ack promised.
     committed: Mutex<BTreeMap<String, u64>>,
     open: AtomicUsize,
+    /// Set once the sink is given the bridge's metrics, after the producers started.
+    metrics: Mutex<Arc<SinkMetrics>>,
+}
+
+impl Shared {
+    fn metrics(&self) -> Arc<SinkMetrics> {
+        self.metrics.lock().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    /// One more (or one fewer) producer open.
+    fn opened(&self, delta: isize) {
+        let open = if delta > 0 {
+            self.open.fetch_add(1, Ordering::Relaxed) + 1
+        } else {
+            self.open.fetch_sub(1, Ordering::Relaxed) - 1
+        };
+        self.metrics().kafka_producers_open.set(open as i64);
+    }
 }
 
 /// The producers of this bridge.
@@ -102,6 +121,7 @@ impl Pool {
             claims,
             committed: Mutex::default(),
             open: AtomicUsize::new(0),
+            metrics: Mutex::default(),
         });
         let senders = ids
             .into_iter()
@@ -118,6 +138,12 @@ impl Pool {
 
     pub(crate) fn shared(&self) -> &Arc<Shared> {
         &self.shared
+    }
+
+    /// Counts into `metrics` from now on.
+    pub(crate) fn count_into(&self, metrics: Arc<SinkMetrics>) {
+        metrics.kafka_producers_open.set(self.open() as i64);
+        *self.shared.metrics.lock().unwrap_or_else(|e| e.into_inner()) = metrics;
     }
 
     /// Producers open now (at most `producers`).
@@ -228,15 +254,31 @@ impl Pool {
                 Err(e) => return Err(e),
             }
         }
-        claims.fence(&claim.fence).await?;
+        let fenced = claims.fence(&claim.fence).await?;
+        let metrics = shared.metrics();
+        metrics.kafka_fences.inc_by(fenced as u64);
         shared.marks.read_settled().await?;
-        let now = shared.marks.get(&key).and_then(|v| serde_json::from_slice::<Claim>(&v).ok());
-        if now.is_none_or(|c| c.token != token) {
+        if !shared.marks.is(&key, &value) {
+            metrics.kafka_claims.get_or_create(&OutcomeLabel { outcome: "lost" }).inc();
             return Err(SinkError::Fenced { what: "claim", key: edge.to_owned() });
         }
-        claims.verify(edge, token.clone());
+        metrics.kafka_claims.get_or_create(&OutcomeLabel { outcome: "won" }).inc();
+        claims.verify(edge, token.clone(), &value);
         tracing::debug!(edge, token, fenced = claim.fence.len(), "kafka: edge claimed");
         Ok(Some(shared.marks_topic.put(verified_key(edge), token.into_bytes())))
+    }
+
+    /// The mark of `edge`'s lane as this bridge knows it without asking its producer, while it
+    /// holds the edge: the highest it committed or the log shows. A producer's own marks are
+    /// these or lower (what it read from the log or committed), so a mark found here to cover
+    /// a batch is one the producer would answer too; `None` (not held) or a lower mark is for
+    /// the producer to answer ([`Work::Mark`]), in its order.
+    pub(crate) fn known_mark(&self, edge: &str, epoch: &str, lane: u8) -> Option<u64> {
+        self.shared.claims.held(edge)?;
+        let key = mark_key(edge, epoch, lane);
+        let logged = self.shared.marks.get(&key).and_then(|v| super::parse_mark(&v)).unwrap_or(0);
+        let committed = self.shared.committed.lock().unwrap_or_else(|e| e.into_inner()).get(&key).copied();
+        Some(logged.max(committed.unwrap_or(0)))
     }
 
     /// The marks this bridge committed under `prefix` (a [`mark_key`] prefix), with the key.
@@ -289,7 +331,7 @@ impl Worker {
             self.group(group).await;
         }
         if let Some(p) = self.producer.take() {
-            self.shared.open.fetch_sub(1, Ordering::Relaxed);
+            self.shared.opened(-1);
             close(p);
         }
     }
@@ -355,8 +397,11 @@ impl Worker {
             accepted.push(job);
         }
         let result = if writes.is_empty() { Ok(()) } else { self.transact(writes).await };
+        let metrics = self.shared.metrics();
         match result {
             Ok(()) => {
+                metrics.kafka_transactions.get_or_create(&OutcomeLabel { outcome: "committed" }).inc();
+                metrics.kafka_transaction_jobs.inc_by(accepted.len() as u64);
                 let mut committed = self.shared.committed.lock().unwrap_or_else(|e| e.into_inner());
                 // Bounded by the lanes this bridge writes; the log has them all a moment later.
                 if committed.len() > 100_000 {
@@ -382,6 +427,7 @@ impl Worker {
                 }
             }
             Err(e) => {
+                metrics.kafka_transactions.get_or_create(&OutcomeLabel { outcome: "failed" }).inc();
                 let fenced = matches!(e, SinkError::Fenced { .. });
                 let reason = e.to_string();
                 for job in accepted {
@@ -416,7 +462,7 @@ impl Worker {
     /// marks it kept: those of the log are used once read settled.
     async fn reopen(&mut self) -> Result<(), SinkError> {
         let producer = open_producer(producer_config(&self.shared.settings, &self.id)?, &self.id).await?;
-        self.shared.open.fetch_add(1, Ordering::Relaxed);
+        self.shared.opened(1);
         self.producer = Some(producer);
         self.marks.clear();
         Ok(())
@@ -434,7 +480,7 @@ impl Worker {
         match producer {
             Some(p) => self.producer = Some(p),
             None => {
-                self.shared.open.fetch_sub(1, Ordering::Relaxed);
+                self.shared.opened(-1);
                 self.marks.clear();
                 self.settled = false;
             }
