@@ -3,6 +3,7 @@
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 
 use super::health;
 
@@ -54,6 +55,18 @@ shared::metrics! {
         pub kafka_transaction_jobs: Counter => (
             "kafka_transaction_jobs",
             "Jobs (batches, state writes, claims) in the Kafka sink's committed transactions: over kafka_transactions, the group commit's size"
+        ),
+        pub kafka_transaction_seconds: Histogram => (
+            "kafka_transaction",
+            "A Kafka sink's transaction, begin to commit's answer (a group of jobs on one producer)",
+            unit Seconds,
+            init Histogram::new(exponential_buckets(0.000_5, 2.0, 14))
+        ),
+        pub kafka_queue_seconds: Histogram => (
+            "kafka_queue",
+            "How long a job waited for its Kafka producer (behind the transaction it had open)",
+            unit Seconds,
+            init Histogram::new(exponential_buckets(0.000_5, 2.0, 14))
         ),
         pub kafka_producers_open: Gauge => (
             "kafka_producers_open",

@@ -11,7 +11,8 @@
 //! SINK is `jetstream` (a nats-server of its own), `kafka` (a single-node Kafka broker of its
 //! own, KRaft; its JVM's CPU is reported as `nats_cpu`) or `sqlite`. BRIDGE_CONFIG (env) is appended to
 //! the bridge's config, e.g. `BRIDGE_CONFIG='[limits]\nhandshakes_per_second = 300'`; EDGE_UPLINK
-//! (env, TOML) overrides keys of every edge's `[uplink]`, e.g. `EDGE_UPLINK='dict_size = 0'`. Each edge drives
+//! (env, TOML) overrides keys of every edge's `[uplink]`, e.g. `EDGE_UPLINK='dict_size = 0'`.
+//! METRICS_OUT (env, a path) keeps the bridge's `/metrics` as it is after the active phase. Each edge drives
 //! the shipped uplink's policies with its default `[uplink]` (`e2e_tests::simedge`): RATE
 //! records of 1 KiB a second arrive on LANES lanes in turn and go as its linger and batch size
 //! say; each active edge's lanes hold BACKLOG records each when the active phase begins.
@@ -228,6 +229,12 @@ async fn main() -> anyhow::Result<()> {
                "ack_p50_ms": quantile(&mut latencies, 0.5).as_secs_f64() * 1e3,
                "ack_p99_ms": quantile(&mut latencies, 0.99).as_secs_f64() * 1e3})
     );
+
+    // METRICS_OUT (env, a path): the bridge's /metrics after the active phase, for what the
+    // sink's histograms say of where an ack's time went.
+    if let Ok(path) = std::env::var("METRICS_OUT") {
+        std::fs::write(&path, e2e_tests::http_get(bridge.http, "/metrics"))?;
+    }
 
     if storm {
         fleet.stats.reconnects.lock().unwrap().clear();

@@ -34,7 +34,7 @@ use super::log::StateLog;
 use super::mark_key;
 use super::outgoing::{Outgoing, Staged, Topic};
 use super::settings::KafkaSettings;
-use super::txn::{Shown, TxProducer, attempt, close, open_producer, producer_config, txn_error};
+use super::txn::{Shown, TxProducer, attempt, close, open_producer, poll_idle, producer_config, txn_error};
 use crate::sink::{OutcomeLabel, SinkError, SinkMetrics};
 
 /// Jobs in one transaction, at most: a batch is up to the edge's batch size, so this bounds a
@@ -48,6 +48,8 @@ const MAX_FENCE: usize = 256;
 const ATTEMPTS: u32 = 5;
 /// Jobs waiting for a producer, at most; a caller past it waits.
 const QUEUE: usize = 1024;
+/// How often an idle producer is polled (its transactions poll it otherwise).
+const IDLE_POLL: std::time::Duration = std::time::Duration::from_secs(1);
 
 /// What a producer is asked to do for an edge.
 pub(crate) enum Work {
@@ -64,6 +66,7 @@ pub(crate) enum Work {
 struct Job {
     edge: String,
     work: Work,
+    queued: std::time::Instant,
     reply: oneshot::Sender<Result<u64, SinkError>>,
 }
 
@@ -155,7 +158,7 @@ impl Pool {
     pub(crate) async fn submit(&self, edge: &str, work: Work) -> Result<u64, SinkError> {
         let n = super::names::partition_of(edge, self.senders.len() as i32) as usize;
         let (reply, answer) = oneshot::channel();
-        let job = Job { edge: edge.to_owned(), work, reply };
+        let job = Job { edge: edge.to_owned(), work, reply, queued: std::time::Instant::now() };
         let gone = || SinkError::Task { what: "kafka producer", reason: "its task ended".into() };
         self.senders[n].send(job).await.map_err(|_| gone())?;
         answer.await.map_err(|_| gone())?
@@ -320,7 +323,17 @@ struct Worker {
 
 impl Worker {
     async fn run(mut self, mut jobs: mpsc::Receiver<Job>) {
-        while let Some(first) = jobs.recv().await {
+        loop {
+            let first = match tokio::time::timeout(IDLE_POLL, jobs.recv()).await {
+                Ok(Some(job)) => job,
+                Ok(None) => break,
+                Err(_) => {
+                    if let Some(p) = &self.producer {
+                        poll_idle(p);
+                    }
+                    continue;
+                }
+            };
             let mut group = vec![first];
             while group.len() < GROUP {
                 match jobs.try_recv() {
@@ -338,6 +351,10 @@ impl Worker {
 
     /// One transaction for the jobs of `group` that may write.
     async fn group(&mut self, group: Vec<Job>) {
+        let metrics = self.shared.metrics();
+        for job in &group {
+            metrics.kafka_queue_seconds.observe(job.queued.elapsed().as_secs_f64());
+        }
         if self.producer.is_none()
             && let Err(e) = self.reopen().await
         {
@@ -396,8 +413,14 @@ impl Worker {
             }
             accepted.push(job);
         }
-        let result = if writes.is_empty() { Ok(()) } else { self.transact(writes).await };
-        let metrics = self.shared.metrics();
+        let result = if writes.is_empty() {
+            Ok(())
+        } else {
+            let started = std::time::Instant::now();
+            let result = self.transact(writes).await;
+            metrics.kafka_transaction_seconds.observe(started.elapsed().as_secs_f64());
+            result
+        };
         match result {
             Ok(()) => {
                 metrics.kafka_transactions.get_or_create(&OutcomeLabel { outcome: "committed" }).inc();

@@ -5,7 +5,7 @@
 use std::time::{Duration, Instant};
 
 use rdkafka::error::KafkaError;
-use rdkafka::producer::{BaseRecord, Producer, ThreadedProducer};
+use rdkafka::producer::{BaseProducer, BaseRecord, Producer};
 use rdkafka::types::RDKafkaErrorCode;
 
 use super::context::Context;
@@ -19,7 +19,14 @@ use crate::sink::SinkError;
 /// the fenced producer left.
 const INIT_TIMEOUT: Duration = Duration::from_secs(30);
 
-pub(crate) type TxProducer = ThreadedProducer<Context>;
+/// Polled by whoever calls it ([`transact`]; an idle one by its owner, [`poll_idle`]), not by a
+/// thread of the crate's: one thread fewer per producer.
+pub(crate) type TxProducer = BaseProducer<Context>;
+
+/// Serves what an idle producer's queue holds (its errors), not waiting.
+pub(crate) fn poll_idle(producer: &TxProducer) {
+    producer.poll(Duration::ZERO);
+}
 
 /// What a committed transaction wrote, to wait for in the logs that follow it: a commit
 /// returns once the coordinator decided it, and the markers that make it readable follow; the
@@ -173,16 +180,28 @@ fn transact(producer: &TxProducer, records: &[Outgoing], timeout: Duration) -> R
             match producer.send(record) {
                 Ok(()) => break,
                 Err((e @ KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull), back)) => {
-                    // The queue drains as the brokers take it, or its messages time out.
+                    // The queue drains as the brokers take it and their delivery reports are
+                    // served, or as its messages time out.
                     if Instant::now() > deadline {
                         return Err(e);
                     }
                     record = back;
-                    std::thread::sleep(Duration::from_millis(5));
+                    producer.poll(Duration::from_millis(5));
                 }
                 Err((e, _)) => return Err(e),
             }
         }
+    }
+    // The commit flushes first, through rdkafka's `flush`, which polls 100 ms at a time, and a
+    // poll returns at its deadline, not when the delivery reports are in: every commit took
+    // 100 ms more. Served here every millisecond (a poll not waiting, then a sleep: a poll of
+    // 1 ms spins through its last fraction of one), the commit's flush finds nothing left.
+    loop {
+        producer.poll(Duration::ZERO);
+        if producer.in_flight_count() == 0 || Instant::now() > deadline {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(1));
     }
     producer.commit_transaction(timeout)
 }
