@@ -176,6 +176,12 @@ async fn kafka_raw(bootstrap: &str, count: u64) -> anyhow::Result<String> {
                     }
                 }
             }
+            // Delivered before the commit, whose flush would otherwise poll 100 ms at a time
+            // (rdkafka's poll returns at its deadline): the sink does the same, and a peer
+            // paying 100 ms a transaction would flatter it.
+            while producer.in_flight_count() > 0 {
+                std::thread::sleep(Duration::from_millis(1));
+            }
             producer.commit_transaction(timeout)?;
         }
         Ok(())
