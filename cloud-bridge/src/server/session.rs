@@ -47,8 +47,9 @@ pub(super) async fn run<S: Sink>(
     let session = CloudSession::new(limits.max_held).with_down_window(window);
     let down = DownCore::new(edge, services.downlink.metrics.clone(), config.window_messages, config.poll.0)
         .with_max_bytes(config.max_message_bytes.bytes());
-    let mut core: SessionCore<Reservation> =
-        SessionCore::new(session, sink.pipeline(), limits.stall).with_edge(edge, Some(down));
+    let mut core: SessionCore<Reservation> = SessionCore::new(session, sink.pipeline(), limits.stall)
+        .with_publish_ahead(sink.publish_ahead())
+        .with_edge(edge, Some(down));
     // What wakes the edge's downlink when news of its messages comes, once it runs.
     let mut news: Option<Registration> = None;
     // Control frames and batches are read by their own tasks: a read cut short by `select!`

@@ -65,7 +65,7 @@ impl<S: RecordSink> Writes<S> {
             self.batches.insert(id, Batch { held, spans, started: Instant::now(), staged: None });
             self.spawn("stage", async move { Written::Staged(id, stage.await) }, move |e| Written::Staged(id, Err(e)));
         }
-        while let Some(id) = core.poll_publish() {
+        while let Some((id, after)) = core.poll_publish() {
             let Some(staged) = self.batches.get_mut(&id).and_then(|b| b.staged.take()) else {
                 // The core publishes only what it was told is staged. Were that ever broken, the
                 // session ends on it, not with a panic of the connection's task.
@@ -74,7 +74,9 @@ impl<S: RecordSink> Writes<S> {
                 self.running.push(Box::pin(std::future::ready(Written::Published(id, Err(e)))));
                 continue;
             };
-            let publish = sink.publish(staged);
+            // Called here, in the core's order, not in the task: a sink taking several at once
+            // keeps the order it is called in.
+            let publish = sink.publish_after(staged, after);
             self.spawn("publish", async move { Written::Published(id, publish.await) }, move |e| {
                 Written::Published(id, Err(e))
             });

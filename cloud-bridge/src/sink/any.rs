@@ -106,6 +106,22 @@ impl RecordSink for AnySink {
         publish
     }
 
+    fn publish_ahead(&self) -> usize {
+        each!(self, s => s.publish_ahead())
+    }
+
+    fn publish_after(
+        &self,
+        staged: AnyStaged,
+        after: Option<u64>,
+    ) -> impl Future<Output = Result<(), SinkError>> + Send + 'static {
+        let publish: BoxFuture<'static, _> = match (self, staged) {
+            (AnySink::Kafka(s), AnyStaged::Kafka(staged)) => Box::pin(s.publish_after(staged, after)),
+            (_, staged) => Box::pin(self.publish(staged)),
+        };
+        publish
+    }
+
     async fn mark(&self, edge: &str, epoch: &str, lane: u8, up_to: u64) -> Result<(), SinkError> {
         each!(self, s => s.mark(edge, epoch, lane, up_to).await)
     }

@@ -104,6 +104,28 @@ pub trait RecordSink: Send + Sync + 'static {
     /// must not land this one's records first and the earlier one's after the edge's resend.
     fn publish(&self, staged: Self::Staged) -> impl Future<Output = Result<(), SinkError>> + Send + 'static;
 
+    /// Of a session's batches, how many may be publishing at once ([`RecordSink::publish_after`]):
+    /// 1 unless the sink keeps a lane's order itself.
+    fn publish_ahead(&self) -> usize {
+        1
+    }
+
+    /// [`RecordSink::publish`] of a batch called while batches before it may still be
+    /// publishing (at most `publish_ahead` at once, called in the lane's order): `after` is the
+    /// last record of the latest one before it in its lane still publishing. A sink taking
+    /// more than one at a time must take them in the order of these calls (the work is queued
+    /// by the call, not by the future) and must not land this batch before the record `after`
+    /// is in: were the batch before to fail, this one would otherwise be visible ahead of the
+    /// edge's resend of it.
+    fn publish_after(
+        &self,
+        staged: Self::Staged,
+        after: Option<u64>,
+    ) -> impl Future<Output = Result<(), SinkError>> + Send + 'static {
+        debug_assert!(after.is_none() || self.publish_ahead() > 1, "one at a time: nothing before it publishes");
+        self.publish(staged)
+    }
+
     /// Raises the committed mark of (edge, epoch, lane) to `up_to`, never lowers it. Called only
     /// once every record up to `up_to` was published.
     fn mark(&self, edge: &str, epoch: &str, lane: u8, up_to: u64)

@@ -5,7 +5,9 @@
 //!
 //! The driver keeps the real one's shape: a sink call or a round of marks is awaited before the
 //! session reads its next frame; batches stage beside it, `pipeline` at once, each staging
-//! ending when it may, and publish one at a time in the core's order. A call's effect
+//! ending when it may, and publish one at a time in the core's order (the Kafka sink's batches
+//! ahead, `publish_ahead`, are not modelled: its ordering is tested on a real broker,
+//! `kafka_sink::a_batch_given_ahead_waits…`). A call's effect
 //! is made when it is asked; its answer comes after a latency, or, while the part of the sink it
 //! needs is down, a read fails after a timeout and a write waits (the sinks retry writes) until
 //! the part is back.
@@ -493,7 +495,7 @@ impl Session {
             };
             self.staging.push((cx.now + cx.rng.millis(0, 6), p.id, what, staged));
         }
-        while let Some(id) = self.core.poll_publish() {
+        while let Some((id, _)) = self.core.poll_publish() {
             started = true;
             let staged = match self.staged.remove(&id) {
                 Some(((lane, count), Batch::Kafka(staged))) => {

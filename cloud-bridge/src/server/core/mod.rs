@@ -11,9 +11,12 @@
 //!   back at once.
 //! - A batch is staged ([`SessionCore::poll_stage`], what a sink may do before the batches
 //!   ahead are in), then published ([`SessionCore::poll_publish`]). At most `pipeline` are
-//!   staged or publishing at once, started in release order; they publish one at a time, in that
-//!   order, each only once the one before it is in the sink: a failed publish ends the session
-//!   before anything after it is visible, so the edge's resend keeps every lane in order. The
+//!   staged or publishing at once, started in release order; they publish in that order, one
+//!   at a time, each only once the one before it is in the sink: a failed publish ends the
+//!   session before anything after it is visible, so the edge's resend keeps every lane in
+//!   order. A sink that keeps a lane's order itself (`publish_ahead` more than 1) is given up to
+//!   that many at once, still in order, each with the last record of the one before it in its
+//!   lane still publishing (`after`): it must not land a batch before that record. The
 //!   driver reads a batch ahead only while fewer than `pipeline + 1` are under way or waiting.
 //! - A lane's mark moves only over a prefix of batches all in the sink, one mark per lane for
 //!   every batch that finished together, and marks are written one round at a time; the
@@ -69,6 +72,8 @@ struct Started {
     id: u64,
     lane: u8,
     up_to: u64,
+    /// Its last record's seq, if it has records.
+    last: Option<u64>,
     count: u64,
     step: Step,
 }
@@ -86,6 +91,8 @@ enum Step {
 pub struct SessionCore<H> {
     session: CloudSession,
     pipeline: usize,
+    /// Batches publishing at once, at most (the sink's `publish_ahead`).
+    ahead: usize,
     stall: Duration,
     /// What batches taken in hold, by (lane, first seq), until they publish.
     held: HashMap<(u8, u64), (Vec<WireRecord>, H)>,
@@ -124,6 +131,7 @@ impl<H> SessionCore<H> {
         Self {
             session,
             pipeline: pipeline.max(1),
+            ahead: 1,
             stall,
             held: HashMap::new(),
             held_since: None,
@@ -141,6 +149,13 @@ impl<H> SessionCore<H> {
             down: None,
             wall: (Instant::now(), 0),
         }
+    }
+
+    /// Up to `ahead` batches publishing at once (within `pipeline`), for a sink that keeps a
+    /// lane's order itself.
+    pub fn with_publish_ahead(mut self, ahead: usize) -> Self {
+        self.ahead = ahead.clamp(1, self.pipeline);
+        self
     }
 
     /// The session of `edge` (named in the log), with its downlink run by `down` once the
@@ -213,7 +228,8 @@ impl<H> SessionCore<H> {
         }
         let (publish, up_to) = self.queued.pop_front()?;
         let count = publish.records.len() as u64;
-        self.started.push_back(Started { id: publish.id, lane: publish.lane, up_to, count, step: Step::Staging });
+        let last = publish.records.iter().map(|r| r.seq.0).max();
+        self.started.push_back(Started { id: publish.id, lane: publish.lane, up_to, last, count, step: Step::Staging });
         Some(publish)
     }
 
@@ -224,13 +240,30 @@ impl<H> SessionCore<H> {
         }
     }
 
-    /// The staged batch to publish now, if the one before it is in the sink and it is staged:
-    /// its id. Call [`SessionCore::handle_published`] once it is in.
-    pub fn poll_publish(&mut self) -> Option<u64> {
-        // Those in the sink leave the front at once, so the front is the next to publish.
-        let next = self.started.front_mut().filter(|s| s.step == Step::Staged)?;
+    /// The staged batch to publish now, if every one before it is publishing or in the sink,
+    /// fewer than `ahead` are publishing, and it is staged: its id, and the last record of the
+    /// latest batch before it in its lane still publishing (see the module doc). Call
+    /// [`SessionCore::handle_published`] once it is in.
+    pub fn poll_publish(&mut self) -> Option<(u64, Option<u64>)> {
+        let publishing = self.started.iter().filter(|s| s.step == Step::Publishing).count();
+        if publishing >= self.ahead {
+            return None;
+        }
+        let at = self.started.iter().position(|s| !matches!(s.step, Step::Publishing | Step::Published))?;
+        if self.started[at].step != Step::Staged {
+            return None;
+        }
+        let lane = self.started[at].lane;
+        let after = self
+            .started
+            .iter()
+            .take(at)
+            .rev()
+            .filter(|s| s.lane == lane && s.step == Step::Publishing)
+            .find_map(|s| s.last);
+        let next = &mut self.started[at];
         next.step = Step::Publishing;
-        Some(next.id)
+        Some((next.id, after))
     }
 
     /// Batch `id` is in the sink. (One that failed ends the session: the edge resends what

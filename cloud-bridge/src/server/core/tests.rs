@@ -65,7 +65,7 @@ fn publish(core: &mut SessionCore<Rc<()>>, started: &[Publish<Rc<()>>]) {
     for p in started {
         core.handle_staged(p.id);
     }
-    while let Some(id) = core.poll_publish() {
+    while let Some(id) = core.poll_publish().map(|(id, _)| id) {
         core.handle_published(id);
     }
 }
@@ -99,7 +99,7 @@ fn batches_stage_in_order_up_to_the_pipeline_with_one_read_ahead() {
     assert!(!core.wants_batch(), "two under way and one waiting: no more read ahead");
     core.handle_staged(0);
     assert!(stages(&mut core).is_empty(), "staged is still under way");
-    assert_eq!(core.poll_publish(), Some(0));
+    assert_eq!(core.poll_publish().map(|(id, _)| id), Some(0));
     core.handle_published(0);
     assert_eq!(stages(&mut core).iter().map(|p| p.id).collect::<Vec<_>>(), [2]);
     assert!(core.wants_batch());
@@ -119,18 +119,68 @@ fn batches_publish_one_at_a_time_in_order_once_staged() {
     assert_eq!(started.len(), 3);
     core.handle_staged(2);
     core.handle_staged(1);
-    assert_eq!(core.poll_publish(), None, "the first is not staged yet");
+    assert_eq!(core.poll_publish().map(|(id, _)| id), None, "the first is not staged yet");
     core.handle_staged(0);
-    assert_eq!(core.poll_publish(), Some(0));
-    assert_eq!(core.poll_publish(), None, "one publish at a time");
+    assert_eq!(core.poll_publish().map(|(id, _)| id), Some(0));
+    assert_eq!(core.poll_publish().map(|(id, _)| id), None, "one publish at a time");
     core.handle_published(1);
-    assert_eq!(core.poll_publish(), None, "a publish the core did not ask for changes nothing");
+    assert_eq!(core.poll_publish().map(|(id, _)| id), None, "a publish the core did not ask for changes nothing");
     core.handle_published(0);
-    assert_eq!(core.poll_publish(), Some(1));
+    assert_eq!(core.poll_publish().map(|(id, _)| id), Some(1));
     core.handle_published(1);
-    assert_eq!(core.poll_publish(), Some(2));
+    assert_eq!(core.poll_publish().map(|(id, _)| id), Some(2));
     core.handle_published(2);
     assert_eq!(core.take_published(), 30);
+}
+
+/// A sink that keeps a lane's order itself (`publish_ahead` 3) is given up to three at once,
+/// in release order, each with the last record of the latest batch before it in its lane still
+/// publishing: lane 0's second batch names 10, lane 1's first nothing, lane 0's third 20 (not
+/// 10: the latest). A batch ends where it likes; the mark moves only over the prefix in the
+/// sink, so the edge's ack never covers a batch still publishing.
+#[test]
+fn a_sink_keeping_the_order_gets_batches_ahead_each_naming_the_record_before_it() {
+    let now = Instant::now();
+    let mut core = ready(4, &[]).with_publish_ahead(3);
+    take(&mut core, 0, 1, 10, now);
+    take(&mut core, 0, 11, 20, now);
+    take(&mut core, 1, 1, 5, now);
+    take(&mut core, 0, 21, 30, now);
+    let started = stages(&mut core);
+    assert_eq!(started.iter().map(|p| (p.id, p.lane)).collect::<Vec<_>>(), [(0, 0), (1, 0), (2, 1), (3, 0)]);
+    core.handle_staged(1);
+    assert_eq!(core.poll_publish(), None, "in release order: the first is not staged");
+    for id in [0, 2, 3] {
+        core.handle_staged(id);
+    }
+    assert_eq!(core.poll_publish(), Some((0, None)));
+    assert_eq!(core.poll_publish(), Some((1, Some(10))));
+    assert_eq!(core.poll_publish(), Some((2, None)), "another lane: nothing before it");
+    assert_eq!(core.poll_publish(), None, "three publishing at once, at most");
+    core.handle_published(1);
+    assert_eq!(core.poll_marks(), None, "the second is in, the first is not: no mark");
+    assert_eq!(core.poll_publish(), Some((3, Some(10))), "the second is in: the first is the latest publishing");
+    core.handle_published(0);
+    assert_eq!(core.poll_marks(), Some(vec![(0, 20)]), "the prefix in the sink");
+    core.handle_published(3);
+    core.handle_published(2);
+    assert_eq!(core.take_published(), 35);
+}
+
+/// A sink that publishes one at a time never hears of a batch before it (`after` is `None`).
+#[test]
+fn one_at_a_time_names_nothing_before() {
+    let now = Instant::now();
+    let mut core = ready(3, &[]);
+    take(&mut core, 0, 1, 10, now);
+    take(&mut core, 0, 11, 20, now);
+    let started = stages(&mut core);
+    core.handle_staged(started[0].id);
+    core.handle_staged(started[1].id);
+    assert_eq!(core.poll_publish(), Some((0, None)));
+    assert_eq!(core.poll_publish(), None);
+    core.handle_published(0);
+    assert_eq!(core.poll_publish(), Some((1, None)));
 }
 
 /// A lane's mark moves over batches in the sink only, one mark for all that are in when the
@@ -143,11 +193,11 @@ fn marks_follow_published_batches_and_acks_follow_marks() {
     take(&mut core, 0, 11, 20, now);
     let started = stages(&mut core);
     core.handle_staged(started[0].id);
-    assert_eq!(core.poll_publish(), Some(0));
+    assert_eq!(core.poll_publish().map(|(id, _)| id), Some(0));
     assert_eq!(core.poll_marks(), None, "nothing is in the sink yet");
     core.handle_published(0);
     core.handle_staged(started[1].id);
-    assert_eq!(core.poll_publish(), Some(1));
+    assert_eq!(core.poll_publish().map(|(id, _)| id), Some(1));
     core.handle_published(1);
     assert_eq!(core.take_published(), 20);
     let marks = core.poll_marks().expect("both are in the sink");

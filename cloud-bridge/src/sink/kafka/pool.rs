@@ -17,6 +17,12 @@
 //! the edge heard `committed`); the rest go in the transaction with the lane's new mark, so a
 //! `read_committed` reader sees the records and the mark together or neither.
 //!
+//! A session may have several batches of a lane queued at once (`publish_ahead`): each names
+//! the last record of the one before it still publishing, and waits in its producer until the
+//! lane's mark covers that record, so a batch never commits ahead of an earlier one whose
+//! transaction failed (the earlier one is tried again, then this one). In one group, a lane's
+//! waiting batches go in the same transaction, in order.
+//!
 //! A failed transaction is aborted and answered as such (the callers try again). A producer
 //! whose transaction could not be aborted, or that was fenced (another bridge claimed one of
 //! its edges), is closed: the next group opens it again under the same id, which settles what
@@ -53,8 +59,10 @@ const IDLE_POLL: std::time::Duration = std::time::Duration::from_secs(1);
 
 /// What a producer is asked to do for an edge.
 pub(crate) enum Work {
-    /// A batch: its records above its lane's mark, and the new mark.
-    Batch(Arc<Staged>),
+    /// A batch: its records above its lane's mark, and the new mark; not before the lane's mark
+    /// reaches `after` (the last record of the batch before it, if that one may still be in
+    /// flight).
+    Batch { staged: Arc<Staged>, after: Option<u64> },
     /// Writes of the edge's own state, decided by a caller holding the edge's claim.
     Owned(Vec<Outgoing>),
     /// The edge's claim itself: written whoever holds the edge ([`super::claims`]).
@@ -130,8 +138,15 @@ impl Pool {
             .into_iter()
             .map(|id| {
                 let (tx, rx) = mpsc::channel(QUEUE);
-                let worker =
-                    Worker { id, shared: shared.clone(), producer: None, marks: HashMap::new(), settled: true };
+                let worker = Worker {
+                    id,
+                    shared: shared.clone(),
+                    producer: None,
+                    marks: HashMap::new(),
+                    settled: true,
+                    waiting: Vec::new(),
+                    progressed: false,
+                };
                 tokio::spawn(worker.run(rx));
                 tx
             })
@@ -156,12 +171,31 @@ impl Pool {
 
     /// Has `edge`'s producer do `work`; its answer (a mark for [`Work::Mark`]).
     pub(crate) async fn submit(&self, edge: &str, work: Work) -> Result<u64, SinkError> {
+        self.submit_now(edge, work).await
+    }
+
+    /// [`Pool::submit`], queued by this call unless the producer's queue is full (then by the
+    /// future): calls made in order reach the producer in that order.
+    pub(crate) fn submit_now(
+        &self,
+        edge: &str,
+        work: Work,
+    ) -> impl Future<Output = Result<u64, SinkError>> + Send + 'static + use<> {
         let n = super::names::partition_of(edge, self.senders.len() as i32) as usize;
         let (reply, answer) = oneshot::channel();
         let job = Job { edge: edge.to_owned(), work, reply, queued: std::time::Instant::now() };
-        let gone = || SinkError::Task { what: "kafka producer", reason: "its task ended".into() };
-        self.senders[n].send(job).await.map_err(|_| gone())?;
-        answer.await.map_err(|_| gone())?
+        let sender = self.senders[n].clone();
+        let waiting = match sender.try_send(job) {
+            Ok(()) => None,
+            Err(mpsc::error::TrySendError::Full(job) | mpsc::error::TrySendError::Closed(job)) => Some(job),
+        };
+        async move {
+            let gone = || SinkError::Task { what: "kafka producer", reason: "its task ended".into() };
+            if let Some(job) = waiting {
+                sender.send(job).await.map_err(|_| gone())?;
+            }
+            answer.await.map_err(|_| gone())?
+        }
     }
 
     /// A read-then-write of `edge`'s own state (its epochs, its dictionary index), as
@@ -319,22 +353,40 @@ struct Worker {
     /// committed: false from a reopen until the log is read settled. A producer of this run's
     /// ids that never opened before has nothing earlier.
     settled: bool,
+    /// Batches waiting for the batch before them in their lane, oldest first.
+    waiting: Vec<Job>,
+    /// Whether the last group committed: the waiting batches may go now.
+    progressed: bool,
+}
+
+/// What a group does with a job.
+enum Taken {
+    /// In the transaction.
+    Accepted(Job),
+    /// Waits for the batch before it.
+    Waits(Job),
+    /// Answered already.
+    Answered,
 }
 
 impl Worker {
     async fn run(mut self, mut jobs: mpsc::Receiver<Job>) {
         loop {
-            let first = match tokio::time::timeout(IDLE_POLL, jobs.recv()).await {
-                Ok(Some(job)) => job,
-                Ok(None) => break,
-                Err(_) => {
-                    if let Some(p) = &self.producer {
-                        poll_idle(p);
+            let mut group = Vec::new();
+            // Waiting batches go again at once after a commit; otherwise they wait for a job.
+            if !self.progressed || self.waiting.is_empty() {
+                match tokio::time::timeout(IDLE_POLL, jobs.recv()).await {
+                    Ok(Some(job)) => group.push(job),
+                    Ok(None) => break,
+                    Err(_) => {
+                        if let Some(p) = &self.producer {
+                            poll_idle(p);
+                        }
+                        self.expire_waiting();
+                        continue;
                     }
-                    continue;
                 }
-            };
-            let mut group = vec![first];
+            }
             while group.len() < GROUP {
                 match jobs.try_recv() {
                     Ok(j) => group.push(j),
@@ -349,12 +401,32 @@ impl Worker {
         }
     }
 
-    /// One transaction for the jobs of `group` that may write.
-    async fn group(&mut self, group: Vec<Job>) {
+    /// Lets go of the waiting batches whose callers are gone (a session that ended: the batch
+    /// before was not written, so neither is this one), and answers those waiting longer than
+    /// a transaction may take (their callers try again).
+    fn expire_waiting(&mut self) {
+        let within = self.shared.settings.transaction_timeout.0;
+        self.waiting.retain(|j| !j.reply.is_closed());
+        let (old, young): (Vec<Job>, Vec<Job>) =
+            std::mem::take(&mut self.waiting).into_iter().partition(|j| j.queued.elapsed() > within);
+        self.waiting = young;
+        for job in old {
+            let reason = format!("the batch before it in its lane was not written within {within:?}");
+            let _ = job.reply.send(Err(SinkError::Unavailable { what: "write", reason }));
+        }
+    }
+
+    /// One transaction for the jobs of `group` that may write, and the batches waiting before
+    /// them.
+    async fn group(&mut self, new: Vec<Job>) {
+        self.progressed = false;
         let metrics = self.shared.metrics();
-        for job in &group {
+        for job in &new {
             metrics.kafka_queue_seconds.observe(job.queued.elapsed().as_secs_f64());
         }
+        self.expire_waiting();
+        let mut group = std::mem::take(&mut self.waiting);
+        group.extend(new);
         if self.producer.is_none()
             && let Err(e) = self.reopen().await
         {
@@ -383,35 +455,24 @@ impl Worker {
         // The marks this transaction raises, by key, with the claim token.
         let mut raised: HashMap<String, (String, u64)> = HashMap::new();
         let mut accepted = Vec::with_capacity(group.len());
-        for job in group {
-            if let Work::Claim(w) = &job.work {
-                writes.push(w.clone());
-                accepted.push(job);
-                continue;
-            }
-            let Some(token) = self.shared.claims.held(&job.edge) else {
-                let _ = job.reply.send(Err(SinkError::Fenced { what: "write", key: job.edge.clone() }));
-                continue;
-            };
-            match &job.work {
-                Work::Owned(w) => writes.extend(w.iter().cloned()),
-                Work::Batch(staged) => {
-                    let key = mark_key(&staged.edge, &staged.epoch, staged.lane);
-                    let mark = match raised.get(&key) {
-                        Some((_, m)) => *m,
-                        None => self.known(&key, &token),
-                    };
-                    let fresh: Vec<&Outgoing> = staged.records.iter().filter(|r| r.seq > mark).collect();
-                    if let Some(up_to) = fresh.last().map(|r| r.seq) {
-                        writes.extend(fresh.into_iter().cloned());
-                        let topic = &self.shared.marks_topic;
-                        writes.push(Outgoing { seq: up_to, ..topic.put(key.clone(), up_to.to_string().into_bytes()) });
-                        raised.insert(key, (token, up_to));
-                    }
+        // Until no job is taken: a batch taken raises its lane's mark, which a waiting one may
+        // have been waiting for.
+        let mut pending = group;
+        loop {
+            let mut waits = Vec::new();
+            let before = accepted.len();
+            for job in pending {
+                match self.take(job, &mut writes, &mut raised) {
+                    Taken::Accepted(job) => accepted.push(job),
+                    Taken::Waits(job) => waits.push(job),
+                    Taken::Answered => {}
                 }
-                Work::Mark { .. } | Work::Claim(_) => {}
             }
-            accepted.push(job);
+            if waits.is_empty() || accepted.len() == before {
+                self.waiting = waits;
+                break;
+            }
+            pending = waits;
         }
         let result = if writes.is_empty() {
             Ok(())
@@ -423,6 +484,7 @@ impl Worker {
         };
         match result {
             Ok(()) => {
+                self.progressed = !raised.is_empty();
                 metrics.kafka_transactions.get_or_create(&OutcomeLabel { outcome: "committed" }).inc();
                 metrics.kafka_transaction_jobs.inc_by(accepted.len() as u64);
                 let mut committed = self.shared.committed.lock().unwrap_or_else(|e| e.into_inner());
@@ -465,6 +527,41 @@ impl Worker {
                 }
             }
         }
+    }
+
+    /// What the group does with `job`: its writes added to `writes` (a batch's mark to
+    /// `raised`), or it waits, or it is answered (its edge is not this bridge's).
+    fn take(&mut self, job: Job, writes: &mut Vec<Outgoing>, raised: &mut HashMap<String, (String, u64)>) -> Taken {
+        if let Work::Claim(w) = &job.work {
+            writes.push(w.clone());
+            return Taken::Accepted(job);
+        }
+        let Some(token) = self.shared.claims.held(&job.edge) else {
+            let _ = job.reply.send(Err(SinkError::Fenced { what: "write", key: job.edge.clone() }));
+            return Taken::Answered;
+        };
+        match &job.work {
+            Work::Owned(w) => writes.extend(w.iter().cloned()),
+            Work::Batch { staged, after } => {
+                let key = mark_key(&staged.edge, &staged.epoch, staged.lane);
+                let mark = match raised.get(&key) {
+                    Some((_, m)) => *m,
+                    None => self.known(&key, &token),
+                };
+                if after.is_some_and(|a| mark < a) {
+                    return Taken::Waits(job);
+                }
+                let fresh: Vec<&Outgoing> = staged.records.iter().filter(|r| r.seq > mark).collect();
+                if let Some(up_to) = fresh.last().map(|r| r.seq) {
+                    writes.extend(fresh.into_iter().cloned());
+                    let topic = &self.shared.marks_topic;
+                    writes.push(Outgoing { seq: up_to, ..topic.put(key.clone(), up_to.to_string().into_bytes()) });
+                    raised.insert(key, (token, up_to));
+                }
+            }
+            Work::Mark { .. } | Work::Claim(_) => {}
+        }
+        Taken::Accepted(job)
     }
 
     /// The mark under `key` as this producer knows it for the claim `token`, else as the log

@@ -12,6 +12,10 @@ use crate::sink::quota::EpochVerdict;
 use crate::sink::retry::Retry;
 use crate::sink::{DeadLetterLabel, RecordSink, SinkError};
 
+/// A session's batches staged or publishing at once, all of them publishing if staged: a
+/// lane's waiting batches then commit in one transaction, not one after another.
+const PIPELINE: usize = 8;
+
 /// Headers the bridge adds to each record besides the MQTT ones: `Edge-Id` and `Edge-Seq`
 /// (`<epoch>:<lane>:<seq>`), with Kafka's per-header framing counted high.
 fn own_headers(edge: &str, epoch: &str) -> usize {
@@ -30,8 +34,8 @@ impl RecordSink for KafkaSink {
     }
 
     fn pipeline(&self) -> usize {
-        // Staging makes topics and builds records while the batch ahead commits.
-        2
+        // Staging makes topics and builds records while the batches ahead commit.
+        PIPELINE
     }
 
     async fn admit_epoch(&self, edge: &str, epoch: &str) -> Result<EpochVerdict, SinkError> {
@@ -83,13 +87,30 @@ impl RecordSink for KafkaSink {
     }
 
     fn publish(&self, staged: Staged) -> impl Future<Output = Result<(), SinkError>> + Send + 'static {
+        self.publish_after(staged, None)
+    }
+
+    /// A lane's batches wait in order in their producer's queue, each until the lane's mark
+    /// covers `after` ([`super::pool`]): several at once go in one transaction.
+    fn publish_ahead(&self) -> usize {
+        PIPELINE
+    }
+
+    fn publish_after(
+        &self,
+        staged: Staged,
+        after: Option<u64>,
+    ) -> impl Future<Output = Result<(), SinkError>> + Send + 'static {
         let (pool, metrics) = (self.pool.clone(), self.metrics.clone());
         let staged = std::sync::Arc::new(staged);
+        // Queued now, in the order of the calls.
+        let first = pool.submit_now(&staged.edge, Work::Batch { staged: staged.clone(), after });
         async move {
             let mut retry = Retry::default();
+            let mut answer = first.await;
             loop {
                 // A batch is written whole or not at all, so trying again is always safe.
-                match pool.submit(&staged.edge, Work::Batch(staged.clone())).await {
+                match answer {
                     Ok(_) => {
                         metrics.wrote();
                         return Ok(());
@@ -97,6 +118,7 @@ impl RecordSink for KafkaSink {
                     Err(e @ SinkError::Fenced { .. }) => return Err(e),
                     Err(e) => retry.wait("publish", &e, &metrics).await,
                 }
+                answer = pool.submit(&staged.edge, Work::Batch { staged: staged.clone(), after }).await;
             }
         }
     }
