@@ -103,6 +103,8 @@ print(f"{first[0]} {first[1]}")
 EOP
   )
   end=$(date +%s.%N)
+  # KEEP_METRICS=PREFIX keeps the bridge's /metrics after each drain as PREFIX-ROUND.
+  [ -z "${KEEP_METRICS:-}" ] || curl -s "http://$chttp/metrics" > "$KEEP_METRICS-$r"
   # CPU seconds each process used during the drain, to see who is busy.
   cpu() { awk -v t="$(getconf CLK_TCK)" '{printf "%.2f", ($14 + $15) / t}' "/proc/$1/stat"; }
   echo "cpu s: edge-node $(cpu "$edge_pid"), cloud-bridge $(cpu "$cloud_pid"), ${SINK:-nats-server} (all phases) $(cpu "$nats_pid")" >&2

@@ -1,6 +1,8 @@
 //! What a batch becomes for Kafka: records addressed to a topic and partition, ready to go in
 //! one transaction.
 
+use std::sync::Arc;
+
 /// A topic with its partition count.
 #[derive(Debug, Clone)]
 pub(crate) struct Topic {
@@ -55,4 +57,49 @@ pub struct Staged {
     pub(crate) epoch: String,
     pub(crate) lane: u8,
     pub(crate) records: Vec<Outgoing>,
+}
+
+/// What one transaction writes: records of its own (state, marks) and the records of batches
+/// where they are, not copied (librdkafka copies each as it is sent).
+#[derive(Debug, Default)]
+pub(crate) struct Writes {
+    parts: Vec<Part>,
+}
+
+#[derive(Debug)]
+enum Part {
+    One(Outgoing),
+    /// A batch's records from this index on.
+    Batch(Arc<Staged>, usize),
+}
+
+impl Writes {
+    pub(crate) fn push(&mut self, write: Outgoing) {
+        self.parts.push(Part::One(write));
+    }
+
+    /// `staged`'s records from index `from` on.
+    pub(crate) fn batch(&mut self, staged: Arc<Staged>, from: usize) {
+        if from < staged.records.len() {
+            self.parts.push(Part::Batch(staged, from));
+        }
+    }
+
+    pub(crate) fn is_empty(&self) -> bool {
+        self.parts.is_empty()
+    }
+
+    /// Every record, in the order added.
+    pub(crate) fn iter(&self) -> impl Iterator<Item = &Outgoing> {
+        self.parts.iter().flat_map(|p| match p {
+            Part::One(w) => std::slice::from_ref(w),
+            Part::Batch(staged, from) => &staged.records[*from..],
+        })
+    }
+}
+
+impl From<Vec<Outgoing>> for Writes {
+    fn from(writes: Vec<Outgoing>) -> Self {
+        Self { parts: writes.into_iter().map(Part::One).collect() }
+    }
 }

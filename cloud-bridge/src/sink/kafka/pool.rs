@@ -38,7 +38,7 @@ use tokio::sync::{mpsc, oneshot};
 use super::claims::{Claim, Claims, claim_key, verified_key};
 use super::log::StateLog;
 use super::mark_key;
-use super::outgoing::{Outgoing, Staged, Topic};
+use super::outgoing::{Outgoing, Staged, Topic, Writes};
 use super::settings::KafkaSettings;
 use super::txn::{Shown, TxProducer, attempt, close, open_producer, poll_idle, producer_config, txn_error};
 use crate::sink::{OutcomeLabel, SinkError, SinkMetrics};
@@ -451,7 +451,7 @@ impl Worker {
             }
             self.settled = true;
         }
-        let mut writes = Vec::new();
+        let mut writes = Writes::default();
         // The marks this transaction raises, by key, with the claim token.
         let mut raised: HashMap<String, (String, u64)> = HashMap::new();
         let mut accepted = Vec::with_capacity(group.len());
@@ -531,7 +531,7 @@ impl Worker {
 
     /// What the group does with `job`: its writes added to `writes` (a batch's mark to
     /// `raised`), or it waits, or it is answered (its edge is not this bridge's).
-    fn take(&mut self, job: Job, writes: &mut Vec<Outgoing>, raised: &mut HashMap<String, (String, u64)>) -> Taken {
+    fn take(&mut self, job: Job, writes: &mut Writes, raised: &mut HashMap<String, (String, u64)>) -> Taken {
         if let Work::Claim(w) = &job.work {
             writes.push(w.clone());
             return Taken::Accepted(job);
@@ -541,7 +541,7 @@ impl Worker {
             return Taken::Answered;
         };
         match &job.work {
-            Work::Owned(w) => writes.extend(w.iter().cloned()),
+            Work::Owned(w) => w.iter().for_each(|w| writes.push(w.clone())),
             Work::Batch { staged, after } => {
                 let key = mark_key(&staged.edge, &staged.epoch, staged.lane);
                 let mark = match raised.get(&key) {
@@ -551,9 +551,11 @@ impl Worker {
                 if after.is_some_and(|a| mark < a) {
                     return Taken::Waits(job);
                 }
-                let fresh: Vec<&Outgoing> = staged.records.iter().filter(|r| r.seq > mark).collect();
-                if let Some(up_to) = fresh.last().map(|r| r.seq) {
-                    writes.extend(fresh.into_iter().cloned());
+                // A batch's records rise in seq (the batch's decoding refuses any other order,
+                // `proto::compress::check_range`): those above the mark are its tail.
+                let from = staged.records.partition_point(|r| r.seq <= mark);
+                if let Some(up_to) = staged.records.last().map(|r| r.seq).filter(|&last| last > mark) {
+                    writes.batch(staged.clone(), from);
                     let topic = &self.shared.marks_topic;
                     writes.push(Outgoing { seq: up_to, ..topic.put(key.clone(), up_to.to_string().into_bytes()) });
                     raised.insert(key, (token, up_to));
@@ -591,7 +593,7 @@ impl Worker {
     /// One transaction of `writes`. After a failure the transaction is aborted and the
     /// producer kept (nothing of it was committed: its marks still hold), or, when that cannot
     /// be done, closed.
-    async fn transact(&mut self, writes: Vec<Outgoing>) -> Result<(), SinkError> {
+    async fn transact(&mut self, writes: Writes) -> Result<(), SinkError> {
         let Some(producer) = self.producer.take() else { return Err(SinkError::invalid("write", "no producer")) };
         let timeout = self.shared.settings.transaction_timeout.0;
         let (producer, result) = tokio::task::spawn_blocking(move || attempt(producer, &writes, timeout))

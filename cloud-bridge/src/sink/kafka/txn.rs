@@ -11,7 +11,7 @@ use rdkafka::types::RDKafkaErrorCode;
 use super::context::Context;
 use super::kafka_error;
 use super::log::StateLog;
-use super::outgoing::Outgoing;
+use super::outgoing::{Outgoing, Writes};
 use super::settings::KafkaSettings;
 use crate::sink::SinkError;
 
@@ -88,6 +88,7 @@ pub(crate) async fn exclusive_write<T>(
     }
     let timeout = settings.transaction_timeout.0;
     let expected = Shown::of(&writes);
+    let writes = Writes::from(writes);
     let (producer, result) = tokio::task::spawn_blocking(move || attempt(producer, &writes, timeout))
         .await
         .map_err(|e| SinkError::Task { what: "write", reason: e.to_string() })?;
@@ -127,7 +128,7 @@ pub(crate) async fn open_producer(config: rdkafka::ClientConfig, id: &str) -> Re
 /// One transaction; the producer back if it can go on.
 pub(crate) fn attempt(
     producer: TxProducer,
-    writes: &[Outgoing],
+    writes: &Writes,
     timeout: Duration,
 ) -> (Option<TxProducer>, Result<(), KafkaError>) {
     match transact(&producer, writes, timeout) {
@@ -161,10 +162,10 @@ pub(crate) fn close(producer: TxProducer) {
 }
 
 /// One transaction: the records, then the marks, committed.
-fn transact(producer: &TxProducer, records: &[Outgoing], timeout: Duration) -> Result<(), KafkaError> {
+fn transact(producer: &TxProducer, records: &Writes, timeout: Duration) -> Result<(), KafkaError> {
     let deadline = Instant::now() + timeout;
     producer.begin_transaction()?;
-    for r in records {
+    for r in records.iter() {
         let mut record: BaseRecord<'_, [u8], [u8]> = BaseRecord::to(&r.topic).partition(r.partition).key(&r.key[..]);
         if !r.tombstone {
             record = record.payload(&r.payload[..]);
