@@ -68,6 +68,10 @@ shared::metrics! {
             unit Seconds,
             init Histogram::new(exponential_buckets(0.000_5, 2.0, 14))
         ),
+        pub kafka_batches_waiting: Gauge => (
+            "kafka_batches_waiting",
+            "Batches a Kafka sink's producers hold until the batch before them in their lane is in (at most 8 a session; each let go after sink.transaction_timeout)"
+        ),
         pub kafka_producers_open: Gauge => (
             "kafka_producers_open",
             "Transactional producers a Kafka sink has open (at most sink.producers)"

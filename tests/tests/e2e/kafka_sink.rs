@@ -408,38 +408,54 @@ async fn dictionaries_fleet_states_and_schemas_one_bridge_stores_another_reads()
 
 /// [issue 44] Batches of a lane given to the sink ahead (`publish_after`, as the session core
 /// does for a sink whose `publish_ahead` is more than one) never land before the batch before
-/// them: 4..=6, given with "after 3" while nothing is written, waits (a `read_committed` reader
-/// sees nothing) until 1..=3 is in, and then both are, in order. A batch whose caller went away
+/// them: 4..=6, given with "after 3" while nothing is written, waits in its producer (no
+/// transaction for it; `bridge_kafka_batches_waiting` shows it) until 1..=3 is in, and then
+/// both are, in order. A batch whose caller went away
 /// while it waited (its session ended) is never written: the edge resends it on the next
 /// session. Each of these is what a failed transaction of the batch before would leave.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_batch_given_ahead_waits_for_the_one_before_it_and_one_abandoned_is_not_written() {
     let broker = KafkaBroker::start();
-    let sink = sink(&broker, |_| {}).await;
+    let metrics = std::sync::Arc::new(SinkMetrics::default());
+    let sink = sink(&broker, |_| {}).await.with_metrics(metrics.clone());
     assert!(sink.publish_ahead() > 1, "the Kafka sink takes batches ahead");
     sink.admit_epoch("edge-1", "ep1").await.unwrap();
     let stage =
         |range: std::ops::RangeInclusive<u64>| sink.stage("edge-1".into(), "ep1".into(), 0, range.map(rich).collect());
+    let committed = || metrics.kafka_transactions.get_or_create(&OutcomeLabel { outcome: "committed" }).get();
+    // Until the producer holds `n` batches waiting (it took them and decided they wait).
+    let waiting = |n: i64| {
+        let metrics = metrics.clone();
+        async move {
+            let deadline = tokio::time::Instant::now() + WAIT;
+            while metrics.kafka_batches_waiting.get() != n {
+                assert!(tokio::time::Instant::now() < deadline, "{n} batches waiting in time");
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+        }
+    };
 
+    let before = committed();
     let second = tokio::spawn(sink.publish_after(stage(4..=6).await.unwrap(), Some(3)));
-    tokio::time::sleep(Duration::from_secs(2)).await;
+    waiting(1).await;
     assert!(!second.is_finished(), "the batch after 3 waits while 3 is not in");
-    assert!(broker.read("edge.telemetry", "read_committed").await.is_empty());
+    assert_eq!(committed(), before, "no transaction for it");
     let first = sink.publish_after(stage(1..=3).await.unwrap(), None);
     first.await.unwrap();
     tokio::time::timeout(WAIT, second).await.expect("the waiting batch goes once 3 is in").unwrap().unwrap();
+    waiting(0).await;
     sink.mark("edge-1", "ep1", 0, 6).await.unwrap();
     let records = broker.read("edge.telemetry", "read_committed").await;
     assert_eq!(seqs(&records), ["ep1:0:1", "ep1:0:2", "ep1:0:3", "ep1:0:4", "ep1:0:5", "ep1:0:6"]);
 
     // 10..=12 waits for 9; its session ends (the future dropped) before 7..=9 comes.
     let abandoned = sink.publish_after(stage(10..=12).await.unwrap(), Some(9));
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    waiting(1).await;
     drop(abandoned);
     sink.publish_after(stage(7..=9).await.unwrap(), None).await.unwrap();
-    // A write of another lane after it: its transaction is the next one on the same producer.
-    sink.write("edge-1", "ep1", 1, (1..=1).map(rich).collect(), 1).await.unwrap();
-    tokio::time::sleep(Duration::from_secs(2)).await;
+    // The group that wrote 7..=9 let the abandoned batch go (had it written it, it would be in
+    // that transaction, read back below).
+    waiting(0).await;
     let written: Vec<String> = seqs(&broker.read("edge.telemetry", "read_committed").await)
         .into_iter()
         .filter(|s| s.starts_with("ep1:0:"))

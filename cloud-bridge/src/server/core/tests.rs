@@ -65,7 +65,7 @@ fn publish(core: &mut SessionCore<Rc<()>>, started: &[Publish<Rc<()>>]) {
     for p in started {
         core.handle_staged(p.id);
     }
-    while let Some(id) = core.poll_publish().map(|(id, _)| id) {
+    while let Some((id, _)) = core.poll_publish() {
         core.handle_published(id);
     }
 }
@@ -99,7 +99,7 @@ fn batches_stage_in_order_up_to_the_pipeline_with_one_read_ahead() {
     assert!(!core.wants_batch(), "two under way and one waiting: no more read ahead");
     core.handle_staged(0);
     assert!(stages(&mut core).is_empty(), "staged is still under way");
-    assert_eq!(core.poll_publish().map(|(id, _)| id), Some(0));
+    assert_eq!(core.poll_publish(), Some((0, None)));
     core.handle_published(0);
     assert_eq!(stages(&mut core).iter().map(|p| p.id).collect::<Vec<_>>(), [2]);
     assert!(core.wants_batch());
@@ -107,7 +107,8 @@ fn batches_stage_in_order_up_to_the_pipeline_with_one_read_ahead() {
 
 /// Batches publish one at a time, in release order, each once it is staged and the one before
 /// it is in the sink, whatever order their stagings end in: so a publish that fails ends the
-/// session with nothing after it visible.
+/// session with nothing after it visible. None names a batch before it (`after`): none is
+/// publishing.
 #[test]
 fn batches_publish_one_at_a_time_in_order_once_staged() {
     let now = Instant::now();
@@ -119,16 +120,16 @@ fn batches_publish_one_at_a_time_in_order_once_staged() {
     assert_eq!(started.len(), 3);
     core.handle_staged(2);
     core.handle_staged(1);
-    assert_eq!(core.poll_publish().map(|(id, _)| id), None, "the first is not staged yet");
+    assert_eq!(core.poll_publish(), None, "the first is not staged yet");
     core.handle_staged(0);
-    assert_eq!(core.poll_publish().map(|(id, _)| id), Some(0));
-    assert_eq!(core.poll_publish().map(|(id, _)| id), None, "one publish at a time");
+    assert_eq!(core.poll_publish(), Some((0, None)));
+    assert_eq!(core.poll_publish(), None, "one publish at a time");
     core.handle_published(1);
-    assert_eq!(core.poll_publish().map(|(id, _)| id), None, "a publish the core did not ask for changes nothing");
+    assert_eq!(core.poll_publish(), None, "a publish the core did not ask for changes nothing");
     core.handle_published(0);
-    assert_eq!(core.poll_publish().map(|(id, _)| id), Some(1));
+    assert_eq!(core.poll_publish(), Some((1, None)));
     core.handle_published(1);
-    assert_eq!(core.poll_publish().map(|(id, _)| id), Some(2));
+    assert_eq!(core.poll_publish(), Some((2, None)));
     core.handle_published(2);
     assert_eq!(core.take_published(), 30);
 }
@@ -167,22 +168,6 @@ fn a_sink_keeping_the_order_gets_batches_ahead_each_naming_the_record_before_it(
     assert_eq!(core.take_published(), 35);
 }
 
-/// A sink that publishes one at a time never hears of a batch before it (`after` is `None`).
-#[test]
-fn one_at_a_time_names_nothing_before() {
-    let now = Instant::now();
-    let mut core = ready(3, &[]);
-    take(&mut core, 0, 1, 10, now);
-    take(&mut core, 0, 11, 20, now);
-    let started = stages(&mut core);
-    core.handle_staged(started[0].id);
-    core.handle_staged(started[1].id);
-    assert_eq!(core.poll_publish(), Some((0, None)));
-    assert_eq!(core.poll_publish(), None);
-    core.handle_published(0);
-    assert_eq!(core.poll_publish(), Some((1, None)));
-}
-
 /// A lane's mark moves over batches in the sink only, one mark for all that are in when the
 /// marks are asked for; the edge's ack follows the mark, not the publish.
 #[test]
@@ -193,11 +178,11 @@ fn marks_follow_published_batches_and_acks_follow_marks() {
     take(&mut core, 0, 11, 20, now);
     let started = stages(&mut core);
     core.handle_staged(started[0].id);
-    assert_eq!(core.poll_publish().map(|(id, _)| id), Some(0));
+    assert_eq!(core.poll_publish(), Some((0, None)));
     assert_eq!(core.poll_marks(), None, "nothing is in the sink yet");
     core.handle_published(0);
     core.handle_staged(started[1].id);
-    assert_eq!(core.poll_publish().map(|(id, _)| id), Some(1));
+    assert_eq!(core.poll_publish(), Some((1, None)));
     core.handle_published(1);
     assert_eq!(core.take_published(), 20);
     let marks = core.poll_marks().expect("both are in the sink");

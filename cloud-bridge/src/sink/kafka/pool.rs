@@ -146,6 +146,7 @@ impl Pool {
                     settled: true,
                     waiting: Vec::new(),
                     progressed: false,
+                    counted: 0,
                 };
                 tokio::spawn(worker.run(rx));
                 tx
@@ -357,6 +358,8 @@ struct Worker {
     waiting: Vec<Job>,
     /// Whether the last group committed: the waiting batches may go now.
     progressed: bool,
+    /// `waiting.len()` as last counted into `kafka_batches_waiting`.
+    counted: usize,
 }
 
 /// What a group does with a job.
@@ -383,6 +386,7 @@ impl Worker {
                             poll_idle(p);
                         }
                         self.expire_waiting();
+                        self.recount();
                         continue;
                     }
                 }
@@ -394,11 +398,25 @@ impl Worker {
                 }
             }
             self.group(group).await;
+            self.recount();
         }
         if let Some(p) = self.producer.take() {
             self.shared.opened(-1);
             close(p);
         }
+    }
+
+    /// Brings `kafka_batches_waiting` (all producers' waiting batches) up to date with this
+    /// producer's.
+    fn recount(&mut self) {
+        let now = self.waiting.len();
+        let gauge = &self.shared.metrics().kafka_batches_waiting;
+        if now > self.counted {
+            gauge.inc_by((now - self.counted) as i64);
+        } else {
+            gauge.dec_by((self.counted - now) as i64);
+        }
+        self.counted = now;
     }
 
     /// Lets go of the waiting batches whose callers are gone (a session that ended: the batch
@@ -474,19 +492,23 @@ impl Worker {
             }
             pending = waits;
         }
-        let result = if writes.is_empty() {
-            Ok(())
-        } else {
+        // A group with nothing to write (marks asked, batches all resent) is no transaction.
+        let transacted = !writes.is_empty();
+        let result = if transacted {
             let started = std::time::Instant::now();
             let result = self.transact(writes).await;
             metrics.kafka_transaction_seconds.observe(started.elapsed().as_secs_f64());
             result
+        } else {
+            Ok(())
         };
         match result {
             Ok(()) => {
                 self.progressed = !raised.is_empty();
-                metrics.kafka_transactions.get_or_create(&OutcomeLabel { outcome: "committed" }).inc();
-                metrics.kafka_transaction_jobs.inc_by(accepted.len() as u64);
+                if transacted {
+                    metrics.kafka_transactions.get_or_create(&OutcomeLabel { outcome: "committed" }).inc();
+                    metrics.kafka_transaction_jobs.inc_by(accepted.len() as u64);
+                }
                 let mut committed = self.shared.committed.lock().unwrap_or_else(|e| e.into_inner());
                 // Bounded by the lanes this bridge writes; the log has them all a moment later.
                 if committed.len() > 100_000 {
