@@ -31,6 +31,24 @@ async fn stream_messages(cluster: &NatsCluster, at: usize) -> u64 {
     stream.info().await.map(|i| i.state.messages).unwrap_or(0)
 }
 
+/// The configured replicas of stream `name`. Right after a scale-up the stream's new Raft group
+/// may still be electing, and on loaded CI cores a `STREAM.INFO` then outlives the client's
+/// 5 s request timeout (seen once in CI): asked again until `WAIT`, as an operator would.
+async fn replicas(js: &async_nats::jetstream::Context, name: &str) -> usize {
+    let deadline = tokio::time::Instant::now() + WAIT;
+    loop {
+        let error = match js.get_stream(name).await {
+            Ok(mut stream) => match stream.info().await {
+                Ok(info) => return info.config.num_replicas,
+                Err(e) => e.to_string(),
+            },
+            Err(e) => e.to_string(),
+        };
+        assert!(tokio::time::Instant::now() < deadline, "stream {name} unanswered: {error}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_bridge_on_a_three_server_cluster_loses_nothing_when_the_stream_leader_dies() {
     let mut cluster = NatsCluster::start().await;
@@ -52,8 +70,7 @@ async fn a_bridge_on_a_three_server_cluster_loses_nothing_when_the_stream_leader
     let bind = "127.0.0.1:0".parse().unwrap();
     let cloud = TestCloud::start_with_sink(dir.path(), keys.clone(), bind, "", &section, unused.clone()).await;
     for name in ["EDGE", "KV_edge-marks", "KV_edge-dicts", "KV_edge-tco", "KV_edge-fleet"] {
-        let info = js.get_stream(name).await.unwrap().info().await.unwrap().clone();
-        assert_eq!(info.config.num_replicas, 3, "{name}");
+        assert_eq!(replicas(&js, name).await, 3, "{name}");
     }
 
     let edge = TestNode::start(&format!("{}\n{}", with_spool(&[telemetry()]), cloud.uplink_section("edge-1"))).await;
