@@ -47,7 +47,12 @@ start_nats() {
 # drift into the ratio.
 raw_run() {
   if [ "${SINK:-}" = kafka ]; then
-    "$bin/drain-bench" kafka-raw "$bootstrap" "$count"
+    # The broker's and the peer's CPU seconds beside its rate, as the drain prints its own.
+    local broker_before; broker_before=$(cpu "$broker_pid")
+    local TIMEFORMAT='%U %S'
+    { time "$bin/drain-bench" kafka-raw "$bootstrap" "$count" 2>&3 > "$work/raw.json"; } 3>&2 2> "$work/raw.time"
+    echo "cpu s: raw producer $(awk '{printf "%.2f", $1 + $2}' "$work/raw.time"), kafka $(python3 -c 'import sys; print(f"{float(sys.argv[1]) - float(sys.argv[2]):.2f}")' "$(cpu "$broker_pid")" "$broker_before")" >&2
+    cat "$work/raw.json"
     return
   fi
   start_nats "raw-$1"
@@ -62,12 +67,23 @@ start_kafka() {
   for _ in $(seq 600); do [ -s "$work/kafka-$1.addr" ] && break; sleep 0.1; done
   bootstrap=$(head -1 "$work/kafka-$1.addr")
   [ -n "$bootstrap" ] || { echo "no Kafka broker: $(tail -5 "$work/kafka-$1.log")" >&2; exit 1; }
+  broker_pid=$(pgrep -P "$kafka_pid" java | head -1)
 }
+# CPU seconds process $1 has used so far.
+cpu() { awk -v t="$(getconf CLK_TCK)" '{printf "%.2f", ($14 + $15) / t}' "/proc/$1/stat"; }
 for r in $(seq "$repeats"); do
-  [ "${SINK:-}" != kafka ] || start_kafka "$r"
+  if [ "${SINK:-}" = kafka ]; then
+    start_kafka "$r"
+    # A fresh JVM compiles its hot paths during the first run it serves: the first of the
+    # phases on each broker took twice the broker CPU of the later ones (1.7-2.0 s against
+    # 0.8-1.0 s for 100,000 records), and the drain that came second rode on that warm-up.
+    # One discarded peer run first, so every measured phase meets a warm broker, as a
+    # production cluster is.
+    raw_run "$r-warm-up" > /dev/null
+  fi
   [ -n "${START_ONLY:-}" ] || raw_before=$(raw_run "$r-before")
   if [ "${SINK:-}" = kafka ]; then
-    nats_pid=$(pgrep -P "$kafka_pid" java | head -1); sink_url=$bootstrap
+    nats_pid=$broker_pid; sink_url=$bootstrap
   else
     start_nats "drain-$r"; sink_url="nats://127.0.0.1:$nport"
   fi
@@ -80,6 +96,7 @@ for r in $(seq "$repeats"); do
   wait_file "$work/cloud-$r.json"
   read -r quic chttp < <(python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); print(d["quic"], d["http"])' "$work/cloud-$r.json")
   edge_config "$work/edge-$r.toml" "$work/spool-$r.db" "$quic" "$work/certs"
+  sink_before=$(cpu "$nats_pid")
   start=$(date +%s.%N)
   "${EDGE_NODE:-$bin/edge-node}" run --config "$work/edge-$r.toml" --ready-file "$work/edge-$r.json" 2> "$work/edge-$r.log" &
   edge_pid=$!; pids+=("$edge_pid")
@@ -106,8 +123,8 @@ EOP
   # KEEP_METRICS=PREFIX keeps the bridge's /metrics after each drain as PREFIX-ROUND.
   [ -z "${KEEP_METRICS:-}" ] || curl -s "http://$chttp/metrics" > "$KEEP_METRICS-$r"
   # CPU seconds each process used during the drain, to see who is busy.
-  cpu() { awk -v t="$(getconf CLK_TCK)" '{printf "%.2f", ($14 + $15) / t}' "/proc/$1/stat"; }
-  echo "cpu s: edge-node $(cpu "$edge_pid"), cloud-bridge $(cpu "$cloud_pid"), ${SINK:-nats-server} (all phases) $(cpu "$nats_pid")" >&2
+  sink_during=$(python3 -c 'import sys; print(f"{float(sys.argv[1]) - float(sys.argv[2]):.2f}")' "$(cpu "$nats_pid")" "$sink_before")
+  echo "cpu s: edge-node $(cpu "$edge_pid"), cloud-bridge $(cpu "$cloud_pid"), ${SINK:-nats-server} $sink_during" >&2
   if [ -n "${START_ONLY:-}" ]; then
     python3 -c 'import sys; print(f"edge start to first commit: {float(sys.argv[1]) - float(sys.argv[2]):.2f} s")' "$first" "$start" >&2
     kill "$edge_pid" "$cloud_pid" "$nats_pid" 2>/dev/null || true
