@@ -103,8 +103,16 @@ impl EdgeModels {
         let listed = self.service.listing().await?;
         let mut out = Vec::new();
         for name in &self.follows {
-            // Oldest first within a model: the last is the latest.
-            let Some(latest) = listed.iter().rev().find(|l| &l.name == name) else { continue };
+            // Oldest first within a model: the last is the latest. A schema's versions are
+            // numbered in the order they were registered: the highest is the latest, whenever
+            // each was published (a delivery made again later is not newer).
+            let mut of_model = listed.iter().filter(|l| &l.name == name);
+            let latest = if name.starts_with(shared::schema::MODEL_PREFIX) {
+                of_model.max_by_key(|l| (l.version.parse::<u32>().ok(), l.created_ms))
+            } else {
+                of_model.next_back()
+            };
+            let Some(latest) = latest else { continue };
             if self.announced.get(name) == Some(&latest.version) {
                 continue;
             }
@@ -232,5 +240,24 @@ mod tests {
         let grants = edge.grants.lock().unwrap().clone();
         assert_eq!(grants, manifest.chunks.iter().map(|c| c.hash.clone()).collect::<HashSet<_>>());
         assert!(edge.news().await.unwrap().is_empty(), "announced once per connection");
+    }
+
+    /// Issue 45: a schema version delivered again after a newer one (its first delivery failed)
+    /// is the newest by creation time; the newest schema version is the highest number.
+    #[tokio::test]
+    async fn a_schemas_latest_is_its_highest_version_not_its_newest_delivery() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = super::super::dir::DirStore::open(&dir.path().join("store")).unwrap();
+        let key = shared::model::SigningKey::from_pkcs8(&shared::model::SigningKey::generate().unwrap()).unwrap();
+        for version in ["5", "10", "4"] {
+            let file = dir.path().join(version);
+            std::fs::write(&file, version).unwrap();
+            super::super::publish(&store, &key, "schema.t", version, &file, |_| {}).await.unwrap();
+            tokio::time::sleep(Duration::from_millis(2)).await;
+        }
+        let service = Arc::new(ModelService::new(Arc::new(Store::Dir(store)), Duration::from_secs(2), Arc::default()));
+        let mut edge = EdgeModels::new(service, vec!["schema.t".into()]);
+        let news = edge.news().await.unwrap();
+        assert_eq!(news.iter().map(|a| a.version.as_str()).collect::<Vec<_>>(), ["10"]);
     }
 }

@@ -127,7 +127,7 @@ pub async fn run<S: SchemaStore>(
                     println!("{} already has this schema as version {} (id {})", v.subject, v.version, v.id)
                 }
             }
-            deliver(delivery, v).await?;
+            deliver(sink, delivery, v).await?;
             Ok(true)
         }
         SchemaCommand::Check { schema, compatibility } => {
@@ -189,14 +189,23 @@ pub async fn run<S: SchemaStore>(
 }
 
 /// Delivers `v` to the edges through the model store, when there is one.
-async fn deliver(delivery: Option<&Delivery>, v: &shared::schema::Version) -> anyhow::Result<()> {
+async fn deliver<S: SchemaStore>(
+    sink: &S,
+    delivery: Option<&Delivery>,
+    v: &shared::schema::Version,
+) -> anyhow::Result<()> {
     let Some(d) = delivery else {
         println!("not delivered to edges: the config has no [models] section (schemas travel as signed models)");
         return Ok(());
     };
     let scratch = tempfile::tempdir()?;
     let name = shared::schema::model_name(&v.subject);
-    match super::deliver(&d.store, &d.key, v, scratch.path()).await? {
+    let staging = super::staging(sink, v).await?;
+    if !staging.writers.is_empty() {
+        let writers: Vec<String> = staging.writers.iter().map(|w| w.version.to_string()).collect();
+        println!("edges also accept what producers on version {} still write", writers.join(", "));
+    }
+    match super::deliver(&d.store, &d.key, &staging, scratch.path()).await? {
         Some(p) => println!("delivered to edges as model {name} version {} (signed by {})", p.version, p.key_id),
         None => println!("model {name} version {} is already in the model store", v.version),
     }

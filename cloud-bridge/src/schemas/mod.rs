@@ -9,12 +9,17 @@
 //! - Delivery: each version is published into the model store as model `schema.<subject>`,
 //!   version `<n>`, a JSON file signed by the fleet key like any model; edges that bind the
 //!   subject follow that model, verify and stage it atomically, and validate offline with it.
+//!   The file carries the earlier versions producers may still write beside it
+//!   (`shared::schema::Staging`: what the mode the version was checked under proved it reads).
+//! - Ids: besides its content id, a schema has the 31-bit number Schema Registry clients know it
+//!   by, derived from that content id (`shared::schema::registry_id`), the same on every
+//!   bridge and sink; a schema whose number another schema holds is refused.
 
 pub mod cli;
 
 use std::path::Path;
 
-use shared::schema::{Compatibility, Incompatible, Schema, SchemaError, Source, Version};
+use shared::schema::{Compatibility, Incompatible, Schema, SchemaError, Source, Staging, Version};
 
 use crate::models::{ModelStore, Published, StoreError};
 use crate::sink::{SchemaStore, SinkError};
@@ -29,6 +34,10 @@ pub(crate) enum RegistryError {
     KindChanged { subject: String, had: shared::schema::Kind, kind: shared::schema::Kind },
     #[error("subject {subject}: {e}")]
     Incompatible { subject: String, e: Incompatible },
+    #[error(
+        "schema id {number} is held by {subject} version {version} (content {held}); this schema (content {id}) cannot take it"
+    )]
+    IdTaken { number: u32, subject: String, version: u32, held: String, id: String },
     #[error("subject {subject} version {version} in the sink does not parse: {e}")]
     Stored { subject: String, version: u32, e: SchemaError },
     #[error("subject {0}: other registrations kept taking the next version; try again")]
@@ -122,7 +131,49 @@ fn judge(
         id: schema.id().into(),
         source: schema.source().clone(),
         created_ms: shared::units::now_ms(),
+        compatibility: Some(mode),
     }))
+}
+
+/// Every version of every subject, by subject then version.
+pub(crate) async fn all_versions<S: SchemaStore>(store: &S) -> Result<Vec<Version>, RegistryError> {
+    let mut out = Vec::new();
+    for s in store.schema_subjects().await? {
+        out.extend(store.schema_versions(&s.subject).await?);
+    }
+    Ok(out)
+}
+
+/// The version that holds registry id `number`, if any.
+pub(crate) async fn by_number<S: SchemaStore>(store: &S, number: u32) -> Result<Option<Version>, RegistryError> {
+    Ok(all_versions(store).await?.into_iter().find(|v| v.registry_id() == number))
+}
+
+/// Refuses `schema` if another schema's content holds its registry id.
+async fn id_free<S: SchemaStore>(store: &S, schema: &Schema) -> Result<(), RegistryError> {
+    let number = shared::schema::registry_id(schema.id());
+    match by_number(store, number).await? {
+        Some(v) if v.id != schema.id() => Err(RegistryError::IdTaken {
+            number,
+            subject: v.subject,
+            version: v.version,
+            held: v.id,
+            id: schema.id().into(),
+        }),
+        _ => Ok(()),
+    }
+}
+
+/// What an edge stages for `v`: it, and the earlier versions of its subject producers may still
+/// write (newest first), as the mode it was checked under says.
+pub(crate) async fn staging<S: SchemaStore>(store: &S, v: &Version) -> Result<Staging, RegistryError> {
+    let versions = store.schema_versions(&v.subject).await?;
+    let earlier: Vec<&Version> = versions.iter().filter(|e| e.version < v.version).collect();
+    let writers = match v.compatibility {
+        Some(mode) => mode.still_written(earlier.len()).map(|i| earlier[i].clone()).collect(),
+        None => Vec::new(),
+    };
+    Ok(Staging { version: v.clone(), writers })
 }
 
 /// Registers `source` under `subject`; `mode`, when given, becomes the subject's mode (and is
@@ -141,7 +192,10 @@ pub(crate) async fn register<S: SchemaStore>(
         let outcome = judge(subject, &schema, &versions, &parsed, effective)?;
         let stored = match &outcome {
             Registered::Exists(_) => true,
-            Registered::New(v) => store.schema_put(v).await?,
+            Registered::New(v) => {
+                id_free(store, &schema).await?;
+                store.schema_put(v).await?
+            }
         };
         if stored {
             if let Some(m) = mode {
@@ -169,22 +223,24 @@ pub(crate) async fn show<S: SchemaStore>(
     }
 }
 
-/// Publishes `v` for the edges: model `schema.<subject>`, version `<n>`, signed by `key`. A
-/// version already in the model store is left as it is (registering again repairs a delivery
-/// that failed half way).
+/// Publishes `staging` for the edges: model `schema.<subject>`, version `<n>`, signed by `key`.
+/// A version already in the model store is left as it is (registering again repairs a delivery
+/// that failed half way; edges order a schema's versions by number, so one made late does not
+/// pass a newer one).
 pub(crate) async fn deliver<M: ModelStore>(
     models: &M,
     key: &shared::model::SigningKey,
-    v: &Version,
+    staging: &Staging,
     scratch: &Path,
 ) -> Result<Option<Published>, StoreError> {
+    let v = &staging.version;
     let name = shared::schema::model_name(&v.subject);
     let version = v.version.to_string();
     if models.get_manifest(&name, &version).await?.is_some() {
         return Ok(None);
     }
     let file = scratch.join(format!("{name}-{version}.json"));
-    let doc = serde_json::to_vec_pretty(v).map_err(|e| crate::models::failed("schema file", e))?;
+    let doc = serde_json::to_vec_pretty(staging).map_err(|e| crate::models::failed("schema file", e))?;
     std::fs::write(&file, doc).map_err(|e| crate::models::failed("schema file", format!("{}: {e}", file.display())))?;
     let published = crate::models::publish(models, key, &name, &version, &file, |_| {}).await;
     let _ = std::fs::remove_file(&file);

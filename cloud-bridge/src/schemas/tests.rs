@@ -55,6 +55,7 @@ async fn two_registrations_racing_for_one_version_cannot_both_take_it() {
         id: Schema::parse(json(text)).unwrap().id().into(),
         source: json(text),
         created_ms: 0,
+        compatibility: None,
     };
     assert!(sink.schema_put(&v(V2)).await.unwrap());
     assert!(!sink.schema_put(&v(V3_NARROWED)).await.unwrap(), "version 2 is taken");
@@ -69,13 +70,62 @@ async fn a_version_is_delivered_as_a_signed_model_once() {
     let (private, public, _) = crate::models::keygen(&dir.path().join("keys")).unwrap();
     let key = crate::models::signing_key(&private).unwrap();
     let v = register(&sink, "t", json(V1), None).await.unwrap().version().clone();
-    let p = deliver(&models, &key, &v, dir.path()).await.unwrap().unwrap();
+    let staged_v1 = staging(&sink, &v).await.unwrap();
+    let p = deliver(&models, &key, &staged_v1, dir.path()).await.unwrap().unwrap();
     assert_eq!((p.name.as_str(), p.version.as_str()), ("schema.t", "1"));
-    assert!(deliver(&models, &key, &v, dir.path()).await.unwrap().is_none());
+    assert!(deliver(&models, &key, &staged_v1, dir.path()).await.unwrap().is_none());
     let signed = models.get_manifest("schema.t", "1").await.unwrap().unwrap();
     let manifest = signed.verify(&std::fs::read(public).unwrap()).unwrap();
     let mut file = Vec::new();
     crate::models::assemble(&models, &manifest, &mut file).await.unwrap();
-    let staged: Version = serde_json::from_slice(&file).unwrap();
-    assert_eq!(staged, v);
+    let staged: Staging = serde_json::from_slice(&file).unwrap();
+    assert_eq!((&staged.version, staged.writers.len()), (&v, 0));
+}
+
+const V4_SITE: &str = r#"{"type":"object","properties":{"temp":{"type":"number"},"unit":{"type":"string"},"site":{"type":"string"}},"additionalProperties":false}"#;
+
+/// Issue 45: a delivery carries the earlier versions producers may still write, as the mode its
+/// version was checked under proved the new version reads them.
+#[tokio::test]
+async fn a_delivery_names_the_earlier_versions_its_mode_lets_producers_write() {
+    let dir = tempfile::tempdir().unwrap();
+    let sink = SqliteSink::open(&dir.path().join("sink.db")).unwrap();
+    let writers = |s: &Staging| s.writers.iter().map(|w| w.version).collect::<Vec<_>>();
+    let v1 = register(&sink, "t", json(V1), None).await.unwrap().version().clone();
+    assert_eq!(v1.compatibility, Some(Compatibility::Backward), "the mode it was checked under is kept");
+    assert!(staging(&sink, &v1).await.unwrap().writers.is_empty());
+    let v2 = register(&sink, "t", json(V2), None).await.unwrap().version().clone();
+    assert_eq!(writers(&staging(&sink, &v2).await.unwrap()), [1], "backward: the one before");
+    let v3 = register(&sink, "t", json(V4_SITE), Some(Compatibility::BackwardTransitive)).await.unwrap();
+    let s3 = staging(&sink, v3.version()).await.unwrap();
+    assert_eq!(writers(&s3), [2, 1], "transitive: every earlier one, newest first");
+    assert_eq!(s3.writers[1], v1);
+    // Forward proves nothing of what the new version reads: it alone is written.
+    let dir2 = tempfile::tempdir().unwrap();
+    let sink2 = SqliteSink::open(&dir2.path().join("sink.db")).unwrap();
+    register(&sink2, "f", json(V2), Some(Compatibility::Forward)).await.unwrap();
+    let f2 = register(&sink2, "f", json(V1), None).await.unwrap();
+    assert!(staging(&sink2, f2.version()).await.unwrap().writers.is_empty());
+}
+
+/// Issue 45: registry ids are derived from the content; a schema whose id another content holds
+/// (a collision) is refused, naming the holder, instead of two schemas sharing one id.
+#[tokio::test]
+async fn a_schema_whose_registry_id_is_taken_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let sink = SqliteSink::open(&dir.path().join("sink.db")).unwrap();
+    let id = Schema::parse(json(V1)).unwrap().id().to_owned();
+    let squatter = Version {
+        subject: "other".into(),
+        version: 1,
+        // The same first 32 bits, another content.
+        id: format!("{}00000000", &id[..8]),
+        source: json(V2),
+        created_ms: 0,
+        compatibility: None,
+    };
+    assert!(sink.schema_put(&squatter).await.unwrap());
+    let e = register(&sink, "t", json(V1), None).await.unwrap_err();
+    assert!(matches!(&e, RegistryError::IdTaken { subject, version: 1, .. } if subject == "other"), "{e}");
+    assert_eq!(by_number(&sink, shared::schema::registry_id(&id)).await.unwrap(), Some(squatter));
 }

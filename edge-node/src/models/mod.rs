@@ -142,7 +142,13 @@ const NEWEST: &str = "~newest";
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Refusal {
     Staged,
-    Older { newest_ms: u64 },
+    Older {
+        newest_ms: u64,
+    },
+    /// A schema version numbered below one staged here.
+    Lower {
+        highest: u32,
+    },
 }
 
 /// What local apps are told of a model: the retained message's payload.
@@ -294,6 +300,17 @@ impl Models {
     pub(crate) fn admits(&self, m: &Manifest) -> Result<(), Refusal> {
         if self.has_version(&m.name, &m.version) {
             return Err(Refusal::Staged);
+        }
+        // A schema's versions are numbered by the registry in the order they were registered:
+        // the highest is the newest whenever each arrived (a delivery that failed and was made
+        // again later is created later, and is still the older version).
+        if m.name.starts_with(shared::schema::MODEL_PREFIX)
+            && let Ok(number) = m.version.parse::<u32>()
+        {
+            let highest = self.versions(&m.name).iter().filter_map(|v| v.version.parse::<u32>().ok()).max();
+            if let Some(highest) = highest.filter(|h| *h > number) {
+                return Err(Refusal::Lower { highest });
+            }
         }
         match self.newest_staged_ms(&m.name) {
             Some(newest) if newest > m.created_ms => Err(Refusal::Older { newest_ms: newest }),

@@ -286,6 +286,15 @@ impl Syncer {
                 );
                 return Ok(None);
             }
+            Err(super::Refusal::Lower { highest }) => {
+                tracing::warn!(
+                    model = m.name,
+                    version = m.version,
+                    highest,
+                    "announced schema version is below one staged here; refused (versions are ordered by number, not arrival)"
+                );
+                return Ok(None);
+            }
         }
         tracing::info!(
             model = m.name,

@@ -16,6 +16,16 @@ impl Fleet {
 
     /// A signed manifest of `data`, and its chunks.
     fn publish(&self, version: &str, data: &[u8], created_ms: u64) -> (SignedManifest, Vec<(ChunkRef, Vec<u8>)>) {
+        self.publish_as("yolo", version, data, created_ms)
+    }
+
+    fn publish_as(
+        &self,
+        name: &str,
+        version: &str,
+        data: &[u8],
+        created_ms: u64,
+    ) -> (SignedManifest, Vec<(ChunkRef, Vec<u8>)>) {
         let mut chunks = Vec::new();
         shared::model::chunk::<_, std::convert::Infallible>(data, |r, b| {
             chunks.push((r.clone(), b.to_vec()));
@@ -23,7 +33,7 @@ impl Fleet {
         })
         .unwrap();
         let m = Manifest {
-            name: "yolo".into(),
+            name: name.into(),
             version: version.into(),
             size: data.len() as u64,
             chunks: chunks.iter().map(|(r, _)| r.clone()).collect(),
@@ -180,4 +190,25 @@ fn a_replayed_older_manifest_is_refused_after_the_newer_file_is_gone() {
     assert_eq!(reopened.admits(&old_m), Err(Refusal::Older { newest_ms: 2_000 }));
     let (newer, _) = fleet.publish("3", &noise(64 << 10, 3), 3_000);
     assert_eq!(reopened.admits(&reopened.verify(&newer).unwrap()), Ok(()));
+}
+
+/// Issue 45: a schema version the registry delivered again later (its first delivery failed)
+/// was created after a newer one, and made the edge validate with the older. A schema's
+/// versions are ordered by their numbers.
+#[test]
+fn a_schema_version_below_the_staged_one_is_refused_however_late_it_was_made() {
+    let dir = tempfile::tempdir().unwrap();
+    let fleet = Fleet::new();
+    let models = Models::open(dir.path(), fleet.key.public_key().to_vec(), 3).unwrap();
+    let cache = models.cache().unwrap();
+    let (five, five_chunks) = fleet.publish_as("schema.t", "5", b"{}", 1_000);
+    let (four, _) = fleet.publish_as("schema.t", "4", b"{}", 2_000);
+    fill(&cache, &five_chunks);
+    models.stage(&five, &cache).unwrap();
+    assert_eq!(models.admits(&models.verify(&four).unwrap()), Err(Refusal::Lower { highest: 5 }));
+    let (six, _) = fleet.publish_as("schema.t", "6", b"{}", 1_500);
+    assert_eq!(models.admits(&models.verify(&six).unwrap()), Ok(()), "a higher number is newer, whenever made");
+    // Other models keep their order by creation time.
+    let (late, _) = fleet.publish_as("yolo", "1", b"{}", 2_000);
+    assert_eq!(models.admits(&models.verify(&late).unwrap()), Ok(()));
 }

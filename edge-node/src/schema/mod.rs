@@ -1,6 +1,21 @@
 //! Schema validation on PUBLISH: `[[schema]]` binds topic filters to subjects of the cloud's
-//! registry; a publish to a bound topic is checked against the newest version of its subject
-//! staged on this edge, before it is acknowledged (the broker core asks [`Validator::check`]).
+//! registry; a publish to a bound topic is checked against the versions of its subject staged
+//! on this edge that producers may write, before it is acknowledged (the broker core asks
+//! [`Validator::check`]).
+//!
+//! - Which versions: the newest staged, and the earlier ones its delivery names as still
+//!   written (`shared::schema::Staging::writers`: under `backward` and `full` the one before,
+//!   under their transitive forms every one, at most `MAX_WRITERS`; under `none` and the
+//!   forward modes the newest alone). A device still on the version before a backward
+//!   compatible change keeps publishing, and its messages name the version they match.
+//! - A payload in the Confluent framing (magic byte 0, the schema's 4-byte registry id, for
+//!   Protobuf the message indexes) whose id is one of those versions is validated against that
+//!   version only, and named by it. Any other payload is tried against the versions newest
+//!   first and named by the first that matches: binary Avro does not say which schema wrote it,
+//!   so where two versions read the same bytes the newer is named (devices that need the exact
+//!   version send the framing).
+//! - Versions are ordered by their number, never by arrival: the models subsystem refuses to
+//!   stage a schema version below the newest staged (`models::Models::admits`).
 //!
 //! - Versions arrive as signed model versions `schema.<subject>` (the models subsystem follows
 //!   them for every bound subject, verifies the fleet key's signature and stages them
@@ -27,7 +42,7 @@ use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use shared::proto::SchemaRef;
-use shared::schema::{Schema, Version};
+use shared::schema::{Schema, Staging, Version};
 use tokio_util::sync::CancellationToken;
 
 /// How often the staged versions are looked at again.
@@ -36,7 +51,8 @@ pub(crate) const RELOAD_EVERY: Duration = Duration::from_secs(1);
 /// The longest Reason String a refusal carries; longer reasons are cut at a character.
 pub(crate) const MAX_REASON_BYTES: usize = 256;
 
-/// One staged version, parsed.
+/// The newest staged version of a subject, parsed, with the earlier versions its delivery says
+/// producers may still write.
 #[derive(Debug)]
 pub(crate) struct Staged {
     pub version: u32,
@@ -45,6 +61,70 @@ pub(crate) struct Staged {
     file: String,
     /// What a message validated against it carries to the sink.
     tag: Arc<SchemaRef>,
+    /// Its id for Schema Registry clients (`shared::schema::registry_id`).
+    number: u32,
+    /// Earlier versions still written, newest first.
+    writers: Vec<Writer>,
+}
+
+/// An earlier version a producer may still write.
+#[derive(Debug)]
+struct Writer {
+    version: u32,
+    schema: Schema,
+    tag: Arc<SchemaRef>,
+    number: u32,
+}
+
+impl Staged {
+    /// Each accepted version as (version, schema, tag, registry id), newest first.
+    fn accepted(&self) -> impl Iterator<Item = (u32, &Schema, &Arc<SchemaRef>, u32)> {
+        std::iter::once((self.version, &self.schema, &self.tag, self.number))
+            .chain(self.writers.iter().map(|w| (w.version, &w.schema, &w.tag, w.number)))
+    }
+
+    /// The accepted version whose content id is `id`.
+    fn by_id(&self, id: &str) -> Option<&Schema> {
+        self.accepted().find(|(_, schema, ..)| schema.id() == id).map(|(_, schema, ..)| schema)
+    }
+
+    fn judge(&self, subject: &str, payload: &[u8]) -> Outcome {
+        if let Some((number, body)) = shared::schema::confluent_frame(payload) {
+            if let Some((version, schema, tag, _)) = self.accepted().find(|(.., n)| *n == number) {
+                return match schema.unframe(body).and_then(|b| schema.validate(b)) {
+                    Ok(()) => Outcome::Valid(tag.clone()),
+                    Err(invalid) => Outcome::Invalid { version, reason: invalid.to_string() },
+                };
+            }
+            // JSON text never starts with a zero byte: this is a framing naming a version
+            // producers may not write (any longer, or yet).
+            if self.schema.kind() == shared::schema::Kind::Json {
+                let accepted: Vec<String> = self.accepted().map(|(v, .., n)| format!("v{v} id {n}")).collect();
+                return Outcome::Invalid {
+                    version: self.version,
+                    reason: format!(
+                        "Confluent framing names schema id {number}, not one {subject} accepts here ({})",
+                        accepted.join(", ")
+                    ),
+                };
+            }
+            // Binary Avro or Protobuf may start with a zero byte of its own: tried unframed.
+        }
+        let mut newest = None;
+        for (version, schema, tag, _) in self.accepted() {
+            match schema.validate(payload) {
+                Ok(()) => return Outcome::Valid(tag.clone()),
+                Err(invalid) if newest.is_none() => newest = Some((version, invalid.to_string())),
+                Err(_) => {}
+            }
+        }
+        let (version, mut reason) = newest.unwrap_or_default();
+        if !self.writers.is_empty() {
+            let older: Vec<String> = self.writers.iter().map(|w| format!("v{}", w.version)).collect();
+            reason.push_str(&format!(" (nor does it match {})", older.join(", ")));
+        }
+        Outcome::Invalid { version, reason }
+    }
 }
 
 /// What a publish to `topic` gets.
@@ -207,15 +287,21 @@ impl Validator {
             if before.get(&subject).is_some_and(|s| s.file == file) || failed.get(&subject) == Some(&file) {
                 continue;
             }
-            match load(&dir.join(&file), &subject) {
-                Ok((version, schema)) => {
-                    tracing::info!(subject, version, id = schema.id(), "schema staged for validation");
+            match load(&dir.join(&file), &subject, file.clone()) {
+                Ok(staged) => {
+                    let writers: Vec<u32> = staged.writers.iter().map(|w| w.version).collect();
+                    tracing::info!(
+                        subject,
+                        version = staged.version,
+                        id = staged.schema.id(),
+                        ?writers,
+                        "schema staged for validation"
+                    );
                     self.metrics
                         .staged_version
                         .get_or_create(&SubjectLabel { subject: subject.clone() })
-                        .set(i64::from(version));
-                    let tag = Arc::new(SchemaRef { subject: subject.clone(), version, id: schema.id().to_owned() });
-                    now.insert(subject.clone(), Arc::new(Staged { version, schema, file, tag }));
+                        .set(i64::from(staged.version));
+                    now.insert(subject.clone(), Arc::new(staged));
                     changed.push(subject);
                 }
                 Err(reason) => {
@@ -272,10 +358,7 @@ impl Validator {
         let subject = &self.bindings[binding].subject;
         let outcome = match self.staged.load().get(subject) {
             None => Outcome::Unstaged,
-            Some(s) => match s.schema.validate(payload) {
-                Ok(()) => Outcome::Valid(s.tag.clone()),
-                Err(invalid) => Outcome::Invalid { version: s.version, reason: invalid.to_string() },
-            },
+            Some(s) => s.judge(subject, payload),
         };
         Some(Judged { topic: topic.into(), len: payload.len(), binding, outcome })
     }
@@ -343,17 +426,44 @@ enum Outcome {
     Invalid { version: u32, reason: String },
 }
 
-fn load(path: &Path, subject: &str) -> Result<(u32, Schema), String> {
+/// A staged delivery read back: the version and its writers, each parsed and its id checked.
+fn load(path: &Path, subject: &str, file: String) -> Result<Staged, String> {
     let bytes = std::fs::read(path).map_err(|e| format!("{}: {e}", path.display()))?;
-    let v: Version = serde_json::from_slice(&bytes).map_err(|e| format!("{}: {e}", path.display()))?;
-    if v.subject != subject {
-        return Err(format!("{} holds subject {}, not {subject}", path.display(), v.subject));
+    let doc: Staging = serde_json::from_slice(&bytes).map_err(|e| format!("{}: {e}", path.display()))?;
+    let parse = |v: Version| -> Result<(u32, Schema, Arc<SchemaRef>, u32), String> {
+        if v.subject != subject {
+            return Err(format!("{} holds subject {}, not {subject}", path.display(), v.subject));
+        }
+        let number = v.registry_id();
+        let schema = Schema::parse(v.source).map_err(|e| e.to_string())?;
+        if schema.id() != v.id {
+            return Err(format!("{}: the schema's id is {}, the file says {}", path.display(), schema.id(), v.id));
+        }
+        let tag = Arc::new(SchemaRef { subject: subject.to_owned(), version: v.version, id: v.id });
+        Ok((v.version, schema, tag, number))
+    };
+    let (version, schema, tag, number) = parse(doc.version)?;
+    let kind = schema.kind();
+    if doc.writers.len() > shared::schema::MAX_WRITERS {
+        return Err(format!(
+            "{}: {} earlier versions, at most {}",
+            path.display(),
+            doc.writers.len(),
+            shared::schema::MAX_WRITERS
+        ));
     }
-    let schema = Schema::parse(v.source).map_err(|e| e.to_string())?;
-    if schema.id() != v.id {
-        return Err(format!("{}: the schema's id is {}, the file says {}", path.display(), schema.id(), v.id));
+    let mut writers: Vec<Writer> = Vec::with_capacity(doc.writers.len());
+    for w in doc.writers {
+        let (v, schema, tag, number) = parse(w)?;
+        if v >= writers.last().map_or(version, |w| w.version) {
+            return Err(format!("{}: earlier version {v} out of order", path.display()));
+        }
+        if schema.kind() != kind {
+            return Err(format!("{}: version {v} is of another kind", path.display()));
+        }
+        writers.push(Writer { version: v, schema, tag, number });
     }
-    Ok((v.version, schema))
+    Ok(Staged { version, schema, file, tag, number, writers })
 }
 
 fn truncate(s: &mut String, max: usize) {
@@ -370,12 +480,17 @@ fn truncate(s: &mut String, max: usize) {
 /// version is the one staged (a message validated before a rollout goes whole).
 impl shared::proto::columns::Shapes for Validator {
     fn cut<'p>(&self, schema: &SchemaRef, payload: &'p [u8], out: &mut shared::proto::columns::Shaper<'p>) -> bool {
-        let staged = self.staged(&schema.subject).filter(|s| s.schema.id() == schema.id);
-        if staged.as_ref().is_some_and(|s| s.schema.kind() == shared::schema::Kind::Json) {
+        let staged = self.staged(&schema.subject);
+        let Some(staged) = staged.as_ref() else { return false };
+        if staged.schema.kind() == shared::schema::Kind::Json {
             // JSON text is cut by its own shape; what does not cut goes whole, not walked.
             return false;
         }
-        let apart = staged.is_some_and(|s| s.schema.cut(payload, out));
+        // A payload in the Confluent framing validated as what follows it: its head is not
+        // the schema's, so it goes whole.
+        let framed = shared::schema::confluent_frame(payload)
+            .is_some_and(|(n, _)| staged.accepted().any(|(.., number)| number == n));
+        let apart = !framed && staged.by_id(&schema.id).is_some_and(|s| s.cut(payload, out));
         let outcome = if apart { "apart" } else { "whole" };
         self.metrics.walked.get_or_create(&CheckLabels { subject: schema.subject.clone(), outcome }).inc();
         apart

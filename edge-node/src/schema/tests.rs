@@ -10,7 +10,7 @@ const V2: &str =
 pub(crate) fn stage(dir: &Path, subject: &str, version: u32, text: &str) {
     let source = Source { kind: Kind::Json, text: text.into(), message: None };
     let id = Schema::parse(source.clone()).unwrap().id().to_owned();
-    let doc = Version { subject: subject.into(), version, id, source, created_ms: 0 };
+    let doc = Version { subject: subject.into(), version, id, source, created_ms: 0, compatibility: None };
     stage_raw(dir, subject, version, &serde_json::to_vec(&doc).unwrap());
 }
 
@@ -117,4 +117,71 @@ fn bindings_without_models_or_with_bad_names_are_config_errors() {
     let mut p = shared::check::Problems::default();
     check_schemas(&[binding("a/#", "ok", Mode::Enforce, Unstaged::Refuse)], true, &mut p);
     assert!(p.is_empty(), "{p:?}");
+}
+
+/// Stages version `version` of `subject` with earlier versions producers may still write
+/// (newest first), as the registry delivers it (`shared::schema::Staging`).
+fn stage_with(dir: &Path, subject: &str, version: u32, text: &str, writers: &[(u32, &str)]) {
+    let doc = |version: u32, text: &str| {
+        let source = Source { kind: Kind::Json, text: text.into(), message: None };
+        let id = Schema::parse(source.clone()).unwrap().id().to_owned();
+        Version { subject: subject.into(), version, id, source, created_ms: 0, compatibility: None }
+    };
+    let staging = Staging { version: doc(version, text), writers: writers.iter().map(|(v, t)| doc(*v, t)).collect() };
+    stage_raw(dir, subject, version, &serde_json::to_vec(&staging).unwrap());
+}
+
+const CLOSED_V1: &str =
+    r#"{"type":"object","required":["temp"],"additionalProperties":false,"properties":{"temp":{"type":"number"}}}"#;
+const CLOSED_V2: &str = r#"{"type":"object","required":["temp","unit"],"additionalProperties":false,"properties":{"temp":{"type":"number"},"unit":{"type":"string"}}}"#;
+
+fn framed(version_text: &str, body: &[u8]) -> Vec<u8> {
+    let id = Schema::parse(Source { kind: Kind::Json, text: version_text.into(), message: None }).unwrap();
+    let number = shared::schema::registry_id(id.id());
+    [&[0u8][..], &number.to_be_bytes(), body].concat()
+}
+
+/// Issue 45: a device still on the version before a change keeps publishing: each payload is
+/// tried against the versions producers may write, newest first, and names the one it matched.
+#[test]
+fn earlier_versions_still_written_are_accepted_and_named() {
+    let dir = tempfile::tempdir().unwrap();
+    stage_with(dir.path(), "t", 2, CLOSED_V2, &[(1, CLOSED_V1)]);
+    let v = Validator::uncounted(&[binding("t/#", "t", Mode::Enforce, Unstaged::Refuse)], dir.path());
+    let named = |payload: &[u8]| match v.check("t/x", payload) {
+        Verdict::Valid(tag) => Ok(tag.version),
+        Verdict::Refused(reason) => Err(reason),
+        other => panic!("{other:?}"),
+    };
+    assert_eq!(named(br#"{"temp":1,"unit":"C"}"#), Ok(2));
+    assert_eq!(named(br#"{"temp":1}"#), Ok(1), "the old device's message is named v1");
+    let reason = named(br#"{"temp":"hot"}"#).unwrap_err();
+    assert!(reason.starts_with("schema t v2: ") && reason.ends_with("(nor does it match v1)"), "{reason}");
+    assert_eq!(v.staged("t").unwrap().version, 2);
+}
+
+/// Issue 45: a payload in the Confluent framing is validated against exactly the version its id
+/// names; a JSON framing naming no version accepted here is refused with the id.
+#[test]
+fn a_confluent_framed_payload_is_validated_against_the_version_it_names() {
+    let dir = tempfile::tempdir().unwrap();
+    stage_with(dir.path(), "t", 2, CLOSED_V2, &[(1, CLOSED_V1)]);
+    let v = Validator::uncounted(&[binding("t/#", "t", Mode::Enforce, Unstaged::Refuse)], dir.path());
+    assert!(matches!(v.check("t/x", &framed(CLOSED_V1, br#"{"temp":1}"#)), Verdict::Valid(t) if t.version == 1));
+    // Valid under v2, but it says v1: checked as v1 only.
+    let Verdict::Refused(reason) = v.check("t/x", &framed(CLOSED_V1, br#"{"temp":1,"unit":"C"}"#)) else { panic!() };
+    assert!(reason.starts_with("schema t v1: "), "{reason}");
+    let Verdict::Refused(reason) = v.check("t/x", &framed(V1, br#"{"temp":1}"#)) else { panic!() };
+    assert!(reason.contains("Confluent framing names schema id"), "{reason}");
+}
+
+/// A staged file naming its earlier versions out of order, or more than the bound, is not used.
+#[test]
+fn a_delivery_with_writers_out_of_order_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    stage_with(dir.path(), "t", 2, CLOSED_V2, &[(3, CLOSED_V1)]);
+    let metrics = SchemaMetrics::default();
+    let v = Validator::new(&[binding("t/#", "t", Mode::Enforce, Unstaged::Refuse)], dir.path(), metrics.clone());
+    assert!(v.staged("t").is_none());
+    assert_eq!(metrics.reload_errors.get(), 1);
 }

@@ -108,6 +108,21 @@ impl Compatibility {
         }
     }
 
+    /// Earlier versions a producer may still write once a version checked under `self` is the
+    /// newest, as indexes into the `earlier` versions before it (oldest first), newest first:
+    /// those the check proved the new version reads. `backward` and `full` checked the one
+    /// before, their transitive forms every one (at most [`MAX_WRITERS`] of them, the newest);
+    /// `none` and the forward modes proved nothing of the kind, so only the new version is
+    /// written. A consumer on the newest version reads what any of these producers writes.
+    pub fn still_written(self, earlier: usize) -> std::iter::Take<std::iter::Rev<std::ops::Range<usize>>> {
+        let reach = match self.directions() {
+            (false, _) => 0,
+            (true, _) if self.transitive() => earlier,
+            (true, _) => earlier.min(1),
+        };
+        (0..earlier).rev().take(reach.min(MAX_WRITERS))
+    }
+
     fn transitive(self) -> bool {
         matches!(
             self,
@@ -141,6 +156,11 @@ impl FromStr for Compatibility {
         })
     }
 }
+
+/// Earlier versions an edge accepts besides the newest (`Compatibility::still_written`): each is
+/// one more validation of a payload none of the newer ones matched, so one publish costs at
+/// most this many more walks of its bytes.
+pub const MAX_WRITERS: usize = 8;
 
 /// A schema as registered and as edges stage it: what it is parsed from.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -291,6 +311,16 @@ impl Schema {
         }
     }
 
+    /// What follows the Confluent framing's id ([`confluent_frame`]) as this schema's payload:
+    /// for Protobuf the message indexes come first (a zigzag varint count, then each index;
+    /// a lone 0 for the file's first message), which must name this schema's message.
+    pub fn unframe<'p>(&self, body: &'p [u8]) -> Result<&'p [u8], Invalid> {
+        match &self.compiled {
+            Compiled::Protobuf(p) => p.unframe(body),
+            _ => Ok(body),
+        }
+    }
+
     /// Tells `out` the shape and values of `payload`, which this schema validated (format 3
     /// column-wise bodies); false for JSON (its text is cut without a schema) and for a
     /// payload the walk cannot hold.
@@ -366,6 +396,51 @@ pub struct Version {
     pub source: Source,
     /// When it was registered, ms since the Unix epoch.
     pub created_ms: u64,
+    /// The mode its registration was checked under (none: registered before the mode was kept,
+    /// treated as proving nothing about earlier versions).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub compatibility: Option<Compatibility>,
+}
+
+impl Version {
+    /// The id Schema Registry clients know it by ([`registry_id`]).
+    pub fn registry_id(&self) -> u32 {
+        registry_id(&self.id)
+    }
+}
+
+/// A version as delivered to edges (the file of model `schema.<subject>` / `<version>`): the
+/// version, and the earlier ones producers may still write beside it
+/// ([`Compatibility::still_written`] of the mode it was checked under), newest first. Each
+/// delivery carries its writers, so an edge that missed versions needs only the newest, and an
+/// edge that stages it needs nothing else. Edges before this field read the version alone.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Staging {
+    #[serde(flatten)]
+    pub version: Version,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub writers: Vec<Version>,
+}
+
+/// The 31-bit number Schema Registry clients name a schema by, derived from its content id
+/// (the first 32 bits of the hex id, top bit cleared; 0 is taken as 1, which clients treat as
+/// no id): the same schema has the same number on every bridge and in every sink, with no
+/// counter to share. Two schemas whose numbers collide cannot both be registered (the
+/// registry refuses the second, naming the first); at 1,000 schemas the chance of any
+/// collision is about 1 in 4,000.
+pub fn registry_id(content_id: &str) -> u32 {
+    let head = content_id.get(..8).and_then(|h| u32::from_str_radix(h, 16).ok()).unwrap_or(0);
+    (head & 0x7fff_ffff).max(1)
+}
+
+/// The Confluent wire framing Schema Registry serializers write before a payload: magic byte 0,
+/// then the schema's id as 4 bytes big-endian. Returns the id and what follows (for Protobuf
+/// still the message indexes, [`Schema::unframe`]).
+pub fn confluent_frame(payload: &[u8]) -> Option<(u32, &[u8])> {
+    match payload {
+        [0, a, b, c, d, rest @ ..] => Some((u32::from_be_bytes([*a, *b, *c, *d]), rest)),
+        _ => None,
+    }
 }
 
 /// Subjects name files on both sides: the characters of a model name.

@@ -61,6 +61,47 @@ impl Proto {
             .map_err(|e| Invalid { path: String::new(), reason: e.to_string() })
     }
 
+    /// Confluent's message indexes taken off the front of `body` (see `Schema::unframe`): they
+    /// must lead to this schema's message through the file's messages and their nested ones.
+    pub(super) fn unframe<'p>(&self, mut body: &'p [u8]) -> Result<&'p [u8], Invalid> {
+        let bad = |reason: String| Invalid { path: String::new(), reason };
+        let zigzag = |b: &mut &[u8]| -> Result<i64, Invalid> {
+            let v = varint::take(b).map_err(|_| bad("Confluent framing: the message indexes are cut short".into()))?;
+            Ok((v >> 1) as i64 ^ -((v & 1) as i64))
+        };
+        let count = zigzag(&mut body)?;
+        // More indexes than a file can nest messages is not a framing but garbage.
+        if !(0..=MAX_CUT_DEPTH as i64).contains(&count) {
+            return Err(bad(format!("Confluent framing: {count} message indexes")));
+        }
+        let mut indexes = Vec::with_capacity(count.max(1) as usize);
+        for _ in 0..count {
+            indexes.push(zigzag(&mut body)?);
+        }
+        if indexes.is_empty() {
+            indexes.push(0);
+        }
+        let file = self.message.parent_file();
+        let mut at: Option<MessageDescriptor> = None;
+        for &i in &indexes {
+            let next = usize::try_from(i).ok().and_then(|i| match &at {
+                None => file.messages().nth(i),
+                Some(m) => m.child_messages().nth(i),
+            });
+            at = Some(
+                next.ok_or_else(|| bad(format!("Confluent framing: message indexes {indexes:?} name no message")))?,
+            );
+        }
+        let named = at.map(|m| m.full_name().to_owned()).unwrap_or_default();
+        if named != self.message.full_name() {
+            return Err(bad(format!(
+                "Confluent framing names message {named}, the subject's is {}",
+                self.message.full_name()
+            )));
+        }
+        Ok(body)
+    }
+
     /// The payload's fields as a shape and values (format 3 bodies): each field's tag kept as
     /// it is, sub-messages and packed fields as parts whose length the bridge writes back.
     pub(super) fn cut<'p>(&self, payload: &'p [u8], out: &mut Shaper<'p>) -> bool {

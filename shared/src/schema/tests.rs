@@ -290,3 +290,47 @@ fn bad_schemas_are_refused_with_the_cause() {
     assert_eq!("full-transitive".parse::<Compatibility>(), Ok(Compatibility::FullTransitive));
     assert!("sideways".parse::<Compatibility>().unwrap_err().contains("backward"));
 }
+
+/// Issue 45: what Schema Registry serializers put before a payload. Confluent's wire format:
+/// magic byte 0, the schema id as a 4-byte big-endian integer, then (Protobuf only) the message
+/// indexes as zigzag varints, a count and then each index, with `[0]` written as a lone 0.
+#[test]
+fn the_confluent_framing_is_read_and_protobuf_message_indexes_name_the_message() {
+    assert_eq!(confluent_frame(&[0, 0, 0, 1, 2, 9, 9]), Some((258, &[9u8, 9][..])));
+    assert_eq!(confluent_frame(&[0, 0, 0, 1]), None, "cut short");
+    assert_eq!(confluent_frame(&[1, 0, 0, 1, 2]), None, "another magic byte");
+    let ids = ["00000001aaaaaaaa", "ffffffffffffffff", "0000000000000000"];
+    assert_eq!(ids.map(registry_id), [1, 0x7fff_ffff, 1], "31 bits, never 0");
+
+    let text = r#"syntax = "proto3";
+        message A { int32 x = 1; }
+        message B { message C { string s = 1; } C c = 1; }"#;
+    let c = Schema::parse(Source { kind: Kind::Protobuf, text: text.into(), message: Some("B.C".into()) }).unwrap();
+    let payload = [0x0a, 0x02, b'h', b'i'];
+    // [1, 0]: count 2, then 1 and 0, each zigzag.
+    let framed = [&[4u8, 2, 0][..], &payload].concat();
+    assert_eq!(c.unframe(&framed).unwrap(), payload);
+    let first = c.unframe(&[&[0u8][..], &payload].concat()).unwrap_err();
+    assert!(first.reason.contains("names message A, the subject's is B.C"), "{first}");
+    assert!(c.unframe(&[4, 2]).unwrap_err().reason.contains("cut short"));
+    assert!(c.unframe(&[4, 2, 8]).unwrap_err().reason.contains("name no message"));
+    let a = Schema::parse(Source { kind: Kind::Protobuf, text: text.into(), message: None }).unwrap();
+    assert_eq!(a.unframe(&[0, 8, 1]).unwrap(), [8, 1], "[0] as a lone zero: the file's first message");
+    let json = schema(Kind::Json, JSON_BASE);
+    assert_eq!(json.unframe(b"{}").unwrap(), b"{}", "no indexes but Protobuf's");
+}
+
+/// Issue 45: the earlier versions a producer may still write under each mode.
+#[test]
+fn each_mode_says_which_earlier_versions_are_still_written() {
+    let still = |m: Compatibility, n| m.still_written(n).collect::<Vec<_>>();
+    assert_eq!(still(Compatibility::Backward, 3), [2]);
+    assert_eq!(still(Compatibility::Full, 3), [2]);
+    assert_eq!(still(Compatibility::BackwardTransitive, 3), [2, 1, 0]);
+    assert_eq!(still(Compatibility::FullTransitive, 20).len(), MAX_WRITERS, "bounded, the newest kept");
+    assert_eq!(still(Compatibility::FullTransitive, 20)[0], 19);
+    for m in [Compatibility::None, Compatibility::Forward, Compatibility::ForwardTransitive] {
+        assert!(still(m, 3).is_empty(), "{m}");
+    }
+    assert!(still(Compatibility::Backward, 0).is_empty());
+}

@@ -480,7 +480,7 @@ fn stage_schema(models: &std::path::Path) {
     std::fs::create_dir_all(&dir).expect("models dir");
     let source = Source { kind: Kind::Json, text: READING.into(), message: None };
     let id = Schema::parse(source.clone()).expect("the reading schema").id().to_owned();
-    let doc = Version { subject: "reading".into(), version: 1, id, source, created_ms: 0 };
+    let doc = Version { subject: "reading".into(), version: 1, id, source, created_ms: 0, compatibility: None };
     std::fs::write(dir.join("1"), serde_json::to_vec(&doc).expect("json")).expect("stage");
     std::os::unix::fs::symlink("1", dir.join("current")).expect("current");
 }

@@ -393,6 +393,7 @@ async fn dictionaries_fleet_states_and_schemas_one_bridge_stores_another_reads()
         id: format!("{n:016x}"),
         source: Source { kind: Kind::Json, text: text.into(), message: None },
         created_ms: 1,
+        compatibility: None,
     };
     assert!(first.schema_put(&version(1, r#"{"type":"object"}"#)).await.unwrap());
     assert!(!second.schema_put(&version(1, r#"{"type":"string"}"#)).await.unwrap(), "version 1 is taken");

@@ -122,6 +122,13 @@ fn schema_headers(s: &Setup, payload: &str) -> Option<(String, String)> {
     Some((get("Edge-Schema")?, get("Edge-Schema-Id")?))
 }
 
+/// `Edge-Schema` of the sink's row holding exactly `payload`.
+fn named_in_sink(s: &Setup, payload: &[u8]) -> Option<String> {
+    let row = sink_rows(&s.cloud.sink).into_iter().find(|r| r.payload == payload)?;
+    let headers: Vec<(String, String)> = serde_json::from_str(row.headers.as_deref()?).ok()?;
+    headers.into_iter().find(|(k, _)| k == "Edge-Schema").map(|(_, v)| v)
+}
+
 fn in_sink(s: &Setup, payload: &str) -> usize {
     sink_rows(&s.cloud.sink).iter().filter(|r| r.payload == payload.as_bytes()).count()
 }
@@ -363,4 +370,71 @@ async fn the_registry_lives_in_jetstream_when_the_sink_does() {
         &["schema", "register", "--subject", "reading", "--kind", "json", "--compatibility", "full", &wider],
     );
     assert!(!ok && err.contains("old reads new") && err.contains("enum narrowed"), "{err}");
+}
+
+const AVRO_V1: &str =
+    r#"{"type":"record","name":"R","fields":[{"name":"a","type":"long"},{"name":"b","type":"long"}]}"#;
+/// A field added with a default: backward compatible, and a version 1 payload (two longs) is
+/// too short to be a version 2 one.
+const AVRO_V2: &str = r#"{"type":"record","name":"R","fields":[{"name":"a","type":"long"},{"name":"b","type":"long"},{"name":"c","type":"long","default":0}]}"#;
+
+/// Longs as Avro writes them (zigzag varints), each under 64: one byte.
+fn longs(values: &[u8]) -> Vec<u8> {
+    values.iter().map(|v| v << 1).collect()
+}
+
+/// Issue 45: a device still on version 1 keeps publishing through a backward compatible change
+/// and its records name version 1; a payload in the Confluent framing names the version its id
+/// says; a version delivered late (its first delivery failed) does not replace the newer one
+/// the edge staged.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_device_on_the_version_before_a_backward_change_keeps_publishing_named_by_its_version() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = setup(dir.path()).await;
+    let register = |config: &Path, name: &str, text: &str| {
+        let file = dir.path().join(name);
+        std::fs::write(&file, text).unwrap();
+        cli(config, &["schema", "register", "--subject", "reading", "--kind", "avro", file.to_str().unwrap()])
+    };
+    // Version 1 registered from a config without [models]: its delivery to the edges is missed.
+    let text = std::fs::read_to_string(&s.config).unwrap();
+    let (head, rest) = text.split_once("[models]").unwrap();
+    let undelivered = dir.path().join("undelivered.toml");
+    std::fs::write(&undelivered, format!("{head}{}", &rest[rest.find("[http]").unwrap()..])).unwrap();
+    let (ok, out, err) = register(&undelivered, "v1.avsc", AVRO_V1);
+    assert!(ok && out.contains("not delivered"), "{out}{err}");
+    let (ok, out, err) = register(&s.config, "v2.avsc", AVRO_V2);
+    assert!(ok && out.contains("version 2") && out.contains("also accept what producers on version 1"), "{out}{err}");
+    let v1_number = {
+        let (_, out, _) = cli(&s.config, &["schema", "show", "--subject", "reading", "--version", "1", "--json"]);
+        let v: shared::schema::Version = serde_json::from_str(&out).unwrap();
+        v.registry_id()
+    };
+
+    let edge_dir = dir.path().join("edge");
+    let edge = edge(&edge_dir, &s.public, &s.cloud.uplink_section_via("edge-1", s.cloud.bridge.quic_addr()));
+    assert!(e2e_tests::eventually(WAIT, || staged(&edge) == 2.0).await, "{}", edge.stderr());
+    let old_device = longs(&[1, 2]);
+    let new_device = longs(&[1, 2, 3]);
+    let framed_v1 = [&[0u8][..], &v1_number.to_be_bytes(), &longs(&[4, 5])].concat();
+    let mut c = Client::anonymous(edge.addr("local"), "devices").await;
+    for p in [&old_device, &new_device, &framed_v1] {
+        c.publish(TOPIC, QoS::AtLeastOnce, false, p.clone()).await;
+    }
+    assert!(c.acked(3, WAIT).await);
+    assert_eq!((checked(&edge, "valid"), checked(&edge, "invalid")), (3.0, 0.0));
+    for (payload, version) in [(&old_device, "reading/1"), (&new_device, "reading/2"), (&framed_v1, "reading/1")] {
+        assert!(e2e_tests::eventually(WAIT, || named_in_sink(&s, payload).is_some()).await, "{payload:?} in the sink");
+        assert_eq!(named_in_sink(&s, payload).as_deref(), Some(version), "{payload:?}");
+    }
+
+    // Version 1 registered again, now delivered: made after version 2, still older.
+    let (ok, out, err) = register(&s.config, "v1.avsc", AVRO_V1);
+    assert!(ok && out.contains("delivered to edges as model schema.reading version 1"), "{out}{err}");
+    // The bridge polls its model store every 200 ms; the edge would have staged it within a few.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert_eq!(staged(&edge), 2.0, "{}", edge.stderr());
+    c.publish(TOPIC, QoS::AtLeastOnce, false, new_device.clone()).await;
+    assert!(c.acked(1, WAIT).await);
+    assert_eq!(checked(&edge, "valid"), 4.0, "version 2 still validates");
 }
