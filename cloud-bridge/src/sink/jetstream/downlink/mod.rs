@@ -621,8 +621,16 @@ impl DownlinkStore for JetStreamSink {
     /// when sessions then waited for their own poll.
     async fn down_news(&self, cursor: Option<u64>, wait: Duration) -> Result<(u64, Vec<String>), SinkError> {
         let d = self.down();
+        // Each request bounded as the reads below are: one sent as the server went down waits for
+        // the client's whole request timeout, and news would be that late after a restart (a
+        // test saw more than 3 s on loaded cores).
+        let now = || async {
+            tokio::time::timeout(NEWS_POLL * 5, stream_now(&d.stream))
+                .await
+                .map_err(|_| unavailable("downlink news", "timed out"))?
+        };
         let Some(mut cursor) = cursor else {
-            return Ok((stream_now(&d.stream).await?.last_seq, Vec::new()));
+            return Ok((now().await?.last_seq, Vec::new()));
         };
         let filter = format!("{}.*.>", d.prefix);
         let skip = d.prefix.split('.').count();
@@ -653,7 +661,7 @@ impl DownlinkStore for JetStreamSink {
             // A stream made anew starts its sequence over: its messages are all news.
             if !looked_back {
                 looked_back = true;
-                let last = stream_now(&d.stream).await?.last_seq;
+                let last = now().await?.last_seq;
                 if last < cursor {
                     cursor = 0;
                     continue;
