@@ -34,6 +34,9 @@ pub struct CloudConfig {
     /// Messages to edges: windows, backlog bounds, groups.
     #[serde(default)]
     pub downlink: crate::downlink::DownlinkConfig,
+    /// The Schema Registry REST API on the HTTP endpoint. Default: read-only.
+    #[serde(default)]
+    pub registry: crate::schemas::config::RegistryConfig,
 }
 
 #[derive(Debug, Clone, Default, Deserialize, Serialize)]
@@ -110,6 +113,7 @@ impl CloudConfig {
             resolve(&mut models.dir);
             resolve(&mut models.signing_key);
         }
+        config.registry.resolve(base);
         // Every problem of the file at once: fixing one to be told of the next is a slow loop.
         let mut problems = Problems::default();
         for (i, serial) in config.server.deny_serials.iter_mut().enumerate() {
@@ -127,6 +131,7 @@ impl CloudConfig {
         config.fleet.check(&mut problems);
         config.downlink.check(&mut problems);
         config.tracing.check(&mut problems);
+        config.registry.check(&mut problems);
         match &config.sink {
             SinkConfig::Jetstream { url, .. } => {
                 if let Err(e) = crate::sink::jetstream::check_url(url) {

@@ -44,6 +44,8 @@ pub enum StartError {
     Tracing(String),
     #[error("{0}")]
     Downlink(String),
+    #[error("registry: {0}")]
+    Registry(String),
 }
 
 /// A running bridge.
@@ -76,6 +78,34 @@ struct Parts {
     writes_per_second: u32,
     /// The `[sink]` section, for what the console reads beside the running sink.
     sink: SinkConfig,
+    /// The Schema Registry REST API's section and credentials, and where the versions it
+    /// registers are delivered (`[models]`).
+    registry: RegistryParts,
+}
+
+/// `[registry]` made ready: its credentials read, and, when it writes and the bridge has
+/// `[models]`, the model store and the fleet key its versions are delivered with.
+type RegistryParts =
+    (schemas::config::RegistryConfig, Option<schemas::config::Credentials>, Option<schemas::cli::Delivery>);
+
+async fn registry_parts(config: &CloudConfig) -> Result<RegistryParts, StartError> {
+    let r = config.registry.clone();
+    let credentials =
+        r.credentials.as_deref().map(schemas::config::Credentials::load).transpose().map_err(StartError::Registry)?;
+    let delivery = match (&config.models, r.api) {
+        (Some(models), schemas::config::Access::ReadWrite) => Some(schemas::cli::Delivery {
+            store: models::open(Some(models), config.sink.nats_url())
+                .await
+                .map_err(|e| StartError::Models(e.to_string()))?,
+            key: models::signing_key(&models.signing_key).map_err(|e| StartError::Registry(e.to_string()))?,
+        }),
+        (None, schemas::config::Access::ReadWrite) => {
+            tracing::warn!("[registry] api is read-write and there is no [models]: registered versions reach no edge");
+            None
+        }
+        _ => None,
+    };
+    Ok((r, credentials, delivery))
 }
 
 impl Bridge {
@@ -99,6 +129,8 @@ impl Bridge {
         .map_err(StartError::Tracing)?;
         let name = config.fleet.bridge_name(quic_addr.port());
         let recorder = Arc::new(fleet::Recorder::new(&config.fleet, name, metrics.fleet.clone()));
+        // Boxed: opening a model store is a large future, and it would sit in every caller of `start`.
+        let registry = Box::pin(registry_parts(&config)).await?;
         let parts = Parts {
             endpoint,
             server: Arc::new(config.server.clone()),
@@ -112,6 +144,7 @@ impl Bridge {
             http,
             writes_per_second: config.fleet.state_writes_per_second,
             sink: config.sink.clone(),
+            registry,
         };
         let sink = config.sink.open(metrics.sink.clone(), config.limits.quota()).await?;
         // A downlink message that passes `send` must fit the sink (JetStream: the server's
@@ -123,7 +156,7 @@ impl Bridge {
     }
 
     /// Starts the accept loop, the fleet view's writer and the HTTP endpoint on `sink`.
-    fn serve<S: sink::Sink>(
+    fn serve<S: sink::Sink + sink::SchemaStore>(
         sink: Arc<S>,
         parts: Parts,
         metrics: Arc<Metrics>,
@@ -141,7 +174,10 @@ impl Bridge {
                 Box::pin(async move { sink::inspect::dead_letters_doc(&config).await })
             });
             let console = Arc::new(console::Console::new(sink.clone(), dead));
-            tasks.spawn(metrics::serve(listener, metrics.clone(), view, console, shutdown.clone()));
+            let (config, credentials, delivery) = parts.registry;
+            let registry =
+                schemas::api::Api::new(sink.clone(), delivery, config, credentials, metrics.schemas.clone()).routes();
+            tasks.spawn(metrics::serve(listener, metrics.clone(), view, console, registry, shutdown.clone()));
         }
         let fleet_stop = CancellationToken::new();
         let info = fleet::BridgeInfo { quic: quic_addr, writes_per_second: parts.writes_per_second };

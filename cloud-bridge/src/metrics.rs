@@ -25,6 +25,7 @@ pub struct Metrics {
     pub fleet: Arc<crate::fleet::FleetMetrics>,
     pub trace: Arc<shared::trace::TraceCounts>,
     pub downlink: Arc<crate::downlink::DownlinkMetrics>,
+    pub schemas: Arc<crate::schemas::api::RegistryMetrics>,
 }
 
 impl Metrics {
@@ -41,6 +42,7 @@ impl Metrics {
             fleet: Arc::default(),
             trace: Arc::default(),
             downlink: Arc::default(),
+            schemas: Arc::default(),
         };
         m.models.register(registry);
         m.limits.register(registry);
@@ -49,6 +51,7 @@ impl Metrics {
         m.server.register(registry);
         m.trace.register(registry);
         m.downlink.register(registry);
+        m.schemas.register(registry);
         Self { registry: root, ..m }
     }
 
@@ -65,13 +68,14 @@ impl Default for Metrics {
     }
 }
 
-/// Serves `/metrics`, `/healthz`, `/readyz`, `/edges` and the console (`/console`, `/tco`,
-/// `/dead-letters`) until `shutdown`.
+/// Serves `/metrics`, `/healthz`, `/readyz`, `/edges`, the console (`/console`, `/tco`,
+/// `/dead-letters`) and the Schema Registry REST API (`schemas::api`) until `shutdown`.
 pub(crate) async fn serve(
     listener: tokio::net::TcpListener,
     metrics: Arc<Metrics>,
     fleet: Arc<crate::fleet::view::Served>,
     console: Arc<crate::console::Console>,
+    schema_registry: axum::Router,
     shutdown: CancellationToken,
 ) {
     let app = axum::Router::new()
@@ -80,7 +84,8 @@ pub(crate) async fn serve(
         .route("/readyz", axum::routing::get(ready_handler))
         .with_state(metrics)
         .merge(axum::Router::new().route("/edges", axum::routing::get(edges_handler)).with_state(fleet))
-        .merge(crate::console::routes(console));
+        .merge(crate::console::routes(console))
+        .merge(schema_registry);
     if let Err(e) = axum::serve(listener, app).with_graceful_shutdown(shutdown.cancelled_owned()).await {
         tracing::error!(error = %e, "metrics endpoint failed");
     }

@@ -15,7 +15,9 @@
 //!   by, derived from that content id (`shared::schema::registry_id`), the same on every
 //!   bridge and sink; a schema whose number another schema holds is refused.
 
+pub(crate) mod api;
 pub mod cli;
+pub mod config;
 
 use std::path::Path;
 
@@ -87,7 +89,11 @@ async fn earlier<S: SchemaStore>(
         .collect::<Result<Vec<_>, _>>()?;
     let mode = match mode {
         Some(m) => m,
-        None => store.schema_mode(subject).await?.unwrap_or_default(),
+        None => match store.schema_mode(subject).await? {
+            Some(m) => m,
+            // The registry-wide mode (`PUT /config`), or the default.
+            None => store.schema_mode(api::GLOBAL).await?.unwrap_or_default(),
+        },
     };
     Ok((versions, parsed, mode))
 }
@@ -104,6 +110,29 @@ pub(crate) async fn check<S: SchemaStore>(
     judge(subject, schema, &versions, &parsed, mode)
 }
 
+/// Whether `schema` is compatible with version `against` of `subject` under `mode`'s
+/// directions (`POST /compatibility/subjects/{s}/versions/{v}`: one version, whatever the mode's
+/// reach).
+pub(crate) fn check_one(
+    subject: &str,
+    schema: &Schema,
+    against: &Version,
+    mode: Compatibility,
+) -> Result<(), RegistryError> {
+    let old = Schema::parse(against.source.clone()).map_err(|e| RegistryError::Stored {
+        subject: subject.into(),
+        version: against.version,
+        e,
+    })?;
+    if old.kind() != schema.kind() {
+        return Err(RegistryError::KindChanged { subject: subject.into(), had: old.kind(), kind: schema.kind() });
+    }
+    shared::schema::check(mode.one_version(), schema, std::slice::from_ref(&old)).map_err(|mut e| {
+        e.against = against.version.saturating_sub(1) as usize;
+        RegistryError::Incompatible { subject: subject.into(), e }
+    })
+}
+
 fn judge(
     subject: &str,
     schema: &Schema,
@@ -111,7 +140,9 @@ fn judge(
     parsed: &[Schema],
     mode: Compatibility,
 ) -> Result<Registered, RegistryError> {
-    if let Some(v) = versions.iter().find(|v| v.id == schema.id()) {
+    // By the content as parsed now, not the id kept: a version registered by an earlier build
+    // keeps the id derived then (`Schema::is`).
+    if let Some((v, _)) = versions.iter().zip(parsed).find(|(_, p)| p.id() == schema.id()) {
         return Ok(Registered::Exists(v.clone()));
     }
     if let Some(first) = versions.first()

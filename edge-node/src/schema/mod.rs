@@ -83,9 +83,9 @@ impl Staged {
             .chain(self.writers.iter().map(|w| (w.version, &w.schema, &w.tag, w.number)))
     }
 
-    /// The accepted version whose content id is `id`.
+    /// The accepted version whose content id (as registered) is `id`.
     fn by_id(&self, id: &str) -> Option<&Schema> {
-        self.accepted().find(|(_, schema, ..)| schema.id() == id).map(|(_, schema, ..)| schema)
+        self.accepted().find(|(_, _, tag, _)| tag.id == id).map(|(_, schema, ..)| schema)
     }
 
     fn judge(&self, subject: &str, payload: &[u8]) -> Outcome {
@@ -436,7 +436,7 @@ fn load(path: &Path, subject: &str, file: String) -> Result<Staged, String> {
         }
         let number = v.registry_id();
         let schema = Schema::parse(v.source).map_err(|e| e.to_string())?;
-        if schema.id() != v.id {
+        if !schema.is(&v.id) {
             return Err(format!("{}: the schema's id is {}, the file says {}", path.display(), schema.id(), v.id));
         }
         let tag = Arc::new(SchemaRef { subject: subject.to_owned(), version: v.version, id: v.id });

@@ -66,8 +66,21 @@ impl Avro {
         Ok(())
     }
 
-    /// The Parsing Canonical Form of the Avro specification.
-    pub(super) fn normal(&self) -> String {
+    /// What identifies the schema: its JSON with keys sorted, no spaces and no `doc`. Not the
+    /// Parsing Canonical Form alone, which drops what changes how data is read: two schemas
+    /// differing in a field's default (or an alias, a logical type, a sort order) are two
+    /// schemas, as Confluent Schema Registry keeps them (issue 45).
+    pub(super) fn normal(text: &str) -> String {
+        let mut v: serde_json::Value = serde_json::from_str(text).unwrap_or(serde_json::Value::String(text.into()));
+        strip_docs(&mut v);
+        let mut out = String::new();
+        super::json::canonical(&v, &mut out);
+        out
+    }
+
+    /// The Parsing Canonical Form of the Avro specification: what ids were derived from before
+    /// identity took defaults in (`Schema::legacy_id`).
+    pub(super) fn canonical_form(&self) -> String {
         self.schema.canonical_form()
     }
 
@@ -336,5 +349,17 @@ impl<'a> Walk<'a, '_> {
                 index += 1;
             }
         }
+    }
+}
+
+/// Removes every `doc` attribute: documentation does not change what data means.
+fn strip_docs(v: &mut serde_json::Value) {
+    match v {
+        serde_json::Value::Object(m) => {
+            m.remove("doc");
+            m.values_mut().for_each(strip_docs);
+        }
+        serde_json::Value::Array(a) => a.iter_mut().for_each(strip_docs),
+        _ => {}
     }
 }

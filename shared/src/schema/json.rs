@@ -54,7 +54,7 @@ impl Json {
     }
 }
 
-fn canonical(v: &Value, out: &mut String) {
+pub(super) fn canonical(v: &Value, out: &mut String) {
     match v {
         Value::Object(m) => {
             out.push('{');

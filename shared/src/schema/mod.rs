@@ -123,6 +123,16 @@ impl Compatibility {
         (0..earlier).rev().take(reach.min(MAX_WRITERS))
     }
 
+    /// The same directions, checked against one version only.
+    pub fn one_version(self) -> Compatibility {
+        match self {
+            Compatibility::BackwardTransitive => Compatibility::Backward,
+            Compatibility::ForwardTransitive => Compatibility::Forward,
+            Compatibility::FullTransitive => Compatibility::Full,
+            other => other,
+        }
+    }
+
     fn transitive(self) -> bool {
         matches!(
             self,
@@ -247,6 +257,9 @@ enum Compiled {
 pub struct Schema {
     source: Source,
     id: String,
+    /// The id an earlier build derived (Avro: from the Parsing Canonical Form alone), when it
+    /// differs: versions registered then keep it.
+    legacy_id: Option<String>,
     compiled: Compiled,
 }
 
@@ -274,8 +287,7 @@ impl Schema {
             }
             Kind::Avro => {
                 let a = avro::Avro::parse(&source.text).map_err(err)?;
-                let normal = a.normal();
-                (Compiled::Avro(a), normal)
+                (Compiled::Avro(a), avro::Avro::normal(&source.text))
             }
             Kind::Protobuf => {
                 let p = proto::Proto::parse(&source.text, source.message.as_deref()).map_err(err)?;
@@ -284,14 +296,24 @@ impl Schema {
             }
         };
         let id = content_id(kind, &normal);
-        Ok(Schema { source, id, compiled })
+        let legacy_id = match &compiled {
+            Compiled::Avro(a) => Some(content_id(kind, &a.canonical_form())).filter(|l| *l != id),
+            _ => None,
+        };
+        Ok(Schema { source, id, legacy_id, compiled })
     }
 
     /// Derived from the content: 16 hex digits of SHA-256 over the kind and the normalised
-    /// schema (JSON with sorted keys and no spaces, Avro's Parsing Canonical Form, Protobuf's
+    /// schema (JSON with sorted keys and no spaces; Avro's likewise, without `doc`; Protobuf's
     /// message name and file text).
     pub fn id(&self) -> &str {
         &self.id
+    }
+
+    /// Whether `id` is this schema's: its id, or the one earlier builds derived for it
+    /// (Avro's Parsing Canonical Form), which versions registered then keep.
+    pub fn is(&self, id: &str) -> bool {
+        self.id == id || self.legacy_id.as_deref() == Some(id)
     }
 
     pub fn kind(&self) -> Kind {

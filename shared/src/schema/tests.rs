@@ -334,3 +334,21 @@ fn each_mode_says_which_earlier_versions_are_still_written() {
     }
     assert!(still(Compatibility::Backward, 0).is_empty());
 }
+
+/// Issue 45: an Avro schema differing only in a field's default is another schema (Confluent
+/// keeps it as another version; the Parsing Canonical Form drops defaults, and the usual
+/// add-a-default-then-remove-the-field path was blocked by "already version 1"). Documentation
+/// is not identity. Versions registered before keep the id derived then (`Schema::is`).
+#[test]
+fn avro_identity_takes_defaults_in_and_leaves_docs_out() {
+    let text =
+        |extra: &str| format!(r#"{{"type":"record","name":"R","fields":[{{"name":"a","type":"long"{extra}}}]}}"#);
+    let plain = schema(Kind::Avro, &text(""));
+    let defaulted = schema(Kind::Avro, &text(r#","default":0"#));
+    let documented = schema(Kind::Avro, &text(r#","doc":"metres""#));
+    assert_ne!(plain.id(), defaulted.id(), "a default makes another schema");
+    assert_eq!(plain.id(), documented.id(), "a doc does not");
+    let pcf = content_id(Kind::Avro, r#"{"name":"R","type":"record","fields":[{"name":"a","type":"long"}]}"#);
+    assert!(plain.is(&pcf) && defaulted.is(&pcf), "the earlier derivation is still recognised");
+    assert!(!plain.is(defaulted.id()));
+}
