@@ -41,6 +41,7 @@ mod ops_console;
 mod ops_health;
 mod ops_metrics;
 mod ops_tracing;
+mod schema_registry;
 mod schemas;
 mod sim;
 mod spool_damage;
