@@ -8,12 +8,19 @@ registry API (e2e/schema_registry.rs). One command a run; prints one JSON docume
   serialize URL TOPIC KIND FILE OBJECTS_JSON      -> ["hex", ...] (the schema in FILE, looked up,
                                                      never registered: a device that stays on it)
   deserialize URL KIND HEX...                     -> [object, ...] (each by the id it carries)
+  consume URL BOOTSTRAP TOPIC KIND COUNT          -> [{"value": object, "schema": Edge-Schema}]:
+                                                     COUNT records of TOPIC read from its start
+                                                     (read_committed) by a DeserializingConsumer
 
 KIND is AVRO or JSON. Subjects follow the serializers' default strategy: <topic>-value.
 """
 
 import json
 import sys
+import time
+
+from confluent_kafka import DeserializingConsumer, KafkaError
+from confluent_kafka.error import ConsumeError
 
 from confluent_kafka.schema_registry import Schema, SchemaRegistryClient
 from confluent_kafka.schema_registry.avro import AvroDeserializer, AvroSerializer
@@ -32,6 +39,36 @@ def client(url, auth=None):
 def schema(kind, path):
     with open(path) as f:
         return Schema(f.read(), kind)
+
+
+def consume(url, bootstrap, topic, kind, count):
+    c = client(url)
+    de = AvroDeserializer(c) if kind == "AVRO" else JSONDeserializer(None, schema_registry_client=c)
+    consumer = DeserializingConsumer({
+        "bootstrap.servers": bootstrap,
+        "group.id": "schema-registry-reader",
+        "auto.offset.reset": "earliest",
+        "isolation.level": "read_committed",
+        "enable.auto.commit": False,
+        "value.deserializer": de,
+    })
+    consumer.subscribe([topic])
+    out = []
+    deadline = time.time() + 60
+    while len(out) < count and time.time() < deadline:
+        try:
+            m = consumer.poll(0.5)
+        except ConsumeError as e:
+            # The sink makes a class's topic with its first record: not there yet.
+            if e.code == KafkaError.UNKNOWN_TOPIC_OR_PART:
+                continue
+            raise
+        if m is None or m.error():
+            continue
+        headers = {k: v.decode() for k, v in (m.headers() or [])}
+        out.append({"value": m.value(), "schema": headers.get("Edge-Schema")})
+    consumer.close()
+    return out
 
 
 def main(args):
@@ -70,6 +107,9 @@ def main(args):
             de = AvroDeserializer(c) if kind == "AVRO" else JSONDeserializer(None, schema_registry_client=c)
             ctx = SerializationContext("any", MessageField.VALUE)
             return [de(bytes.fromhex(h), ctx) for h in args[3:]]
+        if cmd == "consume":
+            url, bootstrap, topic, kind, count = args[1:6]
+            return consume(url, bootstrap, topic, kind, int(count))
     except SchemaRegistryError as e:
         return {"error_code": e.error_code, "message": e.error_message, "http_status": e.http_status_code}
     raise SystemExit(f"unknown command {cmd}")

@@ -12,6 +12,7 @@ use std::time::Duration;
 use e2e_tests::client::Client;
 use e2e_tests::cloud::{TestCloud, pki, sink_rows};
 use e2e_tests::fixtures::{class, with_spool};
+use e2e_tests::kafka::KafkaBroker;
 use e2e_tests::node::{EdgeProcess, config_text};
 use rumqttc::QoS;
 use serde_json::{Value, json};
@@ -83,6 +84,18 @@ fn named(sink: &Path, payload: &[u8]) -> Option<String> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn confluent_clients_register_serialize_through_the_edge_and_deserialize_from_the_sink() {
+    round_trip(None).await;
+}
+
+/// The same on the Kafka sink: a `DeserializingConsumer` (`read_committed`) reads the records
+/// topics with the bridge as its registry.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn confluent_deserializers_read_the_kafka_sinks_records_with_the_bridge_as_registry() {
+    let broker = KafkaBroker::start();
+    round_trip(Some(&broker)).await;
+}
+
+async fn round_trip(kafka: Option<&KafkaBroker>) {
     let dir = tempfile::tempdir().unwrap();
     let (private, public, _) = cloud_bridge::models::keygen(&dir.path().join("keys")).unwrap();
     std::fs::write(dir.path().join("registry-creds"), format!("{SECRET}\n")).unwrap();
@@ -92,7 +105,14 @@ async fn confluent_clients_register_serialize_through_the_edge_and_deserialize_f
         dir.path().join("store").display(),
         private.display()
     );
-    let cloud = TestCloud::start(dir.path(), pki(dir.path(), &[]), "127.0.0.1:0".parse().unwrap(), &extra).await;
+    let (keys, bind) = (pki(dir.path(), &[]), "127.0.0.1:0".parse().unwrap());
+    let cloud = match kafka {
+        Some(k) => {
+            let section = format!("kind = \"kafka\"\nbootstrap = \"{}\"\npartitions = 1\n", k.bootstrap());
+            TestCloud::start_with_sink(dir.path(), keys, bind, &extra, &section, dir.path().join("unused")).await
+        }
+        None => TestCloud::start(dir.path(), keys, bind, &extra).await,
+    };
     let url = format!("http://{}", cloud.bridge.http_addr().unwrap());
     let d = dir.path();
     let (v1, v2, bad, jv1) = (
@@ -167,6 +187,17 @@ async fn confluent_clients_register_serialize_through_the_edge_and_deserialize_f
     let valid = |s: &str| edge.metric(&format!("edge_schema_checked_total{{subject=\"{s}\",outcome=\"valid\"}}"));
     assert_eq!((valid("reading-value"), valid("box-value")), (4.0, 1.0), "{}", edge.stderr());
 
+    if let Some(k) = kafka {
+        // Confluent's deserializing consumer on the records topics, named by the headers.
+        let read = sr(&["consume", &url, &k.bootstrap(), "edge.plant", "AVRO", "4"]);
+        let values: Vec<Value> = read.as_array().unwrap().iter().map(|r| r["value"].clone()).collect();
+        assert_eq!(values, [first[0].clone(), first[1].clone(), later_v1[0].clone(), on_v2[0].clone()], "{read}");
+        let schemas: Vec<&str> = read.as_array().unwrap().iter().map(|r| r["schema"].as_str().unwrap()).collect();
+        assert_eq!(schemas, ["reading-value/1", "reading-value/1", "reading-value/1", "reading-value/2"]);
+        let read = sr(&["consume", &url, &k.bootstrap(), "edge.vision", "JSON", "1"]);
+        assert_eq!(read, json!([{ "value": boxes[0], "schema": "box-value/1" }]));
+        return;
+    }
     // In the sink byte for byte, each named by the version that wrote it.
     let sink = cloud.sink.clone();
     assert!(e2e_tests::eventually(WAIT, || sends.iter().all(|(_, p)| named(&sink, p).is_some())).await);
