@@ -12,7 +12,7 @@
 
 use std::collections::HashSet;
 
-use prost_reflect::{Cardinality, DynamicMessage, Kind as FieldKind, MessageDescriptor};
+use prost_reflect::{Cardinality, FieldDescriptor, Kind as FieldKind, MessageDescriptor};
 use protox::file::{ChainFileResolver, File, FileResolver, GoogleFileResolver};
 
 use super::{Invalid, Problem, problem};
@@ -55,10 +55,12 @@ impl Proto {
         self.message.full_name()
     }
 
+    /// Our own walk of the wire format, which names the field where a payload goes wrong
+    /// (prost's decoder says "invalid string value" or "buffer underflow", not where) and,
+    /// as Protobuf's reference parsers do, keeps a known field sent with another wire type as
+    /// an unknown field instead of refusing the message.
     pub(super) fn validate(&self, payload: &[u8]) -> Result<(), Invalid> {
-        DynamicMessage::decode(self.message.clone(), payload)
-            .map(|_| ())
-            .map_err(|e| Invalid { path: String::new(), reason: e.to_string() })
+        check(&self.message, payload, "", 0)
     }
 
     /// Confluent's message indexes taken off the front of `body` (see `Schema::unframe`): they
@@ -190,6 +192,153 @@ fn cut<'p>(desc: &MessageDescriptor, mut b: &'p [u8], out: &mut Shaper<'p>, dept
         value(field.map(|f| f.kind()).as_ref(), key & 7, &mut b, out, depth)?;
     }
     Some(())
+}
+
+/// Deepest nesting of sub-messages and groups a payload may reach (prost's own limit is 100).
+pub(crate) const MAX_DEPTH: usize = 100;
+
+/// The largest field number the language allows (2^29 - 1).
+const MAX_FIELD: u64 = 536_870_911;
+
+fn invalid(path: &str, reason: impl Into<String>) -> Invalid {
+    Invalid { path: path.to_owned(), reason: reason.into() }
+}
+
+/// Whether a known field `f` is sent as the wire type its declaration writes (or, repeated and
+/// packable, packed).
+fn fits(f: &FieldDescriptor, wire: u64) -> bool {
+    let kind = f.kind();
+    match packed_wire(&kind) {
+        _ if f.is_group() => wire == 3,
+        Some(w) => wire == w || (wire == 2 && f.is_list()),
+        None => wire == 2,
+    }
+}
+
+/// `n` bytes off the front of `b`, or why not, at `path`.
+fn bytes<'p>(b: &mut &'p [u8], n: usize, path: &str, what: &str) -> Result<&'p [u8], Invalid> {
+    let left = b.len();
+    take(b, n).ok_or_else(|| invalid(path, format!("{what} of {n} bytes runs past the end ({left} left)")))
+}
+
+fn varint_at(b: &mut &[u8], path: &str) -> Result<u64, Invalid> {
+    varint::take(b)
+        .map_err(|short| invalid(path, if short { "a varint is cut short" } else { "a varint runs past ten bytes" }))
+}
+
+/// A value of wire type `wire` skipped (an unknown field), its bytes checked to be there.
+fn skip(wire: u64, number: u64, b: &mut &[u8], path: &str, depth: usize) -> Result<(), Invalid> {
+    match wire {
+        0 => varint_at(b, path).map(|_| ()),
+        1 => bytes(b, 8, path, "a fixed64").map(|_| ()),
+        5 => bytes(b, 4, path, "a fixed32").map(|_| ()),
+        2 => {
+            let n = usize::try_from(varint_at(b, path)?).unwrap_or(usize::MAX);
+            bytes(b, n, path, "a length-delimited value").map(|_| ())
+        }
+        3 => in_group(None, number, b, path, depth + 1),
+        4 => Err(invalid(path, format!("an end of group {number} that no group opened"))),
+        w => Err(invalid(path, format!("field {number} has wire type {w}, which does not exist"))),
+    }
+}
+
+/// A group's fields up to its end tag (`desc`: its message when the group is a known field).
+fn in_group(
+    desc: Option<&MessageDescriptor>,
+    number: u64,
+    b: &mut &[u8],
+    path: &str,
+    depth: usize,
+) -> Result<(), Invalid> {
+    if depth > MAX_DEPTH {
+        return Err(invalid(path, format!("nested deeper than {MAX_DEPTH}")));
+    }
+    loop {
+        if b.is_empty() {
+            return Err(invalid(path, format!("group {number} has no end")));
+        }
+        let key = varint_at(b, path)?;
+        if key & 7 == 4 {
+            return if key >> 3 == number {
+                Ok(())
+            } else {
+                Err(invalid(path, format!("group {number} ended by the end of group {}", key >> 3)))
+            };
+        }
+        field(desc, key, b, path, depth, &mut Vec::new())?;
+    }
+}
+
+/// One field after its tag `key`: checked as its declaration says, or skipped as unknown.
+fn field(
+    desc: Option<&MessageDescriptor>,
+    key: u64,
+    b: &mut &[u8],
+    path: &str,
+    depth: usize,
+    seen: &mut Vec<(u32, usize)>,
+) -> Result<(), Invalid> {
+    let (number, wire) = (key >> 3, key & 7);
+    if number == 0 || number > MAX_FIELD {
+        return Err(invalid(path, format!("field number {number} is out of range")));
+    }
+    let known = desc.and_then(|d| d.get_field(number as u32)).filter(|f| fits(f, wire));
+    let Some(f) = known else { return skip(wire, number, b, path, depth) };
+    // A repeated field's values are numbered in the path, as JSON's items are.
+    let at = if f.is_list() || f.is_map() {
+        let i = match seen.iter_mut().find(|(n, _)| *n == f.number()) {
+            Some((_, i)) => {
+                *i += 1;
+                *i
+            }
+            None => {
+                seen.push((f.number(), 0));
+                0
+            }
+        };
+        format!("{path}/{}/{i}", f.name())
+    } else {
+        format!("{path}/{}", f.name())
+    };
+    let kind = f.kind();
+    match (wire, &kind) {
+        (3, FieldKind::Message(m)) => in_group(Some(m), number, b, &at, depth + 1),
+        (2, FieldKind::String) => {
+            let n = usize::try_from(varint_at(b, &at)?).unwrap_or(usize::MAX);
+            let body = bytes(b, n, &at, "a string")?;
+            std::str::from_utf8(body).map(|_| ()).map_err(|e| invalid(&at, format!("not valid UTF-8: {e}")))
+        }
+        (2, FieldKind::Message(m)) => {
+            let n = usize::try_from(varint_at(b, &at)?).unwrap_or(usize::MAX);
+            check(m, bytes(b, n, &at, "a sub-message")?, &at, depth + 1)
+        }
+        (2, k) if packed_wire(k).is_some() => {
+            let n = usize::try_from(varint_at(b, &at)?).unwrap_or(usize::MAX);
+            let mut body = bytes(b, n, &at, "packed values")?;
+            let w = packed_wire(k).unwrap_or_default();
+            while !body.is_empty() {
+                skip(w, number, &mut body, &at, depth)?;
+            }
+            Ok(())
+        }
+        _ => skip(wire, number, b, &at, depth),
+    }
+}
+
+/// Checks that `b` is one message of `desc`, naming the field where it is not.
+fn check(desc: &MessageDescriptor, mut b: &[u8], path: &str, depth: usize) -> Result<(), Invalid> {
+    if depth > MAX_DEPTH {
+        return Err(invalid(path, format!("nested deeper than {MAX_DEPTH}")));
+    }
+    let mut seen = Vec::new();
+    while !b.is_empty() {
+        let key = varint_at(&mut b, path)?;
+        if key & 7 == 4 {
+            return Err(invalid(path, format!("an end of group {} that no group opened", key >> 3)));
+        }
+        field(Some(desc), key, &mut b, path, depth, &mut seen)?;
+    }
+    Ok(())
 }
 
 /// Wire-compatible groups; a reader's type reads a writer's within one group.

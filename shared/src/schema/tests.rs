@@ -260,11 +260,11 @@ fn protobuf_payloads_decode_as_the_message() {
     let mut good = vec![0x0a, 1, b'a', 0x11];
     good.extend_from_slice(&1.0f64.to_le_bytes());
     assert!(s.validate(&good).is_ok());
-    // temp sent as a varint: the wrong wire type for a double.
-    let e = s.validate(&[0x10, 1]).unwrap_err();
-    assert!(e.reason.contains("temp") || e.reason.contains("wire type"), "{e}");
-    // A length that runs past the end.
-    assert!(s.validate(&[0x0a, 50, b'a']).is_err());
+    // temp sent as a varint, not the double it is: an unknown field, as the reference parsers
+    // keep it (issue 45; it was refused).
+    assert_eq!(s.validate(&[0x10, 1]), Ok(()));
+    // A length that runs past the end, named.
+    assert!(s.validate(&[0x0a, 50, b'a']).unwrap_err().to_string().starts_with("/id: "));
     let named =
         Schema::parse(Source { kind: Kind::Protobuf, text: PROTO_BASE.into(), message: Some("demo.Missing".into()) })
             .unwrap_err();
@@ -351,4 +351,43 @@ fn avro_identity_takes_defaults_in_and_leaves_docs_out() {
     let pcf = content_id(Kind::Avro, r#"{"name":"R","type":"record","fields":[{"name":"a","type":"long"}]}"#);
     assert!(plain.is(&pcf) && defaulted.is(&pcf), "the earlier derivation is still recognised");
     assert!(!plain.is(defaulted.id()));
+}
+
+/// Issue 45: a Protobuf refusal names the field, as JSON's and Avro's do; a known field sent
+/// with another wire type is kept as an unknown field, as Protobuf's reference parsers keep it
+/// (the encoding guide: a parser skips what it cannot read as the declared type).
+#[test]
+fn protobuf_refusals_name_the_field_and_another_wire_type_is_an_unknown_field() {
+    let text = r#"syntax = "proto3";
+        message Detection { string label = 1; float score = 2; }
+        message Frame { string text = 1; repeated Detection boxes = 2; int32 n = 3; repeated sint32 xs = 4; }
+        message Node { Node child = 1; }"#;
+    let frame =
+        Schema::parse(Source { kind: Kind::Protobuf, text: text.into(), message: Some("Frame".into()) }).unwrap();
+    let refused = |payload: &[u8]| frame.validate(payload).unwrap_err().to_string();
+    let bad_text = refused(&[0x0a, 2, 0xff, 0xfe]);
+    assert!(bad_text.starts_with("/text: not valid UTF-8"), "{bad_text}");
+    let boxes = [0x12, 3, 0x0a, 1, b'a', 0x12, 3, 0x0a, 5, b'b'];
+    assert_eq!(refused(&boxes), "/boxes/1/label: a string of 5 bytes runs past the end (1 left)");
+    assert!(refused(&[0x0a, 9, b'x']).starts_with("/text: a string of 9 bytes runs past the end"));
+    assert!(refused(&[0x27]).contains("wire type 7, which does not exist"));
+    assert!(refused(&[0x22, 2, 0x80]).starts_with("/xs/0: "), "packed values cut short");
+    assert!(refused(&[0x1c]).contains("end of group 3"));
+    // `n` (int32) sent length-delimited: an unknown field, taken.
+    assert_eq!(frame.validate(&[0x1a, 1, 5, 0x0a, 2, b'o', b'k']), Ok(()));
+    assert_eq!(frame.validate(&[0x22, 2, 2, 3, 0x20, 4]), Ok(()), "packed and not");
+    // Nesting bounded (prost's limit too).
+    let node = Schema::parse(Source { kind: Kind::Protobuf, text: text.into(), message: Some("Node".into()) }).unwrap();
+    let nested = |depth: usize| {
+        let mut inner: Vec<u8> = Vec::new();
+        for _ in 0..depth {
+            let mut next = vec![0x0a];
+            crate::proto::varint::put(&mut next, inner.len() as u64);
+            next.extend_from_slice(&inner);
+            inner = next;
+        }
+        inner
+    };
+    assert_eq!(node.validate(&nested(90)), Ok(()));
+    assert!(node.validate(&nested(150)).unwrap_err().reason.contains("nested deeper than 100"));
 }
