@@ -391,3 +391,32 @@ fn protobuf_refusals_name_the_field_and_another_wire_type_is_an_unknown_field() 
     assert_eq!(node.validate(&nested(90)), Ok(()));
     assert!(node.validate(&nested(150)).unwrap_err().reason.contains("nested deeper than 100"));
 }
+
+proptest::proptest! {
+    /// Our Protobuf walk never refuses what prost's decoder (a maintained implementation of the
+    /// wire format) takes: over arbitrary bytes and mutated valid frames, prost's yes is ours.
+    #[test]
+    fn the_protobuf_walk_takes_whatever_prost_takes(
+        bytes in proptest::collection::vec(proptest::prelude::any::<u8>(), 0..64),
+        flip in 0usize..64,
+        to in proptest::prelude::any::<u8>(),
+    ) {
+        let text = r#"syntax = "proto3";
+            message Detection { string label = 1; float score = 2; map<string, int64> tags = 3; }
+            message Frame { string text = 1; repeated Detection boxes = 2; int32 n = 3; repeated sint32 xs = 4;
+                            bytes raw = 5; fixed64 at = 6; Detection top = 7; }"#;
+        let schema = Schema::parse(Source { kind: Kind::Protobuf, text: text.into(), message: Some("Frame".into()) })
+            .unwrap();
+        let Compiled::Protobuf(p) = &schema.compiled else { unreachable!() };
+        let mut valid = vec![0x0a, 2, b'h', b'i', 0x12, 7, 0x0a, 1, b'a', 0x15, 0, 0, 0x80, 0x3f, 0x18, 5];
+        valid.extend_from_slice(&[0x22, 2, 3, 4, 0x2a, 1, 9, 0x31, 1, 2, 3, 4, 5, 6, 7, 8, 0x3a, 0]);
+        let at = flip % valid.len();
+        valid[at] = to;
+        for payload in [bytes, valid] {
+            let prost = prost_reflect::DynamicMessage::decode(p.message.clone(), &payload[..]).is_ok();
+            if prost {
+                proptest::prop_assert_eq!(schema.validate(&payload), Ok(()), "{:?}", payload);
+            }
+        }
+    }
+}
