@@ -3,7 +3,7 @@
 //! bridge's REST API; its `AvroSerializer` and `JSONSerializer` make payloads (the Confluent
 //! framing: magic byte 0, the 4-byte schema id) that a device publishes over MQTT to a real
 //! edge-node bound to the subject; its deserializers read the sink's records back into the same
-//! objects, with the bridge as their registry. A device staying on version 1 through a backward
+//! objects, with the bridge as their registry (on the SQLite, JetStream and Kafka sinks). A device staying on version 1 through a backward
 //! compatible change keeps publishing, its records named version 1.
 
 use std::path::Path;
@@ -13,6 +13,7 @@ use e2e_tests::client::Client;
 use e2e_tests::cloud::{TestCloud, pki, sink_rows};
 use e2e_tests::fixtures::{class, with_spool};
 use e2e_tests::kafka::KafkaBroker;
+use e2e_tests::nats::{NatsServer, read_stream};
 use e2e_tests::node::{EdgeProcess, config_text};
 use rumqttc::QoS;
 use serde_json::{Value, json};
@@ -84,7 +85,7 @@ fn named(sink: &Path, payload: &[u8]) -> Option<String> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn confluent_clients_register_serialize_through_the_edge_and_deserialize_from_the_sink() {
-    round_trip(None).await;
+    round_trip(Sink::Sqlite).await;
 }
 
 /// The same on the Kafka sink: a `DeserializingConsumer` (`read_committed`) reads the records
@@ -92,10 +93,23 @@ async fn confluent_clients_register_serialize_through_the_edge_and_deserialize_f
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn confluent_deserializers_read_the_kafka_sinks_records_with_the_bridge_as_registry() {
     let broker = KafkaBroker::start();
-    round_trip(Some(&broker)).await;
+    round_trip(Sink::Kafka(&broker)).await;
 }
 
-async fn round_trip(kafka: Option<&KafkaBroker>) {
+/// The same on the JetStream sink: the stream's messages decoded by Confluent's deserializers.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn confluent_deserializers_read_the_jetstream_sinks_records_with_the_bridge_as_registry() {
+    let nats = NatsServer::start();
+    round_trip(Sink::Jetstream(&nats)).await;
+}
+
+enum Sink<'a> {
+    Sqlite,
+    Kafka(&'a KafkaBroker),
+    Jetstream(&'a NatsServer),
+}
+
+async fn round_trip(sink_kind: Sink<'_>) {
     let dir = tempfile::tempdir().unwrap();
     let (private, public, _) = cloud_bridge::models::keygen(&dir.path().join("keys")).unwrap();
     std::fs::write(dir.path().join("registry-creds"), format!("{SECRET}\n")).unwrap();
@@ -106,12 +120,13 @@ async fn round_trip(kafka: Option<&KafkaBroker>) {
         private.display()
     );
     let (keys, bind) = (pki(dir.path(), &[]), "127.0.0.1:0".parse().unwrap());
-    let cloud = match kafka {
-        Some(k) => {
+    let cloud = match &sink_kind {
+        Sink::Kafka(k) => {
             let section = format!("kind = \"kafka\"\nbootstrap = \"{}\"\npartitions = 1\n", k.bootstrap());
             TestCloud::start_with_sink(dir.path(), keys, bind, &extra, &section, dir.path().join("unused")).await
         }
-        None => TestCloud::start(dir.path(), keys, bind, &extra).await,
+        Sink::Jetstream(n) => TestCloud::start_on_jetstream(dir.path(), keys, bind, &extra, &n.url()).await,
+        Sink::Sqlite => TestCloud::start(dir.path(), keys, bind, &extra).await,
     };
     let url = format!("http://{}", cloud.bridge.http_addr().unwrap());
     let d = dir.path();
@@ -187,7 +202,34 @@ async fn round_trip(kafka: Option<&KafkaBroker>) {
     let valid = |s: &str| edge.metric(&format!("edge_schema_checked_total{{subject=\"{s}\",outcome=\"valid\"}}"));
     assert_eq!((valid("reading-value"), valid("box-value")), (4.0, 1.0), "{}", edge.stderr());
 
-    if let Some(k) = kafka {
+    if let Sink::Jetstream(n) = &sink_kind {
+        // Stream EDGE's messages on `edge.edge-1.plant.>`, in order, each with its headers.
+        let readings = |messages: &[async_nats::Message]| -> Vec<(String, String)> {
+            messages
+                .iter()
+                .filter(|m| m.subject.contains(".plant."))
+                .map(|m| {
+                    let schema = m.headers.as_ref().and_then(|h| h.get("Edge-Schema")).map(|v| v.to_string());
+                    (hex(&m.payload), schema.unwrap_or_default())
+                })
+                .collect()
+        };
+        let deadline = tokio::time::Instant::now() + WAIT;
+        let stored = loop {
+            let got = readings(&read_stream(&n.url(), "EDGE").await);
+            if got.len() >= 4 || tokio::time::Instant::now() > deadline {
+                break got;
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        };
+        let schemas: Vec<&str> = stored.iter().map(|(_, s)| s.as_str()).collect();
+        assert_eq!(schemas, ["reading-value/1", "reading-value/1", "reading-value/1", "reading-value/2"]);
+        let mut args = vec!["deserialize", &url, "AVRO"];
+        args.extend(stored.iter().map(|(h, _)| h.as_str()));
+        assert_eq!(sr(&args), json!([first[0], first[1], later_v1[0], on_v2[0]]));
+        return;
+    }
+    if let Sink::Kafka(k) = &sink_kind {
         // Confluent's deserializing consumer on the records topics, named by the headers.
         let read = sr(&["consume", &url, &k.bootstrap(), "edge.plant", "AVRO", "4"]);
         let values: Vec<Value> = read.as_array().unwrap().iter().map(|r| r["value"].clone()).collect();
