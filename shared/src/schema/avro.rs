@@ -1,4 +1,5 @@
-//! Avro: parsing, canonical form and schema resolution by `apache-avro`; payload validation by
+//! Avro: parsing and canonical form by `apache-avro`; schema resolution by our `compat` (the
+//! specification as Java's `SchemaCompatibility` applies it); payload validation by
 //! our own walk of the binary encoding.
 //!
 //! Why not the crate's decoder for validation: it allocates what a length prefix claims before
@@ -11,9 +12,10 @@ use std::collections::HashMap;
 
 use apache_avro::Schema as AvroSchema;
 use apache_avro::schema::{Name, UuidSchema};
-use apache_avro::schema_compatibility::SchemaCompatibility;
 
-use super::{Invalid, Problem, problem};
+mod compat;
+
+use super::{Invalid, Problem};
 use crate::proto::columns::{Int, Len, Shaper};
 
 /// Deepest nesting a payload may reach (records in records, arrays in arrays, recursive types).
@@ -106,30 +108,9 @@ impl Avro {
         Ok(())
     }
 
+    /// Every reason `self` (the reader) cannot read what `writer` writes (`compat`).
     pub(super) fn reads(&self, writer: &Avro) -> Vec<Problem> {
-        let mut out = match SchemaCompatibility::can_read(&writer.schema, &self.schema) {
-            Ok(_) => vec![],
-            Err(e) => vec![problem("", "schema resolution", e.to_string())],
-        };
-        // The crate takes an enum whose reader knows any one of the writer's symbols; the
-        // specification signals an error for a writer's symbol the reader lacks, unless the
-        // reader's enum has a default.
-        for (name, w) in &writer.names {
-            if let (AvroSchema::Enum(w), Some(AvroSchema::Enum(r))) = (w, self.names.get(name))
-                && r.default.is_none()
-            {
-                let missing: Vec<&str> =
-                    w.symbols.iter().filter(|s| !r.symbols.contains(s)).map(String::as_str).collect();
-                if !missing.is_empty() {
-                    out.push(problem(
-                        &format!("/{name}"),
-                        "enum symbols missing",
-                        format!("{} unknown to the reader, which has no default", missing.join(", ")),
-                    ));
-                }
-            }
-        }
-        out
+        compat::reads(self, writer)
     }
 }
 

@@ -7,9 +7,11 @@
 //!   data shapes; any other keyword that differs between two versions is reported, never assumed
 //!   harmless;
 //! - `avro`: an Avro schema (`apache-avro`); a payload is one binary-encoded datum, all of its
-//!   bytes; compatibility is the Avro specification's schema resolution (the crate's);
+//!   bytes; compatibility is the Avro specification's schema resolution as Java's
+//!   `SchemaCompatibility` (Confluent's) applies it, naming the field (`avro::compat`);
 //! - `protobuf`: a `.proto` file and the message a payload holds (`protox` compiles it, no
-//!   `protoc`; `prost-reflect` decodes); compatibility is wire compatibility (ours, `proto`).
+//!   `protoc`); payloads checked by our walk of the wire format; compatibility is wire
+//!   compatibility (ours, `proto`).
 //!
 //! A schema's id is derived from its content (kind, message and the normalised text), so the
 //! same schema registered twice has one id, on every machine.
