@@ -1,21 +1,15 @@
 //! Protobuf: `protox` compiles the `.proto` text (its own imports of Google's well-known types
-//! resolve from protox's copies; no other import), `prost-reflect` decodes a payload as the
-//! chosen message (prost's recursion limit bounds nesting).
+//! resolve from protox's copies; no other import), `prost-reflect` describes the messages; a
+//! payload is checked by our own walk of the wire format, which names the field.
 //!
-//! Compatibility is wire compatibility, by field number (names are not on the wire, so a rename
-//! is compatible): a field's type may change only within the groups the Protobuf language guide
-//! calls compatible (int32, uint32, int64, uint64, bool and enum; sint32 and sint64; fixed32 and
-//! sfixed32; fixed64 and sfixed64; a `string` read as `bytes`), a field must stay singular,
-//! repeated or a map, and a reader's `required` field must be required in the writer too.
-//! Adding and removing fields is compatible (unknown fields are skipped), as enum values are
-//! (proto3 enums are open).
+//! Compatibility (`compat`) follows Confluent Schema Registry's Protobuf rules, by field number.
 
-use std::collections::HashSet;
-
-use prost_reflect::{Cardinality, FieldDescriptor, Kind as FieldKind, MessageDescriptor};
+use prost_reflect::{FieldDescriptor, Kind as FieldKind, MessageDescriptor};
 use protox::file::{ChainFileResolver, File, FileResolver, GoogleFileResolver};
 
-use super::{Invalid, Problem, problem};
+mod compat;
+
+use super::{Invalid, Problem};
 use crate::proto::columns::{Int, Len, Shaper};
 use crate::proto::varint;
 
@@ -110,10 +104,9 @@ impl Proto {
         cut(&self.message, payload, out, 0).is_some()
     }
 
+    /// Every reason `self` (the reader) cannot read what `writer` writes (`compat`).
     pub(super) fn reads(&self, writer: &Proto) -> Vec<Problem> {
-        let mut out = Vec::new();
-        reads(&self.message, &writer.message, "", &mut HashSet::new(), &mut out);
-        out
+        compat::reads(&self.message, &writer.message)
     }
 }
 
@@ -339,71 +332,4 @@ fn check(desc: &MessageDescriptor, mut b: &[u8], path: &str, depth: usize) -> Re
         field(Some(desc), key, &mut b, path, depth, &mut seen)?;
     }
     Ok(())
-}
-
-/// Wire-compatible groups; a reader's type reads a writer's within one group.
-fn group(k: &FieldKind) -> u8 {
-    match k {
-        FieldKind::Int32 | FieldKind::Uint32 | FieldKind::Int64 | FieldKind::Uint64 | FieldKind::Bool => 1,
-        FieldKind::Enum(_) => 1,
-        FieldKind::Sint32 | FieldKind::Sint64 => 2,
-        FieldKind::Fixed32 | FieldKind::Sfixed32 => 3,
-        FieldKind::Fixed64 | FieldKind::Sfixed64 => 4,
-        FieldKind::Float => 5,
-        FieldKind::Double => 6,
-        FieldKind::String => 7,
-        FieldKind::Bytes => 8,
-        FieldKind::Message(_) => 9,
-    }
-}
-
-fn kind_name(k: &FieldKind) -> String {
-    match k {
-        FieldKind::Message(m) => m.full_name().to_owned(),
-        FieldKind::Enum(e) => e.full_name().to_owned(),
-        other => format!("{other:?}").to_lowercase(),
-    }
-}
-
-fn reads(
-    reader: &MessageDescriptor,
-    writer: &MessageDescriptor,
-    path: &str,
-    seen: &mut HashSet<(String, String)>,
-    out: &mut Vec<Problem>,
-) {
-    if !seen.insert((reader.full_name().to_owned(), writer.full_name().to_owned())) {
-        return;
-    }
-    for rf in reader.fields() {
-        let wf = writer.get_field(rf.number());
-        if rf.cardinality() == Cardinality::Required
-            && wf.as_ref().is_none_or(|w| w.cardinality() != Cardinality::Required)
-        {
-            out.push(problem(
-                &format!("{path}/{}", rf.name()),
-                "required field added",
-                format!("field {} could be absent before", rf.number()),
-            ));
-        }
-    }
-    for wf in writer.fields() {
-        let Some(rf) = reader.get_field(wf.number()) else { continue };
-        let p = format!("{path}/{}", rf.name());
-        if (rf.is_list(), rf.is_map()) != (wf.is_list(), wf.is_map()) {
-            out.push(problem(&p, "cardinality changed", format!("field {} was {:?}", wf.number(), wf.cardinality())));
-            continue;
-        }
-        let (rk, wk) = (rf.kind(), wf.kind());
-        match (&rk, &wk) {
-            (FieldKind::Message(r), FieldKind::Message(w)) => reads(r, w, &p, seen, out),
-            (FieldKind::Bytes, FieldKind::String) => {}
-            _ if group(&rk) == group(&wk) => {}
-            _ => out.push(problem(
-                &p,
-                "type changed",
-                format!("field {}: {} cannot read {}", wf.number(), kind_name(&rk), kind_name(&wk)),
-            )),
-        }
-    }
 }
