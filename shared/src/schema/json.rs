@@ -104,6 +104,7 @@ const MODELLED: &[&str] = &[
     "enum",
     "const",
     "properties",
+    "patternProperties",
     "required",
     "additionalProperties",
     "items",
@@ -144,13 +145,6 @@ fn values(s: &Map<String, Value>) -> Option<Vec<&Value>> {
 
 fn join(path: &str, key: &str) -> String {
     format!("{path}/{}", key.replace('~', "~0").replace('/', "~1"))
-}
-
-/// The schema a property name gets under `s`: its own, else `additionalProperties` (absent =
-/// anything).
-fn property<'a>(s: &'a Map<String, Value>, name: &str) -> &'a Value {
-    static TRUE: Value = Value::Bool(true);
-    s.get("properties").and_then(|p| p.get(name)).or_else(|| s.get("additionalProperties")).unwrap_or(&TRUE)
 }
 
 fn reads(reader: &Value, writer: &Value, path: &str, out: &mut Vec<Problem>) {
@@ -230,6 +224,47 @@ fn bounds(r: &Map<String, Value>, w: &Map<String, Value>, path: &str, out: &mut 
     }
 }
 
+/// Every schema a property `name` must match under `s`: its entry in `properties` and each
+/// `patternProperties` entry whose pattern matches it; `additionalProperties` (absent: anything)
+/// when none does. A pattern that does not compile is taken to match (the stricter reading).
+fn applying<'a>(s: &'a Map<String, Value>, name: &str) -> Vec<&'a Value> {
+    static TRUE: Value = Value::Bool(true);
+    let mut out: Vec<&Value> = s.get("properties").and_then(|p| p.get(name)).into_iter().collect();
+    for (pattern, schema) in patterns(s) {
+        if regex::Regex::new(pattern).map_or(true, |re| re.is_match(name)) {
+            out.push(schema);
+        }
+    }
+    if out.is_empty() {
+        out.push(s.get("additionalProperties").unwrap_or(&TRUE));
+    }
+    out
+}
+
+fn patterns(s: &Map<String, Value>) -> impl Iterator<Item = (&String, &Value)> {
+    s.get("patternProperties").and_then(Value::as_object).into_iter().flatten()
+}
+
+fn is_any(v: &Value) -> bool {
+    v == &Value::Bool(true) || v.as_object().is_some_and(|o| o.keys().all(|k| ANNOTATIONS.contains(&k.as_str())))
+}
+
+/// Whether values the writer's schemas `w` all accept are accepted by `r`: some one of them
+/// reads into it (their intersection is narrower still). The problems against the first when
+/// none does.
+fn reads_any(r: &Value, w: &[&Value], p: &str, out: &mut Vec<Problem>) {
+    let mut first = None;
+    for wv in w {
+        let mut found = Vec::new();
+        reads(r, wv, p, &mut found);
+        if found.is_empty() {
+            return;
+        }
+        first.get_or_insert(found);
+    }
+    out.extend(first.unwrap_or_default());
+}
+
 fn objects(r: &Map<String, Value>, w: &Map<String, Value>, path: &str, out: &mut Vec<Problem>) {
     let required = |s: &Map<String, Value>| -> Vec<String> {
         s.get("required")
@@ -244,38 +279,77 @@ fn objects(r: &Map<String, Value>, w: &Map<String, Value>, path: &str, out: &mut
     let names = |s: &Map<String, Value>| -> Vec<String> {
         s.get("properties").and_then(Value::as_object).map(|p| p.keys().cloned().collect()).unwrap_or_default()
     };
-    let (rn, wn) = (names(r), names(w));
-    let open = |s: &Map<String, Value>| s.get("additionalProperties") != Some(&Value::Bool(false));
-    for name in &rn {
+    let mut all = names(r);
+    all.extend(names(w));
+    all.sort();
+    all.dedup();
+    // Each named property: what the writer accepted under it (its entry, the patterns it
+    // matches, or the writer's additionalProperties) must pass every schema the reader applies.
+    for name in &all {
         let p = join(path, name);
-        if wn.contains(name) {
-            reads(property(r, name), property(w, name), &p, out);
-        } else if open(w) {
-            let before = property(w, name);
-            if before == &Value::Bool(true) {
-                let rp = property(r, name);
-                let any = rp == &Value::Bool(true) || rp.as_object().is_some_and(|o| o.is_empty());
-                if !any {
-                    out.push(problem(&p, "property added to an open content model", "any value was accepted here"));
-                }
+        let (rs, ws) = (applying(r, name), applying(w, name));
+        if ws.iter().any(|v| **v == Value::Bool(false)) {
+            continue;
+        }
+        for rv in rs.into_iter().filter(|v| !is_any(v)) {
+            if ws.iter().all(|v| is_any(v)) {
+                let rule = if *rv == Value::Bool(false) {
+                    "property removed from a closed content model"
+                } else {
+                    "property added to an open content model"
+                };
+                out.push(problem(&p, rule, "any value was accepted here"));
+            } else if *rv == Value::Bool(false) {
+                out.push(problem(&p, "property removed from a closed content model", format!("`{name}` was accepted")));
             } else {
-                reads(property(r, name), before, &p, out);
+                reads_any(rv, &ws, &p, out);
             }
         }
     }
-    for name in wn.iter().filter(|n| !rn.contains(n)) {
-        let p = join(path, name);
-        if open(r) {
-            reads(property(r, name), property(w, name), &p, out);
-        } else if property(w, name) != &Value::Bool(false) {
-            out.push(problem(&p, "property removed from a closed content model", format!("`{name}` was accepted")));
-        }
-    }
+    // Names no `properties` lists, under patterns: a reader pattern against the writer's same
+    // pattern, else against everything the writer took such names under (its other patterns
+    // and additionalProperties: which names two patterns share is not worked out, the
+    // stricter reading); a writer's pattern the reader dropped against the reader's
+    // additionalProperties.
     static TRUE: Value = Value::Bool(true);
     let (ra, wa) = (r.get("additionalProperties").unwrap_or(&TRUE), w.get("additionalProperties").unwrap_or(&TRUE));
+    for (pattern, rp) in patterns(r) {
+        let p = format!("{path}/patternProperties/{pattern}");
+        match w.get("patternProperties").and_then(|wp| wp.get(pattern)) {
+            Some(wp) => reads(rp, wp, &p, out),
+            None => {
+                for (_, wp) in patterns(w) {
+                    reads(rp, wp, &p, out);
+                }
+                if wa != &Value::Bool(false) {
+                    reads(rp, wa, &p, out);
+                }
+            }
+        }
+    }
+    let rpat = r.get("patternProperties").and_then(Value::as_object);
+    for (pattern, wp) in patterns(w) {
+        if rpat.is_some_and(|rp| rp.contains_key(pattern)) || *wp == Value::Bool(false) {
+            continue;
+        }
+        let p = format!("{path}/patternProperties/{pattern}");
+        if ra == &Value::Bool(false) {
+            out.push(problem(
+                &p,
+                "pattern property removed from a closed content model",
+                "names it matches were accepted",
+            ));
+        } else {
+            reads(ra, wp, &p, out);
+        }
+    }
     if ra == &Value::Bool(false) && wa != &Value::Bool(false) {
         out.push(problem(path, "additional properties narrowed", "other property names were accepted"));
     } else {
         reads(ra, wa, &format!("{path}/additionalProperties"), out);
     }
 }
+
+#[cfg(test)]
+#[path = "json_compat_tests.rs"]
+mod compat_tests;
