@@ -39,8 +39,28 @@ pub fn workspace_bin(name: &str) -> PathBuf {
 
 /// A loopback TCP port free right now, for processes that must be found on the same port after
 /// a restart (an OS-chosen port 0 would change).
+///
+/// Chosen at random below the kernel's ephemeral range, not by binding port 0: a port 0 gives
+/// out is an ephemeral one, which the kernel hands to the next outgoing connection as readily,
+/// and with the suite's hundreds of loopback connections a process started on it a moment
+/// later found it taken (an edge's listener, a Kafka node restarted in a chaos test).
 pub fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).expect("free port").port()
+    use rand::Rng;
+    let low = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+        .ok()
+        .and_then(|r| r.split_whitespace().next()?.parse::<u16>().ok())
+        .unwrap_or(32768);
+    let (from, to) = if low > 12_000 { (10_000, low) } else { (49_152, 65_535) };
+    let mut rng = rand::thread_rng();
+    for _ in 0..1000 {
+        let port = rng.gen_range(from..to);
+        if std::net::TcpListener::bind(("127.0.0.1", port)).is_ok()
+            && std::net::UdpSocket::bind(("127.0.0.1", port)).is_ok()
+        {
+            return port;
+        }
+    }
+    panic!("no free loopback port in {from}..{to}")
 }
 
 /// The resident set size of process `pid`, bytes (0 if it is gone).
