@@ -104,7 +104,7 @@ impl<S: SchemaStore + 'static> Api<S> {
             .route("/subjects/:subject/versions", get(versions::<S>).post(register::<S>))
             .route("/subjects/:subject/versions/:version", get(version::<S>))
             .route("/subjects/:subject/versions/:version/schema", get(version_text::<S>))
-            .route("/schemas/types", get(types))
+            .route("/schemas/types", get(types::<S>))
             .route("/schemas/ids/:id", get(by_id::<S>))
             .route("/schemas/ids/:id/schema", get(by_id_text::<S>))
             .route("/schemas/ids/:id/versions", get(by_id_versions::<S>))
@@ -441,9 +441,8 @@ async fn deliver<S: SchemaStore>(store: &S, d: &Delivery, v: &Version) -> Result
     Ok(())
 }
 
-async fn types(headers: HeaderMap) -> Response {
-    let _ = headers;
-    ([(header::CONTENT_TYPE, CONTENT_TYPE)], json!(["AVRO", "JSON", "PROTOBUF"]).to_string()).into_response()
+async fn types<S: SchemaStore + 'static>(State(api): State<Arc<Api<S>>>, headers: HeaderMap) -> Response {
+    serve(&api, &headers, false, async { ok(json!(["AVRO", "JSON", "PROTOBUF"])) }).await
 }
 
 async fn by_id<S: SchemaStore + 'static>(

@@ -168,11 +168,7 @@ fn judge(
 
 /// Every version of every subject, by subject then version.
 pub(crate) async fn all_versions<S: SchemaStore>(store: &S) -> Result<Vec<Version>, RegistryError> {
-    let mut out = Vec::new();
-    for s in store.schema_subjects().await? {
-        out.extend(store.schema_versions(&s.subject).await?);
-    }
-    Ok(out)
+    Ok(store.schema_all().await?)
 }
 
 /// The version that holds registry id `number`, if any.

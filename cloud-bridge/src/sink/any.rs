@@ -243,4 +243,8 @@ impl SchemaStore for AnySink {
     async fn schema_subjects(&self) -> Result<Vec<Subject>, SinkError> {
         each!(self, s => s.schema_subjects().await)
     }
+
+    async fn schema_all(&self) -> Result<Vec<Version>, SinkError> {
+        each!(self, s => s.schema_all().await)
+    }
 }

@@ -38,6 +38,9 @@ pub trait SchemaStore: Send + Sync {
     -> impl Future<Output = Result<(), SinkError>> + Send;
     /// Every subject that has a version, by name.
     fn schema_subjects(&self) -> impl Future<Output = Result<Vec<Subject>, SinkError>> + Send;
+    /// Every version of every subject, by subject then version, in one read (a lookup by
+    /// registry id needs them all: a read per subject would cost subjects times the store).
+    fn schema_all(&self) -> impl Future<Output = Result<Vec<Version>, SinkError>> + Send;
 }
 
 pub(super) fn to_json(v: &Version) -> Result<String, SinkError> {
@@ -50,6 +53,12 @@ pub(super) fn from_json(key: &str, bytes: &[u8]) -> Result<Version, SinkError> {
 
 pub(super) fn parse_mode(key: &str, s: &str) -> Result<Compatibility, SinkError> {
     s.parse().map_err(|e: String| SinkError::corrupt("schema mode", key, e))
+}
+
+/// Sorts versions by subject, then version.
+pub(super) fn sorted(mut all: Vec<Version>) -> Vec<Version> {
+    all.sort_by(|a, b| (&a.subject, a.version).cmp(&(&b.subject, b.version)));
+    all
 }
 
 /// Groups versions (sorted by subject, then version) into subjects.

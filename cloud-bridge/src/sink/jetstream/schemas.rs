@@ -6,7 +6,7 @@ use shared::schema::{Compatibility, Version};
 use super::JetStreamSink;
 use super::bucket::read_all;
 use crate::sink::error::SinkError;
-use crate::sink::schemas::{SchemaStore, Subject, from_json, parse_mode, subjects, to_json};
+use crate::sink::schemas::{SchemaStore, Subject, from_json, parse_mode, sorted, subjects, to_json};
 
 const VERSION: &str = "v.";
 const MODE: &str = "m.";
@@ -62,6 +62,10 @@ impl SchemaStore for JetStreamSink {
             .await
             .map(|_| ())
             .map_err(|e| SinkError::nats("schema mode", &key, &e))
+    }
+
+    async fn schema_all(&self) -> Result<Vec<Version>, SinkError> {
+        Ok(sorted(all(self).await?.0))
     }
 
     async fn schema_subjects(&self) -> Result<Vec<Subject>, SinkError> {

@@ -8,7 +8,7 @@ use shared::schema::{Compatibility, Version};
 
 use super::KafkaSink;
 use crate::sink::SinkError;
-use crate::sink::schemas::{SchemaStore, Subject, from_json, parse_mode, subjects, to_json};
+use crate::sink::schemas::{SchemaStore, Subject, from_json, parse_mode, sorted, subjects, to_json};
 
 const VERSION: &str = "v/";
 const MODE: &str = "m/";
@@ -65,6 +65,10 @@ impl SchemaStore for KafkaSink {
         self.plain.put(&self.schemas_topic, &key, mode.name().as_bytes()).await?;
         // The command that set it reads it back next.
         self.schemas.await_shows(&key, Some(mode.name().as_bytes()), self.settings.transaction_timeout.0).await
+    }
+
+    async fn schema_all(&self) -> Result<Vec<Version>, SinkError> {
+        Ok(sorted(self.all_schemas().await?.0))
     }
 
     async fn schema_subjects(&self) -> Result<Vec<Subject>, SinkError> {

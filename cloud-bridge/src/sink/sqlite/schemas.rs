@@ -64,20 +64,14 @@ impl SchemaStore for SqliteSink {
         .await
     }
 
+    async fn schema_all(&self) -> Result<Vec<Version>, SinkError> {
+        self.blocking(|conn| all_versions(conn, "schema versions")).await
+    }
+
     async fn schema_subjects(&self) -> Result<Vec<Subject>, SinkError> {
         self.blocking(move |conn| {
             let what = "schema subjects";
-            let mut read = conn
-                .prepare_cached("SELECT subject, version, doc FROM schema_versions")
-                .map_err(|e| SinkError::sqlite(what, e))?;
-            let rows = read
-                .query_map([], |r| Ok((r.get::<_, String>(0)?, r.get::<_, u32>(1)?, r.get::<_, String>(2)?)))
-                .and_then(Iterator::collect::<Result<Vec<_>, _>>)
-                .map_err(|e| SinkError::sqlite(what, e))?;
-            let all: Vec<Version> = rows
-                .iter()
-                .map(|(s, v, doc)| from_json(&format!("{s} {v}"), doc.as_bytes()))
-                .collect::<Result<_, _>>()?;
+            let all = all_versions(conn, what)?;
             let mut modes = conn
                 .prepare_cached("SELECT subject, compatibility FROM schema_subjects")
                 .map_err(|e| SinkError::sqlite(what, e))?;
@@ -89,4 +83,16 @@ impl SchemaStore for SqliteSink {
         })
         .await
     }
+}
+
+/// Every stored version, by subject then version.
+fn all_versions(conn: &rusqlite::Connection, what: &'static str) -> Result<Vec<Version>, SinkError> {
+    let mut read = conn
+        .prepare_cached("SELECT subject, version, doc FROM schema_versions ORDER BY subject, version")
+        .map_err(|e| SinkError::sqlite(what, e))?;
+    let rows = read
+        .query_map([], |r| Ok((r.get::<_, String>(0)?, r.get::<_, u32>(1)?, r.get::<_, String>(2)?)))
+        .and_then(Iterator::collect::<Result<Vec<_>, _>>)
+        .map_err(|e| SinkError::sqlite(what, e))?;
+    rows.iter().map(|(s, v, doc)| from_json(&format!("{s} {v}"), doc.as_bytes())).collect()
 }
