@@ -54,7 +54,7 @@ impl Proto {
     /// as Protobuf's reference parsers do, keeps a known field sent with another wire type as
     /// an unknown field instead of refusing the message.
     pub(super) fn validate(&self, payload: &[u8]) -> Result<(), Invalid> {
-        check(&self.message, payload, "", 0)
+        check(&self.message, payload, &At::ROOT, 0)
     }
 
     /// Confluent's message indexes taken off the front of `body` (see `Schema::unframe`): they
@@ -193,8 +193,33 @@ pub(crate) const MAX_DEPTH: usize = 100;
 /// The largest field number the language allows (2^29 - 1).
 const MAX_FIELD: u64 = 536_870_911;
 
-fn invalid(path: &str, reason: impl Into<String>) -> Invalid {
-    Invalid { path: path.to_owned(), reason: reason.into() }
+/// Where a walk is: a field under its parent, rendered (`/boxes/1/label`) only for a refusal, so
+/// a valid payload's walk allocates nothing for its path.
+struct At<'a> {
+    up: Option<&'a At<'a>>,
+    name: &'a str,
+    /// A repeated field's value, numbered.
+    index: Option<usize>,
+}
+
+impl At<'_> {
+    const ROOT: At<'static> = At { up: None, name: "", index: None };
+
+    fn render(&self) -> String {
+        let mut out = self.up.map(At::render).unwrap_or_default();
+        if self.up.is_some() {
+            out.push('/');
+            out.push_str(self.name);
+        }
+        if let Some(i) = self.index {
+            out.push_str(&format!("/{i}"));
+        }
+        out
+    }
+}
+
+fn invalid(path: &At<'_>, reason: impl Into<String>) -> Invalid {
+    Invalid { path: path.render(), reason: reason.into() }
 }
 
 /// Whether a known field `f` is sent as the wire type its declaration writes (or, repeated and
@@ -209,18 +234,18 @@ fn fits(f: &FieldDescriptor, wire: u64) -> bool {
 }
 
 /// `n` bytes off the front of `b`, or why not, at `path`.
-fn bytes<'p>(b: &mut &'p [u8], n: usize, path: &str, what: &str) -> Result<&'p [u8], Invalid> {
+fn bytes<'p>(b: &mut &'p [u8], n: usize, path: &At<'_>, what: &str) -> Result<&'p [u8], Invalid> {
     let left = b.len();
     take(b, n).ok_or_else(|| invalid(path, format!("{what} of {n} bytes runs past the end ({left} left)")))
 }
 
-fn varint_at(b: &mut &[u8], path: &str) -> Result<u64, Invalid> {
+fn varint_at(b: &mut &[u8], path: &At<'_>) -> Result<u64, Invalid> {
     varint::take(b)
         .map_err(|short| invalid(path, if short { "a varint is cut short" } else { "a varint runs past ten bytes" }))
 }
 
 /// A value of wire type `wire` skipped (an unknown field), its bytes checked to be there.
-fn skip(wire: u64, number: u64, b: &mut &[u8], path: &str, depth: usize) -> Result<(), Invalid> {
+fn skip(wire: u64, number: u64, b: &mut &[u8], path: &At<'_>, depth: usize) -> Result<(), Invalid> {
     match wire {
         0 => varint_at(b, path).map(|_| ()),
         1 => bytes(b, 8, path, "a fixed64").map(|_| ()),
@@ -240,7 +265,7 @@ fn in_group(
     desc: Option<&MessageDescriptor>,
     number: u64,
     b: &mut &[u8],
-    path: &str,
+    path: &At<'_>,
     depth: usize,
 ) -> Result<(), Invalid> {
     if depth > MAX_DEPTH {
@@ -267,7 +292,7 @@ fn field(
     desc: Option<&MessageDescriptor>,
     key: u64,
     b: &mut &[u8],
-    path: &str,
+    path: &At<'_>,
     depth: usize,
     seen: &mut Vec<(u32, usize)>,
 ) -> Result<(), Invalid> {
@@ -289,10 +314,11 @@ fn field(
                 0
             }
         };
-        format!("{path}/{}/{i}", f.name())
+        Some(i)
     } else {
-        format!("{path}/{}", f.name())
+        None
     };
+    let at = At { up: Some(path), name: f.name(), index: at };
     let kind = f.kind();
     match (wire, &kind) {
         (3, FieldKind::Message(m)) => in_group(Some(m), number, b, &at, depth + 1),
@@ -319,7 +345,7 @@ fn field(
 }
 
 /// Checks that `b` is one message of `desc`, naming the field where it is not.
-fn check(desc: &MessageDescriptor, mut b: &[u8], path: &str, depth: usize) -> Result<(), Invalid> {
+fn check(desc: &MessageDescriptor, mut b: &[u8], path: &At<'_>, depth: usize) -> Result<(), Invalid> {
     if depth > MAX_DEPTH {
         return Err(invalid(path, format!("nested deeper than {MAX_DEPTH}")));
     }
