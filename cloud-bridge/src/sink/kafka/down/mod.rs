@@ -167,14 +167,15 @@ impl KafkaSink {
 
     /// Indexes `edge`'s messages the index only counted, as many as there is room for (those
     /// set aside, per `doc`, are not). Where the count is stale (another bridge delivered past
-    /// it), the rest of the partition is read to count them again.
+    /// it), the rest of the partition is read to count them again. Of two reads at once (an
+    /// edge's old session reading as its new one starts), the one that ends later is dropped.
     async fn refill(&self, edge: &str, doc: &DownDoc) -> Result<(), SinkError> {
         use std::sync::Mutex;
         let d = &self.down;
         let partition = partition_of(edge, d.topic.partitions);
-        let Some((over, until, room)) = d.index.with_ends(|i, ends| {
-            let over = i.edges.get(edge)?.over?;
-            Some((over, ends.get(partition as usize).copied().unwrap_or(0), i.room(edge)))
+        let Some((over, until, room, at)) = d.index.with_ends(|i, ends| {
+            let e = i.edges.get(edge)?;
+            Some((e.over?, ends.get(partition as usize).copied().unwrap_or(0), i.room(edge), e.reads))
         }) else {
             return Ok(());
         };
@@ -206,10 +207,10 @@ impl KafkaSink {
         let found: Vec<Entry> = found.iter().map(entry).collect();
         if over.stale {
             let beyond = *beyond.lock().unwrap_or_else(|e| e.into_inner());
-            d.index.with_mut(|i| i.recounted(edge, &found, beyond, (until, over.count)));
+            d.index.with_mut(|i| i.recounted(edge, at, &found, beyond, (until, over.count)));
         } else {
             let whole = found.len() < room;
-            d.index.with_mut(|i| i.refilled(edge, &found, (until, over.count), whole));
+            d.index.with_mut(|i| i.refilled(edge, at, &found, (until, over.count), whole));
         }
         Ok(())
     }
@@ -397,9 +398,9 @@ impl DownlinkStore for KafkaSink {
                 Some(o) => Ok(*o),
                 None => Err((e.over?.from, keep - indexed.len())),
             };
-            Some((at, end, e.over.map_or(0, |o| o.count)))
+            Some((at, end, e.over.map_or(0, |o| o.count), e.reads))
         });
-        let Some((at, end, counted)) = cut else { return Ok(0) };
+        let Some((at, end, counted, reads)) = cut else { return Ok(0) };
         let from = match at {
             Ok(from) => from,
             Err((over, past)) => {
@@ -442,7 +443,7 @@ impl DownlinkStore for KafkaSink {
             (true, ())
         })
         .await?;
-        d.index.with_mut(|i| i.trimmed(edge, from, (end, counted)));
+        d.index.with_mut(|i| i.trimmed(edge, reads, from, (end, counted)));
         if beyond > found.len() as u64 {
             tracing::warn!(
                 edge,
