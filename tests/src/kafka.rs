@@ -291,6 +291,24 @@ impl KafkaBroker {
         }
     }
 
+    /// Deletes the records of `topic`/`partition` below `before`, as Kafka's
+    /// `kafka-delete-records` does (what retention does to the oldest).
+    pub fn delete_records(&self, topic: &str, partition: i32, before: i64) {
+        let file = self.dir.path().join(format!("delete-{topic}-{partition}-{before}.json"));
+        let spec = serde_json::json!({
+            "version": 1,
+            "partitions": [{ "topic": topic, "partition": partition, "offset": before }],
+        });
+        std::fs::write(&file, spec.to_string()).unwrap();
+        let out = java(&libs())
+            .args(["org.apache.kafka.tools.DeleteRecordsCommand", "--bootstrap-server", &self.bootstrap()])
+            .arg("--offset-json-file")
+            .arg(&file)
+            .output()
+            .expect("run kafka-delete-records");
+        assert!(out.status.success(), "kafka-delete-records: {}", String::from_utf8_lossy(&out.stderr));
+    }
+
     /// Runs Kafka's `kafka-topics` against these brokers with `args` (plaintext only).
     pub fn topics(&self, args: &[&str]) -> Output {
         java(&libs())

@@ -202,4 +202,20 @@ async fn kafka_downlink_bounds_every_producer_and_reads_past_its_index() {
     // Another bridge, as a session that takes the edge over starts: its state read to the end.
     a.down_state("edge-3").await.unwrap();
     assert_eq!(payloads(&a.down_read("edge-3", 0, 100).await.unwrap()), kept);
+
+    // Messages the topic no longer holds (retention, or records deleted) are let go of once
+    // read back below the partition's start; the rest is delivered.
+    let stored = broker.produce("edge-down", &flood_of("edge-4", 3)).await;
+    let deadline = tokio::time::Instant::now() + WAIT;
+    while a.down_backlog("edge-4").await.unwrap().messages < 3 {
+        assert!(tokio::time::Instant::now() < deadline, "never indexed");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    broker.delete_records("edge-down", stored[2].0, stored[2].1);
+    assert_eq!(payloads(&a.down_read("edge-4", 0, 100).await.unwrap()), ["k2"]);
+    assert_eq!(a.down_backlog("edge-4").await.unwrap().messages, 1);
+}
+
+fn flood_of(edge: &str, n: usize) -> Vec<serde_json::Value> {
+    (0..n).map(|i| direct(edge, &format!("k{i}"), &[("Mqtt-Topic", "cmd/f")])).collect()
 }

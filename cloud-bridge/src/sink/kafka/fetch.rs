@@ -81,9 +81,19 @@ impl Fetcher {
                 .add_partition_offset(&range.topic, range.partition, Offset::Offset(range.from))
                 .map_err(|e| kafka_error("fetch", &e))?;
             consumer.assign(&assignment).map_err(|e| kafka_error("fetch", &e))?;
+            let position = || match consumer.position().ok()?.elements().first()?.offset() {
+                Offset::Offset(o) => Some(o),
+                _ => None,
+            };
+            // Until librdkafka stops the old assignment's fetcher (on another thread), the
+            // position is still where an earlier read of this partition left it: taken as this
+            // read's, it would skip records this read is for.
+            let earlier = position();
             let deadline = Instant::now() + READ_WAIT;
             let mut out = Vec::new();
             let mut next = range.from;
+            // Whether a record of this read came: the position is then this read's.
+            let mut started = false;
             while next < range.end && out.len() < range.max {
                 if Instant::now() > deadline {
                     return Err(SinkError::Unavailable {
@@ -99,6 +109,7 @@ impl Fetcher {
                     Some(Ok(m)) if m.topic() != range.topic || m.partition() != range.partition => {}
                     Some(Ok(m)) if m.offset() < next => {}
                     Some(Ok(m)) => {
+                        started = true;
                         next = m.offset() + 1;
                         if m.offset() >= range.end {
                             break;
@@ -113,9 +124,10 @@ impl Fetcher {
                     }
                     Some(Err(e)) => tracing::debug!(topic = range.topic, error = %e, "fetch"),
                     None => {
-                        // Transactions' control records take offsets no message shows.
-                        if let Ok(p) = consumer.position()
-                            && let Some(Offset::Offset(o)) = p.elements().first().map(|e| e.offset())
+                        // Transactions' control records take offsets no message shows: the
+                        // position says where they end.
+                        if let Some(o) = position()
+                            && (started || Some(o) != earlier)
                         {
                             next = next.max(o);
                         }
@@ -126,6 +138,20 @@ impl Fetcher {
         })
         .await
         .map_err(|e| SinkError::Task { what: "fetch", reason: e.to_string() })?
+    }
+
+    /// The first offset `topic`/`partition` still holds: what lies below, retention (or a
+    /// deletion of records) took away.
+    pub(crate) async fn start(&self, topic: &str, partition: i32) -> Result<i64, SinkError> {
+        let (consumer, topic) = (self.consumer.clone(), topic.to_owned());
+        tokio::task::spawn_blocking(move || {
+            let consumer = consumer.lock().unwrap_or_else(|e| e.into_inner());
+            let (low, _) =
+                consumer.fetch_watermarks(&topic, partition, READ_WAIT).map_err(|e| kafka_error("offsets", &e))?;
+            Ok(low)
+        })
+        .await
+        .map_err(|e| SinkError::Task { what: "offsets", reason: e.to_string() })?
     }
 
     /// The offset of the first record of `topic`/`partition` stored at or after `at_ms`, and

@@ -481,12 +481,24 @@ impl DownlinkStore for KafkaSink {
             .fetcher
             .read(range, move |f| offsets.contains(&f.offset) && edge_of(f.key.as_deref()) == Some(mine.as_str()))
             .await?;
-        // What the index knew of and the topic no longer holds (its retention deleted it).
+        // What the index knew of and the topic no longer holds (its retention deleted it): only
+        // below the partition's first offset. A read that missed any other is no proof of it
+        // (the session reads again), and what follows it must not be sent ahead of it.
         let got: HashSet<i64> = found.iter().map(|f| f.offset).collect();
-        let gone: Vec<i64> = wanted.iter().map(|m| m.offset).filter(|o| !got.contains(o)).collect();
-        if !gone.is_empty() {
-            tracing::debug!(edge, gone = gone.len(), "downlink messages deleted before delivery");
-            d.index.with_mut(|i| i.forget(edge, |o| gone.contains(&o)));
+        let missed: Vec<i64> = wanted.iter().map(|m| m.offset).filter(|o| !got.contains(o)).collect();
+        if !missed.is_empty() {
+            let start = d.fetcher.start(&d.topic.name, partition).await?;
+            if let Some(kept) = missed.iter().find(|o| **o >= start) {
+                return Err(SinkError::Unavailable {
+                    what: "downlink read",
+                    reason: format!(
+                        "{}/{partition}: {edge}'s message at offset {kept} not read back (the partition starts at {start})",
+                        d.topic.name
+                    ),
+                });
+            }
+            tracing::debug!(edge, gone = missed.len(), "downlink messages deleted before delivery");
+            d.index.with_mut(|i| i.forget(edge, |o| missed.contains(&o)));
         }
         let mut out = Vec::with_capacity(found.len());
         for f in found {
