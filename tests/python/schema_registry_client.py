@@ -12,7 +12,19 @@ registry API (e2e/schema_registry.rs). One command a run; prints one JSON docume
                                                      COUNT records of TOPIC read from its start
                                                      (read_committed) by a DeserializingConsumer
 
+  proto-serialize URL USER:SECRET TOPIC MESSAGE OBJECTS_JSON
+                                                  -> ["hex", ...]: ProtobufSerializer of
+                                                     plant.MESSAGE (the file below), which
+                                                     registers its file itself (base64
+                                                     FileDescriptorProto, Confluent's form)
+  proto-deserialize URL MESSAGE HEX...            -> [object, ...]: ProtobufDeserializer of
+                                                     plant.MESSAGE, the writer's schema read
+                                                     from the registry (format=serialized)
+
 KIND is AVRO or JSON. Subjects follow the serializers' default strategy: <topic>-value.
+The Protobuf file is built here (no protoc): package plant, importing
+google/protobuf/timestamp.proto, messages Alarm {string reason = 1; int32 level = 2;
+repeated string tags = 3; google.protobuf.Timestamp at = 4} and Ack {string by = 1}.
 """
 
 import json
@@ -26,7 +38,31 @@ from confluent_kafka.schema_registry import Schema, SchemaRegistryClient
 from confluent_kafka.schema_registry.avro import AvroDeserializer, AvroSerializer
 from confluent_kafka.schema_registry.error import SchemaRegistryError
 from confluent_kafka.schema_registry.json_schema import JSONDeserializer, JSONSerializer
+from confluent_kafka.schema_registry.protobuf import ProtobufDeserializer, ProtobufSerializer
 from confluent_kafka.serialization import MessageField, SerializationContext
+from google.protobuf import descriptor_pb2, descriptor_pool, json_format, message_factory
+from google.protobuf import timestamp_pb2  # noqa: F401 (puts the import in the default pool)
+
+
+def alarm_file():
+    """The messages' classes, from a FileDescriptorProto built field by field."""
+    f = descriptor_pb2.FileDescriptorProto(name="plant/alarm.proto", package="plant", syntax="proto3")
+    f.dependency.append("google/protobuf/timestamp.proto")
+    T = descriptor_pb2.FieldDescriptorProto
+    alarm = f.message_type.add(name="Alarm")
+    alarm.field.add(name="reason", number=1, type=T.TYPE_STRING, label=T.LABEL_OPTIONAL, json_name="reason")
+    alarm.field.add(name="level", number=2, type=T.TYPE_INT32, label=T.LABEL_OPTIONAL, json_name="level")
+    alarm.field.add(name="tags", number=3, type=T.TYPE_STRING, label=T.LABEL_REPEATED, json_name="tags")
+    alarm.field.add(name="at", number=4, type=T.TYPE_MESSAGE, label=T.LABEL_OPTIONAL,
+                    type_name=".google.protobuf.Timestamp", json_name="at")
+    ack = f.message_type.add(name="Ack")
+    ack.field.add(name="by", number=1, type=T.TYPE_STRING, label=T.LABEL_OPTIONAL, json_name="by")
+    pool = descriptor_pool.Default()
+    try:
+        pool.FindFileByName(f.name)
+    except KeyError:
+        pool.Add(f)
+    return lambda name: message_factory.GetMessageClass(pool.FindMessageTypeByName("plant." + name))
 
 
 def client(url, auth=None):
@@ -107,6 +143,17 @@ def main(args):
             de = AvroDeserializer(c) if kind == "AVRO" else JSONDeserializer(None, schema_registry_client=c)
             ctx = SerializationContext("any", MessageField.VALUE)
             return [de(bytes.fromhex(h), ctx) for h in args[3:]]
+        if cmd == "proto-serialize":
+            url, auth, topic, name, objects = args[1:6]
+            cls = alarm_file()(name)
+            ser = ProtobufSerializer(cls, client(url, auth), conf={"auto.register.schemas": True})
+            ctx = SerializationContext(topic, MessageField.VALUE)
+            return [ser(json_format.ParseDict(o, cls()), ctx).hex() for o in json.loads(objects)]
+        if cmd == "proto-deserialize":
+            url, name = args[1:3]
+            de = ProtobufDeserializer(alarm_file()(name), {}, schema_registry_client=client(url))
+            ctx = SerializationContext("any", MessageField.VALUE)
+            return [json_format.MessageToDict(de(bytes.fromhex(h), ctx)) for h in args[3:]]
         if cmd == "consume":
             url, bootstrap, topic, kind, count = args[1:6]
             return consume(url, bootstrap, topic, kind, int(count))

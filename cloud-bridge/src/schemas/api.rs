@@ -14,6 +14,9 @@
 //!   40402 version, 40403 schema not found, 40408 no subject mode, 409 incompatible, 42201
 //!   invalid schema, 42202 invalid version, 40101 unauthorized, 40301 read-only, 50001 the
 //!   store).
+//! - `?format=serialized` on `GET /schemas/ids/{id}` and `GET /subjects/{s}/versions/{v}`
+//!   gives a Protobuf schema as its file's `FileDescriptorProto` in base64, as Confluent's
+//!   Protobuf deserializers ask for it; a schema registered so (their serializers') is taken.
 //! - Not served: schema references (refused by name), deletes, contexts, metadata and rule
 //!   sets (ignored in a request), `normalize` (ids are of the normalised content already).
 //! - Bounds: a request body of 1 MiB, `[registry] max_subjects` and `max_versions`; counted in
@@ -260,9 +263,23 @@ fn parse(body: &Bytes) -> Result<Schema, Failure> {
     Schema::parse(source_of(body)?).map_err(|e| Failure::new(StatusCode::UNPROCESSABLE_ENTITY, 42201, e.to_string()))
 }
 
+/// A version's schema as asked for: `format=serialized` gives a Protobuf schema as its
+/// `FileDescriptorProto` in base64 (Confluent's Protobuf deserializers ask so), else the text
+/// as registered.
+fn shown(v: &Version, query: &Option<String>) -> String {
+    let serialized = query.as_deref().unwrap_or_default().split('&').any(|kv| kv == "format=serialized");
+    if serialized && v.source.kind == Kind::Protobuf {
+        // A stored version parsed when it was registered: it parses now.
+        if let Some(s) = Schema::parse(v.source.clone()).ok().and_then(|s| s.serialized()) {
+            return s;
+        }
+    }
+    v.source.text.clone()
+}
+
 /// A version as `GET /subjects/{s}/versions/{v}` answers it.
-fn described(v: &Version) -> serde_json::Value {
-    let mut d = json!({ "subject": v.subject, "version": v.version, "id": v.registry_id(), "schema": v.source.text });
+fn described(v: &Version, query: &Option<String>) -> serde_json::Value {
+    let mut d = json!({ "subject": v.subject, "version": v.version, "id": v.registry_id(), "schema": shown(v, query) });
     if v.source.kind != Kind::Avro {
         d["schemaType"] = json!(kind_name(v.source.kind));
     }
@@ -352,9 +369,10 @@ async fn versions<S: SchemaStore + 'static>(
 async fn version<S: SchemaStore + 'static>(
     State(api): State<Arc<Api<S>>>,
     Path((subject, which)): Path<(String, String)>,
+    RawQuery(query): RawQuery,
     headers: HeaderMap,
 ) -> Response {
-    let answer = async { ok(described(pick(&held(&api, &subject).await?, &subject, &which)?)) };
+    let answer = async { ok(described(pick(&held(&api, &subject).await?, &subject, &which)?, &query)) };
     serve(&api, &headers, false, answer).await
 }
 
@@ -378,7 +396,7 @@ async fn lookup<S: SchemaStore + 'static>(
         let versions = held(&api, &subject).await?;
         let same = |v: &&Version| Schema::parse(v.source.clone()).is_ok_and(|p| p.id() == schema.id());
         match versions.iter().find(same) {
-            Some(v) => ok(described(v)),
+            Some(v) => ok(described(v, &None)),
             None => Err(Failure::new(StatusCode::NOT_FOUND, 40403, "Schema not found")),
         }
     };
@@ -448,11 +466,12 @@ async fn types<S: SchemaStore + 'static>(State(api): State<Arc<Api<S>>>, headers
 async fn by_id<S: SchemaStore + 'static>(
     State(api): State<Arc<Api<S>>>,
     Path(id): Path<String>,
+    RawQuery(query): RawQuery,
     headers: HeaderMap,
 ) -> Response {
     let answer = async {
         let v = with_id(&api, &id).await?.swap_remove(0);
-        let mut d = json!({ "schema": v.source.text });
+        let mut d = json!({ "schema": shown(&v, &query) });
         if v.source.kind != Kind::Avro {
             d["schemaType"] = json!(kind_name(v.source.kind));
         }

@@ -186,3 +186,34 @@ async fn writes_need_read_write_and_the_credentials_and_are_bounded() {
     let off = fixture(RegistryConfig { api: Access::Off, ..Default::default() });
     assert_eq!(off.ask("GET", "/subjects", None, false).await.0, 404);
 }
+
+/// Confluent's Protobuf deserializers ask for the writer's schema with `format=serialized`:
+/// a schema registered as `.proto` text is then its file's `FileDescriptorProto` in base64,
+/// which registers as another form of the same file; without the parameter, the text as given.
+#[tokio::test]
+async fn a_protobuf_schema_is_given_in_serialized_form_when_asked() {
+    let f = fixture(writer());
+    let text = "syntax = \"proto3\";\npackage p;\nmessage M { string s = 1; }\n";
+    let body = json!({ "schema": text, "schemaType": "PROTOBUF" });
+    let (status, id) = f.ask("POST", "/subjects/m-value/versions", Some(body), true).await;
+    assert_eq!(status, 200, "{id}");
+    let id = id["id"].as_u64().unwrap();
+    let (_, plain) = f.ask("GET", &format!("/schemas/ids/{id}"), None, false).await;
+    assert_eq!(plain["schema"], text);
+    let (_, serialized) = f.ask("GET", &format!("/schemas/ids/{id}?format=serialized"), None, false).await;
+    let base64 = serialized["schema"].as_str().unwrap();
+    assert!(!base64.contains(char::is_whitespace) && base64 != text, "{serialized}");
+    assert_eq!(serialized["schemaType"], "PROTOBUF");
+    let (_, version) = f.ask("GET", "/subjects/m-value/versions/1?format=serialized", None, false).await;
+    assert_eq!(version["schema"], base64);
+    // Registered in that form: the same file (compatible under any mode), another version.
+    let body = json!({ "schema": base64, "schemaType": "PROTOBUF" });
+    let (_, ok) = f.ask("POST", "/compatibility/subjects/m-value/versions/latest", Some(body.clone()), false).await;
+    assert_eq!(ok["is_compatible"], true, "{ok}");
+    let (status, again) = f.ask("POST", "/subjects/m-value/versions", Some(body), true).await;
+    assert_eq!(status, 200, "{again}");
+    // Avro has no serialized form but its text.
+    let (_, avro) = f.ask("POST", "/subjects/r-value/versions", Some(json!({ "schema": AVRO_V1 })), true).await;
+    let (_, read) = f.ask("GET", &format!("/schemas/ids/{}?format=serialized", avro["id"]), None, false).await;
+    assert_eq!(read["schema"], AVRO_V1);
+}

@@ -91,7 +91,7 @@ impl Staged {
     fn judge(&self, subject: &str, payload: &[u8]) -> Outcome {
         if let Some((number, body)) = shared::schema::confluent_frame(payload) {
             if let Some((version, schema, tag, _)) = self.accepted().find(|(.., n)| *n == number) {
-                return match schema.unframe(body).and_then(|b| schema.validate(b)) {
+                return match schema.validate_framed(body) {
                     Ok(()) => Outcome::Valid(tag.clone()),
                     Err(invalid) => Outcome::Invalid { version, reason: invalid.to_string() },
                 };

@@ -337,11 +337,30 @@ impl Schema {
 
     /// What follows the Confluent framing's id ([`confluent_frame`]) as this schema's payload:
     /// for Protobuf the message indexes come first (a zigzag varint count, then each index;
-    /// a lone 0 for the file's first message), which must name this schema's message.
+    /// a lone 0 for the file's first message), which must name this schema's message (any of
+    /// the file's where no message was named: Confluent's subjects are files).
     pub fn unframe<'p>(&self, body: &'p [u8]) -> Result<&'p [u8], Invalid> {
         match &self.compiled {
-            Compiled::Protobuf(p) => p.unframe(body),
+            Compiled::Protobuf(p) => p.unframe(body).map(|(payload, _)| payload),
             _ => Ok(body),
+        }
+    }
+
+    /// Whether what follows a Confluent framing's id matches: for Protobuf as the message its
+    /// indexes name.
+    pub fn validate_framed(&self, body: &[u8]) -> Result<(), Invalid> {
+        match &self.compiled {
+            Compiled::Protobuf(p) => p.validate_framed(body),
+            _ => self.validate(body),
+        }
+    }
+
+    /// The schema as Confluent's `format=serialized` gives it: for Protobuf the file's
+    /// `FileDescriptorProto`, base64-encoded; none for the other kinds (their text is it).
+    pub fn serialized(&self) -> Option<String> {
+        match &self.compiled {
+            Compiled::Protobuf(p) => Some(p.serialized()),
+            _ => None,
         }
     }
 

@@ -2,6 +2,9 @@
 //! resolve from protox's copies; no other import), `prost-reflect` describes the messages; a
 //! payload is checked by our own walk of the wire format, which names the field.
 //!
+//! A schema may also be given as Confluent's serializers register it: a `FileDescriptorProto`,
+//! base64-encoded (their `format=serialized`); it is compiled as the file it describes.
+//!
 //! Compatibility (`compat`) follows Confluent Schema Registry's Protobuf rules, by field number.
 
 use prost_reflect::{FieldDescriptor, Kind as FieldKind, MessageDescriptor};
@@ -18,31 +21,55 @@ const FILE: &str = "schema.proto";
 
 pub(super) struct Proto {
     pub(super) message: MessageDescriptor,
+    /// The subject is the whole file (no message named): a Confluent framing may name any of
+    /// its messages, as Schema Registry's serializers take a file's.
+    whole_file: bool,
 }
 
-struct One(String);
+/// The schema's own file, by the name it is compiled under.
+struct One(File);
 
 impl FileResolver for One {
     fn open_file(&self, name: &str) -> Result<File, protox::Error> {
-        if name == FILE { File::from_source(FILE, &self.0) } else { Err(protox::Error::file_not_found(name)) }
+        if name == self.0.name() { Ok(self.0.clone()) } else { Err(protox::Error::file_not_found(name)) }
     }
+}
+
+/// A `FileDescriptorProto` as Confluent's serializers send it: base64 of its bytes (no
+/// whitespace, which `.proto` text always has between its declarations).
+fn descriptor(text: &str) -> Option<File> {
+    use base64::Engine as _;
+    use prost_reflect::prost::Message as _;
+    let text = text.trim();
+    if text.is_empty() || text.contains(char::is_whitespace) {
+        return None;
+    }
+    let bytes = base64::engine::general_purpose::STANDARD.decode(text).ok()?;
+    let file = prost_reflect::prost_types::FileDescriptorProto::decode(bytes.as_slice()).ok()?;
+    file.name.as_deref().is_some_and(|n| !n.is_empty()).then(|| File::from_file_descriptor_proto(file))
 }
 
 impl Proto {
     pub(super) fn parse(text: &str, message: Option<&str>) -> Result<Self, String> {
+        let file = match descriptor(text) {
+            Some(file) => file,
+            None => File::from_source(FILE, text).map_err(|e| e.to_string())?,
+        };
+        let name = file.name().to_owned();
         let mut chain = ChainFileResolver::new();
-        chain.add(One(text.to_owned()));
+        chain.add(One(file));
         chain.add(GoogleFileResolver::new());
         let mut compiler = protox::Compiler::with_file_resolver(chain);
-        compiler.open_file(FILE).map_err(|e| e.to_string())?;
+        compiler.open_file(&name).map_err(|e| e.to_string())?;
         let pool = compiler.descriptor_pool();
+        let whole_file = message.is_none();
         let message = match message {
             Some(name) => pool.get_message_by_name(name).ok_or_else(|| format!("no message {name} in the file"))?,
             None => {
-                pool.get_file_by_name(FILE).and_then(|f| f.messages().next()).ok_or("the file defines no message")?
+                pool.get_file_by_name(&name).and_then(|f| f.messages().next()).ok_or("the file defines no message")?
             }
         };
-        Ok(Proto { message })
+        Ok(Proto { message, whole_file })
     }
 
     pub(super) fn message_name(&self) -> &str {
@@ -57,9 +84,26 @@ impl Proto {
         check(&self.message, payload, &At::ROOT, 0)
     }
 
+    /// The file as a `FileDescriptorProto`, base64-encoded (Confluent's `format=serialized`).
+    pub(super) fn serialized(&self) -> String {
+        use base64::Engine as _;
+        use prost_reflect::prost::Message as _;
+        let file = self.message.parent_file().file_descriptor_proto().encode_to_vec();
+        base64::engine::general_purpose::STANDARD.encode(file)
+    }
+
+    /// A payload in the Confluent framing (what follows the id): checked as the message its
+    /// indexes name ([`Self::unframe`]).
+    pub(super) fn validate_framed(&self, body: &[u8]) -> Result<(), Invalid> {
+        let (payload, message) = self.unframe(body)?;
+        check(&message, payload, &At::ROOT, 0)
+    }
+
     /// Confluent's message indexes taken off the front of `body` (see `Schema::unframe`): they
-    /// must lead to this schema's message through the file's messages and their nested ones.
-    pub(super) fn unframe<'p>(&self, mut body: &'p [u8]) -> Result<&'p [u8], Invalid> {
+    /// lead through the file's messages and their nested ones to this schema's message, or,
+    /// where the subject is the whole file, to any of its messages. Returns the payload and
+    /// that message.
+    pub(super) fn unframe<'p>(&self, mut body: &'p [u8]) -> Result<(&'p [u8], MessageDescriptor), Invalid> {
         let bad = |reason: String| Invalid { path: String::new(), reason };
         let zigzag = |b: &mut &[u8]| -> Result<i64, Invalid> {
             let v = varint::take(b).map_err(|_| bad("Confluent framing: the message indexes are cut short".into()))?;
@@ -88,14 +132,15 @@ impl Proto {
                 next.ok_or_else(|| bad(format!("Confluent framing: message indexes {indexes:?} name no message")))?,
             );
         }
-        let named = at.map(|m| m.full_name().to_owned()).unwrap_or_default();
-        if named != self.message.full_name() {
+        let Some(named) = at else { return Err(bad("Confluent framing names no message".into())) };
+        if !self.whole_file && named.full_name() != self.message.full_name() {
             return Err(bad(format!(
-                "Confluent framing names message {named}, the subject's is {}",
+                "Confluent framing names message {}, the subject's is {}",
+                named.full_name(),
                 self.message.full_name()
             )));
         }
-        Ok(body)
+        Ok((body, named))
     }
 
     /// The payload's fields as a shape and values (format 3 bodies): each field's tag kept as

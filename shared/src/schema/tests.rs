@@ -318,6 +318,49 @@ fn the_confluent_framing_is_read_and_protobuf_message_indexes_name_the_message()
     assert_eq!(a.unframe(&[0, 8, 1]).unwrap(), [8, 1], "[0] as a lone zero: the file's first message");
     let json = schema(Kind::Json, JSON_BASE);
     assert_eq!(json.unframe(b"{}").unwrap(), b"{}", "no indexes but Protobuf's");
+
+    // A subject that is the whole file takes any of its messages the indexes name, checked as
+    // that message: bytes that are no UTF-8 in field 1 are a bad B.C (a string there) and a
+    // good A (an int32 there: another wire type, kept as an unknown field).
+    assert_eq!(a.unframe(&framed).unwrap(), payload);
+    assert_eq!(a.validate_framed(&framed), Ok(()));
+    let not_utf8 = [0x0a, 0x02, 0xff, 0xfe];
+    let as_c = a.validate_framed(&[&[4u8, 2, 0][..], &not_utf8].concat()).unwrap_err();
+    assert!(as_c.to_string().contains("/s"), "{as_c}");
+    assert_eq!(a.validate_framed(&[&[0u8][..], &not_utf8].concat()), Ok(()));
+    assert!(c.validate_framed(&[&[0u8][..], &payload].concat()).is_err(), "a named message takes no other");
+}
+
+/// Issue 45: Confluent's Protobuf serializers register a schema as its file's
+/// `FileDescriptorProto` in base64 and read it back so (`format=serialized`): such a schema
+/// compiles as the file it describes, validates alike, and gives the same back.
+#[test]
+fn a_protobuf_schema_in_base64_descriptor_form_is_the_file_it_describes() {
+    let text = r#"syntax = "proto3";
+        package shop;
+        import "google/protobuf/timestamp.proto";
+        message Order { string id = 1; repeated Line lines = 2; google.protobuf.Timestamp at = 3; }
+        message Line { string sku = 1; int32 count = 2; }"#;
+    let from_text = Schema::parse(Source { kind: Kind::Protobuf, text: text.into(), message: None }).unwrap();
+    let serialized = from_text.serialized().expect("Protobuf has a serialized form");
+    assert!(!serialized.contains(char::is_whitespace));
+    let from_descriptor =
+        Schema::parse(Source { kind: Kind::Protobuf, text: serialized.clone(), message: None }).unwrap();
+    assert_eq!(from_descriptor.serialized().as_deref(), Some(serialized.as_str()));
+    // Order { id: "7", lines: [{ sku: "a", count: 2 }] }, then one with a line's count a string.
+    let good = [0x0a, 1, b'7', 0x12, 5, 0x0a, 1, b'a', 0x10, 2];
+    let bad = [0x0a, 1, b'7', 0x12, 4, 0x0a, 1, 0xff, 0x10];
+    for s in [&from_text, &from_descriptor] {
+        assert_eq!(s.validate(&good), Ok(()));
+        let refused = s.validate(&bad).unwrap_err();
+        assert!(refused.to_string().contains("lines"), "{refused}");
+    }
+    let again = Schema::parse(Source { kind: Kind::Protobuf, text: text.into(), message: None }).unwrap();
+    assert!(check(Compatibility::Full, &from_descriptor, &[again]).is_ok());
+    assert_eq!(schema(Kind::Json, JSON_BASE).serialized(), None);
+    // Base64 that is no descriptor is taken as text, and named as such.
+    let junk = Schema::parse(Source { kind: Kind::Protobuf, text: "bm90IGEgZGVzY3JpcHRvcg==".into(), message: None });
+    assert!(junk.is_err());
 }
 
 /// Issue 45: the earlier versions a producer may still write under each mode.

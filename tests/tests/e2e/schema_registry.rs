@@ -50,14 +50,20 @@ fn file(dir: &Path, name: &str, text: &str) -> String {
     f.to_str().unwrap().to_owned()
 }
 
-/// An edge binding `plant/+/reading` to `reading-value` and `vision/+/box` to `box-value`.
+/// An edge binding `plant/+/reading` to `reading-value`, `vision/+/box` to `box-value` and
+/// `alarm/+/raised` to `alarm-value`.
 fn edge(dir: &Path, public: &Path, uplink: &str) -> EdgeProcess {
     std::fs::create_dir_all(dir).unwrap();
-    let classes = with_spool(&[class("plant", "plant/#", "central"), class("vision", "vision/#", "central")]);
+    let classes = with_spool(&[
+        class("plant", "plant/#", "central"),
+        class("vision", "vision/#", "central"),
+        class("alarms", "alarm/#", "central"),
+    ]);
     let extra = format!(
         "{classes}\n{uplink}\n[models]\ndir = \"models\"\npublic_key = \"{}\"\n\n\
          [[schema]]\ntopic = \"plant/+/reading\"\nsubject = \"reading-value\"\n\
-         [[schema]]\ntopic = \"vision/+/box\"\nsubject = \"box-value\"\n",
+         [[schema]]\ntopic = \"vision/+/box\"\nsubject = \"box-value\"\n\
+         [[schema]]\ntopic = \"alarm/+/raised\"\nsubject = \"alarm-value\"\n",
         public.display()
     );
     EdgeProcess::start(dir, &config_text(&extra))
@@ -202,6 +208,27 @@ async fn round_trip(sink_kind: Sink<'_>) {
     let valid = |s: &str| edge.metric(&format!("edge_schema_checked_total{{subject=\"{s}\",outcome=\"valid\"}}"));
     assert_eq!((valid("reading-value"), valid("box-value")), (4.0, 1.0), "{}", edge.stderr());
 
+    // Protobuf: the serializer registers its file itself (a base64 FileDescriptorProto, with
+    // an import of Google's Timestamp), for both of the file's messages (indexes [0] and [1]).
+    let alarms =
+        json!([{ "reason": "overheat", "level": 3, "tags": ["line-1", "oven"], "at": "2026-12-06T10:00:00Z" }]);
+    let alarm = unhex(&sr(&["proto-serialize", &url, SECRET, "alarm", "Alarm", &alarms.to_string()])[0]);
+    let acks = json!([{ "by": "operator-7" }]);
+    let ack = unhex(&sr(&["proto-serialize", &url, SECRET, "alarm", "Ack", &acks.to_string()])[0]);
+    assert_eq!((alarm[0], &alarm[1..5]), (0, &ack[1..5]), "one subject, one file, one id");
+    assert_eq!((alarm[5], &ack[5..7]), (0, &[2u8, 2][..]), "message indexes [0] (a lone 0) and [1]");
+    assert!(e2e_tests::eventually(WAIT, || staged(&edge, "alarm-value") == 1.0).await, "{}", edge.stderr());
+    // The same framing with a tag that is no UTF-8 is refused (the reason naming the field is
+    // `schema::tests`'s and `schemas.rs`'s to check).
+    let mut broken = alarm.clone();
+    let at = broken.windows(6).position(|w| w == b"line-1").unwrap();
+    broken[at] = 0xff;
+    for p in [&alarm, &ack, &broken] {
+        c.publish("alarm/line-1/raised", QoS::AtLeastOnce, false, p.clone()).await;
+    }
+    let invalid = || edge.metric("edge_schema_checked_total{subject=\"alarm-value\",outcome=\"invalid\"}");
+    assert!(e2e_tests::eventually(WAIT, || valid("alarm-value") == 2.0 && invalid() == 1.0).await, "{}", edge.stderr());
+
     if let Sink::Jetstream(n) = &sink_kind {
         // Stream EDGE's messages on `edge.edge-1.plant.>`, in order, each with its headers.
         let readings = |messages: &[async_nats::Message]| -> Vec<(String, String)> {
@@ -257,4 +284,8 @@ async fn round_trip(sink_kind: Sink<'_>) {
     assert_eq!(read, json!([first[0], first[1], later_v1[0], on_v2[0]]));
     let read = sr(&["deserialize", &url, "JSON", &hex(&box_payloads[0])]);
     assert_eq!(read, boxes);
+    // Protobuf's deserializer reads the writer's file from the bridge (format=serialized).
+    assert_eq!(named(&sink, &alarm).as_deref(), Some("alarm-value/1"));
+    assert_eq!(sr(&["proto-deserialize", &url, "Alarm", &hex(&alarm)]), alarms);
+    assert_eq!(sr(&["proto-deserialize", &url, "Ack", &hex(&ack)]), acks);
 }
