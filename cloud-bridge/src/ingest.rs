@@ -24,6 +24,7 @@ use shared::proto::{
 use tokio::sync::{Notify, mpsc};
 
 use crate::limits::{BudgetError, ConnectionBudget, Reservation};
+use crate::schemas::frame::Framer;
 
 /// Batches with more bytes than this (compressed or not) are decoded off the runtime.
 const INLINE_DECODE: usize = 256 << 10;
@@ -95,13 +96,25 @@ pub(crate) async fn run(
     conn: quinn::Connection,
     budget: ConnectionBudget,
     dicts: Arc<Dicts>,
+    framer: Option<Arc<Framer>>,
     tx: mpsc::Sender<Box<Result<Ingested, IngestError>>>,
 ) {
     while let Ok(mut stream) = conn.accept_uni().await {
         // A stream carries one batch, or several small ones that went out together.
         loop {
             match next(&mut stream, &budget, &dicts).await {
-                Ok(Some(batch)) => {
+                Ok(Some(mut batch)) => {
+                    // The framing some records get is paid for as what they decoded to is.
+                    if let Some(framer) = &framer {
+                        let added = framer.frame(&mut batch.records).await;
+                        match budget.reserve(added).await {
+                            Ok(more) => batch.reservation.merge(more),
+                            Err(e) => {
+                                let _ = tx.send(Box::new(Err(e.into()))).await;
+                                return;
+                            }
+                        }
+                    }
                     if tx.send(Box::new(Ok(batch))).await.is_err() {
                         return;
                     }

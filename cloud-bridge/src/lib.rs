@@ -140,6 +140,8 @@ impl Bridge {
                 fleet: recorder,
                 tracer: tracer.clone(),
                 downlink: Arc::new(downlink::Downlink::new(config.downlink.clone(), metrics.downlink.clone())),
+                // Made on the sink, once it is open (`serve`).
+                framer: None,
             },
             http,
             writes_per_second: config.fleet.state_writes_per_second,
@@ -158,12 +160,14 @@ impl Bridge {
     /// Starts the accept loop, the fleet view's writer and the HTTP endpoint on `sink`.
     fn serve<S: sink::Sink + sink::SchemaStore>(
         sink: Arc<S>,
-        parts: Parts,
+        mut parts: Parts,
         metrics: Arc<Metrics>,
         quic_addr: SocketAddr,
         http_addr: Option<SocketAddr>,
     ) -> Bridge {
         let name = parts.services.fleet.name().to_owned();
+        parts.services.framer =
+            schemas::frame::Framer::new(&parts.registry.0.frame_classes, sink.clone(), metrics.framed.clone());
         let shutdown = CancellationToken::new();
         let tasks = tokio_util::task::TaskTracker::new();
         if let Some(listener) = parts.http {

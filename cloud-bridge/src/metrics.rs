@@ -26,6 +26,7 @@ pub struct Metrics {
     pub trace: Arc<shared::trace::TraceCounts>,
     pub downlink: Arc<crate::downlink::DownlinkMetrics>,
     pub schemas: Arc<crate::schemas::api::RegistryMetrics>,
+    pub framed: Arc<crate::schemas::frame::FrameMetrics>,
 }
 
 impl Metrics {
@@ -43,6 +44,7 @@ impl Metrics {
             trace: Arc::default(),
             downlink: Arc::default(),
             schemas: Arc::default(),
+            framed: Arc::default(),
         };
         m.models.register(registry);
         m.limits.register(registry);
@@ -52,6 +54,7 @@ impl Metrics {
         m.trace.register(registry);
         m.downlink.register(registry);
         m.schemas.register(registry);
+        m.framed.register(registry);
         Self { registry: root, ..m }
     }
 

@@ -42,6 +42,12 @@ pub struct RegistryConfig {
     /// Versions of one subject the API registers at most. Default: 1,000.
     #[serde(default = "default_max_versions")]
     pub max_versions: u32,
+    /// Classes whose records validated against a schema version are written with the Confluent
+    /// framing before their payload (magic byte 0, the version's id, Protobuf's message
+    /// indexes), so Confluent's deserializers read them with this registry; `"*"` for every
+    /// class. Default: none (payloads as the devices sent them).
+    #[serde(default)]
+    pub frame_classes: Vec<String>,
 }
 
 fn default_max_subjects() -> usize {
@@ -59,6 +65,7 @@ impl Default for RegistryConfig {
             auth_reads: false,
             max_subjects: default_max_subjects(),
             max_versions: default_max_versions(),
+            frame_classes: Vec::new(),
         }
     }
 }
@@ -89,6 +96,9 @@ impl RegistryConfig {
         }
         if self.max_versions == 0 {
             p.bad("registry.max_versions", "must be at least 1");
+        }
+        if self.frame_classes.iter().any(|c| c.is_empty()) {
+            p.bad("registry.frame_classes", "a class name, or \"*\" for every class, not an empty string");
         }
     }
 }

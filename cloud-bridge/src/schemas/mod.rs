@@ -18,6 +18,7 @@
 pub(crate) mod api;
 pub mod cli;
 pub mod config;
+pub(crate) mod frame;
 
 use std::path::Path;
 

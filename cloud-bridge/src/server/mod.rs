@@ -237,6 +237,8 @@ pub(crate) struct Services {
     pub tracer: shared::trace::Tracer,
     /// Messages for the edges (`[downlink]`).
     pub downlink: Arc<crate::downlink::Downlink>,
+    /// The Confluent framing written before records of `[registry] frame_classes`.
+    pub framer: Option<Arc<crate::schemas::frame::Framer>>,
 }
 
 /// Accepts edges until `shutdown`.

@@ -61,8 +61,13 @@ pub(super) async fn run<S: Sink>(
     let (batch_tx, mut batch_rx) = mpsc::channel(1);
     // Chunks served to the edge are paid from the same memory as its batches.
     let chunk_budget = limits.budget.clone();
-    let _ingest =
-        AbortOnDropHandle::new(tokio::spawn(ingest::run(conn.clone(), limits.budget, dicts.clone(), batch_tx)));
+    let _ingest = AbortOnDropHandle::new(tokio::spawn(ingest::run(
+        conn.clone(),
+        limits.budget,
+        dicts.clone(),
+        services.framer.clone(),
+        batch_tx,
+    )));
     // The batches staged and published, in the order the core asks.
     let mut writes: Writes<S> = Writes::new();
     // The models this edge follows, once its hello named them, and their chunk server.

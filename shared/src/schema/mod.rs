@@ -355,6 +355,27 @@ impl Schema {
         }
     }
 
+    /// What Confluent's serializers write before a payload of this schema registered as
+    /// `registry_id`: magic byte 0, the id (4 bytes, big-endian), and for Protobuf the message
+    /// indexes (zigzag varints: a count, then each; `[0]` as a lone 0).
+    pub fn confluent_prefix(&self, registry_id: u32) -> Vec<u8> {
+        let mut out = vec![0];
+        out.extend_from_slice(&registry_id.to_be_bytes());
+        if let Compiled::Protobuf(p) = &self.compiled {
+            let zigzag = |v: i64| ((v << 1) ^ (v >> 63)) as u64;
+            match p.indexes().as_slice() {
+                [0] => out.push(0),
+                indexes => {
+                    crate::proto::varint::put(&mut out, zigzag(indexes.len() as i64));
+                    for i in indexes {
+                        crate::proto::varint::put(&mut out, zigzag(*i));
+                    }
+                }
+            }
+        }
+        out
+    }
+
     /// The schema as Confluent's `format=serialized` gives it: for Protobuf the file's
     /// `FileDescriptorProto`, base64-encoded; none for the other kinds (their text is it).
     pub fn serialized(&self) -> Option<String> {

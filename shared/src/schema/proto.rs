@@ -92,6 +92,29 @@ impl Proto {
         base64::engine::general_purpose::STANDARD.encode(file)
     }
 
+    /// Confluent's message indexes of this schema's message: its place among the file's
+    /// messages, then among each parent's nested ones, outermost first.
+    pub(super) fn indexes(&self) -> Vec<i64> {
+        let mut out = Vec::new();
+        let mut at = self.message.clone();
+        loop {
+            let full = at.full_name().to_owned();
+            match at.parent_message() {
+                Some(parent) => {
+                    out.push(parent.child_messages().position(|m| m.full_name() == full).unwrap_or(0) as i64);
+                    at = parent;
+                }
+                None => {
+                    let file = at.parent_file();
+                    out.push(file.messages().position(|m| m.full_name() == full).unwrap_or(0) as i64);
+                    break;
+                }
+            }
+        }
+        out.reverse();
+        out
+    }
+
     /// A payload in the Confluent framing (what follows the id): checked as the message its
     /// indexes name ([`Self::unframe`]).
     pub(super) fn validate_framed(&self, body: &[u8]) -> Result<(), Invalid> {

@@ -331,6 +331,29 @@ fn the_confluent_framing_is_read_and_protobuf_message_indexes_name_the_message()
     assert!(c.validate_framed(&[&[0u8][..], &payload].concat()).is_err(), "a named message takes no other");
 }
 
+/// Issue 45: the framing the bridge writes before a record's payload (`[registry]
+/// frame_classes`) is the one Confluent's serializers write, and reads back as the same
+/// message: for Protobuf with the indexes of the subject's message (nested B.C is [1, 0]).
+#[test]
+fn the_confluent_prefix_is_what_the_serializers_write() {
+    let text = r#"syntax = "proto3";
+        message A { int32 x = 1; }
+        message B { message C { string s = 1; } C c = 1; }"#;
+    let proto = |message: Option<&str>| {
+        Schema::parse(Source { kind: Kind::Protobuf, text: text.into(), message: message.map(Into::into) }).unwrap()
+    };
+    assert_eq!(proto(None).confluent_prefix(258), [0, 0, 0, 1, 2, 0]);
+    assert_eq!(proto(Some("B")).confluent_prefix(1), [0, 0, 0, 0, 1, 2, 2]);
+    let c = proto(Some("B.C"));
+    let prefix = c.confluent_prefix(7);
+    assert_eq!(prefix, [0, 0, 0, 0, 7, 4, 2, 0]);
+    let payload = [0x0a, 0x02, b'h', b'i'];
+    let framed = [&prefix[..], &payload].concat();
+    let (id, body) = confluent_frame(&framed).unwrap();
+    assert_eq!((id, c.unframe(body).unwrap()), (7, &payload[..]));
+    assert_eq!(schema(Kind::Json, JSON_BASE).confluent_prefix(9), [0, 0, 0, 0, 9], "no indexes but Protobuf's");
+}
+
 /// Issue 45: Confluent's Protobuf serializers register a schema as its file's
 /// `FileDescriptorProto` in base64 and read it back so (`format=serialized`): such a schema
 /// compiles as the file it describes, validates alike, and gives the same back.

@@ -121,7 +121,7 @@ async fn round_trip(sink_kind: Sink<'_>) {
     std::fs::write(dir.path().join("registry-creds"), format!("{SECRET}\n")).unwrap();
     let extra = format!(
         "[models]\ndir = \"{}\"\nsigning_key = \"{}\"\npoll = \"200ms\"\n\
-         [registry]\napi = \"read-write\"\ncredentials = \"registry-creds\"\n",
+         [registry]\napi = \"read-write\"\ncredentials = \"registry-creds\"\nframe_classes = [\"plant\"]\n",
         dir.path().join("store").display(),
         private.display()
     );
@@ -190,6 +190,11 @@ async fn round_trip(sink_kind: Sink<'_>) {
     let v1_again = unhex(&sr(&["serialize", &url, "reading", "AVRO", &v1, &later_v1.to_string()])[0]);
     let on_v2 = json!([{ "temp": 8.5, "unit": "C", "site": "north" }]);
     let v2_payload = unhex(&sr(&["serialize", &url, "reading", "AVRO", &v2, &on_v2.to_string()])[0]);
+    // A device without a serializer: a bare Avro datum of version 1 (temp 9.5, unit "C"), which
+    // the bridge writes in the Confluent framing (`frame_classes`), the others as they came.
+    let plain: Vec<u8> = [&9.5f64.to_le_bytes()[..], &[0x02, b'C']].concat();
+    let plain_object = json!({ "temp": 9.5, "unit": "C" });
+    let plain_framed: Vec<u8> = [&[0u8][..], &(id1 as u32).to_be_bytes(), &plain].concat();
 
     let mut c = Client::anonymous(edge.addr("local"), "devices").await;
     let sends: Vec<(&str, &Vec<u8>)> = framed
@@ -199,6 +204,7 @@ async fn round_trip(sink_kind: Sink<'_>) {
             ("vision/cam-1/box", &box_payloads[0]),
             ("plant/line-1/reading", &v1_again),
             ("plant/line-1/reading", &v2_payload),
+            ("plant/line-1/reading", &plain),
         ])
         .collect();
     for (topic, payload) in &sends {
@@ -206,7 +212,7 @@ async fn round_trip(sink_kind: Sink<'_>) {
     }
     assert!(c.acked(sends.len(), WAIT).await);
     let valid = |s: &str| edge.metric(&format!("edge_schema_checked_total{{subject=\"{s}\",outcome=\"valid\"}}"));
-    assert_eq!((valid("reading-value"), valid("box-value")), (4.0, 1.0), "{}", edge.stderr());
+    assert_eq!((valid("reading-value"), valid("box-value")), (5.0, 1.0), "{}", edge.stderr());
 
     // Protobuf: the serializer registers its file itself (a base64 FileDescriptorProto, with
     // an import of Google's Timestamp), for both of the file's messages (indexes [0] and [1]).
@@ -244,32 +250,41 @@ async fn round_trip(sink_kind: Sink<'_>) {
         let deadline = tokio::time::Instant::now() + WAIT;
         let stored = loop {
             let got = readings(&read_stream(&n.url(), "EDGE").await);
-            if got.len() >= 4 || tokio::time::Instant::now() > deadline {
+            if got.len() >= 5 || tokio::time::Instant::now() > deadline {
                 break got;
             }
             tokio::time::sleep(Duration::from_millis(200)).await;
         };
         let schemas: Vec<&str> = stored.iter().map(|(_, s)| s.as_str()).collect();
-        assert_eq!(schemas, ["reading-value/1", "reading-value/1", "reading-value/1", "reading-value/2"]);
+        assert_eq!(
+            schemas,
+            ["reading-value/1", "reading-value/1", "reading-value/1", "reading-value/2", "reading-value/1"]
+        );
+        assert_eq!(stored[4].0, hex(&plain_framed));
         let mut args = vec!["deserialize", &url, "AVRO"];
         args.extend(stored.iter().map(|(h, _)| h.as_str()));
-        assert_eq!(sr(&args), json!([first[0], first[1], later_v1[0], on_v2[0]]));
+        assert_eq!(sr(&args), json!([first[0], first[1], later_v1[0], on_v2[0], plain_object]));
         return;
     }
     if let Sink::Kafka(k) = &sink_kind {
         // Confluent's deserializing consumer on the records topics, named by the headers.
-        let read = sr(&["consume", &url, &k.bootstrap(), "edge.plant", "AVRO", "4"]);
+        let read = sr(&["consume", &url, &k.bootstrap(), "edge.plant", "AVRO", "5"]);
         let values: Vec<Value> = read.as_array().unwrap().iter().map(|r| r["value"].clone()).collect();
-        assert_eq!(values, [first[0].clone(), first[1].clone(), later_v1[0].clone(), on_v2[0].clone()], "{read}");
+        let want = [first[0].clone(), first[1].clone(), later_v1[0].clone(), on_v2[0].clone(), plain_object];
+        assert_eq!(values, want, "{read}");
         let schemas: Vec<&str> = read.as_array().unwrap().iter().map(|r| r["schema"].as_str().unwrap()).collect();
-        assert_eq!(schemas, ["reading-value/1", "reading-value/1", "reading-value/1", "reading-value/2"]);
+        assert_eq!(
+            schemas,
+            ["reading-value/1", "reading-value/1", "reading-value/1", "reading-value/2", "reading-value/1"]
+        );
         let read = sr(&["consume", &url, &k.bootstrap(), "edge.vision", "JSON", "1"]);
         assert_eq!(read, json!([{ "value": boxes[0], "schema": "box-value/1" }]));
         return;
     }
     // In the sink byte for byte, each named by the version that wrote it.
     let sink = cloud.sink.clone();
-    assert!(e2e_tests::eventually(WAIT, || sends.iter().all(|(_, p)| named(&sink, p).is_some())).await);
+    let stored_as = |p: &Vec<u8>| if *p == plain { plain_framed.clone() } else { p.clone() };
+    assert!(e2e_tests::eventually(WAIT, || sends.iter().all(|(_, p)| named(&sink, &stored_as(p)).is_some())).await);
     for p in framed.iter().chain([&v1_again]) {
         assert_eq!(named(&sink, p).as_deref(), Some("reading-value/1"));
     }
@@ -277,11 +292,13 @@ async fn round_trip(sink_kind: Sink<'_>) {
     assert_eq!(named(&sink, &box_payloads[0]).as_deref(), Some("box-value/1"));
 
     // Confluent's deserializers read the records with the bridge as their registry.
-    let rows: Vec<String> = [&framed[0], &framed[1], &v1_again, &v2_payload].iter().map(|p| hex(p)).collect();
+    assert_eq!(named(&sink, &plain).as_deref(), None, "the bare datum is stored framed");
+    let rows: Vec<String> =
+        [&framed[0], &framed[1], &v1_again, &v2_payload, &plain_framed].iter().map(|p| hex(p)).collect();
     let mut args = vec!["deserialize", &url, "AVRO"];
     args.extend(rows.iter().map(String::as_str));
     let read = sr(&args);
-    assert_eq!(read, json!([first[0], first[1], later_v1[0], on_v2[0]]));
+    assert_eq!(read, json!([first[0], first[1], later_v1[0], on_v2[0], plain_object]));
     let read = sr(&["deserialize", &url, "JSON", &hex(&box_payloads[0])]);
     assert_eq!(read, boxes);
     // Protobuf's deserializer reads the writer's file from the bridge (format=serialized).
