@@ -4,9 +4,14 @@
 //! the reader schema. The rules follow Confluent's list for JSON Schema (type narrowed,
 //! required property added, property added to an open content model, property removed from a
 //! closed content model, additional properties narrowed, enum narrowed, bounds tightened),
-//! applied recursively through `properties`, `additionalProperties` and `items`. A keyword the
-//! rules do not model (`$ref`, `oneOf`, `pattern`, ...) that differs between the two versions
-//! is a problem of its own: the check reports what it cannot prove, so a pass is never a guess.
+//! applied recursively through `properties`, `additionalProperties` and `items`, and through
+//! the combinators as Confluent takes them (a `oneOf`/`anyOf` extended with subschemas, an
+//! `allOf` narrowed to fewer, one combinator changed for a wider one, subschemas in any
+//! order: each subschema a writer could match read by the reader's), `not` (the excluded set
+//! narrowed), `pattern` and `uniqueItems` dropped, `multipleOf` dropped or divided,
+//! `dependencies` dropped. A keyword the rules do not model (`$ref`, `if`, ...) that differs
+//! between the two versions is a problem of its own: the check reports what it cannot prove, so
+//! a pass is never a guess.
 
 use serde_json::{Map, Value};
 
@@ -118,7 +123,108 @@ const MODELLED: &[&str] = &[
     "maxItems",
     "minProperties",
     "maxProperties",
+    "not",
+    "pattern",
+    "multipleOf",
+    "uniqueItems",
+    "dependencies",
 ];
+
+/// `s` without `key`, and the subschemas `key` holds (none when absent or not a list).
+fn split(s: &Map<String, Value>, key: &str) -> Option<(Value, Vec<Value>)> {
+    let subs = s.get(key)?.as_array()?.clone();
+    let mut rest = s.clone();
+    rest.remove(key);
+    Some((Value::Object(rest), subs))
+}
+
+/// Takes a combinator of either version apart (Confluent's sum and product types), the one
+/// whose reading holds whatever the other side is first; `None` when neither has one.
+/// Subschemas are matched by what they accept, not by their place. A reader's `oneOf` is taken
+/// as Confluent takes it, as an `anyOf`: a writer's value two of its subschemas accept is not
+/// looked for.
+fn combined(r: &Map<String, Value>, w: &Map<String, Value>, path: &str, out: &mut Vec<Problem>) -> Option<()> {
+    let (reader, writer) = (Value::Object(r.clone()), Value::Object(w.clone()));
+    // The reader's allOf: the rest and each subschema read the writer.
+    if let Some((rest, subs)) = split(r, "allOf") {
+        reads(&rest, &writer, path, out);
+        for (i, sub) in subs.iter().enumerate() {
+            reads(sub, &writer, &format!("{path}/allOf/{i}"), out);
+        }
+        return Some(());
+    }
+    // The writer's anyOf/oneOf: what any subschema (with the rest) accepts is read.
+    for key in ["anyOf", "oneOf"] {
+        if let Some((rest, subs)) = split(w, key) {
+            for (i, sub) in subs.iter().enumerate() {
+                reads_any(&reader, &[&rest, sub], &format!("{path}/{key}/{i}"), out);
+            }
+            return Some(());
+        }
+    }
+    // The writer's allOf: what all accept is read where one of them is.
+    if let Some((rest, subs)) = split(w, "allOf") {
+        let all: Vec<&Value> = std::iter::once(&rest).chain(&subs).collect();
+        reads_any(&reader, &all, path, out);
+        return Some(());
+    }
+    // The reader's anyOf/oneOf: the rest reads the writer, and some subschema does.
+    for key in ["anyOf", "oneOf"] {
+        if let Some((rest, subs)) = split(r, key) {
+            reads(&rest, &writer, path, out);
+            let mut first = None;
+            for sub in &subs {
+                let mut found = Vec::new();
+                reads(sub, &writer, path, &mut found);
+                if found.is_empty() {
+                    return Some(());
+                }
+                first.get_or_insert(found);
+            }
+            let none = || vec![problem(path, "sum type narrowed", format!("`{key}` has no subschema"))];
+            out.extend(first.unwrap_or_else(none));
+            return Some(());
+        }
+    }
+    None
+}
+
+/// `not`, `pattern`, `multipleOf`, `uniqueItems` and `dependencies`: what the reader adds or
+/// tightens refuses what the writer took; what it drops or loosens does not.
+fn refinements(r: &Map<String, Value>, w: &Map<String, Value>, path: &str, out: &mut Vec<Problem>) {
+    if let Some(rn) = r.get("not") {
+        match w.get("not") {
+            // The reader excludes less than the writer did: what it excludes, the writer did.
+            Some(wn) => reads(wn, rn, &format!("{path}/not"), out),
+            None => out.push(problem(path, "not added", "values it excludes were accepted")),
+        }
+    }
+    if let Some(rp) = r.get("pattern")
+        && w.get("pattern") != Some(rp)
+    {
+        out.push(problem(path, "pattern added or changed", format!("strings not matching {rp} were accepted")));
+    }
+    if let Some(rm) = r.get("multipleOf").and_then(Value::as_f64) {
+        let divides = w.get("multipleOf").and_then(Value::as_f64).is_some_and(|wm| (wm / rm).fract() == 0.0);
+        if !divides {
+            out.push(problem(
+                path,
+                "multipleOf added or changed",
+                format!("numbers not a multiple of {rm} were accepted"),
+            ));
+        }
+    }
+    if r.get("uniqueItems") == Some(&Value::Bool(true)) && w.get("uniqueItems") != Some(&Value::Bool(true)) {
+        out.push(problem(path, "uniqueItems added", "arrays with repeated items were accepted"));
+    }
+    let deps = |s: &Map<String, Value>| s.get("dependencies").and_then(Value::as_object).cloned().unwrap_or_default();
+    let wd = deps(w);
+    for (name, rd) in deps(r) {
+        if wd.get(&name) != Some(&rd) {
+            out.push(problem(&join(path, &name), "dependency added or changed", "objects without it were accepted"));
+        }
+    }
+}
 
 const TYPES: [&str; 7] = ["null", "boolean", "object", "array", "number", "string", "integer"];
 
@@ -163,6 +269,10 @@ fn reads(reader: &Value, writer: &Value, path: &str, out: &mut Vec<Problem>) {
         (Value::Object(r), Value::Object(w)) => (r, w),
         _ => return out.push(problem(path, "not a schema", "a schema is an object or a boolean")),
     };
+    if combined(r, w, path, out).is_some() {
+        return;
+    }
+    refinements(r, w, path, out);
     for (k, rv) in r {
         if !ANNOTATIONS.contains(&k.as_str()) && !MODELLED.contains(&k.as_str()) && w.get(k) != Some(rv) {
             out.push(problem(path, "keyword not checked", format!("`{k}` differs; only identical values are taken")));

@@ -168,7 +168,84 @@ fn cases() -> Vec<(&'static str, String, String, bool)> {
         ("closed: pattern added", obj(s, false, ""), obj(s, false, &pat(r#"{"type":"string"}"#)), true),
         ("open: pattern added", obj(s, true, ""), obj(s, true, &pat(r#"{"type":"string"}"#)), false),
         ("open: pattern removed", obj(s, true, &pat(r#"{"type":"string"}"#)), obj(s, true, ""), true),
+        // Combinators as Confluent's sum and product types; subschemas matched by content.
+        ("oneOf: subschemas reordered", one("oneOf", &[STR, NUM]), one("oneOf", &[NUM, STR]), true),
+        ("oneOf extended (sum type extended)", one("oneOf", &[STR]), one("oneOf", &[STR, NUM]), true),
+        ("oneOf narrowed (sum type narrowed)", one("oneOf", &[STR, NUM]), one("oneOf", &[STR]), false),
+        ("anyOf extended", one("anyOf", &[STR]), one("anyOf", &[STR, NUM]), true),
+        ("allOf narrowed to fewer (product type narrowed)", one("allOf", &[STR, MAX5]), one("allOf", &[STR]), true),
+        ("allOf extended (product type extended)", one("allOf", &[STR]), one("allOf", &[STR, MAX5]), false),
+        ("oneOf to anyOf (combined type extended)", one("oneOf", &[STR, NUM]), one("anyOf", &[STR, NUM]), true),
+        ("allOf to anyOf", one("allOf", &[STR, MAX5]), one("anyOf", &[STR, MAX5]), true),
+        ("anyOf to allOf with the same subschemas", one("anyOf", &[STR, NUM]), one("allOf", &[STR, NUM]), false),
+        ("a schema to a oneOf holding it", STR.into(), one("oneOf", &[STR, NUM]), true),
+        ("a oneOf to one of its subschemas", one("oneOf", &[STR, NUM]), STR.into(), false),
+        (
+            "a subschema's bound loosened",
+            one("oneOf", &[MAX5, NUM]),
+            one("oneOf", &[r#"{"type":"string","maxLength":9}"#, NUM]),
+            true,
+        ),
+        (
+            "a subschema's bound tightened",
+            one("oneOf", &[r#"{"type":"string","maxLength":9}"#]),
+            one("oneOf", &[MAX5]),
+            false,
+        ),
+        (
+            "closed: property removed, covered by additionalProperties through a oneOf",
+            obj(two, false, ""),
+            obj(s, true, r#","additionalProperties":{"oneOf":[{"type":"null"},{"type":"string"}]}"#),
+            true,
+        ),
+        (
+            "closed: property removed, not covered by additionalProperties through a oneOf",
+            obj(two, false, ""),
+            obj(s, true, r#","additionalProperties":{"oneOf":[{"type":"null"},{"type":"number"}]}"#),
+            false,
+        ),
+        // `not`: the excluded set may only shrink.
+        ("not narrowed", r#"{"not":{"type":["string","number"]}}"#.into(), r#"{"not":{"type":"string"}}"#.into(), true),
+        ("not widened", r#"{"not":{"type":"string"}}"#.into(), r#"{"not":{"type":["string","number"]}}"#.into(), false),
+        ("not added", STR.into(), r#"{"type":"string","not":{"maxLength":0}}"#.into(), false),
+        // Refinements: dropping one accepts more; adding or tightening one, less.
+        ("pattern removed", r#"{"type":"string","pattern":"^a"}"#.into(), STR.into(), true),
+        ("pattern added", STR.into(), r#"{"type":"string","pattern":"^a"}"#.into(), false),
+        ("multipleOf removed", r#"{"type":"number","multipleOf":10}"#.into(), NUM.into(), true),
+        (
+            "multipleOf divided (10 to 5)",
+            r#"{"type":"number","multipleOf":10}"#.into(),
+            r#"{"type":"number","multipleOf":5}"#.into(),
+            true,
+        ),
+        (
+            "multipleOf not dividing (10 to 3)",
+            r#"{"type":"number","multipleOf":10}"#.into(),
+            r#"{"type":"number","multipleOf":3}"#.into(),
+            false,
+        ),
+        ("uniqueItems removed", r#"{"type":"array","uniqueItems":true}"#.into(), r#"{"type":"array"}"#.into(), true),
+        ("uniqueItems added", r#"{"type":"array"}"#.into(), r#"{"type":"array","uniqueItems":true}"#.into(), false),
+        ("dependency removed", r#"{"dependencies":{"a":["b"]}}"#.into(), "{}".into(), true),
+        ("dependency added", "{}".into(), r#"{"dependencies":{"a":["b"]}}"#.into(), false),
+        // Stricter than Confluent's list, which takes a required name the reader adds as harmless
+        // when no property declares it: an old document without it fails the new schema.
+        (
+            "required name changed (Confluent: compatible)",
+            obj(s, true, r#","required":["a"]"#),
+            obj(s, true, r#","required":["b"]"#),
+            false,
+        ),
     ]
+}
+
+const STR: &str = r#"{"type":"string"}"#;
+const NUM: &str = r#"{"type":"number"}"#;
+const MAX5: &str = r#"{"type":"string","maxLength":5}"#;
+
+/// `{"<key>": [subs...]}`.
+fn one(key: &str, subs: &[&str]) -> String {
+    format!(r#"{{"{key}":[{}]}}"#, subs.join(","))
 }
 
 #[test]

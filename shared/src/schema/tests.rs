@@ -156,9 +156,12 @@ fn a_json_open_content_model_refuses_a_new_typed_property_backward() {
 #[test]
 fn a_json_keyword_the_rules_do_not_model_is_reported_when_it_changes() {
     let old = schema(Kind::Json, r#"{"type":"string","pattern":"^a"}"#);
-    let new = schema(Kind::Json, r#"{"type":"string","pattern":"^b"}"#);
+    let new = schema(Kind::Json, r#"{"type":"string","pattern":"^a","if":{"maxLength":3}}"#);
     let e = check(Compatibility::Backward, &new, std::slice::from_ref(&old)).unwrap_err();
     assert_eq!(e.problems[0].rule, "keyword not checked");
+    let other = schema(Kind::Json, r#"{"type":"string","pattern":"^b"}"#);
+    let e = check(Compatibility::Backward, &other, std::slice::from_ref(&old)).unwrap_err();
+    assert_eq!(e.problems[0].rule, "pattern added or changed");
     let same = schema(Kind::Json, r#"{"pattern":"^a","type":"string","title":"x"}"#);
     assert!(check(Compatibility::Full, &same, &[old]).is_ok());
 }
