@@ -44,8 +44,9 @@ shared::metrics! {
     }
 }
 
-/// A version's framing by content id, from the store.
-type Lookup = dyn Fn(String) -> BoxFuture<'static, Option<Vec<u8>>> + Send + Sync;
+/// A version's framing by content id, from the store; `Err` when the store could not be read
+/// (not kept: the next record asks again).
+type Lookup = dyn Fn(String) -> BoxFuture<'static, Result<Option<Vec<u8>>, ()>> + Send + Sync;
 
 impl std::fmt::Debug for Framer {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -72,19 +73,19 @@ impl Framer {
         if classes.is_empty() {
             return None;
         }
-        let lookup = move |id: String| -> BoxFuture<'static, Option<Vec<u8>>> {
+        let lookup = move |id: String| -> BoxFuture<'static, Result<Option<Vec<u8>>, ()>> {
             let store = store.clone();
             Box::pin(async move {
                 let all = match super::all_versions(&*store).await {
                     Ok(all) => all,
                     Err(e) => {
                         tracing::warn!(error = %e, "registry: versions not read; records go unframed until they are");
-                        return None;
+                        return Err(());
                     }
                 };
-                let v = all.into_iter().find(|v| v.id == id)?;
+                let Some(v) = all.into_iter().find(|v| v.id == id) else { return Ok(None) };
                 let number = v.registry_id();
-                Some(Schema::parse(v.source).ok()?.confluent_prefix(number))
+                Ok(Schema::parse(v.source).ok().map(|s| s.confluent_prefix(number)))
             })
         };
         Some(Arc::new(Self { classes: classes.to_vec(), cache: Mutex::default(), lookup: Box::new(lookup), metrics }))
@@ -99,7 +100,9 @@ impl Framer {
         if let Some(known) = self.cache.lock().unwrap_or_else(PoisonError::into_inner).get(id) {
             return known.clone();
         }
-        let found: Option<Arc<[u8]>> = (self.lookup)(id.to_owned()).await.map(Into::into);
+        // A store that could not be read is asked again by the next record, not taken as an
+        // unknown version for good.
+        let found: Option<Arc<[u8]>> = (self.lookup)(id.to_owned()).await.ok()?.map(Into::into);
         let mut cache = self.cache.lock().unwrap_or_else(PoisonError::into_inner);
         if cache.len() >= MAX_CACHED {
             cache.clear();
@@ -171,7 +174,7 @@ mod tests {
             cache: Mutex::default(),
             lookup: Box::new(move |id| {
                 counter.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                Box::pin(async move { (id == "aa").then(|| vec![0, 0, 0, 0, 9]) })
+                Box::pin(async move { Ok((id == "aa").then(|| vec![0, 0, 0, 0, 9])) })
             }),
             metrics: Arc::default(),
         };
