@@ -89,6 +89,7 @@ mod damage;
 pub mod fault;
 pub mod inspect;
 mod integrity;
+mod ledger;
 mod migrate;
 pub mod recovery;
 pub(crate) mod salvage;

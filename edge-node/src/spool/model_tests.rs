@@ -341,6 +341,45 @@ proptest! {
     }
 }
 
+/// The seam of the reads' ledger (`ledger.rs`) and eviction: records read, some of them evicted
+/// before the cloud acks them, then acked. The ack must not count what eviction took already;
+/// the usage kept must equal what a fresh count of the database finds at the next open.
+#[test]
+fn usage_stays_exact_when_eviction_takes_records_between_a_read_and_its_ack() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("spool.db");
+    let mut spool = open(&path).with_budget(96 * 1024);
+    for _ in 0..20 {
+        spool.append(Lane(2), message(&[2; 1500]), Durability::Normal);
+    }
+    spool.flush().unwrap();
+    // A first ack sweeps the lane, so the next ones may be counted from the reads.
+    assert_eq!(spool.ack(Lane(2), Seq(2)).unwrap(), 2);
+    let read = spool.read(Lane(2), Seq(2), 100).unwrap();
+    assert_eq!(read.len(), 18);
+    // Higher-priority records crowd the read ones out.
+    for i in 0..40u32 {
+        spool.append(Lane(0), message(&i.to_be_bytes().repeat(400)), Durability::Normal);
+    }
+    spool.flush().unwrap();
+    // Counted beside the spool, so no read of its own mends the ledger.
+    let left: u64 = rusqlite::Connection::open(&path)
+        .unwrap()
+        .query_row("SELECT count(*) FROM records WHERE lane = 2 AND kind = 0 AND seq <= 20", [], |r| r.get(0))
+        .unwrap();
+    assert!(left < 18, "the budget evicted some of the read records");
+    assert_eq!(spool.ack(Lane(2), Seq(20)).unwrap(), left, "an ack counts only what is still there");
+    let kept: Vec<(u64, u64)> = spool.usage().map(|u| (u.records, u.bytes)).collect();
+    spool.close().unwrap();
+    // A database without the clean-close note is counted afresh at its open.
+    let conn = rusqlite::Connection::open(&path).unwrap();
+    conn.execute("DELETE FROM meta WHERE key IN ('closed_cleanly', 'usage', 'usage_lanes')", []).unwrap();
+    drop(conn);
+    let reopened = open(&path);
+    let counted: Vec<(u64, u64)> = reopened.usage().map(|u| (u.records, u.bytes)).collect();
+    assert_eq!(kept, counted);
+}
+
 #[test]
 fn full_message_is_refused_when_only_higher_priorities_could_make_room() {
     let dir = tempfile::tempdir().unwrap();
