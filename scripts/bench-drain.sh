@@ -100,28 +100,41 @@ for r in $(seq "$repeats"); do
   start=$(date +%s.%N)
   "${EDGE_NODE:-$bin/edge-node}" run --config "$work/edge-$r.toml" --ready-file "$work/edge-$r.json" 2> "$work/edge-$r.log" &
   edge_pid=$!; pids+=("$edge_pid")
-  # One kept-alive HTTP connection polled every 20 ms: a curl per poll cost a tenth of a core,
-  # taken from the pipeline being measured.
+  # One kept-alive HTTP connection polled every 100 ms: a curl per poll cost a tenth of a core,
+  # and a scrape every 20 ms a tenth of the bridge's runtime CPU (its process figures read from
+  # /proc at each), both taken from the pipeline being measured. The rate is taken between the
+  # first poll that saw records and the last one before the drain ended, so the poll interval
+  # does not stretch the drain.
   target=$count; [ -z "${START_ONLY:-}" ] || target=1
-  read -r first first_n < <(python3 - "$chttp" "$target" <<'EOP'
+  read -r first first_n last last_n < <(python3 - "$chttp" "$target" <<'EOP'
 import http.client, sys, time
 conn = http.client.HTTPConnection(sys.argv[1])
-first = None
+first = last = None
 while True:
     conn.request("GET", "/metrics")
     body = conn.getresponse().read().decode()
     done = sum(int(float(l.split()[1])) for l in body.splitlines() if l.startswith("bridge_records_total "))
+    now = time.time()
     if first is None and done > 0:
-        first = (time.time(), done)
+        first = (now, done)
     if done >= int(sys.argv[2]):
         break
-    time.sleep(0.02)
-print(f"{first[0]} {first[1]}")
+    if done > 0:
+        last = (now, done)
+    time.sleep(0.1)
+if last is None or last[0] <= first[0]:
+    last = (now, done)
+print(f"{first[0]} {first[1]} {last[0]} {last[1]}")
 EOP
   )
   end=$(date +%s.%N)
-  # KEEP_METRICS=PREFIX keeps the bridge's /metrics after each drain as PREFIX-ROUND.
-  [ -z "${KEEP_METRICS:-}" ] || curl -s "http://$chttp/metrics" > "$KEEP_METRICS-$r"
+  # KEEP_METRICS=PREFIX keeps the bridge's /metrics after each drain as PREFIX-ROUND, the
+  # edge's as PREFIX-ROUND-edge.
+  if [ -n "${KEEP_METRICS:-}" ]; then
+    curl -s "http://$chttp/metrics" > "$KEEP_METRICS-$r"
+    ehttp=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["http"])' "$work/edge-$r.json")
+    curl -s "http://$ehttp/metrics" > "$KEEP_METRICS-$r-edge"
+  fi
   # CPU seconds each process used during the drain, to see who is busy.
   sink_during=$(python3 -c 'import sys; print(f"{float(sys.argv[1]) - float(sys.argv[2]):.2f}")' "$(cpu "$nats_pid")" "$sink_before")
   echo "cpu s: edge-node $(cpu "$edge_pid"), cloud-bridge $(cpu "$cloud_pid"), ${SINK:-nats-server} $sink_during" >&2
@@ -132,13 +145,14 @@ EOP
     rm -f "$work/spool-$r.db"*
     continue
   fi
-  drained=$(python3 - "$start" "$end" "$count" "$first" "$first_n" <<'EOP'
+  drained=$(python3 - "$start" "$end" "$count" "$first" "$first_n" "$last" "$last_n" <<'EOP'
 import json, sys
 start, end, count = float(sys.argv[1]), float(sys.argv[2]), int(sys.argv[3])
 first, first_n = float(sys.argv[4]), int(sys.argv[5])
-# From the first commit on: process start, the spool's integrity check and the QUIC handshake
-# are not the drain; they are printed apart.
-rate = (count - first_n) / (end - first)
+last, last_n = float(sys.argv[6]), int(sys.argv[7])
+# From the first commit seen on: process start, the spool's integrity check and the QUIC
+# handshake are not the drain; they are printed apart.
+rate = (last_n - first_n) / (last - first)
 print(f"edge start to first commit: {first - start:.2f} s", file=sys.stderr)
 print(json.dumps({"bridge_msg_per_s": round(rate)}))
 EOP
