@@ -55,6 +55,11 @@ impl Ledger {
     /// Notes what a read of `lane` after `after` returned.
     pub(super) fn read(&mut self, lane: Lane, after: u64, records: &[Record]) {
         let Some(last) = records.last() else { return };
+        if records.len() > MAX_ENTRIES {
+            // One read larger than the whole ledger (a huge `batch_records`): not kept.
+            self.drop_run(lane);
+            return;
+        }
         if self.entries + records.len() > MAX_ENTRIES {
             self.clear();
         }
@@ -82,8 +87,7 @@ impl Ledger {
                         }
                         // Too many names to keep: the lane's run is dropped, not made up.
                         None => {
-                            self.entries -= run.entries.len();
-                            self.runs.remove(&lane.0);
+                            self.drop_run(lane);
                             return;
                         }
                     };
@@ -98,7 +102,8 @@ impl Ledger {
     }
 
     /// What an ack of `lane` through `up_to` deletes, if the ledger knows it whole; the entries
-    /// it counts are let go. `None`: count from the database, then [`Ledger::swept`].
+    /// it counts are let go. `None`: count from the database. Either way [`Ledger::swept`]
+    /// once the delete is committed, [`Ledger::forget`] if it failed.
     pub(super) fn ack(&mut self, lane: Lane, up_to: u64) -> Option<Vec<ClassUsage>> {
         let swept = *self.swept.get(&lane.0)?;
         let run = self.runs.get_mut(&lane.0)?;
@@ -115,7 +120,6 @@ impl Ledger {
             }
         }
         run.from = run.from.max(up_to);
-        self.swept.insert(lane.0, up_to);
         let mut out: Vec<ClassUsage> = usage
             .into_iter()
             .map(|(c, (records, bytes))| ClassUsage { class: self.classes[c as usize].clone(), records, bytes })
@@ -141,6 +145,11 @@ impl Ledger {
     /// the lane is trusted until an ack counted from the database sweeps it again.
     pub(super) fn forget(&mut self, lane: Lane) {
         self.swept.remove(&lane.0);
+        self.drop_run(lane);
+    }
+
+    /// The lane's run let go; what was swept stays true.
+    fn drop_run(&mut self, lane: Lane) {
         if let Some(run) = self.runs.remove(&lane.0) {
             self.entries -= run.entries.len();
         }
@@ -195,6 +204,7 @@ mod tests {
         l.swept(Lane(1), 2);
         l.read(Lane(1), 5, &[message(6, "b", 9)]);
         let u = l.ack(Lane(1), 5).expect("whole");
+        l.swept(Lane(1), 5);
         // Seq 3 is a gap (not counted), 4 was never a row; sizes are payload + topic.
         assert_eq!(counted(&u), vec![("a", 1, 5)]);
         // Past what was read: from the database.
@@ -215,6 +225,7 @@ mod tests {
         // A resend reads again from inside the run: the same rows, kept once.
         l.read(Lane(1), 12, &[message(13, "a", 1)]);
         assert_eq!(counted(&l.ack(Lane(1), 13).unwrap()), vec![("a", 2, 4)]);
+        l.swept(Lane(1), 13);
         l.read(Lane(1), 13, &[message(14, "a", 1)]);
         l.forget(Lane(1));
         assert!(l.ack(Lane(1), 14).is_none());
@@ -231,5 +242,8 @@ mod tests {
             l.read(Lane(1), i * 1024, &records);
             assert!(l.entries <= MAX_ENTRIES);
         }
+        let huge: Vec<Record> = (1..=MAX_ENTRIES as u64 + 1).map(|s| message(s, "a", 1)).collect();
+        l.read(Lane(2), 0, &huge);
+        assert!(l.entries <= MAX_ENTRIES);
     }
 }

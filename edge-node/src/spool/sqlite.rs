@@ -566,11 +566,9 @@ impl Storage for SqliteStorage {
     fn ack(&mut self, lane: Lane, up_to: Seq) -> Result<Vec<ClassUsage>, SpoolError> {
         let (start, end) = (lane_start(lane), key(lane, up_to.0.min((1 << SEQ_BITS) - 1))?);
         let known = self.ledger.ack(lane, seq_of(end));
-        let from_ledger = known.is_some();
         let acked = self.ack_rows(lane, up_to, (start, end), known);
         match &acked {
-            Ok(_) if !from_ledger => self.ledger.swept(lane, seq_of(end)),
-            Ok(_) => {}
+            Ok(_) => self.ledger.swept(lane, seq_of(end)),
             Err(_) => self.ledger.forget(lane),
         }
         acked

@@ -101,5 +101,6 @@ fn process_cpu_seconds() -> f64 {
     let rest = stat.rsplit_once(')').map_or("", |(_, r)| r);
     let fields: Vec<&str> = rest.split_whitespace().collect();
     let ticks: f64 = fields.get(11..13).map_or(0.0, |f| f.iter().filter_map(|v| v.parse::<f64>().ok()).sum());
+    // USER_HZ, fixed at 100 by the kernel's ABI.
     ticks / 100.0
 }
