@@ -435,8 +435,9 @@ impl SimEdge {
 /// to the fleet view).
 fn refresh(edge: &mut Edge<'_>, policy: &mut SendPolicy) {
     let held = edge.stats.hold.load(Ordering::Relaxed);
-    for (lane, head) in edge.spool.commit(Instant::now(), held) {
-        policy.set_head(lane, head);
+    let now = Instant::now();
+    for (lane, head) in edge.spool.commit(now, held) {
+        policy.set_head(lane, head, now);
         edge.session.set_head(lane, head);
     }
 }

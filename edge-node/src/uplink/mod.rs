@@ -657,7 +657,7 @@ impl Uplink {
 
 async fn refresh(spool: &SpoolWriter, session: &mut EdgeSession, core: &mut Conn) -> Result<(), ConnEnd> {
     let h = spool.heads().await.map_err(ReadError::from)?;
-    core.set_heads(session, h.lanes.into_iter().map(|(lane, _, last)| (lane.0, last.0)));
+    core.set_heads(session, h.lanes.into_iter().map(|(lane, _, last)| (lane.0, last.0)), Instant::now());
     Ok(())
 }
 

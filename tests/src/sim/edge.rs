@@ -300,7 +300,7 @@ impl Edge {
             }
             if let Some((_, conn)) = p.link.as_mut() {
                 let heads = p.spool.heads().into_iter().map(|(l, _, last)| (l.0, last.0));
-                conn.set_heads(&mut p.session, heads);
+                conn.set_heads(&mut p.session, heads, now);
             }
         }
         // The uplink's timers.
@@ -616,7 +616,7 @@ impl EdgeProc {
                     self.spool.welcomed().expect("welcomed");
                     cx.trace.line(format!("{edge}: uplink ready, version {version}"));
                     let heads = self.spool.heads().into_iter().map(|(l, _, last)| (l.0, last.0));
-                    conn.set_heads(&mut self.session, heads);
+                    conn.set_heads(&mut self.session, heads, cx.now);
                 }
                 Io::DictStored(_) | Io::Model(_) | Io::Committed(_) | Io::Rtt(_) | Io::Degraded(_) => {}
             }

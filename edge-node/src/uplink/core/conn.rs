@@ -135,10 +135,10 @@ impl Conn {
         Ok(())
     }
 
-    /// The spool committed these lanes through these seqs.
-    pub fn set_heads(&mut self, session: &mut EdgeSession, heads: impl IntoIterator<Item = (u8, u64)>) {
+    /// The spool committed these lanes through these seqs, learnt at `now`.
+    pub fn set_heads(&mut self, session: &mut EdgeSession, heads: impl IntoIterator<Item = (u8, u64)>, now: Instant) {
         for (lane, last) in heads {
-            self.policy.set_head(lane, last);
+            self.policy.set_head(lane, last, now);
             session.set_head(lane, last);
         }
     }

@@ -6,6 +6,7 @@ use std::time::{Duration, Instant};
 use shared::proto::edge::{EdgeSession, EdgeSessionConfig};
 use shared::proto::{Ack, Control, LaneSeq, Welcome};
 
+use super::send::MAX_KNOWN;
 use super::*;
 use shared::proto::{Lane, Seq};
 
@@ -197,22 +198,63 @@ fn a_partial_batch_lingers_and_a_full_one_goes_at_once() {
     let t0 = Instant::now();
     let mut s = session(8, t0);
     let mut p = SendPolicy::new(LINGER, BATCH, 0.1);
-    p.set_head(0, 10);
+    p.set_head(0, 10, t0);
     assert!(pass(&mut p, &mut s, &[(0, 10)], t0).is_empty(), "10 records wait to fill a batch");
     assert_eq!(p.poll_timeout(), Some(t0 + LINGER));
     // Still short of a batch a moment before the linger is over: still waiting, same deadline.
-    p.set_head(0, 50);
     let almost = t0 + LINGER - Duration::from_millis(1);
+    p.set_head(0, 50, almost);
     assert!(pass(&mut p, &mut s, &[(0, 50)], almost).is_empty());
     assert_eq!(p.poll_timeout(), Some(t0 + LINGER), "the linger counts from the first waiting record");
     let reads = pass(&mut p, &mut s, &[(0, 50)], t0 + LINGER);
     assert_eq!(reads, [Read { lane: 0, after: 0, max: BATCH }]);
     assert_eq!(p.poll_timeout(), None);
     // A full batch does not wait.
-    p.set_head(0, 50 + BATCH as u64);
+    p.set_head(0, 50 + BATCH as u64, t0 + LINGER);
     let reads = pass(&mut p, &mut s, &[(0, 50 + BATCH as u64)], t0 + LINGER);
     assert_eq!(reads, [Read { lane: 0, after: 50, max: BATCH }]);
     assert!(p.is_full(BATCH) && !p.is_full(BATCH - 1));
+}
+
+/// The rest of a backlog lingers from when it became known, not from the last full batch: after
+/// a reconnect, the partial batch at the end of an hour's backlog waited a whole linger (1 s by
+/// default) after the full batches before it, a second of a two-second drain.
+#[test]
+fn the_rest_of_a_backlog_lingers_from_when_it_became_known() {
+    let t0 = Instant::now();
+    let mut s = session(2, t0);
+    let mut p = SendPolicy::new(LINGER, BATCH, 0.1);
+    let last = 2 * BATCH as u64 + 50;
+    p.set_head(0, last, t0);
+    let reads = pass(&mut p, &mut s, &[(0, last)], t0);
+    assert_eq!(reads.len(), 2, "two full batches, the window");
+    // The window opens 900 ms on: the 50 left are not a batch and have waited 900 ms.
+    let later = t0 + Duration::from_millis(900);
+    s.handle(Control::Ack(Ack { lane: Lane(0), up_to: Seq(2 * BATCH as u64) }), later).unwrap();
+    assert!(pass(&mut p, &mut s, &[(0, last)], later).is_empty());
+    assert_eq!(p.poll_timeout(), Some(t0 + LINGER), "due a linger after they were known");
+    let reads = pass(&mut p, &mut s, &[(0, last)], t0 + LINGER);
+    assert_eq!(reads, [Read { lane: 0, after: 2 * BATCH as u64, max: BATCH }]);
+}
+
+/// What times a lane's records is bounded however often the spool commits, and still times
+/// the first waiting record from when it became known; records deleted before they were read
+/// keep the time of those before them.
+#[test]
+fn a_lanes_record_times_are_bounded_and_keep_the_oldest() {
+    let t0 = Instant::now();
+    let mut s = session(8, t0);
+    let mut p = SendPolicy::new(LINGER, 1_000_000, 0.1);
+    for i in 1..=10_000u64 {
+        p.set_head(0, i, t0 + Duration::from_micros(i * 10));
+    }
+    assert!(p.known_len(0) <= MAX_KNOWN, "{} entries", p.known_len(0));
+    assert!(pass(&mut p, &mut s, &[(0, 10_000)], t0 + Duration::from_millis(500)).is_empty());
+    assert_eq!(p.poll_timeout(), Some(t0 + Duration::from_micros(10) + LINGER));
+    // The head goes back (the spool dropped its newest records): still the oldest time.
+    p.set_head(0, 5, t0 + Duration::from_millis(600));
+    assert!(pass(&mut p, &mut s, &[(0, 5)], t0 + Duration::from_millis(600)).is_empty());
+    assert_eq!(p.poll_timeout(), Some(t0 + Duration::from_micros(10) + LINGER));
 }
 
 #[test]
@@ -220,10 +262,10 @@ fn once_one_lane_has_lingered_every_lane_with_records_goes_in_the_same_pass() {
     let t0 = Instant::now();
     let mut s = session(8, t0);
     let mut p = SendPolicy::new(LINGER, BATCH, 0.1);
-    p.set_head(2, 5);
+    p.set_head(2, 5, t0);
     assert!(pass(&mut p, &mut s, &[(2, 5)], t0).is_empty());
     let later = t0 + Duration::from_millis(900);
-    p.set_head(5, 3);
+    p.set_head(5, 3, later);
     assert!(pass(&mut p, &mut s, &[(2, 5), (5, 3)], later).is_empty());
     assert_eq!(p.poll_timeout(), Some(t0 + LINGER), "the earliest lane's deadline");
     let reads = pass(&mut p, &mut s, &[(2, 5), (5, 3)], t0 + LINGER);
@@ -236,7 +278,7 @@ fn a_full_window_reads_nothing_until_an_ack() {
     let t0 = Instant::now();
     let mut s = session(2, t0);
     let mut p = SendPolicy::new(Duration::ZERO, 10, 0.1);
-    p.set_head(0, 1000);
+    p.set_head(0, 1000, t0);
     let reads = pass(&mut p, &mut s, &[(0, 1000)], t0);
     assert_eq!(reads.len(), 2, "two batches in flight at most");
     assert!(pass(&mut p, &mut s, &[(0, 1000)], t0).is_empty());
@@ -252,7 +294,7 @@ fn a_backlogged_high_lane_leaves_the_lower_lanes_their_share() {
     let mut p = SendPolicy::new(LINGER, 10, 0.1);
     let heads = [(0, 100_000), (3, 100_000), (7, 100_000)];
     for (lane, last) in heads {
-        p.set_head(lane, last);
+        p.set_head(lane, last, t0);
     }
     let mut count = std::collections::BTreeMap::<u8, usize>::new();
     let mut reads = 0;
@@ -272,7 +314,7 @@ fn a_read_that_finds_nothing_moves_the_head_and_stops_asking() {
     let mut s = session(8, t0);
     let mut p = SendPolicy::new(Duration::ZERO, BATCH, 0.1);
     // The heads said 40, but the records were deleted (acked by a mark) before the read.
-    p.set_head(0, 40);
+    p.set_head(0, 40, t0);
     assert!(pass(&mut p, &mut s, &[(0, 0)], t0).is_empty());
     p.begin();
     assert_eq!(p.poll_read(&s, t0), None, "no read again until a new head");
