@@ -103,8 +103,9 @@ for r in $(seq "$repeats"); do
   # One kept-alive HTTP connection polled every 100 ms: a curl per poll cost a tenth of a core,
   # and a scrape every 20 ms a tenth of the bridge's runtime CPU (its process figures read from
   # /proc at each), both taken from the pipeline being measured. The rate is taken between the
-  # first poll that saw records and the last one before the drain ended, so the poll interval
-  # does not stretch the drain.
+  # first poll that saw records and the first that saw the last count before the end, so the
+  # poll interval does not stretch the drain, nor a pause before its last records (it took a
+  # whole linger, 1 s of a 2 s drain, until the edge timed its records from when it knew them).
   target=$count; [ -z "${START_ONLY:-}" ] || target=1
   read -r first first_n last last_n < <(python3 - "$chttp" "$target" <<'EOP'
 import http.client, sys, time
@@ -119,7 +120,7 @@ while True:
         first = (now, done)
     if done >= int(sys.argv[2]):
         break
-    if done > 0:
+    if done > 0 and (last is None or done > last[1]):
         last = (now, done)
     time.sleep(0.1)
 if last is None or last[0] <= first[0]:
@@ -154,13 +155,18 @@ last, last_n = float(sys.argv[6]), int(sys.argv[7])
 # handshake are not the drain; they are printed apart.
 # A drain over within one poll has no two polls inside it: then up to the end, as before.
 rate = (last_n - first_n) / (last - first) if last_n > first_n and last > first else (count - first_n) / max(end - first, 1e-3)
-print(f"edge start to first commit: {first - start:.2f} s", file=sys.stderr)
+print(f"edge start to first commit: {first - start:.2f} s; first commit to the last record: {end - first:.2f} s", file=sys.stderr)
 print(json.dumps({"bridge_msg_per_s": round(rate)}))
 EOP
   )
   kill "$edge_pid" "$cloud_pid" 2>/dev/null || true
   [ "${SINK:-}" = kafka ] || kill "$nats_pid" 2>/dev/null || true
   wait "$edge_pid" "$cloud_pid" 2>/dev/null || true
+  # KEEP_LOGS=PREFIX keeps both processes' logs as PREFIX-ROUND-edge.log and -cloud.log.
+  if [ -n "${KEEP_LOGS:-}" ]; then
+    cp "$work/edge-$r.log" "$KEEP_LOGS-$r-edge.log"
+    cp "$work/cloud-$r.log" "$KEEP_LOGS-$r-cloud.log"
+  fi
   raw_after=$(raw_run "$r-after")
   if [ "${SINK:-}" = kafka ]; then kill "$kafka_pid"; wait "$kafka_pid" 2>/dev/null || true; fi
   python3 - "$raw_before" "$raw_after" "$drained" <<'EOP'
