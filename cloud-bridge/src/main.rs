@@ -52,7 +52,7 @@ enum Command {
         #[command(subcommand)]
         command: RecordsCommand,
     },
-    /// Records the JetStream sink refused for themselves and set aside: list, replay.
+    /// Records the JetStream or Kafka sink refused for themselves and set aside: list, replay.
     DeadLetters {
         #[command(subcommand)]
         command: DeadLettersCommand,
@@ -197,11 +197,12 @@ enum DeadLettersCommand {
         json: bool,
     },
     /// Publishes dead letters again on their subjects (after raising the limit that refused
-    /// them) and deletes each once JetStream acked it.
+    /// them) and deletes each once JetStream acked it; on Kafka, produces each to its topic
+    /// with a note that it was replayed, in one transaction.
     Replay {
         #[arg(long, default_value_os_t = default_config())]
         config: PathBuf,
-        /// Their stream sequences (`dead-letters list`).
+        /// Their sequences (`dead-letters list`).
         #[arg(required_unless_present = "all")]
         seqs: Vec<u64>,
         /// Every dead letter.

@@ -1,6 +1,6 @@
 //! What reached the sink, for an operator: `cloud-bridge records tail|count` (every sink) and
 //! `cloud-bridge dead-letters list` (JetStream and Kafka; the SQLite sink stores every record
-//! and has none) and `replay` (JetStream). Read without a running bridge, from the `[sink]` of its config, by the backend's
+//! and has none) and `replay`. Read without a running bridge, from the `[sink]` of its config, by the backend's
 //! own `inspect.rs`.
 
 use std::collections::BTreeMap;
@@ -67,10 +67,6 @@ pub async fn replay(sink: &SinkConfig, seqs: &[u64]) -> Result<Vec<(u64, Result<
         SinkConfig::Jetstream { url, stream, subject_prefix, .. } => {
             js::replay(Records { url, stream, subject_prefix }, seqs).await
         }
-        SinkConfig::Kafka(_) => Err(SinkError::Invalid {
-            what: "replay",
-            reason: "not on the Kafka sink: a dead letter's headers say where it was refused; produce it there again"
-                .into(),
-        }),
+        SinkConfig::Kafka(settings) => Inspect::new(settings)?.replay(seqs).await,
     }
 }

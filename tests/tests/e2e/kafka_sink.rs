@@ -9,6 +9,7 @@ use std::collections::BTreeMap;
 use std::process::Stdio;
 use std::time::Duration;
 
+use cloud_bridge::sink::inspect;
 use cloud_bridge::sink::kafka::KafkaSink;
 use cloud_bridge::sink::kafka::settings::KafkaSettings;
 use cloud_bridge::sink::schemas::SchemaStore;
@@ -272,7 +273,10 @@ async fn a_mark_behind_another_lanes_open_transaction_is_waited_for_before_a_res
 /// [issue 44] What Kafka could never take stops no lane: a record over `max_message_bytes` goes
 /// to the dead-letter topic without its payload, and one whose topic would pass `max_topics`
 /// with it, each with `Edge-Refused` and the topic it was for; the mark passes both. Epochs past
-/// `limits.epochs_per_edge` retire the oldest and its marks.
+/// `limits.epochs_per_edge` retire the oldest and its marks. `dead-letters replay` refuses the
+/// letter without a payload, and the other while `max_topics` still refuses its topic; once
+/// raised, the record goes to its topic with its headers, once however often it is asked, and
+/// the letter is no longer listed.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn what_kafka_cannot_take_is_set_aside_and_the_lane_goes_on() {
     let broker = KafkaBroker::start();
@@ -305,6 +309,32 @@ async fn what_kafka_cannot_take_is_set_aside_and_the_lane_goes_on() {
     assert_eq!(third["headers"]["Edge-Refused"], "topics");
     assert_eq!(third["headers"]["Edge-Topic"], "edge.other");
     assert_eq!(third["value"], "a third topic");
+
+    let config = |max_topics| {
+        let mut s = KafkaSettings::new(&broker.bootstrap());
+        s.partitions = 3;
+        s.topic = "edge.{1}".into();
+        s.max_topics = max_topics;
+        cloud_bridge::sink::config::SinkConfig::Kafka(s)
+    };
+    let letters = inspect::dead_letters(&config(1), None).await.unwrap();
+    let seq_of = |reason: &str| letters.iter().find(|l| l.reason == reason).unwrap().seq;
+    let (large, topics) = (seq_of("too_large"), seq_of("topics"));
+    let outcome = |r: Vec<(u64, Result<String, SinkError>)>| r.into_iter().map(|(_, o)| o).collect::<Vec<_>>();
+    let refused = outcome(inspect::replay(&config(1), &[large, topics]).await.unwrap());
+    assert!(matches!(&refused[0], Err(e) if e.to_string().contains("too large")), "{refused:?}");
+    assert!(matches!(&refused[1], Err(e) if e.to_string().contains("max_topics")), "{refused:?}");
+    let replayed = outcome(inspect::replay(&config(2), &[topics]).await.unwrap());
+    assert_eq!(replayed[0].as_deref().ok(), Some("edge.other"), "{replayed:?}");
+    let again = outcome(inspect::replay(&config(2), &[topics]).await.unwrap());
+    assert!(matches!(&again[0], Err(e) if e.to_string().contains("replayed already")), "{again:?}");
+    let other = broker.read("edge.other", "read_committed").await;
+    assert_eq!(seqs(&other), ["ep1:0:3"], "once");
+    assert_eq!(other[0]["value"], "a third topic");
+    assert_eq!(other[0]["headers"]["Mqtt-Topic"], "other/a");
+    assert!(other[0]["headers"].get("Edge-Refused").is_none(), "{other:?}");
+    let left = inspect::dead_letters(&config(2), None).await.unwrap();
+    assert_eq!(left.iter().map(|l| l.seq).collect::<Vec<_>>(), [large], "the replayed letter is not listed");
 
     // One epoch per edge: a second retires the first and deletes its marks.
     assert_eq!(sink.admit_epoch("edge-2", "ep2").await.unwrap(), EpochVerdict::Added { retired: vec!["ep1".into()] });
