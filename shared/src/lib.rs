@@ -27,6 +27,6 @@ pub mod testing;
 #[cfg(feature = "tls")]
 pub mod tls;
 pub mod topic;
-#[cfg(feature = "otlp")]
+#[cfg(feature = "trace")]
 pub mod trace;
 pub mod units;

@@ -24,6 +24,10 @@
 //! an edge traced: past the rate its `sink commit` spans may hang under `uplink send` spans
 //! the edge did not make. Off by default: no `endpoint`, no
 //! exporter thread, nothing read.
+//!
+//! Built without the `otlp` feature (the smallest gateways' edge-node), the exporter and its
+//! HTTP stack are left out: the tracer is always off, and a config that names an `endpoint` is
+//! refused at that key. Trace context still travels with every message.
 
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
@@ -31,12 +35,16 @@ use prometheus_client::metrics::family::Family;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
+#[cfg(feature = "otlp")]
 use opentelemetry::Context;
 pub use opentelemetry::KeyValue;
+use opentelemetry::trace::SpanKind;
+#[cfg(feature = "otlp")]
 use opentelemetry::trace::{
-    Span as _, SpanBuilder, SpanContext, SpanId, SpanKind, TraceContextExt, TraceFlags, TraceId, TraceState,
-    Tracer as _, TracerProvider as _,
+    Span as _, SpanBuilder, SpanContext, SpanId, TraceContextExt, TraceFlags, TraceId, TraceState, Tracer as _,
+    TracerProvider as _,
 };
+#[cfg(feature = "otlp")]
 use opentelemetry_sdk::trace::{
     BatchConfigBuilder, BatchSpanProcessor, IdGenerator, RandomIdGenerator, SdkTracerProvider,
 };
@@ -44,10 +52,13 @@ use serde::{Deserialize, Serialize};
 
 use crate::units::HumanDuration;
 
+#[cfg_attr(not(feature = "otlp"), allow(dead_code))]
 mod admit;
 
+#[cfg(feature = "otlp")]
+use admit::COUNT_BITS;
 pub use admit::Stage;
-use admit::{Admitted, COUNT_BITS, Window};
+use admit::{Admitted, Window};
 
 /// The user property names of W3C Trace Context, as MQTT 5 carries them.
 pub(crate) const TRACEPARENT: &str = "traceparent";
@@ -112,6 +123,7 @@ impl TraceParent {
         format!("00-{}-{}-{:02x}", hex(&self.trace_id), hex(&self.span_id), u8::from(self.sampled))
     }
 
+    #[cfg(feature = "otlp")]
     fn context(&self) -> Context {
         let state = self.state.as_deref().and_then(|s| s.parse::<TraceState>().ok()).unwrap_or_default();
         let flags = if self.sampled { TraceFlags::SAMPLED } else { TraceFlags::default() };
@@ -218,8 +230,15 @@ impl TracingConfig {
         {
             p.bad("tracing.endpoint", why);
         }
+        if self.endpoint.is_some() && !cfg!(feature = "otlp") {
+            p.bad("tracing.endpoint", NO_EXPORTER);
+        }
     }
 }
+
+/// Why a build without the `otlp` feature takes no `endpoint`.
+const NO_EXPORTER: &str = "this edge-node was built without the OTLP exporter (cargo feature `otlp`); \
+    remove the endpoint, or use a build with it";
 
 /// The traces URL of an endpoint: `/v1/traces` added to a bare base.
 fn traces_url(endpoint: &str) -> Result<String, String> {
@@ -240,13 +259,16 @@ fn traces_url(endpoint: &str) -> Result<String, String> {
 
 /// Span ids handed to the SDK: the one set for the next span on this thread, else random.
 /// The SDK's span builder takes no id, and the `uplink send` span needs its derived one.
+#[cfg(feature = "otlp")]
 #[derive(Debug, Default)]
 struct Ids(RandomIdGenerator);
 
+#[cfg(feature = "otlp")]
 thread_local! {
     static NEXT_SPAN_ID: std::cell::Cell<Option<[u8; 8]>> = const { std::cell::Cell::new(None) };
 }
 
+#[cfg(feature = "otlp")]
 impl IdGenerator for Ids {
     fn new_trace_id(&self) -> TraceId {
         self.0.new_trace_id()
@@ -300,9 +322,13 @@ pub struct Tracer {
     counts: Arc<TraceCounts>,
 }
 
+/// Made only by the exporter: without it (no `otlp` feature) a tracer is always off.
 #[derive(Debug)]
+#[cfg_attr(not(feature = "otlp"), allow(dead_code))]
 struct Inner {
+    #[cfg(feature = "otlp")]
     provider: SdkTracerProvider,
+    #[cfg(feature = "otlp")]
     tracer: opentelemetry_sdk::trace::Tracer,
     /// Sampled trace ids whose low 63 bits are under this are exported.
     ratio_bound: u64,
@@ -347,6 +373,23 @@ impl Tracer {
     ) -> Result<Self, String> {
         let Some(endpoint) = &config.endpoint else { return Ok(Self { inner: None, counts }) };
         let url = traces_url(endpoint)?;
+        #[cfg(not(feature = "otlp"))]
+        {
+            let _ = (url, service, version);
+            Err(format!("tracing.endpoint: {NO_EXPORTER}"))
+        }
+        #[cfg(feature = "otlp")]
+        Self::export(config, url, service, version, counts)
+    }
+
+    #[cfg(feature = "otlp")]
+    fn export(
+        config: &TracingConfig,
+        url: String,
+        service: &str,
+        version: &str,
+        counts: Arc<TraceCounts>,
+    ) -> Result<Self, String> {
         use opentelemetry_otlp::WithExportConfig;
         let exporter = opentelemetry_otlp::SpanExporter::builder()
             .with_http()
@@ -441,11 +484,25 @@ impl Tracer {
     }
 
     /// A new random span id, for a span whose children are recorded before it.
+    #[cfg(feature = "otlp")]
     pub fn new_span_id(&self) -> [u8; 8] {
         Ids::default().0.new_span_id().to_bytes()
     }
 
+    /// A new span id: without the exporter no span is recorded, so any id not zero does.
+    #[cfg(not(feature = "otlp"))]
+    pub fn new_span_id(&self) -> [u8; 8] {
+        [1; 8]
+    }
+
     /// Exports one span; returns its id.
+    #[cfg(not(feature = "otlp"))]
+    pub fn record(&self, _span: SpanRecord<'_>) -> Option<[u8; 8]> {
+        None
+    }
+
+    /// Exports one span; returns its id.
+    #[cfg(feature = "otlp")]
     pub fn record(&self, span: SpanRecord<'_>) -> Option<[u8; 8]> {
         let inner = self.inner.as_ref()?;
         let builder = SpanBuilder::from_name(span.name)
@@ -464,6 +521,7 @@ impl Tracer {
 
     /// Exports what is queued and stops the exporter.
     pub fn shutdown(&self) {
+        #[cfg(feature = "otlp")]
         if let Some(inner) = &self.inner {
             let _ = inner.provider.force_flush();
             let _ = inner.provider.shutdown();
@@ -538,6 +596,28 @@ mod tests {
         assert_eq!(keys, ["tracing.sample_ratio", "tracing.max_queue"]);
     }
 
+    /// The smallest gateways' build: an `endpoint` is refused at its key, by the check and by
+    /// a start, and a message's context still parses (it travels with the message).
+    #[cfg(not(feature = "otlp"))]
+    #[test]
+    fn without_the_exporter_an_endpoint_is_refused_and_the_context_still_parses() {
+        let config = TracingConfig { endpoint: Some("http://127.0.0.1:4318".into()), ..Default::default() };
+        let mut p = crate::check::Problems::default();
+        config.check(&mut p);
+        let problems = p.into_vec();
+        assert_eq!(problems.len(), 1, "{problems:?}");
+        assert_eq!(problems[0].key, "tracing.endpoint");
+        assert!(problems[0].reason.contains("without the OTLP exporter"), "{}", problems[0].reason);
+        let err = Tracer::start(&config, "test", "0", Arc::default()).unwrap_err();
+        assert!(err.contains("tracing.endpoint") && err.contains("`otlp`"), "{err}");
+        let off = Tracer::start(&TracingConfig::default(), "test", "0", Arc::default()).unwrap();
+        assert!(!off.is_on());
+        let user = vec![("traceparent".to_owned(), VALID.to_owned())];
+        assert_eq!(off.message(&user), None);
+        assert!(TraceParent::of_properties(&user).is_some_and(|p| p.sampled));
+    }
+
+    #[cfg(feature = "otlp")]
     #[test]
     fn off_traces_nothing_and_the_rate_bounds_what_is_traced() {
         let user = vec![("traceparent".to_owned(), VALID.to_owned())];
