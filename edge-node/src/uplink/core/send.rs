@@ -114,8 +114,11 @@ impl SendPolicy {
                 known.push_back((last, now));
             }
             let since = known.front().expect("just filled").1;
-            self.flushing |= now >= since + self.linger;
-            waiting.push((Lane(lane), last - next + 1 >= self.batch_records as u64, since + self.linger));
+            let full = last - next + 1 >= self.batch_records as u64;
+            // Only a lane that waits to fill calls the others out: a backlog's full batches go
+            // anyway, and their age is no reason to send other lanes' few records early.
+            self.flushing |= !full && now >= since + self.linger;
+            waiting.push((Lane(lane), full, since + self.linger));
         }
         let mut due = Vec::new();
         for (lane, full, until) in waiting {

@@ -237,6 +237,23 @@ fn the_rest_of_a_backlog_lingers_from_when_it_became_known() {
     assert_eq!(reads, [Read { lane: 0, after: 2 * BATCH as u64, max: BATCH }]);
 }
 
+/// An old backlog's full batches do not call other lanes' few records out early: only a lane
+/// whose partial batch has lingered does.
+#[test]
+fn a_backlogs_age_does_not_flush_other_lanes() {
+    let t0 = Instant::now();
+    let mut s = session(1_000_000, t0);
+    let mut p = SendPolicy::new(LINGER, BATCH, 0.1);
+    let backlog = 20 * BATCH as u64;
+    p.set_head(0, backlog, t0);
+    let later = t0 + LINGER + Duration::from_millis(100);
+    p.set_head(5, 3, later - Duration::from_millis(50));
+    let reads = pass(&mut p, &mut s, &[(0, backlog), (5, 3)], later);
+    assert_eq!(reads.len(), 20, "the backlog's full batches");
+    assert!(reads.iter().all(|r| r.lane == 0), "lane 5 has lingered 50 ms: {reads:?}");
+    assert_eq!(p.poll_timeout(), Some(later - Duration::from_millis(50) + LINGER));
+}
+
 /// What times a lane's records is bounded however often the spool commits, and still times
 /// the first waiting record from when it became known; records deleted before they were read
 /// keep the time of those before them.
