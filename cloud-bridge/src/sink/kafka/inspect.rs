@@ -133,9 +133,13 @@ impl Inspect {
     /// 100,000 per partition, oldest first.
     pub(crate) async fn dead_letters(&self, edge: Option<&str>) -> Result<Vec<DeadLetter>, SinkError> {
         let topic = self.settings.dead_letter_topic.clone();
-        let state = self.state().await?;
         let mut all = self.letters(edge).await?;
-        all.retain(|(p, f)| state.as_ref().is_none_or(|s| s.get(&replayed_key(*p, f.offset)).is_none()));
+        // The state topic is read whole for its replay notes: only when there is a letter to
+        // check (the console asks every few seconds, and most sinks have none).
+        if !all.is_empty() {
+            let state = self.state().await?;
+            all.retain(|(p, f)| state.as_ref().is_none_or(|s| s.get(&replayed_key(*p, f.offset)).is_none()));
+        }
         all.sort_by_key(|(_, f)| (f.at_ms, f.offset));
         Ok(all
             .into_iter()
