@@ -64,7 +64,7 @@ enum Command {
     },
     /// Stores a message for a local MQTT topic of one edge, a group or every edge; each edge's
     /// bridge delivers it once the edge is connected. Exit 1 if any edge's backlog refused it.
-    Send(SendArgs),
+    Send(Box<SendArgs>),
     /// The schema registry: register and check versions of a subject, list, show.
     Schema {
         #[arg(long, global = true, default_value_os_t = default_config())]
@@ -80,8 +80,8 @@ enum Command {
 }
 
 #[derive(clap::Args)]
-#[command(group = clap::ArgGroup::new("target").required(true).args(["edge", "group", "all"]))]
-#[command(group = clap::ArgGroup::new("body").required(true).args(["payload", "file"]))]
+#[command(group = clap::ArgGroup::new("target").required(true).args(["edge", "group", "all", "lines"]))]
+#[command(group = clap::ArgGroup::new("body").required(true).args(["payload", "file", "lines"]))]
 struct SendArgs {
     #[arg(long, default_value_os_t = default_config())]
     config: PathBuf,
@@ -104,8 +104,8 @@ struct SendArgs {
     #[arg(long)]
     all: bool,
     /// The local MQTT topic.
-    #[arg(long)]
-    topic: String,
+    #[arg(long, required_unless_present = "lines")]
+    topic: Option<String>,
     #[arg(long, default_value_t = 1)]
     qos: u8,
     #[arg(long)]
@@ -128,6 +128,17 @@ struct SendArgs {
     /// The payload, from a file.
     #[arg(long)]
     file: Option<PathBuf>,
+    /// Many messages, from a file (`-`: standard input) of JSON lines, each its own message
+    /// with its target: the keys are these flags with `_` for `-` (`edges` a list;
+    /// `payload_base64` for bytes; `user_properties` a list of `[name, value]`), e.g.
+    /// `{"edge": "edge-1", "topic": "cmd/a", "payload": "1", "id": "a-1"}`. Every line is
+    /// checked before any is stored; each edge's are stored in line order. One line per edge
+    /// is printed.
+    #[arg(long, conflicts_with_all = [
+        "topic", "qos", "retain", "expiry", "user_properties", "response_topic", "correlation_data",
+        "content_type", "id", "new_edge", "wait",
+    ])]
+    lines: Option<PathBuf>,
     /// Waits this long for a local app's reply (to `--response-topic`, or one made up, with
     /// the correlation data) and prints it; exit 1 without one. Only with `--edge`.
     #[arg(long, requires = "edge")]
@@ -314,7 +325,7 @@ fn main() -> ExitCode {
         Command::Records { command } => done(records(command)),
         Command::DeadLetters { command } => done(dead_letters(command)),
         Command::Schema { config, command } => schema(&config, command),
-        Command::Send(args) => send(args),
+        Command::Send(args) => send(*args),
         Command::Downlink { command } => done(downlink(command)),
         Command::Edges { command: EdgesCommand::List { config, json } } => done(edges_list(&config, json)),
         Command::Certs { command: CertsCommand::Init { dir, edges, server_names, force } } => {
@@ -473,13 +484,16 @@ fn run(path: &std::path::Path, ready_file: Option<PathBuf>) -> ExitCode {
 fn send(args: SendArgs) -> anyhow::Result<bool> {
     use cloud_bridge::downlink::send::{self, Flags, Target};
     let config = CloudConfig::load(&args.config)?;
+    if let Some(path) = &args.lines {
+        return send_lines(&config, path);
+    }
     let payload = match (&args.payload, &args.file) {
         (Some(p), _) => p.clone().into_bytes(),
         (None, Some(f)) => std::fs::read(f).map_err(|e| anyhow::anyhow!("--file {}: {e}", f.display()))?,
         (None, None) => unreachable!("clap requires one"),
     };
     let mut msg = send::message(Flags {
-        topic: args.topic,
+        topic: args.topic.unwrap_or_default(),
         qos: args.qos,
         retain: args.retain,
         expiry: args.expiry.map(|d| d.0),
@@ -532,6 +546,32 @@ fn send(args: SendArgs) -> anyhow::Result<bool> {
                     all = false;
                 }
             }
+        }
+        Ok(all)
+    })
+}
+
+/// `send --lines`: see `cloud_bridge::downlink::lines`.
+fn send_lines(config: &CloudConfig, path: &std::path::Path) -> anyhow::Result<bool> {
+    use cloud_bridge::downlink::lines;
+    let parsed = match path.as_os_str() == "-" {
+        true => lines::parse(std::io::stdin().lock()),
+        false => {
+            let file = std::fs::File::open(path).map_err(|e| anyhow::anyhow!("--lines {}: {e}", path.display()))?;
+            lines::parse(std::io::BufReader::new(file))
+        }
+    }
+    .map_err(|e| anyhow::anyhow!("--lines {}: {e}; nothing was stored", path.display()))?;
+    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+    runtime.block_on(async {
+        let sink = config.sink.open_for_command().await?;
+        let outcomes = lines::send(&sink, &config.downlink, &parsed)
+            .await
+            .map_err(|e| anyhow::anyhow!("--lines {}: {e}; nothing was stored", path.display()))?;
+        let mut all = true;
+        for o in &outcomes {
+            println!("{}", o.describe(&config.downlink));
+            all &= o.all_stored();
         }
         Ok(all)
     })

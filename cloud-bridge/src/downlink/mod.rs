@@ -14,6 +14,7 @@
 
 pub mod config;
 pub mod core;
+pub mod lines;
 pub mod metrics;
 pub mod send;
 

@@ -15,7 +15,7 @@ use shared::schema::{Compatibility, Version};
 
 use super::downlink::{
     Backlog, DownBounds, DownDeadLetter, DownDone, DownLimit, DownState, DownSummary, DownlinkStore, Enqueued,
-    Outgoing, Pending, Reply,
+    EnqueuedMany, Outgoing, Pending, Reply,
 };
 use super::error::SinkError;
 use super::jetstream::JetStreamSink;
@@ -170,6 +170,10 @@ impl DownlinkStore for AnySink {
 
     async fn enqueue(&self, edge: &str, msg: &Outgoing, bounds: DownBounds) -> Result<Enqueued, SinkError> {
         each!(self, s => s.enqueue(edge, msg, bounds).await)
+    }
+
+    async fn enqueue_many(&self, edge: &str, msgs: &[Outgoing], bounds: DownBounds) -> EnqueuedMany {
+        each!(self, s => s.enqueue_many(edge, msgs, bounds).await)
     }
 
     async fn down_trim(&self, edge: &str, bounds: DownBounds, max: usize) -> Result<u64, SinkError> {

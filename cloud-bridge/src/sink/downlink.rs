@@ -141,6 +141,31 @@ pub enum Enqueued {
     Full(Backlog),
 }
 
+/// What a batch of sends to one edge did ([`DownlinkStore::enqueue_many`]).
+#[derive(Debug, Default)]
+pub struct EnqueuedMany {
+    /// One outcome per message, in order, from the first.
+    pub done: Vec<Enqueued>,
+    /// What stopped the batch, if something did: the messages after `done` were not stored
+    /// (the one it stopped at may have been; a send with an id is safe to repeat).
+    pub error: Option<SinkError>,
+}
+
+impl EnqueuedMany {
+    /// After a message refused as full, the next is refused with the same backlog (and `true`):
+    /// see [`DownlinkStore::enqueue_many`].
+    pub(crate) fn refuse_rest(&mut self) -> bool {
+        match self.done.last() {
+            Some(Enqueued::Full(b)) => {
+                let b = *b;
+                self.done.push(Enqueued::Full(b));
+                true
+            }
+            _ => false,
+        }
+    }
+}
+
 /// An edge's downlink as the sink keeps it: its position and what it did so far.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
 pub struct DownState {
@@ -249,6 +274,31 @@ pub trait DownlinkStore: Send + Sync + 'static {
         msg: &Outgoing,
         bounds: DownBounds,
     ) -> impl Future<Output = Result<Enqueued, SinkError>> + Send;
+
+    /// Stores `msgs` for `edge` in their order, each as [`DownlinkStore::enqueue`] would; a
+    /// sink overrides it to pay its round trips once per batch, not once per message. Once one
+    /// is refused as full the rest are too, without being tried: a smaller later message
+    /// stored past a refused one would reach the edge out of the order it was given in.
+    fn enqueue_many(
+        &self,
+        edge: &str,
+        msgs: &[Outgoing],
+        bounds: DownBounds,
+    ) -> impl Future<Output = EnqueuedMany> + Send {
+        async move {
+            let mut out = EnqueuedMany::default();
+            for msg in msgs {
+                if out.refuse_rest() {
+                    continue;
+                }
+                match self.enqueue(edge, msg, bounds).await {
+                    Ok(e) => out.done.push(e),
+                    Err(e) => return EnqueuedMany { error: Some(e), ..out },
+                }
+            }
+            out
+        }
+    }
 
     /// Sets aside `edge`'s newest messages while more than `bounds.messages` wait for it, at
     /// most `max` of them: messages another publisher stored past the bound `send` keeps. How

@@ -12,7 +12,9 @@
 //! - a group send stores one message per edge of the group;
 //! - a request (`send --wait`) reaches a local app with a response topic and correlation data,
 //!   its reply goes up through the spool (a `full` class) and `send` prints it (MQTT 5.0 §4.10:
-//!   the responder publishes to the Response Topic with the request's Correlation Data).
+//!   the responder publishes to the Response Topic with the request's Correlation Data);
+//! - many messages in one `send --lines`: a bad line stores nothing, each edge's lines arrive in
+//!   order, an id is stored once, each edge's bound holds.
 
 use std::net::SocketAddr;
 use std::path::Path;
@@ -250,6 +252,33 @@ async fn delivered_refused_bounded_and_expired(cloud: TestCloud, dir: &Path) {
     assert!(twice.is_err(), "stored once, delivered once: {twice:?}");
     let (ok, _, err) = send(&config, "config/once", "1", &["--id", "bad id"]);
     assert!(!ok && err.contains("--id \"bad id\""), "{err}");
+
+    // Many messages in one send: a bad line is named and nothing is stored.
+    let file = config.with_file_name("lines.jsonl");
+    let lines = file.to_str().unwrap();
+    let first =
+        r#"{"edge": "edge-1", "topic": "config/l1", "payload": "1", "id": "l-1", "user_properties": [["k", "v"]]}"#;
+    std::fs::write(&file, format!("{first}\n{{\"edge\": \"edge-1\", \"topic\": \"config/l2\", \"qos\": 3}}\n"))
+        .unwrap();
+    let (ok, _, err) = cli(&config, &["send", "--lines", lines]);
+    assert!(!ok && err.contains("line 2: --qos 3") && err.contains("nothing was stored"), "{err}");
+    // Each edge's lines in order, an id stored once, and an edge's backlog bound as for one
+    // send: edge-2 holds 3 messages (6,031 bytes), room for one more.
+    let more = [
+        "",
+        r#"{"edges": ["edge-1", "edge-2"], "topic": "config/l2", "payload_base64": "dHdv"}"#,
+        r#"{"edge": "edge-1", "topic": "config/l1", "payload": "1", "id": "l-1"}"#,
+        r#"{"edge": "edge-2", "topic": "config/l4", "payload": "4"}"#,
+    ];
+    std::fs::write(&file, format!("{first}\n{}\n", more.join("\n"))).unwrap();
+    let (ok, out, err) = cli(&config, &["send", "--lines", lines]);
+    assert!(!ok, "edge-2's last line refused: {out}{err}");
+    assert!(out.contains("edge-1: 2 stored, 1 already stored (a send with their id)\n"), "{out}");
+    assert!(out.contains("edge-2: 1 stored; 1 refused from line 5: its backlog held 4 messages, 6043 bytes"), "{out}");
+    assert_eq!(next(&mut got).await, ("config/l1".to_owned(), "1".to_owned()));
+    assert_eq!(next(&mut got).await, ("config/l2".to_owned(), "two".to_owned()));
+    let third = tokio::time::timeout(Duration::from_millis(800), got.recv()).await;
+    assert!(third.is_err(), "the line with a stored id is not sent again: {third:?}");
     cloud.bridge.stop().await;
 }
 

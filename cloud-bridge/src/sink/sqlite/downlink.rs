@@ -23,7 +23,7 @@ use shared::units::now_ms;
 use super::SqliteSink;
 use crate::sink::downlink::{
     Backlog, DOWN_HEADERS, DownBounds, DownDeadLetter, DownDone, DownLimit, DownState, DownSummary, DownlinkStore,
-    Enqueued, Outgoing, Pending, Reply, SEND_IDS,
+    Enqueued, EnqueuedMany, Outgoing, Pending, Reply, SEND_IDS,
 };
 use crate::sink::error::SinkError;
 use crate::sink::retry::Retry;
@@ -112,6 +112,58 @@ fn keep_id(conn: &Connection, edge: &str, id: &str, seq: u64) -> Result<(), Sink
     )
     .map_err(|e| SinkError::sqlite(what, e))?;
     Ok(())
+}
+
+/// How many messages of a batch one transaction stores: the writer's lock is held no longer
+/// than a few milliseconds for the bridge's own writes.
+const BATCH: usize = 500;
+
+/// Stores `msgs` for `edge` in one transaction, each within `bounds` and in order (the rest
+/// refused once one is).
+fn store(conn: &mut Connection, edge: &str, msgs: &[Outgoing], bounds: DownBounds) -> Result<Vec<Enqueued>, SinkError> {
+    let what = "downlink enqueue";
+    let tx =
+        conn.transaction_with_behavior(TransactionBehavior::Immediate).map_err(|e| SinkError::sqlite("begin", e))?;
+    let mut waiting = backlog(&tx, edge)?;
+    let mut out = Vec::with_capacity(msgs.len());
+    for msg in msgs {
+        if let Some(Enqueued::Full(b)) = out.last() {
+            out.push(Enqueued::Full(*b));
+            continue;
+        }
+        if let Some(seq) = msg.id.as_deref().map(|id| sent_id(&tx, edge, id)).transpose()?.flatten() {
+            out.push(Enqueued::Already { seq });
+            continue;
+        }
+        let bytes = msg.bytes();
+        if waiting.messages + 1 > bounds.messages || waiting.bytes + bytes > bounds.bytes {
+            out.push(Enqueued::Full(waiting));
+            continue;
+        }
+        let seq = next_seq(&tx, edge)?;
+        let now = now_ms();
+        tx.prepare_cached(
+            "INSERT INTO downlink (edge_id, seq, topic, payload, message, bytes, stored_ms) \
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
+        )
+        .and_then(|mut i| i.execute(params![edge, seq, msg.topic, msg.payload, message_json(msg), bytes, now]))
+        .map_err(|e| SinkError::sqlite(what, e))?;
+        tx.prepare_cached(
+            "INSERT INTO downlink_edges (edge_id, position, delivered, refused, expired, last_seq) \
+             VALUES (?1, 0, 0, 0, 0, ?2) ON CONFLICT (edge_id) DO UPDATE SET last_seq = excluded.last_seq",
+        )
+        .and_then(|mut u| u.execute(params![edge, seq]))
+        .map_err(|e| SinkError::sqlite(what, e))?;
+        if let Some(id) = &msg.id {
+            keep_id(&tx, edge, id, seq)?;
+        }
+        waiting.messages += 1;
+        waiting.bytes += bytes;
+        waiting.oldest_ms.get_or_insert(now);
+        out.push(Enqueued::Stored { seq });
+    }
+    tx.commit().map_err(|e| SinkError::sqlite("commit", e))?;
+    Ok(out)
 }
 
 fn record(conn: &mut Connection, edge: &str, done: &DownDone) -> Result<(), SinkError> {
@@ -205,40 +257,30 @@ impl DownlinkStore for SqliteSink {
     }
 
     async fn enqueue(&self, edge: &str, msg: &Outgoing, bounds: DownBounds) -> Result<Enqueued, SinkError> {
-        let (edge, msg) = (edge.to_owned(), msg.clone());
-        let json = message_json(&msg);
-        self.retried("downlink enqueue", move |conn| {
-            let tx = conn
-                .transaction_with_behavior(TransactionBehavior::Immediate)
-                .map_err(|e| SinkError::sqlite("begin", e))?;
-            if let Some(seq) = msg.id.as_deref().map(|id| sent_id(&tx, &edge, id)).transpose()?.flatten() {
-                return Ok(Enqueued::Already { seq });
+        let mut many = self.enqueue_many(edge, std::slice::from_ref(msg), bounds).await;
+        match many.error {
+            Some(e) => Err(e),
+            None => Ok(many.done.remove(0)),
+        }
+    }
+
+    async fn enqueue_many(&self, edge: &str, msgs: &[Outgoing], bounds: DownBounds) -> EnqueuedMany {
+        let mut out = EnqueuedMany::default();
+        for chunk in msgs.chunks(BATCH) {
+            if out.refuse_rest() {
+                out.done.extend(std::iter::repeat_n(out.done[out.done.len() - 1], chunk.len() - 1));
+                continue;
             }
-            let waiting = backlog(&tx, &edge)?;
-            let bytes = msg.bytes();
-            if waiting.messages + 1 > bounds.messages || waiting.bytes + bytes > bounds.bytes {
-                return Ok(Enqueued::Full(waiting));
+            let (edge, chunk) = (edge.to_owned(), chunk.to_vec());
+            match self.retried("downlink enqueue", move |conn| store(conn, &edge, &chunk, bounds)).await {
+                Ok(done) => out.done.extend(done),
+                Err(e) => {
+                    out.error = Some(e);
+                    break;
+                }
             }
-            let seq = next_seq(&tx, &edge)?;
-            tx.execute(
-                "INSERT INTO downlink (edge_id, seq, topic, payload, message, bytes, stored_ms) \
-                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
-                params![edge, seq, msg.topic, msg.payload, json, bytes, now_ms()],
-            )
-            .map_err(|e| SinkError::sqlite("downlink enqueue", e))?;
-            tx.execute(
-                "INSERT INTO downlink_edges (edge_id, position, delivered, refused, expired, last_seq) \
-                 VALUES (?1, 0, 0, 0, 0, ?2) ON CONFLICT (edge_id) DO UPDATE SET last_seq = excluded.last_seq",
-                params![edge, seq],
-            )
-            .map_err(|e| SinkError::sqlite("downlink enqueue", e))?;
-            if let Some(id) = &msg.id {
-                keep_id(&tx, &edge, id, seq)?;
-            }
-            tx.commit().map_err(|e| SinkError::sqlite("commit", e))?;
-            Ok(Enqueued::Stored { seq })
-        })
-        .await
+        }
+        out
     }
 
     async fn down_trim(&self, _edge: &str, _bounds: DownBounds, _max: usize) -> Result<u64, SinkError> {

@@ -41,7 +41,7 @@ use super::{DownSettings, JetStreamSink, JsDown, header};
 use crate::names;
 use crate::sink::downlink::{
     Backlog, DownBounds, DownDeadLetter, DownDone, DownLimit, DownState, DownSummary, DownlinkStore, Enqueued,
-    Outgoing, Pending, Reply, SEND_IDS,
+    EnqueuedMany, Outgoing, Pending, Reply, SEND_IDS,
 };
 use crate::sink::error::SinkError;
 
@@ -216,7 +216,201 @@ pub(crate) async fn dead_letters_from(
     dead_letters(&stream, &s.subject_prefix, None, limit).await
 }
 
+/// How many messages of a batch share one read of the edge's document and one write of it.
+/// Bytes stored in a chunk a crash cut short are not counted in the edge's byte bound (its
+/// message count is the stream's own).
+const BATCH: usize = 256;
+
+/// A message of a chunk, stored or not: its stream sequence where it was.
+enum Done {
+    Stored(u64),
+    /// Its id was stored before, as this stream sequence (the stream's duplicate window).
+    Already(u64),
+    /// Its id was stored before, as this edge seq (the edge's document).
+    Kept(u64),
+    Full(Backlog),
+}
+
 impl JsDown {
+    async fn enqueue_chunk(
+        &self,
+        limit: DownLimit,
+        edge: &str,
+        msgs: &[Outgoing],
+        bounds: DownBounds,
+    ) -> (Vec<Enqueued>, Option<SinkError>) {
+        let (doc, now) = match self.settled(edge, None).await {
+            Ok(d) => d,
+            Err(e) => return (Vec::new(), Some(e)),
+        };
+        let (ids_kept, ids_for) = SEND_IDS;
+        let since = shared::units::now_ms().saturating_sub(ids_for.as_millis() as u64);
+        let mut done: Vec<Done> = Vec::with_capacity(msgs.len());
+        let mut error = None;
+        // The edge's last message and its count, as the last publish left them.
+        let mut known: Option<(u64, u64)> = None;
+        let mut added_bytes = 0;
+        let mut last_seq = now.last_seq;
+        for msg in msgs {
+            if let Some(Done::Full(b)) = done.last() {
+                done.push(Done::Full(*b));
+                continue;
+            }
+            if let Some(seq) = msg.id.as_deref().and_then(|id| doc.sent(id, since)) {
+                done.push(Done::Kept(seq));
+                continue;
+            }
+            if doc.counts_in(&now) && doc.past_max(last_seq + 1) {
+                error = Some(SinkError::invalid(
+                    "downlink enqueue",
+                    format!(
+                        "edge {edge} has used its downlink seqs up (its next would be past {})",
+                        shared::proto::MAX_SEQ
+                    ),
+                ));
+                break;
+            }
+            match self.publish_one(limit, edge, (&doc, added_bytes), msg, bounds, &mut known).await {
+                Ok(d) => {
+                    if let Done::Stored(q) = d {
+                        added_bytes += msg.bytes();
+                        last_seq = last_seq.max(q);
+                    }
+                    done.push(d);
+                }
+                Err(e) => {
+                    error = Some(e);
+                    break;
+                }
+            }
+        }
+        let counted = self
+            .update(edge, None, |doc| {
+                doc.stored_bytes = doc.stored_bytes.saturating_add(added_bytes);
+                let now_ms = shared::units::now_ms();
+                for (msg, d) in msgs.iter().zip(&done) {
+                    if let (Some(id), Done::Stored(q) | Done::Already(q)) = (&msg.id, d) {
+                        let seq = doc.edge_seq(*q);
+                        doc.keep_id(id, seq, now_ms, since, ids_kept);
+                    }
+                }
+                added_bytes > 0 || msgs.iter().zip(&done).any(|(m, d)| m.id.is_some() && !matches!(d, Done::Kept(_)))
+            })
+            .await;
+        let counted = match counted {
+            Ok(Some((doc, now))) => doc.counts_in(&now).then_some(doc),
+            _ => {
+                tracing::warn!(
+                    edge,
+                    messages = done.len(),
+                    "downlink messages stored but their bytes not counted in the backlog"
+                );
+                None
+            }
+        };
+        let edge_seq = |q: u64| counted.as_ref().map_or(q, |doc| doc.edge_seq(q));
+        let out = done
+            .into_iter()
+            .map(|d| match d {
+                Done::Stored(q) => Enqueued::Stored { seq: edge_seq(q) },
+                Done::Already(q) => Enqueued::Already { seq: edge_seq(q) },
+                Done::Kept(seq) => Enqueued::Already { seq },
+                Done::Full(b) => Enqueued::Full(b),
+            })
+            .collect();
+        (out, error)
+    }
+
+    /// Publishes `msg` for `edge` if its backlog has room, only while the edge's last message
+    /// is still `known` (read when it is not, and again when a racing send took the room).
+    async fn publish_one(
+        &self,
+        limit: DownLimit,
+        edge: &str,
+        (doc, added_bytes): (&PositionDoc, u64),
+        msg: &Outgoing,
+        bounds: DownBounds,
+        known: &mut Option<(u64, u64)>,
+    ) -> Result<Done, SinkError> {
+        let subject = names::subject(&self.prefix, edge, &msg.topic);
+        if subject.len() > MAX_SUBJECT {
+            return Err(SinkError::invalid(
+                "downlink enqueue",
+                format!(
+                    "the topic makes a {}-byte subject, more than nats-server takes in one protocol line \
+                     ({MAX_SUBJECT} bytes with room for the rest of it)",
+                    subject.len()
+                ),
+            ));
+        }
+        let filter = self.filter(edge);
+        let mut attempts = 0;
+        loop {
+            attempts += 1;
+            let (last, count) = match *known {
+                Some(k) => k,
+                // Read before the count: a message stored after this makes the publish fail
+                // (below), and the bound is checked again with it counted.
+                None => {
+                    let last = match self.guarded {
+                        true => raw::get(&self.js, &self.name, raw::At::Last(&filter)).await?.map_or(0, |m| m.seq),
+                        false => 0,
+                    };
+                    (last, self.count(edge).await?)
+                }
+            };
+            *known = Some((last, count));
+            let waiting = Backlog {
+                messages: count,
+                bytes: doc.stored_bytes.saturating_sub(doc.done_bytes).saturating_add(added_bytes),
+                oldest_ms: None,
+            };
+            if waiting.messages + 1 > bounds.messages || waiting.bytes + msg.bytes() > bounds.bytes {
+                return Ok(Done::Full(waiting));
+            }
+            let mut h = headers(msg);
+            // A retried publish of this send is stored once; so is a send with an id the
+            // document has not heard of yet, within the stream's duplicate window.
+            let msg_id = match &msg.id {
+                Some(id) => format!("send:{}:id:{id}", names::token(edge)),
+                None => format!("send:{}:{:032x}", names::token(edge), rand::random::<u128>()),
+            };
+            h.insert("Nats-Msg-Id", msg_id.as_str());
+            if self.guarded {
+                // Stored only if no other message for the edge was since the count: sends
+                // racing for an edge's last room cannot both get in.
+                h.insert("Nats-Expected-Last-Subject-Sequence", last.to_string().as_str());
+                h.insert("Nats-Expected-Last-Subject-Sequence-Subject", filter.as_str());
+            }
+            let size = header_bytes(&h) + msg.payload.len() as u64;
+            if size > limit.bytes {
+                return Err(SinkError::invalid(
+                    "downlink enqueue",
+                    format!("the message and its headers are {size} bytes, more than {} ({})", limit.of, limit.bytes),
+                ));
+            }
+            let stored = self
+                .js
+                .publish_with_headers(subject.clone(), h, Bytes::from(msg.payload.clone()))
+                .await
+                .map_err(|e| SinkError::nats("downlink enqueue", edge, &e))?
+                .await;
+            match stored {
+                // What an id stored before: the edge's last message is as it was.
+                Ok(ack) if ack.duplicate => return Ok(Done::Already(ack.sequence)),
+                Ok(ack) => {
+                    *known = Some((ack.sequence, count + 1));
+                    return Ok(Done::Stored(ack.sequence));
+                }
+                Err(e) if attempts < CAS_ATTEMPTS && is_wrong_last(&e) => *known = None,
+                Err(e) => {
+                    *known = None;
+                    return Err(SinkError::nats("downlink enqueue", edge, &e));
+                }
+            }
+        }
+    }
+
     fn filter(&self, edge: &str) -> String {
         format!("{}.{}.>", self.prefix, names::token(edge))
     }
@@ -357,108 +551,32 @@ impl DownlinkStore for JetStreamSink {
     }
 
     async fn enqueue(&self, edge: &str, msg: &Outgoing, bounds: DownBounds) -> Result<Enqueued, SinkError> {
-        let d = self.down();
-        let (doc, now) = d.settled(edge, None).await?;
-        if doc.counts_in(&now) && doc.past_max(now.last_seq + 1) {
-            return Err(SinkError::invalid(
-                "downlink enqueue",
-                format!(
-                    "edge {edge} has used its downlink seqs up (its next would be past {})",
-                    shared::proto::MAX_SEQ
-                ),
-            ));
+        let mut many = self.enqueue_many(edge, std::slice::from_ref(msg), bounds).await;
+        match many.error {
+            Some(e) => Err(e),
+            None => Ok(many.done.remove(0)),
         }
-        let (ids_kept, ids_for) = SEND_IDS;
-        let since = shared::units::now_ms().saturating_sub(ids_for.as_millis() as u64);
-        if let Some(seq) = msg.id.as_deref().and_then(|id| doc.sent(id, since)) {
-            return Ok(Enqueued::Already { seq });
+    }
+
+    /// Each chunk of a batch: the edge's document read once, the count and the edge's last
+    /// message read once, then one publish per message, each stored only if the one before
+    /// it is still the edge's last (the chain a racing send breaks: it is then counted
+    /// again); then the bytes and ids written to the document once.
+    async fn enqueue_many(&self, edge: &str, msgs: &[Outgoing], bounds: DownBounds) -> EnqueuedMany {
+        let mut out = EnqueuedMany::default();
+        for chunk in msgs.chunks(BATCH) {
+            if out.refuse_rest() {
+                out.done.extend(std::iter::repeat_n(out.done[out.done.len() - 1], chunk.len() - 1));
+                continue;
+            }
+            let (done, error) = self.down().enqueue_chunk(self.down_limit(), edge, chunk, bounds).await;
+            out.done.extend(done);
+            if error.is_some() {
+                out.error = error;
+                break;
+            }
         }
-        let subject = names::subject(&d.prefix, edge, &msg.topic);
-        if subject.len() > MAX_SUBJECT {
-            return Err(SinkError::invalid(
-                "downlink enqueue",
-                format!(
-                    "the topic makes a {}-byte subject, more than nats-server takes in one protocol line \
-                     ({MAX_SUBJECT} bytes with room for the rest of it)",
-                    subject.len()
-                ),
-            ));
-        }
-        let filter = d.filter(edge);
-        let mut attempts = 0;
-        let ack = loop {
-            attempts += 1;
-            // Read before the count: a message stored after this makes the publish fail (below),
-            // and the bound is checked again with it counted.
-            let last = match d.guarded {
-                true => raw::get(&d.js, &d.name, raw::At::Last(&filter)).await?.map_or(0, |m| m.seq),
-                false => 0,
-            };
-            let waiting = Backlog {
-                messages: d.count(edge).await?,
-                bytes: doc.stored_bytes.saturating_sub(doc.done_bytes),
-                oldest_ms: None,
-            };
-            if waiting.messages + 1 > bounds.messages || waiting.bytes + msg.bytes() > bounds.bytes {
-                return Ok(Enqueued::Full(waiting));
-            }
-            let mut h = headers(msg);
-            // A retried publish of this send is stored once; so is a send with an id the
-            // document has not heard of yet, within the stream's duplicate window.
-            let msg_id = match &msg.id {
-                Some(id) => format!("send:{}:id:{id}", names::token(edge)),
-                None => format!("send:{}:{:032x}", names::token(edge), rand::random::<u128>()),
-            };
-            h.insert("Nats-Msg-Id", msg_id.as_str());
-            if d.guarded {
-                // Stored only if no other message for the edge was since the count: sends
-                // racing for an edge's last room cannot both get in.
-                h.insert("Nats-Expected-Last-Subject-Sequence", last.to_string().as_str());
-                h.insert("Nats-Expected-Last-Subject-Sequence-Subject", filter.as_str());
-            }
-            let size = header_bytes(&h) + msg.payload.len() as u64;
-            let limit = self.down_limit();
-            if size > limit.bytes {
-                return Err(SinkError::invalid(
-                    "downlink enqueue",
-                    format!("the message and its headers are {size} bytes, more than {} ({})", limit.of, limit.bytes),
-                ));
-            }
-            let stored =
-                d.js.publish_with_headers(subject.clone(), h, Bytes::from(msg.payload.clone()))
-                    .await
-                    .map_err(|e| SinkError::nats("downlink enqueue", edge, &e))?
-                    .await;
-            match stored {
-                Ok(ack) => break ack,
-                Err(e) if attempts < CAS_ATTEMPTS && is_wrong_last(&e) => continue,
-                Err(e) => return Err(SinkError::nats("downlink enqueue", edge, &e)),
-            }
-        };
-        let bytes = if ack.duplicate { 0 } else { msg.bytes() };
-        let counted = d
-            .update(edge, None, |doc| {
-                doc.stored_bytes = doc.stored_bytes.saturating_add(bytes);
-                if let Some(id) = &msg.id {
-                    let now = shared::units::now_ms();
-                    doc.keep_id(id, doc.edge_seq(ack.sequence), now, since, ids_kept);
-                }
-                true
-            })
-            .await;
-        let seq = match counted {
-            Ok(Some((doc, now))) if doc.counts_in(&now) => doc.edge_seq(ack.sequence),
-            Ok(Some(_)) => ack.sequence,
-            _ => {
-                tracing::warn!(
-                    edge,
-                    seq = ack.sequence,
-                    "downlink message stored but its bytes not counted in the backlog"
-                );
-                ack.sequence
-            }
-        };
-        Ok(if ack.duplicate { Enqueued::Already { seq } } else { Enqueued::Stored { seq } })
+        out
     }
 
     async fn down_trim(&self, edge: &str, bounds: DownBounds, max: usize) -> Result<u64, SinkError> {
