@@ -131,12 +131,12 @@ pub(super) async fn run<S: Sink>(
                 }
             }
         }
-        // The sink calls the core asks for, one at a time, and what their answers ask for.
-        while let Some(call) = core.poll_call() {
-            let answer = Box::pin(make_call(sink, edge, call)).await;
-            if let Err(e) = core.handle_answer(answer) {
-                return Err(Box::pin(ended(conn, &mut core, &mut send, e, metrics, &limits.log, edge)).await);
-            }
+        // The sink calls the core asks for, one at a time, and the events that answers (these
+        // and the downlink's, above) made: drained before each call and after the last, so an
+        // event the downlink's own lane made does not wait for a session call to come along
+        // (the downlink's start did, and its news never woke the session: each message waited
+        // for `downlink.poll`).
+        loop {
             while let Some(event) = core.poll_event() {
                 match event {
                     Event::Welcomed { epoch, version, committed, dicts: known, models: followed } => {
@@ -161,6 +161,11 @@ pub(super) async fn run<S: Sink>(
                     }
                     Event::DownStarted => news = Some(services.downlink.register(edge)),
                 }
+            }
+            let Some(call) = core.poll_call() else { break };
+            let answer = Box::pin(make_call(sink, edge, call)).await;
+            if let Err(e) = core.handle_answer(answer) {
+                return Err(Box::pin(ended(conn, &mut core, &mut send, e, metrics, &limits.log, edge)).await);
             }
         }
         writes.start(&mut core, sink, edge, tracer);

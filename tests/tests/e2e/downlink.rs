@@ -318,6 +318,50 @@ async fn messages_reach_an_edge_once_in_order_within_bounds_on_kafka() {
     delivered_refused_bounded_and_expired(cloud, dir.path()).await;
 }
 
+/// News of a message wakes the edge's session (the sink's news watch): a message sent while
+/// the session is up arrives at once, not at the session's next `downlink.poll` (here 60 s).
+/// The session's downlink starts on a lane of sink calls of its own, and its start was heard
+/// only when a session call came along: the news reached no session, and each message waited
+/// for the poll (5 s by default; down-bench delivered 60 msg/s).
+async fn news_wakes_the_session(cloud: TestCloud, dir: &Path) {
+    let keys = dir.join("cloud.toml");
+    let extra =
+        format!("{}\n{}\n[[downlink]]\nfilter = \"config/#\"\n", with_spool(&[]), cloud.uplink_section("edge-1"));
+    let edge = TestNode::start_in(tempfile::tempdir().unwrap(), &extra).await;
+    let (_client, mut got) = durable_v5_subscriber(edge.local(), "config/#").await;
+    // The session's first read (at its start) is over.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    for n in 0..3 {
+        let sent = tokio::time::Instant::now();
+        let (ok, out, err) = send(&keys, "config/now", &n.to_string(), &[]);
+        assert!(ok, "{out}{err}");
+        let p = tokio::time::timeout(Duration::from_secs(10), got.recv()).await.expect("woken by news, not the poll");
+        assert_eq!(p.unwrap().payload, n.to_string().as_bytes());
+        assert!(sent.elapsed() < Duration::from_secs(10), "{:?}", sent.elapsed());
+    }
+    cloud.bridge.stop().await;
+}
+
+const POLL_60S: &str = "[downlink]\npoll = \"60s\"\n";
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn news_wakes_the_session_on_sqlite() {
+    let dir = tempfile::tempdir().unwrap();
+    let keys = pki(dir.path(), &[]);
+    let cloud = TestCloud::start(dir.path(), keys, "127.0.0.1:0".parse().unwrap(), POLL_60S).await;
+    news_wakes_the_session(cloud, dir.path()).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn news_wakes_the_session_on_jetstream() {
+    let nats = NatsServer::start();
+    let dir = tempfile::tempdir().unwrap();
+    let keys = pki(dir.path(), &[]);
+    let cloud =
+        TestCloud::start_on_jetstream(dir.path(), keys, "127.0.0.1:0".parse().unwrap(), POLL_60S, &nats.url()).await;
+    news_wakes_the_session(cloud, dir.path()).await;
+}
+
 /// An edge whose classes keep everything local (here: none at all) has nothing to send, but its
 /// uplink session is still how the cloud reaches it: a message for it arrives.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

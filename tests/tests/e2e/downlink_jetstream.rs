@@ -231,6 +231,34 @@ async fn news_of_a_message_reaches_the_session_after_a_nats_server_restart() {
         .expect("news of the first message after the restart, before the session's own poll");
 }
 
+/// News goes on past what the edge acked: each ack purges the edge's messages up to it, and
+/// the watch (on the bridge's own connection, as `send` runs elsewhere) hears of each next one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn news_of_each_message_reaches_the_session_after_acks_purged_the_ones_before() {
+    use cloud_bridge::downlink::{Downlink, DownlinkConfig, DownlinkMetrics};
+    use std::sync::Arc;
+
+    let nats = NatsServer::start();
+    let sink = Arc::new(sink(&nats).await);
+    let downlink = Arc::new(Downlink::new(DownlinkConfig::default(), Arc::new(DownlinkMetrics::default())));
+    let stop = tokio_util::sync::CancellationToken::new();
+    // The bridge's own connection, as `send` runs in another process.
+    let bridge = Arc::new(JetStreamSink::connect(&sink_settings(nats.url(), BatchPublish::Auto)).await.unwrap());
+    let _watch = tokio_util::task::AbortOnDropHandle::new(tokio::spawn(downlink.clone().watch(bridge, stop)));
+    let session = downlink.register("edge-1");
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let mut position = 0;
+    for n in 0..3 {
+        sink.enqueue("edge-1", &msg("cmd/a", "x"), BOUNDS).await.unwrap();
+        tokio::time::timeout(Duration::from_secs(2), session.wake.notified())
+            .await
+            .unwrap_or_else(|_| panic!("news of message {n}"));
+        let read = sink.down_read("edge-1", position, 16).await.unwrap();
+        position = read.last().unwrap().seq;
+        sink.down_record("edge-1", &acked(position, vec![])).await.unwrap();
+    }
+}
+
 /// Any NATS client can publish to `down.<anything>`: the fleet view and the summary behind the
 /// backlog gauges listed every edge id a publisher made up (each with a read of its oldest
 /// message, every `summary_interval`). Now they list the edges the downlink knows.
