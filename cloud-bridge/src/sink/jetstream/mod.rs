@@ -153,6 +153,9 @@ pub(in crate::sink) struct JsDown {
     /// The uplink's stream and subject prefix, where replies arrive.
     uplink: stream::Stream,
     uplink_prefix: String,
+    /// The servers, for the hints' connection of their own.
+    url: String,
+    hints: std::sync::OnceLock<downlink::Hints>,
 }
 
 impl JetStreamSink {

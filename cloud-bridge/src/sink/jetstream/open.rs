@@ -7,7 +7,7 @@ use async_nats::jetstream::{self, stream};
 
 use super::bucket::bucket;
 use super::publish::{BatchPublish, Publishing};
-use super::{DownSettings, JetStreamSettings, JetStreamSink, JsDown, cluster};
+use super::{JetStreamSettings, JetStreamSink, JsDown, cluster};
 use crate::sink::error::SinkError;
 use crate::sink::quota::EdgeQuota;
 
@@ -84,7 +84,7 @@ impl JetStreamSink {
         let reports = bucket(&js, "TCO report bucket", &s.tco_bucket, replicas, Duration::ZERO).await?;
         let fleet = bucket(&js, "fleet bucket", &s.fleet_bucket, replicas, Duration::ZERO).await?;
         let schemas = bucket(&js, "schema bucket", &s.schemas_bucket, replicas, Duration::ZERO).await?;
-        let down = open_down(&js, &s.down, (&s.stream, &s.subject_prefix), replicas, s.duplicate_window).await?;
+        let down = open_down(&js, s, replicas).await?;
         Ok(Self {
             js,
             publishing,
@@ -109,11 +109,11 @@ impl JetStreamSink {
 /// Opens (or creates) the downlink's stream and bucket; `uplink_prefix` must not overlap.
 async fn open_down(
     js: &jetstream::Context,
-    s: &DownSettings,
-    (uplink_stream, uplink_prefix): (&str, &str),
+    settings: &JetStreamSettings,
     replicas: usize,
-    duplicate_window: Duration,
 ) -> Result<JsDown, SinkError> {
+    let (s, uplink_stream, uplink_prefix) = (&settings.down, &settings.stream, &settings.subject_prefix);
+    let duplicate_window = settings.duplicate_window;
     let overlaps = |a: &str, b: &str| a == b || a.starts_with(&format!("{b}."));
     if overlaps(&s.subject_prefix, uplink_prefix) || overlaps(uplink_prefix, &s.subject_prefix) {
         return Err(SinkError::invalid(
@@ -161,6 +161,8 @@ async fn open_down(
         positions,
         uplink,
         uplink_prefix: uplink_prefix.to_owned(),
+        url: settings.url.clone(),
+        hints: std::sync::OnceLock::new(),
     })
 }
 

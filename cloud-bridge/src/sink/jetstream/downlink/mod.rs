@@ -21,8 +21,9 @@
 //!   sequence over, and the edges' seqs go on past what they hold (`positions`).
 //! - Dead letters go to `<prefix>.%dead.<edge>` in the same stream (no edge token starts with a
 //!   bare `%`: `names` encodes it), with the message's payload and headers and the reason.
-//! - News: the bridge reads the stream after its cursor (the sequence it read last), every
-//!   100 ms while nothing comes, and wakes the sessions of the edges named.
+//! - News: the bridge reads the stream after its cursor (the sequence it read last) and wakes
+//!   the sessions of the edges named; while nothing comes, it looks again at a hint of a new
+//!   message (a core NATS subscription on a connection of its own: `hints`) or every 100 ms.
 //! - A send's bound is checked against the messages the stream holds for the edge and the
 //!   bytes `send` stored for it (JetStream keeps no byte count per subject).
 //! - The summary lists the edges the downlink knows (with a position document), not every
@@ -46,6 +47,9 @@ use crate::sink::downlink::{
 use crate::sink::error::SinkError;
 
 mod headers;
+mod hints;
+
+pub(in crate::sink) use hints::Hints;
 mod positions;
 mod raw;
 
@@ -82,6 +86,9 @@ fn header_bytes(h: &async_nats::HeaderMap) -> u64 {
 fn is_wrong_last(e: &jetstream::context::PublishError) -> bool {
     e.kind() == jetstream::context::PublishErrorKind::WrongLastSequence
 }
+
+/// After a hint, the stream is looked at again after these waits before the next hint or poll.
+const HINT_AGAIN: [Duration; 3] = [Duration::from_millis(1), Duration::from_millis(3), Duration::from_millis(10)];
 
 /// How often news is looked for while it waits, and how many messages one look reads at most.
 const NEWS_POLL: Duration = Duration::from_millis(100);
@@ -232,6 +239,11 @@ enum Done {
 }
 
 impl JsDown {
+    /// The hints of new messages, heard from the first look for news on.
+    fn hints(&self) -> &Hints {
+        self.hints.get_or_init(|| Hints::start(self.url.clone(), format!("{}.*.>", self.prefix)))
+    }
+
     async fn enqueue_chunk(
         &self,
         limit: DownLimit,
@@ -755,6 +767,8 @@ impl DownlinkStore for JetStreamSink {
         let deadline = tokio::time::Instant::now() + wait;
         let mut looked_back = false;
         let mut edges = Vec::new();
+        // Where in HINT_AGAIN the looks after a hint are (none after none).
+        let mut early = HINT_AGAIN.len();
         loop {
             while edges.len() < NEWS_MAX {
                 // A request under way when the connection drops waits for its whole timeout:
@@ -785,10 +799,17 @@ impl DownlinkStore for JetStreamSink {
                     continue;
                 }
             }
-            if tokio::time::Instant::now() >= deadline {
+            let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+            if left.is_zero() {
                 return Ok((cursor, edges));
             }
-            tokio::time::sleep(NEWS_POLL).await;
+            // A hint may come before the stream stored its message: looked for again shortly.
+            if let Some(again) = HINT_AGAIN.get(early) {
+                early += 1;
+                tokio::time::sleep(*again).await;
+            } else if d.hints().wait(NEWS_POLL.min(left)).await {
+                early = 0;
+            }
         }
     }
 }
