@@ -3,12 +3,13 @@
 #  - down-bench: COUNT messages published in the cloud until a local QoS 1 subscriber on the
 #    edge has them, at RATE a second (latency) and as fast as the publisher goes (throughput):
 #    ours (`downlink::send` into JetStream, cloud-bridge, edge-node; and a plain NATS
-#    publisher into the downlink's stream) against a Mosquitto bridge (`topic # in 1`) from a
-#    cloud Mosquitto to an edge Mosquitto, in the same run;
+#    publisher into the downlink's stream; and one `send --lines` of LINES messages, to the
+#    connected edge and spread over 100 edges not connected) against a Mosquitto bridge
+#    (`topic # in 1`) from a cloud Mosquitto to an edge Mosquitto, in the same run;
 #  - fleet-bench's BROADCAST phase: one message to every one of EDGES simulated edges through
 #    `downlink::send` (what `cloud-bridge send --all` runs): how long storing took, when every
 #    edge had it, the bridge's CPU and RSS.
-# Prints JSON lines. Usage: scripts/bench-downlink.sh [REPEATS=3] [COUNT=2000] [RATE=200] [EDGES=1000]
+# Prints JSON lines. Usage: scripts/bench-downlink.sh [REPEATS=3] [COUNT=2000] [RATE=200] [EDGES=1000] [LINES=10000]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export PATH="$(scripts/install-test-deps.sh):$PATH"
@@ -16,10 +17,11 @@ repeats=${1:-3}
 count=${2:-2000}
 rate=${3:-200}
 edges=${4:-1000}
+lines=${5:-10000}
 cargo build --release --locked --quiet -p edge-node -p cloud-bridge -p e2e-tests \
   --bin edge-node --bin cloud-bridge --bin down-bench --bin fleet-bench
 for _ in $(seq "$repeats"); do
-  target/release/down-bench "$count" "$rate" 256 2> /dev/null
+  target/release/down-bench "$count" "$rate" 256 "$lines" 2> /dev/null
 done
 for _ in $(seq "$repeats"); do
   BROADCAST=1 target/release/fleet-bench "$edges" 0 10 3 jetstream 0 400 8 2> /dev/null | grep '"broadcast"'

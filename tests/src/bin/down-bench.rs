@@ -12,7 +12,11 @@
 //! delivery), and COUNT messages as fast as the publisher goes (throughput: from the first
 //! publish to the last delivery). Payloads carry the send time. Prints one JSON line per run.
 //!
-//! Usage: down-bench [COUNT=2000] [RATE=200] [PAYLOAD=256]
+//! A fourth run of ours stores LINES messages in one `cloud-bridge send --lines` (the code the
+//! command runs, in process): the rate they are stored at, then delivered; a fifth stores LINES
+//! messages spread over 100 edges not connected (stored only).
+//!
+//! Usage: down-bench [COUNT=2000] [RATE=200] [PAYLOAD=256] [LINES=10000]
 
 use std::net::SocketAddr;
 use std::process::{Child, Command, Stdio};
@@ -138,6 +142,76 @@ where
            "max_ms": quantile(&mut latencies, 1.0).as_secs_f64() * 1e3})
 }
 
+/// One send of `n` messages for edge-1 (`cloud-bridge send --lines`): the lines parsed and
+/// stored by the code the command runs, timed to stored, then to the subscriber's last.
+async fn send_lines(
+    sink: &cloud_bridge::sink::jetstream::JetStreamSink,
+    sub: &Subscriber,
+    n: usize,
+    size: usize,
+) -> serde_json::Value {
+    use cloud_bridge::downlink::lines;
+    sub.take();
+    // A bound that holds them all: the rate of storing, not of refusing.
+    let down = DownlinkConfig { max_backlog_messages: n as u64 * 2, ..Default::default() };
+    let start = Instant::now();
+    let text: String = (0..n)
+        .map(|_| {
+            let p = String::from_utf8(payload(size)).unwrap_or_default();
+            format!("{{\"edge\": \"edge-1\", \"topic\": \"cmd/bench\", \"payload\": \"{p}\"}}\n")
+        })
+        .collect();
+    let stored = async {
+        let parsed = lines::parse(text.as_bytes())?;
+        let outcomes = lines::send(sink, &down, &parsed).await?;
+        anyhow::ensure!(outcomes.iter().all(|o| o.all_stored() && o.stored == n as u64), "{outcomes:?}");
+        Ok(())
+    };
+    if let Err(e) = stored.await {
+        return json!({"system": "ours-send-lines", "mode": "throughput", "error": e.to_string()});
+    }
+    let stored = start.elapsed().as_secs_f64();
+    let all = sub.wait_for(n, Duration::from_secs(120)).await;
+    let got = sub.take();
+    let last = got.iter().map(|(_, at)| *at).max().unwrap_or(start);
+    let span = last.duration_since(start).as_secs_f64();
+    json!({"system": "ours-send-lines", "mode": "throughput", "count": n, "delivered": got.len(), "all": all,
+           "stored_s": stored, "stored_per_s": n as f64 / stored.max(1e-9), "span_s": span,
+           "msgs_per_s": got.len() as f64 / span.max(1e-9)})
+}
+
+/// One send of `n` messages spread over `edges` edges that are not connected
+/// (`"new_edge": true`): the rate they are stored at, several edges at once.
+async fn send_lines_to_many(
+    sink: &cloud_bridge::sink::jetstream::JetStreamSink,
+    n: usize,
+    size: usize,
+    edges: usize,
+) -> serde_json::Value {
+    use cloud_bridge::downlink::lines;
+    let down = DownlinkConfig::default();
+    let p = "x".repeat(size);
+    let text: String = (0..n)
+        .map(|i| {
+            let e = i % edges;
+            format!("{{\"edge\": \"far-{e}\", \"new_edge\": true, \"topic\": \"cmd/bench\", \"payload\": \"{p}\"}}\n")
+        })
+        .collect();
+    let start = Instant::now();
+    let stored = async {
+        let parsed = lines::parse(text.as_bytes())?;
+        let outcomes = lines::send(sink, &down, &parsed).await?;
+        anyhow::ensure!(outcomes.len() == edges && outcomes.iter().all(|o| o.all_stored()), "{outcomes:?}");
+        Ok(())
+    };
+    if let Err(e) = stored.await {
+        return json!({"system": "ours-send-lines-fleet", "mode": "throughput", "error": e.to_string()});
+    }
+    let stored = start.elapsed().as_secs_f64();
+    json!({"system": "ours-send-lines-fleet", "mode": "throughput", "count": n, "edges": edges,
+           "stored_s": stored, "stored_per_s": n as f64 / stored.max(1e-9)})
+}
+
 fn mosquitto(dir: &std::path::Path, name: &str, port: u16, extra: &str) -> anyhow::Result<Child> {
     let conf = dir.join(format!("{name}.conf"));
     std::fs::write(
@@ -158,6 +232,7 @@ async fn main() -> anyhow::Result<()> {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let arg = |i: usize, default: u64| args.get(i).and_then(|a| a.parse().ok()).unwrap_or(default);
     let (count, rate, size) = (arg(0, 2000) as usize, arg(1, 200), arg(2, 256) as usize);
+    let lines = arg(3, 10_000) as usize;
     let dir = tempfile::tempdir()?;
 
     // Ours.
@@ -200,6 +275,8 @@ async fn main() -> anyhow::Result<()> {
     anyhow::ensure!(sub.wait_for(1, Duration::from_secs(30)).await, "the edge never got the first message");
     println!("{}", run("ours", "latency", count, rate, &sub, send_one).await);
     println!("{}", run("ours", "throughput", count, 0, &sub, send_one).await);
+    println!("{}", send_lines(&sink, &sub, lines, size).await);
+    println!("{}", send_lines_to_many(&sink, lines, size, 100).await);
     // A cloud app publishing into the downlink's stream with its own NATS client, acks awaited
     // 256 at a time as a JetStream publisher pipelines them: the delivery path's own rate.
     let js = async_nats::jetstream::new(async_nats::connect(nats.url()).await?);
