@@ -309,7 +309,19 @@ impl DownCore {
 
     /// Takes the next ack waiting: records it, or, with nothing new, moves on at once.
     fn next_ack(&mut self, session: &mut CloudSession, wall_ms: u64) -> Result<(), SessionError> {
-        while let Some(ack) = self.acks.pop_front() {
+        while let Some(mut ack) = self.acks.pop_front() {
+            // The acks that queued behind it go in the same record (each names all before it
+            // but the refusals and expiries it lists): one sink call per ack held the downlink
+            // to the pace of the sink's round trips, whatever the window. Not into a
+            // connection's first ack, whose old refusals are caught up on their own.
+            if !self.first_ack {
+                for _ in 1..MERGE_ACKS {
+                    let Some(next) = self.acks.pop_front() else { break };
+                    ack.up_to = ack.up_to.max(next.up_to);
+                    ack.refused.extend(next.refused);
+                    ack.expired.extend(next.expired);
+                }
+            }
             let (mut count, mut bytes) = (0, 0);
             while let Some((_, b)) = self.sent.front().copied().filter(|(seq, _)| *seq <= ack.up_to) {
                 self.sent.pop_front();
@@ -397,6 +409,10 @@ impl DownCore {
     }
 }
 
+/// Queued acks recorded together, at most: their refusals and expiries (each ack's bounded by
+/// `MAX_DOWN_REPORT`) are what one record sets aside.
+const MERGE_ACKS: usize = 16;
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -475,5 +491,33 @@ mod tests {
         d.handle_answer(&mut s, DownAnswer::Read(vec![]), 0).unwrap();
         let Some(DownCall::Record(done)) = d.poll_call(&s, now) else { panic!("the ack is recorded") };
         assert_eq!(done.up_to, 5);
+    }
+
+    /// Acks that queue while one is recorded go in one record, with all their refusals: one
+    /// sink call per ack held the downlink to the pace of the sink's round trips.
+    #[test]
+    fn acks_that_queue_are_recorded_together() {
+        let now = Instant::now();
+        let mut s = session();
+        let mut d = DownCore::new("e", Arc::new(DownlinkMetrics::default()), 16, Duration::from_secs(5));
+        d.start(0);
+        assert_eq!(d.poll_call(&s, now), Some(DownCall::State));
+        d.handle_answer(&mut s, DownAnswer::State(DownState::default()), 0).unwrap();
+        assert!(matches!(d.poll_call(&s, now), Some(DownCall::Read { .. })));
+        d.handle_answer(&mut s, DownAnswer::Read((1..=5).map(pending).collect()), 0).unwrap();
+        let refused = |seq| shared::proto::down::DownRefusal { seq, reason: "no".into() };
+        for (up_to, refusals) in [(1, vec![]), (3, vec![refused(2)]), (5, vec![refused(4)])] {
+            let ack = DownAck { up_to, refused: refusals, ..DownAck::default() };
+            s.handle(Control::DownAck(ack.clone())).unwrap();
+            d.handle_ack(&mut s, ack, 0).unwrap();
+        }
+        let Some(DownCall::Record(first)) = d.poll_call(&s, now) else { panic!("the first ack is recorded") };
+        assert_eq!(first.up_to, 1);
+        d.handle_answer(&mut s, DownAnswer::Recorded, 0).unwrap();
+        let Some(DownCall::Record(both)) = d.poll_call(&s, now) else { panic!("the two queued, recorded together") };
+        assert_eq!((both.up_to, both.refused, both.counts.delivered), (5, vec![refused(2), refused(4)], 2));
+        d.handle_answer(&mut s, DownAnswer::Recorded, 0).unwrap();
+        assert_eq!(d.poll_call(&s, now), None, "nothing more until news or the poll");
+        assert_eq!(s.down_sent(), 5);
     }
 }
