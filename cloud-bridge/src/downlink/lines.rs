@@ -27,7 +27,7 @@ use futures_util::StreamExt;
 use serde::Deserialize;
 
 use super::DownlinkConfig;
-use super::send::{Flags, SendError, Target, message};
+use super::send::{EDGES_AT_ONCE, Flags, SendError, Target, message};
 use crate::sink::downlink::{Backlog, DownBounds, DownState, Enqueued, Outgoing};
 use crate::sink::{DownlinkStore, FleetStore, SinkError};
 
@@ -37,8 +37,6 @@ pub const MAX_LINES: usize = 1_000_000;
 pub const MAX_LINE_BYTES: usize = shared::proto::down::MAX_DOWN_BYTES * 4 / 3 + 64 * 1024;
 /// Messages handed to the sink per call for one edge.
 const BATCH: usize = 1024;
-/// Edges stored to at once.
-const EDGES_AT_ONCE: usize = 32;
 
 /// One line as written.
 #[derive(Debug, Deserialize)]

@@ -156,7 +156,8 @@ pub async fn edges<S: FleetStore + DownlinkStore>(
     Ok(edges)
 }
 
-/// Stores `msg` for each of `edges`, each within the bounds of `config`: what happened for
+/// Stores `msg` for each of `edges`, each within the bounds of `config`, several edges at once
+/// (a send to a thousand edges waited for each one's round trips in turn): what happened for
 /// each, in order. One refused does not stop the others.
 pub async fn send<S: DownlinkStore>(
     sink: &S,
@@ -164,17 +165,28 @@ pub async fn send<S: DownlinkStore>(
     edges: &[String],
     msg: &Outgoing,
 ) -> Result<Vec<(String, Enqueued)>, SendError> {
+    use futures_util::StreamExt;
     if let Some(why) = config.refuses(msg) {
         return Err(SendError::Invalid(why));
     }
     config.fits(sink.down_limit()).map_err(SendError::Invalid)?;
     let bounds = DownBounds { messages: config.max_backlog_messages, bytes: config.max_backlog_bytes.bytes() };
+    // Every store under way finishes (one cut short could leave its message uncounted), then
+    // the first failure, if any, is the answer.
+    let done: Vec<Result<Enqueued, SinkError>> = futures_util::stream::iter(edges)
+        .map(|edge| sink.enqueue(edge, msg, bounds))
+        .buffered(EDGES_AT_ONCE)
+        .collect()
+        .await;
     let mut out = Vec::with_capacity(edges.len());
-    for edge in edges {
-        out.push((edge.clone(), sink.enqueue(edge, msg, bounds).await?));
+    for (edge, what) in edges.iter().zip(done) {
+        out.push((edge.clone(), what?));
     }
     Ok(out)
 }
+
+/// Edges a send stores to at once.
+pub(crate) const EDGES_AT_ONCE: usize = 32;
 
 /// Makes `msg` a request: its response topic and correlation data as given, or made up
 /// (`reply/<edge>/<random>`, 16 random hex digits), so a reply can be told from any other.
