@@ -14,10 +14,14 @@
 //!   ([`DownlinkStore::enqueue_many`]: the sink's round trips paid once per batch), several
 //!   edges at once. Once an edge's backlog refuses one, its later lines are refused too, so
 //!   what it gets keeps the order it was given in; other edges go on.
-//! - A sink error stops that edge at the line it met; lines with an `id` are safe to send
-//!   again (what was stored is not stored twice).
-//! - Memory: the lines as parsed (at most [`MAX_LINES`] of at most [`MAX_LINE_BYTES`] each)
-//!   and, per edge being stored, one batch of copies.
+//! - A sink error stops that edge at the line it met; that line and the edge's later ones
+//!   may or may not be stored. Lines with an `id` are safe to send again as far as each edge
+//!   remembers ids: its last 128, for a day (`SEND_IDS`; a file with more lines per edge stores
+//!   again what its older ids no longer name, within the backlog bound).
+//! - Memory: the messages as parsed (at most [`MAX_LINES`], [`MAX_TOTAL_BYTES`] in all, each
+//!   line at most [`MAX_LINE_BYTES`]), a line number per message and edge (at most
+//!   [`MAX_DELIVERIES`]) and, per edge being stored, one batch of copies. Past a bound the
+//!   command stores nothing and says which: split the file.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::io::BufRead;
@@ -35,6 +39,10 @@ use crate::sink::{DownlinkStore, FleetStore, SinkError};
 pub const MAX_LINES: usize = 1_000_000;
 /// The longest line: a downlink message's largest payload in base64, with room for the rest.
 pub const MAX_LINE_BYTES: usize = shared::proto::down::MAX_DOWN_BYTES * 4 / 3 + 64 * 1024;
+/// The messages' bytes (as an edge's backlog counts them) one command holds, at most.
+pub const MAX_TOTAL_BYTES: u64 = 512 << 20;
+/// Messages times the edges each is for, at most.
+pub const MAX_DELIVERIES: usize = 10_000_000;
 /// Messages handed to the sink per call for one edge.
 const BATCH: usize = 1024;
 
@@ -82,7 +90,12 @@ pub struct Parsed {
 /// Reads and checks every line of `input` (blank lines skipped); the first bad one is the
 /// error, named by its number.
 pub fn parse(input: impl BufRead) -> Result<Vec<Parsed>, SendError> {
+    parse_within(input, MAX_LINES, MAX_TOTAL_BYTES)
+}
+
+fn parse_within(input: impl BufRead, max_lines: usize, max_bytes: u64) -> Result<Vec<Parsed>, SendError> {
     let mut out = Vec::new();
+    let mut total = 0u64;
     let mut input = input.take(u64::MAX);
     let mut buf = Vec::new();
     for n in 1.. {
@@ -98,12 +111,16 @@ pub fn parse(input: impl BufRead) -> Result<Vec<Parsed>, SendError> {
         if buf.iter().all(u8::is_ascii_whitespace) {
             continue;
         }
-        if out.len() == MAX_LINES {
-            return Err(SendError::Invalid(format!("line {n}: more than {MAX_LINES} messages in one send")));
+        if out.len() == max_lines {
+            return Err(SendError::Invalid(format!("line {n}: more than {max_lines} messages in one send")));
         }
         let invalid = |e: String| SendError::Invalid(format!("line {n}: {e}"));
         let line: Line = serde_json::from_slice(&buf).map_err(|e| invalid(e.to_string()))?;
         let (targets, msg) = line.into_message().map_err(invalid)?;
+        total += msg.bytes();
+        if total > max_bytes {
+            return Err(invalid(format!("the messages so far hold more than {max_bytes} bytes; split the file")));
+        }
         out.push(Parsed { line: n, targets, msg });
     }
     Ok(out)
@@ -203,7 +220,7 @@ impl EdgeOutcome {
             );
         }
         if let Some((line, e)) = &self.failed {
-            s += &format!("; stopped at line {line} ({e}): it and the edge's later lines may not be stored");
+            s += &format!("; stopped at line {line} ({e}): it and the edge's later lines may or may not be stored");
         }
         s
     }
@@ -220,6 +237,7 @@ pub async fn send<S: FleetStore + DownlinkStore>(
     config.fits(sink.down_limit()).map_err(SendError::Invalid)?;
     let mut resolve = Resolver::default();
     let mut per_edge: BTreeMap<String, Vec<usize>> = BTreeMap::new();
+    let mut deliveries = 0usize;
     for (i, p) in lines.iter().enumerate() {
         let invalid = |e: String| SendError::Invalid(format!("line {}: {e}", p.line));
         if let Some(why) = config.refuses(&p.msg) {
@@ -234,6 +252,12 @@ pub async fn send<S: FleetStore + DownlinkStore>(
         }
         edges.sort();
         edges.dedup();
+        deliveries += edges.len();
+        if deliveries > MAX_DELIVERIES {
+            return Err(invalid(format!(
+                "more than {MAX_DELIVERIES} messages to store (a message per edge it is for); split the file"
+            )));
+        }
         for e in edges {
             per_edge.entry(e).or_default().push(i);
         }
@@ -261,6 +285,11 @@ async fn store_edge<S: DownlinkStore>(
 ) -> EdgeOutcome {
     let mut out = EdgeOutcome { edge, ..Default::default() };
     for batch in idx.chunks(BATCH) {
+        // Refused once, refused for the rest: a later batch stored past it would be out of order.
+        if let Some((_, n, _)) = &mut out.refused {
+            *n += batch.len() as u64;
+            continue;
+        }
         let msgs: Vec<Outgoing> = batch.iter().map(|i| lines[*i].msg.clone()).collect();
         let many = sink.enqueue_many(&out.edge, &msgs, bounds).await;
         for (i, what) in batch.iter().zip(&many.done) {
@@ -366,6 +395,12 @@ mod tests {
         }
         let long = format!("{good}\n{}\n", " ".repeat(MAX_LINE_BYTES + 1));
         assert!(parse_str(&long).unwrap_err().starts_with("line 2: longer than"));
+        // The whole is bounded too: in lines, and in the messages' bytes.
+        let three = format!("{good}\n{good}\n{good}\n");
+        let e = parse_within(three.as_bytes(), 2, u64::MAX).unwrap_err().to_string();
+        assert!(e.starts_with("line 3: more than 2 messages"), "{e}");
+        let e = parse_within(three.as_bytes(), 10, 12).unwrap_err().to_string();
+        assert!(e.starts_with("line 3: the messages so far hold more than 12 bytes"), "{e}");
     }
 
     #[test]
@@ -389,5 +424,46 @@ mod tests {
         assert_eq!((a.msg.content_type.as_deref(), a.msg.id.as_deref()), (Some("bin"), Some("a-1")));
         assert!(a.msg.expires_at_ms.unwrap() > shared::units::now_ms() + 3_590_000);
         assert_eq!((b.targets.as_slice(), b.msg.qos, b.msg.payload.len()), (&[Target::All][..], 1, 0));
+    }
+
+    /// More lines for one edge than one sink call takes: the bound holds across batches, the
+    /// refusal counts from the first line refused, and an id repeated across batches is
+    /// stored once.
+    #[tokio::test]
+    async fn an_edges_lines_go_in_batches_within_its_bound() {
+        let dir = tempfile::tempdir().unwrap();
+        let sink = crate::sink::sqlite::SqliteSink::open(&dir.path().join("sink.db")).unwrap();
+        let mut text = String::new();
+        for n in 1..=2100 {
+            let id = if n == 2000 { "first".to_owned() } else { format!("m-{n}") };
+            text += &format!(
+                "{{\"edge\": \"e1\", \"new_edge\": true, \"topic\": \"cmd/a\", \"payload\": \"{n}\", \"id\": \"{id}\"}}\n"
+            );
+        }
+        text += "{\"edge\": \"e2\", \"new_edge\": true, \"topic\": \"cmd/a\", \"payload\": \"x\", \"id\": \"first\"}\n";
+        for n in 1..=100 {
+            text += &format!(
+                "{{\"edge\": \"e3\", \"new_edge\": true, \"topic\": \"cmd/a\", \"payload\": \"{n}\", \"id\": \"r-{n}\"}}\n"
+            );
+        }
+        let lines = parse(text.as_bytes()).unwrap();
+        let config = DownlinkConfig { max_backlog_messages: 1500, ..DownlinkConfig::default() };
+        let out = send(&sink, &config, &lines).await.unwrap();
+        assert_eq!(out.len(), 3);
+        let e1 = &out[0];
+        assert_eq!((e1.edge.as_str(), e1.stored, e1.already), ("e1", 1500, 0));
+        let (line, n, backlog) = e1.refused.unwrap();
+        assert_eq!((line, n, backlog.messages), (1501, 600, 1500));
+        assert_eq!((out[1].stored, out[1].all_stored()), (1, true), "another edge's ids are its own");
+        let stored = sink.down_read("e1", 0, 2000).await.unwrap();
+        let payloads: Vec<String> =
+            stored.iter().map(|p| String::from_utf8_lossy(&p.msg.payload).into_owned()).collect();
+        assert_eq!(payloads, (1..=1500).map(|n| n.to_string()).collect::<Vec<_>>(), "in line order");
+        // The same file again: an edge's last 128 ids are remembered (`SEND_IDS`), so e3's 100
+        // lines are stored once; e1's bound refuses what its older ids no longer name.
+        let again = send(&sink, &config, &lines).await.unwrap();
+        assert_eq!((again[2].stored, again[2].already), (0, 100));
+        assert_eq!((again[0].stored, again[0].refused.is_some()), (0, true));
+        assert_eq!(sink.down_read("e1", 0, 2000).await.unwrap().len(), 1500);
     }
 }

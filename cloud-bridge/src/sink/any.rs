@@ -14,8 +14,8 @@ use shared::proto::{DictAnnounce, LaneSeq, SinkLimits, WireRecord};
 use shared::schema::{Compatibility, Version};
 
 use super::downlink::{
-    Backlog, DownBounds, DownDeadLetter, DownDone, DownLimit, DownState, DownSummary, DownlinkStore, Enqueued,
-    EnqueuedMany, Outgoing, Pending, Reply,
+    Backlog, DownBounds, DownDeadLetter, DownDone, DownLimit, DownState, DownSummary, DownlinkStore, EnqueuedMany,
+    Outgoing, Pending, Reply,
 };
 use super::error::SinkError;
 use super::jetstream::JetStreamSink;
@@ -166,10 +166,6 @@ impl FleetStore for AnySink {
 impl DownlinkStore for AnySink {
     fn down_limit(&self) -> DownLimit {
         each!(self, s => s.down_limit())
-    }
-
-    async fn enqueue(&self, edge: &str, msg: &Outgoing, bounds: DownBounds) -> Result<Enqueued, SinkError> {
-        each!(self, s => s.enqueue(edge, msg, bounds).await)
     }
 
     async fn enqueue_many(&self, edge: &str, msgs: &[Outgoing], bounds: DownBounds) -> EnqueuedMany {

@@ -146,8 +146,9 @@ pub enum Enqueued {
 pub struct EnqueuedMany {
     /// One outcome per message, in order, from the first.
     pub done: Vec<Enqueued>,
-    /// What stopped the batch, if something did: the messages after `done` were not stored
-    /// (the one it stopped at may have been; a send with an id is safe to repeat).
+    /// What stopped the batch, if something did. The messages after `done` may or may not be
+    /// stored (the one it stopped at, or, where a sink writes a batch at once, later ones): a
+    /// send with ids is safe to repeat.
     pub error: Option<SinkError>,
 }
 
@@ -267,38 +268,34 @@ pub trait DownlinkStore: Send + Sync + 'static {
     /// What one message may weigh here.
     fn down_limit(&self) -> DownLimit;
 
-    /// Stores `msg` for `edge` after what it has waiting, unless that would pass `bounds`.
+    /// Stores `msg` for `edge` after what it has waiting, unless that would pass `bounds`: a
+    /// batch of one.
     fn enqueue(
         &self,
         edge: &str,
         msg: &Outgoing,
         bounds: DownBounds,
-    ) -> impl Future<Output = Result<Enqueued, SinkError>> + Send;
+    ) -> impl Future<Output = Result<Enqueued, SinkError>> + Send {
+        async move {
+            let mut many = self.enqueue_many(edge, std::slice::from_ref(msg), bounds).await;
+            match (many.error, many.done.pop()) {
+                (Some(e), _) => Err(e),
+                (None, Some(done)) => Ok(done),
+                (None, None) => Err(SinkError::invalid("downlink enqueue", "the sink answered nothing (a bug)")),
+            }
+        }
+    }
 
-    /// Stores `msgs` for `edge` in their order, each as [`DownlinkStore::enqueue`] would; a
-    /// sink overrides it to pay its round trips once per batch, not once per message. Once one
-    /// is refused as full the rest are too, without being tried: a smaller later message
-    /// stored past a refused one would reach the edge out of the order it was given in.
+    /// Stores `msgs` for `edge` in their order, each after what the edge has waiting unless
+    /// that would pass `bounds`, paying the sink's round trips once per batch where it can.
+    /// Once one is refused as full the rest are too, without being tried: a smaller later
+    /// message stored past a refused one would reach the edge out of the order it was given in.
     fn enqueue_many(
         &self,
         edge: &str,
         msgs: &[Outgoing],
         bounds: DownBounds,
-    ) -> impl Future<Output = EnqueuedMany> + Send {
-        async move {
-            let mut out = EnqueuedMany::default();
-            for msg in msgs {
-                if out.refuse_rest() {
-                    continue;
-                }
-                match self.enqueue(edge, msg, bounds).await {
-                    Ok(e) => out.done.push(e),
-                    Err(e) => return EnqueuedMany { error: Some(e), ..out },
-                }
-            }
-            out
-        }
-    }
+    ) -> impl Future<Output = EnqueuedMany> + Send;
 
     /// Sets aside `edge`'s newest messages while more than `bounds.messages` wait for it, at
     /// most `max` of them: messages another publisher stored past the bound `send` keeps. How

@@ -256,14 +256,6 @@ impl DownlinkStore for SqliteSink {
         DownLimit { bytes: shared::proto::down::MAX_DOWN_BYTES as u64 + DOWN_HEADERS, of: "a downlink frame's limit" }
     }
 
-    async fn enqueue(&self, edge: &str, msg: &Outgoing, bounds: DownBounds) -> Result<Enqueued, SinkError> {
-        let mut many = self.enqueue_many(edge, std::slice::from_ref(msg), bounds).await;
-        match many.error {
-            Some(e) => Err(e),
-            None => Ok(many.done.remove(0)),
-        }
-    }
-
     async fn enqueue_many(&self, edge: &str, msgs: &[Outgoing], bounds: DownBounds) -> EnqueuedMany {
         let mut out = EnqueuedMany::default();
         for chunk in msgs.chunks(BATCH) {

@@ -359,6 +359,7 @@ impl JsDown {
         let mut attempts = 0;
         loop {
             attempts += 1;
+            let cached = known.is_some();
             let (last, count) = match *known {
                 Some(k) => k,
                 // Read before the count: a message stored after this makes the publish fail
@@ -378,6 +379,12 @@ impl JsDown {
                 oldest_ms: None,
             };
             if waiting.messages + 1 > bounds.messages || waiting.bytes + msg.bytes() > bounds.bytes {
+                // The count as this batch left it is no less than the stream's (the edge's
+                // acks purge meanwhile): looked at again before the batch's rest is refused.
+                if cached {
+                    *known = None;
+                    continue;
+                }
                 return Ok(Done::Full(waiting));
             }
             let mut h = headers(msg);
@@ -559,14 +566,6 @@ impl DownlinkStore for JetStreamSink {
         match d.max_msg_size.filter(|m| *m < d.max_payload) {
             Some(bytes) => DownLimit { bytes, of: "the downlink stream's max_msg_size" },
             None => DownLimit { bytes: d.max_payload, of: "nats-server's max_payload" },
-        }
-    }
-
-    async fn enqueue(&self, edge: &str, msg: &Outgoing, bounds: DownBounds) -> Result<Enqueued, SinkError> {
-        let mut many = self.enqueue_many(edge, std::slice::from_ref(msg), bounds).await;
-        match many.error {
-            Some(e) => Err(e),
-            None => Ok(many.done.remove(0)),
         }
     }
 

@@ -32,7 +32,7 @@
 
 mod index;
 
-use std::collections::{BTreeMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
@@ -49,10 +49,20 @@ use crate::sink::DeadLetterLabel;
 use crate::sink::down_headers;
 use crate::sink::downlink::{
     Backlog, DownBounds, DownDeadLetter, DownDone, DownLimit, DownState, DownSummary, DownlinkStore, Enqueued,
-    Outgoing, Pending, Reply, SEND_IDS,
+    EnqueuedMany, Outgoing, Pending, Reply, SEND_IDS,
 };
 use crate::sink::error::SinkError;
 use index::{DownIndex, Entry, SEND_ID, edge_of, weight};
+
+/// What one message of a batch becomes.
+enum Plan<'m> {
+    /// A record with these headers.
+    Write(Vec<(&'m str, String)>),
+    /// Nothing written: this is the answer.
+    Answer(Enqueued),
+    /// Its id is that of the message at this place in the batch, written once.
+    SameAs(usize),
+}
 
 /// How far back a listing of dead letters reads, per partition.
 const DEAD_SCAN: i64 = 10_000;
@@ -242,6 +252,61 @@ impl KafkaSink {
         Ok(pick().0)
     }
 
+    /// What each of `msgs` becomes for `edge` (see `enqueue_many`), and where they are written.
+    async fn plan<'m>(
+        &self,
+        edge: &str,
+        msgs: &'m [Outgoing],
+        bounds: DownBounds,
+    ) -> Result<((&str, i32), Vec<Plan<'m>>), SinkError> {
+        let d = &self.down;
+        d.index.read_to_end().await?;
+        let doc = self.settle(edge).await?;
+        let since = now_ms().saturating_sub(SEND_IDS.1.as_millis() as u64);
+        let mut waiting = self.backlog_of(edge, &doc);
+        let limit = self.down_limit();
+        let mut plan: Vec<Plan<'m>> = Vec::with_capacity(msgs.len());
+        // The ids this call writes, by the place of their first message.
+        let mut ids: HashMap<&str, usize> = HashMap::new();
+        for msg in msgs {
+            if let Some(Plan::Answer(Enqueued::Full(b))) = plan.last() {
+                plan.push(Plan::Answer(Enqueued::Full(*b)));
+                continue;
+            }
+            let sent = |id: &str| d.index.with(|i| i.edges.get(edge).and_then(|e| e.sent(id, since)));
+            if let Some(offset) = msg.id.as_deref().and_then(sent) {
+                plan.push(Plan::Answer(Enqueued::Already { seq: offset as u64 + 1 }));
+                continue;
+            }
+            if let Some(first) = msg.id.as_deref().and_then(|id| ids.get(id)) {
+                plan.push(Plan::SameAs(*first));
+                continue;
+            }
+            if waiting.messages + 1 > bounds.messages || waiting.bytes + msg.bytes() > bounds.bytes {
+                plan.push(Plan::Answer(Enqueued::Full(waiting)));
+                continue;
+            }
+            let mut headers = vec![("Mqtt-Topic", msg.topic.clone())];
+            headers.extend(down_headers::headers(msg));
+            if let Some(id) = &msg.id {
+                ids.insert(id, plan.len());
+                headers.push((SEND_ID, id.clone()));
+            }
+            let size =
+                edge.len() + msg.payload.len() + headers.iter().map(|(n, v)| n.len() + v.len() + 8).sum::<usize>();
+            if size as u64 > limit.bytes {
+                return Err(SinkError::invalid(
+                    "downlink enqueue",
+                    format!("the message and its headers are {size} bytes, more than {} ({})", limit.of, limit.bytes),
+                ));
+            }
+            waiting.messages += 1;
+            waiting.bytes += msg.bytes();
+            plan.push(Plan::Write(headers));
+        }
+        Ok(((d.topic.name.as_str(), partition_of(edge, d.topic.partitions)), plan))
+    }
+
     fn backlog_of(&self, edge: &str, doc: &DownDoc) -> Backlog {
         self.down.index.with(|i| {
             let Some(e) = i.edges.get(edge) else { return Backlog::default() };
@@ -339,35 +404,42 @@ impl DownlinkStore for KafkaSink {
         DownLimit { bytes: (TOPIC_BYTES - 1024) as u64, of: "the downlink topic's max.message.bytes" }
     }
 
-    async fn enqueue(&self, edge: &str, msg: &Outgoing, bounds: DownBounds) -> Result<Enqueued, SinkError> {
-        let d = &self.down;
-        d.index.read_to_end().await?;
-        let doc = self.settle(edge).await?;
-        let since = now_ms().saturating_sub(SEND_IDS.1.as_millis() as u64);
-        let sent = |id: &str| d.index.with(|i| i.edges.get(edge).and_then(|e| e.sent(id, since)));
-        if let Some(offset) = msg.id.as_deref().and_then(sent) {
-            return Ok(Enqueued::Already { seq: offset as u64 + 1 });
+    /// The index read to the topic's end and the edge settled once, each message checked
+    /// against the backlog as indexed plus what this call writes before it, then every record
+    /// written at once (the idempotent producer keeps their order in the edge's partition).
+    async fn enqueue_many(&self, edge: &str, msgs: &[Outgoing], bounds: DownBounds) -> EnqueuedMany {
+        let mut out = EnqueuedMany::default();
+        let (at, plan) = match self.plan(edge, msgs, bounds).await {
+            Ok(p) => p,
+            Err(e) => return EnqueuedMany { error: Some(e), ..out },
+        };
+        let writes = plan.iter().zip(msgs).filter_map(|(p, msg)| match p {
+            Plan::Write(headers) => Some(self.plain.send(at, edge, headers, &msg.payload)),
+            _ => None,
+        });
+        let mut written = futures_util::future::join_all(writes).await.into_iter();
+        // The seq each message of the plan was written as, by its place.
+        let mut seqs: Vec<Option<u64>> = Vec::with_capacity(plan.len());
+        for p in plan {
+            let (done, seq) = match p {
+                Plan::Answer(a) => (a, None),
+                Plan::Write(_) => match written.next() {
+                    Some(Ok(offset)) => (Enqueued::Stored { seq: offset as u64 + 1 }, Some(offset as u64 + 1)),
+                    Some(Err(e)) => {
+                        out.error = Some(e);
+                        break;
+                    }
+                    None => break,
+                },
+                Plan::SameAs(first) => match seqs.get(first).copied().flatten() {
+                    Some(seq) => (Enqueued::Already { seq }, None),
+                    None => break,
+                },
+            };
+            out.done.push(done);
+            seqs.push(seq);
         }
-        let waiting = self.backlog_of(edge, &doc);
-        if waiting.messages + 1 > bounds.messages || waiting.bytes + msg.bytes() > bounds.bytes {
-            return Ok(Enqueued::Full(waiting));
-        }
-        let mut headers = vec![("Mqtt-Topic", msg.topic.clone())];
-        headers.extend(down_headers::headers(msg));
-        if let Some(id) = &msg.id {
-            headers.push((SEND_ID, id.clone()));
-        }
-        let size = edge.len() + msg.payload.len() + headers.iter().map(|(n, v)| n.len() + v.len() + 8).sum::<usize>();
-        let limit = self.down_limit();
-        if size as u64 > limit.bytes {
-            return Err(SinkError::invalid(
-                "downlink enqueue",
-                format!("the message and its headers are {size} bytes, more than {} ({})", limit.of, limit.bytes),
-            ));
-        }
-        let at = (d.topic.name.as_str(), partition_of(edge, d.topic.partitions));
-        let offset = self.plain.send(at, edge, &headers, &msg.payload).await?;
-        Ok(Enqueued::Stored { seq: offset as u64 + 1 })
+        out
     }
 
     /// Sets aside what lies past the bound: from the `bounds.messages + 1`th message counting
