@@ -259,6 +259,48 @@ async fn news_of_each_message_reaches_the_session_after_acks_purged_the_ones_bef
     }
 }
 
+/// A read takes several gets at once (the JSON API gets one message each), guessing the next
+/// sequences: an edge's messages are read whole and in order whether they lie together or
+/// between another edge's, and while more are stored.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reads_find_every_message_of_an_edge_in_order_among_another_edges() {
+    let nats = NatsServer::start();
+    let sink = std::sync::Arc::new(sink(&nats).await);
+    let mut want = Vec::new();
+    for i in 0..60 {
+        sink.enqueue("edge-1", &msg("cmd/a", &format!("a{i}")), BOUNDS).await.unwrap();
+        want.push(format!("a{i}"));
+        if i % 3 == 0 {
+            sink.enqueue("edge-2", &msg("cmd/b", "other"), BOUNDS).await.unwrap();
+        }
+    }
+    // More stored while the edge reads.
+    let more = {
+        let sink = sink.clone();
+        tokio::spawn(async move {
+            for i in 60..120 {
+                sink.enqueue("edge-1", &msg("cmd/a", &format!("a{i}")), BOUNDS).await.unwrap();
+                sink.enqueue("edge-2", &msg("cmd/b", "other"), BOUNDS).await.unwrap();
+            }
+        })
+    };
+    want.extend((60..120).map(|i| format!("a{i}")));
+    let mut got = Vec::new();
+    let mut after = 0;
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    while got.len() < want.len() {
+        assert!(tokio::time::Instant::now() < deadline, "{} of {}", got.len(), want.len());
+        let read = sink.down_read("edge-1", after, 16).await.unwrap();
+        assert!(read.windows(2).all(|w| w[0].seq < w[1].seq));
+        if let Some(last) = read.last() {
+            after = last.seq;
+        }
+        got.extend(read.into_iter().map(|p| String::from_utf8_lossy(&p.msg.payload).into_owned()));
+    }
+    more.await.unwrap();
+    assert_eq!(got, want);
+}
+
 /// Any NATS client can publish to `down.<anything>`: the fleet view and the summary behind the
 /// backlog gauges listed every edge id a publisher made up (each with a read of its oldest
 /// message, every `summary_interval`). Now they list the edges the downlink knows.

@@ -90,6 +90,10 @@ fn is_wrong_last(e: &jetstream::context::PublishError) -> bool {
 /// After a hint, the stream is looked at again after these waits before the next hint or poll.
 const HINT_AGAIN: [Duration; 3] = [Duration::from_millis(1), Duration::from_millis(3), Duration::from_millis(10)];
 
+/// A read's gets at once: at first, and at most.
+const READ_FIRST: usize = 4;
+const READ_MAX: usize = 64;
+
 /// How often news is looked for while it waits, and how many messages one look reads at most.
 const NEWS_POLL: Duration = Duration::from_millis(100);
 const NEWS_MAX: usize = 256;
@@ -626,22 +630,35 @@ impl DownlinkStore for JetStreamSink {
         let filter = d.filter(edge);
         let mut out = Vec::new();
         let mut next = doc.stream_after(after);
+        let mut width = READ_FIRST;
         while out.len() < max {
-            let Some(m) = raw::get(&d.js, &d.name, raw::At::Next(next, &filter)).await? else { break };
-            if doc.past_max(m.seq) {
-                if out.is_empty() {
-                    return Err(SinkError::invalid(
-                        "downlink read",
-                        format!("edge {edge} has used its downlink seqs up (past {})", shared::proto::MAX_SEQ),
-                    ));
-                }
+            let want = (max - out.len()).min(width);
+            let found = raw::get_run(&d.js, &d.name, next, want, &filter).await?;
+            if found.is_empty() {
                 break;
             }
-            next = m.seq + 1;
-            let problem = m.problem();
-            let headers = m.headers.unwrap_or_default();
-            let (msg, invalid) = parse(&d.topic_tokens(&m.subject), &headers, m.payload);
-            out.push(Pending { seq: doc.edge_seq(m.seq), stored_ms: m.time_ms, msg, invalid: problem.or(invalid) });
+            // As many at once next time as there were this time, and more while they come
+            // one after another (an edge's messages sent together are stored so).
+            width = match found.len() == want {
+                true => (width * 2).min(READ_MAX),
+                false => found.len().max(READ_FIRST),
+            };
+            for m in found {
+                if doc.past_max(m.seq) {
+                    if out.is_empty() {
+                        return Err(SinkError::invalid(
+                            "downlink read",
+                            format!("edge {edge} has used its downlink seqs up (past {})", shared::proto::MAX_SEQ),
+                        ));
+                    }
+                    return Ok(out);
+                }
+                next = m.seq + 1;
+                let problem = m.problem();
+                let headers = m.headers.unwrap_or_default();
+                let (msg, invalid) = parse(&d.topic_tokens(&m.subject), &headers, m.payload);
+                out.push(Pending { seq: doc.edge_seq(m.seq), stored_ms: m.time_ms, msg, invalid: problem.or(invalid) });
+            }
         }
         Ok(out)
     }

@@ -95,6 +95,34 @@ pub(super) async fn get(js: &jetstream::Context, stream: &str, at: At<'_>) -> Re
     Ok(Some(RawDown { seq: m.sequence, subject: m.subject, time_ms, headers, payload }))
 }
 
+/// The messages of `stream` on `filter` from sequence `from` on, in order, as many as `want`
+/// gets at once find (the JSON API has no batched get; the gets go together): get `i` asks for
+/// the first at or after `from + i`. Every message from `from` up to the last one kept is
+/// there, none missed:
+///
+/// - a message at `from + i` is what get `i` finds, if it was stored when that get ran;
+/// - one stored later came after every message then stored (the stream's sequence is the
+///   order of storing), so the gets that ran before it found none at or after its sequence:
+///   only what lies below the lowest get that found nothing is kept.
+///
+/// Past the gets' reach, what the last one found is the first after it, so nothing lies
+/// between.
+pub(super) async fn get_run(
+    js: &jetstream::Context,
+    stream: &str,
+    from: u64,
+    want: usize,
+    filter: &str,
+) -> Result<Vec<RawDown>, SinkError> {
+    let gets = (0..want as u64).map(|i| get(js, stream, At::Next(from + i, filter)));
+    let got = futures_util::future::try_join_all(gets).await?;
+    let below = got.iter().position(Option::is_none).map_or(u64::MAX, |i| from + i as u64);
+    let mut run: Vec<RawDown> = got.into_iter().flatten().filter(|m| m.seq < below).collect();
+    run.sort_by_key(|m| m.seq);
+    run.dedup_by_key(|m| m.seq);
+    Ok(run)
+}
+
 #[derive(Serialize)]
 struct InfoRequest<'a> {
     subjects_filter: &'a str,
