@@ -444,19 +444,26 @@ mod tests {
         }
     }
 
-    /// Acks that come while one is being recorded, or while a read is out, are recorded in
-    /// turn, none lost: the edge's position in the sink reaches the last ack. (One that came
-    /// during a read once waited for the next ack, and the position stayed behind.)
-    #[test]
-    fn acks_that_come_while_one_is_recorded_are_recorded_in_turn() {
-        let now = Instant::now();
+    /// A session whose downlink started at position 0 and read messages 1 to `n` (sent, none
+    /// acked), window 16.
+    fn reading(now: Instant, n: u64) -> (CloudSession, DownCore) {
         let mut s = session();
         let mut d = DownCore::new("e", Arc::new(DownlinkMetrics::default()), 16, Duration::from_secs(5));
         d.start(0);
         assert_eq!(d.poll_call(&s, now), Some(DownCall::State));
         d.handle_answer(&mut s, DownAnswer::State(DownState::default()), 0).unwrap();
         assert_eq!(d.poll_call(&s, now), Some(DownCall::Read { after: 0, max: 16 }));
-        d.handle_answer(&mut s, DownAnswer::Read((1..=3).map(pending).collect()), 0).unwrap();
+        d.handle_answer(&mut s, DownAnswer::Read((1..=n).map(pending).collect()), 0).unwrap();
+        (s, d)
+    }
+
+    /// Acks that come while one is being recorded, or while a read is out, are recorded in
+    /// turn, none lost: the edge's position in the sink reaches the last ack. (One that came
+    /// during a read once waited for the next ack, and the position stayed behind.)
+    #[test]
+    fn acks_that_come_while_one_is_recorded_are_recorded_in_turn() {
+        let now = Instant::now();
+        let (mut s, mut d) = reading(now, 3);
         while s.poll_control().is_some() {}
         for up_to in [1, 3] {
             let ack = DownAck { up_to, ..DownAck::default() };
@@ -498,13 +505,7 @@ mod tests {
     #[test]
     fn acks_that_queue_are_recorded_together() {
         let now = Instant::now();
-        let mut s = session();
-        let mut d = DownCore::new("e", Arc::new(DownlinkMetrics::default()), 16, Duration::from_secs(5));
-        d.start(0);
-        assert_eq!(d.poll_call(&s, now), Some(DownCall::State));
-        d.handle_answer(&mut s, DownAnswer::State(DownState::default()), 0).unwrap();
-        assert!(matches!(d.poll_call(&s, now), Some(DownCall::Read { .. })));
-        d.handle_answer(&mut s, DownAnswer::Read((1..=5).map(pending).collect()), 0).unwrap();
+        let (mut s, mut d) = reading(now, 5);
         let refused = |seq| shared::proto::down::DownRefusal { seq, reason: "no".into() };
         for (up_to, refusals) in [(1, vec![]), (3, vec![refused(2)]), (5, vec![refused(4)])] {
             let ack = DownAck { up_to, refused: refusals, ..DownAck::default() };

@@ -32,7 +32,7 @@ use serde::Deserialize;
 
 use super::DownlinkConfig;
 use super::send::{EDGES_AT_ONCE, Flags, SendError, Target, message};
-use crate::sink::downlink::{Backlog, DownBounds, DownState, Enqueued, Outgoing};
+use crate::sink::downlink::{Backlog, DownBounds, DownState, Enqueued, EnqueuedMany, Outgoing};
 use crate::sink::{DownlinkStore, FleetStore, SinkError};
 
 /// Lines one command reads at most.
@@ -284,29 +284,25 @@ async fn store_edge<S: DownlinkStore>(
     idx: Vec<usize>,
 ) -> EdgeOutcome {
     let mut out = EdgeOutcome { edge, ..Default::default() };
-    for batch in idx.chunks(BATCH) {
-        // Refused once, refused for the rest: a later batch stored past it would be out of order.
-        if let Some((_, n, _)) = &mut out.refused {
-            *n += batch.len() as u64;
-            continue;
-        }
+    let edge = out.edge.as_str();
+    let many = EnqueuedMany::in_chunks(&idx, BATCH, |batch| {
         let msgs: Vec<Outgoing> = batch.iter().map(|i| lines[*i].msg.clone()).collect();
-        let many = sink.enqueue_many(&out.edge, &msgs, bounds).await;
-        for (i, what) in batch.iter().zip(&many.done) {
-            match what {
-                Enqueued::Stored { .. } => out.stored += 1,
-                Enqueued::Already { .. } => out.already += 1,
-                Enqueued::Full(b) => match &mut out.refused {
-                    Some((_, n, _)) => *n += 1,
-                    None => out.refused = Some((lines[*i].line, 1, *b)),
-                },
-            }
+        async move { sink.enqueue_many(edge, &msgs, bounds).await }
+    })
+    .await;
+    for (i, what) in idx.iter().zip(&many.done) {
+        match what {
+            Enqueued::Stored { .. } => out.stored += 1,
+            Enqueued::Already { .. } => out.already += 1,
+            Enqueued::Full(b) => match &mut out.refused {
+                Some((_, n, _)) => *n += 1,
+                None => out.refused = Some((lines[*i].line, 1, *b)),
+            },
         }
-        if let Some(e) = many.error {
-            let at = batch.get(many.done.len()).map_or(0, |i| lines[*i].line);
-            out.failed = Some((at, e));
-            return out;
-        }
+    }
+    if let Some(e) = many.error {
+        let at = idx.get(many.done.len()).map_or(0, |i| lines[*i].line);
+        out.failed = Some((at, e));
     }
     out
 }

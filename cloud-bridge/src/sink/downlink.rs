@@ -153,17 +153,29 @@ pub struct EnqueuedMany {
 }
 
 impl EnqueuedMany {
-    /// After a message refused as full, the next is refused with the same backlog (and `true`):
-    /// see [`DownlinkStore::enqueue_many`].
-    pub(crate) fn refuse_rest(&mut self) -> bool {
-        match self.done.last() {
-            Some(Enqueued::Full(b)) => {
-                let b = *b;
-                self.done.push(Enqueued::Full(b));
-                true
+    /// `items` through `store` a chunk of `size` at a time, in order, as
+    /// [`DownlinkStore::enqueue_many`] has it: once a message is refused as full the rest are
+    /// refused with the same backlog without being tried (a later chunk stored past it would be
+    /// out of order), and a failure stops it.
+    pub(crate) async fn in_chunks<'a, T, F, Fut>(items: &'a [T], size: usize, mut store: F) -> Self
+    where
+        F: FnMut(&'a [T]) -> Fut,
+        Fut: Future<Output = Self>,
+    {
+        let mut out = Self::default();
+        for chunk in items.chunks(size) {
+            if let Some(full @ Enqueued::Full(_)) = out.done.last().copied() {
+                out.done.extend(std::iter::repeat_n(full, chunk.len()));
+                continue;
             }
-            _ => false,
+            let Self { done, error } = store(chunk).await;
+            out.done.extend(done);
+            if error.is_some() {
+                out.error = error;
+                break;
+            }
         }
+        out
     }
 }
 

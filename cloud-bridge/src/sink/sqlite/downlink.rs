@@ -257,22 +257,16 @@ impl DownlinkStore for SqliteSink {
     }
 
     async fn enqueue_many(&self, edge: &str, msgs: &[Outgoing], bounds: DownBounds) -> EnqueuedMany {
-        let mut out = EnqueuedMany::default();
-        for chunk in msgs.chunks(BATCH) {
-            if out.refuse_rest() {
-                out.done.extend(std::iter::repeat_n(out.done[out.done.len() - 1], chunk.len() - 1));
-                continue;
-            }
+        EnqueuedMany::in_chunks(msgs, BATCH, |chunk| {
             let (edge, chunk) = (edge.to_owned(), chunk.to_vec());
-            match self.retried("downlink enqueue", move |conn| store(conn, &edge, &chunk, bounds)).await {
-                Ok(done) => out.done.extend(done),
-                Err(e) => {
-                    out.error = Some(e);
-                    break;
+            async move {
+                match self.retried("downlink enqueue", move |conn| store(conn, &edge, &chunk, bounds)).await {
+                    Ok(done) => EnqueuedMany { done, error: None },
+                    Err(e) => EnqueuedMany { done: Vec::new(), error: Some(e) },
                 }
             }
-        }
-        out
+        })
+        .await
     }
 
     async fn down_trim(&self, _edge: &str, _bounds: DownBounds, _max: usize) -> Result<u64, SinkError> {

@@ -248,16 +248,10 @@ impl JsDown {
         self.hints.get_or_init(|| Hints::start(self.url.clone(), format!("{}.*.>", self.prefix)))
     }
 
-    async fn enqueue_chunk(
-        &self,
-        limit: DownLimit,
-        edge: &str,
-        msgs: &[Outgoing],
-        bounds: DownBounds,
-    ) -> (Vec<Enqueued>, Option<SinkError>) {
+    async fn enqueue_chunk(&self, limit: DownLimit, edge: &str, msgs: &[Outgoing], bounds: DownBounds) -> EnqueuedMany {
         let (doc, now) = match self.settled(edge, None).await {
             Ok(d) => d,
-            Err(e) => return (Vec::new(), Some(e)),
+            Err(e) => return EnqueuedMany { done: Vec::new(), error: Some(e) },
         };
         let (ids_kept, ids_for) = SEND_IDS;
         let since = shared::units::now_ms().saturating_sub(ids_for.as_millis() as u64);
@@ -334,7 +328,7 @@ impl JsDown {
                 Done::Full(b) => Enqueued::Full(b),
             })
             .collect();
-        (out, error)
+        EnqueuedMany { done: out, error }
     }
 
     /// Publishes `msg` for `edge` if its backlog has room, only while the edge's last message
@@ -578,20 +572,8 @@ impl DownlinkStore for JetStreamSink {
     /// it is still the edge's last (the chain a racing send breaks: it is then counted
     /// again); then the bytes and ids written to the document once.
     async fn enqueue_many(&self, edge: &str, msgs: &[Outgoing], bounds: DownBounds) -> EnqueuedMany {
-        let mut out = EnqueuedMany::default();
-        for chunk in msgs.chunks(BATCH) {
-            if out.refuse_rest() {
-                out.done.extend(std::iter::repeat_n(out.done[out.done.len() - 1], chunk.len() - 1));
-                continue;
-            }
-            let (done, error) = self.down().enqueue_chunk(self.down_limit(), edge, chunk, bounds).await;
-            out.done.extend(done);
-            if error.is_some() {
-                out.error = error;
-                break;
-            }
-        }
-        out
+        let limit = self.down_limit();
+        EnqueuedMany::in_chunks(msgs, BATCH, |chunk| self.down().enqueue_chunk(limit, edge, chunk, bounds)).await
     }
 
     async fn down_trim(&self, edge: &str, bounds: DownBounds, max: usize) -> Result<u64, SinkError> {
