@@ -329,8 +329,11 @@ async fn news_wakes_the_session(cloud: TestCloud, dir: &Path) {
         format!("{}\n{}\n[[downlink]]\nfilter = \"config/#\"\n", with_spool(&[]), cloud.uplink_section("edge-1"));
     let edge = TestNode::start_in(tempfile::tempdir().unwrap(), &extra).await;
     let (_client, mut got) = durable_v5_subscriber(edge.local(), "config/#").await;
-    // The session's first read (at its start) is over.
-    tokio::time::sleep(Duration::from_secs(2)).await;
+    // A first message, by the session's first read or by news: either way the session reads
+    // on its own only every 60 s from then on (its first read is over).
+    let (ok, out, err) = send(&keys, "config/now", "start", &[]);
+    assert!(ok, "{out}{err}");
+    assert_eq!(next(&mut got).await, ("config/now".to_owned(), "start".to_owned()));
     for n in 0..3 {
         let sent = tokio::time::Instant::now();
         let (ok, out, err) = send(&keys, "config/now", &n.to_string(), &[]);

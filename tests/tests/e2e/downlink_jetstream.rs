@@ -246,8 +246,18 @@ async fn news_of_each_message_reaches_the_session_after_acks_purged_the_ones_bef
     let bridge = Arc::new(JetStreamSink::connect(&sink_settings(nats.url(), BatchPublish::Auto)).await.unwrap());
     let _watch = tokio_util::task::AbortOnDropHandle::new(tokio::spawn(downlink.clone().watch(bridge, stop)));
     let session = downlink.register("edge-1");
-    tokio::time::sleep(Duration::from_millis(500)).await;
-    let mut position = 0;
+    // The watch hears of what is stored after it took its cursor: stored until it hears.
+    let started = async {
+        loop {
+            sink.enqueue("edge-1", &msg("cmd/a", "first"), BOUNDS).await.unwrap();
+            if tokio::time::timeout(Duration::from_millis(200), session.wake.notified()).await.is_ok() {
+                return;
+            }
+        }
+    };
+    tokio::time::timeout(Duration::from_secs(10), started).await.expect("the watch hears of a message");
+    let mut position = sink.down_read("edge-1", 0, 1000).await.unwrap().last().unwrap().seq;
+    sink.down_record("edge-1", &acked(position, vec![])).await.unwrap();
     for n in 0..3 {
         sink.enqueue("edge-1", &msg("cmd/a", "x"), BOUNDS).await.unwrap();
         tokio::time::timeout(Duration::from_secs(2), session.wake.notified())
