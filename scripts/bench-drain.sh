@@ -21,14 +21,7 @@ repeats=${2:-3}
 cargo build --release --locked --quiet -p edge-node -p cloud-bridge -p e2e-tests --bin edge-node --bin cloud-bridge --bin drain-bench
 bin=target/release
 
-work=$(mktemp -d)
-pids=()
-cleanup() {
-  for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
-  rm -rf "$work"
-}
-trap cleanup EXIT
-free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+. scripts/bench-common.sh
 wait_file() { for _ in $(seq 200); do [ -s "$1" ] && return 0; sleep 0.1; done; echo "no $1" >&2; return 1; }
 
 "$bin/cloud-bridge" certs init --dir "$work/certs" --edge edge-1 > /dev/null

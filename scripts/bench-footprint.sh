@@ -12,13 +12,7 @@ rounds=${1:-3}
 target=${CARGO_TARGET_DIR:-target}
 mosquitto_bin=$(command -v mosquitto || echo /usr/sbin/mosquitto)
 
-work=$(mktemp -d)
-pids=()
-cleanup() {
-  for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
-  rm -rf "$work"
-}
-trap cleanup EXIT
+. scripts/bench-common.sh
 
 cargo build --profile device --locked --quiet -p edge-node
 cp "$target/device/edge-node" "$work/edge-node-otlp"
@@ -26,7 +20,6 @@ cargo build --profile device --locked --quiet -p edge-node --no-default-features
 cp "$target/device/edge-node" "$work/edge-node-small"
 
 rss_kb() { awk '/^VmRSS/{print $2}' "/proc/$1/status"; }
-free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
 sed -e 's/^bind = "127.0.0.1:1883"/bind = "127.0.0.1:0"/' -e 's/^bind = "127.0.0.1:9464"/bind = "127.0.0.1:0"/' \
   -e 's/^level = "info"/level = "warn"/' config/edge.toml > "$work/edge.toml"
 

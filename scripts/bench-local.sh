@@ -35,14 +35,7 @@ cargo build --profile device --locked --quiet -p edge-node
 bin=target/release
 mosquitto_bin=$(command -v mosquitto || echo /usr/sbin/mosquitto)
 
-work=$(mktemp -d)
-pids=()
-cleanup() {
-  for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
-  rm -rf "$work"
-}
-trap cleanup EXIT
-free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+. scripts/bench-common.sh
 rss_kb() { awk '/^VmRSS/{print $2}' "/proc/$1/status"; }
 # utime + stime of a process, in clock ticks (fields 14 and 15 of /proc/PID/stat; the command
 # name before them is in parentheses and may hold spaces).

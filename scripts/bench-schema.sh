@@ -31,15 +31,7 @@ cargo build --release --locked --quiet -p edge-node -p cloud-bridge -p e2e-tests
   --bin edge-node --bin cloud-bridge --bin mqtt-bench --bin schema-bench
 bin=target/release
 mosquitto_bin=$(command -v mosquitto || echo /usr/sbin/mosquitto)
-work=$(mktemp -d)
-pids=()
-cleanup() {
-  for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
-  wait 2>/dev/null || true
-  rm -rf "$work"
-}
-trap cleanup EXIT
-free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+. scripts/bench-common.sh
 
 for _ in $(seq "$repeats"); do
   "$bin/schema-bench" ../shared/data/edge-trace-20k.jsonl 2 >> "$work/throughput.jsonl"
