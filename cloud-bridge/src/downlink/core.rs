@@ -117,6 +117,13 @@ pub struct DownCore {
     backoff: Duration,
 }
 
+/// When an edge's first poll falls due after its first read: between half of `poll` and all of
+/// it, at a place its id sets (FNV-1a), so a fleet that connected at once polls spread out.
+fn first_poll(edge: &str, poll: Duration) -> Duration {
+    let hash = edge.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| (h ^ u64::from(b)).wrapping_mul(0x100_0000_01b3));
+    poll / 2 + poll.mul_f64((hash % 1024) as f64 / 2048.0)
+}
+
 /// The first pause after a failed downlink call, and the longest.
 const RETRY_FIRST: Duration = Duration::from_secs(1);
 const RETRY_MAX: Duration = Duration::from_secs(30);
@@ -194,8 +201,12 @@ impl DownCore {
             return None;
         }
         self.woken = false;
-        if self.poll_at.is_none_or(|at| now >= at) {
-            self.poll_at = Some(now + self.poll);
+        match self.poll_at {
+            // The first read: the polls of edges that connected together (a fleet after a
+            // bridge restart) are spread over the second half of the interval, not made at once.
+            None => self.poll_at = Some(now + first_poll(&self.edge, self.poll)),
+            Some(at) if now >= at => self.poll_at = Some(now + self.poll),
+            Some(_) => {}
         }
         let want = self.window_messages;
         self.asked = Some(Asked::Read { want });
@@ -520,5 +531,27 @@ mod tests {
         d.handle_answer(&mut s, DownAnswer::Recorded, 0).unwrap();
         assert_eq!(d.poll_call(&s, now), None, "nothing more until news or the poll");
         assert_eq!(s.down_sent(), 5);
+    }
+    /// Edges that connect together poll spread over the second half of `poll` the first time,
+    /// then every `poll`: 10,000 sessions back after a restart once read the sink in the same
+    /// instant every interval.
+    #[test]
+    fn first_polls_of_edges_that_connect_together_are_spread() {
+        let poll = Duration::from_secs(60);
+        let firsts: Vec<Duration> = (0..1000).map(|i| first_poll(&format!("edge-{i:05}"), poll)).collect();
+        assert!(firsts.iter().all(|f| *f >= poll / 2 && *f <= poll), "within the second half");
+        let mut seconds: Vec<u64> = firsts.iter().map(|f| f.as_secs()).collect();
+        seconds.sort();
+        seconds.dedup();
+        assert!(seconds.len() >= 25, "over most of the 30 s: {seconds:?}");
+
+        let now = Instant::now();
+        let (mut s, mut d) = reading(now, 0);
+        let first = d.poll_timeout(&s).expect("a poll is due");
+        assert_eq!(first - now, first_poll("e", Duration::from_secs(5)));
+        assert_eq!(d.poll_call(&s, first - Duration::from_millis(1)), None, "not yet");
+        assert!(matches!(d.poll_call(&s, first), Some(DownCall::Read { .. })));
+        d.handle_answer(&mut s, DownAnswer::Read(vec![]), 0).unwrap();
+        assert_eq!(d.poll_timeout(&s), Some(first + Duration::from_secs(5)), "then every poll");
     }
 }
