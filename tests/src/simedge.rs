@@ -85,6 +85,8 @@ pub struct FleetStats {
     /// is the ms since the Unix epoch it was sent at, how long it took.
     pub downs: AtomicU64,
     pub down_latencies: Mutex<Vec<Duration>>,
+    /// Dictionaries the edges' packers made current (each trained on the generator's cores).
+    pub dicts_trained: AtomicU64,
 }
 
 /// What one simulated edge saw.
@@ -422,6 +424,9 @@ impl SimEdge {
                 continue;
             }
             let packed = edge.packer.pack(&mut edge.session, read, records, Instant::now()).await?;
+            if packed.trained.is_some() {
+                edge.stats.dicts_trained.fetch_add(1, Ordering::Relaxed);
+            }
             let batch = &packed.batch;
             writer.batch(conn, batch, policy.is_full(packed.records)).await?;
             edge.session.sent(read.lane, batch.first_seq.0, batch.last_seq.0, Instant::now())?;

@@ -12,6 +12,8 @@
 //! own, KRaft; its JVM's CPU is reported as `nats_cpu`) or `sqlite`. BRIDGE_CONFIG (env) is appended to
 //! the bridge's config, e.g. `BRIDGE_CONFIG='[limits]\nhandshakes_per_second = 300'`; EDGE_UPLINK
 //! (env, TOML) overrides keys of every edge's `[uplink]`, e.g. `EDGE_UPLINK='dict_size = 0'`.
+//! WARMUP (env, seconds, default 60; 0 for none): before the measured active phase, the active
+//! edges send until each has trained its first dictionary (at most WARMUP), and 2 s more.
 //! METRICS_OUT (env, a path) keeps the bridge's `/metrics` as it is after the active phase. Each edge drives
 //! the shipped uplink's policies with its default `[uplink]` (`e2e_tests::simedge`): RATE
 //! records of 1 KiB a second arrive on LANES lanes in turn and go as its linger and batch size
@@ -141,6 +143,8 @@ async fn main() -> anyhow::Result<()> {
         nats.as_ref().map_or(kafka, |n| cpu_of(n.pid()))
     };
 
+    let uplink = uplink()?;
+    let spec_dicts = uplink.dict_size.bytes() > 0;
     let spec = FleetSpec {
         servers: vec![bridge.quic],
         edges: clients,
@@ -150,7 +154,7 @@ async fn main() -> anyhow::Result<()> {
         payload: 1024,
         lanes,
         backlog,
-        uplink: uplink()?,
+        uplink,
         ramp,
     };
     let t = Instant::now();
@@ -201,8 +205,27 @@ async fn main() -> anyhow::Result<()> {
         println!("{phase}");
     }
 
-    // Active: the first ACTIVE edges send.
+    // Active: the first ACTIVE edges send. A real edge trains its first dictionaries on its own
+    // CPU when its traffic starts and again once every `dict_retrain`; here every active edge
+    // starts at once and trains on the two cores the bridge shares, so the steady phase is
+    // measured only after each has made its first one current (the warm-up).
     fleet.stats.hold.store(false, Ordering::Relaxed);
+    let warmup = Duration::from_secs_f64(std::env::var("WARMUP").ok().and_then(|w| w.parse().ok()).unwrap_or(60.0));
+    if !warmup.is_zero() {
+        let (own0, t0) = (cpu_of(own), Instant::now());
+        let trains = spec_dicts && active > 0;
+        while trains && fleet.stats.dicts_trained.load(Ordering::Relaxed) < active as u64 && t0.elapsed() < warmup {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        // The last trainings' batches acked, and a second of the rate settled.
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        println!(
+            "{}",
+            json!({"phase": "warmup", "seconds": t0.elapsed().as_secs_f64(), "active": active,
+                   "dicts_trained": fleet.stats.dicts_trained.load(Ordering::Relaxed),
+                   "generator_cpu": (cpu_of(own) - own0).as_secs_f64() / t0.elapsed().as_secs_f64()})
+        );
+    }
     fleet.stats.latencies.lock().unwrap().clear();
     let (acked0, cpu0, own0, nats0, t0) =
         (fleet.stats.acked.load(Ordering::Relaxed), bridge_cpu(&bridge), cpu_of(own), nats_cpu(), Instant::now());
