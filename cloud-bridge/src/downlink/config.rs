@@ -15,7 +15,9 @@ use crate::sink::downlink::{DOWN_HEADERS, DownLimit, Outgoing};
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct DownlinkConfig {
-    /// Messages sent to an edge and not yet acked, at most. Default: 64.
+    /// Messages sent to an edge and not yet acked, at most. Delivery is bound by round trips per
+    /// window (a read, the edge's commit and ack, the record); `window_bytes` bounds what the
+    /// edge holds meanwhile whatever the count. Default: 256.
     pub window_messages: usize,
     /// Their bytes, at most (one message is sent whatever its size). Default: 4 MiB.
     pub window_bytes: ByteSize,
@@ -52,7 +54,7 @@ pub struct DownlinkConfig {
 impl Default for DownlinkConfig {
     fn default() -> Self {
         Self {
-            window_messages: 64,
+            window_messages: 256,
             window_bytes: ByteSize::mib(4),
             max_backlog_messages: 10_000,
             max_backlog_bytes: ByteSize::mib(64),
