@@ -7,6 +7,7 @@ use clap::{Parser, Subcommand};
 use cloud_bridge::Bridge;
 use cloud_bridge::config::CloudConfig;
 
+#[cfg(feature = "mimalloc")]
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 

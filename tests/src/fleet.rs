@@ -99,7 +99,10 @@ fn spawn(dir: &Path, config: &str) -> anyhow::Result<(Child, SocketAddr, SocketA
     let config_path = dir.join("cloud.toml");
     std::fs::write(&config_path, config)?;
     let stderr = std::fs::OpenOptions::new().create(true).append(true).open(dir.join("cloud.stderr"))?;
-    let command = Command::new(crate::workspace_bin("cloud-bridge"));
+    // BRIDGE_BIN (env): another cloud-bridge binary, or a script that execs one (a heap
+    // profiler's preload, say).
+    let bin = std::env::var_os("BRIDGE_BIN").map_or_else(|| crate::workspace_bin("cloud-bridge"), Into::into);
+    let command = Command::new(bin);
     let ready = dir.join("cloud-ready.json");
     let (child, doc) = crate::run_until_ready(command, &config_path, &ready, stderr, "warn", Duration::from_secs(30))
         .map_err(|e| anyhow::anyhow!("cloud-bridge {e}"))?;

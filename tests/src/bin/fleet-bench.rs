@@ -12,6 +12,10 @@
 //! own, KRaft; its JVM's CPU is reported as `nats_cpu`) or `sqlite`. BRIDGE_CONFIG (env) is appended to
 //! the bridge's config, e.g. `BRIDGE_CONFIG='[limits]\nhandshakes_per_second = 300'`; EDGE_UPLINK
 //! (env, TOML) overrides keys of every edge's `[uplink]`, e.g. `EDGE_UPLINK='dict_size = 0'`.
+//! BRIDGE_BIN (env) runs another cloud-bridge binary, or a script that execs one: a build
+//! without mimalloc (`cargo build --release -p cloud-bridge --no-default-features`) under
+//! heaptrack's preload, for where an idle edge's memory goes.
+//! SINK_CONFIG (env) is appended to the `[sink]` section, e.g. `SINK_CONFIG='batches = "off"'`.
 //! WARMUP (env, seconds, default 60; 0 for none): before the measured active phase, the active
 //! edges send until each has trained its first dictionary (at most WARMUP), and 2 s more.
 //! METRICS_OUT (env, a path) keeps the bridge's `/metrics` as it is after the active phase. Each edge drives
@@ -131,6 +135,8 @@ async fn main() -> anyhow::Result<()> {
         (_, Some(k)) => format!("kind = \"kafka\"\nbootstrap = \"{}\"\n", k.bootstrap()),
         _ => format!("kind = \"sqlite\"\npath = \"{}\"\n", dir.path().join("central.db").display()),
     };
+    // SINK_CONFIG (env) is appended to the `[sink]` section: `batches = "off"`, say.
+    let sink_section = sink_section + &std::env::var("SINK_CONFIG").unwrap_or_default().replace("\\n", "\n");
     // BRIDGE_CONFIG is appended to the bridge's config: a `[limits]` section, say.
     let extra = std::env::var("BRIDGE_CONFIG").unwrap_or_default().replace("\\n", "\n");
     let mut bridge = BridgeProcess::start(dir.path(), &pki, &sink_section, &extra)?;
