@@ -5,10 +5,11 @@
 //! expand into gigabytes.
 
 use std::collections::HashMap;
-use std::io::Read;
 
 use super::columns::{Format, NoShapes, Shapes};
 use super::{Batch, Codec, Lane, MAX_BATCH_COST, ProtoError, Seq, WireRecord, codec};
+
+mod contexts;
 
 /// Bodies shorter than this are sent as plain CBOR: zstd's frame header would eat the gain.
 const MIN_COMPRESS: usize = 128;
@@ -173,12 +174,7 @@ fn pack_one(
         body: Vec::new(),
     };
     if raw.len() >= MIN_COMPRESS {
-        let mut compressor = match dict {
-            Some(d) => zstd::bulk::Compressor::with_dictionary(level, d.bytes),
-            None => zstd::bulk::Compressor::new(level),
-        }
-        .map_err(|e| ProtoError::Encode(e.to_string()))?;
-        let packed = compressor.compress(&raw).map_err(|e| ProtoError::Encode(e.to_string()))?;
+        let packed = contexts::compress(&raw, level, dict.map(|d| d.bytes))?;
         if packed.len() < raw.len() {
             batch.codec = if columns.is_some() { Codec::ZstdColumns } else { Codec::Zstd };
             batch.dict = dict.map(|d| d.id.to_owned());
@@ -260,10 +256,16 @@ pub fn decompress_body(
     if batch.raw_len > max_raw as u64 {
         return Err(ProtoError::TooLargeDecompressed { max: max_raw });
     }
-    let decoder = zstd::stream::read::Decoder::with_dictionary(body, dict.unwrap_or_default())
-        .map_err(|e| ProtoError::Decompress(e.to_string()))?;
+    // Into exactly the declared length: zstd stops with "too small" at the first byte past it.
     let mut raw = Vec::with_capacity(batch.raw_len as usize);
-    decoder.take(batch.raw_len + 1).read_to_end(&mut raw).map_err(|e| ProtoError::Decompress(e.to_string()))?;
+    if let Err(e) = contexts::decompress(body, dict, &mut raw) {
+        return Err(ProtoError::Decompress(match e.to_string() {
+            m if m.contains("Destination buffer is too small") => {
+                format!("more bytes of output where the batch declares {}", batch.raw_len)
+            }
+            m => m,
+        }));
+    }
     if raw.len() as u64 != batch.raw_len {
         return Err(ProtoError::Decompress(format!(
             "{} bytes of output where the batch declares {}",
@@ -352,6 +354,32 @@ mod tests {
         let dicts = HashMap::from([(dict.id.clone(), dict.bytes.clone())]);
         assert_eq!(unpack(&with, &dicts, 1 << 20).unwrap(), small);
         assert_eq!(unpack(&with, &HashMap::new(), 1 << 20), Err(ProtoError::UnknownDict(dict.id.clone())));
+    }
+
+    /// Each thread keeps its zstd contexts with the dictionary last loaded: batches of several
+    /// dictionaries, and none, packed and unpacked in turn on one thread each read back, and a
+    /// batch read with the wrong dictionary loaded fails rather than decoding as something else.
+    #[test]
+    fn batches_of_several_dictionaries_in_turn_on_one_thread_each_read_back() {
+        let samples =
+            |from: u64| -> Vec<Vec<u8>> { (from..from + 400).map(|s| codec::encode(&telemetry(s)).unwrap()).collect() };
+        let (a, b) = (train("a", &samples(1000), 4096).unwrap(), train("b", &samples(5000), 2048).unwrap());
+        assert_ne!(a.bytes, b.bytes);
+        let dicts = HashMap::from([(a.id.clone(), a.bytes.clone()), (b.id.clone(), b.bytes.clone())]);
+        let small: Vec<WireRecord> = (1..=4).map(telemetry).collect();
+        let mut packed = Vec::new();
+        for (i, dict) in [Some(&a), None, Some(&b), Some(&a), Some(&a), None, Some(&b)].into_iter().enumerate() {
+            let batch = pack("e", Lane(0), Seq(1), &small, dict.map(|d| d.on(2)), 1 + (i % 2) as i32).unwrap();
+            assert_eq!(batch.dict, dict.map(|d| d.id.clone()));
+            packed.push(batch);
+        }
+        for batch in packed.iter().chain(packed.iter().rev()) {
+            assert_eq!(unpack(batch, &dicts, 1 << 20).unwrap(), small);
+        }
+        let mut wrong = packed[0].clone();
+        wrong.dict = Some(b.id.clone());
+        assert!(unpack(&wrong, &dicts, 1 << 20).is_err(), "read with another dictionary");
+        assert_eq!(unpack(&packed[0], &dicts, 1 << 20).unwrap(), small, "and the right one after it");
     }
 
     #[test]

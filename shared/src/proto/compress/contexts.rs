@@ -1,0 +1,69 @@
+//! Each thread's zstd contexts, kept from one batch to the next.
+//!
+//! A context made per batch cost more than the batch: a bridge taking 1,000 batches a second
+//! from 10,000 edges spent more of its CPU creating decompression contexts, with their fresh,
+//! zeroed pages, than decompressing (`perf`, 2026-12-07). A context keeps the dictionary it
+//! last loaded, so a thread that packs or unpacks one edge's batches in a row digests it once;
+//! another dictionary (or none) is loaded over it. zstd shrinks a compression context whose
+//! workspace stays far larger than its recent jobs need, so one large batch does not hold its
+//! memory for good.
+
+use std::cell::RefCell;
+use std::io;
+
+use zstd::bulk::{Compressor, Decompressor};
+
+use super::ProtoError;
+
+/// A context and what is loaded in it.
+struct Loaded<C> {
+    context: C,
+    level: i32,
+    /// The dictionary's bytes (empty: none), compared in full: 4 KiB is cheap to compare, and
+    /// loading the wrong one would make batches nobody can read.
+    dict: Vec<u8>,
+}
+
+thread_local! {
+    static COMPRESSOR: RefCell<Option<Loaded<Compressor<'static>>>> = const { RefCell::new(None) };
+    static DECOMPRESSOR: RefCell<Option<Loaded<Decompressor<'static>>>> = const { RefCell::new(None) };
+}
+
+/// `raw` compressed at `level` with `dict`, as `zstd::bulk::compress` with that dictionary.
+pub(super) fn compress(raw: &[u8], level: i32, dict: Option<&[u8]>) -> Result<Vec<u8>, ProtoError> {
+    let encode = |e: io::Error| ProtoError::Encode(e.to_string());
+    let dict = dict.unwrap_or_default();
+    COMPRESSOR.with_borrow_mut(|slot| {
+        let loaded = match slot {
+            Some(l) if l.level == level && l.dict == dict => l,
+            _ => {
+                // A context that failed to load is dropped, not reused half set up.
+                *slot = None;
+                let mut context = Compressor::new(level).map_err(encode)?;
+                context.set_dictionary(level, dict).map_err(encode)?;
+                slot.insert(Loaded { context, level, dict: dict.to_vec() })
+            }
+        };
+        let mut out = Vec::with_capacity(zstd::zstd_safe::compress_bound(raw.len()));
+        loaded.context.compress_to_buffer(raw, &mut out).map_err(encode)?;
+        Ok(out)
+    })
+}
+
+/// `body`'s frames decompressed with `dict` into `out`, at most its capacity: a frame that
+/// would write past it fails ("Destination buffer is too small").
+pub(super) fn decompress(body: &[u8], dict: Option<&[u8]>, out: &mut Vec<u8>) -> io::Result<usize> {
+    let dict = dict.unwrap_or_default();
+    DECOMPRESSOR.with_borrow_mut(|slot| {
+        let loaded = match slot {
+            Some(l) if l.dict == dict => l,
+            _ => {
+                *slot = None;
+                let mut context = Decompressor::new()?;
+                context.set_dictionary(dict)?;
+                slot.insert(Loaded { context, level: 0, dict: dict.to_vec() })
+            }
+        };
+        loaded.context.decompress_to_buffer(body, out)
+    })
+}
