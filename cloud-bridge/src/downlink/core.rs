@@ -532,6 +532,7 @@ mod tests {
         assert_eq!(d.poll_call(&s, now), None, "nothing more until news or the poll");
         assert_eq!(s.down_sent(), 5);
     }
+
     /// Edges that connect together poll spread over the second half of `poll` the first time,
     /// then every `poll`: 10,000 sessions back after a restart once read the sink in the same
     /// instant every interval.
