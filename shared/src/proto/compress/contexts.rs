@@ -15,12 +15,12 @@ use zstd::bulk::{Compressor, Decompressor};
 
 use super::ProtoError;
 
-/// A context and what is loaded in it.
+/// A context and what is loaded in it: the level (compression only) and the dictionary's
+/// bytes (empty: none), compared in full. 4 KiB is cheap to compare, and loading the wrong one
+/// would make batches nobody can read.
 struct Loaded<C> {
     context: C,
     level: i32,
-    /// The dictionary's bytes (empty: none), compared in full: 4 KiB is cheap to compare, and
-    /// loading the wrong one would make batches nobody can read.
     dict: Vec<u8>,
 }
 
@@ -29,25 +29,36 @@ thread_local! {
     static DECOMPRESSOR: RefCell<Option<Loaded<Decompressor<'static>>>> = const { RefCell::new(None) };
 }
 
+/// The context in `slot` if it has `level` and `dict` loaded, else a new one `make` sets up. A
+/// context that failed to set up is dropped, not kept half set up.
+fn loaded<'s, C>(
+    slot: &'s mut Option<Loaded<C>>,
+    level: i32,
+    dict: &[u8],
+    make: impl FnOnce() -> io::Result<C>,
+) -> io::Result<&'s mut C> {
+    if slot.as_ref().is_none_or(|l| l.level != level || l.dict != dict) {
+        *slot = None;
+        *slot = Some(Loaded { context: make()?, level, dict: dict.to_vec() });
+    }
+    Ok(&mut slot.as_mut().expect("set above").context)
+}
+
 /// `raw` compressed at `level` with `dict`, as `zstd::bulk::compress` with that dictionary.
 pub(super) fn compress(raw: &[u8], level: i32, dict: Option<&[u8]>) -> Result<Vec<u8>, ProtoError> {
-    let encode = |e: io::Error| ProtoError::Encode(e.to_string());
     let dict = dict.unwrap_or_default();
-    COMPRESSOR.with_borrow_mut(|slot| {
-        let loaded = match slot {
-            Some(l) if l.level == level && l.dict == dict => l,
-            _ => {
-                // A context that failed to load is dropped, not reused half set up.
-                *slot = None;
-                let mut context = Compressor::new(level).map_err(encode)?;
-                context.set_dictionary(level, dict).map_err(encode)?;
-                slot.insert(Loaded { context, level, dict: dict.to_vec() })
-            }
-        };
-        let mut out = Vec::with_capacity(zstd::zstd_safe::compress_bound(raw.len()));
-        loaded.context.compress_to_buffer(raw, &mut out).map_err(encode)?;
-        Ok(out)
-    })
+    COMPRESSOR
+        .with_borrow_mut(|slot| {
+            let context = loaded(slot, level, dict, || {
+                let mut context = Compressor::new(level)?;
+                context.set_dictionary(level, dict)?;
+                Ok(context)
+            })?;
+            let mut out = Vec::with_capacity(zstd::zstd_safe::compress_bound(raw.len()));
+            context.compress_to_buffer(raw, &mut out)?;
+            Ok(out)
+        })
+        .map_err(|e: io::Error| ProtoError::Encode(e.to_string()))
 }
 
 /// `body`'s frames decompressed with `dict` into `out`, at most its capacity: a frame that
@@ -55,15 +66,11 @@ pub(super) fn compress(raw: &[u8], level: i32, dict: Option<&[u8]>) -> Result<Ve
 pub(super) fn decompress(body: &[u8], dict: Option<&[u8]>, out: &mut Vec<u8>) -> io::Result<usize> {
     let dict = dict.unwrap_or_default();
     DECOMPRESSOR.with_borrow_mut(|slot| {
-        let loaded = match slot {
-            Some(l) if l.dict == dict => l,
-            _ => {
-                *slot = None;
-                let mut context = Decompressor::new()?;
-                context.set_dictionary(dict)?;
-                slot.insert(Loaded { context, level: 0, dict: dict.to_vec() })
-            }
-        };
-        loaded.context.decompress_to_buffer(body, out)
+        let context = loaded(slot, 0, dict, || {
+            let mut context = Decompressor::new()?;
+            context.set_dictionary(dict)?;
+            Ok(context)
+        })?;
+        context.decompress_to_buffer(body, out)
     })
 }
