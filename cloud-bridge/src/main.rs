@@ -755,10 +755,10 @@ fn model(command: ModelCommand) -> anyhow::Result<()> {
             );
         }
         ModelCommand::Publish { config, name, version, file } => {
-            if name.starts_with(shared::schema::MODEL_PREFIX) {
+            if name.starts_with(shared::model::SCHEMA_PREFIX) {
                 anyhow::bail!(
                     "model {name}: names starting with {:?} carry the schema registry's versions; use `cloud-bridge schema register`",
-                    shared::schema::MODEL_PREFIX
+                    shared::model::SCHEMA_PREFIX
                 );
             }
             let (store, models) = open(&config)?;

@@ -373,7 +373,7 @@ fn start_schemas(
 /// The models to follow: the configured ones and each bound subject's versions.
 fn follows(config: &EdgeConfig, schemas: Option<&schema::Validator>) -> Vec<String> {
     let Some(m) = &config.models else { return Vec::new() };
-    let subjects = schemas.iter().flat_map(|v| v.subjects()).map(|s| shared::schema::model_name(&s));
+    let subjects = schemas.iter().flat_map(|v| v.subjects()).map(|s| shared::model::schema_model(&s));
     m.follow.iter().cloned().chain(subjects).collect()
 }
 

@@ -89,6 +89,20 @@ impl Manifest {
     }
 }
 
+/// Subjects name files on both sides: the characters of a model name.
+pub fn valid_subject(subject: &str) -> Result<(), String> {
+    valid_name("subject", &schema_model(subject)).map_err(|e| e.to_string())
+}
+
+/// The model a schema subject's versions are delivered as: `schema.<subject>`. Every build
+/// knows these names, also one without schema validation (`shared`'s `schema` feature).
+pub fn schema_model(subject: &str) -> String {
+    format!("{SCHEMA_PREFIX}{subject}")
+}
+
+/// Model names that carry schemas; `cloud-bridge model publish` refuses them.
+pub const SCHEMA_PREFIX: &str = "schema.";
+
 /// Names and versions become path components on both sides: letters, digits, `.`, `_`, `-`,
 /// at most 128, starting with a letter or digit. Beside an edge's versions of a model lie
 /// their `<version>.manifest` files, the `current` link, `~newest` and temporary files

@@ -107,7 +107,7 @@ impl EdgeModels {
             // numbered in the order they were registered: the highest is the latest, whenever
             // each was published (a delivery made again later is not newer).
             let mut of_model = listed.iter().filter(|l| &l.name == name);
-            let latest = if name.starts_with(shared::schema::MODEL_PREFIX) {
+            let latest = if name.starts_with(shared::model::SCHEMA_PREFIX) {
                 of_model.max_by_key(|l| (l.version.parse::<u32>().ok(), l.created_ms))
             } else {
                 of_model.next_back()

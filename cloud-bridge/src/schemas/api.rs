@@ -623,7 +623,7 @@ async fn set_subject_config<S: SchemaStore + 'static>(
     body: Bytes,
 ) -> Response {
     let answer = async {
-        shared::schema::valid_subject(&subject).map_err(RegistryError::Subject)?;
+        shared::model::valid_subject(&subject).map_err(RegistryError::Subject)?;
         let mode = parse_level(&body)?;
         api.store.schema_set_mode(&subject, mode).await.map_err(RegistryError::from)?;
         ok(json!({ "compatibility": level_name(mode) }))

@@ -199,7 +199,7 @@ async fn deliver<S: SchemaStore>(
         return Ok(());
     };
     let scratch = tempfile::tempdir()?;
-    let name = shared::schema::model_name(&v.subject);
+    let name = shared::model::schema_model(&v.subject);
     let staging = super::staging(sink, v).await?;
     if !staging.writers.is_empty() {
         let writers: Vec<String> = staging.writers.iter().map(|w| w.version.to_string()).collect();

@@ -76,7 +76,7 @@ async fn earlier<S: SchemaStore>(
     subject: &str,
     mode: Option<Compatibility>,
 ) -> Result<(Vec<Version>, Vec<Schema>, Compatibility), RegistryError> {
-    shared::schema::valid_subject(subject).map_err(RegistryError::Subject)?;
+    shared::model::valid_subject(subject).map_err(RegistryError::Subject)?;
     let versions = store.schema_versions(subject).await?;
     let parsed = versions
         .iter()
@@ -262,7 +262,7 @@ pub(crate) async fn deliver<M: ModelStore>(
     scratch: &Path,
 ) -> Result<Option<Published>, StoreError> {
     let v = &staging.version;
-    let name = shared::schema::model_name(&v.subject);
+    let name = shared::model::schema_model(&v.subject);
     let version = v.version.to_string();
     if models.get_manifest(&name, &version).await?.is_some() {
         return Ok(None);

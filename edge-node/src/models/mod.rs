@@ -304,7 +304,7 @@ impl Models {
         // A schema's versions are numbered by the registry in the order they were registered:
         // the highest is the newest whenever each arrived (a delivery that failed and was made
         // again later is created later, and is still the older version).
-        if m.name.starts_with(shared::schema::MODEL_PREFIX)
+        if m.name.starts_with(shared::model::SCHEMA_PREFIX)
             && let Ok(number) = m.version.parse::<u32>()
         {
             let highest = self.versions(&m.name).iter().filter_map(|v| v.version.parse::<u32>().ok()).max();

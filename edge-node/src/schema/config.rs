@@ -53,7 +53,7 @@ pub fn check_schemas(bindings: &[SchemaBinding], models: bool, p: &mut Problems)
         if let Err(e) = shared::topic::validate_filter(&b.topic) {
             p.bad(format!("schema[{i}].topic"), e.to_string());
         }
-        if let Err(e) = shared::schema::valid_subject(&b.subject) {
+        if let Err(e) = shared::model::valid_subject(&b.subject) {
             p.bad(format!("schema[{i}].subject"), e);
         }
     }

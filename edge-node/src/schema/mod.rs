@@ -280,7 +280,7 @@ impl Validator {
         let mut now = (*before).clone();
         let mut changed = Vec::new();
         for subject in self.subjects() {
-            let dir = self.dir.join(shared::schema::model_name(&subject));
+            let dir = self.dir.join(shared::model::schema_model(&subject));
             let Ok(file) = std::fs::read_link(dir.join("current")) else { continue };
             let file = file.to_string_lossy().into_owned();
             let mut failed = self.failed.lock().unwrap_or_else(|p| p.into_inner());

@@ -15,7 +15,7 @@ pub(crate) fn stage(dir: &Path, subject: &str, version: u32, text: &str) {
 }
 
 fn stage_raw(dir: &Path, subject: &str, version: u32, bytes: &[u8]) {
-    let d = dir.join(shared::schema::model_name(subject));
+    let d = dir.join(shared::model::schema_model(subject));
     std::fs::create_dir_all(&d).unwrap();
     std::fs::write(d.join(version.to_string()), bytes).unwrap();
     let tmp = d.join(".current.tmp");

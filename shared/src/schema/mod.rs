@@ -506,16 +506,3 @@ pub fn confluent_frame(payload: &[u8]) -> Option<(u32, &[u8])> {
         _ => None,
     }
 }
-
-/// Subjects name files on both sides: the characters of a model name.
-pub fn valid_subject(subject: &str) -> Result<(), String> {
-    crate::model::valid_name("subject", &model_name(subject)).map_err(|e| e.to_string())
-}
-
-/// The model a subject's versions are delivered as: `schema.<subject>`.
-pub fn model_name(subject: &str) -> String {
-    format!("{MODEL_PREFIX}{subject}")
-}
-
-/// Model names that carry schemas; `cloud-bridge model publish` refuses them.
-pub const MODEL_PREFIX: &str = "schema.";

@@ -473,7 +473,7 @@ fn held_only_by(ops: &[(u64, StoreOp)]) -> usize {
 /// schema: the version's document, then the `current` link.
 fn stage_schema(models: &std::path::Path) {
     use shared::schema::{Kind, Schema, Source, Version};
-    let dir = models.join(shared::schema::model_name("reading"));
+    let dir = models.join(shared::model::schema_model("reading"));
     if dir.join("current").exists() {
         return;
     }
