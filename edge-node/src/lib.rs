@@ -359,6 +359,7 @@ fn start_spool(
 
 /// Schema bindings check publishes against the versions staged under `[models]` (the config
 /// check refuses bindings without it); the validator rereads them as they are staged.
+#[cfg(feature = "schema")]
 fn start_schemas(
     config: &EdgeConfig,
     metrics: schema::SchemaMetrics,
@@ -368,6 +369,17 @@ fn start_schemas(
     let validator = Arc::new(schema::Validator::new(&config.schemas, &config.models.as_ref()?.dir, metrics));
     tasks.tracker.spawn(validator.clone().run(staged.clone(), tasks.shutdown.clone()));
     Some(validator)
+}
+
+/// A build without the `schema` feature validates nothing: its config check refuses bindings.
+#[cfg(not(feature = "schema"))]
+fn start_schemas(
+    _: &EdgeConfig,
+    _: schema::SchemaMetrics,
+    _: &Arc<tokio::sync::Notify>,
+    _: &Tasks,
+) -> Option<Arc<schema::Validator>> {
+    None
 }
 
 /// The models to follow: the configured ones and each bound subject's versions.

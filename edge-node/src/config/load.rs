@@ -149,7 +149,7 @@ impl EdgeConfig {
         if let Some(m) = &self.models {
             m.check(&mut p);
         }
-        crate::schema::check_schemas(&self.schemas, self.models.is_some(), &mut p);
+        crate::schema::check_schemas(&self.schemas, self.models.is_some(), cfg!(feature = "schema"), &mut p);
         if let Some(tco) = &self.tco {
             let routed = |name: &str| self.classes.iter().find(|c| c.name == name).map(|c| c.governance);
             tco.check(&routed, &mut p);

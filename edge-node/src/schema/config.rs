@@ -44,8 +44,12 @@ pub struct SchemaBinding {
 }
 
 /// Each binding's problems, at its config path; `models` says whether `[models]` is set
-/// (schemas reach the edge as signed model versions).
-pub fn check_schemas(bindings: &[SchemaBinding], models: bool, p: &mut Problems) {
+/// (schemas reach the edge as signed model versions), `built` whether this build has the
+/// validator (`cfg!(feature = "schema")`).
+pub fn check_schemas(bindings: &[SchemaBinding], models: bool, built: bool, p: &mut Problems) {
+    if !bindings.is_empty() && !built {
+        p.bad("schema", "this edge-node was built without schema validation (the `schema` feature): remove [[schema]] or run a build with it");
+    }
     if !bindings.is_empty() && !models {
         p.bad("schema", "schemas reach the edge as versions signed by the fleet key: [models] (public_key) is needed");
     }

@@ -1,4 +1,5 @@
 use super::*;
+use crate::schema::check_schemas;
 use shared::schema::{Kind, Source};
 
 const V1: &str = r#"{"type":"object","required":["temp"],"properties":{"temp":{"type":"number"}}}"#;
@@ -111,12 +112,27 @@ fn a_long_reason_is_cut_at_a_character() {
 fn bindings_without_models_or_with_bad_names_are_config_errors() {
     let bad = [binding("a/#/b", "x y", Mode::Enforce, Unstaged::Refuse)];
     let mut p = shared::check::Problems::default();
-    check_schemas(&bad, false, &mut p);
+    check_schemas(&bad, false, true, &mut p);
     let keys: Vec<String> = p.into_vec().into_iter().map(|p| p.key).collect();
     assert_eq!(keys, ["schema", "schema[0].topic", "schema[0].subject"]);
     let mut p = shared::check::Problems::default();
-    check_schemas(&[binding("a/#", "ok", Mode::Enforce, Unstaged::Refuse)], true, &mut p);
+    check_schemas(&[binding("a/#", "ok", Mode::Enforce, Unstaged::Refuse)], true, true, &mut p);
     assert!(p.is_empty(), "{p:?}");
+}
+
+/// A build without the validator (no `schema` feature) refuses a binding at its key instead of
+/// starting with the topic unchecked: whoever bound it counts on the check.
+#[test]
+fn a_build_without_the_validator_refuses_bindings() {
+    let mut p = shared::check::Problems::default();
+    check_schemas(&[binding("a/#", "ok", Mode::Enforce, Unstaged::Refuse)], true, false, &mut p);
+    let problems = p.into_vec();
+    assert_eq!(problems.len(), 1, "{problems:?}");
+    assert_eq!(problems[0].key, "schema");
+    assert!(problems[0].reason.contains("without schema validation"), "{}", problems[0]);
+    let mut p = shared::check::Problems::default();
+    check_schemas(&[], true, false, &mut p);
+    assert!(p.is_empty(), "no binding, nothing to refuse: {p:?}");
 }
 
 /// Stages version `version` of `subject` with earlier versions producers may still write

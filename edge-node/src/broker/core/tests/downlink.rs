@@ -103,6 +103,7 @@ fn a_downlink_message_never_goes_to_the_spool() {
 /// Response Topic that is a topic name ([MQTT-3.3.2-14]), the user-property cap. A refusal
 /// names what broke, for the dead letter the cloud keeps.
 #[test]
+#[cfg(feature = "schema")]
 fn a_downlink_message_is_held_to_what_a_local_publish_is() {
     let dir = tempfile::tempdir().unwrap();
     crate::schema::tests::stage(dir.path(), "reading", 1, r#"{"type":"object","required":["temp"]}"#);

@@ -121,6 +121,7 @@ impl Harness {
         }
     }
 
+    #[cfg(feature = "schema")]
     pub(crate) fn with_schemas(mut self, v: Arc<crate::schema::Validator>) -> Self {
         self.b = self.b.with_schemas(v);
         self
@@ -273,6 +274,7 @@ mod namespace;
 mod publish;
 mod revoke;
 mod routing;
+#[cfg(feature = "schema")]
 mod schema;
 mod subscribe;
 mod wills;
