@@ -29,6 +29,12 @@ command -v node >/dev/null && command -v npm >/dev/null || {
   SUDO=""; [ "$(id -u)" -eq 0 ] || SUDO="sudo"
   $SUDO apt-get update -qq >&2 && DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq nodejs npm >&2
 }
+# perf counts each broker's context switches and system calls over a case: steady figures beside
+# its CPU time, which moves with the host's load.
+command -v perf >/dev/null || {
+  SUDO=""; [ "$(id -u)" -eq 0 ] || SUDO="sudo"
+  $SUDO apt-get update -qq >&2 && DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq linux-perf >&2
+}
 [ -d tests/node/node_modules/mqtt ] || (cd tests/node && npm ci --no-audit --no-fund --silent >&2)
 cargo build --release --locked --quiet -p edge-node -p e2e-tests --bin edge-node --bin mqtt-bench
 cargo build --profile device --locked --quiet -p edge-node
@@ -39,7 +45,7 @@ mosquitto_bin=$(command -v mosquitto || echo /usr/sbin/mosquitto)
 rss_kb() { awk '/^VmRSS/{print $2}' "/proc/$1/status"; }
 # utime + stime of a process, in clock ticks (fields 14 and 15 of /proc/PID/stat; the command
 # name before them is in parentheses and may hold spaces).
-cpu_ticks() { sed 's/.*) //' "/proc/$1/stat" | awk '{print $12 + $13}'; }
+cpu_ticks() { sed 's/.*) //' "/proc/$1/stat" | awk '{print $12, $13}'; }
 clk_tck=$(getconf CLK_TCK)
 
 # edge-node with the example config (probe on, as in production) on free ports.
@@ -112,7 +118,9 @@ for r in $(seq "$repeats"); do
       if [ "$generator" = persistent ]; then
         [ "$label" = mosquitto ] && port=$pport broker_pid=$mosq_persist_pid
       fi
-      before=$(cpu_ticks "$broker_pid")
+      read -r user0 sys0 <<< "$(cpu_ticks "$broker_pid")"
+      perf stat -x, -e context-switches,raw_syscalls:sys_enter -p "$broker_pid" -o "$work/perf" 2> /dev/null &
+      perf_pid=$!
       if [ "$generator" = persistent ]; then
         "$bin/mqtt-bench" --label "$label" --port "$port" --rate "$rate" --subscribers "$subs" --seconds "$seconds" --persistent 1 > "$work/line"
       elif [ "$generator" = rust ]; then
@@ -127,9 +135,11 @@ for r in $(seq "$repeats"); do
       fi
       # The broker's CPU time over the case (both its threads' user and system time): on two
       # shared cores what a broker spends is taken from the generator, so it shows in latency.
-      used=$(( $(cpu_ticks "$broker_pid") - before ))
-      python3 -c 'import json,sys; d=json.loads(open(sys.argv[1]).read()); d["generator"]=sys.argv[2]; d["broker_cpu_s"]=int(sys.argv[3])/int(sys.argv[4]); print(json.dumps(d))' \
-        "$work/line" "$generator" "$used" "$clk_tck" >> "$work/results.jsonl"
+      read -r user1 sys1 <<< "$(cpu_ticks "$broker_pid")"
+      kill -INT "$perf_pid" 2> /dev/null || true
+      wait "$perf_pid" 2> /dev/null || true
+      python3 scripts/bench_case.py "$work/line" "$generator" "$((user1 - user0))" "$((sys1 - sys0))" "$clk_tck" "$work/perf" \
+        >> "$work/results.jsonl"
     done
   done
 done

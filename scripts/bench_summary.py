@@ -32,6 +32,22 @@ def cpu_us(c, label):
     return statistics.median(per) if per else None
 
 
+def per_message(c, label, field, scale=1.0):
+    """A broker figure of the runs (`field`) per delivered message, median over rounds; None
+    where no run recorded it."""
+    per = [
+        r[field] * scale / max(r.get("received_total", r["received"]), 1)
+        for r in runs
+        if case(r) == c and r["label"] == label and r.get(field) is not None
+    ]
+    return statistics.median(per) if per else None
+
+
+def ratio(c, field, scale=1.0):
+    e, m = per_message(c, "edge-node", field, scale), per_message(c, "mosquitto", field, scale)
+    return None if e is None or m is None else (e, m)
+
+
 def name(c):
     generator, rate, subs = c
     what = "max" if rate == 0 else f"{rate} msg/s"
@@ -65,6 +81,18 @@ for c in cases:
     ec, mc = cpu_us(c, "edge-node"), cpu_us(c, "mosquitto")
     if ec is not None and mc is not None:
         line += f"; CPU per message {ec / max(mc, 0.001):.2f}"
+    parts = []
+    for field, what, scale, unit in (
+        ("broker_user_s", "user", 1e6, " µs"),
+        ("broker_sys_s", "system", 1e6, " µs"),
+        ("broker_switches", "context switches", 1.0, ""),
+        ("broker_syscalls", "system calls", 1.0, ""),
+    ):
+        pair = ratio(c, field, scale)
+        if pair:
+            parts.append(f"{what} {pair[0]:.2f}{unit} against {pair[1]:.2f}{unit} ({pair[0] / max(pair[1], 1e-9):.2f}x)")
+    if parts:
+        line += "; per delivered message, " + ", ".join(parts)
     if c[1] == 0:
         line += f"; throughput edge-node / Mosquitto = {et / max(mt, 1):.2f}"
     if c[0] == "persistent":
