@@ -10,7 +10,6 @@
 //! itself; woken from the publisher's task, it usually runs next on the same worker thread
 //! (tokio's LIFO slot).
 
-use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant, SystemTime};
@@ -19,7 +18,7 @@ use shared::trace::{KeyValue, Kind as SpanKind, SpanRecord, TraceParent, Tracer}
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 
-use super::core::{Action, Broker, ConnId, SpoolRequest, Spooled, WallClock};
+use super::core::{Action, Broker, ConnId, IdMap, SpoolRequest, Spooled, WallClock};
 
 /// How often the timer task gives the core the wall clock again, at least.
 const WALL_CLOCK_EVERY: Duration = Duration::from_secs(60);
@@ -58,7 +57,7 @@ const DIRECT_BATCH: usize = 16 * 1024;
 #[derive(Debug)]
 pub struct BrokerHandle {
     core: Mutex<Broker>,
-    wakers: Mutex<HashMap<ConnId, Arc<Wakers>>>,
+    wakers: Mutex<IdMap<ConnId, Arc<Wakers>>>,
     next_conn: AtomicU64,
     spool: Option<SpoolWriter>,
     store: Option<SessionStore>,
@@ -119,7 +118,7 @@ impl BrokerHandle {
             tracer,
             committed: tokio::sync::watch::Sender::new(0),
             core: Mutex::new(core),
-            wakers: Mutex::new(HashMap::new()),
+            wakers: Mutex::new(IdMap::default()),
             next_conn: AtomicU64::new(1),
             spool,
             store,

@@ -60,6 +60,11 @@ pub use self::session::Sid;
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct ConnId(pub u64);
 
+/// A map keyed by an id the broker hands out itself ([`ConnId`], spool tickets), so no client
+/// can choose keys that collide: FxHash, one multiply, where SipHash was 14 % of the
+/// instructions the local path spends per delivered message (callgrind, paho fan-out).
+pub type IdMap<K, V> = rustc_hash::FxHashMap<K, V>;
+
 /// Index of a session in the core's table.
 pub(crate) type SessionKey = u32;
 
@@ -277,13 +282,13 @@ pub struct Broker {
     sessions: Vec<Option<Session>>,
     free: Vec<SessionKey>,
     by_client: HashMap<Arc<str>, SessionKey>,
-    conns: HashMap<ConnId, Conn>,
+    conns: IdMap<ConnId, Conn>,
     router: Router,
     retained: Retained,
     actions: VecDeque<Action>,
     /// Connections already told to wake since the glue last drained the actions.
     woken: BTreeSet<ConnId>,
-    pending: HashMap<u64, PendingSpool>,
+    pending: IdMap<u64, PendingSpool>,
     next_ticket: u64,
     /// Offline sessions by when they expire.
     expiries: BTreeSet<(Instant, SessionKey)>,
@@ -331,12 +336,12 @@ impl Broker {
             sessions: Vec::new(),
             free: Vec::new(),
             by_client: HashMap::new(),
-            conns: HashMap::new(),
+            conns: IdMap::default(),
             router: Router::default(),
             retained,
             actions: VecDeque::new(),
             woken: BTreeSet::new(),
-            pending: HashMap::new(),
+            pending: IdMap::default(),
             next_ticket: 1,
             expiries: BTreeSet::new(),
             wills: BTreeSet::new(),
