@@ -281,6 +281,13 @@ impl Reader<'_> {
     async fn run<R: AsyncRead + Unpin>(&mut self, rd: &mut R, wakers: &Wakers) -> End {
         let ctx = self.ctx;
         let mut deadline = ctx.broker.with(|b| next_deadline(b, self.conn)).0;
+        // One timer for the connection's life, re-armed only when the deadline moves earlier: a
+        // keep-alive moves later with every packet, and a timer made per read (registered in
+        // the wheel, then dropped) was a tenth of what a delivered message cost the reader. A
+        // timer that fires before the deadline it stood for only has the core look again.
+        let timer = tokio::time::sleep_until(tokio::time::Instant::now());
+        tokio::pin!(timer);
+        let mut armed = None;
         loop {
             let fed = self.feed().await;
             if fed.closing {
@@ -305,9 +312,13 @@ impl Reader<'_> {
                 continue;
             }
             deadline = fed.deadline.or(deadline);
+            if let Some(at) = deadline.filter(|at| armed.is_none_or(|armed| at < &armed)) {
+                timer.as_mut().reset(at.into());
+                armed = Some(at);
+            }
             let read = tokio::select! {
                 read = rd.read_buf(&mut self.buf) => read,
-                _ = sleep_until(deadline) => {
+                _ = &mut timer, if armed.is_some() => {
                     let (_, spool) = ctx.broker.with(|b| {
                         let now = Instant::now();
                         b.check_keep_alive(self.conn, now);
@@ -315,6 +326,7 @@ impl Reader<'_> {
                     });
                     ctx.broker.run_spool(spool).await;
                     deadline = ctx.broker.with(|b| next_deadline(b, self.conn)).0;
+                    armed = None;
                     continue;
                 }
             };
@@ -570,13 +582,6 @@ async fn writer<W: AsyncWrite + Unpin>(
 fn next_deadline(b: &crate::broker::core::Broker, conn: ConnId) -> Option<Instant> {
     let keep_alive = b.keep_alive_deadline(conn);
     b.hold_deadline(conn).into_iter().chain(keep_alive).min()
-}
-
-async fn sleep_until(deadline: Option<Instant>) {
-    match deadline {
-        Some(at) => tokio::time::sleep_until(at.into()).await,
-        None => std::future::pending().await,
-    }
 }
 
 /// Reads until `buf` holds the first frame and splits it off; `Ok(None)` on EOF. Anything that
