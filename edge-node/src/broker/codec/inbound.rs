@@ -290,6 +290,36 @@ pub fn decode(frame: Bytes, version: Version, max_user_properties: usize) -> Res
 }
 
 fn ack(frame: &Bytes, kind: u8, version: Version) -> Result<Inbound, DecodeError> {
+    let inbound = match frame[..] {
+        // The form nearly every acknowledgement has, the packet id alone (remaining length 2;
+        // MQTT 5 §3.4.2.1 omits a success's reason code and properties), is read here: through
+        // rumqttd it cost a buffer, a copy and a parse per PUBACK, per subscriber per message.
+        [_, 2, hi, lo] => short_ack(kind, u16::from_be_bytes([hi, lo])),
+        _ => codec_ack(frame, kind, version)?,
+    };
+    let pkid = match &inbound {
+        Inbound::PubAck { pkid, .. } | Inbound::PubRec { pkid, .. } => *pkid,
+        Inbound::PubRel { pkid } | Inbound::PubComp { pkid } => *pkid,
+        _ => 0,
+    };
+    if pkid == 0 {
+        return Err(DecodeError::Malformed("acknowledgement of packet id 0"));
+    }
+    Ok(inbound)
+}
+
+/// An acknowledgement of `kind` with a packet id and nothing else: a success.
+fn short_ack(kind: u8, pkid: u16) -> Inbound {
+    match kind {
+        PUBACK => Inbound::PubAck { pkid, reason: super::reason::SUCCESS },
+        PUBREC => Inbound::PubRec { pkid, reason: super::reason::SUCCESS },
+        PUBREL => Inbound::PubRel { pkid },
+        _ => Inbound::PubComp { pkid },
+    }
+}
+
+/// Any other acknowledgement, through rumqttd's codec.
+pub(super) fn codec_ack(frame: &Bytes, kind: u8, version: Version) -> Result<Inbound, DecodeError> {
     let mut buf = BytesMut::from(&frame[..]);
     let decoded = match version {
         Version::V311 => V4.read_mut(&mut buf, usize::MAX),
@@ -303,14 +333,6 @@ fn ack(frame: &Bytes, kind: u8, version: Version) -> Result<Inbound, DecodeError
         (PUBCOMP, Packet::PubComp(a, _)) => Inbound::PubComp { pkid: a.pkid },
         _ => return Err(DecodeError::Malformed("acknowledgement rejected by the MQTT codec")),
     };
-    let pkid = match &inbound {
-        Inbound::PubAck { pkid, .. } | Inbound::PubRec { pkid, .. } => *pkid,
-        Inbound::PubRel { pkid } | Inbound::PubComp { pkid } => *pkid,
-        _ => 0,
-    };
-    if pkid == 0 {
-        return Err(DecodeError::Malformed("acknowledgement of packet id 0"));
-    }
     Ok(inbound)
 }
 

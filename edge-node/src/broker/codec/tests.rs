@@ -370,3 +370,24 @@ fn mqtt_3_3_2_14_a_response_topic_with_a_wildcard_is_a_protocol_error() {
         assert!(matches!(publish(bad), Err(DecodeError::Protocol(_))), "{}", String::from_utf8_lossy(bad));
     }
 }
+
+/// An acknowledgement with the packet id alone (remaining length 2) is read without rumqttd,
+/// and must read as rumqttd reads it, in both versions: MQTT 5 §3.4.2.1 (and §3.5.2.1,
+/// §3.6.2.1, §3.7.2.1): "The Reason Code and Property Length can be omitted if the Reason Code
+/// is 0x00 (Success) and there are no Properties"; MQTT 3.1.1 §3.4.1: remaining length 2.
+/// A packet id of 0 is refused either way [MQTT-2.3.1-1].
+#[test]
+fn short_acknowledgements_read_as_the_mqtt_codec_reads_them() {
+    for version in [Version::V311, Version::V5] {
+        for first in [0x40, 0x50, 0x62, 0x70] {
+            for pkid in [0u16, 1, 2, 255, 256, 0xabcd, u16::MAX] {
+                let f = frame(first, &pkid.to_be_bytes());
+                let ours = decode(f.clone(), version);
+                let theirs = inbound::codec_ack(&f, first >> 4, version)
+                    .and_then(|i| if pkid == 0 { Err(DecodeError::Malformed("acknowledgement of packet id 0")) } else { Ok(i) });
+                assert_eq!(format!("{ours:?}"), format!("{theirs:?}"), "{version:?} {first:#x} {pkid}");
+                assert_eq!(ours.is_ok(), pkid != 0);
+            }
+        }
+    }
+}
