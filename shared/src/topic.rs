@@ -116,20 +116,32 @@ pub fn validate_filter(filter: &str) -> Result<(), TopicError> {
 }
 
 /// Does `filter` match the topic name `topic`? Both are assumed valid.
+///
+/// Level by level over the bytes: the broker asks this several times per message (classes,
+/// reserved topics, the ACL), and `str::split`'s searcher was 3 % of the local path's
+/// instructions. The tests hold it to the `split` reading it replaced.
 pub fn matches(filter: &str, topic: &str) -> bool {
     if topic.starts_with('$') && filter.starts_with(['+', '#']) {
         return false;
     }
-    let mut f = filter.split('/');
-    let mut t = topic.split('/');
+    // What is left of each after the levels compared; `None` once its last level was.
+    let (mut f, mut t) = (Some(filter.as_bytes()), Some(topic.as_bytes()));
     loop {
-        match (f.next(), t.next()) {
-            (Some("#"), _) => return true,
-            (Some("+"), Some(_)) => {}
-            (Some(fl), Some(tl)) if fl == tl => {}
+        match (f.map(first_level), t.map(first_level)) {
+            (Some((b"#", _)), _) => return true,
+            (Some((b"+", f_rest)), Some((_, t_rest))) => (f, t) = (f_rest, t_rest),
+            (Some((fl, f_rest)), Some((tl, t_rest))) if fl == tl => (f, t) = (f_rest, t_rest),
             (None, None) => return true,
             _ => return false,
         }
+    }
+}
+
+/// The first level of `s` and the rest after its `/`, if it has one.
+fn first_level(s: &[u8]) -> (&[u8], Option<&[u8]>) {
+    match s.iter().position(|&b| b == b'/') {
+        Some(i) => (&s[..i], Some(&s[i + 1..])),
+        None => (s, None),
     }
 }
 
@@ -192,6 +204,32 @@ mod tests {
         ];
         for (f, t, want) in cases {
             assert_eq!(matches(f, t), want, "{f} vs {t}");
+        }
+    }
+
+    /// The reading `matches` had before it walked bytes: levels by `str::split`.
+    fn matches_by_split(filter: &str, topic: &str) -> bool {
+        if topic.starts_with('$') && filter.starts_with(['+', '#']) {
+            return false;
+        }
+        let (mut f, mut t) = (filter.split('/'), topic.split('/'));
+        loop {
+            match (f.next(), t.next()) {
+                (Some("#"), _) => return true,
+                (Some("+"), Some(_)) => {}
+                (Some(fl), Some(tl)) if fl == tl => {}
+                (None, None) => return true,
+                _ => return false,
+            }
+        }
+    }
+
+    proptest::proptest! {
+        // Short strings over the characters that matter, so that levels, wildcards and empty
+        // levels meet often; invalid filters too, which must read as they always did.
+        #[test]
+        fn matches_reads_as_split_did(filter in "[ab/+#$]{0,8}", topic in "[ab/+#$]{0,8}") {
+            proptest::prop_assert_eq!(matches(&filter, &topic), matches_by_split(&filter, &topic));
         }
     }
 
