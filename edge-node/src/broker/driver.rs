@@ -175,8 +175,10 @@ impl BrokerHandle {
         self.drain(&mut core, &mut wakes, &mut resumes, &mut spool);
         // Connections to wake whose sockets this task can write to now: their packets are
         // taken here (what taking them asks of the store goes with the rest), written below.
-        let mut direct = Vec::new();
+        // Their packets, one buffer for all: (wakers, the end of its packets, closing, more).
+        let (mut direct, mut packets) = (Vec::new(), Vec::new());
         if !wakes.is_empty() {
+            (direct, packets) = (Vec::with_capacity(wakes.len()), Vec::with_capacity(wakes.len()));
             let wakers = lock(&self.wakers);
             let now = Instant::now();
             wakes.retain(|conn| {
@@ -185,8 +187,8 @@ impl BrokerHandle {
                 if core.is_closing(*conn) || !outlet.claim() {
                     return true;
                 }
-                let t = core.poll_transmit(*conn, now, DIRECT_BATCH);
-                direct.push((w.clone(), t));
+                let (closing, more) = core.poll_transmit_into(*conn, now, DIRECT_BATCH, &mut packets);
+                direct.push((w.clone(), packets.len(), closing, more));
                 false
             });
             drop(wakers);
@@ -199,9 +201,11 @@ impl BrokerHandle {
         if after.is_some() && (before.is_none() || after < before) {
             self.timer.notify_one();
         }
-        for (w, t) in &direct {
+        let mut start = 0;
+        for (w, end, closing, more) in &direct {
             let outlet = w.outlet.get().expect("claimed through it");
-            if outlet.write_and_release(&t.packets) || t.more || t.closing {
+            let mine = &packets[std::mem::replace(&mut start, *end)..*end];
+            if outlet.write_and_release(mine) || *more || *closing {
                 w.writer.notify_one();
             } else {
                 // The reader may be paused waiting for these acknowledgements to go out.
@@ -236,6 +240,9 @@ impl BrokerHandle {
     ) {
         let mut store = Vec::new();
         loop {
+            // Mostly wake-ups (one per subscriber a message reached): one allocation, not a
+            // doubling per few subscribers.
+            wakes.reserve(core.actions_waiting());
             while let Some(action) = core.poll_action() {
                 match action {
                     Action::Wake(conn) => wakes.push(conn),

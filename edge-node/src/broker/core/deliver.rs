@@ -444,20 +444,35 @@ impl Broker {
     /// ([MQTT-3.3.2-5]) and the rest with their remaining expiry ([MQTT-3.3.2-6]), any larger
     /// than the client takes dropped as if sent ([MQTT-3.1.2-24], [MQTT-3.1.2-25]).
     pub fn poll_transmit(&mut self, conn: ConnId, now: Instant, max_bytes: usize) -> Transmit {
-        let Some(c) = self.conns.get_mut(&conn) else { return Transmit { closing: true, ..Transmit::default() } };
+        let mut packets = Vec::new();
+        let (closing, more) = self.poll_transmit_into(conn, now, max_bytes, &mut packets);
+        Transmit { packets, closing, more }
+    }
+
+    /// [`Broker::poll_transmit`] appending to `packets`, for a caller taking several
+    /// connections' packets at once into one buffer (a `Vec` per delivery was 3 % of the local
+    /// path's instructions); [`Transmit`]'s `closing` and `more`.
+    pub fn poll_transmit_into(
+        &mut self,
+        conn: ConnId,
+        now: Instant,
+        max_bytes: usize,
+        packets: &mut Vec<Outbound>,
+    ) -> (bool, bool) {
+        let Some(c) = self.conns.get_mut(&conn) else { return (true, false) };
         if c.gate > self.durable && !c.closing {
             // The CONNACK waits for the store (`connect`), and everything after it.
-            return Transmit::default();
+            return (false, false);
         }
-        let mut packets: Vec<Outbound> = c.control.drain(..).collect();
+        packets.extend(c.control.drain(..));
         if c.closing {
-            return Transmit { packets, closing: true, more: false };
+            return (true, false);
         }
         let (key, quota, max_packet, version) = (c.session, usize::from(c.send_quota), c.max_packet_out, c.version);
         let internal = c.rules.is_none();
         let (sid, durable) = (self.durable_sid(key), self.durable);
         let Some(s) = self.sessions.get_mut(key as usize).and_then(Option::as_mut) else {
-            return Transmit { packets, ..Transmit::default() };
+            return (false, false);
         };
         let (mut expired, mut too_large, mut sent, mut released, mut bytes) = (0, 0, 0u64, 0usize, 0usize);
         // What the store hears of this, made once `s` is no longer borrowed; nothing allocated
@@ -562,7 +577,7 @@ impl Broker {
         let out = if internal { &self.metrics.publish_out_internal } else { &self.metrics.publish_out };
         out.inc_by(sent);
         self.drained(key, now);
-        Transmit { packets, closing: false, more }
+        (false, more)
     }
 }
 

@@ -378,6 +378,11 @@ impl Broker {
         &self.limits
     }
 
+    /// How many actions wait for [`Broker::poll_action`], for the glue to size its buffers once.
+    pub fn actions_waiting(&self) -> usize {
+        self.actions.len()
+    }
+
     /// The next thing the glue must do, oldest first.
     pub fn poll_action(&mut self) -> Option<Action> {
         let action = self.actions.pop_front();
