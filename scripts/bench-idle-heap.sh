@@ -9,12 +9,9 @@ cd "$(dirname "$0")/.."
 export PATH="$(scripts/install-test-deps.sh):$PATH"
 edges=${1:-2000}
 seconds=${2:-5}
-if ! command -v heaptrack >/dev/null || ! command -v zstd >/dev/null; then
-  SUDO=$([ "$(id -u)" = 0 ] || echo sudo)
-  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq heaptrack zstd >&2
-fi
-
 . scripts/bench-common.sh
+need heaptrack heaptrack
+need zstd zstd
 
 cargo build --release --locked --quiet -p e2e-tests --bin fleet-bench
 cargo build --release --locked --quiet -p cloud-bridge --bin cloud-bridge --no-default-features

@@ -25,23 +25,18 @@ export PATH="$(scripts/install-test-deps.sh):$PATH"
 repeats=${1:-3}
 seconds=${2:-8}
 
-command -v node >/dev/null && command -v npm >/dev/null || {
-  SUDO=""; [ "$(id -u)" -eq 0 ] || SUDO="sudo"
-  $SUDO apt-get update -qq >&2 && DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq nodejs npm >&2
-}
+. scripts/bench-common.sh
+need node nodejs npm
+need npm nodejs npm
 # perf counts each broker's context switches and system calls over a case: steady figures beside
 # its CPU time, which moves with the host's load.
-command -v perf >/dev/null || {
-  SUDO=""; [ "$(id -u)" -eq 0 ] || SUDO="sudo"
-  $SUDO apt-get update -qq >&2 && DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq linux-perf >&2
-}
+need perf linux-perf
 [ -d tests/node/node_modules/mqtt ] || (cd tests/node && npm ci --no-audit --no-fund --silent >&2)
 cargo build --release --locked --quiet -p edge-node -p e2e-tests --bin edge-node --bin mqtt-bench
 cargo build --profile device --locked --quiet -p edge-node
 bin=target/release
 mosquitto_bin=$(command -v mosquitto || echo /usr/sbin/mosquitto)
 
-. scripts/bench-common.sh
 rss_kb() { awk '/^VmRSS/{print $2}' "/proc/$1/status"; }
 # utime + stime of a process, in clock ticks (fields 14 and 15 of /proc/PID/stat; the command
 # name before them is in parentheses and may hold spaces).
@@ -66,14 +61,8 @@ edge_pid=$!; pids+=("$edge_pid")
 
 mport=$(free_port)
 wsport=$(free_port)
-cat > "$work/mosquitto.conf" <<EOC
-listener $mport 127.0.0.1
-allow_anonymous true
-persistence false
-set_tcp_nodelay true
-max_inflight_messages 100
-max_queued_messages 10000
-log_dest none
+mosquitto_peer_conf "$mport" > "$work/mosquitto.conf"
+cat >> "$work/mosquitto.conf" <<EOC
 listener $wsport 127.0.0.1
 protocol websockets
 EOC

@@ -383,8 +383,9 @@ fn short_acknowledgements_read_as_the_mqtt_codec_reads_them() {
             for pkid in [0u16, 1, 2, 255, 256, 0xabcd, u16::MAX] {
                 let f = frame(first, &pkid.to_be_bytes());
                 let ours = decode(f.clone(), version);
-                let theirs = inbound::codec_ack(&f, first >> 4, version)
-                    .and_then(|i| if pkid == 0 { Err(DecodeError::Malformed("acknowledgement of packet id 0")) } else { Ok(i) });
+                let theirs = inbound::codec_ack(&f, first >> 4, version).and_then(|i| {
+                    if pkid == 0 { Err(DecodeError::Malformed("acknowledgement of packet id 0")) } else { Ok(i) }
+                });
                 assert_eq!(format!("{ours:?}"), format!("{theirs:?}"), "{version:?} {first:#x} {pkid}");
                 assert_eq!(ours.is_ok(), pkid != 0);
             }
