@@ -113,6 +113,33 @@ async fn half_open_connections_are_closed() {
     good_client_works(&t, "after-half-open").await;
 }
 
+/// [MQTT-3.1.2-24]: the server disconnects a client that sent nothing for one and a half times
+/// its keep-alive, and only then. The reader keeps one timer, armed at the first deadline and
+/// not moved later with each packet: a client that pings past that first deadline must stay,
+/// and be closed once it goes quiet.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn keep_alive_counts_from_the_last_packet_not_the_first_deadline() {
+    let t = TestNode::start("").await;
+    let mut c = TcpStream::connect(t.local()).await.unwrap();
+    c.write_all(&connect_packet("pinger", 1)).await.unwrap();
+    let mut connack = [0u8; 4];
+    tokio::time::timeout(WAIT, c.read_exact(&mut connack)).await.expect("CONNACK in time").unwrap();
+    assert_eq!(connack, [0x20, 2, 0, 0]);
+    // PINGREQ every 0.5 s for 4 s: past the first deadline (1.5 s) twice over.
+    for _ in 0..8 {
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        c.write_all(&[0xC0, 0]).await.unwrap();
+        let mut resp = [0u8; 2];
+        tokio::time::timeout(WAIT, c.read_exact(&mut resp)).await.expect("PINGRESP in time").unwrap();
+        assert_eq!(resp, [0xD0, 0], "an active client was disconnected");
+    }
+    let quiet_from = tokio::time::Instant::now();
+    let (_, closed) = read_until_closed(&mut c, WAIT).await;
+    assert!(closed, "client past its keep-alive not disconnected");
+    let after = quiet_from.elapsed();
+    assert!(after >= Duration::from_millis(1400), "closed {after:?} after its last packet, before 1.5 keep-alives");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_thousand_connections_at_once() {
     let t = TestNode::start("[broker]\nmax_connections = 1100\n").await;
