@@ -125,9 +125,10 @@ async fn keep_alive_counts_from_the_last_packet_not_the_first_deadline() {
     let mut connack = [0u8; 4];
     tokio::time::timeout(WAIT, c.read_exact(&mut connack)).await.expect("CONNACK in time").unwrap();
     assert_eq!(connack, [0x20, 2, 0, 0]);
-    // PINGREQ every 0.5 s for 4 s: past the first deadline (1.5 s) twice over.
-    for _ in 0..8 {
-        tokio::time::sleep(Duration::from_millis(500)).await;
+    // PINGREQ every 0.25 s for 3 s: past the first deadline (1.5 s) twice over, with 1.25 s of
+    // slack per gap for a loaded machine.
+    for _ in 0..12 {
+        tokio::time::sleep(Duration::from_millis(250)).await;
         c.write_all(&[0xC0, 0]).await.unwrap();
         let mut resp = [0u8; 2];
         tokio::time::timeout(WAIT, c.read_exact(&mut resp)).await.expect("PINGRESP in time").unwrap();
