@@ -7,7 +7,7 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
-use shared::proto::down::MAX_DOWN_BYTES;
+use shared::proto::down::{MAX_DOWN_BYTES, MAX_DOWN_WINDOW};
 use shared::units::{ByteSize, HumanDuration};
 
 use crate::sink::downlink::{DOWN_HEADERS, DownLimit, Outgoing};
@@ -17,7 +17,8 @@ use crate::sink::downlink::{DOWN_HEADERS, DownLimit, Outgoing};
 pub struct DownlinkConfig {
     /// Messages sent to an edge and not yet acked, at most. Delivery is bound by round trips per
     /// window (a read, the edge's commit and ack, the record); `window_bytes` bounds what the
-    /// edge holds meanwhile whatever the count. Default: 256.
+    /// edge holds meanwhile whatever the count. At most 256, what an edge holds unanswered
+    /// (past it the edge ends the session). Default: 256.
     pub window_messages: usize,
     /// Their bytes, at most (one message is sent whatever its size). Default: 4 MiB.
     pub window_bytes: ByteSize,
@@ -82,6 +83,15 @@ impl DownlinkConfig {
             if v == 0 {
                 p.bad(key, "must be at least 1");
             }
+        }
+        if self.window_messages > MAX_DOWN_WINDOW {
+            p.bad(
+                "downlink.window_messages",
+                format!(
+                    "{} is more than an edge holds unanswered ({MAX_DOWN_WINDOW}): past it the edge ends its session",
+                    self.window_messages
+                ),
+            );
         }
         if self.max_message_bytes.bytes() > MAX_DOWN_BYTES as u64 {
             p.bad(
@@ -163,6 +173,7 @@ mod tests {
         assert!(p.is_empty(), "{p:?}");
         let bad = [
             ("window_messages = 0", "downlink.window_messages"),
+            ("window_messages = 257", "downlink.window_messages"),
             ("max_backlog_bytes = \"0B\"", "downlink.max_backlog_bytes"),
             ("max_message_bytes = \"5MiB\"", "downlink.max_message_bytes"),
             ("max_topic_bytes = 65536", "downlink.max_topic_bytes"),

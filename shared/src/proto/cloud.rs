@@ -151,9 +151,11 @@ impl CloudSession {
         }
     }
 
-    /// Sends the downlink within `window`.
+    /// Sends the downlink within `window`, and never more messages at once than an edge holds
+    /// ([`super::down::MAX_DOWN_WINDOW`]).
     pub fn with_down_window(mut self, window: DownWindow) -> Self {
-        self.down.window = window;
+        let messages = window.messages.clamp(1, super::down::MAX_DOWN_WINDOW);
+        self.down.window = DownWindow { messages, ..window };
         self
     }
 

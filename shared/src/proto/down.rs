@@ -19,6 +19,12 @@ pub const MAX_REFUSAL_REASON: usize = 256;
 /// marked; the bridge's window keeps that far lower).
 pub(crate) const MAX_DOWN_REPORT: usize = 4096;
 
+/// Downlink messages an edge holds received and not yet done, at most: one more and the bridge
+/// broke its window, and the edge ends the session. Every edge version so far holds this many
+/// and does not say so in its hello, so a bridge's window is held to it: a bridge configured
+/// past it once ended its edges' sessions whenever their store fell behind.
+pub const MAX_DOWN_WINDOW: usize = 256;
+
 /// The most a downlink message may weigh ([`Down::weight`] without its fixed part): its frame
 /// stays within [`super::MAX_CONTROL_FRAME`], whose last 64 KiB cover the encoding.
 pub const MAX_DOWN_BYTES: usize = crate::model::MAX_MANIFEST_BYTES;

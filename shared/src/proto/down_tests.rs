@@ -335,6 +335,46 @@ fn the_window_bounds_messages_and_bytes_unanswered() {
     assert!(!cloud.down_room());
 }
 
+/// A bridge given a window past what an edge holds unanswered sends no more than the edge
+/// holds: a bridge configured with 1,024 once sent the 257th before the edge's store caught up,
+/// and the edge ended the session each time (delivery at a tenth of the rate).
+#[test]
+fn a_window_past_what_an_edge_holds_is_held_to_it() {
+    let now = Instant::now();
+    let mut cloud =
+        CloudSession::new(8).with_versions(versions()).with_down_window(DownWindow { messages: 1024, bytes: 1 << 30 });
+    cloud.handle(Control::Hello(hello())).unwrap();
+    cloud.welcome(vec![], vec![]);
+    assert!(cloud.start_down(0));
+    while cloud.poll_control().is_some() {}
+    let mut edge = EdgeSession::new(EdgeSessionConfig::default(), EPOCH, []).with_versions(versions());
+    edge.connected(now);
+    while edge.poll_control().is_some() {}
+    edge.handle(welcome(), now).unwrap();
+    // The edge's store commits nothing meanwhile: every message sent stays unanswered.
+    let mut seq = 0;
+    while cloud.down_room() {
+        seq += 1;
+        cloud.send_down(down(seq)).unwrap();
+    }
+    assert_eq!(seq as usize, super::down::MAX_DOWN_WINDOW);
+    while let Some(frame) = cloud.poll_control() {
+        if let Err(e) = edge.handle(frame, now) {
+            panic!("the edge ended the session at {}: {e}", cloud.down_sent());
+        }
+    }
+    // Its first commit frees room for the next.
+    edge.down_done(1, DownOutcome::Delivered).unwrap();
+    let ack = std::iter::from_fn(|| edge.poll_control()).find_map(|f| match f {
+        Control::DownAck(ack) => Some(ack),
+        _ => None,
+    });
+    cloud.handle(Control::DownAck(ack.expect("an ack"))).unwrap();
+    assert!(cloud.down_room());
+    cloud.send_down(down(seq + 1)).unwrap();
+    edge.handle(cloud.poll_control().expect("sent"), now).expect("within what the edge holds");
+}
+
 #[derive(Debug, Clone)]
 enum Step {
     /// The bridge's sink gets messages for the edge: this many, spaced by this much.

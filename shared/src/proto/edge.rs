@@ -22,7 +22,7 @@
 use std::collections::{BTreeMap, VecDeque};
 use std::time::{Duration, Instant};
 
-use super::down::{Down, DownAck, DownOutcome, DownRefusal, MAX_DOWN_REPORT, clip_reason};
+use super::down::{Down, DownAck, DownOutcome, DownRefusal, MAX_DOWN_REPORT, MAX_DOWN_WINDOW, clip_reason};
 use super::{Ack, Control, DOWNLINK_VERSION, DictAnnounce, Hello, Lane, LaneSeq, Seq, SpoolReport, VERSIONS};
 
 #[derive(Debug, Clone)]
@@ -42,7 +42,7 @@ impl Default for EdgeSessionConfig {
             window: 8,
             keepalive: Duration::from_secs(5),
             ack_timeout: Duration::from_secs(2),
-            max_down_pending: 256,
+            max_down_pending: MAX_DOWN_WINDOW,
         }
     }
 }
