@@ -141,7 +141,7 @@ impl DownCore {
         Self {
             edge: edge.to_owned(),
             metrics,
-            window_messages: window_messages.max(1),
+            window_messages: window_messages.clamp(1, shared::proto::down::MAX_DOWN_WINDOW),
             poll,
             max_bytes: MAX_DOWN_BYTES as u64,
             phase: Phase::Starting { edge_mark: 0 },
@@ -197,7 +197,9 @@ impl DownCore {
             self.in_flight = Some(call.clone());
             return Some(call);
         }
-        if self.phase != Phase::Running || !self.ready.is_empty() || !session.down_room() || !self.due(now) {
+        // Read ahead while the window is full: what the next acks free is sent at once, not a
+        // read's round trip later. At most one read's worth waits (`ready`), as before.
+        if self.phase != Phase::Running || !self.ready.is_empty() || self.aside.is_some() || !self.due(now) {
             return None;
         }
         self.woken = false;
@@ -231,14 +233,16 @@ impl DownCore {
 
     /// When a read falls due without news, if the downlink waits for one; or when a failed
     /// call is made again.
-    pub(crate) fn poll_timeout(&self, session: &CloudSession) -> Option<Instant> {
+    pub(crate) fn poll_timeout(&self) -> Option<Instant> {
         if self.asked.is_some() {
             return None;
         }
         if let Some(at) = self.retry_at {
             return Some(at);
         }
-        (self.phase == Phase::Running && self.ready.is_empty() && session.down_room()).then_some(self.poll_at).flatten()
+        (self.phase == Phase::Running && self.ready.is_empty() && self.aside.is_none())
+            .then_some(self.poll_at)
+            .flatten()
     }
 
     /// The answer to the call made last. `wall_ms` is the wall clock, ms since the Unix epoch:
@@ -315,7 +319,9 @@ impl DownCore {
         if self.asked.is_none() && self.calls.is_empty() {
             self.next_ack(session, wall_ms)?;
         }
-        Ok(())
+        // The room the ack freed is filled now, while its record is made: waiting for the record
+        // held the window empty for the sink's round trips after every ack.
+        self.feed(session, wall_ms)
     }
 
     /// Takes the next ack waiting: records it, or, with nothing new, moves on at once.
@@ -378,9 +384,11 @@ impl DownCore {
         self.acked = position;
     }
 
-    /// Sends what was read while the window has room; stops at a message to set aside first.
+    /// Sends what was read while the window has room; stops at a message to set aside first,
+    /// until that is done. Records and reads in flight do not hold it: they concern what was
+    /// sent before, or what comes after all of `ready`.
     fn feed(&mut self, session: &mut CloudSession, wall_ms: u64) -> Result<(), SessionError> {
-        while self.asked.is_none() && self.calls.is_empty() && session.down_room() {
+        while self.aside.is_none() && session.down_room() {
             let Some(p) = self.ready.pop_front() else { break };
             let bytes = p.msg.bytes();
             let too_large = (bytes > self.max_bytes)
@@ -533,6 +541,53 @@ mod tests {
         assert_eq!(s.down_sent(), 5);
     }
 
+    /// The room an ack frees is filled at once, while its record is out, and the next read is
+    /// made while the window is full: delivery waited for both round trips after every ack.
+    #[test]
+    fn the_window_is_filled_while_an_ack_is_recorded_and_read_ahead_while_full() {
+        let now = Instant::now();
+        let (mut s, mut d) = reading(now, 20);
+        assert_eq!(s.down_sent(), 16, "the window is full, 4 wait");
+        let ack = DownAck { up_to: 4, ..DownAck::default() };
+        s.handle(Control::DownAck(ack.clone())).unwrap();
+        d.handle_ack(&mut s, ack, 0).unwrap();
+        assert_eq!(s.down_sent(), 20, "sent before the record is made");
+        let Some(DownCall::Record(done)) = d.poll_call(&s, now) else { panic!("the ack is recorded") };
+        assert_eq!(done.up_to, 4);
+        d.handle_answer(&mut s, DownAnswer::Recorded, 0).unwrap();
+        assert!(!s.down_room(), "the window is full again");
+        d.woken();
+        assert_eq!(d.poll_call(&s, now), Some(DownCall::Read { after: 20, max: 16 }), "read ahead");
+        d.handle_answer(&mut s, DownAnswer::Read((21..=22).map(pending).collect()), 0).unwrap();
+        assert_eq!(s.down_sent(), 20, "held until there is room");
+        assert_eq!(d.poll_call(&s, now), None, "one read's worth waits at most");
+        let ack = DownAck { up_to: 5, ..DownAck::default() };
+        s.handle(Control::DownAck(ack.clone())).unwrap();
+        d.handle_ack(&mut s, ack, 0).unwrap();
+        assert_eq!(s.down_sent(), 21);
+    }
+
+    /// A message to set aside holds the ones after it until that is recorded, and no read is
+    /// made meanwhile (it would read them again).
+    #[test]
+    fn a_message_set_aside_holds_the_next_ones_and_the_reads() {
+        let now = Instant::now();
+        let (mut s, mut d) = reading(now, 2);
+        let bad = Pending { invalid: Some("no".into()), ..pending(3) };
+        d.woken();
+        assert!(matches!(d.poll_call(&s, now), Some(DownCall::Read { after: 2, .. })));
+        d.handle_answer(&mut s, DownAnswer::Read(vec![bad, pending(4)]), 0).unwrap();
+        assert_eq!(s.down_sent(), 2);
+        let ack = DownAck { up_to: 2, ..DownAck::default() };
+        s.handle(Control::DownAck(ack.clone())).unwrap();
+        d.handle_ack(&mut s, ack, 0).unwrap();
+        assert_eq!(s.down_sent(), 2, "4 waits behind 3");
+        assert!(matches!(d.poll_call(&s, now), Some(DownCall::SetAside { seq: 3, .. })));
+        d.handle_answer(&mut s, DownAnswer::SetAside, 0).unwrap();
+        assert_eq!(s.down_sent(), 4, "3 sent empty, then 4");
+        assert!(matches!(d.poll_call(&s, now), Some(DownCall::Record(_))));
+    }
+
     /// Edges that connect together poll spread over the second half of `poll` the first time,
     /// then every `poll`: 10,000 sessions back after a restart once read the sink in the same
     /// instant every interval.
@@ -548,11 +603,11 @@ mod tests {
 
         let now = Instant::now();
         let (mut s, mut d) = reading(now, 0);
-        let first = d.poll_timeout(&s).expect("a poll is due");
+        let first = d.poll_timeout().expect("a poll is due");
         assert_eq!(first - now, first_poll("e", Duration::from_secs(5)));
         assert_eq!(d.poll_call(&s, first - Duration::from_millis(1)), None, "not yet");
         assert!(matches!(d.poll_call(&s, first), Some(DownCall::Read { .. })));
         d.handle_answer(&mut s, DownAnswer::Read(vec![]), 0).unwrap();
-        assert_eq!(d.poll_timeout(&s), Some(first + Duration::from_secs(5)), "then every poll");
+        assert_eq!(d.poll_timeout(), Some(first + Duration::from_secs(5)), "then every poll");
     }
 }

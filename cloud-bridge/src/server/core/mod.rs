@@ -307,7 +307,7 @@ impl<H> SessionCore<H> {
     /// When the core must hear of time passing: the stall deadline of held batches, the
     /// downlink's next read without news.
     pub fn poll_timeout(&self) -> Option<Instant> {
-        let down = self.down.as_ref().and_then(|d| d.poll_timeout(&self.session));
+        let down = self.down.as_ref().and_then(|d| d.poll_timeout());
         self.stall_deadline().into_iter().chain(down).min()
     }
 
