@@ -615,7 +615,7 @@ impl DownlinkStore for JetStreamSink {
         let mut width = READ_FIRST;
         while out.len() < max {
             let want = (max - out.len()).min(width);
-            let found = raw::get_run(&d.js, &d.name, next, want, &filter).await?;
+            let (found, ended) = raw::get_run(&d.js, &d.name, next, want, &filter).await?;
             if found.is_empty() {
                 break;
             }
@@ -640,6 +640,11 @@ impl DownlinkStore for JetStreamSink {
                 let headers = m.headers.unwrap_or_default();
                 let (msg, invalid) = parse(&d.topic_tokens(&m.subject), &headers, m.payload);
                 out.push(Pending { seq: doc.edge_seq(m.seq), stored_ms: m.time_ms, msg, invalid: problem.or(invalid) });
+            }
+            // The stream held no more: another round would find none (a round trip more on
+            // every read that reaches the end, which at a low rate is every read).
+            if ended {
+                break;
             }
         }
         Ok(out)
@@ -768,19 +773,27 @@ impl DownlinkStore for JetStreamSink {
         // Where in HINT_AGAIN the looks after a hint are (none after none).
         let mut early = HINT_AGAIN.len();
         loop {
-            while edges.len() < NEWS_MAX {
+            // Several gets at once, as a session's read makes them: one message's news took a
+            // round trip to find it and another to find nothing after it.
+            let mut read = 0;
+            while read < NEWS_MAX {
                 // A request under way when the connection drops waits for its whole timeout:
                 // news is late by that much at most.
-                let got =
-                    tokio::time::timeout(NEWS_POLL * 5, raw::get(&d.js, &d.name, raw::At::Next(cursor + 1, &filter)))
-                        .await
-                        .map_err(|_| unavailable("downlink news", "timed out"))??;
-                let Some(m) = got else { break };
-                cursor = m.seq;
-                if let Some(token) = m.subject.split('.').nth(skip).filter(|t| *t != DEAD)
-                    && let Some(edge) = names::topic_of(&[token])
-                {
-                    edges.push(edge);
+                let run = raw::get_run(&d.js, &d.name, cursor + 1, READ_FIRST, &filter);
+                let (found, ended) = tokio::time::timeout(NEWS_POLL * 5, run)
+                    .await
+                    .map_err(|_| unavailable("downlink news", "timed out"))??;
+                read += found.len().max(1);
+                for m in &found {
+                    cursor = m.seq;
+                    if let Some(token) = m.subject.split('.').nth(skip).filter(|t| *t != DEAD)
+                        && let Some(edge) = names::topic_of(&[token])
+                    {
+                        edges.push(edge);
+                    }
+                }
+                if ended || found.is_empty() {
+                    break;
                 }
             }
             if !edges.is_empty() {

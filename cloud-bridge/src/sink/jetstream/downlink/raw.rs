@@ -107,20 +107,23 @@ pub(super) async fn get(js: &jetstream::Context, stream: &str, at: At<'_>) -> Re
 ///
 /// Past the gets' reach, what the last one found is the first after it, so nothing lies
 /// between.
+///
+/// Also whether a get found nothing: the run then holds everything stored when it ran, and
+/// what comes later is news (a read need not look again to know).
 pub(super) async fn get_run(
     js: &jetstream::Context,
     stream: &str,
     from: u64,
     want: usize,
     filter: &str,
-) -> Result<Vec<RawDown>, SinkError> {
+) -> Result<(Vec<RawDown>, bool), SinkError> {
     let gets = (0..want as u64).map(|i| get(js, stream, At::Next(from + i, filter)));
     let got = futures_util::future::try_join_all(gets).await?;
-    let below = got.iter().position(Option::is_none).map_or(u64::MAX, |i| from + i as u64);
-    let mut run: Vec<RawDown> = got.into_iter().flatten().filter(|m| m.seq < below).collect();
+    let below = got.iter().position(Option::is_none).map(|i| from + i as u64);
+    let mut run: Vec<RawDown> = got.into_iter().flatten().filter(|m| below.is_none_or(|b| m.seq < b)).collect();
     run.sort_by_key(|m| m.seq);
     run.dedup_by_key(|m| m.seq);
-    Ok(run)
+    Ok((run, below.is_some()))
 }
 
 #[derive(Serialize)]
