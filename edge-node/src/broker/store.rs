@@ -6,7 +6,8 @@
 //! the last ones.
 //!
 //! Written by one thread of its own, in group commits: once ops come it waits
-//! [`COMMIT_INTERVAL`] for more, commits them in one transaction and reports the last op's
+//! [`COMMIT_INTERVAL`] for more (ops with the downlink's mark, which everyone waits on, only
+//! until nothing more is queued), commits them in one transaction and reports the last op's
 //! number back
 //! ([`SessionStore::on_commit`]), which releases the acknowledgements that waited for them. An
 //! op that is undone within the same batch (a message queued and acknowledged before the commit,
@@ -121,13 +122,22 @@ const LOCK_WAIT: Duration = Duration::from_secs(5);
 /// that keeps up to acknowledge what was queued for it, so the pair cancels out unwritten.
 pub const COMMIT_INTERVAL: Duration = Duration::from_millis(5);
 
+/// Whether `ops` commit as soon as nothing more waits for the thread, not after the interval:
+/// those with a mark (the downlink's messages and position, `core::downlink`). Nothing waits
+/// on them to be undone, and everyone waits on their commit: the edge's subscribers get a
+/// downlink message, and the cloud its ack, only then (5 ms of its latency at any rate).
+fn urgent(ops: &[(u64, StoreOp)]) -> bool {
+    ops.iter().any(|(_, op)| matches!(op, StoreOp::Mark { .. }))
+}
+
 /// Most ops in one transaction: a commit a burst made large still ends soon.
 const MAX_BATCH: usize = 16_384;
 
 enum Msg {
-    /// Ops that commit together or not at all (see [`SessionStore::send`]), when sent, and
-    /// what they hold ([`backlog_bytes`]).
-    Ops(Vec<(u64, StoreOp)>, Instant, usize),
+    /// Ops that commit together or not at all (see [`SessionStore::send`]), when sent, what
+    /// they hold ([`backlog_bytes`]), and whether they commit without waiting the interval out
+    /// ([`urgent`]).
+    Ops(Vec<(u64, StoreOp)>, Instant, usize, bool),
     /// Answered once everything sent before it is committed (or failed to be).
     Flush(mpsc::Sender<()>),
     /// [`Msg::Flush`], then the store is marked closed cleanly: the process is about to exit.
@@ -202,8 +212,9 @@ impl SessionStore {
     pub fn send(&self, ops: Vec<(u64, StoreOp)>) {
         let bytes = backlog_bytes(&ops);
         self.backlog.add(ops.len(), bytes);
+        let urgent = urgent(&ops);
         // The thread ends only with the process.
-        let _ = self.tx.send(Msg::Ops(ops, Instant::now(), bytes));
+        let _ = self.tx.send(Msg::Ops(ops, Instant::now(), bytes, urgent));
     }
 
     /// Waits while more than [`MAX_PENDING_OPS`] ops, or ops holding [`MAX_PENDING_BYTES`],
@@ -465,12 +476,15 @@ impl Writer {
             // While a batch failed, wait a while for more before trying it again.
             let first = if batch.is_empty() { rx.recv().ok() } else { rx.recv_timeout(retry).ok() };
             let mut oldest: Option<Instant> = None;
+            // Read in the loop below while `take` holds it.
+            let hurry = std::cell::Cell::new(false);
             let mut take =
                 |m: Msg, batch: &mut Vec<(u64, StoreOp)>, flushes: &mut Vec<(mpsc::Sender<()>, bool)>| match m {
-                    Msg::Ops(ops, sent, bytes) => {
+                    Msg::Ops(ops, sent, bytes, urgent) => {
                         oldest.get_or_insert(sent);
                         batch.extend(ops);
                         batch_bytes += bytes;
+                        hurry.set(hurry.get() | urgent);
                     }
                     Msg::Flush(done) => flushes.push((done, false)),
                     Msg::Close(done) => flushes.push((done, true)),
@@ -480,8 +494,8 @@ impl Writer {
                 None if batch.is_empty() => return,
                 None => {}
             }
-            // Gather for the interval (a flush asked for goes at once): what is undone within it
-            // is never written.
+            // Gather for the interval (a flush asked for, or urgent ops, go as soon as nothing
+            // more waits): what is undone within it is never written.
             let until = Instant::now() + COMMIT_INTERVAL;
             loop {
                 while batch.len() < MAX_BATCH {
@@ -489,7 +503,7 @@ impl Writer {
                     take(m, &mut batch, &mut flushes);
                 }
                 let now = Instant::now();
-                if !flushes.is_empty() || batch.len() >= MAX_BATCH || now >= until {
+                if !flushes.is_empty() || hurry.get() || batch.len() >= MAX_BATCH || now >= until {
                     break;
                 }
                 std::thread::sleep((until - now).min(Duration::from_millis(1)));

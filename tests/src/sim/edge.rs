@@ -5,7 +5,8 @@
 //! and commits, and keeps time; every decision is theirs.
 //!
 //! What the sim's disk does: a store commit waits `COMMIT_INTERVAL` after its first op (as the
-//! store's thread gathers), fails while the store is locked (and is tried again, backing off as
+//! store's thread gathers; the thread commits the downlink's marks sooner, an order a slower
+//! disk gives too), fails while the store is locked (and is tried again, backing off as
 //! the thread does), and a crash loses what was not committed; the spool commits every
 //! `SPOOL_EVERY`, and a crash loses what it had not.
 

@@ -471,3 +471,15 @@ async fn messages_waiting_for_the_store_hold_readers_back_by_their_bytes() {
         .collect();
     assert_eq!(backlog_bytes(&queued), msg.weight());
 }
+
+/// Ops with the downlink's mark commit once nothing more is queued, not after the interval: the
+/// edge's subscribers and the cloud's ack wait on them, and nothing in them is undone soon. The
+/// others wait the interval out, so that a delivery acknowledged within it is never written.
+#[test]
+fn only_ops_with_a_mark_skip_the_commit_interval() {
+    let mark = (2, StoreOp::Mark { key: "downlink", value: "{}".into() });
+    let settled = (1, StoreOp::Settled { sid: 1, pkid: 7 });
+    assert!(urgent(&[settled.clone(), mark]));
+    assert!(!urgent(&[settled]));
+    assert!(!urgent(&[]));
+}
