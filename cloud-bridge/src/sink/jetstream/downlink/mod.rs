@@ -652,12 +652,17 @@ impl DownlinkStore for JetStreamSink {
 
     async fn down_record(&self, edge: &str, done: &DownDone) -> Result<(), SinkError> {
         let d = self.down();
-        let (doc, now) = d.settled(edge, None).await?;
-        for r in &done.refused {
-            d.set_aside((&doc, &now), r.seq, "refused", &r.reason).await?;
-        }
-        for seq in &done.expired {
-            d.set_aside((&doc, &now), *seq, "expired", "its expiry ran out before the edge could deliver it").await?;
+        // The document as counted now, for the set-asides only: the update below counts it
+        // again itself (two round trips on every record that sets nothing aside).
+        if !done.refused.is_empty() || !done.expired.is_empty() {
+            let (doc, now) = d.settled(edge, None).await?;
+            for r in &done.refused {
+                d.set_aside((&doc, &now), r.seq, "refused", &r.reason).await?;
+            }
+            for seq in &done.expired {
+                d.set_aside((&doc, &now), *seq, "expired", "its expiry ran out before the edge could deliver it")
+                    .await?;
+            }
         }
         let updated = d
             .update(edge, None, |doc| {
