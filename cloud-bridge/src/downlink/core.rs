@@ -82,7 +82,6 @@ enum Asked {
 pub struct DownCore {
     edge: String,
     metrics: Arc<DownlinkMetrics>,
-    window_messages: usize,
     poll: Duration,
     /// A message past this many bytes is set aside ([`DownCore::with_max_bytes`]).
     max_bytes: u64,
@@ -131,17 +130,16 @@ const RETRY_MAX: Duration = Duration::from_secs(30);
 impl DownCore {
     /// A downlink of `edge` with metrics of its own, for other subsystems' tests.
     #[cfg(test)]
-    pub(crate) fn unmetered(edge: &str, window_messages: usize, poll: Duration) -> Self {
-        Self::new(edge, Arc::new(DownlinkMetrics::default()), window_messages, poll)
+    pub(crate) fn unmetered(edge: &str, poll: Duration) -> Self {
+        Self::new(edge, Arc::new(DownlinkMetrics::default()), poll)
     }
 
-    /// The downlink of `edge`, reading `window_messages` at a time and every `poll` without
+    /// The downlink of `edge`, reading a window's worth at a time (its session's) and every `poll` without
     /// news. Nothing happens before [`DownCore::start`].
-    pub fn new(edge: &str, metrics: Arc<DownlinkMetrics>, window_messages: usize, poll: Duration) -> Self {
+    pub fn new(edge: &str, metrics: Arc<DownlinkMetrics>, poll: Duration) -> Self {
         Self {
             edge: edge.to_owned(),
             metrics,
-            window_messages: window_messages.clamp(1, shared::proto::down::MAX_DOWN_WINDOW),
             poll,
             max_bytes: MAX_DOWN_BYTES as u64,
             phase: Phase::Starting { edge_mark: 0 },
@@ -210,7 +208,8 @@ impl DownCore {
             Some(at) if now >= at => self.poll_at = Some(now + self.poll),
             Some(_) => {}
         }
-        let want = self.window_messages;
+        // A window's worth: what the session may have unanswered at once.
+        let want = session.down_window().messages;
         self.asked = Some(Asked::Read { want });
         self.in_flight = None;
         Some(DownCall::Read { after: session.down_sent(), max: want })
@@ -467,7 +466,7 @@ mod tests {
     /// acked), window 16.
     fn reading(now: Instant, n: u64) -> (CloudSession, DownCore) {
         let mut s = session();
-        let mut d = DownCore::new("e", Arc::new(DownlinkMetrics::default()), 16, Duration::from_secs(5));
+        let mut d = DownCore::new("e", Arc::new(DownlinkMetrics::default()), Duration::from_secs(5));
         d.start(0);
         assert_eq!(d.poll_call(&s, now), Some(DownCall::State));
         d.handle_answer(&mut s, DownAnswer::State(DownState::default()), 0).unwrap();

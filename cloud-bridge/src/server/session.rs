@@ -45,7 +45,7 @@ pub(super) async fn run<S: Sink>(
     let config = &services.downlink.config;
     let window = DownWindow { messages: config.window_messages, bytes: config.window_bytes.as_usize() };
     let session = CloudSession::new(limits.max_held).with_down_window(window);
-    let down = DownCore::new(edge, services.downlink.metrics.clone(), config.window_messages, config.poll.0)
+    let down = DownCore::new(edge, services.downlink.metrics.clone(), config.poll.0)
         .with_max_bytes(config.max_message_bytes.bytes());
     let mut core: SessionCore<Reservation> = SessionCore::new(session, sink.pipeline(), limits.stall)
         .with_publish_ahead(sink.publish_ahead())

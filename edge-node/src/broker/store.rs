@@ -476,21 +476,27 @@ impl Writer {
             // While a batch failed, wait a while for more before trying it again.
             let first = if batch.is_empty() { rx.recv().ok() } else { rx.recv_timeout(retry).ok() };
             let mut oldest: Option<Instant> = None;
-            // Read in the loop below while `take` holds it.
-            let hurry = std::cell::Cell::new(false);
+            let mut hurry = false;
             let mut take =
+                // Whether the message held urgent ops.
                 |m: Msg, batch: &mut Vec<(u64, StoreOp)>, flushes: &mut Vec<(mpsc::Sender<()>, bool)>| match m {
                     Msg::Ops(ops, sent, bytes, urgent) => {
                         oldest.get_or_insert(sent);
                         batch.extend(ops);
                         batch_bytes += bytes;
-                        hurry.set(hurry.get() | urgent);
+                        urgent
                     }
-                    Msg::Flush(done) => flushes.push((done, false)),
-                    Msg::Close(done) => flushes.push((done, true)),
+                    Msg::Flush(done) => {
+                        flushes.push((done, false));
+                        false
+                    }
+                    Msg::Close(done) => {
+                        flushes.push((done, true));
+                        false
+                    }
                 };
             match first {
-                Some(m) => take(m, &mut batch, &mut flushes),
+                Some(m) => hurry = take(m, &mut batch, &mut flushes),
                 None if batch.is_empty() => return,
                 None => {}
             }
@@ -500,10 +506,10 @@ impl Writer {
             loop {
                 while batch.len() < MAX_BATCH {
                     let Ok(m) = rx.try_recv() else { break };
-                    take(m, &mut batch, &mut flushes);
+                    hurry |= take(m, &mut batch, &mut flushes);
                 }
                 let now = Instant::now();
-                if !flushes.is_empty() || hurry.get() || batch.len() >= MAX_BATCH || now >= until {
+                if !flushes.is_empty() || hurry || batch.len() >= MAX_BATCH || now >= until {
                     break;
                 }
                 std::thread::sleep((until - now).min(Duration::from_millis(1)));

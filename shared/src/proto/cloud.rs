@@ -159,6 +159,11 @@ impl CloudSession {
         self
     }
 
+    /// The downlink's window, as held.
+    pub fn down_window(&self) -> DownWindow {
+        self.down.window
+    }
+
     /// The sink's limits on one record, for the Welcome of a version 3 session; before
     /// [`CloudSession::welcome`].
     pub fn set_sink_limits(&mut self, sink: Option<super::SinkLimits>) {

@@ -169,7 +169,7 @@ impl Bridge {
         }
         let window = DownWindow { messages: 16, bytes: 1 << 20 };
         let session = CloudSession::new(64).with_down_window(window);
-        let down = DownCore::new(name, Arc::new(DownlinkMetrics::default()), 16, Duration::from_secs(5));
+        let down = DownCore::new(name, Arc::new(DownlinkMetrics::default()), Duration::from_secs(5));
         let mut core = SessionCore::new(session, 8, Duration::from_secs(30)).with_edge(name, Some(down));
         core.set_wall_clock(cx.now, cx.wall_ms);
         self.sessions.insert(

@@ -309,7 +309,7 @@ fn a_downlink_that_fails_pauses_the_downlink_not_the_session() {
     use crate::sink::{EpochVerdict, SinkError};
 
     let now = Instant::now();
-    let down = DownCore::unmetered("e", 16, Duration::from_secs(5));
+    let down = DownCore::unmetered("e", Duration::from_secs(5));
     let mut core = SessionCore::new(CloudSession::new(4), 1, STALL).with_edge("e", Some(down));
     let hello = Hello {
         versions: shared::proto::VERSIONS.to_vec(),

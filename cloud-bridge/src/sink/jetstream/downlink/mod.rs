@@ -788,7 +788,7 @@ impl DownlinkStore for JetStreamSink {
                 let (found, ended) = tokio::time::timeout(NEWS_POLL * 5, run)
                     .await
                     .map_err(|_| unavailable("downlink news", "timed out"))??;
-                read += found.len().max(1);
+                read += found.len();
                 for m in &found {
                     cursor = m.seq;
                     if let Some(token) = m.subject.split('.').nth(skip).filter(|t| *t != DEAD)
@@ -797,7 +797,8 @@ impl DownlinkStore for JetStreamSink {
                         edges.push(edge);
                     }
                 }
-                if ended || found.is_empty() {
+                // A run that found nothing ended too.
+                if ended {
                     break;
                 }
             }
