@@ -10,6 +10,9 @@
 #    `downlink::send` (what `cloud-bridge send --all` runs): how long storing took, when every
 #    edge had it, the bridge's CPU and RSS.
 # Prints JSON lines. Usage: scripts/bench-downlink.sh [REPEATS=3] [COUNT=2000] [RATE=200] [EDGES=1000] [LINES=10000]
+# BASELINE=DIR (a directory holding another build's edge-node, cloud-bridge and down-bench;
+# down-bench runs the binaries beside it) alternates that build's down-bench runs with this
+# one's, the order swapped each round, each line marked "build": "baseline" or "head".
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export PATH="$(scripts/install-test-deps.sh):$PATH"
@@ -20,8 +23,17 @@ edges=${4:-1000}
 lines=${5:-10000}
 cargo build --release --locked --quiet -p edge-node -p cloud-bridge -p e2e-tests \
   --bin edge-node --bin cloud-bridge --bin down-bench --bin fleet-bench
-for _ in $(seq "$repeats"); do
-  target/release/down-bench "$count" "$rate" 256 "$lines" 2> /dev/null
+down_bench() { # DIR NAME
+  "$1/down-bench" "$count" "$rate" 256 "$lines" 2> /dev/null | sed "s/^{/{\"build\":\"$2\",/"
+}
+for round in $(seq "$repeats"); do
+  if [[ -z "${BASELINE:-}" ]]; then
+    target/release/down-bench "$count" "$rate" 256 "$lines" 2> /dev/null
+  elif (( round % 2 )); then
+    down_bench "$BASELINE" baseline; down_bench target/release head
+  else
+    down_bench target/release head; down_bench "$BASELINE" baseline
+  fi
 done
 for _ in $(seq "$repeats"); do
   BROADCAST=1 target/release/fleet-bench "$edges" 0 10 3 jetstream 0 400 8 2> /dev/null | grep '"broadcast"'
