@@ -263,3 +263,35 @@ pub async fn publish<S: cloud_bridge::sink::RecordSink>(
     let staged = sink.stage(edge.to_owned(), epoch.to_owned(), lane, records).await?;
     sink.publish(staged).await
 }
+
+/// Checks on any sink that a downlink read stops at its byte budget (`ReadLimit::bytes`) as well
+/// as at its count: `edge` (with nothing stored yet) gets five messages whose `Outgoing::bytes`
+/// are 100, 100, 300, 2,000 and 100. A budget of 250 takes the first three (the one that
+/// reaches it is the last taken), a budget below the first still takes it, and a message past
+/// the budget is read alone, then the rest.
+pub async fn check_reads_stop_at_their_byte_budget<S: cloud_bridge::sink::DownlinkStore>(sink: &S, edge: &str) {
+    use cloud_bridge::sink::downlink::{DownBounds, Enqueued, Outgoing, ReadLimit};
+    let bounds = DownBounds { messages: 100, bytes: 1 << 20 };
+    let topic = "cmd/a";
+    let mut seqs = Vec::new();
+    for bytes in [100usize, 100, 300, 2000, 100] {
+        let msg =
+            Outgoing { topic: topic.into(), payload: vec![b'x'; bytes - topic.len()], qos: 1, ..Default::default() };
+        assert_eq!(msg.bytes(), bytes as u64);
+        match sink.enqueue(edge, &msg, bounds).await.expect("stored") {
+            Enqueued::Stored { seq } => seqs.push(seq),
+            other => panic!("not stored: {other:?}"),
+        }
+    }
+    let read = |after, bytes| async move {
+        let got = sink.down_read(edge, after, ReadLimit { messages: 100, bytes }).await.expect("read");
+        got.iter().map(|p| (p.seq, p.msg.bytes())).collect::<Vec<_>>()
+    };
+    let first = read(0, 250).await;
+    assert_eq!(first, [(seqs[0], 100), (seqs[1], 100), (seqs[2], 300)], "reached at the third");
+    assert_eq!(read(0, 1).await, [(seqs[0], 100)], "one, whatever the budget");
+    assert_eq!(read(seqs[2], 500).await, [(seqs[3], 2000)], "a message past the budget, alone");
+    assert_eq!(read(seqs[3], 500).await, [(seqs[4], 100)]);
+    let by_count = sink.down_read(edge, 0, ReadLimit { messages: 2, bytes: u64::MAX }).await.expect("read");
+    assert_eq!(by_count.iter().map(|p| p.seq).collect::<Vec<_>>(), seqs[..2], "the count still bounds it");
+}

@@ -141,7 +141,8 @@ impl DownlinkConfig {
     }
 
     /// Whether a sink that holds `limit` per message (and says why in `of`) can keep every
-    /// message this config lets through.
+    /// message this config lets through, and its reads find a window's worth past an edge's
+    /// position.
     pub fn fits(&self, limit: DownLimit) -> Result<(), String> {
         let need = self.max_message_bytes.bytes() + DOWN_HEADERS;
         if need > limit.bytes {
@@ -153,6 +154,13 @@ impl DownlinkConfig {
                 limit.of
             ));
         }
+        if let Some((reach, of)) = limit.reach.filter(|(reach, _)| self.window_messages > *reach) {
+            return Err(format!(
+                "downlink.window_messages ({}) is more than the sink finds of an edge's messages past its position \
+                 ({reach}, {of}): a read would come back short whenever a window was out; raise {of} or lower the window",
+                self.window_messages
+            ));
+        }
         Ok(())
     }
 }
@@ -160,6 +168,22 @@ impl DownlinkConfig {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A window the sink's reads cannot fill past an edge's position is refused, naming both
+    /// keys: with the Kafka sink indexing fewer per edge than the window, a backlog waited for
+    /// `downlink.poll` after every read that came back short.
+    #[test]
+    fn a_window_past_what_the_sinks_reads_find_is_refused() {
+        let limit = |reach| DownLimit { bytes: 10 << 20, of: "test", reach };
+        let c = DownlinkConfig::default();
+        assert_eq!(c.fits(limit(None)), Ok(()));
+        assert_eq!(c.fits(limit(Some((256, "sink.downlink.max_indexed_per_edge")))), Ok(()));
+        let why = c.fits(limit(Some((255, "sink.downlink.max_indexed_per_edge")))).unwrap_err();
+        assert!(
+            why.contains("downlink.window_messages (256)") && why.contains("(255, sink.downlink.max_indexed_per_edge)"),
+            "{why}"
+        );
+    }
 
     #[test]
     fn sizes_take_units_and_each_problem_is_named_by_its_key() {

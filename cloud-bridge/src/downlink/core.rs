@@ -24,7 +24,7 @@ use shared::proto::down::{DownAck, MAX_DOWN_BYTES};
 use shared::proto::edge::SessionError;
 
 use super::DownlinkMetrics;
-use crate::sink::downlink::{DownDone, DownState, Outgoing, Pending, done};
+use crate::sink::downlink::{DownDone, DownState, Outgoing, Pending, ReadLimit, done};
 
 /// A sink call the downlink needs, for `edge`.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -33,8 +33,8 @@ pub enum DownCall {
     State,
     /// Record an ack ([`crate::sink::DownlinkStore::down_record`]).
     Record(DownDone),
-    /// Up to `max` messages after `after` ([`crate::sink::DownlinkStore::down_read`]).
-    Read { after: u64, max: usize },
+    /// Messages after `after`, within `max` ([`crate::sink::DownlinkStore::down_read`]).
+    Read { after: u64, max: ReadLimit },
     /// Set message `seq` aside ([`crate::sink::DownlinkStore::down_set_aside`]).
     SetAside { seq: u64, outcome: &'static str, reason: String },
 }
@@ -68,7 +68,9 @@ enum Asked {
     State,
     Raise,
     Read {
-        want: usize,
+        want: ReadLimit,
+        /// Made while messages sent were not yet recorded as done.
+        unrecorded: bool,
     },
     /// The ack through `up_to` being recorded, with its counts.
     Record {
@@ -99,6 +101,12 @@ pub struct DownCore {
     acked: u64,
     /// The last read filled its request: read again without waiting for news.
     more: bool,
+    /// The last read came back short while messages sent were not yet recorded as done: read
+    /// again once the next record is made. A sink may find only so many past the edge's
+    /// position (the Kafka sink's index holds `max_indexed_per_edge` from it), so such a read
+    /// is no proof of the end, and waiting for news held the rest of a backlog for
+    /// `downlink.poll` after every window.
+    again_after_record: bool,
     /// No ack came on this connection yet: the first may name refusals an earlier bridge did
     /// not record.
     first_ack: bool,
@@ -150,6 +158,7 @@ impl DownCore {
             sent: VecDeque::new(),
             acked: 0,
             more: false,
+            again_after_record: false,
             first_ack: true,
             woken: false,
             poll_at: None,
@@ -208,9 +217,11 @@ impl DownCore {
             Some(at) if now >= at => self.poll_at = Some(now + self.poll),
             Some(_) => {}
         }
-        // A window's worth: what the session may have unanswered at once.
-        let want = session.down_window().messages;
-        self.asked = Some(Asked::Read { want });
+        // A window's worth: what the session may have unanswered at once, in messages and in
+        // bytes, so what waits here for room is bounded as the window is.
+        let window = session.down_window();
+        let want = ReadLimit { messages: window.messages, bytes: window.bytes as u64 };
+        self.asked = Some(Asked::Read { want, unrecorded: session.down_sent() > self.acked });
         self.in_flight = None;
         Some(DownCall::Read { after: session.down_sent(), max: want })
     }
@@ -271,13 +282,15 @@ impl DownCore {
                     self.run(session, edge_mark);
                 }
             }
-            (Asked::Read { want }, DownAnswer::Read(read)) => {
-                self.more = read.len() >= want;
+            (Asked::Read { want, unrecorded }, DownAnswer::Read(read)) => {
+                self.more = want.reached(read.len(), read.iter().map(|p| p.msg.bytes()).sum());
+                self.again_after_record = unrecorded && !self.more;
                 self.ready.extend(read);
                 self.feed(session, wall_ms)?;
             }
             (Asked::Record { up_to }, DownAnswer::Recorded) => {
                 self.acked = up_to;
+                self.more |= std::mem::take(&mut self.again_after_record);
                 session.down_marked(up_to);
                 self.next_ack(session, wall_ms)?;
             }
@@ -470,7 +483,10 @@ mod tests {
         d.start(0);
         assert_eq!(d.poll_call(&s, now), Some(DownCall::State));
         d.handle_answer(&mut s, DownAnswer::State(DownState::default()), 0).unwrap();
-        assert_eq!(d.poll_call(&s, now), Some(DownCall::Read { after: 0, max: 16 }));
+        assert_eq!(
+            d.poll_call(&s, now),
+            Some(DownCall::Read { after: 0, max: ReadLimit { messages: 16, bytes: 1 << 20 } })
+        );
         d.handle_answer(&mut s, DownAnswer::Read((1..=n).map(pending).collect()), 0).unwrap();
         (s, d)
     }
@@ -556,7 +572,11 @@ mod tests {
         d.handle_answer(&mut s, DownAnswer::Recorded, 0).unwrap();
         assert!(!s.down_room(), "the window is full again");
         d.woken();
-        assert_eq!(d.poll_call(&s, now), Some(DownCall::Read { after: 20, max: 16 }), "read ahead");
+        assert_eq!(
+            d.poll_call(&s, now),
+            Some(DownCall::Read { after: 20, max: ReadLimit { messages: 16, bytes: 1 << 20 } }),
+            "read ahead"
+        );
         d.handle_answer(&mut s, DownAnswer::Read((21..=22).map(pending).collect()), 0).unwrap();
         assert_eq!(s.down_sent(), 20, "held until there is room");
         assert_eq!(d.poll_call(&s, now), None, "one read's worth waits at most");
@@ -564,6 +584,39 @@ mod tests {
         s.handle(Control::DownAck(ack.clone())).unwrap();
         d.handle_ack(&mut s, ack, 0).unwrap();
         assert_eq!(s.down_sent(), 21);
+    }
+
+    /// A read that comes back short while messages sent are not yet recorded as done is made
+    /// again after the next record, without news: the Kafka sink finds no more than
+    /// `max_indexed_per_edge` past the edge's position until its ack is recorded, and such a
+    /// backlog waited for `downlink.poll` (60 s) after every window. A short read with nothing
+    /// unrecorded is the end, until news.
+    #[test]
+    fn a_short_read_while_messages_are_unrecorded_is_made_again_after_the_record() {
+        let now = Instant::now();
+        let (mut s, mut d) = reading(now, 16);
+        assert!(!s.down_room());
+        d.woken();
+        assert!(matches!(d.poll_call(&s, now), Some(DownCall::Read { after: 16, .. })), "read ahead");
+        d.handle_answer(&mut s, DownAnswer::Read(vec![]), 0).unwrap();
+        assert_eq!(d.poll_call(&s, now), None, "no room, no news");
+        let ack = DownAck { up_to: 4, ..DownAck::default() };
+        s.handle(Control::DownAck(ack.clone())).unwrap();
+        d.handle_ack(&mut s, ack, 0).unwrap();
+        assert!(matches!(d.poll_call(&s, now), Some(DownCall::Record(_))));
+        d.handle_answer(&mut s, DownAnswer::Recorded, 0).unwrap();
+        assert!(matches!(d.poll_call(&s, now), Some(DownCall::Read { after: 16, .. })), "again, after the record");
+        d.handle_answer(&mut s, DownAnswer::Read(vec![]), 0).unwrap();
+        assert_eq!(d.poll_call(&s, now), None, "until the next record");
+        let ack = DownAck { up_to: 16, ..DownAck::default() };
+        s.handle(Control::DownAck(ack.clone())).unwrap();
+        d.handle_ack(&mut s, ack, 0).unwrap();
+        assert!(matches!(d.poll_call(&s, now), Some(DownCall::Record(_))));
+        d.handle_answer(&mut s, DownAnswer::Recorded, 0).unwrap();
+        assert!(matches!(d.poll_call(&s, now), Some(DownCall::Read { after: 16, .. })));
+        // Short with everything recorded: the end, until news.
+        d.handle_answer(&mut s, DownAnswer::Read(vec![]), 0).unwrap();
+        assert_eq!(d.poll_call(&s, now), None);
     }
 
     /// A message to set aside holds the ones after it until that is recorded, and no read is
@@ -585,6 +638,25 @@ mod tests {
         d.handle_answer(&mut s, DownAnswer::SetAside, 0).unwrap();
         assert_eq!(s.down_sent(), 4, "3 sent empty, then 4");
         assert!(matches!(d.poll_call(&s, now), Some(DownCall::Record(_))));
+    }
+
+    /// A read is as large as the window in bytes as well as in messages, and one that reached
+    /// the bytes is full: the next is made at once, as after one that reached the count.
+    #[test]
+    fn a_read_is_bounded_by_the_window_bytes_and_full_when_it_reaches_them() {
+        let now = Instant::now();
+        let (mut s, mut d) = reading(now, 0);
+        let big =
+            |seq| Pending { msg: Outgoing { payload: vec![b'x'; 600 << 10], ..pending(seq).msg }, ..pending(seq) };
+        d.woken();
+        let Some(DownCall::Read { max, .. }) = d.poll_call(&s, now) else { panic!("a read") };
+        assert_eq!(max, ReadLimit { messages: 16, bytes: 1 << 20 });
+        // Two of 600 KiB: 2 of 16 messages, but past the 1 MiB.
+        d.handle_answer(&mut s, DownAnswer::Read(vec![big(1), big(2)]), 0).unwrap();
+        assert_eq!(s.down_sent(), 2, "the second goes with the window's bytes not yet reached");
+        assert!(matches!(d.poll_call(&s, now), Some(DownCall::Read { after: 2, .. })), "read on, no news needed");
+        d.handle_answer(&mut s, DownAnswer::Read(vec![pending(3)]), 0).unwrap();
+        assert_eq!(d.poll_call(&s, now), None, "a read short of both waits for news");
     }
 
     /// Edges that connect together poll spread over the second half of `poll` the first time,

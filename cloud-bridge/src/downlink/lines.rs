@@ -362,6 +362,7 @@ impl Resolver {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::sink::downlink::ReadLimit;
 
     fn parse_str(s: &str) -> Result<Vec<Parsed>, String> {
         parse(s.as_bytes()).map_err(|e| e.to_string())
@@ -451,7 +452,7 @@ mod tests {
         let (line, n, backlog) = e1.refused.unwrap();
         assert_eq!((line, n, backlog.messages), (1501, 600, 1500));
         assert_eq!((out[1].stored, out[1].all_stored()), (1, true), "another edge's ids are its own");
-        let stored = sink.down_read("e1", 0, 2000).await.unwrap();
+        let stored = sink.down_read("e1", 0, ReadLimit::messages(2000)).await.unwrap();
         let payloads: Vec<String> =
             stored.iter().map(|p| String::from_utf8_lossy(&p.msg.payload).into_owned()).collect();
         assert_eq!(payloads, (1..=1500).map(|n| n.to_string()).collect::<Vec<_>>(), "in line order");
@@ -460,6 +461,6 @@ mod tests {
         let again = send(&sink, &config, &lines).await.unwrap();
         assert_eq!((again[2].stored, again[2].already), (0, 100));
         assert_eq!((again[0].stored, again[0].refused.is_some()), (0, true));
-        assert_eq!(sink.down_read("e1", 0, 2000).await.unwrap().len(), 1500);
+        assert_eq!(sink.down_read("e1", 0, ReadLimit::messages(2000)).await.unwrap().len(), 1500);
     }
 }

@@ -15,7 +15,7 @@ use shared::schema::{Compatibility, Version};
 
 use super::downlink::{
     Backlog, DownBounds, DownDeadLetter, DownDone, DownLimit, DownState, DownSummary, DownlinkStore, EnqueuedMany,
-    Outgoing, Pending, Reply,
+    Outgoing, Pending, ReadLimit, Reply,
 };
 use super::error::SinkError;
 use super::jetstream::JetStreamSink;
@@ -180,7 +180,7 @@ impl DownlinkStore for AnySink {
         each!(self, s => s.down_state(edge).await)
     }
 
-    async fn down_read(&self, edge: &str, after: u64, max: usize) -> Result<Vec<Pending>, SinkError> {
+    async fn down_read(&self, edge: &str, after: u64, max: ReadLimit) -> Result<Vec<Pending>, SinkError> {
         each!(self, s => s.down_read(edge, after, max).await)
     }
 

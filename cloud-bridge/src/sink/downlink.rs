@@ -118,6 +118,32 @@ pub struct DownBounds {
     pub bytes: u64,
 }
 
+/// How much one read of an edge's downlink takes at most: messages, and bytes as
+/// [`Outgoing::bytes`] counts them. The message that reaches `bytes` is the last one taken, so
+/// a read takes at least one: a message past the budget is read alone, never stuck.
+///
+/// The bytes bound what a bridge holds of an edge's downlink between its read and its window
+/// (`downlink.window_bytes`): any NATS or Kafka client that can write the stream can make each
+/// message as large as the cluster allows, and a read bounded by count alone held a window's
+/// count of them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ReadLimit {
+    pub messages: usize,
+    pub bytes: u64,
+}
+
+impl ReadLimit {
+    /// Up to `n` messages, whatever they weigh.
+    pub fn messages(n: usize) -> Self {
+        Self { messages: n, bytes: u64::MAX }
+    }
+
+    /// Whether a read that took `count` messages of `bytes` in all takes no more.
+    pub fn reached(&self, count: usize, bytes: u64) -> bool {
+        count >= self.messages || bytes >= self.bytes
+    }
+}
+
 /// What an edge has waiting after its position.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
 pub struct Backlog {
@@ -268,11 +294,16 @@ pub struct Reply {
 /// headers and encoding, at most.
 pub(crate) const DOWN_HEADERS: u64 = 16 << 10;
 
-/// The most one stored message may weigh in a sink (payload and headers), and whose limit it is.
+/// The most one stored message may weigh in a sink (payload and headers), and whose limit it is;
+/// and how many of an edge's messages past its position one read finds, if the sink has a limit
+/// there, and whose.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct DownLimit {
     pub bytes: u64,
     pub of: &'static str,
+    /// A window past it would find its reads short while the edge has not acked, and wait for
+    /// news or `downlink.poll` after every window.
+    pub reach: Option<(usize, &'static str)>,
 }
 
 /// The downlink's storage. See the module doc.
@@ -322,12 +353,12 @@ pub trait DownlinkStore: Send + Sync + 'static {
     /// `edge`'s position and counts (all zero for an edge never written).
     fn down_state(&self, edge: &str) -> impl Future<Output = Result<DownState, SinkError>> + Send;
 
-    /// Up to `max` of `edge`'s messages after seq `after`, in order.
+    /// `edge`'s messages after seq `after`, in order, as many as `max` lets one read take.
     fn down_read(
         &self,
         edge: &str,
         after: u64,
-        max: usize,
+        max: ReadLimit,
     ) -> impl Future<Output = Result<Vec<Pending>, SinkError>> + Send;
 
     /// Records `done`: the dead letters it names (of messages stored for `edge` only), then the

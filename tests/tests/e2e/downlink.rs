@@ -318,6 +318,52 @@ async fn messages_reach_an_edge_once_in_order_within_bounds_on_kafka() {
     delivered_refused_bounded_and_expired(cloud, dir.path()).await;
 }
 
+/// A backlog of several windows on a Kafka sink that indexes a window's worth per edge reaches
+/// the edge without waiting for `downlink.poll` (here 60 s). The session reads ahead while its
+/// window is full; the sink finds nothing past what it indexed from the edge's position until
+/// the edge acks, and that short read was taken as the end: the rest waited for the poll after
+/// every window. Now a short read made ahead is made again once an ack frees room.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_backlog_of_many_windows_reaches_the_edge_without_the_poll_on_kafka() {
+    let kafka = e2e_tests::kafka::KafkaBroker::start();
+    let dir = tempfile::tempdir().unwrap();
+    let keys = pki(dir.path(), &[]);
+    let section = format!(
+        "kind = \"kafka\"\nbootstrap = \"{}\"\npartitions = 3\n[sink.downlink]\nmax_indexed_per_edge = 8\n",
+        kafka.bootstrap()
+    );
+    let extra = "[downlink]\npoll = \"60s\"\nwindow_messages = 8\nsummary_interval = \"200ms\"\n";
+    let cloud = TestCloud::start_with_sink(
+        dir.path(),
+        keys,
+        "127.0.0.1:0".parse().unwrap(),
+        extra,
+        &section,
+        dir.path().join("unused"),
+    )
+    .await;
+    let config = dir.path().join("cloud.toml");
+    let edge_config =
+        format!("{}\n{}\n[[downlink]]\nfilter = \"config/#\"\n", with_spool(&[]), cloud.uplink_section("edge-1"));
+    let edge = TestNode::start_in(tempfile::tempdir().unwrap(), &edge_config).await;
+    let (_client, mut got) = durable_v5_subscriber(edge.local(), "config/#").await;
+    let deadline = tokio::time::Instant::now() + WAIT;
+    while !cli(&config, &["edges", "list"]).1.lines().any(|l| l.starts_with("edge-1 ")) {
+        assert!(tokio::time::Instant::now() < deadline, "edge-1 never listed");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let file = dir.path().join("lines.jsonl");
+    let lines: Vec<String> =
+        (0..40).map(|i| format!(r#"{{"edge": "edge-1", "topic": "config/n", "payload": "{i}"}}"#)).collect();
+    std::fs::write(&file, lines.join("\n")).unwrap();
+    let (ok, out, err) = cli(&config, &["send", "--lines", file.to_str().unwrap()]);
+    assert!(ok, "{out}{err}");
+    for i in 0..40 {
+        assert_eq!(next(&mut got).await, ("config/n".to_owned(), i.to_string()), "in order, within {WAIT:?} each");
+    }
+    cloud.bridge.stop().await;
+}
+
 /// News of a message wakes the edge's session (the sink's news watch): a message sent while
 /// the session is up arrives at once, not at the session's next `downlink.poll` (here 60 s).
 /// The session's downlink starts on a lane of sink calls of its own, and its start was heard

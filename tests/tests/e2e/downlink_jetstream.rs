@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use async_nats::jetstream;
 use cloud_bridge::sink::DownlinkStore;
-use cloud_bridge::sink::downlink::{DoneCounts, DownBounds, DownDone, Outgoing, Pending};
+use cloud_bridge::sink::downlink::{DoneCounts, DownBounds, DownDone, Outgoing, Pending, ReadLimit};
 use cloud_bridge::sink::jetstream::{BatchPublish, JetStreamSink};
 use e2e_tests::nats::{NatsServer, sink_settings};
 use shared::proto::down::DownRefusal;
@@ -50,12 +50,12 @@ async fn a_down_stream_made_anew_hands_out_seqs_past_what_each_edge_holds() {
     for i in 0..3 {
         first.enqueue("edge-1", &msg("cmd/a", &format!("old {i}")), BOUNDS).await.unwrap();
     }
-    let read = first.down_read("edge-1", 0, 16).await.unwrap();
+    let read = first.down_read("edge-1", 0, ReadLimit::messages(16)).await.unwrap();
     let held = read.last().unwrap().seq;
     first.down_record("edge-1", &acked(held, vec![])).await.unwrap();
     // edge-2 was sent one message and has not acked it when the stream goes.
     first.enqueue("edge-2", &msg("cmd/b", "old"), BOUNDS).await.unwrap();
-    let edge2_held = first.down_read("edge-2", 0, 16).await.unwrap()[0].seq;
+    let edge2_held = first.down_read("edge-2", 0, ReadLimit::messages(16)).await.unwrap()[0].seq;
 
     let js = jetstream::new(async_nats::connect(nats.url()).await.unwrap());
     js.delete_stream("DOWN").await.unwrap();
@@ -71,22 +71,22 @@ async fn a_down_stream_made_anew_hands_out_seqs_past_what_each_edge_holds() {
     again.down_record("edge-1", &acked(held, vec![DownRefusal { seq: 1, reason: "old".into() }])).await.unwrap();
     assert_eq!(again.down_dead_letters(Some("edge-1"), 10).await.unwrap(), vec![]);
 
-    let read = again.down_read("edge-1", held, 16).await.unwrap();
+    let read = again.down_read("edge-1", held, ReadLimit::messages(16)).await.unwrap();
     assert_eq!(seqs_and_payloads(&read), [(held + 1, "direct".to_owned()), (held + 2, "sent".to_owned())]);
     again.down_record("edge-1", &acked(held + 2, vec![])).await.unwrap();
-    assert!(again.down_read("edge-1", held + 2, 16).await.unwrap().is_empty());
+    assert!(again.down_read("edge-1", held + 2, ReadLimit::messages(16)).await.unwrap().is_empty());
     assert_eq!(again.down_backlog("edge-1").await.unwrap().messages, 0);
 
     // edge-2's session sent up to `edge2_held` (the message lost with the old stream): the
     // new one comes after it, though the bucket's position is 0.
     // (Seqs increase with the stream's sequence, other edges' messages between.)
-    let read = again.down_read("edge-2", edge2_held, 16).await.unwrap();
+    let read = again.down_read("edge-2", edge2_held, ReadLimit::messages(16)).await.unwrap();
     assert_eq!((read.len(), read[0].msg.payload.as_slice()), (1, &b"new"[..]));
     assert!(read[0].seq > edge2_held, "{} after {edge2_held}", read[0].seq);
 
     // The first bridge, still running, counts the same way.
     let later = first.enqueue("edge-1", &msg("cmd/a", "later"), BOUNDS).await.unwrap();
-    let read = first.down_read("edge-1", held + 2, 16).await.unwrap();
+    let read = first.down_read("edge-1", held + 2, ReadLimit::messages(16)).await.unwrap();
     assert_eq!((read.len(), read[0].msg.payload.as_slice()), (1, &b"later"[..]));
     assert_eq!(later, cloud_bridge::sink::downlink::Enqueued::Stored { seq: read[0].seq });
 }
@@ -103,11 +103,14 @@ async fn a_restored_position_past_the_stream_has_the_next_message_after_it() {
     assert_eq!(sink.down_state("edge-3").await.unwrap().position, 1000);
     publish_directly(&nats.url(), "down.edge-3.cmd.x", "direct").await;
     sink.enqueue("edge-3", &msg("cmd/x", "sent"), BOUNDS).await.unwrap();
-    let read = sink.down_read("edge-3", 1000, 16).await.unwrap();
+    let read = sink.down_read("edge-3", 1000, ReadLimit::messages(16)).await.unwrap();
     assert_eq!(seqs_and_payloads(&read), [(1001, "direct".to_owned()), (1002, "sent".to_owned())]);
     assert_eq!(sink.down_backlog("edge-3").await.unwrap().messages, 2);
     // Another edge's seqs are its own.
-    assert_eq!(seqs_and_payloads(&sink.down_read("edge-1", 0, 16).await.unwrap()), [(1, "other".to_owned())]);
+    assert_eq!(
+        seqs_and_payloads(&sink.down_read("edge-1", 0, ReadLimit::messages(16)).await.unwrap()),
+        [(1, "other".to_owned())]
+    );
 }
 
 /// Writes `ops` to nats-server as a plain client would: bytes async-nats will not send (a
@@ -175,7 +178,7 @@ async fn a_subject_or_header_that_is_not_utf8_is_set_aside_and_knocks_nothing_ov
         }
     };
     tokio::time::timeout(Duration::from_secs(5), news).await.expect("news of edge-1's messages");
-    let read = tokio::time::timeout(Duration::from_secs(5), sink.down_read("edge-1", 0, 16))
+    let read = tokio::time::timeout(Duration::from_secs(5), sink.down_read("edge-1", 0, ReadLimit::messages(16)))
         .await
         .expect("a read in time")
         .expect("a read");
@@ -256,14 +259,14 @@ async fn news_of_each_message_reaches_the_session_after_acks_purged_the_ones_bef
         }
     };
     tokio::time::timeout(Duration::from_secs(10), started).await.expect("the watch hears of a message");
-    let mut position = sink.down_read("edge-1", 0, 1000).await.unwrap().last().unwrap().seq;
+    let mut position = sink.down_read("edge-1", 0, ReadLimit::messages(1000)).await.unwrap().last().unwrap().seq;
     sink.down_record("edge-1", &acked(position, vec![])).await.unwrap();
     for n in 0..3 {
         sink.enqueue("edge-1", &msg("cmd/a", "x"), BOUNDS).await.unwrap();
         tokio::time::timeout(Duration::from_secs(2), session.wake.notified())
             .await
             .unwrap_or_else(|_| panic!("news of message {n}"));
-        let read = sink.down_read("edge-1", position, 16).await.unwrap();
+        let read = sink.down_read("edge-1", position, ReadLimit::messages(16)).await.unwrap();
         position = read.last().unwrap().seq;
         sink.down_record("edge-1", &acked(position, vec![])).await.unwrap();
     }
@@ -300,7 +303,7 @@ async fn reads_find_every_message_of_an_edge_in_order_among_another_edges() {
     let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
     while got.len() < want.len() {
         assert!(tokio::time::Instant::now() < deadline, "{} of {}", got.len(), want.len());
-        let read = sink.down_read("edge-1", after, 16).await.unwrap();
+        let read = sink.down_read("edge-1", after, ReadLimit::messages(16)).await.unwrap();
         assert!(read.windows(2).all(|w| w[0].seq < w[1].seq));
         if let Some(last) = read.last() {
             after = last.seq;
@@ -384,6 +387,23 @@ async fn one_message_is_bounded_alike_on_every_sink_and_a_bound_the_sink_cannot_
     assert!(e.to_string().contains("max_payload"), "{e}");
 }
 
+/// A read stops at its byte budget as well as at its count, on SQLite and on JetStream: a
+/// session's read was bounded by count alone, so with messages as large as the cluster allows
+/// (any NATS client can write them) a bridge held up to a window's count of them per edge
+/// between its read and the window, 256 MiB and more. Now it holds at most the window's bytes
+/// and one message more.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_read_stops_at_its_byte_budget_on_every_sink() {
+    let nats = NatsServer::start();
+    let dir = tempfile::tempdir().unwrap();
+    let sqlite = cloud_bridge::sink::sqlite::SqliteSink::open(&dir.path().join("central.db")).unwrap();
+    e2e_tests::cloud::check_reads_stop_at_their_byte_budget(&sqlite, "edge-1").await;
+    let js = sink(&nats).await;
+    // Another edge's message first: edge-1's seqs are not the stream's counted from 1.
+    js.enqueue("edge-2", &msg("cmd/a", "other"), BOUNDS).await.unwrap();
+    e2e_tests::cloud::check_reads_stop_at_their_byte_budget(&js, "edge-1").await;
+}
+
 /// Sends racing for an edge's last room: the bound was checked and the message stored in two
 /// steps, and 10,002 were stored for a bound of 10,000. Now the publish is stored only if no
 /// other message for the edge came since the count (nats-server 2.11's expected last sequence
@@ -434,7 +454,7 @@ async fn what_another_publisher_stored_past_the_bound_is_set_aside_newest_first(
     assert_eq!(sink.down_trim("edge-1", bounds, 5).await.unwrap(), 5, "at most as many as asked");
     assert_eq!(sink.down_trim("edge-1", bounds, 100).await.unwrap(), 15);
     assert_eq!(sink.down_trim("edge-1", bounds, 100).await.unwrap(), 0);
-    let read = sink.down_read("edge-1", 0, 100).await.unwrap();
+    let read = sink.down_read("edge-1", 0, ReadLimit::messages(100)).await.unwrap();
     let payloads: Vec<String> = read.iter().map(|p| String::from_utf8_lossy(&p.msg.payload).into_owned()).collect();
     let want: Vec<String> = std::iter::once("sent".to_owned()).chain((0..9).map(|i| i.to_string())).collect();
     assert_eq!(payloads, want);

@@ -9,7 +9,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use cloud_bridge::sink::downlink::{DoneCounts, DownBounds, DownDone, Enqueued, Outgoing, Pending};
+use cloud_bridge::sink::downlink::{DoneCounts, DownBounds, DownDone, Enqueued, Outgoing, Pending, ReadLimit};
 use cloud_bridge::sink::kafka::KafkaSink;
 use cloud_bridge::sink::kafka::settings::KafkaSettings;
 use cloud_bridge::sink::{DeadLetterLabel, DownlinkStore, RecordSink, SinkMetrics};
@@ -93,7 +93,7 @@ async fn kafka_downlink_delivers_what_any_producer_stores_once_in_order() {
 
     let (_, named) = a.down_news(Some(news), WAIT).await.unwrap();
     assert_eq!(named, ["edge-1"]);
-    let read = a.down_read("edge-1", 0, 16).await.unwrap();
+    let read = a.down_read("edge-1", 0, ReadLimit::messages(16)).await.unwrap();
     assert_eq!(payloads(&read), ["one", "two", "direct", "no topic", "bad qos"]);
     assert!(read.windows(2).all(|w| w[0].seq < w[1].seq), "{read:?}");
     assert_eq!(read[2].seq, stored[0].1 as u64 + 1);
@@ -120,7 +120,10 @@ async fn kafka_downlink_delivers_what_any_producer_stores_once_in_order() {
     // Another bridge: the same position, what is after it, the refusal.
     let b = sink(&broker, |_| {}).await;
     assert_eq!(b.down_state("edge-1").await.unwrap().position, read[2].seq);
-    assert_eq!(payloads(&b.down_read("edge-1", read[2].seq, 16).await.unwrap()), ["no topic", "bad qos"]);
+    assert_eq!(
+        payloads(&b.down_read("edge-1", read[2].seq, ReadLimit::messages(16)).await.unwrap()),
+        ["no topic", "bad qos"]
+    );
     let dead = b.down_dead_letters(Some("edge-1"), 10).await.unwrap();
     assert_eq!(dead.len(), 1, "{dead:?}");
     assert_eq!((dead[0].seq, dead[0].topic.as_str(), dead[0].outcome.as_str()), (second, "cmd/b", "refused"));
@@ -134,7 +137,7 @@ async fn kafka_downlink_delivers_what_any_producer_stores_once_in_order() {
 /// producer wrote past it is set aside by the bridge serving the edge (each one a dead letter),
 /// and no bridge delivers it, a bridge that took the edge over included. A bridge that indexes
 /// only 4 messages per edge still delivers the whole backlog in order, reading the rest from
-/// the topic.
+/// the topic. A read stops at its byte budget as at its count.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn kafka_downlink_bounds_every_producer_and_reads_past_its_index() {
     let broker = KafkaBroker::start();
@@ -152,7 +155,7 @@ async fn kafka_downlink_bounds_every_producer_and_reads_past_its_index() {
     assert_eq!(a.down_trim("edge-2", bound, 1000).await.unwrap(), 20);
     assert_eq!(a.down_trim("edge-2", bound, 1000).await.unwrap(), 0, "nothing left past the bound");
     let kept: Vec<String> = (0..10).map(|i| format!("m{i}")).collect();
-    assert_eq!(payloads(&a.down_read("edge-2", 0, 100).await.unwrap()), kept);
+    assert_eq!(payloads(&a.down_read("edge-2", 0, ReadLimit::messages(100)).await.unwrap()), kept);
     assert_eq!(a.down_backlog("edge-2").await.unwrap().messages, 10);
     let dead = a.down_dead_letters(Some("edge-2"), 100).await.unwrap();
     assert_eq!(dead.len(), 20);
@@ -161,13 +164,13 @@ async fn kafka_downlink_bounds_every_producer_and_reads_past_its_index() {
     // A message stored after the trim is within the bound once the edge acks.
     let small = sink(&broker, |s| s.downlink.max_indexed_per_edge = 4).await;
     small.admit_epoch("edge-2", "ep").await.unwrap();
-    let read = small.down_read("edge-2", 0, 100).await.unwrap();
+    let read = small.down_read("edge-2", 0, ReadLimit::messages(100)).await.unwrap();
     assert_eq!(payloads(&read), kept[..4]);
     // Delivered in windows of 4, each acked: the index fills from the topic each time.
     let mut got = Vec::new();
     let mut position = 0;
     loop {
-        let window = small.down_read("edge-2", position, 4).await.unwrap();
+        let window = small.down_read("edge-2", position, ReadLimit::messages(4)).await.unwrap();
         let Some(last) = window.last() else { break };
         position = last.seq;
         got.extend(payloads(&window));
@@ -178,7 +181,7 @@ async fn kafka_downlink_bounds_every_producer_and_reads_past_its_index() {
     // The bridge's follower applies it a moment after the write.
     let deadline = tokio::time::Instant::now() + WAIT;
     let read = loop {
-        let read = small.down_read("edge-2", position, 4).await.unwrap();
+        let read = small.down_read("edge-2", position, ReadLimit::messages(4)).await.unwrap();
         if !read.is_empty() || tokio::time::Instant::now() > deadline {
             break read;
         }
@@ -201,7 +204,7 @@ async fn kafka_downlink_bounds_every_producer_and_reads_past_its_index() {
     let kept: Vec<String> = (0..10).map(|i| format!("n{i}")).collect();
     // Another bridge, as a session that takes the edge over starts: its state read to the end.
     a.down_state("edge-3").await.unwrap();
-    assert_eq!(payloads(&a.down_read("edge-3", 0, 100).await.unwrap()), kept);
+    assert_eq!(payloads(&a.down_read("edge-3", 0, ReadLimit::messages(100)).await.unwrap()), kept);
 
     // Messages the topic no longer holds (retention, or records deleted) are let go of once
     // read back below the partition's start; the rest is delivered.
@@ -212,8 +215,13 @@ async fn kafka_downlink_bounds_every_producer_and_reads_past_its_index() {
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     broker.delete_records("edge-down", stored[2].0, stored[2].1);
-    assert_eq!(payloads(&a.down_read("edge-4", 0, 100).await.unwrap()), ["k2"]);
+    assert_eq!(payloads(&a.down_read("edge-4", 0, ReadLimit::messages(100)).await.unwrap()), ["k2"]);
     assert_eq!(a.down_backlog("edge-4").await.unwrap().messages, 1);
+
+    // A read stops at its byte budget as at its count: what a bridge holds of an edge's
+    // downlink between read and window is bounded in bytes whatever a producer wrote.
+    a.admit_epoch("edge-5", "ep").await.unwrap();
+    e2e_tests::cloud::check_reads_stop_at_their_byte_budget(&a, "edge-5").await;
 }
 
 fn flood_of(edge: &str, n: usize) -> Vec<serde_json::Value> {

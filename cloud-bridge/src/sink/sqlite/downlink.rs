@@ -23,7 +23,7 @@ use shared::units::now_ms;
 use super::SqliteSink;
 use crate::sink::downlink::{
     Backlog, DOWN_HEADERS, DownBounds, DownDeadLetter, DownDone, DownLimit, DownState, DownSummary, DownlinkStore,
-    Enqueued, EnqueuedMany, Outgoing, Pending, Reply, SEND_IDS,
+    Enqueued, EnqueuedMany, Outgoing, Pending, ReadLimit, Reply, SEND_IDS,
 };
 use crate::sink::error::SinkError;
 use crate::sink::retry::Retry;
@@ -253,7 +253,11 @@ fn is_transient(code: i32) -> bool {
 impl DownlinkStore for SqliteSink {
     fn down_limit(&self) -> DownLimit {
         // A row holds what a downlink frame holds.
-        DownLimit { bytes: shared::proto::down::MAX_DOWN_BYTES as u64 + DOWN_HEADERS, of: "a downlink frame's limit" }
+        DownLimit {
+            bytes: shared::proto::down::MAX_DOWN_BYTES as u64 + DOWN_HEADERS,
+            of: "a downlink frame's limit",
+            reach: None,
+        }
     }
 
     async fn enqueue_many(&self, edge: &str, msgs: &[Outgoing], bounds: DownBounds) -> EnqueuedMany {
@@ -289,7 +293,7 @@ impl DownlinkStore for SqliteSink {
         .await
     }
 
-    async fn down_read(&self, edge: &str, after: u64, max: usize) -> Result<Vec<Pending>, SinkError> {
+    async fn down_read(&self, edge: &str, after: u64, max: ReadLimit) -> Result<Vec<Pending>, SinkError> {
         let edge = edge.to_owned();
         self.retried("downlink read", move |conn| {
             let mut read = conn
@@ -299,16 +303,23 @@ impl DownlinkStore for SqliteSink {
                 )
                 .map_err(|e| SinkError::sqlite("downlink read", e))?;
             let rows = read
-                .query_map(params![edge, after, max as u64], pending)
-                .and_then(Iterator::collect::<Result<Vec<_>, _>>)
+                .query_map(params![edge, after, max.messages as u64], pending)
                 .map_err(|e| SinkError::sqlite("downlink read", e))?;
-            rows.into_iter()
-                .map(|(seq, stored_ms, topic, payload, message)| {
-                    let rest: Outgoing = serde_json::from_str(&message)
-                        .map_err(|e| SinkError::corrupt("downlink read", format!("message {seq}"), e))?;
-                    Ok(Pending { seq, stored_ms, msg: Outgoing { topic, payload, ..rest }, invalid: None })
-                })
-                .collect()
+            // Rows come one at a time: those past the byte budget are never loaded.
+            let (mut out, mut bytes) = (Vec::new(), 0);
+            for row in rows {
+                let (seq, stored_ms, topic, payload, message) =
+                    row.map_err(|e| SinkError::sqlite("downlink read", e))?;
+                let rest: Outgoing = serde_json::from_str(&message)
+                    .map_err(|e| SinkError::corrupt("downlink read", format!("message {seq}"), e))?;
+                let msg = Outgoing { topic, payload, ..rest };
+                bytes += msg.bytes();
+                out.push(Pending { seq, stored_ms, msg, invalid: None });
+                if max.reached(out.len(), bytes) {
+                    break;
+                }
+            }
+            Ok(out)
         })
         .await
     }
@@ -472,7 +483,7 @@ mod tests {
             assert!(matches!(err, SinkError::Invalid { .. }), "{claim}: {err}");
         }
         assert_eq!(stored(&sink, "c").await.unwrap(), 1);
-        let read = sink.down_read("a", 0, 10).await.unwrap();
+        let read = sink.down_read("a", 0, ReadLimit::messages(10)).await.unwrap();
         assert_eq!(read.iter().map(|p| p.seq).collect::<Vec<_>>(), [1, 2]);
     }
 
@@ -505,7 +516,7 @@ mod tests {
             }
         }
         let sink = SqliteSink::open(&path).unwrap();
-        let read = sink.down_read("a", 3, 10).await.unwrap();
+        let read = sink.down_read("a", 3, ReadLimit::messages(10)).await.unwrap();
         assert_eq!((read.len(), read[0].seq, read[0].msg.topic.as_str()), (1, 5, "cmd/x"));
         assert_eq!(sink.down_state("a").await.unwrap().position, 3);
         assert_eq!(stored(&sink, "a").await.unwrap(), 10);

@@ -42,7 +42,7 @@ use super::{DownSettings, JetStreamSink, JsDown, header};
 use crate::names;
 use crate::sink::downlink::{
     Backlog, DownBounds, DownDeadLetter, DownDone, DownLimit, DownState, DownSummary, DownlinkStore, Enqueued,
-    EnqueuedMany, Outgoing, Pending, Reply, SEND_IDS,
+    EnqueuedMany, Outgoing, Pending, ReadLimit, Reply, SEND_IDS,
 };
 use crate::sink::error::SinkError;
 
@@ -562,8 +562,8 @@ impl DownlinkStore for JetStreamSink {
     fn down_limit(&self) -> DownLimit {
         let d = self.down();
         match d.max_msg_size.filter(|m| *m < d.max_payload) {
-            Some(bytes) => DownLimit { bytes, of: "the downlink stream's max_msg_size" },
-            None => DownLimit { bytes: d.max_payload, of: "nats-server's max_payload" },
+            Some(bytes) => DownLimit { bytes, of: "the downlink stream's max_msg_size", reach: None },
+            None => DownLimit { bytes: d.max_payload, of: "nats-server's max_payload", reach: None },
         }
     }
 
@@ -605,7 +605,7 @@ impl DownlinkStore for JetStreamSink {
         Ok(self.down().doc(edge).await?.0.state)
     }
 
-    async fn down_read(&self, edge: &str, after: u64, max: usize) -> Result<Vec<Pending>, SinkError> {
+    async fn down_read(&self, edge: &str, after: u64, max: ReadLimit) -> Result<Vec<Pending>, SinkError> {
         let d = self.down();
         // The session holds everything up to `after`: a stream made anew counts after it.
         let (doc, _) = d.settled(edge, Some(after)).await?;
@@ -613,8 +613,12 @@ impl DownlinkStore for JetStreamSink {
         let mut out = Vec::new();
         let mut next = doc.stream_after(after);
         let mut width = READ_FIRST;
-        while out.len() < max {
-            let want = (max - out.len()).min(width);
+        // The bytes taken, and the largest message seen: a run is no wider than the budget
+        // left holds of messages that large, so what a run fetches past it stays small.
+        let (mut bytes, mut largest) = (0u64, 1u64);
+        while !max.reached(out.len(), bytes) {
+            let room = usize::try_from((max.bytes - bytes) / largest).unwrap_or(usize::MAX).max(1);
+            let want = (max.messages - out.len()).min(width).min(room);
             let (found, ended) = raw::get_run(&d.js, &d.name, next, want, &filter).await?;
             if found.is_empty() {
                 break;
@@ -639,7 +643,13 @@ impl DownlinkStore for JetStreamSink {
                 let problem = m.problem();
                 let headers = m.headers.unwrap_or_default();
                 let (msg, invalid) = parse(&d.topic_tokens(&m.subject), &headers, m.payload);
+                let weight = msg.bytes();
+                (bytes, largest) = (bytes + weight, largest.max(weight));
                 out.push(Pending { seq: doc.edge_seq(m.seq), stored_ms: m.time_ms, msg, invalid: problem.or(invalid) });
+                // The rest of the run is read again by the next read.
+                if max.reached(out.len(), bytes) {
+                    return Ok(out);
+                }
             }
             // The stream held no more: another round would find none (a round trip more on
             // every read that reaches the end, which at a low rate is every read).

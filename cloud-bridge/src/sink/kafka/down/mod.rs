@@ -49,7 +49,7 @@ use crate::sink::DeadLetterLabel;
 use crate::sink::down_headers;
 use crate::sink::downlink::{
     Backlog, DownBounds, DownDeadLetter, DownDone, DownLimit, DownState, DownSummary, DownlinkStore, Enqueued,
-    EnqueuedMany, Outgoing, Pending, Reply, SEND_IDS,
+    EnqueuedMany, Outgoing, Pending, ReadLimit, Reply, SEND_IDS,
 };
 use crate::sink::error::SinkError;
 use index::{DownIndex, Entry, SEND_ID, edge_of, weight};
@@ -73,6 +73,8 @@ pub(crate) struct KafkaDownlink {
     dead: Topic,
     index: Follower<DownIndex>,
     fetcher: Fetcher,
+    /// `max_indexed_per_edge`: a read finds no more of an edge's messages past its position.
+    per_edge: usize,
 }
 
 impl KafkaDownlink {
@@ -88,6 +90,7 @@ impl KafkaDownlink {
             dead: Topic { name: d.dead_letter_topic.clone(), partitions: dead_partitions },
             index,
             fetcher: Fetcher::new(settings)?,
+            per_edge: d.max_indexed_per_edge,
         })
     }
 }
@@ -234,18 +237,24 @@ impl KafkaSink {
         Ok(doc)
     }
 
-    /// Up to `max` of `edge`'s messages from offset `from` that count for it.
-    async fn entries(&self, edge: &str, doc: &DownDoc, from: i64, max: usize) -> Result<Vec<Entry>, SinkError> {
+    /// `edge`'s messages from offset `from` that count for it, as many as `max` lets a read take.
+    async fn entries(&self, edge: &str, doc: &DownDoc, from: i64, max: ReadLimit) -> Result<Vec<Entry>, SinkError> {
         let pick = || {
             self.down.index.with(|i| {
-                let Some(e) = i.edges.get(edge) else { return (Vec::new(), false) };
-                let picked: Vec<Entry> =
-                    e.entries.iter().filter(|m| m.offset >= from && doc.counts(m.offset)).take(max).copied().collect();
-                (picked, e.over.is_some())
+                let Some(e) = i.edges.get(edge) else { return (Vec::new(), 0, false) };
+                let (mut picked, mut bytes) = (Vec::new(), 0);
+                for m in e.entries.iter().filter(|m| m.offset >= from && doc.counts(m.offset)) {
+                    if max.reached(picked.len(), bytes) {
+                        break;
+                    }
+                    picked.push(*m);
+                    bytes += m.bytes;
+                }
+                (picked, bytes, e.over.is_some())
             })
         };
-        let (picked, over) = pick();
-        if picked.len() >= max || !over {
+        let (picked, bytes, over) = pick();
+        if max.reached(picked.len(), bytes) || !over {
             return Ok(picked);
         }
         self.refill(edge, doc).await?;
@@ -401,7 +410,11 @@ impl KafkaSink {
 
 impl DownlinkStore for KafkaSink {
     fn down_limit(&self) -> DownLimit {
-        DownLimit { bytes: (TOPIC_BYTES - 1024) as u64, of: "the downlink topic's max.message.bytes" }
+        DownLimit {
+            bytes: (TOPIC_BYTES - 1024) as u64,
+            of: "the downlink topic's max.message.bytes",
+            reach: Some((self.down.per_edge, "sink.downlink.max_indexed_per_edge")),
+        }
     }
 
     /// The index read to the topic's end and the edge settled once, each message checked
@@ -533,7 +546,7 @@ impl DownlinkStore for KafkaSink {
         Ok(self.down_doc(edge)?.state)
     }
 
-    async fn down_read(&self, edge: &str, after: u64, max: usize) -> Result<Vec<Pending>, SinkError> {
+    async fn down_read(&self, edge: &str, after: u64, max: ReadLimit) -> Result<Vec<Pending>, SinkError> {
         let d = &self.down;
         let doc = self.settle(edge).await?;
         let wanted = self.entries(edge, &doc, after.min(i64::MAX as u64) as i64, max).await?;
