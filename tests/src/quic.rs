@@ -95,6 +95,7 @@ pub fn hello_for(epoch: &str) -> shared::proto::Hello {
         dicts: vec![],
         caps: vec![],
         down_mark: 0,
+        down_window: None,
     }
 }
 

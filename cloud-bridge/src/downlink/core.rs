@@ -460,6 +460,7 @@ mod tests {
             dicts: vec![],
             caps: vec![],
             down_mark: 0,
+            down_window: None,
         };
         s.handle(Control::Hello(hello)).unwrap();
         s.welcome(vec![], vec![]);

@@ -87,6 +87,16 @@ pub struct UplinkConfig {
     /// off. Default: 2s.
     #[serde(default = "default_probe_interval")]
     pub probe_interval: HumanDuration,
+    /// Downlink messages this edge holds received and not yet stored, at most (1 ..= 256), and
+    /// their bytes: past the bytes nothing more comes until it holds none. Said to the bridge in
+    /// the hello (protocol version 9), which sends within it; a bridge that passes it ends its
+    /// session. They bound what the cloud can make wait in this edge's memory for its session
+    /// store. A bridge of an older version hears neither and may send 256 of any size its own
+    /// window lets through. Defaults: 256, 4MiB (the bridge's default window).
+    #[serde(default = "default_down_window_messages")]
+    pub down_window_messages: usize,
+    #[serde(default = "default_down_window_bytes")]
+    pub down_window_bytes: ByteSize,
 }
 
 pub use shared::proto::Congestion;
@@ -96,6 +106,12 @@ const MAX_SERVERS: usize = 64;
 
 fn default_window() -> usize {
     8
+}
+fn default_down_window_messages() -> usize {
+    shared::proto::down::MAX_DOWN_WINDOW
+}
+fn default_down_window_bytes() -> ByteSize {
+    ByteSize(shared::proto::down::DEFAULT_DOWN_WINDOW_BYTES as u64)
 }
 /// `batch_records` when the config does not say: records a batch at most.
 pub const DEFAULT_BATCH_RECORDS: usize = 1024;
@@ -145,7 +161,8 @@ impl UplinkConfig {
             window: self.window,
             keepalive: self.keepalive.0,
             ack_timeout: self.ack_timeout.0,
-            ..Default::default()
+            max_down_pending: self.down_window_messages,
+            max_down_bytes: self.down_window_bytes.as_usize(),
         }
     }
 
@@ -199,6 +216,13 @@ impl UplinkConfig {
         }
         if self.backoff_min.0 > self.backoff_max.0 {
             p.bad("uplink.backoff_min", "is above backoff_max");
+        }
+        let most = shared::proto::down::MAX_DOWN_WINDOW;
+        if !(1..=most).contains(&self.down_window_messages) {
+            p.bad("uplink.down_window_messages", format!("{} is outside 1 ..= {most}", self.down_window_messages));
+        }
+        if self.down_window_bytes.bytes() < 1024 {
+            p.bad("uplink.down_window_bytes", format!("{} is below 1KiB", self.down_window_bytes));
         }
     }
 }

@@ -270,6 +270,7 @@ mod tests {
             dicts: vec![],
             caps: vec![],
             down_mark: 0,
+            down_window: None,
         };
         let raw = cbor(&crate::proto::Control::Hello(hello.clone()));
         assert!(raw.len() < 110_000, "a byte an empty name");

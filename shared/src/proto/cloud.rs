@@ -13,16 +13,17 @@
 //! - A dictionary is checked against its id (a hash of its bytes) and size, and confirmed to
 //!   the edge only after the driver stored it where every bridge finds it.
 //! - Downlink messages (version 5, [`super::down`]) go out in increasing seq order from the
-//!   position the driver starts them at, at most a window (messages and bytes) unanswered; an
-//!   ack may not claim more than was sent, and moves the window.
+//!   position the driver starts them at, at most a window (messages and bytes) unanswered: the
+//!   driver's, or the one the edge's hello announces where that is smaller (version 9). An ack
+//!   may not claim more than was sent, and moves the window.
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
 
 use super::down::{DownAck, MAX_DOWN_REPORT, MAX_REFUSAL_REASON};
 use super::edge::{SessionError, name};
 use super::{
-    Ack, Batch, Control, DOWNLINK_VERSION, DictAnnounce, Lane, LaneSeq, MAX_DICT_BYTES, MAX_DICTS, Seq, SpoolReport,
-    VERSIONS, Welcome, negotiate,
+    Ack, Batch, Control, DOWN_WINDOW_VERSION, DOWNLINK_VERSION, DictAnnounce, Lane, LaneSeq, MAX_DICT_BYTES, MAX_DICTS,
+    Seq, SpoolReport, VERSIONS, Welcome, negotiate,
 };
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -229,6 +230,22 @@ impl CloudSession {
                         bad.seq,
                         super::MAX_SEQ
                     )));
+                }
+                if version >= DOWN_WINDOW_VERSION
+                    && let Some(w) = h.down_window
+                {
+                    if w.messages == 0 || w.bytes == 0 {
+                        return Err(SessionError::Protocol(format!(
+                            "hello announces a downlink window of {} messages and {} bytes: none would ever be sent",
+                            w.messages, w.bytes
+                        )));
+                    }
+                    // The smaller of the two ends' windows: the edge ends a session past its own.
+                    let ours = self.down.window;
+                    self.down.window = DownWindow {
+                        messages: ours.messages.min(usize::try_from(w.messages).unwrap_or(usize::MAX)),
+                        bytes: ours.bytes.min(usize::try_from(w.bytes).unwrap_or(usize::MAX)),
+                    };
                 }
                 self.version = version;
                 self.epoch = Some(h.epoch.clone());

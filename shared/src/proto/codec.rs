@@ -100,6 +100,7 @@ mod tests {
             dicts: vec![],
             caps: vec!["zstd".into()],
             down_mark: 0,
+            down_window: None,
         })
     }
 

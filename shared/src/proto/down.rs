@@ -20,10 +20,26 @@ pub const MAX_REFUSAL_REASON: usize = 256;
 pub(crate) const MAX_DOWN_REPORT: usize = 4096;
 
 /// Downlink messages an edge holds received and not yet done, at most: one more and the bridge
-/// broke its window, and the edge ends the session. Every edge version so far holds this many
-/// and does not say so in its hello, so a bridge's window is held to it: a bridge configured
-/// past it once ended its edges' sessions whenever their store fell behind.
+/// broke its window, and the edge ends the session. Edges before version 9 hold this many and
+/// do not say so in their hello, so a bridge's window is held to it: a bridge configured past
+/// it once ended its edges' sessions whenever their store fell behind. From version 9 an edge
+/// says what it holds ([`EdgeWindow`]), at most this.
 pub const MAX_DOWN_WINDOW: usize = 256;
+
+/// What an edge holds of the downlink unless configured otherwise, in bytes as [`Down::weight`]
+/// counts them: the bridge's default window.
+pub const DEFAULT_DOWN_WINDOW_BYTES: usize = 4 << 20;
+
+/// How much of the downlink an edge holds received and not yet done (protocol version 9, in its
+/// hello): at most `messages`, and past `bytes` (as [`Down::weight`] counts them) nothing more
+/// until it holds none. A bridge sends within the smaller of this and its own window; the edge
+/// ends a session that passes it. The bytes bound what waits in the edge's memory for its store:
+/// before, a bridge's window in bytes was the bridge's to choose, with no bound the edge kept.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct EdgeWindow {
+    pub messages: u64,
+    pub bytes: u64,
+}
 
 /// The most a downlink message may weigh ([`Down::weight`] without its fixed part): its frame
 /// stays within [`super::MAX_CONTROL_FRAME`], whose last 64 KiB cover the encoding.

@@ -220,6 +220,7 @@ fn hello() -> super::Hello {
         dicts: vec![],
         caps: vec![],
         down_mark: 0,
+        down_window: None,
     }
 }
 
@@ -259,14 +260,15 @@ fn an_older_peer_never_sees_a_downlink_frame_and_a_misbehaving_one_is_named() {
     edge.handle(Control::Down(Box::new(down(5))), now).unwrap();
     let e = edge.handle(Control::Down(Box::new(down(4))), now).unwrap_err();
     assert!(e.to_string().contains("out of order"), "{e}");
+    // On version 5 the bridge heard nothing of the edge's 8: it holds what every edge held.
     let mut edge = Edge::default().session();
     edge.connected(now);
     edge.handle(welcome(), now).unwrap();
-    for seq in 1..=8 {
+    for seq in 1..=super::down::MAX_DOWN_WINDOW as u64 {
         edge.handle(Control::Down(Box::new(down(seq))), now).unwrap();
     }
-    let e = edge.handle(Control::Down(Box::new(down(9))), now).unwrap_err();
-    assert!(e.to_string().contains("more than 8 downlink messages unanswered"), "{e}");
+    let e = edge.handle(Control::Down(Box::new(down(257))), now).unwrap_err();
+    assert!(e.to_string().contains("more than 256 downlink messages unanswered"), "{e}");
     let e = edge.down_done(2, DownOutcome::Delivered).unwrap_err();
     assert!(e.to_string().contains("the oldest waiting is Some(1)"), "{e}");
     edge.down_done(1, DownOutcome::Delivered).unwrap();
@@ -373,6 +375,115 @@ fn a_window_past_what_an_edge_holds_is_held_to_it() {
     assert!(cloud.down_room());
     cloud.send_down(down(seq + 1)).unwrap();
     edge.handle(cloud.poll_control().expect("sent"), now).expect("within what the edge holds");
+}
+
+/// A session of version 9 between sessions of `edge` and `cloud`, welcomed, the downlink
+/// started at 0 and both ends' queues emptied.
+fn v9(edge: EdgeSessionConfig, cloud: DownWindow, now: Instant) -> (CloudSession, EdgeSession) {
+    let mut edge = EdgeSession::new(edge, EPOCH, []);
+    let mut cloud = CloudSession::new(8).with_down_window(cloud);
+    edge.connected(now);
+    let hello = edge.poll_control().expect("a hello");
+    assert!(matches!(&hello, Control::Hello(h) if h.down_window.is_some()), "{hello:?}");
+    cloud.handle(hello).unwrap();
+    cloud.welcome(vec![], vec![]);
+    let welcome = cloud.poll_control().expect("a welcome");
+    assert!(matches!(&welcome, Control::Welcome(w) if w.version == super::DOWN_WINDOW_VERSION), "{welcome:?}");
+    edge.handle(welcome, now).unwrap();
+    assert!(cloud.start_down(0));
+    while cloud.poll_control().is_some() {}
+    while edge.poll_control().is_some() {}
+    (cloud, edge)
+}
+
+/// [version 9] The edge says in its hello what it holds of the downlink, and the bridge sends
+/// within the smaller of that and its own window, in messages and in bytes: what the cloud
+/// can make wait in an edge's memory is the edge's to bound. Each message the bridge sends the
+/// edge takes.
+#[test]
+fn the_bridge_sends_within_the_window_an_edge_of_version_9_announces() {
+    let now = Instant::now();
+    let small = EdgeSessionConfig { max_down_pending: 3, max_down_bytes: 1000, ..Default::default() };
+    let (mut cloud, mut edge) = v9(small.clone(), DownWindow { messages: 16, bytes: 1 << 20 }, now);
+    assert_eq!(cloud.down_window(), DownWindow { messages: 3, bytes: 1000 });
+    let big = |seq| Down { payload: vec![0; 600], ..down(seq) };
+    let mut seq = 0;
+    while cloud.down_room() {
+        seq += 1;
+        cloud.send_down(big(seq)).unwrap();
+    }
+    assert_eq!(seq, 2, "the second passes the bytes, the third waits");
+    while let Some(frame) = cloud.poll_control() {
+        edge.handle(frame, now).expect("within what the edge announced");
+    }
+    // The bridge's own window where it is the smaller.
+    let (cloud, _) = v9(small, DownWindow { messages: 2, bytes: 500 }, now);
+    assert_eq!(cloud.down_window(), DownWindow { messages: 2, bytes: 500 });
+}
+
+/// [version 9] A bridge that passes what the edge announced, in messages or in bytes, ends the
+/// session with the reason; one message larger than the whole window still comes alone. A
+/// hello announcing no room at all is refused.
+#[test]
+fn an_edge_of_version_9_ends_a_session_past_its_announced_window() {
+    let now = Instant::now();
+    let small = EdgeSessionConfig { max_down_pending: 3, max_down_bytes: 1000, ..Default::default() };
+    let (_, mut edge) = v9(small.clone(), DownWindow { messages: 16, bytes: 1 << 20 }, now);
+    let big = |seq| Down { payload: vec![0; 600], ..down(seq) };
+    edge.handle(Control::Down(Box::new(big(1))), now).unwrap();
+    edge.handle(Control::Down(Box::new(big(2))), now).unwrap();
+    let e = edge.handle(Control::Down(Box::new(big(3))), now).unwrap_err();
+    assert!(e.to_string().contains("past the 1000 bytes this edge announced"), "{e}");
+    let (_, mut edge) = v9(small.clone(), DownWindow { messages: 16, bytes: 1 << 20 }, now);
+    for seq in 1..=3 {
+        edge.handle(Control::Down(Box::new(down(seq))), now).unwrap();
+    }
+    let e = edge.handle(Control::Down(Box::new(down(4))), now).unwrap_err();
+    assert!(e.to_string().contains("more than 3 downlink messages unanswered"), "{e}");
+    let (_, mut edge) = v9(small, DownWindow { messages: 16, bytes: 1 << 20 }, now);
+    edge.handle(Control::Down(Box::new(Down { payload: vec![0; 5000], ..down(1) })), now).expect("alone, it comes");
+    edge.down_done(1, DownOutcome::Delivered).unwrap();
+    edge.handle(Control::Down(Box::new(big(2))), now).expect("room again");
+
+    let mut cloud = CloudSession::new(8);
+    let window = Some(super::down::EdgeWindow { messages: 0, bytes: 1000 });
+    let e = cloud.handle(Control::Hello(super::Hello {
+        versions: super::VERSIONS.to_vec(),
+        down_window: window,
+        ..hello()
+    }));
+    assert!(e.unwrap_err().to_string().contains("downlink window of 0 messages"));
+}
+
+/// [versions 8 and 9 together] An edge of version 9 and a bridge of version 8: the bridge skips
+/// the announcement it does not know, and the edge, configured to hold 3, takes the bridge's
+/// window of up to 256 of any size, as every edge before it did. An edge of version 8 (no
+/// announcement) on a bridge of version 9: the bridge's own window.
+#[test]
+fn edges_and_bridges_of_versions_8_and_9_keep_the_older_window() {
+    let now = Instant::now();
+    let small = EdgeSessionConfig { max_down_pending: 3, max_down_bytes: 1000, ..Default::default() };
+    let previous: Vec<u16> = (1..super::DOWN_WINDOW_VERSION).collect();
+    let mut edge = EdgeSession::new(small, EPOCH, []);
+    let mut cloud = CloudSession::new(8)
+        .with_versions(previous.clone())
+        .with_down_window(DownWindow { messages: 16, bytes: 1 << 20 });
+    edge.connected(now);
+    cloud.handle(edge.poll_control().unwrap()).unwrap();
+    cloud.welcome(vec![], vec![]);
+    edge.handle(cloud.poll_control().unwrap(), now).unwrap();
+    assert!(cloud.start_down(0));
+    assert_eq!(cloud.down_window(), DownWindow { messages: 16, bytes: 1 << 20 }, "the announcement skipped");
+    for seq in 1..=16 {
+        cloud.send_down(Down { payload: vec![0; 600], ..down(seq) }).unwrap();
+    }
+    while let Some(frame) = cloud.poll_control() {
+        edge.handle(frame, now).expect("an edge holds 256 for an older bridge");
+    }
+    let old = super::Hello { versions: previous, down_window: None, ..hello() };
+    let mut cloud = CloudSession::new(8).with_down_window(DownWindow { messages: 16, bytes: 1 << 20 });
+    cloud.handle(Control::Hello(old)).unwrap();
+    assert_eq!(cloud.down_window(), DownWindow { messages: 16, bytes: 1 << 20 });
 }
 
 #[derive(Debug, Clone)]

@@ -15,15 +15,22 @@
 //!   waited longer than `ack_timeout` for its answer (connected, but not acking).
 //! - Downlink messages (version 5, [`super::down`]) come in increasing seq order; one at or
 //!   below the edge's position is a resend and only re-acked; at most `max_down_pending` may
-//!   wait for the driver. The driver finishes them in order ([`EdgeSession::down_done`]) once
+//!   wait for the driver, and from version 9 nothing past `max_down_bytes` but one (both are
+//!   announced in the hello; an older bridge knows neither, and is held to
+//!   [`MAX_DOWN_WINDOW`] messages as before). The driver finishes them in order ([`EdgeSession::down_done`]) once
 //!   each is durable; refusals and expiries are reported until the cloud marks them, across
 //!   reconnects.
 
 use std::collections::{BTreeMap, VecDeque};
 use std::time::{Duration, Instant};
 
-use super::down::{Down, DownAck, DownOutcome, DownRefusal, MAX_DOWN_REPORT, MAX_DOWN_WINDOW, clip_reason};
-use super::{Ack, Control, DOWNLINK_VERSION, DictAnnounce, Hello, Lane, LaneSeq, Seq, SpoolReport, VERSIONS};
+use super::down::{
+    DEFAULT_DOWN_WINDOW_BYTES, Down, DownAck, DownOutcome, DownRefusal, EdgeWindow, MAX_DOWN_REPORT, MAX_DOWN_WINDOW,
+    clip_reason,
+};
+use super::{
+    Ack, Control, DOWN_WINDOW_VERSION, DOWNLINK_VERSION, DictAnnounce, Hello, Lane, LaneSeq, Seq, SpoolReport, VERSIONS,
+};
 
 #[derive(Debug, Clone)]
 pub struct EdgeSessionConfig {
@@ -31,9 +38,13 @@ pub struct EdgeSessionConfig {
     pub window: usize,
     pub keepalive: Duration,
     pub ack_timeout: Duration,
-    /// Downlink messages received and not yet done, at most: past it the bridge broke its
-    /// window and the session ends.
+    /// Downlink messages received and not yet done, at most (1 ..= [`MAX_DOWN_WINDOW`]), and
+    /// their bytes as [`Down::weight`] counts them, past which nothing more comes but when none
+    /// is held: announced in the hello (version 9), and past either the bridge broke its window
+    /// and the session ends. A session of an older version announces nothing the bridge
+    /// understands, so it holds [`MAX_DOWN_WINDOW`] messages whatever their bytes.
     pub max_down_pending: usize,
+    pub max_down_bytes: usize,
 }
 
 impl Default for EdgeSessionConfig {
@@ -43,6 +54,7 @@ impl Default for EdgeSessionConfig {
             keepalive: Duration::from_secs(5),
             ack_timeout: Duration::from_secs(2),
             max_down_pending: MAX_DOWN_WINDOW,
+            max_down_bytes: DEFAULT_DOWN_WINDOW_BYTES,
         }
     }
 }
@@ -142,8 +154,10 @@ struct DownState {
     done: u64,
     /// The highest seq received on this connection (at least `done`).
     received: u64,
-    /// Received and not yet done, in order.
-    pending: VecDeque<u64>,
+    /// Received and not yet done, in order, with their weights.
+    pending: VecDeque<(u64, usize)>,
+    /// Their weights together.
+    pending_bytes: usize,
     /// Not delivered and not yet marked by the cloud: reported in every first ack of a
     /// connection, and new ones in the next ack.
     refused: Vec<DownRefusal>,
@@ -227,6 +241,10 @@ impl EdgeSession {
             dicts: self.dicts.clone(),
             caps: vec!["zstd".into(), "zstd-dict".into()],
             down_mark: self.down.done,
+            down_window: Some(EdgeWindow {
+                messages: self.config.max_down_pending as u64,
+                bytes: self.config.max_down_bytes as u64,
+            }),
         }));
         self.next_ping = Some(now + self.config.keepalive);
     }
@@ -252,6 +270,7 @@ impl EdgeSession {
         let d = &mut self.down;
         (d.received, d.reported) = (d.done, (0, 0));
         d.pending.clear();
+        d.pending_bytes = 0;
         d.ack_due = !d.refused.is_empty() || !d.expired.is_empty();
     }
 
@@ -405,14 +424,26 @@ impl EdgeSession {
                 state.refused.len() + state.expired.len()
             )));
         }
-        if state.pending.len() >= self.config.max_down_pending {
+        // What this edge announced holds from version 9; an older bridge knows no announcement
+        // and is held to what every edge held before.
+        let (messages, bytes) = match self.version >= DOWN_WINDOW_VERSION {
+            true => (self.config.max_down_pending, self.config.max_down_bytes),
+            false => (MAX_DOWN_WINDOW, usize::MAX),
+        };
+        if state.pending.len() >= messages {
+            return Err(SessionError::Protocol(format!("more than {messages} downlink messages unanswered")));
+        }
+        if !state.pending.is_empty() && state.pending_bytes >= bytes {
             return Err(SessionError::Protocol(format!(
-                "more than {} downlink messages unanswered",
-                self.config.max_down_pending
+                "a downlink message past the {bytes} bytes this edge announced: {} held unanswered in {} messages",
+                state.pending_bytes,
+                state.pending.len()
             )));
         }
+        let weight = d.weight();
         state.received = d.seq;
-        state.pending.push_back(d.seq);
+        state.pending.push_back((d.seq, weight));
+        state.pending_bytes += weight;
         events.push(EdgeEvent::Down(d));
         Ok(())
     }
@@ -421,14 +452,15 @@ impl EdgeSession {
     /// durable; an ack goes out with the next control frames.
     pub fn down_done(&mut self, seq: u64, outcome: DownOutcome) -> Result<(), SessionError> {
         let d = &mut self.down;
-        if d.pending.front() != Some(&seq) {
+        let Some(&(_, weight)) = d.pending.front().filter(|(oldest, _)| *oldest == seq) else {
             return Err(SessionError::Protocol(format!(
                 "downlink message {seq} finished, but the oldest waiting is {:?} (done through {})",
-                d.pending.front(),
+                d.pending.front().map(|(s, _)| s),
                 d.done
             )));
-        }
+        };
         d.pending.pop_front();
+        d.pending_bytes -= weight;
         d.done = seq;
         match outcome {
             DownOutcome::Delivered => {}
@@ -450,7 +482,7 @@ impl EdgeSession {
 
     /// The oldest downlink message received on this connection and not yet done.
     pub fn down_oldest_pending(&self) -> Option<u64> {
-        self.down.pending.front().copied()
+        self.down.pending.front().map(|(seq, _)| *seq)
     }
 
     /// The downlink position: done through this seq.

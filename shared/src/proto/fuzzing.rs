@@ -54,7 +54,7 @@ pub fn session(data: &[u8]) {
     buf.extend(data);
     let now = Instant::now();
     // Every version there is, the downlink's too, whether or not the binaries offer it yet.
-    let versions: Vec<u16> = (1..=super::SHAPES_VERSION).collect();
+    let versions: Vec<u16> = (1..=super::DOWN_WINDOW_VERSION).collect();
     let mut cloud = CloudSession::new(8).with_versions(versions.clone());
     let mut edge = EdgeSession::new(EdgeSessionConfig::default(), "e", [(0, 0), (3, 5)]).with_versions(versions);
     edge.connected(now);
@@ -187,6 +187,7 @@ mod tests {
             dicts: vec![],
             caps: vec!["zstd".into()],
             down_mark: 0,
+            down_window: None,
         });
         let records: Vec<WireRecord> = (1..=40)
             .map(|seq| {
@@ -283,6 +284,7 @@ mod tests {
             dicts: vec![],
             caps: vec![],
             down_mark: 3,
+            down_window: None,
         });
         let down = |seq| {
             Control::Down(Box::new(crate::proto::down::Down {
@@ -346,6 +348,7 @@ mod tests {
             dicts: vec![],
             caps: vec![],
             down_mark: 0,
+            down_window: None,
         });
         let welcome = |seq| {
             Control::Welcome(crate::proto::Welcome {

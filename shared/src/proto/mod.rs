@@ -65,8 +65,15 @@ pub const ALPN: &[u8] = b"ehb/1";
 /// Welcome say what the sink stores of one record, 4 sends batches in one framing level
 /// ([`batch_frame`]), 5 carries the downlink ([`down`]), 6 sends batch bodies column-wise
 /// ([`columns`]), 7 bit-packs them and names the schema a message was validated against
-/// ([`SchemaRef`]), 8 takes binary payloads apart by that schema ([`columns::Shapes`]).
-pub const VERSIONS: &[u16] = &[1, 2, 3, 4, DOWNLINK_VERSION, COLUMNS_VERSION, SCHEMA_VERSION, SHAPES_VERSION];
+/// ([`SchemaRef`]), 8 takes binary payloads apart by that schema ([`columns::Shapes`]), 9 has
+/// the edge's hello say how much of the downlink it holds ([`Hello::down_window`]).
+pub const VERSIONS: &[u16] =
+    &[1, 2, 3, 4, DOWNLINK_VERSION, COLUMNS_VERSION, SCHEMA_VERSION, SHAPES_VERSION, DOWN_WINDOW_VERSION];
+
+/// The first version whose hello says how much of the downlink the edge holds unanswered
+/// ([`down::EdgeWindow`]): the bridge sends within it, and the edge ends a session that passes
+/// it. Earlier sessions keep [`down::MAX_DOWN_WINDOW`] messages and the bridge's bytes.
+pub const DOWN_WINDOW_VERSION: u16 = 9;
 
 /// The first version whose column-wise bodies are in format 3 ([`columns::Format::V3`]):
 /// Avro and Protobuf payloads taken apart by the schema they were validated against.
@@ -372,6 +379,11 @@ pub struct Hello {
     /// delivered or refused and durable on the edge. Absent (0) from older edges.
     #[serde(default, skip_serializing_if = "is_zero")]
     pub down_mark: u64,
+    /// How much of the downlink the edge holds unanswered (version 9; taken only on a session
+    /// of that version, so an older bridge that skips it meets an edge that holds what every
+    /// edge before it held).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub down_window: Option<down::EdgeWindow>,
 }
 
 fn is_zero(n: &u64) -> bool {

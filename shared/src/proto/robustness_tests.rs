@@ -20,6 +20,7 @@ fn sample_frames() -> Vec<Vec<u8>> {
         dicts: vec![],
         caps: vec![],
         down_mark: 0,
+        down_window: None,
     });
     let batch = compress::pack(
         "00ff",
@@ -94,6 +95,7 @@ proptest! {
                     dicts: vec![],
                     caps: vec![],
                     down_mark: 0,
+                    down_window: None,
                 })).map(|h| if matches!(h, Some(Request::Hello(_))) { session.welcome(vec![LaneSeq { lane: Lane(lane), seq: Seq(b % 10) }], vec![]) }),
                 1 => session.handle(Control::Ack(Ack { lane: Lane(lane), up_to: Seq(a) })).map(|_| ()),
                 2 => session.handle(Control::Ping { nonce: a }).map(|_| ()),

@@ -9,7 +9,7 @@ use proptest::prelude::*;
 
 use super::cloud::{CloudPhase, CloudSession, Request};
 use super::edge::{EdgeEvent, EdgeSession, EdgeSessionConfig, Phase, SessionError};
-use super::{Batch, Codec, Control, DictAnnounce, LaneSeq, SHAPES_VERSION};
+use super::{Batch, Codec, Control, DOWN_WINDOW_VERSION, DictAnnounce, LaneSeq};
 use super::{Lane, Seq};
 
 const EPOCH: &str = "0123456789abcdef";
@@ -116,7 +116,7 @@ fn handshake_batches_and_cumulative_acks() {
     edge.connected(t0);
     assert!(!edge.can_send(), "nothing before the welcome");
     let events = pump(&mut edge, &mut cloud, t0);
-    assert_eq!(events, [EdgeEvent::Ready { version: SHAPES_VERSION, dicts: vec![], sink: None }]);
+    assert_eq!(events, [EdgeEvent::Ready { version: DOWN_WINDOW_VERSION, dicts: vec![], sink: None }]);
     assert_eq!(edge.next_seq(0), 1);
     edge.sent(0, 1, 10, t0).unwrap();
     edge.sent(0, 11, 20, t0).unwrap();
@@ -160,7 +160,7 @@ fn a_reconnect_resends_only_what_the_cloud_does_not_have() {
         [
             EdgeEvent::Mark { lane: 2, committed: 5 },
             EdgeEvent::Acked { lane: 2, up_to: 5 },
-            EdgeEvent::Ready { version: SHAPES_VERSION, dicts: vec![], sink: None }
+            EdgeEvent::Ready { version: DOWN_WINDOW_VERSION, dicts: vec![], sink: None }
         ]
     );
     assert_eq!(edge.next_seq(2), 6, "resume after what the cloud committed");
@@ -183,6 +183,7 @@ fn batches_overtaking_each_other_are_held_and_released_in_order() {
             dicts: vec![],
             caps: vec![],
             down_mark: 0,
+            down_window: None,
         }))
         .unwrap();
     cloud.batch(batch(1, 11, 20));
@@ -374,6 +375,7 @@ fn a_sink_that_lost_its_marks_resumes_where_the_edge_records_start() {
         dicts: vec![],
         caps: vec![],
         down_mark: 0,
+        down_window: None,
     });
     assert!(fresh.handle(hello).unwrap_err().to_string().contains("holds seqs from 0"));
     // An epoch names sink keys: one that could make a key the sink refuses is refused here.
@@ -386,6 +388,7 @@ fn a_sink_that_lost_its_marks_resumes_where_the_edge_records_start() {
         dicts: vec![],
         caps: vec![],
         down_mark: 0,
+        down_window: None,
     });
     assert!(fresh.handle(hello).unwrap_err().to_string().contains("unusable epoch"));
 }
@@ -436,6 +439,7 @@ fn a_hello_claiming_a_downlink_position_past_the_limit_is_refused() {
             dicts: vec![],
             caps: vec![],
             down_mark,
+            down_window: None,
         })
     };
     for claim in [i64::MAX as u64, u64::MAX, super::MAX_SEQ + 1] {
@@ -567,7 +571,7 @@ fn dictionaries_are_confirmed_once_stored_and_known_to_the_next_bridge() {
     edge.connected(t0);
     assert_eq!(
         pump(&mut edge, &mut cloud, t0),
-        [EdgeEvent::Ready { version: SHAPES_VERSION, dicts: vec![id.clone()], sink: None }]
+        [EdgeEvent::Ready { version: DOWN_WINDOW_VERSION, dicts: vec![id.clone()], sink: None }]
     );
     assert_eq!(cloud.session.dicts().get(&id), Some(&bytes));
 }
@@ -694,6 +698,7 @@ fn model_announcements_follow_the_welcome_and_hellos_follow_a_bounded_list() {
         dicts: vec![],
         caps: vec![],
         down_mark: 0,
+        down_window: None,
     };
     let err = cloud.control(Control::Hello(hello)).unwrap_err();
     assert!(err.to_string().contains("more than 64"), "{err}");

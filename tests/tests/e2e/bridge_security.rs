@@ -30,6 +30,7 @@ fn hello(versions: Vec<u16>) -> Control {
         dicts: vec![],
         caps: vec![],
         down_mark: 0,
+        down_window: None,
     })
 }
 

@@ -1,13 +1,15 @@
 //! A rolling upgrade: edges and bridges one protocol version apart keep working together. This
-//! build speaks 1 to 8 (2 names dictionaries by the whole SHA-256, 3 has the Welcome say what
+//! build speaks 1 to 9 (2 names dictionaries by the whole SHA-256, 3 has the Welcome say what
 //! the sink stores of one record, 4 sends batches as a binary head and the body as it is,
 //! `shared::proto::batch_frame`, 5 carries the downlink, 6 sends batch bodies column-wise,
 //! `shared::proto::columns`, 7 bit-packs them (format 2), names a record's schema and a
 //! dictionary in a batch head by its 32 bytes, 8 takes Avro and Protobuf payloads apart by their
-//! schema, format 3). The next version is played by peers that offer 1 to 9 and add what a
-//! newer build may add: fields this build does not know in every frame and in the batch head,
-//! control frames it has never seen; the previous one by peers that speak 1 to 7 (format 2,
-//! binary payloads whole), version 6 by peers that speak 1 to 6 (column-wise bodies in format 1
+//! schema, format 3, 9 has the edge's hello say how much of the downlink it holds). The next
+//! version is played by peers that offer 1 to 10 and add what a newer build may add: fields this
+//! build does not know in every frame and in the batch head, control frames it has never seen;
+//! the previous one by peers that speak 1 to 8 (no announced window: the bridge's own, and an
+//! edge holds 256 messages), version 7 by peers that speak 1 to 7 (format 2, binary payloads
+//! whole), version 6 by peers that speak 1 to 6 (column-wise bodies in format 1
 //! only, dictionary ids as hex), version 5 by
 //! peers that speak 1 to 5 (rows: an edge never sends one a column-wise batch), version 4 by peers that speak 1 to 4 (no
 //! downlink: a bridge never sends one a downlink frame, though a message waits for it), older
@@ -114,12 +116,12 @@ fn unknown_control(kind: &str) -> Vec<u8> {
     ]))
 }
 
-/// An edge of the next version: welcomed at 8, its batch in the binary framing with a longer
+/// An edge of the next version: welcomed at 9, its batch in the binary framing with a longer
 /// head than this build writes, records with fields this build does not know (a row batch,
 /// which version 8 still takes); the message waiting for it is sent.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn this_bridge_serves_an_edge_of_the_next_version() {
-    serve_an_edge_offering(&[1, 2, 3, 4, 5, 6, 7, 8, 9], 8, None).await;
+    serve_an_edge_offering(&[1, 2, 3, 4, 5, 6, 7, 8, 9, 10], 9, None).await;
 }
 
 /// [issue 44] On the Kafka sink, edges of the next and the previous version alike: welcomed at
@@ -130,13 +132,19 @@ async fn this_bridge_serves_an_edge_of_the_next_version() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn this_bridge_on_kafka_serves_edges_of_the_next_and_the_previous_version() {
     let broker = KafkaBroker::start();
-    serve_an_edge_offering(&[1, 2, 3, 4, 5, 6, 7, 8, 9], 8, Some(&broker)).await;
-    serve_an_edge_offering(&[1, 2, 3, 4, 5, 6, 7], 7, Some(&broker)).await;
+    serve_an_edge_offering(&[1, 2, 3, 4, 5, 6, 7, 8, 9, 10], 9, Some(&broker)).await;
+    serve_an_edge_offering(&[1, 2, 3, 4, 5, 6, 7, 8], 8, Some(&broker)).await;
 }
 
-/// An edge of the previous version: welcomed at 7, the downlink.
+/// An edge of the previous version: welcomed at 8, the downlink, format 3 batches.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn this_bridge_serves_an_edge_of_the_previous_version() {
+    serve_an_edge_offering(&[1, 2, 3, 4, 5, 6, 7, 8], 8, None).await;
+}
+
+/// An edge of version 7: welcomed at 7, the downlink.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn this_bridge_serves_an_edge_of_version_7() {
     serve_an_edge_offering(&[1, 2, 3, 4, 5, 6, 7], 7, None).await;
 }
 
@@ -157,6 +165,67 @@ async fn this_bridge_serves_an_edge_of_version_5() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn this_bridge_serves_an_edge_of_version_4() {
     serve_an_edge_offering(&[1, 2, 3, 4], 4, None).await;
+}
+
+/// [version 9] This bridge sends an edge of version 9 no more downlink messages at once than its
+/// hello announced (here 1), the next once it acks; an edge of version 8 announces nothing this
+/// bridge takes (the same field, skipped): the bridge's own window, all 3 at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn this_bridge_holds_to_the_window_an_edge_of_version_9_announces() {
+    let dir = tempfile::tempdir().unwrap();
+    let keys = pki(dir.path(), &["edge-2", "edge-3"]);
+    let cloud = TestCloud::start(dir.path(), keys.clone(), "127.0.0.1:0".parse().unwrap(), "").await;
+    let sink = cloud_bridge::sink::sqlite::SqliteSink::open(&cloud.sink).unwrap();
+    let bounds = DownBounds { messages: 10, bytes: 1 << 20 };
+    for (edge, versions, at_once) in [("edge-2", 9u16, 1usize), ("edge-3", 8, 3)] {
+        for i in 0..3 {
+            let msg = Outgoing { topic: "config/x".into(), payload: vec![b'0' + i], qos: 1, ..Default::default() };
+            assert!(matches!(sink.enqueue(edge, &msg, bounds).await.unwrap(), Enqueued::Stored { .. }));
+        }
+        let (_, cert, key) = keys.edges.iter().find(|(id, _, _)| id == edge).unwrap().clone();
+        let conn = quic::connect(cloud.bridge.quic_addr(), &keys.ca, &cert, &key).await.unwrap();
+        let (mut send, mut recv) = conn.open_bi().await.unwrap();
+        let hello = Control::Hello(Hello {
+            versions: (1..=versions).collect(),
+            epoch: EPOCH.into(),
+            lanes: vec![],
+            models: vec![],
+            dicts: vec![],
+            caps: vec![],
+            down_mark: 0,
+            down_window: Some(shared::proto::down::EdgeWindow { messages: 1, bytes: 1 << 20 }),
+        });
+        send.write_all(&frame(&newer(&hello, &[]))).await.unwrap();
+        let mut downs = Vec::new();
+        // What comes within a second of the welcome.
+        let _ = tokio::time::timeout(Duration::from_secs(1), async {
+            loop {
+                match read_frame::<_, Control>(&mut recv, MAX_CONTROL_FRAME).await.unwrap() {
+                    Some(Control::Down(d)) => downs.push(d.seq),
+                    Some(_) => continue,
+                    None => panic!("the bridge closed the control stream"),
+                }
+            }
+        })
+        .await;
+        assert_eq!(downs.len(), at_once, "{edge} on version {versions}: {downs:?}");
+        if at_once == 1 {
+            let ack = Control::DownAck(shared::proto::down::DownAck { up_to: downs[0], ..Default::default() });
+            send.write_all(&frame(&newer(&ack, &[]))).await.unwrap();
+            let next = tokio::time::timeout(WAIT, async {
+                loop {
+                    let frame = read_frame::<_, Control>(&mut recv, MAX_CONTROL_FRAME).await.unwrap();
+                    if let Some(Control::Down(d)) = frame {
+                        break d.seq;
+                    }
+                }
+            })
+            .await;
+            assert!(next.expect("the next once acked") > downs[0]);
+        }
+        conn.close(0u32.into(), b"done");
+    }
+    cloud.bridge.stop().await;
 }
 
 /// An edge of version 3: its batch a CBOR envelope (with a field this build does not know, as
@@ -208,6 +277,7 @@ async fn serve_an_edge_offering(versions: &[u16], chosen: u16, kafka: Option<&Ka
         dicts: vec![],
         caps: vec!["lane-stats".into()],
         down_mark: 0,
+        down_window: None,
     });
     let hello = newer(&hello, &[("region", Value::Text("eu-west".into()))]);
     send.write_all(&frame(&hello)).await.unwrap();
@@ -434,12 +504,19 @@ struct Received {
     format3_batches: usize,
     /// Batches with the compact head (version 7 on).
     compact_batches: usize,
+    /// The downlink window the edge's hello announced (version 9).
+    down_window: Option<shared::proto::down::EdgeWindow>,
+    /// Downlink messages this bridge sent at once, and how far the edge acked them.
+    downs_sent: u64,
+    down_acked: u64,
 }
 
 /// A bridge that speaks `versions`, welcomes with a field this build does not know, sends an
 /// unknown control frame after the welcome and after each ack, adds a field to each ack and
 /// pong, stores the dictionaries announced under the ids of the version chosen (refusing any
-/// other), and acks every batch it reads.
+/// other), and acks every batch it reads. On a session with the downlink it sends 20 messages
+/// of 600 bytes at once, as a bridge whose window is 20 would; from version 9 no more than the
+/// edge's hello announced.
 async fn other_version_bridge(
     endpoint: quinn::Endpoint,
     received: std::sync::Arc<std::sync::Mutex<Received>>,
@@ -454,6 +531,7 @@ async fn other_version_bridge(
         let mut got = received.lock().unwrap();
         got.hello_versions = hello.versions.clone();
         got.version = version;
+        got.down_window = hello.down_window;
     }
     // From version 3 the Welcome says what the sink stores of one record: here 4 KiB.
     let sink = (version >= 3).then_some(shared::proto::SinkLimits { record_bytes: 4096, header_bytes: 2048 });
@@ -461,6 +539,26 @@ async fn other_version_bridge(
     let welcome = newer(&Control::Welcome(welcome), &[("max_batch", Value::Integer(1000.into()))]);
     send.write_all(&frame(&welcome)).await?;
     send.write_all(&unknown_control("throttle")).await?;
+    if version >= DOWNLINK_VERSION {
+        let announced = hello.down_window.filter(|_| version >= shared::proto::DOWN_WINDOW_VERSION);
+        let n = announced.map_or(20, |w| w.messages.min(20));
+        for seq in 1..=n {
+            let down = shared::proto::down::Down {
+                seq,
+                topic: "config/d".into(),
+                payload: vec![b'd'; 600],
+                qos: 1,
+                retain: false,
+                expires_in_ms: None,
+                user_properties: vec![],
+                response_topic: None,
+                correlation_data: None,
+                content_type: None,
+            };
+            send.write_all(&codec::encode(&Control::Down(Box::new(down)))?).await?;
+        }
+        received.lock().unwrap().downs_sent = n;
+    }
 
     let dicts = std::sync::Arc::new(std::sync::Mutex::new(std::collections::HashMap::new()));
     let (acks_tx, mut acks) = tokio::sync::mpsc::unbounded_channel::<Vec<u8>>();
@@ -516,6 +614,10 @@ async fn other_version_bridge(
                     dicts.lock().unwrap().insert(d.id.clone(), d.bytes);
                     send.write_all(&codec::encode(&Control::DictStored { id: d.id })?).await?;
                 }
+                Some(Ok(Some(Control::DownAck(ack)))) => {
+                    let mut got = received.lock().unwrap();
+                    got.down_acked = got.down_acked.max(ack.up_to);
+                }
                 Some(Ok(Some(_))) => {}
                 Some(Err(e)) => anyhow::bail!("control stream: {e}"),
                 Some(Ok(None)) | None => break,
@@ -551,7 +653,8 @@ async fn drain_into_a_bridge_speaking(versions: &'static [u16]) -> (Received, u8
     let (_, cert, key) = keys.edges.iter().find(|(id, _, _)| id == "edge-1").unwrap().clone();
     let uplink = format!(
         "[uplink]\nserver = \"{addr}\"\nserver_name = \"localhost\"\nca = \"{}\"\ncert = \"{}\"\nkey = \"{}\"\n\
-         keepalive = \"300ms\"\nlinger = \"20ms\"\ndict_size = \"1KiB\"\ndict_samples = \"4KiB\"\n",
+         keepalive = \"300ms\"\nlinger = \"20ms\"\ndict_size = \"1KiB\"\ndict_samples = \"4KiB\"\n\
+         down_window_messages = 4\n",
         keys.ca.display(),
         cert.display(),
         key.display()
@@ -600,6 +703,13 @@ async fn drain_into_a_bridge_speaking(versions: &'static [u16]) -> (Received, u8
     // never cut.
     let ponged = e2e_tests::eventually(WAIT, || edge.metric("edge_uplink_rtt_seconds") > 0.0).await;
     assert!(ponged, "no pong accepted: {}", edge.metrics());
+    // Every downlink message the bridge sent at once taken and acked, within one session.
+    let downs = e2e_tests::eventually(WAIT, || {
+        let got = received.lock().unwrap();
+        got.down_acked == got.downs_sent
+    })
+    .await;
+    assert!(downs, "{:?}\n{}", received.lock().unwrap(), edge.metrics());
     assert_eq!(edge.metric("edge_uplink_connected"), 1.0, "{}", edge.metrics());
     assert_eq!(edge.metric("edge_uplink_reconnects_total"), 0.0, "{}", edge.metrics());
     let mut raw = e2e_tests::raw::RawClient::connect(edge.local()).await.unwrap();
@@ -612,13 +722,17 @@ async fn drain_into_a_bridge_speaking(versions: &'static [u16]) -> (Received, u8
     (std::mem::take(&mut *received.lock().unwrap()), code)
 }
 
-/// The next version's bridge (this edge speaks up to 8) says its sink stores 4 KiB a record:
+/// The next version's bridge (this edge speaks up to 9) says its sink stores 4 KiB a record:
 /// the edge sends column-wise batches in format 3, and refuses a larger publish with 0x83
-/// rather than acknowledge what the sink would not take.
+/// rather than acknowledge what the sink would not take. Its hello announces the 4 downlink
+/// messages it is configured to hold, and the bridge sends no more at once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn this_edge_drains_into_a_bridge_of_the_next_version() {
-    let (got, big) = drain_into_a_bridge_speaking(&[1, 2, 3, 4, 5, 6, 7, 8, 9]).await;
-    assert_eq!(got.version, 8, "the highest version both speak");
+    let (got, big) = drain_into_a_bridge_speaking(&[1, 2, 3, 4, 5, 6, 7, 8, 9, 10]).await;
+    assert_eq!(got.version, 9, "the highest version both speak");
+    let window = got.down_window.expect("announced");
+    assert_eq!((window.messages, window.bytes), (4, 4 << 20));
+    assert_eq!(got.downs_sent, 4);
     assert!(got.binary_batches > 0, "version 4 batches go in the binary framing");
     assert!(got.format3_batches > 0 && got.format2_batches == 0, "version 8 batches go column-wise in format 3");
     assert!(got.compact_batches > 0 && got.compact_batches == got.binary_batches, "version 7 heads are compact");
@@ -626,9 +740,21 @@ async fn this_edge_drains_into_a_bridge_of_the_next_version() {
     assert_eq!(big, 0x83, "refused: the sink could not store it whole");
 }
 
-/// A bridge of the previous version (7): format 2, compact heads, no format 3.
+/// A bridge of the previous version (8), which knows no announced window: it sends 20 downlink
+/// messages at once, and this edge, configured to hold 4, takes them all in one session, as
+/// every edge before version 9 held 256. Format 3 batches.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn this_edge_drains_into_a_bridge_of_the_previous_version() {
+    let (got, big) = drain_into_a_bridge_speaking(&[1, 2, 3, 4, 5, 6, 7, 8]).await;
+    assert_eq!(got.version, 8);
+    assert_eq!(got.downs_sent, 20);
+    assert!(got.format3_batches > 0, "version 8 batches go column-wise in format 3");
+    assert_eq!(big, 0x83, "refused: the sink could not store it whole");
+}
+
+/// A bridge of version 7: format 2, compact heads, no format 3.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn this_edge_drains_into_a_bridge_of_version_7() {
     let (got, big) = drain_into_a_bridge_speaking(&[1, 2, 3, 4, 5, 6, 7]).await;
     assert_eq!(got.version, 7);
     assert!(got.format2_batches > 0 && got.format3_batches == 0, "version 7 batches go in format 2");

@@ -40,6 +40,7 @@ fn ready(pipeline: usize, committed: &[(u8, u64)]) -> SessionCore<Rc<()>> {
         dicts: vec![],
         caps: vec![],
         down_mark: 0,
+        down_window: None,
     };
     session.handle(Control::Hello(hello)).unwrap();
     session.welcome(committed.iter().map(|&(lane, seq)| LaneSeq { lane: Lane(lane), seq: Seq(seq) }).collect(), vec![]);
@@ -319,6 +320,7 @@ fn a_downlink_that_fails_pauses_the_downlink_not_the_session() {
         dicts: vec![],
         caps: vec![],
         down_mark: 0,
+        down_window: None,
     };
     core.handle_control(Control::Hello(hello), now).unwrap();
     let answers = [
