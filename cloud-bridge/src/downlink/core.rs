@@ -101,11 +101,15 @@ pub struct DownCore {
     acked: u64,
     /// The last read filled its request: read again without waiting for news.
     more: bool,
-    /// The last read came back short while messages sent were not yet recorded as done: read
-    /// again once the next record is made. A sink may find only so many past the edge's
-    /// position (the Kafka sink's index holds `max_indexed_per_edge` from it), so such a read
-    /// is no proof of the end, and waiting for news held the rest of a backlog for
-    /// `downlink.poll` after every window.
+    /// The sink finds only so many of an edge's messages past its position
+    /// ([`crate::sink::downlink::DownLimit::reach`]: the Kafka sink's index holds
+    /// `max_indexed_per_edge` from it), so a read short of its request while messages sent are
+    /// not yet recorded is no proof of the end.
+    short_reads: bool,
+    /// Such a read came back: read again once the next record is made. Waiting for news held
+    /// the rest of a backlog for `downlink.poll` after every window. Not on a sink whose reads
+    /// find everything: an empty read after every record cost the window's call lane a round
+    /// trip at the end of each burst.
     again_after_record: bool,
     /// No ack came on this connection yet: the first may name refusals an earlier bridge did
     /// not record.
@@ -158,6 +162,7 @@ impl DownCore {
             sent: VecDeque::new(),
             acked: 0,
             more: false,
+            short_reads: false,
             again_after_record: false,
             first_ack: true,
             woken: false,
@@ -173,6 +178,13 @@ impl DownCore {
     /// downlink frame holds), as `send` refuses them: another publisher's are held to it too.
     pub(crate) fn with_max_bytes(mut self, max: u64) -> Self {
         self.max_bytes = max.min(MAX_DOWN_BYTES as u64);
+        self
+    }
+
+    /// Reads the sink makes may come back short while the edge has not acked (see
+    /// the field `short_reads`).
+    pub(crate) fn with_short_reads(mut self, short: bool) -> Self {
+        self.short_reads = short;
         self
     }
 
@@ -221,7 +233,8 @@ impl DownCore {
         // bytes, so what waits here for room is bounded as the window is.
         let window = session.down_window();
         let want = ReadLimit { messages: window.messages, bytes: window.bytes as u64 };
-        self.asked = Some(Asked::Read { want, unrecorded: session.down_sent() > self.acked });
+        let unrecorded = self.short_reads && session.down_sent() > self.acked;
+        self.asked = Some(Asked::Read { want, unrecorded });
         self.in_flight = None;
         Some(DownCall::Read { after: session.down_sent(), max: want })
     }
@@ -587,15 +600,17 @@ mod tests {
         assert_eq!(s.down_sent(), 21);
     }
 
-    /// A read that comes back short while messages sent are not yet recorded as done is made
-    /// again after the next record, without news: the Kafka sink finds no more than
-    /// `max_indexed_per_edge` past the edge's position until its ack is recorded, and such a
-    /// backlog waited for `downlink.poll` (60 s) after every window. A short read with nothing
-    /// unrecorded is the end, until news.
+    /// On a sink whose reads stop short (Kafka's), a read that comes back short while messages
+    /// sent are not yet recorded as done is made again after the next record, without news:
+    /// the Kafka sink finds no more than `max_indexed_per_edge` past the edge's position until
+    /// its ack is recorded, and such a backlog waited for `downlink.poll` (60 s) after every
+    /// window. A short read with nothing unrecorded is the end, until news; and on a sink whose
+    /// reads find everything, so is every short read.
     #[test]
     fn a_short_read_while_messages_are_unrecorded_is_made_again_after_the_record() {
         let now = Instant::now();
-        let (mut s, mut d) = reading(now, 16);
+        let (mut s, d) = reading(now, 16);
+        let mut d = d.with_short_reads(true);
         assert!(!s.down_room());
         d.woken();
         assert!(matches!(d.poll_call(&s, now), Some(DownCall::Read { after: 16, .. })), "read ahead");
@@ -618,6 +633,17 @@ mod tests {
         // Short with everything recorded: the end, until news.
         d.handle_answer(&mut s, DownAnswer::Read(vec![]), 0).unwrap();
         assert_eq!(d.poll_call(&s, now), None);
+
+        let (mut s, mut d) = reading(now, 16);
+        d.woken();
+        assert!(matches!(d.poll_call(&s, now), Some(DownCall::Read { after: 16, .. })));
+        d.handle_answer(&mut s, DownAnswer::Read(vec![]), 0).unwrap();
+        let ack = DownAck { up_to: 4, ..DownAck::default() };
+        s.handle(Control::DownAck(ack.clone())).unwrap();
+        d.handle_ack(&mut s, ack, 0).unwrap();
+        assert!(matches!(d.poll_call(&s, now), Some(DownCall::Record(_))));
+        d.handle_answer(&mut s, DownAnswer::Recorded, 0).unwrap();
+        assert_eq!(d.poll_call(&s, now), None, "a sink whose reads find everything: the end");
     }
 
     /// A message to set aside holds the ones after it until that is recorded, and no read is

@@ -46,7 +46,8 @@ pub(super) async fn run<S: Sink>(
     let window = DownWindow { messages: config.window_messages, bytes: config.window_bytes.as_usize() };
     let session = CloudSession::new(limits.max_held).with_down_window(window);
     let down = DownCore::new(edge, services.downlink.metrics.clone(), config.poll.0)
-        .with_max_bytes(config.max_message_bytes.bytes());
+        .with_max_bytes(config.max_message_bytes.bytes())
+        .with_short_reads(sink.down_limit().reach.is_some());
     let mut core: SessionCore<Reservation> = SessionCore::new(session, sink.pipeline(), limits.stall)
         .with_publish_ahead(sink.publish_ahead())
         .with_edge(edge, Some(down));
