@@ -6,8 +6,10 @@
 //! - Started after the hello, at the sink's position or the edge's (its hello's `down_mark`),
 //!   whichever is further; an edge further than the sink has its position recorded first (the
 //!   bridge that sent those ended before it could).
-//! - A read is due while the window has room and what was read is sent, the last read was
-//!   full, news came ([`DownCore::woken`]) or `downlink.poll` passed.
+//! - A read is due once what was read is sent (made ahead while the window is full), when the
+//!   last read was full (a window's messages or bytes), news came ([`DownCore::woken`]),
+//!   `downlink.poll` passed, or, on a sink whose reads stop short of the end
+//!   ([`DownCore::with_short_reads`]), a record followed a short read.
 //! - A message the sink could not make sense of (or too large to send) is set aside with its
 //!   reason and sent empty, expiring at once, so the edge's position passes it.
 //! - An ack's refusals and position are recorded in the sink before the session tells the edge
