@@ -27,6 +27,7 @@ mod downlink_chaos;
 mod downlink_edge;
 mod downlink_jetstream;
 mod edge_cli;
+mod edge_versions;
 mod fleet;
 mod fleet_view;
 mod kafka_broker;
