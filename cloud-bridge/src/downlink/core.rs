@@ -602,6 +602,15 @@ mod tests {
         assert_eq!(s.down_sent(), 21);
     }
 
+    /// The edge acks through `up_to`, and the record it asks for is made.
+    fn acked_and_recorded(s: &mut CloudSession, d: &mut DownCore, up_to: u64, now: Instant) {
+        let ack = DownAck { up_to, ..DownAck::default() };
+        s.handle(Control::DownAck(ack.clone())).unwrap();
+        d.handle_ack(s, ack, 0).unwrap();
+        assert!(matches!(d.poll_call(s, now), Some(DownCall::Record(_))));
+        d.handle_answer(s, DownAnswer::Recorded, 0).unwrap();
+    }
+
     /// On a sink whose reads stop short (Kafka's), a read that comes back short while messages
     /// sent are not yet recorded as done is made again after the next record, without news:
     /// the Kafka sink finds no more than `max_indexed_per_edge` past the edge's position until
@@ -618,19 +627,11 @@ mod tests {
         assert!(matches!(d.poll_call(&s, now), Some(DownCall::Read { after: 16, .. })), "read ahead");
         d.handle_answer(&mut s, DownAnswer::Read(vec![]), 0).unwrap();
         assert_eq!(d.poll_call(&s, now), None, "no room, no news");
-        let ack = DownAck { up_to: 4, ..DownAck::default() };
-        s.handle(Control::DownAck(ack.clone())).unwrap();
-        d.handle_ack(&mut s, ack, 0).unwrap();
-        assert!(matches!(d.poll_call(&s, now), Some(DownCall::Record(_))));
-        d.handle_answer(&mut s, DownAnswer::Recorded, 0).unwrap();
+        acked_and_recorded(&mut s, &mut d, 4, now);
         assert!(matches!(d.poll_call(&s, now), Some(DownCall::Read { after: 16, .. })), "again, after the record");
         d.handle_answer(&mut s, DownAnswer::Read(vec![]), 0).unwrap();
         assert_eq!(d.poll_call(&s, now), None, "until the next record");
-        let ack = DownAck { up_to: 16, ..DownAck::default() };
-        s.handle(Control::DownAck(ack.clone())).unwrap();
-        d.handle_ack(&mut s, ack, 0).unwrap();
-        assert!(matches!(d.poll_call(&s, now), Some(DownCall::Record(_))));
-        d.handle_answer(&mut s, DownAnswer::Recorded, 0).unwrap();
+        acked_and_recorded(&mut s, &mut d, 16, now);
         assert!(matches!(d.poll_call(&s, now), Some(DownCall::Read { after: 16, .. })));
         // Short with everything recorded: the end, until news.
         d.handle_answer(&mut s, DownAnswer::Read(vec![]), 0).unwrap();
@@ -640,11 +641,7 @@ mod tests {
         d.woken();
         assert!(matches!(d.poll_call(&s, now), Some(DownCall::Read { after: 16, .. })));
         d.handle_answer(&mut s, DownAnswer::Read(vec![]), 0).unwrap();
-        let ack = DownAck { up_to: 4, ..DownAck::default() };
-        s.handle(Control::DownAck(ack.clone())).unwrap();
-        d.handle_ack(&mut s, ack, 0).unwrap();
-        assert!(matches!(d.poll_call(&s, now), Some(DownCall::Record(_))));
-        d.handle_answer(&mut s, DownAnswer::Recorded, 0).unwrap();
+        acked_and_recorded(&mut s, &mut d, 4, now);
         assert_eq!(d.poll_call(&s, now), None, "a sink whose reads find everything: the end");
     }
 

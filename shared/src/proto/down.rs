@@ -46,7 +46,7 @@ pub struct EdgeWindow {
 pub const MAX_DOWN_BYTES: usize = crate::model::MAX_MANIFEST_BYTES;
 
 /// A message from the cloud for a local topic.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
 pub struct Down {
     pub seq: u64,
     pub topic: String,

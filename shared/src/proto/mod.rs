@@ -357,7 +357,7 @@ pub struct ClassReport {
     pub switches: u64,
 }
 
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
 pub struct Hello {
     /// Versions the edge speaks.
     pub versions: Vec<u16>,

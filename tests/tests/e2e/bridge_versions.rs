@@ -182,12 +182,8 @@ async fn this_bridge_holds_to_the_window_an_edge_of_version_9_announces() {
         let hello = Control::Hello(Hello {
             versions: (1..=versions).collect(),
             epoch: EPOCH.into(),
-            lanes: vec![],
-            models: vec![],
-            dicts: vec![],
-            caps: vec![],
-            down_mark: 0,
             down_window: Some(shared::proto::down::EdgeWindow { messages: 1, bytes: 1 << 20 }),
+            ..Hello::default()
         });
         send.write_all(&frame(&newer(&hello, &[]))).await.unwrap();
         let mut downs = Vec::new();

@@ -88,12 +88,7 @@ async fn other_version_bridge(
                 topic: "config/d".into(),
                 payload: vec![b'd'; 600],
                 qos: 1,
-                retain: false,
-                expires_in_ms: None,
-                user_properties: vec![],
-                response_topic: None,
-                correlation_data: None,
-                content_type: None,
+                ..Default::default()
             };
             send.write_all(&codec::encode(&Control::Down(Box::new(down)))?).await?;
         }
