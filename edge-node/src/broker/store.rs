@@ -477,8 +477,8 @@ impl Writer {
             let first = if batch.is_empty() { rx.recv().ok() } else { rx.recv_timeout(retry).ok() };
             let mut oldest: Option<Instant> = None;
             let mut hurry = false;
+            // Takes a message into the batch: whether it held urgent ops.
             let mut take =
-                // Whether the message held urgent ops.
                 |m: Msg, batch: &mut Vec<(u64, StoreOp)>, flushes: &mut Vec<(mpsc::Sender<()>, bool)>| match m {
                     Msg::Ops(ops, sent, bytes, urgent) => {
                         oldest.get_or_insert(sent);

@@ -17,9 +17,9 @@
 //!   below the edge's position is a resend and only re-acked; at most `max_down_pending` may
 //!   wait for the driver, and from version 9 nothing past `max_down_bytes` but one (both are
 //!   announced in the hello; an older bridge knows neither, and is held to
-//!   [`MAX_DOWN_WINDOW`] messages as before). The driver finishes them in order ([`EdgeSession::down_done`]) once
-//!   each is durable; refusals and expiries are reported until the cloud marks them, across
-//!   reconnects.
+//!   [`MAX_DOWN_WINDOW`] messages as before). The driver finishes them in order
+//!   ([`EdgeSession::down_done`]) once each is durable; refusals and expiries are reported
+//!   until the cloud marks them, across reconnects.
 
 use std::collections::{BTreeMap, VecDeque};
 use std::time::{Duration, Instant};
