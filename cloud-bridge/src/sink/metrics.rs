@@ -31,6 +31,10 @@ shared::metrics! {
             "downlink_unread",
             "Downlink messages a Kafka sink does not deliver: keyed to no edge or in another partition than their edge's (misplaced), or past sink.downlink.max_edges (unindexed)"
         ),
+        pub downlink_reads: Family<OutcomeLabel, Counter> => (
+            "downlink_reads",
+            "Sessions' downlink reads on a JetStream sink, by where their messages came from (kept: what the news read got; stream: read again)"
+        ),
         pub epochs_registered: Counter => ("epochs_registered", "Epochs edges began that the sink registered"),
         pub epochs_retired: Counter => (
             "epochs_retired",

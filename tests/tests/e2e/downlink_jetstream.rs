@@ -462,3 +462,97 @@ async fn what_another_publisher_stored_past_the_bound_is_set_aside_newest_first(
     assert_eq!(dead.len(), 20);
     assert!(dead.iter().all(|d| d.outcome == "refused" && d.reason.contains("max_backlog_messages (10)")), "{dead:?}");
 }
+
+/// Reads the news from `cursor` until it has read every message stored: what it got is then
+/// kept for the reads (`sink::jetstream::downlink::ahead`).
+async fn read_news(sink: &JetStreamSink, mut cursor: u64, through: u64) -> u64 {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while cursor < through {
+        assert!(tokio::time::Instant::now() < deadline, "news read to {cursor} of {through}");
+        cursor = sink.down_news(Some(cursor), Duration::from_millis(100)).await.unwrap().0;
+    }
+    cursor
+}
+
+/// The news read gets every message to learn whose it is; a session's read used to get it
+/// again. Now the read takes what the news read kept, and must read exactly as the stream does:
+/// the same messages, seqs, properties, times and reasons to set aside, within the same limits,
+/// from any position (a session that came back reads from its last ack again). An edge whose
+/// subject is not UTF-8 reads the stream (which names it), and so does an edge read from
+/// before what the news read saw.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_read_from_what_the_news_read_kept_reads_as_the_stream_does() {
+    use cloud_bridge::sink::{OutcomeLabel, SinkMetrics};
+
+    let nats = NatsServer::start();
+    let metrics = std::sync::Arc::new(SinkMetrics::default());
+    let bridge = sink(&nats).await.with_metrics(metrics.clone());
+    let mut settings = sink_settings(nats.url(), BatchPublish::Fast);
+    settings.down.read_ahead_bytes = shared::units::ByteSize(0);
+    let stream_only = JetStreamSink::connect(&settings).await.unwrap();
+    // Stored before the news read began: never kept.
+    bridge.enqueue("edge-1", &msg("cmd/a", "early"), BOUNDS).await.unwrap();
+    let (cursor, _) = bridge.down_news(None, Duration::ZERO).await.unwrap();
+    for i in 0..30 {
+        let mut m = msg("cmd/a", &"x".repeat(1 + i * 37 % 200));
+        m.user_properties = vec![("n".into(), i.to_string())];
+        m.expires_at_ms = (i % 4 == 0).then_some(4_000_000_000_000);
+        bridge.enqueue("edge-1", &m, BOUNDS).await.unwrap();
+        if i % 3 == 0 {
+            bridge.enqueue("edge-2", &msg("cmd/b", &format!("b{i}")), BOUNDS).await.unwrap();
+        }
+        if i == 10 {
+            let mut ops = hpub(b"down.edge-1.cmd.header", b"Zone: \xff\r\n", b"bad header");
+            ops.extend(b"PUB down.edge-2.cmd.bad\xff 3\r\nbad\r\n");
+            publish_raw(nats.port, &ops).await;
+        }
+    }
+    read_news(&bridge, cursor, 43).await;
+    let kept = || metrics.downlink_reads.get_or_create(&OutcomeLabel { outcome: "kept" }).get();
+    let all = ReadLimit::messages(256);
+    let limits = [all, ReadLimit::messages(3), ReadLimit { messages: 256, bytes: 250 }];
+    let edge1 = stream_only.down_read("edge-1", 0, all).await.unwrap();
+    assert_eq!(edge1.len(), 32, "every message of edge-1");
+    assert!(edge1[12].invalid.as_deref().is_some_and(|r| r.contains("headers")), "{:?}", edge1[12]);
+    // From 0: the first was stored before the news read began. From each of its messages: kept.
+    let afters: Vec<u64> = std::iter::once(0).chain(edge1.iter().map(|p| p.seq)).collect();
+    for &after in &afters {
+        for limit in limits {
+            let ours = bridge.down_read("edge-1", after, limit).await.unwrap();
+            assert_eq!(ours, stream_only.down_read("edge-1", after, limit).await.unwrap(), "after {after}, {limit:?}");
+        }
+    }
+    assert_eq!(kept(), 3 * (afters.len() as u64 - 2), "every read but from 0 and from the last");
+    let edge2 = stream_only.down_read("edge-2", 0, all).await.unwrap();
+    let bad = edge2.iter().find(|p| p.invalid.as_deref().is_some_and(|r| r.contains("subject"))).expect("set aside");
+    let before = kept();
+    for after in std::iter::once(0).chain(edge2.iter().map(|p| p.seq)) {
+        let ours = bridge.down_read("edge-2", after, all).await.unwrap();
+        assert_eq!(ours, stream_only.down_read("edge-2", after, all).await.unwrap(), "edge-2 after {after}");
+    }
+    let past_bad = edge2.iter().filter(|p| p.seq > bad.seq).count() as u64;
+    assert_eq!(kept() - before, past_bad, "edge-2 reads the stream up to its message with a bad subject");
+}
+
+/// The bridge's trim sets aside what another publisher stored past an edge's bound; the news
+/// read may have read and kept those messages a moment before. They are set aside, never
+/// delivered from what was kept.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn what_the_trim_sets_aside_is_not_read_from_what_the_news_read_kept() {
+    let nats = NatsServer::start();
+    let sink = sink(&nats).await;
+    let bounds = DownBounds { messages: 4, bytes: 1 << 20 };
+    let (cursor, _) = sink.down_news(None, Duration::ZERO).await.unwrap();
+    sink.enqueue("edge-1", &msg("cmd/a", "sent"), bounds).await.unwrap();
+    let mut ops = Vec::new();
+    for i in 0..9 {
+        ops.extend(format!("PUB down.edge-1.cmd.b 1\r\n{i}\r\n").into_bytes());
+    }
+    publish_raw(nats.port, &ops).await;
+    read_news(&sink, cursor, 10).await;
+    assert_eq!(sink.down_read("edge-1", 0, ReadLimit::messages(100)).await.unwrap().len(), 10, "all kept");
+    assert_eq!(sink.down_trim("edge-1", bounds, 100).await.unwrap(), 6);
+    let read = sink.down_read("edge-1", 0, ReadLimit::messages(100)).await.unwrap();
+    assert_eq!(seqs_and_payloads(&read), [(1, "sent"), (2, "0"), (3, "1"), (4, "2")].map(|(s, p)| (s, p.to_owned())));
+    assert_eq!(sink.down_dead_letters(Some("edge-1"), 100).await.unwrap().len(), 6);
+}

@@ -120,6 +120,9 @@ pub struct DownSettings {
     pub bucket: String,
     /// What is not delivered by then is deleted by JetStream.
     pub max_age: shared::units::HumanDuration,
+    /// What the news read got, kept a moment for the sessions' reads (`downlink::ahead`): at
+    /// most this many bytes; 0 keeps nothing (every message is read twice).
+    pub read_ahead_bytes: shared::units::ByteSize,
 }
 
 impl Default for DownSettings {
@@ -129,6 +132,7 @@ impl Default for DownSettings {
             subject_prefix: "down".into(),
             bucket: "edge-down".into(),
             max_age: shared::units::HumanDuration(Duration::from_secs(7 * 24 * 3600)),
+            read_ahead_bytes: shared::units::ByteSize(8 << 20),
         }
     }
 }
@@ -156,6 +160,8 @@ pub(in crate::sink) struct JsDown {
     /// The servers, for the hints' connection of their own.
     url: String,
     hints: std::sync::OnceLock<downlink::Hints>,
+    /// What the news read got, for the sessions' reads.
+    ahead: downlink::ReadAhead,
 }
 
 impl JetStreamSink {
@@ -167,6 +173,7 @@ impl JetStreamSink {
 
     /// Counts into `metrics` (the bridge's registry) from now on.
     pub fn with_metrics(mut self, metrics: std::sync::Arc<SinkMetrics>) -> Self {
+        self.down.ahead.count_into(metrics.clone());
         self.metrics = metrics;
         self
     }

@@ -163,6 +163,7 @@ async fn open_down(
         uplink_prefix: uplink_prefix.to_owned(),
         url: settings.url.clone(),
         hints: std::sync::OnceLock::new(),
+        ahead: super::downlink::ReadAhead::new(s.read_ahead_bytes.bytes()),
     })
 }
 

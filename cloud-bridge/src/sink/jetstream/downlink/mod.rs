@@ -24,6 +24,8 @@
 //! - News: the bridge reads the stream after its cursor (the sequence it read last) and wakes
 //!   the sessions of the edges named; while nothing comes, it looks again at a hint of a new
 //!   message (a core NATS subscription on a connection of its own: `hints`) or every 100 ms.
+//!   What it read is kept a moment for the sessions it wakes (`ahead`), so a message is got
+//!   once, not once for the news and again for the edge.
 //! - A send's bound is checked against the messages the stream holds for the edge and the
 //!   bytes `send` stored for it (JetStream keeps no byte count per subject).
 //! - The summary lists the edges the downlink knows (with a position document), not every
@@ -46,9 +48,11 @@ use crate::sink::downlink::{
 };
 use crate::sink::error::SinkError;
 
+mod ahead;
 mod headers;
 mod hints;
 
+pub(in crate::sink) use ahead::ReadAhead;
 pub(in crate::sink) use hints::Hints;
 mod positions;
 mod raw;
@@ -97,6 +101,8 @@ const READ_MAX: usize = 64;
 /// How often news is looked for while it waits, and how many messages one look reads at most.
 const NEWS_POLL: Duration = Duration::from_millis(100);
 const NEWS_MAX: usize = 256;
+/// What one run of the news read's gets may fetch at most, as far as it knows the sizes.
+const NEWS_BYTES: u64 = 4 << 20;
 
 /// Which stream `stream` is now, and where its sequence is.
 async fn stream_now(stream: &stream::Stream) -> Result<StreamNow, SinkError> {
@@ -436,6 +442,27 @@ impl JsDown {
         subject.split('.').skip(self.prefix.split('.').count() + 1).collect()
     }
 
+    /// Stream message `m` as an edge's message, `seq` still the stream's sequence.
+    fn pending(&self, m: raw::RawDown) -> Pending {
+        let problem = m.problem();
+        let headers = m.headers.unwrap_or_default();
+        let (msg, invalid) = parse(&self.topic_tokens(&m.subject), &headers, m.payload);
+        Pending { seq: m.seq, stored_ms: m.time_ms, msg, invalid: problem.or(invalid) }
+    }
+
+    /// Whether stream sequence `q` is within `edge`'s seqs; past them, an error if the read
+    /// has nothing to hand over (`out`), or else the read ends before it.
+    fn past_max(&self, doc: &PositionDoc, edge: &str, q: u64, out: &[Pending]) -> Result<bool, SinkError> {
+        match doc.past_max(q) {
+            false => Ok(true),
+            true if out.is_empty() => Err(SinkError::invalid(
+                "downlink read",
+                format!("edge {edge} has used its downlink seqs up (past {})", shared::proto::MAX_SEQ),
+            )),
+            true => Ok(false),
+        }
+    }
+
     async fn doc(&self, edge: &str) -> Result<(PositionDoc, Option<u64>), SinkError> {
         let key = edge_key(edge);
         let (doc, revision): (Option<PositionDoc>, _) = read_doc(&self.positions, &key, "downlink position").await?;
@@ -582,6 +609,8 @@ impl DownlinkStore for JetStreamSink {
         let mut trimmed = 0;
         while trimmed < max as u64 && d.count(edge).await? > bounds.messages {
             let Some(newest) = raw::get(&d.js, &d.name, raw::At::Last(&filter)).await? else { break };
+            // Before it is set aside: a read must not take it from what the news read kept.
+            d.ahead.forget(&names::token(edge), newest.seq);
             let (doc, now) = d.settled(edge, None).await?;
             let reason = format!(
                 "published past downlink.max_backlog_messages ({}) by a client other than send",
@@ -608,10 +637,19 @@ impl DownlinkStore for JetStreamSink {
     async fn down_read(&self, edge: &str, after: u64, max: ReadLimit) -> Result<Vec<Pending>, SinkError> {
         let d = self.down();
         // The session holds everything up to `after`: a stream made anew counts after it.
-        let (doc, _) = d.settled(edge, Some(after)).await?;
-        let filter = d.filter(edge);
-        let mut out = Vec::new();
+        let (doc, now) = d.settled(edge, Some(after)).await?;
         let mut next = doc.stream_after(after);
+        let mut out = Vec::new();
+        if let Some(kept) = d.ahead.take(&names::token(edge), &now.id, next, max) {
+            for p in kept {
+                if !d.past_max(&doc, edge, p.seq, &out)? {
+                    return Ok(out);
+                }
+                out.push(Pending { seq: doc.edge_seq(p.seq), ..p });
+            }
+            return Ok(out);
+        }
+        let filter = d.filter(edge);
         let mut width = READ_FIRST;
         // The bytes taken, and the largest message seen: a run is no wider than the budget
         // left holds of messages that large, so what a run fetches past it stays small.
@@ -630,22 +668,14 @@ impl DownlinkStore for JetStreamSink {
                 false => found.len().max(READ_FIRST),
             };
             for m in found {
-                if doc.past_max(m.seq) {
-                    if out.is_empty() {
-                        return Err(SinkError::invalid(
-                            "downlink read",
-                            format!("edge {edge} has used its downlink seqs up (past {})", shared::proto::MAX_SEQ),
-                        ));
-                    }
+                if !d.past_max(&doc, edge, m.seq, &out)? {
                     return Ok(out);
                 }
                 next = m.seq + 1;
-                let problem = m.problem();
-                let headers = m.headers.unwrap_or_default();
-                let (msg, invalid) = parse(&d.topic_tokens(&m.subject), &headers, m.payload);
-                let weight = msg.bytes();
+                let p = d.pending(m);
+                let weight = p.msg.bytes();
                 (bytes, largest) = (bytes + weight, largest.max(weight));
-                out.push(Pending { seq: doc.edge_seq(m.seq), stored_ms: m.time_ms, msg, invalid: problem.or(invalid) });
+                out.push(Pending { seq: doc.edge_seq(p.seq), ..p });
                 // The rest of the run is read again by the next read.
                 if max.reached(out.len(), bytes) {
                     return Ok(out);
@@ -778,8 +808,11 @@ impl DownlinkStore for JetStreamSink {
                 .map_err(|_| unavailable("downlink news", "timed out"))?
         };
         let Some(mut cursor) = cursor else {
-            return Ok((now().await?.last_seq, Vec::new()));
+            let now = now().await?;
+            d.ahead.restart(Some(now.id), now.last_seq);
+            return Ok((now.last_seq, Vec::new()));
         };
+        d.ahead.resume(None, cursor);
         let filter = format!("{}.*.>", d.prefix);
         let skip = d.prefix.split('.').count();
         let deadline = tokio::time::Instant::now() + wait;
@@ -789,23 +822,35 @@ impl DownlinkStore for JetStreamSink {
         let mut early = HINT_AGAIN.len();
         loop {
             // Several gets at once, as a session's read makes them: one message's news took a
-            // round trip to find it and another to find nothing after it.
-            let mut read = 0;
+            // round trip to find it and another to find nothing after it. Wider while they come
+            // one after another: the news read is the one that gets every message (`ahead`), and
+            // runs of 4 held a publisher's burst to 4 messages a round trip. No wider than
+            // NEWS_BYTES holds of the largest message seen.
+            let (mut read, mut width, mut largest) = (0, READ_FIRST, 1u64);
             while read < NEWS_MAX {
+                let room = usize::try_from(NEWS_BYTES / largest).unwrap_or(usize::MAX).max(1);
+                let want = width.min(NEWS_MAX - read).min(room);
                 // A request under way when the connection drops waits for its whole timeout:
                 // news is late by that much at most.
-                let run = raw::get_run(&d.js, &d.name, cursor + 1, READ_FIRST, &filter);
+                let run = raw::get_run(&d.js, &d.name, cursor + 1, want, &filter);
                 let (found, ended) = tokio::time::timeout(NEWS_POLL * 5, run)
                     .await
                     .map_err(|_| unavailable("downlink news", "timed out"))??;
                 read += found.len();
-                for m in &found {
+                width = match found.len() == want {
+                    true => (width * 2).min(READ_MAX),
+                    false => found.len().max(READ_FIRST),
+                };
+                for m in found {
+                    largest = largest.max((m.payload.len() + m.subject.len()) as u64);
                     cursor = m.seq;
-                    if let Some(token) = m.subject.split('.').nth(skip).filter(|t| *t != DEAD)
-                        && let Some(edge) = names::topic_of(&[token])
-                    {
+                    let token = m.subject.split('.').nth(skip).filter(|t| *t != DEAD).map(str::to_owned);
+                    if let Some(edge) = token.as_deref().and_then(|t| names::topic_of(&[t])) {
                         edges.push(edge);
                     }
+                    // A subject that is not UTF-8 is the stream read's to set aside.
+                    let readable = !m.subject.contains(char::REPLACEMENT_CHARACTER);
+                    d.ahead.keep(m.seq, token.as_deref(), || readable.then(|| d.pending(m)));
                 }
                 // A run that found nothing ended too.
                 if ended {
@@ -820,11 +865,13 @@ impl DownlinkStore for JetStreamSink {
             // A stream made anew starts its sequence over: its messages are all news.
             if !looked_back {
                 looked_back = true;
-                let last = now().await?.last_seq;
-                if last < cursor {
+                let now = now().await?;
+                if now.last_seq < cursor {
                     cursor = 0;
+                    d.ahead.restart(Some(now.id), 0);
                     continue;
                 }
+                d.ahead.resume(Some(&now.id), cursor);
             }
             let left = deadline.saturating_duration_since(tokio::time::Instant::now());
             if left.is_zero() {
