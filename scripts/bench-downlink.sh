@@ -13,6 +13,9 @@
 # BASELINE=DIR (a directory holding another build's edge-node, cloud-bridge and down-bench;
 # down-bench runs the binaries beside it) alternates that build's down-bench runs with this
 # one's, the order swapped each round, each line marked "build": "baseline" or "head".
+# PUBLISH_COUNT (default 20000) is the count of the NATS publisher's run and the Mosquitto
+# bridge's throughput run: COUNT's 2,000 go by in a fifth of a second, too short to tell
+# builds apart on a shared host.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export PATH="$(scripts/install-test-deps.sh):$PATH"
@@ -21,6 +24,7 @@ count=${2:-2000}
 rate=${3:-200}
 edges=${4:-1000}
 lines=${5:-10000}
+export PUBLISH_COUNT=${PUBLISH_COUNT:-20000}
 cargo build --release --locked --quiet -p edge-node -p cloud-bridge -p e2e-tests \
   --bin edge-node --bin cloud-bridge --bin down-bench --bin fleet-bench
 down_bench() { # DIR NAME

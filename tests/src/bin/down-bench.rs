@@ -17,7 +17,11 @@
 //! messages spread over 100 edges not connected (stored only).
 //!
 //! Usage: down-bench [COUNT=2000] [RATE=200] [PAYLOAD=256] [LINES=10000]; BRIDGE_CONFIG adds
-//! to the bridge's config (`\n` for a line break), e.g. `[downlink]\nwindow_messages = 256`.
+//! to the bridge's config (`\n` for a line break), e.g. `[downlink]\nwindow_messages = 256`;
+//! PUBLISH_COUNT (default COUNT) is the count of the NATS publisher's run and of the Mosquitto
+//! bridge's throughput run (2,000 go by in a fifth of a second, too short to tell builds apart).
+//! After the NATS publisher's run, a line says where the bridge's reads took their messages
+//! from so far (`bridge_downlink_reads_total`: what the news read kept, or the stream).
 
 use std::net::SocketAddr;
 use std::process::{Child, Command, Stdio};
@@ -234,6 +238,7 @@ async fn main() -> anyhow::Result<()> {
     let arg = |i: usize, default: u64| args.get(i).and_then(|a| a.parse().ok()).unwrap_or(default);
     let (count, rate, size) = (arg(0, 2000) as usize, arg(1, 200), arg(2, 256) as usize);
     let lines = arg(3, 10_000) as usize;
+    let publish_count = std::env::var("PUBLISH_COUNT").ok().and_then(|c| c.parse().ok()).unwrap_or(count);
     let dir = tempfile::tempdir()?;
 
     // Ours.
@@ -297,7 +302,9 @@ async fn main() -> anyhow::Result<()> {
             Ok(())
         }
     };
-    println!("{}", run("ours-nats-publisher", "throughput", count, 0, &sub, publish_nats).await);
+    println!("{}", run("ours-nats-publisher", "throughput", publish_count, 0, &sub, publish_nats).await);
+    let reads = |outcome: &str| bridge.metric(&format!("bridge_downlink_reads_total{{outcome=\"{outcome}\"}}"));
+    println!("{}", json!({"system": "ours-downlink-reads", "kept": reads("kept"), "stream": reads("stream")}));
     let left = std::mem::take(&mut *acks.lock().unwrap());
     for ack in left {
         ack.await?;
@@ -341,7 +348,7 @@ async fn main() -> anyhow::Result<()> {
     }
     tokio::time::sleep(Duration::from_millis(500)).await;
     println!("{}", run("mosquitto-bridge", "latency", count, rate, &sub, publish_one).await);
-    println!("{}", run("mosquitto-bridge", "throughput", count, 0, &sub, publish_one).await);
+    println!("{}", run("mosquitto-bridge", "throughput", publish_count, 0, &sub, publish_one).await);
     let _ = edge.kill();
     let _ = cloud.kill();
     let _ = (edge.wait(), cloud.wait());
