@@ -38,6 +38,19 @@ fn spawn(port: u16, store: &std::path::Path) -> Child {
     child
 }
 
+fn copy_dir(from: &std::path::Path, to: &std::path::Path) {
+    std::fs::create_dir_all(to).expect("a dir to copy into");
+    for entry in std::fs::read_dir(from).expect("a dir to copy") {
+        let entry = entry.expect("a dir entry");
+        let target = to.join(entry.file_name());
+        if entry.file_type().expect("a file type").is_dir() {
+            copy_dir(&entry.path(), &target);
+        } else {
+            std::fs::copy(entry.path(), &target).expect("a file copied");
+        }
+    }
+}
+
 impl NatsServer {
     pub fn pid(&self) -> u32 {
         self.child.id()
@@ -65,6 +78,27 @@ impl NatsServer {
     /// Starts the server again on the same port and store.
     pub fn start_again(&mut self) {
         self.child = spawn(self.port, self.store.path());
+    }
+
+    /// A copy of the store as it is now, taken with the server shut down (SIGTERM: what it
+    /// acknowledged is on disk) and started again.
+    pub fn copy_store(&mut self) -> tempfile::TempDir {
+        let _ = Command::new("kill").args(["-TERM", &self.child.id().to_string()]).status();
+        let _ = self.child.wait();
+        let copy = tempfile::tempdir().expect("a dir for the store's copy");
+        copy_dir(self.store.path(), copy.path());
+        self.start_again();
+        copy
+    }
+
+    /// Kills the server and starts it again on `copy` of its store: a disk that went back in
+    /// time (a crash that lost what was not synced; a snapshot restored). The stream keeps its
+    /// identity and hands the lost messages' sequences to new ones.
+    pub fn go_back_to(&mut self, copy: &std::path::Path) {
+        self.stop();
+        std::fs::remove_dir_all(self.store.path()).expect("the store removed");
+        copy_dir(copy, self.store.path());
+        self.start_again();
     }
 
     pub fn url(&self) -> String {

@@ -556,3 +556,50 @@ async fn what_the_trim_sets_aside_is_not_read_from_what_the_news_read_kept() {
     assert_eq!(seqs_and_payloads(&read), [(1, "sent"), (2, "0"), (3, "1"), (4, "2")].map(|(s, p)| (s, p.to_owned())));
     assert_eq!(sink.down_dead_letters(Some("edge-1"), 100).await.unwrap().len(), 6);
 }
+
+/// A server that crashed may come back without its last messages (not yet synced) and hand
+/// their sequences to new ones: the stream keeps its identity, and the news read may have kept
+/// a lost message under the sequence a new one now has. A read after the reconnect must get
+/// the new message from the stream, never the lost one from what was kept.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_message_kept_before_the_server_went_back_in_time_is_not_read_for_its_sequence() {
+    let mut nats = NatsServer::start();
+    let bridge = sink(&nats).await;
+    let (cursor, _) = bridge.down_news(None, Duration::ZERO).await.unwrap();
+    bridge.enqueue("edge-1", &msg("cmd/a", "first"), BOUNDS).await.unwrap();
+    let before = nats.copy_store();
+    let stored = async {
+        loop {
+            match bridge.enqueue("edge-1", &msg("cmd/a", "lost"), BOUNDS).await {
+                Ok(_) => return,
+                Err(_) => tokio::time::sleep(Duration::from_millis(200)).await,
+            }
+        }
+    };
+    tokio::time::timeout(Duration::from_secs(30), stored).await.expect("the sink back after the copy");
+    // The news read goes on after the reconnect and keeps "lost".
+    read_news(&bridge, cursor, 2).await;
+    let kept = bridge.down_read("edge-1", 1, ReadLimit::messages(16)).await.unwrap();
+    assert_eq!(seqs_and_payloads(&kept), [(2, "lost".to_owned())]);
+
+    nats.go_back_to(before.path());
+    let stored = async {
+        loop {
+            match bridge.enqueue("edge-1", &msg("cmd/a", "new"), BOUNDS).await {
+                Ok(seq) => return seq,
+                Err(_) => tokio::time::sleep(Duration::from_millis(200)).await,
+            }
+        }
+    };
+    let seq = tokio::time::timeout(Duration::from_secs(30), stored).await.expect("the sink back in the past");
+    assert!(
+        matches!(seq, cloud_bridge::sink::downlink::Enqueued::Stored { seq: 2 }),
+        "the stream hands the lost message's sequence to the new one: {seq:?}"
+    );
+    let read = bridge.down_read("edge-1", 1, ReadLimit::messages(16)).await.unwrap();
+    assert_eq!(seqs_and_payloads(&read), [(2, "new".to_owned())]);
+    // And once the news read goes on, it keeps the new one.
+    read_news(&bridge, 0, 2).await;
+    let read = bridge.down_read("edge-1", 1, ReadLimit::messages(16)).await.unwrap();
+    assert_eq!(seqs_and_payloads(&read), [(2, "new".to_owned())]);
+}

@@ -13,7 +13,10 @@
 //!   or counts in another stream than the one kept, reads the stream as before; so does a read
 //!   that finds nothing kept. A read served here stops at `upto`: the news read finds what
 //!   came later, and wakes the session again.
-//! - **Not stale.** A message kept was in the stream at most [`KEEP`] before. The bridge's own
+//! - **Not stale.** A message kept was in the stream at most [`KEEP`] before, on the same
+//!   connection to the servers: a server that crashed may have lost its last messages and given
+//!   their sequences to new ones, so what was kept before a reconnect is dropped and never
+//!   taken (the news watch wakes every session after it lost the sink). The bridge's own
 //!   trim forgets an edge's messages before it deletes one (what it set aside is never
 //!   delivered from here). Another writer's purge within that moment races the read as it
 //!   always did: the message was there when it was read.
@@ -49,6 +52,8 @@ pub(in crate::sink) struct ReadAhead {
 struct Kept {
     /// The stream (its creation) the sequences count in; none: nothing can be taken.
     stream: Option<String>,
+    /// The client's connects when it was read: a reconnect may find the sequences reused.
+    connects: u64,
     /// Every edge's messages in `(from, upto]` are kept, but for what `edges` forgot.
     from: u64,
     upto: u64,
@@ -85,19 +90,21 @@ impl ReadAhead {
         self.kept.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// Drops everything: what comes after `at` in `stream` is kept from now on.
-    pub(super) fn restart(&self, stream: Option<String>, at: u64) {
-        *self.lock() = Kept { stream, from: at, upto: at, ..Kept::default() };
+    /// Drops everything: what comes after `at` in `stream`, on the client's `connects`th
+    /// connection, is kept from now on.
+    pub(super) fn restart(&self, stream: Option<String>, connects: u64, at: u64) {
+        *self.lock() = Kept { stream, connects, from: at, upto: at, ..Kept::default() };
     }
 
-    /// The news read goes on from `cursor`, in `stream` when it knows which: a gap after what is
-    /// kept, or another stream, starts over.
-    pub(super) fn resume(&self, stream: Option<&str>, cursor: u64) {
+    /// The news read goes on from `cursor`, in `stream` when it knows which, on the client's
+    /// `connects`th connection: a gap after what is kept, another stream or a reconnect starts
+    /// over.
+    pub(super) fn resume(&self, stream: Option<&str>, connects: u64, cursor: u64) {
         let mut k = self.lock();
         let other = stream.is_some_and(|s| k.stream.as_deref() != Some(s));
-        if other || cursor > k.upto {
+        if other || connects != k.connects || cursor > k.upto {
             let stream = stream.map(str::to_owned).or(k.stream.take());
-            *k = Kept { stream, from: cursor, upto: cursor, ..Kept::default() };
+            *k = Kept { stream, connects, from: cursor, upto: cursor, ..Kept::default() };
         }
     }
 
@@ -141,8 +148,15 @@ impl ReadAhead {
     }
 
     /// Edge `token`'s messages from stream sequence `next` on, within `max`, as `stream` counts
-    /// them: none if what is kept is not complete from there, or holds nothing from there.
-    pub(super) fn take(&self, token: &str, stream: &str, next: u64, max: ReadLimit) -> Option<Vec<Pending>> {
+    /// them on the client's `connects`th connection: none if what is kept is not complete from
+    /// there, or holds nothing from there.
+    pub(super) fn take(
+        &self,
+        token: &str,
+        (stream, connects): (&str, u64),
+        next: u64,
+        max: ReadLimit,
+    ) -> Option<Vec<Pending>> {
         if !self.on() {
             return None;
         }
@@ -152,7 +166,7 @@ impl ReadAhead {
             let edge = k.edges.get(token);
             let from = edge.map_or(k.from, |e| e.from.max(k.from));
             match edge {
-                Some(e) if k.stream.as_deref() == Some(stream) && next > from => {
+                Some(e) if k.stream.as_deref() == Some(stream) && k.connects == connects && next > from => {
                     let start = e.msgs.partition_point(|p| p.seq < next);
                     let (mut out, mut bytes) = (Vec::new(), 0);
                     for p in e.msgs.range(start..) {
@@ -194,8 +208,8 @@ impl ReadAhead {
             }
         }
         if k.edges.len() > MAX_EDGES {
-            let (stream, at) = (k.stream.take(), k.upto);
-            *k = Kept { stream, from: at, upto: at, ..Kept::default() };
+            let (stream, connects, at) = (k.stream.take(), k.connects, k.upto);
+            *k = Kept { stream, connects, from: at, upto: at, ..Kept::default() };
         }
     }
 }
@@ -224,7 +238,7 @@ mod tests {
 
     fn ahead(cap: u64) -> ReadAhead {
         let a = ReadAhead::new(cap);
-        a.restart(Some("s1".into()), 10);
+        a.restart(Some("s1".into()), 1, 10);
         a
     }
 
@@ -236,13 +250,13 @@ mod tests {
         for seq in 11..=16 {
             a.keep(seq, Some(if seq % 2 == 0 { "e" } else { "f" }), || msg(seq, 100));
         }
-        assert_eq!(seqs(a.take("e", "s1", 11, ALL)), Some(vec![12, 14, 16]));
-        assert_eq!(seqs(a.take("e", "s1", 13, ALL)), Some(vec![14, 16]), "what a read took stays for the next");
-        assert_eq!(seqs(a.take("f", "s1", 11, ReadLimit::messages(2))), Some(vec![11, 13]));
+        assert_eq!(seqs(a.take("e", ("s1", 1), 11, ALL)), Some(vec![12, 14, 16]));
+        assert_eq!(seqs(a.take("e", ("s1", 1), 13, ALL)), Some(vec![14, 16]), "what a read took stays for the next");
+        assert_eq!(seqs(a.take("f", ("s1", 1), 11, ReadLimit::messages(2))), Some(vec![11, 13]));
         // The message reaching the bytes is the last one taken, as a stream read does.
-        assert_eq!(seqs(a.take("e", "s1", 11, ReadLimit { messages: 9, bytes: 150 })), Some(vec![12, 14]));
-        assert_eq!(a.take("e", "s1", 17, ALL).map(|v| v.len()), None, "nothing kept from there: the stream");
-        assert_eq!(a.take("g", "s1", 11, ALL).map(|v| v.len()), None);
+        assert_eq!(seqs(a.take("e", ("s1", 1), 11, ReadLimit { messages: 9, bytes: 150 })), Some(vec![12, 14]));
+        assert_eq!(a.take("e", ("s1", 1), 17, ALL).map(|v| v.len()), None, "nothing kept from there: the stream");
+        assert_eq!(a.take("g", ("s1", 1), 11, ALL).map(|v| v.len()), None);
     }
 
     #[test]
@@ -250,16 +264,29 @@ mod tests {
         let a = ahead(1 << 20);
         a.keep(11, Some("e"), || msg(11, 10));
         // Message 10 and before were never seen: a read from them cannot be answered here.
-        assert!(a.take("e", "s1", 10, ALL).is_none());
-        assert_eq!(seqs(a.take("e", "s1", 11, ALL)), Some(vec![11]));
-        assert!(a.take("e", "s2", 11, ALL).is_none(), "a stream made anew counts its sequences over");
+        assert!(a.take("e", ("s1", 1), 10, ALL).is_none());
+        assert_eq!(seqs(a.take("e", ("s1", 1), 11, ALL)), Some(vec![11]));
+        assert!(a.take("e", ("s2", 1), 11, ALL).is_none(), "a stream made anew counts its sequences over");
         // A gap in what the news read saw (it failed and went on further) starts over.
-        a.resume(Some("s1"), 20);
-        assert!(a.take("e", "s1", 11, ALL).is_none());
+        a.resume(Some("s1"), 1, 20);
+        assert!(a.take("e", ("s1", 1), 11, ALL).is_none());
         a.keep(21, Some("e"), || msg(21, 10));
-        assert_eq!(seqs(a.take("e", "s1", 21, ALL)), Some(vec![21]));
-        a.resume(Some("s2"), 21);
-        assert!(a.take("e", "s1", 21, ALL).is_none() && a.take("e", "s2", 21, ALL).is_none());
+        assert_eq!(seqs(a.take("e", ("s1", 1), 21, ALL)), Some(vec![21]));
+        a.resume(Some("s2"), 1, 21);
+        assert!(a.take("e", ("s1", 1), 21, ALL).is_none() && a.take("e", ("s2", 1), 21, ALL).is_none());
+    }
+
+    #[test]
+    fn what_was_kept_before_a_reconnect_is_never_taken() {
+        let a = ahead(1 << 20);
+        a.keep(11, Some("e"), || msg(11, 10));
+        // A server back from a crash may hold another message as 11: until the news read goes
+        // on, reads on the new connection look in the stream.
+        assert!(a.take("e", ("s1", 2), 11, ALL).is_none());
+        a.resume(None, 2, 11);
+        assert!(a.take("e", ("s1", 2), 11, ALL).is_none(), "dropped when the news read goes on");
+        a.keep(12, Some("e"), || msg(12, 10));
+        assert_eq!(seqs(a.take("e", ("s1", 2), 12, ALL)), Some(vec![12]));
     }
 
     #[test]
@@ -269,7 +296,7 @@ mod tests {
         a.keep(11, Some("e"), || panic!("read again: not made again"));
         a.keep(12, None, || panic!("no edge's: not made"));
         a.keep(13, Some("e"), || msg(13, 10));
-        assert_eq!(seqs(a.take("e", "s1", 11, ALL)), Some(vec![11, 13]));
+        assert_eq!(seqs(a.take("e", ("s1", 1), 11, ALL)), Some(vec![11, 13]));
     }
 
     #[test]
@@ -280,20 +307,20 @@ mod tests {
         }
         a.keep(15, Some("f"), || msg(15, 10));
         a.forget("e", 14);
-        assert!(a.take("e", "s1", 12, ALL).is_none());
-        assert_eq!(seqs(a.take("f", "s1", 15, ALL)), Some(vec![15]), "other edges keep theirs");
+        assert!(a.take("e", ("s1", 1), 12, ALL).is_none());
+        assert_eq!(seqs(a.take("f", ("s1", 1), 15, ALL)), Some(vec![15]), "other edges keep theirs");
         // A news read under way brings the deleted one: it is not kept.
         a.forget("e", 17);
         a.keep(16, Some("e"), || msg(16, 10));
         a.keep(17, Some("e"), || msg(17, 10));
-        assert!(a.take("e", "s1", 16, ALL).is_none());
+        assert!(a.take("e", ("s1", 1), 16, ALL).is_none());
         a.keep(18, Some("e"), || msg(18, 10));
-        assert_eq!(seqs(a.take("e", "s1", 18, ALL)), Some(vec![18]));
+        assert_eq!(seqs(a.take("e", ("s1", 1), 18, ALL)), Some(vec![18]));
         // A message that cannot be kept (no UTF-8 subject) is forgotten so.
         a.keep(19, Some("e"), || None);
         a.keep(20, Some("e"), || msg(20, 10));
-        assert!(a.take("e", "s1", 18, ALL).is_none());
-        assert_eq!(seqs(a.take("e", "s1", 20, ALL)), Some(vec![20]));
+        assert!(a.take("e", ("s1", 1), 18, ALL).is_none());
+        assert_eq!(seqs(a.take("e", ("s1", 1), 20, ALL)), Some(vec![20]));
     }
 
     #[test]
@@ -304,13 +331,13 @@ mod tests {
         }
         // 11 and 12 went (500 bytes kept past 300): every edge's messages complete after 12.
         assert_eq!(a.lock().bytes, 300);
-        assert!(a.take("e", "s1", 11, ALL).is_none());
-        assert_eq!(seqs(a.take("e", "s1", 13, ALL)), Some(vec![14, 15]));
-        assert_eq!(seqs(a.take("f", "s1", 13, ALL)), Some(vec![13]));
+        assert!(a.take("e", ("s1", 1), 11, ALL).is_none());
+        assert_eq!(seqs(a.take("e", ("s1", 1), 13, ALL)), Some(vec![14, 15]));
+        assert_eq!(seqs(a.take("f", ("s1", 1), 13, ALL)), Some(vec![13]));
         // One larger than all it holds is not kept; its edge reads the stream from before it.
         a.keep(16, Some("e"), || msg(16, 301));
-        assert!(a.take("e", "s1", 14, ALL).is_none());
-        assert!(ahead(0).take("e", "s1", 11, ALL).is_none(), "0 keeps nothing");
+        assert!(a.take("e", ("s1", 1), 14, ALL).is_none());
+        assert!(ahead(0).take("e", ("s1", 1), 11, ALL).is_none(), "0 keeps nothing");
     }
 
     #[test]
@@ -319,7 +346,7 @@ mod tests {
         a.keep(11, Some("e"), || msg(11, 10));
         let later = Instant::now() + KEEP + Duration::from_millis(1);
         a.evict(&mut a.lock(), later);
-        assert!(a.take("e", "s1", 11, ALL).is_none());
+        assert!(a.take("e", ("s1", 1), 11, ALL).is_none());
         let k = a.lock();
         assert_eq!((k.from, k.bytes, k.edges.len()), (11, 0, 0));
     }

@@ -442,6 +442,12 @@ impl JsDown {
         subject.split('.').skip(self.prefix.split('.').count() + 1).collect()
     }
 
+    /// How many times the client connected: what the news read kept on one connection is not
+    /// taken on the next (`ahead`).
+    fn connects(&self) -> u64 {
+        self.js.client().statistics().connects.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
     /// Stream message `m` as an edge's message, `seq` still the stream's sequence.
     fn pending(&self, m: raw::RawDown) -> Pending {
         let problem = m.problem();
@@ -640,7 +646,7 @@ impl DownlinkStore for JetStreamSink {
         let (doc, now) = d.settled(edge, Some(after)).await?;
         let mut next = doc.stream_after(after);
         let mut out = Vec::new();
-        if let Some(kept) = d.ahead.take(&names::token(edge), &now.id, next, max) {
+        if let Some(kept) = d.ahead.take(&names::token(edge), (&now.id, d.connects()), next, max) {
             for p in kept {
                 if !d.past_max(&doc, edge, p.seq, &out)? {
                     return Ok(out);
@@ -809,10 +815,10 @@ impl DownlinkStore for JetStreamSink {
         };
         let Some(mut cursor) = cursor else {
             let now = now().await?;
-            d.ahead.restart(Some(now.id), now.last_seq);
+            d.ahead.restart(Some(now.id), d.connects(), now.last_seq);
             return Ok((now.last_seq, Vec::new()));
         };
-        d.ahead.resume(None, cursor);
+        d.ahead.resume(None, d.connects(), cursor);
         let filter = format!("{}.*.>", d.prefix);
         let skip = d.prefix.split('.').count();
         let deadline = tokio::time::Instant::now() + wait;
@@ -868,10 +874,10 @@ impl DownlinkStore for JetStreamSink {
                 let now = now().await?;
                 if now.last_seq < cursor {
                     cursor = 0;
-                    d.ahead.restart(Some(now.id), 0);
+                    d.ahead.restart(Some(now.id), d.connects(), 0);
                     continue;
                 }
-                d.ahead.resume(Some(&now.id), cursor);
+                d.ahead.resume(Some(&now.id), d.connects(), cursor);
             }
             let left = deadline.saturating_duration_since(tokio::time::Instant::now());
             if left.is_zero() {
