@@ -83,7 +83,9 @@ impl NatsServer {
     /// A copy of the store as it is now, taken with the server shut down (SIGTERM: what it
     /// acknowledged is on disk) and started again.
     pub fn copy_store(&mut self) -> tempfile::TempDir {
-        let _ = Command::new("kill").args(["-TERM", &self.child.id().to_string()]).status();
+        // A kill that failed would leave the wait below waiting for ever.
+        let term = Command::new("kill").args(["-TERM", &self.child.id().to_string()]).status().expect("kill");
+        assert!(term.success(), "nats-server not sent SIGTERM");
         let _ = self.child.wait();
         let copy = tempfile::tempdir().expect("a dir for the store's copy");
         copy_dir(self.store.path(), copy.path());

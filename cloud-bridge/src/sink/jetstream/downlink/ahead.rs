@@ -157,10 +157,10 @@ impl ReadAhead {
         next: u64,
         max: ReadLimit,
     ) -> Option<Vec<Pending>> {
-        if !self.on() {
-            return None;
-        }
-        let taken = {
+        // Counted when it keeps nothing too: every read then reads the stream.
+        let taken = if !self.on() {
+            None
+        } else {
             let mut k = self.lock();
             self.evict(&mut k, Instant::now());
             let edge = k.edges.get(token);
