@@ -248,6 +248,15 @@ enum Done {
     Full(Backlog),
 }
 
+/// An edge's last message (stream sequence) and its count, as a publish knows them.
+#[derive(Debug, Clone, Copy)]
+struct Known {
+    last: u64,
+    count: u64,
+    /// Just read, not carried over from a publish: a full backlog by it is full.
+    fresh: bool,
+}
+
 impl JsDown {
     /// The hints of new messages, heard from the first look for news on.
     fn hints(&self) -> &Hints {
@@ -255,7 +264,11 @@ impl JsDown {
     }
 
     async fn enqueue_chunk(&self, limit: DownLimit, edge: &str, msgs: &[Outgoing], bounds: DownBounds) -> EnqueuedMany {
-        let (doc, now) = match self.settled(edge, None).await {
+        // The document and the edge's last message and count side by side: two round trips
+        // before the first publish instead of four. Each pair keeps its own order (`update`,
+        // `last_and_count`); neither reads what the other writes.
+        let (settled, first) = tokio::join!(self.settled(edge, None), self.last_and_count(edge));
+        let (doc, now) = match settled {
             Ok(d) => d,
             Err(e) => return EnqueuedMany { done: Vec::new(), error: Some(e) },
         };
@@ -263,8 +276,9 @@ impl JsDown {
         let since = shared::units::now_ms().saturating_sub(ids_for.as_millis() as u64);
         let mut done: Vec<Done> = Vec::with_capacity(msgs.len());
         let mut error = None;
-        // The edge's last message and its count, as the last publish left them.
-        let mut known: Option<(u64, u64)> = None;
+        // The edge's last message and its count, as just read or as the last publish left
+        // them (a failed read is made again by the publish that needs it).
+        let mut known = first.ok().map(|(last, count)| Known { last, count, fresh: true });
         let mut added_bytes = 0;
         let mut last_seq = now.last_seq;
         for msg in msgs {
@@ -346,7 +360,7 @@ impl JsDown {
         (doc, added_bytes): (&PositionDoc, u64),
         msg: &Outgoing,
         bounds: DownBounds,
-        known: &mut Option<(u64, u64)>,
+        known: &mut Option<Known>,
     ) -> Result<Done, SinkError> {
         let subject = names::subject(&self.prefix, edge, &msg.topic);
         if subject.len() > MAX_SUBJECT {
@@ -363,20 +377,12 @@ impl JsDown {
         let mut attempts = 0;
         loop {
             attempts += 1;
-            let cached = known.is_some();
+            let cached = known.is_some_and(|k| !k.fresh);
             let (last, count) = match *known {
-                Some(k) => k,
-                // Read before the count: a message stored after this makes the publish fail
-                // (below), and the bound is checked again with it counted.
-                None => {
-                    let last = match self.guarded {
-                        true => raw::get(&self.js, &self.name, raw::At::Last(&filter)).await?.map_or(0, |m| m.seq),
-                        false => 0,
-                    };
-                    (last, self.count(edge).await?)
-                }
+                Some(k) => (k.last, k.count),
+                None => self.last_and_count(edge).await?,
             };
-            *known = Some((last, count));
+            *known = Some(Known { last, count, fresh: false });
             let waiting = Backlog {
                 messages: count,
                 bytes: doc.stored_bytes.saturating_sub(doc.done_bytes).saturating_add(added_bytes),
@@ -422,7 +428,7 @@ impl JsDown {
                 // What an id stored before: the edge's last message is as it was.
                 Ok(ack) if ack.duplicate => return Ok(Done::Already(ack.sequence)),
                 Ok(ack) => {
-                    *known = Some((ack.sequence, count + 1));
+                    *known = Some(Known { last: ack.sequence, count: count + 1, fresh: false });
                     return Ok(Done::Stored(ack.sequence));
                 }
                 Err(e) if attempts < CAS_ATTEMPTS && is_wrong_last(&e) => *known = None,
@@ -432,6 +438,17 @@ impl JsDown {
                 }
             }
         }
+    }
+
+    /// The stream sequence of `edge`'s last message (0 if none, or unguarded: not needed), then
+    /// how many messages the stream holds for it. Last read first: a message stored after it
+    /// makes a publish that expects it fail, and the bound is checked again with it counted.
+    async fn last_and_count(&self, edge: &str) -> Result<(u64, u64), SinkError> {
+        let last = match self.guarded {
+            true => raw::get(&self.js, &self.name, raw::At::Last(&self.filter(edge))).await?.map_or(0, |m| m.seq),
+            false => 0,
+        };
+        Ok((last, self.count(edge).await?))
     }
 
     fn filter(&self, edge: &str) -> String {
