@@ -3,8 +3,9 @@
 //! - Ours: `downlink::send` (the code `cloud-bridge send` runs) into a nats-server with
 //!   JetStream, a cloud-bridge process, an edge-node process with `[[downlink]] filter = "#"`,
 //!   a subscriber on the edge. Each send returns once JetStream stored the message and the
-//!   edge's backlog bound was checked. A third run publishes into the downlink's stream with a
-//!   plain NATS client instead (as any cloud app may), acks pipelined: the delivery path alone.
+//!   edge's backlog bound was checked. Two more runs publish into the downlink's stream with a
+//!   plain NATS client instead (as any cloud app may): at RATE, each ack awaited (latency
+//!   without `send`'s round trips), and acks pipelined (throughput): the delivery path alone.
 //! - Mosquitto: a publisher (QoS 1) on a cloud Mosquitto, an edge Mosquitto bridged to it with
 //!   `topic # in 1`, a subscriber on the edge Mosquitto.
 //!
@@ -302,6 +303,16 @@ async fn main() -> anyhow::Result<()> {
             Ok(())
         }
     };
+    // The same publisher at RATE, each publish's ack awaited: the delivery path's latency
+    // without `send`'s own round trips (the bound's checks, the edge's document).
+    let publish_stored = || {
+        let js = &js;
+        async move {
+            js.publish("down.edge-1.cmd.bench", payload(size).into()).await?.await?;
+            Ok(())
+        }
+    };
+    println!("{}", run("ours-nats-publisher", "latency", count, rate, &sub, publish_stored).await);
     println!("{}", run("ours-nats-publisher", "throughput", publish_count, 0, &sub, publish_nats).await);
     let reads = |outcome: &str| bridge.metric(&format!("bridge_downlink_reads_total{{outcome=\"{outcome}\"}}"));
     println!("{}", json!({"system": "ours-downlink-reads", "kept": reads("kept"), "stream": reads("stream")}));
