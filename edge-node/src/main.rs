@@ -218,8 +218,13 @@ fn run(path: &Path, ready_file: Option<&Path>) -> anyhow::Result<()> {
         Ok(limit) => tracing::debug!(limit, "open file limit"),
         Err(e) => tracing::warn!(error = %e, "cannot raise the open file limit"),
     }
-    let runtime =
-        tokio::runtime::Builder::new_multi_thread().enable_all().build().context("cannot start the async runtime")?;
+    let mut runtime = tokio::runtime::Builder::new_multi_thread();
+    // Unset, tokio takes TOKIO_WORKER_THREADS or one per core.
+    if let Some(n) = config.runtime.worker_threads {
+        runtime.worker_threads(n);
+    }
+    let runtime = runtime.enable_all().build().context("cannot start the async runtime")?;
+    tracing::info!(workers = runtime.metrics().num_workers(), "async runtime");
     runtime.block_on(async {
         let mut term = signal(SignalKind::terminate()).context("cannot handle SIGTERM")?;
         let mut int = signal(SignalKind::interrupt()).context("cannot handle SIGINT")?;

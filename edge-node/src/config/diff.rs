@@ -75,5 +75,8 @@ mod tests {
         );
         let moved = parse(&base.replace("1883", "1884"));
         assert_eq!(old.restart_needed(&moved), ["listener[0].bind"]);
+        // The runtime is built once, before the node starts.
+        let one = parse(&format!("{base}[runtime]\nworker_threads = 1\n"));
+        assert_eq!(old.restart_needed(&one), ["runtime.worker_threads"]);
     }
 }

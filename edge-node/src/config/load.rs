@@ -119,6 +119,7 @@ impl EdgeConfig {
         if let Err(e) = super::parse_log_filter(&self.log.level) {
             p.bad("log.level", format!("{:?} is not a valid filter: {e}", self.log.level));
         }
+        self.runtime.check(&mut p);
         self.broker.check(&mut p);
         crate::front::check_listeners(&self.listeners, self.auth.password_file.is_some(), &mut p);
         self.auth.check(&mut p);
@@ -319,6 +320,19 @@ mod tests {
         assert!(err.contains("broker.segment_size: is no longer used"), "{err}");
         assert!(err.contains("broker.segment_count: is no longer used"), "{err}");
         assert!(err.contains("max_queued_messages"), "the message names what replaced them: {err}");
+    }
+
+    #[test]
+    fn the_worker_count_is_taken_or_refused_at_its_key() {
+        assert_eq!(parse("").unwrap().runtime.worker_threads, None, "unset: tokio's default");
+        assert_eq!(parse("[runtime]\nworker_threads = 1\n").unwrap().runtime.worker_threads, Some(1));
+        for bad in ["0", "1025"] {
+            let err = parse(&format!("[runtime]\nworker_threads = {bad}\n")).unwrap_err().to_string();
+            assert!(err.contains(&format!("runtime.worker_threads: {bad} must be 1 to 1024")), "{err}");
+        }
+        // Refused by its type, where it stands in the file (as every count key is).
+        let err = parse("[runtime]\nworker_threads = -1\n").unwrap_err().to_string();
+        assert!(err.contains("`-1`") && err.contains("at byte 27"), "{err}");
     }
 
     #[test]

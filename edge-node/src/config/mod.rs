@@ -36,6 +36,9 @@ pub struct EdgeConfig {
     /// Logging.
     #[serde(default)]
     pub log: LogConfig,
+    /// The async runtime's threads.
+    #[serde(default)]
+    pub runtime: RuntimeConfig,
     /// Limits of the embedded MQTT broker.
     #[serde(default)]
     pub broker: BrokerConfig,
@@ -124,6 +127,32 @@ pub fn parse_log_filter(text: &str) -> Result<tracing_subscriber::filter::Target
 }
 
 pub use shared::units::LogFormat;
+
+/// The async runtime (`main` builds it before anything else starts).
+#[derive(Debug, Clone, Default, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct RuntimeConfig {
+    /// Worker threads of the runtime the broker, the uplink and the HTTP endpoint share (the
+    /// spool and the session store have threads of their own). Default: one per core, or
+    /// `TOKIO_WORKER_THREADS` when set. One worker spent 20-25 % less CPU per delivered message
+    /// than two on a 2-core host (paho fan-out, docs/BENCHMARKS.md): two workers hand each
+    /// other wake-ups. With one, the uplink's batch packing shares it with local delivery.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub worker_threads: Option<usize>,
+}
+
+/// Past this, a worker count is a typo: each worker is a thread with its own stack and queue.
+pub const MAX_WORKER_THREADS: usize = 1024;
+
+impl RuntimeConfig {
+    pub(crate) fn check(&self, p: &mut shared::check::Problems) {
+        if let Some(n) = self.worker_threads
+            && !(1..=MAX_WORKER_THREADS).contains(&n)
+        {
+            p.bad("runtime.worker_threads", format!("{n} must be 1 to {MAX_WORKER_THREADS}"));
+        }
+    }
+}
 
 fn default_node_id() -> String {
     std::fs::read_to_string("/etc/hostname")

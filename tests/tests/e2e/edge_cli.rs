@@ -136,6 +136,23 @@ fn port_in_use_fails_start_with_one_clear_line() {
     );
 }
 
+/// `[runtime] worker_threads` is the runtime's worker count, over `TOKIO_WORKER_THREADS`, which
+/// tokio takes when the key is unset (the start's log line says how many it has).
+#[test]
+fn the_runtime_has_the_workers_the_config_names() {
+    let workers = |extra: &str, env: &[(&str, &std::ffi::OsStr)]| {
+        let dir = tempfile::tempdir().unwrap();
+        let edge = EdgeProcess::start_with_env(dir.path(), &config_text(extra), env);
+        let log = edge.stderr();
+        let n = log.lines().find(|l| l.contains("async runtime")).and_then(|l| l.split("workers=").nth(1));
+        n.and_then(|n| n.split_whitespace().next()).map(str::to_owned).unwrap_or_else(|| panic!("{log}"))
+    };
+    let env = |n: &'static str| [("TOKIO_WORKER_THREADS", std::ffi::OsStr::new(n))];
+    assert_eq!(workers("[runtime]\nworker_threads = 1\n", &[]), "1");
+    assert_eq!(workers("", &env("3")), "3");
+    assert_eq!(workers("[runtime]\nworker_threads = 2\n", &env("5")), "2");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn passwd_then_login() {
     let dir = tempfile::tempdir().unwrap();
