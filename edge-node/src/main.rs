@@ -209,6 +209,20 @@ fn init_tracing(config: &EdgeConfig) -> LogLevel {
     level
 }
 
+/// `TOKIO_WORKER_THREADS`, for a config without `[runtime] worker_threads`: checked here, as the
+/// key is, because tokio panics at a value it cannot take. None: one worker per core.
+fn workers_from_env() -> anyhow::Result<Option<usize>> {
+    let Some(value) = std::env::var_os("TOKIO_WORKER_THREADS") else { return Ok(None) };
+    let max = edge_node::config::MAX_WORKER_THREADS;
+    match value.to_str().and_then(|v| v.trim().parse::<usize>().ok()).filter(|n| (1..=max).contains(n)) {
+        Some(n) => Ok(Some(n)),
+        None => anyhow::bail!(
+            "TOKIO_WORKER_THREADS={value:?} must be a number from 1 to {max} (or unset it; [runtime] worker_threads \
+             in the config takes precedence)"
+        ),
+    }
+}
+
 fn run(path: &Path, ready_file: Option<&Path>) -> anyhow::Result<()> {
     let config = load(path)?;
     let level = init_tracing(&config);
@@ -219,8 +233,7 @@ fn run(path: &Path, ready_file: Option<&Path>) -> anyhow::Result<()> {
         Err(e) => tracing::warn!(error = %e, "cannot raise the open file limit"),
     }
     let mut runtime = tokio::runtime::Builder::new_multi_thread();
-    // Unset, tokio takes TOKIO_WORKER_THREADS or one per core.
-    if let Some(n) = config.runtime.worker_threads {
+    if let Some(n) = config.runtime.worker_threads.map_or_else(workers_from_env, |n| Ok(Some(n)))? {
         runtime.worker_threads(n);
     }
     let runtime = runtime.enable_all().build().context("cannot start the async runtime")?;

@@ -151,6 +151,21 @@ fn the_runtime_has_the_workers_the_config_names() {
     assert_eq!(workers("[runtime]\nworker_threads = 1\n", &[]), "1");
     assert_eq!(workers("", &env("3")), "3");
     assert_eq!(workers("[runtime]\nworker_threads = 2\n", &env("5")), "2");
+    // A value tokio would panic at is refused by name; the key, when set, is all that counts.
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("edge.toml");
+    std::fs::write(&config, config_text("")).unwrap();
+    for bad in ["0", "two"] {
+        let out = Command::new(workspace_bin("edge-node"))
+            .args(["run", "--config", config.to_str().unwrap()])
+            .env("TOKIO_WORKER_THREADS", bad)
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success() && err.contains(&format!("TOKIO_WORKER_THREADS=\"{bad}\" must be")), "{err}");
+        assert!(!err.contains("panicked"), "{err}");
+    }
+    assert_eq!(workers("[runtime]\nworker_threads = 1\n", &env("0")), "1");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
