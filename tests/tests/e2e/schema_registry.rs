@@ -302,6 +302,8 @@ async fn round_trip(sink_kind: Sink<'_>) {
     let read = sr(&["deserialize", &url, "JSON", &hex(&box_payloads[0])]);
     assert_eq!(read, boxes);
     // Protobuf's deserializer reads the writer's file from the bridge (format=serialized).
+    // The alarms are not among `sends` waited for above: the uplink may not have stored them yet.
+    assert!(e2e_tests::eventually(WAIT, || named(&sink, &alarm).is_some()).await);
     assert_eq!(named(&sink, &alarm).as_deref(), Some("alarm-value/1"));
     assert_eq!(sr(&["proto-deserialize", &url, "Alarm", &hex(&alarm)]), alarms);
     assert_eq!(sr(&["proto-deserialize", &url, "Ack", &hex(&ack)]), acks);
